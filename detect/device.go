@@ -141,6 +141,11 @@ type Telemetry struct {
 	SMClockMHz               uint32
 	MemClockMHz              uint32
 	UpdatedAt                time.Time
+
+	// MemoryUsedByOthers is memory held by processes other than brokerd
+	// (NVML's running processes); 0 when unknown. The report warns about an
+	// aggressive memory strategy on a GPU that others use.
+	MemoryUsedByOthers uint64
 }
 
 // Roots are the filesystem roots detection reads, so tests and simulations can

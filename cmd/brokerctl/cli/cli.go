@@ -1,0 +1,380 @@
+// Package cli implements brokerctl's commands. Main runs one command line in
+// process, so tests drive the real commands against an in-process server.
+package cli
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"sort"
+	"strings"
+	"time"
+
+	"google.golang.org/genproto/googleapis/rpc/code"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	brokerv1 "github.com/brokerd/brokerd/proto/broker/v1"
+	"github.com/brokerd/brokerd/server/endpoint"
+)
+
+// Exit codes of brokerctl.
+const (
+	ExitOK    = 0 // the command succeeded
+	ExitError = 1 // an RPC or other runtime error, or health not SERVING
+	ExitUsage = 2 // bad command line
+)
+
+// DefaultTimeout bounds a whole command unless --timeout says otherwise.
+const DefaultTimeout = 10 * time.Second
+
+// Main runs brokerctl with args (without the program name), writing results to
+// stdout and diagnostics to stderr, and returns the process exit code. getenv
+// supplies BROKERD_SOCKET, BROKERD_ADDR and XDG_RUNTIME_DIR.
+func Main(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) int {
+	a := &app{stdout: stdout, stderr: stderr, getenv: getenv, euid: os.Geteuid()}
+	return a.run(ctx, args)
+}
+
+// app is one run of brokerctl; euid is a field so tests can pick the default
+// socket rule.
+type app struct {
+	stdout, stderr io.Writer
+	getenv         func(string) string
+	euid           int
+}
+
+// usageError is a bad command line: exit 2 and a usage hint.
+type usageError struct{ msg string }
+
+func (e usageError) Error() string { return e.msg }
+
+func usagef(format string, args ...any) error {
+	return usageError{msg: fmt.Sprintf(format, args...)}
+}
+
+// exitStatus ends a command with a code and no further message, for outcomes
+// the command already printed (health NOT_SERVING).
+type exitStatus int
+
+func (e exitStatus) Error() string { return fmt.Sprintf("exit status %d", int(e)) }
+
+// globals are the connection flags. They are registered on the top-level
+// flag set and on every command's, so they work before or after the command.
+type globals struct {
+	socket, addr       string
+	socketSet, addrSet bool
+	timeout            time.Duration
+}
+
+func isGlobalFlag(name string) bool {
+	switch name {
+	case "socket", "addr", "timeout":
+		return true
+	}
+	return false
+}
+
+func (g *globals) register(fs *flag.FlagSet) {
+	// Func flags, not StringVar/DurationVar: registering those again on the
+	// command's flag set would reset values parsed before the command.
+	fs.Func("socket", "Unix socket of brokerd (env "+endpoint.EnvSocket+")", func(s string) error {
+		g.socket, g.socketSet = s, true
+		return nil
+	})
+	fs.Func("addr", "TCP host:port of brokerd; wins over the socket (env "+endpoint.EnvAddr+")", func(s string) error {
+		g.addr, g.addrSet = s, true
+		return nil
+	})
+	fs.Func("timeout", "deadline for the whole command (default 10s; 0 for none)", func(s string) error {
+		d, err := time.ParseDuration(s)
+		if err != nil {
+			return err
+		}
+		if d < 0 {
+			return errors.New("must not be negative")
+		}
+		g.timeout = d
+		return nil
+	})
+}
+
+// resolve applies the environment and defaults: a flag beats the environment,
+// and an explicit --socket beats an address that only came from BROKERD_ADDR.
+func (g *globals) resolve(euid int, getenv func(string) string) {
+	if !g.addrSet && !g.socketSet {
+		g.addr = getenv(endpoint.EnvAddr)
+	}
+	if !g.socketSet {
+		g.socket = getenv(endpoint.EnvSocket)
+	}
+	if g.socket == "" {
+		g.socket = endpoint.DefaultSocketPath(euid, getenv)
+	}
+}
+
+func newFlagSet(name string) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	// Errors and usage are printed by run, to the right stream.
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
+	return fs
+}
+
+func (a *app) run(ctx context.Context, args []string) int {
+	g := &globals{timeout: DefaultTimeout}
+	top := newFlagSet("brokerctl")
+	g.register(top)
+	if err := top.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return a.print(a.stdout, mainUsage(a.defaultSocket()))
+		}
+		fmt.Fprintf(a.stderr, "brokerctl: %v\n%s", err, mainUsage(a.defaultSocket()))
+		return ExitUsage
+	}
+	if top.NArg() == 0 {
+		fmt.Fprintf(a.stderr, "brokerctl: no command given\n%s", mainUsage(a.defaultSocket()))
+		return ExitUsage
+	}
+	name := top.Arg(0)
+	cmd, ok := lookup(name)
+	if !ok {
+		fmt.Fprintf(a.stderr, "brokerctl: unknown command %q; run \"brokerctl help\" for the list\n", name)
+		return ExitUsage
+	}
+
+	fs := newFlagSet("brokerctl " + name)
+	g.register(fs)
+	act := cmd.setup(fs)
+	pos, err := parseInterspersed(fs, top.Args()[1:])
+	if err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return a.print(a.stdout, commandUsage(cmd, fs))
+		}
+		fmt.Fprintf(a.stderr, "brokerctl: %s: %v\n%s", name, err, commandUsage(cmd, fs))
+		return ExitUsage
+	}
+	if cmd.nargs >= 0 && len(pos) != cmd.nargs {
+		fmt.Fprintf(a.stderr, "brokerctl: %s: want %d argument(s) (%s), got %d\n%s",
+			name, cmd.nargs, cmd.args, len(pos), commandUsage(cmd, fs))
+		return ExitUsage
+	}
+	g.resolve(a.euid, a.getenv)
+
+	if g.timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, g.timeout)
+		defer cancel()
+	}
+	inv := &invocation{stdout: a.stdout, socket: g.socket, addr: g.addr, timeout: g.timeout, defaultSocket: a.defaultSocket()}
+	defer inv.close()
+	err = act(ctx, inv, pos)
+	if err == nil {
+		return ExitOK
+	}
+	return a.fail(cmd, fs, inv, err)
+}
+
+func (a *app) defaultSocket() string { return endpoint.DefaultSocketPath(a.euid, a.getenv) }
+
+func (a *app) print(w io.Writer, s string) int {
+	if _, err := io.WriteString(w, s); err != nil {
+		return ExitError
+	}
+	return ExitOK
+}
+
+// fail prints err as "brokerctl: <command>: <message> (<gRPC code>)" and
+// returns the exit code for it.
+func (a *app) fail(cmd command, fs *flag.FlagSet, inv *invocation, err error) int {
+	var ue usageError
+	if errors.As(err, &ue) {
+		fmt.Fprintf(a.stderr, "brokerctl: %s: %s\n%s", cmd.name, ue.msg, commandUsage(cmd, fs))
+		return ExitUsage
+	}
+	var es exitStatus
+	if errors.As(err, &es) {
+		return int(es)
+	}
+	st, ok := grpcStatus(err)
+	if !ok {
+		fmt.Fprintf(a.stderr, "brokerctl: %s: %v\n", cmd.name, err)
+		return ExitError
+	}
+	msg := st.Message()
+	if st.Code() == codes.DeadlineExceeded && inv.timeout > 0 {
+		msg = fmt.Sprintf("no answer within --timeout %s: %s", inv.timeout, msg)
+	}
+	// Read the channel state once: it moves on while the client retries.
+	unreachable := inv.unreachable(st.Code())
+	if unreachable {
+		msg = fmt.Sprintf("cannot reach brokerd at %s: %s", inv.endpointName(), msg)
+	}
+	fmt.Fprintf(a.stderr, "brokerctl: %s: %s (%s)\n", cmd.name, msg, codeName(st.Code()))
+	if unreachable {
+		fmt.Fprintf(a.stderr, "brokerctl: is brokerd running? Start it with \"make run\", or point --socket (env %s) or --addr (env %s) at a running brokerd\n",
+			endpoint.EnvSocket, endpoint.EnvAddr)
+	}
+	return ExitError
+}
+
+// grpcStatus finds a gRPC status anywhere in err's chain, keeping the
+// server's own message (status.FromError would prefix the wrapping text).
+func grpcStatus(err error) (*status.Status, bool) {
+	var se interface{ GRPCStatus() *status.Status }
+	if errors.As(err, &se) {
+		return se.GRPCStatus(), true
+	}
+	if errors.Is(err, context.DeadlineExceeded) {
+		return status.New(codes.DeadlineExceeded, err.Error()), true
+	}
+	if errors.Is(err, context.Canceled) {
+		return status.New(codes.Canceled, err.Error()), true
+	}
+	return nil, false
+}
+
+// codeName is the canonical name of a gRPC code, as the API contract spells
+// it: NOT_FOUND, UNAVAILABLE, ...
+func codeName(c codes.Code) string {
+	return code.Code(c).String()
+}
+
+// parseInterspersed parses fs from args, collecting positional arguments
+// between flags so "device gpu:0 --json" and "device --json gpu:0" both work.
+// After "--" everything is positional.
+func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		rest := fs.Args()
+		consumed := args[:len(args)-len(rest)]
+		if len(consumed) > 0 && consumed[len(consumed)-1] == "--" {
+			return append(pos, rest...), nil
+		}
+		if len(rest) == 0 {
+			return pos, nil
+		}
+		pos = append(pos, rest[0])
+		args = rest[1:]
+	}
+}
+
+// invocation is what a command's action works with: where to write, and a
+// connection dialled on first use so that help and usage errors never dial.
+type invocation struct {
+	stdout        io.Writer
+	socket, addr  string
+	timeout       time.Duration
+	defaultSocket string
+	conn          *grpc.ClientConn
+}
+
+func (inv *invocation) dial(ctx context.Context) (*grpc.ClientConn, error) {
+	if inv.conn != nil {
+		return inv.conn, nil
+	}
+	conn, err := endpoint.Dial(ctx, inv.socket, inv.addr)
+	if err != nil {
+		return nil, fmt.Errorf("connect to brokerd: %w", err)
+	}
+	inv.conn = conn
+	return conn, nil
+}
+
+func (inv *invocation) broker(ctx context.Context) (brokerv1.BrokerServiceClient, error) {
+	conn, err := inv.dial(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return brokerv1.NewBrokerServiceClient(conn), nil
+}
+
+func (inv *invocation) close() {
+	if inv.conn != nil {
+		_ = inv.conn.Close()
+	}
+}
+
+// unreachable tells a failed connection from a server that answered
+// UNAVAILABLE (draining): only the former leaves the channel not READY.
+func (inv *invocation) unreachable(c codes.Code) bool {
+	if c != codes.Unavailable && c != codes.DeadlineExceeded {
+		return false
+	}
+	return inv.conn != nil && inv.conn.GetState() != connectivity.Ready
+}
+
+func (inv *invocation) endpointName() string {
+	if inv.addr != "" {
+		return "address " + inv.addr
+	}
+	return "socket " + inv.socket
+}
+
+// write sends a finished rendering to stdout in one call.
+func (inv *invocation) write(b []byte) error {
+	if _, err := inv.stdout.Write(b); err != nil {
+		return fmt.Errorf("write output: %w", err)
+	}
+	return nil
+}
+
+func (inv *invocation) writeJSON(m proto.Message) error {
+	b, err := marshalJSON(m)
+	if err != nil {
+		return err
+	}
+	return inv.write(b)
+}
+
+func mainUsage(defaultSocket string) string {
+	var b bytes.Buffer
+	b.WriteString("brokerctl is the admin tool of brokerd, the per-host accelerator broker.\n\n")
+	b.WriteString("usage: brokerctl [global flags] COMMAND [flags] [args]\n\ncommands:\n")
+	cmds := commands()
+	width := 0
+	for _, c := range cmds {
+		width = max(width, len(c.name))
+	}
+	for _, c := range cmds {
+		fmt.Fprintf(&b, "  %-*s  %s\n", width, c.name, c.summary)
+	}
+	b.WriteString("\nglobal flags (also accepted after the command):\n")
+	fmt.Fprintf(&b, "  --socket PATH     Unix socket of brokerd (env %s; default %s)\n", endpoint.EnvSocket, defaultSocket)
+	fmt.Fprintf(&b, "  --addr HOST:PORT  TCP address of brokerd; wins over the socket (env %s)\n", endpoint.EnvAddr)
+	fmt.Fprintf(&b, "  --timeout DUR     deadline for the whole command (default %s)\n", DefaultTimeout)
+	b.WriteString("\nRun \"brokerctl help COMMAND\" for a command's flags.\n")
+	return b.String()
+}
+
+func commandUsage(c command, fs *flag.FlagSet) string {
+	var b bytes.Buffer
+	fmt.Fprintf(&b, "usage: brokerctl %s\n  %s\n", c.synopsis, c.summary)
+	var names []string
+	fs.VisitAll(func(f *flag.Flag) {
+		if !isGlobalFlag(f.Name) {
+			names = append(names, f.Name)
+		}
+	})
+	if len(names) > 0 {
+		sort.Strings(names)
+		b.WriteString("flags:\n")
+		for _, n := range names {
+			f := fs.Lookup(n)
+			arg, usage := flag.UnquoteUsage(f)
+			fmt.Fprintf(&b, "  --%s", strings.TrimSpace(n+" "+arg))
+			fmt.Fprintf(&b, "\n      %s\n", usage)
+		}
+	}
+	return b.String()
+}

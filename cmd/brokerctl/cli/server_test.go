@@ -1,0 +1,316 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	brokerv1 "github.com/brokerd/brokerd/proto/broker/v1"
+)
+
+// h100Memory is an H100 80GB's total memory as NVML reports it: 79.6 GiB.
+const h100Memory = 85520809984
+
+// fakeBroker answers the admin RPCs from canned devices and records the
+// requests it got, so tests see what brokerctl sent.
+type fakeBroker struct {
+	brokerv1.UnimplementedBrokerServiceServer
+
+	mu          sync.Mutex
+	devices     []*brokerv1.Device
+	lastReport  *brokerv1.GetReportRequest
+	lastPlanReq *brokerv1.GetBatchPlanRequest
+}
+
+func cannedDevices() []*brokerv1.Device {
+	return []*brokerv1.Device{
+		{
+			Id: "cpu:0", Type: brokerv1.DeviceType_DEVICE_TYPE_CPU, Vendor: "GenuineIntel",
+			Name: "Intel(R) Xeon(R) Platinum 8481C", NumaNode: 0,
+			MemoryTotalBytes: 64 << 30, MemoryFreeBytes: 60 << 30, MemoryBudgetBytes: 48 << 30,
+			Architecture: "x86_64", SupportsBf16: true, Runtime: "onednn", Runnable: true,
+			Health: brokerv1.DeviceHealth_DEVICE_HEALTH_HEALTHY, CostPerHourUsd: 0,
+			Cpu: &brokerv1.CpuInfo{
+				ModelName: "Intel(R) Xeon(R) Platinum 8481C", LogicalCores: 2, EffectiveCores: 1.5,
+				Flags: []string{"avx2", "avx512f", "amx_bf16"}, NumaNodes: 1, LimitSource: "cgroup v2 cpu.max",
+				MemoryAvailableBytes: 60 << 30,
+			},
+		},
+		{
+			Id: "gpu:0", Type: brokerv1.DeviceType_DEVICE_TYPE_GPU, Vendor: "NVIDIA",
+			Name: "NVIDIA H100 80GB HBM3", Uuid: "GPU-7d3c1c2e-1b6e-4f0e-9b8a-0c2d6f3e1a11",
+			PciBusId: "0000:1b:00.0", NumaNode: 1,
+			MemoryTotalBytes: h100Memory, MemoryFreeBytes: h100Memory - 600<<20, MemoryBudgetBytes: h100Memory / 4 * 3,
+			ComputeCapability: "9.0", DriverVersion: "550.54.15", CudaDriverVersion: "12.4", Architecture: "Hopper",
+			SupportsBf16: true, SupportsFp16: true, MultiDevice: true,
+			RuntimeReason: "no PJRT plugin found",
+			Health:        brokerv1.DeviceHealth_DEVICE_HEALTH_HEALTHY,
+			DevicePaths:   []string{"/dev/nvidia0"}, CostPerHourUsd: 0.5,
+			Telemetry: &brokerv1.Telemetry{
+				MemoryUsedBytes: 600 << 20, MemoryTotalBytes: h100Memory, UtilizationPercent: 12,
+				TemperatureCelsius: 34, PowerWatts: 71.5, PowerLimitWatts: 700, SmClockMhz: 1980,
+				UpdatedAt: timestamppb.New(mustTime("2026-01-02T03:04:05Z")),
+			},
+			Gpu:        &brokerv1.GpuInfo{NvmlIndex: 0, CudaVersion: "12.4"},
+			Attributes: map[string]string{"mig_mode": "disabled", "board": "SXM5"},
+		},
+		{
+			Id: "amdgpu:0", Type: brokerv1.DeviceType_DEVICE_TYPE_AMD_GPU, Vendor: "AMD",
+			Name: "gfx90a", NumaNode: -1, MemoryTotalBytes: 64 << 30,
+			RuntimeReason: "no runtime adapter on this build",
+			Health:        brokerv1.DeviceHealth_DEVICE_HEALTH_HEALTHY,
+		},
+	}
+}
+
+func (f *fakeBroker) find(id string) (*brokerv1.Device, error) {
+	for _, d := range f.devices {
+		if d.GetId() == id {
+			return d, nil
+		}
+	}
+	return nil, status.Errorf(codes.NotFound, "device %q not found", id)
+}
+
+func (f *fakeBroker) ListDevices(context.Context, *brokerv1.ListDevicesRequest) (*brokerv1.ListDevicesResponse, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	resp := &brokerv1.ListDevicesResponse{}
+	for _, d := range f.devices {
+		resp.Devices = append(resp.Devices, proto.CloneOf(d))
+	}
+	return resp, nil
+}
+
+func (f *fakeBroker) GetDevice(_ context.Context, req *brokerv1.GetDeviceRequest) (*brokerv1.GetDeviceResponse, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	d, err := f.find(req.GetId())
+	if err != nil {
+		return nil, err
+	}
+	return &brokerv1.GetDeviceResponse{Device: proto.CloneOf(d)}, nil
+}
+
+func (f *fakeBroker) report(verbose bool) *brokerv1.GetReportResponse {
+	r := &brokerv1.GetReportResponse{
+		CurrentDevice: proto.CloneOf(f.devices[0]),
+		Configuration: &brokerv1.Configuration{
+			Prefer: "auto", AllowTpu: true, TpuBatchFactor: 128, GpuBatchFactor: 4, CpuBatchFactor: 1,
+			MemoryStrategy: "balanced", MemoryFraction: 0.75,
+			CostPerHourUsd: map[string]float64{"cpu": 0, "gpu": 0.5, "tpu": 2},
+		},
+		Runtimes: []*brokerv1.Runtime{
+			{Name: "onednn", DeviceTypes: []brokerv1.DeviceType{brokerv1.DeviceType_DEVICE_TYPE_CPU}, Available: true, Version: "2.6.0"},
+			{
+				Name:        "pjrt",
+				DeviceTypes: []brokerv1.DeviceType{brokerv1.DeviceType_DEVICE_TYPE_GPU, brokerv1.DeviceType_DEVICE_TYPE_TPU},
+				Reason:      "no PJRT plugin found",
+				Plugins:     []*brokerv1.PjrtPlugin{{Name: "xla_cuda_plugin", Path: "/opt/xla_cuda_plugin.so", Error: "undefined symbol"}},
+			},
+		},
+		RoutingMode:     brokerv1.RoutingMode_ROUTING_MODE_AUTO,
+		SelectionReason: "auto: no TPU; gpu:0 has no runtime (no PJRT plugin found); using cpu:0",
+		FallbackChain:   []string{"tpu", "gpu", "cpu"},
+		Recommendations: []string{"A GPU is present but no PJRT plugin was found: install the jax CUDA plugin."},
+		Notes:           []string{"AMD GPU gfx90a listed: no runtime adapter on this build."},
+		Version:         "v0.1.0-test",
+		Hostname:        "testhost",
+	}
+	for _, d := range f.devices {
+		r.AllDevices = append(r.AllDevices, proto.CloneOf(d))
+	}
+	if verbose {
+		r.BatchPlans = []*brokerv1.BatchPlan{
+			{DeviceType: brokerv1.DeviceType_DEVICE_TYPE_CPU, BaseBatch: 8, Factor: 1, MinBatch: 1, MaxBatch: 8, Buckets: []int32{1, 2, 4, 8}},
+			{DeviceType: brokerv1.DeviceType_DEVICE_TYPE_GPU, BaseBatch: 8, Factor: 4, MinBatch: 1, MaxBatch: 32, Buckets: []int32{1, 2, 4, 8, 16, 32}},
+		}
+	}
+	return r
+}
+
+func (f *fakeBroker) GetReport(_ context.Context, req *brokerv1.GetReportRequest) (*brokerv1.GetReportResponse, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.lastReport = proto.CloneOf(req)
+	return f.report(req.GetVerbose()), nil
+}
+
+// GetBatchPlan applies the plan rule of DESIGN.md for CPU and GPU (the
+// factor times the base); it is enough to tell requests apart in tests.
+func (f *fakeBroker) GetBatchPlan(_ context.Context, req *brokerv1.GetBatchPlanRequest) (*brokerv1.GetBatchPlanResponse, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.lastPlanReq = proto.CloneOf(req)
+	if req.GetBaseBatch() <= 0 {
+		return nil, status.Errorf(codes.InvalidArgument, "base batch %d: must be positive", req.GetBaseBatch())
+	}
+	plan := &brokerv1.BatchPlan{BaseBatch: req.GetBaseBatch(), MinBatch: 1}
+	switch t := req.GetTarget().(type) {
+	case *brokerv1.GetBatchPlanRequest_DeviceType:
+		plan.DeviceType = t.DeviceType
+	case *brokerv1.GetBatchPlanRequest_DeviceId:
+		d, err := f.find(t.DeviceId)
+		if err != nil {
+			return nil, err
+		}
+		plan.DeviceType, plan.DeviceId = d.GetType(), d.GetId()
+	default:
+		return nil, status.Error(codes.InvalidArgument, "no target")
+	}
+	plan.Factor = 1
+	if plan.DeviceType == brokerv1.DeviceType_DEVICE_TYPE_GPU {
+		plan.Factor = 4
+	}
+	plan.MaxBatch = plan.BaseBatch * plan.Factor
+	for b := int32(1); b <= plan.MaxBatch; b *= 2 {
+		plan.Buckets = append(plan.Buckets, b)
+	}
+	return &brokerv1.GetBatchPlanResponse{Plan: plan}, nil
+}
+
+func (f *fakeBroker) CordonDevice(_ context.Context, req *brokerv1.CordonDeviceRequest) (*brokerv1.CordonDeviceResponse, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	d, err := f.find(req.GetId())
+	if err != nil {
+		return nil, err
+	}
+	d.Cordoned, d.CordonReason = true, req.GetReason()
+	return &brokerv1.CordonDeviceResponse{Device: proto.CloneOf(d)}, nil
+}
+
+func (f *fakeBroker) UncordonDevice(_ context.Context, req *brokerv1.UncordonDeviceRequest) (*brokerv1.UncordonDeviceResponse, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	d, err := f.find(req.GetId())
+	if err != nil {
+		return nil, err
+	}
+	d.Cordoned, d.CordonReason = false, ""
+	return &brokerv1.UncordonDeviceResponse{Device: proto.CloneOf(d)}, nil
+}
+
+// testServer is a gRPC server with the fake broker and the standard health
+// service on a real Unix socket (named brokerd.sock, so a directory can stand
+// in for XDG_RUNTIME_DIR) and on a loopback TCP port.
+type testServer struct {
+	dir, socket, addr string
+	broker            *fakeBroker
+	health            *health.Server
+}
+
+func startServer(t *testing.T) *testServer {
+	t.Helper()
+	ts := &testServer{dir: t.TempDir(), broker: &fakeBroker{devices: cannedDevices()}, health: health.NewServer()}
+	ts.socket = filepath.Join(ts.dir, "brokerd.sock")
+	ts.health.SetServingStatus(brokerv1.BrokerService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
+
+	srv := grpc.NewServer()
+	brokerv1.RegisterBrokerServiceServer(srv, ts.broker)
+	healthpb.RegisterHealthServer(srv, ts.health)
+	unixLis, err := net.Listen("unix", ts.socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tcpLis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts.addr = tcpLis.Addr().String()
+	var wg sync.WaitGroup
+	for _, lis := range []net.Listener{unixLis, tcpLis} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_ = srv.Serve(lis)
+		}()
+	}
+	t.Cleanup(func() {
+		srv.Stop()
+		wg.Wait()
+	})
+	return ts
+}
+
+type result struct {
+	stdout, stderr string
+	code           int
+}
+
+func (r result) String() string {
+	return fmt.Sprintf("exit %d\nstdout:\n%s\nstderr:\n%s", r.code, r.stdout, r.stderr)
+}
+
+// run runs one brokerctl command line in process against ts (through
+// BROKERD_SOCKET unless env says otherwise).
+func (ts *testServer) run(t *testing.T, env map[string]string, args ...string) result {
+	t.Helper()
+	if env == nil {
+		env = map[string]string{"BROKERD_SOCKET": ts.socket}
+	}
+	return runMain(t, env, args...)
+}
+
+func runMain(t *testing.T, env map[string]string, args ...string) result {
+	t.Helper()
+	var stdout, stderr bytes.Buffer
+	code := Main(t.Context(), args, &stdout, &stderr, func(k string) string { return env[k] })
+	return result{stdout: stdout.String(), stderr: stderr.String(), code: code}
+}
+
+// checkTable checks that every row of an aligned table starts a cell exactly
+// where each header column starts, and returns the rows as maps from header
+// to cell text.
+func checkTable(t *testing.T, text string, header []string) []map[string]string {
+	t.Helper()
+	lines := strings.Split(strings.TrimRight(text, "\n"), "\n")
+	if len(lines) < 2 {
+		t.Fatalf("table has no rows:\n%s", text)
+	}
+	starts := make([]int, len(header))
+	for i, h := range header {
+		starts[i] = strings.Index(lines[0], h)
+		if starts[i] < 0 || (i > 0 && starts[i] <= starts[i-1]) {
+			t.Fatalf("header %q: column %q missing or out of order", lines[0], h)
+		}
+	}
+	var rows []map[string]string
+	for _, line := range lines[1:] {
+		cells := map[string]string{}
+		for i, s := range starts {
+			if len(line) <= s || line[s] == ' ' || (s > 0 && line[s-1] != ' ') {
+				t.Fatalf("row %q: no cell starts at column %q (offset %d)\ntable:\n%s", line, header[i], s, text)
+			}
+			end := len(line)
+			if i+1 < len(starts) {
+				end = starts[i+1]
+			}
+			cells[header[i]] = strings.TrimSpace(line[s:end])
+		}
+		rows = append(rows, cells)
+	}
+	return rows
+}
+
+func mustTime(s string) time.Time {
+	tm, err := time.Parse(time.RFC3339, s)
+	if err != nil {
+		panic(err)
+	}
+	return tm
+}

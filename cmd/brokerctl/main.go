@@ -1,0 +1,20 @@
+// Command brokerctl is the admin tool of brokerd: it talks to the daemon over
+// its Unix socket (or TCP) and prints devices, the routing report and batch
+// plans, and cordons devices. The commands live in package cli.
+package main
+
+import (
+	"context"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/brokerd/brokerd/cmd/brokerctl/cli"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := cli.Main(ctx, os.Args[1:], os.Stdout, os.Stderr, os.Getenv)
+	stop()
+	os.Exit(code)
+}

@@ -1,0 +1,45 @@
+// Command brokerd is the per-host accelerator broker daemon.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"go.uber.org/zap"
+
+	"github.com/brokerd/brokerd/server"
+	"github.com/brokerd/brokerd/server/config"
+)
+
+// version is set at build time with -ldflags "-X main.version=...".
+var version = "dev"
+
+func main() {
+	cfg, err := config.Load(os.Args[1:], os.Getenv, os.Geteuid(), os.Stderr)
+	if errors.Is(err, config.ErrHelp) {
+		os.Exit(0)
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "brokerd: %v\n", err)
+		os.Exit(2)
+	}
+	log, err := server.NewLogger(cfg.LogLevel, cfg.LogFormat)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "brokerd: %v\n", err)
+		os.Exit(2)
+	}
+	defer log.Sync() //nolint:errcheck // nothing to do if the final flush fails
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	if err := server.Run(ctx, server.Options{Config: cfg, Version: version}, log); err != nil {
+		log.Error("brokerd failed", zap.Error(err))
+		log.Sync() //nolint:errcheck
+		fmt.Fprintf(os.Stderr, "brokerd: %v\n", err)
+		os.Exit(1)
+	}
+}

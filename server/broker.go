@@ -1,0 +1,199 @@
+// Package server is brokerd's edge: listeners, the gRPC services (broker.v1,
+// health, reflection), interceptors, metrics, and the translation of errors
+// from the packages below into gRPC status codes.
+package server
+
+import (
+	"context"
+	"fmt"
+
+	"go.uber.org/zap"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/brokerd/brokerd/detect"
+	brokerv1 "github.com/brokerd/brokerd/proto/broker/v1"
+	"github.com/brokerd/brokerd/runtime"
+)
+
+// DefaultBaseBatch is the base batch used for the report's batch plans; each
+// model has its own base batch.
+const DefaultBaseBatch = 8
+
+// Inventory is what the broker service needs of the device inventory.
+type Inventory interface {
+	Devices() []detect.Entry
+	Device(id string) (detect.Entry, error)
+	Cordon(id, reason string) (detect.Entry, error)
+	Uncordon(id string) (detect.Entry, error)
+	Notes() []string
+	Select(p detect.Policy) detect.Selection
+}
+
+// Policy is the configuration the admin RPCs report and plan with.
+type Policy struct {
+	Select   detect.Policy
+	Factors  detect.Factors
+	Memory   detect.MemoryStrategy
+	Costs    detect.CostTable
+	Runtimes []runtime.Info
+	Version  string
+	Hostname string
+}
+
+// BrokerService implements broker.v1.BrokerService over local interfaces.
+// The data-plane and model RPCs belong to later work; until then the embedded
+// UnimplementedBrokerServiceServer answers them with codes.Unimplemented.
+type BrokerService struct {
+	brokerv1.UnimplementedBrokerServiceServer
+	inv    Inventory
+	policy Policy
+	log    *zap.Logger
+}
+
+// NewBrokerService returns the service over inv.
+func NewBrokerService(inv Inventory, p Policy, log *zap.Logger) *BrokerService {
+	return &BrokerService{inv: inv, policy: p, log: log}
+}
+
+// ListDevices lists every detected device, runnable or not.
+func (s *BrokerService) ListDevices(ctx context.Context, _ *brokerv1.ListDevicesRequest) (*brokerv1.ListDevicesResponse, error) {
+	entries := s.inv.Devices()
+	out := make([]*brokerv1.Device, 0, len(entries))
+	for i := range entries {
+		out = append(out, deviceToProto(&entries[i]))
+	}
+	return &brokerv1.ListDevicesResponse{Devices: out}, nil
+}
+
+// GetDevice returns one device by ID.
+func (s *BrokerService) GetDevice(ctx context.Context, req *brokerv1.GetDeviceRequest) (*brokerv1.GetDeviceResponse, error) {
+	if req.GetId() == "" {
+		return nil, status.Error(codes.InvalidArgument, "id is required (e.g. cpu:0, gpu:0, tpu:0)")
+	}
+	e, err := s.inv.Device(req.GetId())
+	if err != nil {
+		return nil, toStatus(s.log, "GetDevice", err)
+	}
+	return &brokerv1.GetDeviceResponse{Device: deviceToProto(&e)}, nil
+}
+
+// CordonDevice stops new batches from going to a device.
+func (s *BrokerService) CordonDevice(ctx context.Context, req *brokerv1.CordonDeviceRequest) (*brokerv1.CordonDeviceResponse, error) {
+	if req.GetId() == "" {
+		return nil, status.Error(codes.InvalidArgument, "id is required")
+	}
+	reason := req.GetReason()
+	if reason == "" {
+		reason = "cordoned by an administrator"
+	}
+	e, err := s.inv.Cordon(req.GetId(), reason)
+	if err != nil {
+		return nil, toStatus(s.log, "CordonDevice", err)
+	}
+	s.log.Info("device cordoned", zap.String("device", e.ID), zap.String("reason", reason))
+	return &brokerv1.CordonDeviceResponse{Device: deviceToProto(&e)}, nil
+}
+
+// UncordonDevice lets a cordoned device take batches again.
+func (s *BrokerService) UncordonDevice(ctx context.Context, req *brokerv1.UncordonDeviceRequest) (*brokerv1.UncordonDeviceResponse, error) {
+	if req.GetId() == "" {
+		return nil, status.Error(codes.InvalidArgument, "id is required")
+	}
+	e, err := s.inv.Uncordon(req.GetId())
+	if err != nil {
+		return nil, toStatus(s.log, "UncordonDevice", err)
+	}
+	s.log.Info("device uncordoned", zap.String("device", e.ID))
+	return &brokerv1.UncordonDeviceResponse{Device: deviceToProto(&e)}, nil
+}
+
+// GetBatchPlan plans batches for a device type (present or not) or a device.
+func (s *BrokerService) GetBatchPlan(ctx context.Context, req *brokerv1.GetBatchPlanRequest) (*brokerv1.GetBatchPlanResponse, error) {
+	var (
+		t        detect.Type
+		deviceID string
+	)
+	switch target := req.GetTarget().(type) {
+	case *brokerv1.GetBatchPlanRequest_DeviceType:
+		var ok bool
+		if t, ok = typeFromProto(target.DeviceType); !ok {
+			return nil, status.Errorf(codes.InvalidArgument, "device_type %s is invalid: want DEVICE_TYPE_CPU, DEVICE_TYPE_GPU or DEVICE_TYPE_TPU", target.DeviceType)
+		}
+	case *brokerv1.GetBatchPlanRequest_DeviceId:
+		e, err := s.inv.Device(target.DeviceId)
+		if err != nil {
+			return nil, toStatus(s.log, "GetBatchPlan", err)
+		}
+		t, deviceID = e.Type, e.ID
+	default:
+		return nil, status.Error(codes.InvalidArgument, "set device_type or device_id")
+	}
+	plan, err := detect.PlanBatch(int(req.GetBaseBatch()), t, s.policy.Factors)
+	if err != nil {
+		return nil, toStatus(s.log, "GetBatchPlan", err)
+	}
+	plan.DeviceID = deviceID
+	return &brokerv1.GetBatchPlanResponse{Plan: planToProto(plan)}, nil
+}
+
+// GetReport returns the routing report.
+func (s *BrokerService) GetReport(ctx context.Context, req *brokerv1.GetReportRequest) (*brokerv1.GetReportResponse, error) {
+	entries := s.inv.Devices()
+	sel := s.inv.Select(s.policy.Select)
+	resp := &brokerv1.GetReportResponse{
+		Configuration:   s.configuration(),
+		RoutingMode:     brokerv1.RoutingMode_ROUTING_MODE_AUTO,
+		SelectionReason: sel.Reason,
+		Notes:           s.inv.Notes(),
+		Version:         s.policy.Version,
+		Hostname:        s.policy.Hostname,
+		Recommendations: detect.Recommendations(entries, sel, s.policy.Select, s.policy.Memory, runtimeStatuses(s.policy.Runtimes)),
+	}
+	if sel.Mode == "manual" {
+		resp.RoutingMode = brokerv1.RoutingMode_ROUTING_MODE_MANUAL
+	}
+	for _, t := range sel.Chain {
+		resp.FallbackChain = append(resp.FallbackChain, string(t))
+	}
+	for i := range entries {
+		d := deviceToProto(&entries[i])
+		resp.AllDevices = append(resp.AllDevices, d)
+		if sel.Device != nil && entries[i].ID == sel.Device.ID {
+			resp.CurrentDevice = d
+		}
+	}
+	for _, rt := range s.policy.Runtimes {
+		resp.Runtimes = append(resp.Runtimes, runtimeToProto(rt))
+	}
+	if req.GetVerbose() {
+		for _, t := range []detect.Type{detect.TypeTPU, detect.TypeGPU, detect.TypeCPU} {
+			plan, err := detect.PlanBatch(DefaultBaseBatch, t, s.policy.Factors)
+			if err != nil {
+				return nil, toStatus(s.log, "GetReport", fmt.Errorf("batch plan for %s: %w", t, err))
+			}
+			resp.BatchPlans = append(resp.BatchPlans, planToProto(plan))
+		}
+	}
+	return resp, nil
+}
+
+func (s *BrokerService) configuration() *brokerv1.Configuration {
+	c := &brokerv1.Configuration{
+		Prefer:         string(s.policy.Select.Prefer),
+		AllowTpu:       s.policy.Select.AllowTPU,
+		TpuBatchFactor: int32(s.policy.Factors.TPU),
+		GpuBatchFactor: int32(s.policy.Factors.GPU),
+		CpuBatchFactor: int32(s.policy.Factors.CPU),
+		MemoryStrategy: s.policy.Memory.String(),
+		MemoryFraction: s.policy.Memory.Fraction,
+		CostPerHourUsd: map[string]float64{},
+	}
+	for t, v := range s.policy.Costs.PerType {
+		c.CostPerHourUsd[string(t)] = v
+	}
+	for name, v := range s.policy.Costs.PerName {
+		c.CostPerHourUsd[name] = v
+	}
+	return c
+}

@@ -1,0 +1,359 @@
+// Package config loads brokerd's settings: flags over environment over a YAML
+// file (--config) over defaults. Every setting has one flag; many also have an
+// environment variable and all of them a YAML key (the flag name).
+package config
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"sigs.k8s.io/yaml"
+
+	"github.com/brokerd/brokerd/server/endpoint"
+)
+
+// Config is brokerd's complete configuration. JSON tags are the YAML keys.
+type Config struct {
+	Socket        string `json:"socket"`
+	Listen        string `json:"listen"`
+	InsecureTCP   bool   `json:"insecure-tcp"`
+	TLSCert       string `json:"tls-cert"`
+	TLSKey        string `json:"tls-key"`
+	TLSClientCA   string `json:"tls-client-ca"`
+	MetricsListen string `json:"metrics-listen"`
+	StateDir      string `json:"state-dir"`
+	LogLevel      string `json:"log-level"`
+	LogFormat     string `json:"log-format"`
+
+	Prefer         string `json:"prefer"`
+	AllowTPU       bool   `json:"allow-tpu"`
+	TPUBatchFactor int    `json:"tpu-batch-factor"`
+	GPUBatchFactor int    `json:"gpu-batch-factor"`
+	CPUBatchFactor int    `json:"cpu-batch-factor"`
+	MemoryStrategy string `json:"memory-strategy"`
+	Costs          string `json:"costs"`
+
+	Sysfs       string   `json:"sysfs"`
+	Procfs      string   `json:"procfs"`
+	Devfs       string   `json:"devfs"`
+	NVMLLibrary string   `json:"nvml-library"`
+	PJRTPlugins string   `json:"pjrt-plugin"`
+	Telemetry   Duration `json:"telemetry-interval"`
+
+	MaxMessageBytes int      `json:"max-message-bytes"`
+	ShutdownGrace   Duration `json:"shutdown-grace"`
+}
+
+// Duration is a time.Duration that reads "5s" from YAML.
+type Duration time.Duration
+
+// UnmarshalJSON accepts a Go duration string or a number of seconds.
+func (d *Duration) UnmarshalJSON(b []byte) error {
+	s := strings.Trim(string(b), `"`)
+	if v, err := time.ParseDuration(s); err == nil {
+		*d = Duration(v)
+		return nil
+	}
+	f, err := strconv.ParseFloat(s, 64)
+	if err != nil {
+		return fmt.Errorf("invalid duration %s: want e.g. \"5s\"", b)
+	}
+	*d = Duration(f * float64(time.Second))
+	return nil
+}
+
+// MarshalJSON writes the duration as a Go duration string.
+func (d Duration) MarshalJSON() ([]byte, error) {
+	return []byte(strconv.Quote(time.Duration(d).String())), nil
+}
+
+// Set implements flag.Value.
+func (d *Duration) Set(s string) error {
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return err
+	}
+	*d = Duration(v)
+	return nil
+}
+
+func (d *Duration) String() string { return time.Duration(*d).String() }
+
+// Defaults returns the built-in settings for a process with the given
+// effective uid and environment.
+func Defaults(euid int, getenv func(string) string) Config {
+	state := "/var/lib/brokerd"
+	if euid != 0 {
+		base := getenv("XDG_STATE_HOME")
+		if base == "" {
+			if home := getenv("HOME"); home != "" {
+				base = filepath.Join(home, ".local", "state")
+			} else {
+				base = os.TempDir()
+			}
+		}
+		state = filepath.Join(base, "brokerd")
+	}
+	return Config{
+		Socket:          endpoint.DefaultSocketPath(euid, getenv),
+		MetricsListen:   "127.0.0.1:9464",
+		StateDir:        state,
+		LogLevel:        "info",
+		LogFormat:       "json",
+		Prefer:          "auto",
+		AllowTPU:        true,
+		TPUBatchFactor:  128,
+		GPUBatchFactor:  4,
+		CPUBatchFactor:  1,
+		MemoryStrategy:  "balanced",
+		Sysfs:           "/sys",
+		Procfs:          "/proc",
+		Devfs:           "/dev",
+		Telemetry:       Duration(5 * time.Second),
+		MaxMessageBytes: 64 << 20,
+		ShutdownGrace:   Duration(30 * time.Second),
+	}
+}
+
+// envNames maps flag names to the environment variables that set them.
+var envNames = map[string]string{
+	"socket":             "BROKERD_SOCKET",
+	"listen":             "BROKERD_LISTEN",
+	"insecure-tcp":       "BROKERD_INSECURE_TCP",
+	"tls-cert":           "BROKERD_TLS_CERT",
+	"tls-key":            "BROKERD_TLS_KEY",
+	"tls-client-ca":      "BROKERD_TLS_CLIENT_CA",
+	"metrics-listen":     "BROKERD_METRICS_LISTEN",
+	"state-dir":          "BROKERD_STATE_DIR",
+	"log-level":          "BROKERD_LOG_LEVEL",
+	"log-format":         "BROKERD_LOG_FORMAT",
+	"prefer":             "COMPUTE_PREFER",
+	"allow-tpu":          "COMPUTE_ALLOW_TPU",
+	"tpu-batch-factor":   "COMPUTE_TPU_BATCH_FACTOR",
+	"gpu-batch-factor":   "COMPUTE_GPU_BATCH_FACTOR",
+	"cpu-batch-factor":   "COMPUTE_CPU_BATCH_FACTOR",
+	"memory-strategy":    "BROKERD_MEMORY_STRATEGY",
+	"costs":              "BROKERD_COSTS",
+	"nvml-library":       "BROKERD_NVML_LIBRARY",
+	"pjrt-plugin":        "BROKERD_PJRT_PLUGINS",
+	"telemetry-interval": "BROKERD_TELEMETRY_INTERVAL",
+	"max-message-bytes":  "BROKERD_MAX_MESSAGE_BYTES",
+	"shutdown-grace":     "BROKERD_SHUTDOWN_GRACE",
+	"config":             "BROKERD_CONFIG",
+}
+
+// bind registers every setting as a flag writing into c.
+func bind(fs *flag.FlagSet, c *Config, configPath *string) {
+	fs.StringVar(configPath, "config", "", "YAML settings file (keys are the flag names)")
+	fs.StringVar(&c.Socket, "socket", c.Socket, "Unix socket path")
+	fs.StringVar(&c.Listen, "listen", c.Listen, "TCP listen address HOST:PORT (off when empty)")
+	fs.BoolVar(&c.InsecureTCP, "insecure-tcp", c.InsecureTCP, "allow TCP without TLS (loopback addresses only)")
+	fs.StringVar(&c.TLSCert, "tls-cert", c.TLSCert, "TLS certificate for the TCP listener")
+	fs.StringVar(&c.TLSKey, "tls-key", c.TLSKey, "TLS private key for the TCP listener")
+	fs.StringVar(&c.TLSClientCA, "tls-client-ca", c.TLSClientCA, "CA bundle; when set, TCP clients must present a certificate it signed")
+	fs.StringVar(&c.MetricsListen, "metrics-listen", c.MetricsListen, "Prometheus /metrics listen address (off when empty)")
+	fs.StringVar(&c.StateDir, "state-dir", c.StateDir, "directory for the device registry and models")
+	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "debug, info, warn or error")
+	fs.StringVar(&c.LogFormat, "log-format", c.LogFormat, "json or console")
+	fs.StringVar(&c.Prefer, "prefer", c.Prefer, "device preference: auto, cpu, gpu or tpu")
+	fs.BoolVar(&c.AllowTPU, "allow-tpu", c.AllowTPU, "allow routing work to TPUs")
+	fs.IntVar(&c.TPUBatchFactor, "tpu-batch-factor", c.TPUBatchFactor, "TPU max batch = base × factor (rounded to a power of two)")
+	fs.IntVar(&c.GPUBatchFactor, "gpu-batch-factor", c.GPUBatchFactor, "GPU max batch = base × factor")
+	fs.IntVar(&c.CPUBatchFactor, "cpu-batch-factor", c.CPUBatchFactor, "CPU max batch = base × factor")
+	fs.StringVar(&c.MemoryStrategy, "memory-strategy", c.MemoryStrategy, "conservative (0.60), balanced (0.75), aggressive (0.90) or a fraction of device memory")
+	fs.StringVar(&c.Costs, "costs", c.Costs, "device cost overrides in $/hour, e.g. gpu=0.9,tpu=3.1")
+	fs.StringVar(&c.Sysfs, "sysfs", c.Sysfs, "sysfs root for detection")
+	fs.StringVar(&c.Procfs, "procfs", c.Procfs, "procfs root for detection")
+	fs.StringVar(&c.Devfs, "devfs", c.Devfs, "devfs root for detection")
+	fs.StringVar(&c.NVMLLibrary, "nvml-library", c.NVMLLibrary, "path to libnvidia-ml.so.1 (default: the loader's search)")
+	fs.StringVar(&c.PJRTPlugins, "pjrt-plugin", c.PJRTPlugins, "PJRT plugins as name=path pairs, e.g. tpu=/path/libtpu.so,cuda=/path/xla_cuda_plugin.so")
+	fs.Var(&c.Telemetry, "telemetry-interval", "device telemetry refresh interval")
+	fs.IntVar(&c.MaxMessageBytes, "max-message-bytes", c.MaxMessageBytes, "largest gRPC message accepted or sent")
+	fs.Var(&c.ShutdownGrace, "shutdown-grace", "how long a stop waits for in-flight calls")
+}
+
+// ErrHelp is returned when -h or --help was given; usage has been printed.
+var ErrHelp = flag.ErrHelp
+
+// Load resolves the configuration from args (without the program name), the
+// environment and the YAML file named by --config or BROKERD_CONFIG.
+func Load(args []string, getenv func(string) string, euid int, usage io.Writer) (Config, error) {
+	// First pass: learn which flags were given, and --config.
+	var scratch Config
+	var configPath string
+	fs := flag.NewFlagSet("brokerd", flag.ContinueOnError)
+	fs.SetOutput(usage)
+	bind(fs, &scratch, &configPath)
+	if err := fs.Parse(args); err != nil {
+		return Config{}, err
+	}
+	if fs.NArg() > 0 {
+		return Config{}, fmt.Errorf("unexpected argument %q: brokerd takes only flags", fs.Arg(0))
+	}
+	given := map[string]string{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = f.Value.String() })
+	if configPath == "" {
+		configPath = getenv(envNames["config"])
+	}
+
+	cfg := Defaults(euid, getenv)
+	if configPath != "" {
+		b, err := os.ReadFile(configPath)
+		if err != nil {
+			return Config{}, fmt.Errorf("config file: %w", err)
+		}
+		if err := yaml.UnmarshalStrict(b, &cfg); err != nil {
+			return Config{}, fmt.Errorf("config file %s: %w", configPath, err)
+		}
+	}
+
+	// Second pass: environment, then the flags that were given, over cfg.
+	var ignored string
+	set := flag.NewFlagSet("brokerd", flag.ContinueOnError)
+	set.SetOutput(io.Discard)
+	bind(set, &cfg, &ignored)
+	var errs []error
+	set.VisitAll(func(f *flag.Flag) {
+		env := envNames[f.Name]
+		if env == "" || f.Name == "config" {
+			return
+		}
+		if v := getenv(env); v != "" {
+			if err := f.Value.Set(v); err != nil {
+				errs = append(errs, fmt.Errorf("%s=%q: %w", env, v, err))
+			}
+		}
+	})
+	if err := errors.Join(errs...); err != nil {
+		return Config{}, err
+	}
+	for name, v := range given {
+		if name == "config" {
+			continue
+		}
+		if err := set.Set(name, v); err != nil {
+			return Config{}, fmt.Errorf("--%s=%q: %w", name, v, err)
+		}
+	}
+	if err := cfg.Validate(); err != nil {
+		return Config{}, err
+	}
+	return cfg, nil
+}
+
+// Validate checks every setting and names the bad one with its allowed values.
+func (c Config) Validate() error {
+	var errs []error
+	bad := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
+	switch c.Prefer {
+	case "auto", "cpu", "gpu", "tpu":
+	default:
+		bad("prefer (COMPUTE_PREFER) %q is invalid: allowed values are auto, cpu, gpu, tpu", c.Prefer)
+	}
+	for _, f := range []struct {
+		name string
+		v    int
+	}{{"tpu-batch-factor (COMPUTE_TPU_BATCH_FACTOR)", c.TPUBatchFactor}, {"gpu-batch-factor (COMPUTE_GPU_BATCH_FACTOR)", c.GPUBatchFactor}, {"cpu-batch-factor (COMPUTE_CPU_BATCH_FACTOR)", c.CPUBatchFactor}} {
+		if f.v < 1 || f.v > 4096 {
+			bad("%s %d is invalid: allowed values are 1 to 4096", f.name, f.v)
+		}
+	}
+	if _, err := MemoryFraction(c.MemoryStrategy); err != nil {
+		bad("memory-strategy: %v", err)
+	}
+	switch c.LogLevel {
+	case "debug", "info", "warn", "error":
+	default:
+		bad("log-level %q is invalid: allowed values are debug, info, warn, error", c.LogLevel)
+	}
+	switch c.LogFormat {
+	case "json", "console":
+	default:
+		bad("log-format %q is invalid: allowed values are json, console", c.LogFormat)
+	}
+	if c.Socket == "" && c.Listen == "" {
+		bad("socket: both --socket and --listen are empty: brokerd needs somewhere to listen")
+	}
+	if c.Listen != "" {
+		if err := checkTCP(c); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if c.MetricsListen != "" {
+		if _, _, err := net.SplitHostPort(c.MetricsListen); err != nil {
+			bad("metrics-listen %q is invalid: want HOST:PORT", c.MetricsListen)
+		}
+	}
+	if (c.TLSCert == "") != (c.TLSKey == "") {
+		bad("tls-cert and tls-key must be given together")
+	}
+	if c.TLSClientCA != "" && c.TLSCert == "" {
+		bad("tls-client-ca needs tls-cert and tls-key")
+	}
+	if c.StateDir == "" {
+		bad("state-dir must not be empty")
+	}
+	if c.Telemetry < Duration(100*time.Millisecond) {
+		bad("telemetry-interval %s is invalid: at least 100ms", time.Duration(c.Telemetry))
+	}
+	if c.MaxMessageBytes < 1<<20 || c.MaxMessageBytes > 2<<30-1 {
+		bad("max-message-bytes %d is invalid: allowed values are 1 MiB to 2 GiB", c.MaxMessageBytes)
+	}
+	if c.ShutdownGrace < 0 {
+		bad("shutdown-grace must not be negative")
+	}
+	return errors.Join(errs...)
+}
+
+// checkTCP enforces: TCP without TLS only with --insecure-tcp, and then only
+// on a loopback address.
+func checkTCP(c Config) error {
+	host, _, err := net.SplitHostPort(c.Listen)
+	if err != nil {
+		return fmt.Errorf("listen %q is invalid: want HOST:PORT", c.Listen)
+	}
+	if c.TLSCert != "" {
+		return nil
+	}
+	if !c.InsecureTCP {
+		return fmt.Errorf("listen %s: TCP without TLS is refused; give --tls-cert and --tls-key, or --insecure-tcp on a loopback address", c.Listen)
+	}
+	if !IsLoopback(host) {
+		return fmt.Errorf("listen %s: --insecure-tcp is allowed only on a loopback address (127.0.0.1, ::1, localhost)", c.Listen)
+	}
+	return nil
+}
+
+// IsLoopback reports whether host is a loopback name or address.
+func IsLoopback(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// MemoryFraction resolves a memory strategy name or fraction.
+func MemoryFraction(s string) (float64, error) {
+	switch s {
+	case "conservative":
+		return 0.60, nil
+	case "balanced", "":
+		return 0.75, nil
+	case "aggressive":
+		return 0.90, nil
+	}
+	f, err := strconv.ParseFloat(s, 64)
+	if err != nil || f <= 0 || f > 1 {
+		return 0, fmt.Errorf("%q is invalid: allowed values are conservative, balanced, aggressive, or a fraction in (0, 1]", s)
+	}
+	return f, nil
+}

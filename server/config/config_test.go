@@ -1,0 +1,130 @@
+package config
+
+import (
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func env(m map[string]string) func(string) string {
+	return func(k string) string { return m[k] }
+}
+
+func TestLoadPrecedence(t *testing.T) {
+	dir := t.TempDir()
+	yamlPath := filepath.Join(dir, "brokerd.yaml")
+	if err := os.WriteFile(yamlPath, []byte("prefer: gpu\ntpu-batch-factor: 64\nlog-level: debug\ntelemetry-interval: 2s\nsocket: /yaml.sock\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name  string
+		args  []string
+		env   map[string]string
+		check func(t *testing.T, c Config)
+	}{
+		{"defaults", nil, map[string]string{"XDG_RUNTIME_DIR": "/run/user/1000"}, func(t *testing.T, c Config) {
+			if c.Prefer != "auto" || !c.AllowTPU || c.TPUBatchFactor != 128 || c.GPUBatchFactor != 4 || c.CPUBatchFactor != 1 {
+				t.Errorf("policy defaults wrong: %+v", c)
+			}
+			if c.Socket != "/run/user/1000/brokerd.sock" || c.MetricsListen != "127.0.0.1:9464" || c.Listen != "" {
+				t.Errorf("listener defaults wrong: %+v", c)
+			}
+			if c.Sysfs != "/sys" || c.Procfs != "/proc" || c.Devfs != "/dev" || c.MemoryStrategy != "balanced" {
+				t.Errorf("detection defaults wrong: %+v", c)
+			}
+		}},
+		{"yaml over defaults", []string{"--config", yamlPath}, nil, func(t *testing.T, c Config) {
+			if c.Prefer != "gpu" || c.TPUBatchFactor != 64 || c.LogLevel != "debug" || c.Telemetry != Duration(2*time.Second) || c.Socket != "/yaml.sock" {
+				t.Errorf("yaml not applied: %+v", c)
+			}
+		}},
+		{"env over yaml", []string{"--config", yamlPath}, map[string]string{"COMPUTE_PREFER": "cpu", "COMPUTE_TPU_BATCH_FACTOR": "32", "COMPUTE_ALLOW_TPU": "false"}, func(t *testing.T, c Config) {
+			if c.Prefer != "cpu" || c.TPUBatchFactor != 32 || c.AllowTPU {
+				t.Errorf("env not applied: %+v", c)
+			}
+			if c.LogLevel != "debug" {
+				t.Errorf("yaml lost: %+v", c)
+			}
+		}},
+		{"flags over env", []string{"--config", yamlPath, "--prefer", "tpu", "--tpu-batch-factor=16", "--allow-tpu=true"}, map[string]string{"COMPUTE_PREFER": "cpu", "COMPUTE_ALLOW_TPU": "false"}, func(t *testing.T, c Config) {
+			if c.Prefer != "tpu" || c.TPUBatchFactor != 16 || !c.AllowTPU {
+				t.Errorf("flags not applied: %+v", c)
+			}
+		}},
+		{"config from env", nil, map[string]string{"BROKERD_CONFIG": yamlPath}, func(t *testing.T, c Config) {
+			if c.Prefer != "gpu" {
+				t.Errorf("BROKERD_CONFIG not read: %+v", c)
+			}
+		}},
+		{"roots", []string{"--sysfs", "/t/sys", "--procfs", "/t/proc", "--devfs", "/t/dev"}, nil, func(t *testing.T, c Config) {
+			if c.Sysfs != "/t/sys" || c.Procfs != "/t/proc" || c.Devfs != "/t/dev" {
+				t.Errorf("roots: %+v", c)
+			}
+		}},
+		{"insecure tcp on loopback", []string{"--listen", "127.0.0.1:7000", "--insecure-tcp"}, nil, func(t *testing.T, c Config) {
+			if c.Listen != "127.0.0.1:7000" || !c.InsecureTCP {
+				t.Errorf("tcp: %+v", c)
+			}
+		}},
+		{"memory fraction", []string{"--memory-strategy", "0.5"}, nil, func(t *testing.T, c Config) {
+			if c.MemoryStrategy != "0.5" {
+				t.Errorf("memory strategy: %+v", c)
+			}
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, err := Load(tt.args, env(tt.env), 1000, io.Discard)
+			if err != nil {
+				t.Fatal(err)
+			}
+			tt.check(t, c)
+		})
+	}
+}
+
+func TestLoadRejectsBadSettings(t *testing.T) {
+	dir := t.TempDir()
+	badYAML := filepath.Join(dir, "bad.yaml")
+	if err := os.WriteFile(badYAML, []byte("prefur: gpu\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name string
+		args []string
+		env  map[string]string
+		want []string // substrings of the error
+	}{
+		{"bad prefer env", nil, map[string]string{"COMPUTE_PREFER": "fastest"}, []string{"COMPUTE_PREFER", "auto, cpu, gpu, tpu", "fastest"}},
+		{"bad prefer flag", []string{"--prefer=npu"}, nil, []string{"prefer", "auto, cpu, gpu, tpu"}},
+		{"bad allow-tpu env", nil, map[string]string{"COMPUTE_ALLOW_TPU": "maybe"}, []string{"COMPUTE_ALLOW_TPU"}},
+		{"zero factor", []string{"--gpu-batch-factor=0"}, nil, []string{"gpu-batch-factor", "1 to 4096"}},
+		{"bad memory strategy", []string{"--memory-strategy=greedy"}, nil, []string{"memory-strategy", "conservative, balanced, aggressive"}},
+		{"fraction above one", []string{"--memory-strategy=1.5"}, nil, []string{"memory-strategy"}},
+		{"tcp without tls", []string{"--listen=127.0.0.1:7000"}, nil, []string{"TCP without TLS is refused"}},
+		{"insecure tcp off loopback", []string{"--listen=0.0.0.0:7000", "--insecure-tcp"}, nil, []string{"only on a loopback"}},
+		{"bad log level", []string{"--log-level=loud"}, nil, []string{"log-level", "debug, info, warn, error"}},
+		{"unknown yaml key", []string{"--config", badYAML}, nil, []string{"prefur"}},
+		{"missing config file", []string{"--config", filepath.Join(dir, "nope.yaml")}, nil, []string{"config file"}},
+		{"unknown flag", []string{"--nope"}, nil, []string{"nope"}},
+		{"positional", []string{"serve"}, nil, []string{"unexpected argument"}},
+		{"half tls", []string{"--tls-cert=/c.pem"}, nil, []string{"tls-cert and tls-key"}},
+		{"bad metrics address", []string{"--metrics-listen=9464"}, nil, []string{"metrics-listen"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := Load(tt.args, env(tt.env), 1000, io.Discard)
+			if err == nil {
+				t.Fatal("Load succeeded, want an error")
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not mention %q", err, w)
+				}
+			}
+		})
+	}
+}

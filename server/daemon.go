@@ -1,0 +1,290 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/reflection"
+
+	"github.com/brokerd/brokerd/detect"
+	brokerv1 "github.com/brokerd/brokerd/proto/broker/v1"
+	"github.com/brokerd/brokerd/runtime/pjrt"
+	"github.com/brokerd/brokerd/runtime/probe"
+	"github.com/brokerd/brokerd/server/config"
+)
+
+// Addresses are where a started brokerd listens.
+type Addresses struct {
+	Socket  string
+	TCP     string // empty when off
+	Metrics string // empty when off
+}
+
+// Options configure Run.
+type Options struct {
+	Config  config.Config
+	Version string
+	// Getenv reads the environment for detection (TPU_* variables) and the
+	// PJRT plugin search; nil means os.Getenv.
+	Getenv func(string) string
+	// Ready, when set, is called once brokerd serves.
+	Ready func(Addresses)
+}
+
+// Run starts brokerd and serves until ctx is cancelled (SIGTERM/SIGINT in
+// main), then stops cleanly: health goes NOT_SERVING, in-flight calls finish
+// within the shutdown grace, listeners close and the socket is removed.
+func Run(ctx context.Context, opts Options, log *zap.Logger) error {
+	start := time.Now()
+	cfg := opts.Config
+	getenv := opts.Getenv
+	if getenv == nil {
+		getenv = os.Getenv
+	}
+	pol, err := policyFromConfig(cfg, getenv)
+	if err != nil {
+		return err
+	}
+
+	// Listeners first: a second brokerd on the same socket stops here, before
+	// it touches the state dir or the devices.
+	var lis []net.Listener
+	defer func() {
+		for _, l := range lis {
+			l.Close()
+		}
+	}()
+	sock, err := listenUnix(cfg.Socket)
+	if err != nil {
+		return err
+	}
+	lis = append(lis, sock)
+	addrs := Addresses{Socket: cfg.Socket}
+	var tcp net.Listener
+	if cfg.Listen != "" {
+		if tcp, err = net.Listen("tcp", cfg.Listen); err != nil {
+			return fmt.Errorf("listen %s: %w", cfg.Listen, err)
+		}
+		lis = append(lis, tcp)
+		addrs.TCP = tcp.Addr().String()
+	}
+	var metricsLis net.Listener
+	if cfg.MetricsListen != "" {
+		if metricsLis, err = net.Listen("tcp", cfg.MetricsListen); err != nil {
+			return fmt.Errorf("metrics-listen %s: %w", cfg.MetricsListen, err)
+		}
+		lis = append(lis, metricsLis)
+		addrs.Metrics = metricsLis.Addr().String()
+	}
+
+	if err := os.MkdirAll(cfg.StateDir, 0o750); err != nil {
+		return fmt.Errorf("state-dir: %w", err)
+	}
+	registry, err := detect.OpenRegistry(cfg.StateDir, log)
+	if err != nil {
+		return fmt.Errorf("device registry: %w", err)
+	}
+
+	pol.Runtimes = probe.Probe(ctx, probe.Options{PJRT: pol.pjrt})
+	for _, rt := range pol.Runtimes {
+		log.Info("runtime probed", zap.String("runtime", rt.Name), zap.Bool("available", rt.Available),
+			zap.String("version", rt.Version), zap.String("reason", rt.Reason), zap.Int("plugins", len(rt.Plugins)))
+	}
+
+	roots := detect.Roots{Sys: cfg.Sysfs, Proc: cfg.Procfs, Dev: cfg.Devfs}
+	cpu := detect.NewCPUDetector(roots)
+	nv := detect.NewNVMLDetector(roots, cfg.NVMLLibrary)
+	defer func() {
+		if err := nv.Close(); err != nil {
+			log.Warn("closing NVML", zap.Error(err))
+		}
+	}()
+	inv := detect.NewInventory(detect.InventoryOptions{
+		Detectors: []detect.Detector{cpu, nv, detect.NewTPUDetector(roots, getenv),
+			detect.NewAMDDetector(roots), detect.NewCoralDetector(roots)},
+		Refreshers: []detect.Refresher{cpu, nv},
+		Registry:   registry,
+		Runtimes:   runtimeStatuses(pol.Runtimes),
+		Memory:     pol.Memory,
+		Costs:      pol.Costs,
+		Logger:     log,
+	})
+	if err := inv.Discover(ctx); err != nil {
+		return fmt.Errorf("device discovery: %w", err)
+	}
+	for _, n := range inv.Notes() {
+		log.Info("detection note", zap.String("note", n))
+	}
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		newDeviceCollector(inv.Devices))
+	rpcm := newRPCMetrics(reg)
+
+	srvOpts := []grpc.ServerOption{
+		grpc.ChainUnaryInterceptor(unaryInterceptor(log, rpcm)),
+		grpc.ChainStreamInterceptor(streamInterceptor(log, rpcm)),
+		grpc.MaxRecvMsgSize(cfg.MaxMessageBytes),
+		grpc.MaxSendMsgSize(cfg.MaxMessageBytes),
+	}
+	// The Unix socket is protected by its file mode; TCP carries TLS unless
+	// --insecure-tcp allowed plaintext on loopback (checked by config).
+	unixSrv := grpc.NewServer(srvOpts...)
+	servers := []*grpc.Server{unixSrv}
+	var tcpSrv *grpc.Server
+	if tcp != nil {
+		tcpOpts := srvOpts
+		if cfg.TLSCert != "" {
+			tc, err := tlsConfig(cfg.TLSCert, cfg.TLSKey, cfg.TLSClientCA)
+			if err != nil {
+				return err
+			}
+			tcpOpts = append(append([]grpc.ServerOption(nil), srvOpts...), grpc.Creds(credentials.NewTLS(tc)))
+		}
+		tcpSrv = grpc.NewServer(tcpOpts...)
+		servers = append(servers, tcpSrv)
+	}
+	hostname, _ := os.Hostname()
+	broker := NewBrokerService(inv, Policy{
+		Select: pol.Select, Factors: pol.Factors, Memory: pol.Memory, Costs: pol.Costs,
+		Runtimes: pol.Runtimes, Version: opts.Version, Hostname: hostname,
+	}, log)
+	healthSrv := health.NewServer()
+	for _, s := range servers {
+		brokerv1.RegisterBrokerServiceServer(s, broker)
+		healthpb.RegisterHealthServer(s, healthSrv)
+		reflection.Register(s)
+	}
+
+	errc := make(chan error, 3)
+	go func() { errc <- serveGRPC(unixSrv, sock, "socket") }()
+	if tcpSrv != nil {
+		go func() { errc <- serveGRPC(tcpSrv, tcp, "tcp") }()
+	}
+	var metricsSrv *http.Server
+	if metricsLis != nil {
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+		metricsSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		go func() {
+			if err := metricsSrv.Serve(metricsLis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				errc <- fmt.Errorf("metrics server: %w", err)
+			}
+		}()
+	}
+
+	refreshCtx, stopRefresh := context.WithCancel(ctx)
+	refreshDone := make(chan struct{})
+	go func() {
+		defer close(refreshDone)
+		inv.Run(refreshCtx, time.Duration(cfg.Telemetry), nil)
+	}()
+
+	healthSrv.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	healthSrv.SetServingStatus(brokerv1.BrokerService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
+	sel := inv.Select(pol.Select)
+	current := "none"
+	if sel.Device != nil {
+		current = sel.Device.ID
+	}
+	log.Info("brokerd ready", zap.String("version", opts.Version), zap.String("socket", addrs.Socket),
+		zap.String("tcp", addrs.TCP), zap.String("metrics", addrs.Metrics), zap.Int("devices", len(inv.Devices())),
+		zap.String("current_device", current), zap.String("selection", sel.Reason), zap.Duration("startup", time.Since(start)))
+	if opts.Ready != nil {
+		opts.Ready(addrs)
+	}
+
+	var runErr error
+	select {
+	case <-ctx.Done():
+		log.Info("stopping: signal received")
+	case runErr = <-errc:
+		log.Error("stopping: a listener failed", zap.Error(runErr))
+	}
+	healthSrv.Shutdown() // everything NOT_SERVING: probes and clients stop sending
+	stopRefresh()
+	stopServers(servers, time.Duration(cfg.ShutdownGrace), log)
+	if metricsSrv != nil {
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_ = metricsSrv.Shutdown(sctx)
+		cancel()
+	}
+	<-refreshDone
+	log.Info("brokerd stopped")
+	return runErr
+}
+
+func serveGRPC(s *grpc.Server, l net.Listener, name string) error {
+	if err := s.Serve(l); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+		return fmt.Errorf("%s listener: %w", name, err)
+	}
+	return nil
+}
+
+// stopServers lets in-flight calls finish, up to grace, then cuts the rest.
+func stopServers(servers []*grpc.Server, grace time.Duration, log *zap.Logger) {
+	done := make(chan struct{})
+	go func() {
+		for _, s := range servers {
+			s.GracefulStop()
+		}
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(grace):
+		log.Warn("shutdown grace expired: cancelling in-flight calls", zap.Duration("grace", grace))
+		for _, s := range servers {
+			s.Stop()
+		}
+		<-done
+	}
+}
+
+// daemonPolicy is the configuration parsed into the types the packages use.
+type daemonPolicy struct {
+	Policy
+	pjrt pjrt.Options
+}
+
+func policyFromConfig(cfg config.Config, getenv func(string) string) (daemonPolicy, error) {
+	var p daemonPolicy
+	prefer, err := detect.ParsePrefer(cfg.Prefer)
+	if err != nil {
+		return p, fmt.Errorf("prefer: %w", err)
+	}
+	p.Select = detect.Policy{Prefer: prefer, AllowTPU: cfg.AllowTPU}
+	p.Factors = detect.Factors{TPU: cfg.TPUBatchFactor, GPU: cfg.GPUBatchFactor, CPU: cfg.CPUBatchFactor}
+	if p.Memory, err = detect.ParseMemoryStrategy(cfg.MemoryStrategy); err != nil {
+		return p, fmt.Errorf("memory-strategy: %w", err)
+	}
+	p.Costs = detect.DefaultCostTable()
+	if cfg.Costs != "" {
+		if p.Costs, err = detect.ParseCostOverrides(cfg.Costs); err != nil {
+			return p, fmt.Errorf("costs: %w", err)
+		}
+	}
+	plugins, err := pjrt.ParsePluginSpec(cfg.PJRTPlugins)
+	if err != nil {
+		return p, fmt.Errorf("pjrt-plugin: %w", err)
+	}
+	p.pjrt = pjrt.Options{Plugins: plugins, Getenv: getenv}
+	if err := p.pjrt.Validate(); err != nil {
+		return p, err
+	}
+	return p, nil
+}

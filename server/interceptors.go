@@ -1,0 +1,73 @@
+package server
+
+import (
+	"context"
+	"runtime/debug"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// rpcMetrics counts and times every RPC by method and code.
+type rpcMetrics struct {
+	handled  *prometheus.CounterVec
+	duration *prometheus.HistogramVec
+}
+
+func newRPCMetrics(reg prometheus.Registerer) *rpcMetrics {
+	m := &rpcMetrics{
+		handled: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "brokerd", Subsystem: "grpc", Name: "handled_total",
+			Help: "RPCs completed, by method and gRPC status code.",
+		}, []string{"method", "code"}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: "brokerd", Subsystem: "grpc", Name: "handling_seconds",
+			Help:    "Time to handle an RPC, by method.",
+			Buckets: prometheus.ExponentialBuckets(0.0001, 4, 10),
+		}, []string{"method"}),
+	}
+	reg.MustRegister(m.handled, m.duration)
+	return m
+}
+
+// unaryInterceptor recovers panics into INTERNAL (a bug must never take the
+// daemon or another client's call down), logs, and records metrics.
+func unaryInterceptor(log *zap.Logger, m *rpcMetrics) grpc.UnaryServerInterceptor {
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (resp any, err error) {
+		start := time.Now()
+		defer func() {
+			if r := recover(); r != nil {
+				log.Error("panic in RPC handler", zap.String("method", info.FullMethod),
+					zap.Any("panic", r), zap.ByteString("stack", debug.Stack()))
+				resp, err = nil, status.Errorf(codes.Internal, "internal error in %s (logged by brokerd)", info.FullMethod)
+			}
+			code := status.Code(err)
+			elapsed := time.Since(start)
+			m.handled.WithLabelValues(info.FullMethod, code.String()).Inc()
+			m.duration.WithLabelValues(info.FullMethod).Observe(elapsed.Seconds())
+			log.Debug("rpc", zap.String("method", info.FullMethod), zap.Stringer("code", code), zap.Duration("took", elapsed))
+		}()
+		return handler(ctx, req)
+	}
+}
+
+// streamInterceptor recovers panics in streaming handlers (health Watch, reflection).
+func streamInterceptor(log *zap.Logger, m *rpcMetrics) grpc.StreamServerInterceptor {
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) (err error) {
+		start := time.Now()
+		defer func() {
+			if r := recover(); r != nil {
+				log.Error("panic in stream handler", zap.String("method", info.FullMethod),
+					zap.Any("panic", r), zap.ByteString("stack", debug.Stack()))
+				err = status.Errorf(codes.Internal, "internal error in %s (logged by brokerd)", info.FullMethod)
+			}
+			m.handled.WithLabelValues(info.FullMethod, status.Code(err).String()).Inc()
+			m.duration.WithLabelValues(info.FullMethod).Observe(time.Since(start).Seconds())
+		}()
+		return handler(srv, ss)
+	}
+}
