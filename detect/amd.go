@@ -104,8 +104,7 @@ func (a *AMDDetector) Detect(ctx context.Context) Result {
 			dev.Architecture = gfxTarget(v)
 		}
 		if loc, ok := props["location_id"]; ok {
-			// location_id = bus<<8 | device<<3 | function
-			dev.PCIBusID = fmt.Sprintf("%04x:%02x:%02x.%x", props["domain"], (loc>>8)&0xff, (loc>>3)&0x1f, loc&0x7)
+			dev.PCIBusID = kfdPCIAddress(props["domain"], loc)
 			numa, err := readSysfsNUMANode(a.roots.SysPath("bus", "pci", "devices", dev.PCIBusID, "numa_node"))
 			if err != nil && !errors.Is(err, os.ErrNotExist) {
 				notes = append(notes, fmt.Sprintf("AMD GPU %d: %v; NUMA node left unknown.", idx, err))
@@ -127,6 +126,12 @@ func (a *AMDDetector) Detect(ctx context.Context) Result {
 		devs = append(devs, dev)
 	}
 	return Result{Devices: devs, Notes: notes}
+}
+
+// kfdPCIAddress spells a KFD node's PCI location, where
+// location_id = bus<<8 | device<<3 | function, as a canonical address.
+func kfdPCIAddress(domain, locationID uint64) string {
+	return fmt.Sprintf("%04x:%02x:%02x.%x", domain, (locationID>>8)&0xff, (locationID>>3)&0x1f, locationID&0x7)
 }
 
 // gfxTarget spells a KFD gfx_target_version (major*10000 + minor*100 +

@@ -62,7 +62,7 @@ func TestAMDDetect(t *testing.T) {
 	}
 }
 
-func TestGFXTarget(t *testing.T) {
+func TestAMDGFXTarget(t *testing.T) {
 	tests := []struct {
 		v    uint64
 		want string
@@ -78,6 +78,25 @@ func TestGFXTarget(t *testing.T) {
 		t.Run(tc.want, func(t *testing.T) {
 			if got := gfxTarget(tc.v); got != tc.want {
 				t.Errorf("gfxTarget(%d) = %q, want %q", tc.v, got, tc.want)
+			}
+		})
+	}
+}
+
+func TestAMDKFDPCIAddress(t *testing.T) {
+	tests := []struct {
+		domain, location uint64
+		want             string
+	}{
+		{0, 0x0300, "0000:03:00.0"},
+		{0, 0x8300, "0000:83:00.0"},
+		{0, 0x0311, "0000:03:02.1"},
+		{1, 0xc1ff, "0001:c1:1f.7"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.want, func(t *testing.T) {
+			if got := kfdPCIAddress(tc.domain, tc.location); got != tc.want {
+				t.Errorf("kfdPCIAddress(%d, %#x) = %q, want %q", tc.domain, tc.location, got, tc.want)
 			}
 		})
 	}

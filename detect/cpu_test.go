@@ -212,7 +212,12 @@ func TestCPURefresh(t *testing.T) {
 			wantUtil: 100, wantFree: 4 * testGiB,
 		},
 		{
-			name: "over the limit leaves nothing free", stat: "cpu  85515 113 24011 3218230 2762 0 1402 310 0 0\n", usage: "9663676416\n",
+			// Seen on kernels whose iowait goes backwards: never more idle than elapsed time.
+			name: "idle counted beyond elapsed time", stat: "cpu  85415 113 24011 3217430 2762 0 1402 310 0 0\n",
+			wantUtil: 0, wantFree: 4 * testGiB,
+		},
+		{
+			name: "over the limit leaves nothing free", stat: "cpu  85415 113 24011 3218430 2762 0 1402 310 0 0\n", usage: "9663676416\n",
 			wantUtil: 0, wantFree: 0,
 		},
 	}
@@ -332,7 +337,7 @@ func TestParseCPUMax(t *testing.T) {
 	}
 }
 
-func TestEffectiveCores(t *testing.T) {
+func TestCPUEffectiveCores(t *testing.T) {
 	tests := []struct {
 		name       string
 		logical    int
@@ -359,7 +364,7 @@ func TestEffectiveCores(t *testing.T) {
 	}
 }
 
-func TestCgroupLevels(t *testing.T) {
+func TestCPUCgroupLevels(t *testing.T) {
 	tests := []struct {
 		path string
 		want []string
@@ -378,7 +383,7 @@ func TestCgroupLevels(t *testing.T) {
 	}
 }
 
-func TestReadOwnCgroup(t *testing.T) {
+func TestCPUReadOwnCgroup(t *testing.T) {
 	tests := []struct {
 		name      string
 		content   string
@@ -406,7 +411,7 @@ func TestReadOwnCgroup(t *testing.T) {
 	}
 }
 
-func TestReadCPUTimes(t *testing.T) {
+func TestCPUReadTimes(t *testing.T) {
 	tests := []struct {
 		name    string
 		content string
@@ -426,6 +431,126 @@ func TestReadCPUTimes(t *testing.T) {
 			got, err := readCPUTimes(p)
 			if (err != nil) != tc.wantErr || got != tc.want {
 				t.Errorf("readCPUTimes = %+v, %v; want %+v, error %v", got, err, tc.want, tc.wantErr)
+			}
+		})
+	}
+}
+
+func TestCPUMemory(t *testing.T) {
+	const meminfo16G = "MemTotal:       16777216 kB\nMemFree:         8388608 kB\nMemAvailable:   12582912 kB\n"
+	tests := []struct {
+		name        string
+		files       map[string]string // relative to a host root holding proc/ and sys/
+		total, free uint64
+		notes       []string
+	}{
+		{
+			name: "no cgroup limit",
+			files: map[string]string{"proc/meminfo": meminfo16G, "proc/self/cgroup": "0::/\n",
+				"sys/fs/cgroup/memory.max": "max\n"},
+			total: 16 * testGiB, free: 12 * testGiB,
+		},
+		{
+			name: "v2 limit with room above MemAvailable",
+			files: map[string]string{"proc/meminfo": meminfo16G, "proc/self/cgroup": "0::/app\n",
+				"sys/fs/cgroup/app/memory.max": "15032385536\n", "sys/fs/cgroup/app/memory.current": "1073741824\n"},
+			total: 14 * testGiB, free: 12 * testGiB,
+		},
+		{
+			name: "v2 limit above MemTotal is ignored",
+			files: map[string]string{"proc/meminfo": meminfo16G, "proc/self/cgroup": "0::/app\n",
+				"sys/fs/cgroup/app/memory.max": "34359738368\n", "sys/fs/cgroup/app/memory.current": "1073741824\n"},
+			total: 16 * testGiB, free: 12 * testGiB,
+		},
+		{
+			name: "v2 usage above the limit",
+			files: map[string]string{"proc/meminfo": meminfo16G, "proc/self/cgroup": "0::/app\n",
+				"sys/fs/cgroup/app/memory.max": "1073741824\n", "sys/fs/cgroup/app/memory.current": "1073745920\n"},
+			total: testGiB, free: 0,
+		},
+		{
+			name: "v1 unlimited with unknown MemTotal stays unknown",
+			files: map[string]string{"proc/meminfo": "MemAvailable:   12582912 kB\n", "proc/self/cgroup": "5:memory:/\n",
+				"sys/fs/cgroup/memory/memory.limit_in_bytes": "9223372036854771712\n", "sys/fs/cgroup/memory/memory.usage_in_bytes": "1073741824\n"},
+			total: 0, free: 0, notes: []string{"meminfo has no MemTotal"},
+		},
+		{
+			name: "v1 limit without a usage file",
+			files: map[string]string{"proc/meminfo": meminfo16G, "proc/self/cgroup": "5:memory:/\n",
+				"sys/fs/cgroup/memory/memory.limit_in_bytes": "2147483648\n"},
+			total: 2 * testGiB, free: 2 * testGiB, notes: []string{"memory.usage_in_bytes"},
+		},
+		{
+			name: "no meminfo, v2 limit",
+			files: map[string]string{"proc/self/cgroup": "0::/app\n",
+				"sys/fs/cgroup/app/memory.max": "2147483648\n", "sys/fs/cgroup/app/memory.current": "536870912\n"},
+			total: 2 * testGiB, free: 2*testGiB - 512<<20, notes: []string{"meminfo"},
+		},
+		{
+			name:  "kernel without MemAvailable",
+			files: map[string]string{"proc/meminfo": "MemTotal:       16777216 kB\nMemFree:         8388608 kB\n", "proc/self/cgroup": "0::/\n"},
+			total: 16 * testGiB, free: 8 * testGiB,
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			for rel, content := range tc.files {
+				p := filepath.Join(dir, filepath.FromSlash(rel))
+				if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+					t.Fatal(err)
+				}
+				hwWrite(t, p, content)
+			}
+			det := NewCPUDetector(Roots{Sys: filepath.Join(dir, "sys"), Proc: filepath.Join(dir, "proc"), Dev: filepath.Join(dir, "dev")})
+			cg, cgNotes := readOwnCgroup(det.roots.ProcPath("self", "cgroup"))
+			got, notes := det.readMemory(cg)
+			hwCheckNotes(t, append(cgNotes, notes...), tc.notes)
+			if got.total != tc.total || got.avail != tc.free {
+				t.Errorf("memory = %d total, %d free; want %d, %d", got.total, got.avail, tc.total, tc.free)
+			}
+		})
+	}
+}
+
+// TestCPUTPUAMDCoralOnEveryHost runs every sysfs detector on every host tree:
+// none may panic, and what they return must be well formed.
+func TestCPUTPUAMDCoralOnEveryHost(t *testing.T) {
+	hosts, err := os.ReadDir(filepath.Join("testdata", "hosts"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, h := range hosts {
+		t.Run(h.Name(), func(t *testing.T) {
+			roots := hwRoots(h.Name())
+			seen := map[string]bool{}
+			for _, det := range []Detector{NewCPUDetector(roots), NewTPUDetector(roots, hwEnv(nil)), NewAMDDetector(roots), NewCoralDetector(roots)} {
+				res := det.Detect(context.Background())
+				for _, n := range res.Notes {
+					if n == "" || !strings.HasSuffix(n, ".") && !strings.HasSuffix(n, "?") {
+						t.Errorf("%s: note is not a sentence: %q", det.Name(), n)
+					}
+				}
+				for _, d := range res.Devices {
+					if seen[d.ID] {
+						t.Errorf("%s: duplicate ID %s", det.Name(), d.ID)
+					}
+					seen[d.ID] = true
+					if d.ID != fmt.Sprintf("%s:%d", d.Type, d.Index) || d.Health == "" || d.NUMANode < -1 || d.MemoryFree > d.MemoryTotal {
+						t.Errorf("%s: malformed device %+v", det.Name(), d)
+					}
+					if d.PCIBusID != "" && !pciAddressRE.MatchString(d.PCIBusID) {
+						t.Errorf("%s: %s has PCI address %q", det.Name(), d.ID, d.PCIBusID)
+					}
+					for _, p := range d.DevicePaths {
+						if _, err := os.Stat(p); err != nil {
+							t.Errorf("%s: %s lists a device path that does not exist: %v", det.Name(), d.ID, err)
+						}
+					}
+				}
+			}
+			if !seen["cpu:0"] {
+				t.Error("no cpu:0")
 			}
 		})
 	}

@@ -2,6 +2,9 @@ package detect
 
 import (
 	"context"
+	"errors"
+	"os"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
@@ -95,5 +98,45 @@ func TestPCIAddressLess(t *testing.T) {
 				t.Errorf("pciAddressLess(%s, %s) = %v, want %v", tc.a, tc.b, got, tc.want)
 			}
 		})
+	}
+}
+
+func TestPCIReadSysfsValues(t *testing.T) {
+	tests := []struct {
+		name    string
+		content string
+		hex     uint64
+		hexErr  bool
+		numa    int
+		numaErr bool
+	}{
+		{"vendor", "0x1ae0\n", 0x1ae0, false, -1, true},
+		{"upper case", "0X1AE0\n", 0x1ae0, false, -1, true},
+		{"numa node", "1\n", 1, false, 1, false},
+		{"no numa", "-1\n", 0, true, -1, false},
+		{"below -1", "-5\n", 0, true, -1, true},
+		{"too wide for 16 bits", "0x12345\n", 0, true, -1, true},
+		{"garbage", "banana\n", 0, true, -1, true},
+		{"empty", "", 0, true, -1, true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			p := filepath.Join(t.TempDir(), "attr")
+			hwWrite(t, p, tc.content)
+			h, err := readSysfsHex(p, 16)
+			if (err != nil) != tc.hexErr || h != tc.hex {
+				t.Errorf("readSysfsHex = %#x, %v; want %#x, error %v", h, err, tc.hex, tc.hexErr)
+			}
+			if err != nil && !errors.Is(err, errMalformed) {
+				t.Errorf("readSysfsHex error %v does not wrap errMalformed", err)
+			}
+			n, err := readSysfsNUMANode(p)
+			if (err != nil) != tc.numaErr || n != tc.numa {
+				t.Errorf("readSysfsNUMANode = %d, %v; want %d, error %v", n, err, tc.numa, tc.numaErr)
+			}
+		})
+	}
+	if _, err := readSysfsHex(filepath.Join(t.TempDir(), "missing"), 16); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("missing file: error %v does not wrap os.ErrNotExist", err)
 	}
 }

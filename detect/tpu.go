@@ -2,6 +2,7 @@ package detect
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/bits"
 	"os"
@@ -150,7 +151,10 @@ func (t *TPUDetector) deviceNode(gen tpuGeneration, chip int, d PCIDevice) (stri
 		node = t.roots.DevPath("accel" + strconv.Itoa(chip))
 	}
 	if _, err := os.Stat(node); err != nil {
-		return "", fmt.Errorf("device node %s not found: %w", node, err)
+		if errors.Is(err, os.ErrNotExist) {
+			return "", fmt.Errorf("device node %s not found", node)
+		}
+		return "", fmt.Errorf("device node %s: %w", node, err)
 	}
 	return node, nil
 }

@@ -112,8 +112,8 @@ func TestTPUDetect(t *testing.T) {
 		},
 		{
 			name: "v6e topology derived from the accelerator type", host: "tpu-v6e",
-			env: map[string]string{"TPU_ACCELERATOR_TYPE": "v6e-4", "TPU_WORKER_ID": "3"},
-			want: hwSeqChips(4, 5, "v6e", 32*testGiB, 0, func(i int) string { return fmt.Sprintf("vfio/%d", 4+i) }, "2x2", 3),
+			env:       map[string]string{"TPU_ACCELERATOR_TYPE": "v6e-4", "TPU_WORKER_ID": "3"},
+			want:      hwSeqChips(4, 5, "v6e", 32*testGiB, 0, func(i int) string { return fmt.Sprintf("vfio/%d", 4+i) }, "2x2", 3),
 			wantAccel: "v6e-4",
 		},
 		{
@@ -128,7 +128,7 @@ func TestTPUDetect(t *testing.T) {
 		},
 		{
 			name: "bad environment is noted, not trusted", host: "tpu-v5e",
-			env:  map[string]string{"TPU_ACCELERATOR_TYPE": "v4-8", "TPU_WORKER_ID": "first", "TPU_VISIBLE_CHIPS": "0,x"},
+			env: map[string]string{"TPU_ACCELERATOR_TYPE": "v4-8", "TPU_WORKER_ID": "first", "TPU_VISIBLE_CHIPS": "0,x"},
 			want: func() []tpuChip {
 				out := append([]tpuChip(nil), v5e...)
 				for i := range out {
@@ -141,9 +141,9 @@ func TestTPUDetect(t *testing.T) {
 		},
 		{
 			name: "visible chip that does not exist", host: "tpu-v4",
-			env:   map[string]string{"TPU_VISIBLE_CHIPS": "2,9"},
+			env:   map[string]string{"TPU_VISIBLE_CHIPS": "2,4"},
 			want:  hwSeqChips(4, 4, "v4", 32*testGiB, 0, accelPath, "", -1)[2:3],
-			notes: []string{"names chip 9 but this host has 4 chips"},
+			notes: []string{"names chip 4 but this host has 4 chips"},
 		},
 		{
 			name: "broken host keeps the readable chip", host: "broken",
@@ -219,7 +219,7 @@ func TestTPUGenerationOf(t *testing.T) {
 	}
 }
 
-func TestTopologyFromAcceleratorType(t *testing.T) {
+func TestTPUTopologyFromAcceleratorType(t *testing.T) {
 	tests := []struct {
 		accel, gen, topo string
 	}{

@@ -1,0 +1,151 @@
+package runtime
+
+import (
+	"context"
+	"errors"
+	"fmt"
+)
+
+// ErrOutOfMemory means an allocation would exceed the device's memory budget.
+var ErrOutOfMemory = errors.New("device memory budget exceeded")
+
+// DType is the element type of a device buffer.
+type DType uint8
+
+// Element types. Compute accumulates in fp32 whatever the storage type.
+const (
+	F32  DType = iota + 1
+	BF16       // bfloat16 storage, on devices that support it
+	I32        // indices (embedding gather)
+)
+
+func (t DType) String() string {
+	switch t {
+	case F32:
+		return "f32"
+	case BF16:
+		return "bf16"
+	case I32:
+		return "i32"
+	}
+	return fmt.Sprintf("dtype(%d)", uint8(t))
+}
+
+// Size is the size of one element in bytes.
+func (t DType) Size() int {
+	switch t {
+	case BF16:
+		return 2
+	default:
+		return 4
+	}
+}
+
+// Buffer is memory on a device, owned by the Device that allocated it.
+type Buffer interface {
+	DType() DType
+	Shape() []int
+	// Bytes is the memory the buffer holds against the device budget.
+	Bytes() int64
+}
+
+// Activation is a pointwise function fused into a matmul as a post-op.
+type Activation uint8
+
+// Activations.
+const (
+	ActNone Activation = iota
+	ActReLU
+	ActGELU // erf form, as BERT uses
+	ActTanh
+)
+
+// OpKind names an op of the op graph.
+type OpKind uint8
+
+// The ops every adapter implements. Shapes are row-major; "rows" are all
+// leading dimensions flattened.
+const (
+	// OpMatMul: In[0] [M,K] × In[1] [K,N] (+ In[2] bias [N]) → [M,N], with
+	// Act fused. A 3-D In[0] [B,S,K] is treated as [B·S,K]. With TransB,
+	// In[1] is [N,K] (PyTorch Linear weight layout).
+	OpMatMul OpKind = iota + 1
+	// OpBatchMatMul: In[0] [B,M,K] × In[1] [B,K,N] → [B,M,N] (TransB: In[1] is [B,N,K]); Scale multiplies the result.
+	OpBatchMatMul
+	// OpAdd: In[0] + In[1], same shape (In[1] may also be [N], broadcast over rows).
+	OpAdd
+	// OpLayerNorm: over the last dimension, In[1] gamma [N], In[2] beta [N], Eps.
+	OpLayerNorm
+	// OpSoftmax: over the last dimension.
+	OpSoftmax
+	// OpGELU, OpReLU, OpTanh: pointwise.
+	OpGELU
+	OpReLU
+	OpTanh
+	// OpGather: In[0] table [V,D], In[1] I32 indices [any shape] → [indices..., D].
+	OpGather
+	// OpMaskedMeanPool: In[0] [B,S,D], In[1] mask [B,S] (1 keep, 0 pad) → [B,D].
+	OpMaskedMeanPool
+	// OpL2Normalize: each row divided by its L2 norm (rows of zeros stay zero).
+	OpL2Normalize
+)
+
+// Op is one node of a graph. It reads named buffers and writes one.
+type Op struct {
+	Kind   OpKind
+	In     []string
+	Out    string
+	Act    Activation // OpMatMul only
+	TransB bool       // OpMatMul, OpBatchMatMul
+	Eps    float32    // OpLayerNorm
+	Scale  float32    // OpBatchMatMul; 0 means 1
+}
+
+// Graph is a straight-line program of ops. Buffers named in Run's bindings are
+// inputs (weights included) and requested outputs; every other name is an
+// intermediate the device allocates from its pool and frees after the run.
+type Graph struct {
+	Ops []Op
+}
+
+// DeviceSpec says which device to open and how much of it brokerd may use.
+type DeviceSpec struct {
+	ID      string // brokerd's device ID, "cpu:0"
+	Budget  uint64 // bytes allocations are admitted against; 0 = unlimited
+	Threads int    // compute threads; 0 = the adapter's choice
+	DType   DType  // compute/storage type for activations; 0 = F32
+}
+
+// Adapter opens devices of one backend (oneDNN on the CPU, PJRT plugins on
+// TPUs and GPUs).
+type Adapter interface {
+	Name() string
+	Open(ctx context.Context, spec DeviceSpec) (Device, error)
+}
+
+// Device is one opened device: memory, copies and graph execution. Methods are
+// safe for concurrent use; Run calls on one device are serialised by the
+// device (one stream per device).
+type Device interface {
+	ID() string
+	// Alloc reserves a buffer against the budget (ErrOutOfMemory when it does
+	// not fit); buffers are reused from a pool keyed by size.
+	Alloc(dt DType, shape ...int) (Buffer, error)
+	// Free returns b to the pool.
+	Free(b Buffer)
+	// CopyIn writes host values into b, converting to b's type. len(src) must
+	// equal b's element count.
+	CopyIn(ctx context.Context, dst Buffer, src []float32) error
+	// CopyInInt32 writes indices into an I32 buffer.
+	CopyInInt32(ctx context.Context, dst Buffer, src []int32) error
+	// CopyOut reads b into host values, converting to float32.
+	CopyOut(ctx context.Context, dst []float32, src Buffer) error
+	// Run executes g. bind maps names to buffers: inputs, weights and the
+	// outputs the caller wants (allocated by the caller with the right shape).
+	Run(ctx context.Context, g *Graph, bind map[string]Buffer) error
+	// Synchronize waits for all submitted work.
+	Synchronize(ctx context.Context) error
+	// MemoryUsed is the bytes allocated (pooled buffers included).
+	MemoryUsed() uint64
+	Close() error
+}
