@@ -115,6 +115,7 @@ type NVIDIADetector struct {
 	libName string // shown in the "not found" note
 	roots   Roots
 	now     func() time.Time
+	selfPID int
 
 	mu          sync.Mutex
 	initialized bool // Init succeeded, so Close must Shutdown
@@ -131,7 +132,7 @@ var (
 // NewNVIDIADetector returns a detector over lib: the real library
 // (NewNVMLDetector) or a mock in tests.
 func NewNVIDIADetector(lib NVML, roots Roots) *NVIDIADetector {
-	return &NVIDIADetector{lib: lib, libName: DefaultNVMLLibrary, roots: roots, now: time.Now}
+	return &NVIDIADetector{lib: lib, libName: DefaultNVMLLibrary, roots: roots, now: time.Now, selfPID: os.Getpid()}
 }
 
 // NewNVMLDetector returns a detector over the host's NVML library, opened
@@ -294,7 +295,7 @@ func (d *NVIDIADetector) describe(index int, h nvml.Device, driver, cuda string)
 		dev.GPU.MIGEnabled = current == nvml.DEVICE_MIG_ENABLE
 	}
 
-	r := readGPU(h, d.now())
+	r := readGPU(h, d.now(), d.selfPID)
 	for _, e := range r.errs {
 		notes = append(notes, fmt.Sprintf("%s: %s", dev.ID, e))
 	}
@@ -319,7 +320,8 @@ type gpuReadings struct {
 	errs    []string // failures other than NOT_SUPPORTED
 }
 
-func readGPU(h nvml.Device, now time.Time) gpuReadings {
+// selfPID is brokerd's own process, whose GPU memory is not "used by others".
+func readGPU(h nvml.Device, now time.Time, selfPID int) gpuReadings {
 	var r gpuReadings
 	ok := func(what string, ret nvml.Return) bool {
 		if ret == nvml.SUCCESS {
@@ -362,6 +364,15 @@ func readGPU(h nvml.Device, now time.Time) gpuReadings {
 	if v, ret := h.GetTotalEccErrors(nvml.MEMORY_ERROR_TYPE_UNCORRECTED, nvml.VOLATILE_ECC); ok("GetTotalEccErrors", ret) {
 		r.ecc, r.eccOK = v, true
 	}
+	// Memory other processes hold tells the report that the GPU is shared,
+	// which matters for how much of it brokerd should plan to use.
+	if procs, ret := h.GetComputeRunningProcesses(); ok("GetComputeRunningProcesses", ret) {
+		for _, p := range procs {
+			if int(p.Pid) != selfPID {
+				r.tel.MemoryUsedByOthers += p.UsedGpuMemory
+			}
+		}
+	}
 	r.tel.UpdatedAt = now
 	return r
 }
@@ -390,7 +401,7 @@ func (d *NVIDIADetector) Refresh(ctx context.Context, devices []*Device) {
 		if !found {
 			continue
 		}
-		r := readGPU(g.handle, now)
+		r := readGPU(g.handle, now, d.selfPID)
 		dev.Telemetry = r.tel
 		if r.tel.MemoryTotal != 0 {
 			dev.MemoryTotal = r.tel.MemoryTotal

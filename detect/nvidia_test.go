@@ -39,6 +39,7 @@ type gpuState struct {
 	tempRet    nvml.Return // returned by GetTemperature when not SUCCESS
 	archRet    nvml.Return // returned by GetArchitecture when not SUCCESS
 	registered bool
+	procs      []nvml.ProcessInfo
 }
 
 // fakeEvents is an nvml.EventSet whose Wait pops queued events.
@@ -128,6 +129,9 @@ func newFixture(t *testing.T, srv *server.Server) *fixture {
 				return 0, nvml.ERROR_INVALID_ARGUMENT
 			}
 			return st.ecc, nvml.SUCCESS
+		}
+		dev.GetComputeRunningProcessesFunc = func() ([]nvml.ProcessInfo, nvml.Return) {
+			return st.procs, nvml.SUCCESS
 		}
 		archFunc := dev.GetArchitectureFunc
 		dev.GetArchitectureFunc = func() (nvml.DeviceArchitecture, nvml.Return) {
@@ -500,6 +504,12 @@ func TestNVIDIARefreshTelemetry(t *testing.T) {
 		st.util, st.mem, st.tempC = uint32(90-i), uint32(70-i), uint32(60+i)
 		st.powerMW, st.limitMW = uint32(650500+i), 690000
 		st.smMHz, st.memMHz = uint32(1755+i), 2619
+		// Another process holds 3 GiB on every GPU; brokerd's own 1 GiB
+		// on GPU 0 is not counted as someone else's.
+		st.procs = []nvml.ProcessInfo{{Pid: uint32(os.Getpid() + 1), UsedGpuMemory: 3 << 30}}
+		if i == 0 {
+			st.procs = append(st.procs, nvml.ProcessInfo{Pid: uint32(os.Getpid()), UsedGpuMemory: 1 << 30})
+		}
 		dev := f.device(i)
 		dev.MemoryInfo.Used = 70 << 30
 		dev.MemoryInfo.Free = dev.MemoryInfo.Total - 70<<30
@@ -521,6 +531,7 @@ func TestNVIDIARefreshTelemetry(t *testing.T) {
 			PowerLimitW:              690,
 			SMClockMHz:               uint32(1755 + i),
 			MemClockMHz:              2619,
+			MemoryUsedByOthers:       3 << 30,
 			UpdatedAt:                later,
 		}
 		if dev.Telemetry != want {
