@@ -9,6 +9,15 @@ import (
 // ErrOutOfMemory means an allocation would exceed the device's memory budget.
 var ErrOutOfMemory = errors.New("device memory budget exceeded")
 
+// ErrInvalidGraph means a graph, its bindings or its input values do not fit
+// the ops: an unknown name, a shape or dtype an op cannot take, an index out
+// of range. It is the caller's mistake (INVALID_ARGUMENT at the edge).
+var ErrInvalidGraph = errors.New("invalid op graph")
+
+// ErrUnsupported means the device cannot do what was asked on this host,
+// such as bf16 on a CPU without the instructions for it.
+var ErrUnsupported = errors.New("not supported by the device")
+
 // DType is the element type of a device buffer.
 type DType uint8
 

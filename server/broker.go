@@ -7,6 +7,7 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/klauspost/compress/zstd"
 	"go.uber.org/zap"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -14,6 +15,7 @@ import (
 	"github.com/brokerd/brokerd/detect"
 	brokerv1 "github.com/brokerd/brokerd/proto/broker/v1"
 	"github.com/brokerd/brokerd/runtime"
+	"github.com/brokerd/brokerd/scheduler"
 )
 
 // DefaultBaseBatch is the base batch used for the report's batch plans; each
@@ -41,19 +43,47 @@ type Policy struct {
 	Hostname string
 }
 
+// Scheduler is what the data plane needs of the scheduler.
+type Scheduler interface {
+	Submit(ctx context.Context, req scheduler.Request) (scheduler.Response, error)
+	Cordon(deviceID string, on bool)
+	Drain(ctx context.Context) error
+	Stats(model string) []scheduler.QueueStats
+}
+
+// DataPlane is what Encode, GetStats and Drain run on. A zero DataPlane
+// serves the admin RPCs only.
+type DataPlane struct {
+	Sched  Scheduler
+	models *modelSet
+	Limits Limits
+	// OnDrained is called once a Drain RPC asking brokerd to exit has
+	// drained everything (the daemon stops then).
+	OnDrained func()
+	// Draining is called when a drain starts, so health can go NOT_SERVING.
+	Draining func()
+}
+
 // BrokerService implements broker.v1.BrokerService over local interfaces.
-// The data-plane and model RPCs belong to later work; until then the embedded
-// UnimplementedBrokerServiceServer answers them with codes.Unimplemented.
+// The model-management and Infer RPCs belong to later work; until then the
+// embedded UnimplementedBrokerServiceServer answers them with
+// codes.Unimplemented.
 type BrokerService struct {
 	brokerv1.UnimplementedBrokerServiceServer
 	inv    Inventory
 	policy Policy
 	log    *zap.Logger
+
+	sched  Scheduler
+	models *modelSet
+	limits Limits
+	zstd   *zstd.Encoder
+	dp     DataPlane
 }
 
-// NewBrokerService returns the service over inv.
-func NewBrokerService(inv Inventory, p Policy, log *zap.Logger) *BrokerService {
-	return &BrokerService{inv: inv, policy: p, log: log}
+// NewBrokerService returns the service over inv and the data plane.
+func NewBrokerService(inv Inventory, p Policy, dp DataPlane, log *zap.Logger) *BrokerService {
+	return &BrokerService{inv: inv, policy: p, log: log, sched: dp.Sched, models: dp.models, limits: dp.Limits, zstd: newZstd(), dp: dp}
 }
 
 // ListDevices lists every detected device, runnable or not.
@@ -91,6 +121,9 @@ func (s *BrokerService) CordonDevice(ctx context.Context, req *brokerv1.CordonDe
 	if err != nil {
 		return nil, toStatus(s.log, "CordonDevice", err)
 	}
+	if s.sched != nil {
+		s.sched.Cordon(e.ID, true)
+	}
 	s.log.Info("device cordoned", zap.String("device", e.ID), zap.String("reason", reason))
 	return &brokerv1.CordonDeviceResponse{Device: deviceToProto(&e)}, nil
 }
@@ -103,6 +136,9 @@ func (s *BrokerService) UncordonDevice(ctx context.Context, req *brokerv1.Uncord
 	e, err := s.inv.Uncordon(req.GetId())
 	if err != nil {
 		return nil, toStatus(s.log, "UncordonDevice", err)
+	}
+	if s.sched != nil {
+		s.sched.Cordon(e.ID, false)
 	}
 	s.log.Info("device uncordoned", zap.String("device", e.ID))
 	return &brokerv1.UncordonDeviceResponse{Device: deviceToProto(&e)}, nil

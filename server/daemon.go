@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -21,8 +22,12 @@ import (
 
 	"github.com/brokerd/brokerd/detect"
 	brokerv1 "github.com/brokerd/brokerd/proto/broker/v1"
+	"github.com/brokerd/brokerd/runtime"
+	"github.com/brokerd/brokerd/runtime/hashenc"
+	"github.com/brokerd/brokerd/runtime/onednn"
 	"github.com/brokerd/brokerd/runtime/pjrt"
 	"github.com/brokerd/brokerd/runtime/probe"
+	"github.com/brokerd/brokerd/scheduler"
 	"github.com/brokerd/brokerd/server/config"
 )
 
@@ -134,6 +139,27 @@ func Run(ctx context.Context, opts Options, log *zap.Logger) error {
 		newDeviceCollector(inv.Devices))
 	rpcm := newRPCMetrics(reg)
 
+	sched := scheduler.New(scheduler.Options{
+		MaxQueueItems: cfg.MaxQueueItems,
+		MaxQueueDelay: time.Duration(cfg.MaxQueueDelay),
+		Registerer:    reg,
+		Logger:        log,
+	})
+	defer sched.Close()
+	models, err := placeModels(ctx, inv.Devices(), []encoderModel{hashEncoder{hashenc.New()}}, sched, placeOptions{
+		Adapters: map[string]runtime.Adapter{onednn.Name: onednn.New(onednn.Options{})},
+		Factors:  pol.Factors,
+		MaxBatch: cfg.MaxBatch,
+	}, log)
+	defer func() {
+		if err := models.close(); err != nil {
+			log.Warn("closing models", zap.Error(err))
+		}
+	}()
+	if err != nil {
+		return err
+	}
+
 	srvOpts := []grpc.ServerOption{
 		grpc.ChainUnaryInterceptor(unaryInterceptor(log, rpcm)),
 		grpc.ChainStreamInterceptor(streamInterceptor(log, rpcm)),
@@ -142,7 +168,7 @@ func Run(ctx context.Context, opts Options, log *zap.Logger) error {
 	}
 	// The Unix socket is protected by its file mode; TCP carries TLS unless
 	// --insecure-tcp allowed plaintext on loopback (checked by config).
-	unixSrv := grpc.NewServer(srvOpts...)
+	unixSrv := grpc.NewServer(append(append([]grpc.ServerOption(nil), srvOpts...), grpc.Creds(unixCreds{}))...)
 	servers := []*grpc.Server{unixSrv}
 	var tcpSrv *grpc.Server
 	if tcp != nil {
@@ -158,11 +184,18 @@ func Run(ctx context.Context, opts Options, log *zap.Logger) error {
 		servers = append(servers, tcpSrv)
 	}
 	hostname, _ := os.Hostname()
+	healthSrv := health.NewServer()
+	drainedExit := make(chan struct{})
+	var exitOnce sync.Once
 	broker := NewBrokerService(inv, Policy{
 		Select: pol.Select, Factors: pol.Factors, Memory: pol.Memory, Costs: pol.Costs,
 		Runtimes: pol.Runtimes, Version: opts.Version, Hostname: hostname,
+	}, DataPlane{
+		Sched: sched, models: models,
+		Limits:    Limits{MaxItemsPerRequest: cfg.MaxItemsPerRequest, MaxItemBytes: cfg.MaxItemBytes},
+		Draining:  healthSrv.Shutdown,
+		OnDrained: func() { exitOnce.Do(func() { close(drainedExit) }) },
 	}, log)
-	healthSrv := health.NewServer()
 	for _, s := range servers {
 		brokerv1.RegisterBrokerServiceServer(s, broker)
 		healthpb.RegisterHealthServer(s, healthSrv)
@@ -211,13 +244,22 @@ func Run(ctx context.Context, opts Options, log *zap.Logger) error {
 	var runErr error
 	select {
 	case <-ctx.Done():
-		log.Info("stopping: signal received")
+		log.Info("stopping: signal received; draining")
+	case <-drainedExit:
+		log.Info("stopping: drained on request")
 	case runErr = <-errc:
 		log.Error("stopping: a listener failed", zap.Error(runErr))
 	}
 	healthSrv.Shutdown() // everything NOT_SERVING: probes and clients stop sending
+	// Everything accepted completes (new calls get UNAVAILABLE), within the grace.
+	grace := time.Duration(cfg.ShutdownGrace)
+	dctx, cancelDrain := context.WithTimeout(context.Background(), grace)
+	if err := sched.Drain(dctx); err != nil {
+		log.Warn("drain did not finish within the shutdown grace", zap.Duration("grace", grace), zap.Error(err))
+	}
+	cancelDrain()
 	stopRefresh()
-	stopServers(servers, time.Duration(cfg.ShutdownGrace), log)
+	stopServers(servers, grace, log)
 	if metricsSrv != nil {
 		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		_ = metricsSrv.Shutdown(sctx)

@@ -5,10 +5,13 @@ import (
 	"errors"
 
 	"go.uber.org/zap"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/brokerd/brokerd/detect"
+	"github.com/brokerd/brokerd/scheduler"
 )
 
 // toStatus turns an error from the packages below into the gRPC status the
@@ -37,4 +40,29 @@ func toStatus(log *zap.Logger, method string, err error) error {
 		log.Error("internal error", zap.String("method", method), zap.Error(err))
 	}
 	return status.Error(code, err.Error())
+}
+
+// schedulerStatus maps the scheduler's errors. A full queue carries a
+// RetryInfo detail so clients back off by the scheduler's own estimate.
+func (s *BrokerService) schedulerStatus(method string, err error) error {
+	var full *scheduler.QueueFullError
+	switch {
+	case errors.As(err, &full):
+		st := status.New(codes.ResourceExhausted, err.Error())
+		if d, derr := st.WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(full.RetryAfter)}); derr == nil {
+			st = d
+		}
+		return st.Err()
+	case errors.Is(err, scheduler.ErrQueueFull):
+		return status.Error(codes.ResourceExhausted, err.Error())
+	case errors.Is(err, scheduler.ErrDraining):
+		return status.Error(codes.Unavailable, "brokerd is draining: "+err.Error())
+	case errors.Is(err, scheduler.ErrUnknownModel), errors.Is(err, scheduler.ErrDeviceNotFound):
+		return status.Error(codes.NotFound, err.Error())
+	case errors.Is(err, scheduler.ErrNoDevice), errors.Is(err, scheduler.ErrBackend):
+		return status.Error(codes.Unavailable, err.Error())
+	case errors.Is(err, scheduler.ErrInvalidArgument):
+		return status.Error(codes.InvalidArgument, err.Error())
+	}
+	return toStatus(s.log, method, err)
 }

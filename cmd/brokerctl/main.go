@@ -1,6 +1,7 @@
 // Command brokerctl is the admin tool of brokerd: it talks to the daemon over
 // its Unix socket (or TCP) and prints devices, the routing report and batch
-// plans, and cordons devices. The commands live in package cli.
+// plans, cordons devices, encodes texts, shows queue statistics, drains, and
+// generates load (bench). The commands live in package cli.
 package main
 
 import (
@@ -14,7 +15,7 @@ import (
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := cli.Main(ctx, os.Args[1:], os.Stdout, os.Stderr, os.Getenv)
+	code := cli.Main(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr, os.Getenv)
 	stop()
 	os.Exit(code)
 }

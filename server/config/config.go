@@ -48,8 +48,13 @@ type Config struct {
 	PJRTPlugins string   `json:"pjrt-plugin"`
 	Telemetry   Duration `json:"telemetry-interval"`
 
-	MaxMessageBytes int      `json:"max-message-bytes"`
-	ShutdownGrace   Duration `json:"shutdown-grace"`
+	MaxMessageBytes    int      `json:"max-message-bytes"`
+	MaxItemsPerRequest int      `json:"max-items-per-request"`
+	MaxItemBytes       int      `json:"max-item-bytes"`
+	MaxQueueItems      int      `json:"max-queue-items"`
+	MaxQueueDelay      Duration `json:"max-queue-delay"`
+	MaxBatch           int      `json:"max-batch"`
+	ShutdownGrace      Duration `json:"shutdown-grace"`
 }
 
 // Duration is a time.Duration that reads "5s" from YAML.
@@ -103,51 +108,59 @@ func Defaults(euid int, getenv func(string) string) Config {
 		state = filepath.Join(base, "brokerd")
 	}
 	return Config{
-		Socket:          endpoint.DefaultSocketPath(euid, getenv),
-		MetricsListen:   "127.0.0.1:9464",
-		StateDir:        state,
-		LogLevel:        "info",
-		LogFormat:       "json",
-		Prefer:          "auto",
-		AllowTPU:        true,
-		TPUBatchFactor:  128,
-		GPUBatchFactor:  4,
-		CPUBatchFactor:  1,
-		MemoryStrategy:  "balanced",
-		Sysfs:           "/sys",
-		Procfs:          "/proc",
-		Devfs:           "/dev",
-		Telemetry:       Duration(5 * time.Second),
-		MaxMessageBytes: 64 << 20,
-		ShutdownGrace:   Duration(30 * time.Second),
+		Socket:             endpoint.DefaultSocketPath(euid, getenv),
+		MetricsListen:      "127.0.0.1:9464",
+		StateDir:           state,
+		LogLevel:           "info",
+		LogFormat:          "json",
+		Prefer:             "auto",
+		AllowTPU:           true,
+		TPUBatchFactor:     128,
+		GPUBatchFactor:     4,
+		CPUBatchFactor:     1,
+		MemoryStrategy:     "balanced",
+		Sysfs:              "/sys",
+		Procfs:             "/proc",
+		Devfs:              "/dev",
+		Telemetry:          Duration(5 * time.Second),
+		MaxMessageBytes:    64 << 20,
+		MaxItemsPerRequest: 4096,
+		MaxItemBytes:       1 << 20,
+		MaxQueueItems:      65536,
+		ShutdownGrace:      Duration(30 * time.Second),
 	}
 }
 
 // envNames maps flag names to the environment variables that set them.
 var envNames = map[string]string{
-	"socket":             "BROKERD_SOCKET",
-	"listen":             "BROKERD_LISTEN",
-	"insecure-tcp":       "BROKERD_INSECURE_TCP",
-	"tls-cert":           "BROKERD_TLS_CERT",
-	"tls-key":            "BROKERD_TLS_KEY",
-	"tls-client-ca":      "BROKERD_TLS_CLIENT_CA",
-	"metrics-listen":     "BROKERD_METRICS_LISTEN",
-	"state-dir":          "BROKERD_STATE_DIR",
-	"log-level":          "BROKERD_LOG_LEVEL",
-	"log-format":         "BROKERD_LOG_FORMAT",
-	"prefer":             "COMPUTE_PREFER",
-	"allow-tpu":          "COMPUTE_ALLOW_TPU",
-	"tpu-batch-factor":   "COMPUTE_TPU_BATCH_FACTOR",
-	"gpu-batch-factor":   "COMPUTE_GPU_BATCH_FACTOR",
-	"cpu-batch-factor":   "COMPUTE_CPU_BATCH_FACTOR",
-	"memory-strategy":    "BROKERD_MEMORY_STRATEGY",
-	"costs":              "BROKERD_COSTS",
-	"nvml-library":       "BROKERD_NVML_LIBRARY",
-	"pjrt-plugin":        "BROKERD_PJRT_PLUGINS",
-	"telemetry-interval": "BROKERD_TELEMETRY_INTERVAL",
-	"max-message-bytes":  "BROKERD_MAX_MESSAGE_BYTES",
-	"shutdown-grace":     "BROKERD_SHUTDOWN_GRACE",
-	"config":             "BROKERD_CONFIG",
+	"socket":                "BROKERD_SOCKET",
+	"listen":                "BROKERD_LISTEN",
+	"insecure-tcp":          "BROKERD_INSECURE_TCP",
+	"tls-cert":              "BROKERD_TLS_CERT",
+	"tls-key":               "BROKERD_TLS_KEY",
+	"tls-client-ca":         "BROKERD_TLS_CLIENT_CA",
+	"metrics-listen":        "BROKERD_METRICS_LISTEN",
+	"state-dir":             "BROKERD_STATE_DIR",
+	"log-level":             "BROKERD_LOG_LEVEL",
+	"log-format":            "BROKERD_LOG_FORMAT",
+	"prefer":                "COMPUTE_PREFER",
+	"allow-tpu":             "COMPUTE_ALLOW_TPU",
+	"tpu-batch-factor":      "COMPUTE_TPU_BATCH_FACTOR",
+	"gpu-batch-factor":      "COMPUTE_GPU_BATCH_FACTOR",
+	"cpu-batch-factor":      "COMPUTE_CPU_BATCH_FACTOR",
+	"memory-strategy":       "BROKERD_MEMORY_STRATEGY",
+	"costs":                 "BROKERD_COSTS",
+	"nvml-library":          "BROKERD_NVML_LIBRARY",
+	"pjrt-plugin":           "BROKERD_PJRT_PLUGINS",
+	"telemetry-interval":    "BROKERD_TELEMETRY_INTERVAL",
+	"max-message-bytes":     "BROKERD_MAX_MESSAGE_BYTES",
+	"max-items-per-request": "BROKERD_MAX_ITEMS_PER_REQUEST",
+	"max-item-bytes":        "BROKERD_MAX_ITEM_BYTES",
+	"max-queue-items":       "BROKERD_MAX_QUEUE_ITEMS",
+	"max-queue-delay":       "BROKERD_MAX_QUEUE_DELAY",
+	"max-batch":             "BROKERD_MAX_BATCH",
+	"shutdown-grace":        "BROKERD_SHUTDOWN_GRACE",
+	"config":                "BROKERD_CONFIG",
 }
 
 // bind registers every setting as a flag writing into c.
@@ -178,6 +191,11 @@ func bind(fs *flag.FlagSet, c *Config, configPath *string) {
 	fs.Var(&c.Telemetry, "telemetry-interval", "device telemetry refresh interval")
 	fs.IntVar(&c.MaxMessageBytes, "max-message-bytes", c.MaxMessageBytes, "largest gRPC message accepted or sent")
 	fs.Var(&c.ShutdownGrace, "shutdown-grace", "how long a stop waits for in-flight calls")
+	fs.IntVar(&c.MaxItemsPerRequest, "max-items-per-request", c.MaxItemsPerRequest, "most items one Encode request may carry")
+	fs.IntVar(&c.MaxItemBytes, "max-item-bytes", c.MaxItemBytes, "largest item accepted, in bytes")
+	fs.IntVar(&c.MaxQueueItems, "max-queue-items", c.MaxQueueItems, "most items queued over all models; beyond it calls get RESOURCE_EXHAUSTED")
+	fs.Var(&c.MaxQueueDelay, "max-queue-delay", "how long the oldest queued item may wait for its batch to fill once a device is free")
+	fs.IntVar(&c.MaxBatch, "max-batch", c.MaxBatch, "cap on every batch plan's max batch (0: the plan's own)")
 }
 
 // ErrHelp is returned when -h or --help was given; usage has been printed.
@@ -306,6 +324,21 @@ func (c Config) Validate() error {
 	}
 	if c.MaxMessageBytes < 1<<20 || c.MaxMessageBytes > 2<<30-1 {
 		bad("max-message-bytes %d is invalid: allowed values are 1 MiB to 2 GiB", c.MaxMessageBytes)
+	}
+	if c.MaxItemsPerRequest < 1 {
+		bad("max-items-per-request %d is invalid: at least 1", c.MaxItemsPerRequest)
+	}
+	if c.MaxItemBytes < 1 || c.MaxItemBytes > c.MaxMessageBytes {
+		bad("max-item-bytes %d is invalid: 1 to max-message-bytes (%d)", c.MaxItemBytes, c.MaxMessageBytes)
+	}
+	if c.MaxQueueItems < 1 {
+		bad("max-queue-items %d is invalid: at least 1", c.MaxQueueItems)
+	}
+	if c.MaxQueueDelay < 0 {
+		bad("max-queue-delay must not be negative")
+	}
+	if c.MaxBatch < 0 {
+		bad("max-batch %d is invalid: 0 (the plan's own) or more", c.MaxBatch)
 	}
 	if c.ShutdownGrace < 0 {
 		bad("shutdown-grace must not be negative")

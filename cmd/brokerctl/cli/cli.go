@@ -35,17 +35,19 @@ const (
 // DefaultTimeout bounds a whole command unless --timeout says otherwise.
 const DefaultTimeout = 10 * time.Second
 
-// Main runs brokerctl with args (without the program name), writing results to
-// stdout and diagnostics to stderr, and returns the process exit code. getenv
-// supplies BROKERD_SOCKET, BROKERD_ADDR and XDG_RUNTIME_DIR.
-func Main(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) int {
-	a := &app{stdout: stdout, stderr: stderr, getenv: getenv, euid: os.Geteuid()}
+// Main runs brokerctl with args (without the program name), reading input
+// (encode's texts) from stdin, writing results to stdout and diagnostics to
+// stderr, and returns the process exit code. stdin may be nil. getenv supplies
+// BROKERD_SOCKET, BROKERD_ADDR and XDG_RUNTIME_DIR.
+func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer, getenv func(string) string) int {
+	a := &app{stdin: stdin, stdout: stdout, stderr: stderr, getenv: getenv, euid: os.Geteuid()}
 	return a.run(ctx, args)
 }
 
 // app is one run of brokerctl; euid is a field so tests can pick the default
 // socket rule.
 type app struct {
+	stdin          io.Reader
 	stdout, stderr io.Writer
 	getenv         func(string) string
 	euid           int
@@ -168,12 +170,17 @@ func (a *app) run(ctx context.Context, args []string) int {
 	}
 	g.resolve(a.euid, a.getenv)
 
-	if g.timeout > 0 {
+	// A self-bounded command (bench) ends by its own clock, so --timeout
+	// bounds each of its RPCs instead of the whole command.
+	if g.timeout > 0 && !cmd.selfBounded {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, g.timeout)
 		defer cancel()
 	}
-	inv := &invocation{stdout: a.stdout, socket: g.socket, addr: g.addr, timeout: g.timeout, defaultSocket: a.defaultSocket()}
+	inv := &invocation{
+		stdin: a.stdin, stdout: a.stdout, stderr: a.stderr,
+		socket: g.socket, addr: g.addr, timeout: g.timeout, defaultSocket: a.defaultSocket(),
+	}
 	defer inv.close()
 	err = act(ctx, inv, pos)
 	if err == nil {
@@ -272,7 +279,9 @@ func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
 // invocation is what a command's action works with: where to write, and a
 // connection dialled on first use so that help and usage errors never dial.
 type invocation struct {
+	stdin         io.Reader // nil when there is none
 	stdout        io.Writer
+	stderr        io.Writer // notes that are not results (bench interrupted)
 	socket, addr  string
 	timeout       time.Duration
 	defaultSocket string
@@ -352,7 +361,7 @@ func mainUsage(defaultSocket string) string {
 	b.WriteString("\nglobal flags (also accepted after the command):\n")
 	fmt.Fprintf(&b, "  --socket PATH     Unix socket of brokerd (env %s; default %s)\n", endpoint.EnvSocket, defaultSocket)
 	fmt.Fprintf(&b, "  --addr HOST:PORT  TCP address of brokerd; wins over the socket (env %s)\n", endpoint.EnvAddr)
-	fmt.Fprintf(&b, "  --timeout DUR     deadline for the whole command (default %s)\n", DefaultTimeout)
+	fmt.Fprintf(&b, "  --timeout DUR     deadline for the whole command (default %s; for bench, for each request)\n", DefaultTimeout)
 	b.WriteString("\nRun \"brokerctl help COMMAND\" for a command's flags.\n")
 	return b.String()
 }

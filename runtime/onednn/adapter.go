@@ -1,0 +1,77 @@
+package onednn
+
+import (
+	"context"
+	"fmt"
+	goruntime "runtime"
+	"strings"
+
+	"github.com/brokerd/brokerd/runtime"
+)
+
+// DefaultCacheSize is the number of created primitives a device keeps when
+// Options.CacheSize is 0.
+const DefaultCacheSize = 256
+
+// Options configure the adapter.
+type Options struct {
+	// CacheSize bounds each device's cache of created oneDNN primitives
+	// (least recently used ones are destroyed); 0 means DefaultCacheSize.
+	CacheSize int
+}
+
+// Adapter opens CPU devices on oneDNN. It implements runtime.Adapter.
+type Adapter struct {
+	opts Options
+}
+
+var _ runtime.Adapter = (*Adapter)(nil)
+
+// New returns the oneDNN adapter.
+func New(opts Options) *Adapter {
+	if opts.CacheSize <= 0 {
+		opts.CacheSize = DefaultCacheSize
+	}
+	return &Adapter{opts: opts}
+}
+
+// Name returns "onednn".
+func (a *Adapter) Name() string { return Name }
+
+// Open creates the device's engine and stream on a dedicated OS thread that
+// will run all its work. spec.ID must be a CPU device ("cpu:0"; empty means
+// that). spec.Threads is the OpenMP thread count for this device's work
+// (Debian's oneDNN threads with OpenMP); 0 means every CPU Go may run on.
+// A spec.DType of BF16 is refused with runtime.ErrUnsupported where oneDNN
+// cannot run bf16 matmuls.
+func (a *Adapter) Open(ctx context.Context, spec runtime.DeviceSpec) (runtime.Device, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if spec.ID == "" {
+		spec.ID = runtime.DeviceCPU + ":0"
+	}
+	if !strings.HasPrefix(spec.ID, runtime.DeviceCPU+":") {
+		return nil, fmt.Errorf("onednn: open %q: not a CPU device", spec.ID)
+	}
+	if spec.Threads < 0 {
+		return nil, fmt.Errorf("onednn: open %s: negative thread count %d", spec.ID, spec.Threads)
+	}
+	if spec.Threads == 0 {
+		spec.Threads = goruntime.NumCPU()
+	}
+	switch spec.DType {
+	case 0, runtime.F32, runtime.BF16:
+	default:
+		return nil, fmt.Errorf("onednn: open %s: compute type %s: %w", spec.ID, spec.DType, runtime.ErrUnsupported)
+	}
+	d, err := openDevice(spec, a.opts.CacheSize)
+	if err != nil {
+		return nil, err
+	}
+	if spec.DType == runtime.BF16 && d.bf16Err != nil {
+		d.Close()
+		return nil, fmt.Errorf("onednn: open %s with bf16: %w", spec.ID, d.bf16Err)
+	}
+	return d, nil
+}

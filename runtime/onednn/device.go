@@ -1,0 +1,461 @@
+package onednn
+
+/*
+#cgo CFLAGS: -O3 -fopenmp
+#cgo LDFLAGS: -ldnnl -fopenmp -lm
+#include "dnnl_ops.h"
+*/
+import "C"
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	goruntime "runtime"
+	"sync"
+	"unsafe"
+
+	"github.com/brokerd/brokerd/runtime"
+)
+
+// ErrClosed is returned by a Device's methods after Close.
+var ErrClosed = errors.New("onednn: device closed")
+
+// alignment of every buffer: a cache line and an AVX-512 vector.
+const alignment = 64
+
+// Device is one opened oneDNN CPU device. It implements runtime.Device.
+//
+// All oneDNN work of the device (primitive creation and execution, and the
+// C kernels) runs on one goroutine locked to one OS thread. OpenMP keeps its
+// thread count and its pool of worker threads per calling OS thread, so this
+// gives the device exactly one pool of spec.Threads threads, warm between
+// runs, whatever goroutine calls Run; it also serialises runs (one stream).
+// Memory calls (Alloc, Free, copies) run on the caller's goroutine.
+type Device struct {
+	id      string
+	threads int
+	bf16Err error // why bf16 matmuls cannot run here; nil when they can
+
+	c     *C.bd_device // used only on the worker thread
+	prims *lru[primKey, *C.bd_prim]
+
+	work      chan func()
+	quit      chan struct{}
+	done      chan struct{} // closed when the worker has released the device
+	closeOnce sync.Once
+
+	// life is held shared while a call touches buffer memory and exclusively
+	// by Close while it frees that memory.
+	life sync.RWMutex
+
+	mu     sync.Mutex // guards the fields below
+	closed bool
+	budget uint64
+	used   uint64                     // live and pooled bytes
+	idle   map[int64][]unsafe.Pointer // pooled allocations by byte size
+	live   map[*buffer]struct{}
+}
+
+var _ runtime.Device = (*Device)(nil)
+
+// primKey identifies a created primitive: the op, its operand sizes and
+// types, and its attributes.
+type primKey struct {
+	kind           runtime.OpKind
+	dt             runtime.DType
+	batch, m, k, n int
+	transB, bias   bool
+	act            runtime.Activation
+	scale, eps     float32
+}
+
+func openDevice(spec runtime.DeviceSpec, cacheSize int) (*Device, error) {
+	d := &Device{
+		id:      spec.ID,
+		threads: spec.Threads,
+		budget:  spec.Budget,
+		work:    make(chan func()),
+		quit:    make(chan struct{}),
+		done:    make(chan struct{}),
+		idle:    map[int64][]unsafe.Pointer{},
+		live:    map[*buffer]struct{}{},
+	}
+	// Eviction runs on the worker (the cache is only used there), so an
+	// evicted primitive is never one being executed.
+	d.prims = newLRU[primKey](cacheSize, func(p *C.bd_prim) { C.bd_prim_destroy(p) })
+	ready := make(chan error, 1)
+	go d.loop(ready)
+	if err := <-ready; err != nil {
+		return nil, fmt.Errorf("onednn: open %s: %w", spec.ID, err)
+	}
+	return d, nil
+}
+
+// loop is the device's worker: it owns the OS thread, the engine and the
+// stream, and runs submitted work until Close.
+func (d *Device) loop(ready chan<- error) {
+	// Never unlocked: when the loop returns the thread exits with it, and
+	// OpenMP's pool for it goes too.
+	goruntime.LockOSThread()
+	var step *C.char
+	var c *C.bd_device
+	if st := C.bd_device_open(C.int(d.threads), &c, &step); st != C.dnnl_success {
+		ready <- statusError(step, st)
+		close(d.done)
+		return
+	}
+	d.c = c
+	if st := C.bd_bf16_matmul_works(d.c, &step); st != C.dnnl_success {
+		d.bf16Err = fmt.Errorf("bf16 matmul on CPU ISA %s: %w", MaxISA(), statusError(step, st))
+	}
+	ready <- nil
+	for {
+		// Quit first, so queued work cannot keep a closing device alive.
+		select {
+		case <-d.quit:
+			d.release()
+			return
+		default:
+		}
+		select {
+		case f := <-d.work:
+			f()
+		case <-d.quit:
+			d.release()
+			return
+		}
+	}
+}
+
+func (d *Device) release() {
+	d.prims.clear()
+	C.bd_device_close(d.c)
+	d.c = nil
+	close(d.done)
+}
+
+// do runs f on the worker and returns its error. A cancelled ctx or a closed
+// device stops the wait for the worker; once f has started it runs to the end.
+func (d *Device) do(ctx context.Context, f func() error) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	errc := make(chan error, 1)
+	select {
+	case d.work <- func() { errc <- f() }:
+		return <-errc
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-d.quit:
+		return ErrClosed
+	}
+}
+
+// statusError turns a failed oneDNN call into an error naming the step,
+// wrapping runtime.ErrUnsupported or runtime.ErrOutOfMemory where they apply.
+func statusError(step *C.char, st C.dnnl_status_t) error {
+	what := "oneDNN call"
+	if step != nil {
+		what = C.GoString(step)
+	}
+	msg := C.GoString(C.dnnl_status2str(st))
+	switch st {
+	case C.dnnl_unimplemented:
+		return fmt.Errorf("%s: %s: %w", what, msg, runtime.ErrUnsupported)
+	case C.dnnl_out_of_memory:
+		return fmt.Errorf("%s: %s: %w", what, msg, runtime.ErrOutOfMemory)
+	}
+	return fmt.Errorf("%s: %s", what, msg)
+}
+
+// ID returns the brokerd device ID ("cpu:0").
+func (d *Device) ID() string { return d.id }
+
+// Threads returns the OpenMP thread count the device runs with.
+func (d *Device) Threads() int { return d.threads }
+
+// BF16 returns nil when bf16 matmuls run on this device, or why not (wrapping
+// runtime.ErrUnsupported: oneDNN 2.6 needs avx512_core or newer).
+func (d *Device) BF16() error { return d.bf16Err }
+
+// buffer is device memory: C memory (the cgo rules forbid handing Go memory
+// to C to keep), 64-byte aligned.
+type buffer struct {
+	dev   *Device
+	ptr   unsafe.Pointer
+	dt    runtime.DType
+	shape []int
+	n     int   // elements
+	bytes int64 // allocation size, a multiple of alignment
+	freed bool  // guarded by dev.mu
+}
+
+func (b *buffer) DType() runtime.DType { return b.dt }
+func (b *buffer) Shape() []int         { return clone(b.shape) }
+func (b *buffer) Bytes() int64         { return b.bytes }
+
+// Alloc returns a buffer of dt and shape, reusing a pooled allocation of the
+// same byte size when there is one. When a new allocation would exceed the
+// budget, pooled allocations of other sizes are released first; if it still
+// does not fit, the error wraps runtime.ErrOutOfMemory.
+func (d *Device) Alloc(dt runtime.DType, shape ...int) (runtime.Buffer, error) {
+	return d.alloc(dt, shape)
+}
+
+func (d *Device) alloc(dt runtime.DType, shape []int) (*buffer, error) {
+	n, err := elements(shape)
+	if err != nil {
+		return nil, fmt.Errorf("onednn: alloc %s %s: %w", dt, shapeString(shape), err)
+	}
+	switch dt {
+	case runtime.F32, runtime.I32:
+	case runtime.BF16:
+		if d.bf16Err != nil {
+			return nil, fmt.Errorf("onednn: alloc %s %s: %w", dt, shapeString(shape), d.bf16Err)
+		}
+	default:
+		return nil, fmt.Errorf("onednn: alloc %s %s: %w", dt, shapeString(shape), runtime.ErrUnsupported)
+	}
+	size := (int64(n)*int64(dt.Size()) + alignment - 1) / alignment * alignment
+
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return nil, ErrClosed
+	}
+	var ptr unsafe.Pointer
+	if free := d.idle[size]; len(free) > 0 {
+		ptr = free[len(free)-1]
+		d.idle[size] = free[:len(free)-1]
+	} else {
+		if d.budget > 0 && d.used+uint64(size) > d.budget {
+			d.trimLocked(uint64(size))
+		}
+		if d.budget > 0 && d.used+uint64(size) > d.budget {
+			return nil, fmt.Errorf("onednn: alloc %s %s on %s: %w: need %d bytes, %d of %d in use",
+				dt, shapeString(shape), d.id, runtime.ErrOutOfMemory, size, d.used, d.budget)
+		}
+		ptr = C.bd_alloc(C.size_t(size))
+		if ptr == nil {
+			return nil, fmt.Errorf("onednn: alloc %s %s on %s: %w: the host has no %d bytes free",
+				dt, shapeString(shape), d.id, runtime.ErrOutOfMemory, size)
+		}
+		d.used += uint64(size)
+	}
+	b := &buffer{dev: d, ptr: ptr, dt: dt, shape: clone(shape), n: n, bytes: size}
+	d.live[b] = struct{}{}
+	return b, nil
+}
+
+// trimLocked releases pooled allocations until need more bytes fit the
+// budget or the pool is empty.
+func (d *Device) trimLocked(need uint64) {
+	for size, ptrs := range d.idle {
+		for len(ptrs) > 0 && d.used+need > d.budget {
+			C.bd_free(ptrs[len(ptrs)-1])
+			ptrs = ptrs[:len(ptrs)-1]
+			d.used -= uint64(size)
+		}
+		if len(ptrs) == 0 {
+			delete(d.idle, size)
+		} else {
+			d.idle[size] = ptrs
+		}
+		if d.used+need <= d.budget {
+			return
+		}
+	}
+}
+
+func elements(shape []int) (int, error) {
+	if len(shape) == 0 {
+		return 0, errors.New("no dimensions")
+	}
+	n := 1
+	for i, s := range shape {
+		if s <= 0 {
+			return 0, fmt.Errorf("dimension %d is %d", i, s)
+		}
+		if n > (1<<62)/s {
+			return 0, errors.New("too many elements")
+		}
+		n *= s
+	}
+	return n, nil
+}
+
+// Free returns b to the pool; its bytes still count as used. Freeing a buffer
+// twice, or after Close, does nothing.
+func (d *Device) Free(b runtime.Buffer) {
+	bb, ok := b.(*buffer)
+	if !ok || bb == nil || bb.dev != d {
+		return
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.freeLocked(bb)
+}
+
+func (d *Device) freeLocked(b *buffer) {
+	if b.freed || d.closed {
+		return
+	}
+	b.freed = true
+	delete(d.live, b)
+	d.idle[b.bytes] = append(d.idle[b.bytes], b.ptr)
+}
+
+// own checks that b is a live buffer of this device.
+func (d *Device) own(b runtime.Buffer) (*buffer, error) {
+	bb, ok := b.(*buffer)
+	if !ok || bb == nil {
+		return nil, fmt.Errorf("%w: buffer %T is not a oneDNN buffer", runtime.ErrInvalidGraph, b)
+	}
+	if bb.dev != d {
+		return nil, fmt.Errorf("%w: buffer belongs to device %s, not %s", runtime.ErrInvalidGraph, bb.dev.id, d.id)
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return nil, ErrClosed
+	}
+	if bb.freed {
+		return nil, fmt.Errorf("%w: buffer %s %s was freed", runtime.ErrInvalidGraph, bb.dt, shapeString(bb.shape))
+	}
+	return bb, nil
+}
+
+// CopyIn writes src into dst, converting to bf16 for BF16 buffers.
+func (d *Device) CopyIn(ctx context.Context, dst runtime.Buffer, src []float32) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	d.life.RLock()
+	defer d.life.RUnlock()
+	b, err := d.own(dst)
+	if err != nil {
+		return fmt.Errorf("onednn: copy in: %w", err)
+	}
+	if len(src) != b.n {
+		return fmt.Errorf("onednn: copy in: %w: %d values for a %s buffer of %d", runtime.ErrInvalidGraph, len(src), shapeString(b.shape), b.n)
+	}
+	switch b.dt {
+	case runtime.F32:
+		copy(unsafe.Slice((*float32)(b.ptr), b.n), src)
+	case runtime.BF16:
+		toBF16(unsafe.Slice((*uint16)(b.ptr), b.n), src)
+	default:
+		return fmt.Errorf("onednn: copy in: %w: float values for a %s buffer (use CopyInInt32)", runtime.ErrInvalidGraph, b.dt)
+	}
+	return nil
+}
+
+// CopyInInt32 writes indices into an I32 buffer.
+func (d *Device) CopyInInt32(ctx context.Context, dst runtime.Buffer, src []int32) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	d.life.RLock()
+	defer d.life.RUnlock()
+	b, err := d.own(dst)
+	if err != nil {
+		return fmt.Errorf("onednn: copy in: %w", err)
+	}
+	if b.dt != runtime.I32 {
+		return fmt.Errorf("onednn: copy in: %w: int32 values for a %s buffer", runtime.ErrInvalidGraph, b.dt)
+	}
+	if len(src) != b.n {
+		return fmt.Errorf("onednn: copy in: %w: %d values for a %s buffer of %d", runtime.ErrInvalidGraph, len(src), shapeString(b.shape), b.n)
+	}
+	copy(unsafe.Slice((*int32)(b.ptr), b.n), src)
+	return nil
+}
+
+// CopyOut reads src into dst as float32, whatever src's type.
+func (d *Device) CopyOut(ctx context.Context, dst []float32, src runtime.Buffer) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	d.life.RLock()
+	defer d.life.RUnlock()
+	b, err := d.own(src)
+	if err != nil {
+		return fmt.Errorf("onednn: copy out: %w", err)
+	}
+	if len(dst) != b.n {
+		return fmt.Errorf("onednn: copy out: %w: %d values for a %s buffer of %d", runtime.ErrInvalidGraph, len(dst), shapeString(b.shape), b.n)
+	}
+	switch b.dt {
+	case runtime.F32:
+		copy(dst, unsafe.Slice((*float32)(b.ptr), b.n))
+	case runtime.BF16:
+		fromBF16(dst, unsafe.Slice((*uint16)(b.ptr), b.n))
+	case runtime.I32:
+		for i, v := range unsafe.Slice((*int32)(b.ptr), b.n) {
+			dst[i] = float32(v)
+		}
+	}
+	return nil
+}
+
+// Synchronize waits until the work submitted before it has finished.
+func (d *Device) Synchronize(ctx context.Context) error {
+	return d.do(ctx, func() error {
+		var step *C.char
+		if st := C.bd_device_wait(d.c, &step); st != C.dnnl_success {
+			return fmt.Errorf("onednn: synchronize %s: %w", d.id, statusError(step, st))
+		}
+		return nil
+	})
+}
+
+// MemoryUsed is the bytes allocated, pooled allocations included.
+func (d *Device) MemoryUsed() uint64 {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.used
+}
+
+// Close stops the device's worker after the work it has started, destroys
+// its primitives, stream and engine, and frees all its memory, including
+// buffers not yet freed. Calls after Close fail with ErrClosed.
+func (d *Device) Close() error {
+	d.closeOnce.Do(func() {
+		close(d.quit)
+		<-d.done
+		d.life.Lock()
+		defer d.life.Unlock()
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		for b := range d.live {
+			C.bd_free(b.ptr)
+			b.freed = true
+		}
+		for _, ptrs := range d.idle {
+			for _, p := range ptrs {
+				C.bd_free(p)
+			}
+		}
+		d.live, d.idle = nil, nil
+		d.used = 0
+		d.closed = true
+	})
+	return nil
+}
+
+// toBF16 rounds src to bf16 (nearest even) into dst; len(dst) >= len(src).
+func toBF16(dst []uint16, src []float32) {
+	if len(src) == 0 {
+		return
+	}
+	C.bd_f32_to_bf16((*C.float)(unsafe.Pointer(&src[0])), (*C.uint16_t)(unsafe.Pointer(&dst[0])), C.int64_t(len(src)))
+}
+
+// fromBF16 widens src into dst; len(src) >= len(dst).
+func fromBF16(dst []float32, src []uint16) {
+	if len(dst) == 0 {
+		return
+	}
+	C.bd_bf16_to_f32((*C.uint16_t)(unsafe.Pointer(&src[0])), (*C.float)(unsafe.Pointer(&dst[0])), C.int64_t(len(dst)))
+}

@@ -1,0 +1,422 @@
+#include "dnnl_ops.h"
+
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+// TRY records the failing step and jumps to the function's cleanup label.
+#define TRY(call, name)                                                      \
+    do {                                                                     \
+        st = (call);                                                         \
+        if (st != dnnl_success) {                                            \
+            *step = (name);                                                  \
+            goto out;                                                        \
+        }                                                                    \
+    } while (0)
+
+// Work below this many elements is not worth waking OpenMP threads for.
+#define BD_PAR_MIN (1 << 15)
+
+dnnl_status_t bd_device_open(int nthreads, bd_device **out, const char **step) {
+    dnnl_status_t st = dnnl_success;
+    bd_device *d = calloc(1, sizeof *d);
+    if (d == NULL) {
+        *step = "allocate device";
+        return dnnl_out_of_memory;
+    }
+    d->nthreads = nthreads;
+    // oneDNN sizes its kernels from omp_get_max_threads() when it creates
+    // them, so the count must be in force before anything is created.
+    omp_set_num_threads(nthreads);
+    TRY(dnnl_engine_create(&d->engine, dnnl_cpu, 0), "create CPU engine");
+    TRY(dnnl_stream_create(&d->stream, d->engine, dnnl_stream_default_flags),
+            "create stream");
+    *out = d;
+    return dnnl_success;
+out:
+    bd_device_close(d);
+    return st;
+}
+
+void bd_device_close(bd_device *d) {
+    if (d == NULL) return;
+    if (d->stream) dnnl_stream_destroy(d->stream);
+    if (d->engine) dnnl_engine_destroy(d->engine);
+    free(d);
+}
+
+dnnl_status_t bd_device_wait(bd_device *d, const char **step) {
+    dnnl_status_t st = dnnl_stream_wait(d->stream);
+    if (st != dnnl_success) *step = "wait for stream";
+    return st;
+}
+
+void bd_prim_destroy(bd_prim *p) {
+    if (p == NULL) return;
+    for (int i = 0; i < p->nargs; i++)
+        if (p->args[i].memory) dnnl_memory_destroy(p->args[i].memory);
+    if (p->prim) dnnl_primitive_destroy(p->prim);
+    free(p);
+}
+
+dnnl_status_t bd_exec(bd_device *d, bd_prim *p, void *h0, void *h1, void *h2,
+        void *h3, const char **step) {
+    dnnl_status_t st = dnnl_success;
+    void *h[BD_MAX_ARGS] = {h0, h1, h2, h3};
+    // The ICV is per OS thread; setting it here keeps the device's count
+    // whichever thread the call arrives on.
+    omp_set_num_threads(d->nthreads);
+    for (int i = 0; i < p->nargs; i++)
+        TRY(dnnl_memory_set_data_handle(p->args[i].memory, h[i]),
+                "set data handle");
+    TRY(dnnl_primitive_execute(p->prim, d->stream, p->nargs, p->args),
+            "execute");
+    TRY(dnnl_stream_wait(d->stream), "wait for stream");
+out:
+    return st;
+}
+
+// finish turns an op descriptor into a bd_prim with a memory object for
+// each of the nargs execution arguments, taking their descriptors from the
+// primitive descriptor so they match what the kernel was built for.
+static dnnl_status_t finish(bd_device *d, const_dnnl_op_desc_t desc,
+        const_dnnl_primitive_attr_t attr, int nargs, const int *argids,
+        bd_prim **out, const char **step) {
+    dnnl_status_t st = dnnl_success;
+    dnnl_primitive_desc_t pd = NULL;
+    bd_prim *p = calloc(1, sizeof *p);
+    if (p == NULL) {
+        *step = "allocate primitive";
+        return dnnl_out_of_memory;
+    }
+    TRY(dnnl_primitive_desc_create(&pd, desc, attr, d->engine, NULL),
+            "create primitive descriptor");
+    TRY(dnnl_primitive_create(&p->prim, pd), "create primitive");
+    for (int i = 0; i < nargs; i++) {
+        const dnnl_memory_desc_t *md =
+                dnnl_primitive_desc_query_md(pd, dnnl_query_exec_arg_md, argids[i]);
+        if (md == NULL || md->ndims == 0) {
+            st = dnnl_invalid_arguments;
+            *step = "query argument memory descriptor";
+            goto out;
+        }
+        p->args[i].arg = argids[i];
+        TRY(dnnl_memory_create(&p->args[i].memory, md, d->engine, DNNL_MEMORY_NONE),
+                "create argument memory");
+        p->nargs = i + 1;
+    }
+    *out = p;
+    p = NULL;
+out:
+    if (pd) dnnl_primitive_desc_destroy(pd);
+    bd_prim_destroy(p);
+    return st;
+}
+
+dnnl_status_t bd_matmul_create(bd_device *d, int64_t batch, int64_t m,
+        int64_t k, int64_t n, int trans_b, dnnl_data_type_t ab_dt,
+        int has_bias, dnnl_alg_kind_t act, float scale, bd_prim **out,
+        const char **step) {
+    dnnl_status_t st = dnnl_success;
+    dnnl_memory_desc_t src, wei, bias, dst;
+    dnnl_matmul_desc_t desc;
+    dnnl_primitive_attr_t attr = NULL;
+    dnnl_post_ops_t po = NULL;
+    int nd = batch > 0 ? 3 : 2;
+    omp_set_num_threads(d->nthreads);
+
+    dnnl_dims_t sdims, wdims, wstrides, ddims, bdims;
+    if (nd == 2) {
+        sdims[0] = m, sdims[1] = k;
+        wdims[0] = k, wdims[1] = n;
+        ddims[0] = m, ddims[1] = n;
+        bdims[0] = 1, bdims[1] = n;
+        // TransB reads the [n,k] row-major weights in place through strides.
+        if (trans_b)
+            wstrides[0] = 1, wstrides[1] = k;
+        else
+            wstrides[0] = n, wstrides[1] = 1;
+    } else {
+        sdims[0] = batch, sdims[1] = m, sdims[2] = k;
+        wdims[0] = batch, wdims[1] = k, wdims[2] = n;
+        ddims[0] = batch, ddims[1] = m, ddims[2] = n;
+        bdims[0] = 1, bdims[1] = 1, bdims[2] = n;
+        wstrides[0] = k * n;
+        if (trans_b)
+            wstrides[1] = 1, wstrides[2] = k;
+        else
+            wstrides[1] = n, wstrides[2] = 1;
+    }
+    dnnl_format_tag_t tag = nd == 2 ? dnnl_ab : dnnl_abc;
+    TRY(dnnl_memory_desc_init_by_tag(&src, nd, sdims, ab_dt, tag), "describe src");
+    TRY(dnnl_memory_desc_init_by_strides(&wei, nd, wdims, ab_dt, wstrides),
+            "describe weights");
+    TRY(dnnl_memory_desc_init_by_tag(&dst, nd, ddims, dnnl_f32, tag), "describe dst");
+    if (has_bias)
+        TRY(dnnl_memory_desc_init_by_tag(&bias, nd, bdims, dnnl_f32, tag),
+                "describe bias");
+    TRY(dnnl_matmul_desc_init(&desc, &src, &wei, has_bias ? &bias : NULL, &dst),
+            "init matmul descriptor");
+
+    TRY(dnnl_primitive_attr_create(&attr), "create attributes");
+    if (scale != 1.0f)
+        TRY(dnnl_primitive_attr_set_output_scales(attr, 1, 0, &scale),
+                "set output scale");
+    if (act != dnnl_alg_kind_undef) {
+        TRY(dnnl_post_ops_create(&po), "create post-ops");
+        TRY(dnnl_post_ops_append_eltwise(po, 1.0f, act, 0.0f, 0.0f),
+                "append eltwise post-op");
+        TRY(dnnl_primitive_attr_set_post_ops(attr, po), "set post-ops");
+    }
+    {
+        int with_bias[] = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_BIAS, DNNL_ARG_DST};
+        int without[] = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST};
+        st = finish(d, &desc, attr, has_bias ? 4 : 3, has_bias ? with_bias : without,
+                out, step);
+    }
+out:
+    if (po) dnnl_post_ops_destroy(po);
+    if (attr) dnnl_primitive_attr_destroy(attr);
+    return st;
+}
+
+dnnl_status_t bd_add_create(bd_device *d, int64_t rows, int64_t n, int bcast,
+        bd_prim **out, const char **step) {
+    dnnl_status_t st = dnnl_success;
+    dnnl_memory_desc_t s0, s1, dst;
+    dnnl_binary_desc_t desc;
+    omp_set_num_threads(d->nthreads);
+    dnnl_dims_t dims = {rows, n}, bdims = {bcast ? 1 : rows, n};
+    TRY(dnnl_memory_desc_init_by_tag(&s0, 2, dims, dnnl_f32, dnnl_ab), "describe src0");
+    TRY(dnnl_memory_desc_init_by_tag(&s1, 2, bdims, dnnl_f32, dnnl_ab), "describe src1");
+    TRY(dnnl_memory_desc_init_by_tag(&dst, 2, dims, dnnl_f32, dnnl_ab), "describe dst");
+    TRY(dnnl_binary_desc_init(&desc, dnnl_binary_add, &s0, &s1, &dst),
+            "init binary descriptor");
+    {
+        int args[] = {DNNL_ARG_SRC_0, DNNL_ARG_SRC_1, DNNL_ARG_DST};
+        st = finish(d, &desc, NULL, 3, args, out, step);
+    }
+out:
+    return st;
+}
+
+dnnl_status_t bd_layernorm_create(bd_device *d, int64_t rows, int64_t n,
+        float eps, bd_prim **out, const char **step) {
+    dnnl_status_t st = dnnl_success;
+    dnnl_memory_desc_t data;
+    dnnl_layer_normalization_desc_t desc;
+    omp_set_num_threads(d->nthreads);
+    dnnl_dims_t dims = {rows, n};
+    TRY(dnnl_memory_desc_init_by_tag(&data, 2, dims, dnnl_f32, dnnl_ab), "describe src");
+    // Separate [n] scale and shift (2.6's use_scale|use_shift), so gamma and
+    // beta are bound as they are stored instead of packed into one [2,n].
+    TRY(dnnl_layer_normalization_forward_desc_init(&desc, dnnl_forward_inference,
+                &data, NULL, eps, dnnl_use_scale | dnnl_use_shift),
+            "init layer normalization descriptor");
+    {
+        int args[] = {DNNL_ARG_SRC, DNNL_ARG_SCALE, DNNL_ARG_SHIFT, DNNL_ARG_DST};
+        st = finish(d, &desc, NULL, 4, args, out, step);
+    }
+out:
+    return st;
+}
+
+dnnl_status_t bd_softmax_create(bd_device *d, int64_t rows, int64_t n,
+        bd_prim **out, const char **step) {
+    dnnl_status_t st = dnnl_success;
+    dnnl_memory_desc_t data;
+    dnnl_softmax_desc_t desc;
+    omp_set_num_threads(d->nthreads);
+    dnnl_dims_t dims = {rows, n};
+    TRY(dnnl_memory_desc_init_by_tag(&data, 2, dims, dnnl_f32, dnnl_ab), "describe src");
+    TRY(dnnl_softmax_forward_desc_init(&desc, dnnl_forward_inference, &data, 1),
+            "init softmax descriptor");
+    {
+        int args[] = {DNNL_ARG_SRC, DNNL_ARG_DST};
+        st = finish(d, &desc, NULL, 2, args, out, step);
+    }
+out:
+    return st;
+}
+
+dnnl_status_t bd_eltwise_create(bd_device *d, int64_t count,
+        dnnl_alg_kind_t alg, bd_prim **out, const char **step) {
+    dnnl_status_t st = dnnl_success;
+    dnnl_memory_desc_t data;
+    dnnl_eltwise_desc_t desc;
+    omp_set_num_threads(d->nthreads);
+    dnnl_dims_t dims = {count};
+    TRY(dnnl_memory_desc_init_by_tag(&data, 1, dims, dnnl_f32, dnnl_a), "describe src");
+    TRY(dnnl_eltwise_forward_desc_init(&desc, dnnl_forward_inference, alg, &data,
+                0.0f, 0.0f),
+            "init eltwise descriptor");
+    {
+        int args[] = {DNNL_ARG_SRC, DNNL_ARG_DST};
+        st = finish(d, &desc, NULL, 2, args, out, step);
+    }
+out:
+    return st;
+}
+
+int64_t bd_gather(const bd_device *d, const float *table, int64_t v,
+        int64_t dim, const int32_t *idx, int64_t n, float *out) {
+    // Check every index before writing, so a bad one leaves out untouched.
+    for (int64_t i = 0; i < n; i++)
+        if (idx[i] < 0 || (int64_t)idx[i] >= v) return i;
+    omp_set_num_threads(d->nthreads);
+#pragma omp parallel for if (n * dim >= BD_PAR_MIN)
+    for (int64_t i = 0; i < n; i++)
+        memcpy(out + i * dim, table + (int64_t)idx[i] * dim, (size_t)dim * sizeof(float));
+    return -1;
+}
+
+void bd_masked_mean_pool(const bd_device *d, const float *x, const void *mask,
+        int mask_i32, int64_t b, int64_t s, int64_t dim, float *out) {
+    omp_set_num_threads(d->nthreads);
+#pragma omp parallel for if (b * s * dim >= BD_PAR_MIN)
+    for (int64_t bi = 0; bi < b; bi++) {
+        float *o = out + bi * dim;
+        memset(o, 0, (size_t)dim * sizeof(float));
+        int64_t kept = 0;
+        for (int64_t si = 0; si < s; si++) {
+            int keep = mask_i32 ? ((const int32_t *)mask)[bi * s + si] != 0
+                                : ((const float *)mask)[bi * s + si] != 0.0f;
+            if (!keep) continue;
+            kept++;
+            const float *row = x + (bi * s + si) * dim;
+            for (int64_t j = 0; j < dim; j++) o[j] += row[j];
+        }
+        if (kept > 0) {
+            float c = (float)kept;
+            for (int64_t j = 0; j < dim; j++) o[j] /= c;
+        }
+    }
+}
+
+void bd_l2_normalize(const bd_device *d, const float *x, int64_t rows,
+        int64_t dim, float *out) {
+    omp_set_num_threads(d->nthreads);
+#pragma omp parallel for if (rows * dim >= BD_PAR_MIN)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * dim;
+        float *o = out + r * dim;
+        // Eight partial sums: a reduction the compiler vectorises without
+        // -ffast-math, since the summation order is written out.
+        float acc[8] = {0};
+        int64_t j = 0;
+        for (; j + 8 <= dim; j += 8)
+            for (int l = 0; l < 8; l++) acc[l] += xr[j + l] * xr[j + l];
+        float ss = 0.0f;
+        for (; j < dim; j++) ss += xr[j] * xr[j];
+        for (int l = 0; l < 8; l++) ss += acc[l];
+        if (ss == 0.0f) {
+            memset(o, 0, (size_t)dim * sizeof(float));
+            continue;
+        }
+        float norm = sqrtf(ss);
+        for (j = 0; j < dim; j++) o[j] = xr[j] / norm;
+    }
+}
+
+void bd_f32_to_bf16(const float *src, uint16_t *dst, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &src[i], sizeof u);
+        if ((u & 0x7fffffffu) > 0x7f800000u) {
+            dst[i] = (uint16_t)((u >> 16) | 0x40u); // keep NaN a (quiet) NaN
+        } else {
+            u += 0x7fffu + ((u >> 16) & 1u); // round to nearest even
+            dst[i] = (uint16_t)(u >> 16);
+        }
+    }
+}
+
+void bd_bf16_to_f32(const uint16_t *src, float *dst, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t u = (uint32_t)src[i] << 16;
+        memcpy(&dst[i], &u, sizeof u);
+    }
+}
+
+void *bd_alloc(size_t size) {
+    void *p = NULL;
+    if (posix_memalign(&p, 64, size) != 0) return NULL;
+    return p;
+}
+
+void bd_free(void *p) { free(p); }
+
+dnnl_status_t bd_bf16_matmul_works(bd_device *d, const char **step) {
+    bd_prim *p = NULL;
+    dnnl_status_t st = bd_matmul_create(d, 0, 16, 16, 16, 0, dnnl_bf16, 0,
+            dnnl_alg_kind_undef, 1.0f, &p, step);
+    bd_prim_destroy(p);
+    return st;
+}
+
+static double now_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+dnnl_status_t bd_direct_matmul(int64_t m, int64_t n, int64_t k, int iters,
+        int nthreads, dnnl_data_type_t ab_dt, double *seconds,
+        const char **step) {
+    dnnl_status_t st = dnnl_success;
+    dnnl_engine_t engine = NULL;
+    dnnl_stream_t stream = NULL;
+    dnnl_primitive_desc_t pd = NULL;
+    dnnl_primitive_t prim = NULL;
+    dnnl_memory_t mem[3] = {NULL, NULL, NULL};
+    dnnl_memory_desc_t src, wei, dst;
+    dnnl_matmul_desc_t desc;
+
+    omp_set_num_threads(nthreads);
+    TRY(dnnl_engine_create(&engine, dnnl_cpu, 0), "create CPU engine");
+    TRY(dnnl_stream_create(&stream, engine, dnnl_stream_default_flags), "create stream");
+    dnnl_dims_t sd = {m, k}, wd = {k, n}, dd = {m, n};
+    TRY(dnnl_memory_desc_init_by_tag(&src, 2, sd, ab_dt, dnnl_ab), "describe src");
+    TRY(dnnl_memory_desc_init_by_tag(&wei, 2, wd, ab_dt, dnnl_ab), "describe weights");
+    TRY(dnnl_memory_desc_init_by_tag(&dst, 2, dd, dnnl_f32, dnnl_ab), "describe dst");
+    TRY(dnnl_matmul_desc_init(&desc, &src, &wei, NULL, &dst), "init matmul descriptor");
+    TRY(dnnl_primitive_desc_create(&pd, &desc, NULL, engine, NULL),
+            "create primitive descriptor");
+    TRY(dnnl_primitive_create(&prim, pd), "create primitive");
+    TRY(dnnl_memory_create(&mem[0], &src, engine, DNNL_MEMORY_ALLOCATE), "allocate src");
+    TRY(dnnl_memory_create(&mem[1], &wei, engine, DNNL_MEMORY_ALLOCATE), "allocate weights");
+    TRY(dnnl_memory_create(&mem[2], &dst, engine, DNNL_MEMORY_ALLOCATE), "allocate dst");
+    for (int i = 0; i < 2; i++) {
+        // Small non-zero values: timing must not depend on zeros or denormals.
+        void *h = NULL;
+        TRY(dnnl_memory_get_data_handle(mem[i], &h), "map input");
+        int64_t cnt = i == 0 ? m * k : k * n;
+        if (ab_dt == dnnl_bf16) {
+            uint16_t *p = h;
+            for (int64_t j = 0; j < cnt; j++) p[j] = 0x3c00 + (uint16_t)(j % 97); // ~2^-7..
+        } else {
+            float *p = h;
+            for (int64_t j = 0; j < cnt; j++) p[j] = (float)(j % 97) / 97.0f - 0.5f;
+        }
+    }
+    dnnl_exec_arg_t args[3] = {
+            {DNNL_ARG_SRC, mem[0]}, {DNNL_ARG_WEIGHTS, mem[1]}, {DNNL_ARG_DST, mem[2]}};
+    TRY(dnnl_primitive_execute(prim, stream, 3, args), "warm-up execute");
+    TRY(dnnl_stream_wait(stream), "wait for stream");
+    double t0 = now_seconds();
+    for (int i = 0; i < iters; i++) {
+        TRY(dnnl_primitive_execute(prim, stream, 3, args), "execute");
+        TRY(dnnl_stream_wait(stream), "wait for stream");
+    }
+    *seconds = now_seconds() - t0;
+out:
+    for (int i = 0; i < 3; i++)
+        if (mem[i]) dnnl_memory_destroy(mem[i]);
+    if (prim) dnnl_primitive_destroy(prim);
+    if (pd) dnnl_primitive_desc_destroy(pd);
+    if (stream) dnnl_stream_destroy(stream);
+    if (engine) dnnl_engine_destroy(engine);
+    return st;
+}

@@ -1,0 +1,110 @@
+// C half of the oneDNN adapter: primitive creation and execution through the
+// oneDNN 2.6 C API, and the ops oneDNN has no primitive for (gather, masked
+// mean-pool, L2-normalize, bf16 conversion). Go calls only these functions,
+// so every dnnl_status_t is returned to Go with the step that produced it.
+#ifndef BROKERD_ONEDNN_OPS_H
+#define BROKERD_ONEDNN_OPS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <dnnl.h>
+#include <dnnl_debug.h>
+
+// One device: a CPU engine, its stream, and the OpenMP thread count every
+// creation and execution on this device runs with.
+typedef struct {
+    dnnl_engine_t engine;
+    dnnl_stream_t stream;
+    int nthreads;
+} bd_device;
+
+// A created primitive with one memory object per execution argument; the
+// memory objects have no buffer of their own, bd_exec points them at the
+// caller's buffers.
+#define BD_MAX_ARGS 4
+typedef struct {
+    dnnl_primitive_t prim;
+    int nargs;
+    dnnl_exec_arg_t args[BD_MAX_ARGS];
+} bd_prim;
+
+dnnl_status_t bd_device_open(int nthreads, bd_device **out, const char **step);
+void bd_device_close(bd_device *d);
+dnnl_status_t bd_device_wait(bd_device *d, const char **step);
+
+void bd_prim_destroy(bd_prim *p);
+
+// bd_exec binds h0..h3 to the primitive's arguments in creation order
+// (unused ones are ignored), executes it and waits for the stream.
+dnnl_status_t bd_exec(bd_device *d, bd_prim *p, void *h0, void *h1, void *h2,
+        void *h3, const char **step);
+
+// Matmul: src [batch?,m,k] x weights [batch?,k,n] (trans_b: stored [batch?,n,k])
+// -> f32 dst [batch?,m,n]; batch 0 means 2-D. ab_dt is the src/weights type
+// (f32 or bf16); bias is f32 [n]; act is an eltwise algorithm fused as a
+// post-op (dnnl_alg_kind_undef for none); scale multiplies the product.
+// Arguments: src, weights, [bias], dst.
+dnnl_status_t bd_matmul_create(bd_device *d, int64_t batch, int64_t m,
+        int64_t k, int64_t n, int trans_b, dnnl_data_type_t ab_dt,
+        int has_bias, dnnl_alg_kind_t act, float scale, bd_prim **out,
+        const char **step);
+
+// Add: src0 [rows,n] + src1 [rows,n] (or [1,n] when bcast) -> dst [rows,n].
+// Arguments: src0, src1, dst.
+dnnl_status_t bd_add_create(bd_device *d, int64_t rows, int64_t n, int bcast,
+        bd_prim **out, const char **step);
+
+// Layer normalisation over the last dimension with separate scale and shift
+// ([n] each). Arguments: src, scale, shift, dst.
+dnnl_status_t bd_layernorm_create(bd_device *d, int64_t rows, int64_t n,
+        float eps, bd_prim **out, const char **step);
+
+// Softmax over the last dimension. Arguments: src, dst.
+dnnl_status_t bd_softmax_create(bd_device *d, int64_t rows, int64_t n,
+        bd_prim **out, const char **step);
+
+// Pointwise function over count elements. Arguments: src, dst.
+dnnl_status_t bd_eltwise_create(bd_device *d, int64_t count,
+        dnnl_alg_kind_t alg, bd_prim **out, const char **step);
+
+// Ops without a oneDNN primitive. They run on the caller's thread with the
+// device's OpenMP thread count.
+
+// bd_gather copies table rows idx[i] to out; it returns the position of the
+// first index outside [0,v) (writing nothing), or -1 on success.
+int64_t bd_gather(const bd_device *d, const float *table, int64_t v,
+        int64_t dim, const int32_t *idx, int64_t n, float *out);
+
+// bd_masked_mean_pool averages x [b,s,dim] over the positions whose mask
+// [b,s] is non-zero (f32 mask, or i32 when mask_i32); rows with no such
+// position give zeros.
+void bd_masked_mean_pool(const bd_device *d, const float *x, const void *mask,
+        int mask_i32, int64_t b, int64_t s, int64_t dim, float *out);
+
+// bd_l2_normalize divides each row of x [rows,dim] by its L2 norm; rows of
+// zeros stay zero.
+void bd_l2_normalize(const bd_device *d, const float *x, int64_t rows,
+        int64_t dim, float *out);
+
+// bf16 <-> f32 conversion (round to nearest even, NaN kept quiet).
+void bd_f32_to_bf16(const float *src, uint16_t *dst, int64_t n);
+void bd_bf16_to_f32(const uint16_t *src, float *dst, int64_t n);
+
+// 64-byte aligned host memory; size must be a multiple of 64.
+void *bd_alloc(size_t size);
+void bd_free(void *p);
+
+// bd_bf16_matmul_works reports whether this library and CPU can create a bf16
+// matmul (oneDNN needs avx512_core or newer for bf16).
+dnnl_status_t bd_bf16_matmul_works(bd_device *d, const char **step);
+
+// bd_direct_matmul is the benchmark baseline: an f32-output matmul m x k x n
+// with ab_dt inputs created and run straight through the C API with its own
+// engine and stream, no adapter in between. It runs one warm-up execution and
+// then times iters executions; *seconds is the total for those.
+dnnl_status_t bd_direct_matmul(int64_t m, int64_t n, int64_t k, int iters,
+        int nthreads, dnnl_data_type_t ab_dt, double *seconds,
+        const char **step);
+
+#endif

@@ -1,0 +1,506 @@
+package onednn
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/brokerd/brokerd/runtime"
+)
+
+var seedFlag = flag.Uint64("onednn.seed", 0, "seed for the random test inputs; 0 means the current time")
+
+// Tolerances on relErr (norm-wise relative error against the float64
+// reference).
+const (
+	tolF32  = 1e-5
+	tolBF16 = 1e-2
+)
+
+// newRand returns a generator seeded from the clock (or -onednn.seed), and
+// logs the seed so a failure can be reproduced.
+func newRand(t testing.TB) *rand.Rand {
+	t.Helper()
+	seed := *seedFlag
+	if seed == 0 {
+		seed = uint64(time.Now().UnixNano())
+	}
+	t.Logf("random inputs from seed %d (rerun with -onednn.seed=%d)", seed, seed)
+	return rand.New(rand.NewPCG(seed, 0x6f6e65646e6e))
+}
+
+func randVec(r *rand.Rand, n int) []float32 {
+	v := make([]float32, n)
+	for i := range v {
+		v[i] = r.Float32()*2 - 1
+	}
+	return v
+}
+
+func to64(v []float32) []float64 {
+	out := make([]float64, len(v))
+	for i, e := range v {
+		out[i] = float64(e)
+	}
+	return out
+}
+
+func prod(shape []int) int {
+	n := 1
+	for _, d := range shape {
+		n *= d
+	}
+	return n
+}
+
+func openTest(t testing.TB, spec runtime.DeviceSpec) *Device {
+	t.Helper()
+	dev, err := New(Options{}).Open(t.Context(), spec)
+	if err != nil {
+		t.Fatalf("Open(%+v): %v", spec, err)
+	}
+	t.Cleanup(func() { dev.Close() })
+	return dev.(*Device)
+}
+
+// input is a named graph input and its values (f for float types, i for I32).
+type input struct {
+	name  string
+	dt    runtime.DType
+	shape []int
+	f     []float32
+	i     []int32
+}
+
+func f32In(name string, v []float32, shape ...int) input {
+	return input{name: name, dt: runtime.F32, shape: shape, f: v}
+}
+
+// runGraph binds the inputs and an f32 output of outShape, runs g, and
+// returns the output. Every buffer is freed before it returns.
+func runGraph(t testing.TB, d *Device, g *runtime.Graph, ins []input, out string, outShape []int) ([]float32, error) {
+	t.Helper()
+	ctx := t.Context()
+	bind := map[string]runtime.Buffer{}
+	defer func() {
+		for _, b := range bind {
+			d.Free(b)
+		}
+	}()
+	for _, in := range ins {
+		b, err := d.Alloc(in.dt, in.shape...)
+		if err != nil {
+			return nil, err
+		}
+		bind[in.name] = b
+		if in.dt == runtime.I32 {
+			err = d.CopyInInt32(ctx, b, in.i)
+		} else {
+			err = d.CopyIn(ctx, b, in.f)
+		}
+		if err != nil {
+			t.Fatalf("copy in %q: %v", in.name, err)
+		}
+	}
+	ob, err := d.Alloc(runtime.F32, outShape...)
+	if err != nil {
+		return nil, err
+	}
+	bind[out] = ob
+	if err := d.Run(ctx, g, bind); err != nil {
+		return nil, err
+	}
+	got := make([]float32, prod(outShape))
+	if err := d.CopyOut(ctx, got, ob); err != nil {
+		t.Fatalf("copy out: %v", err)
+	}
+	return got, nil
+}
+
+func checkClose(t testing.TB, got []float32, want []float64, tol float64) {
+	t.Helper()
+	if e := relErr(got, want); !(e <= tol) {
+		n := min(len(got), len(want), 4)
+		t.Errorf("relative error %.3g > %.0e; first values got %v want %v", e, tol, got[:n], want[:n])
+	}
+}
+
+var actNames = map[runtime.Activation]string{
+	runtime.ActNone: "none", runtime.ActReLU: "relu", runtime.ActGELU: "gelu", runtime.ActTanh: "tanh",
+}
+
+func TestMatMul(t *testing.T) {
+	d := openTest(t, runtime.DeviceSpec{})
+	r := newRand(t)
+	// lead is In[0]'s leading dimensions (flattened to M); sizes cover 1, odd
+	// sizes and sizes that are not a multiple of 16 in every position.
+	shapes := []struct {
+		lead []int
+		k, n int
+	}{
+		{[]int{1}, 1, 1},
+		{[]int{1}, 17, 3},
+		{[]int{3}, 100, 17},
+		{[]int{17}, 3, 64},
+		{[]int{64}, 64, 100},
+		{[]int{100}, 17, 1},
+		{[]int{100}, 100, 100},
+		{[]int{2, 5}, 17, 3}, // 3-D input
+	}
+	for _, sh := range shapes {
+		for _, act := range []runtime.Activation{runtime.ActNone, runtime.ActReLU, runtime.ActGELU, runtime.ActTanh} {
+			for _, transB := range []bool{false, true} {
+				for _, bias := range []bool{false, true} {
+					name := fmt.Sprintf("%vx%dx%d/%s/transB=%v/bias=%v", sh.lead, sh.k, sh.n, actNames[act], transB, bias)
+					t.Run(name, func(t *testing.T) {
+						m := prod(sh.lead)
+						a := randVec(r, m*sh.k)
+						w := randVec(r, sh.k*sh.n)
+						wShape := []int{sh.k, sh.n}
+						if transB {
+							wShape = []int{sh.n, sh.k}
+						}
+						ins := []input{f32In("a", a, append(clone(sh.lead), sh.k)...), f32In("w", w, wShape...)}
+						op := runtime.Op{Kind: runtime.OpMatMul, In: []string{"a", "w"}, Out: "y", Act: act, TransB: transB}
+						var bv []float64
+						if bias {
+							b := randVec(r, sh.n)
+							bv = to64(b)
+							ins = append(ins, f32In("b", b, sh.n))
+							op.In = append(op.In, "b")
+						}
+						got, err := runGraph(t, d, &runtime.Graph{Ops: []runtime.Op{op}}, ins, "y", append(clone(sh.lead), sh.n))
+						if err != nil {
+							t.Fatal(err)
+						}
+						checkClose(t, got, refMatMul(to64(a), m, sh.k, to64(w), sh.n, transB, bv, act), tolF32)
+					})
+				}
+			}
+		}
+	}
+}
+
+func TestBatchMatMul(t *testing.T) {
+	d := openTest(t, runtime.DeviceSpec{})
+	r := newRand(t)
+	tests := []struct {
+		lead    []int // batch dimensions
+		m, k, n int
+		transB  bool
+		scale   float32
+	}{
+		{[]int{1}, 1, 1, 1, false, 0},
+		{[]int{3}, 17, 3, 64, false, 0.125},
+		{[]int{2}, 100, 17, 3, true, 0.5},
+		{[]int{5}, 1, 64, 17, true, 0},
+		{[]int{2, 3}, 17, 100, 17, true, 0.25}, // [B,H,S,D] attention scores
+	}
+	for _, tt := range tests {
+		t.Run(fmt.Sprintf("%v/%dx%dx%d/transB=%v/scale=%g", tt.lead, tt.m, tt.k, tt.n, tt.transB, tt.scale), func(t *testing.T) {
+			batch := prod(tt.lead)
+			a := randVec(r, batch*tt.m*tt.k)
+			w := randVec(r, batch*tt.k*tt.n)
+			wShape := append(clone(tt.lead), tt.k, tt.n)
+			if tt.transB {
+				wShape = append(clone(tt.lead), tt.n, tt.k)
+			}
+			g := &runtime.Graph{Ops: []runtime.Op{{Kind: runtime.OpBatchMatMul, In: []string{"a", "w"}, Out: "y", TransB: tt.transB, Scale: tt.scale}}}
+			got, err := runGraph(t, d, g, []input{f32In("a", a, append(clone(tt.lead), tt.m, tt.k)...), f32In("w", w, wShape...)},
+				"y", append(clone(tt.lead), tt.m, tt.n))
+			if err != nil {
+				t.Fatal(err)
+			}
+			scale := float64(tt.scale)
+			if scale == 0 {
+				scale = 1
+			}
+			checkClose(t, got, refBatchMatMul(to64(a), batch, tt.m, tt.k, to64(w), tt.n, tt.transB, scale), tolF32)
+		})
+	}
+}
+
+func TestAdd(t *testing.T) {
+	d := openTest(t, runtime.DeviceSpec{})
+	r := newRand(t)
+	tests := []struct {
+		shape []int
+		bcast bool
+	}{
+		{[]int{1}, false},
+		{[]int{1, 1}, true},
+		{[]int{3, 17}, false},
+		{[]int{3, 17}, true},
+		{[]int{64, 100}, true},
+		{[]int{2, 5, 17}, false},
+		{[]int{2, 5, 17}, true},
+	}
+	for _, tt := range tests {
+		t.Run(fmt.Sprintf("%v/bcast=%v", tt.shape, tt.bcast), func(t *testing.T) {
+			n := tt.shape[len(tt.shape)-1]
+			a := randVec(r, prod(tt.shape))
+			bShape := tt.shape
+			if tt.bcast {
+				bShape = []int{n}
+			}
+			b := randVec(r, prod(bShape))
+			g := &runtime.Graph{Ops: []runtime.Op{{Kind: runtime.OpAdd, In: []string{"a", "b"}, Out: "y"}}}
+			got, err := runGraph(t, d, g, []input{f32In("a", a, tt.shape...), f32In("b", b, bShape...)}, "y", tt.shape)
+			if err != nil {
+				t.Fatal(err)
+			}
+			checkClose(t, got, refAdd(to64(a), to64(b), n), tolF32)
+		})
+	}
+}
+
+func TestLayerNorm(t *testing.T) {
+	d := openTest(t, runtime.DeviceSpec{})
+	r := newRand(t)
+	tests := []struct {
+		shape []int
+		eps   float32
+	}{
+		{[]int{1, 3}, 1e-5},
+		{[]int{3, 17}, 1e-12},
+		{[]int{64, 100}, 1e-5},
+		{[]int{2, 5, 17}, 1e-6},
+		{[]int{100, 64}, 1e-5},
+	}
+	for _, tt := range tests {
+		t.Run(fmt.Sprintf("%v/eps=%g", tt.shape, tt.eps), func(t *testing.T) {
+			n := tt.shape[len(tt.shape)-1]
+			x := randVec(r, prod(tt.shape))
+			gamma, beta := randVec(r, n), randVec(r, n)
+			g := &runtime.Graph{Ops: []runtime.Op{{Kind: runtime.OpLayerNorm, In: []string{"x", "g", "b"}, Out: "y", Eps: tt.eps}}}
+			got, err := runGraph(t, d, g, []input{f32In("x", x, tt.shape...), f32In("g", gamma, n), f32In("b", beta, n)}, "y", tt.shape)
+			if err != nil {
+				t.Fatal(err)
+			}
+			checkClose(t, got, refLayerNorm(to64(x), n, to64(gamma), to64(beta), float64(tt.eps)), tolF32)
+		})
+	}
+}
+
+func TestSoftmax(t *testing.T) {
+	d := openTest(t, runtime.DeviceSpec{})
+	r := newRand(t)
+	for _, shape := range [][]int{{1}, {1, 1}, {3, 17}, {64, 100}, {2, 5, 17}, {17, 1000}} {
+		t.Run(fmt.Sprint(shape), func(t *testing.T) {
+			x := randVec(r, prod(shape))
+			for i := range x {
+				x[i] *= 8 // a wider range, so that max-subtraction matters
+			}
+			g := &runtime.Graph{Ops: []runtime.Op{{Kind: runtime.OpSoftmax, In: []string{"x"}, Out: "y"}}}
+			got, err := runGraph(t, d, g, []input{f32In("x", x, shape...)}, "y", shape)
+			if err != nil {
+				t.Fatal(err)
+			}
+			checkClose(t, got, refSoftmax(to64(x), shape[len(shape)-1]), tolF32)
+		})
+	}
+}
+
+func TestPointwise(t *testing.T) {
+	d := openTest(t, runtime.DeviceSpec{})
+	r := newRand(t)
+	kinds := []struct {
+		kind runtime.OpKind
+		act  runtime.Activation
+	}{
+		{runtime.OpGELU, runtime.ActGELU},
+		{runtime.OpReLU, runtime.ActReLU},
+		{runtime.OpTanh, runtime.ActTanh},
+	}
+	for _, k := range kinds {
+		for _, shape := range [][]int{{1}, {17}, {3, 100}, {2, 5, 17}, {64, 1000}} {
+			t.Run(fmt.Sprintf("%s/%v", opName(k.kind), shape), func(t *testing.T) {
+				x := randVec(r, prod(shape))
+				for i := range x {
+					x[i] *= 4
+				}
+				g := &runtime.Graph{Ops: []runtime.Op{{Kind: k.kind, In: []string{"x"}, Out: "y"}}}
+				got, err := runGraph(t, d, g, []input{f32In("x", x, shape...)}, "y", shape)
+				if err != nil {
+					t.Fatal(err)
+				}
+				checkClose(t, got, refPointwise(to64(x), k.act), tolF32)
+			})
+		}
+	}
+}
+
+func TestGather(t *testing.T) {
+	d := openTest(t, runtime.DeviceSpec{})
+	r := newRand(t)
+	tests := []struct {
+		name     string
+		v, dim   int
+		idxShape []int
+		bad      int32 // written at a random position when non-zero
+	}{
+		{"one", 1, 1, []int{1}, 0},
+		{"odd", 17, 3, []int{5}, 0},
+		{"2-D indices", 100, 64, []int{3, 17}, 0},
+		{"large", 1000, 384, []int{64, 16}, 0},
+		{"index = V", 17, 3, []int{5}, 17},
+		{"negative index", 17, 3, []int{2, 3}, -1},
+		{"huge index", 5, 4, []int{1}, math.MaxInt32},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			table := randVec(r, tt.v*tt.dim)
+			idx := make([]int32, prod(tt.idxShape))
+			for i := range idx {
+				idx[i] = int32(r.IntN(tt.v))
+			}
+			if tt.bad != 0 {
+				idx[r.IntN(len(idx))] = tt.bad
+			}
+			g := &runtime.Graph{Ops: []runtime.Op{{Kind: runtime.OpGather, In: []string{"t", "i"}, Out: "y"}}}
+			ins := []input{f32In("t", table, tt.v, tt.dim), {name: "i", dt: runtime.I32, shape: tt.idxShape, i: idx}}
+			got, err := runGraph(t, d, g, ins, "y", append(clone(tt.idxShape), tt.dim))
+			if tt.bad != 0 {
+				if !errors.Is(err, runtime.ErrInvalidGraph) || !strings.Contains(err.Error(), fmt.Sprintf("index %d", tt.bad)) {
+					t.Fatalf("err = %v, want ErrInvalidGraph naming index %d", err, tt.bad)
+				}
+				t.Logf("error as expected: %v", err)
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			checkClose(t, got, refGather(to64(table), tt.dim, idx), 0) // a copy: exact
+		})
+	}
+}
+
+func TestMaskedMeanPool(t *testing.T) {
+	d := openTest(t, runtime.DeviceSpec{})
+	r := newRand(t)
+	tests := []struct {
+		b, s, dim int
+		maskType  runtime.DType
+	}{
+		{1, 1, 1, runtime.F32},
+		{3, 17, 5, runtime.F32},
+		{4, 100, 64, runtime.I32},
+		{2, 64, 384, runtime.F32},
+		{5, 3, 17, runtime.I32},
+	}
+	for _, tt := range tests {
+		t.Run(fmt.Sprintf("%dx%dx%d/mask=%s", tt.b, tt.s, tt.dim, tt.maskType), func(t *testing.T) {
+			x := randVec(r, tt.b*tt.s*tt.dim)
+			mask := make([]float64, tt.b*tt.s)
+			for i := range mask {
+				if r.IntN(3) > 0 {
+					mask[i] = 1
+				}
+			}
+			// Row 0 keeps nothing: its mean must be exactly zeros.
+			zeroRow := tt.b > 1 || tt.s == 1
+			if zeroRow {
+				for si := 0; si < tt.s; si++ {
+					mask[si] = 0
+				}
+			}
+			maskIn := input{name: "m", dt: tt.maskType, shape: []int{tt.b, tt.s}}
+			for _, m := range mask {
+				maskIn.f = append(maskIn.f, float32(m))
+				maskIn.i = append(maskIn.i, int32(m))
+			}
+			g := &runtime.Graph{Ops: []runtime.Op{{Kind: runtime.OpMaskedMeanPool, In: []string{"x", "m"}, Out: "y"}}}
+			got, err := runGraph(t, d, g, []input{f32In("x", x, tt.b, tt.s, tt.dim), maskIn}, "y", []int{tt.b, tt.dim})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if zeroRow {
+				for j, v := range got[:tt.dim] {
+					if v != 0 {
+						t.Fatalf("all-zero mask row: y[0][%d] = %g, want 0", j, v)
+					}
+				}
+			}
+			checkClose(t, got, refMeanPool(to64(x), tt.b, tt.s, tt.dim, mask), tolF32)
+		})
+	}
+}
+
+func TestL2Normalize(t *testing.T) {
+	d := openTest(t, runtime.DeviceSpec{})
+	r := newRand(t)
+	for _, shape := range [][]int{{1}, {1, 1}, {3, 17}, {64, 384}, {2, 5, 100}} {
+		t.Run(fmt.Sprint(shape), func(t *testing.T) {
+			x := randVec(r, prod(shape))
+			dim := shape[len(shape)-1]
+			rows := len(x) / dim
+			if rows > 1 {
+				clear(x[dim : 2*dim]) // a zero row stays zero
+			}
+			g := &runtime.Graph{Ops: []runtime.Op{{Kind: runtime.OpL2Normalize, In: []string{"x"}, Out: "y"}}}
+			got, err := runGraph(t, d, g, []input{f32In("x", x, shape...)}, "y", shape)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rows > 1 {
+				for j, v := range got[dim : 2*dim] {
+					if v != 0 {
+						t.Fatalf("zero row: y[1][%d] = %g, want 0", j, v)
+					}
+				}
+			}
+			checkClose(t, got, refL2Normalize(to64(x), dim), tolF32)
+		})
+	}
+}
+
+// encoderGraph is matmul → add → layer-norm → gelu → softmax, the end-to-end
+// graph; x [b,s,k], w [n,k] (PyTorch layout), bias, residual r [b,s,n].
+func encoderGraph() *runtime.Graph {
+	return &runtime.Graph{Ops: []runtime.Op{
+		{Kind: runtime.OpMatMul, In: []string{"x", "w", "bias"}, Out: "h", TransB: true},
+		{Kind: runtime.OpAdd, In: []string{"h", "res"}, Out: "h2"},
+		{Kind: runtime.OpLayerNorm, In: []string{"h2", "gamma", "beta"}, Out: "ln", Eps: 1e-5},
+		{Kind: runtime.OpGELU, In: []string{"ln"}, Out: "act"},
+		{Kind: runtime.OpSoftmax, In: []string{"act"}, Out: "y"},
+	}}
+}
+
+type encoderCase struct {
+	b, s, k, n int
+	ins        []input
+	want       []float64
+}
+
+func newEncoderCase(r *rand.Rand, b, s, k, n int) encoderCase {
+	x, w, bias := randVec(r, b*s*k), randVec(r, n*k), randVec(r, n)
+	res, gamma, beta := randVec(r, b*s*n), randVec(r, n), randVec(r, n)
+	h := refMatMul(to64(x), b*s, k, to64(w), n, true, to64(bias), runtime.ActNone)
+	h = refAdd(h, to64(res), n)
+	h = refLayerNorm(h, n, to64(gamma), to64(beta), 1e-5)
+	h = refPointwise(h, runtime.ActGELU)
+	return encoderCase{b: b, s: s, k: k, n: n, want: refSoftmax(h, n), ins: []input{
+		f32In("x", x, b, s, k), f32In("w", w, n, k), f32In("bias", bias, n),
+		f32In("res", res, b, s, n), f32In("gamma", gamma, n), f32In("beta", beta, n),
+	}}
+}
+
+func TestGraphEndToEnd(t *testing.T) {
+	d := openTest(t, runtime.DeviceSpec{})
+	r := newRand(t)
+	for _, sh := range [][4]int{{1, 1, 1, 1}, {2, 3, 17, 64}, {4, 17, 100, 3}, {3, 64, 64, 100}} {
+		t.Run(fmt.Sprint(sh), func(t *testing.T) {
+			c := newEncoderCase(r, sh[0], sh[1], sh[2], sh[3])
+			got, err := runGraph(t, d, encoderGraph(), c.ins, "y", []int{c.b, c.s, c.n})
+			if err != nil {
+				t.Fatal(err)
+			}
+			checkClose(t, got, c.want, tolF32)
+		})
+	}
+}

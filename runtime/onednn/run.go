@@ -1,0 +1,270 @@
+package onednn
+
+/*
+#include "dnnl_ops.h"
+*/
+import "C"
+
+import (
+	"context"
+	"fmt"
+	"unsafe"
+
+	"github.com/brokerd/brokerd/runtime"
+)
+
+// Run checks g against the bound buffers, then executes it on the device's
+// worker. Intermediates are allocated from the pool when their op runs and
+// returned to it after their last reader. Runs on one device are serialised;
+// ctx is honoured while waiting and between ops.
+func (d *Device) Run(ctx context.Context, g *runtime.Graph, bind map[string]runtime.Buffer) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	d.life.RLock()
+	defer d.life.RUnlock()
+	bound := make(map[string]tensor, len(bind))
+	bufs := make(map[string]*buffer, len(bind))
+	for name, b := range bind {
+		bb, err := d.own(b)
+		if err != nil {
+			return fmt.Errorf("onednn: run on %s: bind %q: %w", d.id, name, err)
+		}
+		bound[name] = tensor{bb.dt, bb.shape}
+		bufs[name] = bb
+	}
+	p, err := planGraph(g, bound)
+	if err != nil {
+		return fmt.Errorf("onednn: run on %s: %w", d.id, err)
+	}
+	// oneDNN's matmul and the C kernels cannot write over their own input.
+	for i := range p.steps {
+		s := &p.steps[i]
+		out, ok := bufs[s.op.Out]
+		if !ok {
+			continue
+		}
+		for _, name := range s.op.In {
+			if bufs[name] == out {
+				return fmt.Errorf("onednn: run on %s: %w: %s writes %q into the buffer it reads as %q",
+					d.id, runtime.ErrInvalidGraph, s, s.op.Out, name)
+			}
+		}
+	}
+	return d.do(ctx, func() error { return d.execute(ctx, p, bufs) })
+}
+
+// execute runs a plan on the worker thread.
+func (d *Device) execute(ctx context.Context, p *plan, bufs map[string]*buffer) error {
+	lastUse := map[string]int{}
+	for i, s := range p.steps {
+		for _, name := range s.op.In {
+			lastUse[name] = i
+		}
+	}
+	temps := map[string]*buffer{}
+	defer func() {
+		for _, b := range temps {
+			d.Free(b)
+		}
+	}()
+	ptrs := make(map[string]unsafe.Pointer, len(bufs)+len(p.temps))
+	for name, b := range bufs {
+		ptrs[name] = b.ptr
+	}
+	for i := range p.steps {
+		s := &p.steps[i]
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("onednn: run on %s: before %s: %w", d.id, s, err)
+		}
+		if _, bound := bufs[s.op.Out]; !bound {
+			b, err := d.alloc(s.out.dt, s.out.shape)
+			if err != nil {
+				return fmt.Errorf("onednn: run on %s: intermediate %q of %s: %w", d.id, s.op.Out, s, err)
+			}
+			temps[s.op.Out] = b
+			ptrs[s.op.Out] = b.ptr
+		}
+		if err := d.runStep(s, ptrs); err != nil {
+			return fmt.Errorf("onednn: run on %s: %w", d.id, err)
+		}
+		// Return intermediates no later op reads, so the next op's output
+		// can reuse their memory.
+		for _, name := range s.op.In {
+			if b, ok := temps[name]; ok && lastUse[name] == i {
+				d.Free(b)
+				delete(temps, name)
+			}
+		}
+	}
+	return nil
+}
+
+// eltwiseAlg maps an activation to oneDNN's eltwise algorithm; GELU is the
+// erf form, as BERT uses.
+func eltwiseAlg(a runtime.Activation) C.dnnl_alg_kind_t {
+	switch a {
+	case runtime.ActReLU:
+		return C.dnnl_eltwise_relu
+	case runtime.ActGELU:
+		return C.dnnl_eltwise_gelu_erf
+	case runtime.ActTanh:
+		return C.dnnl_eltwise_tanh
+	}
+	return C.dnnl_alg_kind_undef
+}
+
+func dnnlType(dt runtime.DType) C.dnnl_data_type_t {
+	if dt == runtime.BF16 {
+		return C.dnnl_bf16
+	}
+	return C.dnnl_f32
+}
+
+// primitive returns the cached primitive for key, creating it with create.
+func (d *Device) primitive(s *step, key primKey, create func(out **C.bd_prim, step **C.char) C.dnnl_status_t) (*C.bd_prim, error) {
+	return d.prims.get(key, func() (*C.bd_prim, error) {
+		var p *C.bd_prim
+		var where *C.char
+		if st := create(&p, &where); st != C.dnnl_success {
+			return nil, fmt.Errorf("%s: %w", s, statusError(where, st))
+		}
+		return p, nil
+	})
+}
+
+// exec runs a primitive on the given arguments, in its creation order.
+func (d *Device) exec(s *step, p *C.bd_prim, args ...unsafe.Pointer) error {
+	var h [C.BD_MAX_ARGS]unsafe.Pointer
+	copy(h[:], args)
+	var where *C.char
+	if st := C.bd_exec(d.c, p, h[0], h[1], h[2], h[3], &where); st != C.dnnl_success {
+		return fmt.Errorf("%s: %w", s, statusError(where, st))
+	}
+	return nil
+}
+
+// runStep runs one op: a cached oneDNN primitive, or a C kernel for the ops
+// oneDNN has none for.
+func (d *Device) runStep(s *step, ptrs map[string]unsafe.Pointer) error {
+	op := s.op
+	in := func(i int) unsafe.Pointer { return ptrs[op.In[i]] }
+	out := ptrs[op.Out]
+	dc := d.c
+
+	switch op.Kind {
+	case runtime.OpMatMul:
+		a := s.in[0]
+		k := a.last()
+		key := primKey{kind: op.Kind, dt: a.dt, m: a.numel() / k, k: k, n: s.out.last(),
+			transB: op.TransB, bias: len(op.In) == 3, act: op.Act}
+		p, err := d.primitive(s, key, func(o **C.bd_prim, w **C.char) C.dnnl_status_t {
+			return C.bd_matmul_create(dc, 0, C.int64_t(key.m), C.int64_t(key.k), C.int64_t(key.n),
+				cbool(key.transB), dnnlType(key.dt), cbool(key.bias), eltwiseAlg(key.act), 1, o, w)
+		})
+		if err != nil {
+			return err
+		}
+		if key.bias {
+			return d.exec(s, p, in(0), in(1), in(2), out)
+		}
+		return d.exec(s, p, in(0), in(1), out)
+
+	case runtime.OpBatchMatMul:
+		a := s.in[0]
+		r := len(a.shape)
+		scale := op.Scale
+		if scale == 0 {
+			scale = 1
+		}
+		key := primKey{kind: op.Kind, dt: a.dt, m: a.shape[r-2], k: a.shape[r-1], n: s.out.last(),
+			transB: op.TransB, scale: scale}
+		key.batch = a.numel() / (key.m * key.k)
+		p, err := d.primitive(s, key, func(o **C.bd_prim, w **C.char) C.dnnl_status_t {
+			return C.bd_matmul_create(dc, C.int64_t(key.batch), C.int64_t(key.m), C.int64_t(key.k), C.int64_t(key.n),
+				cbool(key.transB), dnnlType(key.dt), 0, C.dnnl_alg_kind_undef, C.float(key.scale), o, w)
+		})
+		if err != nil {
+			return err
+		}
+		return d.exec(s, p, in(0), in(1), out)
+
+	case runtime.OpAdd:
+		n := s.in[0].last()
+		key := primKey{kind: op.Kind, m: s.in[0].numel() / n, n: n,
+			bias: !equalShape(s.in[0].shape, s.in[1].shape)}
+		p, err := d.primitive(s, key, func(o **C.bd_prim, w **C.char) C.dnnl_status_t {
+			return C.bd_add_create(dc, C.int64_t(key.m), C.int64_t(key.n), cbool(key.bias), o, w)
+		})
+		if err != nil {
+			return err
+		}
+		return d.exec(s, p, in(0), in(1), out)
+
+	case runtime.OpLayerNorm:
+		n := s.in[0].last()
+		key := primKey{kind: op.Kind, m: s.in[0].numel() / n, n: n, eps: op.Eps}
+		p, err := d.primitive(s, key, func(o **C.bd_prim, w **C.char) C.dnnl_status_t {
+			return C.bd_layernorm_create(dc, C.int64_t(key.m), C.int64_t(key.n), C.float(key.eps), o, w)
+		})
+		if err != nil {
+			return err
+		}
+		return d.exec(s, p, in(0), in(1), in(2), out)
+
+	case runtime.OpSoftmax:
+		n := s.in[0].last()
+		key := primKey{kind: op.Kind, m: s.in[0].numel() / n, n: n}
+		p, err := d.primitive(s, key, func(o **C.bd_prim, w **C.char) C.dnnl_status_t {
+			return C.bd_softmax_create(dc, C.int64_t(key.m), C.int64_t(key.n), o, w)
+		})
+		if err != nil {
+			return err
+		}
+		return d.exec(s, p, in(0), out)
+
+	case runtime.OpGELU, runtime.OpReLU, runtime.OpTanh:
+		act := map[runtime.OpKind]runtime.Activation{
+			runtime.OpGELU: runtime.ActGELU, runtime.OpReLU: runtime.ActReLU, runtime.OpTanh: runtime.ActTanh,
+		}[op.Kind]
+		key := primKey{kind: op.Kind, m: s.in[0].numel(), act: act}
+		p, err := d.primitive(s, key, func(o **C.bd_prim, w **C.char) C.dnnl_status_t {
+			return C.bd_eltwise_create(dc, C.int64_t(key.m), eltwiseAlg(key.act), o, w)
+		})
+		if err != nil {
+			return err
+		}
+		return d.exec(s, p, in(0), out)
+
+	case runtime.OpGather:
+		table, idx := s.in[0], s.in[1]
+		n := idx.numel()
+		pos := C.bd_gather(dc, (*C.float)(in(0)), C.int64_t(table.shape[0]), C.int64_t(table.shape[1]),
+			(*C.int32_t)(in(1)), C.int64_t(n), (*C.float)(out))
+		if pos >= 0 {
+			bad := unsafe.Slice((*int32)(in(1)), n)[pos]
+			return fmt.Errorf("%w: %s: index %d at position %d is outside the table's %d rows",
+				runtime.ErrInvalidGraph, s, bad, int64(pos), table.shape[0])
+		}
+		return nil
+
+	case runtime.OpMaskedMeanPool:
+		x := s.in[0]
+		C.bd_masked_mean_pool(dc, (*C.float)(in(0)), in(1), cbool(s.in[1].dt == runtime.I32),
+			C.int64_t(x.shape[0]), C.int64_t(x.shape[1]), C.int64_t(x.shape[2]), (*C.float)(out))
+		return nil
+
+	case runtime.OpL2Normalize:
+		n := s.in[0].last()
+		C.bd_l2_normalize(dc, (*C.float)(in(0)), C.int64_t(s.in[0].numel()/n), C.int64_t(n), (*C.float)(out))
+		return nil
+	}
+	return fmt.Errorf("%w: %s: unknown op", runtime.ErrInvalidGraph, s)
+}
+
+func cbool(b bool) C.int {
+	if b {
+		return 1
+	}
+	return 0
+}

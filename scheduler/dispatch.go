@@ -1,0 +1,477 @@
+package scheduler
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// ewmaWeight is the weight of the newest batch in a replica's throughput.
+const ewmaWeight = 0.3
+
+// replica is one device serving one model. Its worker runs one batch at a
+// time; all other fields are guarded by Scheduler.mu.
+type replica struct {
+	mq             *modelQueue
+	dev            Device
+	idKey, typeKey string // pin classes it serves besides ""
+	maxBatch       int
+	exec           Executor
+
+	work       chan *batch // capacity 1: a batch is sent only when idle
+	workClosed bool
+	exited     chan struct{}
+
+	busy         bool
+	runningItems int
+	runStart     time.Time
+	removing     bool
+
+	throughput float64 // EWMA of items per compute second; 0 = unmeasured
+
+	healthy     bool
+	consecFails int
+	lastErr     string
+	probeAt     time.Time // when an unhealthy replica may take a probe batch
+
+	stats rowStats
+	m     replicaMetrics
+}
+
+func newReplica(mq *modelQueue, dev Device, maxBatch int, exec Executor, m *metrics) *replica {
+	return &replica{
+		mq:       mq,
+		dev:      dev,
+		idKey:    pinKey(dev.ID, ""),
+		typeKey:  pinKey("", dev.Type),
+		maxBatch: maxBatch,
+		exec:     exec,
+		work:     make(chan *batch, 1),
+		exited:   make(chan struct{}),
+		healthy:  true,
+		stats:    newRowStats(),
+		m:        m.forReplica(mq.name, dev.ID),
+	}
+}
+
+func (r *replica) matches(deviceID, devType string) bool {
+	return (deviceID == "" || deviceID == r.dev.ID) && (devType == "" || devType == r.dev.Type)
+}
+
+func (r *replica) closeWork() {
+	if !r.workClosed {
+		r.workClosed = true
+		close(r.work)
+	}
+}
+
+// batch is what a worker runs.
+type batch struct {
+	items []itemRef
+}
+
+// usableLocked reports whether r may be given a batch now.
+func (s *Scheduler) usableLocked(r *replica, now time.Time) bool {
+	return !r.removing && !s.cordoned[r.dev.ID] && (r.healthy || !now.Before(r.probeAt))
+}
+
+// dispatchLocked hands batches to idle replicas of mq while there is work
+// they may take, and arms a timer for the next moment that could change
+// (the queue delay of a partial batch, an unhealthy replica's probe).
+func (s *Scheduler) dispatchLocked(mq *modelQueue) {
+	if s.closed || mq.removed {
+		return
+	}
+	now := s.now()
+	delay := s.opts.MaxQueueDelay
+	expire := func(rq *request, err error) {
+		s.finishLocked(rq, fmt.Errorf("scheduler: %q: dropped before it ran: %w", rq.mq.name, err), reasonOf(err))
+	}
+	var wake time.Time
+	type cand struct {
+		r      *replica
+		n      int // eligible items
+		oldest time.Time
+		finish float64 // seconds to run a batch of min(n, maxBatch); 0 unmeasured
+	}
+	for {
+		cands := make([]cand, 0, len(mq.replicas))
+		for _, r := range mq.replicas {
+			if r.busy || !s.usableLocked(r, now) {
+				continue
+			}
+			n, oldest := mq.eligible(r, now, delay)
+			if n == 0 {
+				continue
+			}
+			c := cand{r: r, n: n, oldest: oldest}
+			if r.throughput > 0 {
+				c.finish = float64(min(n, r.maxBatch)) / r.throughput
+			}
+			cands = append(cands, c)
+		}
+		// Unmeasured replicas first (so they get measured), then the
+		// earliest expected finish.
+		slices.SortStableFunc(cands, func(a, b cand) int { return cmp.Compare(a.finish, b.finish) })
+
+		progressed := false
+		for _, c := range cands {
+			r := c.r
+			if c.n < r.maxBatch && delay > 0 && now.Sub(c.oldest) < delay {
+				if due := c.oldest.Add(delay); wake.IsZero() || due.Before(wake) {
+					wake = due
+				}
+				continue
+			}
+			if s.fasterElsewhereLocked(mq, r, c.n, c.finish, now) {
+				continue
+			}
+			items := mq.take(r, r.maxBatch, expire)
+			s.queued -= len(items)
+			mq.setDepth(-len(items))
+			// A request can expire while its own items are being taken;
+			// what it already had in the batch must not run either.
+			items = slices.DeleteFunc(items, func(it itemRef) bool { return it.rq.finished })
+			progressed = true // the queue changed: look again
+			if len(items) > 0 {
+				s.startLocked(r, items, now)
+			}
+			break
+		}
+		if !progressed {
+			break
+		}
+	}
+	for _, r := range mq.replicas {
+		if !r.healthy && !r.busy && !r.removing && !s.cordoned[r.dev.ID] && now.Before(r.probeAt) {
+			if n, _ := mq.eligible(r, now, delay); n > 0 && (wake.IsZero() || r.probeAt.Before(wake)) {
+				wake = r.probeAt
+			}
+		}
+	}
+	s.armLocked(mq, wake, now)
+}
+
+// fasterElsewhereLocked reports whether another usable, measured replica
+// that may take at least as many of the queued items would finish all n of
+// them (after its running batch) sooner than r finishes one batch: then r
+// leaves the work to it. Comparing r's single batch against the other's
+// whole backlog rules out two replicas waiting on each other.
+func (s *Scheduler) fasterElsewhereLocked(mq *modelQueue, r *replica, n int, mine float64, now time.Time) bool {
+	if mine == 0 {
+		return false // r is unmeasured: it is tried first
+	}
+	for _, o := range mq.replicas {
+		if o == r || o.throughput == 0 || !s.usableLocked(o, now) {
+			continue
+		}
+		if on, _ := mq.eligible(o, now, 0); on < n {
+			continue
+		}
+		var backlog float64
+		if o.busy {
+			backlog = max(0, float64(o.runningItems)/o.throughput-now.Sub(o.runStart).Seconds())
+		}
+		if backlog+float64(n)/o.throughput < mine {
+			return true
+		}
+	}
+	return false
+}
+
+// armLocked makes sure mq is looked at again at wake.
+func (s *Scheduler) armLocked(mq *modelQueue, wake, now time.Time) {
+	if wake.IsZero() || (mq.timer != nil && !mq.timerAt.After(wake)) {
+		return
+	}
+	mq.stopTimer()
+	var t *time.Timer
+	t = time.AfterFunc(max(wake.Sub(now), 0), func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if mq.timer == t {
+			mq.timer, mq.timerAt = nil, time.Time{}
+		}
+		s.dispatchLocked(mq)
+	})
+	mq.timer, mq.timerAt = t, wake
+}
+
+// startLocked hands items to r's idle worker.
+func (s *Scheduler) startLocked(r *replica, items []itemRef, now time.Time) {
+	r.busy = true
+	r.runningItems = len(items)
+	r.runStart = now
+	s.running++
+	r.m.running.Inc()
+	r.work <- &batch{items: items} // never blocks: r was idle, capacity 1
+}
+
+// worker runs r's batches until its work channel closes.
+func (s *Scheduler) worker(r *replica) {
+	defer s.workers.Done()
+	defer close(r.exited)
+	for b := range r.work {
+		// Last look before running: an item whose call ended since the
+		// batch was formed is dropped, never run.
+		run := make([]itemRef, 0, len(b.items))
+		var dropped []itemRef
+		for _, it := range b.items {
+			if it.rq.expired() != nil {
+				dropped = append(dropped, it)
+			} else {
+				run = append(run, it)
+			}
+		}
+		var outs []any
+		var err error
+		start := s.now()
+		end := start
+		if len(run) > 0 {
+			inputs := make([]any, len(run))
+			for i, it := range run {
+				inputs[i] = it.rq.inputs[it.idx] // immutable after Submit
+			}
+			outs, err = s.execute(r, inputs)
+			end = s.now()
+		}
+		s.complete(r, run, dropped, outs, err, start, end)
+	}
+}
+
+// execute calls the executor, turning a panic or a wrong output count into
+// an error so one bad batch cannot take the daemon down.
+func (s *Scheduler) execute(r *replica, inputs []any) (outs []any, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("executor panicked: %v", p)
+		}
+	}()
+	outs, err = r.exec.Execute(s.baseCtx, inputs)
+	if err == nil && len(outs) != len(inputs) {
+		err = fmt.Errorf("executor returned %d outputs for %d inputs", len(outs), len(inputs))
+	}
+	return outs, err
+}
+
+// complete records a finished batch: outputs to their requests on success,
+// a retry elsewhere or ErrBackend on failure; then dispatches again.
+func (s *Scheduler) complete(r *replica, run, dropped []itemRef, outs []any, execErr error, start, end time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	mq := r.mq
+	r.busy = false
+	r.runningItems = 0
+	s.running--
+	r.m.running.Dec()
+	for _, it := range dropped {
+		if !it.rq.finished {
+			err := it.rq.expired()
+			s.finishLocked(it.rq, fmt.Errorf("scheduler: %q: dropped before it ran: %w", mq.name, err), reasonOf(err))
+		}
+	}
+	if len(run) > 0 {
+		compute := end.Sub(start)
+		r.m.compute.Observe(compute.Seconds())
+		r.m.batch.Observe(float64(len(run)))
+		for _, it := range run {
+			r.m.queue.Observe(start.Sub(it.enqueued).Seconds())
+			if rq := it.rq; !rq.finished && (rq.started.IsZero() || start.Before(rq.started)) {
+				rq.started = start
+			}
+		}
+		if execErr == nil {
+			s.succeedLocked(r, run, outs, compute)
+		} else {
+			s.failLocked(r, run, execErr, end)
+		}
+	}
+	if r.removing {
+		r.closeWork()
+	}
+	s.checkDrainedLocked()
+	s.dispatchLocked(mq)
+}
+
+func (s *Scheduler) succeedLocked(r *replica, run []itemRef, outs []any, compute time.Duration) {
+	mq := r.mq
+	n := len(run)
+	secs := compute.Seconds()
+	if secs > 0 {
+		rate := float64(n) / secs
+		if r.throughput == 0 {
+			r.throughput = rate
+		} else {
+			r.throughput += ewmaWeight * (rate - r.throughput)
+		}
+	}
+	if !r.healthy {
+		s.log.Info("replica healthy again", zap.String("model", mq.name), zap.String("device", r.dev.ID))
+	}
+	r.healthy, r.consecFails, r.lastErr = true, 0, ""
+	batchCost := r.dev.CostPerHour / 3600 * secs
+	r.stats.addBatch(n)
+	mq.stats.addBatch(n)
+	r.m.items.Add(float64(n))
+	r.m.cost.Add(batchCost)
+
+	// Items of one request are mostly adjacent in a batch, so shares
+	// collects (request, count) runs rather than using a map.
+	type share struct {
+		rq *request
+		k  int
+	}
+	var shares []share
+	for i, it := range run {
+		rq := it.rq
+		if rq.finished {
+			continue
+		}
+		rq.outputs[it.idx] = outs[i]
+		if j := slices.IndexFunc(shares, func(sh share) bool { return sh.rq == rq }); j >= 0 {
+			shares[j].k++
+		} else {
+			shares = append(shares, share{rq, 1})
+		}
+	}
+	for _, sh := range shares {
+		rq := sh.rq
+		rq.resolved += sh.k
+		rq.devItems[r.dev.ID] += sh.k
+		if rq.devTypes == nil {
+			rq.devTypes = make(map[string]string, 1)
+		}
+		rq.devTypes[r.dev.ID] = r.dev.Type
+		rq.batchSizes = append(rq.batchSizes, n)
+		rq.compute += compute
+		rq.cost += batchCost * float64(sh.k) / float64(n)
+		if rq.resolved == len(rq.inputs) {
+			s.finishLocked(rq, nil, "")
+		}
+	}
+}
+
+func (s *Scheduler) failLocked(r *replica, run []itemRef, execErr error, now time.Time) {
+	mq := r.mq
+	r.consecFails++
+	r.lastErr = execErr.Error()
+	r.stats.failed[ReasonBackend] += int64(len(run))
+	if r.consecFails >= s.opts.UnhealthyAfter {
+		if r.healthy {
+			s.log.Warn("replica unhealthy", zap.String("model", mq.name), zap.String("device", r.dev.ID),
+				zap.Int("failures_in_a_row", r.consecFails), zap.Error(execErr))
+		}
+		r.healthy = false
+		r.probeAt = now.Add(s.opts.ProbeInterval)
+	}
+	for _, it := range run {
+		rq := it.rq
+		if rq.finished {
+			continue
+		}
+		if !it.retried && s.alternativeLocked(mq, r, rq) {
+			mq.retry = append(mq.retry, itemRef{rq: rq, idx: it.idx, enqueued: now, retried: true, exclude: r})
+			rq.retryQueued++
+			s.queued++
+			mq.setDepth(1)
+			continue
+		}
+		s.finishLocked(rq, fmt.Errorf("scheduler: %q on %s: %w: %w", mq.name, r.dev.ID, ErrBackend, execErr), ReasonBackend)
+	}
+}
+
+// alternativeLocked reports whether a replica other than r could retry rq's
+// items (it may be unhealthy: then its probe is the retry).
+func (s *Scheduler) alternativeLocked(mq *modelQueue, r *replica, rq *request) bool {
+	for _, o := range mq.replicas {
+		if o != r && !o.removing && !s.cordoned[o.dev.ID] && rq.matchesReplica(o) {
+			return true
+		}
+	}
+	return false
+}
+
+// failUnservableLocked fails queued work that no replica left in mq can run.
+func (s *Scheduler) failUnservableLocked(mq *modelQueue) {
+	servable := func(rq *request, not *replica) bool {
+		for _, o := range mq.replicas {
+			if o != not && rq.matchesReplica(o) {
+				return true
+			}
+		}
+		return false
+	}
+	for _, rq := range mq.allRequests() {
+		if rq.clientEl != nil && !servable(rq, nil) {
+			s.finishLocked(rq, fmt.Errorf("scheduler: %q: %w: its replicas were removed", mq.name, ErrNoDevice), ReasonRejected)
+		}
+	}
+	for _, it := range mq.retry {
+		if !it.rq.finished && !servable(it.rq, it.exclude) {
+			s.finishLocked(it.rq, fmt.Errorf("scheduler: %q: %w: no replica left to retry on", mq.name, ErrBackend), ReasonBackend)
+		}
+	}
+	mq.compact()
+}
+
+// finishLocked ends rq with err (nil: success), releasing its queued items.
+func (s *Scheduler) finishLocked(rq *request, err error, reason string) {
+	if rq.finished {
+		return
+	}
+	mq := rq.mq
+	rq.finished = true
+	rq.err = err
+	n := mq.unlink(rq) + rq.retryQueued
+	rq.retryQueued = 0 // its retry entries are skipped from now on
+	s.queued -= n
+	mq.setDepth(-n)
+	delete(mq.active, rq)
+	s.active--
+	if err == nil {
+		rq.info = s.execInfo(rq)
+		mq.stats.lat.add(rq.info.Total)
+		if r := mq.replica(rq.info.DeviceID); r != nil {
+			r.stats.lat.add(rq.info.Total)
+			r.m.request.Observe(rq.info.Total.Seconds())
+		} else {
+			mq.metrics.requestDuration(mq.name, rq.info.DeviceID).Observe(rq.info.Total.Seconds())
+		}
+	} else {
+		mq.stats.failed[reason]++
+		mq.metrics.failed(mq.name, reason)
+	}
+	close(rq.done)
+	s.checkDrainedLocked()
+}
+
+func (s *Scheduler) execInfo(rq *request) ExecInfo {
+	ids := make([]string, 0, len(rq.devItems))
+	for id := range rq.devItems {
+		ids = append(ids, id)
+	}
+	slices.SortFunc(ids, func(a, b string) int {
+		return cmp.Or(cmp.Compare(rq.devItems[b], rq.devItems[a]), cmp.Compare(a, b))
+	})
+	info := ExecInfo{
+		BatchSizes: rq.batchSizes,
+		Queue:      rq.started.Sub(rq.submitted),
+		Compute:    rq.compute,
+		Total:      s.now().Sub(rq.submitted),
+		CostUSD:    rq.cost,
+	}
+	if len(ids) > 0 {
+		info.DeviceID = ids[0]
+		info.DeviceType = rq.devTypes[ids[0]]
+	}
+	if len(ids) > 1 {
+		info.DeviceIDs = ids
+	}
+	for _, b := range rq.batchSizes {
+		info.BatchSize = max(info.BatchSize, b)
+	}
+	return info
+}

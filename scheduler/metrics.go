@@ -1,0 +1,110 @@
+package scheduler
+
+import (
+	"errors"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+)
+
+// metrics are the scheduler's Prometheus series. They exist whether or not
+// a Registerer was given, so the code that moves them has no nil checks.
+type metrics struct {
+	requestDur, queueDur, computeDur, batchSize *prometheus.HistogramVec
+	depth, running                              *prometheus.GaugeVec
+	failures, items, cost                       *prometheus.CounterVec
+}
+
+// gaugeSetter is the part of a gauge the queue depth needs.
+type gaugeSetter interface{ Set(float64) }
+
+// replicaMetrics are the series of one (model, device), resolved once so the
+// hot path does no label lookups.
+type replicaMetrics struct {
+	request, queue, compute, batch prometheus.Observer
+	items, cost                    prometheus.Counter
+	running                        prometheus.Gauge
+}
+
+// latencyBuckets span 100µs to about 52s.
+var latencyBuckets = prometheus.ExponentialBuckets(100e-6, 2, 20)
+
+func newMetrics(reg prometheus.Registerer, log *zap.Logger) *metrics {
+	md := []string{"model", "device"}
+	hist := func(name, help string, buckets []float64) *prometheus.HistogramVec {
+		return prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: "brokerd", Name: name, Help: help, Buckets: buckets,
+		}, md)
+	}
+	m := &metrics{
+		requestDur: hist("request_duration_seconds", "Time from Submit until a request's last item was done, by the device that ran most of it.", latencyBuckets),
+		queueDur:   hist("queue_duration_seconds", "Time each item waited in the queue before its batch started.", latencyBuckets),
+		computeDur: hist("compute_duration_seconds", "Executor time per batch.", latencyBuckets),
+		batchSize:  hist("batch_size", "Items per executed batch.", prometheus.ExponentialBuckets(1, 2, 13)),
+		depth: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: "brokerd", Name: "queue_depth_items", Help: "Items queued per model.",
+		}, []string{"model"}),
+		running: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: "brokerd", Name: "running_batches", Help: "Batches executing now.",
+		}, md),
+		failures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "brokerd", Name: "request_failures_total", Help: "Failed requests by reason: rejected, cancelled, timeout, backend.",
+		}, []string{"model", "reason"}),
+		items: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "brokerd", Name: "items_completed_total", Help: "Items executed successfully.",
+		}, md),
+		cost: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "brokerd", Name: "cost_usd_total", Help: "Device cost of executed batches, in US dollars.",
+		}, md),
+	}
+	if reg == nil {
+		return m
+	}
+	// A second Scheduler on the same registry (tests, a restart in
+	// process) shares the first one's series instead of failing.
+	m.requestDur = register(reg, log, m.requestDur)
+	m.queueDur = register(reg, log, m.queueDur)
+	m.computeDur = register(reg, log, m.computeDur)
+	m.batchSize = register(reg, log, m.batchSize)
+	m.depth = register(reg, log, m.depth)
+	m.running = register(reg, log, m.running)
+	m.failures = register(reg, log, m.failures)
+	m.items = register(reg, log, m.items)
+	m.cost = register(reg, log, m.cost)
+	return m
+}
+
+func register[C prometheus.Collector](reg prometheus.Registerer, log *zap.Logger, c C) C {
+	err := reg.Register(c)
+	if err == nil {
+		return c
+	}
+	var are prometheus.AlreadyRegisteredError
+	if errors.As(err, &are) {
+		if existing, ok := are.ExistingCollector.(C); ok {
+			return existing
+		}
+	}
+	log.Warn("scheduler metric not registered", zap.Error(err))
+	return c
+}
+
+func (m *metrics) forReplica(model, device string) replicaMetrics {
+	return replicaMetrics{
+		request: m.requestDur.WithLabelValues(model, device),
+		queue:   m.queueDur.WithLabelValues(model, device),
+		compute: m.computeDur.WithLabelValues(model, device),
+		batch:   m.batchSize.WithLabelValues(model, device),
+		items:   m.items.WithLabelValues(model, device),
+		cost:    m.cost.WithLabelValues(model, device),
+		running: m.running.WithLabelValues(model, device),
+	}
+}
+
+func (m *metrics) requestDuration(model, device string) prometheus.Observer {
+	return m.requestDur.WithLabelValues(model, device)
+}
+
+func (m *metrics) depthGauge(model string) gaugeSetter { return m.depth.WithLabelValues(model) }
+
+func (m *metrics) failed(model, reason string) { m.failures.WithLabelValues(model, reason).Inc() }

@@ -1,0 +1,374 @@
+package scheduler
+
+import (
+	"container/list"
+	"context"
+	"slices"
+	"time"
+)
+
+// request is one accepted Submit. Its items are queued from next on; the
+// ones before next are in batches (running, done or waiting for a retry).
+type request struct {
+	ctx               context.Context
+	deadline          time.Time // zero when none
+	mq                *modelQueue
+	client            string
+	priority          int
+	deviceID, devType string
+	inputs, outputs   []any
+	submitted         time.Time
+
+	next        int // first item not yet taken into a batch
+	retryQueued int // items waiting in mq.retry
+	resolved    int // items with an output
+
+	// Where it sits while it has untaken items: its client's FIFO and its
+	// pin class's FIFO (oldest first, for the delay).
+	cq       *clientQueue
+	clientEl *list.Element
+	pq       *pinQueue
+	pinEl    *list.Element
+
+	// Accumulated ExecInfo, written under Scheduler.mu.
+	devItems   map[string]int
+	devTypes   map[string]string
+	batchSizes []int
+	started    time.Time // first batch start; zero before
+	compute    time.Duration
+	cost       float64
+
+	finished bool
+	err      error
+	info     ExecInfo
+	done     chan struct{}
+}
+
+// queued reports the request's items counted in the queue.
+func (rq *request) queued() int {
+	n := rq.retryQueued
+	if rq.clientEl != nil {
+		n += len(rq.inputs) - rq.next
+	}
+	return n
+}
+
+// expired reports whether the call is over: its deadline passed (by the real
+// clock, as the context measures it) or it was cancelled.
+func (rq *request) expired() error {
+	if err := rq.ctx.Err(); err != nil {
+		return err
+	}
+	if !rq.deadline.IsZero() && !time.Now().Before(rq.deadline) {
+		return context.DeadlineExceeded
+	}
+	return nil
+}
+
+// matchesReplica reports whether r may run the request's items.
+func (rq *request) matchesReplica(r *replica) bool {
+	return r.matches(rq.deviceID, rq.devType)
+}
+
+// itemRef is one item in a batch or the retry queue.
+type itemRef struct {
+	rq       *request
+	idx      int
+	enqueued time.Time // when it (re)entered the queue
+	retried  bool      // this is its second attempt
+	exclude  *replica  // the replica it failed on
+}
+
+// clientQueue is one client's FIFO of requests inside a priority level.
+type clientQueue struct {
+	name string
+	reqs list.List // of *request
+}
+
+// level is one priority level: its clients take turns.
+type level struct {
+	priority int
+	clients  []*clientQueue // ring, in arrival order
+	byName   map[string]*clientQueue
+	cursor   int // the client that starts the next batch's round
+}
+
+// pinQueue counts the queued items of one pin class ("" unpinned, a device
+// ID, or a device type) and keeps its requests oldest first.
+type pinQueue struct {
+	items int
+	reqs  list.List // of *request
+}
+
+// modelQueue is the queue of one model and the group of replicas serving it.
+type modelQueue struct {
+	name     string
+	replicas []*replica
+	levels   []*level // priority descending
+	pins     map[string]*pinQueue
+	retry    []itemRef
+	active   map[*request]struct{}
+	depth    int // items queued (normal and retry)
+	removed  bool
+
+	timer   *time.Timer
+	timerAt time.Time
+
+	stats   rowStats // model-wide row of Stats
+	metrics *metrics
+	depthG  gaugeSetter
+}
+
+func newModelQueue(name string, m *metrics) *modelQueue {
+	return &modelQueue{
+		name:    name,
+		pins:    make(map[string]*pinQueue),
+		active:  make(map[*request]struct{}),
+		stats:   newRowStats(),
+		metrics: m,
+		depthG:  m.depthGauge(name),
+	}
+}
+
+func (mq *modelQueue) replica(deviceID string) *replica {
+	for _, r := range mq.replicas {
+		if r.dev.ID == deviceID {
+			return r
+		}
+	}
+	return nil
+}
+
+func (mq *modelQueue) dropReplica(r *replica) {
+	mq.replicas = slices.DeleteFunc(mq.replicas, func(x *replica) bool { return x == r })
+}
+
+func (mq *modelQueue) reject(reason string) {
+	mq.stats.failed[reason]++
+	mq.metrics.failed(mq.name, reason)
+}
+
+func (mq *modelQueue) setDepth(delta int) {
+	mq.depth += delta
+	mq.depthG.Set(float64(mq.depth))
+}
+
+func (mq *modelQueue) stopTimer() {
+	if mq.timer != nil {
+		mq.timer.Stop()
+		mq.timer = nil
+		mq.timerAt = time.Time{}
+	}
+}
+
+// pinKey is the pin class of a request. A request pinned to an ID was
+// checked at Submit to match that replica's type, so the ID decides.
+func pinKey(deviceID, devType string) string {
+	switch {
+	case deviceID != "":
+		return "id:" + deviceID
+	case devType != "":
+		return "type:" + devType
+	}
+	return ""
+}
+
+// push queues all of rq's items.
+func (mq *modelQueue) push(rq *request) {
+	var lv *level
+	i, found := slices.BinarySearchFunc(mq.levels, rq.priority, func(l *level, p int) int { return p - l.priority })
+	if found {
+		lv = mq.levels[i]
+	} else {
+		lv = &level{priority: rq.priority, byName: make(map[string]*clientQueue)}
+		mq.levels = slices.Insert(mq.levels, i, lv)
+	}
+	cq := lv.byName[rq.client]
+	if cq == nil {
+		cq = &clientQueue{name: rq.client}
+		lv.byName[rq.client] = cq
+		lv.clients = append(lv.clients, cq)
+	}
+	rq.cq = cq
+	rq.clientEl = cq.reqs.PushBack(rq)
+
+	key := pinKey(rq.deviceID, rq.devType)
+	pq := mq.pins[key]
+	if pq == nil {
+		pq = &pinQueue{}
+		mq.pins[key] = pq
+	}
+	pq.items += len(rq.inputs)
+	rq.pq = pq
+	rq.pinEl = pq.reqs.PushBack(rq)
+	mq.active[rq] = struct{}{}
+}
+
+// unlink takes rq's untaken items out of the client and pin queues and
+// returns how many there were.
+func (mq *modelQueue) unlink(rq *request) int {
+	if rq.clientEl == nil {
+		return 0
+	}
+	n := len(rq.inputs) - rq.next
+	rq.cq.reqs.Remove(rq.clientEl)
+	rq.clientEl = nil
+	rq.pq.items -= n
+	rq.pq.reqs.Remove(rq.pinEl)
+	rq.pinEl = nil
+	return n
+}
+
+// compact drops clients and levels left empty. It runs after the queues
+// changed and never during a round, so ring positions stay valid in a round.
+func (mq *modelQueue) compact() {
+	mq.levels = slices.DeleteFunc(mq.levels, func(lv *level) bool {
+		kept := lv.clients[:0]
+		for i, cq := range lv.clients {
+			if cq.reqs.Len() > 0 {
+				kept = append(kept, cq)
+				continue
+			}
+			delete(lv.byName, cq.name)
+			if i < lv.cursor {
+				lv.cursor--
+			}
+		}
+		clear(lv.clients[len(kept):])
+		lv.clients = kept
+		if lv.cursor >= len(lv.clients) {
+			lv.cursor = 0
+		}
+		return len(lv.clients) == 0
+	})
+	for k, pq := range mq.pins {
+		if pq.reqs.Len() == 0 {
+			delete(mq.pins, k)
+		}
+	}
+}
+
+// allRequests returns every active request of the model.
+func (mq *modelQueue) allRequests() []*request {
+	out := make([]*request, 0, len(mq.active))
+	for rq := range mq.active {
+		out = append(out, rq)
+	}
+	return out
+}
+
+// eligible counts the queued items r may take, and the enqueue time of the
+// oldest of them (retried items count as due at once).
+func (mq *modelQueue) eligible(r *replica, now time.Time, delay time.Duration) (n int, oldest time.Time) {
+	for _, key := range [...]string{"", r.idKey, r.typeKey} {
+		pq := mq.pins[key]
+		if pq == nil || pq.items == 0 {
+			continue
+		}
+		n += pq.items
+		if front := pq.reqs.Front(); front != nil {
+			if t := front.Value.(*request).submitted; oldest.IsZero() || t.Before(oldest) {
+				oldest = t
+			}
+		}
+	}
+	for i := range mq.retry {
+		it := &mq.retry[i]
+		if it.rq.finished || it.exclude == r || !it.rq.matchesReplica(r) {
+			continue
+		}
+		n++
+		if due := now.Add(-delay); oldest.IsZero() || due.Before(oldest) {
+			oldest = due
+		}
+	}
+	return n, oldest
+}
+
+// take fills a batch of up to capacity items for r: retried items first,
+// then levels from the highest priority down, clients of a level taking one
+// item each in turn. Requests found expired are finished (never run) via
+// expire. The queue counters are updated by the caller from len(batch).
+func (mq *modelQueue) take(r *replica, capacity int, expire func(*request, error)) []itemRef {
+	batch := make([]itemRef, 0, capacity)
+
+	kept := mq.retry[:0]
+	for _, it := range mq.retry {
+		switch {
+		case it.rq.finished:
+			continue // its count left the queue when it finished
+		case len(batch) == capacity || it.exclude == r || !it.rq.matchesReplica(r):
+			kept = append(kept, it)
+			continue
+		}
+		if err := it.rq.expired(); err != nil {
+			expire(it.rq, err)
+			continue
+		}
+		it.rq.retryQueued--
+		batch = append(batch, it)
+	}
+	clear(mq.retry[len(kept):])
+	mq.retry = kept
+
+	type turn struct {
+		cq *clientQueue
+		el *list.Element // the next request of cq to look at
+	}
+	for _, lv := range mq.levels {
+		if len(batch) == capacity {
+			break
+		}
+		turns := make([]turn, 0, len(lv.clients))
+		for i := range lv.clients {
+			cq := lv.clients[(lv.cursor+i)%len(lv.clients)]
+			turns = append(turns, turn{cq: cq, el: cq.reqs.Front()})
+		}
+		var last *clientQueue
+		for len(turns) > 0 && len(batch) < capacity {
+			for i := 0; i < len(turns) && len(batch) < capacity; {
+				t := &turns[i]
+				rq := nextEligible(t.el, r, expire)
+				if rq == nil {
+					turns = slices.Delete(turns, i, i+1)
+					continue
+				}
+				t.el = rq.clientEl
+				batch = append(batch, itemRef{rq: rq, idx: rq.next, enqueued: rq.submitted})
+				rq.pq.items--
+				rq.next++
+				if rq.next == len(rq.inputs) {
+					t.el = rq.clientEl.Next()
+					mq.unlink(rq)
+				}
+				last = t.cq
+				i++
+			}
+		}
+		if last != nil {
+			// The next round starts after the last client served, so
+			// leftover turns rotate between batches.
+			lv.cursor = (slices.Index(lv.clients, last) + 1) % len(lv.clients)
+		}
+	}
+	mq.compact()
+	return batch
+}
+
+// nextEligible returns the first request from el on that r may run, finishing
+// expired ones on the way.
+func nextEligible(el *list.Element, r *replica, expire func(*request, error)) *request {
+	for el != nil {
+		rq := el.Value.(*request)
+		next := el.Next()
+		if rq.matchesReplica(r) {
+			if err := rq.expired(); err != nil {
+				expire(rq, err)
+			} else {
+				return rq
+			}
+		}
+		el = next
+	}
+	return nil
+}

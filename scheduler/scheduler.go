@@ -1,0 +1,497 @@
+// Package scheduler queues items per (model, device group), coalesces them
+// into batches, and dispatches the batches to model replicas running on
+// devices: priority levels, round-robin fairness between clients, deadlines,
+// back-pressure, failover with health tracking, cordon and drain.
+//
+// It knows nothing of gRPC or cgo: requests are opaque inputs, replicas are
+// Executors, and every failure is a %w-wrapped sentinel error that the server
+// maps to a status code.
+package scheduler
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+)
+
+// Sentinel errors. Every error returned by the Scheduler wraps one of these,
+// or context.Canceled / context.DeadlineExceeded.
+var (
+	// ErrQueueFull: the bounded queue has no room; the error is a
+	// *QueueFullError carrying a retry hint.
+	ErrQueueFull = errors.New("queue full")
+	// ErrDraining: the scheduler is draining or closed and accepts no work.
+	ErrDraining = errors.New("draining")
+	// ErrUnknownModel: no replica serves the model.
+	ErrUnknownModel = errors.New("unknown model")
+	// ErrNoDevice: no replica can take the request now (all cordoned or
+	// unhealthy, or the device pins match no replica).
+	ErrNoDevice = errors.New("no device can serve the request")
+	// ErrDeviceNotFound: the pinned device ID serves no replica of the model.
+	ErrDeviceNotFound = errors.New("device not found")
+	// ErrBackend: the executor failed, and the retry on another replica (when
+	// there was one) failed too.
+	ErrBackend = errors.New("backend failure")
+	// ErrInvalidArgument: a malformed replica or request (a bug in the caller).
+	ErrInvalidArgument = errors.New("invalid argument")
+)
+
+// QueueFullError is returned when a Submit would overflow the queue. It
+// matches ErrQueueFull with errors.Is.
+type QueueFullError struct {
+	// RetryAfter estimates when enough room frees up, from the current
+	// drain rate of the replicas.
+	RetryAfter time.Duration
+	Queued     int // items queued when the request was refused
+	Requested  int // items in the refused request
+	Limit      int // Options.MaxQueueItems
+}
+
+func (e *QueueFullError) Error() string {
+	return fmt.Sprintf("%v: %d items queued, %d requested, limit %d; retry after %v",
+		ErrQueueFull, e.Queued, e.Requested, e.Limit, e.RetryAfter)
+}
+
+// Is makes errors.Is(err, ErrQueueFull) true.
+func (e *QueueFullError) Is(target error) bool { return target == ErrQueueFull }
+
+// Failure reasons, as used in Stats and the failures metric.
+const (
+	ReasonRejected  = "rejected"  // refused at Submit: queue full, draining, no device
+	ReasonCancelled = "cancelled" // the caller cancelled
+	ReasonTimeout   = "timeout"   // the deadline passed
+	ReasonBackend   = "backend"   // the executor failed
+)
+
+// Executor runs one batch of opaque inputs on one device. Model replicas over
+// a runtime device implement it. It must return one output per input, in
+// order; it is never called concurrently for one replica.
+type Executor interface {
+	Execute(ctx context.Context, inputs []any) ([]any, error)
+}
+
+// Device describes the device a replica runs on.
+type Device struct {
+	ID          string  // stable ID, e.g. "cpu:0", "gpu:1"
+	Type        string  // "cpu", "gpu", "tpu"
+	CostPerHour float64 // USD per hour, for ExecInfo.CostUSD
+}
+
+// Options configure a Scheduler. The zero value is usable.
+type Options struct {
+	// MaxQueueItems bounds the items queued over all models (default 65536).
+	MaxQueueItems int
+	// MaxQueueDelay is how long the oldest queued item may wait for a batch
+	// to fill once a replica is free (default 0: leave at once).
+	MaxQueueDelay time.Duration
+	// Registerer receives the brokerd_ metrics when non-nil.
+	Registerer prometheus.Registerer
+	// Logger defaults to a no-op logger.
+	Logger *zap.Logger
+	// Now is the clock for measured durations (queue, compute, total) and the
+	// queue delay; it defaults to time.Now. Deadlines always use the real
+	// clock, as contexts do.
+	Now func() time.Time
+	// UnhealthyAfter failures in a row mark a replica unhealthy (default 3).
+	UnhealthyAfter int
+	// ProbeInterval is how long an unhealthy replica rests before it is given
+	// one real batch as a probe (default 5s).
+	ProbeInterval time.Duration
+}
+
+// Defaults of Options.
+const (
+	DefaultMaxQueueItems  = 65536
+	DefaultUnhealthyAfter = 3
+	DefaultProbeInterval  = 5 * time.Second
+	// latencyWindow is how many recent requests the latency quantiles of
+	// Stats cover, per model and per replica.
+	latencyWindow = 1024
+)
+
+// Request is one call's work: items for one model.
+type Request struct {
+	Model  string
+	Client string // peer identity; fairness is round-robin between clients
+	// Priority: higher runs first (e.g. 1 low, 2 normal, 3 high). Levels are
+	// strict; inside one level clients take turns.
+	Priority int
+	// Optional pins: only replicas on this device ID and/or type run it.
+	DeviceID, DeviceType string
+	Inputs               []any
+}
+
+// Response is the outputs of a request, in input order, and how they ran.
+type Response struct {
+	Outputs []any
+	Info    ExecInfo
+}
+
+// ExecInfo says where a request's items ran, how long they waited and what
+// they cost.
+type ExecInfo struct {
+	// DeviceID and DeviceType of the replica that ran most of the items.
+	DeviceID, DeviceType string
+	// DeviceIDs lists every device that ran some of the items (most items
+	// first), only when there is more than one.
+	DeviceIDs []string
+	// BatchSize is the largest batch any item ran in; BatchSizes lists the
+	// size of every batch the request's items ran in, in completion order.
+	BatchSize  int
+	BatchSizes []int
+	// Queue: Submit until the first batch with one of its items started.
+	// Compute: the sum of the compute time of its batches.
+	// Total: Submit until the last item was done.
+	Queue, Compute, Total time.Duration
+	// CostUSD sums, over its batches, perHour/3600 × batch compute seconds ×
+	// its items in the batch / batch size.
+	CostUSD float64
+}
+
+// Scheduler queues, batches and dispatches work. It is safe for concurrent use.
+type Scheduler struct {
+	opts    Options
+	log     *zap.Logger
+	now     func() time.Time
+	metrics *metrics
+
+	baseCtx context.Context // handed to executors; cancelled by Close
+	cancel  context.CancelFunc
+	workers sync.WaitGroup
+
+	// mu guards everything below and all queue and replica state. One lock
+	// keeps the queue bound, which spans models, simple and exact; critical
+	// sections are short (no executor call runs under it).
+	mu       sync.Mutex
+	models   map[string]*modelQueue
+	cordoned map[string]bool // by device ID; survives replicas coming and going
+	queued   int             // items queued over all models
+	active   int             // accepted requests not yet finished
+	running  int             // batches executing now
+	draining bool
+	closed   bool
+	drained  chan struct{} // closed when draining and idle
+}
+
+// New returns a Scheduler with no replicas.
+func New(opts Options) *Scheduler {
+	if opts.MaxQueueItems <= 0 {
+		opts.MaxQueueItems = DefaultMaxQueueItems
+	}
+	if opts.MaxQueueDelay < 0 {
+		opts.MaxQueueDelay = 0
+	}
+	if opts.UnhealthyAfter <= 0 {
+		opts.UnhealthyAfter = DefaultUnhealthyAfter
+	}
+	if opts.ProbeInterval <= 0 {
+		opts.ProbeInterval = DefaultProbeInterval
+	}
+	if opts.Logger == nil {
+		opts.Logger = zap.NewNop()
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	return &Scheduler{
+		opts:     opts,
+		log:      opts.Logger.Named("scheduler"),
+		now:      opts.Now,
+		metrics:  newMetrics(opts.Registerer, opts.Logger),
+		baseCtx:  ctx,
+		cancel:   cancel,
+		models:   make(map[string]*modelQueue),
+		cordoned: make(map[string]bool),
+	}
+}
+
+// AddReplica makes dev serve model with batches of up to maxBatch items (from
+// the device type's batch plan). exec runs the batches, one at a time.
+func (s *Scheduler) AddReplica(model string, dev Device, maxBatch int, exec Executor) error {
+	switch {
+	case model == "":
+		return fmt.Errorf("scheduler: add replica: %w: empty model name", ErrInvalidArgument)
+	case dev.ID == "":
+		return fmt.Errorf("scheduler: add replica of %q: %w: empty device ID", model, ErrInvalidArgument)
+	case maxBatch < 1:
+		return fmt.Errorf("scheduler: add replica of %q on %s: %w: max batch %d < 1", model, dev.ID, ErrInvalidArgument, maxBatch)
+	case exec == nil:
+		return fmt.Errorf("scheduler: add replica of %q on %s: %w: nil executor", model, dev.ID, ErrInvalidArgument)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return fmt.Errorf("scheduler: add replica of %q on %s: %w: closed", model, dev.ID, ErrDraining)
+	}
+	mq := s.models[model]
+	if mq == nil {
+		mq = newModelQueue(model, s.metrics)
+		s.models[model] = mq
+	}
+	if mq.replica(dev.ID) != nil {
+		return fmt.Errorf("scheduler: add replica of %q on %s: %w: already served", model, dev.ID, ErrInvalidArgument)
+	}
+	r := newReplica(mq, dev, maxBatch, exec, s.metrics)
+	mq.replicas = append(mq.replicas, r)
+	s.workers.Add(1)
+	go s.worker(r)
+	s.log.Info("replica added", zap.String("model", model), zap.String("device", dev.ID),
+		zap.String("type", dev.Type), zap.Int("max_batch", maxBatch))
+	s.dispatchLocked(mq)
+	return nil
+}
+
+// RemoveReplica stops giving batches to the replica of model on deviceID,
+// waits for its running batch to finish (or ctx to end), and removes it.
+// Queued items that no remaining replica can serve fail with ErrNoDevice.
+func (s *Scheduler) RemoveReplica(ctx context.Context, model, deviceID string) error {
+	s.mu.Lock()
+	mq := s.models[model]
+	if mq == nil {
+		s.mu.Unlock()
+		return fmt.Errorf("scheduler: remove replica of %q: %w", model, ErrUnknownModel)
+	}
+	r := mq.replica(deviceID)
+	if r == nil {
+		s.mu.Unlock()
+		return fmt.Errorf("scheduler: remove replica of %q on %s: %w", model, deviceID, ErrDeviceNotFound)
+	}
+	r.removing = true
+	mq.dropReplica(r)
+	if !r.busy {
+		r.closeWork()
+	}
+	if len(mq.replicas) == 0 {
+		// The model is gone: its queue goes with it.
+		delete(s.models, model)
+		mq.removed = true
+		mq.stopTimer()
+	}
+	s.failUnservableLocked(mq)
+	s.dispatchLocked(mq)
+	s.log.Info("replica removed", zap.String("model", model), zap.String("device", deviceID))
+	s.mu.Unlock()
+
+	select {
+	case <-r.exited:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("scheduler: remove replica of %q on %s: waiting for its batch: %w", model, deviceID, ctx.Err())
+	}
+}
+
+// Cordon stops (on) or resumes (off) new batches on every replica of the
+// device. Queued work goes to other replicas or waits for the uncordon.
+func (s *Scheduler) Cordon(deviceID string, on bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if on {
+		s.cordoned[deviceID] = true
+	} else {
+		delete(s.cordoned, deviceID)
+	}
+	s.log.Info("cordon", zap.String("device", deviceID), zap.Bool("on", on))
+	for _, mq := range s.models {
+		s.dispatchLocked(mq)
+	}
+}
+
+// Submit queues the request's items, waits until all of them ran, and returns
+// their outputs in input order. It fails fast (nothing queued) with
+// ErrDraining, ErrUnknownModel, ErrDeviceNotFound, ErrNoDevice or a
+// *QueueFullError; later with ErrBackend, or the context's error when the
+// deadline passes or the call is cancelled (its queued items leave the queue
+// at once; an item never runs after its deadline).
+func (s *Scheduler) Submit(ctx context.Context, req Request) (Response, error) {
+	if len(req.Inputs) == 0 {
+		return Response{Outputs: []any{}}, nil
+	}
+	s.mu.Lock()
+	rq, err := s.enqueueLocked(ctx, req)
+	s.mu.Unlock()
+	if err != nil {
+		return Response{}, err
+	}
+
+	select {
+	case <-rq.done:
+	case <-ctx.Done():
+		s.mu.Lock()
+		if !rq.finished {
+			s.finishLocked(rq, fmt.Errorf("scheduler: %q: %w", req.Model, ctx.Err()), reasonOf(ctx.Err()))
+			rq.mq.compact()
+		}
+		s.mu.Unlock()
+	}
+	// finished and done are set under mu before done is closed; the fields
+	// read below are not written after that.
+	<-rq.done
+	if rq.err != nil {
+		return Response{}, rq.err
+	}
+	return Response{Outputs: rq.outputs, Info: rq.info}, nil
+}
+
+// enqueueLocked validates req against the current replicas and the queue
+// bound and queues its items; nothing is queued when it fails.
+func (s *Scheduler) enqueueLocked(ctx context.Context, req Request) (*request, error) {
+	if s.draining || s.closed {
+		s.metrics.failed(req.Model, ReasonRejected)
+		return nil, fmt.Errorf("scheduler: %q: %w", req.Model, ErrDraining)
+	}
+	mq := s.models[req.Model]
+	if mq == nil {
+		// Not counted in the metrics: arbitrary names would make label
+		// cardinality unbounded.
+		return nil, fmt.Errorf("scheduler: %q: %w", req.Model, ErrUnknownModel)
+	}
+	if err := ctx.Err(); err != nil {
+		mq.reject(reasonOf(err))
+		return nil, fmt.Errorf("scheduler: %q: before queueing: %w", req.Model, err)
+	}
+	if req.DeviceID != "" && mq.replica(req.DeviceID) == nil {
+		mq.reject(ReasonRejected)
+		return nil, fmt.Errorf("scheduler: %q on %s: %w", req.Model, req.DeviceID, ErrDeviceNotFound)
+	}
+	now := s.now()
+	usable, matched := false, false
+	for _, r := range mq.replicas {
+		if !r.matches(req.DeviceID, req.DeviceType) {
+			continue
+		}
+		matched = true
+		if s.usableLocked(r, now) {
+			usable = true
+			break
+		}
+	}
+	if !usable {
+		mq.reject(ReasonRejected)
+		why := "every matching replica is cordoned or unhealthy"
+		if !matched {
+			why = fmt.Sprintf("no replica matches device %q type %q", req.DeviceID, req.DeviceType)
+		}
+		return nil, fmt.Errorf("scheduler: %q: %w: %s", req.Model, ErrNoDevice, why)
+	}
+	n := len(req.Inputs)
+	if s.queued+n > s.opts.MaxQueueItems {
+		mq.reject(ReasonRejected)
+		return nil, &QueueFullError{
+			RetryAfter: s.retryAfterLocked(s.queued + n - s.opts.MaxQueueItems),
+			Queued:     s.queued, Requested: n, Limit: s.opts.MaxQueueItems,
+		}
+	}
+	rq := &request{
+		ctx:       ctx,
+		mq:        mq,
+		client:    req.Client,
+		priority:  req.Priority,
+		deviceID:  req.DeviceID,
+		devType:   req.DeviceType,
+		inputs:    req.Inputs,
+		outputs:   make([]any, n),
+		submitted: now,
+		done:      make(chan struct{}),
+		devItems:  make(map[string]int, 1),
+	}
+	if dl, ok := ctx.Deadline(); ok {
+		rq.deadline = dl
+	}
+	mq.push(rq)
+	s.queued += n
+	s.active++
+	mq.setDepth(n)
+	s.dispatchLocked(mq)
+	return rq, nil
+}
+
+// retryAfterLocked estimates how long the replicas take to drain excess
+// items, from their measured throughput.
+func (s *Scheduler) retryAfterLocked(excess int) time.Duration {
+	var rate float64
+	for _, mq := range s.models {
+		for _, r := range mq.replicas {
+			rate += r.throughput
+		}
+	}
+	const lo, hi, unknown = 10 * time.Millisecond, time.Minute, time.Second
+	if rate <= 0 {
+		return unknown
+	}
+	d := time.Duration(float64(excess) / rate * float64(time.Second))
+	return min(max(d, lo), hi)
+}
+
+// Drain stops accepting work (Submit returns ErrDraining) and waits until
+// everything accepted has finished and no batch runs, or ctx ends.
+func (s *Scheduler) Drain(ctx context.Context) error {
+	s.mu.Lock()
+	if !s.draining {
+		s.log.Info("draining", zap.Int("queued_items", s.queued), zap.Int("active_requests", s.active))
+	}
+	s.draining = true
+	if s.drained == nil {
+		s.drained = make(chan struct{})
+	}
+	ch := s.drained
+	s.checkDrainedLocked()
+	s.mu.Unlock()
+	select {
+	case <-ch:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("scheduler: drain: %w", ctx.Err())
+	}
+}
+
+func (s *Scheduler) checkDrainedLocked() {
+	if !s.draining || s.drained == nil || s.active > 0 || s.running > 0 {
+		return
+	}
+	select {
+	case <-s.drained:
+	default:
+		close(s.drained)
+	}
+}
+
+// Close fails everything still queued with ErrDraining, stops the workers and
+// waits for running batches to return (their executors see a cancelled
+// context). Use Drain first to finish accepted work.
+func (s *Scheduler) Close() {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		s.workers.Wait()
+		return
+	}
+	s.closed = true
+	s.draining = true
+	s.cancel()
+	for _, mq := range s.models {
+		mq.stopTimer()
+		for _, rq := range mq.allRequests() {
+			s.finishLocked(rq, fmt.Errorf("scheduler: %q: %w: scheduler closed", mq.name, ErrDraining), ReasonCancelled)
+		}
+		mq.compact()
+		for _, r := range mq.replicas {
+			r.closeWork()
+		}
+	}
+	s.mu.Unlock()
+	s.workers.Wait()
+}
+
+// reasonOf maps a context error to a failure reason.
+func reasonOf(err error) string {
+	if errors.Is(err, context.DeadlineExceeded) {
+		return ReasonTimeout
+	}
+	return ReasonCancelled
+}

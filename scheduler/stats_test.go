@@ -1,0 +1,243 @@
+package scheduler
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+// histogramCount returns the sample count of the histogram series of name
+// with the given model and device labels.
+func histogramCount(t *testing.T, reg *prometheus.Registry, name, model, device string) uint64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			labels := map[string]string{}
+			for _, lp := range m.GetLabel() {
+				labels[lp.GetName()] = lp.GetValue()
+			}
+			if labels["model"] == model && labels["device"] == device {
+				return m.GetHistogram().GetSampleCount()
+			}
+		}
+	}
+	return 0
+}
+
+// TestMetrics checks the brokerd_ series are registered and move.
+func TestMetrics(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	s := newTestScheduler(t, Options{Registerer: reg})
+	f := newFake("gpu:0")
+	f.sleep = 2 * time.Millisecond
+	f.hold = make(chan struct{})
+	mustAdd(t, s, "m", Device{ID: "gpu:0", Type: "gpu", CostPerHour: 3600}, 4, f)
+	ctx := context.Background()
+
+	m := s.metrics
+	warm := submitAsync(ctx, s, Request{Model: "m", Inputs: []any{"warm"}})
+	waitEntered(t, f)
+	queued := submitAsync(ctx, s, Request{Model: "m", Inputs: inputs("q", 6)})
+	waitFor(t, "queued", func() bool { return queuedItems(t, s, "m") == 6 })
+	gauges := []struct {
+		name string
+		g    prometheus.Collector
+		want float64
+	}{
+		{"queue depth while held", m.depth.WithLabelValues("m"), 6},
+		{"running batches while held", m.running.WithLabelValues("m", "gpu:0"), 1},
+	}
+	for _, tc := range gauges {
+		if got := testutil.ToFloat64(tc.g); got != tc.want {
+			t.Errorf("%s = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+	close(f.hold)
+	for _, ch := range []<-chan submitted{warm, queued} {
+		if r := recv(t, ch); r.err != nil {
+			t.Fatal(r.err)
+		}
+	}
+	if _, err := s.Submit(ctx, Request{Model: "m", DeviceType: "tpu", Inputs: []any{1}}); !errors.Is(err, ErrNoDevice) {
+		t.Fatalf("err = %v, want ErrNoDevice", err)
+	}
+	expired, cancel := context.WithCancel(ctx)
+	cancel()
+	if _, err := s.Submit(expired, Request{Model: "m", Inputs: []any{1}}); !errors.Is(err, context.Canceled) {
+		t.Fatalf("err = %v, want Canceled", err)
+	}
+
+	// Batches: [1] then [4, 2].
+	values := []struct {
+		name string
+		got  float64
+		want float64
+	}{
+		{"items completed", testutil.ToFloat64(m.items.WithLabelValues("m", "gpu:0")), 7},
+		{"queue depth after", testutil.ToFloat64(m.depth.WithLabelValues("m")), 0},
+		{"running after", testutil.ToFloat64(m.running.WithLabelValues("m", "gpu:0")), 0},
+		{"rejected", testutil.ToFloat64(m.failures.WithLabelValues("m", ReasonRejected)), 1},
+		{"cancelled", testutil.ToFloat64(m.failures.WithLabelValues("m", ReasonCancelled)), 1},
+		{"batch size samples", float64(histogramCount(t, reg, "brokerd_batch_size", "m", "gpu:0")), 3},
+		{"compute samples", float64(histogramCount(t, reg, "brokerd_compute_duration_seconds", "m", "gpu:0")), 3},
+		{"queue samples (per item)", float64(histogramCount(t, reg, "brokerd_queue_duration_seconds", "m", "gpu:0")), 7},
+		{"request samples", float64(histogramCount(t, reg, "brokerd_request_duration_seconds", "m", "gpu:0")), 2},
+	}
+	for _, tc := range values {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.got != tc.want {
+				t.Errorf("got %v, want %v", tc.got, tc.want)
+			}
+		})
+	}
+	// $1/s over at least 3 batches of 2ms.
+	if c := testutil.ToFloat64(m.cost.WithLabelValues("m", "gpu:0")); c < 0.006 {
+		t.Errorf("cost total $%v, want at least $0.006", c)
+	}
+	for _, name := range []string{
+		"brokerd_request_duration_seconds", "brokerd_queue_duration_seconds", "brokerd_compute_duration_seconds",
+		"brokerd_batch_size", "brokerd_queue_depth_items", "brokerd_request_failures_total",
+		"brokerd_items_completed_total", "brokerd_cost_usd_total", "brokerd_running_batches",
+	} {
+		if n, err := testutil.GatherAndCount(reg, name); err != nil || n == 0 {
+			t.Errorf("%s: %d series, err %v; want it registered", name, n, err)
+		}
+	}
+	if problems, err := testutil.GatherAndLint(reg); err != nil || len(problems) > 0 {
+		t.Errorf("metric lint: %v %v", problems, err)
+	}
+
+	// A second scheduler on the same registry shares the series.
+	s2 := newTestScheduler(t, Options{Registerer: reg})
+	mustAdd(t, s2, "m", Device{ID: "gpu:0", Type: "gpu"}, 4, newFake("gpu:0"))
+	if _, err := s2.Submit(ctx, Request{Model: "m", Inputs: []any{"again"}}); err != nil {
+		t.Fatal(err)
+	}
+	if got := testutil.ToFloat64(m.items.WithLabelValues("m", "gpu:0")); got != 8 {
+		t.Errorf("items completed after a second scheduler = %v, want 8", got)
+	}
+}
+
+// TestStats checks the model and replica rows.
+func TestStats(t *testing.T) {
+	s := newTestScheduler(t, Options{})
+	fc, fg := newFake("cpu:0"), newFake("gpu:0")
+	fc.sleep = time.Millisecond
+	fg.hold = make(chan struct{})
+	mustAdd(t, s, "m", cpu0, 4, fc)
+	mustAdd(t, s, "m", gpu0, 8, fg)
+	ctx := context.Background()
+
+	held := submitAsync(ctx, s, Request{Model: "m", DeviceID: "gpu:0", Inputs: inputs("held", 3)})
+	waitEntered(t, fg)
+	pinned := submitAsync(ctx, s, Request{Model: "m", DeviceID: "gpu:0", Inputs: inputs("pinned", 2)})
+	waitFor(t, "queued", func() bool { return queuedItems(t, s, "m") == 2 })
+	for i := range 10 {
+		if _, err := s.Submit(ctx, Request{Model: "m", DeviceType: "cpu", Inputs: inputs(string(rune('a'+i)), 2)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rows := s.Stats("m")
+	if len(rows) != 3 || rows[0].DeviceID != "" || rows[1].DeviceID != "cpu:0" || rows[2].DeviceID != "gpu:0" {
+		t.Fatalf("rows %+v: want the model row, then cpu:0, gpu:0", rows)
+	}
+	model, cpu, gpu := rows[0], rows[1], rows[2]
+	cases := []struct {
+		name      string
+		got, want int64
+	}{
+		{"model queued", model.Queued, 2},
+		{"model running", model.Running, 3},
+		{"model completed", model.Completed, 20},
+		{"cpu queued (pinned to gpu:0)", cpu.Queued, 0},
+		{"gpu queued", gpu.Queued, 2},
+		{"gpu running", gpu.Running, 3},
+		{"cpu completed", cpu.Completed, 20},
+		{"cpu batches", cpu.Batches, 10},
+		{"cpu latency window", int64(cpu.Latency.Count), 10},
+		{"gpu latency window", int64(gpu.Latency.Count), 0},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.got != tc.want {
+				t.Errorf("got %d, want %d", tc.got, tc.want)
+			}
+		})
+	}
+	l := cpu.Latency
+	if cpu.MeanBatchSize != 2 || cpu.ItemsPerSecond <= 0 || l.P50 <= 0 || l.P50 > l.P95 || l.P95 > l.P99 || l.Mean <= 0 {
+		t.Errorf("cpu row %+v: want mean batch 2, positive throughput, ordered quantiles", cpu)
+	}
+	if !cpu.Healthy || cpu.MaxBatch != 4 || cpu.DeviceType != "cpu" {
+		t.Errorf("cpu row %+v", cpu)
+	}
+	if all := s.Stats(""); len(all) != 3 {
+		t.Errorf("Stats(\"\") has %d rows, want 3", len(all))
+	}
+	if none := s.Stats("nope"); len(none) != 0 {
+		t.Errorf("Stats of an unknown model: %+v", none)
+	}
+	close(fg.hold)
+	recv(t, held)
+	recv(t, pinned)
+}
+
+func TestQuantile(t *testing.T) {
+	ms := func(v ...int) []time.Duration {
+		out := make([]time.Duration, len(v))
+		for i, x := range v {
+			out[i] = time.Duration(x) * time.Millisecond
+		}
+		return out
+	}
+	cases := []struct {
+		name   string
+		sorted []time.Duration
+		q      float64
+		want   time.Duration
+	}{
+		{"single", ms(7), 0.99, 7 * time.Millisecond},
+		{"median of 4", ms(1, 2, 3, 4), 0.5, 2 * time.Millisecond},
+		{"p99 of 100 is the 99th", ms(seq(100)...), 0.99, 99 * time.Millisecond},
+		{"p95 of 20", ms(seq(20)...), 0.95, 19 * time.Millisecond},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := quantile(tc.sorted, tc.q); got != tc.want {
+				t.Errorf("quantile(%v) = %v, want %v", tc.q, got, tc.want)
+			}
+		})
+	}
+}
+
+// seq is 1..n.
+func seq(n int) []int {
+	out := make([]int, n)
+	for i := range out {
+		out[i] = i + 1
+	}
+	return out
+}
+
+// TestLatencyRingWindow checks that only the last latencyWindow samples count.
+func TestLatencyRingWindow(t *testing.T) {
+	var l latencyRing
+	for i := range latencyWindow + 10 {
+		l.add(time.Duration(i))
+	}
+	sum := l.summary()
+	if sum.Count != latencyWindow || sum.P50 < 10 {
+		t.Errorf("summary %+v: want %d samples, none of the first 10", sum, latencyWindow)
+	}
+}
