@@ -26,7 +26,10 @@ type command struct {
 	summary  string // one line for the command list
 	args     string // what the positional arguments are, for errors
 	nargs    int    // exact number of positional arguments; -1 for any
-	setup    func(fs *flag.FlagSet) action
+	// selfBounded commands end by their own clock (bench's --duration), so
+	// --timeout bounds each RPC instead of the whole command.
+	selfBounded bool
+	setup       func(fs *flag.FlagSet) action
 }
 
 func commands() []command {
@@ -38,6 +41,10 @@ func commands() []command {
 		{name: "batch-plan", synopsis: "batch-plan --base N (--type T | --device ID) [--json]", summary: "show the batch plan for a base batch on a device type or device", setup: batchPlanCmd},
 		{name: "cordon", synopsis: "cordon ID [--reason TEXT] [--json]", summary: "stop new batches from going to a device", args: "ID", nargs: 1, setup: cordonCmd},
 		{name: "uncordon", synopsis: "uncordon ID [--json]", summary: "let a cordoned device take batches again", args: "ID", nargs: 1, setup: uncordonCmd},
+		{name: "encode", synopsis: "encode [TEXT... | - | --file PATH] [--fidelity F] [--model NAME] [--batch N] [--json]", summary: "encode texts (arguments, or one per line from stdin or a file) into vectors and codes", args: "TEXT...", nargs: -1, setup: encodeCmd},
+		{name: "stats", synopsis: "stats [--model NAME] [--json]", summary: "show queue, batch and latency statistics per model and device", setup: statsCmd},
+		{name: "drain", synopsis: "drain [--exit] [--json]", summary: "stop accepting work and complete everything accepted (then exit with --exit)", setup: drainCmd},
+		{name: "bench", synopsis: "bench [--concurrency 1,8,64] [--duration 10s] [--baseline] [--json]", summary: "generate closed-loop Encode load and print throughput, latency and batch size per concurrency", selfBounded: true, setup: benchCmd},
 		{name: "help", synopsis: "help [COMMAND]", summary: "show this list, or one command's flags", args: "[COMMAND]", nargs: -1, setup: helpCmd},
 	}
 }
