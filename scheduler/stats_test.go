@@ -3,16 +3,22 @@ package scheduler
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
+	dto "github.com/prometheus/client_model/go"
 )
 
-// histogramCount returns the sample count of the histogram series of name
-// with the given model and device labels.
-func histogramCount(t *testing.T, reg *prometheus.Registry, name, model, device string) uint64 {
+// The prometheus testutil package needs github.com/kylelemons/godebug,
+// which this module does not carry, so the test reads the registry through
+// Gather and lints with promlint, which testutil.GatherAndLint wraps.
+
+// series returns the gathered sample of name whose labels include want, or
+// nil when there is none.
+func series(t *testing.T, reg *prometheus.Registry, name string, want map[string]string) *dto.Metric {
 	t.Helper()
 	mfs, err := reg.Gather()
 	if err != nil {
@@ -22,16 +28,43 @@ func histogramCount(t *testing.T, reg *prometheus.Registry, name, model, device 
 		if mf.GetName() != name {
 			continue
 		}
+	next:
 		for _, m := range mf.GetMetric() {
 			labels := map[string]string{}
 			for _, lp := range m.GetLabel() {
 				labels[lp.GetName()] = lp.GetValue()
 			}
-			if labels["model"] == model && labels["device"] == device {
-				return m.GetHistogram().GetSampleCount()
+			for k, v := range want {
+				if labels[k] != v {
+					continue next
+				}
 			}
+			return m
 		}
 	}
+	return nil
+}
+
+// value is a counter's or gauge's value (0 when absent); for a histogram,
+// its sample count.
+func value(t *testing.T, reg *prometheus.Registry, name string, labels ...string) float64 {
+	t.Helper()
+	want := map[string]string{}
+	for i := 0; i+1 < len(labels); i += 2 {
+		want[labels[i]] = labels[i+1]
+	}
+	m := series(t, reg, name, want)
+	switch {
+	case m == nil:
+		return 0
+	case m.Counter != nil:
+		return m.GetCounter().GetValue()
+	case m.Gauge != nil:
+		return m.GetGauge().GetValue()
+	case m.Histogram != nil:
+		return float64(m.GetHistogram().GetSampleCount())
+	}
+	t.Fatalf("%s: unexpected metric type", name)
 	return 0
 }
 
@@ -44,24 +77,17 @@ func TestMetrics(t *testing.T) {
 	f.hold = make(chan struct{})
 	mustAdd(t, s, "m", Device{ID: "gpu:0", Type: "gpu", CostPerHour: 3600}, 4, f)
 	ctx := context.Background()
+	md := []string{"model", "m", "device", "gpu:0"}
 
-	m := s.metrics
 	warm := submitAsync(ctx, s, Request{Model: "m", Inputs: []any{"warm"}})
 	waitEntered(t, f)
 	queued := submitAsync(ctx, s, Request{Model: "m", Inputs: inputs("q", 6)})
 	waitFor(t, "queued", func() bool { return queuedItems(t, s, "m") == 6 })
-	gauges := []struct {
-		name string
-		g    prometheus.Collector
-		want float64
-	}{
-		{"queue depth while held", m.depth.WithLabelValues("m"), 6},
-		{"running batches while held", m.running.WithLabelValues("m", "gpu:0"), 1},
+	if got := value(t, reg, "brokerd_queue_depth_items", "model", "m"); got != 6 {
+		t.Errorf("queue depth while held = %v, want 6", got)
 	}
-	for _, tc := range gauges {
-		if got := testutil.ToFloat64(tc.g); got != tc.want {
-			t.Errorf("%s = %v, want %v", tc.name, got, tc.want)
-		}
+	if got := value(t, reg, "brokerd_running_batches", md...); got != 1 {
+		t.Errorf("running batches while held = %v, want 1", got)
 	}
 	close(f.hold)
 	for _, ch := range []<-chan submitted{warm, queued} {
@@ -78,43 +104,41 @@ func TestMetrics(t *testing.T) {
 		t.Fatalf("err = %v, want Canceled", err)
 	}
 
-	// Batches: [1] then [4, 2].
-	values := []struct {
-		name string
-		got  float64
-		want float64
+	// Batches: [1] then [4, 2]; requests: warm and queued.
+	cases := []struct {
+		name   string
+		labels []string
+		want   float64
 	}{
-		{"items completed", testutil.ToFloat64(m.items.WithLabelValues("m", "gpu:0")), 7},
-		{"queue depth after", testutil.ToFloat64(m.depth.WithLabelValues("m")), 0},
-		{"running after", testutil.ToFloat64(m.running.WithLabelValues("m", "gpu:0")), 0},
-		{"rejected", testutil.ToFloat64(m.failures.WithLabelValues("m", ReasonRejected)), 1},
-		{"cancelled", testutil.ToFloat64(m.failures.WithLabelValues("m", ReasonCancelled)), 1},
-		{"batch size samples", float64(histogramCount(t, reg, "brokerd_batch_size", "m", "gpu:0")), 3},
-		{"compute samples", float64(histogramCount(t, reg, "brokerd_compute_duration_seconds", "m", "gpu:0")), 3},
-		{"queue samples (per item)", float64(histogramCount(t, reg, "brokerd_queue_duration_seconds", "m", "gpu:0")), 7},
-		{"request samples", float64(histogramCount(t, reg, "brokerd_request_duration_seconds", "m", "gpu:0")), 2},
+		{"brokerd_items_completed_total", md, 7},
+		{"brokerd_queue_depth_items", []string{"model", "m"}, 0},
+		{"brokerd_running_batches", md, 0},
+		{"brokerd_request_failures_total", []string{"model", "m", "reason", ReasonRejected}, 1},
+		{"brokerd_request_failures_total", []string{"model", "m", "reason", ReasonCancelled}, 1},
+		{"brokerd_batch_size", md, 3},
+		{"brokerd_compute_duration_seconds", md, 3},
+		{"brokerd_queue_duration_seconds", md, 7}, // per item
+		{"brokerd_request_duration_seconds", md, 2},
 	}
-	for _, tc := range values {
-		t.Run(tc.name, func(t *testing.T) {
-			if tc.got != tc.want {
-				t.Errorf("got %v, want %v", tc.got, tc.want)
+	for _, tc := range cases {
+		t.Run(fmt.Sprint(tc.name, tc.labels), func(t *testing.T) {
+			if got := value(t, reg, tc.name, tc.labels...); got != tc.want {
+				t.Errorf("got %v, want %v", got, tc.want)
 			}
 		})
 	}
-	// $1/s over at least 3 batches of 2ms.
-	if c := testutil.ToFloat64(m.cost.WithLabelValues("m", "gpu:0")); c < 0.006 {
+	// $1/s over 3 batches of at least 2ms each.
+	if c := value(t, reg, "brokerd_cost_usd_total", md...); c < 0.006 {
 		t.Errorf("cost total $%v, want at least $0.006", c)
 	}
-	for _, name := range []string{
-		"brokerd_request_duration_seconds", "brokerd_queue_duration_seconds", "brokerd_compute_duration_seconds",
-		"brokerd_batch_size", "brokerd_queue_depth_items", "brokerd_request_failures_total",
-		"brokerd_items_completed_total", "brokerd_cost_usd_total", "brokerd_running_batches",
-	} {
-		if n, err := testutil.GatherAndCount(reg, name); err != nil || n == 0 {
-			t.Errorf("%s: %d series, err %v; want it registered", name, n, err)
-		}
+	if m := series(t, reg, "brokerd_batch_size", map[string]string{"model": "m"}); m.GetHistogram().GetSampleSum() != 7 {
+		t.Errorf("batch size sum = %v, want 7 items", m.GetHistogram().GetSampleSum())
 	}
-	if problems, err := testutil.GatherAndLint(reg); err != nil || len(problems) > 0 {
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if problems, err := promlint.NewWithMetricFamilies(mfs).Lint(); err != nil || len(problems) > 0 {
 		t.Errorf("metric lint: %v %v", problems, err)
 	}
 
@@ -124,7 +148,7 @@ func TestMetrics(t *testing.T) {
 	if _, err := s2.Submit(ctx, Request{Model: "m", Inputs: []any{"again"}}); err != nil {
 		t.Fatal(err)
 	}
-	if got := testutil.ToFloat64(m.items.WithLabelValues("m", "gpu:0")); got != 8 {
+	if got := value(t, reg, "brokerd_items_completed_total", md...); got != 8 {
 		t.Errorf("items completed after a second scheduler = %v, want 8", got)
 	}
 }

@@ -6,6 +6,7 @@ package server
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/klauspost/compress/zstd"
 	"go.uber.org/zap"
@@ -49,6 +50,7 @@ type Scheduler interface {
 	Cordon(deviceID string, on bool)
 	Drain(ctx context.Context) error
 	Stats(model string) []scheduler.QueueStats
+	Health(deviceID string) scheduler.Health
 }
 
 // DataPlane is what Encode, GetStats and Drain run on. A zero DataPlane
@@ -91,7 +93,7 @@ func (s *BrokerService) ListDevices(ctx context.Context, _ *brokerv1.ListDevices
 	entries := s.inv.Devices()
 	out := make([]*brokerv1.Device, 0, len(entries))
 	for i := range entries {
-		out = append(out, deviceToProto(&entries[i]))
+		out = append(out, s.device(&entries[i]))
 	}
 	return &brokerv1.ListDevicesResponse{Devices: out}, nil
 }
@@ -105,7 +107,7 @@ func (s *BrokerService) GetDevice(ctx context.Context, req *brokerv1.GetDeviceRe
 	if err != nil {
 		return nil, toStatus(s.log, "GetDevice", err)
 	}
-	return &brokerv1.GetDeviceResponse{Device: deviceToProto(&e)}, nil
+	return &brokerv1.GetDeviceResponse{Device: s.device(&e)}, nil
 }
 
 // CordonDevice stops new batches from going to a device.
@@ -125,7 +127,7 @@ func (s *BrokerService) CordonDevice(ctx context.Context, req *brokerv1.CordonDe
 		s.sched.Cordon(e.ID, true)
 	}
 	s.log.Info("device cordoned", zap.String("device", e.ID), zap.String("reason", reason))
-	return &brokerv1.CordonDeviceResponse{Device: deviceToProto(&e)}, nil
+	return &brokerv1.CordonDeviceResponse{Device: s.device(&e)}, nil
 }
 
 // UncordonDevice lets a cordoned device take batches again.
@@ -141,7 +143,7 @@ func (s *BrokerService) UncordonDevice(ctx context.Context, req *brokerv1.Uncord
 		s.sched.Cordon(e.ID, false)
 	}
 	s.log.Info("device uncordoned", zap.String("device", e.ID))
-	return &brokerv1.UncordonDeviceResponse{Device: deviceToProto(&e)}, nil
+	return &brokerv1.UncordonDeviceResponse{Device: s.device(&e)}, nil
 }
 
 // GetBatchPlan plans batches for a device type (present or not) or a device.
@@ -193,7 +195,7 @@ func (s *BrokerService) GetReport(ctx context.Context, req *brokerv1.GetReportRe
 		resp.FallbackChain = append(resp.FallbackChain, string(t))
 	}
 	for i := range entries {
-		d := deviceToProto(&entries[i])
+		d := s.device(&entries[i])
 		resp.AllDevices = append(resp.AllDevices, d)
 		if sel.Device != nil && entries[i].ID == sel.Device.ID {
 			resp.CurrentDevice = d
@@ -232,4 +234,20 @@ func (s *BrokerService) configuration() *brokerv1.Configuration {
 		c.CostPerHourUsd[name] = v
 	}
 	return c
+}
+
+// device converts an entry, overlaying what the scheduler learned at run
+// time: a device whose batches keep failing is unhealthy even though
+// detection found nothing wrong with it.
+func (s *BrokerService) device(e *detect.Entry) *brokerv1.Device {
+	d := deviceToProto(e)
+	if s.sched == nil {
+		return d
+	}
+	if h := s.sched.Health(e.ID); h.Known && !h.Healthy && d.GetHealth() != brokerv1.DeviceHealth_DEVICE_HEALTH_UNHEALTHY {
+		d.Health = brokerv1.DeviceHealth_DEVICE_HEALTH_UNHEALTHY
+		d.HealthReason = fmt.Sprintf("%d batches failed in a row (last: %s); probed again at %s",
+			h.ConsecutiveFailures, h.LastError, h.ProbeAt.UTC().Format(time.RFC3339))
+	}
+	return d
 }

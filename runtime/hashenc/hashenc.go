@@ -128,20 +128,60 @@ func (m *Model) MemoryBytes() int64 {
 }
 
 // Sparse projects features to the dense integer vector h = Σ w_f·R[f]
-// (exact in int64).
+// (exact in int64), where R[f]'s entries are +1 or -1 for the clear and set
+// bits of six splitmix64 outputs seeded from seed and the feature index.
 func Sparse(f Features) [Dim]int64 {
-	var h [Dim]int64
-	for i, idx := range f.Index {
-		w := int64(f.Weight[i])
-		rng := splitmix64{state: seed ^ uint64(idx)*0x9e3779b97f4a7c15}
-		for k := 0; k < Dim; k += 64 {
-			b := rng.next()
-			for j := range 64 {
-				// Bit set: -w, clear: +w.
-				s := int64(b>>j&1) * 2
-				h[k+j] += w - s*w
+	// h_k = Σ w_f - 2·Σ_{f: bit k set} w_f. The second sum is counted four
+	// positions per uint64 in 16-bit lanes (a SWAR add of w times the
+	// spread bits), flushed into int64 before a lane could overflow: about
+	// four times faster than a loop over bits, with the same integers.
+	const lanes = 0x0001000100010001
+	var (
+		acc     [Dim / 64][16]uint64
+		set     [Dim]int64
+		total   int64
+		pending int64
+	)
+	flush := func() {
+		for i := range acc {
+			for j, v := range acc[i] {
+				for l := range 4 {
+					set[i*64+16*l+j] += int64(v >> (16 * l) & 0xffff)
+				}
+				acc[i][j] = 0
 			}
 		}
+		pending = 0
+	}
+	for n, idx := range f.Index {
+		w := int64(f.Weight[n])
+		rng := splitmix64{state: seed ^ uint64(idx)*0x9e3779b97f4a7c15}
+		total += w
+		if w <= 0 || w > 0xffff { // never from Featurize; exact all the same
+			for i := range Dim / 64 {
+				b := rng.next()
+				for j := range 64 {
+					set[i*64+j] += w * int64(b>>j&1)
+				}
+			}
+			continue
+		}
+		if pending+w > 0xffff {
+			flush()
+		}
+		pending += w
+		for i := range acc {
+			b := rng.next()
+			a := &acc[i]
+			for j := range a {
+				a[j] += (b >> j & lanes) * uint64(w)
+			}
+		}
+	}
+	flush()
+	var h [Dim]int64
+	for k := range h {
+		h[k] = total - 2*set[k]
 	}
 	return h
 }

@@ -53,6 +53,7 @@ type Device struct {
 	closed bool
 	budget uint64
 	used   uint64                     // live and pooled bytes
+	pooled uint64                     // bytes in idle
 	idle   map[int64][]unsafe.Pointer // pooled allocations by byte size
 	live   map[*buffer]struct{}
 }
@@ -228,13 +229,15 @@ func (d *Device) alloc(dt runtime.DType, shape []int) (*buffer, error) {
 	if free := d.idle[size]; len(free) > 0 {
 		ptr = free[len(free)-1]
 		d.idle[size] = free[:len(free)-1]
+		d.pooled -= uint64(size)
 	} else {
 		if d.budget > 0 && d.used+uint64(size) > d.budget {
+			// Release pooled memory only when that makes room.
+			if d.used-d.pooled+uint64(size) > d.budget {
+				return nil, fmt.Errorf("onednn: alloc %s %s on %s: %w: need %d bytes, %d of %d in use",
+					dt, shapeString(shape), d.id, runtime.ErrOutOfMemory, size, d.used, d.budget)
+			}
 			d.trimLocked(uint64(size))
-		}
-		if d.budget > 0 && d.used+uint64(size) > d.budget {
-			return nil, fmt.Errorf("onednn: alloc %s %s on %s: %w: need %d bytes, %d of %d in use",
-				dt, shapeString(shape), d.id, runtime.ErrOutOfMemory, size, d.used, d.budget)
 		}
 		ptr = C.bd_alloc(C.size_t(size))
 		if ptr == nil {
@@ -256,6 +259,7 @@ func (d *Device) trimLocked(need uint64) {
 			C.bd_free(ptrs[len(ptrs)-1])
 			ptrs = ptrs[:len(ptrs)-1]
 			d.used -= uint64(size)
+			d.pooled -= uint64(size)
 		}
 		if len(ptrs) == 0 {
 			delete(d.idle, size)
@@ -304,6 +308,7 @@ func (d *Device) freeLocked(b *buffer) {
 	b.freed = true
 	delete(d.live, b)
 	d.idle[b.bytes] = append(d.idle[b.bytes], b.ptr)
+	d.pooled += uint64(b.bytes)
 }
 
 // own checks that b is a live buffer of this device.
@@ -438,7 +443,7 @@ func (d *Device) Close() error {
 			}
 		}
 		d.live, d.idle = nil, nil
-		d.used = 0
+		d.used, d.pooled = 0, 0
 		d.closed = true
 	})
 	return nil
