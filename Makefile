@@ -8,13 +8,23 @@ RUN_FLAGS ?= --log-format console --state-dir $(CURDIR)/.cache/state
 # buf is pinned in tools/go.mod; protoc-gen-go and protoc-gen-go-grpc in go.mod.
 BUF       := $(GO) tool -modfile=tools/go.mod buf
 
-# C libraries the cgo runtime adapters link against (Debian package names).
-DEB_DEPS  := libdnnl-dev gcc
+# C libraries the cgo runtime adapters link against (Debian package names);
+# shellcheck lints deploy/'s scripts in the tests.
+DEB_DEPS  := libdnnl-dev gcc shellcheck
 # NVML's headers mark old calls deprecated; go-nvml still binds them.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 VERSION   ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 
-.PHONY: all build run test test-short bench lint proto proto-check deps clean
+# make install / uninstall layout; DESTDIR stages the files into a tree.
+PREFIX     ?= /usr/local
+BINDIR     ?= $(PREFIX)/bin
+SYSCONFDIR ?= /etc
+UNITDIR    ?= /etc/systemd/system
+# make image: the tag to build (push it with `docker push $(IMAGE)`).
+IMAGE      ?= brokerd:$(VERSION)
+DOCKER     ?= docker
+
+.PHONY: all build run test test-short bench lint proto proto-check deps clean install uninstall image
 
 all: build
 
@@ -69,6 +79,41 @@ proto-check:
 	for f in $$(find proto -name '*.pb.go'); do \
 	  [ -f $$tmp/$$f ] || { echo "generated file without a source: $$f"; exit 1; }; \
 	done; echo "generated code is up to date"
+
+## install: binaries, the systemd unit and a default config (PREFIX, DESTDIR)
+install: build
+	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(UNITDIR) $(DESTDIR)$(SYSCONFDIR)/brokerd
+	install -m 0755 $(BIN)/brokerd $(BIN)/brokerctl $(DESTDIR)$(BINDIR)/
+	sed -e 's|/usr/local/bin/brokerd|$(BINDIR)/brokerd|' -e 's|/etc/brokerd/|$(SYSCONFDIR)/brokerd/|' \
+	  deploy/systemd/brokerd.service > $(DESTDIR)$(UNITDIR)/brokerd.service
+	chmod 0644 $(DESTDIR)$(UNITDIR)/brokerd.service
+	@# An existing config may hold the admin's edits: only a missing one is installed.
+	@if [ -e $(DESTDIR)$(SYSCONFDIR)/brokerd/brokerd.yaml ]; then \
+	  echo "keeping $(DESTDIR)$(SYSCONFDIR)/brokerd/brokerd.yaml"; \
+	else install -m 0644 deploy/brokerd.yaml $(DESTDIR)$(SYSCONFDIR)/brokerd/brokerd.yaml; fi
+	@# The user and group exist on the target system only: not when staging.
+	@if [ -z "$(DESTDIR)" ] && [ "$$(id -u)" = 0 ]; then \
+	  getent group brokerd >/dev/null || groupadd --system brokerd; \
+	  getent passwd brokerd >/dev/null || useradd --system --gid brokerd --home-dir /var/lib/brokerd \
+	    --no-create-home --shell /usr/sbin/nologin brokerd; \
+	fi
+	@if [ -z "$(DESTDIR)" ] && [ -d /run/systemd/system ]; then systemctl daemon-reload; fi
+	@echo "installed; next: systemctl enable --now brokerd, and usermod -aG brokerd USER for each client user"
+
+## uninstall: remove what install put in place; an edited config, the state dir and the user stay
+uninstall:
+	@if [ -z "$(DESTDIR)" ] && [ -d /run/systemd/system ]; then systemctl disable --now brokerd.service 2>/dev/null || true; fi
+	rm -f $(DESTDIR)$(BINDIR)/brokerd $(DESTDIR)$(BINDIR)/brokerctl $(DESTDIR)$(UNITDIR)/brokerd.service
+	@if cmp -s deploy/brokerd.yaml $(DESTDIR)$(SYSCONFDIR)/brokerd/brokerd.yaml; then \
+	  rm -f $(DESTDIR)$(SYSCONFDIR)/brokerd/brokerd.yaml; rmdir $(DESTDIR)$(SYSCONFDIR)/brokerd 2>/dev/null || true; \
+	elif [ -e $(DESTDIR)$(SYSCONFDIR)/brokerd/brokerd.yaml ]; then \
+	  echo "keeping edited $(DESTDIR)$(SYSCONFDIR)/brokerd/brokerd.yaml"; \
+	fi
+	@if [ -z "$(DESTDIR)" ] && [ -d /run/systemd/system ]; then systemctl daemon-reload; fi
+
+## image: build the container image from deploy/Dockerfile as $(IMAGE) (needs a Docker engine)
+image:
+	$(DOCKER) build -f deploy/Dockerfile --build-arg VERSION=$(VERSION) -t $(IMAGE) .
 
 clean:
 	rm -rf $(BIN) .cache

@@ -36,6 +36,7 @@ type Addresses struct {
 	Socket  string
 	TCP     string // empty when off
 	Metrics string // empty when off
+	Health  string // plaintext grpc.health.v1 only; empty when off
 }
 
 // Options configure Run.
@@ -47,6 +48,9 @@ type Options struct {
 	Getenv func(string) string
 	// Ready, when set, is called once brokerd serves.
 	Ready func(Addresses)
+	// NVML, when set, replaces the host's NVML library (--nvml-library):
+	// tests and simulated hosts use go-nvml's mocks to get GPUs without a driver.
+	NVML detect.NVML
 }
 
 // Run starts brokerd and serves until ctx is cancelled (SIGTERM/SIGINT in
@@ -94,6 +98,16 @@ func Run(ctx context.Context, opts Options, log *zap.Logger) error {
 		lis = append(lis, metricsLis)
 		addrs.Metrics = metricsLis.Addr().String()
 	}
+	// Kubelet gRPC probes speak plaintext to a TCP port, which the TLS (or
+	// loopback-only) listener cannot serve; this one carries health alone.
+	var healthLis net.Listener
+	if cfg.HealthListen != "" {
+		if healthLis, err = net.Listen("tcp", cfg.HealthListen); err != nil {
+			return fmt.Errorf("health-listen %s: %w", cfg.HealthListen, err)
+		}
+		lis = append(lis, healthLis)
+		addrs.Health = healthLis.Addr().String()
+	}
 
 	if err := os.MkdirAll(cfg.StateDir, 0o750); err != nil {
 		return fmt.Errorf("state-dir: %w", err)
@@ -112,6 +126,9 @@ func Run(ctx context.Context, opts Options, log *zap.Logger) error {
 	roots := detect.Roots{Sys: cfg.Sysfs, Proc: cfg.Procfs, Dev: cfg.Devfs}
 	cpu := detect.NewCPUDetector(roots)
 	nv := detect.NewNVMLDetector(roots, cfg.NVMLLibrary)
+	if opts.NVML != nil {
+		nv = detect.NewNVIDIADetector(opts.NVML, roots)
+	}
 	defer func() {
 		if err := nv.Close(); err != nil {
 			log.Warn("closing NVML", zap.Error(err))
@@ -201,11 +218,21 @@ func Run(ctx context.Context, opts Options, log *zap.Logger) error {
 		healthpb.RegisterHealthServer(s, healthSrv)
 		reflection.Register(s)
 	}
+	var healthOnlySrv *grpc.Server
+	if healthLis != nil {
+		healthOnlySrv = grpc.NewServer(grpc.ChainUnaryInterceptor(unaryInterceptor(log, rpcm)),
+			grpc.ChainStreamInterceptor(streamInterceptor(log, rpcm)))
+		healthpb.RegisterHealthServer(healthOnlySrv, healthSrv)
+		servers = append(servers, healthOnlySrv) // stopped with the others
+	}
 
-	errc := make(chan error, 3)
+	errc := make(chan error, 4)
 	go func() { errc <- serveGRPC(unixSrv, sock, "socket") }()
 	if tcpSrv != nil {
 		go func() { errc <- serveGRPC(tcpSrv, tcp, "tcp") }()
+	}
+	if healthOnlySrv != nil {
+		go func() { errc <- serveGRPC(healthOnlySrv, healthLis, "health") }()
 	}
 	var metricsSrv *http.Server
 	if metricsLis != nil {
@@ -235,7 +262,7 @@ func Run(ctx context.Context, opts Options, log *zap.Logger) error {
 		current = sel.Device.ID
 	}
 	log.Info("brokerd ready", zap.String("version", opts.Version), zap.String("socket", addrs.Socket),
-		zap.String("tcp", addrs.TCP), zap.String("metrics", addrs.Metrics), zap.Int("devices", len(inv.Devices())),
+		zap.String("tcp", addrs.TCP), zap.String("metrics", addrs.Metrics), zap.String("health", addrs.Health), zap.Int("devices", len(inv.Devices())),
 		zap.String("current_device", current), zap.String("selection", sel.Reason), zap.Duration("startup", time.Since(start)))
 	if opts.Ready != nil {
 		opts.Ready(addrs)

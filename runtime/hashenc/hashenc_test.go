@@ -685,3 +685,51 @@ func TestConcurrentExecute(t *testing.T) {
 		}
 	}
 }
+
+// sparseNaive is Sparse written directly from its definition.
+func sparseNaive(f Features) [Dim]int64 {
+	var h [Dim]int64
+	for n, idx := range f.Index {
+		rng := splitmix64{state: seed ^ uint64(idx)*0x9e3779b97f4a7c15}
+		for i := range Dim / 64 {
+			b := rng.next()
+			for j := range 64 {
+				if b>>j&1 == 1 {
+					h[i*64+j] -= int64(f.Weight[n])
+				} else {
+					h[i*64+j] += int64(f.Weight[n])
+				}
+			}
+		}
+	}
+	return h
+}
+
+func TestSparseMatchesNaive(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 3))
+	random := func(n int, maxW int32) Features {
+		var f Features
+		for i := range n {
+			f.Index = append(f.Index, uint32(i*7919)%(1<<FeatureBits))
+			f.Weight = append(f.Weight, 1+rng.Int32N(maxW))
+		}
+		return f
+	}
+	tests := []struct {
+		name string
+		f    Features
+	}{
+		{"empty", Features{}},
+		{"text", Featurize([]byte("the cat sat on the mat, and the dog sat on the log"))},
+		{"many light features (lane flushes)", random(5000, 30)},
+		{"heavy weights", random(300, 0xffff)},
+		{"weights beyond a lane", Features{Index: []uint32{1, 2, 3}, Weight: []int32{0x10000, 1 << 30, -5}}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got, want := Sparse(tt.f), sparseNaive(tt.f); got != want {
+				t.Errorf("Sparse differs from the definition")
+			}
+		})
+	}
+}

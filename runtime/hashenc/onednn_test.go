@@ -43,6 +43,9 @@ func TestOneDNNMatchesFake(t *testing.T) {
 			r := newTestReplica(t, m, openOneDNN(t, threads))
 			t.Logf("oneDNN %s, max ISA %s, normalises on device: %v",
 				onednn.LibraryVersion(), onednn.MaxISA(), r.NormalizesOnDevice())
+			if !r.NormalizesOnDevice() {
+				t.Error("oneDNN's L2 normalisation no longer follows the float64 recipe; vectors fall back to host normalisation")
+			}
 			fake := newTestReplica(t, m, newFakeDevice(0, orderBlocked))
 			items := mixedItems(64, 64)
 			batch := execute(t, r, itemsAsAny(items))

@@ -21,7 +21,8 @@ import (
 // ErrClosed is returned by a Device's methods after Close.
 var ErrClosed = errors.New("onednn: device closed")
 
-// alignment of every buffer: a cache line and an AVX-512 vector.
+// alignment of every buffer and multiple of its size: a cache line and an
+// AVX-512 vector (bd_alloc page-aligns large ones).
 const alignment = 64
 
 // Device is one opened oneDNN CPU device. It implements runtime.Device.
@@ -67,6 +68,7 @@ type primKey struct {
 	dt             runtime.DType
 	batch, m, k, n int
 	transB, bias   bool
+	bcast          bool // add: In[1] is one row, broadcast
 	act            runtime.Activation
 	scale, eps     float32
 }
@@ -107,9 +109,7 @@ func (d *Device) loop(ready chan<- error) {
 		return
 	}
 	d.c = c
-	if st := C.bd_bf16_matmul_works(d.c, &step); st != C.dnnl_success {
-		d.bf16Err = fmt.Errorf("bf16 matmul on CPU ISA %s: %w", MaxISA(), statusError(step, st))
-	}
+	d.bf16Err = bf16Check(c)
 	ready <- nil
 	for {
 		// Quit first, so queued work cannot keep a closing device alive.
@@ -127,6 +127,30 @@ func (d *Device) loop(ready chan<- error) {
 			return
 		}
 	}
+}
+
+// bf16Check tries to create a small bf16 matmul on c. oneDNN 2.6 runs bf16
+// on avx512_core and newer (natively from avx512_core_bf16 and AMX); on
+// narrower ISAs it has no kernel.
+func bf16Check(c *C.bd_device) error {
+	var step *C.char
+	if st := C.bd_bf16_matmul_works(c, &step); st != C.dnnl_success {
+		return fmt.Errorf("bf16 matmul needs avx512_core or newer, oneDNN uses %s on this CPU: %w", MaxISA(), statusError(step, st))
+	}
+	return nil
+}
+
+// BF16Support reports whether bf16 matmuls run on this host without opening
+// a device: nil when they do, otherwise why not, wrapping
+// runtime.ErrUnsupported. For capability reports (detect/).
+func BF16Support() error {
+	var step *C.char
+	var c *C.bd_device
+	if st := C.bd_device_open(1, &c, &step); st != C.dnnl_success {
+		return fmt.Errorf("onednn: bf16 check: %w", statusError(step, st))
+	}
+	defer C.bd_device_close(c)
+	return bf16Check(c)
 }
 
 func (d *Device) release() {

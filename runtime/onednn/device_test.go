@@ -431,6 +431,9 @@ func TestClose(t *testing.T) {
 // that bf16 is refused with runtime.ErrUnsupported, then skips.
 func TestBF16(t *testing.T) {
 	d := openTest(t, runtime.DeviceSpec{})
+	if got, want := BF16Support(), d.BF16(); (got == nil) != (want == nil) {
+		t.Errorf("BF16Support() = %v, but the device says %v", got, want)
+	}
 	if reason := d.BF16(); reason != nil {
 		if !errors.Is(reason, runtime.ErrUnsupported) {
 			t.Errorf("BF16() = %v, want it to wrap ErrUnsupported", reason)

@@ -91,7 +91,8 @@ void bd_l2_normalize(const bd_device *d, const float *x, int64_t rows,
 void bd_f32_to_bf16(const float *src, uint16_t *dst, int64_t n);
 void bd_bf16_to_f32(const uint16_t *src, float *dst, int64_t n);
 
-// 64-byte aligned host memory; size must be a multiple of 64.
+// Host memory aligned to 64 bytes (4 KiB from 64 KiB up); size must be a
+// multiple of 64.
 void *bd_alloc(size_t size);
 void bd_free(void *p);
 

@@ -1,7 +1,23 @@
 // Package onednn is brokerd's CPU runtime on oneDNN 2.6 (Debian libdnnl-dev),
-// linked with cgo. For now it holds the probe: the library version, a CPU
-// engine created and destroyed to prove the library works, and the widest
-// instruction set oneDNN will use on this CPU.
+// linked with cgo. It holds the probe (library version, a CPU engine created
+// and destroyed to prove the library works, the widest instruction set oneDNN
+// will use here) and the runtime.Adapter that New returns.
+//
+// Each opened Device has one oneDNN engine and one stream, and runs all its
+// oneDNN work on one goroutine locked to one OS thread. Debian builds oneDNN
+// with OpenMP, whose thread count (omp_set_num_threads) and worker pool
+// belong to the calling OS thread: the device sets DeviceSpec.Threads on its
+// thread before creating or executing anything, so it has exactly one pool
+// of that many threads, and devices with different counts do not disturb
+// each other.
+//
+// Buffers are C memory (cgo forbids C keeping Go pointers), 64-byte aligned,
+// counted against DeviceSpec.Budget and pooled by byte size. oneDNN's own
+// scratchpad (library-managed, per thread) is not counted. Matmul, add,
+// layer-norm, softmax and the pointwise ops are oneDNN primitives, created
+// once per shape and kept in a bounded LRU cache per device; gather, masked
+// mean-pool and L2-normalize are C loops in dnnl_ops.c. bf16 storage is for
+// matmul operands and needs avx512_core or newer (Device.BF16 says why not).
 //
 // It needs cgo, as does the rest of brokerd (NVML, PJRT).
 package onednn

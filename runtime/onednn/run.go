@@ -192,9 +192,9 @@ func (d *Device) runStep(s *step, ptrs map[string]unsafe.Pointer) error {
 	case runtime.OpAdd:
 		n := s.in[0].last()
 		key := primKey{kind: op.Kind, m: s.in[0].numel() / n, n: n,
-			bias: !equalShape(s.in[0].shape, s.in[1].shape)}
+			bcast: !equalShape(s.in[0].shape, s.in[1].shape)}
 		p, err := d.primitive(s, key, func(o **C.bd_prim, w **C.char) C.dnnl_status_t {
-			return C.bd_add_create(dc, C.int64_t(key.m), C.int64_t(key.n), cbool(key.bias), o, w)
+			return C.bd_add_create(dc, C.int64_t(key.m), C.int64_t(key.n), cbool(key.bcast), o, w)
 		})
 		if err != nil {
 			return err

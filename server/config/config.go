@@ -29,6 +29,7 @@ type Config struct {
 	TLSKey        string `json:"tls-key"`
 	TLSClientCA   string `json:"tls-client-ca"`
 	MetricsListen string `json:"metrics-listen"`
+	HealthListen  string `json:"health-listen"`
 	StateDir      string `json:"state-dir"`
 	LogLevel      string `json:"log-level"`
 	LogFormat     string `json:"log-format"`
@@ -140,6 +141,7 @@ var envNames = map[string]string{
 	"tls-key":               "BROKERD_TLS_KEY",
 	"tls-client-ca":         "BROKERD_TLS_CLIENT_CA",
 	"metrics-listen":        "BROKERD_METRICS_LISTEN",
+	"health-listen":         "BROKERD_HEALTH_LISTEN",
 	"state-dir":             "BROKERD_STATE_DIR",
 	"log-level":             "BROKERD_LOG_LEVEL",
 	"log-format":            "BROKERD_LOG_FORMAT",
@@ -173,6 +175,7 @@ func bind(fs *flag.FlagSet, c *Config, configPath *string) {
 	fs.StringVar(&c.TLSKey, "tls-key", c.TLSKey, "TLS private key for the TCP listener")
 	fs.StringVar(&c.TLSClientCA, "tls-client-ca", c.TLSClientCA, "CA bundle; when set, TCP clients must present a certificate it signed")
 	fs.StringVar(&c.MetricsListen, "metrics-listen", c.MetricsListen, "Prometheus /metrics listen address (off when empty)")
+	fs.StringVar(&c.HealthListen, "health-listen", c.HealthListen, "plaintext TCP HOST:PORT serving only grpc.health.v1, for Kubernetes gRPC probes (off when empty)")
 	fs.StringVar(&c.StateDir, "state-dir", c.StateDir, "directory for the device registry and models")
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "debug, info, warn or error")
 	fs.StringVar(&c.LogFormat, "log-format", c.LogFormat, "json or console")
@@ -308,6 +311,11 @@ func (c Config) Validate() error {
 	if c.MetricsListen != "" {
 		if _, _, err := net.SplitHostPort(c.MetricsListen); err != nil {
 			bad("metrics-listen %q is invalid: want HOST:PORT", c.MetricsListen)
+		}
+	}
+	if c.HealthListen != "" {
+		if _, _, err := net.SplitHostPort(c.HealthListen); err != nil {
+			bad("health-listen %q is invalid: want HOST:PORT", c.HealthListen)
 		}
 	}
 	if (c.TLSCert == "") != (c.TLSKey == "") {

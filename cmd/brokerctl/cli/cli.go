@@ -382,6 +382,12 @@ func commandUsage(c command, fs *flag.FlagSet) string {
 			f := fs.Lookup(n)
 			arg, usage := flag.UnquoteUsage(f)
 			fmt.Fprintf(&b, "  --%s", strings.TrimSpace(n+" "+arg))
+			// Zero defaults (empty, false, 0) say nothing worth printing.
+			switch f.DefValue {
+			case "", "false", "0":
+			default:
+				usage += " (default " + f.DefValue + ")"
+			}
 			fmt.Fprintf(&b, "\n      %s\n", usage)
 		}
 	}

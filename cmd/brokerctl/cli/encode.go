@@ -62,7 +62,7 @@ type encodeFlags struct {
 
 func (f *encodeFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.model, "model", "", "model `NAME` (default: the server's default, nbmf-hash-v1)")
-	fs.StringVar(&f.fidelity, "fidelity", "semantic", "what each item returns: `semantic` (vector), lossless (compressed code) or both")
+	fs.StringVar(&f.fidelity, "fidelity", "semantic", "fidelity `F` of each item: semantic (vector), lossless (compressed code) or both")
 	fs.BoolVar(&f.noNormalize, "no-normalize", false, "do not L2-normalise the vectors")
 	fs.StringVar(&f.priority, "priority", "", "scheduling priority `P`: low, normal or high (default: normal)")
 	fs.StringVar(&f.device, "device", "", "run on device `ID`, e.g. gpu:0")

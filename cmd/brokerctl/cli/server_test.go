@@ -3,7 +3,11 @@ package cli
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
+	"hash/fnv"
+	"io"
 	"net"
 	"path/filepath"
 	"strings"
@@ -25,8 +29,9 @@ import (
 // h100Memory is an H100 80GB's total memory as NVML reports it: 79.6 GiB.
 const h100Memory = 85520809984
 
-// fakeBroker answers the admin RPCs from canned devices and records the
-// requests it got, so tests see what brokerctl sent.
+// fakeBroker answers the admin RPCs from canned devices, Encode with
+// deterministic vectors, and records the requests it got, so tests see what
+// brokerctl sent.
 type fakeBroker struct {
 	brokerv1.UnimplementedBrokerServiceServer
 
@@ -34,6 +39,18 @@ type fakeBroker struct {
 	devices     []*brokerv1.Device
 	lastReport  *brokerv1.GetReportRequest
 	lastPlanReq *brokerv1.GetBatchPlanRequest
+	lastStats   *brokerv1.GetStatsRequest
+	lastDrain   *brokerv1.DrainRequest
+
+	// Encode: every call's item count, the last request, and, when
+	// failEvery > 0, every failEvery-th call fails with UNAVAILABLE.
+	encodeSizes  []int
+	encodeFailed int
+	lastEncode   *brokerv1.EncodeRequest
+	failEvery    int
+	texts        map[string]int // how often each text was sent
+	// encodeDelay makes every Encode wait, or end with the call's context.
+	encodeDelay time.Duration
 }
 
 func cannedDevices() []*brokerv1.Device {
@@ -205,6 +222,147 @@ func (f *fakeBroker) UncordonDevice(_ context.Context, req *brokerv1.UncordonDev
 	return &brokerv1.UncordonDeviceResponse{Device: proto.CloneOf(d)}, nil
 }
 
+// fakeDim is the dimension of the fake's vectors: small, so outputs stay short.
+const fakeDim = 8
+
+// fakeVector is a deterministic vector for text: the bytes of its FNV-64a
+// hash, scaled into [-1, 1).
+func fakeVector(text string) []float32 {
+	h := fnv.New64a()
+	_, _ = io.WriteString(h, text)
+	sum := h.Sum64()
+	v := make([]float32, fakeDim)
+	for i := range v {
+		v[i] = float32(int((sum>>(8*i))&0xff)-128) / 128
+	}
+	return v
+}
+
+func signature(b []byte) string {
+	sum := sha256.Sum256(b)
+	return "sha256:" + hex.EncodeToString(sum[:])
+}
+
+// fakeEncode is the fake's answer to req: semantic gives fakeVector, lossless
+// gives the original bytes as the "code" (codec "identity"), and an empty
+// item is INVALID_ARGUMENT naming its index, as brokerd does.
+func fakeEncode(req *brokerv1.EncodeRequest) (*brokerv1.EncodeResponse, error) {
+	if len(req.GetItems()) == 0 {
+		return nil, status.Error(codes.InvalidArgument, "no items")
+	}
+	model := req.GetModel()
+	if model == "" {
+		model = "nbmf-hash-v1"
+	}
+	resp := &brokerv1.EncodeResponse{Model: model, ModelVersion: 1}
+	for i, it := range req.GetItems() {
+		data := []byte(it.GetText())
+		if _, ok := it.GetContent().(*brokerv1.EncodeItem_Data); ok {
+			data = it.GetData()
+		}
+		if len(data) == 0 {
+			return nil, status.Errorf(codes.InvalidArgument, "item %d: empty text", i)
+		}
+		r := &brokerv1.EncodeResult{Id: it.GetId(), Signature: signature(data)}
+		fid := req.GetFidelity()
+		if fid != brokerv1.Fidelity_FIDELITY_LOSSLESS {
+			r.Vector = fakeVector(string(data))
+		}
+		if fid == brokerv1.Fidelity_FIDELITY_LOSSLESS || fid == brokerv1.Fidelity_FIDELITY_BOTH {
+			r.Code, r.Codec = data, "identity"
+		}
+		resp.Results = append(resp.Results, r)
+	}
+	n := int32(len(req.GetItems()))
+	resp.Execution = &brokerv1.ExecutionInfo{
+		DeviceId: "cpu:0", DeviceType: brokerv1.DeviceType_DEVICE_TYPE_CPU, BatchSize: n, BatchSizes: []int32{n},
+		QueueNs: 1_200_000, ComputeNs: 2_500_000, TotalNs: 4_000_000, CostUsd: 0.000002 * float64(n),
+	}
+	return resp, nil
+}
+
+func (f *fakeBroker) Encode(ctx context.Context, req *brokerv1.EncodeRequest) (*brokerv1.EncodeResponse, error) {
+	f.mu.Lock()
+	f.encodeSizes = append(f.encodeSizes, len(req.GetItems()))
+	f.lastEncode = proto.CloneOf(req)
+	if f.texts == nil {
+		f.texts = map[string]int{}
+	}
+	for _, it := range req.GetItems() {
+		f.texts[it.GetText()]++
+	}
+	fail := f.failEvery > 0 && len(f.encodeSizes)%f.failEvery == 0
+	if fail {
+		f.encodeFailed++
+	}
+	delay := f.encodeDelay
+	f.mu.Unlock()
+	if delay > 0 {
+		select {
+		case <-time.After(delay):
+		case <-ctx.Done():
+			return nil, status.FromContextError(ctx.Err()).Err()
+		}
+	}
+	if fail {
+		return nil, status.Error(codes.Unavailable, "fake: failing every Nth request")
+	}
+	return fakeEncode(req)
+}
+
+// encodeCalls returns the item count of every Encode call so far.
+func (f *fakeBroker) encodeCalls() []int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]int(nil), f.encodeSizes...)
+}
+
+func cannedStats() []*brokerv1.QueueStats {
+	return []*brokerv1.QueueStats{
+		{
+			Model: "nbmf-hash-v1", Queued: 3, Running: 8, Completed: 12345,
+			Failed: map[string]int64{"backend": 1, "timeout": 2, "rejected": 0}, MeanBatchSize: 7.5,
+			Latency:        &brokerv1.LatencySummary{MeanSeconds: 0.0015, P50Seconds: 0.0012, P95Seconds: 0.0034, P99Seconds: 0.0101},
+			ItemsPerSecond: 4321.55,
+		},
+		{
+			Model: "nbmf-hash-v1", DeviceId: "cpu:0", Queued: 3, Running: 8, Completed: 12345,
+			Failed: map[string]int64{}, MeanBatchSize: 7.5,
+			Latency:        &brokerv1.LatencySummary{MeanSeconds: 0.0015, P50Seconds: 0.0012, P95Seconds: 0.0034, P99Seconds: 0.0101},
+			ItemsPerSecond: 4321.55,
+		},
+		{
+			Model: "bert-small", DeviceId: "gpu:0", Completed: 7,
+			Failed: map[string]int64{"oom": 1, "cancelled": 4}, MeanBatchSize: 1,
+			Latency:        &brokerv1.LatencySummary{P50Seconds: 0.00005, P95Seconds: 0.0002, P99Seconds: 0.25},
+			ItemsPerSecond: 0.5,
+		},
+	}
+}
+
+func (f *fakeBroker) GetStats(_ context.Context, req *brokerv1.GetStatsRequest) (*brokerv1.GetStatsResponse, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.lastStats = proto.CloneOf(req)
+	resp := &brokerv1.GetStatsResponse{}
+	for _, s := range cannedStats() {
+		if req.GetModel() == "" || req.GetModel() == s.GetModel() {
+			resp.Stats = append(resp.Stats, s)
+		}
+	}
+	if len(resp.Stats) == 0 {
+		return nil, status.Errorf(codes.NotFound, "model %q not found", req.GetModel())
+	}
+	return resp, nil
+}
+
+func (f *fakeBroker) Drain(_ context.Context, req *brokerv1.DrainRequest) (*brokerv1.DrainResponse, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.lastDrain = proto.CloneOf(req)
+	return &brokerv1.DrainResponse{Completed: 42}, nil
+}
+
 // testServer is a gRPC server with the fake broker and the standard health
 // service on a real Unix socket (named brokerd.sock, so a directory can stand
 // in for XDG_RUNTIME_DIR) and on a loopback TCP port.
@@ -212,15 +370,33 @@ type testServer struct {
 	dir, socket, addr string
 	broker            *fakeBroker
 	health            *health.Server
+
+	mu    sync.Mutex
+	calls map[string]int // unary calls by full method name
+}
+
+// count is a unary interceptor counting every call the server received.
+func (ts *testServer) count(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	ts.mu.Lock()
+	ts.calls[info.FullMethod]++
+	ts.mu.Unlock()
+	return handler(ctx, req)
+}
+
+// callCount is how many calls of the full method name the server received.
+func (ts *testServer) callCount(method string) int {
+	ts.mu.Lock()
+	defer ts.mu.Unlock()
+	return ts.calls[method]
 }
 
 func startServer(t *testing.T) *testServer {
 	t.Helper()
-	ts := &testServer{dir: t.TempDir(), broker: &fakeBroker{devices: cannedDevices()}, health: health.NewServer()}
+	ts := &testServer{dir: t.TempDir(), broker: &fakeBroker{devices: cannedDevices()}, health: health.NewServer(), calls: map[string]int{}}
 	ts.socket = filepath.Join(ts.dir, "brokerd.sock")
 	ts.health.SetServingStatus(brokerv1.BrokerService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
 
-	srv := grpc.NewServer()
+	srv := grpc.NewServer(grpc.UnaryInterceptor(ts.count))
 	brokerv1.RegisterBrokerServiceServer(srv, ts.broker)
 	healthpb.RegisterHealthServer(srv, ts.health)
 	unixLis, err := net.Listen("unix", ts.socket)
@@ -266,10 +442,20 @@ func (ts *testServer) run(t *testing.T, env map[string]string, args ...string) r
 	return runMain(t, env, args...)
 }
 
+// runStdin is run with stdin.
+func (ts *testServer) runStdin(t *testing.T, stdin io.Reader, args ...string) result {
+	t.Helper()
+	return runWith(t.Context(), stdin, map[string]string{"BROKERD_SOCKET": ts.socket}, args...)
+}
+
 func runMain(t *testing.T, env map[string]string, args ...string) result {
 	t.Helper()
+	return runWith(t.Context(), nil, env, args...)
+}
+
+func runWith(ctx context.Context, stdin io.Reader, env map[string]string, args ...string) result {
 	var stdout, stderr bytes.Buffer
-	code := Main(t.Context(), args, &stdout, &stderr, func(k string) string { return env[k] })
+	code := Main(ctx, args, stdin, &stdout, &stderr, func(k string) string { return env[k] })
 	return result{stdout: stdout.String(), stderr: stderr.String(), code: code}
 }
 

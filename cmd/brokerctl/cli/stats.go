@@ -1,0 +1,116 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"slices"
+	"strconv"
+	"strings"
+
+	brokerv1 "github.com/brokerd/brokerd/proto/broker/v1"
+)
+
+// failureReasons is the order of the scheduler's failure reasons in the
+// FAILED column (the order of the API's comment); other reasons follow
+// alphabetically.
+var failureReasons = []string{"rejected", "cancelled", "timeout", "backend"}
+
+func statsCmd(fs *flag.FlagSet) action {
+	model := fs.String("model", "", "only the model `NAME`")
+	asJSON := jsonFlag(fs, "GetStatsResponse")
+	return func(ctx context.Context, inv *invocation, _ []string) error {
+		c, err := inv.broker(ctx)
+		if err != nil {
+			return err
+		}
+		resp, err := c.GetStats(ctx, &brokerv1.GetStatsRequest{Model: *model})
+		if err != nil {
+			return err
+		}
+		if *asJSON {
+			return inv.writeJSON(resp)
+		}
+		var b bytes.Buffer
+		if err := writeStatsTable(&b, resp.GetStats()); err != nil {
+			return err
+		}
+		return inv.write(b.Bytes())
+	}
+}
+
+// writeStatsTable prints one row per (model, device), sorted by model and
+// device; a model's total row (no device) comes first and shows "all".
+func writeStatsTable(w io.Writer, stats []*brokerv1.QueueStats) error {
+	sorted := slices.Clone(stats)
+	slices.SortStableFunc(sorted, func(a, b *brokerv1.QueueStats) int {
+		if c := strings.Compare(a.GetModel(), b.GetModel()); c != 0 {
+			return c
+		}
+		return strings.Compare(a.GetDeviceId(), b.GetDeviceId())
+	})
+	tw := newTable(w)
+	row(tw, "", "MODEL", "DEVICE", "QUEUED", "RUNNING", "COMPLETED", "FAILED", "MEAN-BATCH", "P50", "P95", "P99", "ITEMS/S")
+	for _, s := range sorted {
+		device := s.GetDeviceId()
+		if device == "" {
+			device = "all"
+		}
+		lat := s.GetLatency()
+		row(tw, "", orDash(s.GetModel()), device,
+			strconv.FormatInt(s.GetQueued(), 10), strconv.FormatInt(s.GetRunning(), 10), strconv.FormatInt(s.GetCompleted(), 10),
+			failureCell(s.GetFailed()), strconv.FormatFloat(s.GetMeanBatchSize(), 'f', 2, 64),
+			formatMs(lat.GetP50Seconds()*1e3), formatMs(lat.GetP95Seconds()*1e3), formatMs(lat.GetP99Seconds()*1e3),
+			strconv.FormatFloat(s.GetItemsPerSecond(), 'f', 1, 64))
+	}
+	if err := tw.Flush(); err != nil {
+		return fmt.Errorf("write stats table: %w", err)
+	}
+	return nil
+}
+
+// failureCell prints failures by reason, known reasons first, zero counts
+// left out: "timeout=2 backend=1", or "-" when there are none.
+func failureCell(failed map[string]int64) string {
+	var parts []string
+	for _, r := range failureReasons {
+		if n := failed[r]; n != 0 {
+			parts = append(parts, r+"="+strconv.FormatInt(n, 10))
+		}
+	}
+	var others []string
+	for r, n := range failed {
+		if n != 0 && !slices.Contains(failureReasons, r) {
+			others = append(others, r+"="+strconv.FormatInt(n, 10))
+		}
+	}
+	slices.Sort(others)
+	return orDash(strings.Join(append(parts, others...), " "))
+}
+
+func drainCmd(fs *flag.FlagSet) action {
+	exit := fs.Bool("exit", false, "make brokerd exit once drained")
+	asJSON := jsonFlag(fs, "DrainResponse")
+	return func(ctx context.Context, inv *invocation, _ []string) error {
+		c, err := inv.broker(ctx)
+		if err != nil {
+			return err
+		}
+		resp, err := c.Drain(ctx, &brokerv1.DrainRequest{Exit: *exit})
+		if err != nil {
+			return err
+		}
+		if *asJSON {
+			return inv.writeJSON(resp)
+		}
+		msg := fmt.Sprintf("drained: %d item(s) completed while draining\n", resp.GetCompleted())
+		if *exit {
+			msg += "brokerd is exiting\n"
+		} else {
+			msg += "brokerd accepts no new work until it restarts\n"
+		}
+		return inv.write([]byte(msg))
+	}
+}

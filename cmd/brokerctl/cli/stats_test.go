@@ -1,0 +1,135 @@
+package cli
+
+import (
+	"strings"
+	"testing"
+
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+
+	brokerv1 "github.com/brokerd/brokerd/proto/broker/v1"
+)
+
+var statsHeader = []string{"MODEL", "DEVICE", "QUEUED", "RUNNING", "COMPLETED", "FAILED", "MEAN-BATCH", "P50", "P95", "P99", "ITEMS/S"}
+
+func TestStatsTable(t *testing.T) {
+	nbmfAll := map[string]string{
+		"MODEL": "nbmf-hash-v1", "DEVICE": "all", "QUEUED": "3", "RUNNING": "8", "COMPLETED": "12345",
+		"FAILED": "timeout=2 backend=1", "MEAN-BATCH": "7.50", "P50": "1.200ms", "P95": "3.400ms", "P99": "10.100ms", "ITEMS/S": "4321.6",
+	}
+	nbmfCPU := map[string]string{"MODEL": "nbmf-hash-v1", "DEVICE": "cpu:0", "FAILED": "-"}
+	bert := map[string]string{
+		"MODEL": "bert-small", "DEVICE": "gpu:0", "QUEUED": "0", "COMPLETED": "7", "FAILED": "cancelled=4 oom=1",
+		"MEAN-BATCH": "1.00", "P50": "0.050ms", "P99": "250.000ms", "ITEMS/S": "0.5",
+	}
+	tests := []struct {
+		name      string
+		args      []string
+		wantModel string
+		want      []map[string]string // rows in order, columns checked
+	}{
+		{name: "all models sorted", args: []string{"stats"}, want: []map[string]string{bert, nbmfAll, nbmfCPU}},
+		{name: "one model", args: []string{"stats", "--model", "nbmf-hash-v1"}, wantModel: "nbmf-hash-v1", want: []map[string]string{nbmfAll, nbmfCPU}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ts := startServer(t)
+			r := ts.run(t, nil, tt.args...)
+			if r.code != ExitOK || r.stderr != "" {
+				t.Fatalf("got %v", r)
+			}
+			rows := checkTable(t, r.stdout, statsHeader)
+			if len(rows) != len(tt.want) {
+				t.Fatalf("got %d rows, want %d:\n%s", len(rows), len(tt.want), r.stdout)
+			}
+			for i, want := range tt.want {
+				for col, w := range want {
+					if rows[i][col] != w {
+						t.Errorf("row %d %s = %q, want %q\n%s", i, col, rows[i][col], w, r.stdout)
+					}
+				}
+			}
+			ts.broker.mu.Lock()
+			got := ts.broker.lastStats.GetModel()
+			ts.broker.mu.Unlock()
+			if got != tt.wantModel {
+				t.Errorf("request model = %q, want %q", got, tt.wantModel)
+			}
+		})
+	}
+}
+
+func TestStatsJSON(t *testing.T) {
+	ts := startServer(t)
+	r := ts.run(t, nil, "stats", "--json")
+	if r.code != ExitOK {
+		t.Fatalf("got %v", r)
+	}
+	var got brokerv1.GetStatsResponse
+	if err := protojson.Unmarshal([]byte(r.stdout), &got); err != nil {
+		t.Fatalf("does not parse as GetStatsResponse: %v\n%s", err, r.stdout)
+	}
+	if want := (&brokerv1.GetStatsResponse{Stats: cannedStats()}); !proto.Equal(&got, want) {
+		t.Errorf("round trip differs:\ngot  %v\nwant %v", &got, want)
+	}
+	if !strings.Contains(r.stdout, `"completed": "12345"`) || !strings.Contains(r.stdout, `"p99_seconds": 0.0101`) {
+		t.Errorf("not the documented protojson conventions:\n%s", r.stdout)
+	}
+}
+
+func TestStatsUnknownModel(t *testing.T) {
+	ts := startServer(t)
+	r := ts.run(t, nil, "stats", "--model", "nope")
+	if want := "brokerctl: stats: model \"nope\" not found (NOT_FOUND)\n"; r.code != ExitError || r.stderr != want {
+		t.Errorf("got %v\nwant exit 1, stderr %q", r, want)
+	}
+}
+
+func TestFailureCell(t *testing.T) {
+	tests := []struct {
+		in   map[string]int64
+		want string
+	}{
+		{nil, "-"},
+		{map[string]int64{"timeout": 0}, "-"},
+		{map[string]int64{"backend": 1, "timeout": 2}, "timeout=2 backend=1"},
+		{map[string]int64{"zeta": 1, "alpha": 3, "rejected": 5, "cancelled": 4}, "rejected=5 cancelled=4 alpha=3 zeta=1"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.want, func(t *testing.T) {
+			if got := failureCell(tt.in); got != tt.want {
+				t.Errorf("failureCell(%v) = %q, want %q", tt.in, got, tt.want)
+			}
+		})
+	}
+}
+
+func TestDrain(t *testing.T) {
+	tests := []struct {
+		name     string
+		args     []string
+		wantExit bool
+		want     string
+	}{
+		{name: "stay", args: []string{"drain"},
+			want: "drained: 42 item(s) completed while draining\nbrokerd accepts no new work until it restarts\n"},
+		{name: "exit", args: []string{"drain", "--exit"}, wantExit: true,
+			want: "drained: 42 item(s) completed while draining\nbrokerd is exiting\n"},
+		{name: "json", args: []string{"drain", "--exit", "--json"}, wantExit: true, want: "{\n  \"completed\": \"42\"\n}\n"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ts := startServer(t)
+			r := ts.run(t, nil, tt.args...)
+			if r.code != ExitOK || r.stdout != tt.want {
+				t.Errorf("got %v\nwant stdout %q", r, tt.want)
+			}
+			ts.broker.mu.Lock()
+			req := ts.broker.lastDrain
+			ts.broker.mu.Unlock()
+			if req == nil || req.GetExit() != tt.wantExit {
+				t.Errorf("drain request = %v, want exit %v", req, tt.wantExit)
+			}
+		})
+	}
+}
