@@ -97,6 +97,30 @@ const (
 	OpMaskedMeanPool
 	// OpL2Normalize: each row divided by its L2 norm (rows of zeros stay zero).
 	OpL2Normalize
+	// OpPermute: In[0], read as Shape when Shape is set (a view of the same
+	// element count, nothing moves) or as its own shape otherwise, with its
+	// dimensions reordered by Perm: output dimension i is input dimension
+	// Perm[i], written contiguously. Splitting attention heads is
+	// [B,S,H·D] as Shape [B,S,H,D] with Perm [0,2,1,3] → [B,H,S,D]. F32 or
+	// BF16; the output keeps In[0]'s type.
+	OpPermute
+	// OpReshape: In[0] with the dimensions Shape (the same element count; one
+	// dimension may be -1, inferred), row-major order unchanged. Merging heads
+	// is OpPermute [B,H,S,D] → [B,S,H,D] then OpReshape to [B,S,H·D]. F32 or
+	// BF16; the output keeps In[0]'s type.
+	OpReshape
+	// OpMaskedSoftmax: softmax over the last dimension of In[0] [B,...,N]
+	// where In[1] mask [B,N] (f32 or i32; non-zero keeps) excludes positions:
+	// a masked position gets probability exactly 0 and the kept ones sum to
+	// 1, as if the masked ones were not there (attention over padded keys).
+	// The mask of batch element b applies to every row of In[0][b]. A row
+	// whose positions are all masked gets 1/N everywhere, as an additive
+	// mask of the most negative float would give.
+	OpMaskedSoftmax
+	// OpConvert: In[0] converted element-wise to DType (F32 ↔ BF16; rounding
+	// to nearest even), the same shape. It feeds bf16 matmuls from f32
+	// activations.
+	OpConvert
 )
 
 // Op is one node of a graph. It reads named buffers and writes one.
@@ -108,6 +132,9 @@ type Op struct {
 	TransB bool       // OpMatMul, OpBatchMatMul
 	Eps    float32    // OpLayerNorm
 	Scale  float32    // OpBatchMatMul; 0 means 1
+	Perm   []int      // OpPermute
+	Shape  []int      // OpPermute (input view), OpReshape (output shape)
+	DType  DType      // OpConvert: the output type
 }
 
 // Graph is a straight-line program of ops. Buffers named in Run's bindings are

@@ -126,7 +126,10 @@ func (s *Scheduler) dispatchLocked(mq *modelQueue) {
 				}
 				continue
 			}
-			if s.fasterElsewhereLocked(mq, r, c.n, c.finish, now) {
+			if wait, recheck := s.fasterElsewhereLocked(mq, r, c.n, c.finish, now); wait {
+				if !recheck.IsZero() && (wake.IsZero() || recheck.Before(wake)) {
+					wake = recheck
+				}
 				continue
 			}
 			items := mq.take(r, r.maxBatch, expire)
@@ -159,10 +162,12 @@ func (s *Scheduler) dispatchLocked(mq *modelQueue) {
 // that may take at least as many of the queued items would finish all n of
 // them (after its running batch) sooner than r finishes one batch: then r
 // leaves the work to it. Comparing r's single batch against the other's
-// whole backlog rules out two replicas waiting on each other.
-func (s *Scheduler) fasterElsewhereLocked(mq *modelQueue, r *replica, n int, mine float64, now time.Time) bool {
+// whole backlog rules out two replicas waiting on each other. recheck is
+// when to look again should the other's running batch overrun: a replica
+// running past twice its expected time is not waited for.
+func (s *Scheduler) fasterElsewhereLocked(mq *modelQueue, r *replica, n int, mine float64, now time.Time) (wait bool, recheck time.Time) {
 	if mine == 0 {
-		return false // r is unmeasured: it is tried first
+		return false, time.Time{} // r is unmeasured: it is tried first
 	}
 	for _, o := range mq.replicas {
 		if o == r || o.throughput == 0 || !s.usableLocked(o, now) {
@@ -172,14 +177,20 @@ func (s *Scheduler) fasterElsewhereLocked(mq *modelQueue, r *replica, n int, min
 			continue
 		}
 		var backlog float64
+		var overdue time.Time
 		if o.busy {
-			backlog = max(0, float64(o.runningItems)/o.throughput-now.Sub(o.runStart).Seconds())
+			expected := float64(o.runningItems) / o.throughput
+			overdue = o.runStart.Add(time.Duration(2*expected*float64(time.Second)) + time.Millisecond)
+			if !now.Before(overdue) {
+				continue
+			}
+			backlog = max(0, expected-now.Sub(o.runStart).Seconds())
 		}
 		if backlog+float64(n)/o.throughput < mine {
-			return true
+			return true, overdue
 		}
 	}
-	return false
+	return false, time.Time{}
 }
 
 // armLocked makes sure mq is looked at again at wake.

@@ -198,10 +198,10 @@ func TestDrain(t *testing.T) {
 
 	drained := make(chan error, 1)
 	go func() { drained <- s.Drain(ctx) }()
-	waitFor(t, "draining", func() bool {
-		_, err := s.Submit(ctx, Request{Model: "m", Inputs: []any{"late"}})
-		return errors.Is(err, ErrDraining)
-	})
+	waitFor(t, "draining", s.Draining)
+	if _, err := s.Submit(ctx, Request{Model: "m", Inputs: []any{"late"}}); !errors.Is(err, ErrDraining) {
+		t.Errorf("Submit while draining: err = %v, want ErrDraining", err)
+	}
 	short, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
 	defer cancel()
 	if err := s.Drain(short); !errors.Is(err, context.DeadlineExceeded) {
@@ -354,6 +354,25 @@ func TestDispatchEarliestFinish(t *testing.T) {
 	// cpu:0 runs one batch, so cpu:0 should stay idle.
 	if n := onSlow.Load(); n*10 > total.Load() {
 		t.Errorf("%d of %d requests ran on the slow replica; want under 10%%", n, total.Load())
+	}
+
+	// A stuck fast replica is not waited for past twice its expected time:
+	// the idle slow one takes the work.
+	for len(fast.entered) > 0 {
+		<-fast.entered
+	}
+	fast.hold = make(chan struct{})
+	stuck := submitAsync(ctx, s, Request{Model: "m", DeviceID: "gpu:0", Inputs: []any{"stuck"}})
+	waitEntered(t, fast)
+	bounded, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	resp, err = s.Submit(bounded, Request{Model: "m", Inputs: []any{"while-stuck"}})
+	if err != nil || resp.Info.DeviceID != "cpu:0" {
+		t.Errorf("with gpu:0 stuck, ran on %q (err %v), want cpu:0", resp.Info.DeviceID, err)
+	}
+	close(fast.hold)
+	if r := recv(t, stuck); r.err != nil {
+		t.Fatal(r.err)
 	}
 }
 

@@ -450,6 +450,14 @@ func (s *Scheduler) Drain(ctx context.Context) error {
 	}
 }
 
+// Draining reports whether Drain or Close was called: the scheduler accepts
+// no new work (health should report NOT_SERVING).
+func (s *Scheduler) Draining() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.draining
+}
+
 func (s *Scheduler) checkDrainedLocked() {
 	if !s.draining || s.drained == nil || s.active > 0 || s.running > 0 {
 		return

@@ -82,6 +82,21 @@ var ErrBadInput = errors.New("hashenc: bad input")
 type Input struct {
 	Data      []byte // UTF-8 text or arbitrary bytes
 	Normalize bool   // L2-normalise the vector
+
+	// Set by Prepare: the quantised projection and its shift.
+	row   *[Dim]int32
+	shift int
+}
+
+// Prepare featurises and projects the item on the calling goroutine. A
+// server calls it in its request handlers, which run in parallel, so the
+// batch that reaches the device carries only the device's share of the work
+// (the dense matmul). The vector is the same, bit for bit, either way.
+func (in Input) Prepare() Input {
+	h := Sparse(Featurize(in.Data))
+	q, s := Quantize(&h)
+	in.row, in.shift = &q, s
+	return in
 }
 
 // Model is nbmf-hash-v1's fixed weights, built once and shared read-only by

@@ -733,3 +733,28 @@ func TestSparseMatchesNaive(t *testing.T) {
 		})
 	}
 }
+
+// TestPreparedInputsSameVectors: featurising in the caller (Prepare) gives
+// the vectors featurising in the batch gives, bit for bit, also mixed.
+func TestPreparedInputsSameVectors(t *testing.T) {
+	m := New()
+	r := newTestReplica(t, m, newFakeDevice(0, orderBlocked))
+	items := mixedItems(33, 7)
+	plain := make([]any, len(items))
+	prepared := make([]any, len(items))
+	for i, it := range items {
+		plain[i] = it
+		if i%3 != 0 {
+			prepared[i] = it.Prepare()
+		} else {
+			prepared[i] = it
+		}
+	}
+	want := execute(t, r, plain)
+	got := execute(t, r, prepared)
+	for i := range want {
+		if d, ok := bitsEqual(want[i], got[i]); !ok {
+			t.Fatalf("item %d differs at %d: %v vs %v", i, d, got[i][d], want[i][d])
+		}
+	}
+}

@@ -220,15 +220,27 @@ func (r *Replica) encode(ctx context.Context, items []Input, out []any) error {
 // work and each item is independent).
 func featurizeRows(items []Input, x []float32, shifts []int) {
 	one := func(i int) {
-		h := Sparse(Featurize(items[i].Data))
-		q, s := Quantize(&h)
+		var q [Dim]int32
+		var s int
+		if p := items[i].row; p != nil {
+			q, s = *p, items[i].shift
+		} else {
+			h := Sparse(Featurize(items[i].Data))
+			q, s = Quantize(&h)
+		}
 		row := x[i*Dim : (i+1)*Dim]
 		for k, v := range q {
 			row[k] = float32(v)
 		}
 		shifts[i] = s
 	}
-	workers := min(goruntime.GOMAXPROCS(0), len(items))
+	unprepared := 0
+	for i := range items {
+		if items[i].row == nil {
+			unprepared++
+		}
+	}
+	workers := min(goruntime.GOMAXPROCS(0), unprepared)
 	if workers <= 1 {
 		for i := range items {
 			one(i)

@@ -36,6 +36,7 @@ const alignment = 64
 type Device struct {
 	id      string
 	threads int
+	compute runtime.DType // DeviceSpec.DType; F32 when unset
 	bf16Err error // why bf16 matmuls cannot run here; nil when they can
 
 	c     *C.bd_device // used only on the worker thread
@@ -71,12 +72,14 @@ type primKey struct {
 	bcast          bool // add: In[1] is one row, broadcast
 	act            runtime.Activation
 	scale, eps     float32
+	layout         string // permute: the input view and the permutation
 }
 
 func openDevice(spec runtime.DeviceSpec, cacheSize int) (*Device, error) {
 	d := &Device{
 		id:      spec.ID,
 		threads: spec.Threads,
+		compute: spec.DType,
 		budget:  spec.Budget,
 		work:    make(chan func()),
 		quit:    make(chan struct{}),
@@ -91,6 +94,9 @@ func openDevice(spec runtime.DeviceSpec, cacheSize int) (*Device, error) {
 	go d.loop(ready)
 	if err := <-ready; err != nil {
 		return nil, fmt.Errorf("onednn: open %s: %w", spec.ID, err)
+	}
+	if d.compute == 0 {
+		d.compute = runtime.F32
 	}
 	return d, nil
 }
@@ -199,6 +205,11 @@ func (d *Device) ID() string { return d.id }
 
 // Threads returns the OpenMP thread count the device runs with.
 func (d *Device) Threads() int { return d.threads }
+
+// ComputeType is the type the device was opened to compute in
+// (DeviceSpec.DType): models feed their matmuls bf16 operands when it is
+// BF16.
+func (d *Device) ComputeType() runtime.DType { return d.compute }
 
 // BF16 returns nil when bf16 matmuls run on this device, or why not (wrapping
 // runtime.ErrUnsupported: oneDNN 2.6 needs avx512_core or newer).

@@ -1,5 +1,6 @@
 #include "dnnl_ops.h"
 
+#include <float.h>
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>
@@ -18,6 +19,15 @@
 
 // Work below this many elements is not worth waking OpenMP threads for.
 #define BD_PAR_MIN (1 << 15)
+
+// Ops below about this much work (flops, or elements × 8) run on one thread:
+// waking the OpenMP pool for a 8×384×384 matmul costs more than it saves, and
+// idle pool threads spin on cores the gRPC server needs.
+#define BD_PAR_MIN_WORK (1 << 22)
+
+static int bd_threads_for(const bd_device *d, double work) {
+    return work < (double)BD_PAR_MIN_WORK ? 1 : d->nthreads;
+}
 
 dnnl_status_t bd_device_open(int nthreads, bd_device **out, const char **step) {
     dnnl_status_t st = dnnl_success;
@@ -65,9 +75,9 @@ dnnl_status_t bd_exec(bd_device *d, bd_prim *p, void *h0, void *h1, void *h2,
         void *h3, const char **step) {
     dnnl_status_t st = dnnl_success;
     void *h[BD_MAX_ARGS] = {h0, h1, h2, h3};
-    // The ICV is per OS thread; setting it here keeps the device's count
-    // whichever thread the call arrives on.
-    omp_set_num_threads(d->nthreads);
+    // The ICV is per OS thread; setting it here keeps the count the
+    // primitive was created for, whichever thread the call arrives on.
+    omp_set_num_threads(p->nthreads > 0 ? p->nthreads : d->nthreads);
     for (int i = 0; i < p->nargs; i++)
         TRY(dnnl_memory_set_data_handle(p->args[i].memory, h[i]),
                 "set data handle");
@@ -94,6 +104,8 @@ static dnnl_status_t finish(bd_device *d, const_dnnl_op_desc_t desc,
     TRY(dnnl_primitive_desc_create(&pd, desc, attr, d->engine, NULL),
             "create primitive descriptor");
     TRY(dnnl_primitive_create(&p->prim, pd), "create primitive");
+    // The creator set the thread count for this op's size; executions keep it.
+    p->nthreads = omp_get_max_threads();
     for (int i = 0; i < nargs; i++) {
         const dnnl_memory_desc_t *md =
                 dnnl_primitive_desc_query_md(pd, dnnl_query_exec_arg_md, argids[i]);
@@ -125,7 +137,7 @@ dnnl_status_t bd_matmul_create(bd_device *d, int64_t batch, int64_t m,
     dnnl_primitive_attr_t attr = NULL;
     dnnl_post_ops_t po = NULL;
     int nd = batch > 0 ? 3 : 2;
-    omp_set_num_threads(d->nthreads);
+    omp_set_num_threads(bd_threads_for(d, 2.0 * (double)(batch > 0 ? batch : 1) * (double)m * (double)k * (double)n));
 
     dnnl_dims_t sdims, wdims, wstrides, ddims, bdims;
     if (nd == 2) {
@@ -187,7 +199,7 @@ dnnl_status_t bd_add_create(bd_device *d, int64_t rows, int64_t n, int bcast,
     dnnl_status_t st = dnnl_success;
     dnnl_memory_desc_t s0, s1, dst;
     dnnl_binary_desc_t desc;
-    omp_set_num_threads(d->nthreads);
+    omp_set_num_threads(bd_threads_for(d, 8.0 * (double)rows * (double)n));
     dnnl_dims_t dims = {rows, n}, bdims = {bcast ? 1 : rows, n};
     TRY(dnnl_memory_desc_init_by_tag(&s0, 2, dims, dnnl_f32, dnnl_ab), "describe src0");
     TRY(dnnl_memory_desc_init_by_tag(&s1, 2, bdims, dnnl_f32, dnnl_ab), "describe src1");
@@ -207,7 +219,7 @@ dnnl_status_t bd_layernorm_create(bd_device *d, int64_t rows, int64_t n,
     dnnl_status_t st = dnnl_success;
     dnnl_memory_desc_t data;
     dnnl_layer_normalization_desc_t desc;
-    omp_set_num_threads(d->nthreads);
+    omp_set_num_threads(bd_threads_for(d, 8.0 * (double)rows * (double)n));
     dnnl_dims_t dims = {rows, n};
     TRY(dnnl_memory_desc_init_by_tag(&data, 2, dims, dnnl_f32, dnnl_ab), "describe src");
     // Separate [n] scale and shift (2.6's use_scale|use_shift), so gamma and
@@ -228,7 +240,7 @@ dnnl_status_t bd_softmax_create(bd_device *d, int64_t rows, int64_t n,
     dnnl_status_t st = dnnl_success;
     dnnl_memory_desc_t data;
     dnnl_softmax_desc_t desc;
-    omp_set_num_threads(d->nthreads);
+    omp_set_num_threads(bd_threads_for(d, 8.0 * (double)rows * (double)n));
     dnnl_dims_t dims = {rows, n};
     TRY(dnnl_memory_desc_init_by_tag(&data, 2, dims, dnnl_f32, dnnl_ab), "describe src");
     TRY(dnnl_softmax_forward_desc_init(&desc, dnnl_forward_inference, &data, 1),
@@ -246,7 +258,7 @@ dnnl_status_t bd_eltwise_create(bd_device *d, int64_t count,
     dnnl_status_t st = dnnl_success;
     dnnl_memory_desc_t data;
     dnnl_eltwise_desc_t desc;
-    omp_set_num_threads(d->nthreads);
+    omp_set_num_threads(bd_threads_for(d, 8.0 * (double)count));
     dnnl_dims_t dims = {count};
     TRY(dnnl_memory_desc_init_by_tag(&data, 1, dims, dnnl_f32, dnnl_a), "describe src");
     TRY(dnnl_eltwise_forward_desc_init(&desc, dnnl_forward_inference, alg, &data,
@@ -258,6 +270,108 @@ dnnl_status_t bd_eltwise_create(bd_device *d, int64_t count,
     }
 out:
     return st;
+}
+
+dnnl_status_t bd_permute_create(bd_device *d, int ndims, const int64_t *dims,
+        const int *perm, dnnl_data_type_t dt, bd_prim **out, const char **step) {
+    dnnl_status_t st = dnnl_success;
+    dnnl_memory_desc_t src, dst;
+    dnnl_primitive_desc_t pd = NULL;
+    dnnl_dims_t in_strides, odims, ostrides, dstrides;
+    bd_prim *p = NULL;
+    omp_set_num_threads(d->nthreads);
+    if (ndims < 1 || ndims > DNNL_MAX_NDIMS) {
+        *step = "check permute rank";
+        return dnnl_invalid_arguments;
+    }
+    // The source is described in the output's dimension order with the
+    // input's strides, so the reorder writes the permuted tensor densely.
+    in_strides[ndims - 1] = 1;
+    for (int i = ndims - 2; i >= 0; i--) in_strides[i] = in_strides[i + 1] * dims[i + 1];
+    for (int i = 0; i < ndims; i++) {
+        odims[i] = dims[perm[i]];
+        ostrides[i] = in_strides[perm[i]];
+    }
+    dstrides[ndims - 1] = 1;
+    for (int i = ndims - 2; i >= 0; i--) dstrides[i] = dstrides[i + 1] * odims[i + 1];
+    TRY(dnnl_memory_desc_init_by_strides(&src, ndims, odims, dt, ostrides), "describe src");
+    TRY(dnnl_memory_desc_init_by_strides(&dst, ndims, odims, dt, dstrides), "describe dst");
+    p = calloc(1, sizeof *p);
+    if (p == NULL) {
+        st = dnnl_out_of_memory;
+        *step = "allocate primitive";
+        goto out;
+    }
+    TRY(dnnl_reorder_primitive_desc_create(&pd, &src, d->engine, &dst, d->engine, NULL),
+            "create reorder primitive descriptor");
+    TRY(dnnl_primitive_create(&p->prim, pd), "create reorder primitive");
+    p->args[0].arg = DNNL_ARG_FROM;
+    TRY(dnnl_memory_create(&p->args[0].memory, &src, d->engine, DNNL_MEMORY_NONE),
+            "create argument memory");
+    p->nargs = 1;
+    p->args[1].arg = DNNL_ARG_TO;
+    TRY(dnnl_memory_create(&p->args[1].memory, &dst, d->engine, DNNL_MEMORY_NONE),
+            "create argument memory");
+    p->nargs = 2;
+    *out = p;
+    p = NULL;
+out:
+    if (pd) dnnl_primitive_desc_destroy(pd);
+    bd_prim_destroy(p);
+    return st;
+}
+
+void bd_mask_fill(const bd_device *d, const float *x, const void *mask,
+        int mask_i32, int64_t b, int64_t rows, int64_t n, float *out) {
+    int64_t per = rows / b; // rows of one batch element
+    omp_set_num_threads(d->nthreads);
+#pragma omp parallel for if (rows * n >= BD_PAR_MIN)
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t bi = r / per;
+        const float *xr = x + r * n;
+        float *o = out + r * n;
+        if (mask_i32) {
+            const int32_t *m = (const int32_t *)mask + bi * n;
+            for (int64_t j = 0; j < n; j++) o[j] = m[j] != 0 ? xr[j] : -FLT_MAX;
+        } else {
+            const float *m = (const float *)mask + bi * n;
+            for (int64_t j = 0; j < n; j++) o[j] = m[j] != 0.0f ? xr[j] : -FLT_MAX;
+        }
+    }
+}
+
+// Copies and conversions below this many bytes run on one thread.
+#define BD_PAR_BYTES (1 << 18)
+#define BD_CHUNK 16384 // elements per parallel chunk
+
+void bd_copy(const bd_device *d, const void *src, void *dst, int64_t bytes) {
+    int64_t chunks = (bytes + BD_PAR_BYTES - 1) / BD_PAR_BYTES;
+    omp_set_num_threads(d->nthreads);
+#pragma omp parallel for if (chunks > 1)
+    for (int64_t c = 0; c < chunks; c++) {
+        int64_t off = c * BD_PAR_BYTES;
+        int64_t len = bytes - off < BD_PAR_BYTES ? bytes - off : BD_PAR_BYTES;
+        memcpy((char *)dst + off, (const char *)src + off, (size_t)len);
+    }
+}
+
+void bd_convert(const bd_device *d, const void *src, dnnl_data_type_t from_dt,
+        void *dst, dnnl_data_type_t to_dt, int64_t n) {
+    if (from_dt == to_dt) {
+        bd_copy(d, src, dst, n * (from_dt == dnnl_bf16 ? 2 : 4));
+        return;
+    }
+    int64_t chunks = (n + BD_CHUNK - 1) / BD_CHUNK;
+    omp_set_num_threads(d->nthreads);
+#pragma omp parallel for if (chunks > 1)
+    for (int64_t c = 0; c < chunks; c++) {
+        int64_t off = c * BD_CHUNK;
+        int64_t len = n - off < BD_CHUNK ? n - off : BD_CHUNK;
+        if (from_dt == dnnl_f32)
+            bd_f32_to_bf16((const float *)src + off, (uint16_t *)dst + off, len);
+        else
+            bd_bf16_to_f32((const uint16_t *)src + off, (float *)dst + off, len);
+    }
 }
 
 int64_t bd_gather(const bd_device *d, const float *table, int64_t v,

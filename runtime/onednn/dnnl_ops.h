@@ -25,6 +25,7 @@ typedef struct {
 #define BD_MAX_ARGS 4
 typedef struct {
     dnnl_primitive_t prim;
+    int nthreads; // fixed at creation by the op's size; see bd_threads_for
     int nargs;
     dnnl_exec_arg_t args[BD_MAX_ARGS];
 } bd_prim;
@@ -68,6 +69,12 @@ dnnl_status_t bd_softmax_create(bd_device *d, int64_t rows, int64_t n,
 dnnl_status_t bd_eltwise_create(bd_device *d, int64_t count,
         dnnl_alg_kind_t alg, bd_prim **out, const char **step);
 
+// Permute: a reorder from src, read as dims[0..ndims) row-major, to a
+// contiguous dst whose dimension i is src dimension perm[i]. dt is the
+// element type of both. Arguments: src, dst.
+dnnl_status_t bd_permute_create(bd_device *d, int ndims, const int64_t *dims,
+        const int *perm, dnnl_data_type_t dt, bd_prim **out, const char **step);
+
 // Ops without a oneDNN primitive. They run on the caller's thread with the
 // device's OpenMP thread count.
 
@@ -86,6 +93,20 @@ void bd_masked_mean_pool(const bd_device *d, const float *x, const void *mask,
 // zeros stay zero.
 void bd_l2_normalize(const bd_device *d, const float *x, int64_t rows,
         int64_t dim, float *out);
+
+// bd_mask_fill copies x [b, rows/b, n] into out, writing -FLT_MAX where
+// mask [b,n] (f32, or i32 when mask_i32) is zero: the masked softmax then
+// runs oneDNN's softmax over out in place.
+void bd_mask_fill(const bd_device *d, const float *x, const void *mask,
+        int mask_i32, int64_t b, int64_t rows, int64_t n, float *out);
+
+// bd_copy copies bytes from src to dst with the device's threads.
+void bd_copy(const bd_device *d, const void *src, void *dst, int64_t bytes);
+
+// bd_convert converts n elements between f32 and bf16 (from_dt to to_dt;
+// the same type copies) with the device's threads.
+void bd_convert(const bd_device *d, const void *src, dnnl_data_type_t from_dt,
+        void *dst, dnnl_data_type_t to_dt, int64_t n);
 
 // bf16 <-> f32 conversion (round to nearest even, NaN kept quiet).
 void bd_f32_to_bf16(const float *src, uint16_t *dst, int64_t n);

@@ -58,6 +58,14 @@ func opName(k runtime.OpKind) string {
 		return "masked-mean-pool"
 	case runtime.OpL2Normalize:
 		return "l2-normalize"
+	case runtime.OpPermute:
+		return "permute"
+	case runtime.OpReshape:
+		return "reshape"
+	case runtime.OpMaskedSoftmax:
+		return "masked-softmax"
+	case runtime.OpConvert:
+		return "convert"
 	}
 	return fmt.Sprintf("op-kind(%d)", uint8(k))
 }
@@ -176,6 +184,8 @@ func inferOp(op runtime.Op, in []tensor) (tensor, error) {
 		runtime.OpLayerNorm: {3, 3}, runtime.OpSoftmax: {1, 1}, runtime.OpGELU: {1, 1},
 		runtime.OpReLU: {1, 1}, runtime.OpTanh: {1, 1}, runtime.OpGather: {2, 2},
 		runtime.OpMaskedMeanPool: {2, 2}, runtime.OpL2Normalize: {1, 1},
+		runtime.OpPermute: {1, 1}, runtime.OpReshape: {1, 1}, runtime.OpMaskedSoftmax: {2, 2},
+		runtime.OpConvert: {1, 1},
 	}
 	n, ok := want[op.Kind]
 	if !ok {
@@ -203,6 +213,15 @@ func inferOp(op runtime.Op, in []tensor) (tensor, error) {
 	}
 	if op.Eps != 0 && op.Kind != runtime.OpLayerNorm {
 		return tensor{}, fmt.Errorf("Eps is only for layer-norm")
+	}
+	if op.Perm != nil && op.Kind != runtime.OpPermute {
+		return tensor{}, fmt.Errorf("Perm is only for permute")
+	}
+	if op.Shape != nil && op.Kind != runtime.OpPermute && op.Kind != runtime.OpReshape {
+		return tensor{}, fmt.Errorf("Shape is only for permute and reshape")
+	}
+	if op.DType != 0 && op.Kind != runtime.OpConvert {
+		return tensor{}, fmt.Errorf("DType is only for convert")
 	}
 	for i, t := range in {
 		if len(t.shape) == 0 {
@@ -329,6 +348,89 @@ func inferOp(op runtime.Op, in []tensor) (tensor, error) {
 			return tensor{}, fmt.Errorf("mask is %s, want %s", shapeString(mask.shape), shapeString(x.shape[:2]))
 		}
 		return tensor{runtime.F32, []int{x.shape[0], x.shape[2]}}, nil
+
+	case runtime.OpPermute:
+		if err := floatType(in[0]); err != nil {
+			return tensor{}, err
+		}
+		view := in[0].shape
+		if op.Shape != nil {
+			if err := sameCount(op.Shape, in[0]); err != nil {
+				return tensor{}, err
+			}
+			view = op.Shape
+		}
+		if len(view) > maxPermuteDims {
+			return tensor{}, fmt.Errorf("%d dimensions, at most %d", len(view), maxPermuteDims)
+		}
+		if len(op.Perm) != len(view) {
+			return tensor{}, fmt.Errorf("Perm %v has %d entries for %d dimensions", op.Perm, len(op.Perm), len(view))
+		}
+		seen := make([]bool, len(view))
+		out := make([]int, len(view))
+		for i, p := range op.Perm {
+			if p < 0 || p >= len(view) || seen[p] {
+				return tensor{}, fmt.Errorf("Perm %v is not a permutation of 0..%d", op.Perm, len(view)-1)
+			}
+			seen[p] = true
+			out[i] = view[p]
+		}
+		return tensor{in[0].dt, out}, nil
+
+	case runtime.OpReshape:
+		if err := floatType(in[0]); err != nil {
+			return tensor{}, err
+		}
+		if op.Shape == nil {
+			return tensor{}, fmt.Errorf("no Shape")
+		}
+		out := clone(op.Shape)
+		free, known := -1, 1
+		for i, d := range out {
+			switch {
+			case d == -1 && free < 0:
+				free = i
+			case d > 0:
+				known *= d
+			default:
+				return tensor{}, fmt.Errorf("Shape %v: dimension %d is %d", op.Shape, i, d)
+			}
+		}
+		if free >= 0 {
+			if in[0].numel()%known != 0 {
+				return tensor{}, fmt.Errorf("Shape %v does not divide %d elements", op.Shape, in[0].numel())
+			}
+			out[free] = in[0].numel() / known
+		}
+		if err := sameCount(out, in[0]); err != nil {
+			return tensor{}, err
+		}
+		return tensor{in[0].dt, out}, nil
+
+	case runtime.OpMaskedSoftmax:
+		x, mask := in[0], in[1]
+		if err := f32(0); err != nil {
+			return tensor{}, err
+		}
+		if len(x.shape) < 2 {
+			return tensor{}, fmt.Errorf("In[0] must have at least 2 dimensions [B,...,N]")
+		}
+		if mask.dt != runtime.F32 && mask.dt != runtime.I32 {
+			return tensor{}, fmt.Errorf("mask is %s, want f32 or i32", mask.dt)
+		}
+		if want := []int{x.shape[0], x.last()}; !equalShape(mask.shape, want) {
+			return tensor{}, fmt.Errorf("mask is %s, want %s", shapeString(mask.shape), shapeString(want))
+		}
+		return tensor{runtime.F32, clone(x.shape)}, nil
+
+	case runtime.OpConvert:
+		if err := floatType(in[0]); err != nil {
+			return tensor{}, err
+		}
+		if op.DType != runtime.F32 && op.DType != runtime.BF16 {
+			return tensor{}, fmt.Errorf("DType %s: want f32 or bf16", op.DType)
+		}
+		return tensor{op.DType, clone(in[0].shape)}, nil
 	}
 	return tensor{}, fmt.Errorf("unknown op kind %d", uint8(op.Kind))
 }
@@ -340,6 +442,31 @@ func matmulTypes(a, w tensor) error {
 	}
 	if w.dt != a.dt {
 		return fmt.Errorf("In[1] is %s and In[0] %s: both must be the same type", w.dt, a.dt)
+	}
+	return nil
+}
+
+// maxPermuteDims bounds OpPermute's rank (oneDNN's limit is 12; more than
+// 6 has no use in these models).
+const maxPermuteDims = 6
+
+// floatType allows f32 or bf16 data (ops that move values without arithmetic).
+func floatType(t tensor) error {
+	if t.dt != runtime.F32 && t.dt != runtime.BF16 {
+		return fmt.Errorf("In[0] is %s, want f32 or bf16", t.dt)
+	}
+	return nil
+}
+
+// sameCount checks that shape is a view of t: positive dimensions, the same
+// element count.
+func sameCount(shape []int, t tensor) error {
+	n, err := elements(shape)
+	if err != nil {
+		return fmt.Errorf("Shape %v: %w", shape, err)
+	}
+	if n != t.numel() {
+		return fmt.Errorf("Shape %v has %d elements, In[0] %d", shape, n, t.numel())
 	}
 	return nil
 }

@@ -258,6 +258,49 @@ func (d *Device) runStep(s *step, ptrs map[string]unsafe.Pointer) error {
 		n := s.in[0].last()
 		C.bd_l2_normalize(dc, (*C.float)(in(0)), C.int64_t(s.in[0].numel()/n), C.int64_t(n), (*C.float)(out))
 		return nil
+
+	case runtime.OpPermute:
+		view := s.in[0].shape
+		if op.Shape != nil {
+			view = op.Shape
+		}
+		key := primKey{kind: op.Kind, dt: s.in[0].dt, layout: fmt.Sprint(view, op.Perm)}
+		p, err := d.primitive(s, key, func(o **C.bd_prim, w **C.char) C.dnnl_status_t {
+			var dims [maxPermuteDims]C.int64_t
+			var perm [maxPermuteDims]C.int
+			for i := range view {
+				dims[i], perm[i] = C.int64_t(view[i]), C.int(op.Perm[i])
+			}
+			return C.bd_permute_create(dc, C.int(len(view)), &dims[0], &perm[0], dnnlType(key.dt), o, w)
+		})
+		if err != nil {
+			return err
+		}
+		return d.exec(s, p, in(0), out)
+
+	case runtime.OpReshape:
+		C.bd_copy(dc, in(0), out, C.int64_t(s.in[0].numel()*s.in[0].dt.Size()))
+		return nil
+
+	case runtime.OpMaskedSoftmax:
+		x := s.in[0]
+		n := x.last()
+		rows := x.numel() / n
+		C.bd_mask_fill(dc, (*C.float)(in(0)), in(1), cbool(s.in[1].dt == runtime.I32),
+			C.int64_t(x.shape[0]), C.int64_t(rows), C.int64_t(n), (*C.float)(out))
+		// The same primitive as OpSoftmax of this shape, run in place.
+		key := primKey{kind: runtime.OpSoftmax, m: rows, n: n}
+		p, err := d.primitive(s, key, func(o **C.bd_prim, w **C.char) C.dnnl_status_t {
+			return C.bd_softmax_create(dc, C.int64_t(key.m), C.int64_t(key.n), o, w)
+		})
+		if err != nil {
+			return err
+		}
+		return d.exec(s, p, out, out)
+
+	case runtime.OpConvert:
+		C.bd_convert(dc, in(0), dnnlType(s.in[0].dt), out, dnnlType(s.out.dt), C.int64_t(s.in[0].numel()))
+		return nil
 	}
 	return fmt.Errorf("%w: %s: unknown op", runtime.ErrInvalidGraph, s)
 }

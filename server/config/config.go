@@ -55,6 +55,7 @@ type Config struct {
 	MaxQueueItems      int      `json:"max-queue-items"`
 	MaxQueueDelay      Duration `json:"max-queue-delay"`
 	MaxBatch           int      `json:"max-batch"`
+	Pprof              bool     `json:"pprof"`
 	ShutdownGrace      Duration `json:"shutdown-grace"`
 }
 
@@ -199,6 +200,7 @@ func bind(fs *flag.FlagSet, c *Config, configPath *string) {
 	fs.IntVar(&c.MaxQueueItems, "max-queue-items", c.MaxQueueItems, "most items queued over all models; beyond it calls get RESOURCE_EXHAUSTED")
 	fs.Var(&c.MaxQueueDelay, "max-queue-delay", "how long the oldest queued item may wait for its batch to fill once a device is free")
 	fs.IntVar(&c.MaxBatch, "max-batch", c.MaxBatch, "cap on every batch plan's max batch (0: the plan's own)")
+	fs.BoolVar(&c.Pprof, "pprof", c.Pprof, "serve Go's /debug/pprof on the metrics listener (keep that listener private)")
 }
 
 // ErrHelp is returned when -h or --help was given; usage has been printed.

@@ -1,0 +1,103 @@
+// Package models holds the neural models brokerd serves from its model
+// repository (MLPs and BERT-family encoders and classifiers) as op graphs over
+// a runtime.Device, and the types the repository loader, the scheduler's
+// executors and the server share.
+//
+// The repository loader (runtime/models/repo) reads a model directory
+// (safetensors weights, config, tokenizer) and builds a Model with the
+// constructors here; the server places replicas of it on devices and sends
+// batches of payloads (TextInput, RowInput) through the scheduler.
+package models
+
+import (
+	"context"
+
+	"github.com/brokerd/brokerd/runtime"
+)
+
+// Kind is a model kind of the repository.
+type Kind string
+
+// Model kinds.
+const (
+	KindMLP            Kind = "mlp"
+	KindBERT           Kind = "bert"
+	KindBERTClassifier Kind = "bert-classifier"
+)
+
+// Tensor is a host tensor of float32 values, row-major. Weights of any stored
+// dtype (F32, F16, BF16) are converted to float32 when loaded; the device
+// converts again if it computes in bf16.
+type Tensor struct {
+	Shape []int
+	Data  []float32
+}
+
+// TensorSpec describes a model input or output as Infer and KServe see it.
+// DType is a KServe datatype name: "FP32", "INT64", "BYTES", ...; -1 in Shape
+// is a free dimension (the batch, the sequence).
+type TensorSpec struct {
+	Name  string
+	DType string
+	Shape []int64
+}
+
+// Info is what the server needs to know of a model.
+type Info struct {
+	Name    string
+	Version int64
+	Kind    Kind
+	Inputs  []TensorSpec
+	Outputs []TensorSpec
+	// BaseBatch is the model's base batch (the batch plan scales it per device type).
+	BaseBatch int
+	// MaxBatchTokens bounds the tokens of one batch for text models (0: none).
+	MaxBatchTokens int
+	// MaxSeqLen is the longest token sequence (max_position_embeddings).
+	MaxSeqLen int
+	// Dim is the embedding size for encoders, the number of logits for
+	// classifiers, the output width for MLPs.
+	Dim int
+	// Labels are the classifier's label names (id2label), when known.
+	Labels []string
+}
+
+// Model is a loaded model, ready to be placed on devices.
+type Model interface {
+	Info() Info
+	// MemoryBytes is what one replica needs on a device computing in dt:
+	// resident weights plus the workspace of a full batch.
+	MemoryBytes(dt runtime.DType, maxBatch int) int64
+	// NewReplica uploads the weights to dev (once; they stay resident) and
+	// returns an executor for batches of payloads.
+	NewReplica(ctx context.Context, dev runtime.Device, maxBatch int) (Replica, error)
+	// Cost is an item's share of the batch budget: its token count for text
+	// models (so batches respect MaxBatchTokens), 1 otherwise.
+	Cost(payload any) int
+}
+
+// Replica is a model on one device. It implements the scheduler's Executor:
+// one output per input, in order.
+type Replica interface {
+	Execute(ctx context.Context, inputs []any) ([]any, error)
+	Close() error
+}
+
+// TextInput is one item for an encoder or classifier. Tokenisation happens
+// when the payload is built (TokenizeText), not on the device.
+type TextInput struct {
+	IDs       []int32 // token ids with special tokens ([CLS] ... [SEP] ...)
+	TypeIDs   []int32 // token type ids (0 first segment, 1 second)
+	Normalize bool    // encoders: L2-normalise the pooled vector
+}
+
+// RowInput is one row (batch element) of an Infer request for an MLP: the
+// input vector without its batch dimension.
+type RowInput struct {
+	Values []float32
+}
+
+// Output is one item's result: an embedding, logits, or an MLP output row.
+type Output struct {
+	Values []float32
+}
