@@ -9,8 +9,13 @@ import (
 	"go.uber.org/zap"
 )
 
-// ewmaWeight is the weight of the newest batch in a replica's throughput.
-const ewmaWeight = 0.3
+const (
+	// ewmaWeight is the weight of the newest batch in a replica's throughput.
+	ewmaWeight = 0.3
+	// overdueSlack absorbs scheduling noise before a busy replica's batch
+	// counts as overrunning (so short batches are not judged stuck by jitter).
+	overdueSlack = 50 * time.Millisecond
+)
 
 // replica is one device serving one model. Its worker runs one batch at a
 // time; all other fields are guarded by Scheduler.mu.
@@ -19,6 +24,7 @@ type replica struct {
 	dev            Device
 	idKey, typeKey string // pin classes it serves besides ""
 	maxBatch       int
+	maxCost        int // summed Request.Costs per batch; 0 = no limit
 	exec           Executor
 
 	work       chan *batch // capacity 1: a batch is sent only when idle
@@ -164,7 +170,7 @@ func (s *Scheduler) dispatchLocked(mq *modelQueue) {
 // leaves the work to it. Comparing r's single batch against the other's
 // whole backlog rules out two replicas waiting on each other. recheck is
 // when to look again should the other's running batch overrun: a replica
-// running past twice its expected time is not waited for.
+// running past twice its expected time (plus overdueSlack) is not waited for.
 func (s *Scheduler) fasterElsewhereLocked(mq *modelQueue, r *replica, n int, mine float64, now time.Time) (wait bool, recheck time.Time) {
 	if mine == 0 {
 		return false, time.Time{} // r is unmeasured: it is tried first
@@ -180,7 +186,7 @@ func (s *Scheduler) fasterElsewhereLocked(mq *modelQueue, r *replica, n int, min
 		var overdue time.Time
 		if o.busy {
 			expected := float64(o.runningItems) / o.throughput
-			overdue = o.runStart.Add(time.Duration(2*expected*float64(time.Second)) + time.Millisecond)
+			overdue = o.runStart.Add(time.Duration(2*expected*float64(time.Second)) + overdueSlack)
 			if !now.Before(overdue) {
 				continue
 			}

@@ -17,6 +17,7 @@ type request struct {
 	priority          int
 	deviceID, devType string
 	inputs, outputs   []any
+	costs             []int // per input; nil means 1 each
 	submitted         time.Time
 
 	next        int // first item not yet taken into a batch
@@ -42,6 +43,14 @@ type request struct {
 	err      error
 	info     ExecInfo
 	done     chan struct{}
+}
+
+// itemCost is input i's share of a batch's cost limit.
+func (rq *request) itemCost(i int) int {
+	if rq.costs == nil {
+		return 1
+	}
+	return rq.costs[i]
 }
 
 // queued reports the request's items counted in the queue.
@@ -291,13 +300,23 @@ func (mq *modelQueue) eligible(r *replica, now time.Time, delay time.Duration) (
 // expire. The queue counters are updated by the caller from len(batch).
 func (mq *modelQueue) take(r *replica, capacity int, expire func(*request, error)) []itemRef {
 	batch := make([]itemRef, 0, capacity)
+	// full stops filling when the batch has capacity items, or when the
+	// next item would take it past the replica's cost limit (the first item
+	// always goes, however costly, so nothing waits forever).
+	cost := 0
+	full := func(next int) bool {
+		if len(batch) == capacity {
+			return true
+		}
+		return r.maxCost > 0 && len(batch) > 0 && cost+next > r.maxCost
+	}
 
 	kept := mq.retry[:0]
 	for _, it := range mq.retry {
 		switch {
 		case it.rq.finished:
 			continue // its count left the queue when it finished
-		case len(batch) == capacity || it.exclude == r || !it.rq.matchesReplica(r):
+		case full(it.rq.itemCost(it.idx)) || it.exclude == r || !it.rq.matchesReplica(r):
 			kept = append(kept, it)
 			continue
 		}
@@ -306,6 +325,7 @@ func (mq *modelQueue) take(r *replica, capacity int, expire func(*request, error
 			continue
 		}
 		it.rq.retryQueued--
+		cost += it.rq.itemCost(it.idx)
 		batch = append(batch, it)
 	}
 	clear(mq.retry[len(kept):])
@@ -315,8 +335,9 @@ func (mq *modelQueue) take(r *replica, capacity int, expire func(*request, error
 		cq *clientQueue
 		el *list.Element // the next request of cq to look at
 	}
+	stopped := false
 	for _, lv := range mq.levels {
-		if len(batch) == capacity {
+		if len(batch) == capacity || stopped {
 			break
 		}
 		turns := make([]turn, 0, len(lv.clients))
@@ -325,7 +346,7 @@ func (mq *modelQueue) take(r *replica, capacity int, expire func(*request, error
 			turns = append(turns, turn{cq: cq, el: cq.reqs.Front()})
 		}
 		var last *clientQueue
-		for len(turns) > 0 && len(batch) < capacity {
+		for len(turns) > 0 && len(batch) < capacity && !stopped {
 			for i := 0; i < len(turns) && len(batch) < capacity; {
 				t := &turns[i]
 				rq := nextEligible(t.el, r, expire)
@@ -334,6 +355,16 @@ func (mq *modelQueue) take(r *replica, capacity int, expire func(*request, error
 					continue
 				}
 				t.el = rq.clientEl
+				if c := rq.itemCost(rq.next); full(c) {
+					// Over the cost limit: the batch leaves as it is, and
+					// this client's turn comes first next time.
+					stopped = true
+					last = nil
+					lv.cursor = slices.Index(lv.clients, t.cq)
+					break
+				} else {
+					cost += c
+				}
 				batch = append(batch, itemRef{rq: rq, idx: rq.next, enqueued: rq.submitted})
 				rq.pq.items--
 				rq.next++

@@ -124,6 +124,21 @@ type Request struct {
 	// Optional pins: only replicas on this device ID and/or type run it.
 	DeviceID, DeviceType string
 	Inputs               []any
+	// Costs, when set, is each input's share of a replica's batch cost
+	// limit (tokens for text models; see WithMaxBatchCost). Nil means 1 each.
+	Costs []int
+}
+
+// ReplicaOption configures a replica.
+type ReplicaOption func(*replicaOptions)
+
+type replicaOptions struct{ maxCost int }
+
+// WithMaxBatchCost bounds the summed Request.Costs of one batch (e.g. a
+// model's max_batch_tokens) besides its item count. An item costlier than
+// the limit still runs, alone.
+func WithMaxBatchCost(n int) ReplicaOption {
+	return func(o *replicaOptions) { o.maxCost = n }
 }
 
 // Response is the outputs of a request, in input order, and how they ran.
@@ -213,7 +228,11 @@ func New(opts Options) *Scheduler {
 
 // AddReplica makes dev serve model with batches of up to maxBatch items (from
 // the device type's batch plan). exec runs the batches, one at a time.
-func (s *Scheduler) AddReplica(model string, dev Device, maxBatch int, exec Executor) error {
+func (s *Scheduler) AddReplica(model string, dev Device, maxBatch int, exec Executor, opts ...ReplicaOption) error {
+	var ro replicaOptions
+	for _, o := range opts {
+		o(&ro)
+	}
 	switch {
 	case model == "":
 		return fmt.Errorf("scheduler: add replica: %w: empty model name", ErrInvalidArgument)
@@ -238,6 +257,7 @@ func (s *Scheduler) AddReplica(model string, dev Device, maxBatch int, exec Exec
 		return fmt.Errorf("scheduler: add replica of %q on %s: %w: already served", model, dev.ID, ErrInvalidArgument)
 	}
 	r := newReplica(mq, dev, maxBatch, exec, s.metrics)
+	r.maxCost = ro.maxCost
 	mq.replicas = append(mq.replicas, r)
 	s.workers.Add(1)
 	go s.worker(r)
@@ -311,6 +331,9 @@ func (s *Scheduler) Cordon(deviceID string, on bool) {
 func (s *Scheduler) Submit(ctx context.Context, req Request) (Response, error) {
 	if len(req.Inputs) == 0 {
 		return Response{Outputs: []any{}}, nil
+	}
+	if req.Costs != nil && len(req.Costs) != len(req.Inputs) {
+		return Response{}, fmt.Errorf("scheduler: %w: %d costs for %d inputs", ErrInvalidArgument, len(req.Costs), len(req.Inputs))
 	}
 	s.mu.Lock()
 	rq, err := s.enqueueLocked(ctx, req)
@@ -395,6 +418,7 @@ func (s *Scheduler) enqueueLocked(ctx context.Context, req Request) (*request, e
 		deviceID:  req.DeviceID,
 		devType:   req.DeviceType,
 		inputs:    req.Inputs,
+		costs:     req.Costs,
 		outputs:   make([]any, n),
 		submitted: now,
 		done:      make(chan struct{}),

@@ -480,3 +480,63 @@ func TestPinnedRequestsShareTheQueue(t *testing.T) {
 		})
 	}
 }
+
+// TestBatchCostLimit: with WithMaxBatchCost, batches also stop at the summed
+// item costs (tokens), an item over the limit runs alone, and every item is
+// still answered in order.
+func TestBatchCostLimit(t *testing.T) {
+	cases := []struct {
+		name  string
+		costs []int // one single-item request each, from different clients
+		limit int
+		want  []int // batch sizes after the held first batch
+	}{
+		{"tokens split batches", []int{40, 40, 40, 40, 40}, 100, []int{2, 2, 1}},
+		{"item count still bounds", []int{1, 1, 1, 1, 1, 1, 1, 1, 1, 1}, 1000, []int{8, 2}},
+		{"oversized item runs alone", []int{10, 500, 10}, 100, []int{1, 1, 1}},
+		{"exact fit", []int{50, 50, 50, 50}, 100, []int{2, 2}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newTestScheduler(t, Options{})
+			f := newFake("cpu:0")
+			f.hold = make(chan struct{})
+			if err := s.AddReplica("m", cpu0, 8, f, WithMaxBatchCost(tc.limit)); err != nil {
+				t.Fatal(err)
+			}
+			ctx := context.Background()
+			first := submitAsync(ctx, s, Request{Model: "m", Client: "a", Inputs: inputs("first", 1)})
+			waitEntered(t, f)
+			var chans []<-chan submitted
+			var ins [][]any
+			for i, c := range tc.costs {
+				in := inputs(fmt.Sprintf("r%d", i), 1)
+				ins = append(ins, in)
+				chans = append(chans, submitAsync(ctx, s, Request{Model: "m", Client: "c", Inputs: in, Costs: []int{c}}))
+				waitFor(t, "queued", func() bool { return queuedItems(t, s, "m") == int64(i+1) })
+			}
+			close(f.hold)
+			if r := recv(t, first); r.err != nil {
+				t.Fatal(r.err)
+			}
+			for i, ch := range chans {
+				r := recv(t, ch)
+				if r.err != nil {
+					t.Fatal(r.err)
+				}
+				checkOutputs(t, ins[i], r.resp.Outputs)
+			}
+			if got := f.batchSizes()[1:]; !slices.Equal(got, tc.want) {
+				t.Errorf("batch sizes %v, want %v", got, tc.want)
+			}
+		})
+	}
+	t.Run("costs must match inputs", func(t *testing.T) {
+		s := newTestScheduler(t, Options{})
+		mustAdd(t, s, "m", cpu0, 8, newFake("cpu:0"))
+		_, err := s.Submit(context.Background(), Request{Model: "m", Inputs: inputs("x", 2), Costs: []int{1}})
+		if !errors.Is(err, ErrInvalidArgument) {
+			t.Fatalf("err = %v, want ErrInvalidArgument", err)
+		}
+	})
+}
