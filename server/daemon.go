@@ -9,6 +9,7 @@ import (
 	"net/http/pprof"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -23,6 +24,7 @@ import (
 
 	"github.com/brokerd/brokerd/detect"
 	brokerv1 "github.com/brokerd/brokerd/proto/broker/v1"
+	"github.com/brokerd/brokerd/proto/inference"
 	"github.com/brokerd/brokerd/runtime"
 	"github.com/brokerd/brokerd/runtime/hashenc"
 	"github.com/brokerd/brokerd/runtime/onednn"
@@ -164,10 +166,17 @@ func Run(ctx context.Context, opts Options, log *zap.Logger) error {
 		Logger:        log,
 	})
 	defer sched.Close()
-	models, err := placeModels(ctx, inv.Devices(), []encoderModel{hashEncoder{hashenc.New()}}, sched, placeOptions{
-		Adapters: map[string]runtime.Adapter{onednn.Name: onednn.New(onednn.Options{})},
-		Factors:  pol.Factors,
-		MaxBatch: cfg.MaxBatch,
+	repo, err := openRepository(cfg.ModelRepoDir(), cfg.ModelRepo == "", log)
+	if err != nil {
+		return err
+	}
+	models, err := placeModels(ctx, inv.Devices(), []encoderModel{hashEncoder{hashenc.New()}}, sched, repo, placeOptions{
+		Adapters:       map[string]runtime.Adapter{onednn.Name: onednn.New(onednn.Options{})},
+		Factors:        pol.Factors,
+		MaxBatch:       cfg.MaxBatch,
+		Select:         pol.Select,
+		MaxBatchTokens: cfg.MaxBatchTokens,
+		Entries:        inv.Devices,
 	}, log)
 	defer func() {
 		if err := models.close(); err != nil {
@@ -175,6 +184,9 @@ func Run(ctx context.Context, opts Options, log *zap.Logger) error {
 		}
 	}()
 	if err != nil {
+		return err
+	}
+	if err := models.loadAtStart(ctx, cfg.LoadModels); err != nil {
 		return err
 	}
 
@@ -204,6 +216,7 @@ func Run(ctx context.Context, opts Options, log *zap.Logger) error {
 	hostname, _ := os.Hostname()
 	healthSrv := health.NewServer()
 	drainedExit := make(chan struct{})
+	var draining atomic.Bool
 	var exitOnce sync.Once
 	broker := NewBrokerService(inv, Policy{
 		Select: pol.Select, Factors: pol.Factors, Memory: pol.Memory, Costs: pol.Costs,
@@ -211,11 +224,14 @@ func Run(ctx context.Context, opts Options, log *zap.Logger) error {
 	}, DataPlane{
 		Sched: sched, models: models,
 		Limits:    Limits{MaxItemsPerRequest: cfg.MaxItemsPerRequest, MaxItemBytes: cfg.MaxItemBytes},
-		Draining:  healthSrv.Shutdown,
+		Draining:  func() { draining.Store(true); healthSrv.Shutdown() },
 		OnDrained: func() { exitOnce.Do(func() { close(drainedExit) }) },
 	}, log)
+	// KServe's ServerReady and ModelReady turn false once a drain starts.
+	kserve := NewInferenceService(broker, func() bool { return !draining.Load() })
 	for _, s := range servers {
 		brokerv1.RegisterBrokerServiceServer(s, broker)
+		inference.RegisterGRPCInferenceServiceServer(s, kserve)
 		healthpb.RegisterHealthServer(s, healthSrv)
 		reflection.Register(s)
 	}
@@ -262,6 +278,7 @@ func Run(ctx context.Context, opts Options, log *zap.Logger) error {
 
 	healthSrv.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	healthSrv.SetServingStatus(brokerv1.BrokerService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
+	healthSrv.SetServingStatus(inference.GRPCInferenceService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
 	sel := inv.Select(pol.Select)
 	current := "none"
 	if sel.Device != nil {
@@ -283,6 +300,7 @@ func Run(ctx context.Context, opts Options, log *zap.Logger) error {
 	case runErr = <-errc:
 		log.Error("stopping: a listener failed", zap.Error(runErr))
 	}
+	draining.Store(true)
 	healthSrv.Shutdown() // everything NOT_SERVING: probes and clients stop sending
 	// Everything accepted completes (new calls get UNAVAILABLE), within the grace.
 	grace := time.Duration(cfg.ShutdownGrace)

@@ -193,7 +193,8 @@ func TestDaemonServesAdminRPCs(t *testing.T) {
 	for _, s := range rr.GetListServicesResponse().GetService() {
 		services = append(services, s.GetName())
 	}
-	if !containsSubstring(services, "broker.v1.BrokerService") || !containsSubstring(services, "grpc.health.v1.Health") {
+	if !containsSubstring(services, "broker.v1.BrokerService") || !containsSubstring(services, "grpc.health.v1.Health") ||
+		!containsSubstring(services, "inference.GRPCInferenceService") {
 		t.Errorf("reflection lists %v", services)
 	}
 	stream.CloseSend()

@@ -2,7 +2,6 @@ package server
 
 import (
 	"context"
-	"sort"
 
 	"go.uber.org/zap"
 	"google.golang.org/grpc/codes"
@@ -18,13 +17,18 @@ func (s *BrokerService) GetStats(ctx context.Context, req *brokerv1.GetStatsRequ
 	if s.sched == nil {
 		return &brokerv1.GetStatsResponse{}, nil
 	}
-	if m := req.GetModel(); m != "" && s.models != nil {
-		if _, ok := s.models.get(m); !ok {
-			return nil, status.Errorf(codes.NotFound, "model %q not found (served: %s)", m, s.models.names())
+	key := req.GetModel()
+	if key != "" && s.models != nil {
+		// Repository models queue under NAME@VERSION: the serving version's
+		// rows answer for the name.
+		sv := s.models.lookup(key)
+		if sv == nil {
+			return nil, toStatus(s.log, "GetStats", s.models.missing(key))
 		}
+		key = sv.key
 	}
 	resp := &brokerv1.GetStatsResponse{}
-	for _, st := range s.sched.Stats(req.GetModel()) {
+	for _, st := range s.sched.Stats(key) {
 		resp.Stats = append(resp.Stats, statsToProto(st))
 	}
 	return resp, nil
@@ -83,26 +87,4 @@ func (s *BrokerService) completed() int64 {
 		}
 	}
 	return n
-}
-
-// ListModels lists the models brokerd serves and where their replicas run.
-func (s *BrokerService) ListModels(ctx context.Context, _ *brokerv1.ListModelsRequest) (*brokerv1.ListModelsResponse, error) {
-	resp := &brokerv1.ListModelsResponse{}
-	if s.models == nil {
-		return resp, nil
-	}
-	for name, m := range s.models.models {
-		pm := &brokerv1.Model{
-			Name: name, Version: m.Version(), Kind: m.Kind(), State: brokerv1.ModelState_MODEL_STATE_READY,
-			DeviceIds: append([]string(nil), s.models.placements[name]...), MemoryBytes: uint64(m.MemoryBytes()),
-			BaseBatch: int32(m.BaseBatch()), AvailableVersions: []int64{m.Version()},
-		}
-		if len(pm.DeviceIds) == 0 {
-			pm.State = brokerv1.ModelState_MODEL_STATE_FAILED
-			pm.Error = "no device could take a replica (see brokerd's log)"
-		}
-		resp.Models = append(resp.Models, pm)
-	}
-	sort.Slice(resp.Models, func(i, j int) bool { return resp.Models[i].GetName() < resp.Models[j].GetName() })
-	return resp, nil
 }

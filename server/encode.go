@@ -39,7 +39,8 @@ func (s *BrokerService) Encode(ctx context.Context, req *brokerv1.EncodeRequest)
 	}
 	m, ok := s.models.get(name)
 	if !ok {
-		return nil, status.Errorf(codes.NotFound, "model %q not found (served: %s)", name, s.models.names())
+		// Repository encoders (bert), or why name is not served.
+		return s.encodeModel(ctx, req, name, start)
 	}
 	if err := s.validateEncode(req); err != nil {
 		return nil, err

@@ -11,6 +11,9 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/brokerd/brokerd/detect"
+	"github.com/brokerd/brokerd/runtime"
+	"github.com/brokerd/brokerd/runtime/models"
+	"github.com/brokerd/brokerd/runtime/safetensors"
 	"github.com/brokerd/brokerd/scheduler"
 )
 
@@ -31,6 +34,18 @@ func toStatus(log *zap.Logger, method string, err error) error {
 		code = codes.InvalidArgument
 	case errors.Is(err, detect.ErrDeviceUnavailable):
 		code = codes.FailedPrecondition
+	case errors.Is(err, errModelNotFound):
+		code = codes.NotFound
+	case errors.Is(err, errModelNotLoaded), errors.Is(err, errBuiltinModel):
+		code = codes.FailedPrecondition
+	case errors.As(err, new(*admissionError)), errors.Is(err, runtime.ErrOutOfMemory):
+		code = codes.ResourceExhausted
+	case errors.Is(err, safetensors.ErrInvalid), errors.Is(err, models.ErrInvalidInput):
+		code = codes.InvalidArgument
+	case errors.Is(err, scheduler.ErrDraining):
+		code = codes.Unavailable
+	case errors.Is(err, scheduler.ErrNoDevice):
+		code = codes.Unavailable
 	case errors.Is(err, context.DeadlineExceeded):
 		code = codes.DeadlineExceeded
 	case errors.Is(err, context.Canceled):

@@ -42,6 +42,7 @@ func (h hashEncoder) MemoryBytes() int64 { return h.m.MemoryBytes() }
 func (h hashEncoder) NewReplica(ctx context.Context, dev runtime.Device) (replica, error) {
 	return h.m.NewReplica(ctx, dev)
 }
+
 // Input does the host's share of the encoding (featurising) in the calling
 // request handler, in parallel with other requests.
 func (hashEncoder) Input(data []byte, normalize bool) any {

@@ -96,6 +96,15 @@ func (b *builder) add(op runtime.Op, dt runtime.DType, shape []int) string {
 // output marks name as a result the caller binds and reads back.
 func (b *builder) output(name string) { b.bound[name] = true }
 
+// outputLast renames the last op's result to name, a bound output.
+func (b *builder) outputLast(name string) {
+	last := &b.ops[len(b.ops)-1]
+	b.vals[name] = b.vals[last.Out]
+	delete(b.vals, last.Out)
+	last.Out = name
+	b.output(name)
+}
+
 // operand returns x as a matmul operand: itself in f32 mode, its bf16 copy
 // (converted once) in bf16 mode.
 func (b *builder) operand(x string) string {

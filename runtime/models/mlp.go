@@ -189,12 +189,7 @@ func (m *MLP) graph(dt runtime.DType, rows int) *builder {
 			x = b.add(runtime.Op{Kind: runtime.OpSoftmax, In: []string{x}}, runtime.F32, b.shape(x))
 		}
 	}
-	// The last op writes the bound output buffer.
-	last := &b.ops[len(b.ops)-1]
-	b.vals[mlpOut] = b.vals[last.Out]
-	delete(b.vals, last.Out)
-	last.Out = mlpOut
-	b.output(mlpOut)
+	b.outputLast(mlpOut)
 	return b
 }
 

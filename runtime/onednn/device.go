@@ -37,7 +37,7 @@ type Device struct {
 	id      string
 	threads int
 	compute runtime.DType // DeviceSpec.DType; F32 when unset
-	bf16Err error // why bf16 matmuls cannot run here; nil when they can
+	bf16Err error         // why bf16 matmuls cannot run here; nil when they can
 
 	c     *C.bd_device // used only on the worker thread
 	prims *lru[primKey, *C.bd_prim]

@@ -15,8 +15,11 @@
 // counted against DeviceSpec.Budget and pooled by byte size. oneDNN's own
 // scratchpad (library-managed, per thread) is not counted. Matmul, add,
 // layer-norm, softmax and the pointwise ops are oneDNN primitives, created
-// once per shape and kept in a bounded LRU cache per device; gather, masked
-// mean-pool and L2-normalize are C loops in dnnl_ops.c. bf16 storage is for
+// once per shape and kept in a bounded LRU cache per device; permute is a
+// oneDNN reorder between strided and dense layouts (cached the same way);
+// masked softmax fills masked positions with -FLT_MAX in C and then runs the
+// softmax primitive in place; gather, masked mean-pool, L2-normalize,
+// reshape (a copy) and convert are C loops in dnnl_ops.c. bf16 storage is for
 // matmul operands and needs avx512_core or newer (Device.BF16 says why not).
 //
 // It needs cgo, as does the rest of brokerd (NVML, PJRT).

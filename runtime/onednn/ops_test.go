@@ -516,3 +516,226 @@ func TestGraphEndToEnd(t *testing.T) {
 		})
 	}
 }
+
+func TestPermute(t *testing.T) {
+	d := openTest(t, runtime.DeviceSpec{})
+	r := newRand(t)
+	tests := []struct {
+		name  string
+		shape []int // In[0]'s shape
+		view  []int // Op.Shape; nil: the shape
+		perm  []int
+	}{
+		{"identity", []int{3, 5}, nil, []int{0, 1}},
+		{"one element", []int{1}, nil, []int{0}},
+		{"transpose", []int{17, 3}, nil, []int{1, 0}},
+		{"rotate 3-D", []int{2, 3, 4}, nil, []int{2, 0, 1}},
+		{"split heads", []int{2, 5, 12}, []int{2, 5, 3, 4}, []int{0, 2, 1, 3}},
+		{"merge heads", []int{2, 3, 5, 4}, nil, []int{0, 2, 1, 3}},
+		{"bert-base heads", []int{3, 17, 768}, []int{3, 17, 12, 64}, []int{0, 2, 1, 3}},
+		{"5-D", []int{2, 3, 4, 5, 6}, nil, []int{4, 2, 0, 3, 1}},
+		{"view flattens", []int{4, 6}, []int{24}, []int{0}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			x := randVec(r, prod(tt.shape))
+			view := tt.view
+			if view == nil {
+				view = tt.shape
+			}
+			out := make([]int, len(tt.perm))
+			for i, p := range tt.perm {
+				out[i] = view[p]
+			}
+			g := &runtime.Graph{Ops: []runtime.Op{{Kind: runtime.OpPermute, In: []string{"x"}, Out: "y", Shape: tt.view, Perm: tt.perm}}}
+			got, err := runGraph(t, d, g, []input{f32In("x", x, tt.shape...)}, "y", out)
+			if err != nil {
+				t.Fatal(err)
+			}
+			checkClose(t, got, refPermute(to64(x), view, tt.perm), 0) // a copy: exact
+		})
+	}
+}
+
+func TestReshape(t *testing.T) {
+	d := openTest(t, runtime.DeviceSpec{})
+	r := newRand(t)
+	tests := []struct {
+		shape, to, want []int
+	}{
+		{[]int{1}, []int{1, 1}, []int{1, 1}},
+		{[]int{2, 3, 4}, []int{6, 4}, []int{6, 4}},
+		{[]int{2, 3, 4}, []int{-1}, []int{24}},
+		{[]int{4, 17, 2, 32}, []int{4, 17, -1}, []int{4, 17, 64}},
+		{[]int{512, 1024}, []int{1024, -1}, []int{1024, 512}}, // several parallel chunks
+	}
+	for _, tt := range tests {
+		t.Run(fmt.Sprintf("%v->%v", tt.shape, tt.to), func(t *testing.T) {
+			x := randVec(r, prod(tt.shape))
+			g := &runtime.Graph{Ops: []runtime.Op{{Kind: runtime.OpReshape, In: []string{"x"}, Out: "y", Shape: tt.to}}}
+			got, err := runGraph(t, d, g, []input{f32In("x", x, tt.shape...)}, "y", tt.want)
+			if err != nil {
+				t.Fatal(err)
+			}
+			checkClose(t, got, to64(x), 0)
+		})
+	}
+}
+
+func TestMaskedSoftmax(t *testing.T) {
+	d := openTest(t, runtime.DeviceSpec{})
+	r := newRand(t)
+	tests := []struct {
+		shape    []int // [B,...,N]
+		maskType runtime.DType
+		allOff   bool // batch element 0 keeps nothing
+	}{
+		{[]int{1, 1}, runtime.F32, false},
+		{[]int{3, 17}, runtime.F32, false},
+		{[]int{2, 4, 16, 16}, runtime.F32, false}, // [B,H,S,S] attention scores
+		{[]int{3, 2, 5, 24}, runtime.I32, true},
+		{[]int{4, 12, 64, 64}, runtime.I32, false},
+		{[]int{2, 7, 1000}, runtime.F32, true},
+	}
+	for _, tt := range tests {
+		t.Run(fmt.Sprintf("%v/mask=%s/allOff=%v", tt.shape, tt.maskType, tt.allOff), func(t *testing.T) {
+			b, n := tt.shape[0], tt.shape[len(tt.shape)-1]
+			x := randVec(r, prod(tt.shape))
+			for i := range x {
+				x[i] *= 8
+			}
+			mask := make([]float64, b*n)
+			for bi := 0; bi < b; bi++ {
+				// Padding at the end, as in a batch, and a random hole.
+				keep := 1 + r.IntN(n)
+				for j := 0; j < keep; j++ {
+					mask[bi*n+j] = 1
+				}
+				if keep > 2 {
+					mask[bi*n+r.IntN(keep)] = 0
+				}
+			}
+			if tt.allOff {
+				clear(mask[:n])
+			}
+			maskIn := input{name: "m", dt: tt.maskType, shape: []int{b, n}}
+			for _, m := range mask {
+				maskIn.f = append(maskIn.f, float32(m))
+				maskIn.i = append(maskIn.i, int32(m))
+			}
+			g := &runtime.Graph{Ops: []runtime.Op{{Kind: runtime.OpMaskedSoftmax, In: []string{"x", "m"}, Out: "y"}}}
+			got, err := runGraph(t, d, g, []input{f32In("x", x, tt.shape...), maskIn}, "y", tt.shape)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := refMaskedSoftmax(to64(x), b, n, mask)
+			per := len(x) / n / b
+			for i, v := range got {
+				bi := i / n / per
+				if mask[bi*n+i%n] == 0 && !(tt.allOff && bi == 0) && v != 0 {
+					t.Fatalf("masked position %d has probability %g, want exactly 0", i, v)
+				}
+			}
+			checkClose(t, got, want, tolF32)
+		})
+	}
+}
+
+func TestConvert(t *testing.T) {
+	d := openTest(t, runtime.DeviceSpec{})
+	r := newRand(t)
+	x := randVec(r, 3*1000)
+	t.Run("f32 to f32", func(t *testing.T) {
+		g := &runtime.Graph{Ops: []runtime.Op{{Kind: runtime.OpConvert, In: []string{"x"}, Out: "y", DType: runtime.F32}}}
+		got, err := runGraph(t, d, g, []input{f32In("x", x, 3, 1000)}, "y", []int{3, 1000})
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkClose(t, got, to64(x), 0)
+	})
+	t.Run("f32 to bf16 and back", func(t *testing.T) {
+		g := &runtime.Graph{Ops: []runtime.Op{
+			{Kind: runtime.OpConvert, In: []string{"x"}, Out: "h", DType: runtime.BF16},
+			{Kind: runtime.OpConvert, In: []string{"h"}, Out: "y", DType: runtime.F32},
+		}}
+		got, err := runGraph(t, d, g, []input{f32In("x", x, 3, 1000)}, "y", []int{3, 1000})
+		if reason := d.BF16(); reason != nil {
+			// The bf16 intermediate cannot be allocated: the run says why.
+			if !errors.Is(err, runtime.ErrUnsupported) {
+				t.Fatalf("err = %v, want ErrUnsupported on a CPU without bf16", err)
+			}
+			t.Skipf("bf16 unsupported on this CPU: %v", reason)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Round to nearest even keeps 8 significant bits: relative error ≤ 2⁻⁹.
+		for i, v := range got {
+			if e := math.Abs(float64(v)-float64(x[i])) / math.Abs(float64(x[i])); e > 1.0/512 {
+				t.Fatalf("y[%d] = %g from %g: relative error %.3g > 2^-9", i, v, x[i], e)
+			}
+		}
+	})
+}
+
+// TestAttentionGraph is one attention head block as BERT runs it: heads
+// split with OpPermute, scores with a scaled batch matmul, the padding
+// masked out, context merged back with OpPermute and OpReshape.
+func TestAttentionGraph(t *testing.T) {
+	d := openTest(t, runtime.DeviceSpec{})
+	r := newRand(t)
+	const b, s, nh, hd = 3, 8, 2, 4
+	h := nh * hd
+	q, k, v := randVec(r, b*s*h), randVec(r, b*s*h), randVec(r, b*s*h)
+	mask := make([]float64, b*s)
+	lens := []int{8, 3, 5}
+	for bi, n := range lens {
+		for j := 0; j < n; j++ {
+			mask[bi*s+j] = 1
+		}
+	}
+	maskF := make([]float32, len(mask))
+	for i, m := range mask {
+		maskF[i] = float32(m)
+	}
+	scale := float32(1 / math.Sqrt(hd))
+	split := func(name string) runtime.Op {
+		return runtime.Op{Kind: runtime.OpPermute, In: []string{name}, Out: name + "h", Shape: []int{b, s, nh, hd}, Perm: []int{0, 2, 1, 3}}
+	}
+	g := &runtime.Graph{Ops: []runtime.Op{
+		split("q"), split("k"), split("v"),
+		{Kind: runtime.OpBatchMatMul, In: []string{"qh", "kh"}, Out: "sc", TransB: true, Scale: scale},
+		{Kind: runtime.OpMaskedSoftmax, In: []string{"sc", "m"}, Out: "p"},
+		{Kind: runtime.OpBatchMatMul, In: []string{"p", "vh"}, Out: "c"},
+		{Kind: runtime.OpPermute, In: []string{"c"}, Out: "cm", Perm: []int{0, 2, 1, 3}},
+		{Kind: runtime.OpReshape, In: []string{"cm"}, Out: "y", Shape: []int{b, s, h}},
+	}}
+	got, err := runGraph(t, d, g, []input{f32In("q", q, b, s, h), f32In("k", k, b, s, h), f32In("v", v, b, s, h), f32In("m", maskF, b, s)}, "y", []int{b, s, h})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Per head, plain loops over the unsplit layout.
+	want := make([]float64, b*s*h)
+	for bi := 0; bi < b; bi++ {
+		for hi := 0; hi < nh; hi++ {
+			for i := 0; i < s; i++ {
+				sc := make([]float64, s)
+				for j := 0; j < s; j++ {
+					for e := 0; e < hd; e++ {
+						sc[j] += float64(q[(bi*s+i)*h+hi*hd+e]) * float64(k[(bi*s+j)*h+hi*hd+e])
+					}
+					sc[j] *= float64(scale)
+				}
+				p := refMaskedSoftmax(sc, 1, s, mask[bi*s:(bi+1)*s])
+				for e := 0; e < hd; e++ {
+					var acc float64
+					for j := 0; j < s; j++ {
+						acc += p[j] * float64(v[(bi*s+j)*h+hi*hd+e])
+					}
+					want[(bi*s+i)*h+hi*hd+e] = acc
+				}
+			}
+		}
+	}
+	checkClose(t, got, want, tolF32)
+}

@@ -188,3 +188,73 @@ func relErr(got []float32, want []float64) float64 {
 	}
 	return math.Sqrt(num / den)
 }
+
+// refPermute: x read as view (row-major), output dimension i is view
+// dimension perm[i].
+func refPermute(x []float64, view, perm []int) []float64 {
+	r := len(view)
+	inStride := make([]int, r)
+	s := 1
+	for i := r - 1; i >= 0; i-- {
+		inStride[i] = s
+		s *= view[i]
+	}
+	outDims := make([]int, r)
+	for i, p := range perm {
+		outDims[i] = view[p]
+	}
+	out := make([]float64, len(x))
+	idx := make([]int, r) // output multi-index
+	for o := range out {
+		src := 0
+		for i, p := range perm {
+			src += idx[i] * inStride[p]
+		}
+		out[o] = x[src]
+		for i := r - 1; i >= 0; i-- {
+			idx[i]++
+			if idx[i] < outDims[i] {
+				break
+			}
+			idx[i] = 0
+		}
+	}
+	return out
+}
+
+// refMaskedSoftmax: softmax of each row of x [b, rows/b, n] over the
+// positions whose mask [b,n] is non-zero (masked ones are 0); a row with no
+// kept position is uniform.
+func refMaskedSoftmax(x []float64, b, n int, mask []float64) []float64 {
+	rows := len(x) / n
+	per := rows / b
+	out := make([]float64, len(x))
+	for r := 0; r < rows; r++ {
+		m := mask[(r/per)*n : (r/per+1)*n]
+		kept := 0
+		mx := math.Inf(-1)
+		for j := 0; j < n; j++ {
+			if m[j] != 0 {
+				kept++
+				mx = math.Max(mx, x[r*n+j])
+			}
+		}
+		if kept == 0 {
+			for j := 0; j < n; j++ {
+				out[r*n+j] = 1 / float64(n)
+			}
+			continue
+		}
+		var sum float64
+		for j := 0; j < n; j++ {
+			if m[j] != 0 {
+				out[r*n+j] = math.Exp(x[r*n+j] - mx)
+				sum += out[r*n+j]
+			}
+		}
+		for j := 0; j < n; j++ {
+			out[r*n+j] /= sum
+		}
+	}
+	return out
+}

@@ -55,8 +55,12 @@ type Config struct {
 	MaxQueueItems      int      `json:"max-queue-items"`
 	MaxQueueDelay      Duration `json:"max-queue-delay"`
 	MaxBatch           int      `json:"max-batch"`
+	MaxBatchTokens     int      `json:"max-batch-tokens"`
 	Pprof              bool     `json:"pprof"`
 	ShutdownGrace      Duration `json:"shutdown-grace"`
+
+	ModelRepo  string `json:"model-repo"`
+	LoadModels string `json:"load-models"`
 }
 
 // Duration is a time.Duration that reads "5s" from YAML.
@@ -129,6 +133,7 @@ func Defaults(euid int, getenv func(string) string) Config {
 		MaxItemsPerRequest: 4096,
 		MaxItemBytes:       1 << 20,
 		MaxQueueItems:      65536,
+		MaxBatchTokens:     16384,
 		ShutdownGrace:      Duration(30 * time.Second),
 	}
 }
@@ -162,6 +167,9 @@ var envNames = map[string]string{
 	"max-queue-items":       "BROKERD_MAX_QUEUE_ITEMS",
 	"max-queue-delay":       "BROKERD_MAX_QUEUE_DELAY",
 	"max-batch":             "BROKERD_MAX_BATCH",
+	"max-batch-tokens":      "BROKERD_MAX_BATCH_TOKENS",
+	"model-repo":            "BROKERD_MODEL_REPO",
+	"load-models":           "BROKERD_LOAD_MODELS",
 	"shutdown-grace":        "BROKERD_SHUTDOWN_GRACE",
 	"config":                "BROKERD_CONFIG",
 }
@@ -200,6 +208,9 @@ func bind(fs *flag.FlagSet, c *Config, configPath *string) {
 	fs.IntVar(&c.MaxQueueItems, "max-queue-items", c.MaxQueueItems, "most items queued over all models; beyond it calls get RESOURCE_EXHAUSTED")
 	fs.Var(&c.MaxQueueDelay, "max-queue-delay", "how long the oldest queued item may wait for its batch to fill once a device is free")
 	fs.IntVar(&c.MaxBatch, "max-batch", c.MaxBatch, "cap on every batch plan's max batch (0: the plan's own)")
+	fs.IntVar(&c.MaxBatchTokens, "max-batch-tokens", c.MaxBatchTokens, "most tokens in one batch of a text model whose config sets no bound")
+	fs.StringVar(&c.ModelRepo, "model-repo", c.ModelRepo, "model repository: DIR/NAME/VERSION/ (default <state-dir>/models)")
+	fs.StringVar(&c.LoadModels, "load-models", c.LoadModels, "models to load at start: comma-separated names, or all")
 	fs.BoolVar(&c.Pprof, "pprof", c.Pprof, "serve Go's /debug/pprof on the metrics listener (keep that listener private)")
 }
 
@@ -350,6 +361,17 @@ func (c Config) Validate() error {
 	if c.MaxBatch < 0 {
 		bad("max-batch %d is invalid: 0 (the plan's own) or more", c.MaxBatch)
 	}
+	if c.MaxBatchTokens < 1 {
+		bad("max-batch-tokens %d is invalid: at least 1", c.MaxBatchTokens)
+	}
+	if c.LoadModels != "" && c.LoadModels != "all" {
+		for _, n := range strings.Split(c.LoadModels, ",") {
+			if n = strings.TrimSpace(n); n == "" || strings.ContainsAny(n, `/\@`) || n == "." || n == ".." {
+				bad("load-models %q is invalid: want all, or model names separated by commas", c.LoadModels)
+				break
+			}
+		}
+	}
 	if c.ShutdownGrace < 0 {
 		bad("shutdown-grace must not be negative")
 	}
@@ -399,4 +421,12 @@ func MemoryFraction(s string) (float64, error) {
 		return 0, fmt.Errorf("%q is invalid: allowed values are conservative, balanced, aggressive, or a fraction in (0, 1]", s)
 	}
 	return f, nil
+}
+
+// ModelRepoDir is the model repository: --model-repo, or <state-dir>/models.
+func (c Config) ModelRepoDir() string {
+	if c.ModelRepo != "" {
+		return c.ModelRepo
+	}
+	return filepath.Join(c.StateDir, "models")
 }

@@ -74,6 +74,16 @@ func TestLoadPrecedence(t *testing.T) {
 				t.Errorf("memory strategy: %+v", c)
 			}
 		}},
+		{"model repository defaults", []string{"--state-dir", "/t/state"}, nil, func(t *testing.T, c Config) {
+			if c.ModelRepoDir() != "/t/state/models" || c.LoadModels != "" || c.MaxBatchTokens != 16384 {
+				t.Errorf("models: repo %s, load %q, tokens %d", c.ModelRepoDir(), c.LoadModels, c.MaxBatchTokens)
+			}
+		}},
+		{"model settings", []string{"--model-repo", "/m", "--load-models", "a, b"}, map[string]string{"BROKERD_MAX_BATCH_TOKENS": "4096"}, func(t *testing.T, c Config) {
+			if c.ModelRepoDir() != "/m" || c.LoadModels != "a, b" || c.MaxBatchTokens != 4096 {
+				t.Errorf("models: repo %s, load %q, tokens %d", c.ModelRepoDir(), c.LoadModels, c.MaxBatchTokens)
+			}
+		}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -113,6 +123,9 @@ func TestLoadRejectsBadSettings(t *testing.T) {
 		{"positional", []string{"serve"}, nil, []string{"unexpected argument"}},
 		{"half tls", []string{"--tls-cert=/c.pem"}, nil, []string{"tls-cert and tls-key"}},
 		{"bad metrics address", []string{"--metrics-listen=9464"}, nil, []string{"metrics-listen"}},
+		{"zero batch tokens", []string{"--max-batch-tokens=0"}, nil, []string{"max-batch-tokens 0 is invalid"}},
+		{"model name with a path", []string{"--load-models=a,../b"}, nil, []string{"load-models", "model names separated by commas"}},
+		{"empty model name", nil, map[string]string{"BROKERD_LOAD_MODELS": "a,,b"}, []string{"load-models"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -3,6 +3,7 @@ package cli
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -75,6 +76,7 @@ type benchConfig struct {
 	baseline        bool
 	seed            uint64
 	rpcTimeout      time.Duration // 0 for none
+	forceInfer      bool          // --infer: Infer even for an encoder
 }
 
 func benchCmd(fs *flag.FlagSet) action {
@@ -83,16 +85,18 @@ func benchCmd(fs *flag.FlagSet) action {
 	model := fs.String("model", "", "model `NAME` (default: the server's default, nbmf-hash-v1)")
 	duration := fs.Duration("duration", DefaultBenchDuration, "measurement window `DUR` of each level; the baseline phase gets the same")
 	warmup := fs.Duration("warmup", DefaultBenchWarmup, "unmeasured load for `DUR` before each window")
-	items := fs.Int("items-per-request", 1, "`N` items in each Encode request")
+	items := fs.Int("items-per-request", 1, "`N` items (texts, or rows of an mlp) in each request")
 	textBytes := fs.Int("text-bytes", 64, "approximate size `N` of each generated text in bytes")
 	fidelity := fs.String("fidelity", "semantic", "fidelity `F` of the requests: semantic, lossless or both")
 	conns := fs.Int("connections", 1, "spread the clients round-robin over `K` gRPC connections")
 	baseline := fs.Bool("baseline", false, "also run the same load against grpc.health.v1 Check and print the Encode/health requests/s ratio")
 	seed := fs.Uint64("seed", DefaultBenchSeed, "seed `N` of the generated texts (the same seed sends the same texts)")
+	forceInfer := fs.Bool("infer", false, "send Infer (\"text\" BYTES) even to a bert encoder, which Encode serves by default; mlp and bert-classifier models always get Infer")
 	asJSON := fs.Bool("json", false, "print the results as one JSON document (see README)")
 	return func(ctx context.Context, inv *invocation, _ []string) error {
 		cfg := benchConfig{
-			model: *model, levels: levels, duration: *duration, warmup: *warmup,
+			forceInfer: *forceInfer,
+			model:      *model, levels: levels, duration: *duration, warmup: *warmup,
 			itemsPerRequest: *items, textBytes: *textBytes, fidelityName: strings.ToLower(*fidelity),
 			connections: *conns, baseline: *baseline, seed: *seed, rpcTimeout: inv.timeout,
 		}
@@ -142,6 +146,7 @@ func benchCmd(fs *flag.FlagSet) action {
 type benchReport struct {
 	Model           string       `json:"model"`
 	ServedModel     string       `json:"served_model"`
+	RPC             string       `json:"rpc"`
 	Fidelity        string       `json:"fidelity"`
 	ItemsPerRequest int          `json:"items_per_request"`
 	TextBytes       int          `json:"text_bytes"`
@@ -221,6 +226,10 @@ func runBench(ctx context.Context, inv *invocation, cfg benchConfig) (*benchRepo
 		brokers[i] = brokerv1.NewBrokerServiceClient(c)
 		healths[i] = healthpb.NewHealthClient(c)
 	}
+	rpc, infer, err := benchTarget(ctx, brokers, cfg)
+	if err != nil {
+		return nil, err
+	}
 	encode := func(ctx context.Context, worker int, gen *textGen) (int, int32, string, error) {
 		req := &brokerv1.EncodeRequest{Model: cfg.model, Fidelity: cfg.fidelity, Items: make([]*brokerv1.EncodeItem, cfg.itemsPerRequest)}
 		for i := range req.Items {
@@ -241,14 +250,18 @@ func runBench(ctx context.Context, inv *invocation, cfg benchConfig) (*benchRepo
 	}
 
 	rep := &benchReport{
-		Model: cfg.model, Fidelity: cfg.fidelityName, ItemsPerRequest: cfg.itemsPerRequest, TextBytes: cfg.textBytes,
+		Model: cfg.model, RPC: rpc, Fidelity: cfg.fidelityName, ItemsPerRequest: cfg.itemsPerRequest, TextBytes: cfg.textBytes,
 		Seed: cfg.seed, DurationSeconds: cfg.duration.Seconds(), WarmupSeconds: cfg.warmup.Seconds(),
 		Connections: cfg.connections, Concurrency: slices.Clone(cfg.levels), Baseline: cfg.baseline,
 		Percentiles: "nearest-rank", Levels: []benchLevel{},
 	}
 	for li, n := range cfg.levels {
-		fmt.Fprintf(inv.stderr, "bench: concurrency %d: Encode, %s warmup + %s\n", n, cfg.warmup, cfg.duration)
-		enc, served := runPhase(ctx, cfg, n, uint64(li), encode)
+		fmt.Fprintf(inv.stderr, "bench: concurrency %d: %s, %s warmup + %s\n", n, rpc, cfg.warmup, cfg.duration)
+		call := encode
+		if infer != nil {
+			call = infer
+		}
+		enc, served := runPhase(ctx, cfg, n, uint64(li), call)
 		if rep.ServedModel == "" {
 			rep.ServedModel = served
 		}
@@ -471,8 +484,12 @@ func writeBenchTable(w io.Writer, rep *benchReport) error {
 	if model == "" {
 		model = orDash(rep.Model)
 	}
-	fmt.Fprintf(w, "model %s, %d item(s)/request, ~%d-byte texts, fidelity %s, %d connection(s), %gs warmup + %gs per level, latency percentiles nearest-rank\n",
-		model, rep.ItemsPerRequest, rep.TextBytes, rep.Fidelity, rep.Connections, rep.WarmupSeconds, rep.DurationSeconds)
+	rpc := rep.RPC
+	if rpc == "" {
+		rpc = "Encode"
+	}
+	fmt.Fprintf(w, "%s, model %s, %d item(s)/request, ~%d-byte texts, fidelity %s, %d connection(s), %gs warmup + %gs per level, latency percentiles nearest-rank\n",
+		rpc, model, rep.ItemsPerRequest, rep.TextBytes, rep.Fidelity, rep.Connections, rep.WarmupSeconds, rep.DurationSeconds)
 	tw := newTable(w)
 	header := []string{"CONCURRENCY", "ITEMS/S", "REQUESTS/S", "P50", "P95", "P99", "MEAN-BATCH", "FAILURES"}
 	if rep.Baseline {
@@ -510,7 +527,7 @@ func writeBenchTable(w io.Writer, rep *benchReport) error {
 		fmt.Fprintln(w, "* interrupted: the window was cut short; later levels did not run")
 	}
 	if rep.Baseline {
-		fmt.Fprintln(w, "RATIO = Encode requests/s / health-check requests/s at the same concurrency")
+		fmt.Fprintf(w, "RATIO = %s requests/s / health-check requests/s at the same concurrency\n", rpc)
 	}
 	return nil
 }
@@ -626,4 +643,97 @@ func (g *textGen) text(size int) string {
 		s = s[:size]
 	}
 	return s
+}
+
+// benchTarget decides what bench sends to the model: Encode for the
+// built-in encoder and bert encoders (the memory-encoder path), Infer for
+// mlp and bert-classifier models, and for bert too with --infer. Without
+// --model, or for a model ListModels does not show, it is Encode (the
+// server's default model). infer is nil for Encode.
+func benchTarget(ctx context.Context, brokers []brokerv1.BrokerServiceClient, cfg benchConfig) (string, callFunc, error) {
+	if cfg.model == "" {
+		if cfg.forceInfer {
+			return "", nil, usagef("--infer needs --model NAME")
+		}
+		return "Encode", nil, nil
+	}
+	rctx, cancel := withOptionalTimeout(ctx, cfg.rpcTimeout)
+	defer cancel()
+	resp, err := brokers[0].ListModels(rctx, &brokerv1.ListModelsRequest{})
+	if err != nil {
+		return "", nil, fmt.Errorf("bench: list models: %w", err)
+	}
+	var m *brokerv1.Model
+	for _, x := range resp.GetModels() {
+		if x.GetName() == cfg.model {
+			m = x
+		}
+	}
+	if m == nil {
+		return "", nil, fmt.Errorf("bench: brokerd has no model %q (see brokerctl models)", cfg.model)
+	}
+	if m.GetState() != brokerv1.ModelState_MODEL_STATE_READY {
+		return "", nil, fmt.Errorf("bench: model %s is %s, not ready (brokerctl load %s)", cfg.model,
+			enumName(m.GetState().Descriptor(), m.GetState().Number()), cfg.model)
+	}
+	kind := m.GetKind()
+	if kind != "mlp" && kind != "bert-classifier" && !(kind == "bert" && cfg.forceInfer) {
+		if cfg.forceInfer {
+			return "", nil, usagef("--infer: model %s (%s) is served by Encode only", cfg.model, kind)
+		}
+		return "Encode", nil, nil
+	}
+	if len(m.GetInputs()) == 0 {
+		return "", nil, fmt.Errorf("bench: model %s lists no inputs", cfg.model)
+	}
+	in := m.GetInputs()[0]
+	var build func(gen *textGen) *brokerv1.Tensor
+	if in.GetDtype() == brokerv1.DataType_DATA_TYPE_BYTES {
+		build = func(gen *textGen) *brokerv1.Tensor {
+			texts := make([]string, cfg.itemsPerRequest)
+			for i := range texts {
+				texts[i] = gen.text(cfg.textBytes)
+			}
+			return &brokerv1.Tensor{Name: in.GetName(), Dtype: in.GetDtype(), Shape: []int64{int64(len(texts))}, Data: bytesData(texts)}
+		}
+	} else {
+		// An mlp row: random normal values of the input's width.
+		shape := in.GetShape()
+		if in.GetDtype() != brokerv1.DataType_DATA_TYPE_FP32 || len(shape) != 2 || shape[1] < 1 {
+			return "", nil, fmt.Errorf("bench: model %s input %s: want FP32 [-1, width], not %s %v", cfg.model, in.GetName(), dtypeName(in.GetDtype()), shape)
+		}
+		width := int(shape[1])
+		build = func(gen *textGen) *brokerv1.Tensor {
+			vals := make([]float32, cfg.itemsPerRequest*width)
+			for i := range vals {
+				vals[i] = float32(gen.rng.NormFloat64())
+			}
+			data := make([]byte, 0, 4*len(vals))
+			for _, v := range vals {
+				data = binary.LittleEndian.AppendUint32(data, math.Float32bits(v))
+			}
+			return &brokerv1.Tensor{Name: in.GetName(), Dtype: in.GetDtype(), Shape: []int64{int64(cfg.itemsPerRequest), int64(width)}, Data: data}
+		}
+	}
+	call := func(ctx context.Context, worker int, gen *textGen) (int, int32, string, error) {
+		resp, err := brokers[worker%len(brokers)].Infer(ctx, &brokerv1.InferRequest{Model: cfg.model, Inputs: []*brokerv1.Tensor{build(gen)}})
+		if err != nil {
+			return 0, 0, "", err
+		}
+		if len(resp.GetOutputs()) == 0 || len(resp.GetOutputs()[0].GetShape()) == 0 || resp.GetOutputs()[0].GetShape()[0] != int64(cfg.itemsPerRequest) {
+			return 0, 0, "", errBadResponse
+		}
+		return cfg.itemsPerRequest, resp.GetExecution().GetBatchSize(), resp.GetModel(), nil
+	}
+	return "Infer", call, nil
+}
+
+// bytesData encodes texts as BYTES tensor data.
+func bytesData(texts []string) []byte {
+	var out []byte
+	for _, t := range texts {
+		out = binary.LittleEndian.AppendUint32(out, uint32(len(t)))
+		out = append(out, t...)
+	}
+	return out
 }

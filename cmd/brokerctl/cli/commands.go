@@ -45,6 +45,11 @@ func commands() []command {
 		{name: "stats", synopsis: "stats [--model NAME] [--json]", summary: "show queue, batch and latency statistics per model and device", setup: statsCmd},
 		{name: "drain", synopsis: "drain [--exit] [--json]", summary: "stop accepting work and complete everything accepted (then exit with --exit)", setup: drainCmd},
 		{name: "bench", synopsis: "bench [--concurrency 1,8,64] [--duration 10s] [--baseline] [--json]", summary: "generate closed-loop Encode load and print throughput, latency and batch size per concurrency", selfBounded: true, setup: benchCmd},
+		{name: "top", synopsis: "top [--interval 1s] [--model NAME] [--once]", summary: "live view of devices and queues, refreshed like top; q or Ctrl-C quits, --once prints one frame", selfBounded: true, setup: topCmd},
+		{name: "models", synopsis: "models [--wide] [--json]", summary: "list the served models and the model repository: versions, state, devices, memory", setup: modelsCmd},
+		{name: "load", synopsis: "load NAME [--version V] [--json]", summary: "load (or reload) a repository model onto the devices, admitted against their memory budgets", args: "NAME", nargs: 1, setup: loadCmd},
+		{name: "unload", synopsis: "unload NAME [--json]", summary: "unload a model once its accepted work is done, freeing its memory", args: "NAME", nargs: 1, setup: unloadCmd},
+		{name: "infer", synopsis: "infer MODEL --input NAME=@FILE... [--version V] [--output NAME] [--json]", summary: "run typed tensors (JSON files) through a model and print its outputs", args: "MODEL", nargs: 1, setup: inferCmd},
 		{name: "help", synopsis: "help [COMMAND]", summary: "show this list, or one command's flags", args: "[COMMAND]", nargs: -1, setup: helpCmd},
 	}
 }

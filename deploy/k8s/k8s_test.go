@@ -1,7 +1,8 @@
-package deploy
+package k8s
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -142,7 +143,7 @@ func renderErr(dir string) ([]object, error) {
 // (kustomization files and config are not Kubernetes objects).
 func TestManifestsDecodeStrictly(t *testing.T) {
 	var files []string
-	err := filepath.WalkDir("k8s", func(path string, d os.DirEntry, err error) error {
+	err := filepath.WalkDir(".", func(path string, d os.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
@@ -158,7 +159,7 @@ func TestManifestsDecodeStrictly(t *testing.T) {
 		t.Fatal(err)
 	}
 	if len(files) < 10 {
-		t.Fatalf("found only %d manifests under k8s/: %v", len(files), files)
+		t.Fatalf("found only %d manifests under deploy/k8s: %v", len(files), files)
 	}
 	for _, f := range files {
 		t.Run(f, func(t *testing.T) {
@@ -181,11 +182,11 @@ func TestManifestsDecodeStrictly(t *testing.T) {
 // a misspelt field in a real manifest, a field PodMonitor does not have, and
 // a misspelt field that only a kustomize patch brings in.
 func TestStrictDecodingRejectsMisspeltFields(t *testing.T) {
-	ds, err := os.ReadFile("k8s/base/daemonset.yaml")
+	ds, err := os.ReadFile("base/daemonset.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
-	pm, err := os.ReadFile("k8s/base/podmonitor.yaml")
+	pm, err := os.ReadFile("base/podmonitor.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -213,7 +214,7 @@ func TestStrictDecodingRejectsMisspeltFields(t *testing.T) {
 	}
 	t.Run("overlay patch", func(t *testing.T) {
 		dir := t.TempDir()
-		base := relPath(t, dir, "k8s/overlays/cpu")
+		base := relPath(t, dir, "overlays/cpu")
 		kust := "resources:\n  - " + base + "\npatches:\n  - path: patch.yaml\n"
 		patch := "apiVersion: apps/v1\nkind: DaemonSet\nmetadata:\n  name: brokerd-cpu\n  namespace: brokerd\nspec:\n  template:\n    spec:\n      terminationGracePeriodSecs: 10\n"
 		for name, body := range map[string]string{"kustomization.yaml": kust, "patch.yaml": patch} {
@@ -272,7 +273,7 @@ func TestOverlays(t *testing.T) {
 	rendered := map[string][]object{}
 	for name, want := range overlays {
 		t.Run(name, func(t *testing.T) {
-			objs := render(t, filepath.Join("k8s/overlays", name))
+			objs := render(t, filepath.Join("overlays", name))
 			rendered[name] = objs
 			for _, o := range objs {
 				if o.kind != "Namespace" && o.namespace != namespace {
@@ -534,7 +535,7 @@ func isSubset(sub, super map[string]string) bool {
 // TestExampleClient checks the client Deployment reaches the broker: it
 // mounts the same host directory and joins the socket's group.
 func TestExampleClient(t *testing.T) {
-	b, err := os.ReadFile("k8s/examples/client.yaml")
+	b, err := os.ReadFile("examples/client.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -558,7 +559,9 @@ func TestExampleClient(t *testing.T) {
 		t.Errorf("client security context %+v: want supplementalGroups with the brokerd gid 10001", sc)
 	}
 	env := spec.Containers[0].Env
-	if !slices.ContainsFunc(env, func(e corev1.EnvVar) bool { return e.Name == "BROKERD_SOCKET" && e.Value == "/run/brokerd/brokerd.sock" }) {
+	if !slices.ContainsFunc(env, func(e corev1.EnvVar) bool {
+		return e.Name == "BROKERD_SOCKET" && e.Value == "/run/brokerd/brokerd.sock"
+	}) {
 		t.Errorf("client env %v: want BROKERD_SOCKET=/run/brokerd/brokerd.sock", env)
 	}
 }
@@ -583,7 +586,7 @@ type CloudBuild struct {
 // deploys the image it pushed: the deploy step's kustomization, with the
 // substitutions made, is rendered over each overlay.
 func TestCloudBuild(t *testing.T) {
-	b, err := os.ReadFile("cloudbuild.yaml")
+	b, err := os.ReadFile("../cloudbuild.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -634,7 +637,7 @@ func TestCloudBuild(t *testing.T) {
 			dir := t.TempDir()
 			// Cloud Build runs it from the repository root; kustomize wants
 			// the overlay relative to the kustomization.
-			k = strings.ReplaceAll(k, "../deploy/k8s/overlays", relPath(t, dir, "k8s/overlays"))
+			k = strings.ReplaceAll(k, "../deploy/k8s/overlays", relPath(t, dir, "overlays"))
 			if err := os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(k), 0o644); err != nil {
 				t.Fatal(err)
 			}
@@ -666,4 +669,29 @@ func relPath(t *testing.T, dir, target string) string {
 		t.Fatal(err)
 	}
 	return rel
+}
+
+// dockerEntrypoint is the image's ENTRYPOINT (exec form) from ../Dockerfile,
+// whose own checks live in package deploy. This package is separate because
+// kustomize links Go's plugin package, which makes the linker bind every
+// symbol at start, and go-nvml (linked by brokerd's server package, which
+// the dashboard test runs) leaves NVML's symbols to the driver library.
+func dockerEntrypoint(t *testing.T) []string {
+	t.Helper()
+	b, err := os.ReadFile("../Dockerfile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ep []string
+	for _, line := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, "ENTRYPOINT "); ok {
+			if err := json.Unmarshal([]byte(rest), &ep); err != nil {
+				t.Fatalf("ENTRYPOINT is not the exec form: %v", err)
+			}
+		}
+	}
+	if len(ep) == 0 {
+		t.Fatal("no ENTRYPOINT in ../Dockerfile")
+	}
+	return ep
 }

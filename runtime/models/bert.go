@@ -1,0 +1,628 @@
+package models
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"slices"
+	"sort"
+	"strconv"
+
+	"github.com/brokerd/brokerd/runtime"
+)
+
+// BERTConfig is the part of a Hugging Face BERT config.json the forward pass
+// needs; the JSON tags are config.json's keys.
+type BERTConfig struct {
+	VocabSize             int     `json:"vocab_size"`
+	HiddenSize            int     `json:"hidden_size"`
+	NumHiddenLayers       int     `json:"num_hidden_layers"`
+	NumAttentionHeads     int     `json:"num_attention_heads"`
+	IntermediateSize      int     `json:"intermediate_size"`
+	HiddenAct             string  `json:"hidden_act"` // "gelu" (erf) or "relu"; "" means gelu
+	MaxPositionEmbeddings int     `json:"max_position_embeddings"`
+	TypeVocabSize         int     `json:"type_vocab_size"` // 2 when 0
+	LayerNormEps          float64 `json:"layer_norm_eps"`  // 1e-12 when 0
+	// ID2Label names the classifier's outputs: {"0": "negative", ...}.
+	ID2Label map[string]string `json:"id2label,omitempty"`
+}
+
+// Pooling modes (BERTOptions.Pooling).
+const (
+	PoolingMean = "mean" // mean of the last hidden states over the real tokens
+	PoolingCLS  = "cls"  // the last hidden state of the first token ([CLS])
+)
+
+// BERTOptions say how a BERT checkpoint is served.
+type BERTOptions struct {
+	Name    string
+	Version int64
+	// Kind is KindBERT (an encoder: a pooled, optionally normalised vector)
+	// or KindBERTClassifier (pooler dense+tanh on [CLS], then the classifier:
+	// logits). KindBERT when empty.
+	Kind Kind
+	// Pooling is PoolingMean or PoolingCLS for encoders (mean when empty).
+	Pooling string
+	// Normalize makes every embedding L2-normalised, whatever the request
+	// asks (the checkpoint's sentence-transformers pipeline ends with a
+	// Normalize module).
+	Normalize bool
+	// BaseBatch is the model's base batch (DefaultBaseBatch when 0).
+	BaseBatch int
+	// MaxBatchTokens bounds one batch's tokens (DefaultMaxBatchTokens when 0).
+	MaxBatchTokens int
+}
+
+// Tokenizer turns text (and an optional second segment; "" for none) into
+// token ids with the special tokens and their token type ids. With truncate
+// it cuts the sequence to maxLen tokens; without, a longer one is an error.
+type Tokenizer interface {
+	Encode(text, pair string, maxLen int, truncate bool) (ids, typeIDs []int32, err error)
+}
+
+// BERT is a BERT-family encoder or sequence classifier. It implements Model;
+// its payloads are TextInput, built with Tokenize.
+type BERT struct {
+	cfg     BERTConfig
+	opts    BERTOptions
+	tok     Tokenizer
+	weights map[string]Tensor // canonical names
+	mm      map[string]bool   // matmul weights: bf16 on bf16 devices
+	labels  []string
+	nLabels int
+	act     runtime.Activation
+	eps     float32
+}
+
+var _ Model = (*BERT)(nil)
+
+// Canonical weight names (BertModel's, without the "bert." prefix).
+const (
+	wWord     = "embeddings.word_embeddings.weight"
+	wPos      = "embeddings.position_embeddings.weight"
+	wType     = "embeddings.token_type_embeddings.weight"
+	wEmbLNW   = "embeddings.LayerNorm.weight"
+	wEmbLNB   = "embeddings.LayerNorm.bias"
+	wPoolerW  = "pooler.dense.weight"
+	wPoolerB  = "pooler.dense.bias"
+	wClassW   = "classifier.weight"
+	wClassB   = "classifier.bias"
+	layerName = "encoder.layer.%d."
+)
+
+// Per-layer weight names, after the "encoder.layer.N." prefix.
+const (
+	lQW    = "attention.self.query.weight"
+	lQB    = "attention.self.query.bias"
+	lKW    = "attention.self.key.weight"
+	lKB    = "attention.self.key.bias"
+	lVW    = "attention.self.value.weight"
+	lVB    = "attention.self.value.bias"
+	lAOW   = "attention.output.dense.weight"
+	lAOB   = "attention.output.dense.bias"
+	lAOLNW = "attention.output.LayerNorm.weight"
+	lAOLNB = "attention.output.LayerNorm.bias"
+	lIW    = "intermediate.dense.weight"
+	lIB    = "intermediate.dense.bias"
+	lOW    = "output.dense.weight"
+	lOB    = "output.dense.bias"
+	lOLNW  = "output.LayerNorm.weight"
+	lOLNB  = "output.LayerNorm.bias"
+)
+
+// NewBERT checks cfg and weights (canonical names; a "bert." prefix is also
+// accepted) and returns the model. tok builds payloads in Tokenize; it may
+// be nil when payloads are built from token ids. Weights the model does not
+// use (pooler of an encoder, MLM heads) are dropped.
+func NewBERT(cfg BERTConfig, weights map[string]Tensor, tok Tokenizer, opts BERTOptions) (Model, error) {
+	m, err := newBERT(cfg, weights, tok, opts)
+	if err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+func newBERT(cfg BERTConfig, weights map[string]Tensor, tok Tokenizer, opts BERTOptions) (*BERT, error) {
+	if opts.Kind == "" {
+		opts.Kind = KindBERT
+	}
+	if opts.Pooling == "" {
+		opts.Pooling = PoolingMean
+	}
+	if opts.BaseBatch <= 0 {
+		opts.BaseBatch = DefaultBaseBatch
+	}
+	if opts.MaxBatchTokens <= 0 {
+		opts.MaxBatchTokens = DefaultMaxBatchTokens
+	}
+	if cfg.TypeVocabSize == 0 {
+		cfg.TypeVocabSize = 2
+	}
+	if cfg.LayerNormEps == 0 {
+		cfg.LayerNormEps = 1e-12
+	}
+	bad := func(format string, a ...any) error {
+		return fmt.Errorf("%w: bert %q: %s", ErrInvalidInput, opts.Name, fmt.Sprintf(format, a...))
+	}
+	switch opts.Kind {
+	case KindBERT, KindBERTClassifier:
+	default:
+		return nil, bad("kind %q is not a BERT kind", opts.Kind)
+	}
+	if opts.Pooling != PoolingMean && opts.Pooling != PoolingCLS {
+		return nil, bad("pooling %q: want mean or cls", opts.Pooling)
+	}
+	for _, f := range []struct {
+		name string
+		v    int
+	}{
+		{"vocab_size", cfg.VocabSize}, {"hidden_size", cfg.HiddenSize}, {"num_hidden_layers", cfg.NumHiddenLayers},
+		{"num_attention_heads", cfg.NumAttentionHeads}, {"intermediate_size", cfg.IntermediateSize},
+		{"max_position_embeddings", cfg.MaxPositionEmbeddings}, {"type_vocab_size", cfg.TypeVocabSize},
+	} {
+		if f.v <= 0 {
+			return nil, bad("config %s is %d", f.name, f.v)
+		}
+	}
+	if cfg.HiddenSize%cfg.NumAttentionHeads != 0 {
+		return nil, bad("hidden_size %d is not a multiple of num_attention_heads %d", cfg.HiddenSize, cfg.NumAttentionHeads)
+	}
+	if !(cfg.LayerNormEps > 0) || cfg.LayerNormEps > 1 {
+		return nil, bad("layer_norm_eps %g", cfg.LayerNormEps)
+	}
+	m := &BERT{cfg: cfg, opts: opts, tok: tok, weights: map[string]Tensor{}, mm: map[string]bool{}, eps: float32(cfg.LayerNormEps)}
+	switch cfg.HiddenAct {
+	case "", "gelu":
+		m.act = runtime.ActGELU
+	case "relu":
+		m.act = runtime.ActReLU
+	default:
+		return nil, bad("hidden_act %q is not supported (gelu, relu)", cfg.HiddenAct)
+	}
+
+	h, inter := cfg.HiddenSize, cfg.IntermediateSize
+	use := func(name string, matmul bool, shape ...int) error {
+		t, ok := weights[name]
+		if !ok {
+			t, ok = weights["bert."+name]
+		}
+		if !ok {
+			return bad("weight %q is missing", name)
+		}
+		if err := checkTensor(map[string]Tensor{name: t}, name, shape...); err != nil {
+			return fmt.Errorf("bert %q: %w", opts.Name, err)
+		}
+		m.weights[name] = t
+		m.mm[name] = matmul
+		return nil
+	}
+	type want struct {
+		name   string
+		matmul bool
+		shape  []int
+	}
+	wants := []want{
+		{wWord, false, []int{cfg.VocabSize, h}},
+		{wPos, false, []int{cfg.MaxPositionEmbeddings, h}},
+		{wType, false, []int{cfg.TypeVocabSize, h}},
+		{wEmbLNW, false, []int{h}}, {wEmbLNB, false, []int{h}},
+	}
+	for l := 0; l < cfg.NumHiddenLayers; l++ {
+		p := fmt.Sprintf(layerName, l)
+		wants = append(wants,
+			want{p + lQW, true, []int{h, h}}, want{p + lQB, false, []int{h}},
+			want{p + lKW, true, []int{h, h}}, want{p + lKB, false, []int{h}},
+			want{p + lVW, true, []int{h, h}}, want{p + lVB, false, []int{h}},
+			want{p + lAOW, true, []int{h, h}}, want{p + lAOB, false, []int{h}},
+			want{p + lAOLNW, false, []int{h}}, want{p + lAOLNB, false, []int{h}},
+			want{p + lIW, true, []int{inter, h}}, want{p + lIB, false, []int{inter}},
+			want{p + lOW, true, []int{h, inter}}, want{p + lOB, false, []int{h}},
+			want{p + lOLNW, false, []int{h}}, want{p + lOLNB, false, []int{h}},
+		)
+	}
+	if opts.Kind == KindBERTClassifier {
+		cw, ok := weights[wClassW]
+		if !ok {
+			cw, ok = weights["bert."+wClassW]
+		}
+		if !ok || len(cw.Shape) != 2 || cw.Shape[0] <= 0 {
+			return nil, bad("classifier: weight %q is missing or not 2-D [labels,%d]", wClassW, h)
+		}
+		m.nLabels = cw.Shape[0]
+		wants = append(wants,
+			want{wPoolerW, true, []int{h, h}}, want{wPoolerB, false, []int{h}},
+			want{wClassW, true, []int{m.nLabels, h}}, want{wClassB, false, []int{m.nLabels}},
+		)
+		m.labels = labels(cfg.ID2Label, m.nLabels)
+	}
+	for _, w := range wants {
+		if err := use(w.name, w.matmul, w.shape...); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
+// labels orders id2label by id; nil unless it names exactly ids 0..n-1.
+func labels(id2label map[string]string, n int) []string {
+	if len(id2label) != n {
+		return nil
+	}
+	out := make([]string, n)
+	for k, v := range id2label {
+		i, err := strconv.Atoi(k)
+		if err != nil || i < 0 || i >= n || out[i] != "" {
+			return nil
+		}
+		out[i] = v
+	}
+	return out
+}
+
+// Info describes the model: text in (BYTES), an embedding or logits out.
+func (m *BERT) Info() Info {
+	out := TensorSpec{Name: "embedding", DType: "FP32", Shape: []int64{-1, int64(m.cfg.HiddenSize)}}
+	dim := m.cfg.HiddenSize
+	if m.opts.Kind == KindBERTClassifier {
+		out = TensorSpec{Name: "logits", DType: "FP32", Shape: []int64{-1, int64(m.nLabels)}}
+		dim = m.nLabels
+	}
+	return Info{
+		Name: m.opts.Name, Version: m.opts.Version, Kind: m.opts.Kind,
+		Inputs:         []TensorSpec{{Name: "text", DType: "BYTES", Shape: []int64{-1}}},
+		Outputs:        []TensorSpec{out},
+		BaseBatch:      m.opts.BaseBatch,
+		MaxBatchTokens: m.opts.MaxBatchTokens,
+		MaxSeqLen:      m.cfg.MaxPositionEmbeddings,
+		Dim:            dim,
+		Labels:         append([]string(nil), m.labels...),
+	}
+}
+
+// Config returns the model's configuration, defaults filled in.
+func (m *BERT) Config() BERTConfig { return m.cfg }
+
+// Options returns the model's options, defaults filled in.
+func (m *BERT) Options() BERTOptions { return m.opts }
+
+// Cost is a TextInput's token count (at least 1), so that batches respect
+// MaxBatchTokens; 1 for anything else.
+func (m *BERT) Cost(payload any) int {
+	switch p := payload.(type) {
+	case TextInput:
+		return max(len(p.IDs), 1)
+	case *TextInput:
+		if p != nil {
+			return max(len(p.IDs), 1)
+		}
+	}
+	return 1
+}
+
+// Tokenize builds the payload for text (and pair, "" for none) with the
+// model's tokenizer: truncated to MaxSeqLen tokens with truncate, an
+// ErrInvalidInput error when longer without. The embedding is normalised
+// when normalize is set or the model always normalises
+// (BERTOptions.Normalize).
+func (m *BERT) Tokenize(text, pair string, truncate, normalize bool) (TextInput, error) {
+	if m.tok == nil {
+		return TextInput{}, fmt.Errorf("bert %q: no tokenizer", m.opts.Name)
+	}
+	ids, types, err := m.tok.Encode(text, pair, m.cfg.MaxPositionEmbeddings, truncate)
+	if err != nil {
+		return TextInput{}, fmt.Errorf("%w: bert %q: tokenize: %w", ErrInvalidInput, m.opts.Name, err)
+	}
+	in := TextInput{IDs: ids, TypeIDs: types, Normalize: normalize || m.opts.Normalize}
+	if err := m.check(in); err != nil {
+		return TextInput{}, fmt.Errorf("bert %q: tokenize: %w", m.opts.Name, err)
+	}
+	return in, nil
+}
+
+// check validates a payload against the vocabulary and the position table.
+func (m *BERT) check(in TextInput) error {
+	n := len(in.IDs)
+	if n == 0 {
+		return fmt.Errorf("%w: no tokens", ErrInvalidInput)
+	}
+	if n > m.cfg.MaxPositionEmbeddings {
+		return fmt.Errorf("%w: %d tokens, at most %d", ErrInvalidInput, n, m.cfg.MaxPositionEmbeddings)
+	}
+	if in.TypeIDs != nil && len(in.TypeIDs) != n {
+		return fmt.Errorf("%w: %d token type ids for %d tokens", ErrInvalidInput, len(in.TypeIDs), n)
+	}
+	for i, id := range in.IDs {
+		if id < 0 || int(id) >= m.cfg.VocabSize {
+			return fmt.Errorf("%w: token %d is id %d, outside the vocabulary of %d", ErrInvalidInput, i, id, m.cfg.VocabSize)
+		}
+	}
+	for i, t := range in.TypeIDs {
+		if t < 0 || int(t) >= m.cfg.TypeVocabSize {
+			return fmt.Errorf("%w: token %d has type id %d, want below %d", ErrInvalidInput, i, t, m.cfg.TypeVocabSize)
+		}
+	}
+	return nil
+}
+
+// MemoryBytes is the weights (matmul weights in dt) plus one run's buffers
+// for maxBatch sequences of MaxSeqLen tokens. oneDNN's own scratchpad is
+// not in it.
+func (m *BERT) MemoryBytes(dt runtime.DType, maxBatch int) int64 {
+	if dt != runtime.BF16 {
+		dt = runtime.F32
+	}
+	return weightBytes(m.weights, m.mm, dt) + m.graph(dt, max(maxBatch, 1), m.cfg.MaxPositionEmbeddings, true).workspace()
+}
+
+// Buffer names of the BERT graph's inputs and outputs.
+const (
+	bIDs    = "ids"    // I32 [B,S] token ids, 0 on padding
+	bTypes  = "types"  // I32 [B,S] token type ids
+	bPos    = "pos"    // I32 [B,S] position ids 0..S-1
+	bMask   = "mask"   // F32 [B,S] 1 on tokens, 0 on padding
+	bCLS    = "cls"    // F32 [B,S] 1 on the first token only: pools the [CLS] row
+	bPooled = "pooled" // F32 [B,H] encoder output
+	bNormed = "normed" // F32 [B,H] pooled, L2-normalised
+	bLogits = "logits" // F32 [B,L] classifier output
+	seqStep = 8        // sequences are padded to a multiple of this
+)
+
+// graph builds the forward pass for b sequences of s tokens (padding
+// included); with normalize it also writes the normalised embedding.
+func (m *BERT) graph(dt runtime.DType, b, s int, normalize bool) *builder {
+	cfg := m.cfg
+	h, nh := cfg.HiddenSize, cfg.NumAttentionHeads
+	d := h / nh
+	g := newBuilder(dt)
+	w := func(name string) string {
+		wdt := runtime.F32
+		if m.mm[name] {
+			wdt = dt
+		}
+		return g.param(name, wdt, m.weights[name].Shape)
+	}
+	ids := g.input(bIDs, runtime.I32, b, s)
+	types := g.input(bTypes, runtime.I32, b, s)
+	pos := g.input(bPos, runtime.I32, b, s)
+	mask := g.input(bMask, runtime.F32, b, s)
+	bsh := []int{b, s, h}
+	op := func(kind runtime.OpKind, in ...string) runtime.Op { return runtime.Op{Kind: kind, In: in} }
+	addOp := func(x, y string) string { return g.add(op(runtime.OpAdd, x, y), runtime.F32, bsh) }
+	ln := func(x, gamma, beta string) string {
+		o := op(runtime.OpLayerNorm, x, w(gamma), w(beta))
+		o.Eps = m.eps
+		return g.add(o, runtime.F32, bsh)
+	}
+
+	// Embeddings: word + position + token type, then layer norm.
+	we := g.add(op(runtime.OpGather, w(wWord), ids), runtime.F32, bsh)
+	pe := g.add(op(runtime.OpGather, w(wPos), pos), runtime.F32, bsh)
+	te := g.add(op(runtime.OpGather, w(wType), types), runtime.F32, bsh)
+	x := ln(addOp(addOp(we, pe), te), wEmbLNW, wEmbLNB)
+
+	heads := func(t string) string { // [B,S,H] -> [B,nh,S,d]
+		return g.add(runtime.Op{Kind: runtime.OpPermute, In: []string{t}, Shape: []int{b, s, nh, d}, Perm: []int{0, 2, 1, 3}},
+			runtime.F32, []int{b, nh, s, d})
+	}
+	for l := 0; l < cfg.NumHiddenLayers; l++ {
+		p := fmt.Sprintf(layerName, l)
+		q := heads(g.linear(x, w(p+lQW), w(p+lQB), runtime.ActNone))
+		k := heads(g.linear(x, w(p+lKW), w(p+lKB), runtime.ActNone))
+		v := heads(g.linear(x, w(p+lVW), w(p+lVB), runtime.ActNone))
+		scores := g.add(runtime.Op{Kind: runtime.OpBatchMatMul, In: []string{g.operand(q), g.operand(k)}, TransB: true,
+			Scale: float32(1 / math.Sqrt(float64(d)))}, runtime.F32, []int{b, nh, s, s})
+		probs := g.add(op(runtime.OpMaskedSoftmax, scores, mask), runtime.F32, []int{b, nh, s, s})
+		ctx := g.add(op(runtime.OpBatchMatMul, g.operand(probs), g.operand(v)), runtime.F32, []int{b, nh, s, d})
+		merged := g.add(runtime.Op{Kind: runtime.OpPermute, In: []string{ctx}, Perm: []int{0, 2, 1, 3}}, runtime.F32, []int{b, s, nh, d})
+		merged = g.add(runtime.Op{Kind: runtime.OpReshape, In: []string{merged}, Shape: bsh}, runtime.F32, bsh)
+		attn := g.linear(merged, w(p+lAOW), w(p+lAOB), runtime.ActNone)
+		x1 := ln(addOp(attn, x), p+lAOLNW, p+lAOLNB)
+		inter := g.linear(x1, w(p+lIW), w(p+lIB), m.act)
+		out := g.linear(inter, w(p+lOW), w(p+lOB), runtime.ActNone)
+		x = ln(addOp(out, x1), p+lOLNW, p+lOLNB)
+	}
+
+	// Pooling. The [CLS] row is a masked mean over a mask that keeps only
+	// position 0: exactly that row.
+	poolMask := mask
+	if m.opts.Kind == KindBERTClassifier || m.opts.Pooling == PoolingCLS {
+		poolMask = g.input(bCLS, runtime.F32, b, s)
+	}
+	if m.opts.Kind == KindBERTClassifier {
+		cls := g.add(op(runtime.OpMaskedMeanPool, x, poolMask), runtime.F32, []int{b, h})
+		pooled := g.linear(cls, w(wPoolerW), w(wPoolerB), runtime.ActTanh)
+		g.linear(pooled, w(wClassW), w(wClassB), runtime.ActNone)
+		g.outputLast(bLogits)
+		return g
+	}
+	o := op(runtime.OpMaskedMeanPool, x, poolMask)
+	o.Out = bPooled
+	g.add(o, runtime.F32, []int{b, h})
+	g.output(bPooled)
+	if normalize {
+		o := op(runtime.OpL2Normalize, bPooled)
+		o.Out = bNormed
+		g.add(o, runtime.F32, []int{b, h})
+		g.output(bNormed)
+	}
+	return g
+}
+
+// NewReplica uploads the weights to dev. On a device computing in bf16 the
+// matmul weights are stored in bf16 and every matmul (attention included)
+// runs on bf16 operands; where the device cannot, the error wraps
+// runtime.ErrUnsupported.
+func (m *BERT) NewReplica(ctx context.Context, dev runtime.Device, maxBatch int) (Replica, error) {
+	dt := computeType(dev)
+	res, err := upload(ctx, dev, dt, m.weights, m.mm)
+	if err != nil {
+		return nil, fmt.Errorf("bert %q: replica (%s matmuls): %w", m.opts.Name, dt, err)
+	}
+	return &bertReplica{m: m, res: res, maxBatch: max(maxBatch, 1)}, nil
+}
+
+type bertReplica struct {
+	m        *BERT
+	res      *resident
+	maxBatch int
+}
+
+func (r *bertReplica) Close() error {
+	r.res.close()
+	return nil
+}
+
+// Execute encodes (or classifies) TextInput payloads. Sequences are sorted
+// by length and run in batches of at most maxBatch, each padded to its
+// longest sequence rounded up to a multiple of 8; padding is masked out of
+// attention and pooling, so an item's output does not depend on the others.
+func (r *bertReplica) Execute(ctx context.Context, inputs []any) ([]any, error) {
+	m := r.m
+	items := make([]TextInput, len(inputs))
+	for i, in := range inputs {
+		switch x := in.(type) {
+		case TextInput:
+			items[i] = x
+		case *TextInput:
+			if x == nil {
+				return nil, fmt.Errorf("%w: bert %q: input %d is a nil *TextInput", ErrInvalidInput, m.opts.Name, i)
+			}
+			items[i] = *x
+		default:
+			return nil, fmt.Errorf("%w: bert %q: input %d is %T, want models.TextInput", ErrInvalidInput, m.opts.Name, i, in)
+		}
+		if err := m.check(items[i]); err != nil {
+			return nil, fmt.Errorf("bert %q: input %d: %w", m.opts.Name, i, err)
+		}
+	}
+	order := make([]int, len(items))
+	for i := range order {
+		order[i] = i
+	}
+	// Similar lengths together waste less on padding.
+	sort.SliceStable(order, func(a, b int) bool { return len(items[order[a]].IDs) < len(items[order[b]].IDs) })
+
+	r.res.mu.RLock()
+	defer r.res.mu.RUnlock()
+	if r.res.bufs == nil {
+		return nil, ErrClosed
+	}
+	out := make([]any, len(items))
+	for start := 0; start < len(order); start += r.maxBatch {
+		idx := order[start:min(start+r.maxBatch, len(order))]
+		batch := make([]TextInput, len(idx))
+		for i, j := range idx {
+			batch[i] = items[j]
+		}
+		vecs, err := r.batch(ctx, batch)
+		if err != nil {
+			return nil, fmt.Errorf("bert %q on %s: %w", m.opts.Name, r.res.dev.ID(), err)
+		}
+		for i, j := range idx {
+			out[j] = Output{Values: vecs[i]}
+		}
+	}
+	return out, nil
+}
+
+// batch runs one padded batch and returns each item's vector.
+func (r *bertReplica) batch(ctx context.Context, items []TextInput) ([][]float32, error) {
+	m, dev := r.m, r.res.dev
+	b := len(items)
+	longest := 0
+	normalize := false
+	for _, it := range items {
+		longest = max(longest, len(it.IDs))
+		normalize = normalize || it.Normalize
+	}
+	s := min((longest+seqStep-1)/seqStep*seqStep, m.cfg.MaxPositionEmbeddings)
+	g := r.m.graph(r.res.dt, b, s, normalize)
+
+	ids := make([]int32, b*s)
+	types := make([]int32, b*s)
+	pos := make([]int32, b*s)
+	mask := make([]float32, b*s)
+	cls := make([]float32, b*s)
+	for i, it := range items {
+		row := i * s
+		copy(ids[row:], it.IDs)
+		copy(types[row:], it.TypeIDs)
+		for j := 0; j < s; j++ {
+			pos[row+j] = int32(j)
+		}
+		for j := range it.IDs {
+			mask[row+j] = 1
+		}
+		cls[row] = 1
+	}
+
+	io := map[string]runtime.Buffer{}
+	defer func() {
+		for _, buf := range io {
+			dev.Free(buf)
+		}
+	}()
+	for name := range g.bound {
+		v := g.vals[name]
+		buf, err := dev.Alloc(v.dt, v.shape...)
+		if err != nil {
+			return nil, err
+		}
+		io[name] = buf
+	}
+	var err error
+	for name, vals := range map[string][]int32{bIDs: ids, bTypes: types, bPos: pos} {
+		if err == nil {
+			err = dev.CopyInInt32(ctx, io[name], vals)
+		}
+	}
+	for name, vals := range map[string][]float32{bMask: mask, bCLS: cls} {
+		if _, ok := io[name]; ok && err == nil {
+			err = dev.CopyIn(ctx, io[name], vals)
+		}
+	}
+	if err != nil {
+		return nil, err
+	}
+	if err := r.res.run(ctx, &runtime.Graph{Ops: g.ops}, io); err != nil {
+		return nil, err
+	}
+
+	read := func(name string) ([]float32, int, error) {
+		v := g.vals[name]
+		buf := make([]float32, v.shape[0]*v.shape[1])
+		return buf, v.shape[1], dev.CopyOut(ctx, buf, io[name])
+	}
+	if m.opts.Kind == KindBERTClassifier {
+		logits, n, err := read(bLogits)
+		if err != nil {
+			return nil, err
+		}
+		return split(logits, b, n), nil
+	}
+	pooled, n, err := read(bPooled)
+	if err != nil {
+		return nil, err
+	}
+	vecs := split(pooled, b, n)
+	if normalize {
+		normed, _, err := read(bNormed)
+		if err != nil {
+			return nil, err
+		}
+		for i, it := range items {
+			if it.Normalize {
+				vecs[i] = normed[i*n : (i+1)*n : (i+1)*n]
+			}
+		}
+	}
+	return vecs, nil
+}
+
+func split(v []float32, rows, n int) [][]float32 {
+	out := make([][]float32, rows)
+	for i := range out {
+		out[i] = slices.Clip(v[i*n : (i+1)*n])
+	}
+	return out
+}

@@ -1,0 +1,287 @@
+// Package repo is brokerd's model repository: a directory with one
+// subdirectory per model and numbered version directories inside
+// (DIR/NAME/VERSION/). It finds models and versions, checks them, and loads
+// a version's weights, configuration and tokenizer into a Loaded, from which
+// Model builds the runtime model. The layout and the files of each kind are
+// described in README.md beside this file.
+package repo
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+
+	"go.uber.org/zap"
+
+	"github.com/brokerd/brokerd/runtime/models"
+	"github.com/brokerd/brokerd/runtime/models/tokenizer"
+	"github.com/brokerd/brokerd/runtime/safetensors"
+)
+
+// ErrNotFound means no such model or version in the repository (NOT_FOUND at
+// the edge).
+var ErrNotFound = errors.New("model not found")
+
+// ErrInvalid means a model's files are not usable: bad JSON, a bad or
+// incomplete safetensors file, shapes that do not fit the configuration
+// (INVALID_ARGUMENT at the edge). It is safetensors.ErrInvalid, so one
+// mapping covers both packages.
+var ErrInvalid = safetensors.ErrInvalid
+
+// Files of a version directory.
+const (
+	FileBrokerd     = "brokerd.json"      // optional overrides, any kind
+	FileMLPSpec     = "model.json"        // mlp
+	FileWeights     = "model.safetensors" // all kinds
+	FileConfig      = "config.json"       // bert, bert-classifier (Hugging Face)
+	FileTokenizer   = "tokenizer.json"    // bert, bert-classifier (Hugging Face)
+	FileSTModules   = "modules.json"      // sentence-transformers pipeline
+	fileShardsIndex = "model.safetensors.index.json"
+	fileTorch       = "pytorch_model.bin"
+)
+
+// Repo is a model repository. It holds no state besides its directory and
+// reads the disk on every call, so models added or changed on disk are seen
+// by the next List or Load. Safe for concurrent use.
+type Repo struct {
+	dir string
+	log *zap.Logger
+}
+
+// Open returns the repository at dir, which must be a directory.
+func Open(dir string, log *zap.Logger) (*Repo, error) {
+	if log == nil {
+		log = zap.NewNop()
+	}
+	st, err := os.Stat(dir)
+	if err != nil {
+		return nil, fmt.Errorf("model repository: %w", err)
+	}
+	if !st.IsDir() {
+		return nil, fmt.Errorf("model repository %s is not a directory", dir)
+	}
+	return &Repo{dir: dir, log: log}, nil
+}
+
+// Dir is the repository's directory.
+func (r *Repo) Dir() string { return r.dir }
+
+// Entry is one model of the repository as List sees it.
+type Entry struct {
+	Name string
+	// Kind is the kind of the highest version that checks ("" when none).
+	Kind models.Kind
+	// Versions are the numbered version directories, ascending.
+	Versions []int64
+	// Errs holds, for each version that does not check, the reason. Checking
+	// reads the configuration, the tokenizer and the safetensors header, not
+	// the weights.
+	Errs map[int64]error
+}
+
+// Loadable lists the versions without an error, ascending.
+func (e Entry) Loadable() []int64 {
+	var out []int64
+	for _, v := range e.Versions {
+		if e.Errs[v] == nil {
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
+// List returns the models of the repository, sorted by name. Hidden entries
+// and plain files are skipped.
+func (r *Repo) List() []Entry {
+	des, err := os.ReadDir(r.dir)
+	if err != nil {
+		r.log.Warn("cannot read the model repository", zap.String("dir", r.dir), zap.Error(err))
+		return nil
+	}
+	var out []Entry
+	for _, de := range des {
+		if !de.IsDir() || strings.HasPrefix(de.Name(), ".") {
+			continue
+		}
+		name := de.Name()
+		e := Entry{Name: name, Versions: r.versions(name)}
+		for i := len(e.Versions) - 1; i >= 0; i-- {
+			v := e.Versions[i]
+			p, err := r.inspect(name, v)
+			if err != nil {
+				if e.Errs == nil {
+					e.Errs = map[int64]error{}
+				}
+				e.Errs[v] = err
+				continue
+			}
+			_ = p.st.Close()
+			if e.Kind == "" {
+				e.Kind = p.kind
+			}
+		}
+		out = append(out, e)
+	}
+	return out
+}
+
+// versions lists the numbered (positive integer) subdirectories of a model.
+func (r *Repo) versions(name string) []int64 {
+	des, err := os.ReadDir(filepath.Join(r.dir, name))
+	if err != nil {
+		return nil
+	}
+	var vs []int64
+	for _, de := range des {
+		v, err := strconv.ParseInt(de.Name(), 10, 64)
+		if err != nil || v <= 0 || !de.IsDir() || strconv.FormatInt(v, 10) != de.Name() {
+			continue
+		}
+		vs = append(vs, v)
+	}
+	slices.Sort(vs)
+	return vs
+}
+
+// Loaded is a version read from disk: what the model constructors need.
+type Loaded struct {
+	Name    string
+	Version int64
+	Kind    models.Kind
+	Dir     string // the version directory
+	// MLP is the spec of an mlp model (nil otherwise).
+	MLP *models.MLPSpec
+	// BERT and BERTOptions describe a bert or bert-classifier model.
+	BERT        *models.BERTConfig
+	BERTOptions models.BERTOptions
+	// Tokenizer is the text models' tokenizer (nil for mlp).
+	Tokenizer *tokenizer.Tokenizer
+	// Weights are float32 tensors under their canonical names: the names of
+	// the MLP spec; for BERT, BertModel's names without the "bert." prefix
+	// and with LayerNorm gamma/beta renamed weight/bias.
+	Weights map[string]models.Tensor
+	// Skipped holds the higher versions a Load of version 0 passed over,
+	// with the reason.
+	Skipped map[int64]error
+}
+
+// Model builds the runtime model (models.NewMLP or models.NewBERT).
+func (l *Loaded) Model() (models.Model, error) {
+	var (
+		m   models.Model
+		err error
+	)
+	switch l.Kind {
+	case models.KindMLP:
+		m, err = models.NewMLP(*l.MLP, l.Weights)
+	case models.KindBERT, models.KindBERTClassifier:
+		m, err = models.NewBERT(*l.BERT, l.Weights, l.Tokenizer, l.BERTOptions)
+	default:
+		return nil, fmt.Errorf("%w: %s: kind %q", ErrInvalid, l.Dir, l.Kind)
+	}
+	if err != nil {
+		if errors.Is(err, models.ErrInvalidInput) && !errors.Is(err, ErrInvalid) {
+			return nil, fmt.Errorf("%w: %s: %w", ErrInvalid, l.Dir, err)
+		}
+		return nil, fmt.Errorf("%s: %w", l.Dir, err)
+	}
+	return m, nil
+}
+
+// Load reads a version of a model: version 0 means the highest one that
+// loads, falling back past broken versions (each logged and kept in
+// Loaded.Skipped).
+func (r *Repo) Load(ctx context.Context, name string, version int64) (*Loaded, error) {
+	if !validName(name) {
+		return nil, fmt.Errorf("%w: invalid model name %q", ErrInvalid, name)
+	}
+	if version < 0 {
+		return nil, fmt.Errorf("%w: model %q: invalid version %d", ErrInvalid, name, version)
+	}
+	st, err := os.Stat(filepath.Join(r.dir, name))
+	if err != nil || !st.IsDir() {
+		return nil, fmt.Errorf("%w: %q is not in the repository %s", ErrNotFound, name, r.dir)
+	}
+	vs := r.versions(name)
+	if version > 0 {
+		if !slices.Contains(vs, version) {
+			return nil, fmt.Errorf("%w: model %q has no version %d (versions %v)", ErrNotFound, name, version, vs)
+		}
+		return r.load(ctx, name, version)
+	}
+	if len(vs) == 0 {
+		return nil, fmt.Errorf("%w: model %q has no numbered version directory", ErrNotFound, name)
+	}
+	skipped := map[int64]error{}
+	var errs []error
+	for i := len(vs) - 1; i >= 0; i-- {
+		l, err := r.load(ctx, name, vs[i])
+		if err == nil {
+			if len(skipped) > 0 {
+				l.Skipped = skipped
+			}
+			return l, nil
+		}
+		if ctx.Err() != nil {
+			return nil, err
+		}
+		r.log.Warn("model version does not load; trying the one below",
+			zap.String("model", name), zap.Int64("version", vs[i]), zap.Error(err))
+		skipped[vs[i]] = err
+		errs = append(errs, err)
+	}
+	return nil, fmt.Errorf("model %q: no version loads: %w", name, errors.Join(errs...))
+}
+
+// validName accepts a plain directory name: no separators, no "..", not hidden.
+func validName(name string) bool {
+	return name != "" && filepath.IsLocal(name) && !strings.ContainsAny(name, `/\`) && !strings.HasPrefix(name, ".")
+}
+
+func (r *Repo) load(ctx context.Context, name string, version int64) (*Loaded, error) {
+	p, err := r.inspect(name, version)
+	if err != nil {
+		return nil, err
+	}
+	defer p.st.Close()
+	l := &Loaded{
+		Name: name, Version: version, Kind: p.kind, Dir: p.dir,
+		MLP: p.mlp, BERT: p.bert, BERTOptions: p.bertOpts, Tokenizer: p.tok,
+		Weights: make(map[string]models.Tensor, len(p.tensors)),
+	}
+	if l.MLP != nil {
+		l.MLP.Name, l.MLP.Version = name, version
+	}
+	if l.BERT != nil {
+		l.BERTOptions.Name, l.BERTOptions.Version = name, version
+	}
+	// Read in file order: sequential reads of a large file.
+	order := make([]string, 0, len(p.tensors))
+	for canon := range p.tensors {
+		order = append(order, canon)
+	}
+	slices.SortFunc(order, func(a, b string) int {
+		ia, _ := p.st.Info(p.tensors[a])
+		ib, _ := p.st.Info(p.tensors[b])
+		return cmp.Compare(ia.Offsets[0], ib.Offsets[0])
+	})
+	for _, canon := range order {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		t, err := p.st.Float32(p.tensors[canon])
+		if err != nil {
+			return nil, err
+		}
+		l.Weights[canon] = t
+	}
+	r.log.Info("model version loaded", zap.String("model", name), zap.Int64("version", version),
+		zap.String("kind", string(p.kind)), zap.Int("tensors", len(l.Weights)))
+	return l, nil
+}

@@ -1,0 +1,220 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strconv"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/brokerd/brokerd/proto/inference"
+)
+
+// serverName is what ServerMetadata reports.
+const serverName = "brokerd"
+
+// InferenceService serves the KServe Open Inference Protocol v2
+// (inference.GRPCInferenceService) over the broker's models and scheduler,
+// so Triton and KServe clients work unchanged.
+type InferenceService struct {
+	inference.UnimplementedGRPCInferenceServiceServer
+	b       *BrokerService
+	ready   func() bool // false while draining
+	version string
+}
+
+// NewInferenceService returns the KServe service over b; ready reports
+// whether brokerd takes new work.
+func NewInferenceService(b *BrokerService, ready func() bool) *InferenceService {
+	return &InferenceService{b: b, ready: ready, version: b.policy.Version}
+}
+
+// ServerLive is true while the process answers.
+func (k *InferenceService) ServerLive(context.Context, *inference.ServerLiveRequest) (*inference.ServerLiveResponse, error) {
+	return &inference.ServerLiveResponse{Live: true}, nil
+}
+
+// ServerReady is true while brokerd takes work: false once draining.
+func (k *InferenceService) ServerReady(context.Context, *inference.ServerReadyRequest) (*inference.ServerReadyResponse, error) {
+	return &inference.ServerReadyResponse{Ready: k.b.models != nil && k.ready()}, nil
+}
+
+// ServerMetadata names the server and the protocol extensions it serves.
+func (k *InferenceService) ServerMetadata(context.Context, *inference.ServerMetadataRequest) (*inference.ServerMetadataResponse, error) {
+	// "parameters": ModelInfer reads the truncate, normalize and priority
+	// request parameters.
+	return &inference.ServerMetadataResponse{Name: serverName, Version: k.version, Extensions: []string{"parameters"}}, nil
+}
+
+// parseVersion reads the protocol's string version ("" means whichever serves).
+func parseVersion(v string) (int64, error) {
+	if v == "" {
+		return 0, nil
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || n < 1 {
+		return 0, status.Errorf(codes.InvalidArgument, "model version %q is invalid: want a positive integer or empty", v)
+	}
+	return n, nil
+}
+
+// ModelReady is true when the model (and version, if given) serves and
+// brokerd takes work. A model brokerd has never heard of is NOT_FOUND.
+func (k *InferenceService) ModelReady(ctx context.Context, req *inference.ModelReadyRequest) (*inference.ModelReadyResponse, error) {
+	v, err := parseVersion(req.GetVersion())
+	if err != nil {
+		return nil, err
+	}
+	ms := k.b.models
+	if ms == nil {
+		return &inference.ModelReadyResponse{}, nil
+	}
+	sv := ms.lookup(req.GetName())
+	if sv == nil {
+		if err := ms.missing(req.GetName()); !errors.Is(err, errModelNotLoaded) {
+			return nil, toStatus(k.b.log, "ModelReady", err)
+		}
+		return &inference.ModelReadyResponse{}, nil
+	}
+	ready := (v == 0 || v == sv.info.Version) && len(sv.replicas) > 0 && k.ready()
+	return &inference.ModelReadyResponse{Ready: ready}, nil
+}
+
+// ModelMetadata describes a served model's inputs and outputs.
+func (k *InferenceService) ModelMetadata(ctx context.Context, req *inference.ModelMetadataRequest) (*inference.ModelMetadataResponse, error) {
+	v, err := parseVersion(req.GetVersion())
+	if err != nil {
+		return nil, err
+	}
+	if k.b.models == nil {
+		return nil, status.Error(codes.Unavailable, "no model is being served")
+	}
+	sv := k.b.models.lookup(req.GetName())
+	if sv == nil {
+		return nil, toStatus(k.b.log, "ModelMetadata", k.b.models.missing(req.GetName()))
+	}
+	if v != 0 && v != sv.info.Version {
+		return nil, status.Errorf(codes.FailedPrecondition, "model %s version %d is not loaded (version %d serves)", sv.info.Name, v, sv.info.Version)
+	}
+	resp := &inference.ModelMetadataResponse{
+		Name: sv.info.Name, Versions: []string{strconv.FormatInt(sv.info.Version, 10)},
+		Platform: serverName + "_" + string(sv.info.Kind),
+	}
+	required, optional := inputSpecs(sv.info)
+	for _, sp := range slices.Concat(required, optional) {
+		resp.Inputs = append(resp.Inputs, &inference.ModelMetadataResponse_TensorMetadata{Name: sp.Name, Datatype: sp.DType, Shape: slices.Clone(sp.Shape)})
+	}
+	for _, sp := range sv.info.Outputs {
+		resp.Outputs = append(resp.Outputs, &inference.ModelMetadataResponse_TensorMetadata{Name: sp.Name, Datatype: sp.DType, Shape: slices.Clone(sp.Shape)})
+	}
+	return resp, nil
+}
+
+// ModelInfer runs a request through the same validation, scheduler and
+// metrics as broker.v1 Infer. Inputs come from raw_input_contents or typed
+// contents; outputs go back in raw_output_contents.
+func (k *InferenceService) ModelInfer(ctx context.Context, req *inference.ModelInferRequest) (*inference.ModelInferResponse, error) {
+	start := time.Now()
+	s := k.b
+	if s.models == nil || s.sched == nil {
+		return nil, status.Error(codes.Unavailable, "no model is being served")
+	}
+	if req.GetModelName() == "" {
+		return nil, status.Error(codes.InvalidArgument, "model_name is required")
+	}
+	v, err := parseVersion(req.GetModelVersion())
+	if err != nil {
+		return nil, err
+	}
+	ins, raw := req.GetInputs(), req.GetRawInputContents()
+	if len(ins) == 0 {
+		return nil, status.Error(codes.InvalidArgument, "inputs: at least one input tensor is required")
+	}
+	if len(raw) > 0 && len(raw) != len(ins) {
+		return nil, status.Errorf(codes.InvalidArgument, "raw_input_contents has %d entries for %d inputs: want one per input, in the order of inputs", len(raw), len(ins))
+	}
+	opts := inferOptions{priority: 2, truncate: true, normalize: true}
+	if err := inferParameters(req.GetParameters(), &opts); err != nil {
+		return nil, err
+	}
+	for _, o := range req.GetOutputs() {
+		opts.outputs = append(opts.outputs, o.GetName())
+	}
+	inputs := make([]tensor, len(ins))
+	for i, in := range ins {
+		var r []byte
+		if len(raw) > 0 {
+			r = raw[i]
+		}
+		if inputs[i], err = fromKServe(in, r, len(raw) > 0); err != nil {
+			return nil, err
+		}
+	}
+	sv, err := s.models.acquire(req.GetModelName(), v)
+	if err != nil {
+		return nil, toStatus(s.log, "ModelInfer", err)
+	}
+	defer s.models.release(sv)
+	outs, info, err := s.infer(ctx, sv, inputs, opts)
+	if err != nil {
+		return nil, err
+	}
+	resp := &inference.ModelInferResponse{
+		ModelName: sv.info.Name, ModelVersion: strconv.FormatInt(sv.info.Version, 10), Id: req.GetId(),
+		Parameters: map[string]*inference.InferParameter{
+			"device_id":  {ParameterChoice: &inference.InferParameter_StringParam{StringParam: info.DeviceID}},
+			"batch_size": {ParameterChoice: &inference.InferParameter_Int64Param{Int64Param: int64(info.BatchSize)}},
+			"queue_ns":   {ParameterChoice: &inference.InferParameter_Int64Param{Int64Param: info.Queue.Nanoseconds()}},
+			"compute_ns": {ParameterChoice: &inference.InferParameter_Int64Param{Int64Param: info.Compute.Nanoseconds()}},
+			"total_ns":   {ParameterChoice: &inference.InferParameter_Int64Param{Int64Param: time.Since(start).Nanoseconds()}},
+			"cost_usd":   {ParameterChoice: &inference.InferParameter_DoubleParam{DoubleParam: info.CostUSD}},
+		},
+	}
+	for _, o := range outs {
+		resp.Outputs = append(resp.Outputs, &inference.ModelInferResponse_InferOutputTensor{Name: o.name, Datatype: o.dtype, Shape: o.shape})
+		resp.RawOutputContents = append(resp.RawOutputContents, o.data)
+	}
+	return resp, nil
+}
+
+// inferParameters reads the request parameters brokerd understands:
+// truncate and normalize (bool) and priority (1 low, 2 normal, 3 high).
+func inferParameters(params map[string]*inference.InferParameter, opts *inferOptions) error {
+	boolParam := func(name string, p *inference.InferParameter) (bool, error) {
+		b, ok := p.GetParameterChoice().(*inference.InferParameter_BoolParam)
+		if !ok {
+			return false, status.Errorf(codes.InvalidArgument, "parameter %s: want a bool_param", name)
+		}
+		return b.BoolParam, nil
+	}
+	for name, p := range params {
+		var err error
+		switch name {
+		case "truncate":
+			opts.truncate, err = boolParam(name, p)
+		case "normalize":
+			opts.normalize, err = boolParam(name, p)
+		case "priority":
+			var n int64
+			switch c := p.GetParameterChoice().(type) {
+			case *inference.InferParameter_Int64Param:
+				n = c.Int64Param
+			case *inference.InferParameter_Uint64Param:
+				n = int64(min(c.Uint64Param, 1<<31))
+			default:
+				return status.Errorf(codes.InvalidArgument, "parameter priority: want an int64_param or uint64_param")
+			}
+			if n < 1 || n > 3 {
+				return status.Errorf(codes.InvalidArgument, "parameter priority %d is invalid: 1 (low), 2 (normal) or 3 (high)", n)
+			}
+			opts.priority = int(n)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -1,0 +1,139 @@
+package server
+
+import (
+	"context"
+	"slices"
+	"sort"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	brokerv1 "github.com/brokerd/brokerd/proto/broker/v1"
+	"github.com/brokerd/brokerd/runtime/models"
+)
+
+// ListModels lists the served models and every model of the repository,
+// loaded or not, with their versions, devices, memory and tensors.
+func (s *BrokerService) ListModels(ctx context.Context, _ *brokerv1.ListModelsRequest) (*brokerv1.ListModelsResponse, error) {
+	resp := &brokerv1.ListModelsResponse{}
+	if s.models == nil {
+		return resp, nil
+	}
+	ms := s.models
+	var entries []RepoEntry
+	if ms.repo != nil {
+		var err error
+		if entries, err = ms.repo.List(); err != nil {
+			return nil, toStatus(s.log, "ListModels", err)
+		}
+	}
+	byName := map[string]RepoEntry{}
+	for _, e := range entries {
+		byName[e.Name] = e
+	}
+	ms.stMu.Lock()
+	pending := make(map[string]string, len(ms.pending))
+	for k, v := range ms.pending {
+		pending[k] = v
+	}
+	lastErr := make(map[string]string, len(ms.lastErr))
+	for k, v := range ms.lastErr {
+		lastErr[k] = v
+	}
+	ms.stMu.Unlock()
+
+	cat := ms.cat.Load()
+	for name, sv := range cat.byName {
+		m := servedToProto(sv)
+		if e, ok := byName[name]; ok {
+			m.AvailableVersions = slices.Clone(e.Versions)
+		}
+		if pending[name] == "unloading" {
+			m.State = brokerv1.ModelState_MODEL_STATE_UNLOADING
+		}
+		resp.Models = append(resp.Models, m)
+	}
+	for _, e := range entries {
+		if cat.byName[e.Name] != nil {
+			continue
+		}
+		m := &brokerv1.Model{Name: e.Name, Kind: e.Kind, State: brokerv1.ModelState_MODEL_STATE_AVAILABLE,
+			AvailableVersions: slices.Clone(e.Versions), Error: e.Err}
+		if n := len(e.Versions); n > 0 {
+			m.Version = e.Versions[n-1]
+		}
+		switch {
+		case pending[e.Name] == "loading":
+			m.State = brokerv1.ModelState_MODEL_STATE_LOADING
+		case lastErr[e.Name] != "":
+			m.State, m.Error = brokerv1.ModelState_MODEL_STATE_FAILED, lastErr[e.Name]
+		case len(e.Versions) == 0:
+			m.State = brokerv1.ModelState_MODEL_STATE_FAILED
+		}
+		resp.Models = append(resp.Models, m)
+	}
+	sort.Slice(resp.Models, func(i, j int) bool { return resp.Models[i].GetName() < resp.Models[j].GetName() })
+	return resp, nil
+}
+
+// LoadModel loads a version of a repository model (0: the highest loadable)
+// onto the devices the placement picks, admitted against their budgets; a
+// newer version replaces the serving one without dropping a request.
+func (s *BrokerService) LoadModel(ctx context.Context, req *brokerv1.LoadModelRequest) (*brokerv1.LoadModelResponse, error) {
+	if req.GetName() == "" {
+		return nil, status.Error(codes.InvalidArgument, "name is required")
+	}
+	if req.GetVersion() < 0 {
+		return nil, status.Errorf(codes.InvalidArgument, "version %d is invalid: 0 (the highest loadable) or a version number", req.GetVersion())
+	}
+	if s.models == nil {
+		return nil, status.Error(codes.FailedPrecondition, "no data plane: models cannot be loaded")
+	}
+	sv, err := s.models.load(ctx, req.GetName(), req.GetVersion())
+	if err != nil {
+		return nil, toStatus(s.log, "LoadModel", err)
+	}
+	return &brokerv1.LoadModelResponse{Model: servedToProto(sv)}, nil
+}
+
+// UnloadModel stops serving a model once the work it accepted is done, and
+// frees its device memory.
+func (s *BrokerService) UnloadModel(ctx context.Context, req *brokerv1.UnloadModelRequest) (*brokerv1.UnloadModelResponse, error) {
+	if req.GetName() == "" {
+		return nil, status.Error(codes.InvalidArgument, "name is required")
+	}
+	if s.models == nil {
+		return nil, status.Error(codes.FailedPrecondition, "no data plane: nothing is loaded")
+	}
+	sv, err := s.models.unload(ctx, req.GetName())
+	if err != nil {
+		return nil, toStatus(s.log, "UnloadModel", err)
+	}
+	m := servedToProto(sv)
+	m.State = brokerv1.ModelState_MODEL_STATE_AVAILABLE
+	m.DeviceIds, m.MemoryBytes = nil, 0
+	return &brokerv1.UnloadModelResponse{Model: m}, nil
+}
+
+// servedToProto describes a served version.
+func servedToProto(sv *served) *brokerv1.Model {
+	m := &brokerv1.Model{
+		Name: sv.info.Name, Version: sv.info.Version, Kind: string(sv.info.Kind), State: brokerv1.ModelState_MODEL_STATE_READY,
+		DeviceIds: sv.deviceIDs(), MemoryBytes: uint64(sv.memoryBytes()), BaseBatch: int32(sv.info.BaseBatch),
+		Inputs: specsToProto(sv.info.Inputs), Outputs: specsToProto(sv.info.Outputs),
+		AvailableVersions: []int64{sv.info.Version},
+	}
+	if len(m.DeviceIds) == 0 {
+		m.State = brokerv1.ModelState_MODEL_STATE_FAILED
+		m.Error = "no device could take a replica (see brokerd's log)"
+	}
+	return m
+}
+
+func specsToProto(specs []models.TensorSpec) []*brokerv1.TensorSpec {
+	var out []*brokerv1.TensorSpec
+	for _, sp := range specs {
+		out = append(out, &brokerv1.TensorSpec{Name: sp.Name, Dtype: dataTypeToProto(sp.DType), Shape: slices.Clone(sp.Shape)})
+	}
+	return out
+}

@@ -1,0 +1,649 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"go.uber.org/zap"
+
+	"github.com/brokerd/brokerd/detect"
+	"github.com/brokerd/brokerd/runtime"
+	"github.com/brokerd/brokerd/runtime/models"
+	"github.com/brokerd/brokerd/scheduler"
+)
+
+// Repository is what model management needs of the model repository
+// (runtime/models/repo): what it holds, and a loaded model of it.
+type Repository interface {
+	// List describes every model directory, loadable or not.
+	List() ([]RepoEntry, error)
+	// Load reads one version of a model (0: the highest loadable one).
+	Load(ctx context.Context, name string, version int64) (loadedModel, error)
+}
+
+// loadedModel is a model read from the repository and the version it is.
+type loadedModel struct {
+	Model   models.Model
+	Version int64
+}
+
+// RepoEntry is one model of the repository.
+type RepoEntry struct {
+	Name     string
+	Kind     string
+	Versions []int64 // loadable versions, ascending
+	Err      string  // why the model (or its newest version) cannot load
+}
+
+// replicaHost is what placement needs of the scheduler.
+type replicaHost interface {
+	AddReplica(model string, dev scheduler.Device, maxBatch int, exec scheduler.Executor, opts ...scheduler.ReplicaOption) error
+	RemoveReplica(ctx context.Context, model, deviceID string) error
+}
+
+// Errors of model management; toStatus maps them.
+var (
+	errModelNotFound  = errors.New("model not found")
+	errModelNotLoaded = errors.New("model not loaded")
+	errBuiltinModel   = errors.New("built-in model")
+)
+
+// admissionError refuses a load no device's memory budget can take.
+type admissionError struct {
+	model   string
+	version int64
+	need    int64    // bytes one replica needs (the smallest over device types)
+	devices []string // "cpu:0 has N of its M-byte budget free"
+}
+
+func (e *admissionError) Error() string {
+	return fmt.Sprintf("model %s version %d needs %d bytes of device memory for a replica, more than any device has free: %s",
+		e.model, e.version, e.need, strings.Join(e.devices, "; "))
+}
+
+// gate counts a served version's requests in flight, so that a reload or an
+// unload can wait for them; once retired it lets no new request in. It is
+// lock-free because every Infer and Encode passes through it.
+type gate struct {
+	state atomic.Int64 // requests in flight, plus retiredBit once retired
+	once  sync.Once
+	idle  chan struct{} // closed once retired with nothing in flight
+}
+
+const retiredBit = int64(1) << 62
+
+func newGate() *gate { return &gate{idle: make(chan struct{})} }
+
+func (g *gate) enter() bool {
+	if g.state.Add(1)&retiredBit != 0 {
+		g.leave()
+		return false
+	}
+	return true
+}
+
+func (g *gate) leave() {
+	if g.state.Add(-1) == retiredBit {
+		g.once.Do(func() { close(g.idle) })
+	}
+}
+
+// retire refuses new requests; the channel closes when the last one left.
+func (g *gate) retire() <-chan struct{} {
+	if g.state.Or(retiredBit) == 0 {
+		g.once.Do(func() { close(g.idle) })
+	}
+	return g.idle
+}
+
+// placed is one replica of a served version.
+type placed struct {
+	deviceID string
+	r        replica
+	bytes    int64 // reserved against the device's budget
+	maxBatch int
+}
+
+// served is one loaded model version: the built-in encoder or a model of
+// the repository, with its replicas.
+//
+// Its fields are set before it is published and never change after, so the
+// request path and ListModels read them without a lock.
+type served struct {
+	info     models.Info
+	key      string       // the scheduler's queue name
+	builtin  encoderModel // the built-in encoder; nil for repository models
+	model    models.Model // a repository model; nil for the built-in
+	replicas []placed
+	gate     *gate
+}
+
+// costs are the items' shares of a batch's token budget (nil: 1 each).
+func (s *served) costs(payloads []any) []int {
+	if s.model == nil || s.info.MaxSeqLen <= 0 {
+		return nil
+	}
+	c := make([]int, len(payloads))
+	for i, p := range payloads {
+		c[i] = s.model.Cost(p)
+	}
+	return c
+}
+
+func (s *served) deviceIDs() []string {
+	ids := make([]string, len(s.replicas))
+	for i, p := range s.replicas {
+		ids[i] = p.deviceID
+	}
+	return ids
+}
+
+func (s *served) memoryBytes() int64 {
+	var n int64
+	for _, p := range s.replicas {
+		n += p.bytes
+	}
+	return n
+}
+
+// openDevice is a device opened at start; models get replicas on it.
+type openDevice struct {
+	dev   runtime.Device
+	entry detect.Entry
+}
+
+// catalog is an immutable view of what is served, swapped atomically so the
+// request path never takes a lock.
+type catalog struct {
+	byName map[string]*served
+}
+
+// placeOptions are the inputs of model placement.
+type placeOptions struct {
+	Adapters map[string]runtime.Adapter // runtime name → adapter
+	Factors  detect.Factors
+	// MaxBatch caps every plan's max batch when > 0 (benchmarks compare
+	// batching against max_batch 1 with it).
+	MaxBatch int
+	// Select orders the device types a repository model is placed on.
+	Select detect.Policy
+	// MaxBatchTokens bounds the tokens of one batch of a text model whose
+	// own configuration sets no bound.
+	MaxBatchTokens int
+	// Entries returns the devices' current state (cordons, health) at load
+	// time; nil keeps the state seen at start.
+	Entries func() []detect.Entry
+}
+
+// modelSet is what brokerd serves: the built-in encoder and the loaded
+// repository models, the devices they run on, and their replicas.
+type modelSet struct {
+	defaultModel string
+	cat          atomic.Pointer[catalog]
+	repo         Repository // nil: the built-in encoder only
+	sched        replicaHost
+	opts         placeOptions
+	log          *zap.Logger
+
+	// mu serialises loads, unloads and close, and guards what follows.
+	mu       sync.Mutex
+	devices  []openDevice
+	reserved map[string]int64 // device ID → bytes reserved by replicas
+	closed   bool
+
+	stMu    sync.Mutex
+	pending map[string]string // name → "loading" or "unloading"
+	lastErr map[string]string // name → why its last load failed
+}
+
+// openDevices opens every runnable device whose runtime this build has.
+// Devices are opened once and shared by every model placed on them.
+func openDevices(ctx context.Context, entries []detect.Entry, sched replicaHost, repo Repository, opts placeOptions, log *zap.Logger) *modelSet {
+	ms := &modelSet{repo: repo, sched: sched, opts: opts, log: log, reserved: map[string]int64{},
+		pending: map[string]string{}, lastErr: map[string]string{}}
+	ms.cat.Store(&catalog{byName: map[string]*served{}})
+	for _, e := range entries {
+		if !e.Runnable() || e.Health == detect.Unhealthy {
+			continue
+		}
+		ad, ok := opts.Adapters[e.Runtime]
+		if !ok {
+			log.Info("device not opened: no adapter of this build", zap.String("device", e.ID), zap.String("runtime", e.Runtime))
+			continue
+		}
+		spec := runtime.DeviceSpec{ID: e.ID, Budget: e.Budget}
+		if e.CPU != nil && e.CPU.EffectiveCores > 0 {
+			spec.Threads = int(math.Ceil(e.CPU.EffectiveCores))
+		}
+		dev, err := ad.Open(ctx, spec)
+		if err != nil {
+			log.Warn("device could not be opened", zap.String("device", e.ID), zap.Error(err))
+			continue
+		}
+		ms.devices = append(ms.devices, openDevice{dev: dev, entry: e})
+	}
+	return ms
+}
+
+// placeModels opens the devices and gives each built-in model a replica on
+// every device whose budget admits it.
+func placeModels(ctx context.Context, entries []detect.Entry, builtins []encoderModel, sched replicaHost, repo Repository, opts placeOptions, log *zap.Logger) (*modelSet, error) {
+	ms := openDevices(ctx, entries, sched, repo, opts, log)
+	if len(builtins) > 0 {
+		ms.defaultModel = builtins[0].Name()
+	}
+	ms.mu.Lock()
+	defer ms.mu.Unlock()
+	for _, m := range builtins {
+		s := &served{
+			info: models.Info{Name: m.Name(), Version: m.Version(), Kind: models.Kind(m.Kind()), BaseBatch: m.BaseBatch()},
+			key:  m.Name(), builtin: m, gate: newGate(),
+		}
+		for _, od := range ms.devices {
+			e := od.entry
+			maxBatch, err := ms.maxBatch(s.info, e.Type)
+			if err != nil {
+				return ms, err
+			}
+			need := m.MemoryBytes()
+			if free := ms.freeLocked(od); e.Budget > 0 && need > free {
+				log.Warn("model not placed: device budget too small", zap.String("model", m.Name()), zap.String("device", e.ID),
+					zap.Int64("need_bytes", need), zap.Int64("free_budget_bytes", free))
+				continue
+			}
+			r, err := m.NewReplica(ctx, od.dev)
+			if err != nil {
+				log.Warn("model replica failed", zap.String("model", m.Name()), zap.String("device", e.ID), zap.Error(err))
+				continue
+			}
+			if err := ms.addReplicaLocked(s, od, maxBatch, need, r); err != nil {
+				return ms, err
+			}
+		}
+		ms.publishLocked(s.info.Name, s)
+	}
+	return ms, nil
+}
+
+// maxBatch is a model's batch limit in items on a device type: the plan's,
+// capped by --max-batch. (Text models are bounded by tokens too: maxTokens.)
+func (ms *modelSet) maxBatch(info models.Info, t detect.Type) (int, error) {
+	plan, err := detect.PlanBatch(info.BaseBatch, t, ms.opts.Factors)
+	if err != nil {
+		return 0, fmt.Errorf("batch plan of %s on %s: %w", info.Name, t, err)
+	}
+	n := plan.Max
+	if ms.opts.MaxBatch > 0 {
+		n = min(n, ms.opts.MaxBatch)
+	}
+	return n, nil
+}
+
+// maxTokens is a text model's batch token budget (0 for other models): its
+// own max_batch_tokens, else --max-batch-tokens.
+func (ms *modelSet) maxTokens(info models.Info) int {
+	if info.MaxSeqLen <= 0 {
+		return 0
+	}
+	if info.MaxBatchTokens > 0 {
+		return info.MaxBatchTokens
+	}
+	return ms.opts.MaxBatchTokens
+}
+
+// freeLocked is the part of a device's budget no replica holds or reserved:
+// a replica reserves its batch workspace too, which it allocates only while
+// it runs.
+func (ms *modelSet) freeLocked(od openDevice) int64 {
+	used := max(int64(od.dev.MemoryUsed()), ms.reserved[od.entry.ID])
+	return max(int64(od.entry.Budget)-used, 0)
+}
+
+func (ms *modelSet) addReplicaLocked(s *served, od openDevice, maxBatch int, need int64, r replica) error {
+	e := od.entry
+	var opts []scheduler.ReplicaOption
+	if tokens := ms.maxTokens(s.info); tokens > 0 {
+		// Items cost their tokens (served.costs): a batch stays within the budget.
+		opts = append(opts, scheduler.WithMaxBatchCost(tokens))
+	}
+	if err := ms.sched.AddReplica(s.key, scheduler.Device{ID: e.ID, Type: string(e.Type), CostPerHour: e.CostPerHour}, maxBatch, r, opts...); err != nil {
+		r.Close()
+		return fmt.Errorf("replica of %s on %s: %w", s.key, e.ID, err)
+	}
+	s.replicas = append(s.replicas, placed{deviceID: e.ID, r: r, bytes: need, maxBatch: maxBatch})
+	ms.reserved[e.ID] += need
+	ms.log.Info("model placed", zap.String("model", s.info.Name), zap.Int64("version", s.info.Version), zap.String("device", e.ID),
+		zap.Int("max_batch", maxBatch), zap.Int64("memory_bytes", need))
+	return nil
+}
+
+// publishLocked makes s serve name (nil: name is served no more).
+func (ms *modelSet) publishLocked(name string, s *served) {
+	old := ms.cat.Load()
+	next := &catalog{byName: make(map[string]*served, len(old.byName)+1)}
+	for k, v := range old.byName {
+		next.byName[k] = v
+	}
+	if s == nil {
+		delete(next.byName, name)
+	} else {
+		next.byName[name] = s
+	}
+	ms.cat.Store(next)
+}
+
+// get returns the built-in encoder Encode serves under name.
+func (ms *modelSet) get(name string) (encoderModel, bool) {
+	s := ms.cat.Load().byName[name]
+	if s == nil || s.builtin == nil {
+		return nil, false
+	}
+	return s.builtin, true
+}
+
+// lookup returns what serves name, without entering its gate.
+func (ms *modelSet) lookup(name string) *served {
+	return ms.cat.Load().byName[name]
+}
+
+// names lists the served names for error messages.
+func (ms *modelSet) names() string {
+	var n []string
+	for k := range ms.cat.Load().byName {
+		n = append(n, k)
+	}
+	sort.Strings(n)
+	return strings.Join(n, ", ")
+}
+
+// acquire returns the version serving name (version 0: whichever does) with
+// its gate entered; the caller calls release when its work is done.
+func (ms *modelSet) acquire(name string, version int64) (*served, error) {
+	for {
+		s := ms.cat.Load().byName[name]
+		if s == nil {
+			return nil, ms.missing(name)
+		}
+		if version != 0 && version != s.info.Version {
+			return nil, fmt.Errorf("model %s version %d is not loaded (version %d serves): %w", name, version, s.info.Version, errModelNotLoaded)
+		}
+		if s.gate.enter() {
+			return s, nil
+		}
+		// A reload or unload retired s after it was looked up; the catalog
+		// already shows what replaced it.
+	}
+}
+
+func (ms *modelSet) release(s *served) { s.gate.leave() }
+
+// missing explains why name is not served.
+func (ms *modelSet) missing(name string) error {
+	if ms.repo != nil {
+		if entries, err := ms.repo.List(); err == nil {
+			for _, e := range entries {
+				if e.Name == name {
+					return fmt.Errorf("model %s is in the repository but not loaded (brokerctl load %s): %w", name, name, errModelNotLoaded)
+				}
+			}
+		}
+	}
+	return fmt.Errorf("model %q not found (served: %s): %w", name, ms.names(), errModelNotFound)
+}
+
+func (ms *modelSet) setPending(name, state string) {
+	ms.stMu.Lock()
+	defer ms.stMu.Unlock()
+	if state == "" {
+		delete(ms.pending, name)
+	} else {
+		ms.pending[name] = state
+	}
+}
+
+func (ms *modelSet) setLastErr(name string, err error) {
+	ms.stMu.Lock()
+	defer ms.stMu.Unlock()
+	if err == nil {
+		delete(ms.lastErr, name)
+	} else {
+		ms.lastErr[name] = err.Error()
+	}
+}
+
+// load loads a version of a repository model (0: the highest loadable),
+// places it and makes it serve name. A version already serving is kept. A
+// reload never drops a request: the new version's replicas join the
+// scheduler first, the name switches to them, and the old version's replicas
+// go once the requests that entered its gate are done.
+func (ms *modelSet) load(ctx context.Context, name string, version int64) (*served, error) {
+	if s := ms.lookup(name); s != nil && s.builtin != nil {
+		return s, nil
+	}
+	if ms.repo == nil {
+		return nil, fmt.Errorf("model %q: no model repository: %w", name, errModelNotFound)
+	}
+	ms.mu.Lock()
+	defer ms.mu.Unlock()
+	if ms.closed {
+		return nil, fmt.Errorf("model %s: brokerd is stopping: %w", name, scheduler.ErrDraining)
+	}
+	ms.setPending(name, "loading")
+	defer ms.setPending(name, "")
+	s, err := ms.loadLocked(ctx, name, version)
+	ms.setLastErr(name, err)
+	return s, err
+}
+
+func (ms *modelSet) loadLocked(ctx context.Context, name string, version int64) (*served, error) {
+	cur := ms.lookup(name)
+	if cur != nil && version != 0 && cur.info.Version == version {
+		return cur, nil
+	}
+	l, err := ms.repo.Load(ctx, name, version)
+	if err != nil {
+		return nil, fmt.Errorf("model %s: %w", name, err)
+	}
+	m := l.Model
+	// The repository's name and version directory are the model's identity.
+	info := m.Info()
+	info.Name, info.Version = name, l.Version
+	if cur != nil && cur.info.Version == info.Version {
+		return cur, nil
+	}
+	s := &served{info: info, key: fmt.Sprintf("%s@%d", name, info.Version), model: m, gate: newGate()}
+	if err := ms.placeLocked(ctx, s); err != nil {
+		ms.removeReplicasLocked(context.WithoutCancel(ctx), s)
+		return nil, err
+	}
+	ms.publishLocked(name, s)
+	if cur != nil {
+		ms.log.Info("model version switched", zap.String("model", name), zap.Int64("from", cur.info.Version), zap.Int64("to", info.Version))
+		ms.retireLocked(ctx, cur)
+	}
+	return s, nil
+}
+
+// placementOrder is the device types a repository model may go to, most
+// preferred first: the selection chain of the preference, then the rest, so
+// a preference never leaves a model without a device while another could run it.
+func placementOrder(p detect.Policy) []detect.Type {
+	var order []detect.Type
+	switch p.Prefer {
+	case detect.PreferCPU:
+		order = []detect.Type{detect.TypeCPU}
+	case detect.PreferGPU:
+		order = []detect.Type{detect.TypeGPU, detect.TypeCPU}
+	}
+	for _, t := range []detect.Type{detect.TypeTPU, detect.TypeGPU, detect.TypeCPU} {
+		if !slices.Contains(order, t) {
+			order = append(order, t)
+		}
+	}
+	if !p.AllowTPU {
+		order = slices.DeleteFunc(order, func(t detect.Type) bool { return t == detect.TypeTPU })
+	}
+	return order
+}
+
+// placeLocked gives s a replica on every usable device of the most preferred
+// type where at least one device's budget admits it.
+func (ms *modelSet) placeLocked(ctx context.Context, s *served) error {
+	current := map[string]detect.Entry{}
+	if ms.opts.Entries != nil {
+		for _, e := range ms.opts.Entries() {
+			current[e.ID] = e
+		}
+	}
+	const dt = runtime.F32
+	var (
+		refusals []string
+		failures []error
+		minNeed  int64
+	)
+	for _, t := range placementOrder(ms.opts.Select) {
+		for _, od := range ms.devices {
+			e := od.entry
+			if e.Type != t {
+				continue
+			}
+			if c, ok := current[e.ID]; ok && (c.Cordoned || c.Health == detect.Unhealthy) {
+				continue
+			}
+			maxBatch, err := ms.maxBatch(s.info, t)
+			if err != nil {
+				return err
+			}
+			need := s.model.MemoryBytes(dt, maxBatch)
+			if minNeed == 0 || need < minNeed {
+				minNeed = need
+			}
+			free := ms.freeLocked(od)
+			if e.Budget > 0 && need > free {
+				refusals = append(refusals, fmt.Sprintf("%s has %d bytes free of its %d-byte budget (needs %d)", e.ID, free, e.Budget, need))
+				continue
+			}
+			r, err := s.model.NewReplica(ctx, od.dev, maxBatch)
+			if err != nil {
+				if errors.Is(err, runtime.ErrOutOfMemory) {
+					refusals = append(refusals, fmt.Sprintf("%s: %v", e.ID, err))
+				} else {
+					failures = append(failures, fmt.Errorf("replica on %s: %w", e.ID, err))
+				}
+				continue
+			}
+			if err := ms.addReplicaLocked(s, od, maxBatch, need, r); err != nil {
+				return err
+			}
+		}
+		if len(s.replicas) > 0 {
+			return nil
+		}
+	}
+	switch {
+	case len(failures) > 0:
+		return fmt.Errorf("model %s version %d: %w", s.info.Name, s.info.Version, errors.Join(failures...))
+	case len(refusals) > 0:
+		return &admissionError{model: s.info.Name, version: s.info.Version, need: minNeed, devices: refusals}
+	}
+	return fmt.Errorf("model %s version %d: no open device can take a replica: %w", s.info.Name, s.info.Version, scheduler.ErrNoDevice)
+}
+
+// retireLocked waits until the requests that entered s's gate are done,
+// then removes its replicas. It goes on when ctx ends: s no longer serves,
+// so its memory must come back.
+func (ms *modelSet) retireLocked(ctx context.Context, s *served) {
+	<-s.gate.retire()
+	ms.removeReplicasLocked(context.WithoutCancel(ctx), s)
+}
+
+func (ms *modelSet) removeReplicasLocked(ctx context.Context, s *served) {
+	for _, p := range s.replicas {
+		if err := ms.sched.RemoveReplica(ctx, s.key, p.deviceID); err != nil {
+			ms.log.Warn("removing a replica", zap.String("model", s.key), zap.String("device", p.deviceID), zap.Error(err))
+		}
+		if err := p.r.Close(); err != nil {
+			ms.log.Warn("closing a replica", zap.String("model", s.key), zap.String("device", p.deviceID), zap.Error(err))
+		}
+		ms.reserved[p.deviceID] -= p.bytes
+	}
+}
+
+// unload stops serving name once the work it accepted is done, and frees
+// its replicas.
+func (ms *modelSet) unload(ctx context.Context, name string) (*served, error) {
+	ms.mu.Lock()
+	defer ms.mu.Unlock()
+	s := ms.lookup(name)
+	if s == nil {
+		return nil, ms.missing(name)
+	}
+	if s.builtin != nil {
+		return nil, fmt.Errorf("model %s is built in and always served: %w", name, errBuiltinModel)
+	}
+	ms.setPending(name, "unloading")
+	defer ms.setPending(name, "")
+	ms.publishLocked(name, nil)
+	ms.retireLocked(ctx, s)
+	ms.log.Info("model unloaded", zap.String("model", name), zap.Int64("version", s.info.Version))
+	return s, nil
+}
+
+// loadAtStart loads the models of --load-models: names, or "all" of the
+// repository. Named models must load; with "all" a model that cannot load
+// is logged and skipped.
+func (ms *modelSet) loadAtStart(ctx context.Context, spec string) error {
+	spec = strings.TrimSpace(spec)
+	if spec == "" {
+		return nil
+	}
+	if spec == "all" {
+		if ms.repo == nil {
+			return nil
+		}
+		entries, err := ms.repo.List()
+		if err != nil {
+			return fmt.Errorf("load-models: listing the repository: %w", err)
+		}
+		for _, e := range entries {
+			if _, err := ms.load(ctx, e.Name, 0); err != nil {
+				ms.log.Warn("model not loaded at start", zap.String("model", e.Name), zap.Error(err))
+			}
+		}
+		return nil
+	}
+	for _, name := range strings.Split(spec, ",") {
+		if name = strings.TrimSpace(name); name == "" {
+			continue
+		}
+		if _, err := ms.load(ctx, name, 0); err != nil {
+			return fmt.Errorf("load-models: %w", err)
+		}
+	}
+	return nil
+}
+
+// close frees every replica, then the devices.
+func (ms *modelSet) close() error {
+	ms.mu.Lock()
+	defer ms.mu.Unlock()
+	ms.closed = true
+	var errs []error
+	for _, s := range ms.cat.Load().byName {
+		for _, p := range s.replicas {
+			errs = append(errs, p.r.Close())
+		}
+	}
+	ms.cat.Store(&catalog{byName: map[string]*served{}})
+	for _, od := range ms.devices {
+		errs = append(errs, od.dev.Close())
+	}
+	return errors.Join(errs...)
+}
