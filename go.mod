@@ -28,6 +28,7 @@ require (
 	github.com/gofrs/flock v0.13.0 // indirect
 	github.com/gomlx/compute v0.0.0-20260716164435-04857206aff7 // indirect
 	github.com/gomlx/go-huggingface v0.4.0 // indirect
+	github.com/gomlx/go-xla v0.3.0 // indirect
 	github.com/google/gnostic-models v0.7.0 // indirect
 	github.com/google/uuid v1.6.0 // indirect
 	github.com/josharian/intern v1.0.0 // indirect
@@ -50,6 +51,7 @@ require (
 	go.uber.org/zap v1.28.0 // indirect
 	go.yaml.in/yaml/v2 v2.4.4 // indirect
 	go.yaml.in/yaml/v3 v3.0.5 // indirect
+	golang.org/x/exp v0.0.0-20260410095643-746e56fc9e2f // indirect
 	golang.org/x/net v0.60.0 // indirect
 	golang.org/x/sys v0.48.0 // indirect
 	golang.org/x/term v0.46.0 // indirect

@@ -224,6 +224,11 @@ func TestDrainCompletesAcceptedWork(t *testing.T) {
 	c := brokerv1.NewBrokerServiceClient(d.conn)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
+	// The connection is up before the load starts, so the calls below
+	// reach the server at once.
+	if _, err := c.Encode(ctx, &brokerv1.EncodeRequest{Items: textItems("warm up")}); err != nil {
+		t.Fatal(err)
+	}
 	// Accepted calls in flight while the drain starts.
 	var wg sync.WaitGroup
 	var okCalls, unavailable, other int
@@ -250,7 +255,22 @@ func TestDrainCompletesAcceptedWork(t *testing.T) {
 			}
 		}()
 	}
-	time.Sleep(5 * time.Millisecond)
+	// Drain once some of the load is queued or done.
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		st, err := c.GetStats(ctx, &brokerv1.GetStatsRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		busy := false
+		for _, row := range st.GetStats() {
+			busy = busy || (row.GetDeviceId() == "" && (row.GetQueued() > 0 || row.GetRunning() > 0 || row.GetCompleted() > 1))
+		}
+		if busy {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
 	dr, err := c.Drain(ctx, &brokerv1.DrainRequest{})
 	if err != nil {
 		t.Fatal(err)

@@ -152,33 +152,25 @@ func (m *Model) MemoryBytes() int64 {
 // (exact in int64), where R[f]'s entries are +1 or -1 for the clear and set
 // bits of six splitmix64 outputs seeded from seed and the feature index.
 func Sparse(f Features) [Dim]int64 {
-	// h_k = Σ w_f - 2·Σ_{f: bit k set} w_f. The second sum is counted four
-	// positions per uint64 in 16-bit lanes (a SWAR add of w times the
-	// spread bits), flushed into int64 before a lane could overflow: about
-	// four times faster than a loop over bits, with the same integers.
-	const lanes = 0x0001000100010001
+	// h_k = Σ w_f - 2·Σ_{f: bit k set} w_f. The second sum is kept in
+	// bit-sliced (vertical) counters, 64 dimensions per word: a feature of
+	// weight w adds its sign words at the levels of w's set bits, and full
+	// adders keep at most two words per level, so a weight-1 feature costs
+	// about one full adder (five word operations) per 64 dimensions instead
+	// of arithmetic per dimension. The counters are expanded into int64
+	// before a count could reach 2^16 (see bitCounter).
 	var (
-		acc     [Dim / 64][16]uint64
+		c       bitCounter
 		set     [Dim]int64
 		total   int64
 		pending int64
 	)
-	flush := func() {
-		for i := range acc {
-			for j, v := range acc[i] {
-				for l := range 4 {
-					set[i*64+16*l+j] += int64(v >> (16 * l) & 0xffff)
-				}
-				acc[i][j] = 0
-			}
-		}
-		pending = 0
-	}
 	for n, idx := range f.Index {
 		w := int64(f.Weight[n])
-		rng := splitmix64{state: seed ^ uint64(idx)*0x9e3779b97f4a7c15}
 		total += w
+		st := seed ^ uint64(idx)*0x9e3779b97f4a7c15
 		if w <= 0 || w > 0xffff { // never from Featurize; exact all the same
+			rng := splitmix64{state: st}
 			for i := range Dim / 64 {
 				b := rng.next()
 				for j := range 64 {
@@ -188,23 +180,114 @@ func Sparse(f Features) [Dim]int64 {
 			continue
 		}
 		if pending+w > 0xffff {
-			flush()
+			c.flush(&set)
+			pending = 0
 		}
 		pending += w
-		for i := range acc {
-			b := rng.next()
-			a := &acc[i]
-			for j := range a {
-				a[j] += (b >> j & lanes) * uint64(w)
-			}
+		// The six sign words, as scalars: copying arrays here costs
+		// store-forwarding stalls.
+		x0, x1, x2 := splitmix64At(st, 1), splitmix64At(st, 2), splitmix64At(st, 3)
+		x3, x4, x5 := splitmix64At(st, 4), splitmix64At(st, 5), splitmix64At(st, 6)
+		for ww := uint32(w); ww != 0; ww &= ww - 1 {
+			c.add(bits.TrailingZeros32(ww), x0, x1, x2, x3, x4, x5)
 		}
 	}
-	flush()
+	c.flush(&set)
 	var h [Dim]int64
 	for k := range h {
 		h[k] = total - 2*set[k]
 	}
 	return h
+}
+
+// plane is one bit of 384 counters: bit j of word i belongs to dimension
+// 64·i+j.
+type plane [Dim / 64]uint64
+
+// counterLevels bounds the levels of a bitCounter: its counts stay below
+// 2^16, so no level from 16 up ever holds a set bit.
+const counterLevels = 16
+
+// bitCounter is 384 counters below 2^16 in carry-save bit-sliced form: the
+// count of dimension k is Σ_m 2^m·(bits k of the up to two planes at level
+// m).
+type bitCounter struct {
+	p [counterLevels][2]plane
+	n [counterLevels]uint8 // planes held at each level
+}
+
+// add adds x·2^m, x's six words as arguments (in registers). The caller
+// keeps every count below 2^16.
+func (c *bitCounter) add(m int, x0, x1, x2, x3, x4, x5 uint64) {
+	for ; m < counterLevels; m++ {
+		p := &c.p[m]
+		switch c.n[m] {
+		case 0, 1:
+			q := &p[c.n[m]]
+			q[0], q[1], q[2], q[3], q[4], q[5] = x0, x1, x2, x3, x4, x5
+			c.n[m]++
+			return
+		}
+		// Three planes at level m: a full adder leaves their sum bit at m
+		// and carries to m+1.
+		a, b := &p[0], &p[1]
+		x0, a[0] = fullAdd(a[0], b[0], x0)
+		x1, a[1] = fullAdd(a[1], b[1], x1)
+		x2, a[2] = fullAdd(a[2], b[2], x2)
+		x3, a[3] = fullAdd(a[3], b[3], x3)
+		x4, a[4] = fullAdd(a[4], b[4], x4)
+		x5, a[5] = fullAdd(a[5], b[5], x5)
+		c.n[m] = 1
+	}
+	// A carry out of level 15 would be a count of 2^16 or more: it is zero.
+}
+
+// fullAdd adds three bits per position: carry and sum.
+func fullAdd(a, b, x uint64) (carry, sum uint64) {
+	u := a ^ b
+	return a&b | u&x, u ^ x
+}
+
+// flush adds the counts to set and clears c.
+func (c *bitCounter) flush(set *[Dim]int64) {
+	// Reduce to one plane per level, then expand the planes into 16-bit
+	// lanes (four dimensions per uint64, 16 apart) as in a SWAR sum.
+	const lanes = 0x0001000100010001
+	var acc [Dim / 64][16]uint64
+	nonzero := false
+	for m := range counterLevels {
+		switch c.n[m] {
+		case 0:
+			continue
+		case 2:
+			a, b := &c.p[m][0], &c.p[m][1]
+			var carry plane
+			for i := range a {
+				a[i], carry[i] = a[i]^b[i], a[i]&b[i]
+			}
+			c.add(m+1, carry[0], carry[1], carry[2], carry[3], carry[4], carry[5])
+		}
+		nonzero = true
+		p := &c.p[m][0]
+		for i := range acc {
+			v := p[i]
+			a := &acc[i]
+			for j := range a {
+				a[j] |= (v >> j & lanes) << m
+			}
+		}
+		c.n[m] = 0
+	}
+	if !nonzero {
+		return
+	}
+	for i := range acc {
+		for j, v := range acc[i] {
+			for l := range 4 {
+				set[i*64+16*l+j] += int64(v >> (16 * l) & 0xffff)
+			}
+		}
+	}
 }
 
 // Quantize scales h to integers whose absolute values sum to at most MaxL1:
@@ -361,6 +444,15 @@ type splitmix64 struct{ state uint64 }
 func (r *splitmix64) next() uint64 {
 	r.state += 0x9e3779b97f4a7c15
 	z := r.state
+	z = (z ^ z>>30) * 0xbf58476d1ce4e5b9
+	z = (z ^ z>>27) * 0x94d049bb133111eb
+	return z ^ z>>31
+}
+
+// splitmix64At is the k-th output (k ≥ 1) of a splitmix64 started at state,
+// computed directly so that a row's six words are independent.
+func splitmix64At(state, k uint64) uint64 {
+	z := state + k*0x9e3779b97f4a7c15
 	z = (z ^ z>>30) * 0xbf58476d1ce4e5b9
 	z = (z ^ z>>27) * 0x94d049bb133111eb
 	return z ^ z>>31

@@ -488,8 +488,8 @@ func writeBenchTable(w io.Writer, rep *benchReport) error {
 	if rpc == "" {
 		rpc = "Encode"
 	}
-	fmt.Fprintf(w, "%s, model %s, %d item(s)/request, ~%d-byte texts, fidelity %s, %d connection(s), %gs warmup + %gs per level, latency percentiles nearest-rank\n",
-		rpc, model, rep.ItemsPerRequest, rep.TextBytes, rep.Fidelity, rep.Connections, rep.WarmupSeconds, rep.DurationSeconds)
+	fmt.Fprintf(w, "model %s, %s, %d item(s)/request, ~%d-byte texts, fidelity %s, %d connection(s), %gs warmup + %gs per level, latency percentiles nearest-rank\n",
+		model, rpc, rep.ItemsPerRequest, rep.TextBytes, rep.Fidelity, rep.Connections, rep.WarmupSeconds, rep.DurationSeconds)
 	tw := newTable(w)
 	header := []string{"CONCURRENCY", "ITEMS/S", "REQUESTS/S", "P50", "P95", "P99", "MEAN-BATCH", "FAILURES"}
 	if rep.Baseline {

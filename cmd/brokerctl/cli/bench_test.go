@@ -80,7 +80,7 @@ func TestBenchCounts(t *testing.T) {
 		warmup      bool
 	}{
 		{name: "single items", args: []string{"--concurrency", "1,4"}, levels: []int{1, 4}, items: 1, connections: 1},
-		{name: "three items per request", args: []string{"--concurrency", "2", "--items-per-request", "3", "--text-bytes", "20"}, levels: []int{2}, items: 3, connections: 1},
+		{name: "three items per request", args: []string{"--concurrency", "2", "--items-per-request", "3", "--text-bytes", "48"}, levels: []int{2}, items: 3, connections: 1},
 		{name: "warmup is not measured", args: []string{"--concurrency", "2", "--warmup", "150ms"}, levels: []int{2}, items: 1, connections: 1, warmup: true},
 		{name: "failures are counted", args: []string{"--concurrency", "1,4"}, failEvery: 5, levels: []int{1, 4}, items: 1, connections: 1},
 		{name: "three connections", args: []string{"--concurrency", "3", "--connections", "3"}, levels: []int{3}, items: 1, connections: 3},
@@ -297,7 +297,7 @@ func TestBenchJSONShape(t *testing.T) {
 		obj  map[string]any
 		keys []string
 	}{
-		{name: "top", obj: doc, keys: []string{"model", "served_model", "fidelity", "items_per_request", "text_bytes", "seed",
+		{name: "top", obj: doc, keys: []string{"model", "served_model", "rpc", "fidelity", "items_per_request", "text_bytes", "seed",
 			"duration_seconds", "warmup_seconds", "connections", "concurrency", "baseline", "percentiles", "interrupted", "levels"}},
 		{name: "level", obj: level, keys: []string{"concurrency", "encode", "health", "ratio"}},
 		{name: "phase", obj: encode, keys: []string{"window_seconds", "requests", "items", "requests_per_second", "items_per_second",
