@@ -257,9 +257,11 @@ func Run(ctx context.Context, opts Options, log *zap.Logger) error {
 		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 		if cfg.Pprof {
+			// Heap, goroutine, mutex and block profiles only: the CPU
+			// profile's SIGPROF lands on OpenMP worker threads inside
+			// oneDNN and was seen to crash brokerd under load. Use perf
+			// for CPU profiles.
 			mux.HandleFunc("/debug/pprof/", pprof.Index)
-			mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-			mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 		}
 		metricsSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 		go func() {

@@ -1,9 +1,10 @@
 package hashenc
 
 import (
+	"encoding/binary"
 	"math"
 	"slices"
-	"strings"
+	"sync"
 	"unicode"
 	"unicode/utf8"
 
@@ -58,15 +59,6 @@ type Features struct {
 // Len is the number of distinct features.
 func (f Features) Len() int { return len(f.Index) }
 
-// token is a word of the normalised text, a symbol, or an invalid byte.
-type token struct {
-	text string
-	// gram is false for tokens that get no character n-grams: stopwords,
-	// symbols and invalid bytes.
-	gram bool
-	stop bool
-}
-
 // Featurize turns an item into its sparse features. It never fails: every
 // byte sequence has features (possibly none, for empty or punctuation-only
 // input, whose vector is all zeros).
@@ -89,62 +81,213 @@ type token struct {
 // weight is tfWeight(tf) times the kind's weight; features that land in the
 // same index add up.
 func Featurize(data []byte) Features {
-	toks := tokenize(data)
-	if len(toks) == 0 {
+	z := getFeaturizer()
+	defer putFeaturizer(z)
+	f := z.features(data)
+	if f.Len() == 0 {
 		return Features{}
 	}
-	// Occurrences as index<<16 | kind<<8 | kind weight, so that one sort
-	// groups the occurrences of each feature (hashing-trick collisions within
-	// a kind count as one feature, as usual); kind weights are below 256.
-	occ := make([]uint64, 0, 8*len(toks))
-	add := func(kind byte, w int, parts ...string) {
-		occ = append(occ, uint64(featureIndex(kind, parts...))<<16|uint64(kind)<<8|uint64(w))
-	}
-	var offs []int
-	for i, t := range toks {
-		if t.stop {
-			add(kindWord, weightStopword, t.text)
-		} else {
-			add(kindWord, weightContentWord, t.text)
-		}
-		if i > 0 {
-			add(kindBigram, weightBigram, toks[i-1].text, " ", t.text)
-		}
-		if !t.gram {
-			continue
-		}
-		padded := " " + t.text + " "
-		offs = offs[:0]
-		for j := range padded {
-			offs = append(offs, j)
-		}
-		offs = append(offs, len(padded))
-		runes := len(offs) - 1
-		for n := 3; n <= 5; n++ {
-			for j := 0; j+n <= runes; j++ {
-				add(kindCharGram, weightCharGram, padded[offs[j]:offs[j+n]])
-			}
-		}
-	}
-	slices.Sort(occ)
+	return Features{Index: slices.Clone(f.Index), Weight: slices.Clone(f.Weight)}
+}
 
-	var f Features
+// featurizer is the working memory of Featurize, reused through a pool so
+// that an item costs no allocations.
+type featurizer struct {
+	text []byte   // normalised, lower-cased text of the runs; invalid bytes
+	norm []byte   // NFKC of one non-ASCII run
+	toks []token  // slices of text
+	pad  []byte   // " " + word + " "
+	offs []int    // rune offsets in pad
+	occ  []uint32 // feature occurrences (see occurrence)
+	tmp  []uint32 // radix sort buffer
+	idx  []uint32 // result
+	wt   []int32
+}
+
+// token is a word of the normalised text, a symbol, or an invalid byte:
+// text[start:end].
+type token struct {
+	start, end int
+	// gram is false for tokens that get no character n-grams: stopwords,
+	// symbols and invalid bytes.
+	gram  bool
+	stop  bool
+	ascii bool
+}
+
+var featurizers = sync.Pool{New: func() any { return new(featurizer) }}
+
+func getFeaturizer() *featurizer { return featurizers.Get().(*featurizer) }
+
+// putFeaturizer returns z to the pool unless a large item grew it: the pool
+// should not pin tens of MiB.
+func putFeaturizer(z *featurizer) {
+	if cap(z.occ) > 1<<16 || cap(z.text) > 1<<18 {
+		return
+	}
+	featurizers.Put(z)
+}
+
+// Occurrence kinds with their weights, as the two low bits of an occurrence
+// (index<<2 | kind), so that one sort groups the occurrences of each
+// feature. Their order among themselves does not matter: a feature's weight
+// is a sum over them.
+const (
+	occBigram  = iota // kindBigram, weightBigram
+	occGram           // kindCharGram, weightCharGram
+	occStop           // kindWord, weightStopword
+	occContent        // kindWord, weightContentWord
+)
+
+var occWeight = [4]int32{weightBigram, weightCharGram, weightStopword, weightContentWord}
+
+// occurrence is the sort key of one occurrence of the feature hashed to h.
+func occurrence(h uint64, kind uint32) uint32 {
+	return uint32(fmix64(h)>>(64-FeatureBits))<<2 | kind
+}
+
+// features computes data's features into z's buffers (valid until z is
+// reused).
+func (z *featurizer) features(data []byte) Features {
+	z.tokenize(data)
+	if len(z.toks) == 0 {
+		return Features{}
+	}
+	text, toks := z.text, z.toks
+	occ := z.occ[:0]
+	for i, t := range toks {
+		word := text[t.start:t.end]
+		kind := uint32(occContent)
+		if t.stop {
+			kind = occStop
+		}
+		occ = append(occ, occurrence(fnvAdd(fnvKind(kindWord), word), kind))
+		if i > 0 {
+			p := toks[i-1]
+			h := fnvAdd(fnvKind(kindBigram), text[p.start:p.end])
+			h = fnvAdd(fnvByte(h, ' '), word)
+			occ = append(occ, occurrence(h, occBigram))
+		}
+		if t.gram {
+			occ = z.charGrams(occ, word, t.ascii)
+		}
+	}
+	z.occ = occ
+	occ = z.sort(occ)
+
+	idx, wt := z.idx[:0], z.wt[:0]
 	for i := 0; i < len(occ); {
-		j := i
+		j := i + 1
 		for j < len(occ) && occ[j] == occ[i] {
 			j++
 		}
-		idx := uint32(occ[i] >> 16)
-		w := int32(tfWeight(j-i)) * int32(occ[i]&0xff)
-		if n := len(f.Index); n > 0 && f.Index[n-1] == idx {
-			f.Weight[n-1] += w // same bucket, another kind
+		x := occ[i] >> 2
+		w := tfWeightOf(j-i) * occWeight[occ[i]&3]
+		if n := len(idx); n > 0 && idx[n-1] == x {
+			wt[n-1] += w // same bucket, another kind
 		} else {
-			f.Index = append(f.Index, idx)
-			f.Weight = append(f.Weight, w)
+			idx = append(idx, x)
+			wt = append(wt, w)
 		}
 		i = j
 	}
-	return f
+	z.idx, z.wt = idx, wt
+	return Features{Index: idx, Weight: wt}
+}
+
+// charGrams appends the occurrences of the character 3-, 4- and 5-grams of
+// " word ". Each start position's hash is extended rune by rune rather than
+// rehashing each gram.
+func (z *featurizer) charGrams(occ []uint32, word []byte, ascii bool) []uint32 {
+	pad := append(append(append(z.pad[:0], ' '), word...), ' ')
+	z.pad = pad
+	base := fnvKind(kindCharGram)
+	if ascii { // one byte per rune
+		for j := 0; j+3 <= len(pad); j++ {
+			h := fnvByte(fnvByte(fnvByte(base, pad[j]), pad[j+1]), pad[j+2])
+			occ = append(occ, occurrence(h, occGram))
+			if j+4 <= len(pad) {
+				h = fnvByte(h, pad[j+3])
+				occ = append(occ, occurrence(h, occGram))
+				if j+5 <= len(pad) {
+					h = fnvByte(h, pad[j+4])
+					occ = append(occ, occurrence(h, occGram))
+				}
+			}
+		}
+		return occ
+	}
+	offs := z.offs[:0]
+	for j := 0; j < len(pad); {
+		offs = append(offs, j)
+		_, size := utf8.DecodeRune(pad[j:])
+		j += size
+	}
+	offs = append(offs, len(pad))
+	z.offs = offs
+	runes := len(offs) - 1
+	for j := 0; j+3 <= runes; j++ {
+		h := fnvAdd(base, pad[offs[j]:offs[j+3]])
+		occ = append(occ, occurrence(h, occGram))
+		for n := 4; n <= 5 && j+n <= runes; n++ {
+			h = fnvAdd(h, pad[offs[j+n-1]:offs[j+n]])
+			occ = append(occ, occurrence(h, occGram))
+		}
+	}
+	return occ
+}
+
+// sort sorts occurrences (22-bit keys) with an LSD radix sort, 8, 8 and 6
+// bits, or an insertion sort when there are few.
+func (z *featurizer) sort(occ []uint32) []uint32 {
+	if len(occ) <= 64 {
+		slices.Sort(occ)
+		return occ
+	}
+	if cap(z.tmp) < len(occ) {
+		z.tmp = make([]uint32, len(occ))
+	}
+	tmp := z.tmp[:len(occ)]
+	var count [3][256]uint32
+	for _, k := range occ {
+		count[0][k&0xff]++
+		count[1][k>>8&0xff]++
+		count[2][k>>16&0xff]++
+	}
+	src, dst := occ, tmp
+	for d := range 3 {
+		c := &count[d]
+		if c[src[0]>>(8*d)&0xff] == uint32(len(src)) {
+			continue // one digit value: already in order
+		}
+		var sum uint32
+		for b, n := range c {
+			c[b] = sum
+			sum += n
+		}
+		for _, k := range src {
+			b := k >> (8 * d) & 0xff
+			dst[c[b]] = k
+			c[b]++
+		}
+		src, dst = dst, src
+	}
+	return src
+}
+
+// tfWeights caches tfWeight for small term frequencies.
+var tfWeights = func() (t [256]int32) {
+	for tf := 1; tf < len(t); tf++ {
+		t[tf] = int32(tfWeight(tf))
+	}
+	return t
+}()
+
+func tfWeightOf(tf int) int32 {
+	if tf < len(tfWeights) {
+		return tfWeights[tf]
+	}
+	return int32(tfWeight(tf))
 }
 
 // tfWeight is the sublinear term-frequency weight 1 + ln(tf) in units of
@@ -159,54 +302,139 @@ func tfWeight(tf int) int {
 }
 
 // tokenize normalises data and splits it into tokens (see Featurize).
-func tokenize(data []byte) []token {
-	var toks []token
+func (z *featurizer) tokenize(data []byte) {
+	z.text, z.toks = z.text[:0], z.toks[:0]
 	for len(data) > 0 {
-		// The longest valid UTF-8 prefix.
-		n := 0
-		for n < len(data) {
-			r, size := utf8.DecodeRune(data[n:])
-			if r == utf8.RuneError && size <= 1 {
-				break
-			}
-			n += size
-		}
-		if n > 0 {
-			toks = appendTextTokens(toks, strings.ToLower(norm.NFKC.String(string(data[:n]))))
-			data = data[n:]
+		n, ascii := validPrefix(data)
+		if n == 0 { // an invalid byte is a token
+			z.text = append(z.text, data[0])
+			z.toks = append(z.toks, token{start: len(z.text) - 1, end: len(z.text)})
+			data = data[1:]
 			continue
 		}
-		toks = append(toks, token{text: string(data[:1])})
-		data = data[1:]
+		start := len(z.text)
+		if ascii { // ASCII is in NFKC already
+			z.text = appendLowerASCII(z.text, data[:n])
+		} else {
+			z.norm = norm.NFKC.Append(z.norm[:0], data[:n]...)
+			z.text = appendLower(z.text, z.norm)
+		}
+		z.textTokens(start)
+		data = data[n:]
 	}
-	return toks
 }
 
-func appendTextTokens(toks []token, s string) []token {
-	start := -1
+// validPrefix is the length of data's longest valid UTF-8 prefix and
+// whether it is ASCII.
+func validPrefix(data []byte) (n int, ascii bool) {
+	for n+8 <= len(data) && binary.LittleEndian.Uint64(data[n:])&0x8080808080808080 == 0 {
+		n += 8
+	}
+	ascii = true
+	for n < len(data) {
+		if data[n] < utf8.RuneSelf {
+			n++
+			continue
+		}
+		r, size := utf8.DecodeRune(data[n:])
+		if r == utf8.RuneError && size <= 1 {
+			break
+		}
+		ascii = false
+		n += size
+	}
+	return n, ascii
+}
+
+func appendLowerASCII(dst, s []byte) []byte {
+	for _, c := range s {
+		if 'A' <= c && c <= 'Z' {
+			c += 'a' - 'A'
+		}
+		dst = append(dst, c)
+	}
+	return dst
+}
+
+// appendLower appends strings.ToLower(s) for valid UTF-8 s: unicode.ToLower
+// of each rune.
+func appendLower(dst, s []byte) []byte {
+	for i := 0; i < len(s); {
+		if c := s[i]; c < utf8.RuneSelf {
+			if 'A' <= c && c <= 'Z' {
+				c += 'a' - 'A'
+			}
+			dst = append(dst, c)
+			i++
+			continue
+		}
+		r, size := utf8.DecodeRune(s[i:])
+		dst = utf8.AppendRune(dst, unicode.ToLower(r))
+		i += size
+	}
+	return dst
+}
+
+// Rune classes of the tokenizer.
+const (
+	classSpace  = iota // separates tokens
+	classWord          // letter, digit or mark: part of a word
+	classSymbol        // a token by itself
+)
+
+func runeClass(r rune) uint8 {
+	switch {
+	case unicode.IsLetter(r) || unicode.IsDigit(r) || unicode.IsMark(r):
+		return classWord
+	case unicode.IsSymbol(r):
+		return classSymbol
+	}
+	return classSpace
+}
+
+var asciiClass = func() (t [utf8.RuneSelf]uint8) {
+	for c := range t {
+		t[c] = runeClass(rune(c))
+	}
+	return t
+}()
+
+// textTokens appends the tokens of the normalised run text[start:].
+func (z *featurizer) textTokens(start int) {
+	s := z.text
+	word, ascii := -1, true
 	flush := func(end int) {
-		if start >= 0 {
-			w := s[start:end]
-			stop := isStopword(w)
-			toks = append(toks, token{text: w, gram: !stop, stop: stop})
-			start = -1
+		if word >= 0 {
+			w := s[word:end]
+			stop := len(w) <= 10 && isStopword(string(w))
+			z.toks = append(z.toks, token{start: word, end: end, gram: !stop, stop: stop, ascii: ascii})
+			word = -1
 		}
 	}
-	for i, r := range s {
-		switch {
-		case unicode.IsLetter(r) || unicode.IsDigit(r) || unicode.IsMark(r):
-			if start < 0 {
-				start = i
+	for i := start; i < len(s); {
+		c, size, class := s[i], 1, uint8(0)
+		if c < utf8.RuneSelf {
+			class = asciiClass[c]
+		} else {
+			var r rune
+			r, size = utf8.DecodeRune(s[i:])
+			class = runeClass(r)
+		}
+		switch class {
+		case classWord:
+			if word < 0 {
+				word, ascii = i, true
 			}
-		case unicode.IsSymbol(r):
+			ascii = ascii && size == 1
+		case classSymbol:
 			flush(i)
-			toks = append(toks, token{text: string(r)})
+			z.toks = append(z.toks, token{start: i, end: i + size})
 		default:
 			flush(i)
 		}
+		i += size
 	}
 	flush(len(s))
-	return toks
 }
 
 // featureIndex hashes a feature: FNV-1a 64 over the kind byte and the parts,
@@ -227,6 +455,23 @@ func featureIndex(kind byte, parts ...string) uint32 {
 		}
 	}
 	return uint32(fmix64(h) >> (64 - FeatureBits))
+}
+
+const (
+	fnvOffset64 = 14695981039346656037
+	fnvPrime64  = 1099511628211
+)
+
+// fnvKind is the FNV-1a state after a feature's kind byte.
+func fnvKind(kind byte) uint64 { return fnvByte(fnvOffset64, kind) }
+
+func fnvByte(h uint64, b byte) uint64 { return (h ^ uint64(b)) * fnvPrime64 }
+
+func fnvAdd(h uint64, p []byte) uint64 {
+	for _, b := range p {
+		h = (h ^ uint64(b)) * fnvPrime64
+	}
+	return h
 }
 
 // fmix64 is the murmur3 64-bit finalizer.

@@ -45,7 +45,8 @@ const Api* GetPjrtApi(void) {
 const notAPlugin = `int brokerd_not_pjrt(void) { return 1; }`
 
 // buildLib compiles C source into a shared library at dir/name, skipping the
-// test when no C compiler is installed.
+// test when no C compiler is installed. defines are NAME or NAME=VALUE macros,
+// or compiler flags starting with "-".
 func buildLib(t *testing.T, dir, name, src string, defines ...string) string {
 	t.Helper()
 	gcc, err := exec.LookPath("gcc")
@@ -62,6 +63,10 @@ func buildLib(t *testing.T, dir, name, src string, defines ...string) string {
 	}
 	args := []string{"-shared", "-fPIC", "-o", out, c}
 	for _, d := range defines {
+		if strings.HasPrefix(d, "-") { // a compiler flag, such as -I
+			args = append(args, d)
+			continue
+		}
 		args = append(args, "-D"+d)
 	}
 	if b, err := exec.Command(gcc, args...).CombinedOutput(); err != nil {

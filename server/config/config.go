@@ -211,7 +211,7 @@ func bind(fs *flag.FlagSet, c *Config, configPath *string) {
 	fs.IntVar(&c.MaxBatchTokens, "max-batch-tokens", c.MaxBatchTokens, "most tokens in one batch of a text model whose config sets no bound")
 	fs.StringVar(&c.ModelRepo, "model-repo", c.ModelRepo, "model repository: DIR/NAME/VERSION/ (default <state-dir>/models)")
 	fs.StringVar(&c.LoadModels, "load-models", c.LoadModels, "models to load at start: comma-separated names, or all")
-	fs.BoolVar(&c.Pprof, "pprof", c.Pprof, "serve Go's /debug/pprof on the metrics listener (keep that listener private)")
+	fs.BoolVar(&c.Pprof, "pprof", c.Pprof, "serve Go's heap, goroutine, mutex and block profiles at /debug/pprof on the metrics listener (keep that listener private)")
 }
 
 // ErrHelp is returned when -h or --help was given; usage has been printed.

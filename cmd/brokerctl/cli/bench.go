@@ -592,6 +592,16 @@ today others sure means knew try told young miles sun ways thing whole hear exam
 answer room sea against top turned learn point city play toward five using himself usually memory record
 council advisor device queue batch signal river garden winter summer market morning evening letter`)
 
+// BenchWords returns the words bench builds its texts from, so benchmark
+// models (bench/mkbert) can give each of them one token.
+func BenchWords() []string { return slices.Clone(benchWords) }
+
+// BenchText returns the text bench's generator makes for (seed, level,
+// worker) at size bytes: the same texts a bench run sends.
+func BenchText(seed, level, worker uint64, size int) string {
+	return newTextGen(seed, level, worker).text(size)
+}
+
 // textGen makes pseudo-random English-like texts from a fixed seed, so two
 // runs with the same seed send the same texts, while every request's texts
 // differ (no cache can answer them).
