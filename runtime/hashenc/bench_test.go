@@ -16,21 +16,70 @@ func shortTexts(n int) []Input {
 	return items
 }
 
+// BenchmarkFeaturize measures the host's share of an item (Featurize,
+// Sparse, Quantize) on sentence-sized texts, with the reference
+// implementations first so that new reports its speed-up in the same run.
 func BenchmarkFeaturize(b *testing.B) {
 	items := shortTexts(64)
 	var bytes int64
 	for _, it := range items {
 		bytes += int64(len(it.Data))
 	}
-	b.SetBytes(bytes / int64(len(items)))
-	b.ReportAllocs()
-	i := 0
-	for b.Loop() {
-		h := Sparse(Featurize(items[i%len(items)].Data))
-		Quantize(&h)
-		i++
+	benchPair(b, bytes/int64(len(items)), map[string]func(int){
+		"reference": func(i int) {
+			h := sparseReference(featurizeReference(items[i%len(items)].Data))
+			Quantize(&h)
+		},
+		"new": func(i int) {
+			h := Sparse(Featurize(items[i%len(items)].Data))
+			Quantize(&h)
+		},
+		// Input.Prepare's path: no Features allocated.
+		"prepare": func(i int) { project(items[i%len(items)].Data) },
+	})
+}
+
+// BenchmarkSparse measures the sparse projection alone on the features of
+// sentence-sized texts.
+func BenchmarkSparse(b *testing.B) {
+	items := shortTexts(64)
+	fs := make([]Features, len(items))
+	for i, it := range items {
+		fs[i] = Featurize(it.Data)
 	}
-	b.ReportMetric(float64(i)/b.Elapsed().Seconds(), "items/s")
+	benchPair(b, 0, map[string]func(int){
+		"reference": func(i int) { sparseReference(fs[i%len(fs)]) },
+		"new":       func(i int) { Sparse(fs[i%len(fs)]) },
+	})
+}
+
+// benchPair runs fns["reference"] and then the others as sub-benchmarks;
+// each other reports its speed-up over the reference as the metric
+// "speedup" (when the reference ran in this process).
+func benchPair(b *testing.B, bytes int64, fns map[string]func(int)) {
+	var refNs float64
+	for _, name := range []string{"reference", "new", "prepare"} {
+		fn, ok := fns[name]
+		if !ok {
+			continue
+		}
+		b.Run(name, func(b *testing.B) {
+			b.SetBytes(bytes)
+			b.ReportAllocs()
+			i := 0
+			for b.Loop() {
+				fn(i)
+				i++
+			}
+			ns := float64(b.Elapsed().Nanoseconds()) / float64(i)
+			b.ReportMetric(1e9/ns, "items/s")
+			if name == "reference" {
+				refNs = ns
+			} else if refNs > 0 {
+				b.ReportMetric(refNs/ns, "speedup")
+			}
+		})
+	}
 }
 
 func BenchmarkExecute(b *testing.B) {

@@ -3,6 +3,7 @@ package hashenc
 import (
 	"encoding/binary"
 	"math"
+	"math/bits"
 	"slices"
 	"sync"
 	"unicode"
@@ -93,15 +94,16 @@ func Featurize(data []byte) Features {
 // featurizer is the working memory of Featurize, reused through a pool so
 // that an item costs no allocations.
 type featurizer struct {
-	text []byte   // normalised, lower-cased text of the runs; invalid bytes
-	norm []byte   // NFKC of one non-ASCII run
-	toks []token  // slices of text
-	pad  []byte   // " " + word + " "
-	offs []int    // rune offsets in pad
-	occ  []uint32 // feature occurrences (see occurrence)
-	tmp  []uint32 // radix sort buffer
-	idx  []uint32 // result
-	wt   []int32
+	text  []byte   // normalised, lower-cased text of the runs; invalid bytes
+	norm  []byte   // NFKC of one non-ASCII run
+	toks  []token  // slices of text
+	pad   []byte   // " " + word + " "
+	offs  []int    // rune offsets in pad
+	occ   []uint32 // feature occurrences (see occurrence)
+	tmp   []uint32 // sort buffer
+	count []uint32 // sort buckets
+	idx   []uint32 // result
+	wt    []int32
 }
 
 // token is a word of the normalised text, a symbol, or an invalid byte:
@@ -140,6 +142,9 @@ const (
 )
 
 var occWeight = [4]int32{weightBigram, weightCharGram, weightStopword, weightContentWord}
+
+// occBits is the width of an occurrence.
+const occBits = FeatureBits + 2
 
 // occurrence is the sort key of one occurrence of the feature hashed to h.
 func occurrence(h uint64, kind uint32) uint32 {
@@ -237,17 +242,50 @@ func (z *featurizer) charGrams(occ []uint32, word []byte, ascii bool) []uint32 {
 	return occ
 }
 
-// sort sorts occurrences (22-bit keys) with an LSD radix sort, 8, 8 and 6
-// bits, or an insertion sort when there are few.
+// sort sorts occurrences (keys below 2^occBits). Up to a few thousand, it
+// distributes them by their top bits into about as many buckets as keys and
+// finishes with an insertion sort, which has little left to move; more take
+// an LSD radix sort, 8 bits a pass.
 func (z *featurizer) sort(occ []uint32) []uint32 {
-	if len(occ) <= 64 {
+	n := len(occ)
+	if n <= 16 {
 		slices.Sort(occ)
 		return occ
 	}
-	if cap(z.tmp) < len(occ) {
-		z.tmp = make([]uint32, len(occ))
+	if cap(z.tmp) < n {
+		z.tmp = make([]uint32, n)
 	}
-	tmp := z.tmp[:len(occ)]
+	tmp := z.tmp[:n]
+	if n <= 1<<12 {
+		b := bits.Len(uint(n))
+		shift := occBits - b
+		if cap(z.count) < 1<<b {
+			z.count = make([]uint32, 1<<12)
+		}
+		count := z.count[:1<<b]
+		clear(count)
+		for _, k := range occ {
+			count[k>>shift]++
+		}
+		var sum uint32
+		for i, c := range count {
+			count[i] = sum
+			sum += c
+		}
+		for _, k := range occ {
+			tmp[count[k>>shift]] = k
+			count[k>>shift]++
+		}
+		for i := 1; i < n; i++ {
+			k := tmp[i]
+			j := i
+			for ; j > 0 && tmp[j-1] > k; j-- {
+				tmp[j] = tmp[j-1]
+			}
+			tmp[j] = k
+		}
+		return tmp
+	}
 	var count [3][256]uint32
 	for _, k := range occ {
 		count[0][k&0xff]++
@@ -257,9 +295,6 @@ func (z *featurizer) sort(occ []uint32) []uint32 {
 	src, dst := occ, tmp
 	for d := range 3 {
 		c := &count[d]
-		if c[src[0]>>(8*d)&0xff] == uint32(len(src)) {
-			continue // one digit value: already in order
-		}
 		var sum uint32
 		for b, n := range c {
 			c[b] = sum

@@ -93,10 +93,18 @@ type Input struct {
 // batch that reaches the device carries only the device's share of the work
 // (the dense matmul). The vector is the same, bit for bit, either way.
 func (in Input) Prepare() Input {
-	h := Sparse(Featurize(in.Data))
-	q, s := Quantize(&h)
+	q, s := project(in.Data)
 	in.row, in.shift = &q, s
 	return in
+}
+
+// project is Quantize(Sparse(Featurize(data))) without Featurize's
+// allocations.
+func project(data []byte) (q [Dim]int32, shift int) {
+	z := getFeaturizer()
+	h := Sparse(z.features(data))
+	putFeaturizer(z)
+	return Quantize(&h)
 }
 
 // Model is nbmf-hash-v1's fixed weights, built once and shared read-only by

@@ -225,12 +225,11 @@ func featurizeRows(items []Input, x []float32, shifts []int) {
 		if p := items[i].row; p != nil {
 			q, s = *p, items[i].shift
 		} else {
-			h := Sparse(Featurize(items[i].Data))
-			q, s = Quantize(&h)
+			q, s = project(items[i].Data)
 		}
 		row := x[i*Dim : (i+1)*Dim]
-		for k, v := range q {
-			row[k] = float32(v)
+		for k := range q { // not k, v: that would copy q
+			row[k] = float32(q[k])
 		}
 		shifts[i] = s
 	}

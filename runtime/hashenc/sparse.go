@@ -1,11 +1,14 @@
 package hashenc
 
-import "math/bits"
+import (
+	"math/bits"
+	"sync"
+)
 
 // Sparse projects features to the dense integer vector h = Σ w_f·R[f]
 // (exact in int64), where R[f]'s entries are +1 or -1 for the clear and set
 // bits of six splitmix64 outputs seeded from seed and the feature index.
-func Sparse(f Features) [Dim]int64 {
+func Sparse(f Features) (h [Dim]int64) {
 	// h_k = Σ w_f - 2·Σ_{f: bit k set} w_f. The second sum is counted in
 	// bit-sliced (vertical) counters, 64 dimensions per machine word, so a
 	// feature costs a few word operations per 64 dimensions instead of
@@ -14,18 +17,21 @@ func Sparse(f Features) [Dim]int64 {
 	// counted with a carry-save adder tree, and the group's count planes
 	// are added to a counter at the levels of the weight's set bits. The
 	// counter is expanded into int64 before a count could reach 2^16.
-	var (
-		c       bitCounter
-		set     [Dim]int64
-		total   int64
-		pending int64 // Σ w in c: a bound on its counts
-		states  [chunkSize]uint64
-		weights [chunkSize]int32
-	)
+	sc := sparseScratches.Get().(*sparseScratch)
+	defer sparseScratches.Put(sc)
+	c := &sc.c
+	var total, pending int64 // pending: Σ w in c, a bound on its counts
+	// h holds Σ_{f: bit k set} w_f until the end.
 	for k := 0; k < len(f.Index); {
-		m := 0
-		full := false
-		for ; k < len(f.Index) && m < chunkSize; k++ {
+		// A chunk: up to chunkSize features sorted into groups by weight,
+		// the groups' sizes in the bytes of sizes.
+		var (
+			gw    [maxGroups]int32
+			ng    int
+			sizes uint64
+			full  bool
+		)
+		for m := 0; k < len(f.Index) && m < chunkSize; k++ {
 			w := int64(f.Weight[k])
 			st := rowState(f.Index[k])
 			if w <= 0 || w > 0xffff { // never from Featurize; exact all the same
@@ -33,7 +39,7 @@ func Sparse(f Features) [Dim]int64 {
 				for i := range Dim / 64 {
 					b := splitmix64At(st, uint64(i+1))
 					for j := range 64 {
-						set[i*64+j] += w * int64(b>>j&1)
+						h[i*64+j] += w * int64(b>>j&1)
 					}
 				}
 				continue
@@ -44,32 +50,54 @@ func Sparse(f Features) [Dim]int64 {
 			}
 			total += w
 			pending += w
-			states[m], weights[m] = st, int32(w)
+			g := 0
+			for g < ng && gw[g] != int32(w) {
+				g++
+			}
+			if g == ng {
+				if ng == maxGroups { // rare: add it alone
+					c.addRow(st, int32(w))
+					continue
+				}
+				gw[g] = int32(w)
+				ng++
+			}
+			sc.group[g][sizes>>(8*g)&0xff] = st
+			sizes += 1 << (8 * g)
 			m++
 		}
-		c.addChunk(states[:m], weights[:m])
+		for g := range ng {
+			c.addGroup(sc.group[g][:sizes>>(8*g)&0xff], gw[g])
+		}
 		if full {
-			c.flush(&set)
+			c.flush(&h, 0, 1)
 			pending = 0
 		}
 	}
-	c.flush(&set)
-	var h [Dim]int64
-	for k := range h {
-		h[k] = total - 2*set[k]
-	}
+	c.flush(&h, total, -2)
 	return h
 }
 
 const (
-	// chunkSize is the number of features grouped by weight at a time.
-	chunkSize = 128
+	// chunkSize is the most features grouped by weight at a time (a
+	// group's size is a byte).
+	chunkSize = 255
 	// maxGroups is the number of distinct weights grouped in a chunk; the
 	// features of other weights are added one by one.
 	maxGroups = 8
 	// gamma is splitmix64's increment.
 	gamma = 0x9e3779b97f4a7c15
 )
+
+// sparseScratch is Sparse's working memory, pooled so that its buffers are
+// not cleared on every call: only bitCounter.n needs to be zero between
+// calls, and flush leaves it so.
+type sparseScratch struct {
+	c     bitCounter
+	group [maxGroups][chunkSize]uint64 // splitmix64 states by weight
+}
+
+var sparseScratches = sync.Pool{New: func() any { return new(sparseScratch) }}
 
 // rowState is the splitmix64 state whose next six outputs are R[idx].
 func rowState(idx uint32) uint64 { return seed ^ uint64(idx)*gamma }
@@ -103,49 +131,6 @@ type bitCounter struct {
 	n [counterLevels]uint8 // planes held at each level
 }
 
-// addChunk adds the rows of the features with the given splitmix64 states
-// and weights. The caller keeps every count below 2^16.
-func (c *bitCounter) addChunk(states []uint64, weights []int32) {
-	var (
-		gw    [maxGroups]int32 // the groups' weights
-		start [maxGroups + 1]int
-		group [chunkSize]uint8
-		ng    int
-	)
-	const none = maxGroups
-	for j, w := range weights {
-		g := 0
-		for g < ng && gw[g] != w {
-			g++
-		}
-		if g == ng {
-			if ng == maxGroups {
-				group[j] = none
-				c.addRow(states[j], w)
-				continue
-			}
-			gw[g] = w
-			ng++
-		}
-		group[j] = uint8(g)
-		start[g+1]++
-	}
-	for g := range ng {
-		start[g+1] += start[g]
-	}
-	var sorted [chunkSize]uint64
-	pos := start
-	for j, g := range group[:len(states)] {
-		if g != none {
-			sorted[pos[g]] = states[j]
-			pos[g]++
-		}
-	}
-	for g := range ng {
-		c.addGroup(sorted[start[g]:start[g+1]], gw[g])
-	}
-}
-
 // addRow adds one feature's row times w.
 func (c *bitCounter) addRow(st uint64, w int32) {
 	// The six words as scalars: copying arrays here costs store-forwarding
@@ -166,55 +151,49 @@ func (c *bitCounter) addGroup(states []uint64, w int32) {
 		return
 	}
 	// A Harley-Seal carry-save adder tree per column counts eight rows at
-	// a time into ones, twos and fours, passing a plane of eights up. The
-	// last block's missing rows are masked to zero.
-	blocks := (len(states) + 7) / 8
-	var last [8]uint64
-	var padded [8]uint64
-	for j := range 8 {
-		if r := (blocks-1)*8 + j; r < len(states) {
-			last[j] = ^uint64(0)
-			padded[j] = states[r]
-		}
-	}
+	// a time into ones, twos and fours, passing a plane of eights up to the
+	// counter. The last block's missing rows are masked to zero.
 	var ones, twos, fours plane
-	var eights [chunkSize / 8]plane
-	for i := range Dim / 64 {
-		k := uint64(i+1) * gamma
-		var o, t, f uint64
-		for b := range blocks {
-			var r0, r1, r2, r3, r4, r5, r6, r7 uint64
-			if b < blocks-1 {
-				s := (*[8]uint64)(states[8*b:])
-				r0, r1, r2, r3 = mix64(s[0]+k), mix64(s[1]+k), mix64(s[2]+k), mix64(s[3]+k)
-				r4, r5, r6, r7 = mix64(s[4]+k), mix64(s[5]+k), mix64(s[6]+k), mix64(s[7]+k)
-			} else {
-				s := &padded
-				r0, r1, r2, r3 = mix64(s[0]+k)&last[0], mix64(s[1]+k)&last[1], mix64(s[2]+k)&last[2], mix64(s[3]+k)&last[3]
-				r4, r5, r6, r7 = mix64(s[4]+k)&last[4], mix64(s[5]+k)&last[5], mix64(s[6]+k)&last[6], mix64(s[7]+k)&last[7]
+	for b := 0; b < len(states); b += 8 {
+		s, mask := (*[8]uint64)(nil), &allRows
+		if b+8 <= len(states) {
+			s = (*[8]uint64)(states[b:])
+		} else {
+			var pad, last [8]uint64
+			for j, st := range states[b:] {
+				pad[j], last[j] = st, ^uint64(0)
 			}
-			t0, o1 := fullAdd(o, r0, r1)
-			t1, o2 := fullAdd(o1, r2, r3)
-			f0, t2 := fullAdd(t, t0, t1)
-			t3, o3 := fullAdd(o2, r4, r5)
-			t4, o4 := fullAdd(o3, r6, r7)
-			f1, t5 := fullAdd(t2, t3, t4)
-			e, f2 := fullAdd(f, f0, f1)
-			o, t, f = o4, t5, f2
-			eights[b][i] = e
+			s, mask = &pad, &last
 		}
-		ones[i], twos[i], fours[i] = o, t, f
+		var eights plane
+		for i := range eights {
+			k := uint64(i+1) * gamma
+			r0, r1 := mix64(s[0]+k)&mask[0], mix64(s[1]+k)&mask[1]
+			r2, r3 := mix64(s[2]+k)&mask[2], mix64(s[3]+k)&mask[3]
+			r4, r5 := mix64(s[4]+k)&mask[4], mix64(s[5]+k)&mask[5]
+			r6, r7 := mix64(s[6]+k)&mask[6], mix64(s[7]+k)&mask[7]
+			t0, o := fullAdd(ones[i], r0, r1)
+			t1, o := fullAdd(o, r2, r3)
+			f0, t := fullAdd(twos[i], t0, t1)
+			t2, o := fullAdd(o, r4, r5)
+			t3, o := fullAdd(o, r6, r7)
+			f1, t := fullAdd(t, t2, t3)
+			e, f := fullAdd(fours[i], f0, f1)
+			ones[i], twos[i], fours[i], eights[i] = o, t, f, e
+		}
+		for ww := uint32(w); ww != 0; ww &= ww - 1 {
+			c.addPlane(bits.TrailingZeros32(ww)+3, &eights)
+		}
 	}
 	for ww := uint32(w); ww != 0; ww &= ww - 1 {
 		m := bits.TrailingZeros32(ww)
 		c.addPlane(m, &ones)
 		c.addPlane(m+1, &twos)
 		c.addPlane(m+2, &fours)
-		for b := range blocks {
-			c.addPlane(m+3, &eights[b])
-		}
 	}
 }
+
+var allRows = [8]uint64{^uint64(0), ^uint64(0), ^uint64(0), ^uint64(0), ^uint64(0), ^uint64(0), ^uint64(0), ^uint64(0)}
 
 func (c *bitCounter) addPlane(m int, x *plane) {
 	c.add(m, x[0], x[1], x[2], x[3], x[4], x[5])
@@ -251,8 +230,9 @@ func fullAdd(a, b, x uint64) (carry, sum uint64) {
 	return a&b | u&x, u ^ x
 }
 
-// flush adds the counts to set and clears c.
-func (c *bitCounter) flush(set *[Dim]int64) {
+// flush clears c, setting each set_k to a + b·(set_k + count_k): b = 1 and
+// a = 0 to add the counts, b = -2 and a = Σw for Sparse's final h.
+func (c *bitCounter) flush(set *[Dim]int64, a, b int64) {
 	// Reduce to one plane per level, then expand the planes into byte lanes
 	// (eight dimensions per uint64, eight apart): levels 0-7 into one lane
 	// word, 8-15 into another.
@@ -283,9 +263,15 @@ func (c *bitCounter) flush(set *[Dim]int64) {
 		c.n[m] = 0
 	}
 	if nlo+nhi == 0 {
+		for k := range set {
+			set[k] = a + b*set[k]
+		}
 		return
 	}
-	const lanes = 0x0101010101010101
+	const (
+		lanes = 0x0101010101010101
+		even  = 0x00ff00ff00ff00ff
+	)
 	for i := range Dim / 64 {
 		var lw, hw [counterLevels]uint64
 		for l, p := range lo[:nlo] {
@@ -296,6 +282,8 @@ func (c *bitCounter) flush(set *[Dim]int64) {
 		}
 		out := (*[64]int64)(set[i*64:])
 		for j := range 8 {
+			// Byte q of vl and vh: the low and high byte of dimension
+			// 8q+j's count; then 16-bit lanes of the even and odd q.
 			var vl, vh uint64
 			for l, w := range lw[:nlo] {
 				vl |= (w >> j & lanes) << loM[l]
@@ -303,9 +291,16 @@ func (c *bitCounter) flush(set *[Dim]int64) {
 			for l, w := range hw[:nhi] {
 				vh |= (w >> j & lanes) << hiM[l]
 			}
-			for q := range 8 {
-				out[8*q+j] += int64(vl>>(8*q)&0xff | vh>>(8*q)&0xff<<8)
-			}
+			e := vl&even | vh&even<<8
+			o := vl>>8&even | vh&^even
+			out[j] = a + b*(out[j]+int64(e&0xffff))
+			out[j+16] = a + b*(out[j+16]+int64(e>>16&0xffff))
+			out[j+32] = a + b*(out[j+32]+int64(e>>32&0xffff))
+			out[j+48] = a + b*(out[j+48]+int64(e>>48))
+			out[j+8] = a + b*(out[j+8]+int64(o&0xffff))
+			out[j+24] = a + b*(out[j+24]+int64(o>>16&0xffff))
+			out[j+40] = a + b*(out[j+40]+int64(o>>32&0xffff))
+			out[j+56] = a + b*(out[j+56]+int64(o>>48))
 		}
 	}
 }

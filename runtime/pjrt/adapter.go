@@ -123,7 +123,7 @@ func (a *Adapter) client(ctx context.Context, typ string) (*client, error) {
 	if err != nil {
 		return nil, err
 	}
-	var tried []string
+	var tried pluginErrors
 	for _, cand := range found.Plugins {
 		if deviceType(Platform(cand.Name)) != typ {
 			continue
@@ -133,7 +133,7 @@ func (a *Adapter) client(ctx context.Context, typ string) (*client, error) {
 		}
 		c, err := a.newClient(cand)
 		if err != nil {
-			tried = append(tried, fmt.Sprintf("%s (%s): %v", cand.Name, cand.Path, err))
+			tried = append(tried, fmt.Errorf("%s (%s): %w", cand.Name, cand.Path, err))
 			continue
 		}
 		a.clients[typ] = c
@@ -142,8 +142,22 @@ func (a *Adapter) client(ctx context.Context, typ string) (*client, error) {
 	if len(tried) == 0 {
 		return nil, fmt.Errorf("%w for %s (searched: %s)", ErrNoPlugin, typ, strings.Join(found.Searched, ", "))
 	}
-	return nil, fmt.Errorf("%w for %s: %s", ErrNoPlugin, typ, strings.Join(tried, "; "))
+	return nil, fmt.Errorf("%w for %s: %w", ErrNoPlugin, typ, tried)
 }
+
+// pluginErrors are the failures of every plugin tried, on one line, each
+// one reachable with errors.Is.
+type pluginErrors []error
+
+func (e pluginErrors) Error() string {
+	parts := make([]string, len(e))
+	for i, err := range e {
+		parts[i] = err.Error()
+	}
+	return strings.Join(parts, "; ")
+}
+
+func (e pluginErrors) Unwrap() []error { return e }
 
 func (a *Adapter) newClient(cand Candidate) (*client, error) {
 	p, err := openPlugin(cand.Path)

@@ -146,7 +146,6 @@ func (c *compileCache[V]) get(ctx context.Context, key string, compile func() (V
 	c.count("miss")
 	e := &cacheEntry[V]{key: key, done: make(chan struct{})}
 	c.items[key] = c.ll.PushFront(e)
-	c.evictLocked()
 	c.mu.Unlock()
 
 	start := c.now()
@@ -155,14 +154,16 @@ func (c *compileCache[V]) get(ctx context.Context, key string, compile func() (V
 		c.metrics.seconds.WithLabelValues(c.platform).Observe(c.now().Sub(start).Seconds())
 	}
 	close(e.done)
-	if e.err != nil {
-		c.mu.Lock()
-		if el, ok := c.items[key]; ok && el.Value.(*cacheEntry[V]) == e {
-			c.ll.Remove(el)
-			delete(c.items, key)
-		}
-		c.mu.Unlock()
+	c.mu.Lock()
+	if e.err == nil {
+		// Evicting only once the new program exists: a failed compile
+		// does not push a good one out.
+		c.evictLocked()
+	} else if el, ok := c.items[key]; ok && el.Value.(*cacheEntry[V]) == e {
+		c.ll.Remove(el)
+		delete(c.items, key)
 	}
+	c.mu.Unlock()
 	return e.val, e.err
 }
 

@@ -22,10 +22,11 @@ package pjrt
 	X(PJRT_DeviceDescription_Id) X(PJRT_DeviceDescription_ProcessIndex) \
 	X(PJRT_DeviceDescription_Attributes) X(PJRT_DeviceDescription_Kind) \
 	X(PJRT_DeviceDescription_DebugString) \
-	X(PJRT_Device_GetDescription) X(PJRT_Device_LocalHardwareId) \
+	X(PJRT_Device_GetDescription) X(PJRT_Device_LocalHardwareId) X(PJRT_Device_IsAddressable) \
 	X(PJRT_LoadedExecutable_Destroy) X(PJRT_LoadedExecutable_GetExecutable) \
 	X(PJRT_LoadedExecutable_Execute) \
 	X(PJRT_Executable_Destroy) X(PJRT_Executable_Name) X(PJRT_Executable_NumOutputs) \
+	X(PJRT_Executable_GetCompiledMemoryStats) \
 	X(PJRT_Buffer_Destroy) X(PJRT_Buffer_ToHostBuffer) X(PJRT_Buffer_Dimensions) \
 	X(PJRT_Buffer_ElementType)
 

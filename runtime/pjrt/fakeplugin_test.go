@@ -99,6 +99,7 @@ static PJRT_Error* client_buffer_from_host(PJRT_Client_BufferFromHostBuffer_Args
 
 static PJRT_Error* device_get_description(PJRT_Device_GetDescription_Args* a) { a->device_description = &descs[a->device->i]; return NULL; }
 static PJRT_Error* device_local_hardware_id(PJRT_Device_LocalHardwareId_Args* a) { a->local_hardware_id = a->device->i; return NULL; }
+static PJRT_Error* device_is_addressable(PJRT_Device_IsAddressable_Args* a) { a->is_addressable = true; return NULL; }
 static PJRT_Error* desc_id(PJRT_DeviceDescription_Id_Args* a) { a->id = 100 + a->device_description->i; return NULL; }
 static PJRT_Error* desc_process_index(PJRT_DeviceDescription_ProcessIndex_Args* a) { a->process_index = 0; return NULL; }
 static PJRT_Error* desc_kind(PJRT_DeviceDescription_Kind_Args* a) { a->device_kind = "Fake GPU"; a->device_kind_size = 8; return NULL; }
@@ -151,6 +152,8 @@ const PJRT_Api* GetPjrtApi(void) {
 	api.PJRT_DeviceDescription_DebugString = desc_debug_string;
 	api.PJRT_Device_GetDescription = device_get_description;
 	api.PJRT_Device_LocalHardwareId = device_local_hardware_id;
+	api.PJRT_Device_IsAddressable = device_is_addressable;
+	api.PJRT_Executable_GetCompiledMemoryStats = (void*)unimplemented;
 	api.PJRT_LoadedExecutable_Destroy = (void*)unimplemented;
 	api.PJRT_LoadedExecutable_GetExecutable = (void*)unimplemented;
 	api.PJRT_LoadedExecutable_Execute = (void*)unimplemented;

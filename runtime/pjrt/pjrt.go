@@ -1,11 +1,17 @@
 // Package pjrt is brokerd's runtime for TPUs and GPUs through PJRT, the plugin
 // C API behind JAX, TensorFlow and PyTorch/XLA: libtpu.so is a PJRT plugin,
-// and so is XLA's CUDA plugin (xla_cuda_plugin.so). For now it holds the
-// probe: it finds plugin libraries (Discover) and checks that each one loads
-// and speaks the PJRT C API (Probe). Compiling and running programs on them
-// comes with the adapter.
+// and so is XLA's CUDA plugin (xla_cuda_plugin.so).
 //
-// Loading needs only cgo and libdl.
+// Discover finds plugin libraries and Probe checks that each one loads and
+// speaks the PJRT C API. The Adapter (New) opens "gpu:N" and
+// "tpu:N" devices on a plugin's client through go-xla's pjrt package; a
+// Device lowers each runtime.Graph to StableHLO (Lower, a pure function),
+// compiles it once per graph and bound types (a bounded LRU per client) and
+// runs it on buffers that stay on the device.
+//
+// Building needs only cgo and libdl: plugins are loaded with dlopen at run
+// time, and pjrt_c_api.h (OpenXLA, Apache 2.0, as go-xla v0.3.0 ships it)
+// is in this directory.
 package pjrt
 
 import (
@@ -117,7 +123,10 @@ func deviceType(platform string) string {
 
 // Probe finds the PJRT plugins opts describe and loads each one (see
 // Discover for the search). The adapter is available when at least one plugin
-// loaded; its device types are those of the loaded plugins. Plugins are never
+// loaded; its device types are those of the loaded plugins. It creates no
+// client: that initialises the devices (seconds, and GPU memory), which the
+// adapter does when a device is opened, and where a plugin's function table
+// lacks what the adapter calls (ErrIncompleteAPI). Plugins are never
 // unloaded: a second Probe reuses what the first one loaded.
 func Probe(ctx context.Context, opts Options) runtime.Info {
 	info := runtime.Info{Name: Name}
