@@ -159,6 +159,21 @@ func (z *featurizer) features(data []byte) Features {
 		return Features{}
 	}
 	text, toks := z.text, z.toks
+	// The exact number of occurrences, so that a long item's buffer does
+	// not grow by copying.
+	n := 2*len(toks) - 1
+	for _, t := range toks {
+		if t.gram {
+			runes := t.end - t.start
+			if !t.ascii {
+				runes = utf8.RuneCount(text[t.start:t.end])
+			}
+			n += max(3*runes-3, 1) // grams of runes+2 padded runes
+		}
+	}
+	if cap(z.occ) < n {
+		z.occ = make([]uint32, 0, n)
+	}
 	occ := z.occ[:0]
 	for i, t := range toks {
 		word := text[t.start:t.end]
@@ -441,7 +456,7 @@ func (z *featurizer) textTokens(start int) {
 	flush := func(end int) {
 		if word >= 0 {
 			w := s[word:end]
-			stop := len(w) <= 10 && isStopword(string(w))
+			stop := len(w) <= maxStopwordLen && isStopword(string(w))
 			z.toks = append(z.toks, token{start: word, end: end, gram: !stop, stop: stop, ascii: ascii})
 			word = -1
 		}
@@ -518,6 +533,10 @@ func fmix64(h uint64) uint64 {
 	h ^= h >> 33
 	return h
 }
+
+// maxStopwordLen is the length of the longest stopword ("yourselves"):
+// longer words skip isStopword.
+const maxStopwordLen = 10
 
 // isStopword reports whether w is a common English function word. A switch
 // rather than a map keeps the list immutable.

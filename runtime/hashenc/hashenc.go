@@ -11,10 +11,12 @@
 //     2^20×384 projection has entries ±1 generated from the feature index
 //     and a fixed seed (splitmix64), so no table is stored: the model's host
 //     memory is the 384×384 dense weights only (about 0.6 MiB as float32
-//     plus 144 KiB as int8). Sums are in int64, exact. Featurising holds
-//     8 bytes per n-gram occurrence while it runs (about 25 bytes per input
-//     byte: 25 MiB for a 1 MiB item) and costs about 30 µs for a
-//     100-byte sentence, 0.5 s for 1 MiB of text.
+//     plus 144 KiB as int8). Sums are exact: bit-sliced counters, 64
+//     dimensions per machine word, expanded into int64 (see Sparse).
+//     Featurising holds 8 bytes per n-gram occurrence while it runs (about
+//     25 bytes per input byte: 25 MiB for a 1 MiB item); featurising and
+//     projecting cost about 8 µs for a 100-byte sentence on a 2.4 GHz
+//     EPYC core, 0.15 s for 1 MiB of text.
 //  3. Quantisation (host, per item): h is divided by the smallest power of
 //     two 2^s that brings Σ|h_k| to at most MaxL1 = 2^22 (integer
 //     round-half-away-from-zero), giving integer rows h' that float32 holds

@@ -30,6 +30,7 @@ func Sparse(f Features) (h [Dim]int64) {
 			ng    int
 			sizes uint64
 			full  bool
+			seen  [32]uint64 // w<<8 | group
 		)
 		for m := 0; k < len(f.Index) && m < chunkSize; k++ {
 			w := int64(f.Weight[k])
@@ -50,9 +51,19 @@ func Sparse(f Features) (h [Dim]int64) {
 			}
 			total += w
 			pending += w
+			// The group of w: a direct-mapped cache in front of the
+			// search keeps the branches predictable.
 			g := 0
-			for g < ng && gw[g] != int32(w) {
-				g++
+			sl := uint32(w) * 0x9e3779b1 >> (32 - 5)
+			if e := seen[sl]; e>>8 == uint64(w) {
+				g = int(e & 0xff)
+			} else {
+				for g < ng && gw[g] != int32(w) {
+					g++
+				}
+				if g < maxGroups {
+					seen[sl] = uint64(w)<<8 | uint64(g)
+				}
 			}
 			if g == ng {
 				if ng == maxGroups { // rare: add it alone
@@ -233,74 +244,69 @@ func fullAdd(a, b, x uint64) (carry, sum uint64) {
 // flush clears c, setting each set_k to a + b·(set_k + count_k): b = 1 and
 // a = 0 to add the counts, b = -2 and a = Σw for Sparse's final h.
 func (c *bitCounter) flush(set *[Dim]int64, a, b int64) {
-	// Reduce to one plane per level, then expand the planes into byte lanes
-	// (eight dimensions per uint64, eight apart): levels 0-7 into one lane
-	// word, 8-15 into another.
-	var (
-		lo, hi   [counterLevels]*plane
-		loM, hiM [counterLevels]uint
-		nlo, nhi int
-	)
+	// Reduce to at most one plane per level.
+	var levels [counterLevels]*plane
+	nonzero := false
 	for m := range counterLevels {
 		switch c.n[m] {
 		case 0:
 			continue
 		case 2:
-			a, b := &c.p[m][0], &c.p[m][1]
+			p, q := &c.p[m][0], &c.p[m][1]
 			var carry plane
-			for i := range a {
-				a[i], carry[i] = a[i]^b[i], a[i]&b[i]
+			for i := range p {
+				p[i], carry[i] = p[i]^q[i], p[i]&q[i]
 			}
 			c.add(m+1, carry[0], carry[1], carry[2], carry[3], carry[4], carry[5])
 		}
-		if m < 8 {
-			lo[nlo], loM[nlo] = &c.p[m][0], uint(m)
-			nlo++
-		} else {
-			hi[nhi], hiM[nhi] = &c.p[m][0], uint(m-8)
-			nhi++
-		}
+		levels[m] = &c.p[m][0]
+		nonzero = true
 		c.n[m] = 0
 	}
-	if nlo+nhi == 0 {
+	if !nonzero {
 		for k := range set {
 			set[k] = a + b*set[k]
 		}
 		return
 	}
-	const (
-		lanes = 0x0101010101010101
-		even  = 0x00ff00ff00ff00ff
-	)
 	for i := range Dim / 64 {
-		var lw, hw [counterLevels]uint64
-		for l, p := range lo[:nlo] {
-			lw[l] = p[i]
+		// Row l of t is level l's word: four 16×16 bit matrices side by
+		// side, one per 16-bit lane. Transposing them leaves in lane q of
+		// row r the count of dimension 64i + 16q + r.
+		var t [16]uint64
+		for l, p := range levels {
+			if p != nil {
+				t[l] = p[i]
+			}
 		}
-		for l, p := range hi[:nhi] {
-			hw[l] = p[i]
-		}
+		transpose16(&t)
 		out := (*[64]int64)(set[i*64:])
-		for j := range 8 {
-			// Byte q of vl and vh: the low and high byte of dimension
-			// 8q+j's count; then 16-bit lanes of the even and odd q.
-			var vl, vh uint64
-			for l, w := range lw[:nlo] {
-				vl |= (w >> j & lanes) << loM[l]
-			}
-			for l, w := range hw[:nhi] {
-				vh |= (w >> j & lanes) << hiM[l]
-			}
-			e := vl&even | vh&even<<8
-			o := vl>>8&even | vh&^even
-			out[j] = a + b*(out[j]+int64(e&0xffff))
-			out[j+16] = a + b*(out[j+16]+int64(e>>16&0xffff))
-			out[j+32] = a + b*(out[j+32]+int64(e>>32&0xffff))
-			out[j+48] = a + b*(out[j+48]+int64(e>>48))
-			out[j+8] = a + b*(out[j+8]+int64(o&0xffff))
-			out[j+24] = a + b*(out[j+24]+int64(o>>16&0xffff))
-			out[j+40] = a + b*(out[j+40]+int64(o>>32&0xffff))
-			out[j+56] = a + b*(out[j+56]+int64(o>>48))
+		for r := range t {
+			v := t[r]
+			out[r] = a + b*(out[r]+int64(v&0xffff))
+			out[r+16] = a + b*(out[r+16]+int64(v>>16&0xffff))
+			out[r+32] = a + b*(out[r+32]+int64(v>>32&0xffff))
+			out[r+48] = a + b*(out[r+48]+int64(v>>48))
+		}
+	}
+}
+
+// transpose16 transposes the four 16×16 bit matrices held in the 16-bit
+// lanes of t (row r of lane q is lane q of t[r], column c its bit c) by
+// swapping off-diagonal blocks of 8, 4, 2 and 1.
+func transpose16(t *[16]uint64) {
+	transposeStage(t, 8, 0x00ff00ff00ff00ff)
+	transposeStage(t, 4, 0x0f0f0f0f0f0f0f0f)
+	transposeStage(t, 2, 0x3333333333333333)
+	transposeStage(t, 1, 0x5555555555555555)
+}
+
+func transposeStage(t *[16]uint64, s uint, mask uint64) {
+	for base := uint(0); base < 16; base += 2 * s {
+		for r := base; r < base+s; r++ {
+			x := (t[r]>>s ^ t[r+s]) & mask
+			t[r+s] ^= x
+			t[r] ^= x << s
 		}
 	}
 }
