@@ -241,6 +241,14 @@ func (s *BrokerService) configuration() *brokerv1.Configuration {
 // detection found nothing wrong with it.
 func (s *BrokerService) device(e *detect.Entry) *brokerv1.Device {
 	d := deviceToProto(e)
+	if s.models != nil {
+		if dt, ok := s.models.computeDType(e.ID); ok {
+			if d.Attributes == nil {
+				d.Attributes = map[string]string{}
+			}
+			d.Attributes["compute_dtype"] = dt.String()
+		}
+	}
 	if s.sched == nil {
 		return d
 	}

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/pprof"
 	"os"
+	goruntime "runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -179,6 +180,7 @@ func Run(ctx context.Context, opts Options, log *zap.Logger) error {
 		Select:         pol.Select,
 		MaxBatchTokens: cfg.MaxBatchTokens,
 		Entries:        inv.Devices,
+		DTypes:         pol.dtypes,
 	}, log)
 	defer func() {
 		if err := models.close(); err != nil {
@@ -196,6 +198,9 @@ func Run(ctx context.Context, opts Options, log *zap.Logger) error {
 		grpc.ChainUnaryInterceptor(unaryInterceptor(log, rpcm)),
 		grpc.ChainStreamInterceptor(streamInterceptor(log, rpcm)),
 		grpc.MaxRecvMsgSize(cfg.MaxMessageBytes),
+		// Reused handler goroutines keep their grown stacks: a new goroutine
+		// per call re-grows its stack (featurising needs a few KiB) every time.
+		grpc.NumStreamWorkers(uint32(goruntime.GOMAXPROCS(0))),
 		grpc.MaxSendMsgSize(cfg.MaxMessageBytes),
 	}
 	// The Unix socket is protected by its file mode; TCP carries TLS unless
@@ -355,7 +360,8 @@ func stopServers(servers []*grpc.Server, grace time.Duration, log *zap.Logger) {
 // daemonPolicy is the configuration parsed into the types the packages use.
 type daemonPolicy struct {
 	Policy
-	pjrt pjrt.Options
+	pjrt   pjrt.Options
+	dtypes map[detect.Type]runtime.DType // compute type per device type
 }
 
 func policyFromConfig(cfg config.Config, getenv func(string) string) (daemonPolicy, error) {
@@ -382,6 +388,17 @@ func policyFromConfig(cfg config.Config, getenv func(string) string) (daemonPoli
 	p.pjrt = pjrt.Options{Plugins: plugins, Getenv: getenv}
 	if err := p.pjrt.Validate(); err != nil {
 		return p, err
+	}
+	dtypes, err := config.ComputeDTypes(cfg.ComputeDType)
+	if err != nil {
+		return p, fmt.Errorf("compute-dtype: %w", err)
+	}
+	p.dtypes = map[detect.Type]runtime.DType{}
+	for t, dt := range dtypes {
+		p.dtypes[detect.Type(t)] = runtime.F32
+		if dt == "bf16" {
+			p.dtypes[detect.Type(t)] = runtime.BF16
+		}
 	}
 	return p, nil
 }

@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	brokerv1 "github.com/brokerd/brokerd/proto/broker/v1"
+	"github.com/brokerd/brokerd/runtime/onednn"
 	"github.com/brokerd/brokerd/server/config"
 )
 
@@ -348,5 +349,38 @@ func BenchmarkStartToReady(b *testing.B) {
 		b.StopTimer()
 		d.shutdown(b)
 		b.StartTimer()
+	}
+}
+
+// TestDaemonComputeDType starts brokerd with --compute-dtype cpu=bf16: on a
+// CPU without bf16 it must start anyway, computing in f32, and say so in
+// the device's attributes; devices it did not open have no such attribute.
+func TestDaemonComputeDType(t *testing.T) {
+	want := "bf16"
+	if err := onednn.BF16Support(); err != nil {
+		want = "f32"
+	}
+	cfg := testConfig(t)
+	cfg.ComputeDType = "cpu=bf16"
+	d := startDaemon(t, cfg)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	c := brokerv1.NewBrokerServiceClient(d.conn)
+	devs, err := c.ListDevices(ctx, &brokerv1.ListDevicesRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, dev := range devs.GetDevices() {
+		got, ok := dev.GetAttributes()["compute_dtype"]
+		switch {
+		case dev.GetId() == "cpu:0" && got != want:
+			t.Errorf("cpu:0 compute_dtype = %q, want %q", got, want)
+		case dev.GetId() != "cpu:0" && ok:
+			t.Errorf("%s is not open but has compute_dtype %q", dev.GetId(), got)
+		}
+	}
+	resp, err := c.Encode(ctx, &brokerv1.EncodeRequest{Items: textItems("served in " + want)})
+	if err != nil || len(resp.GetResults()) != 1 || len(resp.GetResults()[0].GetVector()) == 0 {
+		t.Fatalf("Encode = %v, %v", resp, err)
 	}
 }

@@ -157,6 +157,7 @@ func (s *served) memoryBytes() int64 {
 type openDevice struct {
 	dev   runtime.Device
 	entry detect.Entry
+	dtype runtime.DType // what it computes in: the setting's, or F32 after a fallback
 }
 
 // catalog is an immutable view of what is served, swapped atomically so the
@@ -180,6 +181,9 @@ type placeOptions struct {
 	// Entries returns the devices' current state (cordons, health) at load
 	// time; nil keeps the state seen at start.
 	Entries func() []detect.Entry
+	// DTypes is the compute type to open each device type with
+	// (--compute-dtype); F32 for types it lacks.
+	DTypes map[detect.Type]runtime.DType
 }
 
 // modelSet is what brokerd serves: the built-in encoder and the loaded
@@ -191,6 +195,11 @@ type modelSet struct {
 	sched        replicaHost
 	opts         placeOptions
 	log          *zap.Logger
+
+	// dtypes is each open device's compute type by ID. Written by
+	// openDevices only, before anything serves, so ListDevices reads it
+	// without mu (which a load holds for seconds).
+	dtypes map[string]runtime.DType
 
 	// mu serialises loads, unloads and close, and guards what follows.
 	mu       sync.Mutex
@@ -207,7 +216,7 @@ type modelSet struct {
 // Devices are opened once and shared by every model placed on them.
 func openDevices(ctx context.Context, entries []detect.Entry, sched replicaHost, repo Repository, opts placeOptions, log *zap.Logger) *modelSet {
 	ms := &modelSet{repo: repo, sched: sched, opts: opts, log: log, reserved: map[string]int64{},
-		pending: map[string]string{}, lastErr: map[string]string{}}
+		pending: map[string]string{}, lastErr: map[string]string{}, dtypes: map[string]runtime.DType{}}
 	ms.cat.Store(&catalog{byName: map[string]*served{}})
 	for _, e := range entries {
 		if !e.Runnable() || e.Health == detect.Unhealthy {
@@ -218,18 +227,39 @@ func openDevices(ctx context.Context, entries []detect.Entry, sched replicaHost,
 			log.Info("device not opened: no adapter of this build", zap.String("device", e.ID), zap.String("runtime", e.Runtime))
 			continue
 		}
-		spec := runtime.DeviceSpec{ID: e.ID, Budget: e.Budget}
+		spec := runtime.DeviceSpec{ID: e.ID, Budget: e.Budget, DType: opts.DTypes[e.Type]}
+		if spec.DType == 0 {
+			spec.DType = runtime.F32
+		}
 		if e.CPU != nil && e.CPU.EffectiveCores > 0 {
 			spec.Threads = int(math.Ceil(e.CPU.EffectiveCores))
 		}
 		dev, err := ad.Open(ctx, spec)
+		if err != nil && spec.DType != runtime.F32 && errors.Is(err, runtime.ErrUnsupported) {
+			// A setting for a whole device type may not suit every host
+			// (bf16 on a CPU without the instructions): serve in f32
+			// rather than not at all.
+			log.Warn("device cannot compute in the configured dtype: falling back to f32", zap.String("device", e.ID),
+				zap.Stringer("compute_dtype", spec.DType), zap.Error(err))
+			spec.DType = runtime.F32
+			dev, err = ad.Open(ctx, spec)
+		}
 		if err != nil {
 			log.Warn("device could not be opened", zap.String("device", e.ID), zap.Error(err))
 			continue
 		}
-		ms.devices = append(ms.devices, openDevice{dev: dev, entry: e})
+		ms.devices = append(ms.devices, openDevice{dev: dev, entry: e, dtype: spec.DType})
+		ms.dtypes[e.ID] = spec.DType
+		log.Info("device opened", zap.String("device", e.ID), zap.String("runtime", e.Runtime), zap.Stringer("compute_dtype", spec.DType))
 	}
 	return ms
+}
+
+// computeDType is the type an open device computes in; false for a device
+// that is not open.
+func (ms *modelSet) computeDType(id string) (runtime.DType, bool) {
+	dt, ok := ms.dtypes[id]
+	return dt, ok
 }
 
 // placeModels opens the devices and gives each built-in model a replica on
@@ -502,7 +532,6 @@ func (ms *modelSet) placeLocked(ctx context.Context, s *served) error {
 			current[e.ID] = e
 		}
 	}
-	const dt = runtime.F32
 	var (
 		refusals []string
 		failures []error
@@ -521,7 +550,7 @@ func (ms *modelSet) placeLocked(ctx context.Context, s *served) error {
 			if err != nil {
 				return err
 			}
-			need := s.model.MemoryBytes(dt, maxBatch)
+			need := s.model.MemoryBytes(od.dtype, maxBatch)
 			if minNeed == 0 || need < minNeed {
 				minNeed = need
 			}

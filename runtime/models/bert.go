@@ -458,13 +458,15 @@ func (m *BERT) NewReplica(ctx context.Context, dev runtime.Device, maxBatch int)
 	if err != nil {
 		return nil, fmt.Errorf("bert %q: replica (%s matmuls): %w", m.opts.Name, dt, err)
 	}
-	return &bertReplica{m: m, res: res, maxBatch: max(maxBatch, 1)}, nil
+	maxBatch = max(maxBatch, 1)
+	return &bertReplica{m: m, res: res, maxBatch: maxBatch, pad: newPadPlan(dev, maxBatch, m.cfg.MaxPositionEmbeddings)}, nil
 }
 
 type bertReplica struct {
 	m        *BERT
 	res      *resident
 	maxBatch int
+	pad      padPlan
 }
 
 func (r *bertReplica) Close() error {
@@ -474,8 +476,11 @@ func (r *bertReplica) Close() error {
 
 // Execute encodes (or classifies) TextInput payloads. Sequences are sorted
 // by length and run in batches of at most maxBatch, each padded to its
-// longest sequence rounded up to a multiple of 8; padding is masked out of
-// attention and pooling, so an item's output does not depend on the others.
+// longest sequence rounded up to a multiple of 8, or on a device with
+// buckets (PJRT) to the next sequence bucket, with rows of padding up to
+// the next batch bucket. Padding is masked out of attention and pooling,
+// and padded rows are not read back, so an item's output does not depend
+// on the others.
 func (r *bertReplica) Execute(ctx context.Context, inputs []any) ([]any, error) {
 	m := r.m
 	items := make([]TextInput, len(inputs))
@@ -528,14 +533,16 @@ func (r *bertReplica) Execute(ctx context.Context, inputs []any) ([]any, error) 
 // batch runs one padded batch and returns each item's vector.
 func (r *bertReplica) batch(ctx context.Context, items []TextInput) ([][]float32, error) {
 	m, dev := r.m, r.res.dev
-	b := len(items)
+	n := len(items)
 	longest := 0
 	normalize := false
 	for _, it := range items {
 		longest = max(longest, len(it.IDs))
 		normalize = normalize || it.Normalize
 	}
-	s := min((longest+seqStep-1)/seqStep*seqStep, m.cfg.MaxPositionEmbeddings)
+	// Rows past n are padding: zero ids and an all-zero mask, which the
+	// masked softmax and pooling take without NaNs; they are never read.
+	b, s := r.pad.rows(n), r.pad.seqLen(longest)
 	g := r.m.graph(r.res.dt, b, s, normalize)
 
 	ids := make([]int32, b*s)
@@ -543,13 +550,15 @@ func (r *bertReplica) batch(ctx context.Context, items []TextInput) ([][]float32
 	pos := make([]int32, b*s)
 	mask := make([]float32, b*s)
 	cls := make([]float32, b*s)
+	for i := range b {
+		for j := range s {
+			pos[i*s+j] = int32(j)
+		}
+	}
 	for i, it := range items {
 		row := i * s
 		copy(ids[row:], it.IDs)
 		copy(types[row:], it.TypeIDs)
-		for j := 0; j < s; j++ {
-			pos[row+j] = int32(j)
-		}
 		for j := range it.IDs {
 			mask[row+j] = 1
 		}
@@ -594,17 +603,17 @@ func (r *bertReplica) batch(ctx context.Context, items []TextInput) ([][]float32
 		return buf, v.shape[1], dev.CopyOut(ctx, buf, io[name])
 	}
 	if m.opts.Kind == KindBERTClassifier {
-		logits, n, err := read(bLogits)
+		logits, width, err := read(bLogits)
 		if err != nil {
 			return nil, err
 		}
-		return split(logits, b, n), nil
+		return split(logits, n, width), nil
 	}
-	pooled, n, err := read(bPooled)
+	pooled, width, err := read(bPooled)
 	if err != nil {
 		return nil, err
 	}
-	vecs := split(pooled, b, n)
+	vecs := split(pooled, n, width)
 	if normalize {
 		normed, _, err := read(bNormed)
 		if err != nil {
@@ -612,13 +621,15 @@ func (r *bertReplica) batch(ctx context.Context, items []TextInput) ([][]float32
 		}
 		for i, it := range items {
 			if it.Normalize {
-				vecs[i] = normed[i*n : (i+1)*n : (i+1)*n]
+				vecs[i] = normed[i*width : (i+1)*width : (i+1)*width]
 			}
 		}
 	}
 	return vecs, nil
 }
 
+// split returns the first rows rows of v, rows of n values: the real items
+// of a batch that may have padded rows after them.
 func split(v []float32, rows, n int) [][]float32 {
 	out := make([][]float32, rows)
 	for i := range out {

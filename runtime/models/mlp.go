@@ -202,13 +202,15 @@ func (m *MLP) NewReplica(ctx context.Context, dev runtime.Device, maxBatch int) 
 	if err != nil {
 		return nil, fmt.Errorf("mlp %q: replica: %w", m.spec.Name, err)
 	}
-	return &mlpReplica{m: m, res: res, maxBatch: max(maxBatch, 1)}, nil
+	maxBatch = max(maxBatch, 1)
+	return &mlpReplica{m: m, res: res, maxBatch: maxBatch, pad: newPadPlan(dev, maxBatch, 0)}, nil
 }
 
 type mlpReplica struct {
 	m        *MLP
 	res      *resident
 	maxBatch int
+	pad      padPlan
 }
 
 func (r *mlpReplica) Close() error {
@@ -218,6 +220,8 @@ func (r *mlpReplica) Close() error {
 
 // Execute runs the rows in batches of at most maxBatch; each input must be
 // a RowInput of InputDim values, each output an Output of the output width.
+// On a device with buckets (PJRT) a batch is padded with zero rows up to the
+// next batch bucket; every layer works row by row, so they change nothing.
 func (r *mlpReplica) Execute(ctx context.Context, inputs []any) ([]any, error) {
 	dim := r.m.spec.InputDim
 	rows := make([][]float32, len(inputs))
@@ -257,10 +261,11 @@ func (r *mlpReplica) Execute(ctx context.Context, inputs []any) ([]any, error) {
 func (r *mlpReplica) batch(ctx context.Context, rows [][]float32) ([]any, error) {
 	dev := r.res.dev
 	n, dim, odim := len(rows), r.m.spec.InputDim, r.m.outDim
-	b := r.m.graph(r.res.dt, n)
-	x := make([]float32, 0, n*dim)
-	for _, row := range rows {
-		x = append(x, row...)
+	padded := r.pad.rows(n)
+	b := r.m.graph(r.res.dt, padded)
+	x := make([]float32, padded*dim) // rows past n stay zero
+	for i, row := range rows {
+		copy(x[i*dim:], row)
 	}
 	io := map[string]runtime.Buffer{}
 	defer func() {
@@ -268,7 +273,7 @@ func (r *mlpReplica) batch(ctx context.Context, rows [][]float32) ([]any, error)
 			dev.Free(buf)
 		}
 	}()
-	for name, shape := range map[string][]int{mlpIn: {n, dim}, mlpOut: {n, odim}} {
+	for name, shape := range map[string][]int{mlpIn: {padded, dim}, mlpOut: {padded, odim}} {
 		buf, err := dev.Alloc(runtime.F32, shape...)
 		if err != nil {
 			return nil, err
@@ -281,7 +286,7 @@ func (r *mlpReplica) batch(ctx context.Context, rows [][]float32) ([]any, error)
 	if err := r.res.run(ctx, &runtime.Graph{Ops: b.ops}, io); err != nil {
 		return nil, err
 	}
-	y := make([]float32, n*odim)
+	y := make([]float32, padded*odim)
 	if err := dev.CopyOut(ctx, y, io[mlpOut]); err != nil {
 		return nil, err
 	}

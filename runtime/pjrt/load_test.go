@@ -268,7 +268,7 @@ func TestProbe(t *testing.T) {
 		{
 			name: "tpu plugin from site-packages",
 			setup: func(t *testing.T, dir string) setup {
-				buildLib(t, dir, "lib/python3.11/site-packages/libtpu/libtpu.so", fakePlugin)
+				buildFakePlugin(t, dir, "lib/python3.11/site-packages/libtpu/libtpu.so", "MINOR=54")
 				return setup{site: []string{filepath.Join(dir, "lib/python3*/site-packages")}}
 			},
 			wantAvail: true,
@@ -282,7 +282,7 @@ func TestProbe(t *testing.T) {
 			setup: func(t *testing.T, dir string) setup {
 				return setup{env: map[string]string{
 					EnvTPULibrary:    filepath.Join(dir, "nope/libtpu.so"),
-					EnvPluginLibrary: buildLib(t, dir, "jax/xla_cuda_plugin.so", fakePlugin, "MINOR=67"),
+					EnvPluginLibrary: buildFakePlugin(t, dir, "jax/xla_cuda_plugin.so", "MINOR=67"),
 				}}
 			},
 			wantAvail: true,
@@ -295,13 +295,50 @@ func TestProbe(t *testing.T) {
 		{
 			name: "gpu name maps to cuda",
 			setup: func(t *testing.T, dir string) setup {
-				return setup{plugins: map[string]string{"gpu": buildLib(t, dir, "p.so", fakePlugin)}}
+				return setup{plugins: map[string]string{"gpu": buildFakePlugin(t, dir, "p.so", "MINOR=54")}}
 			},
 			wantAvail: true,
 			wantTypes: []string{"gpu"},
 			wantPlugins: []runtime.PluginInfo{
 				{Name: "gpu", Path: "p.so", Platform: "cuda", APIVersion: "0.54", Loaded: true},
 			},
+		},
+		{
+			// The version loads, but the adapter would crash calling the
+			// functions the table lacks: not loaded, and why.
+			name: "plugin with no function table",
+			setup: func(t *testing.T, dir string) setup {
+				return setup{plugins: map[string]string{"tpu": buildLib(t, dir, "libtpu.so", fakePlugin)}}
+			},
+			wantPlugins: []runtime.PluginInfo{
+				{Name: "tpu", Path: "libtpu.so", Platform: "tpu", Error: "PJRT plugin lacks a required function: PJRT_Error_Destroy (PJRT C API 0.54)"},
+			},
+			wantReason: "no PJRT plugin loaded: tpu (",
+		},
+		{
+			name: "table too short beside a complete plugin",
+			setup: func(t *testing.T, dir string) setup {
+				return setup{plugins: map[string]string{
+					"tpu":  buildFakePlugin(t, dir, "libtpu.so", "SHORT_TABLE"),
+					"cuda": buildFakePlugin(t, dir, "xla_cuda_plugin.so"),
+				}}
+			},
+			wantAvail: true,
+			wantTypes: []string{"gpu"},
+			wantPlugins: []runtime.PluginInfo{
+				{Name: "cuda", Path: "xla_cuda_plugin.so", Platform: "cuda", APIVersion: "0.67", Loaded: true},
+				{Name: "tpu", Path: "libtpu.so", Platform: "tpu", Error: "lacks a required function: PJRT_Client_Create (PJRT C API 0.67)"},
+			},
+		},
+		{
+			name: "NULL function pointers",
+			setup: func(t *testing.T, dir string) setup {
+				return setup{plugins: map[string]string{"cuda": buildFakePlugin(t, dir, "xla_cuda_plugin.so", "NULL_TABLE", "MINOR=60")}}
+			},
+			wantPlugins: []runtime.PluginInfo{
+				{Name: "cuda", Path: "xla_cuda_plugin.so", Platform: "cuda", Error: "lacks a required function: PJRT_Error_Destroy (PJRT C API 0.60)"},
+			},
+			wantReason: "lacks a required function: PJRT_Error_Destroy",
 		},
 		{
 			name: "cancelled",

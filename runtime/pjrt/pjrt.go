@@ -121,13 +121,15 @@ func deviceType(platform string) string {
 	return ""
 }
 
-// Probe finds the PJRT plugins opts describe and loads each one (see
-// Discover for the search). The adapter is available when at least one plugin
-// loaded; its device types are those of the loaded plugins. It creates no
-// client: that initialises the devices (seconds, and GPU memory), which the
-// adapter does when a device is opened, and where a plugin's function table
-// lacks what the adapter calls (ErrIncompleteAPI). Plugins are never
-// unloaded: a second Probe reuses what the first one loaded.
+// Probe finds the PJRT plugins opts describe, loads each one (see Discover
+// for the search) and checks that its function table has every function the
+// adapter calls: a plugin lacking one is reported as not loaded, with
+// ErrIncompleteAPI's message, so its devices are listed as not runnable
+// rather than failing when opened. The adapter is available when at least
+// one plugin loaded; its device types are those of the loaded plugins. It
+// creates no client: that initialises the devices (seconds, and GPU
+// memory), which the adapter does when a device is opened. Plugins are
+// never unloaded: a second Probe reuses what the first one loaded.
 func Probe(ctx context.Context, opts Options) runtime.Info {
 	info := runtime.Info{Name: Name}
 	found, err := Discover(opts)
@@ -143,6 +145,9 @@ func Probe(ctx context.Context, opts Options) runtime.Info {
 			p.Error = fmt.Sprintf("not loaded: %v", err)
 		} else if lib, err := load(c.Path); err != nil {
 			p.Error = err.Error()
+		} else if err := checkAPI(lib.api); err != nil {
+			// The version says whether the plugin is too old or broken.
+			p.Error = fmt.Sprintf("%v (PJRT C API %s)", err, lib.APIVersion)
 		} else {
 			p.Loaded = true
 			p.APIVersion = lib.APIVersion

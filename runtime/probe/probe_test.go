@@ -36,6 +36,17 @@ func TestProbe(t *testing.T) {
 			},
 			wantPJRT: true,
 		},
+		{
+			name: "a PJRT plugin lacking functions",
+			pjrt: func(t *testing.T) pjrt.Options {
+				return pjrt.Options{
+					Plugins:      map[string]string{"tpu": buildPlugin(t, "SHORT_TABLE")},
+					SitePackages: []string{},
+					Getenv:       func(string) string { return "" },
+				}
+			},
+			wantReason: "PJRT plugin lacks a required function: PJRT_Client_Create",
+		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -53,13 +64,42 @@ func TestProbe(t *testing.T) {
 			if !strings.Contains(p.Reason, tt.wantReason) || (tt.wantReason == "") != (p.Reason == "") {
 				t.Errorf("pjrt Reason = %q, want %q", p.Reason, tt.wantReason)
 			}
+			if tt.wantPJRT && (len(p.Plugins) != 1 || !p.Plugins[0].Loaded || p.Plugins[0].APIVersion == "") {
+				t.Errorf("pjrt Plugins = %+v, want one loaded with its API version", p.Plugins)
+			}
 		})
 	}
 }
 
-// buildPlugin compiles a minimal PJRT plugin: GetPjrtApi returning the head
-// of a PJRT_Api for version 0.54.
-func buildPlugin(t *testing.T) string {
+// fakePlugin is a PJRT plugin built with runtime/pjrt's pjrt_c_api.h whose
+// function table is complete: every slot holds a function that aborts, as
+// Probe only checks the table and calls none of them.
+// SHORT_TABLE cuts struct_size before PJRT_Client_Create, as a plugin
+// older than the adapter would.
+const fakePlugin = `#include <stdlib.h>
+#include <string.h>
+#include "pjrt_c_api.h"
+static PJRT_Error* unimplemented(void* args) { abort(); }
+static PJRT_Api api;
+const PJRT_Api* GetPjrtApi(void) {
+	memset(&api, 0, sizeof api);
+	api.struct_size = PJRT_Api_STRUCT_SIZE;
+	api.pjrt_api_version.struct_size = PJRT_Api_Version_STRUCT_SIZE;
+	api.pjrt_api_version.major_version = PJRT_API_MAJOR;
+	api.pjrt_api_version.minor_version = PJRT_API_MINOR;
+	// The functions follow the version, one pointer each.
+	void** fn = (void**)&api.PJRT_Error_Destroy;
+	void** end = (void**)((char*)&api + sizeof api);
+	for (; fn < end; fn++) *fn = (void*)unimplemented;
+#ifdef SHORT_TABLE
+	api.struct_size = offsetof(PJRT_Api, PJRT_Client_Create);
+#endif
+	return &api;
+}
+`
+
+// buildPlugin compiles fakePlugin with the given macros into a libtpu.so.
+func buildPlugin(t *testing.T, defines ...string) string {
 	t.Helper()
 	gcc, err := exec.LookPath("gcc")
 	if err != nil {
@@ -67,17 +107,19 @@ func buildPlugin(t *testing.T) string {
 	}
 	dir := t.TempDir()
 	src := filepath.Join(dir, "plugin.c")
-	code := `#include <stddef.h>
-typedef struct { size_t s; void* e; int major, minor; } V;
-typedef struct { size_t s; void* e; V v; } A;
-static const A api = { sizeof(A), NULL, { sizeof(V), NULL, 0, 54 } };
-const A* GetPjrtApi(void) { return &api; }
-`
-	if err := os.WriteFile(src, []byte(code), 0o644); err != nil {
+	if err := os.WriteFile(src, []byte(fakePlugin), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	header, err := filepath.Abs(filepath.Join("..", "pjrt"))
+	if err != nil {
 		t.Fatal(err)
 	}
 	lib := filepath.Join(dir, "libtpu.so")
-	if out, err := exec.Command(gcc, "-shared", "-fPIC", "-o", lib, src).CombinedOutput(); err != nil {
+	args := []string{"-shared", "-fPIC", "-I" + header, "-o", lib, src}
+	for _, d := range defines {
+		args = append(args, "-D"+d)
+	}
+	if out, err := exec.Command(gcc, args...).CombinedOutput(); err != nil {
 		t.Fatalf("gcc: %v\n%s", err, out)
 	}
 	return lib

@@ -11,6 +11,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -42,12 +43,15 @@ type Config struct {
 	MemoryStrategy string `json:"memory-strategy"`
 	Costs          string `json:"costs"`
 
-	Sysfs       string   `json:"sysfs"`
-	Procfs      string   `json:"procfs"`
-	Devfs       string   `json:"devfs"`
-	NVMLLibrary string   `json:"nvml-library"`
-	PJRTPlugins string   `json:"pjrt-plugin"`
-	Telemetry   Duration `json:"telemetry-interval"`
+	Sysfs       string `json:"sysfs"`
+	Procfs      string `json:"procfs"`
+	Devfs       string `json:"devfs"`
+	NVMLLibrary string `json:"nvml-library"`
+	PJRTPlugins string `json:"pjrt-plugin"`
+	// ComputeDType is the type each device type's models compute in:
+	// "cpu=f32,gpu=f32,tpu=bf16" (see ComputeDTypes).
+	ComputeDType string   `json:"compute-dtype"`
+	Telemetry    Duration `json:"telemetry-interval"`
 
 	MaxMessageBytes    int      `json:"max-message-bytes"`
 	MaxItemsPerRequest int      `json:"max-items-per-request"`
@@ -125,6 +129,7 @@ func Defaults(euid int, getenv func(string) string) Config {
 		GPUBatchFactor:     4,
 		CPUBatchFactor:     1,
 		MemoryStrategy:     "balanced",
+		ComputeDType:       DefaultComputeDType,
 		Sysfs:              "/sys",
 		Procfs:             "/proc",
 		Devfs:              "/dev",
@@ -160,6 +165,7 @@ var envNames = map[string]string{
 	"costs":                 "BROKERD_COSTS",
 	"nvml-library":          "BROKERD_NVML_LIBRARY",
 	"pjrt-plugin":           "BROKERD_PJRT_PLUGINS",
+	"compute-dtype":         "BROKERD_COMPUTE_DTYPE",
 	"telemetry-interval":    "BROKERD_TELEMETRY_INTERVAL",
 	"max-message-bytes":     "BROKERD_MAX_MESSAGE_BYTES",
 	"max-items-per-request": "BROKERD_MAX_ITEMS_PER_REQUEST",
@@ -200,6 +206,7 @@ func bind(fs *flag.FlagSet, c *Config, configPath *string) {
 	fs.StringVar(&c.Devfs, "devfs", c.Devfs, "devfs root for detection")
 	fs.StringVar(&c.NVMLLibrary, "nvml-library", c.NVMLLibrary, "path to libnvidia-ml.so.1 (default: the loader's search)")
 	fs.StringVar(&c.PJRTPlugins, "pjrt-plugin", c.PJRTPlugins, "PJRT plugins as name=path pairs, e.g. tpu=/path/libtpu.so,cuda=/path/xla_cuda_plugin.so")
+	fs.StringVar(&c.ComputeDType, "compute-dtype", c.ComputeDType, "compute type per device type as type=dtype pairs (f32 or bf16), e.g. gpu=bf16; types not named keep "+DefaultComputeDType+"; a device that cannot run bf16 falls back to f32 with a warning")
 	fs.Var(&c.Telemetry, "telemetry-interval", "device telemetry refresh interval")
 	fs.IntVar(&c.MaxMessageBytes, "max-message-bytes", c.MaxMessageBytes, "largest gRPC message accepted or sent")
 	fs.Var(&c.ShutdownGrace, "shutdown-grace", "how long a stop waits for in-flight calls")
@@ -364,6 +371,9 @@ func (c Config) Validate() error {
 	if c.MaxBatchTokens < 1 {
 		bad("max-batch-tokens %d is invalid: at least 1", c.MaxBatchTokens)
 	}
+	if _, err := ComputeDTypes(c.ComputeDType); err != nil {
+		bad("compute-dtype (BROKERD_COMPUTE_DTYPE): %v", err)
+	}
 	if c.LoadModels != "" && c.LoadModels != "all" {
 		for _, n := range strings.Split(c.LoadModels, ",") {
 			if n = strings.TrimSpace(n); n == "" || strings.ContainsAny(n, `/\@`) || n == "." || n == ".." {
@@ -421,6 +431,53 @@ func MemoryFraction(s string) (float64, error) {
 		return 0, fmt.Errorf("%q is invalid: allowed values are conservative, balanced, aggressive, or a fraction in (0, 1]", s)
 	}
 	return f, nil
+}
+
+// DefaultComputeDType is the compute type of each device type unless
+// compute-dtype names it. CPUs compute in f32: most lack bf16 instructions
+// (oneDNN then has no bf16 kernel) and f32 is exact to the checkpoint. GPUs
+// too, so results match the CPU's to fp32 accuracy unless asked otherwise.
+// TPUs compute in bf16, the type their matrix units work in and what XLA
+// users expect there.
+const DefaultComputeDType = "cpu=f32,gpu=f32,tpu=bf16"
+
+// computeTypes and computeDTypes are what compute-dtype accepts.
+var (
+	computeTypes  = []string{"cpu", "gpu", "tpu"}
+	computeDTypes = []string{"f32", "bf16"}
+)
+
+// ComputeDTypes parses compute-dtype: comma-separated type=dtype pairs
+// (types cpu, gpu, tpu; dtypes f32, bf16), each type at most once. It
+// returns every type's dtype, DefaultComputeDType's for the types s does
+// not name; an empty s gives the defaults.
+func ComputeDTypes(s string) (map[string]string, error) {
+	out := map[string]string{}
+	for _, pair := range strings.Split(DefaultComputeDType, ",") {
+		t, dt, _ := strings.Cut(pair, "=")
+		out[t] = dt
+	}
+	if strings.TrimSpace(s) == "" {
+		return out, nil
+	}
+	seen := map[string]bool{}
+	for _, entry := range strings.Split(s, ",") {
+		t, dt, ok := strings.Cut(entry, "=")
+		t, dt = strings.ToLower(strings.TrimSpace(t)), strings.ToLower(strings.TrimSpace(dt))
+		switch {
+		case !ok:
+			return nil, fmt.Errorf("%q is invalid: entry %q is not type=dtype (e.g. gpu=bf16,tpu=bf16)", s, strings.TrimSpace(entry))
+		case !slices.Contains(computeTypes, t):
+			return nil, fmt.Errorf("%q is invalid: device type %q: allowed types are %s", s, t, strings.Join(computeTypes, ", "))
+		case !slices.Contains(computeDTypes, dt):
+			return nil, fmt.Errorf("%q is invalid: %s=%q: allowed dtypes are %s", s, t, dt, strings.Join(computeDTypes, ", "))
+		case seen[t]:
+			return nil, fmt.Errorf("%q is invalid: device type %s given twice", s, t)
+		}
+		seen[t] = true
+		out[t] = dt
+	}
+	return out, nil
 }
 
 // ModelRepoDir is the model repository: --model-repo, or <state-dir>/models.

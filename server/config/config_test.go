@@ -2,6 +2,7 @@ package config
 
 import (
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
 	"strings"
@@ -84,6 +85,16 @@ func TestLoadPrecedence(t *testing.T) {
 				t.Errorf("models: repo %s, load %q, tokens %d", c.ModelRepoDir(), c.LoadModels, c.MaxBatchTokens)
 			}
 		}},
+		{"compute dtype from env", nil, map[string]string{"BROKERD_COMPUTE_DTYPE": "gpu=bf16"}, func(t *testing.T, c Config) {
+			if c.ComputeDType != "gpu=bf16" {
+				t.Errorf("compute-dtype %q, want gpu=bf16", c.ComputeDType)
+			}
+		}},
+		{"compute dtype default", nil, nil, func(t *testing.T, c Config) {
+			if c.ComputeDType != "cpu=f32,gpu=f32,tpu=bf16" {
+				t.Errorf("compute-dtype %q, want the default", c.ComputeDType)
+			}
+		}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -126,6 +137,8 @@ func TestLoadRejectsBadSettings(t *testing.T) {
 		{"zero batch tokens", []string{"--max-batch-tokens=0"}, nil, []string{"max-batch-tokens 0 is invalid"}},
 		{"model name with a path", []string{"--load-models=a,../b"}, nil, []string{"load-models", "model names separated by commas"}},
 		{"empty model name", nil, map[string]string{"BROKERD_LOAD_MODELS": "a,,b"}, []string{"load-models"}},
+		{"bad compute dtype", []string{"--compute-dtype=gpu=fp16"}, nil, []string{"compute-dtype (BROKERD_COMPUTE_DTYPE)", `gpu="fp16"`, "f32, bf16"}},
+		{"bad compute dtype env", nil, map[string]string{"BROKERD_COMPUTE_DTYPE": "npu=bf16"}, []string{"BROKERD_COMPUTE_DTYPE", `device type "npu"`, "cpu, gpu, tpu"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -137,6 +150,42 @@ func TestLoadRejectsBadSettings(t *testing.T) {
 				if !strings.Contains(err.Error(), w) {
 					t.Errorf("error %q does not mention %q", err, w)
 				}
+			}
+		})
+	}
+}
+
+func TestComputeDTypes(t *testing.T) {
+	tests := []struct {
+		in      string
+		want    map[string]string
+		wantErr string
+	}{
+		{"", map[string]string{"cpu": "f32", "gpu": "f32", "tpu": "bf16"}, ""},
+		{DefaultComputeDType, map[string]string{"cpu": "f32", "gpu": "f32", "tpu": "bf16"}, ""},
+		{"gpu=bf16", map[string]string{"cpu": "f32", "gpu": "bf16", "tpu": "bf16"}, ""},
+		{" GPU = BF16 , tpu=f32", map[string]string{"cpu": "f32", "gpu": "bf16", "tpu": "f32"}, ""},
+		{"cpu=bf16", map[string]string{"cpu": "bf16", "gpu": "f32", "tpu": "bf16"}, ""},
+		{"gpu", nil, `entry "gpu" is not type=dtype`},
+		{"gpu=bf16,", nil, `entry "" is not type=dtype`},
+		{"gpu=fp16", nil, `gpu="fp16": allowed dtypes are f32, bf16`},
+		{"amd=bf16", nil, `device type "amd": allowed types are cpu, gpu, tpu`},
+		{"gpu=bf16,gpu=f32", nil, "device type gpu given twice"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.in, func(t *testing.T) {
+			got, err := ComputeDTypes(tt.in)
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("ComputeDTypes(%q) = %v, %v; want an error containing %q", tt.in, got, err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !maps.Equal(got, tt.want) {
+				t.Errorf("ComputeDTypes(%q) = %v, want %v", tt.in, got, tt.want)
 			}
 		})
 	}
