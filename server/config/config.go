@@ -173,6 +173,7 @@ var envNames = map[string]string{
 	"max-queue-items":       "BROKERD_MAX_QUEUE_ITEMS",
 	"max-queue-delay":       "BROKERD_MAX_QUEUE_DELAY",
 	"max-batch":             "BROKERD_MAX_BATCH",
+	"pprof":                 "BROKERD_PPROF",
 	"max-batch-tokens":      "BROKERD_MAX_BATCH_TOKENS",
 	"model-repo":            "BROKERD_MODEL_REPO",
 	"load-models":           "BROKERD_LOAD_MODELS",
