@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	goruntime "runtime"
+	"strings"
 	"sync"
 	"unsafe"
 
@@ -306,6 +307,16 @@ func (d *Device) trimLocked(need uint64) {
 		}
 	}
 }
+
+func shapeString(shape []int) string {
+	parts := make([]string, len(shape))
+	for i, d := range shape {
+		parts[i] = fmt.Sprint(d)
+	}
+	return "[" + strings.Join(parts, ",") + "]"
+}
+
+func clone(s []int) []int { return append([]int(nil), s...) }
 
 func elements(shape []int) (int, error) {
 	if len(shape) == 0 {

@@ -8,6 +8,7 @@ import "C"
 import (
 	"context"
 	"fmt"
+	"slices"
 	"unsafe"
 
 	"github.com/brokerd/brokerd/runtime"
@@ -23,31 +24,31 @@ func (d *Device) Run(ctx context.Context, g *runtime.Graph, bind map[string]runt
 	}
 	d.life.RLock()
 	defer d.life.RUnlock()
-	bound := make(map[string]tensor, len(bind))
+	bound := make(map[string]runtime.TensorType, len(bind))
 	bufs := make(map[string]*buffer, len(bind))
 	for name, b := range bind {
 		bb, err := d.own(b)
 		if err != nil {
 			return fmt.Errorf("onednn: run on %s: bind %q: %w", d.id, name, err)
 		}
-		bound[name] = tensor{bb.dt, bb.shape}
+		bound[name] = runtime.TensorType{DType: bb.dt, Shape: bb.shape}
 		bufs[name] = bb
 	}
-	p, err := planGraph(g, bound)
+	p, err := runtime.PlanGraph(g, bound)
 	if err != nil {
 		return fmt.Errorf("onednn: run on %s: %w", d.id, err)
 	}
 	// oneDNN's matmul and the C kernels cannot write over their own input.
-	for i := range p.steps {
-		s := &p.steps[i]
-		out, ok := bufs[s.op.Out]
+	for i := range p.Steps {
+		s := &p.Steps[i]
+		out, ok := bufs[s.Op.Out]
 		if !ok {
 			continue
 		}
-		for _, name := range s.op.In {
+		for _, name := range s.Op.In {
 			if bufs[name] == out {
 				return fmt.Errorf("onednn: run on %s: %w: %s writes %q into the buffer it reads as %q",
-					d.id, runtime.ErrInvalidGraph, s, s.op.Out, name)
+					d.id, runtime.ErrInvalidGraph, s, s.Op.Out, name)
 			}
 		}
 	}
@@ -55,10 +56,10 @@ func (d *Device) Run(ctx context.Context, g *runtime.Graph, bind map[string]runt
 }
 
 // execute runs a plan on the worker thread.
-func (d *Device) execute(ctx context.Context, p *plan, bufs map[string]*buffer) error {
+func (d *Device) execute(ctx context.Context, p *runtime.Plan, bufs map[string]*buffer) error {
 	lastUse := map[string]int{}
-	for i, s := range p.steps {
-		for _, name := range s.op.In {
+	for i, s := range p.Steps {
+		for _, name := range s.Op.In {
 			lastUse[name] = i
 		}
 	}
@@ -68,29 +69,29 @@ func (d *Device) execute(ctx context.Context, p *plan, bufs map[string]*buffer) 
 			d.Free(b)
 		}
 	}()
-	ptrs := make(map[string]unsafe.Pointer, len(bufs)+len(p.temps))
+	ptrs := make(map[string]unsafe.Pointer, len(bufs)+len(p.Temps))
 	for name, b := range bufs {
 		ptrs[name] = b.ptr
 	}
-	for i := range p.steps {
-		s := &p.steps[i]
+	for i := range p.Steps {
+		s := &p.Steps[i]
 		if err := ctx.Err(); err != nil {
 			return fmt.Errorf("onednn: run on %s: before %s: %w", d.id, s, err)
 		}
-		if _, bound := bufs[s.op.Out]; !bound {
-			b, err := d.alloc(s.out.dt, s.out.shape)
+		if _, bound := bufs[s.Op.Out]; !bound {
+			b, err := d.alloc(s.Out.DType, s.Out.Shape)
 			if err != nil {
-				return fmt.Errorf("onednn: run on %s: intermediate %q of %s: %w", d.id, s.op.Out, s, err)
+				return fmt.Errorf("onednn: run on %s: intermediate %q of %s: %w", d.id, s.Op.Out, s, err)
 			}
-			temps[s.op.Out] = b
-			ptrs[s.op.Out] = b.ptr
+			temps[s.Op.Out] = b
+			ptrs[s.Op.Out] = b.ptr
 		}
 		if err := d.runStep(s, ptrs); err != nil {
 			return fmt.Errorf("onednn: run on %s: %w", d.id, err)
 		}
 		// Return intermediates no later op reads, so the next op's output
 		// can reuse their memory.
-		for _, name := range s.op.In {
+		for _, name := range s.Op.In {
 			if b, ok := temps[name]; ok && lastUse[name] == i {
 				d.Free(b)
 				delete(temps, name)
@@ -122,7 +123,7 @@ func dnnlType(dt runtime.DType) C.dnnl_data_type_t {
 }
 
 // primitive returns the cached primitive for key, creating it with create.
-func (d *Device) primitive(s *step, key primKey, create func(out **C.bd_prim, step **C.char) C.dnnl_status_t) (*C.bd_prim, error) {
+func (d *Device) primitive(s *runtime.Step, key primKey, create func(out **C.bd_prim, step **C.char) C.dnnl_status_t) (*C.bd_prim, error) {
 	return d.prims.get(key, func() (*C.bd_prim, error) {
 		var p *C.bd_prim
 		var where *C.char
@@ -134,7 +135,7 @@ func (d *Device) primitive(s *step, key primKey, create func(out **C.bd_prim, st
 }
 
 // exec runs a primitive on the given arguments, in its creation order.
-func (d *Device) exec(s *step, p *C.bd_prim, args ...unsafe.Pointer) error {
+func (d *Device) exec(s *runtime.Step, p *C.bd_prim, args ...unsafe.Pointer) error {
 	var h [C.BD_MAX_ARGS]unsafe.Pointer
 	copy(h[:], args)
 	var where *C.char
@@ -146,17 +147,17 @@ func (d *Device) exec(s *step, p *C.bd_prim, args ...unsafe.Pointer) error {
 
 // runStep runs one op: a cached oneDNN primitive, or a C kernel for the ops
 // oneDNN has none for.
-func (d *Device) runStep(s *step, ptrs map[string]unsafe.Pointer) error {
-	op := s.op
+func (d *Device) runStep(s *runtime.Step, ptrs map[string]unsafe.Pointer) error {
+	op := s.Op
 	in := func(i int) unsafe.Pointer { return ptrs[op.In[i]] }
 	out := ptrs[op.Out]
 	dc := d.c
 
 	switch op.Kind {
 	case runtime.OpMatMul:
-		a := s.in[0]
-		k := a.last()
-		key := primKey{kind: op.Kind, dt: a.dt, m: a.numel() / k, k: k, n: s.out.last(),
+		a := s.In[0]
+		k := a.Last()
+		key := primKey{kind: op.Kind, dt: a.DType, m: a.NumElements() / k, k: k, n: s.Out.Last(),
 			transB: op.TransB, bias: len(op.In) == 3, act: op.Act}
 		p, err := d.primitive(s, key, func(o **C.bd_prim, w **C.char) C.dnnl_status_t {
 			return C.bd_matmul_create(dc, 0, C.int64_t(key.m), C.int64_t(key.k), C.int64_t(key.n),
@@ -171,15 +172,15 @@ func (d *Device) runStep(s *step, ptrs map[string]unsafe.Pointer) error {
 		return d.exec(s, p, in(0), in(1), out)
 
 	case runtime.OpBatchMatMul:
-		a := s.in[0]
-		r := len(a.shape)
+		a := s.In[0]
+		r := len(a.Shape)
 		scale := op.Scale
 		if scale == 0 {
 			scale = 1
 		}
-		key := primKey{kind: op.Kind, dt: a.dt, m: a.shape[r-2], k: a.shape[r-1], n: s.out.last(),
+		key := primKey{kind: op.Kind, dt: a.DType, m: a.Shape[r-2], k: a.Shape[r-1], n: s.Out.Last(),
 			transB: op.TransB, scale: scale}
-		key.batch = a.numel() / (key.m * key.k)
+		key.batch = a.NumElements() / (key.m * key.k)
 		p, err := d.primitive(s, key, func(o **C.bd_prim, w **C.char) C.dnnl_status_t {
 			return C.bd_matmul_create(dc, C.int64_t(key.batch), C.int64_t(key.m), C.int64_t(key.k), C.int64_t(key.n),
 				cbool(key.transB), dnnlType(key.dt), 0, C.dnnl_alg_kind_undef, C.float(key.scale), o, w)
@@ -190,9 +191,9 @@ func (d *Device) runStep(s *step, ptrs map[string]unsafe.Pointer) error {
 		return d.exec(s, p, in(0), in(1), out)
 
 	case runtime.OpAdd:
-		n := s.in[0].last()
-		key := primKey{kind: op.Kind, m: s.in[0].numel() / n, n: n,
-			bcast: !equalShape(s.in[0].shape, s.in[1].shape)}
+		n := s.In[0].Last()
+		key := primKey{kind: op.Kind, m: s.In[0].NumElements() / n, n: n,
+			bcast: !slices.Equal(s.In[0].Shape, s.In[1].Shape)}
 		p, err := d.primitive(s, key, func(o **C.bd_prim, w **C.char) C.dnnl_status_t {
 			return C.bd_add_create(dc, C.int64_t(key.m), C.int64_t(key.n), cbool(key.bcast), o, w)
 		})
@@ -202,8 +203,8 @@ func (d *Device) runStep(s *step, ptrs map[string]unsafe.Pointer) error {
 		return d.exec(s, p, in(0), in(1), out)
 
 	case runtime.OpLayerNorm:
-		n := s.in[0].last()
-		key := primKey{kind: op.Kind, m: s.in[0].numel() / n, n: n, eps: op.Eps}
+		n := s.In[0].Last()
+		key := primKey{kind: op.Kind, m: s.In[0].NumElements() / n, n: n, eps: op.Eps}
 		p, err := d.primitive(s, key, func(o **C.bd_prim, w **C.char) C.dnnl_status_t {
 			return C.bd_layernorm_create(dc, C.int64_t(key.m), C.int64_t(key.n), C.float(key.eps), o, w)
 		})
@@ -213,8 +214,8 @@ func (d *Device) runStep(s *step, ptrs map[string]unsafe.Pointer) error {
 		return d.exec(s, p, in(0), in(1), in(2), out)
 
 	case runtime.OpSoftmax:
-		n := s.in[0].last()
-		key := primKey{kind: op.Kind, m: s.in[0].numel() / n, n: n}
+		n := s.In[0].Last()
+		key := primKey{kind: op.Kind, m: s.In[0].NumElements() / n, n: n}
 		p, err := d.primitive(s, key, func(o **C.bd_prim, w **C.char) C.dnnl_status_t {
 			return C.bd_softmax_create(dc, C.int64_t(key.m), C.int64_t(key.n), o, w)
 		})
@@ -227,7 +228,7 @@ func (d *Device) runStep(s *step, ptrs map[string]unsafe.Pointer) error {
 		act := map[runtime.OpKind]runtime.Activation{
 			runtime.OpGELU: runtime.ActGELU, runtime.OpReLU: runtime.ActReLU, runtime.OpTanh: runtime.ActTanh,
 		}[op.Kind]
-		key := primKey{kind: op.Kind, m: s.in[0].numel(), act: act}
+		key := primKey{kind: op.Kind, m: s.In[0].NumElements(), act: act}
 		p, err := d.primitive(s, key, func(o **C.bd_prim, w **C.char) C.dnnl_status_t {
 			return C.bd_eltwise_create(dc, C.int64_t(key.m), eltwiseAlg(key.act), o, w)
 		})
@@ -237,37 +238,37 @@ func (d *Device) runStep(s *step, ptrs map[string]unsafe.Pointer) error {
 		return d.exec(s, p, in(0), out)
 
 	case runtime.OpGather:
-		table, idx := s.in[0], s.in[1]
-		n := idx.numel()
-		pos := C.bd_gather(dc, (*C.float)(in(0)), C.int64_t(table.shape[0]), C.int64_t(table.shape[1]),
+		table, idx := s.In[0], s.In[1]
+		n := idx.NumElements()
+		pos := C.bd_gather(dc, (*C.float)(in(0)), C.int64_t(table.Shape[0]), C.int64_t(table.Shape[1]),
 			(*C.int32_t)(in(1)), C.int64_t(n), (*C.float)(out))
 		if pos >= 0 {
 			bad := unsafe.Slice((*int32)(in(1)), n)[pos]
 			return fmt.Errorf("%w: %s: index %d at position %d is outside the table's %d rows",
-				runtime.ErrInvalidGraph, s, bad, int64(pos), table.shape[0])
+				runtime.ErrInvalidGraph, s, bad, int64(pos), table.Shape[0])
 		}
 		return nil
 
 	case runtime.OpMaskedMeanPool:
-		x := s.in[0]
-		C.bd_masked_mean_pool(dc, (*C.float)(in(0)), in(1), cbool(s.in[1].dt == runtime.I32),
-			C.int64_t(x.shape[0]), C.int64_t(x.shape[1]), C.int64_t(x.shape[2]), (*C.float)(out))
+		x := s.In[0]
+		C.bd_masked_mean_pool(dc, (*C.float)(in(0)), in(1), cbool(s.In[1].DType == runtime.I32),
+			C.int64_t(x.Shape[0]), C.int64_t(x.Shape[1]), C.int64_t(x.Shape[2]), (*C.float)(out))
 		return nil
 
 	case runtime.OpL2Normalize:
-		n := s.in[0].last()
-		C.bd_l2_normalize(dc, (*C.float)(in(0)), C.int64_t(s.in[0].numel()/n), C.int64_t(n), (*C.float)(out))
+		n := s.In[0].Last()
+		C.bd_l2_normalize(dc, (*C.float)(in(0)), C.int64_t(s.In[0].NumElements()/n), C.int64_t(n), (*C.float)(out))
 		return nil
 
 	case runtime.OpPermute:
-		view := s.in[0].shape
+		view := s.In[0].Shape
 		if op.Shape != nil {
 			view = op.Shape
 		}
-		key := primKey{kind: op.Kind, dt: s.in[0].dt, layout: fmt.Sprint(view, op.Perm)}
+		key := primKey{kind: op.Kind, dt: s.In[0].DType, layout: fmt.Sprint(view, op.Perm)}
 		p, err := d.primitive(s, key, func(o **C.bd_prim, w **C.char) C.dnnl_status_t {
-			var dims [maxPermuteDims]C.int64_t
-			var perm [maxPermuteDims]C.int
+			var dims [runtime.MaxPermuteDims]C.int64_t
+			var perm [runtime.MaxPermuteDims]C.int
 			for i := range view {
 				dims[i], perm[i] = C.int64_t(view[i]), C.int(op.Perm[i])
 			}
@@ -279,15 +280,15 @@ func (d *Device) runStep(s *step, ptrs map[string]unsafe.Pointer) error {
 		return d.exec(s, p, in(0), out)
 
 	case runtime.OpReshape:
-		C.bd_copy(dc, in(0), out, C.int64_t(s.in[0].numel()*s.in[0].dt.Size()))
+		C.bd_copy(dc, in(0), out, C.int64_t(s.In[0].NumElements()*s.In[0].DType.Size()))
 		return nil
 
 	case runtime.OpMaskedSoftmax:
-		x := s.in[0]
-		n := x.last()
-		rows := x.numel() / n
-		C.bd_mask_fill(dc, (*C.float)(in(0)), in(1), cbool(s.in[1].dt == runtime.I32),
-			C.int64_t(x.shape[0]), C.int64_t(rows), C.int64_t(n), (*C.float)(out))
+		x := s.In[0]
+		n := x.Last()
+		rows := x.NumElements() / n
+		C.bd_mask_fill(dc, (*C.float)(in(0)), in(1), cbool(s.In[1].DType == runtime.I32),
+			C.int64_t(x.Shape[0]), C.int64_t(rows), C.int64_t(n), (*C.float)(out))
 		// The same primitive as OpSoftmax of this shape, run in place.
 		key := primKey{kind: runtime.OpSoftmax, m: rows, n: n}
 		p, err := d.primitive(s, key, func(o **C.bd_prim, w **C.char) C.dnnl_status_t {
@@ -299,7 +300,7 @@ func (d *Device) runStep(s *step, ptrs map[string]unsafe.Pointer) error {
 		return d.exec(s, p, out, out)
 
 	case runtime.OpConvert:
-		C.bd_convert(dc, in(0), dnnlType(s.in[0].dt), out, dnnlType(s.out.dt), C.int64_t(s.in[0].numel()))
+		C.bd_convert(dc, in(0), dnnlType(s.In[0].DType), out, dnnlType(s.Out.DType), C.int64_t(s.In[0].NumElements()))
 		return nil
 	}
 	return fmt.Errorf("%w: %s: unknown op", runtime.ErrInvalidGraph, s)

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strings"
 
 	"github.com/gomlx/compute/dtypes"
 	"github.com/gomlx/go-xla/stablehlo"
@@ -12,6 +13,10 @@ import (
 
 	"github.com/brokerd/brokerd/runtime"
 )
+
+// TensorType is the element type and shape of a graph value; Lower checks
+// graphs with runtime.PlanGraph's rules, the same as runtime/onednn's.
+type TensorType = runtime.TensorType
 
 // Program is a graph lowered to StableHLO for one set of bound types.
 type Program struct {
@@ -41,16 +46,19 @@ type LowerOptions struct {
 // give the same text, so it is tested without a plugin, and the compile
 // cache can key on what it was given. Errors wrap runtime.ErrInvalidGraph.
 func Lower(g *runtime.Graph, bound map[string]TensorType, opts LowerOptions) (*Program, error) {
-	p, err := planGraph(g, bound)
+	p, err := runtime.PlanGraph(g, bound)
 	if err != nil {
 		return nil, err
+	}
+	if len(p.Outputs) == 0 {
+		return nil, fmt.Errorf("%w: no op writes a bound name, so the graph has no output", runtime.ErrInvalidGraph)
 	}
 	b := stablehlo.New("brokerd_graph")
 	fn := b.Main()
 	l := &lowering{fn: fn, opts: opts, vals: map[string]*stablehlo.Value{}}
-	prog := &Program{Inputs: p.inputs, Outputs: p.outputs, Types: map[string]TensorType{}}
-	for i, name := range p.inputs {
-		t := p.types[name]
+	prog := &Program{Inputs: p.Inputs, Outputs: p.Outputs, Types: map[string]TensorType{}}
+	for i, name := range p.Inputs {
+		t := p.Types[name]
 		// Parameters are numbered: buffer names ("encoder.layer.0.x") are
 		// not MLIR identifiers, and sanitising them could make two collide.
 		v, err := fn.NamedInput(fmt.Sprintf("in%d", i), shapeOf(t))
@@ -60,20 +68,20 @@ func Lower(g *runtime.Graph, bound map[string]TensorType, opts LowerOptions) (*P
 		l.vals[name] = v
 		prog.Types[name] = t
 	}
-	for i, s := range p.steps {
+	for i, s := range p.Steps {
 		v, err := l.op(s)
 		if err != nil {
-			return nil, fmt.Errorf("pjrt: lower op %d (%s) %s: %w", i, opName(s.op.Kind), typeList(s.in), err)
+			return nil, fmt.Errorf("pjrt: lower op %d (%s) %s: %w", i, s.Op.Kind, typeList(s.In), err)
 		}
-		if got, want := v.Shape(), shapeOf(s.out); !got.Equal(want) {
-			return nil, fmt.Errorf("pjrt: lower op %d (%s): built %s, want %s", i, opName(s.op.Kind), got, want)
+		if got, want := v.Shape(), shapeOf(s.Out); !got.Equal(want) {
+			return nil, fmt.Errorf("pjrt: lower op %d (%s): built %s, want %s", i, s.Op.Kind, got, want)
 		}
-		l.vals[s.op.Out] = v
+		l.vals[s.Op.Out] = v
 	}
-	outs := make([]*stablehlo.Value, len(p.outputs))
-	for i, name := range p.outputs {
+	outs := make([]*stablehlo.Value, len(p.Outputs))
+	for i, name := range p.Outputs {
 		outs[i] = l.vals[name]
-		prog.Types[name] = p.types[name]
+		prog.Types[name] = p.Types[name]
 	}
 	if err := fn.Return(outs...); err != nil {
 		return nil, fmt.Errorf("pjrt: lower: return: %w", err)
@@ -99,6 +107,14 @@ func xlaType(dt runtime.DType) dtypes.DType {
 
 func shapeOf(t TensorType) shapes.Shape { return shapes.Make(xlaType(t.DType), t.Shape...) }
 
+func typeList(ts []TensorType) string {
+	parts := make([]string, len(ts))
+	for i, t := range ts {
+		parts[i] = t.String()
+	}
+	return strings.Join(parts, ", ")
+}
+
 // lowering holds the function being built and the value of every name.
 type lowering struct {
 	fn   *stablehlo.Function
@@ -108,17 +124,17 @@ type lowering struct {
 	sumFn, maxFn *stablehlo.Function
 }
 
-func (l *lowering) op(s step) (*stablehlo.Value, error) {
-	op := s.op
+func (l *lowering) op(s runtime.Step) (*stablehlo.Value, error) {
+	op := s.Op
 	x := l.vals[op.In[0]]
 	switch op.Kind {
 	case runtime.OpMatMul:
-		return l.matmul(op, s.in, x, l.vals[op.In[1]])
+		return l.matmul(op, s.In, x, l.vals[op.In[1]])
 	case runtime.OpBatchMatMul:
-		return l.batchMatMul(op, s.in, x, l.vals[op.In[1]])
+		return l.batchMatMul(op, s.In, x, l.vals[op.In[1]])
 	case runtime.OpAdd:
 		y := l.vals[op.In[1]]
-		if !slices.Equal(s.in[1].Shape, s.in[0].Shape) { // [N] over rows
+		if !slices.Equal(s.In[1].Shape, s.In[0].Shape) { // [N] over rows
 			var err error
 			if y, err = stablehlo.BroadcastInDim(y, x.Shape(), []int{x.Shape().Rank() - 1}); err != nil {
 				return nil, err
@@ -152,7 +168,7 @@ func (l *lowering) op(s step) (*stablehlo.Value, error) {
 		}
 		return stablehlo.Transpose(x, op.Perm...)
 	case runtime.OpReshape:
-		return stablehlo.Reshape(x, shapeOf(s.out))
+		return stablehlo.Reshape(x, shapeOf(s.Out))
 	case runtime.OpConvert:
 		return stablehlo.Convert(x, xlaType(op.DType))
 	}

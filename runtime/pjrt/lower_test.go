@@ -16,9 +16,9 @@ import (
 	"github.com/brokerd/brokerd/runtime/models"
 )
 
-func f32(shape ...int) TensorType  { return TensorType{runtime.F32, shape} }
-func bf16(shape ...int) TensorType { return TensorType{runtime.BF16, shape} }
-func i32(shape ...int) TensorType  { return TensorType{runtime.I32, shape} }
+func f32(shape ...int) TensorType  { return TensorType{DType: runtime.F32, Shape: shape} }
+func bf16(shape ...int) TensorType { return TensorType{DType: runtime.BF16, Shape: shape} }
+func i32(shape ...int) TensorType  { return TensorType{DType: runtime.I32, Shape: shape} }
 
 // loweringCase is a one-op graph: its op, the bound types ("y" is the
 // output), and what its program must and must not contain.
@@ -201,7 +201,7 @@ func TestLowerOps(t *testing.T) {
 	}
 	for k := runtime.OpMatMul; k <= runtime.OpConvert; k++ {
 		if !covered[k] {
-			t.Errorf("op kind %s has no lowering test", opName(k))
+			t.Errorf("op kind %s has no lowering test", k)
 		}
 	}
 	for _, tt := range tests {
@@ -338,7 +338,7 @@ func (r *recorder) Close() error                      { return nil }
 func (r *recorder) Run(_ context.Context, g *runtime.Graph, bind map[string]runtime.Buffer) error {
 	types := map[string]TensorType{}
 	for name, b := range bind {
-		types[name] = TensorType{b.DType(), b.Shape()}
+		types[name] = TensorType{DType: b.DType(), Shape: b.Shape()}
 	}
 	p, err := Lower(g, types, LowerOptions{})
 	r.mu.Lock()

@@ -1,20 +1,20 @@
-package pjrt
+package runtime
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
-
-	"github.com/brokerd/brokerd/runtime"
 )
 
-// TensorType is the element type and shape of a graph value.
+// TensorType is the element type and shape of a named value of a graph.
 type TensorType struct {
-	DType runtime.DType
+	DType DType
 	Shape []int
 }
 
-func (t TensorType) numel() int {
+// NumElements is the product of the dimensions.
+func (t TensorType) NumElements() int {
 	n := 1
 	for _, d := range t.Shape {
 		n *= d
@@ -22,7 +22,8 @@ func (t TensorType) numel() int {
 	return n
 }
 
-func (t TensorType) last() int { return t.Shape[len(t.Shape)-1] }
+// Last is the size of the last dimension.
+func (t TensorType) Last() int { return t.Shape[len(t.Shape)-1] }
 
 func (t TensorType) String() string { return shapeString(t.Shape) + " " + t.DType.String() }
 
@@ -34,122 +35,6 @@ func shapeString(shape []int) string {
 	return "[" + strings.Join(parts, ",") + "]"
 }
 
-func opName(k runtime.OpKind) string {
-	switch k {
-	case runtime.OpMatMul:
-		return "matmul"
-	case runtime.OpBatchMatMul:
-		return "batch-matmul"
-	case runtime.OpAdd:
-		return "add"
-	case runtime.OpLayerNorm:
-		return "layer-norm"
-	case runtime.OpSoftmax:
-		return "softmax"
-	case runtime.OpGELU:
-		return "gelu"
-	case runtime.OpReLU:
-		return "relu"
-	case runtime.OpTanh:
-		return "tanh"
-	case runtime.OpGather:
-		return "gather"
-	case runtime.OpMaskedMeanPool:
-		return "masked-mean-pool"
-	case runtime.OpL2Normalize:
-		return "l2-normalize"
-	case runtime.OpPermute:
-		return "permute"
-	case runtime.OpReshape:
-		return "reshape"
-	case runtime.OpMaskedSoftmax:
-		return "masked-softmax"
-	case runtime.OpConvert:
-		return "convert"
-	}
-	return fmt.Sprintf("op-kind(%d)", uint8(k))
-}
-
-// step is one validated op with the types of its operands.
-type step struct {
-	op  runtime.Op
-	in  []TensorType
-	out TensorType
-}
-
-// plan is a validated graph: its steps in order, the bound names it reads
-// (inputs) and the bound names it writes (outputs), both sorted.
-type plan struct {
-	steps   []step
-	inputs  []string
-	outputs []string
-	types   map[string]TensorType
-}
-
-// planGraph checks g against the bound types and infers every value's type,
-// with the rules of runtime/adapter.go (the same as runtime/onednn's), so
-// a graph that runs on the CPU lowers here and one that does not is refused
-// with runtime.ErrInvalidGraph before anything is compiled.
-func planGraph(g *runtime.Graph, bound map[string]TensorType) (*plan, error) {
-	if g == nil || len(g.Ops) == 0 {
-		return nil, fmt.Errorf("%w: empty graph", runtime.ErrInvalidGraph)
-	}
-	writer := map[string]int{}
-	for i, op := range g.Ops {
-		if op.Out == "" {
-			return nil, fmt.Errorf("%w: op %d (%s) has no output name", runtime.ErrInvalidGraph, i, opName(op.Kind))
-		}
-		if j, ok := writer[op.Out]; ok {
-			return nil, fmt.Errorf("%w: op %d (%s) writes %q, already written by op %d", runtime.ErrInvalidGraph, i, opName(op.Kind), op.Out, j)
-		}
-		writer[op.Out] = i
-	}
-	p := &plan{types: map[string]TensorType{}}
-	for name, t := range bound {
-		if _, written := writer[name]; !written {
-			p.types[name] = t
-		}
-	}
-	read := map[string]bool{}
-	for i, op := range g.Ops {
-		in := make([]TensorType, len(op.In))
-		for j, name := range op.In {
-			t, ok := p.types[name]
-			if !ok {
-				if w, written := writer[name]; written {
-					return nil, fmt.Errorf("%w: op %d (%s) reads %q before op %d writes it", runtime.ErrInvalidGraph, i, opName(op.Kind), name, w)
-				}
-				return nil, fmt.Errorf("%w: op %d (%s) reads %q, which is neither bound nor written by an op", runtime.ErrInvalidGraph, i, opName(op.Kind), name)
-			}
-			if _, written := writer[name]; !written {
-				read[name] = true
-			}
-			in[j] = t
-		}
-		out, err := inferOp(op, in)
-		if err != nil {
-			return nil, fmt.Errorf("%w: op %d (%s) %s: %s", runtime.ErrInvalidGraph, i, opName(op.Kind), typeList(in), err)
-		}
-		if b, ok := bound[op.Out]; ok {
-			if b.DType != out.DType || !slices.Equal(b.Shape, out.Shape) {
-				return nil, fmt.Errorf("%w: op %d (%s) %s: output %q is bound to %s, want %s", runtime.ErrInvalidGraph, i, opName(op.Kind), typeList(in), op.Out, b, out)
-			}
-			p.outputs = append(p.outputs, op.Out)
-		}
-		p.types[op.Out] = out
-		p.steps = append(p.steps, step{op: op, in: in, out: out})
-	}
-	if len(p.outputs) == 0 {
-		return nil, fmt.Errorf("%w: no op writes a bound name, so the graph has no output", runtime.ErrInvalidGraph)
-	}
-	for name := range read {
-		p.inputs = append(p.inputs, name)
-	}
-	slices.Sort(p.inputs)
-	slices.Sort(p.outputs)
-	return p, nil
-}
-
 func typeList(ts []TensorType) string {
 	parts := make([]string, len(ts))
 	for i, t := range ts {
@@ -158,19 +43,162 @@ func typeList(ts []TensorType) string {
 	return strings.Join(parts, ", ")
 }
 
-// maxPermuteDims bounds OpPermute's rank, as runtime/onednn does, so a graph
-// valid on one device is valid on the other.
-const maxPermuteDims = 6
+// String is the op's name in error messages: "matmul", "layer-norm".
+func (k OpKind) String() string {
+	switch k {
+	case OpMatMul:
+		return "matmul"
+	case OpBatchMatMul:
+		return "batch-matmul"
+	case OpAdd:
+		return "add"
+	case OpLayerNorm:
+		return "layer-norm"
+	case OpSoftmax:
+		return "softmax"
+	case OpGELU:
+		return "gelu"
+	case OpReLU:
+		return "relu"
+	case OpTanh:
+		return "tanh"
+	case OpGather:
+		return "gather"
+	case OpMaskedMeanPool:
+		return "masked-mean-pool"
+	case OpL2Normalize:
+		return "l2-normalize"
+	case OpPermute:
+		return "permute"
+	case OpReshape:
+		return "reshape"
+	case OpMaskedSoftmax:
+		return "masked-softmax"
+	case OpConvert:
+		return "convert"
+	}
+	return fmt.Sprintf("op-kind(%d)", uint8(k))
+}
 
-// inferOp checks one op's operands and returns its output's type.
-func inferOp(op runtime.Op, in []TensorType) (TensorType, error) {
-	want := map[runtime.OpKind][2]int{ // min, max inputs
-		runtime.OpMatMul: {2, 3}, runtime.OpBatchMatMul: {2, 2}, runtime.OpAdd: {2, 2},
-		runtime.OpLayerNorm: {3, 3}, runtime.OpSoftmax: {1, 1}, runtime.OpGELU: {1, 1},
-		runtime.OpReLU: {1, 1}, runtime.OpTanh: {1, 1}, runtime.OpGather: {2, 2},
-		runtime.OpMaskedMeanPool: {2, 2}, runtime.OpL2Normalize: {1, 1},
-		runtime.OpPermute: {1, 1}, runtime.OpReshape: {1, 1}, runtime.OpMaskedSoftmax: {2, 2},
-		runtime.OpConvert: {1, 1},
+// MaxPermuteDims bounds OpPermute's rank on every adapter, so a graph valid
+// on one device is valid on the others (oneDNN's limit is 12; more than 6
+// has no use in these models).
+const MaxPermuteDims = 6
+
+// Step is one validated op of a graph with the types and shapes of its
+// operands. Index is the op's position in Graph.Ops.
+type Step struct {
+	Index int
+	Op    Op
+	In    []TensorType
+	Out   TensorType
+}
+
+// String names the op and its operand shapes for error messages.
+func (s Step) String() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "op %d (%s", s.Index, s.Op.Kind)
+	for i, t := range s.In {
+		sep := ", "
+		if i == 0 {
+			sep = " "
+		}
+		b.WriteString(sep + t.String())
+	}
+	if s.Op.TransB {
+		b.WriteString(", transB")
+	}
+	fmt.Fprintf(&b, " -> %s)", s.Out)
+	return b.String()
+}
+
+// Plan is a validated graph: its steps in order, the bound names it reads
+// (Inputs) and writes (Outputs), both sorted, the intermediates no binding
+// holds (Temps, in the order their ops write them), and the type of every
+// value it reads or writes.
+type Plan struct {
+	Steps   []Step
+	Inputs  []string
+	Outputs []string
+	Temps   []string
+	Types   map[string]TensorType
+}
+
+// PlanGraph checks g against the types and shapes of the bound values and
+// infers the type and shape of every value, with the rules every adapter
+// shares, so that nothing malformed reaches a backend: a graph valid on one
+// device is valid on the others. Every name is written by at most one op and
+// cannot be read before it is written; a bound name that no op writes is an
+// input. Errors wrap ErrInvalidGraph. Adapters add their own checks (types
+// a device cannot hold, a graph with no output) on top.
+func PlanGraph(g *Graph, bound map[string]TensorType) (*Plan, error) {
+	if g == nil || len(g.Ops) == 0 {
+		return nil, fmt.Errorf("%w: empty graph", ErrInvalidGraph)
+	}
+	writer := map[string]int{}
+	for i, op := range g.Ops {
+		if op.Out == "" {
+			return nil, fmt.Errorf("%w: op %d (%s) has no output name", ErrInvalidGraph, i, op.Kind)
+		}
+		if j, ok := writer[op.Out]; ok {
+			return nil, fmt.Errorf("%w: op %d (%s) writes %q, already written by op %d", ErrInvalidGraph, i, op.Kind, op.Out, j)
+		}
+		writer[op.Out] = i
+	}
+	p := &Plan{Types: map[string]TensorType{}}
+	for name, t := range bound {
+		if _, written := writer[name]; !written {
+			p.Types[name] = t
+		}
+	}
+	read := map[string]bool{}
+	for i, op := range g.Ops {
+		in := make([]TensorType, len(op.In))
+		for j, name := range op.In {
+			t, ok := p.Types[name]
+			if !ok {
+				if w, written := writer[name]; written {
+					return nil, fmt.Errorf("%w: op %d (%s) reads %q before op %d writes it", ErrInvalidGraph, i, op.Kind, name, w)
+				}
+				return nil, fmt.Errorf("%w: op %d (%s) reads %q, which is neither bound nor written by an op", ErrInvalidGraph, i, op.Kind, name)
+			}
+			if _, written := writer[name]; !written {
+				read[name] = true
+			}
+			in[j] = t
+		}
+		out, err := inferOp(op, in)
+		if err != nil {
+			return nil, fmt.Errorf("%w: op %d (%s) %s: %s", ErrInvalidGraph, i, op.Kind, typeList(in), err)
+		}
+		if b, ok := bound[op.Out]; ok {
+			if b.DType != out.DType || !slices.Equal(b.Shape, out.Shape) {
+				return nil, fmt.Errorf("%w: op %d (%s) %s: output %q is bound to %s, want %s", ErrInvalidGraph, i, op.Kind, typeList(in), op.Out, b, out)
+			}
+			p.Outputs = append(p.Outputs, op.Out)
+		} else {
+			p.Temps = append(p.Temps, op.Out)
+		}
+		p.Types[op.Out] = out
+		p.Steps = append(p.Steps, Step{Index: i, Op: op, In: in, Out: out})
+	}
+	for name := range read {
+		p.Inputs = append(p.Inputs, name)
+	}
+	slices.Sort(p.Inputs)
+	slices.Sort(p.Outputs)
+	return p, nil
+}
+
+// inferOp checks one op's operands and returns its output's type and shape.
+func inferOp(op Op, in []TensorType) (TensorType, error) {
+	want := map[OpKind][2]int{ // min, max inputs
+		OpMatMul: {2, 3}, OpBatchMatMul: {2, 2}, OpAdd: {2, 2},
+		OpLayerNorm: {3, 3}, OpSoftmax: {1, 1}, OpGELU: {1, 1},
+		OpReLU: {1, 1}, OpTanh: {1, 1}, OpGather: {2, 2},
+		OpMaskedMeanPool: {2, 2}, OpL2Normalize: {1, 1},
+		OpPermute: {1, 1}, OpReshape: {1, 1}, OpMaskedSoftmax: {2, 2},
+		OpConvert: {1, 1},
 	}
 	n, ok := want[op.Kind]
 	if !ok {
@@ -185,21 +213,21 @@ func inferOp(op runtime.Op, in []TensorType) (TensorType, error) {
 	// A field an op does not use is refused rather than ignored: an
 	// activation or scale silently dropped would be a wrong answer.
 	switch {
-	case op.Act != runtime.ActNone && op.Kind != runtime.OpMatMul:
+	case op.Act != ActNone && op.Kind != OpMatMul:
 		return TensorType{}, fmt.Errorf("Act is only for matmul")
-	case op.Act > runtime.ActTanh:
+	case op.Act > ActTanh:
 		return TensorType{}, fmt.Errorf("unknown activation %d", uint8(op.Act))
-	case op.TransB && op.Kind != runtime.OpMatMul && op.Kind != runtime.OpBatchMatMul:
+	case op.TransB && op.Kind != OpMatMul && op.Kind != OpBatchMatMul:
 		return TensorType{}, fmt.Errorf("TransB is only for matmul and batch-matmul")
-	case op.Scale != 0 && op.Kind != runtime.OpBatchMatMul:
+	case op.Scale != 0 && op.Kind != OpBatchMatMul:
 		return TensorType{}, fmt.Errorf("Scale is only for batch-matmul")
-	case op.Eps != 0 && op.Kind != runtime.OpLayerNorm:
+	case op.Eps != 0 && op.Kind != OpLayerNorm:
 		return TensorType{}, fmt.Errorf("Eps is only for layer-norm")
-	case op.Perm != nil && op.Kind != runtime.OpPermute:
+	case op.Perm != nil && op.Kind != OpPermute:
 		return TensorType{}, fmt.Errorf("Perm is only for permute")
-	case op.Shape != nil && op.Kind != runtime.OpPermute && op.Kind != runtime.OpReshape:
+	case op.Shape != nil && op.Kind != OpPermute && op.Kind != OpReshape:
 		return TensorType{}, fmt.Errorf("Shape is only for permute and reshape")
-	case op.DType != 0 && op.Kind != runtime.OpConvert:
+	case op.DType != 0 && op.Kind != OpConvert:
 		return TensorType{}, fmt.Errorf("DType is only for convert")
 	}
 	for i, t := range in {
@@ -214,14 +242,14 @@ func inferOp(op runtime.Op, in []TensorType) (TensorType, error) {
 	}
 	f32 := func(idx ...int) error {
 		for _, i := range idx {
-			if in[i].DType != runtime.F32 {
+			if in[i].DType != F32 {
 				return fmt.Errorf("In[%d] is %s, want f32", i, in[i].DType)
 			}
 		}
 		return nil
 	}
 	mask := func(m TensorType, want []int) error {
-		if m.DType != runtime.F32 && m.DType != runtime.I32 {
+		if m.DType != F32 && m.DType != I32 {
 			return fmt.Errorf("mask is %s, want f32 or i32", m.DType)
 		}
 		if !slices.Equal(m.Shape, want) {
@@ -231,7 +259,7 @@ func inferOp(op runtime.Op, in []TensorType) (TensorType, error) {
 	}
 
 	switch op.Kind {
-	case runtime.OpMatMul:
+	case OpMatMul:
 		a, w := in[0], in[1]
 		if len(a.Shape) < 2 {
 			return TensorType{}, fmt.Errorf("In[0] must have at least 2 dimensions")
@@ -246,8 +274,8 @@ func inferOp(op runtime.Op, in []TensorType) (TensorType, error) {
 		if op.TransB {
 			nn, kw = w.Shape[0], w.Shape[1]
 		}
-		if kw != a.last() {
-			return TensorType{}, fmt.Errorf("inner dimensions differ: In[0] has K=%d, In[1] has K=%d", a.last(), kw)
+		if kw != a.Last() {
+			return TensorType{}, fmt.Errorf("inner dimensions differ: In[0] has K=%d, In[1] has K=%d", a.Last(), kw)
 		}
 		if len(in) == 3 {
 			if err := f32(2); err != nil {
@@ -257,9 +285,9 @@ func inferOp(op runtime.Op, in []TensorType) (TensorType, error) {
 				return TensorType{}, fmt.Errorf("bias is %s, want [%d]", shapeString(in[2].Shape), nn)
 			}
 		}
-		return TensorType{runtime.F32, append(slices.Clone(a.Shape[:len(a.Shape)-1]), nn)}, nil
+		return TensorType{F32, append(slices.Clone(a.Shape[:len(a.Shape)-1]), nn)}, nil
 
-	case runtime.OpBatchMatMul:
+	case OpBatchMatMul:
 		a, w := in[0], in[1]
 		r := len(a.Shape)
 		if r < 3 {
@@ -275,26 +303,26 @@ func inferOp(op runtime.Op, in []TensorType) (TensorType, error) {
 		if op.TransB {
 			nn, kw = w.Shape[r-2], w.Shape[r-1]
 		}
-		if kw != a.last() {
-			return TensorType{}, fmt.Errorf("inner dimensions differ: In[0] has K=%d, In[1] has K=%d", a.last(), kw)
+		if kw != a.Last() {
+			return TensorType{}, fmt.Errorf("inner dimensions differ: In[0] has K=%d, In[1] has K=%d", a.Last(), kw)
 		}
-		return TensorType{runtime.F32, append(slices.Clone(a.Shape[:r-1]), nn)}, nil
+		return TensorType{F32, append(slices.Clone(a.Shape[:r-1]), nn)}, nil
 
-	case runtime.OpAdd:
+	case OpAdd:
 		if err := f32(0, 1); err != nil {
 			return TensorType{}, err
 		}
 		a, b := in[0], in[1]
-		if !slices.Equal(a.Shape, b.Shape) && !(len(b.Shape) == 1 && b.Shape[0] == a.last()) {
-			return TensorType{}, fmt.Errorf("In[1] must be %s or [%d]", shapeString(a.Shape), a.last())
+		if !slices.Equal(a.Shape, b.Shape) && !(len(b.Shape) == 1 && b.Shape[0] == a.Last()) {
+			return TensorType{}, fmt.Errorf("In[1] must be %s or [%d]", shapeString(a.Shape), a.Last())
 		}
-		return TensorType{runtime.F32, slices.Clone(a.Shape)}, nil
+		return TensorType{F32, slices.Clone(a.Shape)}, nil
 
-	case runtime.OpLayerNorm:
+	case OpLayerNorm:
 		if err := f32(0, 1, 2); err != nil {
 			return TensorType{}, err
 		}
-		nn := in[0].last()
+		nn := in[0].Last()
 		for i := 1; i < 3; i++ {
 			if len(in[i].Shape) != 1 || in[i].Shape[0] != nn {
 				return TensorType{}, fmt.Errorf("In[%d] is %s, want [%d]", i, shapeString(in[i].Shape), nn)
@@ -303,15 +331,15 @@ func inferOp(op runtime.Op, in []TensorType) (TensorType, error) {
 		if !(op.Eps >= 0) {
 			return TensorType{}, fmt.Errorf("Eps %g is negative", op.Eps)
 		}
-		return TensorType{runtime.F32, slices.Clone(in[0].Shape)}, nil
+		return TensorType{F32, slices.Clone(in[0].Shape)}, nil
 
-	case runtime.OpSoftmax, runtime.OpGELU, runtime.OpReLU, runtime.OpTanh, runtime.OpL2Normalize:
+	case OpSoftmax, OpGELU, OpReLU, OpTanh, OpL2Normalize:
 		if err := f32(0); err != nil {
 			return TensorType{}, err
 		}
-		return TensorType{runtime.F32, slices.Clone(in[0].Shape)}, nil
+		return TensorType{F32, slices.Clone(in[0].Shape)}, nil
 
-	case runtime.OpGather:
+	case OpGather:
 		table, idx := in[0], in[1]
 		if err := f32(0); err != nil {
 			return TensorType{}, err
@@ -319,12 +347,12 @@ func inferOp(op runtime.Op, in []TensorType) (TensorType, error) {
 		if len(table.Shape) != 2 {
 			return TensorType{}, fmt.Errorf("table must be 2-D [V,D]")
 		}
-		if idx.DType != runtime.I32 {
+		if idx.DType != I32 {
 			return TensorType{}, fmt.Errorf("indices are %s, want i32", idx.DType)
 		}
-		return TensorType{runtime.F32, append(slices.Clone(idx.Shape), table.Shape[1])}, nil
+		return TensorType{F32, append(slices.Clone(idx.Shape), table.Shape[1])}, nil
 
-	case runtime.OpMaskedMeanPool:
+	case OpMaskedMeanPool:
 		x := in[0]
 		if err := f32(0); err != nil {
 			return TensorType{}, err
@@ -335,9 +363,9 @@ func inferOp(op runtime.Op, in []TensorType) (TensorType, error) {
 		if err := mask(in[1], x.Shape[:2]); err != nil {
 			return TensorType{}, err
 		}
-		return TensorType{runtime.F32, []int{x.Shape[0], x.Shape[2]}}, nil
+		return TensorType{F32, []int{x.Shape[0], x.Shape[2]}}, nil
 
-	case runtime.OpPermute:
+	case OpPermute:
 		if err := floatType(in[0]); err != nil {
 			return TensorType{}, err
 		}
@@ -348,8 +376,8 @@ func inferOp(op runtime.Op, in []TensorType) (TensorType, error) {
 			}
 			view = op.Shape
 		}
-		if len(view) > maxPermuteDims {
-			return TensorType{}, fmt.Errorf("%d dimensions, at most %d", len(view), maxPermuteDims)
+		if len(view) > MaxPermuteDims {
+			return TensorType{}, fmt.Errorf("%d dimensions, at most %d", len(view), MaxPermuteDims)
 		}
 		if len(op.Perm) != len(view) {
 			return TensorType{}, fmt.Errorf("Perm %v has %d entries for %d dimensions", op.Perm, len(op.Perm), len(view))
@@ -365,20 +393,20 @@ func inferOp(op runtime.Op, in []TensorType) (TensorType, error) {
 		}
 		return TensorType{in[0].DType, out}, nil
 
-	case runtime.OpReshape:
+	case OpReshape:
 		if err := floatType(in[0]); err != nil {
 			return TensorType{}, err
 		}
 		if op.Shape == nil {
 			return TensorType{}, fmt.Errorf("no Shape")
 		}
-		out, err := resolveShape(op.Shape, in[0].numel())
+		out, err := resolveShape(op.Shape, in[0])
 		if err != nil {
 			return TensorType{}, err
 		}
 		return TensorType{in[0].DType, out}, nil
 
-	case runtime.OpMaskedSoftmax:
+	case OpMaskedSoftmax:
 		x := in[0]
 		if err := f32(0); err != nil {
 			return TensorType{}, err
@@ -386,16 +414,16 @@ func inferOp(op runtime.Op, in []TensorType) (TensorType, error) {
 		if len(x.Shape) < 2 {
 			return TensorType{}, fmt.Errorf("In[0] must have at least 2 dimensions [B,...,N]")
 		}
-		if err := mask(in[1], []int{x.Shape[0], x.last()}); err != nil {
+		if err := mask(in[1], []int{x.Shape[0], x.Last()}); err != nil {
 			return TensorType{}, err
 		}
-		return TensorType{runtime.F32, slices.Clone(x.Shape)}, nil
+		return TensorType{F32, slices.Clone(x.Shape)}, nil
 
-	case runtime.OpConvert:
+	case OpConvert:
 		if err := floatType(in[0]); err != nil {
 			return TensorType{}, err
 		}
-		if op.DType != runtime.F32 && op.DType != runtime.BF16 {
+		if op.DType != F32 && op.DType != BF16 {
 			return TensorType{}, fmt.Errorf("DType %s: want f32 or bf16", op.DType)
 		}
 		return TensorType{op.DType, slices.Clone(in[0].Shape)}, nil
@@ -405,7 +433,7 @@ func inferOp(op runtime.Op, in []TensorType) (TensorType, error) {
 
 // matmulTypes allows f32 or bf16 operands, the same type on both sides.
 func matmulTypes(a, w TensorType) error {
-	if a.DType != runtime.F32 && a.DType != runtime.BF16 {
+	if a.DType != F32 && a.DType != BF16 {
 		return fmt.Errorf("In[0] is %s, want f32 or bf16", a.DType)
 	}
 	if w.DType != a.DType {
@@ -416,30 +444,15 @@ func matmulTypes(a, w TensorType) error {
 
 // floatType allows f32 or bf16 data (ops that move values without arithmetic).
 func floatType(t TensorType) error {
-	if t.DType != runtime.F32 && t.DType != runtime.BF16 {
+	if t.DType != F32 && t.DType != BF16 {
 		return fmt.Errorf("In[0] is %s, want f32 or bf16", t.DType)
 	}
 	return nil
 }
 
-// sameCount checks that shape is a view of t: positive dimensions, the same
-// element count.
-func sameCount(shape []int, t TensorType) error {
-	n := 1
-	for i, d := range shape {
-		if d <= 0 {
-			return fmt.Errorf("Shape %v: dimension %d is %d", shape, i, d)
-		}
-		n *= d
-	}
-	if n != t.numel() {
-		return fmt.Errorf("Shape %v has %d elements, In[0] %d", shape, n, t.numel())
-	}
-	return nil
-}
-
-// resolveShape fills in a reshape's one -1 dimension from the element count.
-func resolveShape(shape []int, numel int) ([]int, error) {
+// resolveShape fills in a reshape's one -1 dimension from t's element count
+// and checks that the result is a view of t.
+func resolveShape(shape []int, t TensorType) ([]int, error) {
 	out := slices.Clone(shape)
 	free, known := -1, 1
 	for i, d := range out {
@@ -453,21 +466,45 @@ func resolveShape(shape []int, numel int) ([]int, error) {
 		}
 	}
 	if free >= 0 {
-		if numel%known != 0 {
-			return nil, fmt.Errorf("Shape %v does not divide %d elements", shape, numel)
+		if t.NumElements()%known != 0 {
+			return nil, fmt.Errorf("Shape %v does not divide %d elements", shape, t.NumElements())
 		}
-		out[free] = numel / known
+		out[free] = t.NumElements() / known
 	}
-	if n := known * valueAt(out, free); n != numel {
-		return nil, fmt.Errorf("Shape %v has %d elements, In[0] %d", shape, n, numel)
+	if err := sameCount(out, t); err != nil {
+		return nil, err
 	}
 	return out, nil
 }
 
-// valueAt is s[i], or 1 when i is -1 (no inferred dimension).
-func valueAt(s []int, i int) int {
-	if i < 0 {
-		return 1
+// sameCount checks that shape is a view of t: at least one dimension, all
+// positive, the same element count.
+func sameCount(shape []int, t TensorType) error {
+	n, err := elements(shape)
+	if err != nil {
+		return fmt.Errorf("Shape %v: %w", shape, err)
 	}
-	return s[i]
+	if n != t.NumElements() {
+		return fmt.Errorf("Shape %v has %d elements, In[0] %d", shape, n, t.NumElements())
+	}
+	return nil
+}
+
+// elements is the element count of shape, refusing no dimensions, a
+// dimension that is not positive and a count that would overflow.
+func elements(shape []int) (int, error) {
+	if len(shape) == 0 {
+		return 0, errors.New("no dimensions")
+	}
+	n := 1
+	for i, s := range shape {
+		if s <= 0 {
+			return 0, fmt.Errorf("dimension %d is %d", i, s)
+		}
+		if n > (1<<62)/s {
+			return 0, errors.New("too many elements")
+		}
+		n *= s
+	}
+	return n, nil
 }

@@ -1,0 +1,151 @@
+package runtime
+
+import (
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+)
+
+func f32(shape ...int) TensorType { return TensorType{DType: F32, Shape: shape} }
+func i32(shape ...int) TensorType { return TensorType{DType: I32, Shape: shape} }
+
+// TestPlanGraphErrors holds the graph validation cases both adapters share
+// (runtime/onednn's TestInvalidGraph and runtime/pjrt's TestLowerErrors run
+// theirs through the adapters as well).
+func TestPlanGraphErrors(t *testing.T) {
+	bound := map[string]TensorType{
+		"a": f32(4, 8), "w": f32(8, 3), "wt": f32(3, 8), "bias": f32(3), "bad_bias": f32(4),
+		"y": f32(4, 3), "y_wrong": f32(3, 4), "v": f32(8), "x3": f32(2, 4, 8), "i": f32(5),
+		"idx": i32(5), "idx2": i32(4, 8), "b16": {DType: BF16, Shape: []int{4, 8}}, "zero": f32(4, 0),
+	}
+	mm := func(in ...string) Op { return Op{Kind: OpMatMul, In: in, Out: "y"} }
+	tests := []struct {
+		name string
+		ops  []Op
+		want string
+	}{
+		{"empty", nil, "empty graph"},
+		{"unknown input", []Op{mm("a", "nope")}, `op 0 (matmul) reads "nope", which is neither bound nor written by an op`},
+		{"read before write", []Op{{Kind: OpReLU, In: []string{"t"}, Out: "u"}, {Kind: OpReLU, In: []string{"a"}, Out: "t"}}, `op 0 (relu) reads "t" before op 1 writes it`},
+		{"written twice", []Op{{Kind: OpReLU, In: []string{"a"}, Out: "t"}, {Kind: OpTanh, In: []string{"a"}, Out: "t"}}, `op 1 (tanh) writes "t", already written by op 0`},
+		{"no output name", []Op{{Kind: OpReLU, In: []string{"a"}}}, "op 0 (relu) has no output name"},
+		{"K mismatch", []Op{mm("a", "wt")}, "op 0 (matmul) [4,8] f32, [3,8] f32: inner dimensions differ: In[0] has K=8, In[1] has K=3"},
+		{"bias shape", []Op{mm("a", "w", "bad_bias")}, "bias is [4], want [3]"},
+		{"output shape", []Op{{Kind: OpMatMul, In: []string{"a", "w"}, Out: "y_wrong"}}, `output "y_wrong" is bound to [3,4] f32, want [4,3] f32`},
+		{"too few inputs", []Op{mm("a")}, "takes 2 to 3 inputs, got 1"},
+		{"too many inputs", []Op{{Kind: OpReLU, In: []string{"a", "a"}, Out: "t"}}, "takes 1 inputs, got 2"},
+		{"1-D matmul", []Op{mm("v", "w")}, "In[0] must have at least 2 dimensions"},
+		{"3-D matmul weight", []Op{mm("a", "x3")}, "In[1] must be 2-D"},
+		{"mixed matmul types", []Op{mm("b16", "w")}, "In[1] is f32 and In[0] bf16: both must be the same type"},
+		{"matmul on indices", []Op{mm("idx2", "w")}, "In[0] is i32, want f32 or bf16"},
+		{"batch-matmul rank", []Op{{Kind: OpBatchMatMul, In: []string{"a", "a"}, Out: "t"}}, "In[0] must have at least 3 dimensions"},
+		{"batch-matmul batch", []Op{{Kind: OpBatchMatMul, In: []string{"x3", "a"}, Out: "t"}}, "batch dimensions differ"},
+		{"batch-matmul K", []Op{{Kind: OpBatchMatMul, In: []string{"x3", "x3"}, Out: "t"}}, "inner dimensions differ: In[0] has K=8, In[1] has K=4"},
+		{"activation on add", []Op{{Kind: OpAdd, In: []string{"a", "a"}, Out: "t", Act: ActReLU}}, "Act is only for matmul"},
+		{"unknown activation", []Op{{Kind: OpMatMul, In: []string{"a", "w"}, Out: "y", Act: 9}}, "unknown activation 9"},
+		{"transB on add", []Op{{Kind: OpAdd, In: []string{"a", "a"}, Out: "t", TransB: true}}, "TransB is only for matmul and batch-matmul"},
+		{"scale on matmul", []Op{{Kind: OpMatMul, In: []string{"a", "w"}, Out: "y", Scale: 2}}, "Scale is only for batch-matmul"},
+		{"eps on softmax", []Op{{Kind: OpSoftmax, In: []string{"a"}, Out: "t", Eps: 1e-5}}, "Eps is only for layer-norm"},
+		{"add broadcast", []Op{{Kind: OpAdd, In: []string{"a", "bias"}, Out: "t"}}, "In[1] must be [4,8] or [8]"},
+		{"layer-norm gamma", []Op{{Kind: OpLayerNorm, In: []string{"a", "bias", "v"}, Out: "t"}}, "In[1] is [3], want [8]"},
+		{"negative eps", []Op{{Kind: OpLayerNorm, In: []string{"a", "v", "v"}, Out: "t", Eps: -1}}, "Eps -1 is negative"},
+		{"gather float indices", []Op{{Kind: OpGather, In: []string{"a", "i"}, Out: "t"}}, "indices are f32, want i32"},
+		{"gather 3-D table", []Op{{Kind: OpGather, In: []string{"x3", "idx"}, Out: "t"}}, "table must be 2-D [V,D]"},
+		{"mean-pool 2-D", []Op{{Kind: OpMaskedMeanPool, In: []string{"a", "a"}, Out: "t"}}, "In[0] must be 3-D [B,S,D]"},
+		{"mean-pool mask", []Op{{Kind: OpMaskedMeanPool, In: []string{"x3", "a"}, Out: "t"}}, "mask is [4,8], want [2,4]"},
+		{"mean-pool bf16 mask", []Op{{Kind: OpMaskedMeanPool, In: []string{"x3", "b16"}, Out: "t"}}, "mask is bf16, want f32 or i32"},
+		{"softmax on indices", []Op{{Kind: OpSoftmax, In: []string{"idx"}, Out: "t"}}, "In[0] is i32, want f32"},
+		{"unknown kind", []Op{{Kind: 99, In: []string{"a"}, Out: "t"}}, "op 0 (op-kind(99)) [4,8] f32: unknown op kind 99"},
+		{"not a permutation", []Op{{Kind: OpPermute, In: []string{"a"}, Out: "t", Perm: []int{0, 0}}}, "Perm [0 0] is not a permutation of 0..1"},
+		{"permute rank", []Op{{Kind: OpPermute, In: []string{"a"}, Out: "t", Perm: []int{1, 0, 2}}}, "Perm [1 0 2] has 3 entries for 2 dimensions"},
+		{"permute too many dimensions", []Op{{Kind: OpPermute, In: []string{"a"}, Out: "t", Shape: []int{1, 1, 1, 1, 1, 4, 8}, Perm: []int{0, 1, 2, 3, 4, 5, 6}}}, "7 dimensions, at most 6"},
+		{"permute view count", []Op{{Kind: OpPermute, In: []string{"a"}, Out: "t", Shape: []int{4, 4}, Perm: []int{1, 0}}}, "Shape [4 4] has 16 elements, In[0] 32"},
+		{"permute view dimension", []Op{{Kind: OpPermute, In: []string{"a"}, Out: "t", Shape: []int{32, 0}, Perm: []int{1, 0}}}, "Shape [32 0]: dimension 1 is 0"},
+		{"permute indices", []Op{{Kind: OpPermute, In: []string{"idx"}, Out: "t", Perm: []int{0}}}, "In[0] is i32, want f32 or bf16"},
+		{"perm on relu", []Op{{Kind: OpReLU, In: []string{"a"}, Out: "t", Perm: []int{0, 1}}}, "Perm is only for permute"},
+		{"shape on add", []Op{{Kind: OpAdd, In: []string{"a", "a"}, Out: "t", Shape: []int{32}}}, "Shape is only for permute and reshape"},
+		{"reshape count", []Op{{Kind: OpReshape, In: []string{"a"}, Out: "t", Shape: []int{5, 6}}}, "Shape [5 6] has 30 elements, In[0] 32"},
+		{"reshape two free", []Op{{Kind: OpReshape, In: []string{"a"}, Out: "t", Shape: []int{-1, -1}}}, "Shape [-1 -1]: dimension 1 is -1"},
+		{"reshape no shape", []Op{{Kind: OpReshape, In: []string{"a"}, Out: "t"}}, "no Shape"},
+		{"reshape indivisible", []Op{{Kind: OpReshape, In: []string{"a"}, Out: "t", Shape: []int{-1, 5}}}, "Shape [-1 5] does not divide 32 elements"},
+		{"masked softmax mask", []Op{{Kind: OpMaskedSoftmax, In: []string{"x3", "a"}, Out: "t"}}, "mask is [4,8], want [2,8]"},
+		{"masked softmax 1-D", []Op{{Kind: OpMaskedSoftmax, In: []string{"v", "v"}, Out: "t"}}, "In[0] must have at least 2 dimensions [B,...,N]"},
+		{"convert to i32", []Op{{Kind: OpConvert, In: []string{"a"}, Out: "t", DType: I32}}, "DType i32: want f32 or bf16"},
+		{"dtype on matmul", []Op{{Kind: OpMatMul, In: []string{"a", "w"}, Out: "y", DType: F32}}, "DType is only for convert"},
+		{"zero dimension", []Op{{Kind: OpReLU, In: []string{"zero"}, Out: "t"}}, "In[0] has shape [4,0]"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := PlanGraph(&Graph{Ops: tt.ops}, bound)
+			if !errors.Is(err, ErrInvalidGraph) {
+				t.Fatalf("err = %v, want ErrInvalidGraph", err)
+			}
+			if !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("err = %q, want it to contain %q", err, tt.want)
+			}
+		})
+	}
+	t.Run("nil graph", func(t *testing.T) {
+		if _, err := PlanGraph(nil, bound); !errors.Is(err, ErrInvalidGraph) || !strings.Contains(err.Error(), "empty graph") {
+			t.Fatalf("err = %v, want ErrInvalidGraph: empty graph", err)
+		}
+	})
+}
+
+func TestPlanGraph(t *testing.T) {
+	// x [2,5,32] → reshape [2,5,4,8] → permute [2,4,5,8] → matmul with w
+	// (bound y) → relu (bound a). "unused" is bound but read by no op, so it
+	// is not an input.
+	g := &Graph{Ops: []Op{
+		{Kind: OpReshape, In: []string{"x"}, Out: "r", Shape: []int{2, 5, 4, -1}},
+		{Kind: OpPermute, In: []string{"r"}, Out: "p", Perm: []int{0, 2, 1, 3}},
+		{Kind: OpMatMul, In: []string{"p", "w"}, Out: "y", TransB: true},
+		{Kind: OpReLU, In: []string{"y"}, Out: "a"},
+	}}
+	bound := map[string]TensorType{"x": f32(2, 5, 32), "w": f32(3, 8), "y": f32(2, 4, 5, 3), "a": f32(2, 4, 5, 3), "unused": f32(1)}
+	p, err := PlanGraph(g, bound)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"w", "x"}; !slices.Equal(p.Inputs, want) {
+		t.Errorf("Inputs = %v, want %v", p.Inputs, want)
+	}
+	if want := []string{"a", "y"}; !slices.Equal(p.Outputs, want) {
+		t.Errorf("Outputs = %v, want %v", p.Outputs, want)
+	}
+	if want := []string{"r", "p"}; !slices.Equal(p.Temps, want) {
+		t.Errorf("Temps = %v, want %v", p.Temps, want)
+	}
+	if len(p.Steps) != 4 {
+		t.Fatalf("%d steps, want 4", len(p.Steps))
+	}
+	for name, want := range map[string][]int{"r": {2, 5, 4, 8}, "p": {2, 4, 5, 8}, "y": {2, 4, 5, 3}, "unused": {1}} {
+		if got := p.Types[name]; got.DType != F32 || !slices.Equal(got.Shape, want) {
+			t.Errorf("Types[%q] = %s, want %v f32", name, got, want)
+		}
+	}
+	if got, want := p.Steps[2].String(), "op 2 (matmul [2,4,5,8] f32, [3,8] f32, transB -> [2,4,5,3] f32)"; got != want {
+		t.Errorf("Step.String() = %q, want %q", got, want)
+	}
+	if got, want := (&p.Steps[0]).String(), "op 0 (reshape [2,5,32] f32 -> [2,5,4,8] f32)"; got != want {
+		t.Errorf("Step.String() = %q, want %q", got, want)
+	}
+
+	// A graph whose ops write no bound name plans (runtime/pjrt refuses it).
+	p, err = PlanGraph(&Graph{Ops: []Op{{Kind: OpReLU, In: []string{"x"}, Out: "t"}}}, map[string]TensorType{"x": f32(2)})
+	if err != nil || len(p.Outputs) != 0 || !slices.Equal(p.Temps, []string{"t"}) {
+		t.Errorf("PlanGraph = %+v, %v; want no outputs, temp t", p, err)
+	}
+}
+
+func TestOpKindString(t *testing.T) {
+	for k := OpMatMul; k <= OpConvert; k++ {
+		if s := k.String(); s == "" || strings.HasPrefix(s, "op-kind(") {
+			t.Errorf("OpKind %d has no name", uint8(k))
+		}
+	}
+	if s := OpKind(99).String(); s != "op-kind(99)" {
+		t.Errorf("OpKind(99) = %q", s)
+	}
+}
