@@ -136,7 +136,7 @@ func TestFeaturizeMatchesReferenceLong(t *testing.T) {
 				t.Fatal("Sparse differs from the reference")
 			}
 			q, s := Quantize(&h)
-			if pq, ps := project(tt.data); pq != q || ps != s {
+			if pq, ps := project(tt.data); *pq != q || ps != s {
 				t.Fatal("project differs from Quantize(Sparse(Featurize))")
 			}
 			t.Logf("%d bytes, %d features, shift %d", len(tt.data), got.Len(), s)
@@ -204,7 +204,7 @@ func TestPipelineMatchesReference(t *testing.T) {
 		if h != hr {
 			t.Fatalf("input %d %q: Sparse(Featurize) differs from the reference", i, data)
 		}
-		if q, s := project(data); q != qr || s != sr {
+		if q, s := project(data); *q != qr || s != sr {
 			t.Fatalf("input %d %q: project differs from the reference", i, data)
 		}
 	}

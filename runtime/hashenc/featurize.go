@@ -94,15 +94,16 @@ func Featurize(data []byte) Features {
 // featurizer is the working memory of Featurize, reused through a pool so
 // that an item costs no allocations.
 type featurizer struct {
-	text  []byte   // normalised, lower-cased text of the runs; invalid bytes
-	norm  []byte   // NFKC of one non-ASCII run
-	toks  []token  // slices of text
-	pad   []byte   // " " + word + " "
-	offs  []int    // rune offsets in pad
-	occ   []uint32 // feature occurrences (see occurrence)
-	tmp   []uint32 // sort buffer
-	count []uint32 // sort buckets
-	idx   []uint32 // result
+	h     [Dim]int64 // the sparse projection, for project
+	text  []byte     // normalised, lower-cased text of the runs; invalid bytes
+	norm  []byte     // NFKC of one non-ASCII run
+	toks  []token    // slices of text
+	pad   []byte     // " " + word + " "
+	offs  []int      // rune offsets in pad
+	occ   []uint32   // feature occurrences (see occurrence)
+	tmp   []uint32   // sort buffer
+	count []uint32   // sort buckets
+	idx   []uint32   // result
 	wt    []int32
 }
 

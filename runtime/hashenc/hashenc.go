@@ -95,18 +95,19 @@ type Input struct {
 // batch that reaches the device carries only the device's share of the work
 // (the dense matmul). The vector is the same, bit for bit, either way.
 func (in Input) Prepare() Input {
-	q, s := project(in.Data)
-	in.row, in.shift = &q, s
+	in.row, in.shift = project(in.Data)
 	return in
 }
 
 // project is Quantize(Sparse(Featurize(data))) without Featurize's
 // allocations.
-func project(data []byte) (q [Dim]int32, shift int) {
+func project(data []byte) (q *[Dim]int32, shift int) {
 	z := getFeaturizer()
-	h := Sparse(z.features(data))
+	sparseInto(z.features(data), &z.h)
+	q = new([Dim]int32)
+	shift = quantizeInto(&z.h, q)
 	putFeaturizer(z)
-	return Quantize(&h)
+	return q, shift
 }
 
 // Model is nbmf-hash-v1's fixed weights, built once and shared read-only by
@@ -162,6 +163,12 @@ func (m *Model) MemoryBytes() int64 {
 // q_k = round(h_k / 2^shift), with shift ≥ 0 the smallest that fits,
 // rounding halves away from zero. The result fits float32 exactly.
 func Quantize(h *[Dim]int64) (q [Dim]int32, shift int) {
+	shift = quantizeInto(h, &q)
+	return q, shift
+}
+
+// quantizeInto is Quantize writing into q.
+func quantizeInto(h *[Dim]int64, q *[Dim]int32) (shift int) {
 	for shift = 0; ; shift++ {
 		var l1 int64
 		for _, v := range h {
@@ -178,7 +185,7 @@ func Quantize(h *[Dim]int64) (q [Dim]int32, shift int) {
 		}
 		q[k] = r
 	}
-	return q, shift
+	return shift
 }
 
 // roundShift is v / 2^s rounded half up, for v ≥ 0.

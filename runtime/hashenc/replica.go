@@ -220,11 +220,8 @@ func (r *Replica) encode(ctx context.Context, items []Input, out []any) error {
 // work and each item is independent).
 func featurizeRows(items []Input, x []float32, shifts []int) {
 	one := func(i int) {
-		var q [Dim]int32
-		var s int
-		if p := items[i].row; p != nil {
-			q, s = *p, items[i].shift
-		} else {
+		q, s := items[i].row, items[i].shift
+		if q == nil {
 			q, s = project(items[i].Data)
 		}
 		row := x[i*Dim : (i+1)*Dim]

@@ -9,6 +9,14 @@ import (
 // (exact in int64), where R[f]'s entries are +1 or -1 for the clear and set
 // bits of six splitmix64 outputs seeded from seed and the feature index.
 func Sparse(f Features) (h [Dim]int64) {
+	sparseInto(f, &h)
+	return h
+}
+
+// sparseInto is Sparse writing into h, so the serving path keeps the 3 KiB
+// result off the goroutine stack (stack growth showed up in profiles).
+func sparseInto(f Features, h *[Dim]int64) {
+	*h = [Dim]int64{}
 	// h_k = Σ w_f - 2·Σ_{f: bit k set} w_f. The second sum is counted in
 	// bit-sliced (vertical) counters, 64 dimensions per machine word, so a
 	// feature costs a few word operations per 64 dimensions instead of
@@ -81,12 +89,11 @@ func Sparse(f Features) (h [Dim]int64) {
 			c.addGroup(sc.group[g][:sizes>>(8*g)&0xff], gw[g])
 		}
 		if full {
-			c.flush(&h, 0, 1)
+			c.flush(h, 0, 1)
 			pending = 0
 		}
 	}
-	c.flush(&h, total, -2)
-	return h
+	c.flush(h, total, -2)
 }
 
 const (
