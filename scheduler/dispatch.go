@@ -357,11 +357,7 @@ func (s *Scheduler) succeedLocked(r *replica, run []itemRef, outs []any, compute
 	for _, sh := range shares {
 		rq := sh.rq
 		rq.resolved += sh.k
-		rq.devItems[r.dev.ID] += sh.k
-		if rq.devTypes == nil {
-			rq.devTypes = make(map[string]string, 1)
-		}
-		rq.devTypes[r.dev.ID] = r.dev.Type
+		rq.addDevice(r.dev.ID, r.dev.Type, sh.k)
 		rq.batchSizes = append(rq.batchSizes, n)
 		rq.compute += compute
 		rq.cost += batchCost * float64(sh.k) / float64(n)
@@ -466,13 +462,6 @@ func (s *Scheduler) finishLocked(rq *request, err error, reason string) {
 }
 
 func (s *Scheduler) execInfo(rq *request) ExecInfo {
-	ids := make([]string, 0, len(rq.devItems))
-	for id := range rq.devItems {
-		ids = append(ids, id)
-	}
-	slices.SortFunc(ids, func(a, b string) int {
-		return cmp.Or(cmp.Compare(rq.devItems[b], rq.devItems[a]), cmp.Compare(a, b))
-	})
 	info := ExecInfo{
 		BatchSizes: rq.batchSizes,
 		Queue:      rq.started.Sub(rq.submitted),
@@ -480,12 +469,23 @@ func (s *Scheduler) execInfo(rq *request) ExecInfo {
 		Total:      s.now().Sub(rq.submitted),
 		CostUSD:    rq.cost,
 	}
-	if len(ids) > 0 {
+	if rq.devItems == nil { // one device at most
+		if rq.dev0Items > 0 {
+			info.DeviceID, info.DeviceType = rq.dev0, rq.dev0Type
+		}
+	} else {
+		ids := make([]string, 0, len(rq.devItems))
+		for id := range rq.devItems {
+			ids = append(ids, id)
+		}
+		slices.SortFunc(ids, func(a, b string) int {
+			return cmp.Or(cmp.Compare(rq.devItems[b], rq.devItems[a]), cmp.Compare(a, b))
+		})
 		info.DeviceID = ids[0]
 		info.DeviceType = rq.devTypes[ids[0]]
-	}
-	if len(ids) > 1 {
-		info.DeviceIDs = ids
+		if len(ids) > 1 {
+			info.DeviceIDs = ids
+		}
 	}
 	for _, b := range rq.batchSizes {
 		info.BatchSize = max(info.BatchSize, b)

@@ -31,7 +31,13 @@ type request struct {
 	pq       *pinQueue
 	pinEl    *list.Element
 
-	// Accumulated ExecInfo, written under Scheduler.mu.
+	// Accumulated ExecInfo, written under Scheduler.mu. The first device
+	// is held inline; the maps hold every device (the first included) once
+	// a second one runs items, so that a request on one device allocates
+	// no maps.
+	dev0       string
+	dev0Type   string
+	dev0Items  int
 	devItems   map[string]int
 	devTypes   map[string]string
 	batchSizes []int
@@ -43,6 +49,21 @@ type request struct {
 	err      error
 	info     ExecInfo
 	done     chan struct{}
+}
+
+// addDevice records k more of the request's items run on device id.
+func (rq *request) addDevice(id, typ string, k int) {
+	if rq.devItems == nil {
+		if rq.dev0Items == 0 || rq.dev0 == id {
+			rq.dev0, rq.dev0Type = id, typ
+			rq.dev0Items += k
+			return
+		}
+		rq.devItems = map[string]int{rq.dev0: rq.dev0Items}
+		rq.devTypes = map[string]string{rq.dev0: rq.dev0Type}
+	}
+	rq.devItems[id] += k
+	rq.devTypes[id] = typ
 }
 
 // itemCost is input i's share of a batch's cost limit.

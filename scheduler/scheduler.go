@@ -422,7 +422,6 @@ func (s *Scheduler) enqueueLocked(ctx context.Context, req Request) (*request, e
 		outputs:   make([]any, n),
 		submitted: now,
 		done:      make(chan struct{}),
-		devItems:  make(map[string]int, 1),
 	}
 	if dl, ok := ctx.Deadline(); ok {
 		rq.deadline = dl

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/klauspost/compress/zstd"
@@ -73,16 +74,24 @@ func (s *BrokerService) Encode(ctx context.Context, req *brokerv1.EncodeRequest)
 
 	items := req.GetItems()
 	resp := &brokerv1.EncodeResponse{Model: m.Name(), ModelVersion: m.Version(), Results: make([]*brokerv1.EncodeResult, len(items))}
+	// The bytes of each item, converted once (a text item's conversion
+	// copies it); a lone item's slice stays on the stack.
+	var one [1][]byte
+	datas := one[:0]
+	if len(items) > 1 {
+		datas = make([][]byte, 0, len(items))
+	}
 	for i, it := range items {
 		data := itemBytes(it)
-		sum := sha256.Sum256(data)
-		resp.Results[i] = &brokerv1.EncodeResult{Id: it.GetId(), Signature: "sha256:" + hex.EncodeToString(sum[:])}
+		datas = append(datas, data)
+		resp.Results[i] = &brokerv1.EncodeResult{Id: it.GetId(), Signature: signature(data)}
 	}
 
 	// Compression runs on its own goroutine while the device works.
-	codesDone := make(chan struct{})
-	var codeTime time.Duration
+	var codesDone chan struct{}
+	var codeTime *time.Duration
 	if lossless {
+		codesDone, codeTime = make(chan struct{}), new(time.Duration)
 		go func() {
 			defer close(codesDone)
 			t := time.Now()
@@ -90,37 +99,40 @@ func (s *BrokerService) Encode(ctx context.Context, req *brokerv1.EncodeRequest)
 				resp.Results[i].Code = s.zstd.EncodeAll(itemBytes(it), nil)
 				resp.Results[i].Codec = codecZstd
 			}
-			codeTime = time.Since(t)
+			*codeTime = time.Since(t)
 		}()
-	} else {
-		close(codesDone)
+	}
+	waitCodes := func() {
+		if codesDone != nil {
+			<-codesDone
+		}
 	}
 
-	info := &brokerv1.ExecutionInfo{}
+	var info *brokerv1.ExecutionInfo
 	if semantic {
 		inputs := make([]any, len(items))
-		for i, it := range items {
-			inputs[i] = m.Input(itemBytes(it), normalize)
+		for i, data := range datas {
+			inputs[i] = m.Input(data, normalize)
 		}
 		out, err := s.sched.Submit(ctx, scheduler.Request{
 			Model: m.Name(), Client: clientID(ctx), Priority: priority,
 			DeviceID: req.GetDeviceId(), DeviceType: string(pinType), Inputs: inputs,
 		})
 		if err != nil {
-			<-codesDone
+			waitCodes()
 			return nil, s.schedulerStatus("Encode", err)
 		}
 		for i, o := range out.Outputs {
 			vec, err := m.Vector(o)
 			if err != nil {
-				<-codesDone
+				waitCodes()
 				return nil, toStatus(s.log, "Encode", fmt.Errorf("item %d: %w", i, err))
 			}
 			resp.Results[i].Vector = vec
 		}
 		info = execInfoToProto(out.Info)
 	}
-	<-codesDone
+	waitCodes()
 	if !semantic {
 		// Compression alone runs on the host CPU, in this call.
 		info = &brokerv1.ExecutionInfo{DeviceId: "cpu:0", DeviceType: brokerv1.DeviceType_DEVICE_TYPE_CPU, ComputeNs: codeTime.Nanoseconds()}
@@ -168,6 +180,19 @@ func (s *BrokerService) validateEncode(req *brokerv1.EncodeRequest) error {
 	return nil
 }
 
+// signature is "sha256:" and data's SHA-256 in hex, built in one allocation.
+func signature(data []byte) string {
+	const prefix = "sha256:"
+	sum := sha256.Sum256(data)
+	var b strings.Builder
+	b.Grow(len(prefix) + hex.EncodedLen(len(sum)))
+	b.WriteString(prefix)
+	var hx [2 * sha256.Size]byte
+	hex.Encode(hx[:], sum[:])
+	b.Write(hx[:])
+	return b.String()
+}
+
 func itemBytes(it *brokerv1.EncodeItem) []byte {
 	if t, ok := it.GetContent().(*brokerv1.EncodeItem_Text); ok {
 		return []byte(t.Text)
@@ -211,8 +236,11 @@ func execInfoToProto(in scheduler.ExecInfo) *brokerv1.ExecutionInfo {
 	if t, err := detect.ParseType(in.DeviceType); err == nil {
 		out.DeviceType = typeToProto[t]
 	}
-	for _, b := range in.BatchSizes {
-		out.BatchSizes = append(out.BatchSizes, int32(b))
+	if len(in.BatchSizes) > 0 {
+		out.BatchSizes = make([]int32, len(in.BatchSizes))
+		for i, b := range in.BatchSizes {
+			out.BatchSizes[i] = int32(b)
+		}
 	}
 	return out
 }

@@ -105,6 +105,9 @@ type featurizer struct {
 	count []uint32   // sort buckets
 	idx   []uint32   // result
 	wt    []int32
+	// radix is the LSD radix sort's counts, kept here rather than in
+	// sort's frame: 3 KiB on every request handler's stack made it grow.
+	radix [3][256]uint32
 }
 
 // token is a word of the normalised text, a symbol, or an invalid byte:
@@ -302,7 +305,8 @@ func (z *featurizer) sort(occ []uint32) []uint32 {
 		}
 		return tmp
 	}
-	var count [3][256]uint32
+	count := &z.radix
+	*count = [3][256]uint32{}
 	for _, k := range occ {
 		count[0][k&0xff]++
 		count[1][k>>8&0xff]++
