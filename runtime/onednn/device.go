@@ -377,17 +377,28 @@ func (d *Device) own(b runtime.Buffer) (*buffer, error) {
 	return bb, nil
 }
 
-// CopyIn writes src into dst, converting to bf16 for BF16 buffers.
-func (d *Device) CopyIn(ctx context.Context, dst runtime.Buffer, src []float32) error {
+// copyTarget checks ctx and that buf is a live buffer of d, and holds d open
+// (release lets it go) while the caller copies.
+func (d *Device) copyTarget(ctx context.Context, buf runtime.Buffer, what string) (*buffer, func(), error) {
 	if err := ctx.Err(); err != nil {
-		return err
+		return nil, nil, err
 	}
 	d.life.RLock()
-	defer d.life.RUnlock()
-	b, err := d.own(dst)
+	b, err := d.own(buf)
 	if err != nil {
-		return fmt.Errorf("onednn: copy in: %w", err)
+		d.life.RUnlock()
+		return nil, nil, fmt.Errorf("onednn: %s: %w", what, err)
 	}
+	return b, d.life.RUnlock, nil
+}
+
+// CopyIn writes src into dst, converting to bf16 for BF16 buffers.
+func (d *Device) CopyIn(ctx context.Context, dst runtime.Buffer, src []float32) error {
+	b, release, err := d.copyTarget(ctx, dst, "copy in")
+	if err != nil {
+		return err
+	}
+	defer release()
 	if len(src) != b.n {
 		return fmt.Errorf("onednn: copy in: %w: %d values for a %s buffer of %d", runtime.ErrInvalidGraph, len(src), shapeString(b.shape), b.n)
 	}
@@ -404,15 +415,11 @@ func (d *Device) CopyIn(ctx context.Context, dst runtime.Buffer, src []float32) 
 
 // CopyInInt32 writes indices into an I32 buffer.
 func (d *Device) CopyInInt32(ctx context.Context, dst runtime.Buffer, src []int32) error {
-	if err := ctx.Err(); err != nil {
+	b, release, err := d.copyTarget(ctx, dst, "copy in")
+	if err != nil {
 		return err
 	}
-	d.life.RLock()
-	defer d.life.RUnlock()
-	b, err := d.own(dst)
-	if err != nil {
-		return fmt.Errorf("onednn: copy in: %w", err)
-	}
+	defer release()
 	if b.dt != runtime.I32 {
 		return fmt.Errorf("onednn: copy in: %w: int32 values for a %s buffer", runtime.ErrInvalidGraph, b.dt)
 	}
@@ -425,15 +432,11 @@ func (d *Device) CopyInInt32(ctx context.Context, dst runtime.Buffer, src []int3
 
 // CopyOut reads src into dst as float32, whatever src's type.
 func (d *Device) CopyOut(ctx context.Context, dst []float32, src runtime.Buffer) error {
-	if err := ctx.Err(); err != nil {
+	b, release, err := d.copyTarget(ctx, src, "copy out")
+	if err != nil {
 		return err
 	}
-	d.life.RLock()
-	defer d.life.RUnlock()
-	b, err := d.own(src)
-	if err != nil {
-		return fmt.Errorf("onednn: copy out: %w", err)
-	}
+	defer release()
 	if len(dst) != b.n {
 		return fmt.Errorf("onednn: copy out: %w: %d values for a %s buffer of %d", runtime.ErrInvalidGraph, len(dst), shapeString(b.shape), b.n)
 	}
