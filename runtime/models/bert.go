@@ -364,7 +364,6 @@ const (
 	bPooled = "pooled" // F32 [B,H] encoder output
 	bNormed = "normed" // F32 [B,H] pooled, L2-normalised
 	bLogits = "logits" // F32 [B,L] classifier output
-	seqStep = 8        // sequences are padded to a multiple of this
 )
 
 // graph builds the forward pass for b sequences of s tokens (padding

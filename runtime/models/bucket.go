@@ -15,10 +15,10 @@ type bucketDevice interface {
 
 // padPlan is how a replica pads one batch. With no buckets (oneDNN, which
 // runs any shape without compiling) rows are not padded and sequences go to
-// a multiple of seqStep, as before bucketing.
+// a multiple of seqStep(n).
 type padPlan struct {
 	batch    []int // ascending batch buckets; nil: rows are not padded
-	seq      []int // ascending sequence buckets; nil: multiples of seqStep
+	seq      []int // ascending sequence buckets; nil: multiples of seqStep(n)
 	maxBatch int   // the replica's max batch: no bucket beyond it
 	maxSeq   int   // the model's longest sequence (max_position_embeddings)
 }
@@ -70,15 +70,31 @@ func (p padPlan) rows(n int) int {
 }
 
 // seqLen returns the padded length of a batch whose longest sequence has n
-// tokens: the next sequence bucket, or the next multiple of seqStep without
-// buckets or beyond the last one; capped at maxSeq, never below n.
+// tokens: the next sequence bucket, or the next multiple of seqStep(n)
+// without buckets or beyond the last one; capped at maxSeq, never below n.
 func (p padPlan) seqLen(n int) int {
 	s, ok := nextBucket(n, p.seq)
 	if !ok {
-		s = (n + seqStep - 1) / seqStep * seqStep
+		step := seqStep(n)
+		s = (n + step - 1) / step * step
 	}
 	if p.maxSeq > 0 {
 		s = min(s, p.maxSeq)
 	}
 	return max(s, n)
+}
+
+// seqStep is the padding granularity for a longest sequence of n tokens
+// when there are no buckets: the largest power of two up to n/8. Padding
+// then costs at most about 1/8 more work (a fixed step of 8 padded 18-token
+// batches to 24, a third more work, and cost a fifth of the batched
+// throughput at 16 tokens), while the adapter still sees about eight
+// sequence lengths per doubling, so its shape-keyed primitive cache stays
+// small.
+func seqStep(n int) int {
+	step := 1
+	for step*2 <= n/8 {
+		step *= 2
+	}
+	return step
 }

@@ -55,14 +55,17 @@ func TestPadPlanSeqLen(t *testing.T) {
 		n      int
 		want   int
 	}{
-		{"no buckets: multiple of 8", nil, 512, 13, 16},
-		{"no buckets: exact multiple", nil, 512, 16, 16},
-		{"no buckets: capped", nil, 20, 19, 20},
+		{"no buckets: short sequences unpadded", nil, 512, 13, 13},
+		{"no buckets: 18 tokens stay 18", nil, 512, 18, 18},
+		{"no buckets: step 2 from 16", nil, 512, 17, 18},
+		{"no buckets: step 16 from 128", nil, 512, 129, 144},
+		{"no buckets: exact multiple", nil, 512, 128, 128},
+		{"no buckets: capped", nil, 140, 135, 140},
 		{"first bucket", testSeqBuckets, 512, 5, 32},
 		{"exact bucket", testSeqBuckets, 512, 32, 32},
 		{"next bucket", testSeqBuckets, 512, 33, 64},
 		{"capped at max positions", testSeqBuckets, 48, 40, 48},
-		{"beyond the last bucket: multiple of 8", testSeqBuckets, 1024, 513, 520},
+		{"beyond the last bucket: step 64", testSeqBuckets, 1024, 513, 576},
 		{"no cap for models without positions", testSeqBuckets, 0, 100, 128},
 	}
 	for _, tt := range tests {
@@ -148,21 +151,21 @@ func TestBERTBucketing(t *testing.T) {
 		wantPad   [][]int
 	}{
 		{name: "rows and sequence to the next bucket", maxBatch: 8, lens: []int{5, 9, 20},
-			wantPlain: [][]int{{3, 24}}, wantPad: [][]int{{4, 32}}},
+			wantPlain: [][]int{{3, 20}}, wantPad: [][]int{{4, 32}}},
 		{name: "max batch caps the batch bucket", maxBatch: 3, lens: []int{5, 6, 7},
-			wantPlain: [][]int{{3, 8}}, wantPad: [][]int{{3, 32}}},
+			wantPlain: [][]int{{3, 7}}, wantPad: [][]int{{3, 32}}},
 		{name: "two batches, two buckets each", maxBatch: 4, lens: []int{50, 3, 40, 4, 30, 5},
 			normalize: []bool{true, false, true, true, false, false},
-			wantPlain: [][]int{{4, 32}, {2, 56}}, wantPad: [][]int{{4, 32}, {2, 64}}},
+			wantPlain: [][]int{{4, 30}, {2, 52}}, wantPad: [][]int{{4, 32}, {2, 64}}},
 		{name: "max_position_embeddings caps the sequence bucket", maxPos: 48, maxBatch: 8, lens: []int{40},
 			wantPlain: [][]int{{1, 40}}, wantPad: [][]int{{1, 48}}},
 		{name: "exact buckets are not padded", maxBatch: 8, lens: []int{32, 32},
 			wantPlain: [][]int{{2, 32}}, wantPad: [][]int{{2, 32}}},
 		{name: "cls pooling", pooling: PoolingCLS, maxBatch: 8, lens: []int{7, 12, 33, 2, 9},
 			normalize: []bool{true, false, false, true, true},
-			wantPlain: [][]int{{5, 40}}, wantPad: [][]int{{8, 64}}},
+			wantPlain: [][]int{{5, 36}}, wantPad: [][]int{{8, 64}}},
 		{name: "classifier", kind: KindBERTClassifier, maxBatch: 16, lens: []int{10, 11, 12, 13, 14},
-			wantPlain: [][]int{{5, 16}}, wantPad: [][]int{{8, 32}}},
+			wantPlain: [][]int{{5, 14}}, wantPad: [][]int{{8, 32}}},
 	}
 	for i, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -438,7 +438,7 @@ func TestLowerModels(t *testing.T) {
 	texts := func(n int) []any {
 		out := make([]any, n)
 		for i := range out {
-			ids := make([]int32, 3+4*i) // lengths 3, 7, ...: one batch padded to 8
+			ids := make([]int32, 3+5*i) // lengths 3, 8, ...: one batch of 8 tokens
 			for j := range ids {
 				ids[j] = int32(1 + (i+j)%40)
 			}
