@@ -1,6 +1,7 @@
 package models
 
 import (
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	goruntime "runtime"
@@ -8,6 +9,7 @@ import (
 	"time"
 
 	"github.com/brokerd/brokerd/runtime"
+	"github.com/brokerd/brokerd/runtime/onednn"
 )
 
 // benchConfig is issue 4's benchmark BERT: 4 layers, hidden 256, 4 heads,
@@ -30,11 +32,11 @@ func forwardFLOPs(cfg BERTConfig, b, s int) float64 {
 	return float64(cfg.NumHiddenLayers) * perLayer
 }
 
-// matmulPeak is the adapter's fp32 matmul rate on dev: a 1024³ OpMatMul
-// through Run, after a warm-up run, in GFLOP/s; the best of several rounds,
-// since a peak is what the machine can do when nothing else competes for
-// its cores.
-func matmulPeak(b *testing.B, dev runtime.Device) float64 {
+// matmulPeak is the adapter's matmul rate on dev for inputs of type dt (f32
+// or bf16, accumulating into f32): a 1024³ OpMatMul through Run, after a
+// warm-up run, in GFLOP/s; the best of several rounds, since a peak is what
+// the machine can do when nothing else competes for its cores.
+func matmulPeak(b *testing.B, dev runtime.Device, dt runtime.DType) float64 {
 	b.Helper()
 	const n, rounds, iters = 1024, 5, 4
 	r := rand.New(rand.NewPCG(1, 2))
@@ -45,7 +47,11 @@ func matmulPeak(b *testing.B, dev runtime.Device) float64 {
 		}
 	}()
 	for _, name := range []string{"a", "w", "y"} {
-		buf, err := dev.Alloc(runtime.F32, n, n)
+		t := dt
+		if name == "y" {
+			t = runtime.F32
+		}
+		buf, err := dev.Alloc(t, n, n)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -74,8 +80,10 @@ func matmulPeak(b *testing.B, dev runtime.Device) float64 {
 }
 
 // BenchmarkBERT: items/s of the benchmark BERT at batch 1, 8 and 32 for
-// 16- and 128-token sequences, and the forward pass's achieved GFLOP/s over
-// the adapter's measured 1024³ matmul rate in the same run (peak-ratio).
+// 16- and 128-token sequences, computing in f32 and (on CPUs that have it)
+// bf16; the forward pass's achieved GFLOP/s over the adapter's measured
+// 1024³ matmul rate in the same dtype and run (peak-ratio); and for bf16 its
+// items/s over f32's for the same case in the same run (over-f32).
 func BenchmarkBERT(b *testing.B) {
 	cfg := benchConfig()
 	r := rand.New(rand.NewPCG(30, 30))
@@ -83,9 +91,24 @@ func BenchmarkBERT(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	dev := openDevice(b, runtime.DeviceSpec{Threads: goruntime.NumCPU()})
-	peak := matmulPeak(b, dev)
-	b.Logf("adapter fp32 matmul 1024³ (best round): %.1f GFLOP/s on %d threads", peak, goruntime.NumCPU())
+	f32Rate := map[string]float64{} // case → f32 items/s
+	for _, dt := range []runtime.DType{runtime.F32, runtime.BF16} {
+		dev, err := onednn.New(onednn.Options{}).Open(b.Context(), runtime.DeviceSpec{Threads: goruntime.NumCPU(), DType: dt})
+		if err != nil {
+			if dt == runtime.BF16 && errors.Is(err, runtime.ErrUnsupported) {
+				b.Logf("bf16 skipped: %v", err)
+				continue
+			}
+			b.Fatal(err)
+		}
+		benchBERTOn(b, m, cfg, dev, dt, r, f32Rate)
+		dev.Close()
+	}
+}
+
+func benchBERTOn(b *testing.B, m Model, cfg BERTConfig, dev runtime.Device, dt runtime.DType, r *rand.Rand, f32Rate map[string]float64) {
+	peak := matmulPeak(b, dev, dt)
+	b.Logf("adapter %s matmul 1024³ (best round): %.1f GFLOP/s on %d threads", dt, peak, goruntime.NumCPU())
 	rep, err := m.NewReplica(b.Context(), dev, 32)
 	if err != nil {
 		b.Fatal(err)
@@ -93,7 +116,8 @@ func BenchmarkBERT(b *testing.B) {
 	defer rep.Close()
 	for _, seq := range []int{16, 128} {
 		for _, batch := range []int{1, 8, 32} {
-			b.Run(fmt.Sprintf("seq=%d/batch=%d", seq, batch), func(b *testing.B) {
+			name := fmt.Sprintf("seq=%d/batch=%d", seq, batch)
+			b.Run(fmt.Sprintf("%s/%s", dt, name), func(b *testing.B) {
 				items := make([]any, batch)
 				for i := range items {
 					items[i] = randomItem(r, cfg.VocabSize, seq, false, true)
@@ -112,12 +136,18 @@ func BenchmarkBERT(b *testing.B) {
 				}
 				secs := b.Elapsed().Seconds() / float64(b.N)
 				gflops := forwardFLOPs(cfg, batch, seq) / secs / 1e9
-				b.ReportMetric(float64(batch)/secs, "items/s")
+				rate := float64(batch) / secs
+				b.ReportMetric(rate, "items/s")
 				b.ReportMetric(gflops, "GFLOP/s")
 				b.ReportMetric(gflops/peak, "peak-ratio")
 				// The fastest iteration against the best matmul round: the
 				// ratio without other processes' share of a small machine.
 				b.ReportMetric(forwardFLOPs(cfg, batch, seq)/fastest.Seconds()/1e9/peak, "best-peak-ratio")
+				if dt == runtime.F32 {
+					f32Rate[name] = rate
+				} else if f := f32Rate[name]; f > 0 {
+					b.ReportMetric(rate/f, "over-f32")
+				}
 			})
 		}
 	}

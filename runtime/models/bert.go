@@ -475,7 +475,7 @@ func (r *bertReplica) Close() error {
 
 // Execute encodes (or classifies) TextInput payloads. Sequences are sorted
 // by length and run in batches of at most maxBatch, each padded to its
-// longest sequence rounded up to a multiple of 8, or on a device with
+// longest sequence (rounded up to a multiple of seqStep), or on a device with
 // buckets (PJRT) to the next sequence bucket, with rows of padding up to
 // the next batch bucket. Padding is masked out of attention and pooling,
 // and padded rows are not read back, so an item's output does not depend

@@ -321,6 +321,42 @@ out:
     return st;
 }
 
+dnnl_status_t bd_convert_create(bd_device *d, int64_t n, dnnl_data_type_t from_dt,
+        dnnl_data_type_t to_dt, bd_prim **out, const char **step) {
+    dnnl_status_t st = dnnl_success;
+    dnnl_primitive_desc_t pd = NULL;
+    dnnl_memory_desc_t src, dst;
+    dnnl_dims_t dims = {n};
+    bd_prim *p = NULL;
+    omp_set_num_threads(bd_threads_for(d, (double)n * 8));
+    TRY(dnnl_memory_desc_init_by_tag(&src, 1, dims, from_dt, dnnl_a), "describe src");
+    TRY(dnnl_memory_desc_init_by_tag(&dst, 1, dims, to_dt, dnnl_a), "describe dst");
+    p = calloc(1, sizeof *p);
+    if (p == NULL) {
+        st = dnnl_out_of_memory;
+        *step = "allocate primitive";
+        goto out;
+    }
+    TRY(dnnl_reorder_primitive_desc_create(&pd, &src, d->engine, &dst, d->engine, NULL),
+            "create conversion reorder primitive descriptor");
+    TRY(dnnl_primitive_create(&p->prim, pd), "create conversion reorder primitive");
+    p->nthreads = omp_get_max_threads();
+    p->args[0].arg = DNNL_ARG_FROM;
+    TRY(dnnl_memory_create(&p->args[0].memory, &src, d->engine, DNNL_MEMORY_NONE),
+            "create argument memory");
+    p->nargs = 1;
+    p->args[1].arg = DNNL_ARG_TO;
+    TRY(dnnl_memory_create(&p->args[1].memory, &dst, d->engine, DNNL_MEMORY_NONE),
+            "create argument memory");
+    p->nargs = 2;
+    *out = p;
+    p = NULL;
+out:
+    if (pd) dnnl_primitive_desc_destroy(pd);
+    bd_prim_destroy(p);
+    return st;
+}
+
 void bd_mask_fill(const bd_device *d, const float *x, const void *mask,
         int mask_i32, int64_t b, int64_t rows, int64_t n, float *out) {
     int64_t per = rows / b; // rows of one batch element
@@ -342,7 +378,6 @@ void bd_mask_fill(const bd_device *d, const float *x, const void *mask,
 
 // Copies and conversions below this many bytes run on one thread.
 #define BD_PAR_BYTES (1 << 18)
-#define BD_CHUNK 16384 // elements per parallel chunk
 
 void bd_copy(const bd_device *d, const void *src, void *dst, int64_t bytes) {
     int64_t chunks = (bytes + BD_PAR_BYTES - 1) / BD_PAR_BYTES;
@@ -352,25 +387,6 @@ void bd_copy(const bd_device *d, const void *src, void *dst, int64_t bytes) {
         int64_t off = c * BD_PAR_BYTES;
         int64_t len = bytes - off < BD_PAR_BYTES ? bytes - off : BD_PAR_BYTES;
         memcpy((char *)dst + off, (const char *)src + off, (size_t)len);
-    }
-}
-
-void bd_convert(const bd_device *d, const void *src, dnnl_data_type_t from_dt,
-        void *dst, dnnl_data_type_t to_dt, int64_t n) {
-    if (from_dt == to_dt) {
-        bd_copy(d, src, dst, n * (from_dt == dnnl_bf16 ? 2 : 4));
-        return;
-    }
-    int64_t chunks = (n + BD_CHUNK - 1) / BD_CHUNK;
-    omp_set_num_threads(d->nthreads);
-#pragma omp parallel for if (chunks > 1)
-    for (int64_t c = 0; c < chunks; c++) {
-        int64_t off = c * BD_CHUNK;
-        int64_t len = n - off < BD_CHUNK ? n - off : BD_CHUNK;
-        if (from_dt == dnnl_f32)
-            bd_f32_to_bf16((const float *)src + off, (uint16_t *)dst + off, len);
-        else
-            bd_bf16_to_f32((const uint16_t *)src + off, (float *)dst + off, len);
     }
 }
 

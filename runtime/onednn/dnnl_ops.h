@@ -75,6 +75,12 @@ dnnl_status_t bd_eltwise_create(bd_device *d, int64_t count,
 dnnl_status_t bd_permute_create(bd_device *d, int ndims, const int64_t *dims,
         const int *perm, dnnl_data_type_t dt, bd_prim **out, const char **step);
 
+// Conversion of n elements between f32 and bf16 as a reorder, so it runs on
+// the CPU's conversion instructions (avx512_bf16): a plain C loop took a
+// third of a bf16 BERT forward pass. Arguments: src, dst.
+dnnl_status_t bd_convert_create(bd_device *d, int64_t n, dnnl_data_type_t from_dt,
+        dnnl_data_type_t to_dt, bd_prim **out, const char **step);
+
 // Ops without a oneDNN primitive. They run on the caller's thread with the
 // device's OpenMP thread count.
 
@@ -102,11 +108,6 @@ void bd_mask_fill(const bd_device *d, const float *x, const void *mask,
 
 // bd_copy copies bytes from src to dst with the device's threads.
 void bd_copy(const bd_device *d, const void *src, void *dst, int64_t bytes);
-
-// bd_convert converts n elements between f32 and bf16 (from_dt to to_dt;
-// the same type copies) with the device's threads.
-void bd_convert(const bd_device *d, const void *src, dnnl_data_type_t from_dt,
-        void *dst, dnnl_data_type_t to_dt, int64_t n);
 
 // bf16 <-> f32 conversion (round to nearest even, NaN kept quiet).
 void bd_f32_to_bf16(const float *src, uint16_t *dst, int64_t n);

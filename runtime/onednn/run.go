@@ -300,8 +300,20 @@ func (d *Device) runStep(s *runtime.Step, ptrs map[string]unsafe.Pointer) error 
 		return d.exec(s, p, out, out)
 
 	case runtime.OpConvert:
-		C.bd_convert(dc, in(0), dnnlType(s.In[0].DType), out, dnnlType(s.Out.DType), C.int64_t(s.In[0].NumElements()))
-		return nil
+		from, to := s.In[0].DType, s.Out.DType
+		n := s.In[0].NumElements()
+		if from == to {
+			C.bd_copy(dc, in(0), out, C.int64_t(n*from.Size()))
+			return nil
+		}
+		key := primKey{kind: op.Kind, dt: from, m: n, layout: to.String()}
+		p, err := d.primitive(s, key, func(o **C.bd_prim, w **C.char) C.dnnl_status_t {
+			return C.bd_convert_create(dc, C.int64_t(n), dnnlType(from), dnnlType(to), o, w)
+		})
+		if err != nil {
+			return err
+		}
+		return d.exec(s, p, in(0), out)
 	}
 	return fmt.Errorf("%w: %s: unknown op", runtime.ErrInvalidGraph, s)
 }
