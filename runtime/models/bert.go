@@ -351,16 +351,21 @@ func (m *BERT) MemoryBytes(dt runtime.DType, maxBatch int) int64 {
 	if dt != runtime.BF16 {
 		dt = runtime.F32
 	}
-	return weightBytes(m.weights, m.mm, dt) + m.graph(dt, max(maxBatch, 1), m.cfg.MaxPositionEmbeddings, true).workspace()
+	b, s := max(maxBatch, 1), m.cfg.MaxPositionEmbeddings
+	// A packed run of full-length sequences holds the most at once.
+	ws := max(m.graph(dt, b, s, 0, true).workspace(), m.graph(dt, b, s, b*s, true).workspace())
+	return weightBytes(m.weights, m.mm, dt) + ws
 }
 
 // Buffer names of the BERT graph's inputs and outputs.
 const (
-	bIDs    = "ids"    // I32 [B,S] token ids, 0 on padding
-	bTypes  = "types"  // I32 [B,S] token type ids
-	bPos    = "pos"    // I32 [B,S] position ids 0..S-1
+	bIDs    = "ids"    // I32 [B,S] token ids, 0 on padding; packed: [T]
+	bTypes  = "types"  // I32 [B,S] token type ids; packed: [T]
+	bPos    = "pos"    // I32 [B,S] position ids 0..S-1; packed: [T]
 	bMask   = "mask"   // F32 [B,S] 1 on tokens, 0 on padding
 	bCLS    = "cls"    // F32 [B,S] 1 on the first token only: pools the [CLS] row
+	bToPad  = "topad"  // packed: I32 [B,S] the packed row of each padded position (0 on padding)
+	bPack   = "pack"   // packed: I32 [T] the padded position of each packed row
 	bPooled = "pooled" // F32 [B,H] encoder output
 	bNormed = "normed" // F32 [B,H] pooled, L2-normalised
 	bLogits = "logits" // F32 [B,L] classifier output
@@ -368,7 +373,14 @@ const (
 
 // graph builds the forward pass for b sequences of s tokens (padding
 // included); with normalize it also writes the normalised embedding.
-func (m *BERT) graph(dt runtime.DType, b, s int, normalize bool) *builder {
+//
+// With tokens > 0 the graph is packed: the token-wise layers (embeddings,
+// projections, feed-forward, layer norms, residuals) run on a [tokens,H]
+// matrix of the real tokens only, and only attention and pooling see the
+// padded [b,s] layout, reached by gathering rows through bToPad and back
+// through bPack. Short texts of mixed lengths waste a fifth or more of a
+// padded batch's work on padding; the gathers cost a few row copies.
+func (m *BERT) graph(dt runtime.DType, b, s, tokens int, normalize bool) *builder {
 	cfg := m.cfg
 	h, nh := cfg.HiddenSize, cfg.NumAttentionHeads
 	d := h / nh
@@ -380,17 +392,34 @@ func (m *BERT) graph(dt runtime.DType, b, s int, normalize bool) *builder {
 		}
 		return g.param(name, wdt, m.weights[name].Shape)
 	}
-	ids := g.input(bIDs, runtime.I32, b, s)
-	types := g.input(bTypes, runtime.I32, b, s)
-	pos := g.input(bPos, runtime.I32, b, s)
+	tokShape := []int{b, s} // the token-wise layers' leading dimensions
+	if tokens > 0 {
+		tokShape = []int{tokens}
+	}
+	ids := g.input(bIDs, runtime.I32, tokShape...)
+	types := g.input(bTypes, runtime.I32, tokShape...)
+	pos := g.input(bPos, runtime.I32, tokShape...)
 	mask := g.input(bMask, runtime.F32, b, s)
-	bsh := []int{b, s, h}
+	bsh := append(slices.Clone(tokShape), h)
 	op := func(kind runtime.OpKind, in ...string) runtime.Op { return runtime.Op{Kind: kind, In: in} }
 	addOp := func(x, y string) string { return g.add(op(runtime.OpAdd, x, y), runtime.F32, bsh) }
 	ln := func(x, gamma, beta string) string {
 		o := op(runtime.OpLayerNorm, x, w(gamma), w(beta))
 		o.Eps = m.eps
 		return g.add(o, runtime.F32, bsh)
+	}
+	// padded returns token-wise x as [B,S,H]; unpack takes [B,S,H] back.
+	padded, unpack := func(x string) string { return x }, func(x string) string { return x }
+	if tokens > 0 {
+		toPad := g.input(bToPad, runtime.I32, b, s)
+		pack := g.input(bPack, runtime.I32, tokens)
+		padded = func(x string) string {
+			return g.add(op(runtime.OpGather, x, toPad), runtime.F32, []int{b, s, h})
+		}
+		unpack = func(x string) string {
+			flat := g.add(runtime.Op{Kind: runtime.OpReshape, In: []string{x}, Shape: []int{b * s, h}}, runtime.F32, []int{b * s, h})
+			return g.add(op(runtime.OpGather, flat, pack), runtime.F32, bsh)
+		}
 	}
 
 	// Embeddings: word + position + token type, then layer norm.
@@ -399,8 +428,8 @@ func (m *BERT) graph(dt runtime.DType, b, s int, normalize bool) *builder {
 	te := g.add(op(runtime.OpGather, w(wType), types), runtime.F32, bsh)
 	x := ln(addOp(addOp(we, pe), te), wEmbLNW, wEmbLNB)
 
-	heads := func(t string) string { // [B,S,H] -> [B,nh,S,d]
-		return g.add(runtime.Op{Kind: runtime.OpPermute, In: []string{t}, Shape: []int{b, s, nh, d}, Perm: []int{0, 2, 1, 3}},
+	heads := func(t string) string { // token-wise [.., H] -> [B,nh,S,d]
+		return g.add(runtime.Op{Kind: runtime.OpPermute, In: []string{padded(t)}, Shape: []int{b, s, nh, d}, Perm: []int{0, 2, 1, 3}},
 			runtime.F32, []int{b, nh, s, d})
 	}
 	for l := 0; l < cfg.NumHiddenLayers; l++ {
@@ -413,7 +442,11 @@ func (m *BERT) graph(dt runtime.DType, b, s int, normalize bool) *builder {
 		probs := g.add(op(runtime.OpMaskedSoftmax, scores, mask), runtime.F32, []int{b, nh, s, s})
 		ctx := g.add(op(runtime.OpBatchMatMul, g.operand(probs), g.operand(v)), runtime.F32, []int{b, nh, s, d})
 		merged := g.add(runtime.Op{Kind: runtime.OpPermute, In: []string{ctx}, Perm: []int{0, 2, 1, 3}}, runtime.F32, []int{b, s, nh, d})
-		merged = g.add(runtime.Op{Kind: runtime.OpReshape, In: []string{merged}, Shape: bsh}, runtime.F32, bsh)
+		if tokens > 0 {
+			merged = unpack(merged)
+		} else {
+			merged = g.add(runtime.Op{Kind: runtime.OpReshape, In: []string{merged}, Shape: bsh}, runtime.F32, bsh)
+		}
 		attn := g.linear(merged, w(p+lAOW), w(p+lAOB), runtime.ActNone)
 		x1 := ln(addOp(attn, x), p+lAOLNW, p+lAOLNB)
 		inter := g.linear(x1, w(p+lIW), w(p+lIB), m.act)
@@ -427,6 +460,7 @@ func (m *BERT) graph(dt runtime.DType, b, s int, normalize bool) *builder {
 	if m.opts.Kind == KindBERTClassifier || m.opts.Pooling == PoolingCLS {
 		poolMask = g.input(bCLS, runtime.F32, b, s)
 	}
+	x = padded(x)
 	if m.opts.Kind == KindBERTClassifier {
 		cls := g.add(op(runtime.OpMaskedMeanPool, x, poolMask), runtime.F32, []int{b, h})
 		pooled := g.linear(cls, w(wPoolerW), w(wPoolerB), runtime.ActTanh)
@@ -542,27 +576,19 @@ func (r *bertReplica) batch(ctx context.Context, items []TextInput) ([][]float32
 	// Rows past n are padding: zero ids and an all-zero mask, which the
 	// masked softmax and pooling take without NaNs; they are never read.
 	b, s := r.pad.rows(n), r.pad.seqLen(longest)
-	g := r.m.graph(r.res.dt, b, s, normalize)
-
-	ids := make([]int32, b*s)
-	types := make([]int32, b*s)
-	pos := make([]int32, b*s)
-	mask := make([]float32, b*s)
-	cls := make([]float32, b*s)
-	for i := range b {
-		for j := range s {
-			pos[i*s+j] = int32(j)
+	tokens := 0
+	if r.pad.packs() {
+		for _, it := range items {
+			tokens += len(it.IDs)
+		}
+		// Equal lengths leave nothing to save: the gathers would be
+		// pure cost.
+		if tokens = r.pad.tokenRows(tokens); tokens >= b*s {
+			tokens = 0
 		}
 	}
-	for i, it := range items {
-		row := i * s
-		copy(ids[row:], it.IDs)
-		copy(types[row:], it.TypeIDs)
-		for j := range it.IDs {
-			mask[row+j] = 1
-		}
-		cls[row] = 1
-	}
+	g := r.m.graph(r.res.dt, b, s, tokens, normalize)
+	in := newBERTInputs(items, b, s, tokens)
 
 	io := map[string]runtime.Buffer{}
 	defer func() {
@@ -579,12 +605,12 @@ func (r *bertReplica) batch(ctx context.Context, items []TextInput) ([][]float32
 		io[name] = buf
 	}
 	var err error
-	for name, vals := range map[string][]int32{bIDs: ids, bTypes: types, bPos: pos} {
-		if err == nil {
+	for name, vals := range map[string][]int32{bIDs: in.ids, bTypes: in.types, bPos: in.pos, bToPad: in.toPad, bPack: in.pack} {
+		if _, ok := io[name]; ok && err == nil {
 			err = dev.CopyInInt32(ctx, io[name], vals)
 		}
 	}
-	for name, vals := range map[string][]float32{bMask: mask, bCLS: cls} {
+	for name, vals := range map[string][]float32{bMask: in.mask, bCLS: in.cls} {
 		if _, ok := io[name]; ok && err == nil {
 			err = dev.CopyIn(ctx, io[name], vals)
 		}
@@ -625,6 +651,53 @@ func (r *bertReplica) batch(ctx context.Context, items []TextInput) ([][]float32
 		}
 	}
 	return vecs, nil
+}
+
+// bertInputs are one batch's host inputs: padded [b,s] ids, types and
+// positions, or with tokens > 0 packed [tokens] ones with the maps between
+// the two layouts; the [b,s] masks either way.
+type bertInputs struct {
+	ids, types, pos []int32
+	toPad, pack     []int32
+	mask, cls       []float32
+}
+
+func newBERTInputs(items []TextInput, b, s, tokens int) bertInputs {
+	in := bertInputs{mask: make([]float32, b*s), cls: make([]float32, b*s)}
+	rows := b * s
+	if tokens > 0 {
+		rows = tokens
+		// Padded positions read packed row 0 (any real row would do: the
+		// mask hides them from attention and pooling). Packed rows past
+		// the real tokens (the row count's rounding) read position 0.
+		in.toPad, in.pack = make([]int32, b*s), make([]int32, tokens)
+	}
+	in.ids, in.types, in.pos = make([]int32, rows), make([]int32, rows), make([]int32, rows)
+	if tokens == 0 {
+		for i := range rows {
+			in.pos[i] = int32(i % s)
+		}
+	}
+	next := 0 // packed rows used
+	for i, it := range items {
+		at := i * s
+		if tokens > 0 {
+			at = next
+		}
+		copy(in.ids[at:], it.IDs)
+		copy(in.types[at:], it.TypeIDs)
+		for j := range it.IDs {
+			in.mask[i*s+j] = 1
+			if tokens > 0 {
+				in.pos[at+j] = int32(j)
+				in.toPad[i*s+j] = int32(at + j)
+				in.pack[at+j] = int32(i*s + j)
+			}
+		}
+		in.cls[i*s] = 1
+		next += len(it.IDs)
+	}
+	return in
 }
 
 // split returns the first rows rows of v, rows of n values: the real items

@@ -98,3 +98,20 @@ func seqStep(n int) int {
 	}
 	return step
 }
+
+// packs reports whether batches run packed (see BERT.graph): on devices
+// without buckets, which run any shape as it comes.
+func (p padPlan) packs() bool { return p.batch == nil && p.seq == nil }
+
+// tokenRows is the row count of a packed batch of n real tokens: n rounded
+// up to the largest power of two up to n/16. Packed matmuls have a new
+// shape per row count, and the adapter creates and caches a primitive per
+// shape; the rounding keeps about sixteen row counts per doubling, at most
+// a sixteenth of padding.
+func (p padPlan) tokenRows(n int) int {
+	step := 1
+	for step*2 <= n/16 {
+		step *= 2
+	}
+	return (n + step - 1) / step * step
+}

@@ -2,6 +2,7 @@ package models
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"reflect"
 	"slices"
@@ -78,6 +79,22 @@ func TestPadPlanSeqLen(t *testing.T) {
 	}
 }
 
+func TestPadPlanTokenRows(t *testing.T) {
+	tests := []struct{ n, want int }{
+		{1, 1}, {18, 18}, {31, 31}, {33, 34}, {63, 64}, {90, 92}, {512, 512}, {513, 544}, {1000, 1024},
+	}
+	for _, tt := range tests {
+		t.Run(fmt.Sprint(tt.n), func(t *testing.T) {
+			if got := (padPlan{}).tokenRows(tt.n); got != tt.want {
+				t.Errorf("tokenRows(%d) = %d, want %d", tt.n, got, tt.want)
+			}
+			if got := (padPlan{}).tokenRows(tt.n); got < tt.n || (got-tt.n)*16 > tt.n {
+				t.Errorf("tokenRows(%d) = %d: more than a sixteenth of padding", tt.n, got)
+			}
+		})
+	}
+}
+
 func TestNewPadPlan(t *testing.T) {
 	dev := openDevice(t, runtime.DeviceSpec{})
 	tests := []struct {
@@ -146,26 +163,27 @@ func TestBERTBucketing(t *testing.T) {
 		maxPos    int
 		maxBatch  int
 		lens      []int
-		normalize []bool // per item; false when short
-		wantPlain [][]int
+		normalize []bool  // per item; false when short
+		wantPlain [][]int // [b,s] of each run without buckets (packed)
+		wantTok   []int   // packed token rows of each run without buckets, 0: not packed
 		wantPad   [][]int
 	}{
 		{name: "rows and sequence to the next bucket", maxBatch: 8, lens: []int{5, 9, 20},
-			wantPlain: [][]int{{3, 20}}, wantPad: [][]int{{4, 32}}},
+			wantPlain: [][]int{{3, 20}}, wantTok: []int{34}, wantPad: [][]int{{4, 32}}},
 		{name: "max batch caps the batch bucket", maxBatch: 3, lens: []int{5, 6, 7},
-			wantPlain: [][]int{{3, 7}}, wantPad: [][]int{{3, 32}}},
+			wantPlain: [][]int{{3, 7}}, wantTok: []int{18}, wantPad: [][]int{{3, 32}}},
 		{name: "two batches, two buckets each", maxBatch: 4, lens: []int{50, 3, 40, 4, 30, 5},
 			normalize: []bool{true, false, true, true, false, false},
-			wantPlain: [][]int{{4, 30}, {2, 52}}, wantPad: [][]int{{4, 32}, {2, 64}}},
+			wantPlain: [][]int{{4, 30}, {2, 52}}, wantTok: []int{42, 92}, wantPad: [][]int{{4, 32}, {2, 64}}},
 		{name: "max_position_embeddings caps the sequence bucket", maxPos: 48, maxBatch: 8, lens: []int{40},
-			wantPlain: [][]int{{1, 40}}, wantPad: [][]int{{1, 48}}},
+			wantPlain: [][]int{{1, 40}}, wantTok: []int{0}, wantPad: [][]int{{1, 48}}},
 		{name: "exact buckets are not padded", maxBatch: 8, lens: []int{32, 32},
-			wantPlain: [][]int{{2, 32}}, wantPad: [][]int{{2, 32}}},
+			wantPlain: [][]int{{2, 32}}, wantTok: []int{0}, wantPad: [][]int{{2, 32}}},
 		{name: "cls pooling", pooling: PoolingCLS, maxBatch: 8, lens: []int{7, 12, 33, 2, 9},
 			normalize: []bool{true, false, false, true, true},
-			wantPlain: [][]int{{5, 36}}, wantPad: [][]int{{8, 64}}},
+			wantPlain: [][]int{{5, 36}}, wantTok: []int{64}, wantPad: [][]int{{8, 64}}},
 		{name: "classifier", kind: KindBERTClassifier, maxBatch: 16, lens: []int{10, 11, 12, 13, 14},
-			wantPlain: [][]int{{5, 14}}, wantPad: [][]int{{8, 32}}},
+			wantPlain: [][]int{{5, 14}}, wantTok: []int{60}, wantPad: [][]int{{8, 32}}},
 	}
 	for i, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -179,12 +197,24 @@ func TestBERTBucketing(t *testing.T) {
 			for j, n := range tt.lens {
 				items[j] = randomItem(r, cfg.VocabSize, n, j%2 == 1, j < len(tt.normalize) && tt.normalize[j])
 			}
-			plain := &recordingDevice{Device: dev, input: bIDs}
-			padded := &paddingDevice{recordingDevice: &recordingDevice{Device: dev, input: bIDs}, batch: testBatchBuckets, seq: testSeqBuckets}
+			tok := &recordingDevice{Device: dev, input: bIDs}
+			plain := &recordingDevice{Device: tok, input: bMask}
+			padded := &paddingDevice{recordingDevice: &recordingDevice{Device: dev, input: bMask}, batch: testBatchBuckets, seq: testSeqBuckets}
 			want, wantShapes := runBERT(t, m, plain, tt.maxBatch, items)
 			got, gotShapes := runBERT(t, m, padded, tt.maxBatch, items)
 			if !reflect.DeepEqual(wantShapes, tt.wantPlain) {
-				t.Errorf("without buckets Run saw %v, want %v (today's padding)", wantShapes, tt.wantPlain)
+				t.Errorf("without buckets Run saw %v, want %v", wantShapes, tt.wantPlain)
+			}
+			var gotTok []int
+			for _, sh := range tok.runs() {
+				if len(sh) == 1 { // packed [T]; else padded [b,s]: 0
+					gotTok = append(gotTok, sh[0])
+				} else {
+					gotTok = append(gotTok, 0)
+				}
+			}
+			if !reflect.DeepEqual(gotTok, tt.wantTok) {
+				t.Errorf("without buckets Run saw packed token rows %v, want %v", gotTok, tt.wantTok)
 			}
 			if !reflect.DeepEqual(gotShapes, tt.wantPad) {
 				t.Errorf("with buckets Run saw %v, want %v", gotShapes, tt.wantPad)

@@ -306,6 +306,10 @@ type recorder struct {
 	errs  []error
 }
 
+// PadBuckets asks for the padding a real Device asks for, so the models
+// build the graphs PJRT gets.
+func (r *recorder) PadBuckets() (batch, seq []int) { return BatchBuckets(MaxBatchBucket), SeqBuckets() }
+
 type recBuf struct {
 	dt    runtime.DType
 	shape []int
@@ -438,7 +442,7 @@ func TestLowerModels(t *testing.T) {
 	texts := func(n int) []any {
 		out := make([]any, n)
 		for i := range out {
-			ids := make([]int32, 3+5*i) // lengths 3, 8, ...: one batch of 8 tokens
+			ids := make([]int32, 3+4*i) // lengths 3, 7, ...: one batch padded to the 32 bucket
 			for j := range ids {
 				ids[j] = int32(1 + (i+j)%40)
 			}
@@ -503,34 +507,34 @@ func TestLowerModels(t *testing.T) {
 					t.Fatalf("Execute: %v", err)
 				}
 			},
-			want: []string{"-> tensor<3x3xf32>", "(tensor<3x12xf32>, tensor<16x12xf32>) -> tensor<3x16xf32>", "stablehlo.maximum",
-				"stablehlo.rsqrt", "(tensor<3x16xf32>, tensor<8x16xf32>) -> tensor<3x8xf32>", "chlo.erf", "stablehlo.tanh",
-				"(tensor<3x8xf32>, tensor<3x8xf32>) -> tensor<3x3xf32>", "stablehlo.exponential", "stablehlo.divide"},
+			want: []string{"-> tensor<4x3xf32>", "(tensor<4x12xf32>, tensor<16x12xf32>) -> tensor<4x16xf32>", "stablehlo.maximum",
+				"stablehlo.rsqrt", "(tensor<4x16xf32>, tensor<8x16xf32>) -> tensor<4x8xf32>", "chlo.erf", "stablehlo.tanh",
+				"(tensor<4x8xf32>, tensor<3x8xf32>) -> tensor<4x3xf32>", "stablehlo.exponential", "stablehlo.divide"},
 		},
 		{
 			name: "bert encoder",
 			run:  bert(models.KindBERT),
 			want: []string{"-> (tensor<2x16xf32>, tensor<2x16xf32>)",
-				"stablehlo.gather", "-> tensor<2x8x16xf32>", "stablehlo.rsqrt",
-				"(tensor<2x8x16xf32>, tensor<16x16xf32>) -> tensor<2x8x16xf32>",
-				"(tensor<2x8x16xf32>) -> tensor<2x8x4x4xf32>", "permutation = array<i64: 0, 2, 1, 3>",
-				"lhs_batching_dimensions = [0, 1]", "-> tensor<2x4x8x8xf32>",
-				"tensor<2x8xi1>) -> tensor<2x4x8x8xi1>", "stablehlo.exponential",
-				"(tensor<2x8x4x4xf32>) -> tensor<2x8x16xf32>", "chlo.erf",
-				"(tensor<2x8x16xf32>, tensor<f32>) -> tensor<2x16xf32>", "stablehlo.sqrt"},
+				"stablehlo.gather", "-> tensor<2x32x16xf32>", "stablehlo.rsqrt",
+				"(tensor<2x32x16xf32>, tensor<16x16xf32>) -> tensor<2x32x16xf32>",
+				"(tensor<2x32x16xf32>) -> tensor<2x32x4x4xf32>", "permutation = array<i64: 0, 2, 1, 3>",
+				"lhs_batching_dimensions = [0, 1]", "-> tensor<2x4x32x32xf32>",
+				"tensor<2x32xi1>) -> tensor<2x4x32x32xi1>", "stablehlo.exponential",
+				"(tensor<2x32x4x4xf32>) -> tensor<2x32x16xf32>", "chlo.erf",
+				"(tensor<2x32x16xf32>, tensor<f32>) -> tensor<2x16xf32>", "stablehlo.sqrt"},
 		},
 		{
 			name: "bert classifier",
 			run:  bert(models.KindBERTClassifier),
-			want: []string{"-> tensor<2x3xf32>", "stablehlo.gather", "(tensor<2x8x16xf32>, tensor<f32>) -> tensor<2x16xf32>",
+			want: []string{"-> tensor<2x3xf32>", "stablehlo.gather", "(tensor<2x32x16xf32>, tensor<f32>) -> tensor<2x16xf32>",
 				"stablehlo.tanh", "(tensor<2x16xf32>, tensor<3x16xf32>) -> tensor<2x3xf32>"},
 		},
 		{
 			name:    "bert encoder in bf16",
 			compute: runtime.BF16,
 			run:     bert(models.KindBERT),
-			want: []string{"tensor<16x16xbf16>", "(tensor<2x8x16xf32>) -> tensor<2x8x16xbf16>",
-				"(tensor<2x8x16xbf16>, tensor<16x16xbf16>) -> tensor<2x8x16xf32>", "precision DEFAULT"},
+			want: []string{"tensor<16x16xbf16>", "(tensor<2x32x16xf32>) -> tensor<2x32x16xbf16>",
+				"(tensor<2x32x16xbf16>, tensor<16x16xbf16>) -> tensor<2x32x16xf32>", "precision DEFAULT"},
 		},
 	}
 	for _, tt := range tests {
