@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# Dynamic batching versus max_batch 1, measured in one run: starts two
-# brokerds on this host (default batch plan, and --max-batch 1), runs the
-# same brokerctl bench load against each, alternating, and prints both
-# figures and their ratio.
+# Two brokerd configurations under the same load, measured in one run:
+# starts two brokerds on this host (by default the default batch plan, and
+# --max-batch 1), runs the same brokerctl bench load against each,
+# alternating, and prints both figures and their ratio (first over second).
 #
 # usage: bench/batching.sh [brokerctl bench flags...]
 #   e.g. bench/batching.sh --concurrency 64 --duration 10s
 #        MODEL_REPO=/path/to/repo LOAD_MODELS=bert-4x256 bench/batching.sh --model bert-4x256 --text-bytes 80
+# Other configurations: A_FLAGS and B_FLAGS are each daemon's extra flags,
+# A_NAME and B_NAME their column names; e.g. bf16 against f32, both batched:
+#   A_NAME=bf16 A_FLAGS="--compute-dtype cpu=bf16" B_NAME=f32 B_FLAGS="" bench/batching.sh ...
 # Needs bin/brokerd and bin/brokerctl (make build) and python3.
 set -euo pipefail
 
@@ -39,23 +42,28 @@ start() { # name, extra brokerd flags...
   return 1
 }
 
-start batched
-start unbatched --max-batch 1
+a_name=${A_NAME:-batched}
+b_name=${B_NAME:-max_batch=1}
+# Word splitting of the flag strings is intended.
+# shellcheck disable=SC2086
+start a ${A_FLAGS:-}
+# shellcheck disable=SC2086
+start b ${B_FLAGS---max-batch 1}
 
 for r in $(seq 1 "$rounds"); do
-  for name in batched unbatched; do
+  for name in a b; do
     "$bin/brokerctl" --socket "$work/$name.sock" bench --json "$@" >"$work/$name.$r.json" 2>/dev/null
   done
 done
 
-python3 - "$work" "$rounds" <<'PY'
+python3 - "$work" "$rounds" "$a_name" "$b_name" <<'PY'
 import json, sys
-work, rounds = sys.argv[1], int(sys.argv[2])
+work, rounds, an, bn = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
 def load(name):
     return [json.load(open(f"{work}/{name}.{r}.json")) for r in range(1, rounds + 1)]
-b, u = load("batched"), load("unbatched")
-print(f"{'round':<6}{'concurrency':<13}{'batched items/s':>17}{'p99 ms':>9}{'mean batch':>12}"
-      f"{'max_batch=1 items/s':>21}{'p99 ms':>9}{'ratio':>8}")
+b, u = load("a"), load("b")
+print(f"{'round':<6}{'concurrency':<13}{an + ' items/s':>17}{'p99 ms':>9}{'mean batch':>12}"
+      f"{bn + ' items/s':>21}{'p99 ms':>9}{'ratio':>8}")
 for r in range(rounds):
     for lb, lu in zip(b[r]["levels"], u[r]["levels"]):
         eb, eu = lb["encode"], lu["encode"]
