@@ -172,7 +172,7 @@ func Run(ctx context.Context, opts Options, log *zap.Logger) error {
 		return err
 	}
 	models, err := placeModels(ctx, inv.Devices(), []encoderModel{hashEncoder{hashenc.New()}}, sched, repo, placeOptions{
-		Adapters: map[string]runtime.Adapter{onednn.Name: onednn.New(onednn.Options{}),
+		Adapters: map[string]runtime.Adapter{onednn.Name: onednn.New(onednn.Options{Registerer: reg}),
 			pjrt.Name: pjrt.New(pjrt.AdapterOptions{Discovery: pol.pjrt, Registerer: reg,
 				Identify: func(id string) (string, string) { e, _ := inv.Device(id); return e.PCIBusID, e.UUID }})},
 		Factors:        pol.Factors,

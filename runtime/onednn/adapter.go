@@ -6,6 +6,8 @@ import (
 	goruntime "runtime"
 	"strings"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/brokerd/brokerd/runtime"
 )
 
@@ -18,21 +20,32 @@ type Options struct {
 	// CacheSize bounds each device's cache of created oneDNN primitives
 	// (least recently used ones are destroyed); 0 means DefaultCacheSize.
 	CacheSize int
+	// Registerer receives the primitive cache metrics
+	// (brokerd_onednn_primitive_cache_lookups_total and
+	// brokerd_onednn_primitive_create_seconds) when non-nil.
+	Registerer prometheus.Registerer
 }
 
 // Adapter opens CPU devices on oneDNN. It implements runtime.Adapter.
 type Adapter struct {
-	opts Options
+	opts    Options
+	metrics *primMetrics
 }
 
 var _ runtime.Adapter = (*Adapter)(nil)
 
-// New returns the oneDNN adapter.
+// New returns the oneDNN adapter. It registers the primitive cache metrics
+// with opts.Registerer and panics if that registry holds different series
+// of the same names, as prometheus.MustRegister does: a programming error.
 func New(opts Options) *Adapter {
 	if opts.CacheSize <= 0 {
 		opts.CacheSize = DefaultCacheSize
 	}
-	return &Adapter{opts: opts}
+	m, err := newPrimMetrics(opts.Registerer)
+	if err != nil {
+		panic(err)
+	}
+	return &Adapter{opts: opts, metrics: m}
 }
 
 // Name returns "onednn".
@@ -65,7 +78,7 @@ func (a *Adapter) Open(ctx context.Context, spec runtime.DeviceSpec) (runtime.De
 	default:
 		return nil, fmt.Errorf("onednn: open %s: compute type %s: %w", spec.ID, spec.DType, runtime.ErrUnsupported)
 	}
-	d, err := openDevice(spec, a.opts.CacheSize)
+	d, err := openDevice(spec, a.opts.CacheSize, a.metrics)
 	if err != nil {
 		return nil, err
 	}

@@ -16,6 +16,8 @@ import (
 	"sync"
 	"unsafe"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/brokerd/brokerd/runtime"
 )
 
@@ -42,6 +44,9 @@ type Device struct {
 
 	c     *C.bd_device // used only on the worker thread
 	prims *lru[primKey, *C.bd_prim]
+	// Primitive cache metrics, this device's series.
+	hit, miss prometheus.Counter
+	create    prometheus.Observer
 
 	work      chan func()
 	quit      chan struct{}
@@ -76,8 +81,14 @@ type primKey struct {
 	layout         string // permute: the input view and the permutation
 }
 
-func openDevice(spec runtime.DeviceSpec, cacheSize int) (*Device, error) {
+func openDevice(spec runtime.DeviceSpec, cacheSize int, m *primMetrics) (*Device, error) {
+	if m == nil {
+		m, _ = newPrimMetrics(nil) // unregistered: never fails
+	}
 	d := &Device{
+		hit:     m.lookups.WithLabelValues(spec.ID, "hit"),
+		miss:    m.lookups.WithLabelValues(spec.ID, "miss"),
+		create:  m.create.WithLabelValues(spec.ID),
 		id:      spec.ID,
 		threads: spec.Threads,
 		compute: spec.DType,

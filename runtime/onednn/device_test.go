@@ -9,6 +9,9 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/brokerd/brokerd/runtime"
 )
 
@@ -187,7 +190,8 @@ func TestPoolReuse(t *testing.T) {
 }
 
 func TestPrimitiveCacheBound(t *testing.T) {
-	dev, err := New(Options{CacheSize: 2}).Open(t.Context(), runtime.DeviceSpec{})
+	reg := prometheus.NewPedanticRegistry()
+	dev, err := New(Options{CacheSize: 2, Registerer: reg}).Open(t.Context(), runtime.DeviceSpec{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -206,6 +210,23 @@ func TestPrimitiveCacheBound(t *testing.T) {
 	// 3 was evicted by 64 before it came back, so every run was a miss.
 	if n, hits, misses := d.prims.stats(); n != 2 || hits != 0 || misses != 5 {
 		t.Errorf("cache: %d entries, %d hits, %d misses; want 2, 0, 5", n, hits, misses)
+	}
+	// The metrics say the same, and time each creation.
+	x := randVec(r, 100)
+	if _, err := runGraph(t, d, g, []input{f32In("x", x, 100)}, "y", []int{100}); err != nil {
+		t.Fatal(err)
+	}
+	want := fmt.Sprintf(`
+# HELP brokerd_onednn_primitive_cache_lookups_total Primitive cache lookups by result (hit or miss).
+# TYPE brokerd_onednn_primitive_cache_lookups_total counter
+brokerd_onednn_primitive_cache_lookups_total{device=%q,result="hit"} 1
+brokerd_onednn_primitive_cache_lookups_total{device=%q,result="miss"} 5
+`, d.ID(), d.ID())
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "brokerd_onednn_primitive_cache_lookups_total"); err != nil {
+		t.Error(err)
+	}
+	if n := testutil.CollectAndCount(reg, "brokerd_onednn_primitive_create_seconds"); n != 1 {
+		t.Errorf("%d create-time series, want 1 (this device)", n)
 	}
 }
 

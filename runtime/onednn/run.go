@@ -9,6 +9,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"time"
 	"unsafe"
 
 	"github.com/brokerd/brokerd/runtime"
@@ -124,14 +125,24 @@ func dnnlType(dt runtime.DType) C.dnnl_data_type_t {
 
 // primitive returns the cached primitive for key, creating it with create.
 func (d *Device) primitive(s *runtime.Step, key primKey, create func(out **C.bd_prim, step **C.char) C.dnnl_status_t) (*C.bd_prim, error) {
-	return d.prims.get(key, func() (*C.bd_prim, error) {
+	missed := false
+	p, err := d.prims.get(key, func() (*C.bd_prim, error) {
+		missed = true
+		start := time.Now()
 		var p *C.bd_prim
 		var where *C.char
 		if st := create(&p, &where); st != C.dnnl_success {
 			return nil, fmt.Errorf("%s: %w", s, statusError(where, st))
 		}
+		d.create.Observe(time.Since(start).Seconds())
 		return p, nil
 	})
+	if missed {
+		d.miss.Inc()
+	} else {
+		d.hit.Inc()
+	}
+	return p, err
 }
 
 // exec runs a primitive on the given arguments, in its creation order.
