@@ -9,6 +9,7 @@ import (
 	"net/http/pprof"
 	"os"
 	goruntime "runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -74,86 +75,18 @@ func Run(ctx context.Context, opts Options, log *zap.Logger) error {
 
 	// Listeners first: a second brokerd on the same socket stops here, before
 	// it touches the state dir or the devices.
-	var lis []net.Listener
-	defer func() {
-		for _, l := range lis {
-			l.Close()
-		}
-	}()
-	sock, err := listenUnix(cfg.Socket)
+	lis, err := openListeners(cfg)
 	if err != nil {
 		return err
 	}
-	lis = append(lis, sock)
-	addrs := Addresses{Socket: cfg.Socket}
-	var tcp net.Listener
-	if cfg.Listen != "" {
-		if tcp, err = net.Listen("tcp", cfg.Listen); err != nil {
-			return fmt.Errorf("listen %s: %w", cfg.Listen, err)
-		}
-		lis = append(lis, tcp)
-		addrs.TCP = tcp.Addr().String()
-	}
-	var metricsLis net.Listener
-	if cfg.MetricsListen != "" {
-		if metricsLis, err = net.Listen("tcp", cfg.MetricsListen); err != nil {
-			return fmt.Errorf("metrics-listen %s: %w", cfg.MetricsListen, err)
-		}
-		lis = append(lis, metricsLis)
-		addrs.Metrics = metricsLis.Addr().String()
-	}
-	// Kubelet gRPC probes speak plaintext to a TCP port, which the TLS (or
-	// loopback-only) listener cannot serve; this one carries health alone.
-	var healthLis net.Listener
-	if cfg.HealthListen != "" {
-		if healthLis, err = net.Listen("tcp", cfg.HealthListen); err != nil {
-			return fmt.Errorf("health-listen %s: %w", cfg.HealthListen, err)
-		}
-		lis = append(lis, healthLis)
-		addrs.Health = healthLis.Addr().String()
-	}
+	defer lis.close()
+	addrs := lis.addrs
 
-	if err := os.MkdirAll(cfg.StateDir, 0o750); err != nil {
-		return fmt.Errorf("state-dir: %w", err)
-	}
-	registry, err := detect.OpenRegistry(cfg.StateDir, log)
+	inv, closeNVML, err := discover(ctx, cfg, opts, &pol, getenv, log)
 	if err != nil {
-		return fmt.Errorf("device registry: %w", err)
+		return err
 	}
-
-	pol.Runtimes = probe.Probe(ctx, probe.Options{PJRT: pol.pjrt})
-	for _, rt := range pol.Runtimes {
-		log.Info("runtime probed", zap.String("runtime", rt.Name), zap.Bool("available", rt.Available),
-			zap.String("version", rt.Version), zap.String("reason", rt.Reason), zap.Int("plugins", len(rt.Plugins)))
-	}
-
-	roots := detect.Roots{Sys: cfg.Sysfs, Proc: cfg.Procfs, Dev: cfg.Devfs}
-	cpu := detect.NewCPUDetector(roots)
-	nv := detect.NewNVMLDetector(roots, cfg.NVMLLibrary)
-	if opts.NVML != nil {
-		nv = detect.NewNVIDIADetector(opts.NVML, roots)
-	}
-	defer func() {
-		if err := nv.Close(); err != nil {
-			log.Warn("closing NVML", zap.Error(err))
-		}
-	}()
-	inv := detect.NewInventory(detect.InventoryOptions{
-		Detectors: []detect.Detector{cpu, nv, detect.NewTPUDetector(roots, getenv),
-			detect.NewAMDDetector(roots), detect.NewCoralDetector(roots)},
-		Refreshers: []detect.Refresher{cpu, nv},
-		Registry:   registry,
-		Runtimes:   runtimeStatuses(pol.Runtimes),
-		Memory:     pol.Memory,
-		Costs:      pol.Costs,
-		Logger:     log,
-	})
-	if err := inv.Discover(ctx); err != nil {
-		return fmt.Errorf("device discovery: %w", err)
-	}
-	for _, n := range inv.Notes() {
-		log.Info("detection note", zap.String("note", n))
-	}
+	defer closeNVML()
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
@@ -194,30 +127,12 @@ func Run(ctx context.Context, opts Options, log *zap.Logger) error {
 		return err
 	}
 
-	srvOpts := []grpc.ServerOption{
-		grpc.ChainUnaryInterceptor(unaryInterceptor(log, rpcm)),
-		grpc.ChainStreamInterceptor(streamInterceptor(log, rpcm)),
-		grpc.MaxRecvMsgSize(cfg.MaxMessageBytes),
-		// Reused handler goroutines keep their grown stacks: a new goroutine
-		// per call re-grows its stack (featurising needs a few KiB) every time.
-		grpc.NumStreamWorkers(uint32(goruntime.GOMAXPROCS(0))),
-		grpc.MaxSendMsgSize(cfg.MaxMessageBytes),
+	unixSrv, tcpSrv, err := newGRPCServers(cfg, lis.tcp != nil, rpcm, log)
+	if err != nil {
+		return err
 	}
-	// The Unix socket is protected by its file mode; TCP carries TLS unless
-	// --insecure-tcp allowed plaintext on loopback (checked by config).
-	unixSrv := grpc.NewServer(append(append([]grpc.ServerOption(nil), srvOpts...), grpc.Creds(unixCreds{}))...)
 	servers := []*grpc.Server{unixSrv}
-	var tcpSrv *grpc.Server
-	if tcp != nil {
-		tcpOpts := srvOpts
-		if cfg.TLSCert != "" {
-			tc, err := tlsConfig(cfg.TLSCert, cfg.TLSKey, cfg.TLSClientCA)
-			if err != nil {
-				return err
-			}
-			tcpOpts = append(append([]grpc.ServerOption(nil), srvOpts...), grpc.Creds(credentials.NewTLS(tc)))
-		}
-		tcpSrv = grpc.NewServer(tcpOpts...)
+	if tcpSrv != nil {
 		servers = append(servers, tcpSrv)
 	}
 	hostname, _ := os.Hostname()
@@ -243,7 +158,7 @@ func Run(ctx context.Context, opts Options, log *zap.Logger) error {
 		reflection.Register(s)
 	}
 	var healthOnlySrv *grpc.Server
-	if healthLis != nil {
+	if lis.health != nil {
 		healthOnlySrv = grpc.NewServer(grpc.ChainUnaryInterceptor(unaryInterceptor(log, rpcm)),
 			grpc.ChainStreamInterceptor(streamInterceptor(log, rpcm)))
 		healthpb.RegisterHealthServer(healthOnlySrv, healthSrv)
@@ -251,28 +166,18 @@ func Run(ctx context.Context, opts Options, log *zap.Logger) error {
 	}
 
 	errc := make(chan error, 4)
-	go func() { errc <- serveGRPC(unixSrv, sock, "socket") }()
+	go func() { errc <- serveGRPC(unixSrv, lis.sock, "socket") }()
 	if tcpSrv != nil {
-		go func() { errc <- serveGRPC(tcpSrv, tcp, "tcp") }()
+		go func() { errc <- serveGRPC(tcpSrv, lis.tcp, "tcp") }()
 	}
 	if healthOnlySrv != nil {
-		go func() { errc <- serveGRPC(healthOnlySrv, healthLis, "health") }()
+		go func() { errc <- serveGRPC(healthOnlySrv, lis.health, "health") }()
 	}
 	var metricsSrv *http.Server
-	if metricsLis != nil {
-		mux := http.NewServeMux()
-		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
-		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
-		if cfg.Pprof {
-			// Heap, goroutine, mutex and block profiles only: the CPU
-			// profile's SIGPROF lands on OpenMP worker threads inside
-			// oneDNN and was seen to crash brokerd under load. Use perf
-			// for CPU profiles.
-			mux.HandleFunc("/debug/pprof/", pprof.Index)
-		}
-		metricsSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	if lis.metrics != nil {
+		metricsSrv = newMetricsServer(reg, cfg.Pprof)
 		go func() {
-			if err := metricsSrv.Serve(metricsLis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			if err := metricsSrv.Serve(lis.metrics); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				errc <- fmt.Errorf("metrics server: %w", err)
 			}
 		}()
@@ -328,6 +233,149 @@ func Run(ctx context.Context, opts Options, log *zap.Logger) error {
 	<-refreshDone
 	log.Info("brokerd stopped")
 	return runErr
+}
+
+// listeners are brokerd's open sockets: the Unix socket always, the others
+// when their settings are on.
+type listeners struct {
+	sock, tcp, metrics, health net.Listener
+	addrs                      Addresses
+}
+
+// openListeners opens every listener the settings ask for; on an error the
+// ones already open are closed.
+func openListeners(cfg config.Config) (_ *listeners, err error) {
+	l := &listeners{addrs: Addresses{Socket: cfg.Socket}}
+	defer func() {
+		if err != nil {
+			l.close()
+		}
+	}()
+	if l.sock, err = listenUnix(cfg.Socket); err != nil {
+		return nil, err
+	}
+	tcp := func(addr, setting string) (net.Listener, string, error) {
+		if addr == "" {
+			return nil, "", nil
+		}
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			return nil, "", fmt.Errorf("%s %s: %w", setting, addr, err)
+		}
+		return ln, ln.Addr().String(), nil
+	}
+	if l.tcp, l.addrs.TCP, err = tcp(cfg.Listen, "listen"); err != nil {
+		return nil, err
+	}
+	if l.metrics, l.addrs.Metrics, err = tcp(cfg.MetricsListen, "metrics-listen"); err != nil {
+		return nil, err
+	}
+	// Kubelet gRPC probes speak plaintext to a TCP port, which the TLS (or
+	// loopback-only) listener cannot serve; this one carries health alone.
+	if l.health, l.addrs.Health, err = tcp(cfg.HealthListen, "health-listen"); err != nil {
+		return nil, err
+	}
+	return l, nil
+}
+
+func (l *listeners) close() {
+	for _, ln := range []net.Listener{l.sock, l.tcp, l.metrics, l.health} {
+		if ln != nil {
+			ln.Close()
+		}
+	}
+}
+
+// discover probes the runtimes (recording them in pol) and detects the
+// host's devices, keeping stable IDs in the state dir's registry. The
+// returned func closes NVML.
+func discover(ctx context.Context, cfg config.Config, opts Options, pol *daemonPolicy, getenv func(string) string, log *zap.Logger) (*detect.Inventory, func(), error) {
+	if err := os.MkdirAll(cfg.StateDir, 0o750); err != nil {
+		return nil, nil, fmt.Errorf("state-dir: %w", err)
+	}
+	registry, err := detect.OpenRegistry(cfg.StateDir, log)
+	if err != nil {
+		return nil, nil, fmt.Errorf("device registry: %w", err)
+	}
+
+	pol.Runtimes = probe.Probe(ctx, probe.Options{PJRT: pol.pjrt})
+	for _, rt := range pol.Runtimes {
+		log.Info("runtime probed", zap.String("runtime", rt.Name), zap.Bool("available", rt.Available),
+			zap.String("version", rt.Version), zap.String("reason", rt.Reason), zap.Int("plugins", len(rt.Plugins)))
+	}
+
+	roots := detect.Roots{Sys: cfg.Sysfs, Proc: cfg.Procfs, Dev: cfg.Devfs}
+	cpu := detect.NewCPUDetector(roots)
+	nv := detect.NewNVMLDetector(roots, cfg.NVMLLibrary)
+	if opts.NVML != nil {
+		nv = detect.NewNVIDIADetector(opts.NVML, roots)
+	}
+	closeNVML := func() {
+		if err := nv.Close(); err != nil {
+			log.Warn("closing NVML", zap.Error(err))
+		}
+	}
+	inv := detect.NewInventory(detect.InventoryOptions{
+		Detectors: []detect.Detector{cpu, nv, detect.NewTPUDetector(roots, getenv),
+			detect.NewAMDDetector(roots), detect.NewCoralDetector(roots)},
+		Refreshers: []detect.Refresher{cpu, nv},
+		Registry:   registry,
+		Runtimes:   runtimeStatuses(pol.Runtimes),
+		Memory:     pol.Memory,
+		Costs:      pol.Costs,
+		Logger:     log,
+	})
+	if err := inv.Discover(ctx); err != nil {
+		closeNVML()
+		return nil, nil, fmt.Errorf("device discovery: %w", err)
+	}
+	for _, n := range inv.Notes() {
+		log.Info("detection note", zap.String("note", n))
+	}
+	return inv, closeNVML, nil
+}
+
+// newGRPCServers builds the Unix socket's server and, with withTCP, the TCP
+// one (TLS unless --insecure-tcp allowed plaintext on loopback, which config
+// checks). The socket is protected by its file mode.
+func newGRPCServers(cfg config.Config, withTCP bool, rpcm *rpcMetrics, log *zap.Logger) (unixSrv, tcpSrv *grpc.Server, err error) {
+	srvOpts := []grpc.ServerOption{
+		grpc.ChainUnaryInterceptor(unaryInterceptor(log, rpcm)),
+		grpc.ChainStreamInterceptor(streamInterceptor(log, rpcm)),
+		grpc.MaxRecvMsgSize(cfg.MaxMessageBytes),
+		// Reused handler goroutines keep their grown stacks: a new goroutine
+		// per call re-grows its stack (featurising needs a few KiB) every time.
+		grpc.NumStreamWorkers(uint32(goruntime.GOMAXPROCS(0))),
+		grpc.MaxSendMsgSize(cfg.MaxMessageBytes),
+	}
+	unixSrv = grpc.NewServer(append(slices.Clone(srvOpts), grpc.Creds(unixCreds{}))...)
+	if !withTCP {
+		return unixSrv, nil, nil
+	}
+	tcpOpts := srvOpts
+	if cfg.TLSCert != "" {
+		tc, err := tlsConfig(cfg.TLSCert, cfg.TLSKey, cfg.TLSClientCA)
+		if err != nil {
+			return nil, nil, err
+		}
+		tcpOpts = append(slices.Clone(srvOpts), grpc.Creds(credentials.NewTLS(tc)))
+	}
+	return unixSrv, grpc.NewServer(tcpOpts...), nil
+}
+
+// newMetricsServer serves /metrics from reg, /healthz, and with pprof the
+// heap, goroutine, mutex and block profiles.
+func newMetricsServer(reg *prometheus.Registry, withPprof bool) *http.Server {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	if withPprof {
+		// No CPU profile: its SIGPROF lands on OpenMP worker threads inside
+		// oneDNN and was seen to crash brokerd under load. Use perf for CPU
+		// profiles.
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+	}
+	return &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 }
 
 func serveGRPC(s *grpc.Server, l net.Listener, name string) error {
