@@ -17,23 +17,24 @@ const (
 	overdueSlack = 50 * time.Millisecond
 )
 
-// replica is one device serving one model. Its worker runs one batch at a
-// time; all other fields are guarded by Scheduler.mu.
+// replica is one device serving one model. Its workers run up to
+// maxInFlight batches at a time (one each); all other fields are guarded by
+// Scheduler.mu.
 type replica struct {
 	mq             *modelQueue
 	dev            Device
 	idKey, typeKey string // pin classes it serves besides ""
 	maxBatch       int
 	maxCost        int // summed Request.Costs per batch; 0 = no limit
+	maxInFlight    int // batches given to the executor at once (≥ 1)
 	exec           Executor
 
-	work       chan *batch // capacity 1: a batch is sent only when idle
+	work       chan *batch // capacity maxInFlight: a batch is sent only below it
 	workClosed bool
-	exited     chan struct{}
+	exited     chan struct{} // closed when every worker has returned
 
-	busy         bool
-	runningItems int
-	runStart     time.Time
+	running      []*batch // in flight, oldest first
+	runningItems int      // items of the batches in flight
 	removing     bool
 
 	throughput float64 // EWMA of items per compute second; 0 = unmeasured
@@ -47,20 +48,48 @@ type replica struct {
 	m     replicaMetrics
 }
 
-func newReplica(mq *modelQueue, dev Device, maxBatch int, exec Executor, m *metrics) *replica {
+func newReplica(mq *modelQueue, dev Device, maxBatch, maxInFlight int, exec Executor, m *metrics) *replica {
+	maxInFlight = max(maxInFlight, 1)
 	return &replica{
-		mq:       mq,
-		dev:      dev,
-		idKey:    pinKey(dev.ID, ""),
-		typeKey:  pinKey("", dev.Type),
-		maxBatch: maxBatch,
-		exec:     exec,
-		work:     make(chan *batch, 1),
-		exited:   make(chan struct{}),
-		healthy:  true,
-		stats:    newRowStats(),
-		m:        m.forReplica(mq.name, dev.ID),
+		mq:          mq,
+		dev:         dev,
+		idKey:       pinKey(dev.ID, ""),
+		typeKey:     pinKey("", dev.Type),
+		maxBatch:    maxBatch,
+		maxInFlight: maxInFlight,
+		exec:        exec,
+		work:        make(chan *batch, maxInFlight),
+		exited:      make(chan struct{}),
+		healthy:     true,
+		stats:       newRowStats(),
+		m:           m.forReplica(mq.name, dev.ID),
 	}
+}
+
+// busy reports whether r has a batch in flight.
+func (r *replica) busy() bool { return len(r.running) > 0 }
+
+// canTake reports whether r may be given another batch: below its
+// in-flight limit, and only one at a time while it is unhealthy (its probe).
+func (r *replica) canTake() bool {
+	if !r.healthy {
+		return len(r.running) == 0
+	}
+	return len(r.running) < r.maxInFlight
+}
+
+// backlog is the expected seconds until r's batches in flight finish, from
+// its measured throughput (0 when idle or unmeasured), and when they count
+// as overrunning: twice the expected time (plus overdueSlack) after the
+// oldest started.
+func (r *replica) backlog(now time.Time) (secs float64, overdue time.Time) {
+	if !r.busy() || r.throughput == 0 {
+		return 0, time.Time{}
+	}
+	start := r.running[0].start
+	expected := float64(r.runningItems) / r.throughput
+	overdue = start.Add(time.Duration(2*expected*float64(time.Second)) + overdueSlack)
+	return max(0, expected-now.Sub(start).Seconds()), overdue
 }
 
 func (r *replica) matches(deviceID, devType string) bool {
@@ -77,6 +106,7 @@ func (r *replica) closeWork() {
 // batch is what a worker runs.
 type batch struct {
 	items []itemRef
+	start time.Time // when it was handed to the replica
 }
 
 // usableLocked reports whether r may be given a batch now.
@@ -106,7 +136,7 @@ func (s *Scheduler) dispatchLocked(mq *modelQueue) {
 	for {
 		cands := make([]cand, 0, len(mq.replicas))
 		for _, r := range mq.replicas {
-			if r.busy || !s.usableLocked(r, now) {
+			if !r.canTake() || !s.usableLocked(r, now) {
 				continue
 			}
 			n, oldest := mq.eligible(r, now, delay)
@@ -115,7 +145,10 @@ func (s *Scheduler) dispatchLocked(mq *modelQueue) {
 			}
 			c := cand{r: r, n: n, oldest: oldest}
 			if r.throughput > 0 {
-				c.finish = float64(min(n, r.maxBatch)) / r.throughput
+				// A pipelined replica's new batch finishes after those in
+				// flight.
+				behind, _ := r.backlog(now)
+				c.finish = behind + float64(min(n, r.maxBatch))/r.throughput
 			}
 			cands = append(cands, c)
 		}
@@ -155,7 +188,7 @@ func (s *Scheduler) dispatchLocked(mq *modelQueue) {
 		}
 	}
 	for _, r := range mq.replicas {
-		if !r.healthy && !r.busy && !r.removing && !s.cordoned[r.dev.ID] && now.Before(r.probeAt) {
+		if !r.healthy && !r.busy() && !r.removing && !s.cordoned[r.dev.ID] && now.Before(r.probeAt) {
 			if n, _ := mq.eligible(r, now, delay); n > 0 && (wake.IsZero() || r.probeAt.Before(wake)) {
 				wake = r.probeAt
 			}
@@ -182,15 +215,9 @@ func (s *Scheduler) fasterElsewhereLocked(mq *modelQueue, r *replica, n int, min
 		if on, _ := mq.eligible(o, now, 0); on < n {
 			continue
 		}
-		var backlog float64
-		var overdue time.Time
-		if o.busy {
-			expected := float64(o.runningItems) / o.throughput
-			overdue = o.runStart.Add(time.Duration(2*expected*float64(time.Second)) + overdueSlack)
-			if !now.Before(overdue) {
-				continue
-			}
-			backlog = max(0, expected-now.Sub(o.runStart).Seconds())
+		backlog, overdue := o.backlog(now)
+		if !overdue.IsZero() && !now.Before(overdue) {
+			continue
 		}
 		if backlog+float64(n)/o.throughput < mine {
 			return true, overdue
@@ -217,20 +244,21 @@ func (s *Scheduler) armLocked(mq *modelQueue, wake, now time.Time) {
 	mq.timer, mq.timerAt = t, wake
 }
 
-// startLocked hands items to r's idle worker.
+// startLocked hands items to one of r's workers.
 func (s *Scheduler) startLocked(r *replica, items []itemRef, now time.Time) {
-	r.busy = true
-	r.runningItems = len(items)
-	r.runStart = now
+	b := &batch{items: items, start: now}
+	r.running = append(r.running, b)
+	r.runningItems += len(items)
 	s.running++
 	r.m.running.Inc()
-	r.work <- &batch{items: items} // never blocks: r was idle, capacity 1
+	r.work <- b // never blocks: fewer than maxInFlight (its capacity) are in flight
 }
 
-// worker runs r's batches until its work channel closes.
-func (s *Scheduler) worker(r *replica) {
+// worker runs r's batches until its work channel closes. A replica has
+// maxInFlight of them.
+func (s *Scheduler) worker(r *replica, done func()) {
 	defer s.workers.Done()
-	defer close(r.exited)
+	defer done()
 	for b := range r.work {
 		// Last look before running: an item whose call ended since the
 		// batch was formed is dropped, never run.
@@ -255,7 +283,7 @@ func (s *Scheduler) worker(r *replica) {
 			outs, err = s.execute(r, inputs)
 			end = s.now()
 		}
-		s.complete(r, run, dropped, outs, err, start, end)
+		s.complete(r, b, run, dropped, outs, err, start, end)
 	}
 }
 
@@ -276,12 +304,12 @@ func (s *Scheduler) execute(r *replica, inputs []any) (outs []any, err error) {
 
 // complete records a finished batch: outputs to their requests on success,
 // a retry elsewhere or ErrBackend on failure; then dispatches again.
-func (s *Scheduler) complete(r *replica, run, dropped []itemRef, outs []any, execErr error, start, end time.Time) {
+func (s *Scheduler) complete(r *replica, b *batch, run, dropped []itemRef, outs []any, execErr error, start, end time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	mq := r.mq
-	r.busy = false
-	r.runningItems = 0
+	r.running = slices.DeleteFunc(r.running, func(x *batch) bool { return x == b })
+	r.runningItems -= len(b.items)
 	s.running--
 	r.m.running.Dec()
 	for _, it := range dropped {
@@ -306,7 +334,7 @@ func (s *Scheduler) complete(r *replica, run, dropped []itemRef, outs []any, exe
 			s.failLocked(r, run, execErr, end)
 		}
 	}
-	if r.removing {
+	if r.removing && !r.busy() {
 		r.closeWork()
 	}
 	s.checkDrainedLocked()

@@ -70,7 +70,8 @@ const (
 
 // Executor runs one batch of opaque inputs on one device. Model replicas over
 // a runtime device implement it. It must return one output per input, in
-// order; it is never called concurrently for one replica.
+// order. It is never called concurrently for one replica, unless the
+// replica was added WithMaxInFlight(k > 1): then up to k calls overlap.
 type Executor interface {
 	Execute(ctx context.Context, inputs []any) ([]any, error)
 }
@@ -132,13 +133,23 @@ type Request struct {
 // ReplicaOption configures a replica.
 type ReplicaOption func(*replicaOptions)
 
-type replicaOptions struct{ maxCost int }
+type replicaOptions struct{ maxCost, maxInFlight int }
 
 // WithMaxBatchCost bounds the summed Request.Costs of one batch (e.g. a
 // model's max_batch_tokens) besides its item count. An item costlier than
 // the limit still runs, alone.
 func WithMaxBatchCost(n int) ReplicaOption {
 	return func(o *replicaOptions) { o.maxCost = n }
+}
+
+// WithMaxInFlight lets up to k batches run on the replica at once (default
+// 1), for devices that overlap one batch's copy-in with another's run
+// (runtime/pjrt): the next batch is formed and handed over while the
+// current one runs, so its inputs are on the device when the device frees.
+// The executor must then be safe for k concurrent calls. An unhealthy
+// replica still gets one batch at a time, its probe.
+func WithMaxInFlight(k int) ReplicaOption {
+	return func(o *replicaOptions) { o.maxInFlight = k }
 }
 
 // Response is the outputs of a request, in input order, and how they ran.
@@ -256,11 +267,16 @@ func (s *Scheduler) AddReplica(model string, dev Device, maxBatch int, exec Exec
 	if mq.replica(dev.ID) != nil {
 		return fmt.Errorf("scheduler: add replica of %q on %s: %w: already served", model, dev.ID, ErrInvalidArgument)
 	}
-	r := newReplica(mq, dev, maxBatch, exec, s.metrics)
+	r := newReplica(mq, dev, maxBatch, ro.maxInFlight, exec, s.metrics)
 	r.maxCost = ro.maxCost
 	mq.replicas = append(mq.replicas, r)
-	s.workers.Add(1)
-	go s.worker(r)
+	var wg sync.WaitGroup
+	s.workers.Add(r.maxInFlight)
+	for range r.maxInFlight {
+		wg.Add(1)
+		go s.worker(r, wg.Done)
+	}
+	go func() { wg.Wait(); close(r.exited) }()
 	s.log.Info("replica added", zap.String("model", model), zap.String("device", dev.ID),
 		zap.String("type", dev.Type), zap.Int("max_batch", maxBatch))
 	s.dispatchLocked(mq)
@@ -284,7 +300,7 @@ func (s *Scheduler) RemoveReplica(ctx context.Context, model, deviceID string) e
 	}
 	r.removing = true
 	mq.dropReplica(r)
-	if !r.busy {
+	if !r.busy() {
 		r.closeWork()
 	}
 	if len(mq.replicas) == 0 {

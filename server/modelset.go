@@ -158,6 +158,24 @@ type openDevice struct {
 	dev   runtime.Device
 	entry detect.Entry
 	dtype runtime.DType // what it computes in: the setting's, or F32 after a fallback
+	// inFlight is how many batches a model replica on it runs at once: more
+	// than one where the device overlaps a batch's copy-in with another's
+	// run (PJRT), one elsewhere.
+	inFlight int
+}
+
+// pipelinedDevice is a runtime device that overlaps one batch's copy-in with
+// another's run (runtime/pjrt's Device), matched by method so server needs
+// no adapter's types.
+type pipelinedDevice interface {
+	MaxInFlight() int
+}
+
+func inFlightOf(dev runtime.Device) int {
+	if p, ok := dev.(pipelinedDevice); ok {
+		return max(p.MaxInFlight(), 1)
+	}
+	return 1
 }
 
 // catalog is an immutable view of what is served, swapped atomically so the
@@ -248,7 +266,7 @@ func openDevices(ctx context.Context, entries []detect.Entry, sched replicaHost,
 			log.Warn("device could not be opened", zap.String("device", e.ID), zap.Error(err))
 			continue
 		}
-		ms.devices = append(ms.devices, openDevice{dev: dev, entry: e, dtype: spec.DType})
+		ms.devices = append(ms.devices, openDevice{dev: dev, entry: e, dtype: spec.DType, inFlight: inFlightOf(dev)})
 		ms.dtypes[e.ID] = spec.DType
 		log.Info("device opened", zap.String("device", e.ID), zap.String("runtime", e.Runtime), zap.Stringer("compute_dtype", spec.DType))
 	}
@@ -343,6 +361,13 @@ func (ms *modelSet) addReplicaLocked(s *served, od openDevice, maxBatch int, nee
 		// Items cost their tokens (served.costs): a batch stays within the budget.
 		opts = append(opts, scheduler.WithMaxBatchCost(tokens))
 	}
+	inFlight := 1
+	if s.builtin == nil && od.inFlight > 1 {
+		// The next batch is copied in while this one runs. (The built-in
+		// hash encoder's budget counts one batch, so it keeps to one.)
+		inFlight = od.inFlight
+		opts = append(opts, scheduler.WithMaxInFlight(inFlight))
+	}
 	if err := ms.sched.AddReplica(s.key, scheduler.Device{ID: e.ID, Type: string(e.Type), CostPerHour: e.CostPerHour}, maxBatch, r, opts...); err != nil {
 		r.Close()
 		return fmt.Errorf("replica of %s on %s: %w", s.key, e.ID, err)
@@ -350,7 +375,7 @@ func (ms *modelSet) addReplicaLocked(s *served, od openDevice, maxBatch int, nee
 	s.replicas = append(s.replicas, placed{deviceID: e.ID, r: r, bytes: need, maxBatch: maxBatch})
 	ms.reserved[e.ID] += need
 	ms.log.Info("model placed", zap.String("model", s.info.Name), zap.Int64("version", s.info.Version), zap.String("device", e.ID),
-		zap.Int("max_batch", maxBatch), zap.Int64("memory_bytes", need))
+		zap.Int("max_batch", maxBatch), zap.Int("batches_in_flight", inFlight), zap.Int64("memory_bytes", need))
 	return nil
 }
 
@@ -550,7 +575,9 @@ func (ms *modelSet) placeLocked(ctx context.Context, s *served) error {
 			if err != nil {
 				return err
 			}
-			need := s.model.MemoryBytes(od.dtype, maxBatch)
+			// Each batch in flight holds its own buffers: a pipelined
+			// replica needs about that many batches' workspace.
+			need := s.model.MemoryBytes(od.dtype, maxBatch*od.inFlight)
 			if minNeed == 0 || need < minNeed {
 				minNeed = need
 			}

@@ -75,6 +75,11 @@ func (d *Device) PadBuckets() (batch, seq []int) {
 	return BatchBuckets(MaxBatchBucket), SeqBuckets()
 }
 
+// MaxInFlight is how many batches a model replica runs on the device at
+// once: two, so that the next batch's inputs are copied in (uploads take no
+// device lock) while the current batch executes.
+func (d *Device) MaxInFlight() int { return 2 }
+
 // Info returns the PJRT device behind this one, and how it was matched
 // (MatchPCIBusID, MatchUUID or MatchIndex).
 func (d *Device) Info() (DeviceInfo, string) { return d.info, d.matched }
