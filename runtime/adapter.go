@@ -134,7 +134,11 @@ type Op struct {
 	Scale  float32    // OpBatchMatMul; 0 means 1
 	Perm   []int      // OpPermute
 	Shape  []int      // OpPermute (input view), OpReshape (output shape)
-	DType  DType      // OpConvert: the output type
+	// DType is OpConvert's output type, and OpMatMul's and OpBatchMatMul's:
+	// 0 or F32, or BF16 for bf16 operands (the product still accumulates in
+	// f32 and is rounded once), so a product that only feeds other bf16
+	// matmuls needs no separate conversion.
+	DType DType
 }
 
 // Graph is a straight-line program of ops. Buffers named in Run's bindings are

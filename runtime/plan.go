@@ -227,8 +227,8 @@ func inferOp(op Op, in []TensorType) (TensorType, error) {
 		return TensorType{}, fmt.Errorf("Perm is only for permute")
 	case op.Shape != nil && op.Kind != OpPermute && op.Kind != OpReshape:
 		return TensorType{}, fmt.Errorf("Shape is only for permute and reshape")
-	case op.DType != 0 && op.Kind != OpConvert:
-		return TensorType{}, fmt.Errorf("DType is only for convert")
+	case op.DType != 0 && op.Kind != OpConvert && op.Kind != OpMatMul && op.Kind != OpBatchMatMul:
+		return TensorType{}, fmt.Errorf("DType is only for convert, matmul and batch-matmul")
 	}
 	for i, t := range in {
 		if len(t.Shape) == 0 {
@@ -285,7 +285,11 @@ func inferOp(op Op, in []TensorType) (TensorType, error) {
 				return TensorType{}, fmt.Errorf("bias is %s, want [%d]", shapeString(in[2].Shape), nn)
 			}
 		}
-		return TensorType{F32, append(slices.Clone(a.Shape[:len(a.Shape)-1]), nn)}, nil
+		dt, err := productType(op, a)
+		if err != nil {
+			return TensorType{}, err
+		}
+		return TensorType{dt, append(slices.Clone(a.Shape[:len(a.Shape)-1]), nn)}, nil
 
 	case OpBatchMatMul:
 		a, w := in[0], in[1]
@@ -306,7 +310,11 @@ func inferOp(op Op, in []TensorType) (TensorType, error) {
 		if kw != a.Last() {
 			return TensorType{}, fmt.Errorf("inner dimensions differ: In[0] has K=%d, In[1] has K=%d", a.Last(), kw)
 		}
-		return TensorType{F32, append(slices.Clone(a.Shape[:r-1]), nn)}, nil
+		dt, err := productType(op, a)
+		if err != nil {
+			return TensorType{}, err
+		}
+		return TensorType{dt, append(slices.Clone(a.Shape[:r-1]), nn)}, nil
 
 	case OpAdd:
 		if err := f32(0, 1); err != nil {
@@ -341,7 +349,7 @@ func inferOp(op Op, in []TensorType) (TensorType, error) {
 
 	case OpGather:
 		table, idx := in[0], in[1]
-		if err := f32(0); err != nil {
+		if err := floatType(table); err != nil {
 			return TensorType{}, err
 		}
 		if len(table.Shape) != 2 {
@@ -350,7 +358,7 @@ func inferOp(op Op, in []TensorType) (TensorType, error) {
 		if idx.DType != I32 {
 			return TensorType{}, fmt.Errorf("indices are %s, want i32", idx.DType)
 		}
-		return TensorType{F32, append(slices.Clone(idx.Shape), table.Shape[1])}, nil
+		return TensorType{table.DType, append(slices.Clone(idx.Shape), table.Shape[1])}, nil
 
 	case OpMaskedMeanPool:
 		x := in[0]
@@ -440,6 +448,20 @@ func matmulTypes(a, w TensorType) error {
 		return fmt.Errorf("In[1] is %s and In[0] %s: both must be the same type", w.DType, a.DType)
 	}
 	return nil
+}
+
+// productType is a matmul's output type: f32 unless op.DType asks for bf16,
+// which needs bf16 operands.
+func productType(op Op, a TensorType) (DType, error) {
+	switch {
+	case op.DType == 0 || op.DType == F32:
+		return F32, nil
+	case op.DType == BF16 && a.DType == BF16:
+		return BF16, nil
+	case op.DType == BF16:
+		return 0, fmt.Errorf("a bf16 product needs bf16 operands, not %s", a.DType)
+	}
+	return 0, fmt.Errorf("DType %s: a product is f32 or bf16", op.DType)
 }
 
 // floatType allows f32 or bf16 data (ops that move values without arithmetic).

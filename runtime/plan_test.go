@@ -18,6 +18,7 @@ func TestPlanGraphErrors(t *testing.T) {
 		"a": f32(4, 8), "w": f32(8, 3), "wt": f32(3, 8), "bias": f32(3), "bad_bias": f32(4),
 		"y": f32(4, 3), "y_wrong": f32(3, 4), "v": f32(8), "x3": f32(2, 4, 8), "i": f32(5),
 		"idx": i32(5), "idx2": i32(4, 8), "b16": {DType: BF16, Shape: []int{4, 8}}, "zero": f32(4, 0),
+		"b16w": {DType: BF16, Shape: []int{8, 3}},
 	}
 	mm := func(in ...string) Op { return Op{Kind: OpMatMul, In: in, Out: "y"} }
 	tests := []struct {
@@ -72,7 +73,10 @@ func TestPlanGraphErrors(t *testing.T) {
 		{"masked softmax mask", []Op{{Kind: OpMaskedSoftmax, In: []string{"x3", "a"}, Out: "t"}}, "mask is [4,8], want [2,8]"},
 		{"masked softmax 1-D", []Op{{Kind: OpMaskedSoftmax, In: []string{"v", "v"}, Out: "t"}}, "In[0] must have at least 2 dimensions [B,...,N]"},
 		{"convert to i32", []Op{{Kind: OpConvert, In: []string{"a"}, Out: "t", DType: I32}}, "DType i32: want f32 or bf16"},
-		{"dtype on matmul", []Op{{Kind: OpMatMul, In: []string{"a", "w"}, Out: "y", DType: F32}}, "DType is only for convert"},
+		{"dtype on add", []Op{{Kind: OpAdd, In: []string{"a", "a"}, Out: "t", DType: F32}}, "DType is only for convert, matmul and batch-matmul"},
+		{"bf16 product of f32", []Op{{Kind: OpMatMul, In: []string{"a", "w"}, Out: "t", DType: BF16}}, "a bf16 product needs bf16 operands, not f32"},
+		{"i32 product", []Op{{Kind: OpMatMul, In: []string{"b16", "b16w"}, Out: "t", DType: I32}}, "DType i32: a product is f32 or bf16"},
+		{"gather i32 table", []Op{{Kind: OpGather, In: []string{"idx2", "idx"}, Out: "t"}}, "In[0] is i32, want f32 or bf16"},
 		{"zero dimension", []Op{{Kind: OpReLU, In: []string{"zero"}, Out: "t"}}, "In[0] has shape [4,0]"},
 	}
 	for _, tt := range tests {
@@ -130,6 +134,22 @@ func TestPlanGraph(t *testing.T) {
 	}
 	if got, want := (&p.Steps[0]).String(), "op 0 (reshape [2,5,32] f32 -> [2,5,4,8] f32)"; got != want {
 		t.Errorf("Step.String() = %q, want %q", got, want)
+	}
+
+	// bf16 products: a matmul and a batch matmul writing bf16, a bf16 gather.
+	b16 := func(shape ...int) TensorType { return TensorType{DType: BF16, Shape: shape} }
+	p, err = PlanGraph(&Graph{Ops: []Op{
+		{Kind: OpMatMul, In: []string{"x", "w"}, Out: "h", TransB: true, DType: BF16},
+		{Kind: OpBatchMatMul, In: []string{"h", "h"}, Out: "s", TransB: true, DType: BF16},
+		{Kind: OpGather, In: []string{"w", "i"}, Out: "g"},
+	}}, map[string]TensorType{"x": b16(2, 5, 8), "w": b16(3, 8), "i": i32(4)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, want := range map[string]TensorType{"h": b16(2, 5, 3), "s": b16(2, 5, 5), "g": b16(4, 8)} {
+		if got := p.Types[name]; got.DType != want.DType || !slices.Equal(got.Shape, want.Shape) {
+			t.Errorf("Types[%q] = %s, want %s", name, got, want)
+		}
 	}
 
 	// A graph whose ops write no bound name plans (runtime/pjrt refuses it).

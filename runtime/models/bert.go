@@ -414,11 +414,11 @@ func (m *BERT) graph(dt runtime.DType, b, s, tokens int, normalize bool) *builde
 		toPad := g.input(bToPad, runtime.I32, b, s)
 		pack := g.input(bPack, runtime.I32, tokens)
 		padded = func(x string) string {
-			return g.add(op(runtime.OpGather, x, toPad), runtime.F32, []int{b, s, h})
+			return g.add(op(runtime.OpGather, x, toPad), g.dtype(x), []int{b, s, h})
 		}
 		unpack = func(x string) string {
-			flat := g.add(runtime.Op{Kind: runtime.OpReshape, In: []string{x}, Shape: []int{b * s, h}}, runtime.F32, []int{b * s, h})
-			return g.add(op(runtime.OpGather, flat, pack), runtime.F32, bsh)
+			flat := g.add(runtime.Op{Kind: runtime.OpReshape, In: []string{x}, Shape: []int{b * s, h}}, g.dtype(x), []int{b * s, h})
+			return g.add(op(runtime.OpGather, flat, pack), g.dtype(x), bsh)
 		}
 	}
 
@@ -430,26 +430,34 @@ func (m *BERT) graph(dt runtime.DType, b, s, tokens int, normalize bool) *builde
 
 	heads := func(t string) string { // token-wise [.., H] -> [B,nh,S,d]
 		return g.add(runtime.Op{Kind: runtime.OpPermute, In: []string{padded(t)}, Shape: []int{b, s, nh, d}, Perm: []int{0, 2, 1, 3}},
-			runtime.F32, []int{b, nh, s, d})
+			g.dtype(t), []int{b, nh, s, d})
+	}
+	// Q, K, V, the attention context and the feed-forward's inner layer only
+	// feed matmuls: in bf16 mode they are written in bf16 (operandLinear,
+	// ctxType), which saves a conversion pass over each.
+	ctxType := dt
+	if ctxType != runtime.BF16 {
+		ctxType = runtime.F32
 	}
 	for l := 0; l < cfg.NumHiddenLayers; l++ {
 		p := fmt.Sprintf(layerName, l)
-		q := heads(g.linear(x, w(p+lQW), w(p+lQB), runtime.ActNone))
-		k := heads(g.linear(x, w(p+lKW), w(p+lKB), runtime.ActNone))
-		v := heads(g.linear(x, w(p+lVW), w(p+lVB), runtime.ActNone))
+		q := heads(g.operandLinear(x, w(p+lQW), w(p+lQB), runtime.ActNone))
+		k := heads(g.operandLinear(x, w(p+lKW), w(p+lKB), runtime.ActNone))
+		v := heads(g.operandLinear(x, w(p+lVW), w(p+lVB), runtime.ActNone))
 		scores := g.add(runtime.Op{Kind: runtime.OpBatchMatMul, In: []string{g.operand(q), g.operand(k)}, TransB: true,
 			Scale: float32(1 / math.Sqrt(float64(d)))}, runtime.F32, []int{b, nh, s, s})
 		probs := g.add(op(runtime.OpMaskedSoftmax, scores, mask), runtime.F32, []int{b, nh, s, s})
-		ctx := g.add(op(runtime.OpBatchMatMul, g.operand(probs), g.operand(v)), runtime.F32, []int{b, nh, s, d})
-		merged := g.add(runtime.Op{Kind: runtime.OpPermute, In: []string{ctx}, Perm: []int{0, 2, 1, 3}}, runtime.F32, []int{b, s, nh, d})
+		ctx := g.add(runtime.Op{Kind: runtime.OpBatchMatMul, In: []string{g.operand(probs), g.operand(v)}, DType: productDType(ctxType)},
+			ctxType, []int{b, nh, s, d})
+		merged := g.add(runtime.Op{Kind: runtime.OpPermute, In: []string{ctx}, Perm: []int{0, 2, 1, 3}}, ctxType, []int{b, s, nh, d})
 		if tokens > 0 {
 			merged = unpack(merged)
 		} else {
-			merged = g.add(runtime.Op{Kind: runtime.OpReshape, In: []string{merged}, Shape: bsh}, runtime.F32, bsh)
+			merged = g.add(runtime.Op{Kind: runtime.OpReshape, In: []string{merged}, Shape: bsh}, ctxType, bsh)
 		}
 		attn := g.linear(merged, w(p+lAOW), w(p+lAOB), runtime.ActNone)
 		x1 := ln(addOp(attn, x), p+lAOLNW, p+lAOLNB)
-		inter := g.linear(x1, w(p+lIW), w(p+lIB), m.act)
+		inter := g.operandLinear(x1, w(p+lIW), w(p+lIB), m.act)
 		out := g.linear(inter, w(p+lOW), w(p+lOB), runtime.ActNone)
 		x = ln(addOp(out, x1), p+lOLNW, p+lOLNB)
 	}

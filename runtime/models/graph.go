@@ -120,16 +120,38 @@ func (b *builder) operand(x string) string {
 }
 
 // linear is x·wᵀ + bias with act fused: w is a PyTorch Linear weight
-// [out,in], read in place with TransB.
+// [out,in], read in place with TransB. The result is f32.
 func (b *builder) linear(x, w, bias string, act runtime.Activation) string {
+	return b.linearTo(x, w, bias, act, runtime.F32)
+}
+
+// operandLinear is linear for a result that only feeds other matmuls: it is
+// written in the matmul operand type, so in bf16 mode no conversion follows.
+func (b *builder) operandLinear(x, w, bias string, act runtime.Activation) string {
+	return b.linearTo(x, w, bias, act, b.mmType)
+}
+
+func (b *builder) linearTo(x, w, bias string, act runtime.Activation, dt runtime.DType) string {
 	in := []string{b.operand(x), w}
 	if bias != "" {
 		in = append(in, bias)
 	}
 	xs := b.shape(x)
 	out := append(append([]int(nil), xs[:len(xs)-1]...), b.shape(w)[0])
-	return b.add(runtime.Op{Kind: runtime.OpMatMul, In: in, Act: act, TransB: true}, runtime.F32, out)
+	return b.add(runtime.Op{Kind: runtime.OpMatMul, In: in, Act: act, TransB: true, DType: productDType(dt)}, dt, out)
 }
+
+// productDType is Op.DType for a product of type dt: 0 (f32, the default)
+// or BF16.
+func productDType(dt runtime.DType) runtime.DType {
+	if dt == runtime.BF16 {
+		return runtime.BF16
+	}
+	return 0
+}
+
+// dtype is the type of value name.
+func (b *builder) dtype(name string) runtime.DType { return b.vals[name].dt }
 
 // workspace is the most memory the device holds for one run of the graph:
 // the bound inputs and outputs for the whole run, plus the intermediates

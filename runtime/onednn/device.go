@@ -72,7 +72,8 @@ var _ runtime.Device = (*Device)(nil)
 // types, and its attributes.
 type primKey struct {
 	kind           runtime.OpKind
-	dt             runtime.DType
+	dt             runtime.DType // operand type
+	outDT          runtime.DType // matmul: the product's type
 	batch, m, k, n int
 	transB, bias   bool
 	bcast          bool // add: In[1] is one row, broadcast

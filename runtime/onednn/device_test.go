@@ -294,7 +294,7 @@ func TestInvalidGraph(t *testing.T) {
 		{"masked softmax mask", []runtime.Op{{Kind: runtime.OpMaskedSoftmax, In: []string{"x3", "a"}, Out: "t"}}, nil, "mask is [4,8], want [2,8]"},
 		{"masked softmax 1-D", []runtime.Op{{Kind: runtime.OpMaskedSoftmax, In: []string{"v", "v"}, Out: "t"}}, nil, "at least 2 dimensions"},
 		{"convert to i32", []runtime.Op{{Kind: runtime.OpConvert, In: []string{"a"}, Out: "t", DType: runtime.I32}}, nil, "DType i32: want f32 or bf16"},
-		{"dtype on matmul", []runtime.Op{{Kind: runtime.OpMatMul, In: []string{"a", "w"}, Out: "y", DType: runtime.F32}}, nil, "DType is only for convert"},
+		{"dtype on add", []runtime.Op{{Kind: runtime.OpAdd, In: []string{"a", "a"}, Out: "y2", DType: runtime.F32}}, nil, "DType is only for convert, matmul and batch-matmul"},
 		{"in place", []runtime.Op{{Kind: runtime.OpAdd, In: []string{"y", "bias"}, Out: "out"}}, map[string]runtime.Buffer{"out": bind["y"]}, "into the buffer it reads"},
 		{"freed buffer", []runtime.Op{{Kind: runtime.OpReLU, In: []string{"gone"}, Out: "t"}}, map[string]runtime.Buffer{"gone": freed}, "was freed"},
 	}
@@ -505,6 +505,76 @@ func TestBF16(t *testing.T) {
 			})
 		}
 	}
+}
+
+// TestBF16Products: matmuls and batch matmuls that write bf16 (Op.DType),
+// and gathers from bf16 tables, read back through an OpConvert to f32.
+func TestBF16Products(t *testing.T) {
+	d := openTest(t, runtime.DeviceSpec{})
+	if reason := d.BF16(); reason != nil {
+		t.Skipf("bf16 unsupported on this CPU: %v", reason)
+	}
+	r := newRand(t)
+	back := runtime.Op{Kind: runtime.OpConvert, In: []string{"h"}, Out: "y", DType: runtime.F32}
+	for _, sh := range [][3]int{{1, 1, 1}, {3, 17, 64}, {100, 3, 17}} {
+		m, k, n := sh[0], sh[1], sh[2]
+		t.Run(fmt.Sprintf("matmul/%dx%dx%d", m, k, n), func(t *testing.T) {
+			a, w, b := randVec(r, m*k), randVec(r, n*k), randVec(r, n)
+			g := &runtime.Graph{Ops: []runtime.Op{
+				{Kind: runtime.OpMatMul, In: []string{"a", "w", "b"}, Out: "h", TransB: true, Act: runtime.ActGELU, DType: runtime.BF16}, back}}
+			got, err := runGraph(t, d, g, []input{
+				{name: "a", dt: runtime.BF16, shape: []int{m, k}, f: a},
+				{name: "w", dt: runtime.BF16, shape: []int{n, k}, f: w},
+				f32In("b", b, n),
+			}, "y", []int{m, n})
+			if err != nil {
+				t.Fatal(err)
+			}
+			checkClose(t, got, refMatMul(to64(a), m, k, to64(w), n, true, to64(b), runtime.ActGELU), tolBF16)
+		})
+		t.Run(fmt.Sprintf("batch-matmul/2x%dx%dx%d", m, k, n), func(t *testing.T) {
+			a, w := randVec(r, 2*m*k), randVec(r, 2*k*n)
+			g := &runtime.Graph{Ops: []runtime.Op{
+				{Kind: runtime.OpBatchMatMul, In: []string{"a", "w"}, Out: "h", Scale: 0.5, DType: runtime.BF16}, back}}
+			got, err := runGraph(t, d, g, []input{
+				{name: "a", dt: runtime.BF16, shape: []int{2, m, k}, f: a},
+				{name: "w", dt: runtime.BF16, shape: []int{2, k, n}, f: w},
+			}, "y", []int{2, m, n})
+			if err != nil {
+				t.Fatal(err)
+			}
+			checkClose(t, got, refBatchMatMul(to64(a), 2, m, k, to64(w), n, false, 0.5), tolBF16)
+		})
+	}
+	t.Run("gather", func(t *testing.T) {
+		const v, dim = 9, 33
+		table := randVec(r, v*dim)
+		idx := []int32{8, 0, 3, 3, 7}
+		g := &runtime.Graph{Ops: []runtime.Op{{Kind: runtime.OpGather, In: []string{"t", "i"}, Out: "h"}, back}}
+		got, err := runGraph(t, d, g, []input{
+			{name: "t", dt: runtime.BF16, shape: []int{v, dim}, f: table},
+			{name: "i", dt: runtime.I32, shape: []int{len(idx)}, i: idx},
+		}, "y", []int{len(idx), dim})
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Rows move unchanged: exactly the bf16 values the table holds.
+		rounded := make([]float32, len(table))
+		fromBF16(rounded, toBF16Slice(table))
+		want := refGather(to64(rounded), dim, idx)
+		for i := range got {
+			if float64(got[i]) != want[i] {
+				t.Fatalf("y[%d] = %g, want %g", i, got[i], want[i])
+			}
+		}
+	})
+}
+
+// toBF16Slice rounds values to bf16 as CopyIn does.
+func toBF16Slice(v []float32) []uint16 {
+	out := make([]uint16, len(v))
+	toBF16(out, v)
+	return out
 }
 
 func TestBF16Conversion(t *testing.T) {

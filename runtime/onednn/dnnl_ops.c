@@ -129,8 +129,8 @@ out:
 
 dnnl_status_t bd_matmul_create(bd_device *d, int64_t batch, int64_t m,
         int64_t k, int64_t n, int trans_b, dnnl_data_type_t ab_dt,
-        int has_bias, dnnl_alg_kind_t act, float scale, bd_prim **out,
-        const char **step) {
+        dnnl_data_type_t dst_dt, int has_bias, dnnl_alg_kind_t act, float scale,
+        bd_prim **out, const char **step) {
     dnnl_status_t st = dnnl_success;
     dnnl_memory_desc_t src, wei, bias, dst;
     dnnl_matmul_desc_t desc;
@@ -165,7 +165,7 @@ dnnl_status_t bd_matmul_create(bd_device *d, int64_t batch, int64_t m,
     TRY(dnnl_memory_desc_init_by_tag(&src, nd, sdims, ab_dt, tag), "describe src");
     TRY(dnnl_memory_desc_init_by_strides(&wei, nd, wdims, ab_dt, wstrides),
             "describe weights");
-    TRY(dnnl_memory_desc_init_by_tag(&dst, nd, ddims, dnnl_f32, tag), "describe dst");
+    TRY(dnnl_memory_desc_init_by_tag(&dst, nd, ddims, dst_dt, tag), "describe dst");
     if (has_bias)
         TRY(dnnl_memory_desc_init_by_tag(&bias, nd, bdims, dnnl_f32, tag),
                 "describe bias");
@@ -390,15 +390,16 @@ void bd_copy(const bd_device *d, const void *src, void *dst, int64_t bytes) {
     }
 }
 
-int64_t bd_gather(const bd_device *d, const float *table, int64_t v,
-        int64_t dim, const int32_t *idx, int64_t n, float *out) {
+int64_t bd_gather(const bd_device *d, const void *table, int64_t v,
+        int64_t dim, int64_t elem, const int32_t *idx, int64_t n, void *out) {
     // Check every index before writing, so a bad one leaves out untouched.
     for (int64_t i = 0; i < n; i++)
         if (idx[i] < 0 || (int64_t)idx[i] >= v) return i;
+    const size_t row = (size_t)(dim * elem);
     omp_set_num_threads(d->nthreads);
 #pragma omp parallel for if (n * dim >= BD_PAR_MIN)
     for (int64_t i = 0; i < n; i++)
-        memcpy(out + i * dim, table + (int64_t)idx[i] * dim, (size_t)dim * sizeof(float));
+        memcpy((char *)out + i * row, (const char *)table + (int64_t)idx[i] * row, row);
     return -1;
 }
 
@@ -486,7 +487,7 @@ void bd_free(void *p) { free(p); }
 
 dnnl_status_t bd_bf16_matmul_works(bd_device *d, const char **step) {
     bd_prim *p = NULL;
-    dnnl_status_t st = bd_matmul_create(d, 0, 16, 16, 16, 0, dnnl_bf16, 0,
+    dnnl_status_t st = bd_matmul_create(d, 0, 16, 16, 16, 0, dnnl_bf16, dnnl_f32, 0,
             dnnl_alg_kind_undef, 1.0f, &p, step);
     bd_prim_destroy(p);
     return st;

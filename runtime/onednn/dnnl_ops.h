@@ -42,14 +42,15 @@ dnnl_status_t bd_exec(bd_device *d, bd_prim *p, void *h0, void *h1, void *h2,
         void *h3, const char **step);
 
 // Matmul: src [batch?,m,k] x weights [batch?,k,n] (trans_b: stored [batch?,n,k])
-// -> f32 dst [batch?,m,n]; batch 0 means 2-D. ab_dt is the src/weights type
-// (f32 or bf16); bias is f32 [n]; act is an eltwise algorithm fused as a
+// -> dst [batch?,m,n] of dst_dt (f32, or bf16 with bf16 operands: the sum
+// accumulates in f32 and is rounded once); batch 0 means 2-D. ab_dt is the
+// src/weights type (f32 or bf16); bias is f32 [n]; act is an eltwise algorithm fused as a
 // post-op (dnnl_alg_kind_undef for none); scale multiplies the product.
 // Arguments: src, weights, [bias], dst.
 dnnl_status_t bd_matmul_create(bd_device *d, int64_t batch, int64_t m,
         int64_t k, int64_t n, int trans_b, dnnl_data_type_t ab_dt,
-        int has_bias, dnnl_alg_kind_t act, float scale, bd_prim **out,
-        const char **step);
+        dnnl_data_type_t dst_dt, int has_bias, dnnl_alg_kind_t act, float scale,
+        bd_prim **out, const char **step);
 
 // Add: src0 [rows,n] + src1 [rows,n] (or [1,n] when bcast) -> dst [rows,n].
 // Arguments: src0, src1, dst.
@@ -84,10 +85,11 @@ dnnl_status_t bd_convert_create(bd_device *d, int64_t n, dnnl_data_type_t from_d
 // Ops without a oneDNN primitive. They run on the caller's thread with the
 // device's OpenMP thread count.
 
-// bd_gather copies table rows idx[i] to out; it returns the position of the
-// first index outside [0,v) (writing nothing), or -1 on success.
-int64_t bd_gather(const bd_device *d, const float *table, int64_t v,
-        int64_t dim, const int32_t *idx, int64_t n, float *out);
+// bd_gather copies table rows idx[i] (dim elements of elem bytes) to out; it
+// returns the position of the first index outside [0,v) (writing nothing),
+// or -1 on success.
+int64_t bd_gather(const bd_device *d, const void *table, int64_t v,
+        int64_t dim, int64_t elem, const int32_t *idx, int64_t n, void *out);
 
 // bd_masked_mean_pool averages x [b,s,dim] over the positions whose mask
 // [b,s] is non-zero (f32 mask, or i32 when mask_i32); rows with no such

@@ -168,11 +168,11 @@ func (d *Device) runStep(s *runtime.Step, ptrs map[string]unsafe.Pointer) error 
 	case runtime.OpMatMul:
 		a := s.In[0]
 		k := a.Last()
-		key := primKey{kind: op.Kind, dt: a.DType, m: a.NumElements() / k, k: k, n: s.Out.Last(),
+		key := primKey{kind: op.Kind, dt: a.DType, outDT: s.Out.DType, m: a.NumElements() / k, k: k, n: s.Out.Last(),
 			transB: op.TransB, bias: len(op.In) == 3, act: op.Act}
 		p, err := d.primitive(s, key, func(o **C.bd_prim, w **C.char) C.dnnl_status_t {
 			return C.bd_matmul_create(dc, 0, C.int64_t(key.m), C.int64_t(key.k), C.int64_t(key.n),
-				cbool(key.transB), dnnlType(key.dt), cbool(key.bias), eltwiseAlg(key.act), 1, o, w)
+				cbool(key.transB), dnnlType(key.dt), dnnlType(key.outDT), cbool(key.bias), eltwiseAlg(key.act), 1, o, w)
 		})
 		if err != nil {
 			return err
@@ -189,12 +189,12 @@ func (d *Device) runStep(s *runtime.Step, ptrs map[string]unsafe.Pointer) error 
 		if scale == 0 {
 			scale = 1
 		}
-		key := primKey{kind: op.Kind, dt: a.DType, m: a.Shape[r-2], k: a.Shape[r-1], n: s.Out.Last(),
+		key := primKey{kind: op.Kind, dt: a.DType, outDT: s.Out.DType, m: a.Shape[r-2], k: a.Shape[r-1], n: s.Out.Last(),
 			transB: op.TransB, scale: scale}
 		key.batch = a.NumElements() / (key.m * key.k)
 		p, err := d.primitive(s, key, func(o **C.bd_prim, w **C.char) C.dnnl_status_t {
 			return C.bd_matmul_create(dc, C.int64_t(key.batch), C.int64_t(key.m), C.int64_t(key.k), C.int64_t(key.n),
-				cbool(key.transB), dnnlType(key.dt), 0, C.dnnl_alg_kind_undef, C.float(key.scale), o, w)
+				cbool(key.transB), dnnlType(key.dt), dnnlType(key.outDT), 0, C.dnnl_alg_kind_undef, C.float(key.scale), o, w)
 		})
 		if err != nil {
 			return err
@@ -251,8 +251,8 @@ func (d *Device) runStep(s *runtime.Step, ptrs map[string]unsafe.Pointer) error 
 	case runtime.OpGather:
 		table, idx := s.In[0], s.In[1]
 		n := idx.NumElements()
-		pos := C.bd_gather(dc, (*C.float)(in(0)), C.int64_t(table.Shape[0]), C.int64_t(table.Shape[1]),
-			(*C.int32_t)(in(1)), C.int64_t(n), (*C.float)(out))
+		pos := C.bd_gather(dc, in(0), C.int64_t(table.Shape[0]), C.int64_t(table.Shape[1]), C.int64_t(table.DType.Size()),
+			(*C.int32_t)(in(1)), C.int64_t(n), out)
 		if pos >= 0 {
 			bad := unsafe.Slice((*int32)(in(1)), n)[pos]
 			return fmt.Errorf("%w: %s: index %d at position %d is outside the table's %d rows",

@@ -206,7 +206,19 @@ func (l *lowering) matmul(op runtime.Op, in []TensorType, a, w *stablehlo.Value)
 			return nil, err
 		}
 	}
-	return l.activate(y, op.Act)
+	if y, err = l.activate(y, op.Act); err != nil {
+		return nil, err
+	}
+	return productOut(op, y)
+}
+
+// productOut rounds an f32 product to bf16 once when the op asks for a bf16
+// product (runtime.Op.DType).
+func productOut(op runtime.Op, y *stablehlo.Value) (*stablehlo.Value, error) {
+	if op.DType != runtime.BF16 {
+		return y, nil
+	}
+	return stablehlo.Convert(y, xlaType(runtime.BF16))
 }
 
 // batchMatMul: a [B...,M,K] · w [B...,K,N] (TransB: [B...,N,K]) × Scale.
@@ -226,10 +238,12 @@ func (l *lowering) batchMatMul(op runtime.Op, in []TensorType, a, w *stablehlo.V
 	if err != nil {
 		return nil, err
 	}
-	if op.Scale == 0 || op.Scale == 1 {
-		return y, nil
+	if op.Scale != 0 && op.Scale != 1 {
+		if y, err = l.scale(y, op.Scale); err != nil {
+			return nil, err
+		}
 	}
-	return l.scale(y, op.Scale)
+	return productOut(op, y)
 }
 
 // splat is a scalar f32 constant broadcast to like's shape.

@@ -71,6 +71,25 @@ func loweringCases() []loweringCase {
 			want:  []string{"precision DEFAULT", "(tensor<4x3xbf16>, tensor<5x3xbf16>) -> tensor<4x5xf32>"},
 		},
 		{
+			name:  "bf16 product",
+			op:    runtime.Op{Kind: runtime.OpMatMul, In: []string{"x", "w", "b"}, Out: "y", TransB: true, Act: runtime.ActReLU, DType: runtime.BF16},
+			bound: map[string]TensorType{"x": bf16(4, 3), "w": bf16(5, 3), "b": f32(5), "y": bf16(4, 5)},
+			want: []string{"(tensor<4x3xbf16>, tensor<5x3xbf16>) -> tensor<4x5xf32>", "stablehlo.add", "stablehlo.maximum",
+				"stablehlo.convert", "(tensor<4x5xf32>) -> tensor<4x5xbf16>"},
+		},
+		{
+			name:  "bf16 batch product with scale",
+			op:    runtime.Op{Kind: runtime.OpBatchMatMul, In: []string{"p", "v"}, Out: "y", Scale: 0.5, DType: runtime.BF16},
+			bound: map[string]TensorType{"p": bf16(3, 6, 6), "v": bf16(3, 6, 8), "y": bf16(3, 6, 8)},
+			want:  []string{"-> tensor<3x6x8xf32>", "stablehlo.multiply", "(tensor<3x6x8xf32>) -> tensor<3x6x8xbf16>"},
+		},
+		{
+			name:  "gather from a bf16 table",
+			op:    op(runtime.OpGather, "t", "i"),
+			bound: map[string]TensorType{"t": bf16(10, 4), "i": {DType: runtime.I32, Shape: []int{2, 3}}, "y": bf16(2, 3, 4)},
+			want:  []string{"stablehlo.gather", "-> tensor<2x3x4xbf16>"},
+		},
+		{
 			name:  "batch matmul with scale",
 			op:    runtime.Op{Kind: runtime.OpBatchMatMul, In: []string{"q", "k"}, Out: "y", TransB: true, Scale: 0.125},
 			bound: map[string]TensorType{"q": f32(2, 4, 6, 8), "k": f32(2, 4, 6, 8), "y": f32(2, 4, 6, 6)},
