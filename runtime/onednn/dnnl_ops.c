@@ -272,13 +272,42 @@ out:
     return st;
 }
 
+// reorder_create makes a reorder from src to dst (arguments: src, dst) for
+// the OpenMP thread count in force.
+static dnnl_status_t reorder_create(bd_device *d, const dnnl_memory_desc_t *src,
+        const dnnl_memory_desc_t *dst, bd_prim **out, const char **step) {
+    dnnl_status_t st = dnnl_success;
+    dnnl_primitive_desc_t pd = NULL;
+    bd_prim *p = calloc(1, sizeof *p);
+    if (p == NULL) {
+        *step = "allocate primitive";
+        return dnnl_out_of_memory;
+    }
+    TRY(dnnl_reorder_primitive_desc_create(&pd, src, d->engine, dst, d->engine, NULL),
+            "create reorder primitive descriptor");
+    TRY(dnnl_primitive_create(&p->prim, pd), "create reorder primitive");
+    p->nthreads = omp_get_max_threads();
+    p->args[0].arg = DNNL_ARG_FROM;
+    TRY(dnnl_memory_create(&p->args[0].memory, src, d->engine, DNNL_MEMORY_NONE),
+            "create argument memory");
+    p->nargs = 1;
+    p->args[1].arg = DNNL_ARG_TO;
+    TRY(dnnl_memory_create(&p->args[1].memory, dst, d->engine, DNNL_MEMORY_NONE),
+            "create argument memory");
+    p->nargs = 2;
+    *out = p;
+    p = NULL;
+out:
+    if (pd) dnnl_primitive_desc_destroy(pd);
+    bd_prim_destroy(p);
+    return st;
+}
+
 dnnl_status_t bd_permute_create(bd_device *d, int ndims, const int64_t *dims,
         const int *perm, dnnl_data_type_t dt, bd_prim **out, const char **step) {
     dnnl_status_t st = dnnl_success;
     dnnl_memory_desc_t src, dst;
-    dnnl_primitive_desc_t pd = NULL;
     dnnl_dims_t in_strides, odims, ostrides, dstrides;
-    bd_prim *p = NULL;
     omp_set_num_threads(d->nthreads);
     if (ndims < 1 || ndims > DNNL_MAX_NDIMS) {
         *step = "check permute rank";
@@ -296,64 +325,21 @@ dnnl_status_t bd_permute_create(bd_device *d, int ndims, const int64_t *dims,
     for (int i = ndims - 2; i >= 0; i--) dstrides[i] = dstrides[i + 1] * odims[i + 1];
     TRY(dnnl_memory_desc_init_by_strides(&src, ndims, odims, dt, ostrides), "describe src");
     TRY(dnnl_memory_desc_init_by_strides(&dst, ndims, odims, dt, dstrides), "describe dst");
-    p = calloc(1, sizeof *p);
-    if (p == NULL) {
-        st = dnnl_out_of_memory;
-        *step = "allocate primitive";
-        goto out;
-    }
-    TRY(dnnl_reorder_primitive_desc_create(&pd, &src, d->engine, &dst, d->engine, NULL),
-            "create reorder primitive descriptor");
-    TRY(dnnl_primitive_create(&p->prim, pd), "create reorder primitive");
-    p->args[0].arg = DNNL_ARG_FROM;
-    TRY(dnnl_memory_create(&p->args[0].memory, &src, d->engine, DNNL_MEMORY_NONE),
-            "create argument memory");
-    p->nargs = 1;
-    p->args[1].arg = DNNL_ARG_TO;
-    TRY(dnnl_memory_create(&p->args[1].memory, &dst, d->engine, DNNL_MEMORY_NONE),
-            "create argument memory");
-    p->nargs = 2;
-    *out = p;
-    p = NULL;
+    return reorder_create(d, &src, &dst, out, step);
 out:
-    if (pd) dnnl_primitive_desc_destroy(pd);
-    bd_prim_destroy(p);
     return st;
 }
 
 dnnl_status_t bd_convert_create(bd_device *d, int64_t n, dnnl_data_type_t from_dt,
         dnnl_data_type_t to_dt, bd_prim **out, const char **step) {
     dnnl_status_t st = dnnl_success;
-    dnnl_primitive_desc_t pd = NULL;
     dnnl_memory_desc_t src, dst;
     dnnl_dims_t dims = {n};
-    bd_prim *p = NULL;
     omp_set_num_threads(bd_threads_for(d, (double)n * 8));
     TRY(dnnl_memory_desc_init_by_tag(&src, 1, dims, from_dt, dnnl_a), "describe src");
     TRY(dnnl_memory_desc_init_by_tag(&dst, 1, dims, to_dt, dnnl_a), "describe dst");
-    p = calloc(1, sizeof *p);
-    if (p == NULL) {
-        st = dnnl_out_of_memory;
-        *step = "allocate primitive";
-        goto out;
-    }
-    TRY(dnnl_reorder_primitive_desc_create(&pd, &src, d->engine, &dst, d->engine, NULL),
-            "create conversion reorder primitive descriptor");
-    TRY(dnnl_primitive_create(&p->prim, pd), "create conversion reorder primitive");
-    p->nthreads = omp_get_max_threads();
-    p->args[0].arg = DNNL_ARG_FROM;
-    TRY(dnnl_memory_create(&p->args[0].memory, &src, d->engine, DNNL_MEMORY_NONE),
-            "create argument memory");
-    p->nargs = 1;
-    p->args[1].arg = DNNL_ARG_TO;
-    TRY(dnnl_memory_create(&p->args[1].memory, &dst, d->engine, DNNL_MEMORY_NONE),
-            "create argument memory");
-    p->nargs = 2;
-    *out = p;
-    p = NULL;
+    return reorder_create(d, &src, &dst, out, step);
 out:
-    if (pd) dnnl_primitive_desc_destroy(pd);
-    bd_prim_destroy(p);
     return st;
 }
 

@@ -1,10 +1,11 @@
 package onednn
 
 import (
-	"errors"
 	"fmt"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/brokerd/brokerd/runtime"
 )
 
 // primMetrics are the primitive cache's Prometheus series. Creating a
@@ -32,26 +33,11 @@ func newPrimMetrics(reg prometheus.Registerer) (*primMetrics, error) {
 		return m, nil
 	}
 	var err error
-	if m.create, err = register(reg, m.create); err != nil {
-		return nil, err
+	if m.create, err = runtime.RegisterCollector(reg, m.create); err != nil {
+		return nil, fmt.Errorf("onednn: register metrics: %w", err)
 	}
-	if m.lookups, err = register(reg, m.lookups); err != nil {
-		return nil, err
+	if m.lookups, err = runtime.RegisterCollector(reg, m.lookups); err != nil {
+		return nil, fmt.Errorf("onednn: register metrics: %w", err)
 	}
 	return m, nil
-}
-
-// register registers c, or returns the collector already registered in its
-// place (a second adapter on the same registry shares the first's series).
-func register[C prometheus.Collector](reg prometheus.Registerer, c C) (C, error) {
-	if err := reg.Register(c); err != nil {
-		var are prometheus.AlreadyRegisteredError
-		if errors.As(err, &are) {
-			if existing, ok := are.ExistingCollector.(C); ok {
-				return existing, nil
-			}
-		}
-		return c, fmt.Errorf("onednn: register metrics: %w", err)
-	}
-	return c, nil
 }

@@ -3,7 +3,6 @@ package pjrt
 import (
 	"container/list"
 	"context"
-	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -70,26 +69,13 @@ func newCompileMetrics(reg prometheus.Registerer) (*compileMetrics, error) {
 	}
 	// A second adapter on the same registry shares the first one's series.
 	var err error
-	if m.seconds, err = register(reg, m.seconds); err != nil {
-		return nil, err
+	if m.seconds, err = runtime.RegisterCollector(reg, m.seconds); err != nil {
+		return nil, fmt.Errorf("pjrt: register metrics: %w", err)
 	}
-	if m.lookups, err = register(reg, m.lookups); err != nil {
-		return nil, err
+	if m.lookups, err = runtime.RegisterCollector(reg, m.lookups); err != nil {
+		return nil, fmt.Errorf("pjrt: register metrics: %w", err)
 	}
 	return m, nil
-}
-
-func register[C prometheus.Collector](reg prometheus.Registerer, c C) (C, error) {
-	if err := reg.Register(c); err != nil {
-		var are prometheus.AlreadyRegisteredError
-		if errors.As(err, &are) {
-			if existing, ok := are.ExistingCollector.(C); ok {
-				return existing, nil
-			}
-		}
-		return c, fmt.Errorf("pjrt: register metrics: %w", err)
-	}
-	return c, nil
 }
 
 // compileCache is a bounded least-recently-used cache of compiled programs.
