@@ -520,9 +520,9 @@ func (r *bertReplica) Close() error {
 // buckets (oneDNN) a batch of mixed lengths runs packed (see graph), its
 // attention padded to the longest sequence rounded up to a multiple of
 // seqStep; on a device with buckets (PJRT) every layer is padded to the next
-// sequence bucket, with rows of padding up to the next batch bucket. Padding is masked out of attention and pooling,
-// and padded rows are not read back, so an item's output does not depend
-// on the others.
+// sequence bucket, with rows of padding up to the next batch bucket.
+// Padding is masked out of attention and pooling, and padded rows are not
+// read back, so an item's output does not depend on the others.
 func (r *bertReplica) Execute(ctx context.Context, inputs []any) ([]any, error) {
 	m := r.m
 	items := make([]TextInput, len(inputs))
