@@ -2,6 +2,7 @@ package scheduler
 
 import (
 	"cmp"
+	"context"
 	"fmt"
 	"slices"
 	"time"
@@ -103,10 +104,16 @@ func (r *replica) closeWork() {
 	}
 }
 
-// batch is what a worker runs.
+// batch is what a worker runs. The fields below start are written under
+// Scheduler.mu.
 type batch struct {
 	items []itemRef
 	start time.Time // when it was handed to the replica
+
+	run       []itemRef          // the items given to the executor
+	cancel    context.CancelFunc // cancels the executor's context
+	finished  bool               // complete has run
+	abandoned bool               // it overran BatchTimeout; see abandon
 }
 
 // usableLocked reports whether r may be given a batch now.
@@ -255,10 +262,16 @@ func (s *Scheduler) startLocked(r *replica, items []itemRef, now time.Time) {
 }
 
 // worker runs r's batches until its work channel closes. A replica has
-// maxInFlight of them.
+// maxInFlight of them. Each is counted in s.workers until its batch is
+// abandoned (then Close does not wait for a call that may never return).
 func (s *Scheduler) worker(r *replica, done func()) {
-	defer s.workers.Done()
-	defer done()
+	counted := true
+	defer func() {
+		if counted {
+			s.workers.Done()
+		}
+		done()
+	}()
 	for b := range r.work {
 		// Last look before running: an item whose call ended since the
 		// batch was formed is dropped, never run.
@@ -280,22 +293,59 @@ func (s *Scheduler) worker(r *replica, done func()) {
 			for i, it := range run {
 				inputs[i] = it.rq.inputs[it.idx] // immutable after Submit
 			}
-			outs, err = s.execute(r, inputs)
+			ctx, cancel := context.WithCancel(s.baseCtx)
+			s.mu.Lock()
+			b.run, b.cancel = run, cancel
+			s.mu.Unlock()
+			watchdog := time.AfterFunc(s.opts.BatchTimeout, func() { s.abandon(r, b) })
+			outs, err = s.execute(ctx, r, inputs)
+			watchdog.Stop()
+			cancel()
 			end = s.now()
 		}
-		s.complete(r, b, run, dropped, outs, err, start, end)
+		if counted = s.complete(r, b, run, dropped, outs, err, start, end); !counted {
+			return
+		}
 	}
+}
+
+// abandon gives up on a batch that overran BatchTimeout: its items are
+// retried elsewhere or failed now, the replica becomes unhealthy, and the
+// worker stuck in Execute stops counting for drain and Close. When the
+// call returns, complete discards its outputs.
+func (s *Scheduler) abandon(r *replica, b *batch) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if b.finished || b.abandoned {
+		return
+	}
+	b.abandoned = true
+	b.cancel()
+	s.workers.Done()
+	s.running--
+	r.m.running.Dec()
+	r.m.abandoned.Inc()
+	now := s.now()
+	err := fmt.Errorf("%w: still running after %v", ErrBatchTimeout, s.opts.BatchTimeout)
+	s.log.Error("batch abandoned: the device call did not return in time; replica marked unhealthy",
+		zap.String("model", r.mq.name), zap.String("device", r.dev.ID), zap.Int("items", len(b.run)),
+		zap.Duration("batch_timeout", s.opts.BatchTimeout))
+	// One failure in a row is enough: a hung device takes no more work.
+	r.consecFails = max(r.consecFails, s.opts.UnhealthyAfter-1)
+	s.failLocked(r, b.run, err, now)
+	s.checkDrainedLocked()
+	s.dispatchLocked(r.mq)
 }
 
 // execute calls the executor, turning a panic or a wrong output count into
 // an error so one bad batch cannot take the daemon down.
-func (s *Scheduler) execute(r *replica, inputs []any) (outs []any, err error) {
+func (s *Scheduler) execute(ctx context.Context, r *replica, inputs []any) (outs []any, err error) {
 	defer func() {
 		if p := recover(); p != nil {
 			err = fmt.Errorf("executor panicked: %v", p)
 		}
 	}()
-	outs, err = r.exec.Execute(s.baseCtx, inputs)
+	outs, err = r.exec.Execute(ctx, inputs)
 	if err == nil && len(outs) != len(inputs) {
 		err = fmt.Errorf("executor returned %d outputs for %d inputs", len(outs), len(inputs))
 	}
@@ -303,13 +353,30 @@ func (s *Scheduler) execute(r *replica, inputs []any) (outs []any, err error) {
 }
 
 // complete records a finished batch: outputs to their requests on success,
-// a retry elsewhere or ErrBackend on failure; then dispatches again.
-func (s *Scheduler) complete(r *replica, b *batch, run, dropped []itemRef, outs []any, execErr error, start, end time.Time) {
+// a retry elsewhere or ErrBackend on failure; then dispatches again. It
+// reports whether the calling worker is still counted in s.workers (false
+// only for an abandoned batch returning after Close: the worker exits).
+func (s *Scheduler) complete(r *replica, b *batch, run, dropped []itemRef, outs []any, execErr error, start, end time.Time) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	mq := r.mq
+	b.finished = true
 	r.running = slices.DeleteFunc(r.running, func(x *batch) bool { return x == b })
 	r.runningItems -= len(b.items)
+	if b.abandoned {
+		// Its items were answered by abandon; the late outputs are not used.
+		s.log.Warn("abandoned batch returned", zap.String("model", mq.name), zap.String("device", r.dev.ID),
+			zap.Duration("took", end.Sub(start)), zap.NamedError("exec_error", execErr))
+		if r.removing && !r.busy() {
+			r.closeWork()
+		}
+		if s.closed {
+			return false
+		}
+		s.workers.Add(1) // counted again; Close has not started waiting
+		s.dispatchLocked(mq)
+		return true
+	}
 	s.running--
 	r.m.running.Dec()
 	for _, it := range dropped {
@@ -339,6 +406,7 @@ func (s *Scheduler) complete(r *replica, b *batch, run, dropped []itemRef, outs 
 	}
 	s.checkDrainedLocked()
 	s.dispatchLocked(mq)
+	return true
 }
 
 func (s *Scheduler) succeedLocked(r *replica, run []itemRef, outs []any, compute time.Duration) {

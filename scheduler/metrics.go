@@ -12,7 +12,7 @@ import (
 type metrics struct {
 	requestDur, queueDur, computeDur, batchSize *prometheus.HistogramVec
 	depth, running                              *prometheus.GaugeVec
-	failures, items, cost                       *prometheus.CounterVec
+	failures, items, cost, abandoned            *prometheus.CounterVec
 }
 
 // gaugeSetter is the part of a gauge the queue depth needs.
@@ -22,7 +22,7 @@ type gaugeSetter interface{ Set(float64) }
 // hot path does no label lookups.
 type replicaMetrics struct {
 	request, queue, compute, batch prometheus.Observer
-	items, cost                    prometheus.Counter
+	items, cost, abandoned         prometheus.Counter
 	running                        prometheus.Gauge
 }
 
@@ -56,6 +56,9 @@ func newMetrics(reg prometheus.Registerer, log *zap.Logger) *metrics {
 		cost: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "brokerd", Name: "cost_usd_total", Help: "Device cost of executed batches, in US dollars.",
 		}, md),
+		abandoned: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "brokerd", Name: "batches_abandoned_total", Help: "Batches that ran past the batch timeout: their items were retried elsewhere or failed, and the replica marked unhealthy.",
+		}, md),
 	}
 	if reg == nil {
 		return m
@@ -71,6 +74,7 @@ func newMetrics(reg prometheus.Registerer, log *zap.Logger) *metrics {
 	m.failures = register(reg, log, m.failures)
 	m.items = register(reg, log, m.items)
 	m.cost = register(reg, log, m.cost)
+	m.abandoned = register(reg, log, m.abandoned)
 	return m
 }
 
@@ -91,13 +95,14 @@ func register[C prometheus.Collector](reg prometheus.Registerer, log *zap.Logger
 
 func (m *metrics) forReplica(model, device string) replicaMetrics {
 	return replicaMetrics{
-		request: m.requestDur.WithLabelValues(model, device),
-		queue:   m.queueDur.WithLabelValues(model, device),
-		compute: m.computeDur.WithLabelValues(model, device),
-		batch:   m.batchSize.WithLabelValues(model, device),
-		items:   m.items.WithLabelValues(model, device),
-		cost:    m.cost.WithLabelValues(model, device),
-		running: m.running.WithLabelValues(model, device),
+		request:   m.requestDur.WithLabelValues(model, device),
+		queue:     m.queueDur.WithLabelValues(model, device),
+		compute:   m.computeDur.WithLabelValues(model, device),
+		batch:     m.batchSize.WithLabelValues(model, device),
+		items:     m.items.WithLabelValues(model, device),
+		cost:      m.cost.WithLabelValues(model, device),
+		abandoned: m.abandoned.WithLabelValues(model, device),
+		running:   m.running.WithLabelValues(model, device),
 	}
 }
 

@@ -39,6 +39,9 @@ var (
 	ErrBackend = errors.New("backend failure")
 	// ErrInvalidArgument: a malformed replica or request (a bug in the caller).
 	ErrInvalidArgument = errors.New("invalid argument")
+	// ErrBatchTimeout: a batch ran longer than Options.BatchTimeout. It is
+	// wrapped together with ErrBackend.
+	ErrBatchTimeout = errors.New("batch timed out")
 )
 
 // QueueFullError is returned when a Submit would overflow the queue. It
@@ -103,6 +106,14 @@ type Options struct {
 	// ProbeInterval is how long an unhealthy replica rests before it is given
 	// one real batch as a probe (default 5s).
 	ProbeInterval time.Duration
+	// BatchTimeout bounds one Execute call (default 2m). A batch still
+	// running after it is abandoned: its executor's context is cancelled,
+	// its items are retried on another replica or fail with ErrBackend, and
+	// the replica is unhealthy and gets no work until the call returns (its
+	// late outputs are discarded). A stuck device call cannot be
+	// interrupted from Go, so this is what keeps callers without a deadline,
+	// and drain, from waiting for ever.
+	BatchTimeout time.Duration
 }
 
 // Defaults of Options.
@@ -110,6 +121,7 @@ const (
 	DefaultMaxQueueItems  = 65536
 	DefaultUnhealthyAfter = 3
 	DefaultProbeInterval  = 5 * time.Second
+	DefaultBatchTimeout   = 2 * time.Minute
 	// latencyWindow is how many recent requests the latency quantiles of
 	// Stats cover, per model and per replica.
 	latencyWindow = 1024
@@ -217,6 +229,9 @@ func New(opts Options) *Scheduler {
 	}
 	if opts.ProbeInterval <= 0 {
 		opts.ProbeInterval = DefaultProbeInterval
+	}
+	if opts.BatchTimeout <= 0 {
+		opts.BatchTimeout = DefaultBatchTimeout
 	}
 	if opts.Logger == nil {
 		opts.Logger = zap.NewNop()

@@ -96,6 +96,7 @@ func Run(ctx context.Context, opts Options, log *zap.Logger) error {
 	sched := scheduler.New(scheduler.Options{
 		MaxQueueItems: cfg.MaxQueueItems,
 		MaxQueueDelay: time.Duration(cfg.MaxQueueDelay),
+		BatchTimeout:  time.Duration(cfg.BatchTimeout),
 		Registerer:    reg,
 		Logger:        log,
 	})

@@ -74,6 +74,10 @@ func (s *BrokerService) schedulerStatus(method string, err error) error {
 		return status.Error(codes.Unavailable, "brokerd is draining: "+err.Error())
 	case errors.Is(err, scheduler.ErrUnknownModel), errors.Is(err, scheduler.ErrDeviceNotFound):
 		return status.Error(codes.NotFound, err.Error())
+	case errors.Is(err, runtime.ErrOutOfMemory):
+		// The device ran out of its budget for this batch: the next try
+		// may fit (RESOURCE_EXHAUSTED), unlike a failing device.
+		return status.Error(codes.ResourceExhausted, err.Error())
 	case errors.Is(err, scheduler.ErrNoDevice), errors.Is(err, scheduler.ErrBackend):
 		return status.Error(codes.Unavailable, err.Error())
 	case errors.Is(err, scheduler.ErrInvalidArgument):

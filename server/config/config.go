@@ -58,6 +58,7 @@ type Config struct {
 	MaxItemBytes       int      `json:"max-item-bytes"`
 	MaxQueueItems      int      `json:"max-queue-items"`
 	MaxQueueDelay      Duration `json:"max-queue-delay"`
+	BatchTimeout       Duration `json:"batch-timeout"`
 	MaxBatch           int      `json:"max-batch"`
 	MaxBatchTokens     int      `json:"max-batch-tokens"`
 	Pprof              bool     `json:"pprof"`
@@ -140,6 +141,7 @@ func Defaults(euid int, getenv func(string) string) Config {
 		MaxQueueItems:      65536,
 		MaxBatchTokens:     16384,
 		ShutdownGrace:      Duration(30 * time.Second),
+		BatchTimeout:       Duration(2 * time.Minute), // scheduler.DefaultBatchTimeout
 	}
 }
 
@@ -172,6 +174,7 @@ var envNames = map[string]string{
 	"max-item-bytes":        "BROKERD_MAX_ITEM_BYTES",
 	"max-queue-items":       "BROKERD_MAX_QUEUE_ITEMS",
 	"max-queue-delay":       "BROKERD_MAX_QUEUE_DELAY",
+	"batch-timeout":         "BROKERD_BATCH_TIMEOUT",
 	"max-batch":             "BROKERD_MAX_BATCH",
 	"pprof":                 "BROKERD_PPROF",
 	"max-batch-tokens":      "BROKERD_MAX_BATCH_TOKENS",
@@ -215,6 +218,7 @@ func bind(fs *flag.FlagSet, c *Config, configPath *string) {
 	fs.IntVar(&c.MaxItemBytes, "max-item-bytes", c.MaxItemBytes, "largest item accepted, in bytes")
 	fs.IntVar(&c.MaxQueueItems, "max-queue-items", c.MaxQueueItems, "most items queued over all models; beyond it calls get RESOURCE_EXHAUSTED")
 	fs.Var(&c.MaxQueueDelay, "max-queue-delay", "how long the oldest queued item may wait for its batch to fill once a device is free")
+	fs.Var(&c.BatchTimeout, "batch-timeout", "longest one batch may run on a device; past it the batch's items are retried elsewhere or fail, and the device's replica is marked unhealthy")
 	fs.IntVar(&c.MaxBatch, "max-batch", c.MaxBatch, "cap on every batch plan's max batch (0: the plan's own)")
 	fs.IntVar(&c.MaxBatchTokens, "max-batch-tokens", c.MaxBatchTokens, "most tokens in one batch of a text model whose config sets no bound")
 	fs.StringVar(&c.ModelRepo, "model-repo", c.ModelRepo, "model repository: DIR/NAME/VERSION/ (default <state-dir>/models)")
@@ -365,6 +369,9 @@ func (c Config) Validate() error {
 	}
 	if c.MaxQueueDelay < 0 {
 		bad("max-queue-delay must not be negative")
+	}
+	if c.BatchTimeout <= 0 {
+		bad("batch-timeout %v is invalid: more than 0", time.Duration(c.BatchTimeout))
 	}
 	if c.MaxBatch < 0 {
 		bad("max-batch %d is invalid: 0 (the plan's own) or more", c.MaxBatch)

@@ -1,0 +1,41 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/brokerd/brokerd/runtime"
+	"github.com/brokerd/brokerd/scheduler"
+)
+
+// TestSchedulerStatus pins the codes a scheduler failure reaches a client
+// with, the faults of a batch included.
+func TestSchedulerStatus(t *testing.T) {
+	s := &BrokerService{log: zap.NewNop()}
+	tests := []struct {
+		name string
+		err  error
+		want codes.Code
+	}{
+		{"queue full", &scheduler.QueueFullError{RetryAfter: time.Second}, codes.ResourceExhausted},
+		{"draining", fmt.Errorf("x: %w", scheduler.ErrDraining), codes.Unavailable},
+		{"device fault", fmt.Errorf("x: %w: %w", scheduler.ErrBackend, fmt.Errorf("boom")), codes.Unavailable},
+		{"batch timeout", fmt.Errorf("x: %w: %w", scheduler.ErrBackend, scheduler.ErrBatchTimeout), codes.Unavailable},
+		{"out of device memory", fmt.Errorf("x: %w: %w", scheduler.ErrBackend, runtime.ErrOutOfMemory), codes.ResourceExhausted},
+		{"deadline", fmt.Errorf("x: %w", context.DeadlineExceeded), codes.DeadlineExceeded},
+		{"cancelled", fmt.Errorf("x: %w", context.Canceled), codes.Canceled},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := status.Code(s.schedulerStatus("/m", tc.err)); got != tc.want {
+				t.Errorf("code = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
