@@ -51,7 +51,13 @@ func hostEnv(extra ...string) []string {
 
 func startBrokerd(t *testing.T, extraArgs ...string) *brokerd {
 	t.Helper()
-	dir := t.TempDir()
+	return startBrokerdIn(t, t.TempDir(), extraArgs...)
+}
+
+// startBrokerdIn starts brokerd with its socket and state under dir, so a
+// second start in the same dir is a restart.
+func startBrokerdIn(t *testing.T, dir string, extraArgs ...string) *brokerd {
+	t.Helper()
 	b := &brokerd{socket: filepath.Join(dir, "brokerd.sock"), logs: &bytes.Buffer{}, exited: make(chan error, 1)}
 	args := append([]string{
 		"--socket", b.socket, "--state-dir", filepath.Join(dir, "state"), "--metrics-listen", "127.0.0.1:0",
