@@ -13,6 +13,29 @@ type metrics struct {
 	requestDur, queueDur, computeDur, batchSize *prometheus.HistogramVec
 	depth, running                              *prometheus.GaugeVec
 	failures, items, cost, abandoned            *prometheus.CounterVec
+	gen                                         genMetrics
+}
+
+// genMetrics are the generation series (continuous batching).
+type genMetrics struct {
+	ttft, itl, step, stepTokens    *prometheus.HistogramVec
+	prompt, generated, preemptions *prometheus.CounterVec
+	running, waiting               *prometheus.GaugeVec
+	cost                           *prometheus.CounterVec // shared with batches
+}
+
+func (g genMetrics) forReplica(model, device string) genReplicaMetrics {
+	return genReplicaMetrics{
+		ttft:        g.ttft.WithLabelValues(model, device),
+		itl:         g.itl.WithLabelValues(model, device),
+		step:        g.step.WithLabelValues(model, device),
+		stepTokens:  g.stepTokens.WithLabelValues(model, device),
+		prompt:      g.prompt.WithLabelValues(model, device),
+		generated:   g.generated.WithLabelValues(model, device),
+		preemptions: g.preemptions.WithLabelValues(model, device),
+		cost:        g.cost.WithLabelValues(model, device),
+		running:     g.running.WithLabelValues(model, device),
+	}
 }
 
 // gaugeSetter is the part of a gauge the queue depth needs.
@@ -60,6 +83,28 @@ func newMetrics(reg prometheus.Registerer, log *zap.Logger) *metrics {
 			Namespace: "brokerd", Name: "batches_abandoned_total", Help: "Batches that ran past the batch timeout: their items were retried elsewhere or failed, and the replica marked unhealthy.",
 		}, md),
 	}
+	counter := func(name, help string) *prometheus.CounterVec {
+		return prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "brokerd", Subsystem: "generation", Name: name, Help: help}, md)
+	}
+	genHist := func(name, help string, buckets []float64) *prometheus.HistogramVec {
+		return prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: "brokerd", Subsystem: "generation", Name: name, Help: help, Buckets: buckets}, md)
+	}
+	m.gen = genMetrics{
+		ttft:        genHist("time_to_first_token_seconds", "Time from Generate until a sequence's first token.", latencyBuckets),
+		itl:         genHist("inter_token_seconds", "Time between consecutive tokens of a sequence.", latencyBuckets),
+		step:        genHist("step_seconds", "Executor time per generation step.", latencyBuckets),
+		stepTokens:  genHist("step_tokens", "Tokens per generation step (decode tokens and prefill chunks).", prometheus.ExponentialBuckets(1, 2, 15)),
+		prompt:      counter("prompt_tokens_total", "Prompt tokens prefilled (recomputation after a preemption not counted)."),
+		generated:   counter("generated_tokens_total", "Tokens generated."),
+		preemptions: counter("preemptions_total", "Running sequences preempted for KV-cache room (recomputed later)."),
+		running: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: "brokerd", Subsystem: "generation", Name: "running_sequences", Help: "Sequences in a replica's running set.",
+		}, md),
+		waiting: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: "brokerd", Subsystem: "generation", Name: "waiting_sequences", Help: "Sequences waiting to be admitted, per model.",
+		}, []string{"model"}),
+		cost: m.cost,
+	}
 	if reg == nil {
 		return m
 	}
@@ -75,6 +120,16 @@ func newMetrics(reg prometheus.Registerer, log *zap.Logger) *metrics {
 	m.items = register(reg, log, m.items)
 	m.cost = register(reg, log, m.cost)
 	m.abandoned = register(reg, log, m.abandoned)
+	m.gen.cost = m.cost
+	m.gen.ttft = register(reg, log, m.gen.ttft)
+	m.gen.itl = register(reg, log, m.gen.itl)
+	m.gen.step = register(reg, log, m.gen.step)
+	m.gen.stepTokens = register(reg, log, m.gen.stepTokens)
+	m.gen.prompt = register(reg, log, m.gen.prompt)
+	m.gen.generated = register(reg, log, m.gen.generated)
+	m.gen.preemptions = register(reg, log, m.gen.preemptions)
+	m.gen.running = register(reg, log, m.gen.running)
+	m.gen.waiting = register(reg, log, m.gen.waiting)
 	return m
 }
 

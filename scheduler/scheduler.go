@@ -12,6 +12,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -207,10 +208,12 @@ type Scheduler struct {
 	// sections are short (no executor call runs under it).
 	mu       sync.Mutex
 	models   map[string]*modelQueue
-	cordoned map[string]bool // by device ID; survives replicas coming and going
-	queued   int             // items queued over all models
-	active   int             // accepted requests not yet finished
-	running  int             // batches executing now
+	gens     map[string]*genQueue // generator models (generate.go)
+	nextSeq  uint64               // the last sequence ID given out
+	cordoned map[string]bool      // by device ID; survives replicas coming and going
+	queued   int                  // items queued over all models
+	active   int                  // accepted requests not yet finished
+	running  int                  // batches executing now
 	draining bool
 	closed   bool
 	drained  chan struct{} // closed when draining and idle
@@ -248,6 +251,7 @@ func New(opts Options) *Scheduler {
 		baseCtx:  ctx,
 		cancel:   cancel,
 		models:   make(map[string]*modelQueue),
+		gens:     make(map[string]*genQueue),
 		cordoned: make(map[string]bool),
 	}
 }
@@ -273,6 +277,9 @@ func (s *Scheduler) AddReplica(model string, dev Device, maxBatch int, exec Exec
 	defer s.mu.Unlock()
 	if s.closed {
 		return fmt.Errorf("scheduler: add replica of %q on %s: %w: closed", model, dev.ID, ErrDraining)
+	}
+	if s.gens[model] != nil {
+		return fmt.Errorf("scheduler: add replica of %q: %w: it is a generator", model, ErrWrongKind)
 	}
 	mq := s.models[model]
 	if mq == nil {
@@ -351,6 +358,11 @@ func (s *Scheduler) Cordon(deviceID string, on bool) {
 	for _, mq := range s.models {
 		s.dispatchLocked(mq)
 	}
+	for _, gq := range s.gens {
+		for _, r := range gq.replicas {
+			r.wake()
+		}
+	}
 }
 
 // Submit queues the request's items, waits until all of them ran, and returns
@@ -400,6 +412,9 @@ func (s *Scheduler) enqueueLocked(ctx context.Context, req Request) (*request, e
 		return nil, fmt.Errorf("scheduler: %q: %w", req.Model, ErrDraining)
 	}
 	mq := s.models[req.Model]
+	if mq == nil && s.gens[req.Model] != nil {
+		return nil, fmt.Errorf("scheduler: %q: %w: it is a generator", req.Model, ErrWrongKind)
+	}
 	if mq == nil {
 		// Not counted in the metrics: arbitrary names would make label
 		// cardinality unbounded.
@@ -544,6 +559,14 @@ func (s *Scheduler) Close() {
 		mq.compact()
 		for _, r := range mq.replicas {
 			r.closeWork()
+		}
+	}
+	for _, gq := range s.gens {
+		for _, seq := range slices.Clone(gq.waiting) {
+			s.finishSeqLocked(seq, fmt.Errorf("scheduler: %q: %w: scheduler closed", gq.name, ErrDraining), "", ReasonCancelled)
+		}
+		for _, r := range gq.replicas {
+			r.wake() // its loop sees closed, answers its running sequences and returns
 		}
 	}
 	s.mu.Unlock()

@@ -1,0 +1,844 @@
+package scheduler
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+)
+
+// Generation: continuous (iteration-level) batching of decoder sequences.
+//
+// A generation replica runs a loop of steps. Each step carries the next
+// token of every running sequence plus chunks of prompts (chunked prefill)
+// up to a token budget; a sequence joins the running set at the next step
+// once its first chunk fits and leaves at the step it finishes, instead of
+// waiting for the longest sequence of a static batch. KV-cache room is the
+// executor's: the loop reserves it before each step, and when a running
+// sequence cannot grow, the newest running sequence is preempted (its
+// blocks freed, its tokens recomputed when it is admitted again).
+//
+// What the tokens mean (sampling, stop strings, detokenising) is the
+// executor's business too: it gets each sequence's opaque State with every
+// step and says when a sequence stops.
+
+// ErrWrongKind means the model exists but serves another kind of request
+// (Generate on an encoder, Submit on a generator).
+var ErrWrongKind = errors.New("model does not serve this kind of request")
+
+// Finish reasons of a generated sequence.
+const (
+	FinishStop     = "stop"     // the executor stopped it: an end-of-sequence token or a stop string
+	FinishLength   = "length"   // MaxNewTokens generated, or the context or KV cache is full
+	FinishDeadline = "deadline" // GenRequest.Deadline passed: it ends with what it has
+)
+
+// GenRequest is one sequence to generate.
+type GenRequest struct {
+	Model, Client string
+	// Priority: higher is admitted first; levels are strict.
+	Priority             int
+	DeviceID, DeviceType string
+	// Prompt is the tokenised prompt (at least one token).
+	Prompt []int32
+	// MaxNewTokens bounds the generated tokens (at least 1).
+	MaxNewTokens int
+	// Deadline, when set, ends the sequence with FinishDeadline and the
+	// tokens it has (unlike the context, whose end is an error).
+	Deadline time.Time
+	// State is the executor's per-sequence state (sampler, stop strings,
+	// detokeniser), handed back with every step of the sequence.
+	State any
+}
+
+// StepItem is one sequence's part of a step.
+type StepItem struct {
+	Seq   uint64 // stable for the sequence's life, preemptions included
+	State any
+	// Tokens to run: a chunk of the prompt (or, after a preemption, of the
+	// prompt and the tokens generated so far), or the last sampled token.
+	Tokens []int32
+	// Pos is the position of Tokens[0]: tokens before it are in the cache.
+	Pos int
+	// Sample: Tokens end the sequence's known tokens, so the step samples
+	// its next token.
+	Sample bool
+}
+
+// StepResult is the executor's answer for one StepItem; only items with
+// Sample set have one that counts.
+type StepResult struct {
+	Token int32
+	Out   any  // the executor's payload for the token (text delta, logprobs)
+	Stop  bool // the sequence ends with this token (FinishStop)
+	Full  bool // no room for more tokens (context length): FinishLength
+}
+
+// GenExecutor runs decoder steps on one device.
+type GenExecutor interface {
+	// Reserve makes sure sequence seq has KV-cache room for tokens tokens
+	// in all; false when the free blocks do not suffice now.
+	Reserve(seq uint64, tokens int) bool
+	// Release frees the sequence's cache (it finished, was cancelled or is
+	// preempted). Its State stays valid: a preempted sequence comes back.
+	Release(seq uint64)
+	// Step runs one forward pass over items and returns one result per item.
+	Step(ctx context.Context, items []StepItem) ([]StepResult, error)
+}
+
+// GenOptions size a generation replica (from the device's batch plan).
+type GenOptions struct {
+	MaxRunning    int // sequences in the running set (at least 1)
+	MaxStepTokens int // tokens in one step: decode tokens plus prefill chunks (at least MaxRunning)
+	MaxChunk      int // longest prefill chunk of one sequence in one step (0: MaxStepTokens)
+}
+
+// GenEvent is one token of a stream, or its end.
+type GenEvent struct {
+	HasToken bool
+	Token    int32
+	Out      any
+	// Finish is set on the last event: FinishStop, FinishLength or
+	// FinishDeadline (a deadline's last event may carry no token).
+	Finish string
+	Info   *GenInfo // on the last event
+}
+
+// GenInfo is how a finished sequence ran.
+type GenInfo struct {
+	DeviceID, DeviceType string
+	PromptTokens         int
+	GeneratedTokens      int
+	// Queue: Generate until its first step. TimeToFirstToken: Generate
+	// until its first token. Total: Generate until its last token.
+	Queue, TimeToFirstToken, Total time.Duration
+	// Compute: the time of the steps it took part in. CostUSD: its share
+	// of them, by tokens.
+	Compute     time.Duration
+	CostUSD     float64
+	MaxBatch    int // most sequences in one of its steps
+	Preemptions int
+}
+
+// GenStream delivers a sequence's tokens.
+type GenStream struct {
+	s   *Scheduler
+	seq *genSeq
+}
+
+// Seq is the sequence's ID, as the executor sees it.
+func (g *GenStream) Seq() uint64 { return g.seq.id }
+
+// Recv returns the next event. After the last one (Finish set) it returns
+// io.EOF; a sequence that failed returns its error (ErrBackend,
+// ErrDraining, or the context's error).
+func (g *GenStream) Recv() (GenEvent, error) {
+	seq := g.seq
+	for {
+		g.s.mu.Lock()
+		if len(seq.events) > 0 {
+			ev := seq.events[0]
+			seq.events[0] = GenEvent{}
+			seq.events = seq.events[1:]
+			g.s.mu.Unlock()
+			return ev, nil
+		}
+		if seq.finished {
+			err := seq.err
+			g.s.mu.Unlock()
+			if err == nil {
+				return GenEvent{}, io.EOF
+			}
+			return GenEvent{}, err
+		}
+		g.s.mu.Unlock()
+		<-seq.notify
+	}
+}
+
+// genSeq is one accepted sequence. Its fields are guarded by Scheduler.mu.
+type genSeq struct {
+	id                uint64
+	gq                *genQueue
+	client            string
+	priority          int
+	deviceID, devType string
+	state             any
+
+	tokens    []int32 // prompt, then generated
+	promptLen int
+	maxNew    int
+	computed  int // tokens in the KV cache
+	generated int
+
+	waiting   bool        // in gq.waiting
+	r         *genReplica // running on; it holds cache there
+	retried   bool        // failed once on exclude and went back to waiting
+	exclude   *genReplica
+	preempted int
+
+	submitted, firstStep, firstToken, lastToken time.Time
+	compute                                     time.Duration
+	cost                                        float64
+	maxBatch                                    int
+	lastDev, lastDevType                        string
+
+	stopCtx  func() bool // stops the context watch
+	deadline *time.Timer
+
+	finished bool
+	err      error
+	events   []GenEvent
+	notify   chan struct{} // capacity 1: something to Recv
+}
+
+func (seq *genSeq) wake() {
+	select {
+	case seq.notify <- struct{}{}:
+	default:
+	}
+}
+
+func (seq *genSeq) matches(r *genReplica) bool {
+	return (seq.deviceID == "" || seq.deviceID == r.dev.ID) && (seq.devType == "" || seq.devType == r.dev.Type)
+}
+
+// genQueue is one generator model: its waiting sequences and replicas.
+type genQueue struct {
+	name     string
+	replicas []*genReplica
+	waiting  []*genSeq // arrival order; preempted and retried ones are put first
+	// served counts the tokens each client had run (prompt and generated):
+	// admission picks the client that had least (virtual token counters),
+	// so fairness between clients is in tokens, not requests.
+	served  map[string]int64
+	clients map[string]int // sequences waiting or running per client
+	stats   genStats
+}
+
+type genStats struct {
+	completed, generated, prompt, preemptions int64
+	failed                                    map[string]int64
+}
+
+// genReplica is one device serving one generator model.
+type genReplica struct {
+	gq      *genQueue
+	dev     Device
+	opts    GenOptions
+	exec    GenExecutor
+	running []*genSeq // admission order: the last is the newest
+	kick    chan struct{}
+	exited  chan struct{}
+
+	removing    bool
+	healthy     bool
+	consecFails int
+	lastErr     string
+	probeAt     time.Time
+	tokensPerS  float64 // EWMA of step tokens per second
+
+	m genReplicaMetrics
+}
+
+func (r *genReplica) wake() {
+	select {
+	case r.kick <- struct{}{}:
+	default:
+	}
+}
+
+// AddGenReplica makes dev serve the generator model with a running set of
+// opts.MaxRunning sequences. A model serves either Submit or Generate.
+func (s *Scheduler) AddGenReplica(model string, dev Device, opts GenOptions, exec GenExecutor) error {
+	switch {
+	case model == "":
+		return fmt.Errorf("scheduler: add generator replica: %w: empty model name", ErrInvalidArgument)
+	case dev.ID == "":
+		return fmt.Errorf("scheduler: add generator replica of %q: %w: empty device ID", model, ErrInvalidArgument)
+	case opts.MaxRunning < 1 || opts.MaxStepTokens < opts.MaxRunning:
+		return fmt.Errorf("scheduler: add generator replica of %q on %s: %w: max running %d, step tokens %d (want 1 ≤ running ≤ step tokens)",
+			model, dev.ID, ErrInvalidArgument, opts.MaxRunning, opts.MaxStepTokens)
+	case exec == nil:
+		return fmt.Errorf("scheduler: add generator replica of %q on %s: %w: nil executor", model, dev.ID, ErrInvalidArgument)
+	}
+	if opts.MaxChunk <= 0 || opts.MaxChunk > opts.MaxStepTokens {
+		opts.MaxChunk = opts.MaxStepTokens
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return fmt.Errorf("scheduler: add generator replica of %q on %s: %w: closed", model, dev.ID, ErrDraining)
+	}
+	if s.models[model] != nil {
+		return fmt.Errorf("scheduler: add generator replica of %q: %w: it serves batches", model, ErrWrongKind)
+	}
+	gq := s.gens[model]
+	if gq == nil {
+		gq = &genQueue{name: model, served: map[string]int64{}, clients: map[string]int{}, stats: genStats{failed: map[string]int64{}}}
+		s.gens[model] = gq
+	}
+	if slices.ContainsFunc(gq.replicas, func(r *genReplica) bool { return r.dev.ID == dev.ID }) {
+		return fmt.Errorf("scheduler: add generator replica of %q on %s: %w: already served", model, dev.ID, ErrInvalidArgument)
+	}
+	r := &genReplica{
+		gq: gq, dev: dev, opts: opts, exec: exec,
+		kick: make(chan struct{}, 1), exited: make(chan struct{}), healthy: true,
+		m: s.metrics.gen.forReplica(model, dev.ID),
+	}
+	gq.replicas = append(gq.replicas, r)
+	s.workers.Add(1)
+	go s.genLoop(r)
+	s.log.Info("generator replica added", zap.String("model", model), zap.String("device", dev.ID),
+		zap.Int("max_running", opts.MaxRunning), zap.Int("step_tokens", opts.MaxStepTokens))
+	return nil
+}
+
+// RemoveGenReplica stops admitting sequences on the replica, lets its
+// running ones finish (or ctx end), and removes it. Waiting sequences no
+// replica left can serve fail with ErrNoDevice.
+func (s *Scheduler) RemoveGenReplica(ctx context.Context, model, deviceID string) error {
+	s.mu.Lock()
+	gq := s.gens[model]
+	if gq == nil {
+		s.mu.Unlock()
+		return fmt.Errorf("scheduler: remove generator replica of %q: %w", model, ErrUnknownModel)
+	}
+	i := slices.IndexFunc(gq.replicas, func(r *genReplica) bool { return r.dev.ID == deviceID })
+	if i < 0 {
+		s.mu.Unlock()
+		return fmt.Errorf("scheduler: remove generator replica of %q on %s: %w", model, deviceID, ErrDeviceNotFound)
+	}
+	r := gq.replicas[i]
+	r.removing = true
+	gq.replicas = slices.Delete(gq.replicas, i, i+1)
+	if len(gq.replicas) == 0 {
+		delete(s.gens, model)
+	}
+	for _, seq := range slices.Clone(gq.waiting) {
+		if !slices.ContainsFunc(gq.replicas, seq.matches) {
+			s.finishSeqLocked(seq, fmt.Errorf("scheduler: %q: %w: its replicas were removed", model, ErrNoDevice), "", ReasonRejected)
+		}
+	}
+	r.wake()
+	s.mu.Unlock()
+	select {
+	case <-r.exited:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("scheduler: remove generator replica of %q on %s: waiting for its sequences: %w", model, deviceID, ctx.Err())
+	}
+}
+
+// Generate queues a sequence and returns its stream at once. It fails fast
+// like Submit: ErrDraining, ErrUnknownModel, ErrWrongKind,
+// ErrDeviceNotFound, ErrNoDevice, ErrInvalidArgument or a *QueueFullError
+// (each waiting sequence counts as one queued item). The context's end
+// cancels the sequence and frees its cache.
+func (s *Scheduler) Generate(ctx context.Context, req GenRequest) (*GenStream, error) {
+	if len(req.Prompt) == 0 || req.MaxNewTokens < 1 {
+		return nil, fmt.Errorf("scheduler: %q: %w: %d prompt tokens, max new tokens %d (want at least 1 of each)",
+			req.Model, ErrInvalidArgument, len(req.Prompt), req.MaxNewTokens)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.draining || s.closed {
+		s.metrics.failed(req.Model, ReasonRejected)
+		return nil, fmt.Errorf("scheduler: %q: %w", req.Model, ErrDraining)
+	}
+	gq := s.gens[req.Model]
+	if gq == nil {
+		if s.models[req.Model] != nil {
+			return nil, fmt.Errorf("scheduler: %q: %w: it is not a generator", req.Model, ErrWrongKind)
+		}
+		return nil, fmt.Errorf("scheduler: %q: %w", req.Model, ErrUnknownModel)
+	}
+	if err := ctx.Err(); err != nil {
+		s.genReject(gq, reasonOf(err))
+		return nil, fmt.Errorf("scheduler: %q: before queueing: %w", req.Model, err)
+	}
+	probe := &genSeq{deviceID: req.DeviceID, devType: req.DeviceType}
+	if req.DeviceID != "" && !slices.ContainsFunc(gq.replicas, func(r *genReplica) bool { return r.dev.ID == req.DeviceID }) {
+		s.genReject(gq, ReasonRejected)
+		return nil, fmt.Errorf("scheduler: %q on %s: %w", req.Model, req.DeviceID, ErrDeviceNotFound)
+	}
+	now := s.now()
+	usable, matched := false, false
+	for _, r := range gq.replicas {
+		if probe.matches(r) {
+			matched = true
+			usable = usable || s.genUsableLocked(r, now, true)
+		}
+	}
+	if !usable {
+		s.genReject(gq, ReasonRejected)
+		why := "every matching replica is cordoned or unhealthy"
+		if !matched {
+			why = fmt.Sprintf("no replica matches device %q type %q", req.DeviceID, req.DeviceType)
+		}
+		return nil, fmt.Errorf("scheduler: %q: %w: %s", req.Model, ErrNoDevice, why)
+	}
+	if s.queued+1 > s.opts.MaxQueueItems {
+		s.genReject(gq, ReasonRejected)
+		return nil, &QueueFullError{RetryAfter: s.genRetryAfterLocked(gq), Queued: s.queued, Requested: 1, Limit: s.opts.MaxQueueItems}
+	}
+	s.nextSeq++
+	seq := &genSeq{
+		id: s.nextSeq, gq: gq, client: req.Client, priority: req.Priority,
+		deviceID: req.DeviceID, devType: req.DeviceType, state: req.State,
+		tokens: slices.Clone(req.Prompt), promptLen: len(req.Prompt), maxNew: req.MaxNewTokens,
+		submitted: now, notify: make(chan struct{}, 1),
+	}
+	// A client that had nothing queued starts from the least served
+	// active client, so idling does not bank credit.
+	if gq.clients[seq.client] == 0 {
+		low, any := int64(0), false
+		for c, n := range gq.clients {
+			if n > 0 && (!any || gq.served[c] < low) {
+				low, any = gq.served[c], true
+			}
+		}
+		if any && gq.served[seq.client] < low {
+			gq.served[seq.client] = low
+		}
+	}
+	gq.clients[seq.client]++
+	seq.waiting = true
+	gq.waiting = append(gq.waiting, seq)
+	s.queued++
+	s.active++
+	s.metrics.gen.waiting.WithLabelValues(gq.name).Inc()
+	seq.stopCtx = context.AfterFunc(ctx, func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		err := ctx.Err()
+		s.finishSeqLocked(seq, fmt.Errorf("scheduler: %q: %w", gq.name, err), "", reasonOf(err))
+	})
+	if !req.Deadline.IsZero() {
+		seq.deadline = time.AfterFunc(time.Until(req.Deadline), func() {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			s.finishSeqLocked(seq, nil, FinishDeadline, "")
+		})
+	}
+	for _, r := range gq.replicas {
+		if seq.matches(r) {
+			r.wake()
+		}
+	}
+	return &GenStream{s: s, seq: seq}, nil
+}
+
+func (s *Scheduler) genReject(gq *genQueue, reason string) {
+	gq.stats.failed[reason]++
+	s.metrics.failed(gq.name, reason)
+}
+
+// genUsableLocked reports whether r may admit sequences now (probe: an
+// unhealthy replica whose rest is over counts, for its probe).
+func (s *Scheduler) genUsableLocked(r *genReplica, now time.Time, probe bool) bool {
+	return !r.removing && !s.cordoned[r.dev.ID] && (r.healthy || (probe && !now.Before(r.probeAt)))
+}
+
+// genRetryAfterLocked estimates when a waiting slot frees: the time the
+// replicas take to run one step's worth of tokens, bounded like Submit's.
+func (s *Scheduler) genRetryAfterLocked(gq *genQueue) time.Duration {
+	var rate float64
+	for _, r := range gq.replicas {
+		rate += r.tokensPerS
+	}
+	if rate <= 0 {
+		return time.Second
+	}
+	d := time.Duration(float64(len(gq.waiting)) / rate * float64(time.Second))
+	return min(max(d, 10*time.Millisecond), time.Minute)
+}
+
+// finishSeqLocked answers the caller: err, or success with finish (a final
+// event is added when the last token did not carry it). The cache is freed
+// by the replica's loop at its next step boundary, or here when the
+// sequence is not running.
+func (s *Scheduler) finishSeqLocked(seq *genSeq, err error, finish, reason string) {
+	if seq.finished {
+		return
+	}
+	gq := seq.gq
+	seq.finished = true
+	seq.err = err
+	if seq.stopCtx != nil {
+		seq.stopCtx()
+	}
+	if seq.deadline != nil {
+		seq.deadline.Stop()
+	}
+	if seq.waiting {
+		seq.waiting = false
+		gq.waiting = slices.DeleteFunc(gq.waiting, func(x *genSeq) bool { return x == seq })
+		s.queued--
+		s.metrics.gen.waiting.WithLabelValues(gq.name).Dec()
+	}
+	if seq.r != nil {
+		seq.r.wake() // its loop frees the cache
+	}
+	gq.clients[seq.client]--
+	if gq.clients[seq.client] <= 0 {
+		delete(gq.clients, seq.client)
+	}
+	s.active--
+	if err == nil {
+		info := s.genInfo(seq)
+		if n := len(seq.events); n > 0 && seq.events[n-1].HasToken && seq.events[n-1].Finish == "" && finish != FinishDeadline {
+			seq.events[n-1].Finish, seq.events[n-1].Info = finish, info
+		} else {
+			seq.events = append(seq.events, GenEvent{Finish: finish, Info: info})
+		}
+		gq.stats.completed++
+	} else {
+		gq.stats.failed[reason]++
+		s.metrics.failed(gq.name, reason)
+	}
+	seq.wake()
+	s.checkDrainedLocked()
+}
+
+func (s *Scheduler) genInfo(seq *genSeq) *GenInfo {
+	info := &GenInfo{
+		DeviceID: seq.lastDev, DeviceType: seq.lastDevType,
+		PromptTokens: seq.promptLen, GeneratedTokens: seq.generated,
+		Total: s.now().Sub(seq.submitted), Compute: seq.compute, CostUSD: seq.cost,
+		MaxBatch: seq.maxBatch, Preemptions: seq.preempted,
+	}
+	if !seq.firstStep.IsZero() {
+		info.Queue = seq.firstStep.Sub(seq.submitted)
+	}
+	if !seq.firstToken.IsZero() {
+		info.TimeToFirstToken = seq.firstToken.Sub(seq.submitted)
+		info.Total = seq.lastToken.Sub(seq.submitted)
+	}
+	return info
+}
+
+// genLoop runs r's steps until the scheduler closes or r is removed and
+// has nothing running.
+func (s *Scheduler) genLoop(r *genReplica) {
+	defer s.workers.Done()
+	defer close(r.exited)
+	var probeTimer *time.Timer
+	defer func() {
+		if probeTimer != nil {
+			probeTimer.Stop()
+		}
+	}()
+	for {
+		s.mu.Lock()
+		if s.closed {
+			s.releaseAllLocked(r)
+			for _, seq := range slices.Clone(r.gq.waiting) {
+				s.finishSeqLocked(seq, fmt.Errorf("scheduler: %q: %w: scheduler closed", r.gq.name, ErrDraining), "", ReasonCancelled)
+			}
+			s.mu.Unlock()
+			return
+		}
+		now := s.now()
+		items, seqs := s.planStepLocked(r, now)
+		if len(items) == 0 {
+			if r.removing && len(r.running) == 0 {
+				s.mu.Unlock()
+				return
+			}
+			// Idle: wait for a kick, or for the end of an unhealthy rest.
+			var probe <-chan time.Time
+			if !r.healthy && len(r.gq.waiting) > 0 && now.Before(r.probeAt) {
+				if probeTimer == nil {
+					probeTimer = time.NewTimer(r.probeAt.Sub(now))
+				} else {
+					probeTimer.Reset(r.probeAt.Sub(now))
+				}
+				probe = probeTimer.C
+			}
+			s.mu.Unlock()
+			select {
+			case <-r.kick:
+			case <-probe:
+			}
+			continue
+		}
+		s.running++
+		r.m.running.Set(float64(len(r.running)))
+		s.mu.Unlock()
+
+		start := s.now()
+		results, err := s.step(r, items)
+		end := s.now()
+
+		s.mu.Lock()
+		s.running--
+		s.applyStepLocked(r, items, seqs, results, err, start, end)
+		r.m.running.Set(float64(len(r.running)))
+		s.checkDrainedLocked()
+		s.mu.Unlock()
+	}
+}
+
+// step calls the executor, turning a panic or a wrong result count into an
+// error.
+func (s *Scheduler) step(r *genReplica, items []StepItem) (res []StepResult, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("generator step panicked: %v", p)
+		}
+	}()
+	res, err = r.exec.Step(s.baseCtx, items)
+	if err == nil && len(res) != len(items) {
+		err = fmt.Errorf("generator step returned %d results for %d items", len(res), len(items))
+	}
+	return res, err
+}
+
+// releaseLocked frees seq's cache on its replica and takes it out of the
+// running set.
+func (s *Scheduler) releaseLocked(r *genReplica, seq *genSeq) {
+	r.exec.Release(seq.id)
+	r.running = slices.DeleteFunc(r.running, func(x *genSeq) bool { return x == seq })
+	seq.r = nil
+	seq.computed = 0
+}
+
+func (s *Scheduler) releaseAllLocked(r *genReplica) {
+	for _, seq := range slices.Clone(r.running) {
+		s.finishSeqLocked(seq, fmt.Errorf("scheduler: %q: %w: scheduler closed", r.gq.name, ErrDraining), "", ReasonCancelled)
+		s.releaseLocked(r, seq)
+	}
+}
+
+// requeueLocked puts seq back at the front of the waiting sequences.
+func (s *Scheduler) requeueLocked(seq *genSeq) {
+	gq := seq.gq
+	seq.waiting = true
+	gq.waiting = slices.Insert(gq.waiting, 0, seq)
+	s.queued++
+	s.metrics.gen.waiting.WithLabelValues(gq.name).Inc()
+	for _, o := range gq.replicas {
+		if seq.matches(o) {
+			o.wake()
+		}
+	}
+}
+
+// planStepLocked chooses the next step of r: the running sequences first
+// (each its next token or prompt chunk, preempting the newest when the
+// cache is full), then waiting sequences while the running set and the
+// token budget have room.
+func (s *Scheduler) planStepLocked(r *genReplica, now time.Time) ([]StepItem, []*genSeq) {
+	// Sequences answered since the last step leave now, freeing their cache.
+	for _, seq := range slices.Clone(r.running) {
+		if seq.finished {
+			s.releaseLocked(r, seq)
+		}
+	}
+	budget := r.opts.MaxStepTokens
+	var items []StepItem
+	var seqs []*genSeq
+	add := func(seq *genSeq, take int) {
+		pos := seq.computed
+		items = append(items, StepItem{
+			Seq: seq.id, State: seq.state, Tokens: seq.tokens[pos : pos+take], Pos: pos,
+			Sample: pos+take == len(seq.tokens),
+		})
+		seqs = append(seqs, seq)
+		budget -= take
+	}
+	for i := 0; i < len(r.running) && budget > 0; {
+		seq := r.running[i]
+		take := min(len(seq.tokens)-seq.computed, budget, r.opts.MaxChunk)
+		fits := true
+		for fits && !r.exec.Reserve(seq.id, seq.computed+take) {
+			victim := r.running[len(r.running)-1]
+			if victim == seq {
+				fits = false // seq is the newest: it waits, or cannot run at all
+				if len(items) == 0 && len(r.running) == 1 {
+					s.log.Warn("sequence outgrew the KV cache; ending it", zap.String("model", r.gq.name),
+						zap.String("device", r.dev.ID), zap.Int("tokens", len(seq.tokens)))
+					s.releaseLocked(r, seq)
+					s.finishSeqLocked(seq, nil, FinishLength, "")
+					break
+				}
+			}
+			s.preemptLocked(r, victim)
+		}
+		if !fits {
+			continue // seq was the last of the running set: the loop ends
+		}
+		add(seq, take)
+		i++
+	}
+	if !s.genUsableLocked(r, now, true) || (!r.healthy && len(r.running) > 0) {
+		return items, seqs
+	}
+	for len(r.running) < r.opts.MaxRunning && budget > 0 {
+		seq := s.nextWaitingLocked(r)
+		if seq == nil {
+			break
+		}
+		take := min(len(seq.tokens), budget, r.opts.MaxChunk)
+		if !r.exec.Reserve(seq.id, take) {
+			break // it waits for blocks
+		}
+		gq := r.gq
+		seq.waiting = false
+		gq.waiting = slices.DeleteFunc(gq.waiting, func(x *genSeq) bool { return x == seq })
+		s.queued--
+		s.metrics.gen.waiting.WithLabelValues(gq.name).Dec()
+		seq.r = r
+		seq.computed = 0
+		r.running = append(r.running, seq)
+		if seq.firstStep.IsZero() {
+			seq.firstStep = now
+		}
+		add(seq, take)
+		if !r.healthy {
+			break // one sequence is the probe
+		}
+	}
+	return items, seqs
+}
+
+// preemptLocked frees seq's cache and sends it back to wait; its tokens are
+// recomputed when it runs again.
+func (s *Scheduler) preemptLocked(r *genReplica, seq *genSeq) {
+	s.releaseLocked(r, seq)
+	seq.preempted++
+	r.gq.stats.preemptions++
+	r.m.preemptions.Inc()
+	s.requeueLocked(seq)
+}
+
+// nextWaitingLocked picks the waiting sequence r admits next: the highest
+// priority; inside it, the client that had the fewest tokens served; that
+// client's oldest sequence (preempted and retried ones are at the front).
+func (s *Scheduler) nextWaitingLocked(r *genReplica) *genSeq {
+	gq := r.gq
+	var best *genSeq
+	for _, seq := range gq.waiting {
+		if !seq.matches(r) || (seq.exclude == r && len(gq.replicas) > 1) {
+			continue
+		}
+		if best == nil || seq.priority > best.priority ||
+			(seq.priority == best.priority && gq.served[seq.client] < gq.served[best.client]) {
+			best = seq
+		}
+	}
+	return best
+}
+
+// applyStepLocked delivers a step's tokens, or handles its failure.
+func (s *Scheduler) applyStepLocked(r *genReplica, items []StepItem, seqs []*genSeq, results []StepResult, err error, start, end time.Time) {
+	gq := r.gq
+	took := end.Sub(start)
+	if err != nil {
+		r.consecFails++
+		r.lastErr = err.Error()
+		if r.consecFails >= s.opts.UnhealthyAfter {
+			if r.healthy {
+				s.log.Warn("generator replica unhealthy", zap.String("model", gq.name), zap.String("device", r.dev.ID),
+					zap.Int("failures_in_a_row", r.consecFails), zap.Error(err))
+			}
+			r.healthy = false
+			r.probeAt = end.Add(s.opts.ProbeInterval)
+		}
+		for _, seq := range seqs {
+			if seq.r != r {
+				continue
+			}
+			s.releaseLocked(r, seq)
+			if seq.finished {
+				continue
+			}
+			// A sequence that streamed nothing yet may start over elsewhere.
+			if seq.generated == 0 && !seq.retried && slices.ContainsFunc(gq.replicas, func(o *genReplica) bool {
+				return o != r && !o.removing && seq.matches(o)
+			}) {
+				seq.retried, seq.exclude = true, r
+				s.requeueLocked(seq)
+				continue
+			}
+			s.finishSeqLocked(seq, fmt.Errorf("scheduler: %q on %s: %w: %w", gq.name, r.dev.ID, ErrBackend, err), "", ReasonBackend)
+		}
+		return
+	}
+	if !r.healthy {
+		s.log.Info("generator replica healthy again", zap.String("model", gq.name), zap.String("device", r.dev.ID))
+	}
+	r.healthy, r.consecFails, r.lastErr = true, 0, ""
+	stepTokens := 0
+	for _, it := range items {
+		stepTokens += len(it.Tokens)
+	}
+	if secs := took.Seconds(); secs > 0 {
+		rate := float64(stepTokens) / secs
+		if r.tokensPerS == 0 {
+			r.tokensPerS = rate
+		} else {
+			r.tokensPerS += ewmaWeight * (rate - r.tokensPerS)
+		}
+	}
+	r.m.step.Observe(took.Seconds())
+	r.m.stepTokens.Observe(float64(stepTokens))
+	stepCost := r.dev.CostPerHour / 3600 * took.Seconds()
+	r.m.cost.Add(stepCost)
+	for i, it := range items {
+		seq := seqs[i]
+		gq.served[seq.client] += int64(len(it.Tokens))
+		if seq.r != r || seq.finished {
+			continue // answered during the step (cancelled, deadline): freed at the next plan
+		}
+		seq.computed += len(it.Tokens)
+		seq.compute += took
+		seq.cost += stepCost * float64(len(it.Tokens)) / float64(stepTokens)
+		seq.maxBatch = max(seq.maxBatch, len(items))
+		seq.lastDev, seq.lastDevType = r.dev.ID, r.dev.Type
+		if seq.generated == 0 && seq.preempted == 0 {
+			r.m.prompt.Add(float64(len(it.Tokens)))
+			gq.stats.prompt += int64(len(it.Tokens))
+		}
+		if !it.Sample {
+			continue
+		}
+		res := results[i]
+		seq.tokens = append(seq.tokens, res.Token)
+		seq.generated++
+		gq.stats.generated++
+		r.m.generated.Inc()
+		if seq.firstToken.IsZero() {
+			seq.firstToken = end
+			r.m.ttft.Observe(end.Sub(seq.submitted).Seconds())
+		} else {
+			r.m.itl.Observe(end.Sub(seq.lastToken).Seconds())
+		}
+		seq.lastToken = end
+		seq.events = append(seq.events, GenEvent{HasToken: true, Token: res.Token, Out: res.Out})
+		seq.wake()
+		switch {
+		case res.Stop:
+			s.finishSeqLocked(seq, nil, FinishStop, "")
+		case res.Full || seq.generated >= seq.maxNew:
+			s.finishSeqLocked(seq, nil, FinishLength, "")
+		}
+		if seq.finished {
+			s.releaseLocked(r, seq)
+		}
+	}
+}
+
+// genReplicaMetrics are the generation series of one (model, device).
+type genReplicaMetrics struct {
+	ttft, itl, step, stepTokens    prometheus.Observer
+	prompt, generated, preemptions prometheus.Counter
+	cost                           prometheus.Counter
+	running                        prometheus.Gauge
+}

@@ -1,0 +1,559 @@
+package scheduler
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"io"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+)
+
+// fakeGen is a hand-written GenExecutor: a KV cache of fixed-size blocks,
+// and a "model" whose next token is a hash of the sequence's whole history,
+// so a sequence's tokens do not depend on what shares its steps, and a
+// cache that lost or duplicated a token would change them. It checks that
+// every step continues exactly where the sequence's cache ends.
+type fakeGen struct {
+	blockSize, blocks int
+	hold              chan struct{} // when non-nil, each step waits for a receive... or close
+	fail              func(step int) error
+
+	mu      sync.Mutex
+	cache   map[uint64][]int32 // tokens in the cache per sequence
+	held    map[uint64]int     // blocks per sequence
+	used    int
+	steps   [][]uint64 // sequence IDs of each step
+	tokens  []int      // tokens of each step
+	errs    []error
+	maxUsed int
+}
+
+// genState is a sequence's executor state in the tests: it stops after
+// stopAfter tokens (0: never).
+type genState struct{ stopAfter, generated int }
+
+func newFakeGen(blockSize, blocks int) *fakeGen {
+	return &fakeGen{blockSize: blockSize, blocks: blocks, cache: map[uint64][]int32{}, held: map[uint64]int{}}
+}
+
+func (f *fakeGen) Reserve(seq uint64, tokens int) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	need := (tokens + f.blockSize - 1) / f.blockSize
+	have := f.held[seq]
+	if need <= have {
+		return true
+	}
+	if f.used+need-have > f.blocks {
+		return false
+	}
+	f.used += need - have
+	f.maxUsed = max(f.maxUsed, f.used)
+	f.held[seq] = need
+	return true
+}
+
+func (f *fakeGen) Release(seq uint64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.used -= f.held[seq]
+	delete(f.held, seq)
+	delete(f.cache, seq)
+}
+
+func nextToken(history []int32) int32 {
+	h := fnv.New32a()
+	for _, t := range history {
+		fmt.Fprint(h, t, ",")
+	}
+	return int32(h.Sum32() % 1000)
+}
+
+func (f *fakeGen) Step(ctx context.Context, items []StepItem) ([]StepResult, error) {
+	if f.hold != nil {
+		select {
+		case <-f.hold:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	n := len(f.steps)
+	ids := make([]uint64, len(items))
+	toks := 0
+	for i, it := range items {
+		ids[i] = it.Seq
+		toks += len(it.Tokens)
+	}
+	f.steps = append(f.steps, ids)
+	f.tokens = append(f.tokens, toks)
+	if f.fail != nil {
+		if err := f.fail(n); err != nil {
+			return nil, err
+		}
+	}
+	out := make([]StepResult, len(items))
+	for i, it := range items {
+		c := f.cache[it.Seq]
+		if it.Pos != len(c) {
+			f.errs = append(f.errs, fmt.Errorf("step %d: seq %d at pos %d but its cache holds %d tokens", n, it.Seq, it.Pos, len(c)))
+		}
+		if need := (len(c) + len(it.Tokens) + f.blockSize - 1) / f.blockSize; need > f.held[it.Seq] {
+			f.errs = append(f.errs, fmt.Errorf("step %d: seq %d runs %d tokens with %d blocks reserved", n, it.Seq, len(c)+len(it.Tokens), f.held[it.Seq]))
+		}
+		c = append(c, it.Tokens...)
+		f.cache[it.Seq] = c
+		if it.Sample {
+			st := it.State.(*genState)
+			st.generated++
+			out[i] = StepResult{Token: nextToken(c), Out: fmt.Sprint("t", nextToken(c)), Stop: st.stopAfter > 0 && st.generated >= st.stopAfter}
+		}
+	}
+	return out, nil
+}
+
+func (f *fakeGen) check(t *testing.T) {
+	t.Helper()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, err := range f.errs {
+		t.Error(err)
+	}
+}
+
+func (f *fakeGen) blocksUsed() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.used
+}
+
+// genResult is what a stream gave.
+type genResult struct {
+	tokens []int32
+	outs   []any
+	finish string
+	info   *GenInfo
+	err    error
+}
+
+func collect(st *GenStream) genResult {
+	var r genResult
+	for {
+		ev, err := st.Recv()
+		if err == io.EOF {
+			return r
+		}
+		if err != nil {
+			r.err = err
+			return r
+		}
+		if ev.HasToken {
+			r.tokens = append(r.tokens, ev.Token)
+			r.outs = append(r.outs, ev.Out)
+		}
+		if ev.Finish != "" {
+			r.finish, r.info = ev.Finish, ev.Info
+		}
+	}
+}
+
+// expected runs the fake model alone over prompt.
+func expected(prompt []int32, maxNew, stopAfter int) ([]int32, string) {
+	hist := slices.Clone(prompt)
+	var out []int32
+	for len(out) < maxNew {
+		tok := nextToken(hist)
+		hist = append(hist, tok)
+		out = append(out, tok)
+		if stopAfter > 0 && len(out) >= stopAfter {
+			return out, FinishStop
+		}
+	}
+	return out, FinishLength
+}
+
+func prompt(seed, n int) []int32 {
+	p := make([]int32, n)
+	for i := range p {
+		p[i] = int32((seed*31 + i*7) % 1000)
+	}
+	return p
+}
+
+type genCase struct {
+	prompt            []int32
+	maxNew, stopAfter int
+}
+
+func genCases(n int) []genCase {
+	cs := make([]genCase, n)
+	for i := range cs {
+		cs[i] = genCase{prompt: prompt(i, 1+(i*13)%40), maxNew: 4 + (i*7)%20}
+		if i%3 == 0 {
+			cs[i].stopAfter = 2 + i%5
+		}
+	}
+	return cs
+}
+
+func runGen(t *testing.T, s *Scheduler, model string, cs []genCase, stagger time.Duration) []genResult {
+	t.Helper()
+	res := make([]genResult, len(cs))
+	var wg sync.WaitGroup
+	for i, c := range cs {
+		st, err := s.Generate(context.Background(), GenRequest{
+			Model: model, Client: fmt.Sprint("c", i%3), Prompt: c.prompt, MaxNewTokens: c.maxNew,
+			State: &genState{stopAfter: c.stopAfter},
+		})
+		if err != nil {
+			t.Fatalf("Generate %d: %v", i, err)
+		}
+		wg.Add(1)
+		go func() { defer wg.Done(); res[i] = collect(st) }()
+		time.Sleep(stagger)
+	}
+	waitGroup(t, &wg)
+	return res
+}
+
+func waitGroup(t *testing.T, wg *sync.WaitGroup) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(20 * time.Second):
+		t.Fatal("streams did not end")
+	}
+}
+
+func checkGen(t *testing.T, cs []genCase, res []genResult) {
+	t.Helper()
+	for i, c := range cs {
+		want, finish := expected(c.prompt, c.maxNew, c.stopAfter)
+		r := res[i]
+		if r.err != nil {
+			t.Errorf("sequence %d: %v", i, r.err)
+			continue
+		}
+		if !slices.Equal(r.tokens, want) || r.finish != finish {
+			t.Errorf("sequence %d: tokens %v finish %q, want %v %q", i, r.tokens, r.finish, want, finish)
+		}
+		if r.info == nil || r.info.GeneratedTokens != len(want) || r.info.PromptTokens != len(c.prompt) {
+			t.Errorf("sequence %d: info %+v", i, r.info)
+		}
+	}
+}
+
+func TestGenerateBatchedEqualsAlone(t *testing.T) {
+	tests := []struct {
+		name    string
+		opts    GenOptions
+		blocks  int
+		stagger time.Duration
+	}{
+		{"one at a time", GenOptions{MaxRunning: 1, MaxStepTokens: 64}, 64, 0},
+		{"continuous, whole prompts", GenOptions{MaxRunning: 8, MaxStepTokens: 256}, 256, 0},
+		{"continuous, chunked prefill", GenOptions{MaxRunning: 6, MaxStepTokens: 24, MaxChunk: 8}, 256, 0},
+		{"staggered arrivals", GenOptions{MaxRunning: 4, MaxStepTokens: 32, MaxChunk: 16}, 256, time.Millisecond},
+		{"cache too small: preemption", GenOptions{MaxRunning: 8, MaxStepTokens: 64, MaxChunk: 16}, 12, 0},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newTestScheduler(t, Options{})
+			f := newFakeGen(4, tc.blocks)
+			if err := s.AddGenReplica("llm", Device{ID: "cpu:0", Type: "cpu"}, tc.opts, f); err != nil {
+				t.Fatal(err)
+			}
+			cs := genCases(12)
+			res := runGen(t, s, "llm", cs, tc.stagger)
+			checkGen(t, cs, res)
+			f.check(t)
+			waitFor(t, "every block freed", func() bool { return f.blocksUsed() == 0 })
+			f.mu.Lock()
+			defer f.mu.Unlock()
+			most := 0
+			for i, ids := range f.steps {
+				most = max(most, len(ids))
+				if len(ids) > tc.opts.MaxRunning || f.tokens[i] > tc.opts.MaxStepTokens {
+					t.Errorf("step %d: %d sequences, %d tokens; limits %d and %d", i, len(ids), f.tokens[i], tc.opts.MaxRunning, tc.opts.MaxStepTokens)
+				}
+			}
+			if tc.opts.MaxRunning > 1 && tc.stagger == 0 && most < 2 {
+				t.Errorf("no step ran more than one sequence")
+			}
+			if tc.blocks < 20 {
+				var pre int
+				for _, r := range res {
+					if r.info != nil {
+						pre += r.info.Preemptions
+					}
+				}
+				if pre == 0 {
+					t.Error("a cache of 12 blocks preempted nothing")
+				}
+				t.Logf("%d preemptions; at most %d of %d blocks used", pre, f.maxUsed, tc.blocks)
+			}
+		})
+	}
+}
+
+// TestGenerateJoinsAndLeavesBetweenSteps: a short sequence submitted while a
+// long one runs joins at the next step and leaves at the step it finishes;
+// the long one neither waits for it nor is delayed to its end.
+func TestGenerateJoinsAndLeavesBetweenSteps(t *testing.T) {
+	s := newTestScheduler(t, Options{})
+	f := newFakeGen(16, 64)
+	gate := make(chan struct{})
+	f.hold = gate
+	if err := s.AddGenReplica("llm", Device{ID: "cpu:0", Type: "cpu"}, GenOptions{MaxRunning: 4, MaxStepTokens: 64}, f); err != nil {
+		t.Fatal(err)
+	}
+	long, err := s.Generate(context.Background(), GenRequest{Model: "llm", Prompt: prompt(1, 5), MaxNewTokens: 20, State: &genState{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 3 { // three steps of the long one alone
+		gate <- struct{}{}
+	}
+	short, err := s.Generate(context.Background(), GenRequest{Model: "llm", Prompt: prompt(2, 3), MaxNewTokens: 2, State: &genState{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	close(gate)
+	rl, rs := collect(long), collect(short)
+	if rl.err != nil || rs.err != nil {
+		t.Fatal(rl.err, rs.err)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var joined, after int
+	shortDone := -1
+	for i, ids := range f.steps {
+		if slices.Contains(ids, short.Seq()) {
+			if !slices.Contains(ids, long.Seq()) {
+				t.Errorf("step %d ran the short sequence without the running long one", i)
+			}
+			joined++
+			shortDone = i
+		} else if shortDone >= 0 {
+			after++
+		}
+	}
+	if joined != 2 {
+		t.Errorf("the short sequence (2 tokens) took part in %d steps, want 2", joined)
+	}
+	if after == 0 {
+		t.Error("the long sequence did not go on alone after the short one left")
+	}
+	if len(rl.tokens) != 20 {
+		t.Errorf("long sequence: %d tokens", len(rl.tokens))
+	}
+}
+
+func TestGenerateCancelAndDeadlineFreeBlocks(t *testing.T) {
+	s := newTestScheduler(t, Options{})
+	f := newFakeGen(4, 64)
+	gate := make(chan struct{})
+	f.hold = gate
+	if err := s.AddGenReplica("llm", Device{ID: "cpu:0", Type: "cpu"}, GenOptions{MaxRunning: 4, MaxStepTokens: 64}, f); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancelled, err := s.Generate(ctx, GenRequest{Model: "llm", Prompt: prompt(1, 9), MaxNewTokens: 1000, State: &genState{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	timed, err := s.Generate(context.Background(), GenRequest{Model: "llm", Prompt: prompt(2, 9), MaxNewTokens: 1000,
+		Deadline: time.Now().Add(50 * time.Millisecond), State: &genState{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	feed := make(chan struct{})
+	defer close(feed)
+	go func() {
+		for {
+			select {
+			case gate <- struct{}{}:
+				time.Sleep(time.Millisecond)
+			case <-feed:
+				return
+			}
+		}
+	}()
+	first, err := cancelled.Recv()
+	if err != nil || !first.HasToken {
+		t.Fatalf("first event %+v, %v", first, err)
+	}
+	cancel()
+	rc := collect(cancelled)
+	if !errors.Is(rc.err, context.Canceled) {
+		t.Errorf("cancelled stream: %v", rc.err)
+	}
+	rt := collect(timed)
+	if rt.err != nil || rt.finish != FinishDeadline || len(rt.tokens) == 0 || rt.info == nil {
+		t.Errorf("deadline stream: %d tokens, finish %q, err %v", len(rt.tokens), rt.finish, rt.err)
+	}
+	waitFor(t, "blocks freed", func() bool { return f.blocksUsed() == 0 })
+	f.check(t)
+}
+
+func TestGenerateQueueBoundAndFairness(t *testing.T) {
+	s := newTestScheduler(t, Options{MaxQueueItems: 5})
+	f := newFakeGen(4, 64)
+	gate := make(chan struct{})
+	f.hold = gate
+	if err := s.AddGenReplica("llm", Device{ID: "cpu:0", Type: "cpu"}, GenOptions{MaxRunning: 1, MaxStepTokens: 64}, f); err != nil {
+		t.Fatal(err)
+	}
+	var streams []*GenStream
+	var order []string
+	gen := func(client string, seed int) error {
+		st, err := s.Generate(context.Background(), GenRequest{Model: "llm", Client: client, Prompt: prompt(seed, 3), MaxNewTokens: 3, State: &genState{}})
+		if err == nil {
+			streams = append(streams, st)
+			order = append(order, client)
+		}
+		return err
+	}
+	// Client a fills the queue; b's one sequence arrives last.
+	for i := range 4 {
+		if err := gen("a", i); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := gen("b", 9); err != nil {
+		t.Fatal(err)
+	}
+	var full *QueueFullError
+	if err := gen("c", 10); !errors.As(err, &full) || full.RetryAfter <= 0 {
+		t.Fatalf("sixth sequence: %v, want a QueueFullError with a retry hint", err)
+	}
+	close(gate)
+	for _, st := range streams {
+		if r := collect(st); r.err != nil {
+			t.Fatal(r.err)
+		}
+	}
+	// Admission order from the steps: b must not wait for all of a's.
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var admitted []uint64
+	for _, ids := range f.steps {
+		if id := ids[0]; !slices.Contains(admitted, id) {
+			admitted = append(admitted, id)
+		}
+	}
+	bID := streams[4].Seq()
+	if i := slices.Index(admitted, bID); i < 0 || i > 2 {
+		t.Errorf("client b's sequence was admitted %d-th (%v); token fairness should take it by the third", i+1, admitted)
+	}
+}
+
+func TestGenerateFailover(t *testing.T) {
+	s := newTestScheduler(t, Options{UnhealthyAfter: 1, ProbeInterval: time.Hour})
+	bad := newFakeGen(4, 64)
+	bad.fail = func(int) error { return errors.New("device lost") }
+	if err := s.AddGenReplica("llm", Device{ID: "gpu:0", Type: "gpu"}, GenOptions{MaxRunning: 4, MaxStepTokens: 64}, bad); err != nil {
+		t.Fatal(err)
+	}
+	good := newFakeGen(4, 64)
+	gate := make(chan struct{})
+	good.hold = gate
+	if err := s.AddGenReplica("llm", Device{ID: "cpu:0", Type: "cpu"}, GenOptions{MaxRunning: 4, MaxStepTokens: 64}, good); err != nil {
+		t.Fatal(err)
+	}
+	// Pinned to the failing device: no other replica may retry it.
+	pinned, err := s.Generate(context.Background(), GenRequest{Model: "llm", DeviceID: "gpu:0", Prompt: prompt(1, 4), MaxNewTokens: 3, State: &genState{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := collect(pinned); !errors.Is(r.err, ErrBackend) {
+		t.Fatalf("pinned to the failing device: %v, want ErrBackend", r.err)
+	}
+	close(gate)
+	cs := genCases(4)
+	res := runGen(t, s, "llm", cs, 0)
+	checkGen(t, cs, res)
+	for i, r := range res {
+		if r.info != nil && r.info.DeviceID != "cpu:0" {
+			t.Errorf("sequence %d finished on %s", i, r.info.DeviceID)
+		}
+	}
+	waitFor(t, "blocks freed on both", func() bool { return bad.blocksUsed() == 0 && good.blocksUsed() == 0 })
+}
+
+func TestGenerateDrainAndClose(t *testing.T) {
+	s := New(Options{})
+	f := newFakeGen(4, 64)
+	gate := make(chan struct{})
+	f.hold = gate
+	if err := s.AddGenReplica("llm", Device{ID: "cpu:0", Type: "cpu"}, GenOptions{MaxRunning: 1, MaxStepTokens: 64}, f); err != nil {
+		t.Fatal(err)
+	}
+	a, _ := s.Generate(context.Background(), GenRequest{Model: "llm", Prompt: prompt(1, 3), MaxNewTokens: 3, State: &genState{}})
+	b, _ := s.Generate(context.Background(), GenRequest{Model: "llm", Prompt: prompt(2, 3), MaxNewTokens: 3, State: &genState{}})
+	drained := make(chan error, 1)
+	go func() { drained <- s.Drain(context.Background()) }()
+	waitFor(t, "draining", s.Draining)
+	if _, err := s.Generate(context.Background(), GenRequest{Model: "llm", Prompt: prompt(3, 3), MaxNewTokens: 3}); !errors.Is(err, ErrDraining) {
+		t.Errorf("Generate while draining: %v", err)
+	}
+	close(gate)
+	if err := <-drained; err != nil {
+		t.Fatal(err)
+	}
+	for _, st := range []*GenStream{a, b} {
+		if r := collect(st); r.err != nil || len(r.tokens) != 3 {
+			t.Errorf("accepted before the drain: %v, %d tokens", r.err, len(r.tokens))
+		}
+	}
+	s.Close()
+
+	// Close answers what is still running or waiting.
+	s2 := New(Options{})
+	f2 := newFakeGen(4, 64)
+	f2.hold = make(chan struct{})
+	if err := s2.AddGenReplica("llm", Device{ID: "cpu:0", Type: "cpu"}, GenOptions{MaxRunning: 1, MaxStepTokens: 64}, f2); err != nil {
+		t.Fatal(err)
+	}
+	c, _ := s2.Generate(context.Background(), GenRequest{Model: "llm", Prompt: prompt(1, 3), MaxNewTokens: 3, State: &genState{}})
+	d, _ := s2.Generate(context.Background(), GenRequest{Model: "llm", Prompt: prompt(2, 3), MaxNewTokens: 3, State: &genState{}})
+	s2.Close()
+	for _, st := range []*GenStream{c, d} {
+		if r := collect(st); !errors.Is(r.err, ErrDraining) {
+			t.Errorf("after Close: %v, want ErrDraining", r.err)
+		}
+	}
+	if f2.blocksUsed() != 0 {
+		t.Errorf("%d blocks held after Close", f2.blocksUsed())
+	}
+}
+
+func TestGenerateKinds(t *testing.T) {
+	s := newTestScheduler(t, Options{})
+	mustAdd(t, s, "enc", Device{ID: "cpu:0", Type: "cpu"}, 4, newFake("cpu:0"))
+	if err := s.AddGenReplica("llm", Device{ID: "cpu:0", Type: "cpu"}, GenOptions{MaxRunning: 1, MaxStepTokens: 8}, newFakeGen(4, 8)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Generate(context.Background(), GenRequest{Model: "enc", Prompt: []int32{1}, MaxNewTokens: 1}); !errors.Is(err, ErrWrongKind) {
+		t.Errorf("Generate on an encoder: %v", err)
+	}
+	if _, err := s.Submit(context.Background(), Request{Model: "llm", Inputs: []any{1}}); !errors.Is(err, ErrWrongKind) {
+		t.Errorf("Submit on a generator: %v", err)
+	}
+	if err := s.AddReplica("llm", Device{ID: "cpu:1", Type: "cpu"}, 4, newFake("cpu:1")); !errors.Is(err, ErrWrongKind) {
+		t.Errorf("batch replica of a generator: %v", err)
+	}
+	if _, err := s.Generate(context.Background(), GenRequest{Model: "llm", MaxNewTokens: 1}); !errors.Is(err, ErrInvalidArgument) {
+		t.Errorf("empty prompt: %v", err)
+	}
+	if _, err := s.Generate(context.Background(), GenRequest{Model: "nope", Prompt: []int32{1}, MaxNewTokens: 1}); !errors.Is(err, ErrUnknownModel) {
+		t.Errorf("unknown model: %v", err)
+	}
+}
