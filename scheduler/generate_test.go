@@ -404,7 +404,7 @@ func TestGenerateCancelAndDeadlineFreeBlocks(t *testing.T) {
 }
 
 func TestGenerateQueueBoundAndFairness(t *testing.T) {
-	s := newTestScheduler(t, Options{MaxQueueItems: 5})
+	s := newTestScheduler(t, Options{MaxQueueItems: 4})
 	f := newFakeGen(4, 64)
 	gate := make(chan struct{})
 	f.hold = gate
@@ -421,10 +421,18 @@ func TestGenerateQueueBoundAndFairness(t *testing.T) {
 		}
 		return err
 	}
-	// Client a fills the queue; b's one sequence arrives last.
+	// Client a's first sequence runs (held at the gate), three more wait;
+	// b's one sequence arrives last and fills the queue.
 	for i := range 4 {
 		if err := gen("a", i); err != nil {
 			t.Fatal(err)
+		}
+		if i == 0 {
+			waitFor(t, "the first sequence admitted", func() bool {
+				s.mu.Lock()
+				defer s.mu.Unlock()
+				return s.queued == 0
+			})
 		}
 	}
 	if err := gen("b", 9); err != nil {
