@@ -451,6 +451,67 @@ func (ModelState) EnumDescriptor() ([]byte, []int) {
 	return file_broker_v1_broker_proto_rawDescGZIP(), []int{6}
 }
 
+// FinishReason is why a generated sequence ended.
+type FinishReason int32
+
+const (
+	FinishReason_FINISH_REASON_UNSPECIFIED FinishReason = 0
+	// An end-of-sequence token, a stop token id or a stop string.
+	FinishReason_FINISH_REASON_STOP FinishReason = 1
+	// max_tokens generated, or the model's context is full.
+	FinishReason_FINISH_REASON_LENGTH FinishReason = 2
+	// max_time passed: the sequence ends with what it has.
+	FinishReason_FINISH_REASON_DEADLINE FinishReason = 3
+	// The call was cancelled (reported in logs and metrics; a cancelled
+	// stream receives nothing more).
+	FinishReason_FINISH_REASON_CANCELLED FinishReason = 4
+)
+
+// Enum value maps for FinishReason.
+var (
+	FinishReason_name = map[int32]string{
+		0: "FINISH_REASON_UNSPECIFIED",
+		1: "FINISH_REASON_STOP",
+		2: "FINISH_REASON_LENGTH",
+		3: "FINISH_REASON_DEADLINE",
+		4: "FINISH_REASON_CANCELLED",
+	}
+	FinishReason_value = map[string]int32{
+		"FINISH_REASON_UNSPECIFIED": 0,
+		"FINISH_REASON_STOP":        1,
+		"FINISH_REASON_LENGTH":      2,
+		"FINISH_REASON_DEADLINE":    3,
+		"FINISH_REASON_CANCELLED":   4,
+	}
+)
+
+func (x FinishReason) Enum() *FinishReason {
+	p := new(FinishReason)
+	*p = x
+	return p
+}
+
+func (x FinishReason) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (FinishReason) Descriptor() protoreflect.EnumDescriptor {
+	return file_broker_v1_broker_proto_enumTypes[7].Descriptor()
+}
+
+func (FinishReason) Type() protoreflect.EnumType {
+	return &file_broker_v1_broker_proto_enumTypes[7]
+}
+
+func (x FinishReason) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use FinishReason.Descriptor instead.
+func (FinishReason) EnumDescriptor() ([]byte, []int) {
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{7}
+}
+
 // Device is one detected device and what brokerd knows of it.
 type Device struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -3695,6 +3756,900 @@ func (x *DrainResponse) GetCompleted() int64 {
 	return 0
 }
 
+// SamplingParams choose how tokens are picked. Unset fields take the
+// model's generation_config.json defaults, then greedy decoding.
+type SamplingParams struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// 0 is greedy.
+	Temperature *float32 `protobuf:"fixed32,1,opt,name=temperature,proto3,oneof" json:"temperature,omitempty"`
+	// Nucleus sampling: the smallest set of tokens whose probability sums to
+	// at least top_p (0 < top_p <= 1).
+	TopP *float32 `protobuf:"fixed32,2,opt,name=top_p,json=topP,proto3,oneof" json:"top_p,omitempty"`
+	// Only the top_k most likely tokens (0: all).
+	TopK *int32 `protobuf:"varint,3,opt,name=top_k,json=topK,proto3,oneof" json:"top_k,omitempty"`
+	// Drop tokens less likely than min_p times the most likely one.
+	MinP *float32 `protobuf:"fixed32,4,opt,name=min_p,json=minP,proto3,oneof" json:"min_p,omitempty"`
+	// HF-style: logits of tokens already in the prompt or output are divided
+	// (positive) or multiplied (negative) by it; 1 is off.
+	RepetitionPenalty *float32 `protobuf:"fixed32,5,opt,name=repetition_penalty,json=repetitionPenalty,proto3,oneof" json:"repetition_penalty,omitempty"`
+	// OpenAI-style, on tokens of the output: presence subtracts once,
+	// frequency once per occurrence (-2 to 2).
+	PresencePenalty  *float32 `protobuf:"fixed32,6,opt,name=presence_penalty,json=presencePenalty,proto3,oneof" json:"presence_penalty,omitempty"`
+	FrequencyPenalty *float32 `protobuf:"fixed32,7,opt,name=frequency_penalty,json=frequencyPenalty,proto3,oneof" json:"frequency_penalty,omitempty"`
+	// A seeded sequence gives the same tokens whatever shares its batches.
+	Seed *uint64 `protobuf:"varint,8,opt,name=seed,proto3,oneof" json:"seed,omitempty"`
+	// Most tokens to generate per prompt (0: the server's default).
+	MaxTokens int32 `protobuf:"varint,9,opt,name=max_tokens,json=maxTokens,proto3" json:"max_tokens,omitempty"`
+	// Strings that end a sequence; they are not part of the output.
+	Stop []string `protobuf:"bytes,10,rep,name=stop,proto3" json:"stop,omitempty"`
+	// Token ids that end a sequence, besides the model's end-of-sequence ids.
+	StopTokenIds []int32 `protobuf:"varint,11,rep,packed,name=stop_token_ids,json=stopTokenIds,proto3" json:"stop_token_ids,omitempty"`
+	// Return each chosen token's log-probability, and top_logprobs
+	// alternatives (0 to 20).
+	Logprobs    bool  `protobuf:"varint,12,opt,name=logprobs,proto3" json:"logprobs,omitempty"`
+	TopLogprobs int32 `protobuf:"varint,13,opt,name=top_logprobs,json=topLogprobs,proto3" json:"top_logprobs,omitempty"`
+	// Keep generating past end-of-sequence tokens (benchmarks).
+	IgnoreEos     bool `protobuf:"varint,14,opt,name=ignore_eos,json=ignoreEos,proto3" json:"ignore_eos,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SamplingParams) Reset() {
+	*x = SamplingParams{}
+	mi := &file_broker_v1_broker_proto_msgTypes[43]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SamplingParams) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SamplingParams) ProtoMessage() {}
+
+func (x *SamplingParams) ProtoReflect() protoreflect.Message {
+	mi := &file_broker_v1_broker_proto_msgTypes[43]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SamplingParams.ProtoReflect.Descriptor instead.
+func (*SamplingParams) Descriptor() ([]byte, []int) {
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{43}
+}
+
+func (x *SamplingParams) GetTemperature() float32 {
+	if x != nil && x.Temperature != nil {
+		return *x.Temperature
+	}
+	return 0
+}
+
+func (x *SamplingParams) GetTopP() float32 {
+	if x != nil && x.TopP != nil {
+		return *x.TopP
+	}
+	return 0
+}
+
+func (x *SamplingParams) GetTopK() int32 {
+	if x != nil && x.TopK != nil {
+		return *x.TopK
+	}
+	return 0
+}
+
+func (x *SamplingParams) GetMinP() float32 {
+	if x != nil && x.MinP != nil {
+		return *x.MinP
+	}
+	return 0
+}
+
+func (x *SamplingParams) GetRepetitionPenalty() float32 {
+	if x != nil && x.RepetitionPenalty != nil {
+		return *x.RepetitionPenalty
+	}
+	return 0
+}
+
+func (x *SamplingParams) GetPresencePenalty() float32 {
+	if x != nil && x.PresencePenalty != nil {
+		return *x.PresencePenalty
+	}
+	return 0
+}
+
+func (x *SamplingParams) GetFrequencyPenalty() float32 {
+	if x != nil && x.FrequencyPenalty != nil {
+		return *x.FrequencyPenalty
+	}
+	return 0
+}
+
+func (x *SamplingParams) GetSeed() uint64 {
+	if x != nil && x.Seed != nil {
+		return *x.Seed
+	}
+	return 0
+}
+
+func (x *SamplingParams) GetMaxTokens() int32 {
+	if x != nil {
+		return x.MaxTokens
+	}
+	return 0
+}
+
+func (x *SamplingParams) GetStop() []string {
+	if x != nil {
+		return x.Stop
+	}
+	return nil
+}
+
+func (x *SamplingParams) GetStopTokenIds() []int32 {
+	if x != nil {
+		return x.StopTokenIds
+	}
+	return nil
+}
+
+func (x *SamplingParams) GetLogprobs() bool {
+	if x != nil {
+		return x.Logprobs
+	}
+	return false
+}
+
+func (x *SamplingParams) GetTopLogprobs() int32 {
+	if x != nil {
+		return x.TopLogprobs
+	}
+	return 0
+}
+
+func (x *SamplingParams) GetIgnoreEos() bool {
+	if x != nil {
+		return x.IgnoreEos
+	}
+	return false
+}
+
+type GenerateRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Model string                 `protobuf:"bytes,1,opt,name=model,proto3" json:"model,omitempty"`
+	// Each prompt is generated independently (a council round is one call).
+	Prompts    []string        `protobuf:"bytes,2,rep,name=prompts,proto3" json:"prompts,omitempty"`
+	Sampling   *SamplingParams `protobuf:"bytes,3,opt,name=sampling,proto3" json:"sampling,omitempty"`
+	Priority   Priority        `protobuf:"varint,4,opt,name=priority,proto3,enum=broker.v1.Priority" json:"priority,omitempty"`
+	DeviceType DeviceType      `protobuf:"varint,5,opt,name=device_type,json=deviceType,proto3,enum=broker.v1.DeviceType" json:"device_type,omitempty"`
+	DeviceId   string          `protobuf:"bytes,6,opt,name=device_id,json=deviceId,proto3" json:"device_id,omitempty"`
+	// When it passes, sequences end with FINISH_REASON_DEADLINE and what
+	// they have (unlike the call's deadline, which fails the call).
+	MaxTime *durationpb.Duration `protobuf:"bytes,7,opt,name=max_time,json=maxTime,proto3" json:"max_time,omitempty"`
+	// Add the tokenizer's special tokens (BOS) as its post-processor says;
+	// default true.
+	AddSpecialTokens *bool `protobuf:"varint,8,opt,name=add_special_tokens,json=addSpecialTokens,proto3,oneof" json:"add_special_tokens,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
+}
+
+func (x *GenerateRequest) Reset() {
+	*x = GenerateRequest{}
+	mi := &file_broker_v1_broker_proto_msgTypes[44]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GenerateRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GenerateRequest) ProtoMessage() {}
+
+func (x *GenerateRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_broker_v1_broker_proto_msgTypes[44]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GenerateRequest.ProtoReflect.Descriptor instead.
+func (*GenerateRequest) Descriptor() ([]byte, []int) {
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{44}
+}
+
+func (x *GenerateRequest) GetModel() string {
+	if x != nil {
+		return x.Model
+	}
+	return ""
+}
+
+func (x *GenerateRequest) GetPrompts() []string {
+	if x != nil {
+		return x.Prompts
+	}
+	return nil
+}
+
+func (x *GenerateRequest) GetSampling() *SamplingParams {
+	if x != nil {
+		return x.Sampling
+	}
+	return nil
+}
+
+func (x *GenerateRequest) GetPriority() Priority {
+	if x != nil {
+		return x.Priority
+	}
+	return Priority_PRIORITY_UNSPECIFIED
+}
+
+func (x *GenerateRequest) GetDeviceType() DeviceType {
+	if x != nil {
+		return x.DeviceType
+	}
+	return DeviceType_DEVICE_TYPE_UNSPECIFIED
+}
+
+func (x *GenerateRequest) GetDeviceId() string {
+	if x != nil {
+		return x.DeviceId
+	}
+	return ""
+}
+
+func (x *GenerateRequest) GetMaxTime() *durationpb.Duration {
+	if x != nil {
+		return x.MaxTime
+	}
+	return nil
+}
+
+func (x *GenerateRequest) GetAddSpecialTokens() bool {
+	if x != nil && x.AddSpecialTokens != nil {
+		return *x.AddSpecialTokens
+	}
+	return false
+}
+
+// ChatMessage is one turn of a conversation.
+type ChatMessage struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// system, user or assistant.
+	Role          string `protobuf:"bytes,1,opt,name=role,proto3" json:"role,omitempty"`
+	Content       string `protobuf:"bytes,2,opt,name=content,proto3" json:"content,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ChatMessage) Reset() {
+	*x = ChatMessage{}
+	mi := &file_broker_v1_broker_proto_msgTypes[45]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ChatMessage) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ChatMessage) ProtoMessage() {}
+
+func (x *ChatMessage) ProtoReflect() protoreflect.Message {
+	mi := &file_broker_v1_broker_proto_msgTypes[45]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ChatMessage.ProtoReflect.Descriptor instead.
+func (*ChatMessage) Descriptor() ([]byte, []int) {
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{45}
+}
+
+func (x *ChatMessage) GetRole() string {
+	if x != nil {
+		return x.Role
+	}
+	return ""
+}
+
+func (x *ChatMessage) GetContent() string {
+	if x != nil {
+		return x.Content
+	}
+	return ""
+}
+
+// Conversation is the messages so far; the reply continues it.
+type Conversation struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Messages      []*ChatMessage         `protobuf:"bytes,1,rep,name=messages,proto3" json:"messages,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Conversation) Reset() {
+	*x = Conversation{}
+	mi := &file_broker_v1_broker_proto_msgTypes[46]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Conversation) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Conversation) ProtoMessage() {}
+
+func (x *Conversation) ProtoReflect() protoreflect.Message {
+	mi := &file_broker_v1_broker_proto_msgTypes[46]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Conversation.ProtoReflect.Descriptor instead.
+func (*Conversation) Descriptor() ([]byte, []int) {
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{46}
+}
+
+func (x *Conversation) GetMessages() []*ChatMessage {
+	if x != nil {
+		return x.Messages
+	}
+	return nil
+}
+
+type ChatRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Model string                 `protobuf:"bytes,1,opt,name=model,proto3" json:"model,omitempty"`
+	// Each conversation is answered independently.
+	Conversations []*Conversation      `protobuf:"bytes,2,rep,name=conversations,proto3" json:"conversations,omitempty"`
+	Sampling      *SamplingParams      `protobuf:"bytes,3,opt,name=sampling,proto3" json:"sampling,omitempty"`
+	Priority      Priority             `protobuf:"varint,4,opt,name=priority,proto3,enum=broker.v1.Priority" json:"priority,omitempty"`
+	DeviceType    DeviceType           `protobuf:"varint,5,opt,name=device_type,json=deviceType,proto3,enum=broker.v1.DeviceType" json:"device_type,omitempty"`
+	DeviceId      string               `protobuf:"bytes,6,opt,name=device_id,json=deviceId,proto3" json:"device_id,omitempty"`
+	MaxTime       *durationpb.Duration `protobuf:"bytes,7,opt,name=max_time,json=maxTime,proto3" json:"max_time,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ChatRequest) Reset() {
+	*x = ChatRequest{}
+	mi := &file_broker_v1_broker_proto_msgTypes[47]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ChatRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ChatRequest) ProtoMessage() {}
+
+func (x *ChatRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_broker_v1_broker_proto_msgTypes[47]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ChatRequest.ProtoReflect.Descriptor instead.
+func (*ChatRequest) Descriptor() ([]byte, []int) {
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{47}
+}
+
+func (x *ChatRequest) GetModel() string {
+	if x != nil {
+		return x.Model
+	}
+	return ""
+}
+
+func (x *ChatRequest) GetConversations() []*Conversation {
+	if x != nil {
+		return x.Conversations
+	}
+	return nil
+}
+
+func (x *ChatRequest) GetSampling() *SamplingParams {
+	if x != nil {
+		return x.Sampling
+	}
+	return nil
+}
+
+func (x *ChatRequest) GetPriority() Priority {
+	if x != nil {
+		return x.Priority
+	}
+	return Priority_PRIORITY_UNSPECIFIED
+}
+
+func (x *ChatRequest) GetDeviceType() DeviceType {
+	if x != nil {
+		return x.DeviceType
+	}
+	return DeviceType_DEVICE_TYPE_UNSPECIFIED
+}
+
+func (x *ChatRequest) GetDeviceId() string {
+	if x != nil {
+		return x.DeviceId
+	}
+	return ""
+}
+
+func (x *ChatRequest) GetMaxTime() *durationpb.Duration {
+	if x != nil {
+		return x.MaxTime
+	}
+	return nil
+}
+
+// TokenLogprob is a token and its log-probability.
+type TokenLogprob struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	TokenId       int32                  `protobuf:"varint,1,opt,name=token_id,json=tokenId,proto3" json:"token_id,omitempty"`
+	Text          string                 `protobuf:"bytes,2,opt,name=text,proto3" json:"text,omitempty"`
+	Logprob       float32                `protobuf:"fixed32,3,opt,name=logprob,proto3" json:"logprob,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TokenLogprob) Reset() {
+	*x = TokenLogprob{}
+	mi := &file_broker_v1_broker_proto_msgTypes[48]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TokenLogprob) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TokenLogprob) ProtoMessage() {}
+
+func (x *TokenLogprob) ProtoReflect() protoreflect.Message {
+	mi := &file_broker_v1_broker_proto_msgTypes[48]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TokenLogprob.ProtoReflect.Descriptor instead.
+func (*TokenLogprob) Descriptor() ([]byte, []int) {
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{48}
+}
+
+func (x *TokenLogprob) GetTokenId() int32 {
+	if x != nil {
+		return x.TokenId
+	}
+	return 0
+}
+
+func (x *TokenLogprob) GetText() string {
+	if x != nil {
+		return x.Text
+	}
+	return ""
+}
+
+func (x *TokenLogprob) GetLogprob() float32 {
+	if x != nil {
+		return x.Logprob
+	}
+	return 0
+}
+
+// LogprobEntry is a chosen token's log-probability and the alternatives.
+type LogprobEntry struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Chosen        *TokenLogprob          `protobuf:"bytes,1,opt,name=chosen,proto3" json:"chosen,omitempty"`
+	Top           []*TokenLogprob        `protobuf:"bytes,2,rep,name=top,proto3" json:"top,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LogprobEntry) Reset() {
+	*x = LogprobEntry{}
+	mi := &file_broker_v1_broker_proto_msgTypes[49]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LogprobEntry) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LogprobEntry) ProtoMessage() {}
+
+func (x *LogprobEntry) ProtoReflect() protoreflect.Message {
+	mi := &file_broker_v1_broker_proto_msgTypes[49]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LogprobEntry.ProtoReflect.Descriptor instead.
+func (*LogprobEntry) Descriptor() ([]byte, []int) {
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{49}
+}
+
+func (x *LogprobEntry) GetChosen() *TokenLogprob {
+	if x != nil {
+		return x.Chosen
+	}
+	return nil
+}
+
+func (x *LogprobEntry) GetTop() []*TokenLogprob {
+	if x != nil {
+		return x.Top
+	}
+	return nil
+}
+
+// GenerationDelta is what one prompt gained: text that is always whole
+// UTF-8 (bytes of a character split across tokens wait for the rest) and
+// never part of a stop string.
+type GenerationDelta struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The prompt or conversation it belongs to.
+	Index         int32           `protobuf:"varint,1,opt,name=index,proto3" json:"index,omitempty"`
+	Text          string          `protobuf:"bytes,2,opt,name=text,proto3" json:"text,omitempty"`
+	TokenIds      []int32         `protobuf:"varint,3,rep,packed,name=token_ids,json=tokenIds,proto3" json:"token_ids,omitempty"`
+	Logprobs      []*LogprobEntry `protobuf:"bytes,4,rep,name=logprobs,proto3" json:"logprobs,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GenerationDelta) Reset() {
+	*x = GenerationDelta{}
+	mi := &file_broker_v1_broker_proto_msgTypes[50]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GenerationDelta) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GenerationDelta) ProtoMessage() {}
+
+func (x *GenerationDelta) ProtoReflect() protoreflect.Message {
+	mi := &file_broker_v1_broker_proto_msgTypes[50]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GenerationDelta.ProtoReflect.Descriptor instead.
+func (*GenerationDelta) Descriptor() ([]byte, []int) {
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{50}
+}
+
+func (x *GenerationDelta) GetIndex() int32 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
+func (x *GenerationDelta) GetText() string {
+	if x != nil {
+		return x.Text
+	}
+	return ""
+}
+
+func (x *GenerationDelta) GetTokenIds() []int32 {
+	if x != nil {
+		return x.TokenIds
+	}
+	return nil
+}
+
+func (x *GenerationDelta) GetLogprobs() []*LogprobEntry {
+	if x != nil {
+		return x.Logprobs
+	}
+	return nil
+}
+
+// Usage counts tokens.
+type Usage struct {
+	state            protoimpl.MessageState `protogen:"open.v1"`
+	PromptTokens     int32                  `protobuf:"varint,1,opt,name=prompt_tokens,json=promptTokens,proto3" json:"prompt_tokens,omitempty"`
+	CompletionTokens int32                  `protobuf:"varint,2,opt,name=completion_tokens,json=completionTokens,proto3" json:"completion_tokens,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
+}
+
+func (x *Usage) Reset() {
+	*x = Usage{}
+	mi := &file_broker_v1_broker_proto_msgTypes[51]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Usage) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Usage) ProtoMessage() {}
+
+func (x *Usage) ProtoReflect() protoreflect.Message {
+	mi := &file_broker_v1_broker_proto_msgTypes[51]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Usage.ProtoReflect.Descriptor instead.
+func (*Usage) Descriptor() ([]byte, []int) {
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{51}
+}
+
+func (x *Usage) GetPromptTokens() int32 {
+	if x != nil {
+		return x.PromptTokens
+	}
+	return 0
+}
+
+func (x *Usage) GetCompletionTokens() int32 {
+	if x != nil {
+		return x.CompletionTokens
+	}
+	return 0
+}
+
+// GenerationResult ends one prompt's stream.
+type GenerationResult struct {
+	state            protoimpl.MessageState `protogen:"open.v1"`
+	Index            int32                  `protobuf:"varint,1,opt,name=index,proto3" json:"index,omitempty"`
+	FinishReason     FinishReason           `protobuf:"varint,2,opt,name=finish_reason,json=finishReason,proto3,enum=broker.v1.FinishReason" json:"finish_reason,omitempty"`
+	Usage            *Usage                 `protobuf:"bytes,3,opt,name=usage,proto3" json:"usage,omitempty"`
+	TimeToFirstToken *durationpb.Duration   `protobuf:"bytes,4,opt,name=time_to_first_token,json=timeToFirstToken,proto3" json:"time_to_first_token,omitempty"`
+	// batch_size is the most sequences in one of its steps; queue_ns is the
+	// wait until its first step.
+	Execution *ExecutionInfo `protobuf:"bytes,5,opt,name=execution,proto3" json:"execution,omitempty"`
+	// How many times it was preempted for KV-cache room and recomputed.
+	Preemptions   int32 `protobuf:"varint,6,opt,name=preemptions,proto3" json:"preemptions,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GenerationResult) Reset() {
+	*x = GenerationResult{}
+	mi := &file_broker_v1_broker_proto_msgTypes[52]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GenerationResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GenerationResult) ProtoMessage() {}
+
+func (x *GenerationResult) ProtoReflect() protoreflect.Message {
+	mi := &file_broker_v1_broker_proto_msgTypes[52]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GenerationResult.ProtoReflect.Descriptor instead.
+func (*GenerationResult) Descriptor() ([]byte, []int) {
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{52}
+}
+
+func (x *GenerationResult) GetIndex() int32 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
+func (x *GenerationResult) GetFinishReason() FinishReason {
+	if x != nil {
+		return x.FinishReason
+	}
+	return FinishReason_FINISH_REASON_UNSPECIFIED
+}
+
+func (x *GenerationResult) GetUsage() *Usage {
+	if x != nil {
+		return x.Usage
+	}
+	return nil
+}
+
+func (x *GenerationResult) GetTimeToFirstToken() *durationpb.Duration {
+	if x != nil {
+		return x.TimeToFirstToken
+	}
+	return nil
+}
+
+func (x *GenerationResult) GetExecution() *ExecutionInfo {
+	if x != nil {
+		return x.Execution
+	}
+	return nil
+}
+
+func (x *GenerationResult) GetPreemptions() int32 {
+	if x != nil {
+		return x.Preemptions
+	}
+	return 0
+}
+
+type GenerateResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Deltas        []*GenerationDelta     `protobuf:"bytes,1,rep,name=deltas,proto3" json:"deltas,omitempty"`
+	Results       []*GenerationResult    `protobuf:"bytes,2,rep,name=results,proto3" json:"results,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GenerateResponse) Reset() {
+	*x = GenerateResponse{}
+	mi := &file_broker_v1_broker_proto_msgTypes[53]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GenerateResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GenerateResponse) ProtoMessage() {}
+
+func (x *GenerateResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_broker_v1_broker_proto_msgTypes[53]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GenerateResponse.ProtoReflect.Descriptor instead.
+func (*GenerateResponse) Descriptor() ([]byte, []int) {
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{53}
+}
+
+func (x *GenerateResponse) GetDeltas() []*GenerationDelta {
+	if x != nil {
+		return x.Deltas
+	}
+	return nil
+}
+
+func (x *GenerateResponse) GetResults() []*GenerationResult {
+	if x != nil {
+		return x.Results
+	}
+	return nil
+}
+
+type ChatResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Deltas        []*GenerationDelta     `protobuf:"bytes,1,rep,name=deltas,proto3" json:"deltas,omitempty"`
+	Results       []*GenerationResult    `protobuf:"bytes,2,rep,name=results,proto3" json:"results,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ChatResponse) Reset() {
+	*x = ChatResponse{}
+	mi := &file_broker_v1_broker_proto_msgTypes[54]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ChatResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ChatResponse) ProtoMessage() {}
+
+func (x *ChatResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_broker_v1_broker_proto_msgTypes[54]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ChatResponse.ProtoReflect.Descriptor instead.
+func (*ChatResponse) Descriptor() ([]byte, []int) {
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{54}
+}
+
+func (x *ChatResponse) GetDeltas() []*GenerationDelta {
+	if x != nil {
+		return x.Deltas
+	}
+	return nil
+}
+
+func (x *ChatResponse) GetResults() []*GenerationResult {
+	if x != nil {
+		return x.Results
+	}
+	return nil
+}
+
 var File_broker_v1_broker_proto protoreflect.FileDescriptor
 
 const file_broker_v1_broker_proto_rawDesc = "" +
@@ -3993,7 +4948,86 @@ const file_broker_v1_broker_proto_rawDesc = "" +
 	"\fDrainRequest\x12\x12\n" +
 	"\x04exit\x18\x01 \x01(\bR\x04exit\"-\n" +
 	"\rDrainResponse\x12\x1c\n" +
-	"\tcompleted\x18\x01 \x01(\x03R\tcompleted*\x9b\x01\n" +
+	"\tcompleted\x18\x01 \x01(\x03R\tcompleted\"\xe4\x04\n" +
+	"\x0eSamplingParams\x12%\n" +
+	"\vtemperature\x18\x01 \x01(\x02H\x00R\vtemperature\x88\x01\x01\x12\x18\n" +
+	"\x05top_p\x18\x02 \x01(\x02H\x01R\x04topP\x88\x01\x01\x12\x18\n" +
+	"\x05top_k\x18\x03 \x01(\x05H\x02R\x04topK\x88\x01\x01\x12\x18\n" +
+	"\x05min_p\x18\x04 \x01(\x02H\x03R\x04minP\x88\x01\x01\x122\n" +
+	"\x12repetition_penalty\x18\x05 \x01(\x02H\x04R\x11repetitionPenalty\x88\x01\x01\x12.\n" +
+	"\x10presence_penalty\x18\x06 \x01(\x02H\x05R\x0fpresencePenalty\x88\x01\x01\x120\n" +
+	"\x11frequency_penalty\x18\a \x01(\x02H\x06R\x10frequencyPenalty\x88\x01\x01\x12\x17\n" +
+	"\x04seed\x18\b \x01(\x04H\aR\x04seed\x88\x01\x01\x12\x1d\n" +
+	"\n" +
+	"max_tokens\x18\t \x01(\x05R\tmaxTokens\x12\x12\n" +
+	"\x04stop\x18\n" +
+	" \x03(\tR\x04stop\x12$\n" +
+	"\x0estop_token_ids\x18\v \x03(\x05R\fstopTokenIds\x12\x1a\n" +
+	"\blogprobs\x18\f \x01(\bR\blogprobs\x12!\n" +
+	"\ftop_logprobs\x18\r \x01(\x05R\vtopLogprobs\x12\x1d\n" +
+	"\n" +
+	"ignore_eos\x18\x0e \x01(\bR\tignoreEosB\x0e\n" +
+	"\f_temperatureB\b\n" +
+	"\x06_top_pB\b\n" +
+	"\x06_top_kB\b\n" +
+	"\x06_min_pB\x15\n" +
+	"\x13_repetition_penaltyB\x13\n" +
+	"\x11_presence_penaltyB\x14\n" +
+	"\x12_frequency_penaltyB\a\n" +
+	"\x05_seed\"\xfe\x02\n" +
+	"\x0fGenerateRequest\x12\x14\n" +
+	"\x05model\x18\x01 \x01(\tR\x05model\x12\x18\n" +
+	"\aprompts\x18\x02 \x03(\tR\aprompts\x125\n" +
+	"\bsampling\x18\x03 \x01(\v2\x19.broker.v1.SamplingParamsR\bsampling\x12/\n" +
+	"\bpriority\x18\x04 \x01(\x0e2\x13.broker.v1.PriorityR\bpriority\x126\n" +
+	"\vdevice_type\x18\x05 \x01(\x0e2\x15.broker.v1.DeviceTypeR\n" +
+	"deviceType\x12\x1b\n" +
+	"\tdevice_id\x18\x06 \x01(\tR\bdeviceId\x124\n" +
+	"\bmax_time\x18\a \x01(\v2\x19.google.protobuf.DurationR\amaxTime\x121\n" +
+	"\x12add_special_tokens\x18\b \x01(\bH\x00R\x10addSpecialTokens\x88\x01\x01B\x15\n" +
+	"\x13_add_special_tokens\";\n" +
+	"\vChatMessage\x12\x12\n" +
+	"\x04role\x18\x01 \x01(\tR\x04role\x12\x18\n" +
+	"\acontent\x18\x02 \x01(\tR\acontent\"B\n" +
+	"\fConversation\x122\n" +
+	"\bmessages\x18\x01 \x03(\v2\x16.broker.v1.ChatMessageR\bmessages\"\xd5\x02\n" +
+	"\vChatRequest\x12\x14\n" +
+	"\x05model\x18\x01 \x01(\tR\x05model\x12=\n" +
+	"\rconversations\x18\x02 \x03(\v2\x17.broker.v1.ConversationR\rconversations\x125\n" +
+	"\bsampling\x18\x03 \x01(\v2\x19.broker.v1.SamplingParamsR\bsampling\x12/\n" +
+	"\bpriority\x18\x04 \x01(\x0e2\x13.broker.v1.PriorityR\bpriority\x126\n" +
+	"\vdevice_type\x18\x05 \x01(\x0e2\x15.broker.v1.DeviceTypeR\n" +
+	"deviceType\x12\x1b\n" +
+	"\tdevice_id\x18\x06 \x01(\tR\bdeviceId\x124\n" +
+	"\bmax_time\x18\a \x01(\v2\x19.google.protobuf.DurationR\amaxTime\"W\n" +
+	"\fTokenLogprob\x12\x19\n" +
+	"\btoken_id\x18\x01 \x01(\x05R\atokenId\x12\x12\n" +
+	"\x04text\x18\x02 \x01(\tR\x04text\x12\x18\n" +
+	"\alogprob\x18\x03 \x01(\x02R\alogprob\"j\n" +
+	"\fLogprobEntry\x12/\n" +
+	"\x06chosen\x18\x01 \x01(\v2\x17.broker.v1.TokenLogprobR\x06chosen\x12)\n" +
+	"\x03top\x18\x02 \x03(\v2\x17.broker.v1.TokenLogprobR\x03top\"\x8d\x01\n" +
+	"\x0fGenerationDelta\x12\x14\n" +
+	"\x05index\x18\x01 \x01(\x05R\x05index\x12\x12\n" +
+	"\x04text\x18\x02 \x01(\tR\x04text\x12\x1b\n" +
+	"\ttoken_ids\x18\x03 \x03(\x05R\btokenIds\x123\n" +
+	"\blogprobs\x18\x04 \x03(\v2\x17.broker.v1.LogprobEntryR\blogprobs\"Y\n" +
+	"\x05Usage\x12#\n" +
+	"\rprompt_tokens\x18\x01 \x01(\x05R\fpromptTokens\x12+\n" +
+	"\x11completion_tokens\x18\x02 \x01(\x05R\x10completionTokens\"\xb2\x02\n" +
+	"\x10GenerationResult\x12\x14\n" +
+	"\x05index\x18\x01 \x01(\x05R\x05index\x12<\n" +
+	"\rfinish_reason\x18\x02 \x01(\x0e2\x17.broker.v1.FinishReasonR\ffinishReason\x12&\n" +
+	"\x05usage\x18\x03 \x01(\v2\x10.broker.v1.UsageR\x05usage\x12H\n" +
+	"\x13time_to_first_token\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\x10timeToFirstToken\x126\n" +
+	"\texecution\x18\x05 \x01(\v2\x18.broker.v1.ExecutionInfoR\texecution\x12 \n" +
+	"\vpreemptions\x18\x06 \x01(\x05R\vpreemptions\"}\n" +
+	"\x10GenerateResponse\x122\n" +
+	"\x06deltas\x18\x01 \x03(\v2\x1a.broker.v1.GenerationDeltaR\x06deltas\x125\n" +
+	"\aresults\x18\x02 \x03(\v2\x1b.broker.v1.GenerationResultR\aresults\"y\n" +
+	"\fChatResponse\x122\n" +
+	"\x06deltas\x18\x01 \x03(\v2\x1a.broker.v1.GenerationDeltaR\x06deltas\x125\n" +
+	"\aresults\x18\x02 \x03(\v2\x1b.broker.v1.GenerationResultR\aresults*\x9b\x01\n" +
 	"\n" +
 	"DeviceType\x12\x1b\n" +
 	"\x17DEVICE_TYPE_UNSPECIFIED\x10\x00\x12\x13\n" +
@@ -4041,7 +5075,13 @@ const file_broker_v1_broker_proto_rawDesc = "" +
 	"\x13MODEL_STATE_LOADING\x10\x02\x12\x15\n" +
 	"\x11MODEL_STATE_READY\x10\x03\x12\x19\n" +
 	"\x15MODEL_STATE_UNLOADING\x10\x04\x12\x16\n" +
-	"\x12MODEL_STATE_FAILED\x10\x052\xc3\a\n" +
+	"\x12MODEL_STATE_FAILED\x10\x05*\x98\x01\n" +
+	"\fFinishReason\x12\x1d\n" +
+	"\x19FINISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n" +
+	"\x12FINISH_REASON_STOP\x10\x01\x12\x18\n" +
+	"\x14FINISH_REASON_LENGTH\x10\x02\x12\x1a\n" +
+	"\x16FINISH_REASON_DEADLINE\x10\x03\x12\x1b\n" +
+	"\x17FINISH_REASON_CANCELLED\x10\x042\xc5\b\n" +
 	"\rBrokerService\x12=\n" +
 	"\x06Encode\x12\x18.broker.v1.EncodeRequest\x1a\x19.broker.v1.EncodeResponse\x12:\n" +
 	"\x05Infer\x12\x17.broker.v1.InferRequest\x1a\x18.broker.v1.InferResponse\x12L\n" +
@@ -4056,7 +5096,9 @@ const file_broker_v1_broker_proto_rawDesc = "" +
 	"\bGetStats\x12\x1a.broker.v1.GetStatsRequest\x1a\x1b.broker.v1.GetStatsResponse\x12O\n" +
 	"\fCordonDevice\x12\x1e.broker.v1.CordonDeviceRequest\x1a\x1f.broker.v1.CordonDeviceResponse\x12U\n" +
 	"\x0eUncordonDevice\x12 .broker.v1.UncordonDeviceRequest\x1a!.broker.v1.UncordonDeviceResponse\x12:\n" +
-	"\x05Drain\x12\x17.broker.v1.DrainRequest\x1a\x18.broker.v1.DrainResponseB5Z3github.com/brokerd/brokerd/proto/broker/v1;brokerv1b\x06proto3"
+	"\x05Drain\x12\x17.broker.v1.DrainRequest\x1a\x18.broker.v1.DrainResponse\x12E\n" +
+	"\bGenerate\x12\x1a.broker.v1.GenerateRequest\x1a\x1b.broker.v1.GenerateResponse0\x01\x129\n" +
+	"\x04Chat\x12\x16.broker.v1.ChatRequest\x1a\x17.broker.v1.ChatResponse0\x01B5Z3github.com/brokerd/brokerd/proto/broker/v1;brokerv1b\x06proto3"
 
 var (
 	file_broker_v1_broker_proto_rawDescOnce sync.Once
@@ -4070,8 +5112,8 @@ func file_broker_v1_broker_proto_rawDescGZIP() []byte {
 	return file_broker_v1_broker_proto_rawDescData
 }
 
-var file_broker_v1_broker_proto_enumTypes = make([]protoimpl.EnumInfo, 7)
-var file_broker_v1_broker_proto_msgTypes = make([]protoimpl.MessageInfo, 46)
+var file_broker_v1_broker_proto_enumTypes = make([]protoimpl.EnumInfo, 8)
+var file_broker_v1_broker_proto_msgTypes = make([]protoimpl.MessageInfo, 58)
 var file_broker_v1_broker_proto_goTypes = []any{
 	(DeviceType)(0),                // 0: broker.v1.DeviceType
 	(DeviceHealth)(0),              // 1: broker.v1.DeviceHealth
@@ -4080,135 +5122,173 @@ var file_broker_v1_broker_proto_goTypes = []any{
 	(Priority)(0),                  // 4: broker.v1.Priority
 	(DataType)(0),                  // 5: broker.v1.DataType
 	(ModelState)(0),                // 6: broker.v1.ModelState
-	(*Device)(nil),                 // 7: broker.v1.Device
-	(*CpuInfo)(nil),                // 8: broker.v1.CpuInfo
-	(*GpuInfo)(nil),                // 9: broker.v1.GpuInfo
-	(*TpuInfo)(nil),                // 10: broker.v1.TpuInfo
-	(*Telemetry)(nil),              // 11: broker.v1.Telemetry
-	(*BatchPlan)(nil),              // 12: broker.v1.BatchPlan
-	(*Configuration)(nil),          // 13: broker.v1.Configuration
-	(*Runtime)(nil),                // 14: broker.v1.Runtime
-	(*PjrtPlugin)(nil),             // 15: broker.v1.PjrtPlugin
-	(*EncodeItem)(nil),             // 16: broker.v1.EncodeItem
-	(*EncodeResult)(nil),           // 17: broker.v1.EncodeResult
-	(*ExecutionInfo)(nil),          // 18: broker.v1.ExecutionInfo
-	(*EncodeRequest)(nil),          // 19: broker.v1.EncodeRequest
-	(*EncodeResponse)(nil),         // 20: broker.v1.EncodeResponse
-	(*Tensor)(nil),                 // 21: broker.v1.Tensor
-	(*TensorSpec)(nil),             // 22: broker.v1.TensorSpec
-	(*InferRequest)(nil),           // 23: broker.v1.InferRequest
-	(*InferResponse)(nil),          // 24: broker.v1.InferResponse
-	(*ListDevicesRequest)(nil),     // 25: broker.v1.ListDevicesRequest
-	(*ListDevicesResponse)(nil),    // 26: broker.v1.ListDevicesResponse
-	(*GetDeviceRequest)(nil),       // 27: broker.v1.GetDeviceRequest
-	(*GetDeviceResponse)(nil),      // 28: broker.v1.GetDeviceResponse
-	(*GetReportRequest)(nil),       // 29: broker.v1.GetReportRequest
-	(*GetReportResponse)(nil),      // 30: broker.v1.GetReportResponse
-	(*GetBatchPlanRequest)(nil),    // 31: broker.v1.GetBatchPlanRequest
-	(*GetBatchPlanResponse)(nil),   // 32: broker.v1.GetBatchPlanResponse
-	(*Model)(nil),                  // 33: broker.v1.Model
-	(*ListModelsRequest)(nil),      // 34: broker.v1.ListModelsRequest
-	(*ListModelsResponse)(nil),     // 35: broker.v1.ListModelsResponse
-	(*LoadModelRequest)(nil),       // 36: broker.v1.LoadModelRequest
-	(*LoadModelResponse)(nil),      // 37: broker.v1.LoadModelResponse
-	(*UnloadModelRequest)(nil),     // 38: broker.v1.UnloadModelRequest
-	(*UnloadModelResponse)(nil),    // 39: broker.v1.UnloadModelResponse
-	(*LatencySummary)(nil),         // 40: broker.v1.LatencySummary
-	(*QueueStats)(nil),             // 41: broker.v1.QueueStats
-	(*GetStatsRequest)(nil),        // 42: broker.v1.GetStatsRequest
-	(*GetStatsResponse)(nil),       // 43: broker.v1.GetStatsResponse
-	(*CordonDeviceRequest)(nil),    // 44: broker.v1.CordonDeviceRequest
-	(*CordonDeviceResponse)(nil),   // 45: broker.v1.CordonDeviceResponse
-	(*UncordonDeviceRequest)(nil),  // 46: broker.v1.UncordonDeviceRequest
-	(*UncordonDeviceResponse)(nil), // 47: broker.v1.UncordonDeviceResponse
-	(*DrainRequest)(nil),           // 48: broker.v1.DrainRequest
-	(*DrainResponse)(nil),          // 49: broker.v1.DrainResponse
-	nil,                            // 50: broker.v1.Device.AttributesEntry
-	nil,                            // 51: broker.v1.Configuration.CostPerHourUsdEntry
-	nil,                            // 52: broker.v1.QueueStats.FailedEntry
-	(*timestamppb.Timestamp)(nil),  // 53: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),    // 54: google.protobuf.Duration
+	(FinishReason)(0),              // 7: broker.v1.FinishReason
+	(*Device)(nil),                 // 8: broker.v1.Device
+	(*CpuInfo)(nil),                // 9: broker.v1.CpuInfo
+	(*GpuInfo)(nil),                // 10: broker.v1.GpuInfo
+	(*TpuInfo)(nil),                // 11: broker.v1.TpuInfo
+	(*Telemetry)(nil),              // 12: broker.v1.Telemetry
+	(*BatchPlan)(nil),              // 13: broker.v1.BatchPlan
+	(*Configuration)(nil),          // 14: broker.v1.Configuration
+	(*Runtime)(nil),                // 15: broker.v1.Runtime
+	(*PjrtPlugin)(nil),             // 16: broker.v1.PjrtPlugin
+	(*EncodeItem)(nil),             // 17: broker.v1.EncodeItem
+	(*EncodeResult)(nil),           // 18: broker.v1.EncodeResult
+	(*ExecutionInfo)(nil),          // 19: broker.v1.ExecutionInfo
+	(*EncodeRequest)(nil),          // 20: broker.v1.EncodeRequest
+	(*EncodeResponse)(nil),         // 21: broker.v1.EncodeResponse
+	(*Tensor)(nil),                 // 22: broker.v1.Tensor
+	(*TensorSpec)(nil),             // 23: broker.v1.TensorSpec
+	(*InferRequest)(nil),           // 24: broker.v1.InferRequest
+	(*InferResponse)(nil),          // 25: broker.v1.InferResponse
+	(*ListDevicesRequest)(nil),     // 26: broker.v1.ListDevicesRequest
+	(*ListDevicesResponse)(nil),    // 27: broker.v1.ListDevicesResponse
+	(*GetDeviceRequest)(nil),       // 28: broker.v1.GetDeviceRequest
+	(*GetDeviceResponse)(nil),      // 29: broker.v1.GetDeviceResponse
+	(*GetReportRequest)(nil),       // 30: broker.v1.GetReportRequest
+	(*GetReportResponse)(nil),      // 31: broker.v1.GetReportResponse
+	(*GetBatchPlanRequest)(nil),    // 32: broker.v1.GetBatchPlanRequest
+	(*GetBatchPlanResponse)(nil),   // 33: broker.v1.GetBatchPlanResponse
+	(*Model)(nil),                  // 34: broker.v1.Model
+	(*ListModelsRequest)(nil),      // 35: broker.v1.ListModelsRequest
+	(*ListModelsResponse)(nil),     // 36: broker.v1.ListModelsResponse
+	(*LoadModelRequest)(nil),       // 37: broker.v1.LoadModelRequest
+	(*LoadModelResponse)(nil),      // 38: broker.v1.LoadModelResponse
+	(*UnloadModelRequest)(nil),     // 39: broker.v1.UnloadModelRequest
+	(*UnloadModelResponse)(nil),    // 40: broker.v1.UnloadModelResponse
+	(*LatencySummary)(nil),         // 41: broker.v1.LatencySummary
+	(*QueueStats)(nil),             // 42: broker.v1.QueueStats
+	(*GetStatsRequest)(nil),        // 43: broker.v1.GetStatsRequest
+	(*GetStatsResponse)(nil),       // 44: broker.v1.GetStatsResponse
+	(*CordonDeviceRequest)(nil),    // 45: broker.v1.CordonDeviceRequest
+	(*CordonDeviceResponse)(nil),   // 46: broker.v1.CordonDeviceResponse
+	(*UncordonDeviceRequest)(nil),  // 47: broker.v1.UncordonDeviceRequest
+	(*UncordonDeviceResponse)(nil), // 48: broker.v1.UncordonDeviceResponse
+	(*DrainRequest)(nil),           // 49: broker.v1.DrainRequest
+	(*DrainResponse)(nil),          // 50: broker.v1.DrainResponse
+	(*SamplingParams)(nil),         // 51: broker.v1.SamplingParams
+	(*GenerateRequest)(nil),        // 52: broker.v1.GenerateRequest
+	(*ChatMessage)(nil),            // 53: broker.v1.ChatMessage
+	(*Conversation)(nil),           // 54: broker.v1.Conversation
+	(*ChatRequest)(nil),            // 55: broker.v1.ChatRequest
+	(*TokenLogprob)(nil),           // 56: broker.v1.TokenLogprob
+	(*LogprobEntry)(nil),           // 57: broker.v1.LogprobEntry
+	(*GenerationDelta)(nil),        // 58: broker.v1.GenerationDelta
+	(*Usage)(nil),                  // 59: broker.v1.Usage
+	(*GenerationResult)(nil),       // 60: broker.v1.GenerationResult
+	(*GenerateResponse)(nil),       // 61: broker.v1.GenerateResponse
+	(*ChatResponse)(nil),           // 62: broker.v1.ChatResponse
+	nil,                            // 63: broker.v1.Device.AttributesEntry
+	nil,                            // 64: broker.v1.Configuration.CostPerHourUsdEntry
+	nil,                            // 65: broker.v1.QueueStats.FailedEntry
+	(*timestamppb.Timestamp)(nil),  // 66: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),    // 67: google.protobuf.Duration
 }
 var file_broker_v1_broker_proto_depIdxs = []int32{
 	0,  // 0: broker.v1.Device.type:type_name -> broker.v1.DeviceType
 	1,  // 1: broker.v1.Device.health:type_name -> broker.v1.DeviceHealth
-	11, // 2: broker.v1.Device.telemetry:type_name -> broker.v1.Telemetry
-	8,  // 3: broker.v1.Device.cpu:type_name -> broker.v1.CpuInfo
-	9,  // 4: broker.v1.Device.gpu:type_name -> broker.v1.GpuInfo
-	10, // 5: broker.v1.Device.tpu:type_name -> broker.v1.TpuInfo
-	50, // 6: broker.v1.Device.attributes:type_name -> broker.v1.Device.AttributesEntry
-	53, // 7: broker.v1.Telemetry.updated_at:type_name -> google.protobuf.Timestamp
+	12, // 2: broker.v1.Device.telemetry:type_name -> broker.v1.Telemetry
+	9,  // 3: broker.v1.Device.cpu:type_name -> broker.v1.CpuInfo
+	10, // 4: broker.v1.Device.gpu:type_name -> broker.v1.GpuInfo
+	11, // 5: broker.v1.Device.tpu:type_name -> broker.v1.TpuInfo
+	63, // 6: broker.v1.Device.attributes:type_name -> broker.v1.Device.AttributesEntry
+	66, // 7: broker.v1.Telemetry.updated_at:type_name -> google.protobuf.Timestamp
 	0,  // 8: broker.v1.BatchPlan.device_type:type_name -> broker.v1.DeviceType
-	51, // 9: broker.v1.Configuration.cost_per_hour_usd:type_name -> broker.v1.Configuration.CostPerHourUsdEntry
+	64, // 9: broker.v1.Configuration.cost_per_hour_usd:type_name -> broker.v1.Configuration.CostPerHourUsdEntry
 	0,  // 10: broker.v1.Runtime.device_types:type_name -> broker.v1.DeviceType
-	15, // 11: broker.v1.Runtime.plugins:type_name -> broker.v1.PjrtPlugin
+	16, // 11: broker.v1.Runtime.plugins:type_name -> broker.v1.PjrtPlugin
 	0,  // 12: broker.v1.ExecutionInfo.device_type:type_name -> broker.v1.DeviceType
-	16, // 13: broker.v1.EncodeRequest.items:type_name -> broker.v1.EncodeItem
+	17, // 13: broker.v1.EncodeRequest.items:type_name -> broker.v1.EncodeItem
 	3,  // 14: broker.v1.EncodeRequest.fidelity:type_name -> broker.v1.Fidelity
 	4,  // 15: broker.v1.EncodeRequest.priority:type_name -> broker.v1.Priority
 	0,  // 16: broker.v1.EncodeRequest.device_type:type_name -> broker.v1.DeviceType
-	17, // 17: broker.v1.EncodeResponse.results:type_name -> broker.v1.EncodeResult
-	18, // 18: broker.v1.EncodeResponse.execution:type_name -> broker.v1.ExecutionInfo
+	18, // 17: broker.v1.EncodeResponse.results:type_name -> broker.v1.EncodeResult
+	19, // 18: broker.v1.EncodeResponse.execution:type_name -> broker.v1.ExecutionInfo
 	5,  // 19: broker.v1.Tensor.dtype:type_name -> broker.v1.DataType
 	5,  // 20: broker.v1.TensorSpec.dtype:type_name -> broker.v1.DataType
-	21, // 21: broker.v1.InferRequest.inputs:type_name -> broker.v1.Tensor
+	22, // 21: broker.v1.InferRequest.inputs:type_name -> broker.v1.Tensor
 	4,  // 22: broker.v1.InferRequest.priority:type_name -> broker.v1.Priority
-	54, // 23: broker.v1.InferRequest.timeout:type_name -> google.protobuf.Duration
+	67, // 23: broker.v1.InferRequest.timeout:type_name -> google.protobuf.Duration
 	0,  // 24: broker.v1.InferRequest.device_type:type_name -> broker.v1.DeviceType
-	21, // 25: broker.v1.InferResponse.outputs:type_name -> broker.v1.Tensor
-	18, // 26: broker.v1.InferResponse.execution:type_name -> broker.v1.ExecutionInfo
-	7,  // 27: broker.v1.ListDevicesResponse.devices:type_name -> broker.v1.Device
-	7,  // 28: broker.v1.GetDeviceResponse.device:type_name -> broker.v1.Device
-	7,  // 29: broker.v1.GetReportResponse.current_device:type_name -> broker.v1.Device
-	7,  // 30: broker.v1.GetReportResponse.all_devices:type_name -> broker.v1.Device
-	13, // 31: broker.v1.GetReportResponse.configuration:type_name -> broker.v1.Configuration
-	14, // 32: broker.v1.GetReportResponse.runtimes:type_name -> broker.v1.Runtime
+	22, // 25: broker.v1.InferResponse.outputs:type_name -> broker.v1.Tensor
+	19, // 26: broker.v1.InferResponse.execution:type_name -> broker.v1.ExecutionInfo
+	8,  // 27: broker.v1.ListDevicesResponse.devices:type_name -> broker.v1.Device
+	8,  // 28: broker.v1.GetDeviceResponse.device:type_name -> broker.v1.Device
+	8,  // 29: broker.v1.GetReportResponse.current_device:type_name -> broker.v1.Device
+	8,  // 30: broker.v1.GetReportResponse.all_devices:type_name -> broker.v1.Device
+	14, // 31: broker.v1.GetReportResponse.configuration:type_name -> broker.v1.Configuration
+	15, // 32: broker.v1.GetReportResponse.runtimes:type_name -> broker.v1.Runtime
 	2,  // 33: broker.v1.GetReportResponse.routing_mode:type_name -> broker.v1.RoutingMode
-	12, // 34: broker.v1.GetReportResponse.batch_plans:type_name -> broker.v1.BatchPlan
+	13, // 34: broker.v1.GetReportResponse.batch_plans:type_name -> broker.v1.BatchPlan
 	0,  // 35: broker.v1.GetBatchPlanRequest.device_type:type_name -> broker.v1.DeviceType
-	12, // 36: broker.v1.GetBatchPlanResponse.plan:type_name -> broker.v1.BatchPlan
+	13, // 36: broker.v1.GetBatchPlanResponse.plan:type_name -> broker.v1.BatchPlan
 	6,  // 37: broker.v1.Model.state:type_name -> broker.v1.ModelState
-	22, // 38: broker.v1.Model.inputs:type_name -> broker.v1.TensorSpec
-	22, // 39: broker.v1.Model.outputs:type_name -> broker.v1.TensorSpec
-	33, // 40: broker.v1.ListModelsResponse.models:type_name -> broker.v1.Model
-	33, // 41: broker.v1.LoadModelResponse.model:type_name -> broker.v1.Model
-	33, // 42: broker.v1.UnloadModelResponse.model:type_name -> broker.v1.Model
-	52, // 43: broker.v1.QueueStats.failed:type_name -> broker.v1.QueueStats.FailedEntry
-	40, // 44: broker.v1.QueueStats.latency:type_name -> broker.v1.LatencySummary
-	41, // 45: broker.v1.GetStatsResponse.stats:type_name -> broker.v1.QueueStats
-	7,  // 46: broker.v1.CordonDeviceResponse.device:type_name -> broker.v1.Device
-	7,  // 47: broker.v1.UncordonDeviceResponse.device:type_name -> broker.v1.Device
-	19, // 48: broker.v1.BrokerService.Encode:input_type -> broker.v1.EncodeRequest
-	23, // 49: broker.v1.BrokerService.Infer:input_type -> broker.v1.InferRequest
-	25, // 50: broker.v1.BrokerService.ListDevices:input_type -> broker.v1.ListDevicesRequest
-	27, // 51: broker.v1.BrokerService.GetDevice:input_type -> broker.v1.GetDeviceRequest
-	29, // 52: broker.v1.BrokerService.GetReport:input_type -> broker.v1.GetReportRequest
-	31, // 53: broker.v1.BrokerService.GetBatchPlan:input_type -> broker.v1.GetBatchPlanRequest
-	34, // 54: broker.v1.BrokerService.ListModels:input_type -> broker.v1.ListModelsRequest
-	36, // 55: broker.v1.BrokerService.LoadModel:input_type -> broker.v1.LoadModelRequest
-	38, // 56: broker.v1.BrokerService.UnloadModel:input_type -> broker.v1.UnloadModelRequest
-	42, // 57: broker.v1.BrokerService.GetStats:input_type -> broker.v1.GetStatsRequest
-	44, // 58: broker.v1.BrokerService.CordonDevice:input_type -> broker.v1.CordonDeviceRequest
-	46, // 59: broker.v1.BrokerService.UncordonDevice:input_type -> broker.v1.UncordonDeviceRequest
-	48, // 60: broker.v1.BrokerService.Drain:input_type -> broker.v1.DrainRequest
-	20, // 61: broker.v1.BrokerService.Encode:output_type -> broker.v1.EncodeResponse
-	24, // 62: broker.v1.BrokerService.Infer:output_type -> broker.v1.InferResponse
-	26, // 63: broker.v1.BrokerService.ListDevices:output_type -> broker.v1.ListDevicesResponse
-	28, // 64: broker.v1.BrokerService.GetDevice:output_type -> broker.v1.GetDeviceResponse
-	30, // 65: broker.v1.BrokerService.GetReport:output_type -> broker.v1.GetReportResponse
-	32, // 66: broker.v1.BrokerService.GetBatchPlan:output_type -> broker.v1.GetBatchPlanResponse
-	35, // 67: broker.v1.BrokerService.ListModels:output_type -> broker.v1.ListModelsResponse
-	37, // 68: broker.v1.BrokerService.LoadModel:output_type -> broker.v1.LoadModelResponse
-	39, // 69: broker.v1.BrokerService.UnloadModel:output_type -> broker.v1.UnloadModelResponse
-	43, // 70: broker.v1.BrokerService.GetStats:output_type -> broker.v1.GetStatsResponse
-	45, // 71: broker.v1.BrokerService.CordonDevice:output_type -> broker.v1.CordonDeviceResponse
-	47, // 72: broker.v1.BrokerService.UncordonDevice:output_type -> broker.v1.UncordonDeviceResponse
-	49, // 73: broker.v1.BrokerService.Drain:output_type -> broker.v1.DrainResponse
-	61, // [61:74] is the sub-list for method output_type
-	48, // [48:61] is the sub-list for method input_type
-	48, // [48:48] is the sub-list for extension type_name
-	48, // [48:48] is the sub-list for extension extendee
-	0,  // [0:48] is the sub-list for field type_name
+	23, // 38: broker.v1.Model.inputs:type_name -> broker.v1.TensorSpec
+	23, // 39: broker.v1.Model.outputs:type_name -> broker.v1.TensorSpec
+	34, // 40: broker.v1.ListModelsResponse.models:type_name -> broker.v1.Model
+	34, // 41: broker.v1.LoadModelResponse.model:type_name -> broker.v1.Model
+	34, // 42: broker.v1.UnloadModelResponse.model:type_name -> broker.v1.Model
+	65, // 43: broker.v1.QueueStats.failed:type_name -> broker.v1.QueueStats.FailedEntry
+	41, // 44: broker.v1.QueueStats.latency:type_name -> broker.v1.LatencySummary
+	42, // 45: broker.v1.GetStatsResponse.stats:type_name -> broker.v1.QueueStats
+	8,  // 46: broker.v1.CordonDeviceResponse.device:type_name -> broker.v1.Device
+	8,  // 47: broker.v1.UncordonDeviceResponse.device:type_name -> broker.v1.Device
+	51, // 48: broker.v1.GenerateRequest.sampling:type_name -> broker.v1.SamplingParams
+	4,  // 49: broker.v1.GenerateRequest.priority:type_name -> broker.v1.Priority
+	0,  // 50: broker.v1.GenerateRequest.device_type:type_name -> broker.v1.DeviceType
+	67, // 51: broker.v1.GenerateRequest.max_time:type_name -> google.protobuf.Duration
+	53, // 52: broker.v1.Conversation.messages:type_name -> broker.v1.ChatMessage
+	54, // 53: broker.v1.ChatRequest.conversations:type_name -> broker.v1.Conversation
+	51, // 54: broker.v1.ChatRequest.sampling:type_name -> broker.v1.SamplingParams
+	4,  // 55: broker.v1.ChatRequest.priority:type_name -> broker.v1.Priority
+	0,  // 56: broker.v1.ChatRequest.device_type:type_name -> broker.v1.DeviceType
+	67, // 57: broker.v1.ChatRequest.max_time:type_name -> google.protobuf.Duration
+	56, // 58: broker.v1.LogprobEntry.chosen:type_name -> broker.v1.TokenLogprob
+	56, // 59: broker.v1.LogprobEntry.top:type_name -> broker.v1.TokenLogprob
+	57, // 60: broker.v1.GenerationDelta.logprobs:type_name -> broker.v1.LogprobEntry
+	7,  // 61: broker.v1.GenerationResult.finish_reason:type_name -> broker.v1.FinishReason
+	59, // 62: broker.v1.GenerationResult.usage:type_name -> broker.v1.Usage
+	67, // 63: broker.v1.GenerationResult.time_to_first_token:type_name -> google.protobuf.Duration
+	19, // 64: broker.v1.GenerationResult.execution:type_name -> broker.v1.ExecutionInfo
+	58, // 65: broker.v1.GenerateResponse.deltas:type_name -> broker.v1.GenerationDelta
+	60, // 66: broker.v1.GenerateResponse.results:type_name -> broker.v1.GenerationResult
+	58, // 67: broker.v1.ChatResponse.deltas:type_name -> broker.v1.GenerationDelta
+	60, // 68: broker.v1.ChatResponse.results:type_name -> broker.v1.GenerationResult
+	20, // 69: broker.v1.BrokerService.Encode:input_type -> broker.v1.EncodeRequest
+	24, // 70: broker.v1.BrokerService.Infer:input_type -> broker.v1.InferRequest
+	26, // 71: broker.v1.BrokerService.ListDevices:input_type -> broker.v1.ListDevicesRequest
+	28, // 72: broker.v1.BrokerService.GetDevice:input_type -> broker.v1.GetDeviceRequest
+	30, // 73: broker.v1.BrokerService.GetReport:input_type -> broker.v1.GetReportRequest
+	32, // 74: broker.v1.BrokerService.GetBatchPlan:input_type -> broker.v1.GetBatchPlanRequest
+	35, // 75: broker.v1.BrokerService.ListModels:input_type -> broker.v1.ListModelsRequest
+	37, // 76: broker.v1.BrokerService.LoadModel:input_type -> broker.v1.LoadModelRequest
+	39, // 77: broker.v1.BrokerService.UnloadModel:input_type -> broker.v1.UnloadModelRequest
+	43, // 78: broker.v1.BrokerService.GetStats:input_type -> broker.v1.GetStatsRequest
+	45, // 79: broker.v1.BrokerService.CordonDevice:input_type -> broker.v1.CordonDeviceRequest
+	47, // 80: broker.v1.BrokerService.UncordonDevice:input_type -> broker.v1.UncordonDeviceRequest
+	49, // 81: broker.v1.BrokerService.Drain:input_type -> broker.v1.DrainRequest
+	52, // 82: broker.v1.BrokerService.Generate:input_type -> broker.v1.GenerateRequest
+	55, // 83: broker.v1.BrokerService.Chat:input_type -> broker.v1.ChatRequest
+	21, // 84: broker.v1.BrokerService.Encode:output_type -> broker.v1.EncodeResponse
+	25, // 85: broker.v1.BrokerService.Infer:output_type -> broker.v1.InferResponse
+	27, // 86: broker.v1.BrokerService.ListDevices:output_type -> broker.v1.ListDevicesResponse
+	29, // 87: broker.v1.BrokerService.GetDevice:output_type -> broker.v1.GetDeviceResponse
+	31, // 88: broker.v1.BrokerService.GetReport:output_type -> broker.v1.GetReportResponse
+	33, // 89: broker.v1.BrokerService.GetBatchPlan:output_type -> broker.v1.GetBatchPlanResponse
+	36, // 90: broker.v1.BrokerService.ListModels:output_type -> broker.v1.ListModelsResponse
+	38, // 91: broker.v1.BrokerService.LoadModel:output_type -> broker.v1.LoadModelResponse
+	40, // 92: broker.v1.BrokerService.UnloadModel:output_type -> broker.v1.UnloadModelResponse
+	44, // 93: broker.v1.BrokerService.GetStats:output_type -> broker.v1.GetStatsResponse
+	46, // 94: broker.v1.BrokerService.CordonDevice:output_type -> broker.v1.CordonDeviceResponse
+	48, // 95: broker.v1.BrokerService.UncordonDevice:output_type -> broker.v1.UncordonDeviceResponse
+	50, // 96: broker.v1.BrokerService.Drain:output_type -> broker.v1.DrainResponse
+	61, // 97: broker.v1.BrokerService.Generate:output_type -> broker.v1.GenerateResponse
+	62, // 98: broker.v1.BrokerService.Chat:output_type -> broker.v1.ChatResponse
+	84, // [84:99] is the sub-list for method output_type
+	69, // [69:84] is the sub-list for method input_type
+	69, // [69:69] is the sub-list for extension type_name
+	69, // [69:69] is the sub-list for extension extendee
+	0,  // [0:69] is the sub-list for field type_name
 }
 
 func init() { file_broker_v1_broker_proto_init() }
@@ -4226,13 +5306,15 @@ func file_broker_v1_broker_proto_init() {
 		(*GetBatchPlanRequest_DeviceType)(nil),
 		(*GetBatchPlanRequest_DeviceId)(nil),
 	}
+	file_broker_v1_broker_proto_msgTypes[43].OneofWrappers = []any{}
+	file_broker_v1_broker_proto_msgTypes[44].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_broker_v1_broker_proto_rawDesc), len(file_broker_v1_broker_proto_rawDesc)),
-			NumEnums:      7,
-			NumMessages:   46,
+			NumEnums:      8,
+			NumMessages:   58,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -48,6 +48,8 @@ const (
 	BrokerService_CordonDevice_FullMethodName   = "/broker.v1.BrokerService/CordonDevice"
 	BrokerService_UncordonDevice_FullMethodName = "/broker.v1.BrokerService/UncordonDevice"
 	BrokerService_Drain_FullMethodName          = "/broker.v1.BrokerService/Drain"
+	BrokerService_Generate_FullMethodName       = "/broker.v1.BrokerService/Generate"
+	BrokerService_Chat_FullMethodName           = "/broker.v1.BrokerService/Chat"
 )
 
 // BrokerServiceClient is the client API for BrokerService service.
@@ -85,6 +87,14 @@ type BrokerServiceClient interface {
 	// Drain stops accepting work, completes everything accepted, then
 	// (optionally) exits.
 	Drain(ctx context.Context, in *DrainRequest, opts ...grpc.CallOption) (*DrainResponse, error)
+	// Generate continues one or several prompts with a decoder LLM. Each
+	// prompt is a sequence of its own in the model's continuously batched
+	// running set; the stream carries their text deltas, tagged by index, as
+	// steps produce them, then one final result per prompt.
+	Generate(ctx context.Context, in *GenerateRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[GenerateResponse], error)
+	// Chat renders each conversation through the model's chat template and
+	// generates the assistant's reply, streamed like Generate.
+	Chat(ctx context.Context, in *ChatRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ChatResponse], error)
 }
 
 type brokerServiceClient struct {
@@ -225,6 +235,44 @@ func (c *brokerServiceClient) Drain(ctx context.Context, in *DrainRequest, opts 
 	return out, nil
 }
 
+func (c *brokerServiceClient) Generate(ctx context.Context, in *GenerateRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[GenerateResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &BrokerService_ServiceDesc.Streams[0], BrokerService_Generate_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[GenerateRequest, GenerateResponse]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type BrokerService_GenerateClient = grpc.ServerStreamingClient[GenerateResponse]
+
+func (c *brokerServiceClient) Chat(ctx context.Context, in *ChatRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ChatResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &BrokerService_ServiceDesc.Streams[1], BrokerService_Chat_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[ChatRequest, ChatResponse]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type BrokerService_ChatClient = grpc.ServerStreamingClient[ChatResponse]
+
 // BrokerServiceServer is the server API for BrokerService service.
 // All implementations must embed UnimplementedBrokerServiceServer
 // for forward compatibility.
@@ -260,6 +308,14 @@ type BrokerServiceServer interface {
 	// Drain stops accepting work, completes everything accepted, then
 	// (optionally) exits.
 	Drain(context.Context, *DrainRequest) (*DrainResponse, error)
+	// Generate continues one or several prompts with a decoder LLM. Each
+	// prompt is a sequence of its own in the model's continuously batched
+	// running set; the stream carries their text deltas, tagged by index, as
+	// steps produce them, then one final result per prompt.
+	Generate(*GenerateRequest, grpc.ServerStreamingServer[GenerateResponse]) error
+	// Chat renders each conversation through the model's chat template and
+	// generates the assistant's reply, streamed like Generate.
+	Chat(*ChatRequest, grpc.ServerStreamingServer[ChatResponse]) error
 	mustEmbedUnimplementedBrokerServiceServer()
 }
 
@@ -308,6 +364,12 @@ func (UnimplementedBrokerServiceServer) UncordonDevice(context.Context, *Uncordo
 }
 func (UnimplementedBrokerServiceServer) Drain(context.Context, *DrainRequest) (*DrainResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method Drain not implemented")
+}
+func (UnimplementedBrokerServiceServer) Generate(*GenerateRequest, grpc.ServerStreamingServer[GenerateResponse]) error {
+	return status.Errorf(codes.Unimplemented, "method Generate not implemented")
+}
+func (UnimplementedBrokerServiceServer) Chat(*ChatRequest, grpc.ServerStreamingServer[ChatResponse]) error {
+	return status.Errorf(codes.Unimplemented, "method Chat not implemented")
 }
 func (UnimplementedBrokerServiceServer) mustEmbedUnimplementedBrokerServiceServer() {}
 func (UnimplementedBrokerServiceServer) testEmbeddedByValue()                       {}
@@ -564,6 +626,28 @@ func _BrokerService_Drain_Handler(srv interface{}, ctx context.Context, dec func
 	return interceptor(ctx, in, info, handler)
 }
 
+func _BrokerService_Generate_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(GenerateRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(BrokerServiceServer).Generate(m, &grpc.GenericServerStream[GenerateRequest, GenerateResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type BrokerService_GenerateServer = grpc.ServerStreamingServer[GenerateResponse]
+
+func _BrokerService_Chat_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(ChatRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(BrokerServiceServer).Chat(m, &grpc.GenericServerStream[ChatRequest, ChatResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type BrokerService_ChatServer = grpc.ServerStreamingServer[ChatResponse]
+
 // BrokerService_ServiceDesc is the grpc.ServiceDesc for BrokerService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -624,6 +708,17 @@ var BrokerService_ServiceDesc = grpc.ServiceDesc{
 			Handler:    _BrokerService_Drain_Handler,
 		},
 	},
-	Streams:  []grpc.StreamDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "Generate",
+			Handler:       _BrokerService_Generate_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "Chat",
+			Handler:       _BrokerService_Chat_Handler,
+			ServerStreams: true,
+		},
+	},
 	Metadata: "broker/v1/broker.proto",
 }
