@@ -93,7 +93,49 @@ func benchCmd(fs *flag.FlagSet) action {
 	seed := fs.Uint64("seed", DefaultBenchSeed, "seed `N` of the generated texts (the same seed sends the same texts)")
 	forceInfer := fs.Bool("infer", false, "send Infer (\"text\" BYTES) even to a bert encoder, which Encode serves by default; mlp and bert-classifier models always get Infer")
 	asJSON := fs.Bool("json", false, "print the results as one JSON document (see README)")
+	generate := fs.Bool("generate", false, "send Generate to a generator --model instead: output tokens/s, time to first token and inter-token latency per concurrency (--text-bytes sizes the prompts)")
+	maxTokens := fs.Int("max-tokens", 128, "with --generate, `N` tokens to generate per request")
+	untilEOS := fs.Bool("stop-at-eos", false, "with --generate, let sequences end at end-of-sequence tokens (by default they run to --max-tokens, so every request does the same work)")
 	return func(ctx context.Context, inv *invocation, _ []string) error {
+		if *generate {
+			cfg := genBenchConfig{
+				model: *model, levels: levels, duration: *duration, warmup: *warmup, promptBytes: *textBytes,
+				maxTokens: *maxTokens, ignoreEOS: !*untilEOS, seed: *seed, connections: *conns,
+			}
+			switch {
+			case cfg.model == "":
+				return usagef("--generate needs --model NAME (a generator model)")
+			case cfg.duration <= 0:
+				return usagef("--duration %s: must be positive", cfg.duration)
+			case cfg.warmup < 0:
+				return usagef("--warmup %s: must not be negative", cfg.warmup)
+			case cfg.maxTokens < 1:
+				return usagef("--max-tokens %d: must be at least 1", cfg.maxTokens)
+			case cfg.promptBytes < 1 || cfg.connections < 1:
+				return usagef("--text-bytes and --connections must be at least 1")
+			}
+			rep, err := runGenBench(ctx, inv, cfg)
+			if err != nil {
+				return err
+			}
+			var b bytes.Buffer
+			if *asJSON {
+				err = writeGenBenchJSON(&b, rep)
+			} else {
+				err = writeGenBenchTable(&b, rep)
+			}
+			if err != nil {
+				return err
+			}
+			if err := inv.write(b.Bytes()); err != nil {
+				return err
+			}
+			if rep.Interrupted {
+				fmt.Fprintln(inv.stderr, "brokerctl: bench: interrupted; the results above are partial")
+				return exitStatus(ExitError)
+			}
+			return nil
+		}
 		cfg := benchConfig{
 			forceInfer: *forceInfer,
 			model:      *model, levels: levels, duration: *duration, warmup: *warmup,

@@ -193,3 +193,37 @@ func TestChatCommand(t *testing.T) {
 		t.Errorf("last conversation sent: %v", last)
 	}
 }
+
+func TestBenchGenerate(t *testing.T) {
+	ts := startServer(t)
+	r := ts.run(t, nil, "bench", "--generate", "--model", "tiny-llm", "--concurrency", "1,3", "--duration", "300ms", "--warmup", "0s", "--max-tokens", "5", "--json")
+	if r.code != 0 {
+		t.Fatalf("bench --generate:\n%v", r)
+	}
+	var rep genBenchReport
+	if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil {
+		t.Fatalf("%v\n%s", err, r.stdout)
+	}
+	if len(rep.Levels) != 2 || rep.MaxTokens != 5 || !rep.IgnoreEOS {
+		t.Fatalf("report: %+v", rep)
+	}
+	for _, l := range rep.Levels {
+		if l.Requests == 0 || l.OutputTokens == 0 || l.FailedRequests != 0 || l.OutputTokensPerSecond <= 0 ||
+			l.TimeToFirstTokenMs.P50 <= 0 || l.InterTokenMs.P99 < l.InterTokenMs.P50 || l.MeanBatchSize != 1 {
+			t.Errorf("level %d: %+v", l.Concurrency, l)
+		}
+	}
+	genRecorder.Lock()
+	sp := genRecorder.generate.GetSampling()
+	genRecorder.Unlock()
+	if sp.GetMaxTokens() != 5 || !sp.GetIgnoreEos() {
+		t.Errorf("sampling sent: %v", sp)
+	}
+	r = ts.run(t, nil, "bench", "--generate", "--concurrency", "1", "--duration", "100ms", "--warmup", "0s", "--model", "tiny-llm")
+	if r.code != 0 || !strings.Contains(r.stdout, "OUT TOK/S") {
+		t.Errorf("table:\n%v", r)
+	}
+	if r := ts.run(t, nil, "bench", "--generate"); r.code != ExitUsage {
+		t.Errorf("no model: %v", r)
+	}
+}
