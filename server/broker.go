@@ -47,6 +47,7 @@ type Policy struct {
 // Scheduler is what the data plane needs of the scheduler.
 type Scheduler interface {
 	Submit(ctx context.Context, req scheduler.Request) (scheduler.Response, error)
+	Generate(ctx context.Context, req scheduler.GenRequest) (*scheduler.GenStream, error)
 	Cordon(deviceID string, on bool)
 	Drain(ctx context.Context) error
 	Stats(model string) []scheduler.QueueStats

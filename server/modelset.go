@@ -118,9 +118,10 @@ type placed struct {
 // request path and ListModels read them without a lock.
 type served struct {
 	info     models.Info
-	key      string       // the scheduler's queue name
-	builtin  encoderModel // the built-in encoder; nil for repository models
-	model    models.Model // a repository model; nil for the built-in
+	key      string         // the scheduler's queue name
+	builtin  encoderModel   // the built-in encoder; nil for repository models
+	model    models.Model   // a repository model; nil for the built-in
+	gen      generatorModel // a decoder LLM (served through Generate and Chat); nil otherwise
 	replicas []placed
 	gate     *gate
 }

@@ -1,0 +1,409 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+	"unicode/utf8"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	brokerv1 "github.com/brokerd/brokerd/proto/broker/v1"
+	"github.com/brokerd/brokerd/scheduler"
+)
+
+// generatorModel is what Generate and Chat need of a loaded decoder LLM:
+// its tokenizer and chat template, and the per-sequence state (sampler,
+// stop strings, detokeniser) its steps carry. The model lifecycle adapts
+// runtime/models/llm to it.
+type generatorModel interface {
+	// ContextLength is the most tokens a sequence (prompt and output) holds.
+	ContextLength() int
+	// DefaultMaxTokens is the output bound of a request that sets none.
+	DefaultMaxTokens() int
+	EncodePrompt(text string, addSpecial bool) ([]int32, error)
+	RenderChat(turns []chatTurn, addGenerationPrompt bool) (string, error)
+	// NewSequence validates p (errors wrap models.ErrInvalidInput) and
+	// returns the state of one sequence.
+	NewSequence(p samplingParams, prompt []int32) (genSequence, error)
+}
+
+// genSequence is one sequence's state, owned by the model's executor.
+type genSequence interface {
+	// State is what the scheduler hands the executor with every step.
+	State() any
+	// Delta reads the payload of one generated token (scheduler.GenEvent.Out).
+	Delta(out any) (genDelta, error)
+	// Flush returns the text held back when the sequence ends (an
+	// unfinished UTF-8 sequence, a prefix of a stop string that never
+	// completed).
+	Flush() string
+}
+
+// genDelta is what one token added.
+type genDelta struct {
+	Text     string
+	TokenIDs []int32
+	Logprobs []*brokerv1.LogprobEntry
+}
+
+// chatTurn is one message of a conversation.
+type chatTurn struct{ Role, Content string }
+
+// samplingParams is SamplingParams with the proto's optional fields as
+// pointers (nil: the model's default).
+type samplingParams struct {
+	Temperature, TopP, MinP           *float32
+	RepetitionPenalty                 *float32
+	PresencePenalty, FrequencyPenalty *float32
+	TopK                              *int32
+	Seed                              *uint64
+	Stop                              []string
+	StopTokenIDs                      []int32
+	Logprobs                          bool
+	TopLogprobs                       int
+	IgnoreEOS                         bool
+}
+
+// Bounds of a generation request besides the model's own.
+const (
+	maxStopStrings   = 16
+	maxStopBytes     = 256
+	maxTopLogprobs   = 20
+	maxStopTokenIDs  = 64
+	defaultMaxTokens = 256
+)
+
+func samplingFromProto(p *brokerv1.SamplingParams) (samplingParams, error) {
+	if p == nil {
+		p = &brokerv1.SamplingParams{}
+	}
+	sp := samplingParams{
+		Temperature: p.Temperature, TopP: p.TopP, MinP: p.MinP, RepetitionPenalty: p.RepetitionPenalty,
+		PresencePenalty: p.PresencePenalty, FrequencyPenalty: p.FrequencyPenalty, TopK: p.TopK, Seed: p.Seed,
+		Stop: p.GetStop(), StopTokenIDs: p.GetStopTokenIds(), Logprobs: p.GetLogprobs(), TopLogprobs: int(p.GetTopLogprobs()),
+		IgnoreEOS: p.GetIgnoreEos(),
+	}
+	switch {
+	case p.GetMaxTokens() < 0:
+		return sp, invalid("sampling.max_tokens %d is invalid: 0 (the default) or more", p.GetMaxTokens())
+	case len(sp.Stop) > maxStopStrings:
+		return sp, invalid("sampling.stop has %d strings; at most %d", len(sp.Stop), maxStopStrings)
+	case len(sp.StopTokenIDs) > maxStopTokenIDs:
+		return sp, invalid("sampling.stop_token_ids has %d ids; at most %d", len(sp.StopTokenIDs), maxStopTokenIDs)
+	case sp.TopLogprobs < 0 || sp.TopLogprobs > maxTopLogprobs:
+		return sp, invalid("sampling.top_logprobs %d is invalid: 0 to %d", sp.TopLogprobs, maxTopLogprobs)
+	case sp.TopLogprobs > 0 && !sp.Logprobs:
+		return sp, invalid("sampling.top_logprobs needs sampling.logprobs")
+	}
+	for i, s := range sp.Stop {
+		if s == "" || len(s) > maxStopBytes {
+			return sp, invalid("sampling.stop[%d] is %d bytes: 1 to %d", i, len(s), maxStopBytes)
+		}
+	}
+	return sp, nil
+}
+
+// genCall is one Generate or Chat call: its prompts' sequences, merged into
+// one stream of responses.
+type genCall struct {
+	svc     *BrokerService
+	method  string
+	sv      *served
+	gm      generatorModel
+	params  samplingParams
+	maxNew  int // 0: per prompt, the default bounded by the context
+	sched   scheduler.GenRequest
+	maxTime time.Duration
+}
+
+// generateSink sends one response; Generate and Chat wrap their stream.
+type generateSink func(deltas []*brokerv1.GenerationDelta, results []*brokerv1.GenerationResult) error
+
+// Generate continues each prompt in the model's running set.
+func (s *BrokerService) Generate(req *brokerv1.GenerateRequest, stream brokerv1.BrokerService_GenerateServer) error {
+	ctx := stream.Context()
+	prompts := req.GetPrompts()
+	call, release, err := s.newGenCall(ctx, "Generate", req.GetModel(), len(prompts), req.GetSampling(), req.GetPriority(), req.GetDeviceType(), req.GetDeviceId(), req.GetMaxTime())
+	if err != nil {
+		return err
+	}
+	defer release()
+	addSpecial := req.AddSpecialTokens == nil || req.GetAddSpecialTokens()
+	toks := make([][]int32, len(prompts))
+	for i, p := range prompts {
+		if p == "" {
+			return invalid("prompts[%d] is empty", i)
+		}
+		if len(p) > s.limits.MaxItemBytes {
+			return invalid("prompts[%d] is %d bytes; the limit is %d (--max-item-bytes)", i, len(p), s.limits.MaxItemBytes)
+		}
+		if toks[i], err = call.gm.EncodePrompt(p, addSpecial); err != nil {
+			return invalid("prompts[%d]: %v", i, err)
+		}
+	}
+	return call.run(ctx, toks, func(d []*brokerv1.GenerationDelta, r []*brokerv1.GenerationResult) error {
+		return stream.Send(&brokerv1.GenerateResponse{Deltas: d, Results: r})
+	})
+}
+
+// Chat renders each conversation through the model's chat template and
+// generates the assistant's reply.
+func (s *BrokerService) Chat(req *brokerv1.ChatRequest, stream brokerv1.BrokerService_ChatServer) error {
+	ctx := stream.Context()
+	convs := req.GetConversations()
+	call, release, err := s.newGenCall(ctx, "Chat", req.GetModel(), len(convs), req.GetSampling(), req.GetPriority(), req.GetDeviceType(), req.GetDeviceId(), req.GetMaxTime())
+	if err != nil {
+		return err
+	}
+	defer release()
+	toks := make([][]int32, len(convs))
+	for i, c := range convs {
+		msgs := c.GetMessages()
+		if len(msgs) == 0 {
+			return invalid("conversations[%d] has no messages", i)
+		}
+		turns := make([]chatTurn, len(msgs))
+		size := 0
+		for j, m := range msgs {
+			switch m.GetRole() {
+			case "system", "user", "assistant":
+			default:
+				return invalid("conversations[%d].messages[%d].role %q: want system, user or assistant", i, j, m.GetRole())
+			}
+			size += len(m.GetContent())
+			turns[j] = chatTurn{Role: m.GetRole(), Content: m.GetContent()}
+		}
+		if size > s.limits.MaxItemBytes {
+			return invalid("conversations[%d] is %d bytes; the limit is %d (--max-item-bytes)", i, size, s.limits.MaxItemBytes)
+		}
+		text, err := call.gm.RenderChat(turns, true)
+		if err != nil {
+			return invalid("conversations[%d]: %v", i, err)
+		}
+		// The template writes the special tokens itself.
+		if toks[i], err = call.gm.EncodePrompt(text, false); err != nil {
+			return invalid("conversations[%d]: %v", i, err)
+		}
+	}
+	return call.run(ctx, toks, func(d []*brokerv1.GenerationDelta, r []*brokerv1.GenerationResult) error {
+		return stream.Send(&brokerv1.ChatResponse{Deltas: d, Results: r})
+	})
+}
+
+// newGenCall validates what Generate and Chat share and enters the model's
+// gate (release leaves it).
+func (s *BrokerService) newGenCall(ctx context.Context, method, model string, n int, sp *brokerv1.SamplingParams,
+	prio brokerv1.Priority, typ brokerv1.DeviceType, deviceID string, maxTime *durationpb.Duration) (*genCall, func(), error) {
+	if s.models == nil {
+		return nil, nil, status.Error(codes.Unavailable, "no model is being served")
+	}
+	if model == "" {
+		return nil, nil, invalid("model is required: a generator model's name")
+	}
+	if n == 0 {
+		return nil, nil, invalid("nothing to generate: give at least one prompt or conversation")
+	}
+	if n > s.limits.MaxItemsPerRequest {
+		return nil, nil, invalid("%d prompts; the limit is %d (--max-items-per-request)", n, s.limits.MaxItemsPerRequest)
+	}
+	params, err := samplingFromProto(sp)
+	if err != nil {
+		return nil, nil, err
+	}
+	priority, err := priorityFromProto(prio)
+	if err != nil {
+		return nil, nil, err
+	}
+	pinType, err := s.pinType(typ)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := s.pinnedDevice(method, deviceID); err != nil {
+		return nil, nil, err
+	}
+	if maxTime != nil {
+		if err := maxTime.CheckValid(); err != nil || maxTime.AsDuration() <= 0 {
+			return nil, nil, invalid("max_time %v is invalid: a positive duration", maxTime)
+		}
+	}
+	sv, err := s.models.acquire(model, 0)
+	if err != nil {
+		return nil, nil, toStatus(s.log, method, err)
+	}
+	if sv.gen == nil {
+		s.models.release(sv)
+		return nil, nil, invalid("model %s is a %s model: %s serves generator (LLM) models", model, sv.info.Kind, method)
+	}
+	call := &genCall{
+		svc: s, method: method, sv: sv, gm: sv.gen, params: params, maxNew: int(sp.GetMaxTokens()),
+		sched: scheduler.GenRequest{
+			Model: sv.key, Client: clientID(ctx), Priority: priority, DeviceID: deviceID, DeviceType: pinType,
+		},
+	}
+	if maxTime != nil {
+		call.maxTime = maxTime.AsDuration()
+	}
+	return call, func() { s.models.release(sv) }, nil
+}
+
+// seqEvent is one event of one of the call's sequences.
+type seqEvent struct {
+	index int
+	ev    scheduler.GenEvent
+	err   error
+}
+
+// run queues one sequence per prompt, then forwards their events until
+// every sequence ended. Events that are ready together go in one response.
+func (c *genCall) run(ctx context.Context, prompts [][]int32, send generateSink) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel() // a failed call cancels its other sequences
+	ctxLen := c.gm.ContextLength()
+	seqs := make([]genSequence, len(prompts))
+	streams := make([]*scheduler.GenStream, len(prompts))
+	for i, toks := range prompts {
+		if len(toks) >= ctxLen {
+			return invalid("prompt %d is %d tokens; the model's context holds %d, output included", i, len(toks), ctxLen)
+		}
+		room := ctxLen - len(toks)
+		maxNew := c.maxNew
+		if maxNew == 0 {
+			maxNew = min(c.gm.DefaultMaxTokens(), room)
+		} else if maxNew > room {
+			return invalid("prompt %d is %d tokens and max_tokens is %d: more than the model's context of %d tokens", i, len(toks), maxNew, ctxLen)
+		}
+		seq, err := c.gm.NewSequence(c.params, toks)
+		if err != nil {
+			return toStatus(c.svc.log, c.method, err)
+		}
+		seqs[i] = seq
+		req := c.sched
+		req.Prompt, req.MaxNewTokens, req.State = toks, maxNew, seq.State()
+		if c.maxTime > 0 {
+			req.Deadline = time.Now().Add(c.maxTime)
+		}
+		st, err := c.svc.sched.Generate(ctx, req)
+		if err != nil {
+			return c.svc.schedulerStatus(c.method, err)
+		}
+		streams[i] = st
+	}
+
+	events := make(chan seqEvent, 64)
+	for i, st := range streams {
+		go func() {
+			for {
+				ev, err := st.Recv()
+				if errors.Is(err, io.EOF) {
+					return
+				}
+				select {
+				case events <- seqEvent{index: i, ev: ev, err: err}:
+				case <-ctx.Done():
+					return
+				}
+				if err != nil || ev.Finish != "" {
+					return
+				}
+			}
+		}()
+	}
+	open := len(streams)
+	for open > 0 {
+		var first seqEvent
+		select {
+		case first = <-events:
+		case <-ctx.Done():
+			return toStatus(c.svc.log, c.method, ctx.Err())
+		}
+		batch := []seqEvent{first}
+	more:
+		for len(batch) < 256 {
+			select {
+			case e := <-events:
+				batch = append(batch, e)
+			default:
+				break more
+			}
+		}
+		var deltas []*brokerv1.GenerationDelta
+		var results []*brokerv1.GenerationResult
+		for _, e := range batch {
+			if e.err != nil {
+				return c.svc.schedulerStatus(c.method, e.err)
+			}
+			d, r, err := c.convert(e.index, seqs[e.index], e.ev)
+			if err != nil {
+				return status.Errorf(codes.Internal, "%s: %v", c.method, err)
+			}
+			if d != nil {
+				deltas = append(deltas, d)
+			}
+			if r != nil {
+				results = append(results, r)
+				open--
+			}
+		}
+		if err := send(deltas, results); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// convert turns one scheduler event into a delta and, on the last event,
+// the result.
+func (c *genCall) convert(i int, seq genSequence, ev scheduler.GenEvent) (*brokerv1.GenerationDelta, *brokerv1.GenerationResult, error) {
+	var d *brokerv1.GenerationDelta
+	if ev.HasToken {
+		gd, err := seq.Delta(ev.Out)
+		if err != nil {
+			return nil, nil, err
+		}
+		d = &brokerv1.GenerationDelta{Index: int32(i), Text: gd.Text, TokenIds: gd.TokenIDs, Logprobs: gd.Logprobs}
+	}
+	if ev.Finish == "" {
+		return d, nil, nil
+	}
+	if tail := seq.Flush(); tail != "" {
+		if d == nil {
+			d = &brokerv1.GenerationDelta{Index: int32(i)}
+		}
+		d.Text += tail
+	}
+	if d != nil && !utf8.ValidString(d.Text) {
+		return nil, nil, fmt.Errorf("sequence %d produced text that is not UTF-8", i)
+	}
+	info := ev.Info
+	r := &brokerv1.GenerationResult{
+		Index:        int32(i),
+		FinishReason: finishToProto(ev.Finish),
+		Usage:        &brokerv1.Usage{PromptTokens: int32(info.PromptTokens), CompletionTokens: int32(info.GeneratedTokens)},
+		Execution: execInfoToProto(scheduler.ExecInfo{
+			DeviceID: info.DeviceID, DeviceType: info.DeviceType, BatchSize: info.MaxBatch,
+			Queue: info.Queue, Compute: info.Compute, Total: info.Total, CostUSD: info.CostUSD,
+		}),
+		Preemptions: int32(info.Preemptions),
+	}
+	if info.TimeToFirstToken > 0 {
+		r.TimeToFirstToken = durationpb.New(info.TimeToFirstToken)
+	}
+	return d, r, nil
+}
+
+func finishToProto(f string) brokerv1.FinishReason {
+	switch f {
+	case scheduler.FinishStop:
+		return brokerv1.FinishReason_FINISH_REASON_STOP
+	case scheduler.FinishLength:
+		return brokerv1.FinishReason_FINISH_REASON_LENGTH
+	case scheduler.FinishDeadline:
+		return brokerv1.FinishReason_FINISH_REASON_DEADLINE
+	}
+	return brokerv1.FinishReason_FINISH_REASON_UNSPECIFIED
+}

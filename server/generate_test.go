@@ -1,0 +1,358 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	brokerv1 "github.com/brokerd/brokerd/proto/broker/v1"
+	"github.com/brokerd/brokerd/runtime/models"
+	"github.com/brokerd/brokerd/scheduler"
+)
+
+// letterModel is a hand-written generator: a token per byte (id = byte+2,
+// BOS 1), a template of "<role>content" lines, and an executor whose next
+// token is the last one's letter plus one. Delta holds each token's text
+// back by one token, so the stream depends on Flush for its last letter,
+// as a real detokeniser holds back half a UTF-8 sequence.
+type letterModel struct {
+	ctxLen int
+	step   time.Duration // each step's duration
+
+	mu       sync.Mutex
+	released map[uint64]int
+	reserved map[uint64]bool
+}
+
+const letterBOS = 1
+
+func (m *letterModel) ContextLength() int    { return m.ctxLen }
+func (m *letterModel) DefaultMaxTokens() int { return 8 }
+func (m *letterModel) EncodePrompt(text string, addSpecial bool) ([]int32, error) {
+	var ids []int32
+	if addSpecial {
+		ids = append(ids, letterBOS)
+	}
+	for _, b := range []byte(text) {
+		ids = append(ids, int32(b)+2)
+	}
+	return ids, nil
+}
+
+func (m *letterModel) RenderChat(turns []chatTurn, gen bool) (string, error) {
+	var b strings.Builder
+	for _, t := range turns {
+		fmt.Fprintf(&b, "<%s>%s\n", t.Role, t.Content)
+	}
+	if gen {
+		b.WriteString("<assistant>")
+	}
+	return b.String(), nil
+}
+
+type letterSeq struct {
+	held string
+	temp float32
+}
+
+func (m *letterModel) NewSequence(p samplingParams, prompt []int32) (genSequence, error) {
+	if p.Temperature != nil && *p.Temperature < 0 {
+		return nil, fmt.Errorf("temperature %v: %w", *p.Temperature, models.ErrInvalidInput)
+	}
+	return &letterSeq{}, nil
+}
+
+func (s *letterSeq) State() any { return s }
+func (s *letterSeq) Delta(out any) (genDelta, error) {
+	tok := out.(int32)
+	text := s.held
+	s.held = string(rune(tok - 2))
+	return genDelta{Text: text, TokenIDs: []int32{tok}}, nil
+}
+func (s *letterSeq) Flush() string {
+	t := s.held
+	s.held = ""
+	return t
+}
+
+func (m *letterModel) Reserve(seq uint64, tokens int) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.reserved[seq] = true
+	return true
+}
+
+func (m *letterModel) Release(seq uint64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.released[seq]++
+	delete(m.reserved, seq)
+}
+
+func (m *letterModel) held() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return len(m.reserved)
+}
+
+func (m *letterModel) Step(ctx context.Context, items []scheduler.StepItem) ([]scheduler.StepResult, error) {
+	if m.step > 0 {
+		select {
+		case <-time.After(m.step):
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	out := make([]scheduler.StepResult, len(items))
+	for i, it := range items {
+		// The letter after the last token's byte; 'a' after 'z' or a non-letter.
+		last := it.Tokens[len(it.Tokens)-1] - 2
+		next := int32('a')
+		if last >= 'a' && last < 'z' {
+			next = last + 1
+		}
+		next += 2
+		out[i] = scheduler.StepResult{Token: next, Out: next}
+	}
+	return out, nil
+}
+
+// genServer serves a BrokerService with one generator "tiny" and one
+// encoder "enc" over a real Unix socket.
+func genServer(t *testing.T, m *letterModel, limits Limits) brokerv1.BrokerServiceClient {
+	t.Helper()
+	m.released, m.reserved = map[uint64]int{}, map[uint64]bool{}
+	sched := scheduler.New(scheduler.Options{})
+	t.Cleanup(sched.Close)
+	if err := sched.AddGenReplica("tiny@1", scheduler.Device{ID: "cpu:0", Type: "cpu"}, scheduler.GenOptions{MaxRunning: 4, MaxStepTokens: 256}, m); err != nil {
+		t.Fatal(err)
+	}
+	ms := &modelSet{}
+	ms.cat.Store(&catalog{byName: map[string]*served{
+		"tiny": {info: models.Info{Name: "tiny", Version: 1, Kind: "llm"}, key: "tiny@1", gen: m, gate: newGate()},
+		"enc":  {info: models.Info{Name: "enc", Version: 1, Kind: models.KindBERT}, key: "enc@1", gate: newGate()},
+	}})
+	svc := NewBrokerService(nil, Policy{}, DataPlane{Sched: sched, models: ms, Limits: limits}, zap.NewNop())
+	sock := filepath.Join(t.TempDir(), "b.sock")
+	lis, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	brokerv1.RegisterBrokerServiceServer(srv, svc)
+	go func() { _ = srv.Serve(lis) }()
+	t.Cleanup(srv.Stop)
+	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return brokerv1.NewBrokerServiceClient(conn)
+}
+
+type streamed struct {
+	text    []string
+	ids     [][]int32
+	results []*brokerv1.GenerationResult
+	msgs    int
+}
+
+func readAll(t *testing.T, n int, recv func() ([]*brokerv1.GenerationDelta, []*brokerv1.GenerationResult, error)) (streamed, error) {
+	t.Helper()
+	s := streamed{text: make([]string, n), ids: make([][]int32, n), results: make([]*brokerv1.GenerationResult, n)}
+	for {
+		d, r, err := recv()
+		if errors.Is(err, io.EOF) {
+			return s, nil
+		}
+		if err != nil {
+			return s, err
+		}
+		s.msgs++
+		for _, x := range d {
+			s.text[x.GetIndex()] += x.GetText()
+			s.ids[x.GetIndex()] = append(s.ids[x.GetIndex()], x.GetTokenIds()...)
+		}
+		for _, x := range r {
+			if s.results[x.GetIndex()] != nil {
+				t.Errorf("two results for index %d", x.GetIndex())
+			}
+			s.results[x.GetIndex()] = x
+		}
+	}
+}
+
+// letters is what letterModel generates after a prompt ending in last.
+func letters(last byte, n int) string {
+	var b strings.Builder
+	c := last
+	for range n {
+		if c < 'a' || c >= 'z' {
+			c = 'a'
+		} else {
+			c++
+		}
+		b.WriteByte(c)
+	}
+	return b.String()
+}
+
+func TestGenerateRPC(t *testing.T) {
+	m := &letterModel{ctxLen: 64}
+	cl := genServer(t, m, Limits{MaxItemsPerRequest: 8, MaxItemBytes: 1 << 10})
+	ctx := t.Context()
+	prompts := []string{"abc", "x", "hello world q"}
+	st, err := cl.Generate(ctx, &brokerv1.GenerateRequest{Model: "tiny", Prompts: prompts, Sampling: &brokerv1.SamplingParams{MaxTokens: 5}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := readAll(t, len(prompts), func() ([]*brokerv1.GenerationDelta, []*brokerv1.GenerationResult, error) {
+		m, err := st.Recv()
+		return m.GetDeltas(), m.GetResults(), err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, p := range prompts {
+		want := letters(p[len(p)-1], 5)
+		if got.text[i] != want || len(got.ids[i]) != 5 {
+			t.Errorf("prompt %d: text %q ids %v, want %q", i, got.text[i], got.ids[i], want)
+		}
+		r := got.results[i]
+		if r == nil {
+			t.Fatalf("prompt %d: no result", i)
+		}
+		if r.GetFinishReason() != brokerv1.FinishReason_FINISH_REASON_LENGTH || r.GetUsage().GetPromptTokens() != int32(len(p)+1) ||
+			r.GetUsage().GetCompletionTokens() != 5 || r.GetExecution().GetDeviceId() != "cpu:0" || r.GetTimeToFirstToken().AsDuration() <= 0 {
+			t.Errorf("prompt %d: result %v", i, r)
+		}
+	}
+	if got.msgs >= 3*6 {
+		t.Errorf("%d messages for 3 prompts of 5 tokens: ready deltas were not sent together", got.msgs)
+	}
+
+	// Chat renders the template; the template's tokens are not doubled by a BOS.
+	cs, err := cl.Chat(ctx, &brokerv1.ChatRequest{Model: "tiny", Conversations: []*brokerv1.Conversation{{Messages: []*brokerv1.ChatMessage{
+		{Role: "system", Content: "be brief"}, {Role: "user", Content: "hi"},
+	}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	chat, err := readAll(t, 1, func() ([]*brokerv1.GenerationDelta, []*brokerv1.GenerationResult, error) {
+		m, err := cs.Recv()
+		return m.GetDeltas(), m.GetResults(), err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rendered := "<system>be brief\n<user>hi\n<assistant>"
+	if chat.text[0] != letters('>', 8) || chat.results[0].GetUsage().GetPromptTokens() != int32(len(rendered)) {
+		t.Errorf("chat: %q, usage %v", chat.text[0], chat.results[0].GetUsage())
+	}
+}
+
+func TestGenerateRPCValidation(t *testing.T) {
+	m := &letterModel{ctxLen: 32}
+	cl := genServer(t, m, Limits{MaxItemsPerRequest: 2, MaxItemBytes: 64})
+	long := strings.Repeat("y", 40)
+	tests := []struct {
+		name string
+		req  *brokerv1.GenerateRequest
+		chat *brokerv1.ChatRequest
+		code codes.Code
+		msg  string
+	}{
+		{name: "no model", req: &brokerv1.GenerateRequest{Prompts: []string{"a"}}, code: codes.InvalidArgument, msg: "model is required"},
+		{name: "unknown model", req: &brokerv1.GenerateRequest{Model: "nope", Prompts: []string{"a"}}, code: codes.NotFound},
+		{name: "an encoder", req: &brokerv1.GenerateRequest{Model: "enc", Prompts: []string{"a"}}, code: codes.InvalidArgument, msg: "generator"},
+		{name: "no prompts", req: &brokerv1.GenerateRequest{Model: "tiny"}, code: codes.InvalidArgument, msg: "nothing to generate"},
+		{name: "empty prompt", req: &brokerv1.GenerateRequest{Model: "tiny", Prompts: []string{""}}, code: codes.InvalidArgument, msg: "empty"},
+		{name: "too many prompts", req: &brokerv1.GenerateRequest{Model: "tiny", Prompts: []string{"a", "b", "c"}}, code: codes.InvalidArgument, msg: "--max-items-per-request"},
+		{name: "prompt too long for the context", req: &brokerv1.GenerateRequest{Model: "tiny", Prompts: []string{long}}, code: codes.InvalidArgument, msg: "context"},
+		{name: "prompt too large", req: &brokerv1.GenerateRequest{Model: "tiny", Prompts: []string{strings.Repeat("z", 65)}}, code: codes.InvalidArgument, msg: "--max-item-bytes"},
+		{name: "max tokens past the context", req: &brokerv1.GenerateRequest{Model: "tiny", Prompts: []string{"ab"}, Sampling: &brokerv1.SamplingParams{MaxTokens: 40}}, code: codes.InvalidArgument, msg: "context"},
+		{name: "negative max tokens", req: &brokerv1.GenerateRequest{Model: "tiny", Prompts: []string{"ab"}, Sampling: &brokerv1.SamplingParams{MaxTokens: -1}}, code: codes.InvalidArgument},
+		{name: "bad temperature", req: &brokerv1.GenerateRequest{Model: "tiny", Prompts: []string{"ab"}, Sampling: &brokerv1.SamplingParams{Temperature: proto.Float32(-1)}}, code: codes.InvalidArgument, msg: "temperature"},
+		{name: "top logprobs without logprobs", req: &brokerv1.GenerateRequest{Model: "tiny", Prompts: []string{"ab"}, Sampling: &brokerv1.SamplingParams{TopLogprobs: 3}}, code: codes.InvalidArgument},
+		{name: "too many top logprobs", req: &brokerv1.GenerateRequest{Model: "tiny", Prompts: []string{"ab"}, Sampling: &brokerv1.SamplingParams{Logprobs: true, TopLogprobs: 21}}, code: codes.InvalidArgument},
+		{name: "empty stop string", req: &brokerv1.GenerateRequest{Model: "tiny", Prompts: []string{"ab"}, Sampling: &brokerv1.SamplingParams{Stop: []string{""}}}, code: codes.InvalidArgument},
+		{name: "negative max time", req: &brokerv1.GenerateRequest{Model: "tiny", Prompts: []string{"ab"}, MaxTime: durationpb.New(-time.Second)}, code: codes.InvalidArgument},
+		{name: "bad priority", req: &brokerv1.GenerateRequest{Model: "tiny", Prompts: []string{"ab"}, Priority: 9}, code: codes.InvalidArgument},
+		{name: "chat: bad role", chat: &brokerv1.ChatRequest{Model: "tiny", Conversations: []*brokerv1.Conversation{{Messages: []*brokerv1.ChatMessage{{Role: "robot", Content: "x"}}}}}, code: codes.InvalidArgument, msg: "role"},
+		{name: "chat: empty conversation", chat: &brokerv1.ChatRequest{Model: "tiny", Conversations: []*brokerv1.Conversation{{}}}, code: codes.InvalidArgument, msg: "no messages"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var err error
+			if tc.chat != nil {
+				var s brokerv1.BrokerService_ChatClient
+				if s, err = cl.Chat(t.Context(), tc.chat); err == nil {
+					_, err = s.Recv()
+				}
+			} else {
+				var s brokerv1.BrokerService_GenerateClient
+				if s, err = cl.Generate(t.Context(), tc.req); err == nil {
+					_, err = s.Recv()
+				}
+			}
+			if status.Code(err) != tc.code || !strings.Contains(status.Convert(err).Message(), tc.msg) {
+				t.Errorf("got %v, want %v containing %q", err, tc.code, tc.msg)
+			}
+		})
+	}
+}
+
+func TestGenerateRPCMaxTimeAndCancel(t *testing.T) {
+	m := &letterModel{ctxLen: 4096, step: 2 * time.Millisecond}
+	cl := genServer(t, m, Limits{MaxItemsPerRequest: 8, MaxItemBytes: 1 << 10})
+	st, err := cl.Generate(t.Context(), &brokerv1.GenerateRequest{Model: "tiny", Prompts: []string{"a"},
+		Sampling: &brokerv1.SamplingParams{MaxTokens: 4000}, MaxTime: durationpb.New(60 * time.Millisecond)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := readAll(t, 1, func() ([]*brokerv1.GenerationDelta, []*brokerv1.GenerationResult, error) {
+		m, err := st.Recv()
+		return m.GetDeltas(), m.GetResults(), err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := got.results[0]
+	if r.GetFinishReason() != brokerv1.FinishReason_FINISH_REASON_DEADLINE || r.GetUsage().GetCompletionTokens() == 0 ||
+		int(r.GetUsage().GetCompletionTokens()) != len(got.ids[0]) || len(got.text[0]) != len(got.ids[0]) {
+		t.Errorf("max_time: %v; %d ids, text %q", r, len(got.ids[0]), got.text[0])
+	}
+
+	// A client that goes away frees its sequences' cache.
+	ctx, cancel := context.WithCancel(t.Context())
+	st, err = cl.Generate(ctx, &brokerv1.GenerateRequest{Model: "tiny", Prompts: []string{"a", "b"}, Sampling: &brokerv1.SamplingParams{MaxTokens: 4000}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Recv(); err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	deadline := time.Now().Add(5 * time.Second)
+	for m.held() > 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d sequences still hold cache after the client left", m.held())
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
