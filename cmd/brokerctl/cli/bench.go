@@ -18,7 +18,9 @@ import (
 	"sync"
 	"time"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
@@ -93,6 +95,7 @@ func benchCmd(fs *flag.FlagSet) action {
 	seed := fs.Uint64("seed", DefaultBenchSeed, "seed `N` of the generated texts (the same seed sends the same texts)")
 	forceInfer := fs.Bool("infer", false, "send Infer (\"text\" BYTES) even to a bert encoder, which Encode serves by default; mlp and bert-classifier models always get Infer")
 	asJSON := fs.Bool("json", false, "print the results as one JSON document (see README)")
+	maxFail := fs.Float64("max-failure-rate", 0.01, "exit 1 when more than this `FRACTION` of a level's requests failed (0 to 1)")
 	generate := fs.Bool("generate", false, "send Generate to a generator --model instead: output tokens/s, time to first token and inter-token latency per concurrency (--text-bytes sizes the prompts)")
 	maxTokens := fs.Int("max-tokens", 128, "with --generate, `N` tokens to generate per request")
 	untilEOS := fs.Bool("stop-at-eos", false, "with --generate, let sequences end at end-of-sequence tokens (by default they run to --max-tokens, so every request does the same work)")
@@ -133,6 +136,13 @@ func benchCmd(fs *flag.FlagSet) action {
 			if rep.Interrupted {
 				fmt.Fprintln(inv.stderr, "brokerctl: bench: interrupted; the results above are partial")
 				return exitStatus(ExitError)
+			}
+			for _, l := range rep.Levels {
+				if rate := failureRate(l.Requests, l.FailedRequests); rate > *maxFail {
+					fmt.Fprintf(inv.stderr, "brokerctl: bench: %.1f%% of the requests at concurrency %d failed (more than --max-failure-rate %g)\n",
+						100*rate, l.Concurrency, *maxFail)
+					return exitStatus(ExitError)
+				}
 			}
 			return nil
 		}
@@ -178,8 +188,23 @@ func benchCmd(fs *flag.FlagSet) action {
 			fmt.Fprintln(inv.stderr, "brokerctl: bench: interrupted; the results above are partial")
 			return exitStatus(ExitError)
 		}
+		for _, l := range rep.Levels {
+			if rate := failureRate(l.Encode.Requests, l.Encode.FailedRequests); rate > *maxFail {
+				fmt.Fprintf(inv.stderr, "brokerctl: bench: %.1f%% of the requests at concurrency %d failed (more than --max-failure-rate %g)\n",
+					100*rate, l.Concurrency, *maxFail)
+				return exitStatus(ExitError)
+			}
+		}
 		return nil
 	}
+}
+
+// failureRate is failed over all requests of a window (0 when none ran).
+func failureRate(ok, failed int) float64 {
+	if ok+failed == 0 {
+		return 0
+	}
+	return float64(failed) / float64(ok+failed)
 }
 
 // benchReport is the document bench --json prints; the human table is
@@ -407,12 +432,26 @@ func runPhase(ctx context.Context, cfg benchConfig, n int, level uint64, call ca
 			rec := &recs[w]
 			rec.failures = map[string]int{}
 			gen := newTextGen(cfg.seed, level, uint64(w))
+			var backoff time.Duration
 			for ctx.Err() == nil && time.Now().Before(mEnd) {
+				if backoff > 0 {
+					wake := time.Now().Add(backoff)
+					if wake.After(mEnd) {
+						wake = mEnd
+					}
+					sleepUntil(ctx, wake)
+					if ctx.Err() != nil || !time.Now().Before(mEnd) {
+						break
+					}
+				}
 				rctx, cancel := withOptionalTimeout(ctx, cfg.rpcTimeout)
 				t0 := time.Now()
 				items, batch, model, err := call(rctx, w, gen)
 				t1 := time.Now()
 				cancel()
+				if err != nil {
+					backoff = nextBackoff(err, backoff)
+				}
 				if ctx.Err() != nil {
 					rec.sawInterrupted = true
 					return
@@ -425,6 +464,7 @@ func runPhase(ctx context.Context, cfg benchConfig, n int, level uint64, call ca
 				case err != nil:
 					rec.failures[failureCode(err)]++
 				default:
+					backoff = 0
 					rec.latencies = append(rec.latencies, t1.Sub(t0))
 					rec.items += items
 					rec.batchSum += int64(batch)
@@ -788,4 +828,37 @@ func bytesData(texts []string) []byte {
 		out = append(out, t...)
 	}
 	return out
+}
+
+// Backoff of a bench client after a failed call, as a well-behaved client
+// does: the server's RetryInfo delay when it sends one, else doubling from
+// minBackoff up to maxBackoff while the server is unavailable or
+// overloaded; other failures are retried at once.
+const (
+	minBackoff = 5 * time.Millisecond
+	maxBackoff = time.Second
+)
+
+func nextBackoff(err error, prev time.Duration) time.Duration {
+	st := status.Convert(err)
+	for _, d := range st.Details() {
+		if ri, ok := d.(*errdetails.RetryInfo); ok && ri.GetRetryDelay() != nil {
+			return min(max(ri.GetRetryDelay().AsDuration(), 0), maxBackoff)
+		}
+	}
+	switch st.Code() {
+	case codes.Unavailable, codes.ResourceExhausted:
+		return min(max(2*prev, minBackoff), maxBackoff)
+	}
+	return 0
+}
+
+// sleepUntil waits until t or ctx ends.
+func sleepUntil(ctx context.Context, t time.Time) {
+	timer := time.NewTimer(time.Until(t))
+	defer timer.Stop()
+	select {
+	case <-timer.C:
+	case <-ctx.Done():
+	}
 }

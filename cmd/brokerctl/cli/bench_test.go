@@ -11,6 +11,11 @@ import (
 	"time"
 	"unicode"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+
 	"github.com/brokerd/brokerd/server/endpoint"
 )
 
@@ -82,7 +87,7 @@ func TestBenchCounts(t *testing.T) {
 		{name: "single items", args: []string{"--concurrency", "1,4"}, levels: []int{1, 4}, items: 1, connections: 1},
 		{name: "three items per request", args: []string{"--concurrency", "2", "--items-per-request", "3", "--text-bytes", "48"}, levels: []int{2}, items: 3, connections: 1},
 		{name: "warmup is not measured", args: []string{"--concurrency", "2", "--warmup", "150ms"}, levels: []int{2}, items: 1, connections: 1, warmup: true},
-		{name: "failures are counted", args: []string{"--concurrency", "1,4"}, failEvery: 5, levels: []int{1, 4}, items: 1, connections: 1},
+		{name: "failures are counted", args: []string{"--concurrency", "1,4", "--max-failure-rate", "1"}, failEvery: 5, levels: []int{1, 4}, items: 1, connections: 1},
 		{name: "three connections", args: []string{"--concurrency", "3", "--connections", "3"}, levels: []int{3}, items: 1, connections: 3},
 	}
 	for _, tt := range tests {
@@ -183,7 +188,7 @@ func TestBenchTable(t *testing.T) {
 		levels    []string
 	}{
 		{name: "plain", args: []string{"--concurrency", "1,4"}, header: header, levels: []string{"1", "4"}},
-		{name: "failures shown", args: []string{"--concurrency", "2"}, failEvery: 3, header: header, levels: []string{"2"}},
+		{name: "failures shown", args: []string{"--concurrency", "2", "--max-failure-rate", "1"}, failEvery: 3, header: header, levels: []string{"2"}},
 		{name: "baseline", args: []string{"--concurrency", "1,2", "--baseline", "--items-per-request", "2"}, header: baseline, levels: []string{"1", "2"}},
 	}
 	for _, tt := range tests {
@@ -410,7 +415,7 @@ func TestBenchTimeout(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			ts := startServer(t)
 			ts.broker.encodeDelay = tt.delay
-			r := ts.run(t, nil, "bench", "--json", "--timeout", "50ms", "--duration", "400ms", "--warmup", "0", "--concurrency", "2")
+			r := ts.run(t, nil, "bench", "--json", "--timeout", "50ms", "--duration", "400ms", "--warmup", "0", "--concurrency", "2", "--max-failure-rate", "1")
 			if r.code != ExitOK {
 				t.Fatalf("got %v", r)
 			}
@@ -555,5 +560,47 @@ func TestTextGen(t *testing.T) {
 				t.Errorf("%d distinct texts of 200", len(seen))
 			}
 		})
+	}
+}
+
+// TestBenchFailureRate: a run where most requests fail exits 1, and the
+// clients back off while the server answers UNAVAILABLE instead of
+// hammering it.
+func TestBenchFailureRate(t *testing.T) {
+	ts := startServer(t)
+	ts.broker.failEvery = 1 // every call fails with UNAVAILABLE
+	r := ts.run(t, nil, "bench", "--json", "--duration", "300ms", "--warmup", "0", "--concurrency", "2")
+	if r.code != ExitError || !strings.Contains(r.stderr, "100.0% of the requests at concurrency 2 failed") {
+		t.Fatalf("got %v", r)
+	}
+	// Doubling from 5 ms up to 1 s, two clients fail at most ~2×7 times
+	// in 300 ms; without backoff they fail thousands of times.
+	if n := len(ts.broker.encodeCalls()); n > 40 {
+		t.Errorf("%d calls in 300 ms against an unavailable server: no backoff", n)
+	}
+	ts.broker.failEvery = 0
+	if r := ts.run(t, nil, "bench", "--duration", "100ms", "--warmup", "0", "--concurrency", "1"); r.code != ExitOK {
+		t.Errorf("a clean run: %v", r)
+	}
+}
+
+func TestNextBackoff(t *testing.T) {
+	st, _ := status.New(codes.ResourceExhausted, "queue full").WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(40 * time.Millisecond)})
+	tests := []struct {
+		name string
+		err  error
+		prev time.Duration
+		want time.Duration
+	}{
+		{"retry info wins", st.Err(), 0, 40 * time.Millisecond},
+		{"unavailable starts small", status.Error(codes.Unavailable, "x"), 0, minBackoff},
+		{"and doubles", status.Error(codes.Unavailable, "x"), 80 * time.Millisecond, 160 * time.Millisecond},
+		{"up to a bound", status.Error(codes.Unavailable, "x"), 900 * time.Millisecond, maxBackoff},
+		{"other failures retry at once", status.Error(codes.InvalidArgument, "x"), 80 * time.Millisecond, 0},
+	}
+	for _, tc := range tests {
+		if got := nextBackoff(tc.err, tc.prev); got != tc.want {
+			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
+		}
 	}
 }

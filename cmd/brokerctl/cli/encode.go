@@ -11,6 +11,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -207,7 +208,7 @@ func encodeCmd(fs *flag.FlagSet) action {
 			}
 			// The ID is the 0-based input index, so results of later
 			// requests can be matched to their line; the server echoes it.
-			items = append(items, &brokerv1.EncodeItem{Id: strconv.Itoa(total), Content: &brokerv1.EncodeItem_Text{Text: text}})
+			items = append(items, encodeItem(strconv.Itoa(total), text))
 			total++
 			if len(items) == f.batch {
 				if err := e.send(ctx, items, total-len(items)); err != nil {
@@ -367,4 +368,13 @@ func executionLine(model string, version int64, x *brokerv1.ExecutionInfo) strin
 // formatMs prints milliseconds with microsecond resolution: 0.052ms.
 func formatMs(ms float64) string {
 	return strconv.FormatFloat(ms, 'f', 3, 64) + "ms"
+}
+
+// encodeItem sends text as a text item, or as bytes when it is not valid
+// UTF-8 (a proto string must be, and the server encodes both alike).
+func encodeItem(id, text string) *brokerv1.EncodeItem {
+	if !utf8.ValidString(text) {
+		return &brokerv1.EncodeItem{Id: id, Content: &brokerv1.EncodeItem_Data{Data: []byte(text)}}
+	}
+	return &brokerv1.EncodeItem{Id: id, Content: &brokerv1.EncodeItem_Text{Text: text}}
 }

@@ -323,3 +323,19 @@ func TestCheckResults(t *testing.T) {
 		})
 	}
 }
+
+// TestEncodeInvalidUTF8 sends a line that is not UTF-8 as bytes: a proto
+// string cannot carry it (the client's marshaller refused the whole call).
+func TestEncodeInvalidUTF8(t *testing.T) {
+	ts := startServer(t)
+	r := ts.runStdin(t, strings.NewReader("plain text\n\xff\xfe latin-1 \xe9t\xe9\n"), "encode")
+	if r.code != ExitOK {
+		t.Fatalf("got %v", r)
+	}
+	ts.broker.mu.Lock()
+	items := ts.broker.lastEncode.GetItems()
+	ts.broker.mu.Unlock()
+	if len(items) != 2 || items[0].GetText() != "plain text" || string(items[1].GetData()) != "\xff\xfe latin-1 \xe9t\xe9" {
+		t.Errorf("items sent: %v", items)
+	}
+}
