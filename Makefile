@@ -9,8 +9,9 @@ RUN_FLAGS ?= --log-format console --state-dir $(CURDIR)/.cache/state
 BUF       := $(GO) tool -modfile=tools/go.mod buf
 
 # C libraries the cgo runtime adapters link against (Debian package names);
-# shellcheck lints deploy/'s scripts in the tests.
-DEB_DEPS  := libdnnl-dev gcc shellcheck
+# shellcheck lints deploy/'s scripts in the tests; python3-zstandard decodes
+# LOSSLESS codes the way Python clients do, in the interop tests.
+DEB_DEPS  := libdnnl-dev gcc shellcheck python3-zstandard
 # NVML's headers mark old calls deprecated; go-nvml still binds them.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 VERSION   ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)

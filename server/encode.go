@@ -247,7 +247,10 @@ func execInfoToProto(in scheduler.ExecInfo) *brokerv1.ExecutionInfo {
 
 // newZstd is the shared LOSSLESS encoder; EncodeAll is safe for concurrent use.
 func newZstd() *zstd.Encoder {
-	enc, err := zstd.NewWriter(nil, zstd.WithEncoderLevel(zstd.SpeedDefault), zstd.WithEncoderConcurrency(1))
+	// Single-segment frames always carry the content size; without it
+	// (the default for inputs under 256 bytes) python-zstandard's
+	// ZstdDecompressor().decompress(code), the usual client call, fails.
+	enc, err := zstd.NewWriter(nil, zstd.WithEncoderLevel(zstd.SpeedDefault), zstd.WithEncoderConcurrency(1), zstd.WithSingleSegment(true))
 	if err != nil {
 		// Only invalid options fail, and these are constants.
 		panic(fmt.Sprintf("zstd encoder: %v", err))
