@@ -181,7 +181,8 @@ func (k *InferenceService) ModelInfer(ctx context.Context, req *inference.ModelI
 }
 
 // inferParameters reads the request parameters brokerd understands:
-// truncate and normalize (bool) and priority (1 low, 2 normal, 3 high).
+// truncate and normalize (bool) and priority (Triton's meaning; see
+// tritonPriority).
 func inferParameters(params map[string]*inference.InferParameter, opts *inferOptions) error {
 	boolParam := func(name string, p *inference.InferParameter) (bool, error) {
 		b, ok := p.GetParameterChoice().(*inference.InferParameter_BoolParam)
@@ -198,23 +199,38 @@ func inferParameters(params map[string]*inference.InferParameter, opts *inferOpt
 		case "normalize":
 			opts.normalize, err = boolParam(name, p)
 		case "priority":
-			var n int64
-			switch c := p.GetParameterChoice().(type) {
-			case *inference.InferParameter_Int64Param:
-				n = c.Int64Param
-			case *inference.InferParameter_Uint64Param:
-				n = int64(min(c.Uint64Param, 1<<31))
-			default:
-				return status.Errorf(codes.InvalidArgument, "parameter priority: want an int64_param or uint64_param")
-			}
-			if n < 1 || n > 3 {
-				return status.Errorf(codes.InvalidArgument, "parameter priority %d is invalid: 1 (low), 2 (normal) or 3 (high)", n)
-			}
-			opts.priority = int(n)
+			opts.priority, err = tritonPriority(p)
 		}
 		if err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// tritonPriority maps Triton's request priority onto brokerd's three
+// levels. In Triton 1 is the highest priority and larger numbers are lower;
+// 0 means the model's default. brokerd: 0 → normal, 1 → high, 2 → normal,
+// 3 and above → low (a Triton model with more priority levels keeps their
+// order, the lowest ones sharing low).
+func tritonPriority(p *inference.InferParameter) (int, error) {
+	var n uint64
+	switch c := p.GetParameterChoice().(type) {
+	case *inference.InferParameter_Uint64Param:
+		n = c.Uint64Param
+	case *inference.InferParameter_Int64Param:
+		if c.Int64Param < 0 {
+			return 0, status.Errorf(codes.InvalidArgument, "parameter priority %d is invalid: 0 (the default) or more, 1 the highest", c.Int64Param)
+		}
+		n = uint64(c.Int64Param)
+	default:
+		return 0, status.Errorf(codes.InvalidArgument, "parameter priority: want a uint64_param (or int64_param)")
+	}
+	switch n {
+	case 0, 2:
+		return 2, nil
+	case 1:
+		return 3, nil
+	}
+	return 1, nil
 }
