@@ -444,6 +444,7 @@ func (s *Scheduler) succeedLocked(r *replica, run []itemRef, outs []any, compute
 			continue
 		}
 		rq.outputs[it.idx] = outs[i]
+		rq.devices[it.idx] = r.dev.ID
 		if j := slices.IndexFunc(shares, func(sh share) bool { return sh.rq == rq }); j >= 0 {
 			shares[j].k++
 		} else {

@@ -308,3 +308,37 @@ func TestRemoveAndCordonMidBatchLoseNothing(t *testing.T) {
 		})
 	}
 }
+
+// TestResponseDevicesPerItem: a request split across devices says which
+// device ran each item (the encoder writes it into each record).
+func TestResponseDevicesPerItem(t *testing.T) {
+	s := newTestScheduler(t, Options{})
+	a, b := newFake("cpu:0"), newFake("gpu:0")
+	a.hold = make(chan struct{})
+	mustAdd(t, s, "m", Device{ID: "cpu:0", Type: "cpu"}, 2, a)
+	first := submitAsync(context.Background(), s, Request{Model: "m", Inputs: inputs("x", 2)})
+	waitEntered(t, a) // cpu:0 is busy with x; y's items go to both once it frees
+	mustAdd(t, s, "m", Device{ID: "gpu:0", Type: "gpu"}, 2, b)
+	in := inputs("y", 8)
+	ch := submitAsync(context.Background(), s, Request{Model: "m", Inputs: in})
+	waitEntered(t, b)
+	close(a.hold)
+	r := recv(t, ch)
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	recv(t, first)
+	if len(r.resp.Devices) != len(in) {
+		t.Fatalf("%d devices for %d items", len(r.resp.Devices), len(in))
+	}
+	seen := map[string]bool{}
+	for i, o := range r.resp.Outputs {
+		if dev := o.(result).Dev; r.resp.Devices[i] != dev {
+			t.Errorf("item %d ran on %s, Devices says %s", i, dev, r.resp.Devices[i])
+		}
+		seen[r.resp.Devices[i]] = true
+	}
+	if len(seen) != 2 || len(r.resp.Info.DeviceIDs) != 2 {
+		t.Logf("items ran on %v (info %v); the split is up to timing", seen, r.resp.Info.DeviceIDs)
+	}
+}

@@ -17,6 +17,7 @@ type request struct {
 	priority          int
 	deviceID, devType string
 	inputs, outputs   []any
+	devices           []string // the device that ran each input
 	costs             []int // per input; nil means 1 each
 	submitted         time.Time
 

@@ -168,6 +168,8 @@ func WithMaxInFlight(k int) ReplicaOption {
 // Response is the outputs of a request, in input order, and how they ran.
 type Response struct {
 	Outputs []any
+	// Devices is the ID of the device that ran each input, in input order.
+	Devices []string
 	Info    ExecInfo
 }
 
@@ -401,7 +403,7 @@ func (s *Scheduler) Submit(ctx context.Context, req Request) (Response, error) {
 	if rq.err != nil {
 		return Response{}, rq.err
 	}
-	return Response{Outputs: rq.outputs, Info: rq.info}, nil
+	return Response{Outputs: rq.outputs, Devices: rq.devices, Info: rq.info}, nil
 }
 
 // enqueueLocked validates req against the current replicas and the queue
@@ -466,6 +468,7 @@ func (s *Scheduler) enqueueLocked(ctx context.Context, req Request) (*request, e
 		inputs:    req.Inputs,
 		costs:     req.Costs,
 		outputs:   make([]any, n),
+		devices:   make([]string, n),
 		submitted: now,
 		done:      make(chan struct{}),
 	}

@@ -129,6 +129,7 @@ func (s *BrokerService) Encode(ctx context.Context, req *brokerv1.EncodeRequest)
 				return nil, toStatus(s.log, "Encode", fmt.Errorf("item %d: %w", i, err))
 			}
 			resp.Results[i].Vector = vec
+			resp.Results[i].DeviceId = out.Devices[i]
 		}
 		info = execInfoToProto(out.Info)
 	}
@@ -136,6 +137,9 @@ func (s *BrokerService) Encode(ctx context.Context, req *brokerv1.EncodeRequest)
 	if !semantic {
 		// Compression alone runs on the host CPU, in this call.
 		info = &brokerv1.ExecutionInfo{DeviceId: "cpu:0", DeviceType: brokerv1.DeviceType_DEVICE_TYPE_CPU, ComputeNs: codeTime.Nanoseconds()}
+		for _, r := range resp.Results {
+			r.DeviceId = "cpu:0"
+		}
 		if e, err := s.inv.Device("cpu:0"); err == nil {
 			info.CostUsd = e.CostPerHour / 3600 * codeTime.Seconds()
 		}

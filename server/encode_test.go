@@ -150,6 +150,9 @@ func TestEncodeLosslessRoundTrip(t *testing.T) {
 				if hasVec := len(r.GetVector()) == 384; hasVec != (fid == brokerv1.Fidelity_FIDELITY_BOTH) {
 					t.Errorf("item %d: vector length %d with %v", i, len(r.GetVector()), fid)
 				}
+				if r.GetDeviceId() != "cpu:0" {
+					t.Errorf("item %d: device_id %q, want the device that computed it, cpu:0", i, r.GetDeviceId())
+				}
 			}
 			if i := strings.Repeat("memory record ", 100); len(resp.GetResults()[0].GetCode()) >= len(i) {
 				t.Errorf("repetitive text did not compress: %d bytes", len(resp.GetResults()[0].GetCode()))

@@ -84,10 +84,14 @@ func (s *BrokerService) encodeModel(ctx context.Context, req *brokerv1.EncodeReq
 				return nil, toStatus(s.log, "Encode", fmt.Errorf("model %s item %d: %w", sv.key, i, err))
 			}
 			resp.Results[i].Vector = v
+			resp.Results[i].DeviceId = out.Devices[i]
 		}
 		info = execInfoToProto(out.Info)
 	} else {
 		info = &brokerv1.ExecutionInfo{DeviceId: "cpu:0", DeviceType: brokerv1.DeviceType_DEVICE_TYPE_CPU, ComputeNs: time.Since(start).Nanoseconds()}
+		for _, r := range resp.Results {
+			r.DeviceId = "cpu:0"
+		}
 	}
 	info.TotalNs = time.Since(start).Nanoseconds()
 	resp.Execution = info

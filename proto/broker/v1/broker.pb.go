@@ -1675,7 +1675,10 @@ type EncodeResult struct {
 	// The codec of code, e.g. "zstd".
 	Codec string `protobuf:"bytes,4,opt,name=codec,proto3" json:"codec,omitempty"`
 	// "sha256:" and the hex digest of the original bytes.
-	Signature     string `protobuf:"bytes,5,opt,name=signature,proto3" json:"signature,omitempty"`
+	Signature string `protobuf:"bytes,5,opt,name=signature,proto3" json:"signature,omitempty"`
+	// The device that computed this item's vector (a request's items may be
+	// split across devices); for LOSSLESS alone, the host CPU, cpu:0.
+	DeviceId      string `protobuf:"bytes,6,opt,name=device_id,json=deviceId,proto3" json:"device_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1741,6 +1744,13 @@ func (x *EncodeResult) GetCodec() string {
 func (x *EncodeResult) GetSignature() string {
 	if x != nil {
 		return x.Signature
+	}
+	return ""
+}
+
+func (x *EncodeResult) GetDeviceId() string {
+	if x != nil {
+		return x.DeviceId
 	}
 	return ""
 }
@@ -4782,13 +4792,14 @@ const file_broker_v1_broker_proto_rawDesc = "" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x04text\x18\x02 \x01(\tH\x00R\x04text\x12\x14\n" +
 	"\x04data\x18\x03 \x01(\fH\x00R\x04dataB\t\n" +
-	"\acontent\"~\n" +
+	"\acontent\"\x9b\x01\n" +
 	"\fEncodeResult\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x16\n" +
 	"\x06vector\x18\x02 \x03(\x02R\x06vector\x12\x12\n" +
 	"\x04code\x18\x03 \x01(\fR\x04code\x12\x14\n" +
 	"\x05codec\x18\x04 \x01(\tR\x05codec\x12\x1c\n" +
-	"\tsignature\x18\x05 \x01(\tR\tsignature\"\xb3\x02\n" +
+	"\tsignature\x18\x05 \x01(\tR\tsignature\x12\x1b\n" +
+	"\tdevice_id\x18\x06 \x01(\tR\bdeviceId\"\xb3\x02\n" +
 	"\rExecutionInfo\x12\x1b\n" +
 	"\tdevice_id\x18\x01 \x01(\tR\bdeviceId\x126\n" +
 	"\vdevice_type\x18\x02 \x01(\x0e2\x15.broker.v1.DeviceTypeR\n" +
