@@ -34,6 +34,12 @@ const (
 	kindWord     = 'w' // word unigram
 	kindBigram   = 'b' // two consecutive tokens, joined by a space
 	kindCharGram = 'c' // 3- to 5-rune n-gram of a space-padded word
+	// Records without a single token (only punctuation, spaces or control
+	// characters) are featurised by those runes instead: an all-zero
+	// vector would make cosine similarity NaN downstream.
+	kindSeparator       = 's' // one such rune
+	kindSeparatorBigram = 'p' // two consecutive such runes
+	kindEmpty           = 'e' // the empty record's only feature
 )
 
 // Per-kind weights, multiplied with the tf weight. Content words carry most
@@ -60,9 +66,8 @@ type Features struct {
 // Len is the number of distinct features.
 func (f Features) Len() int { return len(f.Index) }
 
-// Featurize turns an item into its sparse features. It never fails: every
-// byte sequence has features (possibly none, for empty or punctuation-only
-// input, whose vector is all zeros).
+// Featurize turns an item into its sparse features. It never fails, and
+// every byte sequence has at least one feature, so no vector is all zeros.
 //
 // Text: each valid UTF-8 run is NFKC-normalised and lower-cased. Tokens are
 // maximal runs of letters, digits and combining marks; every other symbol
@@ -73,6 +78,12 @@ func (f Features) Len() int { return len(f.Index) }
 // binary items keep all their information: their features are byte
 // unigrams and bigrams next to the words of any text in them). Such a token
 // can never equal a word, which is valid UTF-8.
+//
+// Records with no token at all (only punctuation, spaces and control
+// characters) get the runes they have as features instead: each rune, and
+// each pair of consecutive runes, weighted like content words and bigrams;
+// the empty record has one fixed feature. Their vectors are defined and
+// non-zero, and equal only for the same multiset of runes and pairs.
 //
 // Features: word unigrams, bigrams of consecutive tokens, and character 3-,
 // 4- and 5-grams of each content word padded with a space on both sides
@@ -160,7 +171,7 @@ func occurrence(h uint64, kind uint32) uint32 {
 func (z *featurizer) features(data []byte) Features {
 	z.tokenize(data)
 	if len(z.toks) == 0 {
-		return Features{}
+		return z.separatorFeatures(data)
 	}
 	text, toks := z.text, z.toks
 	// The exact number of occurrences, so that a long item's buffer does
@@ -197,8 +208,33 @@ func (z *featurizer) features(data []byte) Features {
 		}
 	}
 	z.occ = occ
-	occ = z.sort(occ)
+	return z.collect(occ)
+}
 
+// separatorFeatures are the features of a record without tokens: data is
+// then valid UTF-8 (an invalid byte would be a token) of separators only.
+func (z *featurizer) separatorFeatures(data []byte) Features {
+	occ := z.occ[:0]
+	if len(data) == 0 {
+		occ = append(occ, occurrence(fnvKind(kindEmpty), occContent))
+	}
+	prev := -1
+	for i := 0; i < len(data); {
+		_, n := utf8.DecodeRune(data[i:])
+		occ = append(occ, occurrence(fnvAdd(fnvKind(kindSeparator), data[i:i+n]), occContent))
+		if prev >= 0 {
+			occ = append(occ, occurrence(fnvAdd(fnvKind(kindSeparatorBigram), data[prev:i+n]), occBigram))
+		}
+		prev = i
+		i += n
+	}
+	z.occ = occ
+	return z.collect(occ)
+}
+
+// collect sorts feature occurrences and sums each index's weights.
+func (z *featurizer) collect(occ []uint32) Features {
+	occ = z.sort(occ)
 	idx, wt := z.idx[:0], z.wt[:0]
 	for i := 0; i < len(occ); {
 		j := i + 1

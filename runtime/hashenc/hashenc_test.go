@@ -213,8 +213,10 @@ func TestFeaturizeFeatures(t *testing.T) {
 		in   string
 		want int // distinct features, assuming no bucket collisions
 	}{
-		{"empty", "", 0},
-		{"punctuation only", "?!, ...", 0},
+		{"empty: one fixed feature", "", 1},
+		// Runes ? ! , space . and the pairs ?! !, ", " " ." ..
+		{"punctuation only: its runes and pairs", "?!, ...", 5 + 5},
+		{"NUL bytes", "\x00\x00", 1 + 1},
 		{"content word", "cat", 1 + grams("cat")},
 		{"stopword: unigram only", "the", 1},
 		{"two words", "the cat", 1 + 1 + grams("cat") + 1},
@@ -425,8 +427,10 @@ func TestVectors(t *testing.T) {
 		data     string
 		wantZero bool
 	}{
-		{"empty", "", true},
-		{"punctuation", "...!?", true},
+		{"empty", "", false},
+		{"punctuation", "...!?", false},
+		{"whitespace", " \t\n ", false},
+		{"NUL bytes", "\x00\x00\x00", false},
 		{"word", "memory", false},
 		{"sentence", "the cat sat on the mat", false},
 		{"binary", "\x00\x01\xff\xfe", false},

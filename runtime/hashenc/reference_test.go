@@ -26,15 +26,27 @@ type refToken struct {
 // computes).
 func featurizeReference(data []byte) Features {
 	toks := tokenizeReference(data)
-	if len(toks) == 0 {
-		return Features{}
-	}
 	// Occurrences as index<<16 | kind<<8 | kind weight, so that one sort
 	// groups the occurrences of each feature (hashing-trick collisions within
 	// a kind count as one feature, as usual); kind weights are below 256.
-	occ := make([]uint64, 0, 8*len(toks))
+	occ := make([]uint64, 0, 8*len(toks)+2*len(data)+1)
 	add := func(kind byte, w int, parts ...string) {
 		occ = append(occ, uint64(featureIndex(kind, parts...))<<16|uint64(kind)<<8|uint64(w))
+	}
+	if len(toks) == 0 {
+		// No token: the record's runes (all separators) are its features.
+		text := string(data)
+		if text == "" {
+			add(kindEmpty, weightContentWord)
+		}
+		prev := ""
+		for _, r := range text {
+			add(kindSeparator, weightContentWord, string(r))
+			if prev != "" {
+				add(kindSeparatorBigram, weightBigram, prev, string(r))
+			}
+			prev = string(r)
+		}
 	}
 	var offs []int
 	for i, t := range toks {
