@@ -232,3 +232,18 @@ func TestSecondBrokerdExitsAndSIGTERMStops(t *testing.T) {
 		t.Errorf("socket left behind: %v", err)
 	}
 }
+
+func TestVersionFlags(t *testing.T) {
+	out, err := exec.Command(filepath.Join(binDir, "brokerd"), "--version").Output()
+	if err != nil || !strings.HasPrefix(string(out), "brokerd dev (go1.") || !strings.Contains(string(out), ", oneDNN 2.") {
+		t.Errorf("brokerd --version: %q, %v", out, err)
+	}
+	out, err = exec.Command(filepath.Join(binDir, "brokerctl"), "--version").Output()
+	if err != nil || !strings.HasPrefix(string(out), "brokerctl dev (go1.") {
+		t.Errorf("brokerctl --version: %q, %v", out, err)
+	}
+	out, err = exec.Command(filepath.Join(binDir, "brokerd"), "-h").Output()
+	if err != nil || !strings.Contains(string(out), "(env BROKERD_MAX_QUEUE_ITEMS; default 65536)") {
+		t.Errorf("brokerd -h: %v\n%s", err, out)
+	}
+}

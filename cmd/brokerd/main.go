@@ -7,10 +7,12 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	goruntime "runtime"
 	"syscall"
 
 	"go.uber.org/zap"
 
+	"github.com/brokerd/brokerd/runtime/onednn"
 	"github.com/brokerd/brokerd/server"
 	"github.com/brokerd/brokerd/server/config"
 )
@@ -19,8 +21,12 @@ import (
 var version = "dev"
 
 func main() {
-	cfg, err := config.Load(os.Args[1:], os.Getenv, os.Geteuid(), os.Stderr)
+	cfg, err := config.Load(os.Args[1:], os.Getenv, os.Geteuid(), os.Stdout)
 	if errors.Is(err, config.ErrHelp) {
+		os.Exit(0)
+	}
+	if errors.Is(err, config.ErrVersion) {
+		fmt.Printf("brokerd %s (%s, oneDNN %s)\n", version, goruntime.Version(), onednn.LibraryVersion())
 		os.Exit(0)
 	}
 	if err != nil {

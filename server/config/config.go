@@ -229,17 +229,67 @@ func bind(fs *flag.FlagSet, c *Config, configPath *string) {
 // ErrHelp is returned when -h or --help was given; usage has been printed.
 var ErrHelp = flag.ErrHelp
 
+// ErrVersion is returned when --version was given: the caller prints its
+// version and exits.
+var ErrVersion = errors.New("version requested")
+
+// usageText lists every flag with its meaning, its environment variable and
+// its default (the default for this process: the socket and state paths
+// depend on the user).
+func usageText(fs *flag.FlagSet) string {
+	var b strings.Builder
+	b.WriteString("usage: brokerd [flags]\n\nSettings come from flags, then environment variables, then the YAML file\nof --config, then the defaults shown.\n\nflags:\n")
+	fs.VisitAll(func(f *flag.Flag) {
+		name, usage := flag.UnquoteUsage(f)
+		if _, ok := f.Value.(*Duration); ok && name == "value" {
+			name = "duration"
+		}
+		fmt.Fprintf(&b, "  --%s", f.Name)
+		if name != "" {
+			fmt.Fprintf(&b, " %s", strings.ToUpper(name))
+		}
+		fmt.Fprintf(&b, "\n      %s", usage)
+		var notes []string
+		if env := envNames[f.Name]; env != "" {
+			notes = append(notes, "env "+env)
+		}
+		switch d := f.DefValue; {
+		case d == "" || d == "0" || d == "0s" || d == "false":
+			if f.Name != "version" && f.Name != "config" {
+				notes = append(notes, "default off/empty")
+			}
+		default:
+			notes = append(notes, "default "+d)
+		}
+		if len(notes) > 0 {
+			fmt.Fprintf(&b, " (%s)", strings.Join(notes, "; "))
+		}
+		b.WriteString("\n")
+	})
+	return b.String()
+}
+
 // Load resolves the configuration from args (without the program name), the
 // environment and the YAML file named by --config or BROKERD_CONFIG.
 func Load(args []string, getenv func(string) string, euid int, usage io.Writer) (Config, error) {
-	// First pass: learn which flags were given, and --config.
-	var scratch Config
+	// First pass: learn which flags were given, and --config. It binds a
+	// copy of the defaults, so -h shows them.
+	scratch := Defaults(euid, getenv)
 	var configPath string
+	var version bool
 	fs := flag.NewFlagSet("brokerd", flag.ContinueOnError)
-	fs.SetOutput(usage)
+	fs.SetOutput(io.Discard)
 	bind(fs, &scratch, &configPath)
+	fs.BoolVar(&version, "version", false, "print brokerd's version (with Go's and oneDNN's) and exit")
 	if err := fs.Parse(args); err != nil {
-		return Config{}, err
+		if errors.Is(err, flag.ErrHelp) {
+			fmt.Fprint(usage, usageText(fs))
+			return Config{}, err
+		}
+		return Config{}, fmt.Errorf("%w (brokerd -h lists the flags)", err)
+	}
+	if version {
+		return Config{}, ErrVersion
 	}
 	if fs.NArg() > 0 {
 		return Config{}, fmt.Errorf("unexpected argument %q: brokerd takes only flags", fs.Arg(0))

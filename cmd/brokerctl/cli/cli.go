@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	goruntime "runtime"
 	"sort"
 	"strings"
 	"time"
@@ -40,7 +41,13 @@ const DefaultTimeout = 10 * time.Second
 // stderr, and returns the process exit code. stdin may be nil. getenv supplies
 // BROKERD_SOCKET, BROKERD_ADDR and XDG_RUNTIME_DIR.
 func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer, getenv func(string) string) int {
-	a := &app{stdin: stdin, stdout: stdout, stderr: stderr, getenv: getenv, euid: os.Geteuid()}
+	return MainVersion(ctx, "dev", args, stdin, stdout, stderr, getenv)
+}
+
+// MainVersion is Main for a binary stamped with version (brokerctl
+// --version prints it).
+func MainVersion(ctx context.Context, version string, args []string, stdin io.Reader, stdout, stderr io.Writer, getenv func(string) string) int {
+	a := &app{stdin: stdin, stdout: stdout, stderr: stderr, getenv: getenv, euid: os.Geteuid(), version: version}
 	return a.run(ctx, args)
 }
 
@@ -51,6 +58,7 @@ type app struct {
 	stdout, stderr io.Writer
 	getenv         func(string) string
 	euid           int
+	version        string
 }
 
 // usageError is a bad command line: exit 2 and a usage hint.
@@ -134,12 +142,16 @@ func (a *app) run(ctx context.Context, args []string) int {
 	g := &globals{timeout: DefaultTimeout}
 	top := newFlagSet("brokerctl")
 	g.register(top)
+	showVersion := top.Bool("version", false, "print brokerctl's version and exit")
 	if err := top.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return a.print(a.stdout, mainUsage(a.defaultSocket()))
 		}
 		fmt.Fprintf(a.stderr, "brokerctl: %v\n%s", err, mainUsage(a.defaultSocket()))
 		return ExitUsage
+	}
+	if *showVersion {
+		return a.print(a.stdout, fmt.Sprintf("brokerctl %s (%s)\n", a.version, goruntime.Version()))
 	}
 	if top.NArg() == 0 {
 		fmt.Fprintf(a.stderr, "brokerctl: no command given\n%s", mainUsage(a.defaultSocket()))
