@@ -241,6 +241,7 @@ func Run(ctx context.Context, opts Options, log *zap.Logger) error {
 type listeners struct {
 	sock, tcp, metrics, health net.Listener
 	addrs                      Addresses
+	stateLock                  *os.File // held while brokerd runs: one daemon per state dir
 }
 
 // openListeners opens every listener the settings ask for; on an error the
@@ -253,6 +254,11 @@ func openListeners(cfg config.Config) (_ *listeners, err error) {
 		}
 	}()
 	if l.sock, err = listenUnix(cfg.Socket); err != nil {
+		return nil, err
+	}
+	// Two daemons on different sockets must not share a state dir (the
+	// device registry, the model repository by default).
+	if l.stateLock, err = lockStateDir(cfg.StateDir); err != nil {
 		return nil, err
 	}
 	tcp := func(addr, setting string) (net.Listener, string, error) {
@@ -284,6 +290,9 @@ func (l *listeners) close() {
 		if ln != nil {
 			ln.Close()
 		}
+	}
+	if l.stateLock != nil {
+		l.stateLock.Close()
 	}
 }
 

@@ -286,6 +286,18 @@ func TestDaemonRefusesSecondInstance(t *testing.T) {
 	}
 }
 
+func TestDaemonRefusesSharedStateDir(t *testing.T) {
+	cfg := testConfig(t)
+	startDaemon(t, cfg)
+	second := testConfig(t) // its own socket
+	second.StateDir = cfg.StateDir
+	second.MetricsListen = ""
+	err := Run(context.Background(), Options{Config: second, Getenv: hermeticEnv}, zap.NewNop())
+	if !errors.Is(err, ErrAlreadyRunning) || !strings.Contains(err.Error(), "state-dir") {
+		t.Fatalf("second brokerd on the same state dir: %v, want ErrAlreadyRunning naming the state dir", err)
+	}
+}
+
 func TestDaemonStopsCleanly(t *testing.T) {
 	cfg := testConfig(t)
 	d := startDaemon(t, cfg)

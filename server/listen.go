@@ -79,6 +79,28 @@ func listenUnix(path string) (net.Listener, error) {
 	return &socketListener{Listener: l, lock: lock}, nil
 }
 
+// lockStateDir takes dir's lock file (dir/brokerd.lock, flock) for as long
+// as the returned file is open; another brokerd holding it is
+// ErrAlreadyRunning.
+func lockStateDir(dir string) (*os.File, error) {
+	if err := os.MkdirAll(dir, 0o750); err != nil {
+		return nil, fmt.Errorf("state-dir: %w", err)
+	}
+	path := filepath.Join(dir, "brokerd.lock")
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("state-dir lock: %w", err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		f.Close()
+		if errors.Is(err, syscall.EWOULDBLOCK) {
+			return nil, fmt.Errorf("%w with state-dir %s (its lock %s is held); give each brokerd its own --state-dir", ErrAlreadyRunning, dir, path)
+		}
+		return nil, fmt.Errorf("state-dir lock %s: %w", path, err)
+	}
+	return f, nil
+}
+
 // tlsConfig builds the TCP listener's TLS settings; with a client CA, clients
 // must present a certificate it signed (mutual TLS).
 func tlsConfig(certFile, keyFile, clientCA string) (*tls.Config, error) {
