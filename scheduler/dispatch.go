@@ -426,8 +426,9 @@ func (s *Scheduler) succeedLocked(r *replica, run []itemRef, outs []any, compute
 	}
 	r.healthy, r.consecFails, r.lastErr = true, 0, ""
 	batchCost := r.dev.CostPerHour / 3600 * secs
-	r.stats.addBatch(n)
-	mq.stats.addBatch(n)
+	now := s.now()
+	r.stats.addBatch(n, now)
+	mq.stats.addBatch(n, now)
 	r.m.items.Add(float64(n))
 	r.m.cost.Add(batchCost)
 

@@ -33,8 +33,11 @@ type QueueStats struct {
 	// model's in the model row, those the replica ran most of in its row.
 	Latency LatencySummary
 	// ItemsPerSecond: measured throughput while busy (EWMA over batches),
-	// summed over replicas in the model row.
+	// summed over replicas in the model row: what the device can do.
 	ItemsPerSecond float64
+	// RecentItemsPerSecond: items completed over the last RateWindow,
+	// divided by it: what the device did (0 when idle).
+	RecentItemsPerSecond float64
 
 	Healthy             bool
 	Cordoned            bool
@@ -80,7 +83,7 @@ func (s *Scheduler) Stats(model string) []QueueStats {
 			Queued:  int64(mq.depth),
 			Healthy: true,
 		}
-		mq.stats.fill(&row)
+		mq.stats.fill(&row, now)
 		rows := make([]QueueStats, 0, len(mq.replicas))
 		for _, r := range mq.replicas {
 			n, _ := mq.eligible(r, now, 0)
@@ -97,7 +100,7 @@ func (s *Scheduler) Stats(model string) []QueueStats {
 				ConsecutiveFailures: r.consecFails,
 				LastError:           r.lastErr,
 			}
-			r.stats.fill(&rr)
+			r.stats.fill(&rr, now)
 			row.Running += rr.Running
 			row.ItemsPerSecond += rr.ItemsPerSecond
 			row.Healthy = row.Healthy && rr.Healthy
@@ -140,16 +143,19 @@ type rowStats struct {
 	completed, batches int64
 	failed             map[string]int64
 	lat                latencyRing
+	recent             rateWindow
 }
 
 func newRowStats() rowStats { return rowStats{failed: make(map[string]int64)} }
 
-func (rs *rowStats) addBatch(n int) {
+func (rs *rowStats) addBatch(n int, now time.Time) {
 	rs.batches++
 	rs.completed += int64(n)
+	rs.recent.add(n, now)
 }
 
-func (rs *rowStats) fill(q *QueueStats) {
+func (rs *rowStats) fill(q *QueueStats, now time.Time) {
+	q.RecentItemsPerSecond = rs.recent.rate(now)
 	q.Completed = rs.completed
 	q.Batches = rs.batches
 	q.Failed = maps.Clone(rs.failed)
@@ -197,4 +203,36 @@ func (l *latencyRing) summary() LatencySummary {
 func quantile(sorted []time.Duration, q float64) time.Duration {
 	i := int(math.Ceil(q*float64(len(sorted)))) - 1
 	return sorted[min(max(i, 0), len(sorted)-1)]
+}
+
+// RateWindow is the span RecentItemsPerSecond averages over.
+const RateWindow = 10 * time.Second
+
+// rateWindow counts completed items per second over the last RateWindow,
+// in one-second buckets stamped with their second.
+type rateWindow struct {
+	count [10]int64
+	sec   [10]int64 // the Unix second each bucket counts; stale ones are ignored
+}
+
+func (w *rateWindow) add(n int, now time.Time) {
+	s := now.Unix()
+	i := s % int64(len(w.count))
+	if w.sec[i] != s {
+		w.sec[i], w.count[i] = s, 0
+	}
+	w.count[i] += int64(n)
+}
+
+// rate is the items per second completed over the last RateWindow, the
+// current (partial) second included.
+func (w *rateWindow) rate(now time.Time) float64 {
+	s := now.Unix()
+	var sum int64
+	for i := range w.count {
+		if age := s - w.sec[i]; age >= 0 && age < int64(len(w.count)) {
+			sum += w.count[i]
+		}
+	}
+	return float64(sum) / RateWindow.Seconds()
 }

@@ -265,3 +265,32 @@ func TestLatencyRingWindow(t *testing.T) {
 		t.Errorf("summary %+v: want %d samples, none of the first 10", sum, latencyWindow)
 	}
 }
+
+// TestRecentRate: RecentItemsPerSecond is what completed in the last
+// RateWindow (an idle model reads 0), unlike the busy throughput.
+func TestRecentRate(t *testing.T) {
+	var w rateWindow
+	t0 := time.Unix(1_000_000, 0)
+	for i := range 5 { // 100 items a second for 5 seconds
+		w.add(100, t0.Add(time.Duration(i)*time.Second))
+	}
+	tests := []struct {
+		at   time.Duration
+		want float64
+	}{
+		{4 * time.Second, 50},                  // 500 items in the 10 s window
+		{9 * time.Second, 50},                  // still all inside
+		{11 * time.Second, 30},                 // the first two seconds aged out
+		{20 * time.Second, 0},                  // idle
+		{-time.Duration(1e6) * time.Second, 0}, // clock before the samples
+	}
+	for _, tc := range tests {
+		if got := w.rate(t0.Add(tc.at)); got != tc.want {
+			t.Errorf("at +%v: %v items/s, want %v", tc.at, got, tc.want)
+		}
+	}
+	w.add(10, t0.Add(25*time.Second)) // a bucket reused after its second passed
+	if got := w.rate(t0.Add(25 * time.Second)); got != 1 {
+		t.Errorf("after reuse: %v, want 1", got)
+	}
+}

@@ -36,14 +36,15 @@ func (s *BrokerService) GetStats(ctx context.Context, req *brokerv1.GetStatsRequ
 
 func statsToProto(st scheduler.QueueStats) *brokerv1.QueueStats {
 	out := &brokerv1.QueueStats{
-		Model:          st.Model,
-		DeviceId:       st.DeviceID,
-		Queued:         st.Queued,
-		Running:        st.Running,
-		Completed:      st.Completed,
-		Failed:         map[string]int64{},
-		MeanBatchSize:  st.MeanBatchSize,
-		ItemsPerSecond: st.ItemsPerSecond,
+		Model:                st.Model,
+		DeviceId:             st.DeviceID,
+		Queued:               st.Queued,
+		Running:              st.Running,
+		Completed:            st.Completed,
+		Failed:               map[string]int64{},
+		MeanBatchSize:        st.MeanBatchSize,
+		ItemsPerSecond:       st.ItemsPerSecond,
+		RecentItemsPerSecond: st.RecentItemsPerSecond,
 		Latency: &brokerv1.LatencySummary{
 			MeanSeconds: st.Latency.Mean.Seconds(),
 			P50Seconds:  st.Latency.P50.Seconds(),

@@ -323,19 +323,19 @@ func cannedStats() []*brokerv1.QueueStats {
 			Model: "nbmf-hash-v1", Queued: 3, Running: 8, Completed: 12345,
 			Failed: map[string]int64{"backend": 1, "timeout": 2, "rejected": 0}, MeanBatchSize: 7.5,
 			Latency:        &brokerv1.LatencySummary{MeanSeconds: 0.0015, P50Seconds: 0.0012, P95Seconds: 0.0034, P99Seconds: 0.0101},
-			ItemsPerSecond: 4321.55,
+			ItemsPerSecond: 4321.55, RecentItemsPerSecond: 812.34,
 		},
 		{
 			Model: "nbmf-hash-v1", DeviceId: "cpu:0", Queued: 3, Running: 8, Completed: 12345,
 			Failed: map[string]int64{}, MeanBatchSize: 7.5,
 			Latency:        &brokerv1.LatencySummary{MeanSeconds: 0.0015, P50Seconds: 0.0012, P95Seconds: 0.0034, P99Seconds: 0.0101},
-			ItemsPerSecond: 4321.55,
+			ItemsPerSecond: 4321.55, RecentItemsPerSecond: 812.34,
 		},
 		{
 			Model: "bert-small", DeviceId: "gpu:0", Completed: 7,
 			Failed: map[string]int64{"oom": 1, "cancelled": 4}, MeanBatchSize: 1,
 			Latency:        &brokerv1.LatencySummary{P50Seconds: 0.00005, P95Seconds: 0.0002, P99Seconds: 0.25},
-			ItemsPerSecond: 0.5,
+			ItemsPerSecond: 0.5, RecentItemsPerSecond: 0,
 		},
 	}
 }

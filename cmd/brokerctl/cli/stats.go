@@ -52,7 +52,7 @@ func writeStatsTable(w io.Writer, stats []*brokerv1.QueueStats) error {
 		return strings.Compare(a.GetDeviceId(), b.GetDeviceId())
 	})
 	tw := newTable(w)
-	row(tw, "", "MODEL", "DEVICE", "QUEUED", "RUNNING", "COMPLETED", "FAILED", "MEAN-BATCH", "P50", "P95", "P99", "ITEMS/S")
+	row(tw, "", "MODEL", "DEVICE", "QUEUED", "RUNNING", "COMPLETED", "FAILED", "MEAN-BATCH", "P50", "P95", "P99", "ITEMS/S", "BUSY-ITEMS/S")
 	for _, s := range sorted {
 		device := s.GetDeviceId()
 		if device == "" {
@@ -63,7 +63,7 @@ func writeStatsTable(w io.Writer, stats []*brokerv1.QueueStats) error {
 			strconv.FormatInt(s.GetQueued(), 10), strconv.FormatInt(s.GetRunning(), 10), strconv.FormatInt(s.GetCompleted(), 10),
 			failureCell(s.GetFailed()), strconv.FormatFloat(s.GetMeanBatchSize(), 'f', 2, 64),
 			formatMs(lat.GetP50Seconds()*1e3), formatMs(lat.GetP95Seconds()*1e3), formatMs(lat.GetP99Seconds()*1e3),
-			strconv.FormatFloat(s.GetItemsPerSecond(), 'f', 1, 64))
+			strconv.FormatFloat(s.GetRecentItemsPerSecond(), 'f', 1, 64), strconv.FormatFloat(s.GetItemsPerSecond(), 'f', 1, 64))
 	}
 	if err := tw.Flush(); err != nil {
 		return fmt.Errorf("write stats table: %w", err)

@@ -10,17 +10,17 @@ import (
 	brokerv1 "github.com/brokerd/brokerd/proto/broker/v1"
 )
 
-var statsHeader = []string{"MODEL", "DEVICE", "QUEUED", "RUNNING", "COMPLETED", "FAILED", "MEAN-BATCH", "P50", "P95", "P99", "ITEMS/S"}
+var statsHeader = []string{"MODEL", "DEVICE", "QUEUED", "RUNNING", "COMPLETED", "FAILED", "MEAN-BATCH", "P50", "P95", "P99", "ITEMS/S", "BUSY-ITEMS/S"}
 
 func TestStatsTable(t *testing.T) {
 	nbmfAll := map[string]string{
 		"MODEL": "nbmf-hash-v1", "DEVICE": "all", "QUEUED": "3", "RUNNING": "8", "COMPLETED": "12345",
-		"FAILED": "timeout=2 backend=1", "MEAN-BATCH": "7.50", "P50": "1.200ms", "P95": "3.400ms", "P99": "10.100ms", "ITEMS/S": "4321.6",
+		"FAILED": "timeout=2 backend=1", "MEAN-BATCH": "7.50", "P50": "1.200ms", "P95": "3.400ms", "P99": "10.100ms", "ITEMS/S": "812.3", "BUSY-ITEMS/S": "4321.6",
 	}
 	nbmfCPU := map[string]string{"MODEL": "nbmf-hash-v1", "DEVICE": "cpu:0", "FAILED": "-"}
 	bert := map[string]string{
 		"MODEL": "bert-small", "DEVICE": "gpu:0", "QUEUED": "0", "COMPLETED": "7", "FAILED": "cancelled=4 oom=1",
-		"MEAN-BATCH": "1.00", "P50": "0.050ms", "P99": "250.000ms", "ITEMS/S": "0.5",
+		"MEAN-BATCH": "1.00", "P50": "0.050ms", "P99": "250.000ms", "ITEMS/S": "0.0", "BUSY-ITEMS/S": "0.5",
 	}
 	tests := []struct {
 		name      string

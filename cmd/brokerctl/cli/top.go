@@ -255,14 +255,15 @@ func renderTop(w io.Writer, f topFrame, interval time.Duration) error {
 		return strings.Compare(a.GetDeviceId(), b.GetDeviceId())
 	})
 	tw = newTable(w)
-	row(tw, "", "MODEL", "DEVICE", "QUEUED", "RUNNING", "ITEMS/S", "P99", "MEAN-BATCH")
+	row(tw, "", "MODEL", "DEVICE", "QUEUED", "RUNNING", "ITEMS/S", "BUSY-ITEMS/S", "P99", "MEAN-BATCH")
 	for _, s := range stats {
 		device := s.GetDeviceId()
 		if device == "" {
 			device = "all"
 		}
 		row(tw, "", orDash(s.GetModel()), device, strconv.FormatInt(s.GetQueued(), 10), strconv.FormatInt(s.GetRunning(), 10),
-			strconv.FormatFloat(s.GetItemsPerSecond(), 'f', 1, 64), formatMs(s.GetLatency().GetP99Seconds()*1e3),
+			strconv.FormatFloat(s.GetRecentItemsPerSecond(), 'f', 1, 64), strconv.FormatFloat(s.GetItemsPerSecond(), 'f', 1, 64),
+			formatMs(s.GetLatency().GetP99Seconds()*1e3),
 			strconv.FormatFloat(s.GetMeanBatchSize(), 'f', 2, 64))
 	}
 	if len(stats) == 0 {

@@ -71,7 +71,7 @@ func TestTopOnce(t *testing.T) {
 					}
 				}
 			}
-			rows := checkTable(t, queues, []string{"MODEL", "DEVICE", "QUEUED", "RUNNING", "ITEMS/S", "P99", "MEAN-BATCH"})
+			rows := checkTable(t, queues, []string{"MODEL", "DEVICE", "QUEUED", "RUNNING", "ITEMS/S", "BUSY-ITEMS/S", "P99", "MEAN-BATCH"})
 			var got []string
 			for _, row := range rows {
 				got = append(got, row["MODEL"]+"/"+row["DEVICE"])
@@ -80,7 +80,7 @@ func TestTopOnce(t *testing.T) {
 				t.Fatalf("queue rows %v, want %v", got, tt.wantModels)
 			}
 			if tt.name == "all models" {
-				if r := rows[1]; r["QUEUED"] != "3" || r["ITEMS/S"] != "4321.6" || r["P99"] != "10.100ms" || r["MEAN-BATCH"] != "7.50" {
+				if r := rows[1]; r["QUEUED"] != "3" || r["ITEMS/S"] != "812.3" || r["BUSY-ITEMS/S"] != "4321.6" || r["P99"] != "10.100ms" || r["MEAN-BATCH"] != "7.50" {
 					t.Errorf("nbmf-hash-v1 total row %v", r)
 				}
 			}

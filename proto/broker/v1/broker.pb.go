@@ -3302,12 +3302,15 @@ type QueueStats struct {
 	Running   int64                  `protobuf:"varint,4,opt,name=running,proto3" json:"running,omitempty"`
 	Completed int64                  `protobuf:"varint,5,opt,name=completed,proto3" json:"completed,omitempty"`
 	// Failures by reason: rejected, cancelled, timeout, backend.
-	Failed         map[string]int64 `protobuf:"bytes,6,rep,name=failed,proto3" json:"failed,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
-	MeanBatchSize  float64          `protobuf:"fixed64,7,opt,name=mean_batch_size,json=meanBatchSize,proto3" json:"mean_batch_size,omitempty"`
-	Latency        *LatencySummary  `protobuf:"bytes,8,opt,name=latency,proto3" json:"latency,omitempty"`
-	ItemsPerSecond float64          `protobuf:"fixed64,9,opt,name=items_per_second,json=itemsPerSecond,proto3" json:"items_per_second,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	Failed        map[string]int64 `protobuf:"bytes,6,rep,name=failed,proto3" json:"failed,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	MeanBatchSize float64          `protobuf:"fixed64,7,opt,name=mean_batch_size,json=meanBatchSize,proto3" json:"mean_batch_size,omitempty"`
+	Latency       *LatencySummary  `protobuf:"bytes,8,opt,name=latency,proto3" json:"latency,omitempty"`
+	// Throughput while busy (EWMA over batches): what the device can do.
+	ItemsPerSecond float64 `protobuf:"fixed64,9,opt,name=items_per_second,json=itemsPerSecond,proto3" json:"items_per_second,omitempty"`
+	// Items completed over the last 10 seconds, per second: what it did.
+	RecentItemsPerSecond float64 `protobuf:"fixed64,10,opt,name=recent_items_per_second,json=recentItemsPerSecond,proto3" json:"recent_items_per_second,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
 }
 
 func (x *QueueStats) Reset() {
@@ -3399,6 +3402,13 @@ func (x *QueueStats) GetLatency() *LatencySummary {
 func (x *QueueStats) GetItemsPerSecond() float64 {
 	if x != nil {
 		return x.ItemsPerSecond
+	}
+	return 0
+}
+
+func (x *QueueStats) GetRecentItemsPerSecond() float64 {
+	if x != nil {
+		return x.RecentItemsPerSecond
 	}
 	return 0
 }
@@ -4928,7 +4938,7 @@ const file_broker_v1_broker_proto_rawDesc = "" +
 	"\vp95_seconds\x18\x03 \x01(\x01R\n" +
 	"p95Seconds\x12\x1f\n" +
 	"\vp99_seconds\x18\x04 \x01(\x01R\n" +
-	"p99Seconds\"\x8c\x03\n" +
+	"p99Seconds\"\xc3\x03\n" +
 	"\n" +
 	"QueueStats\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x1b\n" +
@@ -4939,7 +4949,9 @@ const file_broker_v1_broker_proto_rawDesc = "" +
 	"\x06failed\x18\x06 \x03(\v2!.broker.v1.QueueStats.FailedEntryR\x06failed\x12&\n" +
 	"\x0fmean_batch_size\x18\a \x01(\x01R\rmeanBatchSize\x123\n" +
 	"\alatency\x18\b \x01(\v2\x19.broker.v1.LatencySummaryR\alatency\x12(\n" +
-	"\x10items_per_second\x18\t \x01(\x01R\x0eitemsPerSecond\x1a9\n" +
+	"\x10items_per_second\x18\t \x01(\x01R\x0eitemsPerSecond\x125\n" +
+	"\x17recent_items_per_second\x18\n" +
+	" \x01(\x01R\x14recentItemsPerSecond\x1a9\n" +
 	"\vFailedEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"'\n" +
