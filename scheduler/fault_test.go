@@ -342,3 +342,16 @@ func TestResponseDevicesPerItem(t *testing.T) {
 		t.Logf("items ran on %v (info %v); the split is up to timing", seen, r.resp.Info.DeviceIDs)
 	}
 }
+
+func TestRequestLargerThanQueueIsInvalid(t *testing.T) {
+	s := newTestScheduler(t, Options{MaxQueueItems: 64})
+	mustAdd(t, s, "m", Device{ID: "cpu:0", Type: "cpu"}, 8, newFake("cpu:0"))
+	_, err := s.Submit(context.Background(), Request{Model: "m", Inputs: inputs("a", 100)})
+	var full *QueueFullError
+	if !errors.Is(err, ErrInvalidArgument) || errors.As(err, &full) {
+		t.Fatalf("100 items, queue of 64: %v; want ErrInvalidArgument, not a retry", err)
+	}
+	if _, err := s.Submit(context.Background(), Request{Model: "m", Inputs: inputs("b", 64)}); err != nil {
+		t.Fatal(err)
+	}
+}

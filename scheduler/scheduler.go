@@ -451,6 +451,12 @@ func (s *Scheduler) enqueueLocked(ctx context.Context, req Request) (*request, e
 		return nil, fmt.Errorf("scheduler: %q: %w: %s", req.Model, ErrNoDevice, why)
 	}
 	n := len(req.Inputs)
+	if n > s.opts.MaxQueueItems {
+		// Waiting would never help: no amount of draining makes room.
+		mq.reject(ReasonRejected)
+		return nil, fmt.Errorf("scheduler: %q: %w: %d items is more than the whole queue holds (%d); split the request",
+			req.Model, ErrInvalidArgument, n, s.opts.MaxQueueItems)
+	}
 	if s.queued+n > s.opts.MaxQueueItems {
 		mq.reject(ReasonRejected)
 		return nil, &QueueFullError{

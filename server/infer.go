@@ -141,15 +141,17 @@ func (s *BrokerService) checkInputs(info models.Info, inputs []tensor) (map[stri
 		if spec == nil {
 			return nil, invalid("input %q is not an input of model %s (it takes %s)", t.name, info.Name, describe())
 		}
+		// The limits first: the shape is the client's claim, the data is
+		// what arrived, and check sizes its work by the shape.
+		if len(t.shape) > 0 && t.shape[0] > int64(s.limits.MaxItemsPerRequest) {
+			return nil, invalid("input %q: a batch of %d is more than --max-items-per-request %d; split the request",
+				t.name, t.shape[0], s.limits.MaxItemsPerRequest)
+		}
 		if err := check(t, *spec); err != nil {
 			return nil, err
 		}
 		if len(t.shape) > 0 && t.shape[0] == 0 {
 			return nil, invalid("input %q: shape %s: the batch (dimension 0) is empty", t.name, shapeString(t.shape))
-		}
-		if len(t.shape) > 0 && t.shape[0] > int64(s.limits.MaxItemsPerRequest) {
-			return nil, invalid("input %q: a batch of %d is more than --max-items-per-request %d; split the request",
-				t.name, t.shape[0], s.limits.MaxItemsPerRequest)
 		}
 		given[t.name] = t
 	}

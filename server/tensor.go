@@ -119,8 +119,15 @@ func check(t *tensor, sp models.TensorSpec) error {
 	return nil
 }
 
-// splitBytes reads the n length-prefixed elements of a BYTES tensor.
+// splitBytes reads the n length-prefixed elements of a BYTES tensor. n
+// comes from the client's shape: it is checked against the bytes received
+// (each element has at least its 4-byte prefix) before anything is sized
+// by it.
 func splitBytes(t *tensor, n int) ([][]byte, error) {
+	if n > len(t.data)/4 {
+		return nil, invalid("input %q: shape %s has %d BYTES elements but the data is %d bytes; each element takes at least its 4-byte length prefix",
+			t.name, shapeString(t.shape), n, len(t.data))
+	}
 	out := make([][]byte, 0, n)
 	rest := t.data
 	for i := range n {

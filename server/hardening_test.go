@@ -1,0 +1,96 @@
+package server
+
+import (
+	"runtime"
+	"strings"
+	"testing"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	brokerv1 "github.com/brokerd/brokerd/proto/broker/v1"
+	"github.com/brokerd/brokerd/proto/inference"
+	"github.com/brokerd/brokerd/server/config"
+)
+
+// TestHostileShapes sends the sizes a client states against the bytes it
+// sends: a BYTES tensor claiming 2,000,000,000 elements over 5 bytes
+// killed brokerd with a Go out-of-memory error (the shape sized an
+// allocation). Each must be INVALID_ARGUMENT, and nothing near the claimed
+// size may be allocated.
+func TestHostileShapes(t *testing.T) {
+	d, c := modelDaemon(t, func(repo string) {
+		writeBERT(t, repo, "enc", 1, 4, 0)
+		writeMLP(t, repo, "mlp", 1, 1, 6, 8, 3)
+	}, func(cfg *config.Config) { cfg.LoadModels = "all"; cfg.MaxItemsPerRequest = 1<<31 - 1 }) // only the data guards
+	k := inference.NewGRPCInferenceServiceClient(d.conn)
+	ctx := testCtx(t)
+	bytesT := brokerv1.DataType_DATA_TYPE_BYTES
+	huge := int64(2_000_000_000)
+	tests := []struct {
+		name   string
+		infer  *brokerv1.InferRequest
+		kserve *inference.ModelInferRequest
+	}{
+		{name: "Infer BYTES shape 2e9 over 5 bytes", infer: &brokerv1.InferRequest{Model: "enc", Inputs: []*brokerv1.Tensor{
+			{Name: "text", Dtype: bytesT, Shape: []int64{huge}, Data: []byte{1, 0, 0, 0, 'x'}}}}},
+		{name: "Infer BYTES length prefix past the data", infer: &brokerv1.InferRequest{Model: "enc", Inputs: []*brokerv1.Tensor{
+			{Name: "text", Dtype: bytesT, Shape: []int64{1}, Data: []byte{0xff, 0xff, 0xff, 0x7f, 'x'}}}}},
+		{name: "Infer FP32 shape multiplying past int32", infer: &brokerv1.InferRequest{Model: "mlp", Inputs: []*brokerv1.Tensor{
+			{Name: "x", Dtype: brokerv1.DataType_DATA_TYPE_FP32, Shape: []int64{1 << 20, 1 << 20}, Data: make([]byte, 24)}}}},
+		{name: "KServe raw BYTES shape 2e9 over 5 bytes", kserve: &inference.ModelInferRequest{ModelName: "enc",
+			Inputs:           []*inference.ModelInferRequest_InferInputTensor{{Name: "text", Datatype: "BYTES", Shape: []int64{huge}}},
+			RawInputContents: [][]byte{{1, 0, 0, 0, 'x'}}}},
+		{name: "KServe typed BYTES shape 2e9 with one element", kserve: &inference.ModelInferRequest{ModelName: "enc",
+			Inputs: []*inference.ModelInferRequest_InferInputTensor{{Name: "text", Datatype: "BYTES", Shape: []int64{huge},
+				Contents: &inference.InferTensorContents{BytesContents: [][]byte{[]byte("x")}}}}}},
+		{name: "KServe typed FP32 shape 2e9 with six values", kserve: &inference.ModelInferRequest{ModelName: "mlp",
+			Inputs: []*inference.ModelInferRequest_InferInputTensor{{Name: "x", Datatype: "FP32", Shape: []int64{huge, 6},
+				Contents: &inference.InferTensorContents{Fp32Contents: []float32{1, 2, 3, 4, 5, 6}}}}}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var before, after runtime.MemStats
+			runtime.ReadMemStats(&before)
+			var err error
+			if tc.infer != nil {
+				_, err = c.Infer(ctx, tc.infer)
+			} else {
+				_, err = k.ModelInfer(ctx, tc.kserve)
+			}
+			runtime.ReadMemStats(&after)
+			if status.Code(err) != codes.InvalidArgument {
+				t.Fatalf("got %v, want INVALID_ARGUMENT", err)
+			}
+			if grew := after.TotalAlloc - before.TotalAlloc; grew > 64<<20 {
+				t.Errorf("the request allocated %d MiB", grew>>20)
+			}
+		})
+	}
+	// Still serving.
+	if _, err := c.Infer(ctx, &brokerv1.InferRequest{Model: "enc", Inputs: []*brokerv1.Tensor{
+		{Name: "text", Dtype: bytesT, Shape: []int64{1}, Data: bytesLE("still here")}}}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestRequestLargerThanTheQueue: a request that could never fit the queue
+// is INVALID_ARGUMENT, not a RESOURCE_EXHAUSTED that tells the client to
+// retry for ever.
+func TestRequestLargerThanTheQueue(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.MaxQueueItems = 64
+	d := startDaemon(t, cfg)
+	c := brokerv1.NewBrokerServiceClient(d.conn)
+	items := make([]*brokerv1.EncodeItem, 100)
+	for i := range items {
+		items[i] = &brokerv1.EncodeItem{Content: &brokerv1.EncodeItem_Text{Text: "a record"}}
+	}
+	_, err := c.Encode(testCtx(t), &brokerv1.EncodeRequest{Items: items})
+	if status.Code(err) != codes.InvalidArgument || !strings.Contains(status.Convert(err).Message(), "split the request") {
+		t.Fatalf("100 items against a 64-item queue: %v, want INVALID_ARGUMENT", err)
+	}
+	if _, err := c.Encode(testCtx(t), &brokerv1.EncodeRequest{Items: items[:64]}); err != nil {
+		t.Errorf("64 items: %v", err)
+	}
+}
