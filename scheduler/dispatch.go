@@ -274,11 +274,21 @@ func (s *Scheduler) worker(r *replica, done func()) {
 	}()
 	for b := range r.work {
 		// Last look before running: an item whose call ended since the
-		// batch was formed is dropped, never run.
+		// batch was formed is dropped, never run; so is one whose deadline
+		// comes before half the batch's expected run time (its caller
+		// would be gone before the result).
+		s.mu.Lock()
+		thr := r.throughput
+		s.mu.Unlock()
+		var tooLate time.Time
+		if thr > 0 {
+			tooLate = time.Now().Add(time.Duration(float64(len(b.items)) / thr / 2 * float64(time.Second)))
+		}
 		run := make([]itemRef, 0, len(b.items))
 		var dropped []itemRef
 		for _, it := range b.items {
-			if it.rq.expired() != nil {
+			dl := it.rq.deadline
+			if it.rq.expired() != nil || (!tooLate.IsZero() && !dl.IsZero() && dl.Before(tooLate)) {
 				dropped = append(dropped, it)
 			} else {
 				run = append(run, it)
@@ -382,6 +392,9 @@ func (s *Scheduler) complete(r *replica, b *batch, run, dropped []itemRef, outs 
 	for _, it := range dropped {
 		if !it.rq.finished {
 			err := it.rq.expired()
+			if err == nil { // it would have finished after its deadline
+				err = context.DeadlineExceeded
+			}
 			s.finishLocked(it.rq, fmt.Errorf("scheduler: %q: dropped before it ran: %w", mq.name, err), reasonOf(err))
 		}
 	}

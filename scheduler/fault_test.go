@@ -355,3 +355,32 @@ func TestRequestLargerThanQueueIsInvalid(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestItemsThatCannotMeetTheirDeadlineDoNotRun: an item whose deadline
+// comes before its batch could finish (by the replica's measured
+// throughput) is dropped before the device runs it.
+func TestItemsThatCannotMeetTheirDeadlineDoNotRun(t *testing.T) {
+	s := newTestScheduler(t, Options{})
+	f := newFake("cpu:0")
+	f.sleep = 40 * time.Millisecond // 25 items/s at batch 1
+	mustAdd(t, s, "m", Device{ID: "cpu:0", Type: "cpu"}, 1, f)
+	if _, err := s.Submit(context.Background(), Request{Model: "m", Inputs: inputs("warm", 1)}); err != nil {
+		t.Fatal(err) // measures the throughput
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Millisecond)
+	defer cancel()
+	doomed := inputs("doomed", 1)
+	_, err := s.Submit(ctx, Request{Model: "m", Inputs: doomed})
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Submit = %v, want DeadlineExceeded", err)
+	}
+	if n := f.runCount(doomed[0]); n != 0 {
+		t.Errorf("an item that could not finish in 5 ms on a 40 ms device ran %d times", n)
+	}
+	// One with time to spare runs.
+	ctx2, cancel2 := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel2()
+	if _, err := s.Submit(ctx2, Request{Model: "m", Inputs: inputs("fine", 1)}); err != nil {
+		t.Fatal(err)
+	}
+}

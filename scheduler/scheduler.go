@@ -403,6 +403,10 @@ func (s *Scheduler) Submit(ctx context.Context, req Request) (Response, error) {
 	if rq.err != nil {
 		return Response{}, rq.err
 	}
+	if err := ctx.Err(); err != nil {
+		// Done, but the caller is gone: spare it the work on the outputs.
+		return Response{}, fmt.Errorf("scheduler: %q: %w", req.Model, err)
+	}
 	return Response{Outputs: rq.outputs, Devices: rq.devices, Info: rq.info}, nil
 }
 

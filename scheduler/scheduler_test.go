@@ -277,7 +277,8 @@ func TestQueueFull(t *testing.T) {
 		refused bool
 	}{
 		{"over the bound is refused", 3, true},
-		{"larger than the whole queue is refused", 11, true},
+		// Larger than the whole queue is ErrInvalidArgument, not a retry:
+		// TestRequestLargerThanQueueIsInvalid.
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -302,8 +303,8 @@ func TestQueueFull(t *testing.T) {
 			t.Fatal(r.err)
 		}
 	}
-	if got := modelRow(t, s, "m").Failed[ReasonRejected]; got != 2 {
-		t.Errorf("rejected = %d, want 2", got)
+	if got := modelRow(t, s, "m").Failed[ReasonRejected]; got != 1 {
+		t.Errorf("rejected = %d, want 1", got)
 	}
 }
 

@@ -160,8 +160,9 @@ func Run(ctx context.Context, opts Options, log *zap.Logger) error {
 	}
 	var healthOnlySrv *grpc.Server
 	if lis.health != nil {
-		healthOnlySrv = grpc.NewServer(grpc.ChainUnaryInterceptor(unaryInterceptor(log, rpcm)),
-			grpc.ChainStreamInterceptor(streamInterceptor(log, rpcm)))
+		codec := newParseCodec()
+		healthOnlySrv = grpc.NewServer(grpc.ForceServerCodecV2(codec), grpc.ChainUnaryInterceptor(unaryInterceptor(log, rpcm, codec)),
+			grpc.ChainStreamInterceptor(streamInterceptor(log, rpcm, codec)))
 		healthpb.RegisterHealthServer(healthOnlySrv, healthSrv)
 		servers = append(servers, healthOnlySrv) // stopped with the others
 	}
@@ -176,6 +177,11 @@ func Run(ctx context.Context, opts Options, log *zap.Logger) error {
 	}
 	var metricsSrv *http.Server
 	if lis.metrics != nil {
+		if host, _, err := net.SplitHostPort(lis.addrs.Metrics); cfg.Pprof && (err != nil || !config.IsLoopback(host)) {
+			// Profiles show the heap's contents and every goroutine's stack.
+			log.Warn("--pprof serves heap and goroutine profiles on a non-loopback address: anyone who reaches it can read them; keep the metrics listener private or drop --pprof",
+				zap.String("metrics_listen", lis.addrs.Metrics))
+		}
 		metricsSrv = newMetricsServer(reg, cfg.Pprof)
 		go func() {
 			if err := metricsSrv.Serve(lis.metrics); err != nil && !errors.Is(err, http.ErrServerClosed) {
@@ -349,9 +355,11 @@ func discover(ctx context.Context, cfg config.Config, opts Options, pol *daemonP
 // one (TLS unless --insecure-tcp allowed plaintext on loopback, which config
 // checks). The socket is protected by its file mode.
 func newGRPCServers(cfg config.Config, withTCP bool, rpcm *rpcMetrics, log *zap.Logger) (unixSrv, tcpSrv *grpc.Server, err error) {
+	codec := newParseCodec()
 	srvOpts := []grpc.ServerOption{
-		grpc.ChainUnaryInterceptor(unaryInterceptor(log, rpcm)),
-		grpc.ChainStreamInterceptor(streamInterceptor(log, rpcm)),
+		grpc.ForceServerCodecV2(codec),
+		grpc.ChainUnaryInterceptor(unaryInterceptor(log, rpcm, codec)),
+		grpc.ChainStreamInterceptor(streamInterceptor(log, rpcm, codec)),
 		grpc.MaxRecvMsgSize(cfg.MaxMessageBytes),
 		// Reused handler goroutines keep their grown stacks: a new goroutine
 		// per call re-grows its stack (featurising needs a few KiB) every time.

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -394,5 +395,35 @@ func TestDaemonComputeDType(t *testing.T) {
 	resp, err := c.Encode(ctx, &brokerv1.EncodeRequest{Items: textItems("served in " + want)})
 	if err != nil || len(resp.GetResults()) != 1 || len(resp.GetResults()[0].GetVector()) == 0 {
 		t.Fatalf("Encode = %v, %v", resp, err)
+	}
+}
+
+func TestPprofOnAPublicAddressWarns(t *testing.T) {
+	for _, tc := range []struct {
+		listen string
+		warn   bool
+	}{{"0.0.0.0:0", true}, {"127.0.0.1:0", false}} {
+		t.Run(tc.listen, func(t *testing.T) {
+			cfg := testConfig(t)
+			cfg.MetricsListen, cfg.Pprof = tc.listen, true
+			core, logs := observer.New(zap.WarnLevel)
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error, 1)
+			ready := make(chan Addresses, 1)
+			go func() {
+				done <- Run(ctx, Options{Config: cfg, Version: "test", Getenv: hermeticEnv, Ready: func(a Addresses) { ready <- a }}, zap.New(core))
+			}()
+			select {
+			case <-ready:
+			case err := <-done:
+				t.Fatal(err)
+			}
+			cancel()
+			<-done
+			warned := logs.FilterMessageSnippet("--pprof serves").Len() > 0
+			if warned != tc.warn {
+				t.Errorf("warned %v, want %v", warned, tc.warn)
+			}
+		})
 	}
 }

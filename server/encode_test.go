@@ -193,7 +193,7 @@ func TestEncodeLimits(t *testing.T) {
 		{"unknown device", &brokerv1.EncodeRequest{DeviceId: "gpu:3", Items: textItems("a")}, codes.NotFound, "gpu:3"},
 		{"cordoned device", &brokerv1.EncodeRequest{DeviceId: "tpu:0", Items: textItems("a")}, codes.FailedPrecondition, "cordoned"},
 		{"device without replica", &brokerv1.EncodeRequest{DeviceId: "tpu:1", Items: textItems("a")}, codes.NotFound, "tpu:1"},
-		{"queue full", &brokerv1.EncodeRequest{Items: textItems("a", "b", "c", "d", "e", "f", "g", "h", "i")}, codes.ResourceExhausted, "queue full"},
+		{"larger than the whole queue", &brokerv1.EncodeRequest{Items: textItems("a", "b", "c", "d", "e", "f", "g", "h", "i")}, codes.InvalidArgument, "split the request"},
 		{"ok", &brokerv1.EncodeRequest{Items: textItems("a", "b")}, codes.OK, ""},
 	}
 	for _, tt := range tests {

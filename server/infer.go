@@ -318,6 +318,9 @@ func (s *BrokerService) Infer(ctx context.Context, req *brokerv1.InferRequest) (
 		}
 		inputs = append(inputs, t)
 	}
+	if v := req.GetModelVersion(); v < 0 {
+		return nil, invalid("model_version %d is invalid: 0 (the one serving) or a positive version", v)
+	}
 	sv, err := s.models.acquire(req.GetModel(), req.GetModelVersion())
 	if err != nil {
 		return nil, toStatus(s.log, "Infer", err)

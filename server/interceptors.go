@@ -36,7 +36,7 @@ func newRPCMetrics(reg prometheus.Registerer) *rpcMetrics {
 
 // unaryInterceptor recovers panics into INTERNAL (a bug must never take the
 // daemon or another client's call down), logs, and records metrics.
-func unaryInterceptor(log *zap.Logger, m *rpcMetrics) grpc.UnaryServerInterceptor {
+func unaryInterceptor(log *zap.Logger, m *rpcMetrics, codec *parseCodec) grpc.UnaryServerInterceptor {
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (resp any, err error) {
 		start := time.Now()
 		defer func() {
@@ -51,12 +51,15 @@ func unaryInterceptor(log *zap.Logger, m *rpcMetrics) grpc.UnaryServerIntercepto
 			m.duration.WithLabelValues(info.FullMethod).Observe(elapsed.Seconds())
 			log.Debug("rpc", zap.String("method", info.FullMethod), zap.Stringer("code", code), zap.Duration("took", elapsed))
 		}()
+		if err := codec.takeParseError(info.FullMethod, req); err != nil {
+			return nil, err
+		}
 		return handler(ctx, req)
 	}
 }
 
 // streamInterceptor recovers panics in streaming handlers (health Watch, reflection).
-func streamInterceptor(log *zap.Logger, m *rpcMetrics) grpc.StreamServerInterceptor {
+func streamInterceptor(log *zap.Logger, m *rpcMetrics, codec *parseCodec) grpc.StreamServerInterceptor {
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) (err error) {
 		start := time.Now()
 		defer func() {
@@ -68,6 +71,9 @@ func streamInterceptor(log *zap.Logger, m *rpcMetrics) grpc.StreamServerIntercep
 			m.handled.WithLabelValues(info.FullMethod, status.Code(err).String()).Inc()
 			m.duration.WithLabelValues(info.FullMethod).Observe(time.Since(start).Seconds())
 		}()
+		if codec != nil {
+			ss = &parseCheckedStream{ServerStream: ss, codec: codec, method: info.FullMethod}
+		}
 		return handler(srv, ss)
 	}
 }

@@ -436,8 +436,10 @@ func TestInferValidation(t *testing.T) {
 		{"unknown output", "mlp", []*brokerv1.Tensor{good}, []string{"logits"}, []string{`output "logits" is not an output of model mlp (outputs: output)`}},
 		{"missing text", "cls", []*brokerv1.Tensor{{Name: "text_pair", Dtype: bytesT, Shape: []int64{1}, Data: bytesLE("a")}},
 			nil, []string{`input "text" is missing (model cls takes text BYTES [-1], optional text_pair BYTES [-1])`}},
-		{"bytes prefix overrun", "cls", []*brokerv1.Tensor{{Name: "text", Dtype: bytesT, Shape: []int64{2}, Data: bytesLE("yes")[:6]}},
-			nil, []string{`input "text": BYTES element 0 of 2: length 3 runs past the end of the data (2 bytes left)`}},
+		{"bytes prefix overrun", "cls", []*brokerv1.Tensor{{Name: "text", Dtype: bytesT, Shape: []int64{1}, Data: bytesLE("yes")[:6]}},
+			nil, []string{`input "text": BYTES element 0 of 1: length 3 runs past the end of the data (2 bytes left)`}},
+		{"bytes shape beyond the data", "cls", []*brokerv1.Tensor{{Name: "text", Dtype: bytesT, Shape: []int64{2}, Data: bytesLE("yes")[:6]}},
+			nil, []string{`input "text": shape [2] has 2 BYTES elements but the data is 6 bytes`}},
 		{"bytes short prefix", "cls", []*brokerv1.Tensor{{Name: "text", Dtype: bytesT, Shape: []int64{2}, Data: append(bytesLE("yes"), 1, 0)}},
 			nil, []string{`input "text": BYTES element 1 of 2: 2 bytes left, want a 4-byte little-endian length prefix`}},
 		{"bytes trailing", "cls", []*brokerv1.Tensor{{Name: "text", Dtype: bytesT, Shape: []int64{1}, Data: append(bytesLE("yes"), 'x')}},
@@ -455,6 +457,10 @@ func TestInferValidation(t *testing.T) {
 			wantCode(t, err, codes.InvalidArgument, tt.msg...)
 		})
 	}
+	t.Run("negative version", func(t *testing.T) {
+		_, err := c.Infer(ctx, &brokerv1.InferRequest{Model: "mlp", ModelVersion: -1, Inputs: []*brokerv1.Tensor{good}})
+		wantCode(t, err, codes.InvalidArgument, "model_version -1 is invalid")
+	})
 	t.Run("truncate false", func(t *testing.T) {
 		long := strings.Repeat("the quick brown fox ", 5)
 		_, err := c.Infer(ctx, &brokerv1.InferRequest{Model: "cls", Truncate: new(bool),
