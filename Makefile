@@ -15,6 +15,9 @@ DEB_DEPS  := libdnnl-dev gcc shellcheck python3-zstandard
 # NVML's headers mark old calls deprecated; go-nvml still binds them.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 VERSION   ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
+# How long make fuzz runs each fuzz target, and make test's short pass.
+FUZZTIME       ?= 30s
+FUZZTIME_SHORT ?= 3s
 
 # make install / uninstall layout; DESTDIR stages the files into a tree.
 PREFIX     ?= /usr/local
@@ -25,7 +28,7 @@ UNITDIR    ?= /etc/systemd/system
 IMAGE      ?= brokerd:$(VERSION)
 DOCKER     ?= docker
 
-.PHONY: all build run test test-short bench lint proto proto-check deps clean install uninstall image
+.PHONY: all build run test test-short fuzz bench lint proto proto-check deps clean install uninstall image
 
 all: build
 
@@ -47,9 +50,14 @@ build: deps
 run: build
 	$(BIN)/brokerd $(RUN_FLAGS)
 
-## test: lint, check the generated code, and run every test with the race detector
+## test: lint, check the generated code, run every test with the race detector, and each fuzz target briefly
 test: deps lint proto-check
 	$(GO) test -race -count=1 -timeout 20m $(PKGS)
+	FUZZTIME=$(FUZZTIME_SHORT) GO=$(GO) tools/fuzz.sh
+
+## fuzz: every fuzz target of the repository for FUZZTIME each (default 30s)
+fuzz: deps
+	FUZZTIME=$(FUZZTIME) GO=$(GO) tools/fuzz.sh
 
 ## test-short: the tests alone, without lint and proto-check
 test-short: deps
