@@ -1,0 +1,337 @@
+// Package httpapi serves brokerd's HTTP edge: the Ollama API (/api/...) and
+// the OpenAI API (/v1/...), so applications written for either change only
+// their base URL.
+//
+// It is a translation, not a second implementation: every endpoint calls
+// the broker.v1 service in process (Encode, Generate, Chat, ListModels), so
+// validation, limits, scheduling and metrics are those of gRPC; errors keep
+// their gRPC status and are mapped to HTTP codes here (a full queue is 429
+// with Retry-After, a draining brokerd 503).
+package httpapi
+
+import (
+	"context"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	brokerv1 "github.com/brokerd/brokerd/proto/broker/v1"
+)
+
+// Backend is the part of broker.v1 the HTTP APIs translate onto (the
+// server's BrokerService).
+type Backend interface {
+	Encode(ctx context.Context, req *brokerv1.EncodeRequest) (*brokerv1.EncodeResponse, error)
+	Generate(req *brokerv1.GenerateRequest, stream brokerv1.BrokerService_GenerateServer) error
+	Chat(req *brokerv1.ChatRequest, stream brokerv1.BrokerService_ChatServer) error
+	ListModels(ctx context.Context, req *brokerv1.ListModelsRequest) (*brokerv1.ListModelsResponse, error)
+}
+
+// Options configure the handler.
+type Options struct {
+	// APIKeys, when not empty, are the bearer tokens a request must carry
+	// (Authorization: Bearer KEY); others get 401.
+	APIKeys []string
+	// Version is reported by /api/version.
+	Version string
+	// MaxBodyBytes bounds a request body (the gRPC message limit).
+	MaxBodyBytes int64
+	Registerer   prometheus.Registerer
+	Logger       *zap.Logger
+	// Now is the clock of created_at and created fields (tests fix it).
+	Now func() time.Time
+}
+
+// Handler is the HTTP edge.
+type Handler struct {
+	b    Backend
+	opts Options
+	mux  *http.ServeMux
+	log  *zap.Logger
+	reqs *prometheus.CounterVec
+	dur  *prometheus.HistogramVec
+}
+
+// New returns the handler of the Ollama and OpenAI routes.
+func New(b Backend, opts Options) *Handler {
+	if opts.Logger == nil {
+		opts.Logger = zap.NewNop()
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	if opts.MaxBodyBytes <= 0 {
+		opts.MaxBodyBytes = 64 << 20
+	}
+	h := &Handler{b: b, opts: opts, mux: http.NewServeMux(), log: opts.Logger.Named("http")}
+	h.reqs = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "brokerd", Subsystem: "http", Name: "requests_total",
+		Help: "HTTP API requests by route and status code.",
+	}, []string{"route", "code"})
+	h.dur = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: "brokerd", Subsystem: "http", Name: "request_seconds",
+		Help: "Time to answer an HTTP API request (streams: until their end), by route.", Buckets: prometheus.ExponentialBuckets(0.0005, 4, 10),
+	}, []string{"route"})
+	if opts.Registerer != nil {
+		opts.Registerer.MustRegister(h.reqs, h.dur)
+	}
+	routes := map[string]http.HandlerFunc{
+		"POST /api/generate":        h.ollamaGenerate,
+		"POST /api/chat":            h.ollamaChat,
+		"POST /api/embed":           h.ollamaEmbed,
+		"POST /api/embeddings":      h.ollamaEmbeddings,
+		"GET /api/tags":             h.ollamaTags,
+		"POST /api/show":            h.ollamaShow,
+		"GET /api/ps":               h.ollamaPS,
+		"GET /api/version":          h.ollamaVersion,
+		"POST /v1/chat/completions": h.openaiChat,
+		"POST /v1/completions":      h.openaiCompletions,
+		"POST /v1/embeddings":       h.openaiEmbeddings,
+		"GET /v1/models":            h.openaiModels,
+		"GET /v1/models/{model...}": h.openaiModel,
+	}
+	for pattern, fn := range routes {
+		route := pattern
+		h.mux.Handle(pattern, h.instrument(route, fn))
+	}
+	// Ollama answers its root with a liveness line that clients probe.
+	h.mux.Handle("GET /{$}", h.instrument("GET /", func(w http.ResponseWriter, _ *http.Request) {
+		fmt.Fprint(w, "brokerd is running")
+	}))
+	return h
+}
+
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) { h.mux.ServeHTTP(w, r) }
+
+// statusWriter records the status code for the metrics.
+type statusWriter struct {
+	http.ResponseWriter
+	code int
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if w.code == 0 {
+		w.code = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	if w.code == 0 {
+		w.code = http.StatusOK
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+func (w *statusWriter) Flush() {
+	if f, ok := w.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+// instrument checks the API key, bounds the body, and records metrics.
+func (h *Handler) instrument(route string, fn http.HandlerFunc) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		sw := &statusWriter{ResponseWriter: w}
+		defer func() {
+			code := sw.code
+			if code == 0 {
+				code = http.StatusOK
+			}
+			h.reqs.WithLabelValues(route, strconv.Itoa(code)).Inc()
+			h.dur.WithLabelValues(route).Observe(time.Since(start).Seconds())
+		}()
+		if !h.authorized(r) {
+			sw.Header().Set("WWW-Authenticate", `Bearer realm="brokerd"`)
+			h.fail(sw, r, status.Error(codes.Unauthenticated, "a valid API key is required: Authorization: Bearer KEY"))
+			return
+		}
+		r.Body = http.MaxBytesReader(sw, r.Body, h.opts.MaxBodyBytes)
+		fn(sw, r)
+	})
+}
+
+func (h *Handler) authorized(r *http.Request) bool {
+	if len(h.opts.APIKeys) == 0 {
+		return true
+	}
+	auth := r.Header.Get("Authorization")
+	key, ok := strings.CutPrefix(auth, "Bearer ")
+	if !ok {
+		return false
+	}
+	for _, k := range h.opts.APIKeys {
+		if subtle.ConstantTimeCompare([]byte(k), []byte(key)) == 1 {
+			return true
+		}
+	}
+	return false
+}
+
+// decode reads a JSON body into v; a bad body is INVALID_ARGUMENT.
+func decode(r *http.Request, v any) error {
+	dec := json.NewDecoder(r.Body)
+	if err := dec.Decode(v); err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			return status.Errorf(codes.InvalidArgument, "the request body is larger than %d bytes", tooBig.Limit)
+		}
+		return status.Errorf(codes.InvalidArgument, "the request body is not valid JSON for this endpoint: %v", err)
+	}
+	return nil
+}
+
+// httpCode maps a gRPC status to the HTTP code the APIs use.
+func httpCode(c codes.Code) int {
+	switch c {
+	case codes.OK:
+		return http.StatusOK
+	case codes.InvalidArgument, codes.FailedPrecondition, codes.OutOfRange:
+		return http.StatusBadRequest
+	case codes.Unauthenticated:
+		return http.StatusUnauthorized
+	case codes.PermissionDenied:
+		return http.StatusForbidden
+	case codes.NotFound:
+		return http.StatusNotFound
+	case codes.ResourceExhausted:
+		return http.StatusTooManyRequests
+	case codes.Unavailable:
+		return http.StatusServiceUnavailable
+	case codes.DeadlineExceeded:
+		return http.StatusGatewayTimeout
+	case codes.Canceled:
+		return 499 // the client closed the request
+	case codes.Unimplemented:
+		return http.StatusNotImplemented
+	}
+	return http.StatusInternalServerError
+}
+
+// retryAfter is a RESOURCE_EXHAUSTED status's RetryInfo delay in whole
+// seconds (at least 1), or 0.
+func retryAfter(st *status.Status) int {
+	for _, d := range st.Details() {
+		if ri, ok := d.(*errdetails.RetryInfo); ok && ri.GetRetryDelay() != nil {
+			return max(1, int(math.Ceil(ri.GetRetryDelay().AsDuration().Seconds())))
+		}
+	}
+	return 0
+}
+
+// fail answers err in the shape of the route's API (OpenAI's error object
+// under /v1, Ollama's {"error": ...} elsewhere).
+func (h *Handler) fail(w http.ResponseWriter, r *http.Request, err error) {
+	st := status.Convert(err)
+	code := httpCode(st.Code())
+	if code == http.StatusInternalServerError {
+		h.log.Error("internal error", zap.String("path", r.URL.Path), zap.Error(err))
+	}
+	if s := retryAfter(st); s > 0 {
+		w.Header().Set("Retry-After", strconv.Itoa(s))
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	var body any = map[string]string{"error": st.Message()}
+	if strings.HasPrefix(r.URL.Path, "/v1/") {
+		body = map[string]any{"error": openaiError{Message: st.Message(), Type: openaiErrorType(code), Code: strings.ToLower(st.Code().String())}}
+	}
+	_ = json.NewEncoder(w).Encode(body)
+}
+
+// writeJSON answers v with 200.
+func writeJSON(w http.ResponseWriter, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+// modelName resolves an Ollama-style name: "name:latest" (or any tag) is
+// the repository's "name".
+func modelName(s string) string {
+	if i := strings.LastIndexByte(s, ':'); i > 0 {
+		return s[:i]
+	}
+	return s
+}
+
+// sink is an in-process server stream: Send hands each response to fn. It
+// carries the HTTP request's context, so a client that disconnects cancels
+// its sequences.
+type sink[T any] struct {
+	grpc.ServerStream
+	ctx context.Context
+	fn  func(*T) error
+}
+
+func (s *sink[T]) Send(m *T) error          { return s.fn(m) }
+func (s *sink[T]) Context() context.Context { return s.ctx }
+func (s *sink[T]) SetHeader(metadata.MD) error {
+	return nil
+}
+func (s *sink[T]) SendHeader(metadata.MD) error { return nil }
+func (s *sink[T]) SetTrailer(metadata.MD)       {}
+func (s *sink[T]) SendMsg(any) error            { return errors.New("httpapi: SendMsg is not used") }
+func (s *sink[T]) RecvMsg(any) error            { return errors.New("httpapi: RecvMsg is not used") }
+
+// event is one prompt's delta or result, in the order the stream gave them.
+type event struct {
+	delta  *brokerv1.GenerationDelta
+	result *brokerv1.GenerationResult
+}
+
+// generation runs Generate or Chat and calls on for each delta and result.
+func (h *Handler) generate(ctx context.Context, req *brokerv1.GenerateRequest, on func(event) error) error {
+	return h.b.Generate(req, &sink[brokerv1.GenerateResponse]{ctx: ctx, fn: func(m *brokerv1.GenerateResponse) error {
+		return forward(m.GetDeltas(), m.GetResults(), on)
+	}})
+}
+
+func (h *Handler) chat(ctx context.Context, req *brokerv1.ChatRequest, on func(event) error) error {
+	return h.b.Chat(req, &sink[brokerv1.ChatResponse]{ctx: ctx, fn: func(m *brokerv1.ChatResponse) error {
+		return forward(m.GetDeltas(), m.GetResults(), on)
+	}})
+}
+
+func forward(ds []*brokerv1.GenerationDelta, rs []*brokerv1.GenerationResult, on func(event) error) error {
+	for _, d := range ds {
+		if err := on(event{delta: d}); err != nil {
+			return err
+		}
+	}
+	for _, r := range rs {
+		if err := on(event{result: r}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// finishName is a FinishReason as both APIs spell it.
+func finishName(f brokerv1.FinishReason) string {
+	switch f {
+	case brokerv1.FinishReason_FINISH_REASON_STOP:
+		return "stop"
+	case brokerv1.FinishReason_FINISH_REASON_LENGTH:
+		return "length"
+	case brokerv1.FinishReason_FINISH_REASON_DEADLINE:
+		return "deadline"
+	case brokerv1.FinishReason_FINISH_REASON_CANCELLED:
+		return "cancelled"
+	}
+	return "stop"
+}

@@ -1,0 +1,476 @@
+package httpapi
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	brokerv1 "github.com/brokerd/brokerd/proto/broker/v1"
+)
+
+// The Ollama API (github.com/ollama/ollama docs/api.md), as its clients
+// use it: field names, NDJSON streaming by default, durations in
+// nanoseconds, done_reason.
+
+type ollamaOptions struct {
+	Temperature      *float32 `json:"temperature"`
+	TopK             *int32   `json:"top_k"`
+	TopP             *float32 `json:"top_p"`
+	MinP             *float32 `json:"min_p"`
+	Seed             *int64   `json:"seed"`
+	NumPredict       *int32   `json:"num_predict"`
+	Stop             []string `json:"stop"`
+	RepeatPenalty    *float32 `json:"repeat_penalty"`
+	PresencePenalty  *float32 `json:"presence_penalty"`
+	FrequencyPenalty *float32 `json:"frequency_penalty"`
+}
+
+func (o *ollamaOptions) sampling() *brokerv1.SamplingParams {
+	sp := &brokerv1.SamplingParams{}
+	if o == nil {
+		return sp
+	}
+	sp.Temperature, sp.TopK, sp.TopP, sp.MinP = o.Temperature, o.TopK, o.TopP, o.MinP
+	sp.RepetitionPenalty, sp.PresencePenalty, sp.FrequencyPenalty = o.RepeatPenalty, o.PresencePenalty, o.FrequencyPenalty
+	sp.Stop = o.Stop
+	if o.Seed != nil && *o.Seed >= 0 {
+		sp.Seed = proto.Uint64(uint64(*o.Seed))
+	}
+	// -1 (infinite) and -2 (fill the context) mean the server's bound.
+	if o.NumPredict != nil && *o.NumPredict > 0 {
+		sp.MaxTokens = *o.NumPredict
+	}
+	return sp
+}
+
+type ollamaMessage struct {
+	Role    string   `json:"role"`
+	Content string   `json:"content"`
+	Images  []string `json:"images,omitempty"`
+}
+
+type ollamaGenerateRequest struct {
+	Model   string          `json:"model"`
+	Prompt  string          `json:"prompt"`
+	System  string          `json:"system"`
+	Raw     bool            `json:"raw"`
+	Stream  *bool           `json:"stream"`
+	Format  json.RawMessage `json:"format"`
+	Images  []string        `json:"images"`
+	Options *ollamaOptions  `json:"options"`
+}
+
+type ollamaChatRequest struct {
+	Model    string          `json:"model"`
+	Messages []ollamaMessage `json:"messages"`
+	Stream   *bool           `json:"stream"`
+	Format   json.RawMessage `json:"format"`
+	Tools    json.RawMessage `json:"tools"`
+	Options  *ollamaOptions  `json:"options"`
+}
+
+// ollamaDone are the fields of a stream's last object.
+type ollamaDone struct {
+	Done               bool   `json:"done"`
+	DoneReason         string `json:"done_reason,omitempty"`
+	TotalDuration      int64  `json:"total_duration,omitempty"`
+	LoadDuration       int64  `json:"load_duration,omitempty"`
+	PromptEvalCount    int32  `json:"prompt_eval_count,omitempty"`
+	PromptEvalDuration int64  `json:"prompt_eval_duration,omitempty"`
+	EvalCount          int32  `json:"eval_count,omitempty"`
+	EvalDuration       int64  `json:"eval_duration,omitempty"`
+}
+
+func doneFields(r *brokerv1.GenerationResult, total time.Duration) ollamaDone {
+	ttft := r.GetTimeToFirstToken().AsDuration()
+	return ollamaDone{
+		Done: true, DoneReason: finishName(r.GetFinishReason()),
+		TotalDuration: total.Nanoseconds(), PromptEvalCount: r.GetUsage().GetPromptTokens(),
+		PromptEvalDuration: ttft.Nanoseconds(), EvalCount: r.GetUsage().GetCompletionTokens(),
+		EvalDuration: max(total-ttft, 0).Nanoseconds(),
+	}
+}
+
+type ollamaGenerateChunk struct {
+	Model     string `json:"model"`
+	CreatedAt string `json:"created_at"`
+	Response  string `json:"response"`
+	ollamaDone
+}
+
+type ollamaChatChunk struct {
+	Model     string        `json:"model"`
+	CreatedAt string        `json:"created_at"`
+	Message   ollamaMessage `json:"message"`
+	ollamaDone
+}
+
+// ndjson writes a stream of JSON objects, one per line, each flushed.
+type ndjson struct {
+	w       http.ResponseWriter
+	started bool
+}
+
+func (n *ndjson) send(v any) error {
+	if !n.started {
+		n.w.Header().Set("Content-Type", "application/x-ndjson")
+		n.started = true
+	}
+	if err := json.NewEncoder(n.w).Encode(v); err != nil {
+		return err
+	}
+	if f, ok := n.w.(http.Flusher); ok {
+		f.Flush()
+	}
+	return nil
+}
+
+// unsupported refuses request fields brokerd does not implement, rather
+// than ignoring them.
+func unsupported(format, tools json.RawMessage, images int) error {
+	if len(format) > 0 && string(format) != `""` && string(format) != "null" {
+		return status.Error(codes.InvalidArgument, `"format" (JSON mode and schemas) is not supported by brokerd; ask for JSON in the prompt instead`)
+	}
+	if len(tools) > 0 && string(tools) != "null" && string(tools) != "[]" {
+		return status.Error(codes.InvalidArgument, `"tools" (function calling) is not supported by brokerd`)
+	}
+	if images > 0 {
+		return status.Error(codes.InvalidArgument, `"images" are not supported: brokerd serves text models`)
+	}
+	return nil
+}
+
+func (h *Handler) created() string { return h.opts.Now().UTC().Format(time.RFC3339Nano) }
+
+func (h *Handler) ollamaGenerate(w http.ResponseWriter, r *http.Request) {
+	var req ollamaGenerateRequest
+	if err := decode(r, &req); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	if err := unsupported(req.Format, nil, len(req.Images)); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	name := modelName(req.Model)
+	if req.Prompt == "" {
+		// Ollama's "load the model" call: answer whether it is there.
+		if err := h.modelExists(r.Context(), name); err != nil {
+			h.fail(w, r, err)
+			return
+		}
+		writeJSON(w, ollamaGenerateChunk{Model: req.Model, CreatedAt: h.created(), ollamaDone: ollamaDone{Done: true, DoneReason: "load"}})
+		return
+	}
+	start := time.Now()
+	var text strings.Builder
+	stream := req.Stream == nil || *req.Stream
+	out := &ndjson{w: w}
+	on := func(e event) error {
+		if e.delta != nil {
+			if !stream {
+				text.WriteString(e.delta.GetText())
+				return nil
+			}
+			if e.delta.GetText() == "" {
+				return nil
+			}
+			return out.send(ollamaGenerateChunk{Model: req.Model, CreatedAt: h.created(), Response: e.delta.GetText()})
+		}
+		last := ollamaGenerateChunk{Model: req.Model, CreatedAt: h.created(), ollamaDone: doneFields(e.result, time.Since(start))}
+		if !stream {
+			last.Response = text.String()
+			writeJSON(w, last)
+			return nil
+		}
+		return out.send(last)
+	}
+	var err error
+	if req.Raw {
+		err = h.generate(r.Context(), &brokerv1.GenerateRequest{Model: name, Prompts: []string{req.Prompt}, Sampling: req.Options.sampling()}, on)
+	} else {
+		conv := &brokerv1.Conversation{}
+		if req.System != "" {
+			conv.Messages = append(conv.Messages, &brokerv1.ChatMessage{Role: "system", Content: req.System})
+		}
+		conv.Messages = append(conv.Messages, &brokerv1.ChatMessage{Role: "user", Content: req.Prompt})
+		err = h.chat(r.Context(), &brokerv1.ChatRequest{Model: name, Conversations: []*brokerv1.Conversation{conv}, Sampling: req.Options.sampling()}, on)
+	}
+	h.endStream(w, r, out, err)
+}
+
+// endStream reports an error: as a status before anything was written, as
+// a last {"error": ...} line after.
+func (h *Handler) endStream(w http.ResponseWriter, r *http.Request, out *ndjson, err error) {
+	if err == nil {
+		return
+	}
+	if !out.started {
+		h.fail(w, r, err)
+		return
+	}
+	_ = out.send(map[string]string{"error": status.Convert(err).Message()})
+}
+
+func (h *Handler) ollamaChat(w http.ResponseWriter, r *http.Request) {
+	var req ollamaChatRequest
+	if err := decode(r, &req); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	images := 0
+	conv := &brokerv1.Conversation{}
+	for _, m := range req.Messages {
+		images += len(m.Images)
+		conv.Messages = append(conv.Messages, &brokerv1.ChatMessage{Role: m.Role, Content: m.Content})
+	}
+	if err := unsupported(req.Format, req.Tools, images); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	name := modelName(req.Model)
+	if len(req.Messages) == 0 {
+		if err := h.modelExists(r.Context(), name); err != nil {
+			h.fail(w, r, err)
+			return
+		}
+		writeJSON(w, ollamaChatChunk{Model: req.Model, CreatedAt: h.created(), Message: ollamaMessage{Role: "assistant"}, ollamaDone: ollamaDone{Done: true, DoneReason: "load"}})
+		return
+	}
+	start := time.Now()
+	var text strings.Builder
+	stream := req.Stream == nil || *req.Stream
+	out := &ndjson{w: w}
+	err := h.chat(r.Context(), &brokerv1.ChatRequest{Model: name, Conversations: []*brokerv1.Conversation{conv}, Sampling: req.Options.sampling()}, func(e event) error {
+		if e.delta != nil {
+			if !stream {
+				text.WriteString(e.delta.GetText())
+				return nil
+			}
+			if e.delta.GetText() == "" {
+				return nil
+			}
+			return out.send(ollamaChatChunk{Model: req.Model, CreatedAt: h.created(), Message: ollamaMessage{Role: "assistant", Content: e.delta.GetText()}})
+		}
+		last := ollamaChatChunk{Model: req.Model, CreatedAt: h.created(), Message: ollamaMessage{Role: "assistant"}, ollamaDone: doneFields(e.result, time.Since(start))}
+		if !stream {
+			last.Message.Content = text.String()
+			writeJSON(w, last)
+			return nil
+		}
+		return out.send(last)
+	})
+	h.endStream(w, r, out, err)
+}
+
+// embedInput is a string or a list of strings.
+type embedInput []string
+
+func (e *embedInput) UnmarshalJSON(b []byte) error {
+	var one string
+	if err := json.Unmarshal(b, &one); err == nil {
+		*e = []string{one}
+		return nil
+	}
+	var many []string
+	if err := json.Unmarshal(b, &many); err != nil {
+		return status.Error(codes.InvalidArgument, `"input" must be a string or a list of strings`)
+	}
+	*e = many
+	return nil
+}
+
+type ollamaEmbedRequest struct {
+	Model    string     `json:"model"`
+	Input    embedInput `json:"input"`
+	Truncate *bool      `json:"truncate"`
+}
+
+// encode embeds texts through Encode.
+func (h *Handler) encode(ctx context.Context, model string, texts []string, truncate *bool) (*brokerv1.EncodeResponse, error) {
+	req := &brokerv1.EncodeRequest{Model: model, Fidelity: brokerv1.Fidelity_FIDELITY_SEMANTIC, Truncate: truncate}
+	for _, t := range texts {
+		req.Items = append(req.Items, &brokerv1.EncodeItem{Content: &brokerv1.EncodeItem_Text{Text: t}})
+	}
+	return h.b.Encode(ctx, req)
+}
+
+func (h *Handler) ollamaEmbed(w http.ResponseWriter, r *http.Request) {
+	var req ollamaEmbedRequest
+	if err := decode(r, &req); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	start := time.Now()
+	resp, err := h.encode(r.Context(), modelName(req.Model), req.Input, req.Truncate)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	vecs := make([][]float32, len(resp.GetResults()))
+	for i, res := range resp.GetResults() {
+		vecs[i] = res.GetVector()
+	}
+	writeJSON(w, map[string]any{
+		"model": req.Model, "embeddings": vecs,
+		"total_duration": time.Since(start).Nanoseconds(), "load_duration": 0,
+	})
+}
+
+func (h *Handler) ollamaEmbeddings(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		Model  string `json:"model"`
+		Prompt string `json:"prompt"`
+	}
+	if err := decode(r, &req); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	resp, err := h.encode(r.Context(), modelName(req.Model), []string{req.Prompt}, nil)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	writeJSON(w, map[string]any{"embedding": resp.GetResults()[0].GetVector()})
+}
+
+// modelExists is NOT_FOUND when name is neither served nor in the
+// repository.
+func (h *Handler) modelExists(ctx context.Context, name string) error {
+	ms, err := h.b.ListModels(ctx, &brokerv1.ListModelsRequest{})
+	if err != nil {
+		return err
+	}
+	for _, m := range ms.GetModels() {
+		if m.GetName() == name {
+			return nil
+		}
+	}
+	return status.Errorf(codes.NotFound, "model %q not found", name)
+}
+
+type ollamaModelDetails struct {
+	Format            string   `json:"format"`
+	Family            string   `json:"family"`
+	Families          []string `json:"families"`
+	ParameterSize     string   `json:"parameter_size"`
+	QuantizationLevel string   `json:"quantization_level"`
+}
+
+func details(m *brokerv1.Model) ollamaModelDetails {
+	return ollamaModelDetails{Format: "safetensors", Family: m.GetKind(), Families: []string{m.GetKind()}}
+}
+
+func tagged(name string) string { return name + ":latest" }
+
+func (h *Handler) ollamaTags(w http.ResponseWriter, r *http.Request) {
+	ms, err := h.b.ListModels(r.Context(), &brokerv1.ListModelsRequest{})
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	type tag struct {
+		Name       string             `json:"name"`
+		Model      string             `json:"model"`
+		ModifiedAt string             `json:"modified_at"`
+		Size       uint64             `json:"size"`
+		Digest     string             `json:"digest"`
+		Details    ollamaModelDetails `json:"details"`
+	}
+	out := []tag{}
+	for _, m := range ms.GetModels() {
+		if m.GetState() == brokerv1.ModelState_MODEL_STATE_FAILED {
+			continue
+		}
+		out = append(out, tag{Name: tagged(m.GetName()), Model: tagged(m.GetName()), ModifiedAt: h.created(),
+			Size: m.GetMemoryBytes(), Digest: "", Details: details(m)})
+	}
+	writeJSON(w, map[string]any{"models": out})
+}
+
+func (h *Handler) findModel(ctx context.Context, name string) (*brokerv1.Model, error) {
+	ms, err := h.b.ListModels(ctx, &brokerv1.ListModelsRequest{})
+	if err != nil {
+		return nil, err
+	}
+	for _, m := range ms.GetModels() {
+		if m.GetName() == name {
+			return m, nil
+		}
+	}
+	return nil, status.Errorf(codes.NotFound, "model %q not found", name)
+}
+
+func (h *Handler) ollamaShow(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		Model string `json:"model"`
+		Name  string `json:"name"` // the older field
+	}
+	if err := decode(r, &req); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	name := req.Model
+	if name == "" {
+		name = req.Name
+	}
+	m, err := h.findModel(r.Context(), modelName(name))
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	caps := []string{"completion"}
+	if !strings.Contains(m.GetKind(), "llm") && !strings.HasSuffix(m.GetKind(), "ForCausalLM") {
+		caps = []string{"embedding"}
+	}
+	writeJSON(w, map[string]any{
+		"modelfile": "", "parameters": "", "template": "",
+		"details":      details(m),
+		"model_info":   map[string]any{"general.architecture": m.GetKind(), "brokerd.version": m.GetVersion(), "brokerd.devices": m.GetDeviceIds()},
+		"capabilities": caps,
+		"modified_at":  h.created(),
+	})
+}
+
+func (h *Handler) ollamaPS(w http.ResponseWriter, r *http.Request) {
+	ms, err := h.b.ListModels(r.Context(), &brokerv1.ListModelsRequest{})
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	type running struct {
+		Name      string             `json:"name"`
+		Model     string             `json:"model"`
+		Size      uint64             `json:"size"`
+		Digest    string             `json:"digest"`
+		Details   ollamaModelDetails `json:"details"`
+		ExpiresAt string             `json:"expires_at"`
+		SizeVRAM  uint64             `json:"size_vram"`
+	}
+	out := []running{}
+	for _, m := range ms.GetModels() {
+		if m.GetState() != brokerv1.ModelState_MODEL_STATE_READY {
+			continue
+		}
+		vram := uint64(0)
+		for _, d := range m.GetDeviceIds() {
+			if !strings.HasPrefix(d, "cpu:") {
+				vram = m.GetMemoryBytes()
+			}
+		}
+		// Loaded models stay until unloaded: no expiry.
+		out = append(out, running{Name: tagged(m.GetName()), Model: tagged(m.GetName()), Size: m.GetMemoryBytes(),
+			Details: details(m), ExpiresAt: "0001-01-01T00:00:00Z", SizeVRAM: vram})
+	}
+	writeJSON(w, map[string]any{"models": out})
+}
+
+func (h *Handler) ollamaVersion(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, map[string]string{"version": h.opts.Version})
+}

@@ -1,0 +1,443 @@
+package httpapi
+
+import (
+	"encoding/base64"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"net/http"
+	"strings"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	brokerv1 "github.com/brokerd/brokerd/proto/broker/v1"
+)
+
+// The OpenAI API (chat completions, completions, embeddings, models) as
+// its official clients use it: SSE streaming ending in "data: [DONE]",
+// stream_options.include_usage, its error object and status codes.
+
+type openaiError struct {
+	Message string  `json:"message"`
+	Type    string  `json:"type"`
+	Param   *string `json:"param"`
+	Code    string  `json:"code"`
+}
+
+func openaiErrorType(code int) string {
+	switch code {
+	case http.StatusBadRequest, http.StatusNotFound:
+		return "invalid_request_error"
+	case http.StatusUnauthorized:
+		return "authentication_error"
+	case http.StatusForbidden:
+		return "permission_error"
+	case http.StatusTooManyRequests:
+		return "rate_limit_error"
+	}
+	return "server_error"
+}
+
+// stopField is OpenAI's stop: a string or a list of strings.
+type stopField []string
+
+func (s *stopField) UnmarshalJSON(b []byte) error {
+	if string(b) == "null" {
+		return nil
+	}
+	var one string
+	if err := json.Unmarshal(b, &one); err == nil {
+		*s = []string{one}
+		return nil
+	}
+	var many []string
+	if err := json.Unmarshal(b, &many); err != nil {
+		return status.Error(codes.InvalidArgument, `"stop" must be a string or a list of strings`)
+	}
+	*s = many
+	return nil
+}
+
+// openaiSampling are the sampling fields both completion endpoints share.
+type openaiSampling struct {
+	Model         string `json:"model"`
+	Stream        bool   `json:"stream"`
+	StreamOptions *struct {
+		IncludeUsage bool `json:"include_usage"`
+	} `json:"stream_options"`
+	Temperature         *float32  `json:"temperature"`
+	TopP                *float32  `json:"top_p"`
+	MaxTokens           *int32    `json:"max_tokens"`
+	MaxCompletionTokens *int32    `json:"max_completion_tokens"`
+	Stop                stopField `json:"stop"`
+	Seed                *int64    `json:"seed"`
+	N                   *int      `json:"n"`
+	PresencePenalty     *float32  `json:"presence_penalty"`
+	FrequencyPenalty    *float32  `json:"frequency_penalty"`
+	ResponseFormat      *struct {
+		Type string `json:"type"`
+	} `json:"response_format"`
+	Tools json.RawMessage `json:"tools"`
+	// Extensions vLLM's server accepts too.
+	TopK              *int32   `json:"top_k"`
+	MinP              *float32 `json:"min_p"`
+	RepetitionPenalty *float32 `json:"repetition_penalty"`
+}
+
+func (o *openaiSampling) params() (*brokerv1.SamplingParams, error) {
+	if o.N != nil && *o.N != 1 {
+		return nil, status.Errorf(codes.InvalidArgument, "n=%d is not supported: one choice per prompt (send several prompts to /v1/completions, or several requests)", *o.N)
+	}
+	if o.ResponseFormat != nil && o.ResponseFormat.Type != "" && o.ResponseFormat.Type != "text" {
+		return nil, status.Errorf(codes.InvalidArgument, "response_format %q is not supported by brokerd", o.ResponseFormat.Type)
+	}
+	if err := unsupported(nil, o.Tools, 0); err != nil {
+		return nil, err
+	}
+	sp := &brokerv1.SamplingParams{
+		Temperature: o.Temperature, TopP: o.TopP, TopK: o.TopK, MinP: o.MinP,
+		PresencePenalty: o.PresencePenalty, FrequencyPenalty: o.FrequencyPenalty, RepetitionPenalty: o.RepetitionPenalty,
+		Stop: o.Stop,
+	}
+	switch {
+	case o.MaxCompletionTokens != nil:
+		sp.MaxTokens = *o.MaxCompletionTokens
+	case o.MaxTokens != nil:
+		sp.MaxTokens = *o.MaxTokens
+	}
+	if sp.MaxTokens < 0 {
+		return nil, status.Errorf(codes.InvalidArgument, "max_tokens %d is invalid", sp.MaxTokens)
+	}
+	if o.Seed != nil {
+		sp.Seed = proto.Uint64(uint64(*o.Seed))
+	}
+	return sp, nil
+}
+
+type openaiUsage struct {
+	PromptTokens     int32 `json:"prompt_tokens"`
+	CompletionTokens int32 `json:"completion_tokens"`
+	TotalTokens      int32 `json:"total_tokens"`
+}
+
+func (u *openaiUsage) add(r *brokerv1.GenerationResult) {
+	u.PromptTokens += r.GetUsage().GetPromptTokens()
+	u.CompletionTokens += r.GetUsage().GetCompletionTokens()
+	u.TotalTokens = u.PromptTokens + u.CompletionTokens
+}
+
+// sse writes server-sent events.
+type sse struct {
+	w       http.ResponseWriter
+	started bool
+}
+
+func (s *sse) send(v any) error {
+	if !s.started {
+		s.w.Header().Set("Content-Type", "text/event-stream")
+		s.w.Header().Set("Cache-Control", "no-cache")
+		s.started = true
+	}
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	if _, err := fmt.Fprintf(s.w, "data: %s\n\n", b); err != nil {
+		return err
+	}
+	if f, ok := s.w.(http.Flusher); ok {
+		f.Flush()
+	}
+	return nil
+}
+
+func (s *sse) done() {
+	fmt.Fprint(s.w, "data: [DONE]\n\n")
+	if f, ok := s.w.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+func newID(prefix string) string { return fmt.Sprintf("%s-%016x", prefix, rand.Uint64()) }
+
+// endSSE reports an error: as a status before the stream started, as an
+// error event after (what OpenAI's clients raise).
+func (h *Handler) endSSE(w http.ResponseWriter, r *http.Request, out *sse, err error) {
+	if !out.started {
+		h.fail(w, r, err)
+		return
+	}
+	st := status.Convert(err)
+	_ = out.send(map[string]any{"error": openaiError{Message: st.Message(), Type: openaiErrorType(httpCode(st.Code())), Code: strings.ToLower(st.Code().String())}})
+}
+
+type openaiChatRequest struct {
+	openaiSampling
+	Messages []struct {
+		Role    string          `json:"role"`
+		Content json.RawMessage `json:"content"`
+	} `json:"messages"`
+}
+
+// messageText reads a message's content: a string, or a list of parts of
+// which only text parts are supported.
+func messageText(raw json.RawMessage) (string, error) {
+	var s string
+	if err := json.Unmarshal(raw, &s); err == nil {
+		return s, nil
+	}
+	var parts []struct {
+		Type string `json:"type"`
+		Text string `json:"text"`
+	}
+	if err := json.Unmarshal(raw, &parts); err != nil {
+		return "", status.Error(codes.InvalidArgument, "a message's content must be a string or a list of content parts")
+	}
+	var b strings.Builder
+	for _, p := range parts {
+		if p.Type != "text" {
+			return "", status.Errorf(codes.InvalidArgument, "content parts of type %q are not supported: brokerd serves text models", p.Type)
+		}
+		b.WriteString(p.Text)
+	}
+	return b.String(), nil
+}
+
+func (h *Handler) openaiChat(w http.ResponseWriter, r *http.Request) {
+	var req openaiChatRequest
+	if err := decode(r, &req); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	sp, err := req.params()
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	conv := &brokerv1.Conversation{}
+	for _, m := range req.Messages {
+		text, err := messageText(m.Content)
+		if err != nil {
+			h.fail(w, r, err)
+			return
+		}
+		role := m.Role
+		if role == "developer" { // OpenAI's newer name for system
+			role = "system"
+		}
+		conv.Messages = append(conv.Messages, &brokerv1.ChatMessage{Role: role, Content: text})
+	}
+	id, created := newID("chatcmpl"), h.opts.Now().Unix()
+	out := &sse{w: w}
+	var text strings.Builder
+	var usage openaiUsage
+	first := true
+	chunk := func(delta map[string]any, finish *string) map[string]any {
+		return map[string]any{"id": id, "object": "chat.completion.chunk", "created": created, "model": req.Model,
+			"choices": []any{map[string]any{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": nil}}}
+	}
+	err = h.chat(r.Context(), &brokerv1.ChatRequest{Model: modelName(req.Model), Conversations: []*brokerv1.Conversation{conv}, Sampling: sp}, func(e event) error {
+		if e.delta != nil {
+			if !req.Stream {
+				text.WriteString(e.delta.GetText())
+				return nil
+			}
+			delta := map[string]any{"content": e.delta.GetText()}
+			if first {
+				delta["role"] = "assistant"
+				first = false
+			}
+			return out.send(chunk(delta, nil))
+		}
+		usage.add(e.result)
+		finish := openaiFinish(e.result.GetFinishReason())
+		if !req.Stream {
+			writeJSON(w, map[string]any{
+				"id": id, "object": "chat.completion", "created": created, "model": req.Model,
+				"choices": []any{map[string]any{"index": 0, "message": map[string]any{"role": "assistant", "content": text.String()},
+					"finish_reason": finish, "logprobs": nil}},
+				"usage": usage,
+			})
+			return nil
+		}
+		if err := out.send(chunk(map[string]any{}, &finish)); err != nil {
+			return err
+		}
+		if req.StreamOptions != nil && req.StreamOptions.IncludeUsage {
+			if err := out.send(map[string]any{"id": id, "object": "chat.completion.chunk", "created": created, "model": req.Model,
+				"choices": []any{}, "usage": usage}); err != nil {
+				return err
+			}
+		}
+		out.done()
+		return nil
+	})
+	if err != nil {
+		h.endSSE(w, r, out, err)
+	}
+}
+
+// openaiFinish maps a finish reason onto OpenAI's: stop or length (a
+// deadline is a length limit of time).
+func openaiFinish(f brokerv1.FinishReason) string {
+	if f == brokerv1.FinishReason_FINISH_REASON_STOP {
+		return "stop"
+	}
+	return "length"
+}
+
+type openaiCompletionRequest struct {
+	openaiSampling
+	Prompt json.RawMessage `json:"prompt"`
+	Echo   bool            `json:"echo"`
+}
+
+func (h *Handler) openaiCompletions(w http.ResponseWriter, r *http.Request) {
+	var req openaiCompletionRequest
+	if err := decode(r, &req); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	sp, err := req.params()
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	var prompts embedInput
+	if err := prompts.UnmarshalJSON(req.Prompt); err != nil {
+		h.fail(w, r, status.Error(codes.InvalidArgument, `"prompt" must be a string or a list of strings (token arrays are not supported)`))
+		return
+	}
+	if req.Echo {
+		h.fail(w, r, status.Error(codes.InvalidArgument, `"echo" is not supported`))
+		return
+	}
+	id, created := newID("cmpl"), h.opts.Now().Unix()
+	out := &sse{w: w}
+	texts := make([]strings.Builder, len(prompts))
+	finishes := make([]string, len(prompts))
+	var usage openaiUsage
+	left := len(prompts)
+	choice := func(i int32, text string, finish *string) map[string]any {
+		return map[string]any{"index": i, "text": text, "finish_reason": finish, "logprobs": nil}
+	}
+	err = h.generate(r.Context(), &brokerv1.GenerateRequest{Model: modelName(req.Model), Prompts: prompts, Sampling: sp}, func(e event) error {
+		if e.delta != nil {
+			i := e.delta.GetIndex()
+			if !req.Stream {
+				texts[i].WriteString(e.delta.GetText())
+				return nil
+			}
+			return out.send(map[string]any{"id": id, "object": "text_completion", "created": created, "model": req.Model,
+				"choices": []any{choice(i, e.delta.GetText(), nil)}})
+		}
+		i := e.result.GetIndex()
+		usage.add(e.result)
+		finishes[i] = openaiFinish(e.result.GetFinishReason())
+		left--
+		if req.Stream {
+			if err := out.send(map[string]any{"id": id, "object": "text_completion", "created": created, "model": req.Model,
+				"choices": []any{choice(i, "", &finishes[i])}}); err != nil {
+				return err
+			}
+		}
+		if left > 0 {
+			return nil
+		}
+		if !req.Stream {
+			choices := make([]any, len(prompts))
+			for j := range prompts {
+				choices[j] = choice(int32(j), texts[j].String(), &finishes[j])
+			}
+			writeJSON(w, map[string]any{"id": id, "object": "text_completion", "created": created, "model": req.Model,
+				"choices": choices, "usage": usage})
+			return nil
+		}
+		if req.StreamOptions != nil && req.StreamOptions.IncludeUsage {
+			if err := out.send(map[string]any{"id": id, "object": "text_completion", "created": created, "model": req.Model,
+				"choices": []any{}, "usage": usage}); err != nil {
+				return err
+			}
+		}
+		out.done()
+		return nil
+	})
+	if err != nil {
+		h.endSSE(w, r, out, err)
+	}
+}
+
+func (h *Handler) openaiEmbeddings(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		Model          string     `json:"model"`
+		Input          embedInput `json:"input"`
+		EncodingFormat string     `json:"encoding_format"`
+		Dimensions     *int       `json:"dimensions"`
+	}
+	if err := decode(r, &req); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	if req.EncodingFormat != "" && req.EncodingFormat != "float" && req.EncodingFormat != "base64" {
+		h.fail(w, r, status.Errorf(codes.InvalidArgument, "encoding_format %q: want float or base64", req.EncodingFormat))
+		return
+	}
+	resp, err := h.encode(r.Context(), modelName(req.Model), req.Input, nil)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	if req.Dimensions != nil && len(resp.GetResults()) > 0 && *req.Dimensions != len(resp.GetResults()[0].GetVector()) {
+		h.fail(w, r, status.Errorf(codes.InvalidArgument, "dimensions %d: model %s has %d", *req.Dimensions, req.Model, len(resp.GetResults()[0].GetVector())))
+		return
+	}
+	data := make([]any, len(resp.GetResults()))
+	for i, res := range resp.GetResults() {
+		var emb any = res.GetVector()
+		if req.EncodingFormat == "base64" {
+			// Little-endian float32s, as OpenAI's base64 encoding is.
+			b := make([]byte, 0, 4*len(res.GetVector()))
+			for _, v := range res.GetVector() {
+				b = binary.LittleEndian.AppendUint32(b, math.Float32bits(v))
+			}
+			emb = base64.StdEncoding.EncodeToString(b)
+		}
+		data[i] = map[string]any{"object": "embedding", "index": i, "embedding": emb}
+	}
+	// Encoders report no token counts; usage says zero rather than guess.
+	writeJSON(w, map[string]any{"object": "list", "data": data, "model": req.Model,
+		"usage": map[string]int{"prompt_tokens": 0, "total_tokens": 0}})
+}
+
+func (h *Handler) openaiModels(w http.ResponseWriter, r *http.Request) {
+	ms, err := h.b.ListModels(r.Context(), &brokerv1.ListModelsRequest{})
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	data := []any{}
+	for _, m := range ms.GetModels() {
+		if m.GetState() == brokerv1.ModelState_MODEL_STATE_FAILED {
+			continue
+		}
+		data = append(data, openaiModel(m, h.opts.Now().Unix()))
+	}
+	writeJSON(w, map[string]any{"object": "list", "data": data})
+}
+
+func openaiModel(m *brokerv1.Model, created int64) map[string]any {
+	return map[string]any{"id": m.GetName(), "object": "model", "created": created, "owned_by": "brokerd"}
+}
+
+func (h *Handler) openaiModel(w http.ResponseWriter, r *http.Request) {
+	m, err := h.findModel(r.Context(), modelName(r.PathValue("model")))
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	writeJSON(w, openaiModel(m, h.opts.Now().Unix()))
+}

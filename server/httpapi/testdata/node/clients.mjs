@@ -1,0 +1,156 @@
+// Drives brokerd's HTTP APIs with the official JavaScript clients (npm
+// ollama and openai, versions pinned in package.json). Run by
+// server/httpapi's Go tests: node clients.mjs BASE_URL API_KEY MODE, where
+// MODE "fake" expects the Go tests' fake backend and "daemon" a real brokerd
+// serving nbmf-hash-v1 (and, with LLM set, a generator model of that name).
+// Prints "ok NAME" per check; exits 1 at the first failure.
+import assert from 'node:assert/strict';
+import { Ollama } from 'ollama';
+import OpenAI from 'openai';
+
+const [base, apiKey, mode] = process.argv.slice(2);
+const llm = process.env.LLM || (mode === 'fake' ? 'tiny-llm' : '');
+const ollama = new Ollama({ host: base, headers: { Authorization: `Bearer ${apiKey}` } });
+const openai = new OpenAI({ baseURL: `${base}/v1`, apiKey, maxRetries: 0 });
+
+async function check(name, fn) {
+  try {
+    await fn();
+    console.log(`ok ${name}`);
+  } catch (e) {
+    console.log(`FAIL ${name}: ${e && e.stack ? e.stack : e}`);
+    process.exit(1);
+  }
+}
+
+async function rejects(promise, status) {
+  try {
+    await promise;
+  } catch (e) {
+    assert.equal(e.status ?? e.status_code, status, `status of ${e}`);
+    return e;
+  }
+  assert.fail(`expected an error with status ${status}`);
+}
+
+// Embeddings and listing work against any brokerd (the built-in encoder).
+await check('ollama embed', async () => {
+  const r = await ollama.embed({ model: 'nbmf-hash-v1', input: ['a memory record', 'another'] });
+  assert.equal(r.embeddings.length, 2);
+  assert.ok(r.embeddings[0].length > 0);
+  if (mode === 'fake') assert.equal(r.embeddings[0][0], 'a memory record'.length);
+});
+await check('ollama embeddings (legacy)', async () => {
+  const r = await ollama.embeddings({ model: 'nbmf-hash-v1:latest', prompt: 'abcd' });
+  assert.ok(r.embedding.length > 0);
+  if (mode === 'fake') assert.equal(r.embedding[0], 4);
+});
+await check('ollama list', async () => {
+  const r = await ollama.list();
+  assert.ok(r.models.some((m) => m.name === 'nbmf-hash-v1:latest'), JSON.stringify(r.models));
+});
+await check('ollama ps', async () => {
+  const r = await ollama.ps();
+  assert.ok(r.models.some((m) => m.name === 'nbmf-hash-v1:latest'));
+});
+await check('ollama show', async () => {
+  const r = await ollama.show({ model: 'nbmf-hash-v1' });
+  assert.equal(r.details.family, 'hash-encoder');
+});
+await check('ollama error: unknown model', async () => {
+  await rejects(ollama.embed({ model: 'no-such-model', input: 'x' }), 404);
+});
+await check('openai embeddings (base64, the client default)', async () => {
+  const r = await openai.embeddings.create({ model: 'nbmf-hash-v1', input: 'abc' });
+  assert.equal(r.data.length, 1);
+  assert.ok(r.data[0].embedding.length > 0);
+  if (mode === 'fake') assert.deepEqual(r.data[0].embedding, [3, 1, -1, 0.5]);
+});
+await check('openai embeddings (float)', async () => {
+  const r = await openai.embeddings.create({ model: 'nbmf-hash-v1', input: ['x', 'yy'], encoding_format: 'float' });
+  assert.equal(r.data.length, 2);
+  assert.equal(r.data[1].index, 1);
+});
+await check('openai models', async () => {
+  const ids = [];
+  for await (const m of openai.models.list()) ids.push(m.id);
+  assert.ok(ids.includes('nbmf-hash-v1'), ids.join(','));
+});
+await check('openai error: unknown model', async () => {
+  const e = await rejects(openai.embeddings.create({ model: 'no-such-model', input: 'x' }), 404);
+  assert.ok(e instanceof OpenAI.NotFoundError);
+});
+await check('openai error: bad API key', async () => {
+  const bad = new OpenAI({ baseURL: `${base}/v1`, apiKey: 'wrong', maxRetries: 0 });
+  const e = await rejects(bad.models.list(), 401);
+  assert.ok(e instanceof OpenAI.AuthenticationError);
+});
+
+if (llm) {
+  await check('ollama generate', async () => {
+    const r = await ollama.generate({ model: llm, prompt: 'hello', stream: false, options: { num_predict: 8, seed: 7 } });
+    assert.equal(r.done, true);
+    assert.ok(r.eval_count > 0);
+    if (mode === 'fake') assert.equal(r.response, 'chat(user=hello) ünïcode');
+  });
+  await check('ollama generate streaming', async () => {
+    let text = '';
+    let last;
+    for await (const part of await ollama.generate({ model: llm, prompt: 'hello', stream: true, options: { num_predict: 8 } })) {
+      text += part.response;
+      last = part;
+    }
+    assert.equal(last.done, true);
+    assert.ok(['stop', 'length'].includes(last.done_reason), last.done_reason);
+    if (mode === 'fake') assert.equal(text, 'chat(user=hello) ünïcode');
+  });
+  await check('ollama chat streaming', async () => {
+    let text = '';
+    for await (const part of await ollama.chat({ model: llm, stream: true, options: { num_predict: 8 },
+      messages: [{ role: 'system', content: 'be brief' }, { role: 'user', content: 'hi' }] })) {
+      text += part.message.content;
+    }
+    if (mode === 'fake') assert.equal(text, 'chat(system=be brief|user=hi) ünïcode');
+    else assert.ok(text.length >= 0);
+  });
+  await check('openai chat', async () => {
+    const r = await openai.chat.completions.create({ model: llm, max_tokens: 8, seed: 1,
+      messages: [{ role: 'user', content: 'hi' }] });
+    assert.equal(r.object, 'chat.completion');
+    assert.ok(r.usage.completion_tokens > 0);
+    if (mode === 'fake') assert.equal(r.choices[0].message.content, 'chat(user=hi) ünïcode');
+  });
+  await check('openai chat streaming with usage', async () => {
+    let text = '';
+    let usage;
+    const stream = await openai.chat.completions.create({ model: llm, max_tokens: 8, stream: true,
+      stream_options: { include_usage: true }, messages: [{ role: 'user', content: 'hi' }] });
+    for await (const chunk of stream) {
+      if (chunk.usage) usage = chunk.usage;
+      for (const c of chunk.choices) text += c.delta?.content ?? '';
+    }
+    assert.ok(usage && usage.total_tokens > 0, 'a usage chunk');
+    if (mode === 'fake') assert.equal(text, 'chat(user=hi) ünïcode');
+  });
+  await check('openai completions, two prompts', async () => {
+    const r = await openai.completions.create({ model: llm, prompt: ['one', 'two'], max_tokens: 5 });
+    assert.equal(r.choices.length, 2);
+    assert.deepEqual(r.choices.map((c) => c.index), [0, 1]);
+    if (mode === 'fake') assert.deepEqual(r.choices.map((c) => c.text), ['gen: one', 'gen: two']);
+  });
+}
+
+if (mode === 'fake') {
+  await check('openai error: queue full is 429 with Retry-After', async () => {
+    const e = await rejects(openai.chat.completions.create({ model: 'busy', messages: [{ role: 'user', content: 'x' }] }), 429);
+    assert.ok(e instanceof OpenAI.RateLimitError);
+    assert.equal(e.headers.get('retry-after'), '2');
+  });
+  await check('openai error: draining is 503', async () => {
+    await rejects(openai.chat.completions.create({ model: 'draining', messages: [{ role: 'user', content: 'x' }] }), 503);
+  });
+  await check('ollama error: format json is refused', async () => {
+    await rejects(ollama.generate({ model: 'tiny-llm', prompt: 'x', format: 'json' }), 400);
+  });
+}
+console.log('all ok');
