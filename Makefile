@@ -10,7 +10,9 @@ BUF       := $(GO) tool -modfile=tools/go.mod buf
 
 # C libraries the cgo runtime adapters link against (Debian package names);
 # shellcheck lints deploy/'s scripts in the tests; python3-zstandard decodes
-# LOSSLESS codes the way Python clients do, in the interop tests.
+# LOSSLESS codes the way Python clients do, in the interop tests. Node.js
+# (when no node is installed) runs the official ollama and openai clients
+# against the HTTP APIs.
 DEB_DEPS  := libdnnl-dev gcc shellcheck python3-zstandard
 # NVML's headers mark old calls deprecated; go-nvml still binds them.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
@@ -36,6 +38,7 @@ all: build
 deps:
 	@missing=""; for p in $(DEB_DEPS); do \
 	  dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	command -v node >/dev/null 2>&1 || missing="$$missing nodejs npm"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing:$$missing"; \
 	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \

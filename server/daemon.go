@@ -42,6 +42,7 @@ type Addresses struct {
 	TCP     string // empty when off
 	Metrics string // empty when off
 	Health  string // plaintext grpc.health.v1 only; empty when off
+	HTTP    string // the Ollama and OpenAI HTTP APIs; empty when off
 }
 
 // Options configure Run.
@@ -167,7 +168,7 @@ func Run(ctx context.Context, opts Options, log *zap.Logger) error {
 		servers = append(servers, healthOnlySrv) // stopped with the others
 	}
 
-	errc := make(chan error, 4)
+	errc := make(chan error, 5)
 	go func() { errc <- serveGRPC(unixSrv, lis.sock, "socket") }()
 	if tcpSrv != nil {
 		go func() { errc <- serveGRPC(tcpSrv, lis.tcp, "tcp") }()
@@ -190,6 +191,24 @@ func Run(ctx context.Context, opts Options, log *zap.Logger) error {
 		}()
 	}
 
+	var httpSrv *http.Server
+	if lis.http != nil {
+		if httpSrv, err = newHTTPServer(cfg, broker, opts.Version, reg, log); err != nil {
+			return err
+		}
+		go func() {
+			var err error
+			if httpSrv.TLSConfig != nil {
+				err = httpSrv.ServeTLS(lis.http, "", "")
+			} else {
+				err = httpSrv.Serve(lis.http)
+			}
+			if err != nil && !errors.Is(err, http.ErrServerClosed) {
+				errc <- fmt.Errorf("http server: %w", err)
+			}
+		}()
+	}
+
 	refreshCtx, stopRefresh := context.WithCancel(ctx)
 	refreshDone := make(chan struct{})
 	go func() {
@@ -206,7 +225,7 @@ func Run(ctx context.Context, opts Options, log *zap.Logger) error {
 		current = sel.Device.ID
 	}
 	log.Info("brokerd ready", zap.String("version", opts.Version), zap.String("socket", addrs.Socket),
-		zap.String("tcp", addrs.TCP), zap.String("metrics", addrs.Metrics), zap.String("health", addrs.Health), zap.Int("devices", len(inv.Devices())),
+		zap.String("tcp", addrs.TCP), zap.String("metrics", addrs.Metrics), zap.String("health", addrs.Health), zap.String("http", addrs.HTTP), zap.Int("devices", len(inv.Devices())),
 		zap.String("current_device", current), zap.String("selection", sel.Reason), zap.Duration("startup", time.Since(start)))
 	if opts.Ready != nil {
 		opts.Ready(addrs)
@@ -231,6 +250,14 @@ func Run(ctx context.Context, opts Options, log *zap.Logger) error {
 	}
 	cancelDrain()
 	stopRefresh()
+	if httpSrv != nil {
+		// Streams still open after the drain get the rest of the grace.
+		hctx, cancel := context.WithTimeout(context.Background(), grace)
+		if err := httpSrv.Shutdown(hctx); err != nil {
+			httpSrv.Close()
+		}
+		cancel()
+	}
 	stopServers(servers, grace, log)
 	if metricsSrv != nil {
 		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -245,7 +272,7 @@ func Run(ctx context.Context, opts Options, log *zap.Logger) error {
 // listeners are brokerd's open sockets: the Unix socket always, the others
 // when their settings are on.
 type listeners struct {
-	sock, tcp, metrics, health net.Listener
+	sock, tcp, metrics, health, http net.Listener
 	addrs                      Addresses
 	stateLock                  *os.File // held while brokerd runs: one daemon per state dir
 }
@@ -288,11 +315,14 @@ func openListeners(cfg config.Config) (_ *listeners, err error) {
 	if l.health, l.addrs.Health, err = tcp(cfg.HealthListen, "health-listen"); err != nil {
 		return nil, err
 	}
+	if l.http, l.addrs.HTTP, err = tcp(cfg.HTTPListen, "http-listen"); err != nil {
+		return nil, err
+	}
 	return l, nil
 }
 
 func (l *listeners) close() {
-	for _, ln := range []net.Listener{l.sock, l.tcp, l.metrics, l.health} {
+	for _, ln := range []net.Listener{l.sock, l.tcp, l.metrics, l.health, l.http} {
 		if ln != nil {
 			ln.Close()
 		}

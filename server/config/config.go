@@ -31,6 +31,10 @@ type Config struct {
 	TLSClientCA   string `json:"tls-client-ca"`
 	MetricsListen string `json:"metrics-listen"`
 	HealthListen  string `json:"health-listen"`
+	// HTTPListen serves the Ollama and OpenAI HTTP APIs; APIKeysFile holds
+	// the bearer tokens they require (one per line).
+	HTTPListen  string `json:"http-listen"`
+	APIKeysFile string `json:"api-keys-file"`
 	StateDir      string `json:"state-dir"`
 	LogLevel      string `json:"log-level"`
 	LogFormat     string `json:"log-format"`
@@ -181,6 +185,8 @@ var envNames = map[string]string{
 	"model-repo":            "BROKERD_MODEL_REPO",
 	"load-models":           "BROKERD_LOAD_MODELS",
 	"shutdown-grace":        "BROKERD_SHUTDOWN_GRACE",
+	"http-listen":           "BROKERD_HTTP_LISTEN",
+	"api-keys-file":         "BROKERD_API_KEYS_FILE",
 	"config":                "BROKERD_CONFIG",
 }
 
@@ -195,6 +201,8 @@ func bind(fs *flag.FlagSet, c *Config, configPath *string) {
 	fs.StringVar(&c.TLSClientCA, "tls-client-ca", c.TLSClientCA, "CA bundle; when set, TCP clients must present a certificate it signed")
 	fs.StringVar(&c.MetricsListen, "metrics-listen", c.MetricsListen, "Prometheus /metrics listen address (off when empty)")
 	fs.StringVar(&c.HealthListen, "health-listen", c.HealthListen, "plaintext TCP HOST:PORT serving only grpc.health.v1, for Kubernetes gRPC probes (off when empty)")
+	fs.StringVar(&c.HTTPListen, "http-listen", c.HTTPListen, "HOST:PORT of the Ollama- and OpenAI-compatible HTTP APIs (off when empty); plaintext on loopback only, elsewhere it needs --tls-cert/--tls-key")
+	fs.StringVar(&c.APIKeysFile, "api-keys-file", c.APIKeysFile, "file of API keys, one per line, that HTTP API requests must carry as Authorization: Bearer KEY (none: no key needed)")
 	fs.StringVar(&c.StateDir, "state-dir", c.StateDir, "directory for the device registry and models")
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "debug, info, warn or error")
 	fs.StringVar(&c.LogFormat, "log-format", c.LogFormat, "json or console")
@@ -381,6 +389,15 @@ func (c Config) Validate() error {
 	if c.Listen != "" {
 		if err := checkTCP(c); err != nil {
 			errs = append(errs, err)
+		}
+	}
+	if c.HTTPListen != "" {
+		host, _, err := net.SplitHostPort(c.HTTPListen)
+		switch {
+		case err != nil:
+			bad("http-listen %q is invalid: want HOST:PORT", c.HTTPListen)
+		case c.TLSCert == "" && !IsLoopback(host):
+			bad("http-listen %s: plaintext HTTP is allowed only on a loopback address; give --tls-cert and --tls-key to serve it elsewhere", c.HTTPListen)
 		}
 	}
 	if c.MetricsListen != "" {

@@ -52,3 +52,22 @@ func TestVersionAndBadFlags(t *testing.T) {
 		t.Errorf("a bad flag also printed %q: the caller prints the one message", out.String())
 	}
 }
+
+func TestHTTPListenRules(t *testing.T) {
+	getenv := func(string) string { return "" }
+	tests := []struct {
+		args []string
+		bad  string
+	}{
+		{[]string{"--http-listen", "127.0.0.1:11434"}, ""},
+		{[]string{"--http-listen", "localhost:0"}, ""},
+		{[]string{"--http-listen", "0.0.0.0:11434"}, "loopback"},
+		{[]string{"--http-listen", "nonsense"}, "HOST:PORT"},
+	}
+	for _, tc := range tests {
+		_, err := Load(tc.args, getenv, 0, &bytes.Buffer{})
+		if (err == nil) != (tc.bad == "") || (err != nil && !strings.Contains(err.Error(), tc.bad)) {
+			t.Errorf("%v: %v, want an error containing %q", tc.args, err, tc.bad)
+		}
+	}
+}
