@@ -46,7 +46,7 @@ type job struct {
 	params Sampling
 
 	state  *Sequence
-	done   int   // prompt tokens in the cache
+	done   int // prompt tokens in the cache
 	out    []int32
 	logits [][]float32 // the logits each token was sampled from
 }
@@ -175,5 +175,117 @@ func TestEngineMatchesReference(t *testing.T) {
 				t.Errorf("%d blocks held after release", used)
 			}
 		})
+	}
+}
+
+// testDevices are the devices the engine tests run on: the pure-Go device,
+// the same posing as a device that pads steps to buckets, and oneDNN's CPU
+// device once it runs the decoder ops.
+func testDevices(t *testing.T) map[string]func(t *testing.T) runtime.Device {
+	return map[string]func(t *testing.T) runtime.Device{
+		"go":        func(*testing.T) runtime.Device { return &goDevice{} },
+		"go-padded": func(*testing.T) runtime.Device { return &goDevice{buckets: []int{1, 2, 4, 8, 16, 32, 64}} },
+	}
+}
+
+// mixJobs is a schedule where sequence 1 (the one compared) shares steps
+// with others that join and leave at different steps, prefilling in chunks.
+func mixJobs(v int, params Sampling) []*job {
+	return []*job{
+		{seq: 1, prompt: prompt(9, 1, v), gen: 12, join: 2, chunk: 4, params: params},
+		{seq: 2, prompt: prompt(17, 2, v), gen: 5, join: 0, chunk: 6, params: params},
+		{seq: 3, prompt: prompt(3, 3, v), gen: 20, join: 3, chunk: 3, params: params},
+		{seq: 4, prompt: prompt(30, 4, v), gen: 2, join: 6, chunk: 7, params: params},
+		{seq: 5, prompt: prompt(5, 5, v), gen: 3, join: 9, chunk: 1, params: params},
+	}
+}
+
+// TestBatchInvariance runs sequence 1 alone (whole prompt in one step) and
+// inside a mix: its tokens must be the same and its logits bit-identical,
+// greedy and seeded sampling alike.
+func TestBatchInvariance(t *testing.T) {
+	seeded := Sampling{Temperature: 0.9, TopK: 40, TopP: 0.95, MinP: 0.01, Seed: 42, Seeded: true, RepetitionPenalty: 1.1, FrequencyPenalty: 0.2}
+	for name, open := range testDevices(t) {
+		for _, tc := range []struct {
+			name   string
+			params Sampling
+		}{{"greedy", Sampling{}}, {"seeded", seeded}} {
+			t.Run(name+"/"+tc.name, func(t *testing.T) {
+				s := tinyNet("qwen2")
+				e := newTestEngine(t, open(t), s, 11, EngineOptions{CacheBytes: 1 << 20, BlockSize: 4})
+				alone := &job{seq: 1, prompt: prompt(9, 1, s.Vocab), gen: 12, chunk: 9, params: tc.params}
+				simulate(t, e, []*job{alone})
+				mix := mixJobs(s.Vocab, tc.params)
+				simulate(t, e, mix)
+				if !slices.Equal(alone.out, mix[0].out) {
+					t.Fatalf("alone %v, in the mix %v", alone.out, mix[0].out)
+				}
+				for i := range alone.logits {
+					for k, v := range alone.logits[i] {
+						if math.Float32bits(v) != math.Float32bits(mix[0].logits[i][k]) {
+							t.Fatalf("token %d: logit %d is %g alone, %g in the mix", i, k, v, mix[0].logits[i][k])
+						}
+					}
+				}
+				if used, _ := e.CacheBlocks(); used != 0 {
+					t.Errorf("%d blocks held after every sequence ended", used)
+				}
+			})
+		}
+	}
+}
+
+func TestCacheExhaustion(t *testing.T) {
+	s := tinyNet("llama")
+	perBlock := int64(2 * s.Layers * 4 * s.KVHeads * s.HeadDim * 4)
+	e := newTestEngine(t, &goDevice{}, s, 1, EngineOptions{CacheBytes: 5*perBlock + perBlock/2, BlockSize: 4})
+	if used, total := e.CacheBlocks(); used != 0 || total != 5 {
+		t.Fatalf("blocks %d/%d, want 0/5", used, total)
+	}
+	steps := []struct {
+		op     string
+		seq    uint64
+		tokens int
+		ok     bool
+		used   int
+	}{
+		{"reserve", 1, 9, true, 3},    // 3 blocks
+		{"reserve", 1, 12, true, 3},   // still 3
+		{"reserve", 2, 9, false, 3},   // needs 3, 2 free
+		{"reserve", 2, 8, true, 5},    // 2
+		{"reserve", 1, 13, false, 5},  // a 4th block: none free
+		{"reserve", 3, 1, false, 5},   // none free
+		{"release", 1, 0, true, 2},    // frees 3
+		{"reserve", 3, 1, true, 3},    // reuses a freed block
+		{"reserve", 4, 81, false, 3},  // beyond the context
+		{"release", 2, 0, true, 1},    //
+		{"release", 3, 0, true, 0},    //
+		{"release", 3, 0, true, 0},    // twice is harmless
+		{"reserve", 5, 20, true, 5},   // the whole cache
+		{"release", 5, 0, true, 0},    //
+		{"reserve", 6, 0, true, 0},    // nothing to hold
+		{"release", 99, 0, true, 0},   // unknown
+		{"reserve", 7, 80, false, 0},  // the context's 20 blocks, 5 exist
+		{"reserve", 8, -1, false, 0},  // nonsense
+		{"reserve", 9, 17, true, 5},   //
+		{"release", 9, 0, true, 0},    //
+		{"reserve", 10, 4, true, 1},   //
+		{"release", 10, 0, true, 0},   //
+		{"reserve", 11, 5, true, 2},   //
+		{"release", 11, 0, true, 0},   //
+		{"reserve", 12, 20, true, 5},  //
+		{"release", 12, 0, true, 0},   //
+	}
+	for i, st := range steps {
+		ok := true
+		if st.op == "reserve" {
+			ok = e.Reserve(st.seq, st.tokens)
+		} else {
+			e.Release(st.seq)
+		}
+		used, _ := e.CacheBlocks()
+		if ok != st.ok || used != st.used {
+			t.Fatalf("%d: %s(%d, %d) = %v with %d blocks used, want %v with %d", i, st.op, st.seq, st.tokens, ok, used, st.ok, st.used)
+		}
 	}
 }
