@@ -249,32 +249,32 @@ func TestCacheExhaustion(t *testing.T) {
 		ok     bool
 		used   int
 	}{
-		{"reserve", 1, 9, true, 3},    // 3 blocks
-		{"reserve", 1, 12, true, 3},   // still 3
-		{"reserve", 2, 9, false, 3},   // needs 3, 2 free
-		{"reserve", 2, 8, true, 5},    // 2
-		{"reserve", 1, 13, false, 5},  // a 4th block: none free
-		{"reserve", 3, 1, false, 5},   // none free
-		{"release", 1, 0, true, 2},    // frees 3
-		{"reserve", 3, 1, true, 3},    // reuses a freed block
-		{"reserve", 4, 81, false, 3},  // beyond the context
-		{"release", 2, 0, true, 1},    //
-		{"release", 3, 0, true, 0},    //
-		{"release", 3, 0, true, 0},    // twice is harmless
-		{"reserve", 5, 20, true, 5},   // the whole cache
-		{"release", 5, 0, true, 0},    //
-		{"reserve", 6, 0, true, 0},    // nothing to hold
-		{"release", 99, 0, true, 0},   // unknown
-		{"reserve", 7, 80, false, 0},  // the context's 20 blocks, 5 exist
-		{"reserve", 8, -1, false, 0},  // nonsense
-		{"reserve", 9, 17, true, 5},   //
-		{"release", 9, 0, true, 0},    //
-		{"reserve", 10, 4, true, 1},   //
-		{"release", 10, 0, true, 0},   //
-		{"reserve", 11, 5, true, 2},   //
-		{"release", 11, 0, true, 0},   //
-		{"reserve", 12, 20, true, 5},  //
-		{"release", 12, 0, true, 0},   //
+		{"reserve", 1, 9, true, 3},   // 3 blocks
+		{"reserve", 1, 12, true, 3},  // still 3
+		{"reserve", 2, 9, false, 3},  // needs 3, 2 free
+		{"reserve", 2, 8, true, 5},   // 2
+		{"reserve", 1, 13, false, 5}, // a 4th block: none free
+		{"reserve", 3, 1, false, 5},  // none free
+		{"release", 1, 0, true, 2},   // frees 3
+		{"reserve", 3, 1, true, 3},   // reuses a freed block
+		{"reserve", 4, 81, false, 3}, // beyond the context
+		{"release", 2, 0, true, 1},   //
+		{"release", 3, 0, true, 0},   //
+		{"release", 3, 0, true, 0},   // twice is harmless
+		{"reserve", 5, 20, true, 5},  // the whole cache
+		{"release", 5, 0, true, 0},   //
+		{"reserve", 6, 0, true, 0},   // nothing to hold
+		{"release", 99, 0, true, 0},  // unknown
+		{"reserve", 7, 80, false, 0}, // the context's 20 blocks, 5 exist
+		{"reserve", 8, -1, false, 0}, // nonsense
+		{"reserve", 9, 17, true, 5},  //
+		{"release", 9, 0, true, 0},   //
+		{"reserve", 10, 4, true, 1},  //
+		{"release", 10, 0, true, 0},  //
+		{"reserve", 11, 5, true, 2},  //
+		{"release", 11, 0, true, 0},  //
+		{"reserve", 12, 20, true, 5}, //
+		{"release", 12, 0, true, 0},  //
 	}
 	for i, st := range steps {
 		ok := true
@@ -288,4 +288,13 @@ func TestCacheExhaustion(t *testing.T) {
 			t.Fatalf("%d: %s(%d, %d) = %v with %d blocks used, want %v with %d", i, st.op, st.seq, st.tokens, ok, used, st.ok, st.used)
 		}
 	}
+}
+
+func openBenchDevice(b *testing.B, dt runtime.DType) runtime.Device {
+	dev, err := onednn.New(onednn.Options{}).Open(context.Background(), runtime.DeviceSpec{ID: "cpu:0", DType: dt})
+	if err != nil {
+		b.Skipf("oneDNN %s: %v", dt, err)
+	}
+	b.Cleanup(func() { dev.Close() })
+	return dev
 }
