@@ -299,7 +299,7 @@ func (s *Sequence) pick(x []float64) int32 {
 			idx = append(idx, int32(i))
 		}
 	}
-	slices.SortFunc(idx, func(a, b int32) int {
+	desc := func(a, b int32) int {
 		if x[a] != x[b] {
 			if x[a] > x[b] {
 				return -1
@@ -307,9 +307,17 @@ func (s *Sequence) pick(x []float64) int32 {
 			return 1
 		}
 		return int(a - b)
-	})
-	if k := s.params.TopK; k > 0 && k < len(idx) {
+	}
+	// Only top-k and top-p need the candidates in order; sorting a 150k
+	// vocabulary per token would cost more than a small model's step.
+	switch k := s.params.TopK; {
+	case k > 0 && k < len(idx) && k <= 64:
+		idx = topN(idx, k, desc)
+	case k > 0 && k < len(idx):
+		slices.SortFunc(idx, desc)
 		idx = idx[:k]
+	case s.params.TopP > 0 && s.params.TopP < 1:
+		slices.SortFunc(idx, desc)
 	}
 	var sum float64
 	for _, i := range idx {
@@ -336,6 +344,27 @@ func (s *Sequence) pick(x []float64) int32 {
 		}
 	}
 	return idx[len(idx)-1]
+}
+
+// topN returns the n first of idx under cmp, in order, with one pass and
+// an insertion into a list of at most n; idx's storage is reused.
+func topN(idx []int32, n int, cmp func(a, b int32) int) []int32 {
+	var buf [64]int32
+	top := buf[:0]
+	for _, i := range idx {
+		j := len(top)
+		for j > 0 && cmp(i, top[j-1]) < 0 {
+			j--
+		}
+		if j < n {
+			if len(top) < n {
+				top = append(top, 0)
+			}
+			copy(top[j+1:], top[j:len(top)-1])
+			top[j] = i
+		}
+	}
+	return append(idx[:0], top...)
 }
 
 // logprob is tok's log-softmax under the raw logits, with the top

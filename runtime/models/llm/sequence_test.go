@@ -244,3 +244,30 @@ func argmax32(x []float32) int32 {
 	}
 	return int32(b)
 }
+
+func TestTopN(t *testing.T) {
+	x := make([]float64, 500)
+	for i := range x {
+		x[i] = math.Round(math.Sin(float64(i)*1.7)*20) / 4 // many ties
+	}
+	cmp := func(a, b int32) int {
+		if x[a] != x[b] {
+			if x[a] > x[b] {
+				return -1
+			}
+			return 1
+		}
+		return int(a - b)
+	}
+	for _, n := range []int{1, 2, 7, 64} {
+		idx := make([]int32, len(x))
+		for i := range idx {
+			idx[i] = int32(i)
+		}
+		want := slices.Clone(idx)
+		slices.SortFunc(want, cmp)
+		if got := topN(idx, n, cmp); !slices.Equal(got, want[:n]) {
+			t.Fatalf("n=%d: %v, want %v", n, got, want[:n])
+		}
+	}
+}
