@@ -7,10 +7,13 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strings"
+
+	"github.com/brokerd/brokerd/runtime/models"
 )
 
-// ErrInvalidSampling means sampling parameters out of range (INVALID_ARGUMENT).
-var ErrInvalidSampling = errors.New("llm: invalid sampling parameters")
+// ErrInvalidSampling means sampling parameters out of range; it wraps
+// models.ErrInvalidInput (INVALID_ARGUMENT at the edge).
+var ErrInvalidSampling = fmt.Errorf("%w: sampling parameters", models.ErrInvalidInput)
 
 // MaxTopLogprobs is the most alternatives a token's logprob entry carries.
 const MaxTopLogprobs = 20
