@@ -64,7 +64,7 @@ func TestParseConfig(t *testing.T) {
 	}
 	for _, tc := range []struct {
 		name, arch, field string
-		edit           func(map[string]any)
+		edit              func(map[string]any)
 	}{
 		{"unknown architecture", "llama", "architectures", func(c map[string]any) { c["architectures"] = []string{"GPT2LMHeadModel"} }},
 		{"sliding window", "qwen2", "use_sliding_window", func(c map[string]any) { c["use_sliding_window"] = true }},
