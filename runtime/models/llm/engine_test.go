@@ -298,3 +298,7 @@ func openBenchDevice(b *testing.B, dt runtime.DType) runtime.Device {
 	b.Cleanup(func() { dev.Close() })
 	return dev
 }
+
+func openCPUMaybe(dt runtime.DType) (runtime.Device, error) {
+	return onednn.New(onednn.Options{}).Open(context.Background(), runtime.DeviceSpec{ID: "cpu:0", DType: dt})
+}
