@@ -2,6 +2,7 @@ package llm
 
 import (
 	"context"
+	"errors"
 	"math"
 	"slices"
 	"strings"
@@ -333,4 +334,50 @@ func openBenchDevice(b *testing.B, dt runtime.DType) runtime.Device {
 
 func openCPUMaybe(dt runtime.DType) (runtime.Device, error) {
 	return onednn.New(onednn.Options{}).Open(context.Background(), runtime.DeviceSpec{ID: "cpu:0", DType: dt})
+}
+
+// TestStepIndexChecks feeds the device's paged ops indices outside the
+// cache: they must fail the run, not read or write out of bounds.
+func TestStepIndexChecks(t *testing.T) {
+	ctx := context.Background()
+	dev := openDecoderCPU(t, runtime.F32)
+	alloc := func(dt runtime.DType, vals []int32, shape ...int) runtime.Buffer {
+		b, err := dev.Alloc(dt, shape...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { dev.Free(b) })
+		if vals != nil {
+			if err := dev.CopyInInt32(ctx, b, vals); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return b
+	}
+	cache := alloc(runtime.F32, nil, 2, 4, 1, 2) // 2 blocks of 4 slots
+	kv := alloc(runtime.F32, nil, 1, 1, 2)
+	q := alloc(runtime.F32, nil, 1, 2, 2)
+	out := alloc(runtime.F32, nil, 1, 2, 2)
+	for _, tc := range []struct {
+		name string
+		op   runtime.Op
+		bind map[string]runtime.Buffer
+	}{
+		{"slot past the cache", runtime.Op{Kind: runtime.OpKVWrite, In: []string{"kv", "slots"}, Out: "cache"},
+			map[string]runtime.Buffer{"kv": kv, "slots": alloc(runtime.I32, []int32{8}, 1), "cache": cache}},
+		{"block past the cache", runtime.Op{Kind: runtime.OpPagedAttention, In: []string{"q", "cache", "cache", "bt", "seq", "pos"}, Out: "out"},
+			map[string]runtime.Buffer{"q": q, "cache": cache, "bt": alloc(runtime.I32, []int32{2, 0}, 1, 2),
+				"seq": alloc(runtime.I32, []int32{0}, 1), "pos": alloc(runtime.I32, []int32{1}, 1), "out": out}},
+		{"position past the table", runtime.Op{Kind: runtime.OpPagedAttention, In: []string{"q", "cache", "cache", "bt", "seq", "pos"}, Out: "out"},
+			map[string]runtime.Buffer{"q": q, "cache": cache, "bt": alloc(runtime.I32, []int32{0, 1}, 1, 2),
+				"seq": alloc(runtime.I32, []int32{0}, 1), "pos": alloc(runtime.I32, []int32{8}, 1), "out": out}},
+		{"sequence past the table", runtime.Op{Kind: runtime.OpPagedAttention, In: []string{"q", "cache", "cache", "bt", "seq", "pos"}, Out: "out"},
+			map[string]runtime.Buffer{"q": q, "cache": cache, "bt": alloc(runtime.I32, []int32{0, 1}, 1, 2),
+				"seq": alloc(runtime.I32, []int32{1}, 1), "pos": alloc(runtime.I32, []int32{0}, 1), "out": out}},
+	} {
+		err := dev.Run(ctx, &runtime.Graph{Ops: []runtime.Op{tc.op}}, tc.bind)
+		if !errors.Is(err, runtime.ErrInvalidGraph) {
+			t.Errorf("%s: %v, want ErrInvalidGraph", tc.name, err)
+		}
+	}
 }
