@@ -167,7 +167,7 @@ func PlanGraph(g *Graph, bound map[string]TensorType) (*Plan, error) {
 			}
 			in[j] = t
 		}
-		out, err := inferOp(op, in)
+		out, err := inferAny(op, in, bound)
 		if err != nil {
 			return nil, fmt.Errorf("%w: op %d (%s) %s: %s", ErrInvalidGraph, i, op.Kind, typeList(in), err)
 		}

@@ -326,6 +326,9 @@ func (d *Device) runStep(s *runtime.Step, ptrs map[string]unsafe.Pointer) error 
 		}
 		return d.exec(s, p, in(0), out)
 	}
+	if ok, err := d.runPending(s, ptrs); ok {
+		return err
+	}
 	return fmt.Errorf("%w: %s: unknown op", runtime.ErrInvalidGraph, s)
 }
 

@@ -1,0 +1,151 @@
+package llm
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/brokerd/brokerd/runtime"
+	"github.com/brokerd/brokerd/runtime/models"
+)
+
+// qwen05 is Qwen2.5-0.5B's shape (context cut to what the benchmark uses).
+func qwen05() netSpec {
+	return netSpec{Vocab: 151936, Hidden: 896, Layers: 24, Heads: 14, KVHeads: 2, HeadDim: 64, Inter: 4864,
+		Context: 1024, Eps: 1e-6, QKVBias: true, Tied: true, InvFreq: ropeFreqs(64, 1000000, nil)}
+}
+
+// fastWeights fills the engine's weights for s with small uniform values
+// (an xorshift stream: generating 0.5 G normal values would dominate the
+// benchmark's setup).
+func fastWeights(s netSpec) map[string]models.Tensor {
+	x := uint64(88172645463325252)
+	fill := func(scale float32, offset float32, shape ...int) models.Tensor {
+		n := 1
+		for _, d := range shape {
+			n *= d
+		}
+		data := make([]float32, n)
+		for i := range data {
+			x ^= x << 13
+			x ^= x >> 7
+			x ^= x << 17
+			data[i] = offset + scale*(float32(x>>40)/float32(1<<24)-0.5)
+		}
+		return models.Tensor{Shape: shape, Data: data}
+	}
+	h, d := s.Hidden, s.HeadDim
+	w := map[string]models.Tensor{
+		wEmbed: fill(0.1, 0, s.Vocab, h), wNorm: fill(0.1, 1, h),
+		wInvFreq: {Shape: []int{d / 2}, Data: s.InvFreq},
+	}
+	w[wLMHead] = w[wEmbed]
+	for l := range s.Layers {
+		w[lw(l, lLN1)], w[lw(l, lLN2)] = fill(0.1, 1, h), fill(0.1, 1, h)
+		w[lw(l, lWQ)], w[lw(l, lBQ)] = fill(0.05, 0, s.Heads*d, h), fill(0.1, 0, s.Heads*d)
+		w[lw(l, lWK)], w[lw(l, lBK)] = fill(0.05, 0, s.KVHeads*d, h), fill(0.1, 0, s.KVHeads*d)
+		w[lw(l, lWV)], w[lw(l, lBV)] = fill(0.05, 0, s.KVHeads*d, h), fill(0.1, 0, s.KVHeads*d)
+		w[lw(l, lWO)] = fill(0.05, 0, h, s.Heads*d)
+		w[lw(l, lGateUp)] = fill(0.05, 0, 2*s.Inter, h)
+		w[lw(l, lDown)] = fill(0.03, 0, h, s.Inter)
+	}
+	return w
+}
+
+// memoryBandwidth is a copy of 256 MiB, the best of three, in bytes per
+// second (read and written both counted).
+func memoryBandwidth() float64 {
+	src := make([]byte, 256<<20)
+	dst := make([]byte, len(src))
+	for i := range src {
+		src[i] = byte(i)
+	}
+	best := time.Duration(1 << 62)
+	for range 3 {
+		start := time.Now()
+		copy(dst, src)
+		best = min(best, time.Since(start))
+	}
+	return 2 * float64(len(src)) / best.Seconds()
+}
+
+// BenchmarkDecode measures decode steps of 1, 4 and 16 sequences on a
+// model of Qwen2.5-0.5B's shape (LLM_BENCH_SMALL=1: a quarter of its
+// layers), with each sequence 64 tokens into its context. It reports
+// tokens/s and, for one sequence, the weight bytes read per token over the
+// machine's copy bandwidth: the decode's physical limit.
+func BenchmarkDecode(b *testing.B) {
+	s := qwen05()
+	if os.Getenv("LLM_BENCH_SMALL") != "" {
+		s.Layers = 6
+	}
+	for _, dt := range []runtime.DType{runtime.F32, runtime.BF16} {
+		b.Run(dt.String(), func(b *testing.B) {
+			dev := openBenchDevice(b, dt)
+			e, err := newEngine(context.Background(), dev, s, fastWeights(s), EngineOptions{CacheBytes: 1 << 30, MaxStepTokens: 1024})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer e.Close()
+			readBytes := decodeReadBytes(s, e.mmDT)
+			bw := memoryBandwidth()
+			for _, n := range []int{1, 4, 16} {
+				b.Run(fmt.Sprintf("seqs=%d", n), func(b *testing.B) {
+					ctx := context.Background()
+					items := make([]StepItem, n)
+					for i := range items {
+						seq := uint64(100*n + i)
+						if !e.Reserve(seq, s.Context) {
+							b.Fatal("reserve")
+						}
+						items[i] = StepItem{Seq: seq, Tokens: prompt(64, int32(i), s.Vocab), Sample: true}
+						items[i].State, _ = newSequence(Sampling{IgnoreEOS: true}, nil, s.Vocab, nil, nil)
+					}
+					defer func() {
+						for _, it := range items {
+							e.Release(it.Seq)
+						}
+					}()
+					step := func() {
+						res, err := e.Step(ctx, items)
+						if err != nil {
+							b.Fatal(err)
+						}
+						for i := range items {
+							items[i].Pos += len(items[i].Tokens)
+							items[i].Tokens = []int32{res[i].Token}
+						}
+					}
+					step() // the prompts' prefill
+					step() // the first decode creates the primitives
+					b.ResetTimer()
+					for range b.N {
+						if items[0].Pos+1 >= s.Context {
+							b.Skip("context full")
+						}
+						step()
+					}
+					perStep := b.Elapsed().Seconds() / float64(b.N)
+					b.ReportMetric(float64(n)/perStep, "tokens/s")
+					if n == 1 {
+						limit := bw / float64(readBytes)
+						b.ReportMetric(float64(readBytes)/1e6, "MB/token")
+						b.ReportMetric(bw/1e9, "copyGB/s")
+						b.ReportMetric((1/perStep)/limit, "of-bw-limit")
+					}
+				})
+			}
+		})
+	}
+}
+
+// decodeReadBytes is what one decode step must read of the weights: every
+// matmul weight (lm_head included) in the operand type dt. Norm gains,
+// biases and one embedding row are negligible.
+func decodeReadBytes(s netSpec, dt runtime.DType) int64 {
+	h, d := int64(s.Hidden), int64(s.HeadDim)
+	perLayer := h*int64(s.Heads)*d*2 + h*int64(s.KVHeads)*d*2 + h*int64(s.Inter)*3
+	return (int64(s.Layers)*perLayer + int64(s.Vocab)*h) * int64(dt.Size())
+}

@@ -1,0 +1,152 @@
+package llm
+
+import (
+	"encoding/json"
+	"fmt"
+	"slices"
+
+	"github.com/brokerd/brokerd/runtime/models"
+)
+
+// hfConfig is the part of a Hugging Face config.json of LlamaForCausalLM,
+// Qwen2ForCausalLM or Qwen3ForCausalLM the engine needs.
+type hfConfig struct {
+	Architectures         []string        `json:"architectures"`
+	VocabSize             int             `json:"vocab_size"`
+	HiddenSize            int             `json:"hidden_size"`
+	NumHiddenLayers       int             `json:"num_hidden_layers"`
+	NumAttentionHeads     int             `json:"num_attention_heads"`
+	NumKeyValueHeads      int             `json:"num_key_value_heads"`
+	HeadDim               int             `json:"head_dim"`
+	IntermediateSize      int             `json:"intermediate_size"`
+	MaxPositionEmbeddings int             `json:"max_position_embeddings"`
+	RMSNormEps            float64         `json:"rms_norm_eps"`
+	RopeTheta             float64         `json:"rope_theta"`
+	RopeScaling           *hfRopeScaling  `json:"rope_scaling"`
+	TieWordEmbeddings     bool            `json:"tie_word_embeddings"`
+	HiddenAct             string          `json:"hidden_act"`
+	AttentionBias         *bool           `json:"attention_bias"`
+	UseSlidingWindow      bool            `json:"use_sliding_window"`
+	EOSTokenID            json.RawMessage `json:"eos_token_id"` // an id or a list
+}
+
+type hfRopeScaling struct {
+	RopeType                      string  `json:"rope_type"`
+	Type                          string  `json:"type"` // older spelling
+	Factor                        float64 `json:"factor"`
+	LowFreqFactor                 float64 `json:"low_freq_factor"`
+	HighFreqFactor                float64 `json:"high_freq_factor"`
+	OriginalMaxPositionEmbeddings float64 `json:"original_max_position_embeddings"`
+}
+
+// Architectures the engine runs.
+const (
+	ArchLlama = "LlamaForCausalLM"
+	ArchQwen2 = "Qwen2ForCausalLM"
+	ArchQwen3 = "Qwen3ForCausalLM"
+)
+
+// parseConfig reads config.json into the engine's spec and the EOS ids it
+// names. Errors wrap models.ErrInvalidInput and name the field.
+func parseConfig(raw []byte) (netSpec, []int32, string, error) {
+	var c hfConfig
+	if err := json.Unmarshal(raw, &c); err != nil {
+		return netSpec{}, nil, "", fmt.Errorf("%w: config.json: %w", models.ErrInvalidInput, err)
+	}
+	bad := func(f string, a ...any) error {
+		return fmt.Errorf("%w: config.json: %s", models.ErrInvalidInput, fmt.Sprintf(f, a...))
+	}
+	if len(c.Architectures) != 1 {
+		return netSpec{}, nil, "", bad("architectures %v: want one of %s, %s, %s", c.Architectures, ArchLlama, ArchQwen2, ArchQwen3)
+	}
+	arch := c.Architectures[0]
+	s := netSpec{
+		Vocab: c.VocabSize, Hidden: c.HiddenSize, Layers: c.NumHiddenLayers, Heads: c.NumAttentionHeads,
+		KVHeads: c.NumKeyValueHeads, HeadDim: c.HeadDim, Inter: c.IntermediateSize,
+		Context: c.MaxPositionEmbeddings, Eps: float32(c.RMSNormEps), Tied: c.TieWordEmbeddings,
+	}
+	if s.KVHeads == 0 {
+		s.KVHeads = s.Heads
+	}
+	if s.HeadDim == 0 && s.Heads > 0 {
+		if s.Hidden%s.Heads != 0 {
+			return netSpec{}, nil, "", bad("hidden_size %d is not a multiple of num_attention_heads %d", s.Hidden, s.Heads)
+		}
+		s.HeadDim = s.Hidden / s.Heads
+	}
+	switch arch {
+	case ArchLlama:
+		s.QKVBias = c.AttentionBias != nil && *c.AttentionBias
+	case ArchQwen2:
+		s.QKVBias = true // Qwen2's q, k and v projections always have biases
+		if c.UseSlidingWindow {
+			return netSpec{}, nil, "", bad("use_sliding_window is true: sliding-window attention is not supported")
+		}
+	case ArchQwen3:
+		s.QKNorm = true
+		s.QKVBias = c.AttentionBias != nil && *c.AttentionBias
+		if c.UseSlidingWindow {
+			return netSpec{}, nil, "", bad("use_sliding_window is true: sliding-window attention is not supported")
+		}
+	default:
+		return netSpec{}, nil, "", bad("architectures %q: want %s, %s or %s", arch, ArchLlama, ArchQwen2, ArchQwen3)
+	}
+	if c.HiddenAct != "" && c.HiddenAct != "silu" {
+		return netSpec{}, nil, "", bad("hidden_act %q: only silu is supported", c.HiddenAct)
+	}
+	if c.RMSNormEps == 0 {
+		s.Eps = 1e-6
+	}
+	theta := c.RopeTheta
+	if theta == 0 {
+		theta = 10000
+	}
+	if !(theta > 1) {
+		return netSpec{}, nil, "", bad("rope_theta %g", theta)
+	}
+	var scale *ropeScaling
+	if r := c.RopeScaling; r != nil {
+		typ := r.RopeType
+		if typ == "" {
+			typ = r.Type
+		}
+		switch typ {
+		case "default", "":
+		case "llama3":
+			if !(r.Factor >= 1) || !(r.LowFreqFactor > 0) || !(r.HighFreqFactor > r.LowFreqFactor) || !(r.OriginalMaxPositionEmbeddings > 0) {
+				return netSpec{}, nil, "", bad("rope_scaling %+v: llama3 needs factor ≥ 1, 0 < low_freq_factor < high_freq_factor, original_max_position_embeddings", *r)
+			}
+			scale = &ropeScaling{Factor: r.Factor, LowFreqFactor: r.LowFreqFactor, HighFreqFactor: r.HighFreqFactor, OriginalMaxPositions: r.OriginalMaxPositionEmbeddings}
+		default:
+			return netSpec{}, nil, "", bad("rope_scaling type %q: only llama3 is supported", typ)
+		}
+	}
+	if s.HeadDim > 0 && s.HeadDim%2 == 0 {
+		s.InvFreq = ropeFreqs(s.HeadDim, theta, scale)
+	}
+	if err := s.check(); err != nil {
+		return netSpec{}, nil, "", bad("%v", err)
+	}
+	eos, err := tokenIDs(c.EOSTokenID)
+	if err != nil {
+		return netSpec{}, nil, "", bad("eos_token_id: %v", err)
+	}
+	return s, eos, arch, nil
+}
+
+// tokenIDs reads an id or a list of ids (generation_config.json and
+// config.json spell eos_token_id both ways); null or absent is none.
+func tokenIDs(raw json.RawMessage) ([]int32, error) {
+	if len(raw) == 0 || string(raw) == "null" {
+		return nil, nil
+	}
+	var one int32
+	if err := json.Unmarshal(raw, &one); err == nil {
+		return []int32{one}, nil
+	}
+	var many []int32
+	if err := json.Unmarshal(raw, &many); err != nil {
+		return nil, err
+	}
+	return slices.Compact(slices.Sorted(slices.Values(many))), nil
+}

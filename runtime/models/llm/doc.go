@@ -1,0 +1,54 @@
+// Package llm runs decoder LLMs (Llama 3.x, Qwen2.5, Qwen3) on a
+// runtime.Device with continuous batching: the scheduler decides which
+// sequences run each step; this package runs the step and samples.
+//
+// Host side (no device):
+//
+//	m, err := llm.NewModel(configJSON, weights, llm.ModelOptions{Name, Version, Tokenizer, Chat, GenerationConfig, BaseBatch})
+//	m.Encode(text, addSpecial) ([]int32, error)
+//	m.RenderChat([]llm.Message{{Role, Content}}, addGenerationPrompt) (string, error)
+//	m.NewSequence(llm.Sampling{...}, prompt) (*llm.Sequence, error) // validates; the step's State
+//	m.ContextLength(), m.DefaultSampling(), m.DefaultMaxTokens(), m.EOS(), m.Info() // Kind "llm"
+//	m.WeightBytes(dt), m.CacheBlockBytes(blockSize), m.StepBytes(dt, maxStepTokens, maxSeqs) // placement
+//	seq.Flush() llm.Delta // text held back when the scheduler ends a sequence (length, deadline)
+//
+// Device side:
+//
+//	e, err := m.NewEngine(ctx, dev, llm.EngineOptions{CacheBytes, BlockSize, MaxStepTokens, MaxSeqs})
+//	e.Reserve(seq, tokens) bool // KV blocks for tokens positions in all; false when they do not fit now
+//	e.Release(seq)              // frees them (finished, cancelled, preempted)
+//	e.Step(ctx, []llm.StepItem) ([]llm.StepResult, error)
+//	e.CacheBlocks() (used, total int)
+//	e.Close() error
+//
+// StepItem and StepResult have the scheduler's fields exactly, so the
+// adapter to scheduler.GenExecutor converts them with a type conversion.
+// StepResult.Out is an llm.Delta{Text, TokenIDs, Logprobs}: Text is whole
+// UTF-8 and never part of a stop string; Stop is set on an EOS or stop id
+// or a completed stop string; Full when the sampled token takes the
+// context's last position.
+//
+// One step is one graph over T rows (prefill chunks and decode tokens of S
+// sequences, flattened): embedding gather, then per layer RMSNorm, the q, k
+// and v projections (biases for Qwen2), per-head q/k RMSNorm (Qwen3), RoPE,
+// K and V written into the layer's paged cache at each row's slot, paged
+// causal attention with grouped-query heads, o_proj and the residual,
+// RMSNorm, the fused gate|up projection, SwiGLU, down_proj and the
+// residual; then only the rows that sample are gathered for the final norm
+// and lm_head, so logits are [S_sample, V], not [T, V]. Matmul weights are
+// stored in the device's compute type (bf16 where it computes in bf16);
+// gather tables, norms, biases and the cache stay f32. On devices that
+// compile per shape (PJRT) rows, sequences and sampled rows are padded to
+// the device's buckets; padding rows write no cache slot.
+//
+// The KV cache is one [NumBlocks, BlockSize, Hkv, D] buffer per layer for K
+// and one for V, NumBlocks from EngineOptions.CacheBytes; sequences hold
+// blocks (lowest free first) and each step's block tables and slots are
+// built from them.
+//
+// Batch invariance: a row's result does not depend on which other rows
+// share its step, so a sequence gives the same tokens alone or in any mix
+// (bit-identical on the CPU, where oneDNN's f32 matmul was checked to give
+// the same row whatever M), and a seeded sequence draws from its own RNG
+// once per token.
+package llm

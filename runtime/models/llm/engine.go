@@ -1,0 +1,453 @@
+package llm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+	"sync"
+
+	"github.com/brokerd/brokerd/runtime"
+	"github.com/brokerd/brokerd/runtime/models"
+)
+
+// ErrInvalidStep means a step's items do not fit the engine: an unknown or
+// repeated sequence, a position that does not continue its cache, more
+// tokens than were reserved, a token outside the vocabulary. It is a bug of
+// the caller (the scheduler), not of the request.
+var ErrInvalidStep = errors.New("llm: invalid step")
+
+// ErrClosed is returned by a closed engine.
+var ErrClosed = errors.New("llm: engine closed")
+
+// Defaults of EngineOptions left zero.
+const (
+	DefaultBlockSize     = 16
+	DefaultMaxStepTokens = 512
+	DefaultMaxSeqs       = 64
+)
+
+// EngineOptions size an engine on its device.
+type EngineOptions struct {
+	// CacheBytes is the device memory for the KV cache (every layer's K and
+	// V); it sets the number of blocks. Required.
+	CacheBytes int64
+	// BlockSize is the tokens per cache block (DefaultBlockSize when 0).
+	BlockSize int
+	// MaxStepTokens bounds the rows of one step (DefaultMaxStepTokens when 0).
+	MaxStepTokens int
+	// MaxSeqs bounds the sequences of one step (DefaultMaxSeqs when 0).
+	MaxSeqs int
+}
+
+// StepItem is one sequence's part of a step; the fields mirror the
+// scheduler's StepItem (runtime does not import scheduler).
+type StepItem struct {
+	Seq    uint64
+	State  any // a *Sequence when Sample is set
+	Tokens []int32
+	Pos    int
+	Sample bool
+}
+
+// StepResult mirrors the scheduler's StepResult. Out is a Delta.
+type StepResult struct {
+	Token int32
+	Out   any
+	Stop  bool
+	Full  bool
+}
+
+// Engine runs a decoder on one device: resident weights, a paged KV cache
+// and a step graph per step shape. Reserve, Release and CacheBlocks may be
+// called at any time; Steps run one at a time.
+type Engine struct {
+	spec    netSpec
+	dev     runtime.Device
+	mmDT    runtime.DType
+	opts    EngineOptions
+	blocks  *blockPool
+	maxBlks int   // block table width: the context length's blocks
+	bucket  []int // row buckets on devices that compile per shape; nil on oneDNN
+
+	mu       sync.Mutex // Step, Close
+	closed   bool
+	resident map[string]runtime.Buffer // weights and caches, bound every step
+	graphs   map[stepShape]*runtime.Graph
+}
+
+// bucketDevice is a device that compiles one program per shape
+// (runtime/pjrt): steps are padded to its sizes. Matched by method so this
+// package imports no adapter.
+type bucketDevice interface {
+	PadBuckets() (batch, seq []int)
+}
+
+// newEngine uploads weights (named as in graph.go) to dev and allocates the
+// cache. On failure nothing stays allocated.
+func newEngine(ctx context.Context, dev runtime.Device, spec netSpec, weights map[string]models.Tensor, opts EngineOptions) (*Engine, error) {
+	if err := spec.check(); err != nil {
+		return nil, fmt.Errorf("llm: engine: %w", err)
+	}
+	if opts.BlockSize <= 0 {
+		opts.BlockSize = DefaultBlockSize
+	}
+	if opts.MaxStepTokens <= 0 {
+		opts.MaxStepTokens = DefaultMaxStepTokens
+	}
+	if opts.MaxSeqs <= 0 {
+		opts.MaxSeqs = DefaultMaxSeqs
+	}
+	opts.MaxSeqs = min(opts.MaxSeqs, opts.MaxStepTokens)
+	perBlock := int64(2*spec.Layers*opts.BlockSize*spec.KVHeads*spec.HeadDim) * 4
+	nBlocks := opts.CacheBytes / perBlock
+	if nBlocks < 1 {
+		return nil, fmt.Errorf("llm: engine on %s: %w: cache of %d bytes holds no block of %d bytes", dev.ID(), runtime.ErrOutOfMemory, opts.CacheBytes, perBlock)
+	}
+	nBlocks = min(nBlocks, 1<<30/int64(opts.BlockSize)) // slots are I32
+	e := &Engine{
+		spec: spec, dev: dev, mmDT: computeType(dev), opts: opts,
+		maxBlks:  (spec.Context + opts.BlockSize - 1) / opts.BlockSize,
+		resident: map[string]runtime.Buffer{}, graphs: map[stepShape]*runtime.Graph{},
+	}
+	e.blocks = newBlockPool(int(nBlocks), opts.BlockSize, e.maxBlks)
+	if bd, ok := dev.(bucketDevice); ok {
+		batch, _ := bd.PadBuckets()
+		e.bucket = slices.Sorted(slices.Values(batch))
+	}
+	if err := e.upload(ctx, weights); err != nil {
+		e.free()
+		return nil, err
+	}
+	for l := range spec.Layers {
+		for _, n := range []string{lKCache, lVCache} {
+			buf, err := dev.Alloc(runtime.F32, int(nBlocks), opts.BlockSize, spec.KVHeads, spec.HeadDim)
+			if err != nil {
+				e.free()
+				return nil, fmt.Errorf("llm: engine: cache on %s: %w", dev.ID(), err)
+			}
+			e.resident[lw(l, n)] = buf
+		}
+	}
+	return e, nil
+}
+
+// computeType is the matmul operand type: bf16 where the device computes
+// in bf16 (runtime/onednn says so by method), f32 otherwise.
+func computeType(dev runtime.Device) runtime.DType {
+	if ct, ok := dev.(interface{ ComputeType() runtime.DType }); ok && ct.ComputeType() == runtime.BF16 {
+		return runtime.BF16
+	}
+	return runtime.F32
+}
+
+// matmulWeight says whether a resident weight is a matmul operand (stored
+// in the device's compute type) rather than a gather table, a norm's gain,
+// a bias or a frequency table (always f32).
+func matmulWeight(name string) bool {
+	switch name {
+	case wLMHead:
+		return true
+	case wEmbed, wNorm, wInvFreq:
+		return false
+	}
+	for _, s := range []string{lWQ, lWK, lWV, lWO, lGateUp, lDown} {
+		if len(name) > len(s) && name[len(name)-len(s)-1:] == "."+s {
+			return true
+		}
+	}
+	return false
+}
+
+func (e *Engine) upload(ctx context.Context, weights map[string]models.Tensor) error {
+	names := make([]string, 0, len(weights))
+	for n := range weights {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		t := weights[n]
+		if n == wLMHead && e.spec.Tied && e.mmDT == runtime.F32 {
+			continue // the gather table is the f32 operand as it is
+		}
+		dt := runtime.F32
+		if matmulWeight(n) {
+			dt = e.mmDT
+		}
+		buf, err := e.dev.Alloc(dt, t.Shape...)
+		if err != nil {
+			return fmt.Errorf("llm: engine: weight %q on %s: %w", n, e.dev.ID(), err)
+		}
+		e.resident[n] = buf
+		if err := e.dev.CopyIn(ctx, buf, t.Data); err != nil {
+			return fmt.Errorf("llm: engine: weight %q on %s: %w", n, e.dev.ID(), err)
+		}
+	}
+	if _, ok := e.resident[wLMHead]; !ok {
+		e.resident[wLMHead] = e.resident[wEmbed]
+	}
+	return nil
+}
+
+func (e *Engine) free() {
+	seen := map[runtime.Buffer]bool{}
+	for _, b := range e.resident {
+		if !seen[b] {
+			seen[b] = true
+			e.dev.Free(b)
+		}
+	}
+	e.resident = nil
+}
+
+// Close frees the weights and the cache. Steps after it fail with ErrClosed.
+func (e *Engine) Close() error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		return nil
+	}
+	e.closed = true
+	e.free()
+	return nil
+}
+
+// Reserve makes sure sequence seq has cache blocks for tokens positions in
+// all; false when the free blocks do not suffice now, or tokens exceed the
+// context length.
+func (e *Engine) Reserve(seq uint64, tokens int) bool {
+	if tokens > e.spec.Context {
+		return false
+	}
+	return e.blocks.reserve(seq, tokens)
+}
+
+// Release frees seq's cache blocks.
+func (e *Engine) Release(seq uint64) { e.blocks.release(seq) }
+
+// CacheBlocks returns the blocks held by sequences and the cache's size.
+func (e *Engine) CacheBlocks() (used, total int) { return e.blocks.used() }
+
+// BlockSize is the tokens per cache block.
+func (e *Engine) BlockSize() int { return e.opts.BlockSize }
+
+// pad returns n rounded up to the device's next bucket (n on oneDNN, which
+// runs any shape).
+func (e *Engine) pad(n int) int {
+	for _, b := range e.bucket {
+		if b >= n {
+			return b
+		}
+	}
+	return n
+}
+
+// stepPlan is a step's host-side inputs.
+type stepPlan struct {
+	shape                   stepShape
+	ids, pos, slots, seqIdx []int32
+	btab                    []int32
+	rows                    []int32
+	sampled                 []int // item index of each sampled row
+	filled                  []int // new filled length per item
+}
+
+func (e *Engine) plan(items []StepItem) (*stepPlan, error) {
+	if len(items) == 0 {
+		return nil, fmt.Errorf("%w: no items", ErrInvalidStep)
+	}
+	if len(items) > e.opts.MaxSeqs {
+		return nil, fmt.Errorf("%w: %d sequences, at most %d", ErrInvalidStep, len(items), e.opts.MaxSeqs)
+	}
+	t := 0
+	for _, it := range items {
+		t += len(it.Tokens)
+	}
+	if t > e.opts.MaxStepTokens {
+		return nil, fmt.Errorf("%w: %d tokens, at most %d", ErrInvalidStep, t, e.opts.MaxStepTokens)
+	}
+	p := &stepPlan{filled: make([]int, len(items))}
+	p.shape.S = e.pad(len(items))
+	p.shape.T = e.pad(t)
+	p.btab = make([]int32, p.shape.S*e.maxBlks)
+	p.ids = make([]int32, 0, p.shape.T)
+	p.pos = make([]int32, 0, p.shape.T)
+	p.slots = make([]int32, 0, p.shape.T)
+	p.seqIdx = make([]int32, 0, p.shape.T)
+	seen := make(map[uint64]bool, len(items))
+	bs := e.opts.BlockSize
+	for i, it := range items {
+		if seen[it.Seq] {
+			return nil, fmt.Errorf("%w: sequence %d twice", ErrInvalidStep, it.Seq)
+		}
+		seen[it.Seq] = true
+		if len(it.Tokens) == 0 {
+			return nil, fmt.Errorf("%w: sequence %d has no tokens", ErrInvalidStep, it.Seq)
+		}
+		blocks, filled, ok := e.blocks.snapshot(it.Seq)
+		if !ok {
+			return nil, fmt.Errorf("%w: sequence %d holds no cache blocks", ErrInvalidStep, it.Seq)
+		}
+		end := it.Pos + len(it.Tokens)
+		switch {
+		case it.Pos != filled:
+			return nil, fmt.Errorf("%w: sequence %d at position %d, its cache holds %d", ErrInvalidStep, it.Seq, it.Pos, filled)
+		case end > len(blocks)*bs:
+			return nil, fmt.Errorf("%w: sequence %d runs to position %d with %d reserved", ErrInvalidStep, it.Seq, end, len(blocks)*bs)
+		}
+		if it.Sample {
+			if _, ok := it.State.(*Sequence); !ok {
+				return nil, fmt.Errorf("%w: sequence %d samples with state %T, want *llm.Sequence", ErrInvalidStep, it.Seq, it.State)
+			}
+		}
+		copy(p.btab[i*e.maxBlks:], blocks)
+		for j, tok := range it.Tokens {
+			if tok < 0 || int(tok) >= e.spec.Vocab {
+				return nil, fmt.Errorf("%w: sequence %d: token %d outside the vocabulary of %d", ErrInvalidStep, it.Seq, tok, e.spec.Vocab)
+			}
+			pos := it.Pos + j
+			p.ids = append(p.ids, tok)
+			p.pos = append(p.pos, int32(pos))
+			p.slots = append(p.slots, blocks[pos/bs]*int32(bs)+int32(pos%bs))
+			p.seqIdx = append(p.seqIdx, int32(i))
+		}
+		p.filled[i] = end
+		if it.Sample {
+			p.rows = append(p.rows, int32(len(p.ids)-1))
+			p.sampled = append(p.sampled, i)
+		}
+	}
+	// Padding rows write nowhere (slot -1) and attend as position 0 of
+	// sequence 0; their outputs are never read.
+	for len(p.ids) < p.shape.T {
+		p.ids = append(p.ids, 0)
+		p.pos = append(p.pos, 0)
+		p.slots = append(p.slots, -1)
+		p.seqIdx = append(p.seqIdx, 0)
+	}
+	p.shape.R = e.pad(max(len(p.rows), 1))
+	for len(p.rows) < p.shape.R {
+		p.rows = append(p.rows, 0)
+	}
+	return p, nil
+}
+
+// forward runs the step graph and returns the logits of the sampled rows,
+// [R·V] row-major.
+func (e *Engine) forward(ctx context.Context, p *stepPlan) ([]float32, error) {
+	g := e.graphs[p.shape]
+	if g == nil {
+		g = stepGraph(e.spec, e.mmDT, p.shape)
+		if len(e.graphs) >= 256 {
+			clear(e.graphs) // bounded: shapes vary with the step on oneDNN
+		}
+		e.graphs[p.shape] = g
+	}
+	bind := make(map[string]runtime.Buffer, len(e.resident)+7)
+	for k, v := range e.resident {
+		bind[k] = v
+	}
+	var allocated []runtime.Buffer
+	defer func() {
+		for _, b := range allocated {
+			e.dev.Free(b)
+		}
+	}()
+	in := func(name string, vals []int32, shape ...int) error {
+		b, err := e.dev.Alloc(runtime.I32, shape...)
+		if err != nil {
+			return err
+		}
+		allocated = append(allocated, b)
+		bind[name] = b
+		return e.dev.CopyInInt32(ctx, b, vals)
+	}
+	sh := p.shape
+	for _, f := range []struct {
+		name  string
+		vals  []int32
+		shape []int
+	}{
+		{gIDs, p.ids, []int{sh.T}}, {gPos, p.pos, []int{sh.T}}, {gSlots, p.slots, []int{sh.T}},
+		{gSeqIdx, p.seqIdx, []int{sh.T}}, {gBlocks, p.btab, []int{sh.S, e.maxBlks}}, {gRows, p.rows, []int{sh.R}},
+	} {
+		if err := in(f.name, f.vals, f.shape...); err != nil {
+			return nil, fmt.Errorf("llm: step input %s on %s: %w", f.name, e.dev.ID(), err)
+		}
+	}
+	out, err := e.dev.Alloc(runtime.F32, sh.R, e.spec.Vocab)
+	if err != nil {
+		return nil, fmt.Errorf("llm: step logits on %s: %w", e.dev.ID(), err)
+	}
+	allocated = append(allocated, out)
+	bind[gLogits] = out
+	if err := e.dev.Run(ctx, g, bind); err != nil {
+		return nil, fmt.Errorf("llm: step on %s: %w", e.dev.ID(), err)
+	}
+	logits := make([]float32, sh.R*e.spec.Vocab)
+	if err := e.dev.CopyOut(ctx, logits, out); err != nil {
+		return nil, fmt.Errorf("llm: step logits from %s: %w", e.dev.ID(), err)
+	}
+	return logits, nil
+}
+
+// Step runs one forward pass over items (prefill chunks and decode tokens
+// of distinct sequences, each continuing its cache) and samples the next
+// token of every item with Sample set, with that sequence's sampler.
+// Results are one per item; those without Sample are zero.
+func (e *Engine) Step(ctx context.Context, items []StepItem) ([]StepResult, error) {
+	logits, err := e.stepLogits(ctx, items)
+	if err != nil {
+		return nil, err
+	}
+	return e.sample(items, logits)
+}
+
+// sample picks the next token of each sampling item from its row of
+// logits (item order) with the item's sequence.
+func (e *Engine) sample(items []StepItem, logits []float32) ([]StepResult, error) {
+	out := make([]StepResult, len(items))
+	v := e.spec.Vocab
+	r := 0
+	for i, it := range items {
+		if !it.Sample {
+			continue
+		}
+		seq := it.State.(*Sequence)
+		res, err := seq.next(logits[r*v : (r+1)*v])
+		if err != nil {
+			return nil, fmt.Errorf("llm: sequence %d: %w", it.Seq, err)
+		}
+		r++
+		// Full: the sampled token takes the context's last position.
+		res.Full = !res.Stop && it.Pos+len(it.Tokens)+1 >= e.spec.Context
+		out[i] = res
+	}
+	return out, nil
+}
+
+// stepLogits runs a step and returns the sampled rows' logits in item
+// order, [R·V].
+func (e *Engine) stepLogits(ctx context.Context, items []StepItem) ([]float32, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		return nil, ErrClosed
+	}
+	p, err := e.plan(items)
+	if err != nil {
+		return nil, err
+	}
+	logits, err := e.forward(ctx, p)
+	if err != nil {
+		return nil, err
+	}
+	for i, it := range items {
+		e.blocks.setFilled(it.Seq, p.filled[i])
+	}
+	return logits, nil
+}

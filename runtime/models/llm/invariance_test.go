@@ -1,0 +1,89 @@
+package llm
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/brokerd/brokerd/runtime"
+)
+
+// TestMatMulRowInvariance checks the property the engine's batch
+// invariance rests on: oneDNN's matmul gives every row the same bits
+// whatever the number of rows M (its reduction over K does not depend on
+// M, nor on the thread count oneDNN picks from the problem size). Shapes
+// are Qwen2.5-0.5B's projections and the test model's; M up to 512 was
+// checked the same way by hand (too slow for every run).
+func TestMatMulRowInvariance(t *testing.T) {
+	ctx := context.Background()
+	for _, dt := range []runtime.DType{runtime.F32, runtime.BF16} {
+		dev, err := openCPUMaybe(dt)
+		if err != nil {
+			t.Logf("%s: %v", dt, err)
+			continue
+		}
+		defer dev.Close()
+		for _, kn := range [][2]int{{896, 1152}, {4864, 896}, {896, 9728}, {32, 80}} {
+			k, n := kn[0], kn[1]
+			t.Run(fmt.Sprintf("%s/%dx%d", dt, k, n), func(t *testing.T) {
+				r := rand.New(rand.NewPCG(1, 2))
+				w := make([]float32, n*k)
+				for i := range w {
+					w[i] = float32(r.NormFloat64())
+				}
+				wb, _ := dev.Alloc(dt, n, k)
+				defer dev.Free(wb)
+				if err := dev.CopyIn(ctx, wb, w); err != nil {
+					t.Fatal(err)
+				}
+				const rows = 67
+				x := make([]float32, rows*k)
+				for i := range x {
+					x[i] = float32(r.NormFloat64())
+				}
+				// Row i computed in products of M = 1, 3, 16, 67 rows
+				// starting at different offsets.
+				var ref [][]float32
+				for _, m := range []int{1, 3, 16, 67} {
+					for start := 0; start+m <= rows; start += m {
+						got := matmulRows(t, dev, dt, wb, x[start*k:(start+m)*k], m, k, n)
+						for i := range m {
+							row := got[i*n : (i+1)*n]
+							if ref == nil || len(ref) <= start+i {
+								ref = append(ref, row)
+								continue
+							}
+							for j, v := range row {
+								if math.Float32bits(v) != math.Float32bits(ref[start+i][j]) {
+									t.Fatalf("row %d col %d: %g with M=%d, %g with M=1", start+i, j, v, m, ref[start+i][j])
+								}
+							}
+						}
+					}
+				}
+			})
+		}
+	}
+}
+
+func matmulRows(t *testing.T, dev runtime.Device, dt runtime.DType, w runtime.Buffer, x []float32, m, k, n int) []float32 {
+	ctx := context.Background()
+	xb, _ := dev.Alloc(dt, m, k)
+	ob, _ := dev.Alloc(runtime.F32, m, n)
+	defer dev.Free(xb)
+	defer dev.Free(ob)
+	if err := dev.CopyIn(ctx, xb, x); err != nil {
+		t.Fatal(err)
+	}
+	g := &runtime.Graph{Ops: []runtime.Op{{Kind: runtime.OpMatMul, In: []string{"x", "w"}, Out: "o", TransB: true}}}
+	if err := dev.Run(ctx, g, map[string]runtime.Buffer{"x": xb, "w": w, "o": ob}); err != nil {
+		t.Fatal(err)
+	}
+	out := make([]float32, m*n)
+	if err := dev.CopyOut(ctx, out, ob); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}

@@ -1,0 +1,286 @@
+package llm
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+
+	"github.com/brokerd/brokerd/runtime"
+	"github.com/brokerd/brokerd/runtime/models"
+)
+
+// KindLLM is the model kind of decoder LLMs in the repository.
+const KindLLM models.Kind = "llm"
+
+// DefaultMaxTokens bounds a request's output when it and generation_config
+// say nothing.
+const DefaultMaxTokens = 256
+
+// Message is one turn of a conversation: system, user or assistant.
+type Message struct {
+	Role, Content string
+}
+
+// Tokenizer is what a model needs of its tokenizer: prompts to ids (with
+// the special tokens its post-processor adds when addSpecial), and a
+// streaming detokeniser per sequence.
+type Tokenizer interface {
+	Encode(text string, addSpecial bool) ([]int32, error)
+	NewDetokenizer() Detokenizer
+}
+
+// ChatTemplate renders a conversation as the model's prompt text.
+type ChatTemplate interface {
+	Render(messages []Message, addGenerationPrompt bool) (string, error)
+}
+
+// ModelOptions name a model and its host-side parts.
+type ModelOptions struct {
+	Name    string
+	Version int64
+	// Tokenizer and Chat may be nil: then the model takes token ids only
+	// (Encode and RenderChat fail) and sequences carry no text.
+	Tokenizer Tokenizer
+	Chat      ChatTemplate
+	// GenerationConfig is generation_config.json (nil: none): its EOS ids
+	// join config.json's, and its sampling values become the defaults.
+	GenerationConfig []byte
+	// BaseBatch is the model's base running set (the batch plan scales it
+	// per device type); models.DefaultBaseBatch when 0.
+	BaseBatch int
+}
+
+// Model is a decoder LLM loaded on the host: its shape, its weights in the
+// engine's layout, and the host-side parts sequences need. It is placed on
+// devices with NewEngine.
+type Model struct {
+	opts     ModelOptions
+	arch     string
+	spec     netSpec
+	weights  map[string]models.Tensor // engine names (graph.go)
+	eos      []int32
+	defaults Sampling
+	maxNew   int
+}
+
+// NewModel checks config (config.json) and weights (Hugging Face names:
+// model.embed_tokens.weight, model.layers.N.self_attn.q_proj.weight, ...;
+// gate_proj and up_proj, or gate_up_proj fused) and returns the model.
+func NewModel(config []byte, weights map[string]models.Tensor, opts ModelOptions) (*Model, error) {
+	spec, eos, arch, err := parseConfig(config)
+	if err != nil {
+		return nil, fmt.Errorf("llm %q: %w", opts.Name, err)
+	}
+	w, err := engineWeights(spec, weights)
+	if err != nil {
+		return nil, fmt.Errorf("llm %q: %w", opts.Name, err)
+	}
+	if opts.BaseBatch <= 0 {
+		opts.BaseBatch = models.DefaultBaseBatch
+	}
+	m := &Model{opts: opts, arch: arch, spec: spec, weights: w, eos: eos, maxNew: DefaultMaxTokens}
+	if opts.GenerationConfig != nil {
+		if err := m.generationConfig(opts.GenerationConfig); err != nil {
+			return nil, fmt.Errorf("llm %q: %w", opts.Name, err)
+		}
+	}
+	for _, id := range m.eos {
+		if id < 0 || int(id) >= spec.Vocab {
+			return nil, fmt.Errorf("%w: llm %q: eos_token_id %d outside the vocabulary of %d", models.ErrInvalidInput, opts.Name, id, spec.Vocab)
+		}
+	}
+	return m, nil
+}
+
+// generationConfig reads generation_config.json's EOS ids and sampling
+// defaults (do_sample false means greedy whatever the other values say).
+func (m *Model) generationConfig(raw []byte) error {
+	var g struct {
+		EOSTokenID        json.RawMessage `json:"eos_token_id"`
+		DoSample          *bool           `json:"do_sample"`
+		Temperature       *float32        `json:"temperature"`
+		TopP              *float32        `json:"top_p"`
+		TopK              *int            `json:"top_k"`
+		MinP              *float32        `json:"min_p"`
+		RepetitionPenalty *float32        `json:"repetition_penalty"`
+		MaxNewTokens      *int            `json:"max_new_tokens"`
+	}
+	if err := json.Unmarshal(raw, &g); err != nil {
+		return fmt.Errorf("%w: generation_config.json: %w", models.ErrInvalidInput, err)
+	}
+	ids, err := tokenIDs(g.EOSTokenID)
+	if err != nil {
+		return fmt.Errorf("%w: generation_config.json: eos_token_id: %w", models.ErrInvalidInput, err)
+	}
+	m.eos = slices.Compact(slices.Sorted(slices.Values(append(m.eos, ids...))))
+	d := Sampling{}
+	if g.DoSample != nil && *g.DoSample {
+		d.Temperature = 1
+		if g.Temperature != nil {
+			d.Temperature = *g.Temperature
+		}
+		if g.TopP != nil {
+			d.TopP = *g.TopP
+		}
+		if g.TopK != nil {
+			d.TopK = *g.TopK
+		}
+		if g.MinP != nil {
+			d.MinP = *g.MinP
+		}
+	}
+	if g.RepetitionPenalty != nil {
+		d.RepetitionPenalty = *g.RepetitionPenalty
+	}
+	if err := d.Validate(); err != nil {
+		return fmt.Errorf("generation_config.json: %w", err)
+	}
+	m.defaults = d
+	if g.MaxNewTokens != nil && *g.MaxNewTokens > 0 {
+		m.maxNew = *g.MaxNewTokens
+	}
+	return nil
+}
+
+// Arch is config.json's architecture (ArchLlama, ArchQwen2, ArchQwen3).
+func (m *Model) Arch() string { return m.arch }
+
+// ContextLength is the most tokens a sequence holds, prompt and output.
+func (m *Model) ContextLength() int { return m.spec.Context }
+
+// VocabSize is the number of token ids.
+func (m *Model) VocabSize() int { return m.spec.Vocab }
+
+// EOS returns the end-of-sequence ids.
+func (m *Model) EOS() []int32 { return slices.Clone(m.eos) }
+
+// DefaultSampling is generation_config.json's sampling (greedy without it).
+func (m *Model) DefaultSampling() Sampling { return m.defaults }
+
+// DefaultMaxTokens bounds the output of a request that sets no bound.
+func (m *Model) DefaultMaxTokens() int { return m.maxNew }
+
+// Info describes the model for the server and the lifecycle.
+func (m *Model) Info() models.Info {
+	return models.Info{
+		Name: m.opts.Name, Version: m.opts.Version, Kind: KindLLM,
+		Inputs:    []models.TensorSpec{{Name: "prompt", DType: "BYTES", Shape: []int64{-1}}},
+		Outputs:   []models.TensorSpec{{Name: "text", DType: "BYTES", Shape: []int64{-1}}},
+		BaseBatch: m.opts.BaseBatch, MaxSeqLen: m.spec.Context, Dim: m.spec.Vocab,
+	}
+}
+
+// Encode tokenises a prompt, with the tokenizer's special tokens (BOS)
+// when addSpecial.
+func (m *Model) Encode(text string, addSpecial bool) ([]int32, error) {
+	if m.opts.Tokenizer == nil {
+		return nil, fmt.Errorf("%w: llm %q has no tokenizer", models.ErrInvalidInput, m.opts.Name)
+	}
+	ids, err := m.opts.Tokenizer.Encode(text, addSpecial)
+	if err != nil {
+		return nil, fmt.Errorf("%w: llm %q: encode: %w", models.ErrInvalidInput, m.opts.Name, err)
+	}
+	return ids, nil
+}
+
+// RenderChat renders messages with the model's chat template; with
+// addGenerationPrompt the text ends where the assistant's reply begins.
+func (m *Model) RenderChat(messages []Message, addGenerationPrompt bool) (string, error) {
+	if m.opts.Chat == nil {
+		return "", fmt.Errorf("%w: llm %q has no chat template", models.ErrInvalidInput, m.opts.Name)
+	}
+	s, err := m.opts.Chat.Render(messages, addGenerationPrompt)
+	if err != nil {
+		return "", fmt.Errorf("%w: llm %q: chat template: %w", models.ErrInvalidInput, m.opts.Name, err)
+	}
+	return s, nil
+}
+
+// NewSequence validates params and returns the state of one sequence
+// continuing prompt: the StepItem.State of its steps.
+func (m *Model) NewSequence(params Sampling, prompt []int32) (*Sequence, error) {
+	if len(prompt) == 0 {
+		return nil, fmt.Errorf("%w: empty prompt", models.ErrInvalidInput)
+	}
+	if len(prompt) >= m.spec.Context {
+		return nil, fmt.Errorf("%w: prompt of %d tokens leaves no room in a context of %d", models.ErrInvalidInput, len(prompt), m.spec.Context)
+	}
+	for i, id := range prompt {
+		if id < 0 || int(id) >= m.spec.Vocab {
+			return nil, fmt.Errorf("%w: prompt token %d is id %d, outside the vocabulary of %d", models.ErrInvalidInput, i, id, m.spec.Vocab)
+		}
+	}
+	for _, id := range params.StopTokenIDs {
+		if id < 0 || int(id) >= m.spec.Vocab {
+			return nil, fmt.Errorf("%w: stop token id %d outside the vocabulary of %d", ErrInvalidSampling, id, m.spec.Vocab)
+		}
+	}
+	var detok Detokenizer
+	if m.opts.Tokenizer != nil {
+		detok = m.opts.Tokenizer.NewDetokenizer()
+	}
+	return newSequence(params, prompt, m.spec.Vocab, m.eos, detok)
+}
+
+// NewEngine uploads the weights to dev (matmul weights in the device's
+// compute type) and allocates a KV cache of opts.CacheBytes.
+func (m *Model) NewEngine(ctx context.Context, dev runtime.Device, opts EngineOptions) (*Engine, error) {
+	e, err := newEngine(ctx, dev, m.spec, m.weights, opts)
+	if err != nil {
+		return nil, fmt.Errorf("llm %q: %w", m.opts.Name, err)
+	}
+	return e, nil
+}
+
+// WeightBytes is the device memory of the weights when matmuls run in dt
+// (F32 or BF16): what NewEngine allocates besides the cache.
+func (m *Model) WeightBytes(dt runtime.DType) int64 {
+	var n int64
+	for name, t := range m.weights {
+		edt := runtime.F32
+		if matmulWeight(name) {
+			edt = dt
+		}
+		if name == wLMHead && m.spec.Tied && edt == runtime.F32 {
+			continue // shares the embedding table's buffer
+		}
+		n += alignedBytes(edt, t.Shape)
+	}
+	return n
+}
+
+// CacheBlockBytes is the device memory of one KV-cache block of blockSize
+// tokens (DefaultBlockSize when 0) over all layers, K and V.
+func (m *Model) CacheBlockBytes(blockSize int) int64 {
+	if blockSize <= 0 {
+		blockSize = DefaultBlockSize
+	}
+	return int64(2*m.spec.Layers*blockSize*m.spec.KVHeads*m.spec.HeadDim) * 4
+}
+
+// StepBytes bounds the device memory one step of maxStepTokens rows from
+// maxSeqs sequences holds besides weights and cache: its inputs, the
+// intermediates alive at once, and the logits of every sequence sampling.
+func (m *Model) StepBytes(dt runtime.DType, maxStepTokens, maxSeqs int) int64 {
+	s := m.spec
+	t := int64(max(maxStepTokens, 1))
+	qkv := int64((s.Heads + 2*s.KVHeads) * s.HeadDim)
+	// The residual, a normed copy and its operand copy, q/k/v with their
+	// rotated copies, the attention output, gate_up and its product.
+	perRow := 3*int64(s.Hidden) + 2*qkv + int64(s.Heads*s.HeadDim) + 3*int64(s.Inter)
+	if dt == runtime.BF16 {
+		perRow += int64(s.Hidden+s.Inter+s.Heads*s.HeadDim) / 2
+	}
+	maxBlks := int64((s.Context + DefaultBlockSize - 1) / DefaultBlockSize)
+	inputs := 5*t + int64(maxSeqs)*maxBlks + int64(maxSeqs)
+	return (t*perRow+int64(maxSeqs)*(int64(s.Vocab)+int64(s.Hidden)))*4 + inputs*4 + 64*64
+}
+
+func alignedBytes(dt runtime.DType, shape []int) int64 {
+	n := int64(dt.Size())
+	for _, d := range shape {
+		n *= int64(d)
+	}
+	return (n + 63) / 64 * 64
+}

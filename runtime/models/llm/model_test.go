@@ -1,0 +1,183 @@
+package llm
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"math"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/brokerd/brokerd/runtime/models"
+)
+
+// configJSON is a config.json for arch with tinyNet(arch)'s shape.
+func configJSON(t *testing.T, arch string, edit func(map[string]any)) []byte {
+	t.Helper()
+	s := tinyNet(arch)
+	c := map[string]any{
+		"vocab_size": s.Vocab, "hidden_size": s.Hidden, "num_hidden_layers": s.Layers,
+		"num_attention_heads": s.Heads, "num_key_value_heads": s.KVHeads, "intermediate_size": s.Inter,
+		"max_position_embeddings": s.Context, "rms_norm_eps": 1e-6, "tie_word_embeddings": s.Tied,
+		"hidden_act": "silu", "eos_token_id": 2,
+	}
+	switch arch {
+	case "llama":
+		c["architectures"] = []string{ArchLlama}
+		c["rope_theta"] = 500000.0
+		c["rope_scaling"] = map[string]any{"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 16}
+		c["eos_token_id"] = []int{2, 3}
+	case "qwen2":
+		c["architectures"] = []string{ArchQwen2}
+		c["rope_theta"] = 10000.0
+		c["use_sliding_window"] = false
+	case "qwen3":
+		c["architectures"] = []string{ArchQwen3}
+		c["rope_theta"] = 1000000.0
+		c["head_dim"] = s.HeadDim
+	}
+	if edit != nil {
+		edit(c)
+	}
+	b, err := json.Marshal(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func TestParseConfig(t *testing.T) {
+	for _, arch := range []string{"llama", "qwen2", "qwen3"} {
+		got, eos, _, err := parseConfig(configJSON(t, arch, nil))
+		if err != nil {
+			t.Fatalf("%s: %v", arch, err)
+		}
+		want := tinyNet(arch)
+		if got.Vocab != want.Vocab || got.HeadDim != want.HeadDim || got.QKVBias != want.QKVBias || got.QKNorm != want.QKNorm ||
+			got.Tied != want.Tied || got.KVHeads != want.KVHeads || !slices.Equal(got.InvFreq, want.InvFreq) {
+			t.Errorf("%s: spec %+v, want %+v", arch, got, want)
+		}
+		if arch == "llama" && !slices.Equal(eos, []int32{2, 3}) || arch != "llama" && !slices.Equal(eos, []int32{2}) {
+			t.Errorf("%s: eos %v", arch, eos)
+		}
+	}
+	for _, tc := range []struct {
+		name, arch, field string
+		edit              func(map[string]any)
+	}{
+		{"unknown architecture", "llama", "architectures", func(c map[string]any) { c["architectures"] = []string{"GPT2LMHeadModel"} }},
+		{"sliding window", "qwen2", "use_sliding_window", func(c map[string]any) { c["use_sliding_window"] = true }},
+		{"activation", "llama", "hidden_act", func(c map[string]any) { c["hidden_act"] = "gelu" }},
+		{"rope type", "llama", "rope_scaling", func(c map[string]any) { c["rope_scaling"] = map[string]any{"rope_type": "yarn", "factor": 4.0} }},
+		{"gqa", "llama", "num_key_value_heads", func(c map[string]any) { c["num_key_value_heads"] = 3 }},
+		{"no layers", "qwen3", "num_hidden_layers", func(c map[string]any) { c["num_hidden_layers"] = 0 }},
+		{"eos", "qwen3", "eos_token_id", func(c map[string]any) { c["eos_token_id"] = "x" }},
+	} {
+		_, _, _, err := parseConfig(configJSON(t, tc.arch, tc.edit))
+		if !errors.Is(err, models.ErrInvalidInput) || !strings.Contains(err.Error(), tc.field) {
+			t.Errorf("%s: %v, want ErrInvalidInput naming %s", tc.name, err, tc.field)
+		}
+	}
+}
+
+// TestLlama3RopeScaling checks the three regimes of Llama 3's frequency
+// scaling (transformers' _compute_llama3_parameters) for Llama 3.2's values:
+// head_dim 64, rope_theta 500000, factor 32, low 1, high 4, original 8192.
+func TestLlama3RopeScaling(t *testing.T) {
+	f := ropeFreqs(64, 500000, &ropeScaling{Factor: 32, LowFreqFactor: 1, HighFreqFactor: 4, OriginalMaxPositions: 8192})
+	// Wavelengths below 8192/4 keep their frequency, those above 8192 are
+	// divided by 32, and those between are interpolated smoothly.
+	for i, v := range f {
+		base := 1 / math.Pow(500000, float64(2*i)/64)
+		wave := 2 * math.Pi / base
+		ratio := base / float64(v)
+		switch {
+		case wave < 2048:
+			if math.Abs(ratio-1) > 1e-6 {
+				t.Errorf("freq %d (wave %.0f) scaled by %g, want 1", i, wave, ratio)
+			}
+		case wave > 8192:
+			if math.Abs(ratio-32) > 1e-4 {
+				t.Errorf("freq %d (wave %.0f) scaled by %g, want 32", i, wave, ratio)
+			}
+		default:
+			if ratio <= 1 || ratio >= 32 {
+				t.Errorf("freq %d (wave %.0f) scaled by %g, want between", i, wave, ratio)
+			}
+		}
+	}
+	// Frequencies never increase along the head dimension.
+	for i := 1; i < len(f); i++ {
+		if f[i] > f[i-1] {
+			t.Fatalf("freq %d %g > freq %d %g", i, f[i], i-1, f[i-1])
+		}
+	}
+}
+
+func TestModel(t *testing.T) {
+	ctx := context.Background()
+	s := tinyNet("qwen3")
+	gen := []byte(`{"eos_token_id": [5, 2], "do_sample": true, "temperature": 0.7, "top_p": 0.8, "top_k": 20, "max_new_tokens": 77}`)
+	m, err := NewModel(configJSON(t, "qwen3", nil), randomCheckpoint(s, 3), ModelOptions{Name: "q", GenerationConfig: gen})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := m.DefaultSampling(); d.Temperature != 0.7 || d.TopP != 0.8 || d.TopK != 20 {
+		t.Errorf("defaults %+v", d)
+	}
+	if m.DefaultMaxTokens() != 77 || !slices.Equal(m.EOS(), []int32{2, 5}) || m.ContextLength() != s.Context {
+		t.Errorf("max tokens %d, eos %v, context %d", m.DefaultMaxTokens(), m.EOS(), m.ContextLength())
+	}
+	if info := m.Info(); info.Kind != KindLLM || info.Name != "q" || info.MaxSeqLen != s.Context {
+		t.Errorf("info %+v", info)
+	}
+	for _, p := range [][]int32{nil, make([]int32, s.Context), {int32(s.Vocab)}} {
+		if _, err := m.NewSequence(Sampling{}, p); !errors.Is(err, models.ErrInvalidInput) {
+			t.Errorf("prompt of %d tokens: %v", len(p), err)
+		}
+	}
+	if _, err := m.NewSequence(Sampling{StopTokenIDs: []int32{-1}}, []int32{1}); !errors.Is(err, models.ErrInvalidInput) {
+		t.Errorf("stop id -1: %v", err)
+	}
+	if _, err := m.Encode("x", true); !errors.Is(err, models.ErrInvalidInput) {
+		t.Errorf("Encode without a tokenizer: %v", err)
+	}
+	// Fused gate_up weights load the same model.
+	w := randomCheckpoint(s, 3)
+	for l := range s.Layers {
+		p := "model.layers." + string(rune('0'+l)) + ".mlp."
+		g, u := w[p+"gate_proj.weight"], w[p+"up_proj.weight"]
+		w[p+"gate_up_proj.weight"] = models.Tensor{Shape: []int{2 * s.Inter, s.Hidden}, Data: append(slices.Clone(g.Data), u.Data...)}
+		delete(w, p+"gate_proj.weight")
+		delete(w, p+"up_proj.weight")
+	}
+	fused, err := NewModel(configJSON(t, "qwen3", nil), w, ModelOptions{Name: "q"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := refForward(s, randomCheckpoint(s, 3), prompt(6, 1, s.Vocab))
+	for _, mm := range []*Model{m, fused} {
+		e, err := mm.NewEngine(ctx, &goDevice{}, EngineOptions{CacheBytes: 1 << 20})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !e.Reserve(1, 6) {
+			t.Fatal("reserve")
+		}
+		seq, _ := mm.NewSequence(Sampling{}, prompt(6, 1, s.Vocab))
+		res, err := e.Step(ctx, []StepItem{{Seq: 1, State: seq, Tokens: prompt(6, 1, s.Vocab), Sample: true}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res[0].Token != argmax(want[5]) {
+			t.Errorf("token %d, reference %d", res[0].Token, argmax(want[5]))
+		}
+		e.Close()
+	}
+	// A missing weight is named.
+	delete(w, "model.layers.1.self_attn.k_norm.weight")
+	if _, err := NewModel(configJSON(t, "qwen3", nil), w, ModelOptions{}); !errors.Is(err, models.ErrInvalidInput) || !strings.Contains(err.Error(), "k_norm") {
+		t.Errorf("missing k_norm: %v", err)
+	}
+}

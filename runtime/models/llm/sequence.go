@@ -1,0 +1,403 @@
+package llm
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"strings"
+
+	"github.com/brokerd/brokerd/runtime/models"
+)
+
+// ErrInvalidSampling means sampling parameters out of range; it wraps
+// models.ErrInvalidInput (INVALID_ARGUMENT at the edge).
+var ErrInvalidSampling = fmt.Errorf("%w: sampling parameters", models.ErrInvalidInput)
+
+// MaxTopLogprobs is the most alternatives a token's logprob entry carries.
+const MaxTopLogprobs = 20
+
+// Sampling is how a sequence picks its tokens (the API's SamplingParams).
+type Sampling struct {
+	Temperature float32 // 0: greedy
+	TopP        float32 // nucleus; 0 or 1: off
+	TopK        int     // 0: off
+	MinP        float32 // 0: off
+	// RepetitionPenalty divides positive logits (multiplies negative ones)
+	// of tokens in the prompt or output; 0 or 1: off.
+	RepetitionPenalty float32
+	// PresencePenalty and FrequencyPenalty subtract, from the logits of
+	// tokens in the output, once and once per occurrence.
+	PresencePenalty, FrequencyPenalty float32
+	Seed                              uint64
+	Seeded                            bool // Seed is set: same tokens whatever shares the steps
+	Stop                              []string
+	StopTokenIDs                      []int32
+	Logprobs                          bool
+	TopLogprobs                       int
+	IgnoreEOS                         bool
+}
+
+// Validate checks the values' ranges.
+func (s Sampling) Validate() error {
+	bad := func(f string, a ...any) error { return fmt.Errorf("%w: %s", ErrInvalidSampling, fmt.Sprintf(f, a...)) }
+	finite := func(v float32) bool { return !math.IsNaN(float64(v)) && !math.IsInf(float64(v), 0) }
+	switch {
+	case !finite(s.Temperature) || s.Temperature < 0 || s.Temperature > 100:
+		return bad("temperature %g: want 0 to 100", s.Temperature)
+	case !finite(s.TopP) || s.TopP < 0 || s.TopP > 1:
+		return bad("top_p %g: want 0 to 1", s.TopP)
+	case s.TopK < 0:
+		return bad("top_k %d: want 0 or more", s.TopK)
+	case !finite(s.MinP) || s.MinP < 0 || s.MinP > 1:
+		return bad("min_p %g: want 0 to 1", s.MinP)
+	case !finite(s.RepetitionPenalty) || s.RepetitionPenalty < 0 || s.RepetitionPenalty > 10:
+		return bad("repetition_penalty %g: want 0 to 10", s.RepetitionPenalty)
+	case !finite(s.PresencePenalty) || s.PresencePenalty < -2 || s.PresencePenalty > 2:
+		return bad("presence_penalty %g: want -2 to 2", s.PresencePenalty)
+	case !finite(s.FrequencyPenalty) || s.FrequencyPenalty < -2 || s.FrequencyPenalty > 2:
+		return bad("frequency_penalty %g: want -2 to 2", s.FrequencyPenalty)
+	case s.TopLogprobs < 0 || s.TopLogprobs > MaxTopLogprobs:
+		return bad("top_logprobs %d: want 0 to %d", s.TopLogprobs, MaxTopLogprobs)
+	case len(s.Stop) > 16:
+		return bad("%d stop strings, at most 16", len(s.Stop))
+	}
+	for _, st := range s.Stop {
+		if st == "" {
+			return bad("empty stop string")
+		}
+	}
+	return nil
+}
+
+// TokenLogprob is a token's log-probability.
+type TokenLogprob struct {
+	Token   int32
+	Logprob float32
+}
+
+// Logprob is a chosen token's log-probability and the most likely
+// alternatives (the model's distribution, before sampling's filters).
+type Logprob struct {
+	TokenLogprob
+	Top []TokenLogprob
+}
+
+// Delta is what a step adds to a sequence's output: whole UTF-8 text that
+// is never part of a stop string, the token ids, and their logprobs when
+// asked for.
+type Delta struct {
+	Text     string
+	TokenIDs []int32
+	Logprobs []Logprob
+}
+
+// Detokenizer turns a sequence's tokens into text as they come: Next
+// returns the text the token completes (bytes of a character split across
+// tokens wait), Flush what is held back at the end.
+type Detokenizer interface {
+	Next(id int32) string
+	Flush() string
+}
+
+// Sequence is one generation's host state, the StepItem.State the engine
+// samples with: the sampling parameters, its own seeded RNG, the token
+// counts of the penalties, the streaming detokeniser and the stop-string
+// matcher. It is used by one step at a time.
+type Sequence struct {
+	params  Sampling
+	vocab   int
+	eos     []int32
+	rng     *rand.Rand
+	prompt  map[int32]bool  // repetition penalty
+	counts  map[int32]int   // output tokens: presence, frequency, repetition
+	detok   Detokenizer     // nil: no text
+	pending strings.Builder // decoded text not yet emitted: a stop string's possible start
+	stopped bool
+
+	work []float64 // per-step scratch, reused
+	idx  []int32
+}
+
+// newSequence returns a sequence's state; detok may be nil (token ids
+// only, no text and no stop strings).
+func newSequence(params Sampling, prompt []int32, vocab int, eos []int32, detok Detokenizer) (*Sequence, error) {
+	if err := params.Validate(); err != nil {
+		return nil, err
+	}
+	if len(params.Stop) > 0 && detok == nil {
+		return nil, fmt.Errorf("%w: stop strings need a tokenizer", ErrInvalidSampling)
+	}
+	seed := params.Seed
+	if !params.Seeded {
+		seed = rand.Uint64()
+	}
+	s := &Sequence{
+		params: params, vocab: vocab, eos: slices.Clone(eos), detok: detok,
+		rng:    rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
+		prompt: map[int32]bool{}, counts: map[int32]int{},
+	}
+	if params.RepetitionPenalty != 0 && params.RepetitionPenalty != 1 {
+		for _, t := range prompt {
+			s.prompt[t] = true
+		}
+	}
+	return s, nil
+}
+
+// Params returns the sequence's sampling parameters.
+func (s *Sequence) Params() Sampling { return s.params }
+
+// Flush returns the text held back (a possible stop string's start, bytes
+// of an unfinished character) when the sequence ends for another reason
+// than a stop (length, deadline).
+func (s *Sequence) Flush() Delta {
+	if s.stopped {
+		return Delta{}
+	}
+	s.stopped = true
+	text := s.pending.String()
+	s.pending.Reset()
+	if s.detok != nil {
+		text += s.detok.Flush()
+	}
+	return Delta{Text: text}
+}
+
+// next picks the token that follows logits [V] and returns it with its
+// delta; Stop when it ends the sequence.
+func (s *Sequence) next(logits []float32) (StepResult, error) {
+	if len(logits) != s.vocab {
+		return StepResult{}, fmt.Errorf("%d logits for a vocabulary of %d", len(logits), s.vocab)
+	}
+	if s.stopped {
+		return StepResult{}, errors.New("sampling after the sequence stopped")
+	}
+	x := s.penalised(logits)
+	var d Delta
+	if s.params.Logprobs {
+		d.Logprobs = []Logprob{{}}
+	}
+	tok := s.pick(x)
+	if s.params.Logprobs {
+		d.Logprobs[0] = s.logprob(logits, tok)
+	}
+	s.counts[tok]++
+	d.TokenIDs = []int32{tok}
+	res := StepResult{Token: tok}
+	if slices.Contains(s.params.StopTokenIDs, tok) || (!s.params.IgnoreEOS && slices.Contains(s.eos, tok)) {
+		// The stop token's own text is not output; what was held back is.
+		res.Stop = true
+		s.stopped = true
+		d.Text = s.pending.String()
+		s.pending.Reset()
+		if s.detok != nil {
+			d.Text += s.detok.Flush()
+		}
+		res.Out = d
+		return res, nil
+	}
+	if s.detok != nil {
+		s.pending.WriteString(s.detok.Next(tok))
+		text, stop := s.release()
+		d.Text = text
+		if stop {
+			res.Stop = true
+			s.stopped = true
+		}
+	}
+	res.Out = d
+	return res, nil
+}
+
+// release takes from pending the text that cannot be the start of a stop
+// string; stop is set (and the text cut before it) when one is complete.
+func (s *Sequence) release() (text string, stop bool) {
+	p := s.pending.String()
+	cut := -1
+	for _, st := range s.params.Stop {
+		if i := strings.Index(p, st); i >= 0 && (cut < 0 || i < cut) {
+			cut = i
+		}
+	}
+	if cut >= 0 {
+		s.pending.Reset()
+		return p[:cut], true
+	}
+	// Hold back the longest suffix that is a proper prefix of a stop string.
+	hold := 0
+	for _, st := range s.params.Stop {
+		for n := min(len(st)-1, len(p)); n > hold; n-- {
+			if strings.HasSuffix(p, st[:n]) {
+				hold = n
+				break
+			}
+		}
+	}
+	s.pending.Reset()
+	s.pending.WriteString(p[len(p)-hold:])
+	return p[:len(p)-hold], false
+}
+
+// penalised returns the logits with the penalties applied, in float64.
+func (s *Sequence) penalised(logits []float32) []float64 {
+	if cap(s.work) < len(logits) {
+		s.work = make([]float64, len(logits))
+	}
+	x := s.work[:len(logits)]
+	for i, v := range logits {
+		x[i] = float64(v)
+	}
+	if rp := float64(s.params.RepetitionPenalty); rp != 0 && rp != 1 {
+		pen := func(t int32) {
+			if x[t] > 0 {
+				x[t] /= rp
+			} else {
+				x[t] *= rp
+			}
+		}
+		for t := range s.prompt {
+			pen(t)
+		}
+		for t := range s.counts {
+			if !s.prompt[t] {
+				pen(t)
+			}
+		}
+	}
+	pp, fp := float64(s.params.PresencePenalty), float64(s.params.FrequencyPenalty)
+	if pp != 0 || fp != 0 {
+		for t, n := range s.counts {
+			x[t] -= pp + fp*float64(n)
+		}
+	}
+	return x
+}
+
+// pick chooses a token from penalised logits x (modified in place).
+func (s *Sequence) pick(x []float64) int32 {
+	best := 0
+	for i, v := range x {
+		if v > x[best] {
+			best = i
+		}
+	}
+	if s.params.Temperature == 0 {
+		return int32(best) // greedy; ties go to the lowest id
+	}
+	// Softmax at the temperature, over the candidates in descending order.
+	t := float64(s.params.Temperature)
+	m := x[best]
+	if cap(s.idx) < len(x) {
+		s.idx = make([]int32, len(x))
+	}
+	idx := s.idx[:0]
+	minP := float64(s.params.MinP)
+	for i, v := range x {
+		p := math.Exp((v - m) / t)
+		x[i] = p
+		// min-p: keep tokens at least min_p times as likely as the best.
+		if p >= minP {
+			idx = append(idx, int32(i))
+		}
+	}
+	desc := func(a, b int32) int {
+		if x[a] != x[b] {
+			if x[a] > x[b] {
+				return -1
+			}
+			return 1
+		}
+		return int(a - b)
+	}
+	// Only top-k and top-p need the candidates in order; sorting a 150k
+	// vocabulary per token would cost more than a small model's step.
+	switch k := s.params.TopK; {
+	case k > 0 && k < len(idx) && k <= 64:
+		idx = topN(idx, k, desc)
+	case k > 0 && k < len(idx):
+		slices.SortFunc(idx, desc)
+		idx = idx[:k]
+	case s.params.TopP > 0 && s.params.TopP < 1:
+		slices.SortFunc(idx, desc)
+	}
+	var sum float64
+	for _, i := range idx {
+		sum += x[i]
+	}
+	if tp := float64(s.params.TopP); tp > 0 && tp < 1 {
+		// The smallest prefix whose mass reaches top_p.
+		var acc float64
+		for n, i := range idx {
+			acc += x[i]
+			if acc >= tp*sum {
+				idx = idx[:n+1]
+				break
+			}
+		}
+		sum = acc
+	}
+	u := s.rng.Float64() * sum
+	var acc float64
+	for _, i := range idx {
+		acc += x[i]
+		if u < acc {
+			return i
+		}
+	}
+	return idx[len(idx)-1]
+}
+
+// topN returns the n first of idx under cmp, in order, with one pass and
+// an insertion into a list of at most n; idx's storage is reused.
+func topN(idx []int32, n int, cmp func(a, b int32) int) []int32 {
+	var buf [64]int32
+	top := buf[:0]
+	for _, i := range idx {
+		j := len(top)
+		for j > 0 && cmp(i, top[j-1]) < 0 {
+			j--
+		}
+		if j < n {
+			if len(top) < n {
+				top = append(top, 0)
+			}
+			copy(top[j+1:], top[j:len(top)-1])
+			top[j] = i
+		}
+	}
+	return append(idx[:0], top...)
+}
+
+// logprob is tok's log-softmax under the raw logits, with the top
+// alternatives when asked for.
+func (s *Sequence) logprob(logits []float32, tok int32) Logprob {
+	m := float64(slices.Max(logits))
+	var sum float64
+	for _, v := range logits {
+		sum += math.Exp(float64(v) - m)
+	}
+	lse := m + math.Log(sum)
+	lp := Logprob{TokenLogprob: TokenLogprob{Token: tok, Logprob: float32(float64(logits[tok]) - lse)}}
+	if n := s.params.TopLogprobs; n > 0 {
+		top := make([]int32, 0, n+1)
+		for i := range logits {
+			// Keep the n best so far, sorted descending (n ≤ 20).
+			j := len(top)
+			for j > 0 && logits[top[j-1]] < logits[i] {
+				j--
+			}
+			if j < n {
+				top = slices.Insert(top, j, int32(i))
+				if len(top) > n {
+					top = top[:n]
+				}
+			}
+		}
+		for _, i := range top {
+			lp.Top = append(lp.Top, TokenLogprob{Token: i, Logprob: float32(float64(logits[i]) - lse)})
+		}
+	}
+	return lp
+}

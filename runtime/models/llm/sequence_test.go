@@ -1,0 +1,273 @@
+package llm
+
+import (
+	"context"
+	"errors"
+	"math"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// byteDetok decodes token id i as the text of table[i], holding back
+// incomplete UTF-8 the way a byte-level detokeniser must.
+type byteDetok struct {
+	table []string
+	held  []byte
+}
+
+func (d *byteDetok) Next(id int32) string {
+	d.held = append(d.held, d.table[id]...)
+	n := len(d.held)
+	// Keep back a trailing incomplete rune.
+	for i := max(0, n-3); i < n; i++ {
+		if b := d.held[i]; b >= 0xC0 {
+			need := 2
+			if b >= 0xE0 {
+				need = 3
+			}
+			if b >= 0xF0 {
+				need = 4
+			}
+			if n-i < need {
+				out := string(d.held[:i])
+				d.held = append([]byte(nil), d.held[i:]...)
+				return out
+			}
+		}
+	}
+	out := string(d.held)
+	d.held = d.held[:0]
+	return out
+}
+
+func (d *byteDetok) Flush() string {
+	out := string(d.held)
+	d.held = nil
+	return out
+}
+
+// oneHot is logits whose argmax is tok.
+func oneHot(v int, tok int32) []float32 {
+	x := make([]float32, v)
+	x[tok] = 5
+	return x
+}
+
+func TestSequenceStops(t *testing.T) {
+	table := []string{"<eos>", "Hel", "lo", " wor", "ld", "!", "\xe2\x82", "\xac", "EN", "D"}
+	run := func(t *testing.T, p Sampling, toks []int32) (text string, stopAt int, s *Sequence) {
+		t.Helper()
+		s, err := newSequence(p, nil, len(table), []int32{0}, &byteDetok{table: table})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var b strings.Builder
+		for i, tok := range toks {
+			res, err := s.next(oneHot(len(table), tok))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.Token != tok {
+				t.Fatalf("token %d: got %d", i, res.Token)
+			}
+			d := res.Out.(Delta)
+			b.WriteString(d.Text)
+			if len(d.TokenIDs) != 1 || d.TokenIDs[0] != tok {
+				t.Fatalf("token %d: delta ids %v", i, d.TokenIDs)
+			}
+			if res.Stop {
+				return b.String(), i, s
+			}
+		}
+		b.WriteString(s.Flush().Text)
+		return b.String(), -1, s
+	}
+	for _, tc := range []struct {
+		name   string
+		p      Sampling
+		toks   []int32
+		text   string
+		stopAt int
+	}{
+		{"eos", Sampling{}, []int32{1, 2, 0, 3}, "Hello", 2},
+		{"ignore eos", Sampling{IgnoreEOS: true}, []int32{1, 2, 0, 3}, "Hello<eos> wor", -1},
+		{"stop id", Sampling{StopTokenIDs: []int32{5}}, []int32{1, 2, 5, 3}, "Hello", 2},
+		{"stop string across tokens", Sampling{Stop: []string{"lo wo"}}, []int32{1, 2, 3, 4}, "Hel", 2},
+		{"stop string held then released", Sampling{Stop: []string{"lo!"}}, []int32{1, 2, 3, 4}, "Hello world", -1},
+		{"earliest stop wins", Sampling{Stop: []string{"world", "o w"}}, []int32{1, 2, 3, 4}, "Hell", 2},
+		{"utf-8 split across tokens", Sampling{}, []int32{6, 7, 5}, "€!", -1},
+		{"stop after a split rune", Sampling{Stop: []string{"€"}}, []int32{1, 6, 7, 5}, "Hel", 2},
+		{"held prefix flushed at the end", Sampling{Stop: []string{"ENDX"}}, []int32{1, 8, 9}, "HelEND", -1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			text, stopAt, s := run(t, tc.p, tc.toks)
+			if text != tc.text || stopAt != tc.stopAt {
+				t.Fatalf("text %q stop at %d, want %q at %d", text, stopAt, tc.text, tc.stopAt)
+			}
+			if d := s.Flush(); d.Text != "" {
+				t.Fatalf("second flush gave %q", d.Text)
+			}
+		})
+	}
+}
+
+func TestSequenceSampling(t *testing.T) {
+	v := 50
+	logits := make([]float32, v)
+	for i := range logits {
+		logits[i] = float32(math.Sin(float64(i)) * 3)
+	}
+	draw := func(p Sampling, n int) []int32 {
+		s, err := newSequence(p, []int32{1, 2}, v, nil, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := make([]int32, n)
+		for i := range out {
+			res, err := s.next(logits)
+			if err != nil {
+				t.Fatal(err)
+			}
+			out[i] = res.Token
+		}
+		return out
+	}
+	seeded := Sampling{Temperature: 1, Seed: 7, Seeded: true}
+	a, b := draw(seeded, 64), draw(seeded, 64)
+	if !slices.Equal(a, b) {
+		t.Fatalf("same seed, different tokens: %v vs %v", a, b)
+	}
+	distinct := map[int32]bool{}
+	for _, tok := range a {
+		distinct[tok] = true
+	}
+	if len(distinct) < 3 {
+		t.Fatalf("temperature 1 drew only %v", distinct)
+	}
+	best := argmax32(logits)
+	for _, tok := range draw(Sampling{Temperature: 1, TopK: 1, Seed: 1, Seeded: true}, 20) {
+		if tok != best {
+			t.Fatalf("top_k 1 drew %d, want %d", tok, best)
+		}
+	}
+	for _, tok := range draw(Sampling{Temperature: 2, MinP: 0.9999, Seed: 1, Seeded: true}, 20) {
+		if tok != best {
+			t.Fatalf("min_p 0.9999 drew %d, want %d", tok, best)
+		}
+	}
+	for _, tok := range draw(Sampling{Temperature: 1, TopP: 1e-6, Seed: 1, Seeded: true}, 20) {
+		if tok != best {
+			t.Fatalf("top_p 1e-6 drew %d, want %d", tok, best)
+		}
+	}
+	// A frequency penalty large enough moves greedy off a repeated token.
+	g := draw(Sampling{FrequencyPenalty: 2}, 6)
+	if g[0] != best || g[1] == best && g[2] == best && g[3] == best {
+		t.Fatalf("frequency penalty: %v", g)
+	}
+	// Logprobs: the chosen token's and the top alternatives, descending.
+	s, _ := newSequence(Sampling{Logprobs: true, TopLogprobs: 3}, nil, v, nil, nil)
+	res, _ := s.next(logits)
+	lp := res.Out.(Delta).Logprobs
+	if len(lp) != 1 || len(lp[0].Top) != 3 || lp[0].Top[0].Token != best || lp[0].Token != best ||
+		lp[0].Top[0].Logprob < lp[0].Top[1].Logprob || lp[0].Top[1].Logprob < lp[0].Top[2].Logprob || lp[0].Logprob >= 0 {
+		t.Fatalf("logprobs %+v", lp)
+	}
+}
+
+func TestSamplingValidate(t *testing.T) {
+	for _, p := range []Sampling{
+		{Temperature: -1}, {Temperature: float32(math.NaN())}, {TopP: 1.5}, {TopK: -1}, {MinP: 2},
+		{RepetitionPenalty: -1}, {PresencePenalty: 3}, {FrequencyPenalty: -3}, {TopLogprobs: 21}, {Stop: []string{""}},
+	} {
+		if _, err := newSequence(p, nil, 10, nil, &byteDetok{}); !errors.Is(err, ErrInvalidSampling) {
+			t.Errorf("%+v: %v, want ErrInvalidSampling", p, err)
+		}
+	}
+	if _, err := newSequence(Sampling{Stop: []string{"x"}}, nil, 10, nil, nil); !errors.Is(err, ErrInvalidSampling) {
+		t.Errorf("stop strings without a tokenizer: %v", err)
+	}
+}
+
+// TestStepResults checks Step's flags and its refusals of steps that do
+// not continue the caches.
+func TestStepResults(t *testing.T) {
+	ctx := context.Background()
+	s := tinyNet("llama")
+	e := newTestEngine(t, &goDevice{}, s, 3, EngineOptions{CacheBytes: 1 << 20, BlockSize: 4})
+	seq, err := newSequence(Sampling{IgnoreEOS: true}, nil, s.Vocab, []int32{0}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := prompt(s.Context-1, 9, s.Vocab)
+	if !e.Reserve(1, len(p)) {
+		t.Fatal("reserve")
+	}
+	res, err := e.Step(ctx, []StepItem{{Seq: 1, State: seq, Tokens: p, Pos: 0, Sample: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res[0].Full || res[0].Stop {
+		t.Fatalf("a token at the context's last position: %+v, want Full", res[0])
+	}
+	bad := []struct {
+		name  string
+		items []StepItem
+	}{
+		{"not reserved", []StepItem{{Seq: 2, State: seq, Tokens: []int32{1}, Sample: true}}},
+		{"position gap", []StepItem{{Seq: 1, State: seq, Tokens: []int32{1}, Pos: len(p) + 1, Sample: true}}},
+		{"past the reservation", []StepItem{{Seq: 1, State: seq, Tokens: []int32{1, 2}, Pos: len(p), Sample: true}}},
+		{"twice", []StepItem{{Seq: 1, Tokens: []int32{1}, Pos: len(p)}, {Seq: 1, Tokens: []int32{1}, Pos: len(p)}}},
+		{"outside the vocabulary", []StepItem{{Seq: 1, Tokens: []int32{int32(s.Vocab)}, Pos: len(p)}}},
+		{"no tokens", []StepItem{{Seq: 1, Pos: len(p)}}},
+		{"no state", []StepItem{{Seq: 1, Tokens: []int32{1}, Pos: len(p), Sample: true}}},
+		{"empty", nil},
+	}
+	for _, b := range bad {
+		if _, err := e.Step(ctx, b.items); !errors.Is(err, ErrInvalidStep) {
+			t.Errorf("%s: %v, want ErrInvalidStep", b.name, err)
+		}
+	}
+	e.Close()
+	if _, err := e.Step(ctx, []StepItem{{Seq: 1, Tokens: []int32{1}, Pos: len(p)}}); !errors.Is(err, ErrClosed) {
+		t.Errorf("after Close: %v", err)
+	}
+}
+
+func argmax32(x []float32) int32 {
+	b := 0
+	for i, v := range x {
+		if v > x[b] {
+			b = i
+		}
+	}
+	return int32(b)
+}
+
+func TestTopN(t *testing.T) {
+	x := make([]float64, 500)
+	for i := range x {
+		x[i] = math.Round(math.Sin(float64(i)*1.7)*20) / 4 // many ties
+	}
+	cmp := func(a, b int32) int {
+		if x[a] != x[b] {
+			if x[a] > x[b] {
+				return -1
+			}
+			return 1
+		}
+		return int(a - b)
+	}
+	for _, n := range []int{1, 2, 7, 64} {
+		idx := make([]int32, len(x))
+		for i := range idx {
+			idx[i] = int32(i)
+		}
+		want := slices.Clone(idx)
+		slices.SortFunc(want, cmp)
+		if got := topN(idx, n, cmp); !slices.Equal(got, want[:n]) {
+			t.Fatalf("n=%d: %v, want %v", n, got, want[:n])
+		}
+	}
+}
