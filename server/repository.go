@@ -41,6 +41,9 @@ func (p repository) List() ([]RepoEntry, error) {
 	for _, e := range p.r.List() {
 		re := RepoEntry{Name: e.Name, Kind: string(e.Kind), Versions: e.Loadable()}
 		var why []string
+		if e.Err != nil {
+			why = append(why, e.Err.Error())
+		}
 		for _, v := range slices.Sorted(maps.Keys(e.Errs)) {
 			why = append(why, fmt.Sprintf("version %d: %v", v, e.Errs[v]))
 		}

@@ -79,6 +79,7 @@ type File struct {
 	r        io.ReaderAt
 	closer   io.Closer
 	dataBase int64 // file offset of the data block
+	size     int64 // bytes in the file
 	names    []string
 	tensors  map[string]TensorInfo
 	metadata map[string]string
@@ -119,6 +120,9 @@ func (f *File) Close() error {
 
 // Path is the name the file was opened with.
 func (f *File) Path() string { return f.name }
+
+// Size is the file's size in bytes.
+func (f *File) Size() int64 { return f.size }
 
 // Names lists the tensors in order of their data offsets (the file's order).
 func (f *File) Names() []string { return slices.Clone(f.names) }
@@ -237,7 +241,7 @@ func newFile(r io.ReaderAt, size int64, name string) (*File, error) {
 	dataBase := int64(8 + hlen)
 	dataLen := size - dataBase
 
-	f := &File{name: name, r: r, dataBase: dataBase, tensors: map[string]TensorInfo{}}
+	f := &File{name: name, r: r, dataBase: dataBase, size: size, tensors: map[string]TensorInfo{}}
 	if err := f.parseHeader(header, dataLen, invalid); err != nil {
 		return nil, err
 	}

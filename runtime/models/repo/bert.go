@@ -28,7 +28,7 @@ type stPooling struct {
 func (p *plan) inspectBERT(bj brokerdJSON) error {
 	cfgPath := filepath.Join(p.dir, FileConfig)
 	var cj configJSON
-	found, err := readJSON(p.dir, FileConfig, &cj, false)
+	found, err := p.readJSON(FileConfig, &cj, false)
 	if err != nil {
 		return err
 	}
@@ -64,16 +64,19 @@ func (p *plan) inspectBERT(bj brokerdJSON) error {
 		cfg.LayerNormEps = 1e-12
 	}
 	for _, f := range []struct {
-		key string
-		v   int
+		key    string
+		v, max int
 	}{
-		{"vocab_size", cfg.VocabSize}, {"hidden_size", cfg.HiddenSize}, {"num_hidden_layers", cfg.NumHiddenLayers},
-		{"num_attention_heads", cfg.NumAttentionHeads}, {"intermediate_size", cfg.IntermediateSize},
-		{"max_position_embeddings", cfg.MaxPositionEmbeddings}, {"type_vocab_size", cfg.TypeVocabSize},
+		{"vocab_size", cfg.VocabSize, maxVocab}, {"hidden_size", cfg.HiddenSize, maxHidden}, {"num_hidden_layers", cfg.NumHiddenLayers, maxLayers},
+		{"num_attention_heads", cfg.NumAttentionHeads, maxHeads}, {"intermediate_size", cfg.IntermediateSize, maxInter},
+		{"max_position_embeddings", cfg.MaxPositionEmbeddings, maxPositions}, {"type_vocab_size", cfg.TypeVocabSize, maxTypeVocab},
 	} {
-		if f.v <= 0 {
-			return bad(cfgPath, "%s is %d", f.key, f.v)
+		if err := bounded(cfgPath, f.key, f.v, f.max); err != nil {
+			return err
 		}
+	}
+	if cj.NumLabels < 0 || cj.NumLabels > maxLabels || len(cfg.ID2Label) > maxLabels {
+		return bad(cfgPath, "num_labels %d (id2label %d): want at most %d", cj.NumLabels, len(cfg.ID2Label), maxLabels)
 	}
 	if cfg.HiddenSize%cfg.NumAttentionHeads != 0 {
 		return bad(cfgPath, "hidden_size %d is not a multiple of num_attention_heads %d", cfg.HiddenSize, cfg.NumAttentionHeads)
@@ -97,6 +100,9 @@ func (p *plan) inspectBERT(bj brokerdJSON) error {
 	if !exists(p.dir, FileTokenizer) {
 		return fmt.Errorf("%w: %s is missing", ErrInvalid, tokPath)
 	}
+	if _, err := p.r.regular(tokPath, maxTokenizerBytes); err != nil {
+		return err
+	}
 	tok, err := tokenizer.Load(tokPath)
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrInvalid, err)
@@ -107,6 +113,13 @@ func (p *plan) inspectBERT(bj brokerdJSON) error {
 
 	if err := p.openWeights(); err != nil {
 		return err
+	}
+	// The sizes must fit the weights on disk before per-layer structures
+	// are built from them.
+	h, l, inter := int64(cfg.HiddenSize), int64(cfg.NumHiddenLayers), int64(cfg.IntermediateSize)
+	params := int64(cfg.VocabSize+cfg.MaxPositionEmbeddings+cfg.TypeVocabSize)*h + l*(4*h*h+2*h*inter)
+	if size := p.st.Size(); params*minParamBytes > size {
+		return bad(cfgPath, "its sizes imply %d parameters, at least %d bytes, but %s is %d bytes", params, params*minParamBytes, FileWeights, size)
 	}
 	if err := p.bertTensors(cfg, &cj); err != nil {
 		return err
@@ -123,7 +136,7 @@ func (p *plan) inspectBERT(bj brokerdJSON) error {
 func (p *plan) pooling(opts *models.BERTOptions, bj brokerdJSON) error {
 	opts.Pooling = models.PoolingMean
 	var mods []stModule
-	found, err := readJSON(p.dir, FileSTModules, &mods, false)
+	found, err := p.readJSON(FileSTModules, &mods, false)
 	if err != nil {
 		return err
 	}
@@ -146,7 +159,7 @@ func (p *plan) pooling(opts *models.BERTOptions, bj brokerdJSON) error {
 		}
 		path := filepath.Join(p.dir, poolDir, "config.json")
 		var sp stPooling
-		found, err := readJSON(filepath.Join(p.dir, poolDir), "config.json", &sp, false)
+		found, err := p.readJSON(filepath.Join(poolDir, "config.json"), &sp, false)
 		if err != nil {
 			return err
 		}

@@ -52,6 +52,7 @@ type configJSON struct {
 // plan is a checked version directory, its safetensors file open (header
 // read) and the tensors to load, canonical name → name in the file.
 type plan struct {
+	r        *Repo
 	dir      string
 	kind     models.Kind
 	mlp      *models.MLPSpec
@@ -66,9 +67,9 @@ type plan struct {
 // success the caller closes p.st.
 func (r *Repo) inspect(name string, version int64) (*plan, error) {
 	dir := filepath.Join(r.dir, name, strconv.FormatInt(version, 10))
-	p := &plan{dir: dir}
+	p := &plan{r: r, dir: dir}
 	var bj brokerdJSON
-	if _, err := readJSON(dir, FileBrokerd, &bj, true); err != nil {
+	if _, err := p.readJSON(FileBrokerd, &bj, true); err != nil {
 		return nil, err
 	}
 	var err error
@@ -103,14 +104,14 @@ func (r *Repo) inspect(name string, version int64) (*plan, error) {
 // readJSON decodes dir/file into v. A missing file is (false, nil) when
 // optional; strict refuses unknown fields (brokerd's own files, where a
 // typo should not pass silently).
-func readJSON(dir, file string, v any, strict bool) (bool, error) {
-	path := filepath.Join(dir, file)
-	b, err := os.ReadFile(path)
-	if errors.Is(err, fs.ErrNotExist) {
+func (p *plan) readJSON(file string, v any, strict bool) (bool, error) {
+	path := filepath.Join(p.dir, file)
+	if _, err := os.Lstat(path); errors.Is(err, fs.ErrNotExist) {
 		return false, nil
 	}
+	b, err := p.r.readFile(path, maxJSONBytes)
 	if err != nil {
-		return false, err
+		return true, err
 	}
 	dec := json.NewDecoder(bytes.NewReader(b))
 	if strict {
@@ -122,9 +123,11 @@ func readJSON(dir, file string, v any, strict bool) (bool, error) {
 	return true, nil
 }
 
+// exists reports whether dir holds an entry named file, whatever it is: the
+// reads that follow say what is wrong with one that is not a regular file.
 func exists(dir, file string) bool {
-	st, err := os.Stat(filepath.Join(dir, file))
-	return err == nil && st.Mode().IsRegular()
+	_, err := os.Lstat(filepath.Join(dir, file))
+	return err == nil
 }
 
 // openWeights opens model.safetensors, saying what to do about the formats
@@ -139,6 +142,9 @@ func (p *plan) openWeights() error {
 			return fmt.Errorf("%w: %s: %s (pickle) is not loaded; convert it to %s", ErrInvalid, p.dir, fileTorch, FileWeights)
 		}
 		return fmt.Errorf("%w: %s is missing", ErrInvalid, path)
+	}
+	if _, err := p.r.regular(path, 0); err != nil {
+		return err
 	}
 	st, err := safetensors.Open(path)
 	if err != nil {
@@ -183,7 +189,7 @@ func equalShape(a, b []int) bool {
 func (p *plan) inspectMLP(bj brokerdJSON) error {
 	path := filepath.Join(p.dir, FileMLPSpec)
 	var mj mlpJSON
-	found, err := readJSON(p.dir, FileMLPSpec, &mj, true)
+	found, err := p.readJSON(FileMLPSpec, &mj, true)
 	if err != nil {
 		return err
 	}

@@ -50,8 +50,9 @@ const (
 // reads the disk on every call, so models added or changed on disk are seen
 // by the next List or Load. Safe for concurrent use.
 type Repo struct {
-	dir string
-	log *zap.Logger
+	dir  string
+	root string // dir with its links resolved: files must stay inside it
+	log  *zap.Logger
 }
 
 // Open returns the repository at dir, which must be a directory.
@@ -66,7 +67,11 @@ func Open(dir string, log *zap.Logger) (*Repo, error) {
 	if !st.IsDir() {
 		return nil, fmt.Errorf("model repository %s is not a directory", dir)
 	}
-	return &Repo{dir: dir, log: log}, nil
+	root, err := filepath.EvalSymlinks(dir)
+	if err != nil {
+		return nil, fmt.Errorf("model repository: %w", err)
+	}
+	return &Repo{dir: dir, root: root, log: log}, nil
 }
 
 // Dir is the repository's directory.
@@ -83,6 +88,9 @@ type Entry struct {
 	// reads the configuration, the tokenizer and the safetensors header, not
 	// the weights.
 	Errs map[int64]error
+	// Err is why the whole model cannot load (its directory links outside
+	// the repository); nil otherwise.
+	Err error
 }
 
 // Loadable lists the versions without an error, ascending.
@@ -106,10 +114,17 @@ func (r *Repo) List() []Entry {
 	}
 	var out []Entry
 	for _, de := range des {
-		if !de.IsDir() || strings.HasPrefix(de.Name(), ".") {
+		name := de.Name()
+		if strings.HasPrefix(name, ".") {
 			continue
 		}
-		name := de.Name()
+		if err := r.modelDir(name); err != nil {
+			if de.Type()&os.ModeSymlink != 0 {
+				// A link is listed with why it is not loaded, not hidden.
+				out = append(out, Entry{Name: name, Err: err})
+			}
+			continue
+		}
 		e := Entry{Name: name, Versions: r.versions(name)}
 		for i := len(e.Versions) - 1; i >= 0; i-- {
 			v := e.Versions[i]
@@ -204,9 +219,8 @@ func (r *Repo) Load(ctx context.Context, name string, version int64) (*Loaded, e
 	if version < 0 {
 		return nil, fmt.Errorf("%w: model %q: invalid version %d", ErrInvalid, name, version)
 	}
-	st, err := os.Stat(filepath.Join(r.dir, name))
-	if err != nil || !st.IsDir() {
-		return nil, fmt.Errorf("%w: %q is not in the repository %s", ErrNotFound, name, r.dir)
+	if err := r.modelDir(name); err != nil {
+		return nil, err
 	}
 	vs := r.versions(name)
 	if version > 0 {
@@ -237,6 +251,28 @@ func (r *Repo) Load(ctx context.Context, name string, version int64) (*Loaded, e
 		errs = append(errs, err)
 	}
 	return nil, fmt.Errorf("model %q: no version loads: %w", name, errors.Join(errs...))
+}
+
+// modelDir checks that name is a directory of the repository: a link to a
+// directory inside it is one, a link out of it is ErrInvalid (List and Load
+// agree on this).
+func (r *Repo) modelDir(name string) error {
+	path := filepath.Join(r.dir, name)
+	if _, err := os.Lstat(path); err != nil {
+		return fmt.Errorf("%w: %q is not in the repository %s", ErrNotFound, name, r.dir)
+	}
+	real, err := r.inside(path)
+	if err != nil {
+		if errors.Is(err, ErrInvalid) {
+			return fmt.Errorf("model %q: %w", name, err)
+		}
+		return fmt.Errorf("%w: %q is not in the repository %s", ErrNotFound, name, r.dir)
+	}
+	st, err := os.Stat(real)
+	if err != nil || !st.IsDir() {
+		return fmt.Errorf("%w: %q is not a model directory of the repository %s", ErrNotFound, name, r.dir)
+	}
+	return nil
 }
 
 // validName accepts a plain directory name: no separators, no "..", not hidden.
