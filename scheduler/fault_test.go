@@ -384,3 +384,24 @@ func TestItemsThatCannotMeetTheirDeadlineDoNotRun(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestCloseWithinGivesUpOnAStuckCall: shutdown has a hard bound even when a
+// device call never returns and the batch timeout is far away.
+func TestCloseWithinGivesUpOnAStuckCall(t *testing.T) {
+	s := New(Options{BatchTimeout: time.Hour})
+	stuck := newStuck()
+	defer close(stuck.release)
+	mustAdd(t, s, "m", Device{ID: "cpu:0", Type: "cpu"}, 1, stuck)
+	ch := submitAsync(context.Background(), s, Request{Model: "m", Inputs: inputs("a", 1)})
+	<-stuck.entered
+	start := time.Now()
+	if s.CloseWithin(50 * time.Millisecond) {
+		t.Error("CloseWithin says every call returned")
+	}
+	if took := time.Since(start); took > 5*time.Second {
+		t.Errorf("CloseWithin took %v", took)
+	}
+	if r := recv(t, ch); !errors.Is(r.err, ErrDraining) && !errors.Is(r.err, context.Canceled) && !errors.Is(r.err, ErrBackend) {
+		t.Logf("the caller got %v", r.err)
+	}
+}

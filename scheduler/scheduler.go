@@ -554,11 +554,36 @@ func (s *Scheduler) checkDrainedLocked() {
 // Close fails everything still queued with ErrDraining, stops the workers and
 // waits for running batches to return (their executors see a cancelled
 // context). Use Drain first to finish accepted work.
-func (s *Scheduler) Close() {
+func (s *Scheduler) Close() { s.CloseWithin(0) }
+
+// CloseWithin is Close waiting at most d (0: for ever) for the running
+// batches and steps; it reports whether they all returned. A device call
+// stuck in C cannot be interrupted: a process that must exit gives up on it.
+func (s *Scheduler) CloseWithin(d time.Duration) bool {
+	s.shutdown()
+	if d <= 0 {
+		s.workers.Wait()
+		return true
+	}
+	done := make(chan struct{})
+	go func() { s.workers.Wait(); close(done) }()
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-done:
+		return true
+	case <-t.C:
+		s.log.Error("scheduler closed with device calls still running", zap.Duration("waited", d))
+		return false
+	}
+}
+
+// shutdown fails what is queued, stops the workers' intake and cancels
+// running work.
+func (s *Scheduler) shutdown() {
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
-		s.workers.Wait()
 		return
 	}
 	s.closed = true
@@ -583,7 +608,6 @@ func (s *Scheduler) Close() {
 		}
 	}
 	s.mu.Unlock()
-	s.workers.Wait()
 }
 
 // reasonOf maps a context error to a failure reason.

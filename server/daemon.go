@@ -101,7 +101,13 @@ func Run(ctx context.Context, opts Options, log *zap.Logger) error {
 		Registerer:    reg,
 		Logger:        log,
 	})
-	defer sched.Close()
+	defer func() {
+		// After the drain nothing should run; a device call stuck anyway
+		// must not keep the process from exiting.
+		if !sched.CloseWithin(time.Duration(cfg.ShutdownGrace) + 5*time.Second) {
+			log.Error("exiting with device calls still running")
+		}
+	}()
 	repo, err := openRepository(cfg.ModelRepoDir(), cfg.ModelRepo == "", log)
 	if err != nil {
 		return err
