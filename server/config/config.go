@@ -65,6 +65,12 @@ type Config struct {
 
 	ModelRepo  string `json:"model-repo"`
 	LoadModels string `json:"load-models"`
+
+	// Who may administer brokerd (see SECURITY.md). Root and brokerd's own
+	// uid are admins whatever these say.
+	AdminUIDs       List `json:"admin-uids"`
+	AdminGroups     List `json:"admin-groups"`
+	AdminIdentities List `json:"admin-identities"`
 }
 
 // Duration is a time.Duration that reads "5s" from YAML.
@@ -178,6 +184,9 @@ var envNames = map[string]string{
 	"model-repo":            "BROKERD_MODEL_REPO",
 	"load-models":           "BROKERD_LOAD_MODELS",
 	"shutdown-grace":        "BROKERD_SHUTDOWN_GRACE",
+	"admin-uids":            "BROKERD_ADMIN_UIDS",
+	"admin-groups":          "BROKERD_ADMIN_GROUPS",
+	"admin-identities":      "BROKERD_ADMIN_IDENTITIES",
 	"config":                "BROKERD_CONFIG",
 }
 
@@ -219,6 +228,9 @@ func bind(fs *flag.FlagSet, c *Config, configPath *string) {
 	fs.IntVar(&c.MaxBatchTokens, "max-batch-tokens", c.MaxBatchTokens, "most tokens in one batch of a text model whose config sets no bound")
 	fs.StringVar(&c.ModelRepo, "model-repo", c.ModelRepo, "model repository: DIR/NAME/VERSION/ (default <state-dir>/models)")
 	fs.StringVar(&c.LoadModels, "load-models", c.LoadModels, "models to load at start: comma-separated names, or all")
+	fs.Var(&c.AdminUIDs, "admin-uids", "users (uids or names) who may administer brokerd over the Unix socket (load, unload, cordon, drain), besides root and brokerd's own user")
+	fs.Var(&c.AdminGroups, "admin-groups", "groups (gids or names) whose members may administer brokerd over the Unix socket; a caller's primary and supplementary groups count")
+	fs.Var(&c.AdminIdentities, "admin-identities", "client certificate names that may administer brokerd over mutual TLS: uri:, dns:, email:, ip: (SANs) or cn: (subject CN), or a bare name matching any")
 	fs.BoolVar(&c.Pprof, "pprof", c.Pprof, "serve Go's heap, goroutine, mutex and block profiles at /debug/pprof on the metrics listener (keep that listener private)")
 }
 
@@ -386,6 +398,7 @@ func (c Config) Validate() error {
 	if c.ShutdownGrace < 0 {
 		bad("shutdown-grace must not be negative")
 	}
+	errs = append(errs, c.validateAdmins()...)
 	return errors.Join(errs...)
 }
 
