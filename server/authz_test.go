@@ -389,4 +389,3 @@ func TestProcGroups(t *testing.T) {
 		})
 	}
 }
-
