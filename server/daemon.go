@@ -76,6 +76,8 @@ func Run(ctx context.Context, opts Options, log *zap.Logger) error {
 	if err != nil {
 		return err
 	}
+	log.Info("admins", zap.String("uids", joinIDs(adm.uids)), zap.String("groups", joinIDs(adm.gids)),
+		zap.Stringers("identities", adm.identities))
 
 	// Listeners first: a second brokerd on the same socket stops here, before
 	// it touches the state dir or the devices.
