@@ -239,6 +239,20 @@ func TestUnixSocketRoles(t *testing.T) {
 			}
 		}
 	})
+	t.Run("admin group after 100 others", func(t *testing.T) {
+		// More groups than peerGroups' first buffer: the kernel asks for a
+		// bigger one (ERANGE) and the admin group at the end still counts.
+		groups := []uint32{socketGroup}
+		for g := uint32(70000); g < 70100; g++ {
+			groups = append(groups, g)
+		}
+		got := clientAs(t, bin, d.addrs.Socket, nobody, nobody, append(groups, adminGroup), "cordon", "uncordon")
+		for call, st := range got {
+			if st.Code() != codes.OK {
+				t.Errorf("%s with admin group %d last of %d: %v", call, adminGroup, len(groups)+1, st.Err())
+			}
+		}
+	})
 	t.Run("admin by uid", func(t *testing.T) {
 		got := clientAs(t, bin, d.addrs.Socket, adminUID, socketGroup, nil, "cordon", "uncordon")
 		for call, st := range got {
