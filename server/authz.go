@@ -423,10 +423,15 @@ func requestFields(req any) []zap.Field {
 		return nil
 	}
 	var fs []zap.Field
-	m.ProtoReflect().Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
-		if fd.IsList() || fd.IsMap() {
-			return true
+	r := m.ProtoReflect()
+	// In declaration order (Range's order varies), so log lines compare.
+	fields := r.Descriptor().Fields()
+	for i := 0; i < fields.Len() && len(fs) < 16; i++ {
+		fd := fields.Get(i)
+		if fd.IsList() || fd.IsMap() || !r.Has(fd) {
+			continue
 		}
+		v := r.Get(fd)
 		name := string(fd.Name())
 		switch fd.Kind() {
 		case protoreflect.MessageKind, protoreflect.GroupKind:
@@ -447,8 +452,7 @@ func requestFields(req any) []zap.Field {
 		default:
 			fs = append(fs, zap.Any(name, v.Interface()))
 		}
-		return len(fs) < 16
-	})
+	}
 	return fs
 }
 
