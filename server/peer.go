@@ -40,13 +40,13 @@ type peerCredAuthInfo struct {
 func (peerCredAuthInfo) AuthType() string { return "peercred" }
 
 func (unixCreds) ClientHandshake(_ context.Context, _ string, c net.Conn) (net.Conn, credentials.AuthInfo, error) {
-	return c, peerCredAuthInfo{CommonAuthInfo: credentials.CommonAuthInfo{SecurityLevel: credentials.NoSecurity}, UID: -1, PID: -1}, nil
+	return c, peerCredAuthInfo{CommonAuthInfo: credentials.CommonAuthInfo{SecurityLevel: credentials.NoSecurity}, UID: -1, GID: -1, PID: -1}, nil
 }
 
 func (u unixCreds) ServerHandshake(c net.Conn) (net.Conn, credentials.AuthInfo, error) {
 	uc, ok := c.(*net.UnixConn)
 	if !ok {
-		return c, peerCredAuthInfo{CommonAuthInfo: credentials.CommonAuthInfo{SecurityLevel: credentials.NoSecurity}, UID: -1, PID: -1}, nil
+		return c, peerCredAuthInfo{CommonAuthInfo: credentials.CommonAuthInfo{SecurityLevel: credentials.NoSecurity}, UID: -1, GID: -1, PID: -1}, nil
 	}
 	raw, err := uc.SyscallConn()
 	if err != nil {

@@ -212,7 +212,7 @@ func bind(fs *flag.FlagSet, c *Config, configPath *string) {
 	fs.StringVar(&c.MemoryStrategy, "memory-strategy", c.MemoryStrategy, "conservative (0.60), balanced (0.75), aggressive (0.90) or a fraction of device memory")
 	fs.StringVar(&c.Costs, "costs", c.Costs, "device cost overrides in $/hour, e.g. gpu=0.9,tpu=3.1")
 	fs.StringVar(&c.Sysfs, "sysfs", c.Sysfs, "sysfs root for detection")
-	fs.StringVar(&c.Procfs, "procfs", c.Procfs, "procfs root for detection")
+	fs.StringVar(&c.Procfs, "procfs", c.Procfs, "procfs root for detection (and for a socket client's groups on kernels before 4.13)")
 	fs.StringVar(&c.Devfs, "devfs", c.Devfs, "devfs root for detection")
 	fs.StringVar(&c.NVMLLibrary, "nvml-library", c.NVMLLibrary, "path to libnvidia-ml.so.1 (default: the loader's search)")
 	fs.StringVar(&c.PJRTPlugins, "pjrt-plugin", c.PJRTPlugins, "PJRT plugins as name=path pairs, e.g. tpu=/path/libtpu.so,cuda=/path/xla_cuda_plugin.so")
