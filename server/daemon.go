@@ -73,6 +73,12 @@ func Run(ctx context.Context, opts Options, log *zap.Logger) error {
 	if err != nil {
 		return err
 	}
+	adm, err := resolveAdmins(cfg, os.Geteuid(), osLookupUser, osLookupGroup)
+	if err != nil {
+		return err
+	}
+	log.Info("admins", zap.String("uids", joinIDs(adm.uids)), zap.String("groups", joinIDs(adm.gids)),
+		zap.Stringers("identities", adm.identities))
 
 	// Listeners first: a second brokerd on the same socket stops here, before
 	// it touches the state dir or the devices.
@@ -93,6 +99,7 @@ func Run(ctx context.Context, opts Options, log *zap.Logger) error {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		newDeviceCollector(inv.Devices))
 	rpcm := newRPCMetrics(reg)
+	denied := newDeniedCounter(reg)
 
 	sched := scheduler.New(scheduler.Options{
 		MaxQueueItems: cfg.MaxQueueItems,
@@ -135,7 +142,7 @@ func Run(ctx context.Context, opts Options, log *zap.Logger) error {
 		return err
 	}
 
-	unixSrv, tcpSrv, err := newGRPCServers(cfg, lis.tcp != nil, rpcm, log)
+	unixSrv, tcpSrv, err := newGRPCServers(cfg, lis.tcp != nil, rpcm, &authorizer{admins: adm, scope: scopeAPI, log: log, denied: denied}, log)
 	if err != nil {
 		return err
 	}
@@ -160,16 +167,15 @@ func Run(ctx context.Context, opts Options, log *zap.Logger) error {
 	// KServe's ServerReady and ModelReady turn false once a drain starts.
 	kserve := NewInferenceService(broker, func() bool { return !draining.Load() })
 	for _, s := range servers {
-		brokerv1.RegisterBrokerServiceServer(s, broker)
-		inference.RegisterGRPCInferenceServiceServer(s, kserve)
-		healthpb.RegisterHealthServer(s, healthSrv)
-		reflection.Register(s)
+		registerAPI(s, broker, kserve, healthSrv)
 	}
 	var healthOnlySrv *grpc.Server
 	if lis.health != nil {
 		codec := newParseCodec()
-		healthOnlySrv = grpc.NewServer(grpc.ForceServerCodecV2(codec), grpc.ChainUnaryInterceptor(unaryInterceptor(log, rpcm, codec)),
-			grpc.ChainStreamInterceptor(streamInterceptor(log, rpcm, codec)))
+		healthAuthz := &authorizer{scope: scopeHealth, log: log, denied: denied}
+		healthOnlySrv = grpc.NewServer(grpc.ForceServerCodecV2(codec),
+			grpc.ChainUnaryInterceptor(unaryInterceptor(log, rpcm, codec), healthAuthz.unary()),
+			grpc.ChainStreamInterceptor(streamInterceptor(log, rpcm, codec), healthAuthz.stream()))
 		healthpb.RegisterHealthServer(healthOnlySrv, healthSrv)
 		servers = append(servers, healthOnlySrv) // stopped with the others
 	}
@@ -387,22 +393,33 @@ func discover(ctx context.Context, cfg config.Config, opts Options, pol *daemonP
 	return inv, closeNVML, nil
 }
 
+// registerAPI registers every service the Unix socket and TCP listener serve;
+// methodRoles must name each of their methods.
+func registerAPI(s *grpc.Server, broker brokerv1.BrokerServiceServer, kserve inference.GRPCInferenceServiceServer, h healthpb.HealthServer) {
+	brokerv1.RegisterBrokerServiceServer(s, broker)
+	inference.RegisterGRPCInferenceServiceServer(s, kserve)
+	healthpb.RegisterHealthServer(s, h)
+	reflection.Register(s)
+}
+
 // newGRPCServers builds the Unix socket's server and, with withTCP, the TCP
 // one (TLS unless --insecure-tcp allowed plaintext on loopback, which config
-// checks). The socket is protected by its file mode.
-func newGRPCServers(cfg config.Config, withTCP bool, rpcm *rpcMetrics, log *zap.Logger) (unixSrv, tcpSrv *grpc.Server, err error) {
+// checks). The socket is protected by its file mode, administration by authz,
+// which runs inside the metrics interceptor so refusals are counted there too.
+// The parse codec hands requests that do not parse to the interceptors.
+func newGRPCServers(cfg config.Config, withTCP bool, rpcm *rpcMetrics, authz *authorizer, log *zap.Logger) (unixSrv, tcpSrv *grpc.Server, err error) {
 	codec := newParseCodec()
 	srvOpts := []grpc.ServerOption{
 		grpc.ForceServerCodecV2(codec),
-		grpc.ChainUnaryInterceptor(unaryInterceptor(log, rpcm, codec)),
-		grpc.ChainStreamInterceptor(streamInterceptor(log, rpcm, codec)),
+		grpc.ChainUnaryInterceptor(unaryInterceptor(log, rpcm, codec), authz.unary()),
+		grpc.ChainStreamInterceptor(streamInterceptor(log, rpcm, codec), authz.stream()),
 		grpc.MaxRecvMsgSize(cfg.MaxMessageBytes),
 		// Reused handler goroutines keep their grown stacks: a new goroutine
 		// per call re-grows its stack (featurising needs a few KiB) every time.
 		grpc.NumStreamWorkers(uint32(goruntime.GOMAXPROCS(0))),
 		grpc.MaxSendMsgSize(cfg.MaxMessageBytes),
 	}
-	unixSrv = grpc.NewServer(append(slices.Clone(srvOpts), grpc.Creds(unixCreds{}))...)
+	unixSrv = grpc.NewServer(append(slices.Clone(srvOpts), grpc.Creds(unixCreds{procfs: cfg.Procfs}))...)
 	if !withTCP {
 		return unixSrv, nil, nil
 	}

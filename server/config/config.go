@@ -70,6 +70,12 @@ type Config struct {
 
 	ModelRepo  string `json:"model-repo"`
 	LoadModels string `json:"load-models"`
+
+	// Who may administer brokerd (see SECURITY.md). Root and brokerd's own
+	// uid are admins whatever these say.
+	AdminUIDs       List `json:"admin-uids"`
+	AdminGroups     List `json:"admin-groups"`
+	AdminIdentities List `json:"admin-identities"`
 }
 
 // Duration is a time.Duration that reads "5s" from YAML.
@@ -187,6 +193,9 @@ var envNames = map[string]string{
 	"shutdown-grace":        "BROKERD_SHUTDOWN_GRACE",
 	"http-listen":           "BROKERD_HTTP_LISTEN",
 	"api-keys-file":         "BROKERD_API_KEYS_FILE",
+	"admin-uids":            "BROKERD_ADMIN_UIDS",
+	"admin-groups":          "BROKERD_ADMIN_GROUPS",
+	"admin-identities":      "BROKERD_ADMIN_IDENTITIES",
 	"config":                "BROKERD_CONFIG",
 }
 
@@ -214,7 +223,7 @@ func bind(fs *flag.FlagSet, c *Config, configPath *string) {
 	fs.StringVar(&c.MemoryStrategy, "memory-strategy", c.MemoryStrategy, "conservative (0.60), balanced (0.75), aggressive (0.90) or a fraction of device memory")
 	fs.StringVar(&c.Costs, "costs", c.Costs, "device cost overrides in $/hour, e.g. gpu=0.9,tpu=3.1")
 	fs.StringVar(&c.Sysfs, "sysfs", c.Sysfs, "sysfs root for detection")
-	fs.StringVar(&c.Procfs, "procfs", c.Procfs, "procfs root for detection")
+	fs.StringVar(&c.Procfs, "procfs", c.Procfs, "procfs root for detection (and for a socket client's groups on kernels before 4.13)")
 	fs.StringVar(&c.Devfs, "devfs", c.Devfs, "devfs root for detection")
 	fs.StringVar(&c.NVMLLibrary, "nvml-library", c.NVMLLibrary, "path to libnvidia-ml.so.1 (default: the loader's search)")
 	fs.StringVar(&c.PJRTPlugins, "pjrt-plugin", c.PJRTPlugins, "PJRT plugins as name=path pairs, e.g. tpu=/path/libtpu.so,cuda=/path/xla_cuda_plugin.so")
@@ -231,6 +240,9 @@ func bind(fs *flag.FlagSet, c *Config, configPath *string) {
 	fs.IntVar(&c.MaxBatchTokens, "max-batch-tokens", c.MaxBatchTokens, "most tokens in one batch of a text model whose config sets no bound")
 	fs.StringVar(&c.ModelRepo, "model-repo", c.ModelRepo, "model repository: DIR/NAME/VERSION/ (default <state-dir>/models)")
 	fs.StringVar(&c.LoadModels, "load-models", c.LoadModels, "models to load at start: comma-separated names, or all")
+	fs.Var(&c.AdminUIDs, "admin-uids", "users (uids or names) who may administer brokerd over the Unix socket (load, unload, cordon, drain), besides root and brokerd's own user")
+	fs.Var(&c.AdminGroups, "admin-groups", "groups (gids or names) whose members may administer brokerd over the Unix socket; a caller's primary and supplementary groups count")
+	fs.Var(&c.AdminIdentities, "admin-identities", "client certificate names that may administer brokerd over mutual TLS: uri:, dns:, email:, ip: (SANs) or cn: (subject CN), or a bare name matching any")
 	fs.BoolVar(&c.Pprof, "pprof", c.Pprof, "serve Go's heap, goroutine, mutex and block profiles at /debug/pprof on the metrics listener (keep that listener private)")
 }
 
@@ -460,6 +472,7 @@ func (c Config) Validate() error {
 	if c.ShutdownGrace < 0 {
 		bad("shutdown-grace must not be negative")
 	}
+	errs = append(errs, c.validateAdmins()...)
 	return errors.Join(errs...)
 }
 

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"google.golang.org/genproto/googleapis/rpc/code"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/connectivity"
@@ -228,6 +229,9 @@ func (a *app) fail(cmd command, fs *flag.FlagSet, inv *invocation, err error) in
 		return ExitError
 	}
 	msg := st.Message()
+	if st.Code() == codes.PermissionDenied {
+		msg = permissionDenied(st)
+	}
 	if st.Code() == codes.DeadlineExceeded && inv.timeout > 0 {
 		msg = fmt.Sprintf("no answer within --timeout %s: %s", inv.timeout, msg)
 	}
@@ -242,6 +246,33 @@ func (a *app) fail(cmd command, fs *flag.FlagSet, inv *invocation, err error) in
 			endpoint.EnvSocket, endpoint.EnvAddr)
 	}
 	return ExitError
+}
+
+// permissionDenied renders a PERMISSION_DENIED on one line naming the role
+// the command needs, from brokerd's ErrorInfo (domain "brokerd", reason
+// ROLE_REQUIRED) when it sent one.
+func permissionDenied(st *status.Status) string {
+	for _, d := range st.Details() {
+		info, ok := d.(*errdetails.ErrorInfo)
+		if !ok || info.GetDomain() != "brokerd" || info.GetReason() != "ROLE_REQUIRED" {
+			continue
+		}
+		md := info.GetMetadata()
+		msg := fmt.Sprintf("permission denied: needs brokerd's %s role; brokerd saw %s", md["role"], md["caller"])
+		if g := md["grant"]; g != "" {
+			msg += "; " + g
+		}
+		return oneLine(msg)
+	}
+	msg := oneLine(st.Message())
+	if !strings.HasPrefix(strings.ToLower(msg), "permission denied") {
+		msg = "permission denied: " + msg
+	}
+	return msg
+}
+
+func oneLine(s string) string {
+	return strings.Join(strings.Fields(s), " ")
 }
 
 // grpcStatus finds a gRPC status anywhere in err's chain, keeping the

@@ -6,7 +6,10 @@ import (
 	"strings"
 	"testing"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
@@ -570,5 +573,41 @@ func TestJSONStable(t *testing.T) {
 	}
 	if string(again) != first.stdout {
 		t.Errorf("re-marshalling changed the output")
+	}
+}
+
+// TestPermissionDenied checks that a refused admin command prints one line
+// naming the role it needs, from brokerd's ErrorInfo, or the server's message
+// when there is none.
+func TestPermissionDenied(t *testing.T) {
+	ts := startServer(t)
+	withInfo, err := status.New(codes.PermissionDenied, "/broker.v1.BrokerService/CordonDevice needs the admin role; long server text").WithDetails(&errdetails.ErrorInfo{
+		Reason: "ROLE_REQUIRED", Domain: "brokerd", Metadata: map[string]string{
+			"method": "/broker.v1.BrokerService/CordonDevice", "role": "admin",
+			"caller": "uid 65534 (gid 65534, groups none, pid 7) on the Unix socket",
+			"grant":  "to grant it, start brokerd with --admin-uids 65534",
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts.mu.Lock()
+	ts.deny = map[string]*status.Status{
+		"/broker.v1.BrokerService/CordonDevice": withInfo,
+		"/broker.v1.BrokerService/Drain":        status.New(codes.PermissionDenied, "not\nallowed"),
+	}
+	ts.mu.Unlock()
+	tests := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"cordon", "gpu:0"}, "brokerctl: cordon: permission denied: needs brokerd's admin role; brokerd saw uid 65534 (gid 65534, groups none, pid 7) on the Unix socket; " +
+			"to grant it, start brokerd with --admin-uids 65534 (PERMISSION_DENIED)\n"},
+		{[]string{"drain", "--exit"}, "brokerctl: drain: permission denied: not allowed (PERMISSION_DENIED)\n"},
+	}
+	for _, tt := range tests {
+		r := ts.run(t, nil, tt.args...)
+		if r.code != ExitError || r.stderr != tt.want || r.stdout != "" {
+			t.Errorf("%v: got %v\nwant exit 1 and stderr %q", tt.args, r, tt.want)
+		}
 	}
 }

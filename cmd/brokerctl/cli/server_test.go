@@ -373,13 +373,20 @@ type testServer struct {
 
 	mu    sync.Mutex
 	calls map[string]int // unary calls by full method name
+	// deny answers these full method names with the status instead of
+	// calling the handler, as brokerd's authorizer does.
+	deny map[string]*status.Status
 }
 
 // count is a unary interceptor counting every call the server received.
 func (ts *testServer) count(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 	ts.mu.Lock()
 	ts.calls[info.FullMethod]++
+	denied := ts.deny[info.FullMethod]
 	ts.mu.Unlock()
+	if denied != nil {
+		return nil, denied.Err()
+	}
 	return handler(ctx, req)
 }
 
