@@ -46,6 +46,13 @@ const (
 	ArchQwen3 = "Qwen3ForCausalLM"
 )
 
+// CheckConfig reports whether config.json describes a model the engine
+// runs, naming the field that does not (errors wrap models.ErrInvalidInput).
+func CheckConfig(raw []byte) error {
+	_, _, _, err := parseConfig(raw)
+	return err
+}
+
 // parseConfig reads config.json into the engine's spec and the EOS ids it
 // names. Errors wrap models.ErrInvalidInput and name the field.
 func parseConfig(raw []byte) (netSpec, []int32, string, error) {

@@ -11,6 +11,7 @@ import (
 	"strconv"
 
 	"github.com/brokerd/brokerd/runtime/models"
+	"github.com/brokerd/brokerd/runtime/models/llm"
 	"github.com/brokerd/brokerd/runtime/models/tokenizer"
 	"github.com/brokerd/brokerd/runtime/safetensors"
 )
@@ -61,6 +62,14 @@ type plan struct {
 	tok      *tokenizer.Tokenizer
 	st       *safetensors.File
 	tensors  map[string]string
+	llm      *llmPlan // a decoder LLM (its weights may be sharded: no st)
+}
+
+// close releases the open safetensors file, if any.
+func (p *plan) close() {
+	if p.st != nil {
+		_ = p.st.Close()
+	}
 }
 
 // inspect checks a version directory without reading the weights. On
@@ -84,18 +93,21 @@ func (r *Repo) inspect(name string, version int64) (*plan, error) {
 			return nil, fmt.Errorf("%w: %s: no %s (mlp) or %s (bert)", ErrInvalid, dir, FileMLPSpec, FileConfig)
 		}
 	}
+	if p.kind == "" && isLLM(p.configArchitectures()) {
+		p.kind = llm.KindLLM
+	}
 	switch p.kind {
 	case models.KindMLP:
 		err = p.inspectMLP(bj)
 	case "", models.KindBERT, models.KindBERTClassifier:
 		err = p.inspectBERT(bj)
+	case llm.KindLLM:
+		p.llm, err = p.inspectLLM()
 	default:
-		err = fmt.Errorf("%w: %s: unknown kind %q (mlp, bert, bert-classifier)", ErrInvalid, filepath.Join(dir, FileBrokerd), p.kind)
+		err = fmt.Errorf("%w: %s: unknown kind %q (mlp, bert, bert-classifier, llm)", ErrInvalid, filepath.Join(dir, FileBrokerd), p.kind)
 	}
 	if err != nil {
-		if p.st != nil {
-			_ = p.st.Close()
-		}
+		p.close()
 		return nil, err
 	}
 	return p, nil

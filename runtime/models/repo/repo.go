@@ -20,6 +20,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/brokerd/brokerd/runtime/models"
+	"github.com/brokerd/brokerd/runtime/models/llm"
 	"github.com/brokerd/brokerd/runtime/models/tokenizer"
 	"github.com/brokerd/brokerd/runtime/safetensors"
 )
@@ -50,13 +51,20 @@ const (
 // reads the disk on every call, so models added or changed on disk are seen
 // by the next List or Load. Safe for concurrent use.
 type Repo struct {
-	dir  string
-	root string // dir with its links resolved: files must stay inside it
-	log  *zap.Logger
+	dir        string
+	root       string // dir with its links resolved: files must stay inside it
+	log        *zap.Logger
+	tokenizers TokenizerLoader // LLM tokenizers; nil: LLMs load without one
 }
 
+// Option configures Open.
+type Option func(*Repo)
+
+// WithTokenizerLoader reads decoder LLMs' tokenizers and chat templates.
+func WithTokenizerLoader(l TokenizerLoader) Option { return func(r *Repo) { r.tokenizers = l } }
+
 // Open returns the repository at dir, which must be a directory.
-func Open(dir string, log *zap.Logger) (*Repo, error) {
+func Open(dir string, log *zap.Logger, opts ...Option) (*Repo, error) {
 	if log == nil {
 		log = zap.NewNop()
 	}
@@ -71,7 +79,11 @@ func Open(dir string, log *zap.Logger) (*Repo, error) {
 	if err != nil {
 		return nil, fmt.Errorf("model repository: %w", err)
 	}
-	return &Repo{dir: dir, root: root, log: log}, nil
+	r := &Repo{dir: dir, root: root, log: log}
+	for _, o := range opts {
+		o(r)
+	}
+	return r, nil
 }
 
 // Dir is the repository's directory.
@@ -136,7 +148,7 @@ func (r *Repo) List() []Entry {
 				e.Errs[v] = err
 				continue
 			}
-			_ = p.st.Close()
+			p.close()
 			if e.Kind == "" {
 				e.Kind = p.kind
 			}
@@ -184,6 +196,9 @@ type Loaded struct {
 	// Skipped holds the higher versions a Load of version 0 passed over,
 	// with the reason.
 	Skipped map[int64]error
+	// LLM is a decoder LLM (kind llm), served through generation rather
+	// than Model.
+	LLM *llm.Model
 }
 
 // Model builds the runtime model (models.NewMLP or models.NewBERT).
@@ -197,6 +212,8 @@ func (l *Loaded) Model() (models.Model, error) {
 		m, err = models.NewMLP(*l.MLP, l.Weights)
 	case models.KindBERT, models.KindBERTClassifier:
 		m, err = models.NewBERT(*l.BERT, l.Weights, l.Tokenizer, l.BERTOptions)
+	case llm.KindLLM:
+		return nil, fmt.Errorf("%w: %s: a decoder LLM is served by generation (Loaded.LLM), not as a batch model", ErrInvalid, l.Dir)
 	default:
 		return nil, fmt.Errorf("%w: %s: kind %q", ErrInvalid, l.Dir, l.Kind)
 	}
@@ -285,7 +302,10 @@ func (r *Repo) load(ctx context.Context, name string, version int64) (*Loaded, e
 	if err != nil {
 		return nil, err
 	}
-	defer p.st.Close()
+	defer p.close()
+	if p.llm != nil {
+		return r.loadLLM(ctx, p, p.llm, name, version)
+	}
 	l := &Loaded{
 		Name: name, Version: version, Kind: p.kind, Dir: p.dir,
 		MLP: p.mlp, BERT: p.bert, BERTOptions: p.bertOpts, Tokenizer: p.tok,

@@ -1,0 +1,252 @@
+package repo
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"github.com/brokerd/brokerd/runtime/models"
+	"github.com/brokerd/brokerd/runtime/models/llm"
+	"github.com/brokerd/brokerd/runtime/safetensors"
+)
+
+// Decoder LLMs (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM) as
+// Hugging Face downloads them: config.json, model.safetensors or shards
+// with model.safetensors.index.json, generation_config.json, and the
+// tokenizer files, which the repository's TokenizerLoader reads.
+
+// Files of an LLM version directory besides config.json and the weights.
+const (
+	FileGenerationConfig = "generation_config.json"
+	FileTokenizerConfig  = "tokenizer_config.json"
+	maxShards            = 1024
+)
+
+// TokenizerLoader reads an LLM's tokenizer and chat template from its
+// version directory, with readFile (which refuses files that are not
+// regular or lie outside the repository, and bounds their size).
+type TokenizerLoader func(dir string, readFile func(path string, limit int64) ([]byte, error)) (llm.Tokenizer, llm.ChatTemplate, error)
+
+// isLLM reports whether config.json names an architecture served as a
+// generator.
+func isLLM(archs []string) bool {
+	for _, a := range archs {
+		switch a {
+		case llm.ArchLlama, llm.ArchQwen2, llm.ArchQwen3:
+			return true
+		}
+	}
+	return false
+}
+
+// llmSizes are config.json's sizes, bounded before anything uses them.
+type llmSizes struct {
+	Architectures         []string `json:"architectures"`
+	VocabSize             int      `json:"vocab_size"`
+	HiddenSize            int      `json:"hidden_size"`
+	NumHiddenLayers       int      `json:"num_hidden_layers"`
+	NumAttentionHeads     int      `json:"num_attention_heads"`
+	NumKeyValueHeads      int      `json:"num_key_value_heads"`
+	HeadDim               int      `json:"head_dim"`
+	IntermediateSize      int      `json:"intermediate_size"`
+	MaxPositionEmbeddings int      `json:"max_position_embeddings"`
+	TieWordEmbeddings     bool     `json:"tie_word_embeddings"`
+}
+
+// params is the parameter count the sizes imply (a lower bound: norms left out).
+func (c llmSizes) params() int64 {
+	h, l, inter, v := int64(c.HiddenSize), int64(c.NumHiddenLayers), int64(c.IntermediateSize), int64(c.VocabSize)
+	hd := int64(c.HeadDim)
+	if hd == 0 && c.NumAttentionHeads > 0 {
+		hd = h / int64(c.NumAttentionHeads)
+	}
+	kv := int64(max(c.NumKeyValueHeads, 1))
+	attn := h*int64(c.NumAttentionHeads)*hd*2 + 2*h*kv*hd
+	p := v*h + l*(attn+3*h*inter)
+	if !c.TieWordEmbeddings {
+		p += v * h
+	}
+	return p
+}
+
+func (c llmSizes) check(path string) error {
+	for _, f := range []struct {
+		key    string
+		v, max int
+	}{
+		{"vocab_size", c.VocabSize, maxVocab}, {"hidden_size", c.HiddenSize, maxHidden},
+		{"num_hidden_layers", c.NumHiddenLayers, maxLayers}, {"num_attention_heads", c.NumAttentionHeads, maxHeads},
+		{"intermediate_size", c.IntermediateSize, maxInter}, {"max_position_embeddings", c.MaxPositionEmbeddings, maxPositions},
+	} {
+		if err := bounded(path, f.key, f.v, f.max); err != nil {
+			return err
+		}
+	}
+	if c.NumKeyValueHeads < 0 || c.NumKeyValueHeads > maxHeads || c.HeadDim < 0 || c.HeadDim > maxHidden {
+		return fmt.Errorf("%w: %s: num_key_value_heads %d or head_dim %d out of range", ErrInvalid, path, c.NumKeyValueHeads, c.HeadDim)
+	}
+	return nil
+}
+
+// llmPlan is a checked LLM version: its config and its weight files.
+type llmPlan struct {
+	config, generation []byte
+	sizes              llmSizes
+	shards             []string // weight files, in order
+}
+
+// inspectLLM checks an LLM version without reading its weights: the
+// config's sizes against limits and against the bytes of the weight files,
+// every file regular and inside the repository.
+func (p *plan) inspectLLM() (*llmPlan, error) {
+	cfgPath := filepath.Join(p.dir, FileConfig)
+	raw, err := p.r.readFile(cfgPath, maxJSONBytes)
+	if err != nil {
+		return nil, err
+	}
+	lp := &llmPlan{config: raw}
+	if err := json.Unmarshal(raw, &lp.sizes); err != nil {
+		return nil, fmt.Errorf("%w: %s: %v", ErrInvalid, cfgPath, err)
+	}
+	if err := lp.sizes.check(cfgPath); err != nil {
+		return nil, err
+	}
+	if err := llm.CheckConfig(raw); err != nil {
+		return nil, fmt.Errorf("%w: %s: %w", ErrInvalid, cfgPath, err)
+	}
+	if exists(p.dir, FileGenerationConfig) {
+		if lp.generation, err = p.r.readFile(filepath.Join(p.dir, FileGenerationConfig), maxJSONBytes); err != nil {
+			return nil, err
+		}
+	}
+	switch {
+	case exists(p.dir, FileWeights):
+		lp.shards = []string{filepath.Join(p.dir, FileWeights)}
+	case exists(p.dir, fileShardsIndex):
+		if lp.shards, err = p.shardFiles(); err != nil {
+			return nil, err
+		}
+	default:
+		return nil, fmt.Errorf("%w: %s: no %s or %s", ErrInvalid, p.dir, FileWeights, fileShardsIndex)
+	}
+	var total int64
+	for _, s := range lp.shards {
+		n, err := p.r.regular(s, 0)
+		if err != nil {
+			return nil, err
+		}
+		total += n
+	}
+	if need := lp.sizes.params() * minParamBytes; need > total {
+		return nil, fmt.Errorf("%w: %s: its sizes imply %d parameters, at least %d bytes, but the weights are %d bytes",
+			ErrInvalid, cfgPath, lp.sizes.params(), need, total)
+	}
+	return lp, nil
+}
+
+// shardFiles reads model.safetensors.index.json's weight_map: the shard
+// files, each a plain name in the version directory.
+func (p *plan) shardFiles() ([]string, error) {
+	path := filepath.Join(p.dir, fileShardsIndex)
+	var idx struct {
+		WeightMap map[string]string `json:"weight_map"`
+	}
+	if _, err := p.readJSON(fileShardsIndex, &idx, false); err != nil {
+		return nil, err
+	}
+	var files []string
+	for _, f := range idx.WeightMap {
+		if f == "" || f != filepath.Base(f) || strings.HasPrefix(f, ".") {
+			return nil, fmt.Errorf("%w: %s: shard %q is not a file name of the version directory", ErrInvalid, path, f)
+		}
+		if !slices.Contains(files, f) {
+			files = append(files, f)
+		}
+		if len(files) > maxShards {
+			return nil, fmt.Errorf("%w: %s: more than %d shards", ErrInvalid, path, maxShards)
+		}
+	}
+	if len(files) == 0 {
+		return nil, fmt.Errorf("%w: %s: weight_map is empty", ErrInvalid, path)
+	}
+	slices.Sort(files)
+	out := make([]string, len(files))
+	for i, f := range files {
+		out[i] = filepath.Join(p.dir, f)
+	}
+	return out, nil
+}
+
+// loadLLM reads a checked LLM version into its model.
+func (r *Repo) loadLLM(ctx context.Context, p *plan, lp *llmPlan, name string, version int64) (*Loaded, error) {
+	weights := map[string]models.Tensor{}
+	for _, path := range lp.shards {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		if err := readShard(ctx, path, weights); err != nil {
+			return nil, err
+		}
+	}
+	opts := llm.ModelOptions{Name: name, Version: version, GenerationConfig: lp.generation}
+	if r.tokenizers != nil && exists(p.dir, FileTokenizer) {
+		tok, chat, err := r.tokenizers(p.dir, r.readFile)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %s: tokenizer: %w", ErrInvalid, p.dir, err)
+		}
+		opts.Tokenizer, opts.Chat = tok, chat
+	}
+	m, err := llm.NewModel(lp.config, weights, opts)
+	if err != nil {
+		if errors.Is(err, models.ErrInvalidInput) {
+			return nil, fmt.Errorf("%w: %s: %w", ErrInvalid, p.dir, err)
+		}
+		return nil, fmt.Errorf("%s: %w", p.dir, err)
+	}
+	return &Loaded{Name: name, Version: version, Kind: llm.KindLLM, Dir: p.dir, LLM: m}, nil
+}
+
+func readShard(ctx context.Context, path string, into map[string]models.Tensor) error {
+	st, err := safetensors.Open(path)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	for _, n := range st.Names() {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if _, dup := into[n]; dup {
+			return fmt.Errorf("%w: %s: tensor %q is in two shards", ErrInvalid, path, n)
+		}
+		t, err := st.Float32(n)
+		if err != nil {
+			return err
+		}
+		into[n] = t
+	}
+	return nil
+}
+
+// configArchitectures reads config.json's architectures (nil when there is
+// no readable config.json).
+func (p *plan) configArchitectures() []string {
+	if !exists(p.dir, FileConfig) {
+		return nil
+	}
+	raw, err := p.r.readFile(filepath.Join(p.dir, FileConfig), maxJSONBytes)
+	if err != nil {
+		return nil
+	}
+	var c struct {
+		Architectures []string `json:"architectures"`
+	}
+	if json.Unmarshal(raw, &c) != nil {
+		return nil
+	}
+	return c.Architectures
+}
