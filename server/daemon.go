@@ -29,6 +29,7 @@ import (
 	"github.com/brokerd/brokerd/proto/inference"
 	"github.com/brokerd/brokerd/runtime"
 	"github.com/brokerd/brokerd/runtime/hashenc"
+	modelrepo "github.com/brokerd/brokerd/runtime/models/repo"
 	"github.com/brokerd/brokerd/runtime/onednn"
 	"github.com/brokerd/brokerd/runtime/pjrt"
 	"github.com/brokerd/brokerd/runtime/probe"
@@ -57,6 +58,10 @@ type Options struct {
 	// NVML, when set, replaces the host's NVML library (--nvml-library):
 	// tests and simulated hosts use go-nvml's mocks to get GPUs without a driver.
 	NVML detect.NVML
+	// Tokenizers reads decoder LLMs' tokenizers and chat templates from
+	// the model repository; nil: LLMs load without one (they then refuse
+	// text prompts).
+	Tokenizers modelrepo.TokenizerLoader
 }
 
 // Run starts brokerd and serves until ctx is cancelled (SIGTERM/SIGINT in
@@ -115,7 +120,7 @@ func Run(ctx context.Context, opts Options, log *zap.Logger) error {
 			log.Error("exiting with device calls still running")
 		}
 	}()
-	repo, err := openRepository(cfg.ModelRepoDir(), cfg.ModelRepo == "", log)
+	repo, err := openRepository(cfg.ModelRepoDir(), cfg.ModelRepo == "", log, modelrepo.WithTokenizerLoader(opts.Tokenizers))
 	if err != nil {
 		return err
 	}
@@ -130,6 +135,7 @@ func Run(ctx context.Context, opts Options, log *zap.Logger) error {
 		Entries:        inv.Devices,
 		DTypes:         pol.dtypes,
 	}, log)
+	reg.MustRegister(newKVCacheCollector(models))
 	defer func() {
 		if err := models.close(); err != nil {
 			log.Warn("closing models", zap.Error(err))
@@ -285,8 +291,8 @@ func Run(ctx context.Context, opts Options, log *zap.Logger) error {
 // when their settings are on.
 type listeners struct {
 	sock, tcp, metrics, health, http net.Listener
-	addrs                      Addresses
-	stateLock                  *os.File // held while brokerd runs: one daemon per state dir
+	addrs                            Addresses
+	stateLock                        *os.File // held while brokerd runs: one daemon per state dir
 }
 
 // openListeners opens every listener the settings ask for; on an error the

@@ -67,11 +67,18 @@ func hermeticEnv(k string) string {
 
 func startDaemon(t testing.TB, cfg config.Config) *daemon {
 	t.Helper()
+	return startDaemonWith(t, Options{Config: cfg})
+}
+
+// startDaemonWith is startDaemon with more Options (Config set).
+func startDaemonWith(t testing.TB, opts Options) *daemon {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	d := &daemon{done: make(chan error, 1), stop: cancel}
 	ready := make(chan Addresses, 1)
+	opts.Version, opts.Getenv, opts.Ready = "test", hermeticEnv, func(a Addresses) { ready <- a }
 	go func() {
-		d.done <- Run(ctx, Options{Config: cfg, Version: "test", Getenv: hermeticEnv, Ready: func(a Addresses) { ready <- a }}, zap.NewNop())
+		d.done <- Run(ctx, opts, zap.NewNop())
 	}()
 	select {
 	case d.addrs = <-ready:

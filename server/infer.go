@@ -55,6 +55,9 @@ type inferOptions struct {
 // the scheduler and assembles the outputs; Infer and ModelInfer share it.
 func (s *BrokerService) infer(ctx context.Context, sv *served, inputs []tensor, opts inferOptions) ([]tensor, scheduler.ExecInfo, error) {
 	var none scheduler.ExecInfo
+	if sv.gen != nil {
+		return nil, none, invalid("model %s is a generator (LLM): use Generate or Chat", sv.info.Name)
+	}
 	if sv.model == nil {
 		return nil, none, invalid("model %s serves Encode only; Infer runs the models of the repository", sv.info.Name)
 	}

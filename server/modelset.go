@@ -16,6 +16,7 @@ import (
 	"github.com/brokerd/brokerd/detect"
 	"github.com/brokerd/brokerd/runtime"
 	"github.com/brokerd/brokerd/runtime/models"
+	"github.com/brokerd/brokerd/runtime/models/llm"
 	"github.com/brokerd/brokerd/scheduler"
 )
 
@@ -28,9 +29,11 @@ type Repository interface {
 	Load(ctx context.Context, name string, version int64) (loadedModel, error)
 }
 
-// loadedModel is a model read from the repository and the version it is.
+// loadedModel is a model read from the repository and the version it is:
+// a batch model, or a decoder LLM.
 type loadedModel struct {
 	Model   models.Model
+	LLM     *llm.Model
 	Version int64
 }
 
@@ -46,6 +49,8 @@ type RepoEntry struct {
 type replicaHost interface {
 	AddReplica(model string, dev scheduler.Device, maxBatch int, exec scheduler.Executor, opts ...scheduler.ReplicaOption) error
 	RemoveReplica(ctx context.Context, model, deviceID string) error
+	AddGenReplica(model string, dev scheduler.Device, opts scheduler.GenOptions, exec scheduler.GenExecutor) error
+	RemoveGenReplica(ctx context.Context, model, deviceID string) error
 }
 
 // Errors of model management; toStatus maps them.
@@ -106,7 +111,8 @@ func (g *gate) retire() <-chan struct{} {
 // placed is one replica of a served version.
 type placed struct {
 	deviceID string
-	r        replica
+	r        interface{ Close() error } // a batch replica, or a generator's engine
+	gen      bool                       // a generation replica of the scheduler
 	bytes    int64 // reserved against the device's budget
 	maxBatch int
 }
@@ -507,15 +513,24 @@ func (ms *modelSet) loadLocked(ctx context.Context, name string, version int64) 
 	if err != nil {
 		return nil, fmt.Errorf("model %s: %w", name, err)
 	}
-	m := l.Model
+	var info models.Info
+	if l.LLM != nil {
+		info = l.LLM.Info()
+	} else {
+		info = l.Model.Info()
+	}
 	// The repository's name and version directory are the model's identity.
-	info := m.Info()
 	info.Name, info.Version = name, l.Version
 	if cur != nil && cur.info.Version == info.Version {
 		return cur, nil
 	}
-	s := &served{info: info, key: fmt.Sprintf("%s@%d", name, info.Version), model: m, gate: newGate()}
-	if err := ms.placeLocked(ctx, s); err != nil {
+	s := &served{info: info, key: fmt.Sprintf("%s@%d", name, info.Version), model: l.Model, gate: newGate()}
+	place := func() error { return ms.placeLocked(ctx, s) }
+	if l.LLM != nil {
+		s.gen = genModel{l.LLM}
+		place = func() error { return ms.placeGenLocked(ctx, s, l.LLM) }
+	}
+	if err := place(); err != nil {
 		ms.removeReplicasLocked(context.WithoutCancel(ctx), s)
 		return nil, err
 	}
@@ -623,7 +638,11 @@ func (ms *modelSet) retireLocked(ctx context.Context, s *served) {
 
 func (ms *modelSet) removeReplicasLocked(ctx context.Context, s *served) {
 	for _, p := range s.replicas {
-		if err := ms.sched.RemoveReplica(ctx, s.key, p.deviceID); err != nil {
+		remove := ms.sched.RemoveReplica
+		if p.gen {
+			remove = ms.sched.RemoveGenReplica
+		}
+		if err := remove(ctx, s.key, p.deviceID); err != nil {
 			ms.log.Warn("removing a replica", zap.String("model", s.key), zap.String("device", p.deviceID), zap.Error(err))
 		}
 		if err := p.r.Close(); err != nil {

@@ -22,13 +22,13 @@ type repository struct{ r *repo.Repo }
 // (<state-dir>/models) is created when missing; a directory given with
 // --model-repo must exist, so a mistyped path is an error, not an empty
 // repository.
-func openRepository(dir string, create bool, log *zap.Logger) (Repository, error) {
+func openRepository(dir string, create bool, log *zap.Logger, opts ...repo.Option) (Repository, error) {
 	if create {
 		if err := os.MkdirAll(dir, 0o750); err != nil {
 			return nil, fmt.Errorf("model repository: %w", err)
 		}
 	}
-	r, err := repo.Open(dir, log.Named("repo"))
+	r, err := repo.Open(dir, log.Named("repo"), opts...)
 	if err != nil {
 		return nil, fmt.Errorf("model-repo: %w", err)
 	}
@@ -60,6 +60,9 @@ func (p repository) Load(ctx context.Context, name string, version int64) (loade
 			return loadedModel{}, fmt.Errorf("%w: %w", errModelNotFound, err)
 		}
 		return loadedModel{}, err
+	}
+	if l.LLM != nil {
+		return loadedModel{LLM: l.LLM, Version: l.Version}, nil
 	}
 	m, err := l.Model()
 	if err != nil {

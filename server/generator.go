@@ -1,0 +1,241 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
+	"github.com/brokerd/brokerd/detect"
+	brokerv1 "github.com/brokerd/brokerd/proto/broker/v1"
+	"github.com/brokerd/brokerd/runtime"
+	"github.com/brokerd/brokerd/runtime/models/llm"
+	"github.com/brokerd/brokerd/scheduler"
+)
+
+// Decoder LLMs in the model lifecycle: a generator model is placed as one
+// engine per device (weights, KV cache) behind a generation replica of the
+// scheduler, sized by the device's batch plan and memory budget.
+
+// Step sizes of generation replicas: a step carries every running
+// sequence's next token plus prompt chunks up to genStepTokens, each
+// prompt at most genChunk tokens per step (chunked prefill, so a long
+// prompt does not stall the running sequences' decoding).
+const (
+	genStepTokens = 2048
+	genChunk      = 512
+	genBlockSize  = llm.DefaultBlockSize
+)
+
+// genModel adapts *llm.Model to what Generate and Chat need.
+type genModel struct{ m *llm.Model }
+
+func (g genModel) ContextLength() int    { return g.m.ContextLength() }
+func (g genModel) DefaultMaxTokens() int { return g.m.DefaultMaxTokens() }
+func (g genModel) EncodePrompt(text string, addSpecial bool) ([]int32, error) {
+	return g.m.Encode(text, addSpecial)
+}
+
+func (g genModel) RenderChat(turns []chatTurn, addGenerationPrompt bool) (string, error) {
+	msgs := make([]llm.Message, len(turns))
+	for i, t := range turns {
+		msgs[i] = llm.Message{Role: t.Role, Content: t.Content}
+	}
+	return g.m.RenderChat(msgs, addGenerationPrompt)
+}
+
+// NewSequence applies the request's sampling over the model's defaults
+// (generation_config.json).
+func (g genModel) NewSequence(p samplingParams, prompt []int32) (genSequence, error) {
+	s := g.m.DefaultSampling()
+	if p.Temperature != nil {
+		s.Temperature = *p.Temperature
+	}
+	if p.TopP != nil {
+		s.TopP = *p.TopP
+	}
+	if p.TopK != nil {
+		s.TopK = int(*p.TopK)
+	}
+	if p.MinP != nil {
+		s.MinP = *p.MinP
+	}
+	if p.RepetitionPenalty != nil {
+		s.RepetitionPenalty = *p.RepetitionPenalty
+	}
+	if p.PresencePenalty != nil {
+		s.PresencePenalty = *p.PresencePenalty
+	}
+	if p.FrequencyPenalty != nil {
+		s.FrequencyPenalty = *p.FrequencyPenalty
+	}
+	if p.Seed != nil {
+		s.Seed, s.Seeded = *p.Seed, true
+	}
+	s.Stop, s.StopTokenIDs = p.Stop, p.StopTokenIDs
+	s.Logprobs, s.TopLogprobs, s.IgnoreEOS = p.Logprobs, p.TopLogprobs, p.IgnoreEOS
+	if err := s.Validate(); err != nil {
+		return nil, err
+	}
+	seq, err := g.m.NewSequence(s, prompt)
+	if err != nil {
+		return nil, err
+	}
+	return genSeq{seq}, nil
+}
+
+// genSeq adapts *llm.Sequence.
+type genSeq struct{ s *llm.Sequence }
+
+func (q genSeq) State() any    { return q.s }
+func (q genSeq) Flush() string { return q.s.Flush().Text }
+func (q genSeq) Delta(out any) (genDelta, error) {
+	d, ok := out.(llm.Delta)
+	if !ok {
+		return genDelta{}, fmt.Errorf("a generation step returned %T, want llm.Delta", out)
+	}
+	gd := genDelta{Text: d.Text, TokenIDs: d.TokenIDs}
+	for _, lp := range d.Logprobs {
+		e := &brokerv1.LogprobEntry{Chosen: &brokerv1.TokenLogprob{TokenId: lp.Token, Logprob: lp.Logprob}}
+		for _, alt := range lp.Top {
+			e.Top = append(e.Top, &brokerv1.TokenLogprob{TokenId: alt.Token, Logprob: alt.Logprob})
+		}
+		gd.Logprobs = append(gd.Logprobs, e)
+	}
+	return gd, nil
+}
+
+// genExec adapts an engine to the scheduler's GenExecutor.
+type genExec struct{ e *llm.Engine }
+
+func (x genExec) Reserve(seq uint64, tokens int) bool { return x.e.Reserve(seq, tokens) }
+func (x genExec) Release(seq uint64)                  { x.e.Release(seq) }
+func (x genExec) Close() error                        { return x.e.Close() }
+
+func (x genExec) Step(ctx context.Context, items []scheduler.StepItem) ([]scheduler.StepResult, error) {
+	in := make([]llm.StepItem, len(items))
+	for i, it := range items {
+		in[i] = llm.StepItem{Seq: it.Seq, State: it.State, Tokens: it.Tokens, Pos: it.Pos, Sample: it.Sample}
+	}
+	res, err := x.e.Step(ctx, in)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]scheduler.StepResult, len(res))
+	for i, r := range res {
+		out[i] = scheduler.StepResult{Token: r.Token, Out: r.Out, Stop: r.Stop, Full: r.Full}
+	}
+	return out, nil
+}
+
+// placeGenLocked gives a generator a replica on every usable device of the
+// most preferred type that admits its weights, one step's workspace and a
+// KV cache for at least one full-length sequence. The cache gets what the
+// budget has left, up to enough for the whole running set at full length.
+func (ms *modelSet) placeGenLocked(ctx context.Context, s *served, m *llm.Model) error {
+	current := map[string]detect.Entry{}
+	if ms.opts.Entries != nil {
+		for _, e := range ms.opts.Entries() {
+			current[e.ID] = e
+		}
+	}
+	var refusals []string
+	var failures []error
+	var minNeed int64
+	blockBytes := m.CacheBlockBytes(genBlockSize)
+	blocksPerSeq := int64((m.ContextLength() + genBlockSize - 1) / genBlockSize)
+	for _, t := range placementOrder(ms.opts.Select) {
+		for _, od := range ms.devices {
+			e := od.entry
+			if e.Type != t {
+				continue
+			}
+			if c, ok := current[e.ID]; ok && (c.Cordoned || c.Health == detect.Unhealthy) {
+				continue
+			}
+			running, err := ms.maxBatch(s.info, t)
+			if err != nil {
+				return err
+			}
+			fixed := m.WeightBytes(od.dtype) + m.StepBytes(od.dtype, genStepTokens, running)
+			need := fixed + blocksPerSeq*blockBytes
+			if minNeed == 0 || need < minNeed {
+				minNeed = need
+			}
+			cache := int64(running) * blocksPerSeq * blockBytes
+			if e.Budget > 0 {
+				free := ms.freeLocked(od)
+				if need > free {
+					refusals = append(refusals, fmt.Sprintf("%s has %d bytes free of its %d-byte budget (needs %d: weights, a step, and one full-length sequence's cache)", e.ID, free, e.Budget, need))
+					continue
+				}
+				cache = min(cache, free-fixed)
+			}
+			eng, err := m.NewEngine(ctx, od.dev, llm.EngineOptions{CacheBytes: cache, BlockSize: genBlockSize, MaxStepTokens: genStepTokens, MaxSeqs: running})
+			if err != nil {
+				if errors.Is(err, runtime.ErrOutOfMemory) {
+					refusals = append(refusals, fmt.Sprintf("%s: %v", e.ID, err))
+				} else {
+					failures = append(failures, fmt.Errorf("engine on %s: %w", e.ID, err))
+				}
+				continue
+			}
+			x := genExec{eng}
+			dev := scheduler.Device{ID: e.ID, Type: string(e.Type), CostPerHour: e.CostPerHour}
+			if err := ms.sched.AddGenReplica(s.key, dev, scheduler.GenOptions{MaxRunning: running, MaxStepTokens: max(genStepTokens, running), MaxChunk: genChunk}, x); err != nil {
+				x.Close()
+				return fmt.Errorf("generator replica of %s on %s: %w", s.key, e.ID, err)
+			}
+			bytes := fixed + cache
+			s.replicas = append(s.replicas, placed{deviceID: e.ID, r: x, bytes: bytes, maxBatch: running, gen: true})
+			ms.reserved[e.ID] += bytes
+			used, total := eng.CacheBlocks()
+			ms.log.Info("generator placed", zap.String("model", s.info.Name), zap.Int64("version", s.info.Version), zap.String("device", e.ID),
+				zap.Int("max_running", running), zap.Int("cache_blocks", total-used), zap.Int("block_tokens", genBlockSize),
+				zap.Int64("memory_bytes", bytes))
+		}
+		if len(s.replicas) > 0 {
+			return nil
+		}
+	}
+	switch {
+	case len(failures) > 0:
+		return fmt.Errorf("model %s version %d: %w", s.info.Name, s.info.Version, errors.Join(failures...))
+	case len(refusals) > 0:
+		return &admissionError{model: s.info.Name, version: s.info.Version, need: minNeed, devices: refusals}
+	}
+	return fmt.Errorf("model %s version %d: no open device can take a replica: %w", s.info.Name, s.info.Version, scheduler.ErrNoDevice)
+}
+
+// kvCacheCollector reports each generator replica's KV-cache blocks at
+// scrape time: brokerd_generation_kv_cache_blocks{model,device,state}.
+type kvCacheCollector struct {
+	ms   *modelSet
+	desc *prometheus.Desc
+}
+
+func newKVCacheCollector(ms *modelSet) *kvCacheCollector {
+	return &kvCacheCollector{ms: ms, desc: prometheus.NewDesc("brokerd_generation_kv_cache_blocks",
+		"KV-cache blocks of each generator replica: used (held by sequences) and total.", []string{"model", "device", "state"}, nil)}
+}
+
+func (c *kvCacheCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+func (c *kvCacheCollector) Collect(ch chan<- prometheus.Metric) {
+	if c.ms == nil {
+		return
+	}
+	for _, s := range c.ms.cat.Load().byName {
+		for _, p := range s.replicas {
+			x, ok := p.r.(genExec)
+			if !ok {
+				continue
+			}
+			used, total := x.e.CacheBlocks()
+			ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(used), s.info.Name, p.deviceID, "used")
+			ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(total), s.info.Name, p.deviceID, "total")
+		}
+	}
+}
