@@ -18,7 +18,7 @@ type request struct {
 	deviceID, devType string
 	inputs, outputs   []any
 	devices           []string // the device that ran each input
-	costs             []int // per input; nil means 1 each
+	costs             []int    // per input; nil means 1 each
 	submitted         time.Time
 
 	next        int // first item not yet taken into a batch

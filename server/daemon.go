@@ -22,6 +22,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/reflection"
 
 	"github.com/brokerd/brokerd/detect"
@@ -105,6 +106,20 @@ func Run(ctx context.Context, opts Options, log *zap.Logger) error {
 		newDeviceCollector(inv.Devices))
 	rpcm := newRPCMetrics(reg)
 	denied := newDeniedCounter(reg)
+	// Every client-facing listener is bounded (metrics and health are not:
+	// they live on the reserve).
+	nofile := raiseFileLimit()
+	maxConns, perClient := connectionLimits(cfg.MaxConnections, cfg.MaxConnectionsPerClient, nofile)
+	cm := newConnMetrics(reg)
+	lis.sock = newLimitListener(lis.sock, "socket", maxConns, perClient, cm, log)
+	if lis.tcp != nil {
+		lis.tcp = newLimitListener(lis.tcp, "tcp", maxConns, perClient, cm, log)
+	}
+	if lis.http != nil {
+		lis.http = newLimitListener(lis.http, "http", maxConns, perClient, cm, log)
+	}
+	log.Info("connection limits", zap.Uint64("descriptors", nofile), zap.Int("per_listener", maxConns),
+		zap.Int("per_client", perClient), zap.Duration("idle", time.Duration(cfg.MaxConnectionIdle)))
 
 	sched := scheduler.New(scheduler.Options{
 		MaxQueueItems: cfg.MaxQueueItems,
@@ -420,6 +435,10 @@ func newGRPCServers(cfg config.Config, withTCP bool, rpcm *rpcMetrics, authz *au
 		grpc.ChainUnaryInterceptor(unaryInterceptor(log, rpcm, codec), authz.unary()),
 		grpc.ChainStreamInterceptor(streamInterceptor(log, rpcm, codec), authz.stream()),
 		grpc.MaxRecvMsgSize(cfg.MaxMessageBytes),
+		// Idle connections are closed; clients may ping no more than every
+		// 10 s (a flood of pings is a denial of service).
+		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: time.Duration(cfg.MaxConnectionIdle)}),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
 		// Reused handler goroutines keep their grown stacks: a new goroutine
 		// per call re-grows its stack (featurising needs a few KiB) every time.
 		grpc.NumStreamWorkers(uint32(goruntime.GOMAXPROCS(0))),

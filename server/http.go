@@ -31,7 +31,7 @@ func newHTTPServer(cfg config.Config, broker *BrokerService, version string, reg
 	srv := &http.Server{
 		Handler:           h,
 		ReadHeaderTimeout: 10 * time.Second,
-		IdleTimeout:       2 * time.Minute,
+		IdleTimeout:       time.Duration(cfg.MaxConnectionIdle),
 		MaxHeaderBytes:    64 << 10,
 		ErrorLog:          zap.NewStdLog(log.Named("http")),
 	}

@@ -113,7 +113,7 @@ type placed struct {
 	deviceID string
 	r        interface{ Close() error } // a batch replica, or a generator's engine
 	gen      bool                       // a generation replica of the scheduler
-	bytes    int64 // reserved against the device's budget
+	bytes    int64                      // reserved against the device's budget
 	maxBatch int
 }
 

@@ -43,8 +43,23 @@ func (unixCreds) ClientHandshake(_ context.Context, _ string, c net.Conn) (net.C
 	return c, peerCredAuthInfo{CommonAuthInfo: credentials.CommonAuthInfo{SecurityLevel: credentials.NoSecurity}, UID: -1, GID: -1, PID: -1}, nil
 }
 
+// unixConn finds the Unix socket under wrappers (the connection limits')
+// that expose it with Unwrap.
+func unixConn(c net.Conn) (*net.UnixConn, bool) {
+	for {
+		switch x := c.(type) {
+		case *net.UnixConn:
+			return x, true
+		case interface{ Unwrap() net.Conn }:
+			c = x.Unwrap()
+		default:
+			return nil, false
+		}
+	}
+}
+
 func (u unixCreds) ServerHandshake(c net.Conn) (net.Conn, credentials.AuthInfo, error) {
-	uc, ok := c.(*net.UnixConn)
+	uc, ok := unixConn(c)
 	if !ok {
 		return c, peerCredAuthInfo{CommonAuthInfo: credentials.CommonAuthInfo{SecurityLevel: credentials.NoSecurity}, UID: -1, GID: -1, PID: -1}, nil
 	}

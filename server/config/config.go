@@ -35,9 +35,14 @@ type Config struct {
 	// the bearer tokens they require (one per line).
 	HTTPListen  string `json:"http-listen"`
 	APIKeysFile string `json:"api-keys-file"`
-	StateDir      string `json:"state-dir"`
-	LogLevel      string `json:"log-level"`
-	LogFormat     string `json:"log-format"`
+	// Connection limits per listener (0: derived from the descriptor
+	// limit) and the idle time after which a connection is closed.
+	MaxConnections          int      `json:"max-connections"`
+	MaxConnectionsPerClient int      `json:"max-connections-per-client"`
+	MaxConnectionIdle       Duration `json:"max-connection-idle"`
+	StateDir                string   `json:"state-dir"`
+	LogLevel                string   `json:"log-level"`
+	LogFormat               string   `json:"log-format"`
 
 	Prefer         string `json:"prefer"`
 	AllowTPU       bool   `json:"allow-tpu"`
@@ -152,51 +157,55 @@ func Defaults(euid int, getenv func(string) string) Config {
 		MaxBatchTokens:     16384,
 		ShutdownGrace:      Duration(30 * time.Second),
 		BatchTimeout:       Duration(2 * time.Minute), // scheduler.DefaultBatchTimeout
+		MaxConnectionIdle:  Duration(5 * time.Minute),
 	}
 }
 
 // envNames maps flag names to the environment variables that set them.
 var envNames = map[string]string{
-	"socket":                "BROKERD_SOCKET",
-	"listen":                "BROKERD_LISTEN",
-	"insecure-tcp":          "BROKERD_INSECURE_TCP",
-	"tls-cert":              "BROKERD_TLS_CERT",
-	"tls-key":               "BROKERD_TLS_KEY",
-	"tls-client-ca":         "BROKERD_TLS_CLIENT_CA",
-	"metrics-listen":        "BROKERD_METRICS_LISTEN",
-	"health-listen":         "BROKERD_HEALTH_LISTEN",
-	"state-dir":             "BROKERD_STATE_DIR",
-	"log-level":             "BROKERD_LOG_LEVEL",
-	"log-format":            "BROKERD_LOG_FORMAT",
-	"prefer":                "COMPUTE_PREFER",
-	"allow-tpu":             "COMPUTE_ALLOW_TPU",
-	"tpu-batch-factor":      "COMPUTE_TPU_BATCH_FACTOR",
-	"gpu-batch-factor":      "COMPUTE_GPU_BATCH_FACTOR",
-	"cpu-batch-factor":      "COMPUTE_CPU_BATCH_FACTOR",
-	"memory-strategy":       "BROKERD_MEMORY_STRATEGY",
-	"costs":                 "BROKERD_COSTS",
-	"nvml-library":          "BROKERD_NVML_LIBRARY",
-	"pjrt-plugin":           "BROKERD_PJRT_PLUGINS",
-	"compute-dtype":         "BROKERD_COMPUTE_DTYPE",
-	"telemetry-interval":    "BROKERD_TELEMETRY_INTERVAL",
-	"max-message-bytes":     "BROKERD_MAX_MESSAGE_BYTES",
-	"max-items-per-request": "BROKERD_MAX_ITEMS_PER_REQUEST",
-	"max-item-bytes":        "BROKERD_MAX_ITEM_BYTES",
-	"max-queue-items":       "BROKERD_MAX_QUEUE_ITEMS",
-	"max-queue-delay":       "BROKERD_MAX_QUEUE_DELAY",
-	"batch-timeout":         "BROKERD_BATCH_TIMEOUT",
-	"max-batch":             "BROKERD_MAX_BATCH",
-	"pprof":                 "BROKERD_PPROF",
-	"max-batch-tokens":      "BROKERD_MAX_BATCH_TOKENS",
-	"model-repo":            "BROKERD_MODEL_REPO",
-	"load-models":           "BROKERD_LOAD_MODELS",
-	"shutdown-grace":        "BROKERD_SHUTDOWN_GRACE",
-	"http-listen":           "BROKERD_HTTP_LISTEN",
-	"api-keys-file":         "BROKERD_API_KEYS_FILE",
-	"admin-uids":            "BROKERD_ADMIN_UIDS",
-	"admin-groups":          "BROKERD_ADMIN_GROUPS",
-	"admin-identities":      "BROKERD_ADMIN_IDENTITIES",
-	"config":                "BROKERD_CONFIG",
+	"socket":                     "BROKERD_SOCKET",
+	"listen":                     "BROKERD_LISTEN",
+	"insecure-tcp":               "BROKERD_INSECURE_TCP",
+	"tls-cert":                   "BROKERD_TLS_CERT",
+	"tls-key":                    "BROKERD_TLS_KEY",
+	"tls-client-ca":              "BROKERD_TLS_CLIENT_CA",
+	"metrics-listen":             "BROKERD_METRICS_LISTEN",
+	"health-listen":              "BROKERD_HEALTH_LISTEN",
+	"state-dir":                  "BROKERD_STATE_DIR",
+	"log-level":                  "BROKERD_LOG_LEVEL",
+	"log-format":                 "BROKERD_LOG_FORMAT",
+	"prefer":                     "COMPUTE_PREFER",
+	"allow-tpu":                  "COMPUTE_ALLOW_TPU",
+	"tpu-batch-factor":           "COMPUTE_TPU_BATCH_FACTOR",
+	"gpu-batch-factor":           "COMPUTE_GPU_BATCH_FACTOR",
+	"cpu-batch-factor":           "COMPUTE_CPU_BATCH_FACTOR",
+	"memory-strategy":            "BROKERD_MEMORY_STRATEGY",
+	"costs":                      "BROKERD_COSTS",
+	"nvml-library":               "BROKERD_NVML_LIBRARY",
+	"pjrt-plugin":                "BROKERD_PJRT_PLUGINS",
+	"compute-dtype":              "BROKERD_COMPUTE_DTYPE",
+	"telemetry-interval":         "BROKERD_TELEMETRY_INTERVAL",
+	"max-message-bytes":          "BROKERD_MAX_MESSAGE_BYTES",
+	"max-items-per-request":      "BROKERD_MAX_ITEMS_PER_REQUEST",
+	"max-item-bytes":             "BROKERD_MAX_ITEM_BYTES",
+	"max-queue-items":            "BROKERD_MAX_QUEUE_ITEMS",
+	"max-queue-delay":            "BROKERD_MAX_QUEUE_DELAY",
+	"batch-timeout":              "BROKERD_BATCH_TIMEOUT",
+	"max-batch":                  "BROKERD_MAX_BATCH",
+	"pprof":                      "BROKERD_PPROF",
+	"max-batch-tokens":           "BROKERD_MAX_BATCH_TOKENS",
+	"model-repo":                 "BROKERD_MODEL_REPO",
+	"load-models":                "BROKERD_LOAD_MODELS",
+	"shutdown-grace":             "BROKERD_SHUTDOWN_GRACE",
+	"http-listen":                "BROKERD_HTTP_LISTEN",
+	"max-connections":            "BROKERD_MAX_CONNECTIONS",
+	"max-connections-per-client": "BROKERD_MAX_CONNECTIONS_PER_CLIENT",
+	"max-connection-idle":        "BROKERD_MAX_CONNECTION_IDLE",
+	"api-keys-file":              "BROKERD_API_KEYS_FILE",
+	"admin-uids":                 "BROKERD_ADMIN_UIDS",
+	"admin-groups":               "BROKERD_ADMIN_GROUPS",
+	"admin-identities":           "BROKERD_ADMIN_IDENTITIES",
+	"config":                     "BROKERD_CONFIG",
 }
 
 // bind registers every setting as a flag writing into c.
@@ -211,6 +220,9 @@ func bind(fs *flag.FlagSet, c *Config, configPath *string) {
 	fs.StringVar(&c.MetricsListen, "metrics-listen", c.MetricsListen, "Prometheus /metrics listen address (off when empty)")
 	fs.StringVar(&c.HealthListen, "health-listen", c.HealthListen, "plaintext TCP HOST:PORT serving only grpc.health.v1, for Kubernetes gRPC probes (off when empty)")
 	fs.StringVar(&c.HTTPListen, "http-listen", c.HTTPListen, "HOST:PORT of the Ollama- and OpenAI-compatible HTTP APIs (off when empty); plaintext on loopback only, elsewhere it needs --tls-cert/--tls-key")
+	fs.IntVar(&c.MaxConnections, "max-connections", c.MaxConnections, "most open connections per listener (socket, TCP, HTTP); 0: the descriptor limit less a reserve, so metrics and health always answer")
+	fs.IntVar(&c.MaxConnectionsPerClient, "max-connections-per-client", c.MaxConnectionsPerClient, "most open connections of one client (uid on the socket, IP on TCP) per listener; 0: a quarter of max-connections")
+	fs.Var(&c.MaxConnectionIdle, "max-connection-idle", "close a connection idle (no call in flight) for this long")
 	fs.StringVar(&c.APIKeysFile, "api-keys-file", c.APIKeysFile, "file of API keys, one per line, that HTTP API requests must carry as Authorization: Bearer KEY (none: no key needed)")
 	fs.StringVar(&c.StateDir, "state-dir", c.StateDir, "directory for the device registry and models")
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "debug, info, warn or error")
@@ -448,6 +460,12 @@ func (c Config) Validate() error {
 	}
 	if c.MaxQueueDelay < 0 {
 		bad("max-queue-delay must not be negative")
+	}
+	if c.MaxConnections < 0 || c.MaxConnectionsPerClient < 0 {
+		bad("max-connections %d and max-connections-per-client %d must not be negative (0: derived)", c.MaxConnections, c.MaxConnectionsPerClient)
+	}
+	if c.MaxConnectionIdle <= 0 {
+		bad("max-connection-idle %v is invalid: more than 0", time.Duration(c.MaxConnectionIdle))
 	}
 	if c.BatchTimeout <= 0 {
 		bad("batch-timeout %v is invalid: more than 0", time.Duration(c.BatchTimeout))
