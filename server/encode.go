@@ -112,6 +112,10 @@ func (s *BrokerService) Encode(ctx context.Context, req *brokerv1.EncodeRequest)
 	if semantic {
 		inputs := make([]any, len(items))
 		for i, data := range datas {
+			if i%64 == 0 && ctx.Err() != nil { // the caller gave up: stop the host work
+				waitCodes()
+				return nil, toStatus(s.log, "Encode", fmt.Errorf("featurising item %d: %w", i, ctx.Err()))
+			}
 			inputs[i] = m.Input(data, normalize)
 		}
 		out, err := s.sched.Submit(ctx, scheduler.Request{

@@ -54,6 +54,10 @@ func (s *BrokerService) encodeModel(ctx context.Context, req *brokerv1.EncodeReq
 		// Tokenising is host work; it runs in this handler, before queueing.
 		inputs = make([]any, len(items))
 		for i, it := range items {
+			// A caller that gave up stops the host work too.
+			if err := ctx.Err(); err != nil {
+				return nil, toStatus(s.log, "Encode", fmt.Errorf("tokenising item %d: %w", i, err))
+			}
 			in, err := tm.Tokenize(string(itemBytes(it)), "", truncate, normalize)
 			if err != nil {
 				return nil, invalid("items[%d]: %v", i, tokenizeError(err, truncate, sv.info.MaxSeqLen))

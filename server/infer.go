@@ -75,7 +75,7 @@ func (s *BrokerService) infer(ctx context.Context, sv *served, inputs []tensor, 
 	case models.KindMLP:
 		payloads, err = s.rowPayloads(sv.info, given[sv.info.Inputs[0].Name])
 	case models.KindBERT, models.KindBERTClassifier:
-		payloads, err = s.textPayloads(sv, given[inputText], given[inputTextPair], opts)
+		payloads, err = s.textPayloads(ctx, sv, given[inputText], given[inputTextPair], opts)
 	default:
 		return nil, none, invalid("model %s: Infer does not serve kind %q", sv.info.Name, sv.info.Kind)
 	}
@@ -205,7 +205,7 @@ func (s *BrokerService) rowPayloads(info models.Info, t *tensor) ([]any, error) 
 }
 
 // textPayloads tokenises the texts (and pairs) of a text model.
-func (s *BrokerService) textPayloads(sv *served, text, pair *tensor, opts inferOptions) ([]any, error) {
+func (s *BrokerService) textPayloads(ctx context.Context, sv *served, text, pair *tensor, opts inferOptions) ([]any, error) {
 	tm, ok := sv.model.(textModel)
 	if !ok {
 		return nil, toStatus(s.log, "Infer", fmt.Errorf("model %s of kind %s has no tokenizer", sv.key, sv.info.Kind))
@@ -236,6 +236,9 @@ func (s *BrokerService) textPayloads(sv *served, text, pair *tensor, opts inferO
 		}
 		if len(b)+len(p) > s.limits.MaxItemBytes {
 			return nil, invalid("input %q element %d: %d bytes is more than --max-item-bytes %d", text.name, i, len(b)+len(p), s.limits.MaxItemBytes)
+		}
+		if err := ctx.Err(); err != nil { // the caller gave up: stop the host work
+			return nil, toStatus(s.log, "Infer", fmt.Errorf("tokenising element %d: %w", i, err))
 		}
 		in, err := tm.Tokenize(string(b), p, opts.truncate, opts.normalize)
 		if err != nil {

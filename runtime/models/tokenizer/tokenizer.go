@@ -309,16 +309,29 @@ func (t *Tokenizer) NumSpecialTokens(pair bool) int {
 // truncated longest-first if truncate is set, and an error wrapping
 // ErrTooLong otherwise.
 func (t *Tokenizer) Encode(text, pair string, maxLen int, truncate bool) (ids, typeIDs []int32, err error) {
-	a := t.encode(text)
-	var b []int32
 	tmpl, nSpecial := t.single, t.nSingle
+	var a, b []int32
+	partial := false
+	if pair == "" && maxLen > 0 {
+		// A single text needs only its first maxLen tokens, truncated or
+		// refused: tokenising stops there, so a long text costs no more
+		// than a short one. (Pairs are cut longest-first, which needs both
+		// lengths.)
+		a, partial = t.encodeUpTo(text, maxLen)
+	} else {
+		a = t.encode(text)
+	}
 	if pair != "" {
 		b = t.encode(pair)
 		tmpl, nSpecial = t.pair, t.nPair
 	}
 	if total := len(a) + len(b) + nSpecial; maxLen > 0 && total > maxLen {
 		if !truncate {
-			return nil, nil, fmt.Errorf("%w: %d tokens, the limit is %d", ErrTooLong, total, maxLen)
+			more := ""
+			if partial {
+				more = "more than "
+			}
+			return nil, nil, fmt.Errorf("%w: %s%d tokens, the limit is %d", ErrTooLong, more, total, maxLen)
 		}
 		budget := maxLen - nSpecial
 		if budget < 0 {
@@ -378,6 +391,15 @@ func truncateLongestFirst(na, nb, budget int, isPair bool) (int, int) {
 
 // encode returns the ids of text without special tokens.
 func (t *Tokenizer) encode(text string) []int32 {
+	out, _ := t.encodeUpTo(text, 0)
+	return out
+}
+
+// encodeUpTo tokenises text, stopping once more than limit tokens are out
+// (limit 0: none) and saying whether it stopped early. It stops only at
+// the whitespace between chunks, where the pre-tokeniser splits anyway, so
+// the tokens it returns are the whole text's first ones.
+func (t *Tokenizer) encodeUpTo(text string, limit int) ([]int32, bool) {
 	var out []int32
 	add := func(s string) {
 		for _, id := range t.hf.Encode(s) {
@@ -386,9 +408,12 @@ func (t *Tokenizer) encode(text string) []int32 {
 	}
 	if !t.chunkable || len(text) <= chunkBytes {
 		add(text)
-		return out
+		return out, false
 	}
 	for len(text) > 0 {
+		if limit > 0 && len(out) > limit {
+			return out, true
+		}
 		cut := len(text)
 		if cut > chunkBytes {
 			// Cut after the last whitespace before the limit, or after the
@@ -402,5 +427,5 @@ func (t *Tokenizer) encode(text string) []int32 {
 		add(text[:cut])
 		text = text[cut:]
 	}
-	return out
+	return out, false
 }

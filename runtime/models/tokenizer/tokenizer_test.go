@@ -331,3 +331,36 @@ func TestConcurrentEncode(t *testing.T) {
 		}
 	}
 }
+
+// TestLongTextStopsAtTheLimit: a single text needs only its first maxLen
+// tokens; tokenising stops after the chunk that passes them, and the
+// result equals the whole text's tokens truncated (or refused, without
+// truncation).
+func TestLongTextStopsAtTheLimit(t *testing.T) {
+	tok := load(t, bertTemplate, nil)
+	words := []string{"the", "quick", "brown", "fox,", "jumped!", "unbelievable", "naïve", "中", "dog."}
+	rng := rand.New(rand.NewPCG(5, 6))
+	var sb strings.Builder
+	for sb.Len() < 200*chunkBytes { // ~400 KiB
+		sb.WriteString(words[rng.IntN(len(words))])
+		sb.WriteString(" ")
+	}
+	text := sb.String()
+	const maxLen = 32
+	ids, _, err := tok.Encode(text, "", maxLen, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	full := tok.encode(text)
+	want := append(append([]int32{2}, full[:maxLen-2]...), 3) // [CLS] ... [SEP]
+	if !slices.Equal(ids, want) {
+		t.Fatalf("truncated ids %v, want %v", ids, want)
+	}
+	got, partial := tok.encodeUpTo(text, maxLen)
+	if !partial || len(got) > maxLen+chunkBytes {
+		t.Errorf("stopped early %v after %d tokens of %d: the work is not bounded by the limit", partial, len(got), len(full))
+	}
+	if _, _, err := tok.Encode(text, "", maxLen, false); !errors.Is(err, ErrTooLong) || !strings.Contains(err.Error(), "more than") {
+		t.Errorf("without truncation: %v", err)
+	}
+}
