@@ -101,6 +101,13 @@ func Run(ctx context.Context, opts Options, log *zap.Logger) error {
 	}
 	defer closeNVML()
 
+	var memTotal uint64
+	if e, err := inv.Device("cpu:0"); err == nil {
+		memTotal = e.MemoryTotal // the cgroup limit when lower than the host's
+	}
+	goLimit, inflight := memoryLimits(cfg.GoMemoryLimit, cfg.MaxInflightBytes, memTotal, cfg.MaxMessageBytes)
+	setGoMemoryLimit(goLimit, getenv, log)
+
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		newDeviceCollector(inv.Devices))
@@ -163,7 +170,9 @@ func Run(ctx context.Context, opts Options, log *zap.Logger) error {
 		return err
 	}
 
-	unixSrv, tcpSrv, err := newGRPCServers(cfg, lis.tcp != nil, rpcm, &authorizer{admins: adm, scope: scopeAPI, log: log, denied: denied}, log)
+	budget := newByteBudget(inflight, reg)
+	log.Info("in-flight byte budget", zap.Int64("bytes", inflight))
+	unixSrv, tcpSrv, err := newGRPCServers(cfg, lis.tcp != nil, rpcm, &authorizer{admins: adm, scope: scopeAPI, log: log, denied: denied}, budget, log)
 	if err != nil {
 		return err
 	}
@@ -428,12 +437,12 @@ func registerAPI(s *grpc.Server, broker brokerv1.BrokerServiceServer, kserve inf
 // checks). The socket is protected by its file mode, administration by authz,
 // which runs inside the metrics interceptor so refusals are counted there too.
 // The parse codec hands requests that do not parse to the interceptors.
-func newGRPCServers(cfg config.Config, withTCP bool, rpcm *rpcMetrics, authz *authorizer, log *zap.Logger) (unixSrv, tcpSrv *grpc.Server, err error) {
+func newGRPCServers(cfg config.Config, withTCP bool, rpcm *rpcMetrics, authz *authorizer, budget *byteBudget, log *zap.Logger) (unixSrv, tcpSrv *grpc.Server, err error) {
 	codec := newParseCodec()
 	srvOpts := []grpc.ServerOption{
 		grpc.ForceServerCodecV2(codec),
-		grpc.ChainUnaryInterceptor(unaryInterceptor(log, rpcm, codec), authz.unary()),
-		grpc.ChainStreamInterceptor(streamInterceptor(log, rpcm, codec), authz.stream()),
+		grpc.ChainUnaryInterceptor(unaryInterceptor(log, rpcm, codec), authz.unary(), budget.unary()),
+		grpc.ChainStreamInterceptor(streamInterceptor(log, rpcm, codec), authz.stream(), budget.stream()),
 		grpc.MaxRecvMsgSize(cfg.MaxMessageBytes),
 		// Idle connections are closed; clients may ping no more than every
 		// 10 s (a flood of pings is a denial of service).

@@ -1,0 +1,178 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"runtime/debug"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+)
+
+// Memory held for requests is bounded in bytes, not only in queued items:
+// each call is charged for its request (twice its encoded size: the
+// decoded message and what is built from it — tokens, features, outputs)
+// from the moment it is accepted until it answers, and a call that would
+// exceed the budget is refused at once with RESOURCE_EXHAUSTED and a retry
+// hint, so brokerd keeps working at its limit instead of being killed.
+
+// requestOverhead is charged to every call besides its bytes.
+const requestOverhead = 4 << 10
+
+// budgetRetry is the RetryInfo delay of a refusal: requests finish in
+// milliseconds, so a short wait finds room.
+const budgetRetry = 100 * time.Millisecond
+
+type byteBudget struct {
+	max int64
+
+	mu   sync.Mutex
+	used int64
+
+	inflight prometheus.Gauge
+	refused  *prometheus.CounterVec
+}
+
+func newByteBudget(max int64, reg prometheus.Registerer) *byteBudget {
+	b := &byteBudget{
+		max: max,
+		inflight: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: "brokerd", Name: "inflight_request_bytes",
+			Help: "Bytes charged to the calls being served (requests and what is built from them).",
+		}),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "brokerd", Name: "inflight_bytes_refused_total",
+			Help: "Calls refused because the in-flight byte budget was full (RESOURCE_EXHAUSTED) or smaller than the call (INVALID_ARGUMENT).",
+		}, []string{"method"}),
+	}
+	if reg != nil {
+		reg.MustRegister(b.inflight, b.refused)
+	}
+	return b
+}
+
+// cost is what a request is charged.
+func cost(req any) int64 {
+	if m, ok := req.(proto.Message); ok {
+		return 2*int64(proto.Size(m)) + requestOverhead
+	}
+	return requestOverhead
+}
+
+// acquire charges n bytes; release gives them back.
+func (b *byteBudget) acquire(method string, n int64) (release func(), err error) {
+	if n > b.max {
+		b.refused.WithLabelValues(method).Inc()
+		return nil, status.Errorf(codes.InvalidArgument, "%s: the request needs %d bytes in flight, more than the whole budget of %d (--max-inflight-bytes); split it", method, n, b.max)
+	}
+	b.mu.Lock()
+	if b.used+n > b.max {
+		used := b.used
+		b.mu.Unlock()
+		b.refused.WithLabelValues(method).Inc()
+		st := status.Newf(codes.ResourceExhausted, "%s: %d of %d bytes are held by calls in flight and this one needs %d (--max-inflight-bytes); retry after %v", method, used, b.max, n, budgetRetry)
+		if d, derr := st.WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(budgetRetry)}); derr == nil {
+			st = d
+		}
+		return nil, st.Err()
+	}
+	b.used += n
+	b.mu.Unlock()
+	b.inflight.Add(float64(n))
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			b.mu.Lock()
+			b.used -= n
+			b.mu.Unlock()
+			b.inflight.Sub(float64(n))
+		})
+	}, nil
+}
+
+func (b *byteBudget) unary() grpc.UnaryServerInterceptor {
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		release, err := b.acquire(info.FullMethod, cost(req))
+		if err != nil {
+			return nil, err
+		}
+		defer release()
+		return handler(ctx, req)
+	}
+}
+
+func (b *byteBudget) stream() grpc.StreamServerInterceptor {
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+		bs := &budgetStream{ServerStream: ss, b: b, method: info.FullMethod}
+		defer bs.release()
+		return handler(srv, bs)
+	}
+}
+
+// budgetStream charges each message a streaming call receives until the
+// call ends.
+type budgetStream struct {
+	grpc.ServerStream
+	b        *byteBudget
+	method   string
+	releases []func()
+}
+
+func (s *budgetStream) RecvMsg(m any) error {
+	if err := s.ServerStream.RecvMsg(m); err != nil {
+		return err
+	}
+	release, err := s.b.acquire(s.method, cost(m))
+	if err != nil {
+		return err
+	}
+	s.releases = append(s.releases, release)
+	return nil
+}
+
+func (s *budgetStream) release() {
+	for _, r := range s.releases {
+		r()
+	}
+}
+
+// memoryLimits are the Go runtime's memory limit and the in-flight byte
+// budget: the settings, or derived from the memory brokerd may use (the
+// cgroup limit or the host's memory): the Go heap gets three quarters
+// (the rest is oneDNN's and the devices'), requests a quarter of that,
+// and at least two of the largest messages.
+func memoryLimits(goLimit, inflight int64, memTotal uint64, maxMessage int) (int64, int64) {
+	if goLimit == 0 && memTotal > 0 {
+		goLimit = int64(memTotal / 4 * 3)
+	}
+	if inflight <= 0 {
+		base := goLimit
+		if base <= 0 {
+			base = int64(memTotal)
+		}
+		inflight = max(base/4, 2*int64(maxMessage)+requestOverhead)
+	}
+	return goLimit, inflight
+}
+
+// setGoMemoryLimit applies limit (bytes; ≤ 0 leaves the runtime's), unless
+// GOMEMLIMIT is set in the environment, which wins.
+func setGoMemoryLimit(limit int64, getenv func(string) string, log *zap.Logger) {
+	if getenv("GOMEMLIMIT") != "" {
+		log.Info("Go memory limit from GOMEMLIMIT", zap.String("GOMEMLIMIT", getenv("GOMEMLIMIT")))
+		return
+	}
+	if limit <= 0 {
+		return
+	}
+	debug.SetMemoryLimit(limit)
+	log.Info("Go memory limit set", zap.String("limit", fmt.Sprintf("%d MiB", limit>>20)))
+}
