@@ -28,6 +28,10 @@ var ErrTooLong = errors.New("text too long")
 // ErrInvalid means the tokenizer.json cannot be used.
 var ErrInvalid = errors.New("invalid tokenizer")
 
+// maxVocab bounds token ids: far above any vocabulary, far below what a
+// table sized by an id could allocate.
+const maxVocab = 1 << 23
+
 // chunkBytes is the size above which a text is tokenised in whitespace-split
 // pieces: hftokenizer's BERT pre-tokeniser is quadratic in the text length.
 const chunkBytes = 2048
@@ -89,6 +93,18 @@ func parse(content []byte) (*Tokenizer, error) {
 	}
 	if len(tj.Model.Vocab) == 0 {
 		return nil, errors.New("empty vocabulary")
+	}
+	// Ids index tables and an empty added token would match everywhere
+	// (hftokenizer then never advances): refuse both before it sees them.
+	for tok, id := range tj.Model.Vocab {
+		if id < 0 || id >= maxVocab {
+			return nil, fmt.Errorf("vocabulary entry %q has id %d: want 0 to %d", tok, id, maxVocab-1)
+		}
+	}
+	for i, at := range tj.AddedTokens {
+		if at.Content == "" || at.ID < 0 || at.ID >= maxVocab {
+			return nil, fmt.Errorf("added_tokens[%d]: id %d, content %q: want a non-empty content and an id from 0 to %d", i, at.ID, at.Content, maxVocab-1)
+		}
 	}
 	hf, err := hftokenizer.NewFromContent(nil, content)
 	if err != nil {
