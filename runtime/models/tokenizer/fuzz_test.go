@@ -9,7 +9,7 @@ import (
 // that encodes without panicking, never a crash.
 func FuzzParse(f *testing.F) {
 	good, err := json.Marshal(map[string]any{
-		"model": map[string]any{"type": "WordPiece", "unk_token": "[UNK]", "vocab": map[string]int{"[UNK]": 0, "[CLS]": 1, "[SEP]": 2, "a": 3, "##b": 4}},
+		"model":          map[string]any{"type": "WordPiece", "unk_token": "[UNK]", "vocab": map[string]int{"[UNK]": 0, "[CLS]": 1, "[SEP]": 2, "a": 3, "##b": 4}},
 		"pre_tokenizer":  map[string]any{"type": "BertPreTokenizer"},
 		"post_processor": bertTemplate,
 	})
