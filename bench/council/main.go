@@ -1,0 +1,299 @@
+// Command council measures a council round on the CPU: 16 prompts whose
+// answers range from 16 to 256 tokens, run through the scheduler's
+// continuous batching and brokerd's LLM engine on oneDNN, three ways in
+// interleaved rounds on the same random model:
+//
+//   - continuous: the running set holds every sequence; each leaves at the
+//     step it finishes (what brokerd does);
+//   - static: the same batch, but every sequence runs until the longest
+//     one ends (a batch that waits for its longest member);
+//   - one at a time: a running set of one (a server taking one prompt after
+//     another).
+//
+// It prints the aggregate useful output tokens/s of each, their ratios and
+// time-to-first-token percentiles, and the single-stream decode speed
+// against the memory bandwidth limit (weight bytes per token over the
+// measured copy bandwidth).
+//
+//	go run ./bench/council -layers 8 -hidden 512 -heads 8 -kv-heads 2 -intermediate 1536 -vocab 32000 -rounds 2
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"math/rand/v2"
+	"os"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/brokerd/brokerd/runtime"
+	"github.com/brokerd/brokerd/runtime/models"
+	"github.com/brokerd/brokerd/runtime/models/llm"
+	"github.com/brokerd/brokerd/runtime/onednn"
+	"github.com/brokerd/brokerd/scheduler"
+)
+
+func main() {
+	layers := flag.Int("layers", 8, "decoder layers")
+	hidden := flag.Int("hidden", 512, "hidden size")
+	heads := flag.Int("heads", 8, "attention heads")
+	kvHeads := flag.Int("kv-heads", 2, "key/value heads")
+	inter := flag.Int("intermediate", 1536, "MLP intermediate size")
+	vocab := flag.Int("vocab", 32000, "vocabulary size")
+	prompts := flag.Int("prompts", 16, "prompts in a round")
+	minOut := flag.Int("min-tokens", 16, "shortest answer")
+	maxOut := flag.Int("max-tokens", 256, "longest answer")
+	promptLen := flag.Int("prompt-tokens", 48, "tokens per prompt")
+	rounds := flag.Int("rounds", 2, "interleaved rounds of the three modes")
+	dtype := flag.String("dtype", "f32", "compute type: f32 or bf16")
+	skipOne := flag.Bool("skip-one-at-a-time", false, "leave out the one-at-a-time mode (slow on big models)")
+	flag.Parse()
+	if err := run(*layers, *hidden, *heads, *kvHeads, *inter, *vocab, *prompts, *minOut, *maxOut, *promptLen, *rounds, *dtype, *skipOne, os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "council:", err)
+		os.Exit(1)
+	}
+}
+
+func run(layers, hidden, heads, kvHeads, inter, vocab, nPrompts, minOut, maxOut, promptLen, rounds int, dtype string, skipOne bool, w io.Writer) error {
+	dt := runtime.F32
+	if dtype == "bf16" {
+		dt = runtime.BF16
+	} else if dtype != "f32" {
+		return fmt.Errorf("-dtype %q: want f32 or bf16", dtype)
+	}
+	m, err := model(layers, hidden, heads, kvHeads, inter, vocab, maxOut+promptLen+16)
+	if err != nil {
+		return err
+	}
+	ctx := context.Background()
+	dev, err := onednn.New(onednn.Options{}).Open(ctx, runtime.DeviceSpec{ID: "cpu:0", DType: dt})
+	if err != nil {
+		return err
+	}
+	defer dev.Close()
+	blocks := int64(nPrompts) * int64((maxOut+promptLen+llm.DefaultBlockSize)/llm.DefaultBlockSize+1)
+	eng, err := m.NewEngine(ctx, dev, llm.EngineOptions{CacheBytes: blocks * m.CacheBlockBytes(0), MaxSeqs: nPrompts, MaxStepTokens: 2048})
+	if err != nil {
+		return err
+	}
+	defer eng.Close()
+
+	rng := rand.New(rand.NewPCG(3, 4))
+	round := make([]job, nPrompts)
+	for i := range round {
+		p := make([]int32, promptLen)
+		for j := range p {
+			p[j] = int32(rng.IntN(vocab))
+		}
+		// Answers spread evenly from minOut to maxOut, shuffled.
+		n := minOut
+		if nPrompts > 1 {
+			n = minOut + i*(maxOut-minOut)/(nPrompts-1)
+		}
+		round[i] = job{prompt: p, out: n}
+	}
+	rng.Shuffle(len(round), func(i, j int) { round[i], round[j] = round[j], round[i] })
+	useful := 0
+	for _, j := range round {
+		useful += j.out
+	}
+
+	fmt.Fprintf(w, "model: %d layers, hidden %d, %d/%d heads, intermediate %d, vocab %d, %s; weights %.0f MiB\n",
+		layers, hidden, heads, kvHeads, inter, vocab, dt, float64(m.WeightBytes(dt))/(1<<20))
+	fmt.Fprintf(w, "round: %d prompts of %d tokens, answers %d to %d tokens (%d useful tokens)\n", nPrompts, promptLen, minOut, maxOut, useful)
+	modes := []string{"continuous", "static"}
+	if !skipOne {
+		modes = append(modes, "one-at-a-time")
+	}
+	rate := map[string][]float64{}
+	var ttfts []time.Duration
+	for r := range rounds {
+		for _, mode := range modes {
+			running, outOf := nPrompts, func(j job) int { return j.out }
+			switch mode {
+			case "static":
+				outOf = func(job) int { return maxOut }
+			case "one-at-a-time":
+				running = 1
+			}
+			took, ttft, err := runRound(ctx, m, eng, round, running, outOf)
+			if err != nil {
+				return fmt.Errorf("%s: %w", mode, err)
+			}
+			tps := float64(useful) / took.Seconds()
+			rate[mode] = append(rate[mode], tps)
+			if mode == "continuous" {
+				ttfts = append(ttfts, ttft...)
+			}
+			fmt.Fprintf(w, "round %d %-14s %7.2f s  %8.1f useful tokens/s\n", r+1, mode, took.Seconds(), tps)
+		}
+	}
+	med := func(v []float64) float64 {
+		s := slices.Clone(v)
+		slices.Sort(s)
+		return s[len(s)/2]
+	}
+	fmt.Fprintln(w, "\nmedian useful output tokens/s:")
+	for _, mode := range modes {
+		fmt.Fprintf(w, "  %-14s %8.1f\n", mode, med(rate[mode]))
+	}
+	fmt.Fprintf(w, "continuous / static:        %.2fx\n", med(rate["continuous"])/med(rate["static"]))
+	if !skipOne {
+		fmt.Fprintf(w, "continuous / one-at-a-time: %.2fx\n", med(rate["continuous"])/med(rate["one-at-a-time"]))
+	}
+	slices.Sort(ttfts)
+	q := func(p float64) time.Duration {
+		return ttfts[min(len(ttfts)-1, int(math.Ceil(p*float64(len(ttfts))))-1)]
+	}
+	fmt.Fprintf(w, "continuous time to first token: p50 %v, p99 %v\n", q(0.5).Round(time.Millisecond), q(0.99).Round(time.Millisecond))
+
+	// Single stream against the memory bandwidth limit.
+	single := []job{{prompt: round[0].prompt, out: 64}}
+	took, _, err := runRound(ctx, m, eng, single, 1, func(j job) int { return j.out })
+	if err != nil {
+		return err
+	}
+	bw := copyBandwidth()
+	perToken := float64(m.WeightBytes(dt))
+	tps := 64 / took.Seconds()
+	fmt.Fprintf(w, "single stream: %.1f tokens/s (prefill included); weights %.0f MiB per token; copy bandwidth %.1f GB/s; limit %.1f tokens/s; fraction %.2f\n",
+		tps, perToken/(1<<20), bw/1e9, bw/perToken, tps/(bw/perToken))
+	return nil
+}
+
+type job struct {
+	prompt []int32
+	out    int
+}
+
+// runRound runs the jobs through a fresh scheduler with a running set of
+// running, each generating outOf(job) tokens, and returns the time until
+// the last finished and each sequence's time to first token.
+func runRound(ctx context.Context, m *llm.Model, eng *llm.Engine, jobs []job, running int, outOf func(job) int) (time.Duration, []time.Duration, error) {
+	s := scheduler.New(scheduler.Options{})
+	defer s.Close()
+	if err := s.AddGenReplica("m", scheduler.Device{ID: "cpu:0", Type: "cpu"},
+		scheduler.GenOptions{MaxRunning: running, MaxStepTokens: 2048, MaxChunk: 512}, executor{eng}); err != nil {
+		return 0, nil, err
+	}
+	start := time.Now()
+	ttft := make([]time.Duration, len(jobs))
+	errs := make([]error, len(jobs))
+	var wg sync.WaitGroup
+	for i, j := range jobs {
+		seq, err := m.NewSequence(llm.Sampling{IgnoreEOS: true}, j.prompt)
+		if err != nil {
+			return 0, nil, err
+		}
+		st, err := s.Generate(ctx, scheduler.GenRequest{Model: "m", Prompt: j.prompt, MaxNewTokens: outOf(j), State: seq})
+		if err != nil {
+			return 0, nil, err
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for n := 0; ; n++ {
+				ev, err := st.Recv()
+				if errors.Is(err, io.EOF) {
+					return
+				}
+				if err != nil {
+					errs[i] = err
+					return
+				}
+				if n == 0 {
+					ttft[i] = time.Since(start)
+				}
+				_ = ev
+			}
+		}()
+	}
+	wg.Wait()
+	return time.Since(start), ttft, errors.Join(errs...)
+}
+
+// executor adapts the engine to the scheduler, as brokerd's lifecycle does.
+type executor struct{ e *llm.Engine }
+
+func (x executor) Reserve(seq uint64, tokens int) bool { return x.e.Reserve(seq, tokens) }
+func (x executor) Release(seq uint64)                  { x.e.Release(seq) }
+func (x executor) Step(ctx context.Context, items []scheduler.StepItem) ([]scheduler.StepResult, error) {
+	in := make([]llm.StepItem, len(items))
+	for i, it := range items {
+		in[i] = llm.StepItem{Seq: it.Seq, State: it.State, Tokens: it.Tokens, Pos: it.Pos, Sample: it.Sample}
+	}
+	res, err := x.e.Step(ctx, in)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]scheduler.StepResult, len(res))
+	for i, r := range res {
+		out[i] = scheduler.StepResult{Token: r.Token, Out: r.Out, Stop: r.Stop, Full: r.Full}
+	}
+	return out, nil
+}
+
+// model builds a random Qwen2-style model in memory.
+func model(layers, hidden, heads, kvHeads, inter, vocab, ctxLen int) (*llm.Model, error) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	rnd := func(scale float64, shape ...int) models.Tensor {
+		n := 1
+		for _, d := range shape {
+			n *= d
+		}
+		data := make([]float32, n)
+		for i := range data {
+			data[i] = float32(rng.NormFloat64() * scale)
+		}
+		return models.Tensor{Shape: shape, Data: data}
+	}
+	ones := func(n int) models.Tensor {
+		t := rnd(0.02, n)
+		for i := range t.Data {
+			t.Data[i]++
+		}
+		return t
+	}
+	d := hidden / heads
+	h := hidden
+	w := map[string]models.Tensor{"model.embed_tokens.weight": rnd(1, vocab, h), "model.norm.weight": ones(h)}
+	sc := 1 / math.Sqrt(float64(h))
+	for l := range layers {
+		p := fmt.Sprintf("model.layers.%d.", l)
+		w[p+"self_attn.q_proj.weight"], w[p+"self_attn.q_proj.bias"] = rnd(sc, heads*d, h), rnd(0.02, heads*d)
+		w[p+"self_attn.k_proj.weight"], w[p+"self_attn.k_proj.bias"] = rnd(sc, kvHeads*d, h), rnd(0.02, kvHeads*d)
+		w[p+"self_attn.v_proj.weight"], w[p+"self_attn.v_proj.bias"] = rnd(sc, kvHeads*d, h), rnd(0.02, kvHeads*d)
+		w[p+"self_attn.o_proj.weight"] = rnd(1/math.Sqrt(float64(heads*d)), h, heads*d)
+		w[p+"mlp.gate_proj.weight"], w[p+"mlp.up_proj.weight"] = rnd(sc, inter, h), rnd(sc, inter, h)
+		w[p+"mlp.down_proj.weight"] = rnd(1/math.Sqrt(float64(inter)), h, inter)
+		w[p+"input_layernorm.weight"], w[p+"post_attention_layernorm.weight"] = ones(h), ones(h)
+	}
+	cfg := fmt.Sprintf(`{"architectures":["Qwen2ForCausalLM"],"vocab_size":%d,"hidden_size":%d,"num_hidden_layers":%d,
+		"num_attention_heads":%d,"num_key_value_heads":%d,"intermediate_size":%d,"max_position_embeddings":%d,
+		"rms_norm_eps":1e-6,"rope_theta":1000000,"tie_word_embeddings":true,"eos_token_id":2}`,
+		vocab, hidden, layers, heads, kvHeads, inter, ctxLen)
+	return llm.NewModel([]byte(cfg), w, llm.ModelOptions{Name: "council-bench", Version: 1})
+}
+
+// copyBandwidth measures memory bandwidth by copying a buffer far larger
+// than the caches: bytes read per second (the engine's weights are read
+// once per decode step).
+func copyBandwidth() float64 {
+	const n = 256 << 20
+	src, dst := make([]byte, n), make([]byte, n)
+	for i := range src {
+		src[i] = byte(i)
+	}
+	best := 0.0
+	for range 5 {
+		t := time.Now()
+		copy(dst, src)
+		best = max(best, float64(n)/time.Since(t).Seconds())
+	}
+	return best
+}
