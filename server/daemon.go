@@ -235,7 +235,7 @@ func Run(ctx context.Context, opts Options, log *zap.Logger) error {
 
 	var httpSrv *http.Server
 	if lis.http != nil {
-		if httpSrv, err = newHTTPServer(cfg, broker, opts.Version, reg, log); err != nil {
+		if httpSrv, err = newHTTPServer(cfg, broker, budget, opts.Version, reg, log); err != nil {
 			return err
 		}
 		go func() {

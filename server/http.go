@@ -17,7 +17,7 @@ import (
 
 // newHTTPServer serves the Ollama and OpenAI APIs (server/httpapi) over the
 // broker service, with TLS when a certificate is configured.
-func newHTTPServer(cfg config.Config, broker *BrokerService, version string, reg prometheus.Registerer, log *zap.Logger) (*http.Server, error) {
+func newHTTPServer(cfg config.Config, broker *BrokerService, budget *byteBudget, version string, reg prometheus.Registerer, log *zap.Logger) (*http.Server, error) {
 	var keys []string
 	if cfg.APIKeysFile != "" {
 		var err error
@@ -27,6 +27,7 @@ func newHTTPServer(cfg config.Config, broker *BrokerService, version string, reg
 	}
 	h := httpapi.New(broker, httpapi.Options{
 		APIKeys: keys, Version: version, MaxBodyBytes: int64(cfg.MaxMessageBytes), Registerer: reg, Logger: log,
+		Admit: budget.acquire,
 	})
 	srv := &http.Server{
 		Handler:           h,

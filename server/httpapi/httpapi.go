@@ -51,7 +51,11 @@ type Options struct {
 	// MaxBodyBytes bounds a request body (the gRPC message limit).
 	MaxBodyBytes int64
 	Registerer   prometheus.Registerer
-	Logger       *zap.Logger
+	// Admit, when set, charges a request's bytes to the daemon's in-flight
+	// budget (the gRPC interceptors' own) until it is answered; its error
+	// is answered as is (429 with Retry-After when the budget is full).
+	Admit  func(route string, n int64) (release func(), err error)
+	Logger *zap.Logger
 	// Now is the clock of created_at and created fields (tests fix it).
 	Now func() time.Time
 }
@@ -162,6 +166,21 @@ func (h *Handler) instrument(route string, fn http.HandlerFunc) http.Handler {
 			return
 		}
 		r.Body = http.MaxBytesReader(sw, r.Body, h.opts.MaxBodyBytes)
+		if h.opts.Admit != nil {
+			// Twice the body (decoded request and what is built from it),
+			// as the gRPC edge charges; a body of unknown length is
+			// charged the most it may be.
+			n := r.ContentLength
+			if n < 0 || n > h.opts.MaxBodyBytes {
+				n = h.opts.MaxBodyBytes
+			}
+			release, err := h.opts.Admit(route, 2*n+4096)
+			if err != nil {
+				h.fail(sw, r, err)
+				return
+			}
+			defer release()
+		}
 		fn(sw, r)
 	})
 }

@@ -17,6 +17,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 const testKey = "secret-key"
@@ -239,5 +241,40 @@ func runNodeClients(t *testing.T, base, key, mode string, env []string) {
 	t.Logf("node clients:\n%s", out.String())
 	if err != nil || !strings.Contains(out.String(), "all ok") {
 		t.Fatalf("the official clients failed: %v", err)
+	}
+}
+
+// TestAdmitCharges: every request is charged through Admit, released when
+// answered, and a refusal is answered in the API's shape.
+func TestAdmitCharges(t *testing.T) {
+	f := &fakeBackend{}
+	var held, calls int64
+	full := false
+	h := New(f, Options{Admit: func(route string, n int64) (func(), error) {
+		if full {
+			return nil, status.Error(codes.ResourceExhausted, "budget full")
+		}
+		calls++
+		held += n
+		return func() { held -= n }, nil
+	}})
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	resp, err := http.Post(srv.URL+"/api/embed", "application/json", strings.NewReader(`{"model":"nbmf-hash-v1","input":"abc"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 || calls != 1 || held != 0 {
+		t.Errorf("status %d, %d charges, %d bytes still held", resp.StatusCode, calls, held)
+	}
+	full = true
+	resp, err = http.Post(srv.URL+"/v1/embeddings", "application/json", strings.NewReader(`{"model":"nbmf-hash-v1","input":"abc"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusTooManyRequests {
+		t.Errorf("over budget: %d", resp.StatusCode)
 	}
 }
