@@ -114,4 +114,3 @@ func TestLoadDir(t *testing.T) {
 		}
 	})
 }
-
