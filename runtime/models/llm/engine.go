@@ -39,6 +39,9 @@ type EngineOptions struct {
 	MaxStepTokens int
 	// MaxSeqs bounds the sequences of one step (DefaultMaxSeqs when 0).
 	MaxSeqs int
+	// DisablePrefixCache turns off the sharing of full blocks between
+	// sequences with the same tokens before them (see blockPool).
+	DisablePrefixCache bool
 }
 
 // StepItem is one sequence's part of a step; the fields mirror the
@@ -75,6 +78,21 @@ type Engine struct {
 	closed   bool
 	resident map[string]runtime.Buffer // weights and caches, bound every step
 	graphs   map[stepShape]*runtime.Graph
+	stats    EngineStats
+}
+
+// EngineStats count the prompt and generated tokens the engine's steps
+// ran (ComputedTokens) and those whose cache blocks were shared instead
+// (CachedTokens, the prefix cache's hits).
+type EngineStats struct {
+	ComputedTokens, CachedTokens int64
+}
+
+// Stats returns the engine's counters.
+func (e *Engine) Stats() EngineStats {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.stats
 }
 
 // bucketDevice is a device that compiles one program per shape
@@ -111,7 +129,7 @@ func newEngine(ctx context.Context, dev runtime.Device, spec netSpec, weights ma
 		maxBlks:  (spec.Context + opts.BlockSize - 1) / opts.BlockSize,
 		resident: map[string]runtime.Buffer{}, graphs: map[stepShape]*runtime.Graph{},
 	}
-	e.blocks = newBlockPool(int(nBlocks), opts.BlockSize, e.maxBlks)
+	e.blocks = newBlockPool(int(nBlocks), opts.BlockSize, e.maxBlks, !opts.DisablePrefixCache)
 	if bd, ok := dev.(bucketDevice); ok {
 		batch, _ := bd.PadBuckets()
 		e.bucket = slices.Sorted(slices.Values(batch))
@@ -250,7 +268,16 @@ type stepPlan struct {
 	btab                    []int32
 	rows                    []int32
 	sampled                 []int // item index of each sampled row
-	filled                  []int // new filled length per item
+	commits                 []commit
+	cached                  int // rows skipped: their blocks were shared
+	real                    int // rows before padding
+}
+
+// commit is what a step writes of one sequence, recorded once it succeeds.
+type commit struct {
+	seq    uint64
+	pos    int
+	tokens []int32
 }
 
 func (e *Engine) plan(items []StepItem) (*stepPlan, error) {
@@ -267,14 +294,13 @@ func (e *Engine) plan(items []StepItem) (*stepPlan, error) {
 	if t > e.opts.MaxStepTokens {
 		return nil, fmt.Errorf("%w: %d tokens, at most %d", ErrInvalidStep, t, e.opts.MaxStepTokens)
 	}
-	p := &stepPlan{filled: make([]int, len(items))}
+	p := &stepPlan{}
 	p.shape.S = e.pad(len(items))
-	p.shape.T = e.pad(t)
 	p.btab = make([]int32, p.shape.S*e.maxBlks)
-	p.ids = make([]int32, 0, p.shape.T)
-	p.pos = make([]int32, 0, p.shape.T)
-	p.slots = make([]int32, 0, p.shape.T)
-	p.seqIdx = make([]int32, 0, p.shape.T)
+	p.ids = make([]int32, 0, t)
+	p.pos = make([]int32, 0, t)
+	p.slots = make([]int32, 0, t)
+	p.seqIdx = make([]int32, 0, t)
 	seen := make(map[uint64]bool, len(items))
 	bs := e.opts.BlockSize
 	for i, it := range items {
@@ -285,34 +311,40 @@ func (e *Engine) plan(items []StepItem) (*stepPlan, error) {
 		if len(it.Tokens) == 0 {
 			return nil, fmt.Errorf("%w: sequence %d has no tokens", ErrInvalidStep, it.Seq)
 		}
-		blocks, filled, ok := e.blocks.snapshot(it.Seq)
-		if !ok {
-			return nil, fmt.Errorf("%w: sequence %d holds no cache blocks", ErrInvalidStep, it.Seq)
-		}
-		end := it.Pos + len(it.Tokens)
-		switch {
-		case it.Pos != filled:
-			return nil, fmt.Errorf("%w: sequence %d at position %d, its cache holds %d", ErrInvalidStep, it.Seq, it.Pos, filled)
-		case end > len(blocks)*bs:
-			return nil, fmt.Errorf("%w: sequence %d runs to position %d with %d reserved", ErrInvalidStep, it.Seq, end, len(blocks)*bs)
+		for _, tok := range it.Tokens {
+			if tok < 0 || int(tok) >= e.spec.Vocab {
+				return nil, fmt.Errorf("%w: sequence %d: token %d outside the vocabulary of %d", ErrInvalidStep, it.Seq, tok, e.spec.Vocab)
+			}
 		}
 		if it.Sample {
 			if _, ok := it.State.(*Sequence); !ok {
 				return nil, fmt.Errorf("%w: sequence %d samples with state %T, want *llm.Sequence", ErrInvalidStep, it.Seq, it.State)
 			}
 		}
+		// Leading blocks another sequence already holds with the same
+		// history are mapped, not computed.
+		blocks, filled, skip, ok := e.blocks.begin(it.Seq, it.Pos, it.Tokens, it.Sample)
+		if !ok {
+			return nil, fmt.Errorf("%w: sequence %d holds no cache blocks", ErrInvalidStep, it.Seq)
+		}
+		end := it.Pos + len(it.Tokens)
+		pos, toks := it.Pos+skip, it.Tokens[skip:]
+		switch {
+		case pos != filled:
+			return nil, fmt.Errorf("%w: sequence %d at position %d, its cache holds %d", ErrInvalidStep, it.Seq, it.Pos, filled)
+		case end > len(blocks)*bs:
+			return nil, fmt.Errorf("%w: sequence %d runs to position %d with %d reserved", ErrInvalidStep, it.Seq, end, len(blocks)*bs)
+		}
 		copy(p.btab[i*e.maxBlks:], blocks)
-		for j, tok := range it.Tokens {
-			if tok < 0 || int(tok) >= e.spec.Vocab {
-				return nil, fmt.Errorf("%w: sequence %d: token %d outside the vocabulary of %d", ErrInvalidStep, it.Seq, tok, e.spec.Vocab)
-			}
-			pos := it.Pos + j
+		for j, tok := range toks {
+			at := pos + j
 			p.ids = append(p.ids, tok)
-			p.pos = append(p.pos, int32(pos))
-			p.slots = append(p.slots, blocks[pos/bs]*int32(bs)+int32(pos%bs))
+			p.pos = append(p.pos, int32(at))
+			p.slots = append(p.slots, blocks[at/bs]*int32(bs)+int32(at%bs))
 			p.seqIdx = append(p.seqIdx, int32(i))
 		}
-		p.filled[i] = end
+		p.commits = append(p.commits, commit{it.Seq, pos, toks})
+		p.cached += skip
 		if it.Sample {
 			p.rows = append(p.rows, int32(len(p.ids)-1))
 			p.sampled = append(p.sampled, i)
@@ -320,6 +352,8 @@ func (e *Engine) plan(items []StepItem) (*stepPlan, error) {
 	}
 	// Padding rows write nowhere (slot -1) and attend as position 0 of
 	// sequence 0; their outputs are never read.
+	p.real = len(p.ids)
+	p.shape.T = e.pad(len(p.ids))
 	for len(p.ids) < p.shape.T {
 		p.ids = append(p.ids, 0)
 		p.pos = append(p.pos, 0)
@@ -442,12 +476,18 @@ func (e *Engine) stepLogits(ctx context.Context, items []StepItem) ([]float32, e
 	if err != nil {
 		return nil, err
 	}
-	logits, err := e.forward(ctx, p)
-	if err != nil {
-		return nil, err
+	var logits []float32
+	if p.real > 0 { // a step whose rows were all shared has nothing to run
+		if logits, err = e.forward(ctx, p); err != nil {
+			return nil, err
+		}
 	}
-	for i, it := range items {
-		e.blocks.setFilled(it.Seq, p.filled[i])
+	e.stats.CachedTokens += int64(p.cached)
+	for _, c := range p.commits {
+		e.stats.ComputedTokens += int64(len(c.tokens))
+	}
+	for _, c := range p.commits {
+		e.blocks.commit(c.seq, c.pos, c.tokens)
 	}
 	return logits, nil
 }
