@@ -247,8 +247,10 @@ func (e *Engine) Release(seq uint64) { e.blocks.release(seq) }
 // CacheBlocks returns the blocks held by sequences and the cache's size.
 func (e *Engine) CacheBlocks() (used, total int) { return e.blocks.used() }
 
-// BlockSize is the tokens per cache block.
-func (e *Engine) BlockSize() int { return e.opts.BlockSize }
+// Options returns the engine's options with the defaults filled in: the
+// scheduler's running set and step budget must fit MaxSeqs and
+// MaxStepTokens.
+func (e *Engine) Options() EngineOptions { return e.opts }
 
 // pad returns n rounded up to the device's next bucket (n on oneDNN, which
 // runs any shape).
