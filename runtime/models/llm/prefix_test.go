@@ -142,31 +142,38 @@ func TestPrefixCacheUnderScheduler(t *testing.T) {
 	e := newTestEngine(t, dev, s, 6, EngineOptions{CacheBytes: 22 * perBlock, BlockSize: 4})
 	sch := scheduler.New(scheduler.Options{})
 	defer sch.Close()
+	exec := &gatedExecutor{genExecutor: genExecutor{e: e}}
 	if err := sch.AddGenReplica("m", scheduler.Device{ID: "cpu:0", Type: "cpu"},
-		scheduler.GenOptions{MaxRunning: 6, MaxStepTokens: 24, MaxChunk: 9}, genExecutor{e}); err != nil {
+		scheduler.GenOptions{MaxRunning: 6, MaxStepTokens: 24, MaxChunk: 9}, exec); err != nil {
 		t.Fatal(err)
 	}
 	for round := range 2 {
-		var wg sync.WaitGroup
-		errs := make(chan error, len(prompts))
+		// Each round is submitted whole before its first step, as the
+		// council submits a round in one call.
+		gate := make(chan struct{})
+		exec.setGate(gate)
+		streams := make([]*scheduler.GenStream, len(prompts))
 		for i, p := range prompts {
+			seq, _ := newSequence(Sampling{}, p, s.Vocab, nil, nil)
+			var err error
+			if streams[i], err = sch.Generate(context.Background(), scheduler.GenRequest{Model: "m", Prompt: p, MaxNewTokens: 7, State: seq}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		close(gate)
+		var wg sync.WaitGroup
+		for i := range prompts {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				seq, _ := newSequence(Sampling{}, p, s.Vocab, nil, nil)
-				st, err := sch.Generate(context.Background(), scheduler.GenRequest{Model: "m", Prompt: p, MaxNewTokens: 7, State: seq})
-				if err != nil {
-					errs <- err
-					return
-				}
 				var got []int32
 				for {
-					ev, err := st.Recv()
+					ev, err := streams[i].Recv()
 					if errors.Is(err, io.EOF) {
 						break
 					}
 					if err != nil {
-						errs <- err
+						t.Error(err)
 						return
 					}
 					if ev.HasToken {
@@ -179,10 +186,6 @@ func TestPrefixCacheUnderScheduler(t *testing.T) {
 			}()
 		}
 		wg.Wait()
-		close(errs)
-		for err := range errs {
-			t.Fatal(err)
-		}
 	}
 	if err := sch.Drain(context.Background()); err != nil {
 		t.Fatal(err)
@@ -195,4 +198,27 @@ func TestPrefixCacheUnderScheduler(t *testing.T) {
 	if used, _ := e.CacheBlocks(); used != 0 {
 		t.Errorf("%d blocks held after the drain", used)
 	}
+}
+
+// gatedExecutor is genExecutor whose gate changes between rounds.
+type gatedExecutor struct {
+	genExecutor
+	mu sync.Mutex
+	g  <-chan struct{}
+}
+
+func (x *gatedExecutor) setGate(g <-chan struct{}) {
+	x.mu.Lock()
+	x.g = g
+	x.mu.Unlock()
+}
+
+func (x *gatedExecutor) Step(ctx context.Context, items []scheduler.StepItem) ([]scheduler.StepResult, error) {
+	x.mu.Lock()
+	g := x.g
+	x.mu.Unlock()
+	if g != nil {
+		<-g
+	}
+	return x.genExecutor.Step(ctx, items)
 }
