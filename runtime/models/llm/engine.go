@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	goruntime "runtime"
 	"slices"
 	"sort"
 	"sync"
@@ -441,24 +442,44 @@ func (e *Engine) Step(ctx context.Context, items []StepItem) ([]StepResult, erro
 }
 
 // sample picks the next token of each sampling item from its row of
-// logits (item order) with the item's sequence.
+// logits (item order) with the item's sequence. Sequences are independent
+// (each has its own RNG), so they sample in parallel: at a 150k vocabulary
+// a token costs up to a few milliseconds of host time per sequence.
 func (e *Engine) sample(items []StepItem, logits []float32) ([]StepResult, error) {
-	out := make([]StepResult, len(items))
-	v := e.spec.Vocab
-	r := 0
+	type job struct{ item, row int }
+	var jobs []job
 	for i, it := range items {
-		if !it.Sample {
-			continue
+		if it.Sample {
+			jobs = append(jobs, job{i, len(jobs)})
 		}
-		seq := it.State.(*Sequence)
-		res, err := seq.next(logits[r*v : (r+1)*v])
+	}
+	out := make([]StepResult, len(items))
+	errs := make([]error, len(items))
+	v := e.spec.Vocab
+	next := make(chan job)
+	var wg sync.WaitGroup
+	for range min(goruntime.GOMAXPROCS(0), len(jobs)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for j := range next {
+				it := items[j.item]
+				res, err := it.State.(*Sequence).next(logits[j.row*v : (j.row+1)*v])
+				// Full: the sampled token takes the context's last position.
+				res.Full = err == nil && !res.Stop && it.Pos+len(it.Tokens)+1 >= e.spec.Context
+				out[j.item], errs[j.item] = res, err
+			}
+		}()
+	}
+	for _, j := range jobs {
+		next <- j
+	}
+	close(next)
+	wg.Wait()
+	for i, err := range errs {
 		if err != nil {
-			return nil, fmt.Errorf("llm: sequence %d: %w", it.Seq, err)
+			return nil, fmt.Errorf("llm: sequence %d: %w", items[i].Seq, err)
 		}
-		r++
-		// Full: the sampled token takes the context's last position.
-		res.Full = !res.Stop && it.Pos+len(it.Tokens)+1 >= e.spec.Context
-		out[i] = res
 	}
 	return out, nil
 }
