@@ -36,9 +36,10 @@
 // causal attention with grouped-query heads, o_proj and the residual,
 // RMSNorm, the fused gate|up projection, SwiGLU, down_proj and the
 // residual; then only the rows that sample are gathered for the final norm
-// and lm_head, so logits are [S_sample, V], not [T, V]. Matmul weights are
-// stored in the device's compute type (bf16 where it computes in bf16);
-// gather tables, norms, biases and the cache stay f32. On devices that
+// and lm_head, so logits are [S_sample, V], not [T, V]. Matmul weights and
+// the embedding table (one buffer with a tied lm_head) are stored in the
+// device's compute type (bf16 where it computes in bf16); norms, biases,
+// the residual stream and the cache stay f32. On devices that
 // compile per shape (PJRT) rows, sequences and sampled rows are padded to
 // the device's buckets; padding rows write no cache slot.
 //

@@ -161,14 +161,16 @@ func computeType(dev runtime.Device) runtime.DType {
 	return runtime.F32
 }
 
-// matmulWeight says whether a resident weight is a matmul operand (stored
-// in the device's compute type) rather than a gather table, a norm's gain,
-// a bias or a frequency table (always f32).
+// matmulWeight says whether a resident weight is stored in the device's
+// compute type: the matmul operands, and the embedding table, whose rows
+// the step gathers in that type and converts (it is the tied lm_head, and
+// checkpoints hold it in bf16 anyway), rather than a norm's gain, a bias
+// or a frequency table (always f32).
 func matmulWeight(name string) bool {
 	switch name {
-	case wLMHead:
+	case wLMHead, wEmbed:
 		return true
-	case wEmbed, wNorm, wInvFreq:
+	case wNorm, wInvFreq:
 		return false
 	}
 	for _, s := range []string{lWQ, lWK, lWV, lWO, lGateUp, lDown} {
@@ -187,8 +189,8 @@ func (e *Engine) upload(ctx context.Context, weights map[string]models.Tensor) e
 	sort.Strings(names)
 	for _, n := range names {
 		t := weights[n]
-		if n == wLMHead && e.spec.Tied && e.mmDT == runtime.F32 {
-			continue // the gather table is the f32 operand as it is
+		if n == wLMHead && e.spec.Tied {
+			continue // the embedding table, in the same type
 		}
 		dt := runtime.F32
 		if matmulWeight(n) {

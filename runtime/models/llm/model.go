@@ -242,7 +242,7 @@ func (m *Model) WeightBytes(dt runtime.DType) int64 {
 		if matmulWeight(name) {
 			edt = dt
 		}
-		if name == wLMHead && m.spec.Tied && edt == runtime.F32 {
+		if name == wLMHead && m.spec.Tied {
 			continue // shares the embedding table's buffer
 		}
 		n += alignedBytes(edt, t.Shape)
