@@ -8,6 +8,7 @@ import (
 	"slices"
 	"sort"
 	"sync"
+	"sync/atomic"
 
 	"github.com/brokerd/brokerd/runtime"
 	"github.com/brokerd/brokerd/runtime/models"
@@ -79,7 +80,9 @@ type Engine struct {
 	closed   bool
 	resident map[string]runtime.Buffer // weights and caches, bound every step
 	graphs   map[stepShape]*runtime.Graph
-	stats    EngineStats
+	// Counters read without the step's lock (a metrics scrape must not
+	// wait for a step).
+	computed, cached atomic.Int64
 }
 
 // EngineStats count the prompt and generated tokens the engine's steps
@@ -91,9 +94,7 @@ type EngineStats struct {
 
 // Stats returns the engine's counters.
 func (e *Engine) Stats() EngineStats {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return e.stats
+	return EngineStats{ComputedTokens: e.computed.Load(), CachedTokens: e.cached.Load()}
 }
 
 // bucketDevice is a device that compiles one program per shape
@@ -507,9 +508,9 @@ func (e *Engine) stepLogits(ctx context.Context, items []StepItem) ([]float32, e
 			return nil, err
 		}
 	}
-	e.stats.CachedTokens += int64(p.cached)
+	e.cached.Add(int64(p.cached))
 	for _, c := range p.commits {
-		e.stats.ComputedTokens += int64(len(c.tokens))
+		e.computed.Add(int64(len(c.tokens)))
 	}
 	for _, c := range p.commits {
 		e.blocks.commit(c.seq, c.pos, c.tokens)
