@@ -18,7 +18,8 @@
 //	e.Reserve(seq, tokens) bool // KV blocks for tokens positions in all; false when they do not fit now
 //	e.Release(seq)              // frees them (finished, cancelled, preempted)
 //	e.Step(ctx, []llm.StepItem) ([]llm.StepResult, error)
-//	e.CacheBlocks() (used, total int)
+//	e.CacheBlocks() (used, total int) // held by sequences; idle cached blocks count as free
+//	e.Stats() llm.EngineStats         // ComputedTokens, CachedTokens (prefix cache hits)
 //	e.Close() error
 //
 // StepItem and StepResult have the scheduler's fields exactly, so the
@@ -35,9 +36,10 @@
 // causal attention with grouped-query heads, o_proj and the residual,
 // RMSNorm, the fused gate|up projection, SwiGLU, down_proj and the
 // residual; then only the rows that sample are gathered for the final norm
-// and lm_head, so logits are [S_sample, V], not [T, V]. Matmul weights are
-// stored in the device's compute type (bf16 where it computes in bf16);
-// gather tables, norms, biases and the cache stay f32. On devices that
+// and lm_head, so logits are [S_sample, V], not [T, V]. Matmul weights and
+// the embedding table (one buffer with a tied lm_head) are stored in the
+// device's compute type (bf16 where it computes in bf16); norms, biases,
+// the residual stream and the cache stay f32. On devices that
 // compile per shape (PJRT) rows, sequences and sampled rows are padded to
 // the device's buckets; padding rows write no cache slot.
 //
@@ -45,6 +47,17 @@
 // and one for V, NumBlocks from EngineOptions.CacheBytes; sequences hold
 // blocks (lowest free first) and each step's block tables and slots are
 // built from them.
+//
+// Prefix caching (on unless EngineOptions.DisablePrefixCache): a block
+// whose positions are all written is registered under a hash chained over
+// the sequence's tokens up to its end; a later step of another sequence
+// whose next tokens fill a block with the same history maps that block and
+// skips those rows, transparently to the scheduler (its Reserve and Pos
+// are unchanged). Released registered blocks stay cached until free blocks
+// run out (oldest released evicted first), so the council's system prompt
+// is prefilled once per round or less. Reserve takes blocks before Step
+// sees the tokens, so in a nearly full cache it may evict a block the
+// sequence could have shared.
 //
 // Batch invariance: a row's result does not depend on which other rows
 // share its step, so a sequence gives the same tokens alone or in any mix

@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	goruntime "runtime"
 	"slices"
 	"sort"
 	"sync"
+	"sync/atomic"
 
 	"github.com/brokerd/brokerd/runtime"
 	"github.com/brokerd/brokerd/runtime/models"
@@ -39,6 +41,9 @@ type EngineOptions struct {
 	MaxStepTokens int
 	// MaxSeqs bounds the sequences of one step (DefaultMaxSeqs when 0).
 	MaxSeqs int
+	// DisablePrefixCache turns off the sharing of full blocks between
+	// sequences with the same tokens before them (see blockPool).
+	DisablePrefixCache bool
 }
 
 // StepItem is one sequence's part of a step; the fields mirror the
@@ -75,6 +80,21 @@ type Engine struct {
 	closed   bool
 	resident map[string]runtime.Buffer // weights and caches, bound every step
 	graphs   map[stepShape]*runtime.Graph
+	// Counters read without the step's lock (a metrics scrape must not
+	// wait for a step).
+	computed, cached atomic.Int64
+}
+
+// EngineStats count the prompt and generated tokens the engine's steps
+// ran (ComputedTokens) and those whose cache blocks were shared instead
+// (CachedTokens, the prefix cache's hits).
+type EngineStats struct {
+	ComputedTokens, CachedTokens int64
+}
+
+// Stats returns the engine's counters.
+func (e *Engine) Stats() EngineStats {
+	return EngineStats{ComputedTokens: e.computed.Load(), CachedTokens: e.cached.Load()}
 }
 
 // bucketDevice is a device that compiles one program per shape
@@ -111,7 +131,7 @@ func newEngine(ctx context.Context, dev runtime.Device, spec netSpec, weights ma
 		maxBlks:  (spec.Context + opts.BlockSize - 1) / opts.BlockSize,
 		resident: map[string]runtime.Buffer{}, graphs: map[stepShape]*runtime.Graph{},
 	}
-	e.blocks = newBlockPool(int(nBlocks), opts.BlockSize, e.maxBlks)
+	e.blocks = newBlockPool(int(nBlocks), opts.BlockSize, e.maxBlks, !opts.DisablePrefixCache)
 	if bd, ok := dev.(bucketDevice); ok {
 		batch, _ := bd.PadBuckets()
 		e.bucket = slices.Sorted(slices.Values(batch))
@@ -142,14 +162,16 @@ func computeType(dev runtime.Device) runtime.DType {
 	return runtime.F32
 }
 
-// matmulWeight says whether a resident weight is a matmul operand (stored
-// in the device's compute type) rather than a gather table, a norm's gain,
-// a bias or a frequency table (always f32).
+// matmulWeight says whether a resident weight is stored in the device's
+// compute type: the matmul operands, and the embedding table, whose rows
+// the step gathers in that type and converts (it is the tied lm_head, and
+// checkpoints hold it in bf16 anyway), rather than a norm's gain, a bias
+// or a frequency table (always f32).
 func matmulWeight(name string) bool {
 	switch name {
-	case wLMHead:
+	case wLMHead, wEmbed:
 		return true
-	case wEmbed, wNorm, wInvFreq:
+	case wNorm, wInvFreq:
 		return false
 	}
 	for _, s := range []string{lWQ, lWK, lWV, lWO, lGateUp, lDown} {
@@ -168,8 +190,8 @@ func (e *Engine) upload(ctx context.Context, weights map[string]models.Tensor) e
 	sort.Strings(names)
 	for _, n := range names {
 		t := weights[n]
-		if n == wLMHead && e.spec.Tied && e.mmDT == runtime.F32 {
-			continue // the gather table is the f32 operand as it is
+		if n == wLMHead && e.spec.Tied {
+			continue // the embedding table, in the same type
 		}
 		dt := runtime.F32
 		if matmulWeight(n) {
@@ -229,8 +251,10 @@ func (e *Engine) Release(seq uint64) { e.blocks.release(seq) }
 // CacheBlocks returns the blocks held by sequences and the cache's size.
 func (e *Engine) CacheBlocks() (used, total int) { return e.blocks.used() }
 
-// BlockSize is the tokens per cache block.
-func (e *Engine) BlockSize() int { return e.opts.BlockSize }
+// Options returns the engine's options with the defaults filled in: the
+// scheduler's running set and step budget must fit MaxSeqs and
+// MaxStepTokens.
+func (e *Engine) Options() EngineOptions { return e.opts }
 
 // pad returns n rounded up to the device's next bucket (n on oneDNN, which
 // runs any shape).
@@ -250,7 +274,16 @@ type stepPlan struct {
 	btab                    []int32
 	rows                    []int32
 	sampled                 []int // item index of each sampled row
-	filled                  []int // new filled length per item
+	commits                 []commit
+	cached                  int // rows skipped: their blocks were shared
+	real                    int // rows before padding
+}
+
+// commit is what a step writes of one sequence, recorded once it succeeds.
+type commit struct {
+	seq    uint64
+	pos    int
+	tokens []int32
 }
 
 func (e *Engine) plan(items []StepItem) (*stepPlan, error) {
@@ -267,14 +300,13 @@ func (e *Engine) plan(items []StepItem) (*stepPlan, error) {
 	if t > e.opts.MaxStepTokens {
 		return nil, fmt.Errorf("%w: %d tokens, at most %d", ErrInvalidStep, t, e.opts.MaxStepTokens)
 	}
-	p := &stepPlan{filled: make([]int, len(items))}
+	p := &stepPlan{}
 	p.shape.S = e.pad(len(items))
-	p.shape.T = e.pad(t)
 	p.btab = make([]int32, p.shape.S*e.maxBlks)
-	p.ids = make([]int32, 0, p.shape.T)
-	p.pos = make([]int32, 0, p.shape.T)
-	p.slots = make([]int32, 0, p.shape.T)
-	p.seqIdx = make([]int32, 0, p.shape.T)
+	p.ids = make([]int32, 0, t)
+	p.pos = make([]int32, 0, t)
+	p.slots = make([]int32, 0, t)
+	p.seqIdx = make([]int32, 0, t)
 	seen := make(map[uint64]bool, len(items))
 	bs := e.opts.BlockSize
 	for i, it := range items {
@@ -285,34 +317,40 @@ func (e *Engine) plan(items []StepItem) (*stepPlan, error) {
 		if len(it.Tokens) == 0 {
 			return nil, fmt.Errorf("%w: sequence %d has no tokens", ErrInvalidStep, it.Seq)
 		}
-		blocks, filled, ok := e.blocks.snapshot(it.Seq)
-		if !ok {
-			return nil, fmt.Errorf("%w: sequence %d holds no cache blocks", ErrInvalidStep, it.Seq)
-		}
-		end := it.Pos + len(it.Tokens)
-		switch {
-		case it.Pos != filled:
-			return nil, fmt.Errorf("%w: sequence %d at position %d, its cache holds %d", ErrInvalidStep, it.Seq, it.Pos, filled)
-		case end > len(blocks)*bs:
-			return nil, fmt.Errorf("%w: sequence %d runs to position %d with %d reserved", ErrInvalidStep, it.Seq, end, len(blocks)*bs)
+		for _, tok := range it.Tokens {
+			if tok < 0 || int(tok) >= e.spec.Vocab {
+				return nil, fmt.Errorf("%w: sequence %d: token %d outside the vocabulary of %d", ErrInvalidStep, it.Seq, tok, e.spec.Vocab)
+			}
 		}
 		if it.Sample {
 			if _, ok := it.State.(*Sequence); !ok {
 				return nil, fmt.Errorf("%w: sequence %d samples with state %T, want *llm.Sequence", ErrInvalidStep, it.Seq, it.State)
 			}
 		}
+		// Leading blocks another sequence already holds with the same
+		// history are mapped, not computed.
+		blocks, filled, skip, ok := e.blocks.begin(it.Seq, it.Pos, it.Tokens, it.Sample)
+		if !ok {
+			return nil, fmt.Errorf("%w: sequence %d holds no cache blocks", ErrInvalidStep, it.Seq)
+		}
+		end := it.Pos + len(it.Tokens)
+		pos, toks := it.Pos+skip, it.Tokens[skip:]
+		switch {
+		case pos != filled:
+			return nil, fmt.Errorf("%w: sequence %d at position %d, its cache holds %d", ErrInvalidStep, it.Seq, it.Pos, filled)
+		case end > len(blocks)*bs:
+			return nil, fmt.Errorf("%w: sequence %d runs to position %d with %d reserved", ErrInvalidStep, it.Seq, end, len(blocks)*bs)
+		}
 		copy(p.btab[i*e.maxBlks:], blocks)
-		for j, tok := range it.Tokens {
-			if tok < 0 || int(tok) >= e.spec.Vocab {
-				return nil, fmt.Errorf("%w: sequence %d: token %d outside the vocabulary of %d", ErrInvalidStep, it.Seq, tok, e.spec.Vocab)
-			}
-			pos := it.Pos + j
+		for j, tok := range toks {
+			at := pos + j
 			p.ids = append(p.ids, tok)
-			p.pos = append(p.pos, int32(pos))
-			p.slots = append(p.slots, blocks[pos/bs]*int32(bs)+int32(pos%bs))
+			p.pos = append(p.pos, int32(at))
+			p.slots = append(p.slots, blocks[at/bs]*int32(bs)+int32(at%bs))
 			p.seqIdx = append(p.seqIdx, int32(i))
 		}
-		p.filled[i] = end
+		p.commits = append(p.commits, commit{it.Seq, pos, toks})
+		p.cached += skip
 		if it.Sample {
 			p.rows = append(p.rows, int32(len(p.ids)-1))
 			p.sampled = append(p.sampled, i)
@@ -320,6 +358,8 @@ func (e *Engine) plan(items []StepItem) (*stepPlan, error) {
 	}
 	// Padding rows write nowhere (slot -1) and attend as position 0 of
 	// sequence 0; their outputs are never read.
+	p.real = len(p.ids)
+	p.shape.T = e.pad(len(p.ids))
 	for len(p.ids) < p.shape.T {
 		p.ids = append(p.ids, 0)
 		p.pos = append(p.pos, 0)
@@ -405,24 +445,44 @@ func (e *Engine) Step(ctx context.Context, items []StepItem) ([]StepResult, erro
 }
 
 // sample picks the next token of each sampling item from its row of
-// logits (item order) with the item's sequence.
+// logits (item order) with the item's sequence. Sequences are independent
+// (each has its own RNG), so they sample in parallel: at a 150k vocabulary
+// a token costs up to a few milliseconds of host time per sequence.
 func (e *Engine) sample(items []StepItem, logits []float32) ([]StepResult, error) {
-	out := make([]StepResult, len(items))
-	v := e.spec.Vocab
-	r := 0
+	type job struct{ item, row int }
+	var jobs []job
 	for i, it := range items {
-		if !it.Sample {
-			continue
+		if it.Sample {
+			jobs = append(jobs, job{i, len(jobs)})
 		}
-		seq := it.State.(*Sequence)
-		res, err := seq.next(logits[r*v : (r+1)*v])
+	}
+	out := make([]StepResult, len(items))
+	errs := make([]error, len(items))
+	v := e.spec.Vocab
+	next := make(chan job)
+	var wg sync.WaitGroup
+	for range min(goruntime.GOMAXPROCS(0), len(jobs)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for j := range next {
+				it := items[j.item]
+				res, err := it.State.(*Sequence).next(logits[j.row*v : (j.row+1)*v])
+				// Full: the sampled token takes the context's last position.
+				res.Full = err == nil && !res.Stop && it.Pos+len(it.Tokens)+1 >= e.spec.Context
+				out[j.item], errs[j.item] = res, err
+			}
+		}()
+	}
+	for _, j := range jobs {
+		next <- j
+	}
+	close(next)
+	wg.Wait()
+	for i, err := range errs {
 		if err != nil {
-			return nil, fmt.Errorf("llm: sequence %d: %w", it.Seq, err)
+			return nil, fmt.Errorf("llm: sequence %d: %w", items[i].Seq, err)
 		}
-		r++
-		// Full: the sampled token takes the context's last position.
-		res.Full = !res.Stop && it.Pos+len(it.Tokens)+1 >= e.spec.Context
-		out[i] = res
 	}
 	return out, nil
 }
@@ -442,12 +502,18 @@ func (e *Engine) stepLogits(ctx context.Context, items []StepItem) ([]float32, e
 	if err != nil {
 		return nil, err
 	}
-	logits, err := e.forward(ctx, p)
-	if err != nil {
-		return nil, err
+	var logits []float32
+	if p.real > 0 { // a step whose rows were all shared has nothing to run
+		if logits, err = e.forward(ctx, p); err != nil {
+			return nil, err
+		}
 	}
-	for i, it := range items {
-		e.blocks.setFilled(it.Seq, p.filled[i])
+	e.cached.Add(int64(p.cached))
+	for _, c := range p.commits {
+		e.computed.Add(int64(len(c.tokens)))
+	}
+	for _, c := range p.commits {
+		e.blocks.commit(c.seq, c.pos, c.tokens)
 	}
 	return logits, nil
 }

@@ -141,6 +141,10 @@ func stepGraph(s netSpec, mmDT runtime.DType, sh stepShape) *runtime.Graph {
 	b := &graphBuilder{mmDT: mmDT, conv: map[string]string{}}
 	d := s.HeadDim
 	x := b.add(runtime.Op{Kind: runtime.OpGather, In: []string{wEmbed, gIDs}}) // [T,H]
+	if mmDT == runtime.BF16 {
+		// The table is held in bf16: the residual stream is f32.
+		x = b.add(runtime.Op{Kind: runtime.OpConvert, In: []string{x}, DType: runtime.F32})
+	}
 	for l := range s.Layers {
 		w := func(name string) string { return lw(l, name) }
 		bias := func(name string) string {

@@ -49,6 +49,10 @@ type ModelOptions struct {
 	// BaseBatch is the model's base running set (the batch plan scales it
 	// per device type); models.DefaultBaseBatch when 0.
 	BaseBatch int
+	// MaxContext caps the context length below max_position_embeddings
+	// (0: no cap): Llama 3.2's 131072 positions would make placement admit
+	// a KV cache of gigabytes for one full-length sequence.
+	MaxContext int
 }
 
 // Model is a decoder LLM loaded on the host: its shape, its weights in the
@@ -78,6 +82,12 @@ func NewModel(config []byte, weights map[string]models.Tensor, opts ModelOptions
 	}
 	if opts.BaseBatch <= 0 {
 		opts.BaseBatch = models.DefaultBaseBatch
+	}
+	if opts.MaxContext < 0 {
+		return nil, fmt.Errorf("%w: llm %q: max context %d", models.ErrInvalidInput, opts.Name, opts.MaxContext)
+	}
+	if opts.MaxContext > 0 && opts.MaxContext < spec.Context {
+		spec.Context = opts.MaxContext
 	}
 	m := &Model{opts: opts, arch: arch, spec: spec, weights: w, eos: eos, maxNew: DefaultMaxTokens}
 	if opts.GenerationConfig != nil {
@@ -242,7 +252,7 @@ func (m *Model) WeightBytes(dt runtime.DType) int64 {
 		if matmulWeight(name) {
 			edt = dt
 		}
-		if name == wLMHead && m.spec.Tied && edt == runtime.F32 {
+		if name == wLMHead && m.spec.Tied {
 			continue // shares the embedding table's buffer
 		}
 		n += alignedBytes(edt, t.Shape)

@@ -175,9 +175,71 @@ func TestModel(t *testing.T) {
 		}
 		e.Close()
 	}
+	// MaxContext caps the context: prompts, engines and Full follow it.
+	capped, err := NewModel(configJSON(t, "qwen3", nil), randomCheckpoint(s, 3), ModelOptions{MaxContext: 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if capped.ContextLength() != 20 {
+		t.Fatalf("context %d, want 20", capped.ContextLength())
+	}
+	if _, err := capped.NewSequence(Sampling{}, prompt(20, 1, s.Vocab)); !errors.Is(err, models.ErrInvalidInput) {
+		t.Errorf("a 20-token prompt in a context of 20: %v", err)
+	}
+	ce, err := capped.NewEngine(ctx, &goDevice{}, EngineOptions{CacheBytes: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ce.Close()
+	if ce.Reserve(1, 21) || !ce.Reserve(1, 19) {
+		t.Error("reservations past the capped context")
+	}
+	cs, _ := capped.NewSequence(Sampling{}, prompt(19, 1, s.Vocab))
+	res, err := ce.Step(ctx, []StepItem{{Seq: 1, State: cs, Tokens: prompt(19, 1, s.Vocab), Sample: true}})
+	if err != nil || !res[0].Full {
+		t.Errorf("token at the capped context's last position: %+v, %v", res, err)
+	}
 	// A missing weight is named.
 	delete(w, "model.layers.1.self_attn.k_norm.weight")
 	if _, err := NewModel(configJSON(t, "qwen3", nil), w, ModelOptions{}); !errors.Is(err, models.ErrInvalidInput) || !strings.Contains(err.Error(), "k_norm") {
 		t.Errorf("missing k_norm: %v", err)
+	}
+}
+
+// TestPublishedConfigs parses config.json files of the families served,
+// with the fields as the Hub publishes them (extra fields included), and
+// checks what the engine derives from them.
+func TestPublishedConfigs(t *testing.T) {
+	for _, tc := range []struct {
+		name, json         string
+		headDim, kv        int
+		bias, qkNorm, tied bool
+		eos                []int32
+		scaled             bool // Llama 3 rope scaling
+		context            int
+	}{
+		{"Qwen2.5-0.5B-Instruct", `{"architectures":["Qwen2ForCausalLM"],"attention_dropout":0.0,"bos_token_id":151643,"eos_token_id":151645,"hidden_act":"silu","hidden_size":896,"initializer_range":0.02,"intermediate_size":4864,"max_position_embeddings":32768,"max_window_layers":21,"model_type":"qwen2","num_attention_heads":14,"num_hidden_layers":24,"num_key_value_heads":2,"rms_norm_eps":1e-06,"rope_theta":1000000.0,"sliding_window":32768,"tie_word_embeddings":true,"torch_dtype":"bfloat16","transformers_version":"4.43.1","use_cache":true,"use_sliding_window":false,"vocab_size":151936}`,
+			64, 2, true, false, true, []int32{151645}, false, 32768},
+		{"Llama-3.2-1B-Instruct", `{"architectures":["LlamaForCausalLM"],"attention_bias":false,"attention_dropout":0.0,"bos_token_id":128000,"eos_token_id":[128001,128008,128009],"head_dim":64,"hidden_act":"silu","hidden_size":2048,"initializer_range":0.02,"intermediate_size":8192,"max_position_embeddings":131072,"mlp_bias":false,"model_type":"llama","num_attention_heads":32,"num_hidden_layers":16,"num_key_value_heads":8,"pretraining_tp":1,"rms_norm_eps":1e-05,"rope_scaling":{"factor":32.0,"high_freq_factor":4.0,"low_freq_factor":1.0,"original_max_position_embeddings":8192,"rope_type":"llama3"},"rope_theta":500000.0,"tie_word_embeddings":true,"torch_dtype":"bfloat16","use_cache":true,"vocab_size":128256}`,
+			64, 8, false, false, true, []int32{128001, 128008, 128009}, true, 131072},
+		{"Qwen3-0.6B", `{"architectures":["Qwen3ForCausalLM"],"attention_bias":false,"attention_dropout":0.0,"bos_token_id":151643,"eos_token_id":151645,"head_dim":128,"hidden_act":"silu","hidden_size":1024,"initializer_range":0.02,"intermediate_size":3072,"max_position_embeddings":40960,"max_window_layers":28,"model_type":"qwen3","num_attention_heads":16,"num_hidden_layers":28,"num_key_value_heads":8,"rms_norm_eps":1e-06,"rope_scaling":null,"rope_theta":1000000,"sliding_window":null,"tie_word_embeddings":true,"torch_dtype":"bfloat16","transformers_version":"4.51.0","use_cache":true,"use_sliding_window":false,"vocab_size":151936}`,
+			128, 8, false, true, true, []int32{151645}, false, 40960},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, eos, _, err := parseConfig([]byte(tc.json))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if s.HeadDim != tc.headDim || s.KVHeads != tc.kv || s.QKVBias != tc.bias || s.QKNorm != tc.qkNorm || s.Tied != tc.tied ||
+				!slices.Equal(eos, tc.eos) || s.Context != tc.context || len(s.InvFreq) != tc.headDim/2 {
+				t.Fatalf("spec %+v, eos %v", s, eos)
+			}
+			// Scaling divides the lowest frequency by the factor.
+			plain := ropeFreqs(s.HeadDim, map[bool]float64{true: 500000, false: 1000000}[tc.scaled], nil)
+			last := len(plain) - 1
+			if scaled := math.Abs(float64(plain[last]/s.InvFreq[last])-32) < 1e-3; scaled != tc.scaled {
+				t.Errorf("lowest frequency %g, unscaled %g", s.InvFreq[last], plain[last])
+			}
+		})
 	}
 }

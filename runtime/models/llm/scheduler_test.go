@@ -15,11 +15,17 @@ import (
 // genExecutor adapts the engine to scheduler.GenExecutor, as the model
 // lifecycle does (the runtime does not import the scheduler; only this
 // test does).
-type genExecutor struct{ e *Engine }
+type genExecutor struct {
+	e    *Engine
+	gate <-chan struct{} // when non-nil, steps wait for it to close
+}
 
 func (g genExecutor) Reserve(seq uint64, tokens int) bool { return g.e.Reserve(seq, tokens) }
 func (g genExecutor) Release(seq uint64)                  { g.e.Release(seq) }
 func (g genExecutor) Step(ctx context.Context, items []scheduler.StepItem) ([]scheduler.StepResult, error) {
+	if g.gate != nil {
+		<-g.gate
+	}
 	in := make([]StepItem, len(items))
 	for i, it := range items {
 		in[i] = StepItem(it)
@@ -65,28 +71,33 @@ func TestUnderScheduler(t *testing.T) {
 			}
 			sch := scheduler.New(scheduler.Options{})
 			defer sch.Close()
+			// Steps wait until every sequence is submitted, so they share
+			// steps whatever the goroutines' timing.
+			gate := make(chan struct{})
 			if err := sch.AddGenReplica("m", scheduler.Device{ID: "cpu:0", Type: "cpu"},
-				scheduler.GenOptions{MaxRunning: 5, MaxStepTokens: 12, MaxChunk: 5}, genExecutor{e}); err != nil {
+				scheduler.GenOptions{MaxRunning: 5, MaxStepTokens: 12, MaxChunk: 5}, genExecutor{e, gate}); err != nil {
 				t.Fatal(err)
 			}
 			var wg sync.WaitGroup
 			var mu sync.Mutex
 			preempted, maxBatch := 0, 0
 			errs := make(chan error, len(wants))
+			streams := make([]*scheduler.GenStream, len(wants))
+			for i, w := range wants {
+				seq, err := newSequence(w.params, w.prompt, s.Vocab, nil, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if streams[i], err = sch.Generate(context.Background(), scheduler.GenRequest{Model: "m", Prompt: w.prompt, MaxNewTokens: w.gen, State: seq}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			close(gate)
 			for i, w := range wants {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
-					seq, err := newSequence(w.params, w.prompt, s.Vocab, nil, nil)
-					if err != nil {
-						errs <- err
-						return
-					}
-					st, err := sch.Generate(context.Background(), scheduler.GenRequest{Model: "m", Prompt: w.prompt, MaxNewTokens: w.gen, State: seq})
-					if err != nil {
-						errs <- err
-						return
-					}
+					st := streams[i]
 					var got []int32
 					for {
 						ev, err := st.Recv()

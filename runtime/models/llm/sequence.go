@@ -286,7 +286,7 @@ func (s *Sequence) pick(x []float64) int32 {
 	if s.params.Temperature == 0 {
 		return int32(best) // greedy; ties go to the lowest id
 	}
-	// Softmax at the temperature, over the candidates in descending order.
+	// Softmax at the temperature (unnormalised: the best token weighs 1).
 	t := float64(s.params.Temperature)
 	m := x[best]
 	if cap(s.idx) < len(x) {
@@ -294,12 +294,14 @@ func (s *Sequence) pick(x []float64) int32 {
 	}
 	idx := s.idx[:0]
 	minP := float64(s.params.MinP)
+	var sum float64
 	for i, v := range x {
 		p := math.Exp((v - m) / t)
 		x[i] = p
 		// min-p: keep tokens at least min_p times as likely as the best.
 		if p >= minP {
 			idx = append(idx, int32(i))
+			sum += p
 		}
 	}
 	desc := func(a, b int32) int {
@@ -311,22 +313,30 @@ func (s *Sequence) pick(x []float64) int32 {
 		}
 		return int(a - b)
 	}
-	// Only top-k and top-p need the candidates in order; sorting a 150k
-	// vocabulary per token would cost more than a small model's step.
-	switch k := s.params.TopK; {
-	case k > 0 && k < len(idx) && k <= 64:
-		idx = topN(idx, k, desc)
+	// Only top-k and top-p need the candidates in order, and only their
+	// head: sorting a 150k vocabulary per token would cost more than a
+	// small model's step.
+	k, tp := s.params.TopK, float64(s.params.TopP)
+	switch {
 	case k > 0 && k < len(idx):
-		slices.SortFunc(idx, desc)
-		idx = idx[:k]
-	case s.params.TopP > 0 && s.params.TopP < 1:
+		if k <= 64 {
+			idx = topN(idx, k, desc)
+		} else {
+			slices.SortFunc(idx, desc)
+			idx = idx[:k]
+		}
+		sum = 0 // top-p's mass is of the top k
+		for _, i := range idx {
+			sum += x[i]
+		}
+	case tp > 0 && tp < 1:
+		// The nucleus is a prefix of the descending order, so it lies in
+		// any set of the most likely tokens holding top_p of the mass:
+		// lower a threshold until one does, then sort that set only.
+		idx = headHolding(idx, x, tp*sum)
 		slices.SortFunc(idx, desc)
 	}
-	var sum float64
-	for _, i := range idx {
-		sum += x[i]
-	}
-	if tp := float64(s.params.TopP); tp > 0 && tp < 1 {
+	if tp > 0 && tp < 1 {
 		// The smallest prefix whose mass reaches top_p.
 		var acc float64
 		for n, i := range idx {
@@ -347,6 +357,32 @@ func (s *Sequence) pick(x []float64) int32 {
 		}
 	}
 	return idx[len(idx)-1]
+}
+
+// headHolding returns the tokens of idx whose weight in x is at least a
+// threshold, the highest threshold (1, 1/16, 1/256, ...) at which their
+// weights sum to mass or more; idx's storage is reused.
+func headHolding(idx []int32, x []float64, mass float64) []int32 {
+	all := idx
+	for tau := 1.0 / 16; ; tau /= 16 {
+		var got float64
+		n := 0
+		for _, i := range all {
+			if x[i] >= tau {
+				got += x[i]
+				n++
+			}
+		}
+		if got >= mass || tau < 1e-300 || n == len(all) {
+			out := all[:0]
+			for _, i := range all {
+				if x[i] >= tau {
+					out = append(out, i)
+				}
+			}
+			return out
+		}
+	}
 }
 
 // topN returns the n first of idx under cmp, in order, with one pass and

@@ -271,3 +271,62 @@ func TestTopN(t *testing.T) {
 		}
 	}
 }
+
+// TestTopPMatchesFullSort checks the nucleus found through headHolding
+// against the nucleus of the fully sorted vocabulary, by drawing with the
+// same seed both ways.
+func TestTopPMatchesFullSort(t *testing.T) {
+	v := 5000
+	logits := make([]float32, v)
+	for i := range logits {
+		logits[i] = float32(math.Sin(float64(i)*0.37)*4 + math.Cos(float64(i)*0.011)*3)
+	}
+	for _, tp := range []float32{0.01, 0.5, 0.9, 0.999} {
+		p := Sampling{Temperature: 0.9, TopP: tp, Seed: 5, Seeded: true}
+		s, _ := newSequence(p, nil, v, nil, nil)
+		// The reference: every token sorted, the prefix reaching top_p.
+		x := make([]float64, v)
+		m := float64(slices.Max(logits))
+		var sum float64
+		for i, l := range logits {
+			x[i] = math.Exp((float64(l) - m) / 0.9)
+			sum += x[i]
+		}
+		order := make([]int32, v)
+		for i := range order {
+			order[i] = int32(i)
+		}
+		slices.SortFunc(order, func(a, b int32) int {
+			if x[a] != x[b] {
+				if x[a] > x[b] {
+					return -1
+				}
+				return 1
+			}
+			return int(a - b)
+		})
+		var acc float64
+		n := 0
+		for n < v {
+			acc += x[order[n]]
+			n++
+			if acc >= float64(tp)*sum {
+				break
+			}
+		}
+		nucleus := map[int32]bool{}
+		for _, i := range order[:n] {
+			nucleus[i] = true
+		}
+		for range 200 {
+			res, err := s.next(logits)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !nucleus[res.Token] {
+				t.Fatalf("top_p %g drew %d, outside the nucleus of %d tokens", tp, res.Token, n)
+			}
+			s.counts = map[int32]int{}
+		}
+	}
+}
