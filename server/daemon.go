@@ -142,7 +142,7 @@ func Run(ctx context.Context, opts Options, log *zap.Logger) error {
 			log.Error("exiting with device calls still running")
 		}
 	}()
-	repo, err := openRepository(cfg.ModelRepoDir(), cfg.ModelRepo == "", log, modelrepo.WithTokenizerLoader(opts.Tokenizers))
+	repo, err := openRepository(cfg.ModelRepoDir(), cfg.ModelRepo == "", log, modelrepo.WithTokenizerLoader(opts.Tokenizers), modelrepo.WithMaxContext(cfg.MaxContext))
 	if err != nil {
 		return err
 	}

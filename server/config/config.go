@@ -43,11 +43,13 @@ type Config struct {
 	// MaxInflightBytes bounds the bytes held for calls being served (0:
 	// derived from the memory limit); GoMemoryLimit is the Go runtime's
 	// memory limit (0: derived, -1: none).
-	MaxInflightBytes int64  `json:"max-inflight-bytes"`
-	GoMemoryLimit    int64  `json:"go-memory-limit"`
-	StateDir         string `json:"state-dir"`
-	LogLevel         string `json:"log-level"`
-	LogFormat        string `json:"log-format"`
+	MaxInflightBytes int64 `json:"max-inflight-bytes"`
+	// MaxContext caps generator models' context length in tokens.
+	MaxContext    int    `json:"max-context"`
+	GoMemoryLimit int64  `json:"go-memory-limit"`
+	StateDir      string `json:"state-dir"`
+	LogLevel      string `json:"log-level"`
+	LogFormat     string `json:"log-format"`
 
 	Prefer         string `json:"prefer"`
 	AllowTPU       bool   `json:"allow-tpu"`
@@ -163,6 +165,7 @@ func Defaults(euid int, getenv func(string) string) Config {
 		ShutdownGrace:      Duration(30 * time.Second),
 		BatchTimeout:       Duration(2 * time.Minute), // scheduler.DefaultBatchTimeout
 		MaxConnectionIdle:  Duration(5 * time.Minute),
+		MaxContext:         8192,
 	}
 }
 
@@ -207,6 +210,7 @@ var envNames = map[string]string{
 	"max-connections-per-client": "BROKERD_MAX_CONNECTIONS_PER_CLIENT",
 	"max-connection-idle":        "BROKERD_MAX_CONNECTION_IDLE",
 	"max-inflight-bytes":         "BROKERD_MAX_INFLIGHT_BYTES",
+	"max-context":                "BROKERD_MAX_CONTEXT",
 	"go-memory-limit":            "BROKERD_GO_MEMORY_LIMIT",
 	"api-keys-file":              "BROKERD_API_KEYS_FILE",
 	"admin-uids":                 "BROKERD_ADMIN_UIDS",
@@ -230,6 +234,7 @@ func bind(fs *flag.FlagSet, c *Config, configPath *string) {
 	fs.IntVar(&c.MaxConnections, "max-connections", c.MaxConnections, "most open connections per listener (socket, TCP, HTTP); 0: the descriptor limit less a reserve, so metrics and health always answer")
 	fs.IntVar(&c.MaxConnectionsPerClient, "max-connections-per-client", c.MaxConnectionsPerClient, "most open connections of one client (uid on the socket, IP on TCP) per listener; 0: a quarter of max-connections")
 	fs.Var(&c.MaxConnectionIdle, "max-connection-idle", "close a connection idle (no call in flight) for this long")
+	fs.IntVar(&c.MaxContext, "max-context", c.MaxContext, "most tokens (prompt and output) of a generator model's sequence, below its max_position_embeddings; each replica's KV cache holds at least one such sequence")
 	fs.Int64Var(&c.MaxInflightBytes, "max-inflight-bytes", c.MaxInflightBytes, "bytes the calls being served may hold (twice each request's size); beyond it calls get RESOURCE_EXHAUSTED; 0: a quarter of the Go memory limit")
 	fs.Int64Var(&c.GoMemoryLimit, "go-memory-limit", c.GoMemoryLimit, "Go runtime memory limit in bytes; 0: three quarters of the memory brokerd may use (the cgroup limit, else the host's); -1: none; GOMEMLIMIT wins")
 	fs.StringVar(&c.APIKeysFile, "api-keys-file", c.APIKeysFile, "file of API keys, one per line, that HTTP API requests must carry as Authorization: Bearer KEY (none: no key needed)")
@@ -472,6 +477,9 @@ func (c Config) Validate() error {
 	}
 	if c.MaxConnections < 0 || c.MaxConnectionsPerClient < 0 {
 		bad("max-connections %d and max-connections-per-client %d must not be negative (0: derived)", c.MaxConnections, c.MaxConnectionsPerClient)
+	}
+	if c.MaxContext < 16 || c.MaxContext > 1<<20 {
+		bad("max-context %d is invalid: 16 to %d tokens", c.MaxContext, 1<<20)
 	}
 	if c.MaxInflightBytes < 0 || c.GoMemoryLimit < -1 {
 		bad("max-inflight-bytes %d must not be negative, go-memory-limit %d must be -1 (none), 0 (derived) or bytes", c.MaxInflightBytes, c.GoMemoryLimit)

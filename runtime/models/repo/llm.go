@@ -192,7 +192,7 @@ func (r *Repo) loadLLM(ctx context.Context, p *plan, lp *llmPlan, name string, v
 			return nil, err
 		}
 	}
-	opts := llm.ModelOptions{Name: name, Version: version, GenerationConfig: lp.generation}
+	opts := llm.ModelOptions{Name: name, Version: version, GenerationConfig: lp.generation, MaxContext: r.maxContext}
 	if r.tokenizers != nil && exists(p.dir, FileTokenizer) {
 		tok, chat, err := r.tokenizers(p.dir, r.readFile)
 		if err != nil {

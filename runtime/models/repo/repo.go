@@ -55,7 +55,13 @@ type Repo struct {
 	root       string // dir with its links resolved: files must stay inside it
 	log        *zap.Logger
 	tokenizers TokenizerLoader // LLM tokenizers; nil: LLMs load without one
+	maxContext int             // caps LLMs' context below max_position_embeddings; 0: none
 }
+
+// WithMaxContext caps decoder LLMs' context length (tokens): Llama 3.2
+// states 131072 positions, whose KV cache for one sequence would take
+// gigabytes.
+func WithMaxContext(n int) Option { return func(r *Repo) { r.maxContext = n } }
 
 // Option configures Open.
 type Option func(*Repo)
