@@ -114,18 +114,13 @@ func TestSplit(t *testing.T) {
 // 3.2 adds <|begin_of_text|>) against the JavaScript ids.
 func TestEncodeWithSpecial(t *testing.T) {
 	e := loadExpected(t)
-	llama3.get(t)
-	var file map[string]json.RawMessage
-	if err := json.Unmarshal(llama3.rawJSON, &file); err != nil {
+	var pp step
+	if err := json.Unmarshal(e.Llama32PostProcessor, &pp); err != nil {
 		t.Fatal(err)
 	}
-	file["post_processor"] = e.Llama32PostProcessor
-	content, err := json.Marshal(file)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tok, err := Parse(content, nil, nil)
-	if err != nil {
+	tok := new(Tokenizer)
+	*tok = *llama3.get(t)
+	if err := tok.postProcessor(&pp); err != nil {
 		t.Fatal(err)
 	}
 	want := e.Tokenizers["llama3_bos"]
@@ -171,8 +166,10 @@ func TestSpecialTokens(t *testing.T) {
 		})
 	}
 	// generation_config.json adds its eos_token_id (number or list).
-	cfg := []byte(`{"eos_token": "<|end_of_text|>"}`)
-	tok, err := Parse(llama3.rawJSON, cfg, []byte(`{"eos_token_id": [128001, 128008, 128009]}`))
+	tok := new(Tokenizer)
+	*tok = *llama3.get(t)
+	tok.eos, tok.eosIDs = -1, nil
+	err := tok.configure([]byte(`{"eos_token": "<|end_of_text|>"}`), []byte(`{"eos_token_id": [128001, 128008, 128009]}`))
 	if err != nil {
 		t.Fatal(err)
 	}
