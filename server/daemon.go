@@ -60,8 +60,7 @@ type Options struct {
 	// tests and simulated hosts use go-nvml's mocks to get GPUs without a driver.
 	NVML detect.NVML
 	// Tokenizers reads decoder LLMs' tokenizers and chat templates from
-	// the model repository; nil: LLMs load without one (they then refuse
-	// text prompts).
+	// the model repository; nil: byte-level BPE (runtime/models/tokenizer/bpe).
 	Tokenizers modelrepo.TokenizerLoader
 }
 
@@ -142,7 +141,11 @@ func Run(ctx context.Context, opts Options, log *zap.Logger) error {
 			log.Error("exiting with device calls still running")
 		}
 	}()
-	repo, err := openRepository(cfg.ModelRepoDir(), cfg.ModelRepo == "", log, modelrepo.WithTokenizerLoader(opts.Tokenizers), modelrepo.WithMaxContext(cfg.MaxContext))
+	tokenizers := opts.Tokenizers
+	if tokenizers == nil {
+		tokenizers = bpeTokenizers
+	}
+	repo, err := openRepository(cfg.ModelRepoDir(), cfg.ModelRepo == "", log, modelrepo.WithTokenizerLoader(tokenizers), modelrepo.WithMaxContext(cfg.MaxContext))
 	if err != nil {
 		return err
 	}

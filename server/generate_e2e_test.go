@@ -2,6 +2,7 @@ package server
 
 import (
 	"errors"
+	"os"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -65,7 +66,13 @@ func (byteTokenizer) Render(msgs []llm.Message, gen bool) (string, error) {
 // repository's model name, version 1.
 func writeTinyLlama(t *testing.T, repo, name string) {
 	t.Helper()
-	const v, h, layers, heads, kv, inter = 300, 32, 2, 4, 2, 64
+	writeTinyLlamaVocab(t, repo, name, 300, 2)
+}
+
+// writeTinyLlamaVocab writes it with vocabulary size v and EOS id eos.
+func writeTinyLlamaVocab(t *testing.T, repo, name string, v, eos int) {
+	t.Helper()
+	const h, layers, heads, kv, inter = 32, 2, 4, 2, 64
 	d := h / heads
 	rng := rand.New(rand.NewPCG(7, 7))
 	rnd := func(shape ...int) models.Tensor {
@@ -91,9 +98,11 @@ func writeTinyLlama(t *testing.T, repo, name string) {
 	writeJSON(t, filepath.Join(dir, "config.json"), map[string]any{
 		"architectures": []string{llm.ArchLlama}, "vocab_size": v, "hidden_size": h, "num_hidden_layers": layers,
 		"num_attention_heads": heads, "num_key_value_heads": kv, "intermediate_size": inter,
-		"max_position_embeddings": 256, "rms_norm_eps": 1e-5, "tie_word_embeddings": true, "eos_token_id": 2,
+		"max_position_embeddings": 256, "rms_norm_eps": 1e-5, "tie_word_embeddings": true, "eos_token_id": eos,
 	})
-	writeJSON(t, filepath.Join(dir, "tokenizer.json"), map[string]any{"note": "read by the test's loader"})
+	if _, err := os.Stat(filepath.Join(dir, "tokenizer.json")); err != nil {
+		writeJSON(t, filepath.Join(dir, "tokenizer.json"), map[string]any{"note": "read by the test's loader"})
+	}
 	if err := safetensors.Write(filepath.Join(dir, "model.safetensors"), w, "F32"); err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,72 @@
+package server
+
+import (
+	"errors"
+	"io/fs"
+	"path/filepath"
+
+	"github.com/brokerd/brokerd/runtime/models/llm"
+	"github.com/brokerd/brokerd/runtime/models/tokenizer/bpe"
+)
+
+// bpeTokenizers reads a decoder LLM's byte-level BPE tokenizer and chat
+// template (runtime/models/tokenizer/bpe) through the repository's
+// confined reader: the model repository's TokenizerLoader.
+func bpeTokenizers(dir string, readFile func(path string, limit int64) ([]byte, error)) (llm.Tokenizer, llm.ChatTemplate, error) {
+	const maxTokenizer, maxConfig = 256 << 20, 16 << 20
+	tj, err := readFile(filepath.Join(dir, "tokenizer.json"), maxTokenizer)
+	if err != nil {
+		return nil, nil, err
+	}
+	optional := func(name string) ([]byte, error) {
+		b, err := readFile(filepath.Join(dir, name), maxConfig)
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil, nil
+		}
+		return b, err
+	}
+	cfg, err := optional("tokenizer_config.json")
+	if err != nil {
+		return nil, nil, err
+	}
+	gen, err := optional("generation_config.json")
+	if err != nil {
+		return nil, nil, err
+	}
+	t, err := bpe.Parse(tj, cfg, gen)
+	if err != nil {
+		return nil, nil, err
+	}
+	var chat llm.ChatTemplate
+	if t.HasChatTemplate() {
+		chat = bpeChat{t}
+	}
+	return bpeTokenizer{t}, chat, nil
+}
+
+type bpeTokenizer struct{ t *bpe.Tokenizer }
+
+func (b bpeTokenizer) Encode(text string, addSpecial bool) ([]int32, error) {
+	return b.t.Encode(text, addSpecial), nil
+}
+
+// NewDetokenizer streams the text of generated tokens; special tokens (an
+// end-of-turn marker) are not part of the text.
+func (b bpeTokenizer) NewDetokenizer() llm.Detokenizer {
+	return bpeStream{b.t.NewStreamDecoder(true)}
+}
+
+type bpeStream struct{ d *bpe.StreamDecoder }
+
+func (s bpeStream) Next(id int32) string { return s.d.Push(id) }
+func (s bpeStream) Flush() string        { return s.d.Flush() }
+
+type bpeChat struct{ t *bpe.Tokenizer }
+
+func (c bpeChat) Render(messages []llm.Message, addGenerationPrompt bool) (string, error) {
+	msgs := make([]bpe.Message, len(messages))
+	for i, m := range messages {
+		msgs[i] = bpe.Message{Role: m.Role, Content: m.Content}
+	}
+	return c.t.ApplyChatTemplate(msgs, bpe.ChatOptions{AddGenerationPrompt: addGenerationPrompt})
+}
