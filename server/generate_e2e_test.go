@@ -2,11 +2,11 @@ package server
 
 import (
 	"errors"
-	"os"
 	"fmt"
 	"io"
 	"math/rand/v2"
 	"net/http"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
