@@ -68,6 +68,10 @@ func (s *BrokerService) encodeModel(ctx context.Context, req *brokerv1.EncodeReq
 	for i, it := range items {
 		sum := sha256.Sum256(itemBytes(it))
 		resp.Results[i] = &brokerv1.EncodeResult{Id: it.GetId(), Signature: "sha256:" + hex.EncodeToString(sum[:])}
+		if semantic {
+			// Said per item: a cut text's vector describes its beginning.
+			resp.Results[i].Truncated = inputs[i].(models.TextInput).Truncated
+		}
 		if lossless {
 			resp.Results[i].Code = s.zstd.EncodeAll(itemBytes(it), nil)
 			resp.Results[i].Codec = codecZstd

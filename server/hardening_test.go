@@ -130,3 +130,23 @@ func TestTokenisingStopsWhenTheCallerLeaves(t *testing.T) {
 		t.Errorf("live: %v after %d tokenisations", err, tm.calls)
 	}
 }
+
+// TestEncodeSaysWhatWasTruncated: a text longer than the model takes is
+// cut (its vector describes its beginning) and the result says so; with
+// truncate=false it is refused.
+func TestEncodeSaysWhatWasTruncated(t *testing.T) {
+	_, c := modelDaemon(t, func(repo string) { writeBERT(t, repo, "enc", 1, 4, 0) },
+		func(cfg *config.Config) { cfg.LoadModels = "enc" })
+	long := strings.Repeat("the quick brown fox ", 200)
+	resp, err := c.Encode(testCtx(t), &brokerv1.EncodeRequest{Model: "enc", Items: textItems("short text", long)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := resp.GetResults(); r[0].GetTruncated() || !r[1].GetTruncated() {
+		t.Errorf("truncated flags %v %v, want false true", r[0].GetTruncated(), r[1].GetTruncated())
+	}
+	no := false
+	if _, err := c.Encode(testCtx(t), &brokerv1.EncodeRequest{Model: "enc", Truncate: &no, Items: textItems(long)}); status.Code(err) != codes.InvalidArgument {
+		t.Errorf("truncate=false: %v", err)
+	}
+}

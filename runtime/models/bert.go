@@ -57,7 +57,9 @@ type BERTOptions struct {
 // token ids with the special tokens and their token type ids. With truncate
 // it cuts the sequence to maxLen tokens; without, a longer one is an error.
 type Tokenizer interface {
-	Encode(text, pair string, maxLen int, truncate bool) (ids, typeIDs []int32, err error)
+	// EncodeTruncated returns the ids and token type ids, and whether the
+	// text had more than maxLen tokens and was cut.
+	EncodeTruncated(text, pair string, maxLen int, truncate bool) (ids, typeIDs []int32, truncated bool, err error)
 }
 
 // BERT is a BERT-family encoder or sequence classifier. It implements Model;
@@ -308,11 +310,11 @@ func (m *BERT) Tokenize(text, pair string, truncate, normalize bool) (TextInput,
 	if m.tok == nil {
 		return TextInput{}, fmt.Errorf("bert %q: no tokenizer", m.opts.Name)
 	}
-	ids, types, err := m.tok.Encode(text, pair, m.cfg.MaxPositionEmbeddings, truncate)
+	ids, types, cut, err := m.tok.EncodeTruncated(text, pair, m.cfg.MaxPositionEmbeddings, truncate)
 	if err != nil {
 		return TextInput{}, fmt.Errorf("%w: bert %q: tokenize: %w", ErrInvalidInput, m.opts.Name, err)
 	}
-	in := TextInput{IDs: ids, TypeIDs: types, Normalize: normalize || m.opts.Normalize}
+	in := TextInput{IDs: ids, TypeIDs: types, Normalize: normalize || m.opts.Normalize, Truncated: cut}
 	if err := m.check(in); err != nil {
 		return TextInput{}, fmt.Errorf("bert %q: tokenize: %w", m.opts.Name, err)
 	}

@@ -47,7 +47,7 @@ const (
 	tokSEP = 3
 )
 
-func (fakeTokenizer) Encode(text, pair string, maxLen int, truncate bool) ([]int32, []int32, error) {
+func (fakeTokenizer) EncodeTruncated(text, pair string, maxLen int, truncate bool) ([]int32, []int32, bool, error) {
 	word := func(w string) int32 {
 		var n int32
 		if _, err := fmt.Sscanf(w, "w%d", &n); err == nil && n >= 0 && n < 36 {
@@ -66,14 +66,16 @@ func (fakeTokenizer) Encode(text, pair string, maxLen int, truncate bool) ([]int
 		}
 		ids, types = append(ids, tokSEP), append(types, 1)
 	}
+	cut := false
 	if len(ids) > maxLen {
 		if !truncate {
-			return nil, nil, fmt.Errorf("%d tokens, more than %d", len(ids), maxLen)
+			return nil, nil, false, fmt.Errorf("%d tokens, more than %d", len(ids), maxLen)
 		}
 		ids, types = ids[:maxLen], types[:maxLen]
 		ids[maxLen-1] = tokSEP
+		cut = true
 	}
-	return ids, types, nil
+	return ids, types, cut, nil
 }
 
 // randomItem is [CLS] random ids [SEP] of n tokens in all, the second half

@@ -89,6 +89,9 @@ type TextInput struct {
 	IDs       []int32 // token ids with special tokens ([CLS] ... [SEP] ...)
 	TypeIDs   []int32 // token type ids (0 first segment, 1 second)
 	Normalize bool    // encoders: L2-normalise the pooled vector
+	// Truncated says the text had more tokens than the model takes and was
+	// cut (the result describes its beginning only).
+	Truncated bool
 }
 
 // RowInput is one row (batch element) of an Infer request for an MLP: the

@@ -57,7 +57,7 @@ func parsePriority(s string) (brokerv1.Priority, bool) {
 // batch of items is sent with.
 type encodeFlags struct {
 	model, fidelity, priority, device, typ, file string
-	noNormalize, asJSON                          bool
+	noNormalize, noTruncate, asJSON              bool
 	batch                                        int
 }
 
@@ -65,6 +65,7 @@ func (f *encodeFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.model, "model", "", "model `NAME` (default: the server's default, nbmf-hash-v1)")
 	fs.StringVar(&f.fidelity, "fidelity", "semantic", "fidelity `F` of each item: semantic (vector), lossless (compressed code) or both")
 	fs.BoolVar(&f.noNormalize, "no-normalize", false, "do not L2-normalise the vectors")
+	fs.BoolVar(&f.noTruncate, "no-truncate", false, "refuse texts longer than the model takes instead of cutting them (cut ones are listed after the table)")
 	fs.StringVar(&f.priority, "priority", "", "scheduling priority `P`: low, normal or high (default: normal)")
 	fs.StringVar(&f.device, "device", "", "run on device `ID`, e.g. gpu:0")
 	fs.StringVar(&f.typ, "type", "", "run on a device of type `T`: cpu, gpu or tpu")
@@ -97,6 +98,9 @@ func (f *encodeFlags) template() (*brokerv1.EncodeRequest, error) {
 	// Unset means the server's default (true); only send false.
 	if f.noNormalize {
 		req.Normalize = proto.Bool(false)
+	}
+	if f.noTruncate {
+		req.Truncate = proto.Bool(false)
 	}
 	return req, nil
 }
@@ -316,6 +320,15 @@ func writeEncodeResults(w io.Writer, resp *brokerv1.EncodeResponse) error {
 	}
 	if err := tw.Flush(); err != nil {
 		return fmt.Errorf("write encode results: %w", err)
+	}
+	var cut []string
+	for _, r := range results {
+		if r.GetTruncated() {
+			cut = append(cut, orDash(r.GetId()))
+		}
+	}
+	if len(cut) > 0 {
+		fmt.Fprintf(w, "truncated to the model's length (their vectors describe their beginning; --no-truncate refuses them): %s\n", strings.Join(cut, ", "))
 	}
 	_, err := fmt.Fprintf(w, "execution: %s\n", executionLine(resp.GetModel(), resp.GetModelVersion(), resp.GetExecution()))
 	return err

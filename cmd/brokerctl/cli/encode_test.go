@@ -339,3 +339,28 @@ func TestEncodeInvalidUTF8(t *testing.T) {
 		t.Errorf("items sent: %v", items)
 	}
 }
+
+func TestEncodeNoTruncate(t *testing.T) {
+	ts := startServer(t)
+	if r := ts.run(t, nil, "encode", "--no-truncate", "a text"); r.code != ExitOK {
+		t.Fatalf("got %v", r)
+	}
+	ts.broker.mu.Lock()
+	req := ts.broker.lastEncode
+	ts.broker.mu.Unlock()
+	if req.Truncate == nil || req.GetTruncate() {
+		t.Errorf("--no-truncate sent truncate=%v", req.Truncate)
+	}
+}
+
+func TestEncodeTableListsTruncated(t *testing.T) {
+	var b strings.Builder
+	resp := &brokerv1.EncodeResponse{Results: []*brokerv1.EncodeResult{
+		{Id: "0", Vector: []float32{1}}, {Id: "1", Vector: []float32{1}, Truncated: true}}}
+	if err := writeEncodeResults(&b, resp); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(b.String(), "truncated to the model's length") || !strings.Contains(b.String(), ": 1\n") {
+		t.Errorf("table:\n%s", b.String())
+	}
+}

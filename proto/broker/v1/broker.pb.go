@@ -1678,7 +1678,10 @@ type EncodeResult struct {
 	Signature string `protobuf:"bytes,5,opt,name=signature,proto3" json:"signature,omitempty"`
 	// The device that computed this item's vector (a request's items may be
 	// split across devices); for LOSSLESS alone, the host CPU, cpu:0.
-	DeviceId      string `protobuf:"bytes,6,opt,name=device_id,json=deviceId,proto3" json:"device_id,omitempty"`
+	DeviceId string `protobuf:"bytes,6,opt,name=device_id,json=deviceId,proto3" json:"device_id,omitempty"`
+	// The text had more tokens than the model takes and was cut: the vector
+	// describes its beginning (send truncate=false to be refused instead).
+	Truncated     bool `protobuf:"varint,7,opt,name=truncated,proto3" json:"truncated,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1753,6 +1756,13 @@ func (x *EncodeResult) GetDeviceId() string {
 		return x.DeviceId
 	}
 	return ""
+}
+
+func (x *EncodeResult) GetTruncated() bool {
+	if x != nil {
+		return x.Truncated
+	}
+	return false
 }
 
 // ExecutionInfo says what ran where, how long it waited and what it cost.
@@ -4802,14 +4812,15 @@ const file_broker_v1_broker_proto_rawDesc = "" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x04text\x18\x02 \x01(\tH\x00R\x04text\x12\x14\n" +
 	"\x04data\x18\x03 \x01(\fH\x00R\x04dataB\t\n" +
-	"\acontent\"\x9b\x01\n" +
+	"\acontent\"\xb9\x01\n" +
 	"\fEncodeResult\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x16\n" +
 	"\x06vector\x18\x02 \x03(\x02R\x06vector\x12\x12\n" +
 	"\x04code\x18\x03 \x01(\fR\x04code\x12\x14\n" +
 	"\x05codec\x18\x04 \x01(\tR\x05codec\x12\x1c\n" +
 	"\tsignature\x18\x05 \x01(\tR\tsignature\x12\x1b\n" +
-	"\tdevice_id\x18\x06 \x01(\tR\bdeviceId\"\xb3\x02\n" +
+	"\tdevice_id\x18\x06 \x01(\tR\bdeviceId\x12\x1c\n" +
+	"\ttruncated\x18\a \x01(\bR\ttruncated\"\xb3\x02\n" +
 	"\rExecutionInfo\x12\x1b\n" +
 	"\tdevice_id\x18\x01 \x01(\tR\bdeviceId\x126\n" +
 	"\vdevice_type\x18\x02 \x01(\x0e2\x15.broker.v1.DeviceTypeR\n" +

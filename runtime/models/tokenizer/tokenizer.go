@@ -325,6 +325,12 @@ func (t *Tokenizer) NumSpecialTokens(pair bool) int {
 // truncated longest-first if truncate is set, and an error wrapping
 // ErrTooLong otherwise.
 func (t *Tokenizer) Encode(text, pair string, maxLen int, truncate bool) (ids, typeIDs []int32, err error) {
+	ids, typeIDs, _, err = t.EncodeTruncated(text, pair, maxLen, truncate)
+	return ids, typeIDs, err
+}
+
+// EncodeTruncated is Encode that also reports whether tokens were cut.
+func (t *Tokenizer) EncodeTruncated(text, pair string, maxLen int, truncate bool) (ids, typeIDs []int32, truncated bool, err error) {
 	tmpl, nSpecial := t.single, t.nSingle
 	var a, b []int32
 	partial := false
@@ -347,14 +353,15 @@ func (t *Tokenizer) Encode(text, pair string, maxLen int, truncate bool) (ids, t
 			if partial {
 				more = "more than "
 			}
-			return nil, nil, fmt.Errorf("%w: %s%d tokens, the limit is %d", ErrTooLong, more, total, maxLen)
+			return nil, nil, false, fmt.Errorf("%w: %s%d tokens, the limit is %d", ErrTooLong, more, total, maxLen)
 		}
 		budget := maxLen - nSpecial
 		if budget < 0 {
-			return nil, nil, fmt.Errorf("%w: the limit of %d tokens cannot hold the %d special tokens", ErrTooLong, maxLen, nSpecial)
+			return nil, nil, false, fmt.Errorf("%w: the limit of %d tokens cannot hold the %d special tokens", ErrTooLong, maxLen, nSpecial)
 		}
 		na, nb := truncateLongestFirst(len(a), len(b), budget, pair != "")
 		a, b = a[:na], b[:nb]
+		truncated = true
 	}
 	n := len(a) + len(b) + nSpecial
 	ids = make([]int32, 0, n)
@@ -372,7 +379,7 @@ func (t *Tokenizer) Encode(text, pair string, maxLen int, truncate bool) (ids, t
 			typeIDs = append(typeIDs, it.typeID)
 		}
 	}
-	return ids, typeIDs, nil
+	return ids, typeIDs, truncated, nil
 }
 
 // truncateLongestFirst gives the lengths the two sequences keep within
