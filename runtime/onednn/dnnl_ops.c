@@ -700,6 +700,73 @@ static inline void axpy_bf16(float *restrict y, float a, const uint16_t *restric
     for (int64_t i = 0; i < n; i++) y[i] += a * bf16_f(x[i]);
 }
 
+// attend computes the output of token ti's query heads of kv head g over
+// the n cache positions its block-table row maps. Compiled for AVX-512,
+// AVX2+FMA and baseline x86-64, chosen at load time: the file's default
+// target is baseline SSE2, where the dot products run at a quarter width.
+__attribute__((target_clones("arch=skylake-avx512", "arch=haswell", "default")))
+static void attend(const void *q, int q_bf16, const void *kc, const void *vc,
+        int kv_bf16, const int32_t *row, int64_t n, int64_t ti, int64_t g,
+        int64_t hq, int64_t hkv, int64_t dim, int64_t bs, int64_t group,
+        float scale, void *out) {
+    int64_t kvrow = hkv * dim; // elements of one cache position
+    for (int64_t g0 = 0; g0 < group; g0 += BD_ATT_MAXG) {
+        int64_t gn = group - g0 < BD_ATT_MAXG ? group - g0 : BD_ATT_MAXG;
+        // Stack: gn*dim*2 floats of q and acc (<= 16*1024*2*4 = 128 KiB
+        // at the limits; typical 7*128*2*4 = 7 KiB).
+        float qs[gn * dim], acc[gn * dim];
+        float mx[BD_ATT_MAXG], sum[BD_ATT_MAXG], sc[BD_ATT_MAXG][BD_ATT_TILE];
+        int64_t h0 = g * group + g0;
+        for (int64_t j = 0; j < gn; j++) {
+            load(q, q_bf16, (ti * hq + h0 + j) * dim, dim, qs + j * dim);
+            mx[j] = -INFINITY;
+            sum[j] = 0.0f;
+        }
+        memset(acc, 0, sizeof acc);
+        for (int64_t p0 = 0; p0 < n; p0 += BD_ATT_TILE) {
+            int64_t pn = n - p0 < BD_ATT_TILE ? n - p0 : BD_ATT_TILE;
+            // Scores of the tile.
+            for (int64_t k = 0; k < pn; k++) {
+                int64_t p = p0 + k;
+                int64_t off = ((int64_t)row[p / bs] * bs + p % bs) * kvrow + g * dim;
+                for (int64_t j = 0; j < gn; j++)
+                    sc[j][k] = scale * (kv_bf16 ? dot_bf16(qs + j * dim, (const uint16_t *)kc + off, dim)
+                                                : dot_f32(qs + j * dim, (const float *)kc + off, dim));
+            }
+            // Online softmax: rescale the running sums once per tile.
+            for (int64_t j = 0; j < gn; j++) {
+                float m = mx[j];
+                for (int64_t k = 0; k < pn; k++) m = sc[j][k] > m ? sc[j][k] : m;
+                float c = expf(mx[j] - m); // 0 on the first tile
+                if (c != 1.0f) {
+                    sum[j] *= c;
+                    for (int64_t i = 0; i < dim; i++) acc[j * dim + i] *= c;
+                }
+                mx[j] = m;
+                for (int64_t k = 0; k < pn; k++) {
+                    sc[j][k] = expf(sc[j][k] - m);
+                    sum[j] += sc[j][k];
+                }
+            }
+            for (int64_t k = 0; k < pn; k++) {
+                int64_t p = p0 + k;
+                int64_t off = ((int64_t)row[p / bs] * bs + p % bs) * kvrow + g * dim;
+                for (int64_t j = 0; j < gn; j++) {
+                    if (kv_bf16)
+                        axpy_bf16(acc + j * dim, sc[j][k], (const uint16_t *)vc + off, dim);
+                    else
+                        axpy_f32(acc + j * dim, sc[j][k], (const float *)vc + off, dim);
+                }
+            }
+        }
+        for (int64_t j = 0; j < gn; j++) {
+            float inv = 1.0f / sum[j];
+            for (int64_t i = 0; i < dim; i++) acc[j * dim + i] *= inv;
+            store(out, q_bf16, (ti * hq + h0 + j) * dim, dim, acc + j * dim);
+        }
+    }
+}
+
 int64_t bd_paged_attention(const bd_device *d, const void *q, int q_bf16,
         const void *kc, const void *vc, int kv_bf16, const int32_t *table,
         const int32_t *seq, const int32_t *pos, int64_t t, int64_t hq,
@@ -717,68 +784,12 @@ int64_t bd_paged_attention(const bd_device *d, const void *q, int q_bf16,
     int64_t work = 0;
     for (int64_t ti = 0; ti < t; ti++) work += ((int64_t)pos[ti] + 1) * hq * dim;
     int64_t tasks = t * hkv;
-    int64_t kvrow = hkv * dim; // elements of one cache position
     omp_set_num_threads(d->nthreads);
 #pragma omp parallel for schedule(dynamic, 1) if (work >= BD_PAR_MIN && tasks > 1)
     for (int64_t task = 0; task < tasks; task++) {
-        int64_t ti = task / hkv, g = task % hkv;
-        const int32_t *row = table + (int64_t)seq[ti] * maxb;
-        int64_t n = (int64_t)pos[ti] + 1;
-        for (int64_t g0 = 0; g0 < group; g0 += BD_ATT_MAXG) {
-            int64_t gn = group - g0 < BD_ATT_MAXG ? group - g0 : BD_ATT_MAXG;
-            // Stack: gn*dim*2 floats of q and acc (<= 16*1024*2*4 = 128 KiB
-            // at the limits; typical 7*128*2*4 = 7 KiB).
-            float qs[gn * dim], acc[gn * dim];
-            float mx[BD_ATT_MAXG], sum[BD_ATT_MAXG], sc[BD_ATT_MAXG][BD_ATT_TILE];
-            int64_t h0 = g * group + g0;
-            for (int64_t j = 0; j < gn; j++) {
-                load(q, q_bf16, (ti * hq + h0 + j) * dim, dim, qs + j * dim);
-                mx[j] = -INFINITY;
-                sum[j] = 0.0f;
-            }
-            memset(acc, 0, sizeof acc);
-            for (int64_t p0 = 0; p0 < n; p0 += BD_ATT_TILE) {
-                int64_t pn = n - p0 < BD_ATT_TILE ? n - p0 : BD_ATT_TILE;
-                // Scores of the tile.
-                for (int64_t k = 0; k < pn; k++) {
-                    int64_t p = p0 + k;
-                    int64_t off = ((int64_t)row[p / bs] * bs + p % bs) * kvrow + g * dim;
-                    for (int64_t j = 0; j < gn; j++)
-                        sc[j][k] = scale * (kv_bf16 ? dot_bf16(qs + j * dim, (const uint16_t *)kc + off, dim)
-                                                    : dot_f32(qs + j * dim, (const float *)kc + off, dim));
-                }
-                // Online softmax: rescale the running sums once per tile.
-                for (int64_t j = 0; j < gn; j++) {
-                    float m = mx[j];
-                    for (int64_t k = 0; k < pn; k++) m = sc[j][k] > m ? sc[j][k] : m;
-                    float c = expf(mx[j] - m); // 0 on the first tile
-                    if (c != 1.0f) {
-                        sum[j] *= c;
-                        for (int64_t i = 0; i < dim; i++) acc[j * dim + i] *= c;
-                    }
-                    mx[j] = m;
-                    for (int64_t k = 0; k < pn; k++) {
-                        sc[j][k] = expf(sc[j][k] - m);
-                        sum[j] += sc[j][k];
-                    }
-                }
-                for (int64_t k = 0; k < pn; k++) {
-                    int64_t p = p0 + k;
-                    int64_t off = ((int64_t)row[p / bs] * bs + p % bs) * kvrow + g * dim;
-                    for (int64_t j = 0; j < gn; j++) {
-                        if (kv_bf16)
-                            axpy_bf16(acc + j * dim, sc[j][k], (const uint16_t *)vc + off, dim);
-                        else
-                            axpy_f32(acc + j * dim, sc[j][k], (const float *)vc + off, dim);
-                    }
-                }
-            }
-            for (int64_t j = 0; j < gn; j++) {
-                float inv = 1.0f / sum[j];
-                for (int64_t i = 0; i < dim; i++) acc[j * dim + i] *= inv;
-                store(out, q_bf16, (ti * hq + h0 + j) * dim, dim, acc + j * dim);
-            }
-        }
+        int64_t ti = task / hkv;
+        attend(q, q_bf16, kc, vc, kv_bf16, table + (int64_t)seq[ti] * maxb,
+                (int64_t)pos[ti] + 1, ti, task % hkv, hq, hkv, dim, bs, group, scale, out);
     }
     return -1;
 }

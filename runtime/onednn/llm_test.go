@@ -480,3 +480,68 @@ func TestPagedAttentionBadIndices(t *testing.T) {
 		})
 	}
 }
+
+// BenchmarkPagedAttentionDecode is one decode step of 16 sequences with 512
+// cached positions each, at Qwen2.5-0.5B's heads (14 query, 2 kv, D 64),
+// reporting the rate the kernel reads the K and V cache: a decode step is
+// bound by that read, so GB/s against the machine's memory bandwidth says
+// how close to the limit it runs. Blocks are shuffled, as a long-running
+// server's are.
+func BenchmarkPagedAttentionDecode(b *testing.B) {
+	for _, dt := range floatTypes {
+		b.Run(dt.String(), func(b *testing.B) {
+			d := openTest(b, runtime.DeviceSpec{})
+			if dt == runtime.BF16 && d.BF16() != nil {
+				b.Skipf("bf16 unsupported: %v", d.BF16())
+			}
+			const seqs, ctx, hq, hkv, dim, bs = 16, 512, 14, 2, 64, 16
+			r := rand.New(rand.NewPCG(1, 2))
+			maxb := ctx / bs
+			nblocks := seqs * maxb
+			perm := r.Perm(nblocks)
+			table, seq, pos := make([]int32, nblocks), make([]int32, seqs), make([]int32, seqs)
+			for i := range table {
+				table[i] = int32(perm[i])
+			}
+			for i := range seq {
+				seq[i], pos[i] = int32(i), ctx-1
+			}
+			cache := []int{nblocks, bs, hkv, dim}
+			ins := []input{
+				{name: "q", dt: dt, shape: []int{seqs, hq, dim}, f: randVec(r, seqs*hq*dim)},
+				{name: "kc", dt: dt, shape: cache, f: randVec(r, prod(cache))},
+				{name: "vc", dt: dt, shape: cache, f: randVec(r, prod(cache))},
+				{name: "table", dt: runtime.I32, shape: []int{seqs, maxb}, i: table},
+				{name: "seq", dt: runtime.I32, shape: []int{seqs}, i: seq},
+				{name: "pos", dt: runtime.I32, shape: []int{seqs}, i: pos},
+				{name: "y", dt: dt, shape: []int{seqs, hq, dim}, f: make([]float32, seqs*hq*dim)},
+			}
+			bind := map[string]runtime.Buffer{}
+			for _, in := range ins {
+				buf, err := d.Alloc(in.dt, in.shape...)
+				if err != nil {
+					b.Fatal(err)
+				}
+				bind[in.name] = buf
+				if in.dt == runtime.I32 {
+					err = d.CopyInInt32(b.Context(), buf, in.i)
+				} else {
+					err = d.CopyIn(b.Context(), buf, in.f)
+				}
+				if err != nil {
+					b.Fatal(err)
+				}
+			}
+			g := &runtime.Graph{Ops: []runtime.Op{{Kind: runtime.OpPagedAttention, In: []string{"q", "kc", "vc", "table", "seq", "pos"}, Out: "y"}}}
+			bytes := float64(2 * seqs * ctx * hkv * dim * dt.Size()) // K and V rows read once per step
+			b.SetBytes(int64(bytes))
+			b.ResetTimer()
+			for b.Loop() {
+				if err := d.Run(b.Context(), g, bind); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(bytes*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
+		})
+	}
+}
