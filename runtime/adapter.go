@@ -169,7 +169,7 @@ const (
 	// outside [0,S), a negative position, a position past MaxBlocksPerSeq
 	// blocks or a block id outside [0,NumBlocks) is the caller's mistake:
 	// the CPU adapter fails the Run with ErrInvalidGraph, PJRT clamps it.
-	// Block-table entries past a token's last block are not read.
+	// Block-table entries past a token's last block may hold anything.
 	OpPagedAttention
 )
 
