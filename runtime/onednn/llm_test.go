@@ -2,6 +2,7 @@ package onednn
 
 import (
 	"errors"
+	"flag"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -481,6 +482,8 @@ func TestPagedAttentionBadIndices(t *testing.T) {
 	}
 }
 
+var benchThreads = flag.Int("onednn.threads", 0, "BenchmarkPagedAttentionDecode's device threads; 0 means the adapter's choice")
+
 // BenchmarkPagedAttentionDecode is one decode step of 16 sequences with 512
 // cached positions each, at Qwen2.5-0.5B's heads (14 query, 2 kv, D 64),
 // reporting the rate the kernel reads the K and V cache: a decode step is
@@ -490,7 +493,7 @@ func TestPagedAttentionBadIndices(t *testing.T) {
 func BenchmarkPagedAttentionDecode(b *testing.B) {
 	for _, dt := range floatTypes {
 		b.Run(dt.String(), func(b *testing.B) {
-			d := openTest(b, runtime.DeviceSpec{})
+			d := openTest(b, runtime.DeviceSpec{Threads: *benchThreads})
 			if dt == runtime.BF16 && d.BF16() != nil {
 				b.Skipf("bf16 unsupported: %v", d.BF16())
 			}
