@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"strings"
 
 	"go.uber.org/zap"
 	"google.golang.org/grpc/codes"
@@ -22,6 +23,14 @@ func (s *BrokerService) GetStats(ctx context.Context, req *brokerv1.GetStatsRequ
 		// Repository models queue under NAME@VERSION: the serving version's
 		// rows answer for the name.
 		sv := s.models.lookup(key)
+		if sv == nil {
+			// The rows name NAME@VERSION: that spelling answers too.
+			if name, _, ok := strings.Cut(key, "@"); ok {
+				if byName := s.models.lookup(name); byName != nil && byName.key == key {
+					sv = byName
+				}
+			}
+		}
 		if sv == nil {
 			return nil, toStatus(s.log, "GetStats", s.models.missing(key))
 		}

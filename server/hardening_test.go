@@ -150,3 +150,24 @@ func TestEncodeSaysWhatWasTruncated(t *testing.T) {
 		t.Errorf("truncate=false: %v", err)
 	}
 }
+
+// TestModelNamesAndMessages: stats answers to the NAME@VERSION its rows
+// show, and a missing model's message says "not found" once.
+func TestModelNamesAndMessages(t *testing.T) {
+	_, c := modelDaemon(t, func(repo string) { writeMLP(t, repo, "mlp", 1, 1, 6, 8, 3) },
+		func(cfg *config.Config) { cfg.LoadModels = "mlp" })
+	ctx := testCtx(t)
+	for _, name := range []string{"mlp", "mlp@1"} {
+		resp, err := c.GetStats(ctx, &brokerv1.GetStatsRequest{Model: name})
+		if err != nil || len(resp.GetStats()) == 0 || resp.GetStats()[0].GetModel() != "mlp@1" {
+			t.Errorf("stats %q: %v %v", name, resp, err)
+		}
+	}
+	if _, err := c.GetStats(ctx, &brokerv1.GetStatsRequest{Model: "mlp@2"}); status.Code(err) != codes.NotFound {
+		t.Errorf("stats of a version not served: %v", err)
+	}
+	_, err := c.LoadModel(ctx, &brokerv1.LoadModelRequest{Name: "nope"})
+	if status.Code(err) != codes.NotFound || strings.Count(status.Convert(err).Message(), "not found") != 1 {
+		t.Errorf("load of a missing model: %v", err)
+	}
+}

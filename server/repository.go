@@ -57,7 +57,7 @@ func (p repository) Load(ctx context.Context, name string, version int64) (loade
 	l, err := p.r.Load(ctx, name, version)
 	if err != nil {
 		if errors.Is(err, repo.ErrNotFound) {
-			return loadedModel{}, fmt.Errorf("%w: %w", errModelNotFound, err)
+			return loadedModel{}, notFoundError{err}
 		}
 		return loadedModel{}, err
 	}
@@ -70,3 +70,10 @@ func (p repository) Load(ctx context.Context, name string, version int64) (loade
 	}
 	return loadedModel{Model: m, Version: l.Version}, nil
 }
+
+// notFoundError is a repository's not-found error that also matches
+// errModelNotFound, without repeating "model not found" in the message.
+type notFoundError struct{ error }
+
+func (e notFoundError) Is(target error) bool { return target == errModelNotFound }
+func (e notFoundError) Unwrap() error        { return e.error }

@@ -368,7 +368,12 @@ func executionLine(model string, version int64, x *brokerv1.ExecutionInfo) strin
 	if len(x.GetDeviceIds()) > 1 {
 		devices = strings.Join(x.GetDeviceIds(), ",")
 	}
-	fmt.Fprintf(&b, "device %s (%s), batch %d", orDash(devices), typeName(x.GetDeviceType()), x.GetBatchSize())
+	fmt.Fprintf(&b, "device %s (%s), ", orDash(devices), typeName(x.GetDeviceType()))
+	if x.GetBatchSize() == 0 {
+		b.WriteString("host work, no batch") // LOSSLESS alone: compression in the handler
+	} else {
+		fmt.Fprintf(&b, "batch %d", x.GetBatchSize())
+	}
 	if len(x.GetBatchSizes()) > 0 {
 		fmt.Fprintf(&b, " (sizes %s)", joinInts(x.GetBatchSizes(), ","))
 	}

@@ -364,3 +364,10 @@ func TestEncodeTableListsTruncated(t *testing.T) {
 		t.Errorf("table:\n%s", b.String())
 	}
 }
+
+func TestExecutionLineHostWork(t *testing.T) {
+	line := executionLine("nbmf-hash-v1", 1, &brokerv1.ExecutionInfo{DeviceId: "cpu:0", DeviceType: brokerv1.DeviceType_DEVICE_TYPE_CPU})
+	if strings.Contains(line, "batch 0") || !strings.Contains(line, "host work, no batch") {
+		t.Errorf("LOSSLESS-only execution line: %q", line)
+	}
+}

@@ -50,7 +50,7 @@ func topCmd(fs *flag.FlagSet) action {
 				return err
 			}
 			var b bytes.Buffer
-			if err := renderTop(&b, f, v.interval); err != nil {
+			if err := renderTop(&b, f, 0); err != nil { // one frame: no refresh, no keys
 				return err
 			}
 			return inv.write(b.Bytes())
@@ -228,9 +228,14 @@ func readKeys(r io.Reader) <-chan byte {
 }
 
 // renderTop prints one frame as plain text: a title line, the devices, and
-// the queues per model and device.
+// the queues per model and device. Interval 0 is a single frame (--once):
+// its title promises no refresh and names no keys.
 func renderTop(w io.Writer, f topFrame, interval time.Duration) error {
-	fmt.Fprintf(w, "brokerd top  %s  every %s  (q or Ctrl-C quits)\n", f.at.Format("15:04:05"), interval)
+	if interval > 0 {
+		fmt.Fprintf(w, "brokerd top  %s  every %s  (q or Ctrl-C quits)\n", f.at.Format("15:04:05"), interval)
+	} else {
+		fmt.Fprintf(w, "brokerd top  %s\n", f.at.Format("15:04:05"))
+	}
 	if f.err != nil {
 		fmt.Fprintf(w, "refresh failed, showing the last frame: %v\n", f.err)
 	}
