@@ -121,6 +121,52 @@ const (
 	// to nearest even), the same shape. It feeds bf16 matmuls from f32
 	// activations.
 	OpConvert
+
+	// Decoder-LLM ops (Llama 3, Qwen2, Qwen3). Float operands are f32 or
+	// bf16 unless said otherwise; compute accumulates in f32 whatever the
+	// storage type, and the output keeps In[0]'s type.
+
+	// OpRMSNorm: In[0] x [..., N], In[1] weight [N] (f32) → x's shape:
+	// y = x / sqrt(mean(x²) + Eps) · weight over the last dimension, the
+	// mean of squares in f32 as HF computes the variance. Qwen3's per-head
+	// q/k norm is x [T,H,D] with weight [D].
+	OpRMSNorm
+	// OpSiLU: pointwise x·sigmoid(x), f32 (as the other pointwise ops).
+	OpSiLU
+	// OpSwiGLU: In[0] [..., 2·I] holding [gate | up] (the output of one
+	// fused gate_up matmul) → [..., I] = silu(gate)·up.
+	OpSwiGLU
+	// OpRoPE: In[0] x [T,H,D] (D even), In[1] positions I32 [T], In[2]
+	// inv_freq F32 [D/2] → [T,H,D], rotate-half ("neox", HF Llama) layout:
+	// for i < D/2, angle = float32(pos)·inv_freq[i] in f32, out[i] =
+	// x[i]·cos − x[i+D/2]·sin, out[i+D/2] = x[i+D/2]·cos + x[i]·sin. The
+	// model computes inv_freq, so rope_theta and Llama 3's rope_scaling are
+	// its business. Positions are not range-checked: any int32 is an angle.
+	OpRoPE
+	// OpKVWrite appends keys or values to a paged KV cache in place: In[0]
+	// new [T,Hkv,D], In[1] slots I32 [T] (slot = block·BlockSize + offset;
+	// a negative slot skips the row, for padding), Out the cache
+	// [NumBlocks,BlockSize,Hkv,D] of In[0]'s type. Out must be bound (a
+	// caller-owned buffer that persists across Runs); it is the one op
+	// whose output is also an input: the planner lists the cache in both
+	// Plan.Inputs and Plan.Outputs, and ops after it read the updated
+	// cache. A slot ≥ NumBlocks·BlockSize is ErrInvalidGraph at Run, with
+	// nothing written. Two rows with the same slot: the later one wins.
+	OpKVWrite
+	// OpPagedAttention: causal grouped-query attention over a paged cache,
+	// for a flattened batch mixing prefill chunks and decode steps (as
+	// vLLM does). In[0] Q [T,Hq,D], In[1] Kcache and In[2] Vcache
+	// [NumBlocks,BlockSize,Hkv,D] (both of one type, f32 or bf16,
+	// independent of Q's), In[3] block table I32 [S,MaxBlocksPerSeq],
+	// In[4] sequence index I32 [T] (the block-table row of token t), In[5]
+	// positions I32 [T] → [T,Hq,D] of Q's type. Token t attends to its
+	// sequence's cache positions 0..positions[t] inclusive (position p is
+	// in block table[seq][p/BlockSize] at offset p%BlockSize); query head h
+	// reads kv head h/(Hq/Hkv), so Hq must be a multiple of Hkv. Scores are
+	// scaled by Scale (0 means 1/sqrt(D)); softmax in f32. A sequence index
+	// outside [0,S), a negative position, a position past MaxBlocksPerSeq
+	// blocks or a block id outside [0,NumBlocks) is ErrInvalidGraph at Run.
+	OpPagedAttention
 )
 
 // Op is one node of a graph. It reads named buffers and writes one.
@@ -130,8 +176,8 @@ type Op struct {
 	Out    string
 	Act    Activation // OpMatMul only
 	TransB bool       // OpMatMul, OpBatchMatMul
-	Eps    float32    // OpLayerNorm
-	Scale  float32    // OpBatchMatMul; 0 means 1
+	Eps    float32    // OpLayerNorm, OpRMSNorm
+	Scale  float32    // OpBatchMatMul (0 means 1), OpPagedAttention (0 means 1/sqrt(D))
 	Perm   []int      // OpPermute
 	Shape  []int      // OpPermute (input view), OpReshape (output shape)
 	// DType is OpConvert's output type, and OpMatMul's and OpBatchMatMul's:

@@ -3,6 +3,7 @@ package runtime
 import (
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 )
@@ -76,6 +77,18 @@ func (k OpKind) String() string {
 		return "masked-softmax"
 	case OpConvert:
 		return "convert"
+	case OpRMSNorm:
+		return "rms-norm"
+	case OpSiLU:
+		return "silu"
+	case OpSwiGLU:
+		return "swiglu"
+	case OpRoPE:
+		return "rope"
+	case OpKVWrite:
+		return "kv-write"
+	case OpPagedAttention:
+		return "paged-attention"
 	}
 	return fmt.Sprintf("op-kind(%d)", uint8(k))
 }
@@ -84,6 +97,10 @@ func (k OpKind) String() string {
 // on one device is valid on the others (oneDNN's limit is 12; more than 6
 // has no use in these models).
 const MaxPermuteDims = 6
+
+// MaxHeadDim bounds the head dimension D of OpRoPE and OpPagedAttention:
+// kernels keep a head's rotation table and accumulators on the stack.
+const MaxHeadDim = 1024
 
 // Step is one validated op of a graph with the types and shapes of its
 // operands. Index is the op's position in Graph.Ops.
@@ -167,7 +184,20 @@ func PlanGraph(g *Graph, bound map[string]TensorType) (*Plan, error) {
 			}
 			in[j] = t
 		}
-		out, err := inferAny(op, in, bound)
+		var out TensorType
+		var err error
+		if op.Kind == OpKVWrite {
+			// The cache is the op's output and also what it updates: its type
+			// comes from the binding, and its old contents are an input.
+			cache, ok := bound[op.Out]
+			if !ok {
+				return nil, fmt.Errorf("%w: op %d (%s) %s: the cache %q must be a bound buffer", ErrInvalidGraph, i, op.Kind, typeList(in), op.Out)
+			}
+			out, err = inferKVWrite(op, in, cache)
+			read[op.Out] = true
+		} else {
+			out, err = inferOp(op, in)
+		}
 		if err != nil {
 			return nil, fmt.Errorf("%w: op %d (%s) %s: %s", ErrInvalidGraph, i, op.Kind, typeList(in), err)
 		}
@@ -183,6 +213,9 @@ func PlanGraph(g *Graph, bound map[string]TensorType) (*Plan, error) {
 		p.Steps = append(p.Steps, Step{Index: i, Op: op, In: in, Out: out})
 	}
 	for name := range read {
+		if _, written := writer[name]; written && g.Ops[writer[name]].Kind != OpKVWrite {
+			continue
+		}
 		p.Inputs = append(p.Inputs, name)
 	}
 	slices.Sort(p.Inputs)
@@ -198,7 +231,8 @@ func inferOp(op Op, in []TensorType) (TensorType, error) {
 		OpReLU: {1, 1}, OpTanh: {1, 1}, OpGather: {2, 2},
 		OpMaskedMeanPool: {2, 2}, OpL2Normalize: {1, 1},
 		OpPermute: {1, 1}, OpReshape: {1, 1}, OpMaskedSoftmax: {2, 2},
-		OpConvert: {1, 1},
+		OpConvert: {1, 1}, OpRMSNorm: {2, 2}, OpSiLU: {1, 1},
+		OpSwiGLU: {1, 1}, OpRoPE: {3, 3}, OpPagedAttention: {6, 6},
 	}
 	n, ok := want[op.Kind]
 	if !ok {
@@ -219,10 +253,10 @@ func inferOp(op Op, in []TensorType) (TensorType, error) {
 		return TensorType{}, fmt.Errorf("unknown activation %d", uint8(op.Act))
 	case op.TransB && op.Kind != OpMatMul && op.Kind != OpBatchMatMul:
 		return TensorType{}, fmt.Errorf("TransB is only for matmul and batch-matmul")
-	case op.Scale != 0 && op.Kind != OpBatchMatMul:
-		return TensorType{}, fmt.Errorf("Scale is only for batch-matmul")
-	case op.Eps != 0 && op.Kind != OpLayerNorm:
-		return TensorType{}, fmt.Errorf("Eps is only for layer-norm")
+	case op.Scale != 0 && op.Kind != OpBatchMatMul && op.Kind != OpPagedAttention:
+		return TensorType{}, fmt.Errorf("Scale is only for batch-matmul and paged-attention")
+	case op.Eps != 0 && op.Kind != OpLayerNorm && op.Kind != OpRMSNorm:
+		return TensorType{}, fmt.Errorf("Eps is only for layer-norm and rms-norm")
 	case op.Perm != nil && op.Kind != OpPermute:
 		return TensorType{}, fmt.Errorf("Perm is only for permute")
 	case op.Shape != nil && op.Kind != OpPermute && op.Kind != OpReshape:
@@ -341,7 +375,90 @@ func inferOp(op Op, in []TensorType) (TensorType, error) {
 		}
 		return TensorType{F32, slices.Clone(in[0].Shape)}, nil
 
-	case OpSoftmax, OpGELU, OpReLU, OpTanh, OpL2Normalize:
+	case OpRMSNorm:
+		if err := floatType(in[0]); err != nil {
+			return TensorType{}, err
+		}
+		if err := f32(1); err != nil {
+			return TensorType{}, err
+		}
+		if len(in[1].Shape) != 1 || in[1].Shape[0] != in[0].Last() {
+			return TensorType{}, fmt.Errorf("weight is %s, want [%d]", shapeString(in[1].Shape), in[0].Last())
+		}
+		if !(op.Eps >= 0) {
+			return TensorType{}, fmt.Errorf("Eps %g is negative", op.Eps)
+		}
+		return TensorType{in[0].DType, slices.Clone(in[0].Shape)}, nil
+
+	case OpSwiGLU:
+		if err := floatType(in[0]); err != nil {
+			return TensorType{}, err
+		}
+		if in[0].Last()%2 != 0 {
+			return TensorType{}, fmt.Errorf("last dimension %d is not [gate | up], an even size", in[0].Last())
+		}
+		out := slices.Clone(in[0].Shape)
+		out[len(out)-1] /= 2
+		return TensorType{in[0].DType, out}, nil
+
+	case OpRoPE:
+		x := in[0]
+		if err := floatType(x); err != nil {
+			return TensorType{}, err
+		}
+		if len(x.Shape) != 3 {
+			return TensorType{}, fmt.Errorf("In[0] must be 3-D [T,H,D]")
+		}
+		d := x.Shape[2]
+		if d%2 != 0 || d > MaxHeadDim {
+			return TensorType{}, fmt.Errorf("head dimension %d: want even and at most %d", d, MaxHeadDim)
+		}
+		if in[1].DType != I32 || !slices.Equal(in[1].Shape, x.Shape[:1]) {
+			return TensorType{}, fmt.Errorf("positions are %s, want [%d] i32", in[1], x.Shape[0])
+		}
+		if in[2].DType != F32 || !slices.Equal(in[2].Shape, []int{d / 2}) {
+			return TensorType{}, fmt.Errorf("inv_freq is %s, want [%d] f32", in[2], d/2)
+		}
+		return TensorType{x.DType, slices.Clone(x.Shape)}, nil
+
+	case OpPagedAttention:
+		q, kc, vc, table, seq, pos := in[0], in[1], in[2], in[3], in[4], in[5]
+		if err := floatType(q); err != nil {
+			return TensorType{}, err
+		}
+		if len(q.Shape) != 3 {
+			return TensorType{}, fmt.Errorf("Q must be 3-D [T,Hq,D]")
+		}
+		t, hq, d := q.Shape[0], q.Shape[1], q.Shape[2]
+		if d > MaxHeadDim {
+			return TensorType{}, fmt.Errorf("head dimension %d: at most %d", d, MaxHeadDim)
+		}
+		if kc.DType != F32 && kc.DType != BF16 {
+			return TensorType{}, fmt.Errorf("Kcache is %s, want f32 or bf16", kc.DType)
+		}
+		if len(kc.Shape) != 4 || kc.Shape[3] != d {
+			return TensorType{}, fmt.Errorf("Kcache must be [NumBlocks,BlockSize,Hkv,%d]", d)
+		}
+		if vc.DType != kc.DType || !slices.Equal(vc.Shape, kc.Shape) {
+			return TensorType{}, fmt.Errorf("Vcache is %s, want %s like Kcache", vc, kc)
+		}
+		if hkv := kc.Shape[2]; hq%hkv != 0 {
+			return TensorType{}, fmt.Errorf("%d query heads are not a multiple of %d kv heads", hq, hkv)
+		}
+		if table.DType != I32 || len(table.Shape) != 2 {
+			return TensorType{}, fmt.Errorf("block table is %s, want [S,MaxBlocksPerSeq] i32", table)
+		}
+		for i, v := range []TensorType{seq, pos} {
+			if v.DType != I32 || !slices.Equal(v.Shape, []int{t}) {
+				return TensorType{}, fmt.Errorf("In[%d] is %s, want [%d] i32", i+4, v, t)
+			}
+		}
+		if !(op.Scale >= 0) || math.IsInf(float64(op.Scale), 0) {
+			return TensorType{}, fmt.Errorf("Scale %g: want finite, not negative", op.Scale)
+		}
+		return TensorType{q.DType, slices.Clone(q.Shape)}, nil
+
+	case OpSoftmax, OpGELU, OpReLU, OpTanh, OpL2Normalize, OpSiLU:
 		if err := f32(0); err != nil {
 			return TensorType{}, err
 		}
@@ -437,6 +554,31 @@ func inferOp(op Op, in []TensorType) (TensorType, error) {
 		return TensorType{op.DType, slices.Clone(in[0].Shape)}, nil
 	}
 	return TensorType{}, fmt.Errorf("unknown op kind %d", uint8(op.Kind))
+}
+
+// inferKVWrite checks OpKVWrite's operands against the bound cache and
+// returns the cache's type, which the op writes in place.
+func inferKVWrite(op Op, in []TensorType, cache TensorType) (TensorType, error) {
+	if len(in) != 2 {
+		return TensorType{}, fmt.Errorf("takes 2 inputs, got %d", len(in))
+	}
+	if op.Act != ActNone || op.TransB || op.Eps != 0 || op.Scale != 0 || op.Perm != nil || op.Shape != nil || op.DType != 0 {
+		return TensorType{}, fmt.Errorf("takes no Act, TransB, Eps, Scale, Perm, Shape or DType")
+	}
+	x, slots := in[0], in[1]
+	if err := floatType(x); err != nil {
+		return TensorType{}, err
+	}
+	if len(x.Shape) != 3 {
+		return TensorType{}, fmt.Errorf("In[0] must be 3-D [T,Hkv,D]")
+	}
+	if len(cache.Shape) != 4 || !slices.Equal(cache.Shape[2:], x.Shape[1:]) || cache.DType != x.DType {
+		return TensorType{}, fmt.Errorf("cache is %s, want [NumBlocks,BlockSize,%d,%d] %s", cache, x.Shape[1], x.Shape[2], x.DType)
+	}
+	if slots.DType != I32 || !slices.Equal(slots.Shape, x.Shape[:1]) {
+		return TensorType{}, fmt.Errorf("slots are %s, want [%d] i32", slots, x.Shape[0])
+	}
+	return TensorType{cache.DType, slices.Clone(cache.Shape)}, nil
 }
 
 // matmulTypes allows f32 or bf16 operands, the same type on both sides.

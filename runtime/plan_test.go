@@ -159,8 +159,86 @@ func TestPlanGraph(t *testing.T) {
 	}
 }
 
+// TestPlanLLMOps covers the decoder-LLM ops' shape rules, and KVWrite's
+// in-place cache: an input and an output of the plan at once.
+func TestPlanLLMOps(t *testing.T) {
+	b16 := func(shape ...int) TensorType { return TensorType{DType: BF16, Shape: shape} }
+	bound := map[string]TensorType{
+		"x": f32(5, 32), "w": f32(32), "w8": f32(8), "gu": f32(5, 64), "odd": f32(5, 7),
+		"q": f32(5, 4, 8), "k": f32(5, 2, 8), "kb": b16(5, 2, 8), "pos": i32(5), "pos4": i32(4), "freq": f32(4), "freq3": f32(3),
+		"kc": f32(6, 16, 2, 8), "vc": f32(6, 16, 2, 8), "kcb": b16(6, 16, 2, 8), "kc3": f32(6, 16, 3, 8),
+		"table": i32(3, 2), "seq": i32(5), "slots": i32(5), "y": f32(5, 4, 8), "fslots": f32(5),
+	}
+	kvw := func(in ...string) Op { return Op{Kind: OpKVWrite, In: in, Out: "kc"} }
+	attn := func(in ...string) Op { return Op{Kind: OpPagedAttention, In: in, Out: "y"} }
+	errs := []struct {
+		name string
+		ops  []Op
+		want string
+	}{
+		{"rms-norm weight", []Op{{Kind: OpRMSNorm, In: []string{"x", "w8"}, Out: "t"}}, "weight is [8], want [32]"},
+		{"rms-norm bf16 weight", []Op{{Kind: OpRMSNorm, In: []string{"x", "kb"}, Out: "t"}}, "In[1] is bf16, want f32"},
+		{"swiglu odd", []Op{{Kind: OpSwiGLU, In: []string{"odd"}, Out: "t"}}, "last dimension 7 is not [gate | up]"},
+		{"rope 2-D", []Op{{Kind: OpRoPE, In: []string{"x", "pos", "freq"}, Out: "t"}}, "In[0] must be 3-D [T,H,D]"},
+		{"rope positions", []Op{{Kind: OpRoPE, In: []string{"q", "pos4", "freq"}, Out: "t"}}, "positions are [4] i32, want [5] i32"},
+		{"rope inv_freq", []Op{{Kind: OpRoPE, In: []string{"q", "pos", "freq3"}, Out: "t"}}, "inv_freq is [3] f32, want [4] f32"},
+		{"eps on swiglu", []Op{{Kind: OpSwiGLU, In: []string{"gu"}, Out: "t", Eps: 1}}, "Eps is only for layer-norm and rms-norm"},
+		{"kv-write unbound cache", []Op{{Kind: OpKVWrite, In: []string{"k", "slots"}, Out: "t"}}, `the cache "t" must be a bound buffer`},
+		{"kv-write type", []Op{kvw("kb", "slots")}, "cache is [6,16,2,8] f32, want [NumBlocks,BlockSize,2,8] bf16"},
+		{"kv-write heads", []Op{{Kind: OpKVWrite, In: []string{"k", "slots"}, Out: "kc3"}}, "want [NumBlocks,BlockSize,2,8] f32"},
+		{"kv-write float slots", []Op{kvw("k", "fslots")}, "slots are [5] f32, want [5] i32"},
+		{"kv-write scale", []Op{{Kind: OpKVWrite, In: []string{"k", "slots"}, Out: "kc", Scale: 1}}, "takes no Act"},
+		{"attention heads", []Op{attn("q", "kc3", "kc3", "table", "seq", "pos")}, "4 query heads are not a multiple of 3 kv heads"},
+		{"attention v type", []Op{attn("q", "kc", "kcb", "table", "seq", "pos")}, "want [6,16,2,8] f32 like Kcache"},
+		{"attention seq", []Op{attn("q", "kc", "vc", "table", "pos4", "pos")}, "In[4] is [4] i32, want [5] i32"},
+		{"attention table", []Op{attn("q", "kc", "vc", "seq", "seq", "pos")}, "block table is [5] i32"},
+		{"attention reads the cache before the write", []Op{attn("q", "kc", "vc", "table", "seq", "pos"), kvw("k", "slots")}, `reads "kc" before op 1 writes it`},
+		{"attention negative scale", []Op{{Kind: OpPagedAttention, In: []string{"q", "kc", "vc", "table", "seq", "pos"}, Out: "y", Scale: -1}}, "Scale -1"},
+	}
+	for _, tt := range errs {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := PlanGraph(&Graph{Ops: tt.ops}, bound)
+			if !errors.Is(err, ErrInvalidGraph) || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("err = %v, want ErrInvalidGraph containing %q", err, tt.want)
+			}
+		})
+	}
+
+	p, err := PlanGraph(&Graph{Ops: []Op{
+		{Kind: OpRMSNorm, In: []string{"q", "w8"}, Out: "qn", Eps: 1e-6},
+		{Kind: OpRoPE, In: []string{"qn", "pos", "freq"}, Out: "qr"},
+		kvw("k", "slots"),
+		{Kind: OpKVWrite, In: []string{"k", "slots"}, Out: "vc"},
+		attn("qr", "kc", "vc", "table", "seq", "pos"),
+		{Kind: OpSwiGLU, In: []string{"gu"}, Out: "s"},
+		{Kind: OpSiLU, In: []string{"s"}, Out: "u"},
+	}}, bound)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"freq", "gu", "k", "kc", "pos", "q", "seq", "slots", "table", "vc", "w8"}; !slices.Equal(p.Inputs, want) {
+		t.Errorf("Inputs = %v, want %v (the caches are read as well as written)", p.Inputs, want)
+	}
+	if want := []string{"kc", "vc", "y"}; !slices.Equal(p.Outputs, want) {
+		t.Errorf("Outputs = %v, want %v", p.Outputs, want)
+	}
+	for name, want := range map[string]TensorType{"qn": f32(5, 4, 8), "qr": f32(5, 4, 8), "kc": f32(6, 16, 2, 8), "s": f32(5, 32), "u": f32(5, 32)} {
+		if got := p.Types[name]; got.DType != want.DType || !slices.Equal(got.Shape, want.Shape) {
+			t.Errorf("Types[%q] = %s, want %s", name, got, want)
+		}
+	}
+	// bf16 data keeps its type through the LLM ops.
+	p, err = PlanGraph(&Graph{Ops: []Op{
+		{Kind: OpKVWrite, In: []string{"kb", "slots"}, Out: "kcb"},
+		{Kind: OpRoPE, In: []string{"kb", "pos", "freq"}, Out: "r"},
+	}}, bound)
+	if err != nil || p.Types["r"].DType != BF16 || !slices.Equal(p.Outputs, []string{"kcb"}) {
+		t.Errorf("bf16 plan = %+v, %v", p, err)
+	}
+}
+
 func TestOpKindString(t *testing.T) {
-	for k := OpMatMul; k <= OpConvert; k++ {
+	for k := OpMatMul; k <= OpPagedAttention; k++ {
 		if s := k.String(); s == "" || strings.HasPrefix(s, "op-kind(") {
 			t.Errorf("OpKind %d has no name", uint8(k))
 		}

@@ -254,7 +254,7 @@ out:
 }
 
 dnnl_status_t bd_eltwise_create(bd_device *d, int64_t count,
-        dnnl_alg_kind_t alg, bd_prim **out, const char **step) {
+        dnnl_alg_kind_t alg, float alpha, bd_prim **out, const char **step) {
     dnnl_status_t st = dnnl_success;
     dnnl_memory_desc_t data;
     dnnl_eltwise_desc_t desc;
@@ -262,7 +262,7 @@ dnnl_status_t bd_eltwise_create(bd_device *d, int64_t count,
     dnnl_dims_t dims = {count};
     TRY(dnnl_memory_desc_init_by_tag(&data, 1, dims, dnnl_f32, dnnl_a), "describe src");
     TRY(dnnl_eltwise_forward_desc_init(&desc, dnnl_forward_inference, alg, &data,
-                0.0f, 0.0f),
+                alpha, 0.0f),
             "init eltwise descriptor");
     {
         int args[] = {DNNL_ARG_SRC, DNNL_ARG_DST};
@@ -542,4 +542,254 @@ out:
     if (stream) dnnl_stream_destroy(stream);
     if (engine) dnnl_engine_destroy(engine);
     return st;
+}
+
+// ---- Decoder-LLM kernels ----
+
+static inline float bf16_f(uint16_t v) {
+    uint32_t u = (uint32_t)v << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static inline uint16_t f_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+// load reads n elements at element offset off of p (f32 or bf16) into dst.
+static inline void load(const void *p, int bf16, int64_t off, int64_t n, float *restrict dst) {
+    if (bf16) {
+        const uint16_t *s = (const uint16_t *)p + off;
+#pragma omp simd
+        for (int64_t i = 0; i < n; i++) dst[i] = bf16_f(s[i]);
+    } else {
+        memcpy(dst, (const float *)p + off, (size_t)n * sizeof(float));
+    }
+}
+
+static inline void store(void *p, int bf16, int64_t off, int64_t n, const float *restrict src) {
+    if (bf16) {
+        uint16_t *o = (uint16_t *)p + off;
+        for (int64_t i = 0; i < n; i++) o[i] = f_bf16(src[i]);
+    } else {
+        memcpy((float *)p + off, src, (size_t)n * sizeof(float));
+    }
+}
+
+// Rows are processed through a stack copy in f32 of at most this many
+// elements at a time, so bf16 and f32 share one vectorisable loop.
+#define BD_CHUNK 1024
+
+void bd_rms_norm(const bd_device *d, const void *x, int bf16, const float *w,
+        int64_t rows, int64_t n, float eps, void *out) {
+    omp_set_num_threads(d->nthreads);
+#pragma omp parallel for if (rows * n >= BD_PAR_MIN)
+    for (int64_t r = 0; r < rows; r++) {
+        float buf[BD_CHUNK];
+        float ss = 0.0f;
+        for (int64_t c = 0; c < n; c += BD_CHUNK) {
+            int64_t len = n - c < BD_CHUNK ? n - c : BD_CHUNK;
+            load(x, bf16, r * n + c, len, buf);
+#pragma omp simd reduction(+ : ss)
+            for (int64_t j = 0; j < len; j++) ss += buf[j] * buf[j];
+        }
+        float inv = 1.0f / sqrtf(ss / (float)n + eps);
+        for (int64_t c = 0; c < n; c += BD_CHUNK) {
+            int64_t len = n - c < BD_CHUNK ? n - c : BD_CHUNK;
+            load(x, bf16, r * n + c, len, buf);
+#pragma omp simd
+            for (int64_t j = 0; j < len; j++) buf[j] = buf[j] * inv * w[c + j];
+            store(out, bf16, r * n + c, len, buf);
+        }
+    }
+}
+
+void bd_swiglu(const bd_device *d, const void *x, int bf16, int64_t rows,
+        int64_t inter, void *out) {
+    omp_set_num_threads(d->nthreads);
+#pragma omp parallel for if (rows * inter >= BD_PAR_MIN / 4)
+    for (int64_t r = 0; r < rows; r++) {
+        float g[BD_CHUNK], u[BD_CHUNK];
+        for (int64_t c = 0; c < inter; c += BD_CHUNK) {
+            int64_t len = inter - c < BD_CHUNK ? inter - c : BD_CHUNK;
+            load(x, bf16, r * 2 * inter + c, len, g);
+            load(x, bf16, r * 2 * inter + inter + c, len, u);
+#pragma omp simd
+            for (int64_t j = 0; j < len; j++) g[j] = g[j] / (1.0f + expf(-g[j])) * u[j];
+            store(out, bf16, r * inter + c, len, g);
+        }
+    }
+}
+
+void bd_rope(const bd_device *d, const void *x, int bf16, const int32_t *pos,
+        const float *inv_freq, int64_t t, int64_t h, int64_t dim, void *out) {
+    int64_t half = dim / 2;
+    omp_set_num_threads(d->nthreads);
+#pragma omp parallel for if (t * h * dim >= BD_PAR_MIN)
+    for (int64_t ti = 0; ti < t; ti++) {
+        // dim <= runtime.MaxHeadDim (1024): the tables fit the stack.
+        float cs[512], sn[512], a[512], b[512];
+        float p = (float)pos[ti];
+        for (int64_t i = 0; i < half; i++) {
+            float ang = p * inv_freq[i]; // f32, as HF computes it
+            cs[i] = cosf(ang);
+            sn[i] = sinf(ang);
+        }
+        for (int64_t hi = 0; hi < h; hi++) {
+            int64_t off = (ti * h + hi) * dim;
+            load(x, bf16, off, half, a);
+            load(x, bf16, off + half, half, b);
+            float ra[512], rb[512];
+#pragma omp simd
+            for (int64_t i = 0; i < half; i++) {
+                ra[i] = a[i] * cs[i] - b[i] * sn[i];
+                rb[i] = b[i] * cs[i] + a[i] * sn[i];
+            }
+            store(out, bf16, off, half, ra);
+            store(out, bf16, off + half, half, rb);
+        }
+    }
+}
+
+int64_t bd_kv_write(const bd_device *d, const void *x, const int32_t *slots,
+        int64_t t, int64_t row, int64_t elem, void *cache, int64_t nslots) {
+    for (int64_t i = 0; i < t; i++)
+        if ((int64_t)slots[i] >= nslots) return i;
+    size_t bytes = (size_t)(row * elem);
+    // Sequential: two rows may name one slot, and the later must win.
+    (void)d;
+    for (int64_t i = 0; i < t; i++)
+        if (slots[i] >= 0)
+            memcpy((char *)cache + (int64_t)slots[i] * bytes, (const char *)x + i * bytes, bytes);
+    return -1;
+}
+
+// Attention works through the cache a block at a time: the scores of one
+// block for every query head of a kv-head group, one rescale of the running
+// sums per block (online softmax), then the weighted V rows. Each K and V row
+// is read once per (token, kv head) for the whole group.
+#define BD_ATT_MAXG 16     // query heads per kv head handled together
+#define BD_ATT_TILE 32     // cache positions per score tile
+
+static inline float dot_f32(const float *restrict a, const float *restrict b, int64_t n) {
+    float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+    for (int64_t i = 0; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+static inline float dot_bf16(const float *restrict a, const uint16_t *restrict b, int64_t n) {
+    float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+    for (int64_t i = 0; i < n; i++) s += a[i] * bf16_f(b[i]);
+    return s;
+}
+
+static inline void axpy_f32(float *restrict y, float a, const float *restrict x, int64_t n) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) y[i] += a * x[i];
+}
+
+static inline void axpy_bf16(float *restrict y, float a, const uint16_t *restrict x, int64_t n) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) y[i] += a * bf16_f(x[i]);
+}
+
+// attend computes the output of token ti's query heads of kv head g over
+// the n cache positions its block-table row maps. Compiled for AVX-512,
+// AVX2+FMA and baseline x86-64, chosen at load time: the file's default
+// target is baseline SSE2, where the dot products run at a quarter width.
+__attribute__((target_clones("arch=skylake-avx512", "arch=haswell", "default")))
+static void attend(const void *q, int q_bf16, const void *kc, const void *vc,
+        int kv_bf16, const int32_t *row, int64_t n, int64_t ti, int64_t g,
+        int64_t hq, int64_t hkv, int64_t dim, int64_t bs, int64_t group,
+        float scale, void *out) {
+    int64_t kvrow = hkv * dim; // elements of one cache position
+    for (int64_t g0 = 0; g0 < group; g0 += BD_ATT_MAXG) {
+        int64_t gn = group - g0 < BD_ATT_MAXG ? group - g0 : BD_ATT_MAXG;
+        // Stack: gn*dim*2 floats of q and acc (<= 16*1024*2*4 = 128 KiB
+        // at the limits; typical 7*128*2*4 = 7 KiB).
+        float qs[gn * dim], acc[gn * dim];
+        float mx[BD_ATT_MAXG], sum[BD_ATT_MAXG], sc[BD_ATT_MAXG][BD_ATT_TILE];
+        int64_t h0 = g * group + g0;
+        for (int64_t j = 0; j < gn; j++) {
+            load(q, q_bf16, (ti * hq + h0 + j) * dim, dim, qs + j * dim);
+            mx[j] = -INFINITY;
+            sum[j] = 0.0f;
+        }
+        memset(acc, 0, sizeof acc);
+        for (int64_t p0 = 0; p0 < n; p0 += BD_ATT_TILE) {
+            int64_t pn = n - p0 < BD_ATT_TILE ? n - p0 : BD_ATT_TILE;
+            // Scores of the tile.
+            for (int64_t k = 0; k < pn; k++) {
+                int64_t p = p0 + k;
+                int64_t off = ((int64_t)row[p / bs] * bs + p % bs) * kvrow + g * dim;
+                for (int64_t j = 0; j < gn; j++)
+                    sc[j][k] = scale * (kv_bf16 ? dot_bf16(qs + j * dim, (const uint16_t *)kc + off, dim)
+                                                : dot_f32(qs + j * dim, (const float *)kc + off, dim));
+            }
+            // Online softmax: rescale the running sums once per tile.
+            for (int64_t j = 0; j < gn; j++) {
+                float m = mx[j];
+                for (int64_t k = 0; k < pn; k++) m = sc[j][k] > m ? sc[j][k] : m;
+                float c = expf(mx[j] - m); // 0 on the first tile
+                if (c != 1.0f) {
+                    sum[j] *= c;
+                    for (int64_t i = 0; i < dim; i++) acc[j * dim + i] *= c;
+                }
+                mx[j] = m;
+                for (int64_t k = 0; k < pn; k++) {
+                    sc[j][k] = expf(sc[j][k] - m);
+                    sum[j] += sc[j][k];
+                }
+            }
+            for (int64_t k = 0; k < pn; k++) {
+                int64_t p = p0 + k;
+                int64_t off = ((int64_t)row[p / bs] * bs + p % bs) * kvrow + g * dim;
+                for (int64_t j = 0; j < gn; j++) {
+                    if (kv_bf16)
+                        axpy_bf16(acc + j * dim, sc[j][k], (const uint16_t *)vc + off, dim);
+                    else
+                        axpy_f32(acc + j * dim, sc[j][k], (const float *)vc + off, dim);
+                }
+            }
+        }
+        for (int64_t j = 0; j < gn; j++) {
+            float inv = 1.0f / sum[j];
+            for (int64_t i = 0; i < dim; i++) acc[j * dim + i] *= inv;
+            store(out, q_bf16, (ti * hq + h0 + j) * dim, dim, acc + j * dim);
+        }
+    }
+}
+
+int64_t bd_paged_attention(const bd_device *d, const void *q, int q_bf16,
+        const void *kc, const void *vc, int kv_bf16, const int32_t *table,
+        const int32_t *seq, const int32_t *pos, int64_t t, int64_t hq,
+        int64_t hkv, int64_t dim, int64_t nblocks, int64_t bs, int64_t s,
+        int64_t maxb, float scale, void *out, int *why) {
+    // Check every index first, so a bad one leaves out untouched.
+    for (int64_t ti = 0; ti < t; ti++) {
+        if (seq[ti] < 0 || seq[ti] >= s) { *why = 1; return ti; }
+        if (pos[ti] < 0 || (int64_t)pos[ti] / bs >= maxb) { *why = 2; return ti; }
+        const int32_t *row = table + (int64_t)seq[ti] * maxb;
+        for (int64_t b = 0; b <= (int64_t)pos[ti] / bs; b++)
+            if (row[b] < 0 || row[b] >= nblocks) { *why = 3; return ti; }
+    }
+    int64_t group = hq / hkv;
+    int64_t work = 0;
+    for (int64_t ti = 0; ti < t; ti++) work += ((int64_t)pos[ti] + 1) * hq * dim;
+    int64_t tasks = t * hkv;
+    omp_set_num_threads(d->nthreads);
+#pragma omp parallel for schedule(dynamic, 1) if (work >= BD_PAR_MIN && tasks > 1)
+    for (int64_t task = 0; task < tasks; task++) {
+        int64_t ti = task / hkv;
+        attend(q, q_bf16, kc, vc, kv_bf16, table + (int64_t)seq[ti] * maxb,
+                (int64_t)pos[ti] + 1, ti, task % hkv, hq, hkv, dim, bs, group, scale, out);
+    }
+    return -1;
 }

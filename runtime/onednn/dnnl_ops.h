@@ -66,9 +66,10 @@ dnnl_status_t bd_layernorm_create(bd_device *d, int64_t rows, int64_t n,
 dnnl_status_t bd_softmax_create(bd_device *d, int64_t rows, int64_t n,
         bd_prim **out, const char **step);
 
-// Pointwise function over count elements. Arguments: src, dst.
+// Pointwise function over count elements; alpha is the algorithm's alpha
+// (swish's β: 1 for SiLU). Arguments: src, dst.
 dnnl_status_t bd_eltwise_create(bd_device *d, int64_t count,
-        dnnl_alg_kind_t alg, bd_prim **out, const char **step);
+        dnnl_alg_kind_t alg, float alpha, bd_prim **out, const char **step);
 
 // Permute: a reorder from src, read as dims[0..ndims) row-major, to a
 // contiguous dst whose dimension i is src dimension perm[i]. dt is the
@@ -110,6 +111,38 @@ void bd_mask_fill(const bd_device *d, const float *x, const void *mask,
 
 // bd_copy copies bytes from src to dst with the device's threads.
 void bd_copy(const bd_device *d, const void *src, void *dst, int64_t bytes);
+
+// Decoder-LLM kernels. A flag *_bf16 says a buffer holds bf16 (else f32);
+// all arithmetic is f32.
+
+// bd_rms_norm: x [rows,n] / sqrt(mean(x^2) + eps) * w [n] (f32) -> out.
+void bd_rms_norm(const bd_device *d, const void *x, int bf16, const float *w,
+        int64_t rows, int64_t n, float eps, void *out);
+
+// bd_swiglu: x [rows, 2*inter] = [gate | up] -> out [rows, inter] =
+// silu(gate) * up.
+void bd_swiglu(const bd_device *d, const void *x, int bf16, int64_t rows,
+        int64_t inter, void *out);
+
+// bd_rope rotates x [t,h,dim] by pos [t] * inv_freq [dim/2] (rotate-half).
+void bd_rope(const bd_device *d, const void *x, int bf16, const int32_t *pos,
+        const float *inv_freq, int64_t t, int64_t h, int64_t dim, void *out);
+
+// bd_kv_write copies row i of x [t, row elements of elem bytes] to slot
+// slots[i] of cache [nslots, row]; negative slots are skipped. It returns the
+// position of the first slot >= nslots (writing nothing), or -1.
+int64_t bd_kv_write(const bd_device *d, const void *x, const int32_t *slots,
+        int64_t t, int64_t row, int64_t elem, void *cache, int64_t nslots);
+
+// bd_paged_attention: causal GQA over a paged cache; see runtime.OpPagedAttention.
+// q [t,hq,dim], kc/vc [nblocks,bs,hkv,dim], table [s,maxb], seq [t], pos [t]
+// -> out [t,hq,dim]. It checks every index first and returns the first bad
+// token (writing nothing) with *why set, or -1.
+int64_t bd_paged_attention(const bd_device *d, const void *q, int q_bf16,
+        const void *kc, const void *vc, int kv_bf16, const int32_t *table,
+        const int32_t *seq, const int32_t *pos, int64_t t, int64_t hq,
+        int64_t hkv, int64_t dim, int64_t nblocks, int64_t bs, int64_t s,
+        int64_t maxb, float scale, void *out, int *why);
 
 // bf16 <-> f32 conversion (round to nearest even, NaN kept quiet).
 void bd_f32_to_bf16(const float *src, uint16_t *dst, int64_t n);

@@ -8,6 +8,7 @@ import "C"
 import (
 	"context"
 	"fmt"
+	"math"
 	"slices"
 	"time"
 	"unsafe"
@@ -241,7 +242,7 @@ func (d *Device) runStep(s *runtime.Step, ptrs map[string]unsafe.Pointer) error 
 		}[op.Kind]
 		key := primKey{kind: op.Kind, m: s.In[0].NumElements(), act: act}
 		p, err := d.primitive(s, key, func(o **C.bd_prim, w **C.char) C.dnnl_status_t {
-			return C.bd_eltwise_create(dc, C.int64_t(key.m), eltwiseAlg(key.act), o, w)
+			return C.bd_eltwise_create(dc, C.int64_t(key.m), eltwiseAlg(key.act), 0, o, w)
 		})
 		if err != nil {
 			return err
@@ -325,9 +326,74 @@ func (d *Device) runStep(s *runtime.Step, ptrs map[string]unsafe.Pointer) error 
 			return err
 		}
 		return d.exec(s, p, in(0), out)
-	}
-	if ok, err := d.runPending(s, ptrs); ok {
-		return err
+
+	case runtime.OpSiLU:
+		// oneDNN's swish is x·sigmoid(αx); α = 1 is SiLU.
+		key := primKey{kind: op.Kind, m: s.In[0].NumElements()}
+		p, err := d.primitive(s, key, func(o **C.bd_prim, w **C.char) C.dnnl_status_t {
+			return C.bd_eltwise_create(dc, C.int64_t(key.m), C.dnnl_eltwise_swish, 1, o, w)
+		})
+		if err != nil {
+			return err
+		}
+		return d.exec(s, p, in(0), out)
+
+	case runtime.OpRMSNorm:
+		x := s.In[0]
+		n := x.Last()
+		C.bd_rms_norm(dc, in(0), cbool(x.DType == runtime.BF16), (*C.float)(in(1)),
+			C.int64_t(x.NumElements()/n), C.int64_t(n), C.float(op.Eps), out)
+		return nil
+
+	case runtime.OpSwiGLU:
+		x := s.In[0]
+		inter := s.Out.Last()
+		C.bd_swiglu(dc, in(0), cbool(x.DType == runtime.BF16), C.int64_t(x.NumElements()/(2*inter)), C.int64_t(inter), out)
+		return nil
+
+	case runtime.OpRoPE:
+		x := s.In[0]
+		C.bd_rope(dc, in(0), cbool(x.DType == runtime.BF16), (*C.int32_t)(in(1)), (*C.float)(in(2)),
+			C.int64_t(x.Shape[0]), C.int64_t(x.Shape[1]), C.int64_t(x.Shape[2]), out)
+		return nil
+
+	case runtime.OpKVWrite:
+		x, cache := s.In[0], s.Out
+		t := x.Shape[0]
+		nslots := cache.Shape[0] * cache.Shape[1]
+		pos := C.bd_kv_write(dc, in(0), (*C.int32_t)(in(1)), C.int64_t(t), C.int64_t(x.NumElements()/t),
+			C.int64_t(x.DType.Size()), out, C.int64_t(nslots))
+		if pos >= 0 {
+			bad := unsafe.Slice((*int32)(in(1)), t)[pos]
+			return fmt.Errorf("%w: %s: slot %d of token %d is outside the cache's %d slots",
+				runtime.ErrInvalidGraph, s, bad, int64(pos), nslots)
+		}
+		return nil
+
+	case runtime.OpPagedAttention:
+		q, kc, table := s.In[0], s.In[1], s.In[3]
+		t, hq, dim := q.Shape[0], q.Shape[1], q.Shape[2]
+		scale := op.Scale
+		if scale == 0 {
+			scale = float32(1 / math.Sqrt(float64(dim)))
+		}
+		var why C.int
+		pos := C.bd_paged_attention(dc, in(0), cbool(q.DType == runtime.BF16), in(1), in(2), cbool(kc.DType == runtime.BF16),
+			(*C.int32_t)(in(3)), (*C.int32_t)(in(4)), (*C.int32_t)(in(5)),
+			C.int64_t(t), C.int64_t(hq), C.int64_t(kc.Shape[2]), C.int64_t(dim),
+			C.int64_t(kc.Shape[0]), C.int64_t(kc.Shape[1]), C.int64_t(table.Shape[0]), C.int64_t(table.Shape[1]),
+			C.float(scale), out, &why)
+		if pos >= 0 {
+			seq := unsafe.Slice((*int32)(in(4)), t)[pos]
+			p := unsafe.Slice((*int32)(in(5)), t)[pos]
+			reason := map[C.int]string{
+				1: fmt.Sprintf("sequence index %d is outside the block table's %d rows", seq, table.Shape[0]),
+				2: fmt.Sprintf("position %d is negative or past the %d blocks of %d a sequence may have", p, table.Shape[1], kc.Shape[1]),
+				3: fmt.Sprintf("the block table row %d names a block outside the cache's %d for position %d", seq, kc.Shape[0], p),
+			}[why]
+			return fmt.Errorf("%w: %s: token %d: %s", runtime.ErrInvalidGraph, s, int64(pos), reason)
+		}
+		return nil
 	}
 	return fmt.Errorf("%w: %s: unknown op", runtime.ErrInvalidGraph, s)
 }

@@ -1,0 +1,547 @@
+package onednn
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/brokerd/brokerd/runtime"
+)
+
+// float64 references of the decoder-LLM ops.
+
+func refRMSNorm(x []float64, n int, w []float64, eps float64) []float64 {
+	out := make([]float64, len(x))
+	for r := 0; r < len(x)/n; r++ {
+		var ss float64
+		for _, e := range x[r*n : (r+1)*n] {
+			ss += e * e
+		}
+		inv := 1 / math.Sqrt(ss/float64(n)+eps)
+		for j := 0; j < n; j++ {
+			out[r*n+j] = x[r*n+j] * inv * w[j]
+		}
+	}
+	return out
+}
+
+func refSiLU(x float64) float64 { return x / (1 + math.Exp(-x)) }
+
+// refSwiGLU: rows of [gate | up] (2·inter wide) → silu(gate)·up.
+func refSwiGLU(x []float64, inter int) []float64 {
+	rows := len(x) / (2 * inter)
+	out := make([]float64, rows*inter)
+	for r := 0; r < rows; r++ {
+		for j := 0; j < inter; j++ {
+			out[r*inter+j] = refSiLU(x[r*2*inter+j]) * x[r*2*inter+inter+j]
+		}
+	}
+	return out
+}
+
+// refRoPE: rotate-half over x [t,h,d]; the angle is rounded to f32 as the
+// contract (and HF) computes it, everything else is float64.
+func refRoPE(x []float64, t, h, d int, pos []int32, invFreq []float32) []float64 {
+	out := make([]float64, len(x))
+	half := d / 2
+	for ti := 0; ti < t; ti++ {
+		for hi := 0; hi < h; hi++ {
+			o := (ti*h + hi) * d
+			for i := 0; i < half; i++ {
+				ang := float64(float32(pos[ti]) * invFreq[i])
+				c, s := math.Cos(ang), math.Sin(ang)
+				a, b := x[o+i], x[o+i+half]
+				out[o+i] = a*c - b*s
+				out[o+i+half] = b*c + a*s
+			}
+		}
+	}
+	return out
+}
+
+// refKVWrite copies rows of x (row elements each) into cache slots.
+func refKVWrite(cache, x []float64, slots []int32, row int) {
+	for i, s := range slots {
+		if s >= 0 {
+			copy(cache[int(s)*row:(int(s)+1)*row], x[i*row:(i+1)*row])
+		}
+	}
+}
+
+// paged describes a paged-attention problem.
+type paged struct {
+	t, hq, hkv, d, nblocks, bs, maxb int
+	table, seq, pos                  []int32
+}
+
+func refPagedAttention(q, kc, vc []float64, p paged, scale float64) []float64 {
+	out := make([]float64, p.t*p.hq*p.d)
+	group := p.hq / p.hkv
+	for ti := 0; ti < p.t; ti++ {
+		row := p.table[int(p.seq[ti])*p.maxb:]
+		n := int(p.pos[ti]) + 1
+		for h := 0; h < p.hq; h++ {
+			g := h / group
+			qv := q[(ti*p.hq+h)*p.d:][:p.d]
+			sc := make([]float64, n)
+			mx := math.Inf(-1)
+			off := func(j int) int { return ((int(row[j/p.bs])*p.bs+j%p.bs)*p.hkv + g) * p.d }
+			for j := 0; j < n; j++ {
+				var s float64
+				for i, e := range qv {
+					s += e * kc[off(j)+i]
+				}
+				sc[j] = s * scale
+				mx = math.Max(mx, sc[j])
+			}
+			var sum float64
+			for j := range sc {
+				sc[j] = math.Exp(sc[j] - mx)
+				sum += sc[j]
+			}
+			o := out[(ti*p.hq+h)*p.d:][:p.d]
+			for j := 0; j < n; j++ {
+				for i := range o {
+					o[i] += sc[j] / sum * vc[off(j)+i]
+				}
+			}
+		}
+	}
+	return out
+}
+
+// operands converts v to the type the device holds it as (bf16-rounded for
+// bf16), as float64: the reference's inputs.
+func operands(v []float32, dt runtime.DType) []float64 {
+	if dt == runtime.BF16 {
+		return roundBF16(v)
+	}
+	return to64(v)
+}
+
+// needBF16 skips a bf16 case on a CPU without bf16.
+func needBF16(t *testing.T, d *Device, dt runtime.DType) {
+	t.Helper()
+	if dt == runtime.BF16 && d.BF16() != nil {
+		t.Skipf("bf16 unsupported on this CPU: %v", d.BF16())
+	}
+}
+
+func tolFor(dt runtime.DType) float64 {
+	if dt == runtime.BF16 {
+		return tolBF16
+	}
+	return tolF32
+}
+
+// runTyped runs g with ins (float ones stored as dt) and an output of type
+// dt; the rest as runGraph.
+func runTyped(t *testing.T, d *Device, g *runtime.Graph, ins []input, dt runtime.DType, out string, outShape []int) []float32 {
+	t.Helper()
+	ctx := t.Context()
+	bind := map[string]runtime.Buffer{}
+	defer func() {
+		for _, b := range bind {
+			d.Free(b)
+		}
+	}()
+	alloc := func(name string, dt runtime.DType, shape []int) runtime.Buffer {
+		b, err := d.Alloc(dt, shape...)
+		if err != nil {
+			t.Fatalf("alloc %q: %v", name, err)
+		}
+		bind[name] = b
+		return b
+	}
+	for _, in := range ins {
+		b := alloc(in.name, in.dt, in.shape)
+		var err error
+		if in.dt == runtime.I32 {
+			err = d.CopyInInt32(ctx, b, in.i)
+		} else {
+			err = d.CopyIn(ctx, b, in.f)
+		}
+		if err != nil {
+			t.Fatalf("copy in %q: %v", in.name, err)
+		}
+	}
+	ob := alloc(out, dt, outShape)
+	if err := d.Run(ctx, g, bind); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]float32, prod(outShape))
+	if err := d.CopyOut(ctx, got, ob); err != nil {
+		t.Fatal(err)
+	}
+	return got
+}
+
+var floatTypes = []runtime.DType{runtime.F32, runtime.BF16}
+
+func TestRMSNorm(t *testing.T) {
+	d := openTest(t, runtime.DeviceSpec{})
+	r := newRand(t)
+	tests := []struct {
+		shape []int
+		eps   float32
+	}{
+		{[]int{1, 1}, 1e-6},
+		{[]int{3, 17}, 1e-5},
+		{[]int{5, 896}, 1e-6},
+		{[]int{2, 1500}, 1e-6},  // longer than the kernel's chunk
+		{[]int{4, 3, 64}, 1e-6}, // Qwen3's per-head q/k norm: [T,H,D], weight [D]
+		{[]int{2, 8}, 0},
+	}
+	for _, dt := range floatTypes {
+		for _, tc := range tests {
+			t.Run(fmt.Sprintf("%s/%v/eps=%g", dt, tc.shape, tc.eps), func(t *testing.T) {
+				needBF16(t, d, dt)
+				n := tc.shape[len(tc.shape)-1]
+				x, w := randVec(r, prod(tc.shape)), randVec(r, n)
+				g := &runtime.Graph{Ops: []runtime.Op{{Kind: runtime.OpRMSNorm, In: []string{"x", "w"}, Out: "y", Eps: tc.eps}}}
+				got := runTyped(t, d, g, []input{{name: "x", dt: dt, shape: tc.shape, f: x}, f32In("w", w, n)}, dt, "y", tc.shape)
+				checkClose(t, got, refRMSNorm(operands(x, dt), n, to64(w), float64(tc.eps)), tolFor(dt))
+			})
+		}
+	}
+}
+
+func TestSiLU(t *testing.T) {
+	d := openTest(t, runtime.DeviceSpec{})
+	r := newRand(t)
+	for _, shape := range [][]int{{1}, {7, 13}, {64, 4864}} {
+		t.Run(fmt.Sprint(shape), func(t *testing.T) {
+			x := randVec(r, prod(shape))
+			for i := range x {
+				x[i] *= 8 // reach both tails of the sigmoid
+			}
+			g := &runtime.Graph{Ops: []runtime.Op{{Kind: runtime.OpSiLU, In: []string{"x"}, Out: "y"}}}
+			got := runTyped(t, d, g, []input{f32In("x", x, shape...)}, runtime.F32, "y", shape)
+			want := make([]float64, len(x))
+			for i, e := range x {
+				want[i] = refSiLU(float64(e))
+			}
+			checkClose(t, got, want, tolF32)
+		})
+	}
+}
+
+func TestSwiGLU(t *testing.T) {
+	d := openTest(t, runtime.DeviceSpec{})
+	r := newRand(t)
+	for _, dt := range floatTypes {
+		for _, shape := range [][]int{{1, 2}, {5, 34}, {3, 2, 2 * 1100}, {16, 2 * 4864}} {
+			t.Run(fmt.Sprintf("%s/%v", dt, shape), func(t *testing.T) {
+				needBF16(t, d, dt)
+				x := randVec(r, prod(shape))
+				for i := range x {
+					x[i] *= 6
+				}
+				outShape := slices.Clone(shape)
+				outShape[len(outShape)-1] /= 2
+				g := &runtime.Graph{Ops: []runtime.Op{{Kind: runtime.OpSwiGLU, In: []string{"x"}, Out: "y"}}}
+				got := runTyped(t, d, g, []input{{name: "x", dt: dt, shape: shape, f: x}}, dt, "y", outShape)
+				checkClose(t, got, refSwiGLU(operands(x, dt), outShape[len(outShape)-1]), tolFor(dt))
+			})
+		}
+	}
+}
+
+// invFreq is the default RoPE frequencies θ^(−2i/D), rounded to f32.
+func invFreq(d int, theta float64) []float32 {
+	out := make([]float32, d/2)
+	for i := range out {
+		out[i] = float32(1 / math.Pow(theta, float64(2*i)/float64(d)))
+	}
+	return out
+}
+
+func TestRoPE(t *testing.T) {
+	d := openTest(t, runtime.DeviceSpec{})
+	r := newRand(t)
+	tests := []struct{ t, h, d int }{{1, 1, 2}, {3, 2, 8}, {7, 14, 64}, {5, 2, 128}}
+	for _, dt := range floatTypes {
+		for _, tc := range tests {
+			t.Run(fmt.Sprintf("%s/%dx%dx%d", dt, tc.t, tc.h, tc.d), func(t *testing.T) {
+				needBF16(t, d, dt)
+				x := randVec(r, tc.t*tc.h*tc.d)
+				pos := make([]int32, tc.t)
+				for i := range pos {
+					pos[i] = int32(r.IntN(40000)) // far positions: large angles
+				}
+				pos[0] = 0
+				freq := invFreq(tc.d, 1e6)
+				shape := []int{tc.t, tc.h, tc.d}
+				g := &runtime.Graph{Ops: []runtime.Op{{Kind: runtime.OpRoPE, In: []string{"x", "pos", "f"}, Out: "y"}}}
+				ins := []input{{name: "x", dt: dt, shape: shape, f: x}, {name: "pos", dt: runtime.I32, shape: shape[:1], i: pos},
+					f32In("f", freq, tc.d/2)}
+				got := runTyped(t, d, g, ins, dt, "y", shape)
+				checkClose(t, got, refRoPE(operands(x, dt), tc.t, tc.h, tc.d, pos, freq), tolFor(dt))
+			})
+		}
+	}
+}
+
+// attnCase is one step of a paged cache: S sequences, each with ctx[s]
+// positions already cached and add[s] new tokens this step (1 is a decode
+// step, more a prefill chunk), flattened into T tokens plus pad padding
+// tokens (negative slots), over blocks in random order.
+type attnCase struct {
+	hq, hkv, d, bs int
+	ctx, add       []int
+	pad            int
+}
+
+// attnProblem is an attnCase's random inputs.
+type attnProblem struct {
+	paged
+	q, k, v, kc, vc []float32 // new keys/values [T,Hkv,D]; caches before the step
+	slots           []int32
+}
+
+func newAttnProblem(r *rand.Rand, c attnCase) attnProblem {
+	s := len(c.ctx)
+	maxb := 0
+	for i := range c.ctx {
+		maxb = max(maxb, (c.ctx[i]+c.add[i]+c.bs-1)/c.bs)
+	}
+	maxb++ // an unused column, as a real table has
+	nblocks := s*maxb + 1
+	perm := r.Perm(nblocks)
+	p := attnProblem{paged: paged{hq: c.hq, hkv: c.hkv, d: c.d, nblocks: nblocks, bs: c.bs, maxb: maxb}}
+	p.table = make([]int32, s*maxb)
+	for i := range p.table {
+		p.table[i] = int32(perm[i])
+	}
+	for si := range c.ctx {
+		for j := 0; j < c.add[si]; j++ {
+			pos := c.ctx[si] + j
+			p.seq = append(p.seq, int32(si))
+			p.pos = append(p.pos, int32(pos))
+			p.slots = append(p.slots, p.table[si*maxb+pos/c.bs]*int32(c.bs)+int32(pos%c.bs))
+		}
+	}
+	for i := 0; i < c.pad; i++ { // padding: attends to sequence 0's first position, writes nothing
+		at := r.IntN(len(p.seq) + 1)
+		p.seq = slices.Insert(p.seq, at, 0)
+		p.pos = slices.Insert(p.pos, at, 0)
+		p.slots = slices.Insert(p.slots, at, -1-int32(r.IntN(3)))
+	}
+	p.t = len(p.seq)
+	p.q = randVec(r, p.t*c.hq*c.d)
+	p.k = randVec(r, p.t*c.hkv*c.d)
+	p.v = randVec(r, p.t*c.hkv*c.d)
+	p.kc = randVec(r, nblocks*c.bs*c.hkv*c.d)
+	p.vc = randVec(r, nblocks*c.bs*c.hkv*c.d)
+	for i := range p.q {
+		p.q[i] *= 3 // peaked softmax
+	}
+	return p
+}
+
+func attnGraph(scale float32) *runtime.Graph {
+	return &runtime.Graph{Ops: []runtime.Op{
+		{Kind: runtime.OpKVWrite, In: []string{"k", "slots"}, Out: "kc"},
+		{Kind: runtime.OpKVWrite, In: []string{"v", "slots"}, Out: "vc"},
+		{Kind: runtime.OpPagedAttention, In: []string{"q", "kc", "vc", "table", "seq", "pos"}, Out: "y", Scale: scale},
+	}}
+}
+
+// attnRun binds p's buffers (float ones as dt), runs g and returns the
+// output and the caches after the run.
+func attnRun(t *testing.T, d *Device, g *runtime.Graph, p attnProblem, dt runtime.DType) (y, kc, vc []float32, err error) {
+	t.Helper()
+	ctx := t.Context()
+	cache := []int{p.nblocks, p.bs, p.hkv, p.d}
+	ins := []input{
+		{name: "q", dt: dt, shape: []int{p.t, p.hq, p.d}, f: p.q},
+		{name: "k", dt: dt, shape: []int{p.t, p.hkv, p.d}, f: p.k},
+		{name: "v", dt: dt, shape: []int{p.t, p.hkv, p.d}, f: p.v},
+		{name: "kc", dt: dt, shape: cache, f: p.kc},
+		{name: "vc", dt: dt, shape: cache, f: p.vc},
+		{name: "table", dt: runtime.I32, shape: []int{len(p.table) / p.maxb, p.maxb}, i: p.table},
+		{name: "seq", dt: runtime.I32, shape: []int{p.t}, i: p.seq},
+		{name: "pos", dt: runtime.I32, shape: []int{p.t}, i: p.pos},
+		{name: "slots", dt: runtime.I32, shape: []int{p.t}, i: p.slots},
+		{name: "y", dt: dt, shape: []int{p.t, p.hq, p.d}, f: make([]float32, p.t*p.hq*p.d)},
+	}
+	bind := map[string]runtime.Buffer{}
+	defer func() {
+		for _, b := range bind {
+			d.Free(b)
+		}
+	}()
+	for _, in := range ins {
+		b, err := d.Alloc(in.dt, in.shape...)
+		if err != nil {
+			t.Fatalf("alloc %q: %v", in.name, err)
+		}
+		bind[in.name] = b
+		if in.dt == runtime.I32 {
+			err = d.CopyInInt32(ctx, b, in.i)
+		} else {
+			err = d.CopyIn(ctx, b, in.f)
+		}
+		if err != nil {
+			t.Fatalf("copy in %q: %v", in.name, err)
+		}
+	}
+	err = d.Run(ctx, g, bind)
+	out := func(name string) []float32 {
+		v := make([]float32, prod(bind[name].Shape()))
+		if err := d.CopyOut(ctx, v, bind[name]); err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	return out("y"), out("kc"), out("vc"), err
+}
+
+func TestPagedAttention(t *testing.T) {
+	d := openTest(t, runtime.DeviceSpec{})
+	r := newRand(t)
+	tests := []struct {
+		name string
+		attnCase
+		scale float32
+	}{
+		{"one token", attnCase{hq: 1, hkv: 1, d: 4, bs: 1, ctx: []int{0}, add: []int{1}}, 0},
+		{"decode gqa2 bs16", attnCase{hq: 4, hkv: 2, d: 16, bs: 16, ctx: []int{40, 3, 16}, add: []int{1, 1, 1}}, 0},
+		{"prefill chunk and decodes gqa7 bs16", attnCase{hq: 14, hkv: 2, d: 64, bs: 16, ctx: []int{0, 70, 15, 33}, add: []int{20, 1, 5, 1}, pad: 3}, 0},
+		{"bs1 mha ragged", attnCase{hq: 3, hkv: 3, d: 8, bs: 1, ctx: []int{5, 0, 9}, add: []int{2, 7, 1}, pad: 1}, 0.3},
+		{"odd block size gqa2", attnCase{hq: 8, hkv: 4, d: 32, bs: 3, ctx: []int{10, 2}, add: []int{4, 9}}, 0},
+		{"gqa7 one kv head long", attnCase{hq: 7, hkv: 1, d: 128, bs: 16, ctx: []int{300}, add: []int{2}}, 0},
+		{"group above the kernel's 16", attnCase{hq: 20, hkv: 1, d: 8, bs: 16, ctx: []int{17}, add: []int{3}}, 0},
+	}
+	for _, dt := range floatTypes {
+		for _, tc := range tests {
+			t.Run(fmt.Sprintf("%s/%s", dt, tc.name), func(t *testing.T) {
+				needBF16(t, d, dt)
+				p := newAttnProblem(r, tc.attnCase)
+				y, kc, vc, err := attnRun(t, d, attnGraph(tc.scale), p, dt)
+				if err != nil {
+					t.Fatal(err)
+				}
+				row := p.hkv * p.d
+				wantK, wantV := operands(p.kc, dt), operands(p.vc, dt)
+				refKVWrite(wantK, operands(p.k, dt), p.slots, row)
+				refKVWrite(wantV, operands(p.v, dt), p.slots, row)
+				// The cache write is a copy: exact.
+				for name, c := range map[string][2]any{"kc": {kc, wantK}, "vc": {vc, wantV}} {
+					got, want := c[0].([]float32), c[1].([]float64)
+					for i := range got {
+						if float64(got[i]) != want[i] {
+							t.Fatalf("%s[%d] = %g, want %g", name, i, got[i], want[i])
+						}
+					}
+				}
+				scale := float64(tc.scale)
+				if scale == 0 {
+					scale = 1 / math.Sqrt(float64(p.d))
+				}
+				checkClose(t, y, refPagedAttention(operands(p.q, dt), wantK, wantV, p.paged, scale), tolFor(dt))
+			})
+		}
+	}
+}
+
+// TestPagedAttentionBadIndices checks that out-of-range slots, sequence
+// indices, positions and block ids fail the run with ErrInvalidGraph.
+func TestPagedAttentionBadIndices(t *testing.T) {
+	d := openTest(t, runtime.DeviceSpec{})
+	r := newRand(t)
+	c := attnCase{hq: 2, hkv: 1, d: 4, bs: 4, ctx: []int{3, 6}, add: []int{1, 2}}
+	tests := []struct {
+		name  string
+		spoil func(p *attnProblem)
+		want  string
+	}{
+		{"slot past the cache", func(p *attnProblem) { p.slots[1] = int32(p.nblocks * p.bs) }, "outside the cache's"},
+		{"sequence index", func(p *attnProblem) { p.seq[0] = 2 }, "sequence index 2 is outside"},
+		{"negative position", func(p *attnProblem) { p.pos[2] = -1 }, "position -1"},
+		{"position past the table", func(p *attnProblem) { p.pos[0] = int32(p.maxb * p.bs) }, "past the"},
+		{"block id", func(p *attnProblem) { p.table[0] = int32(p.nblocks) }, "names a block outside"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			p := newAttnProblem(r, c)
+			tc.spoil(&p)
+			_, kc, _, err := attnRun(t, d, attnGraph(0), p, runtime.F32)
+			if !errors.Is(err, runtime.ErrInvalidGraph) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("err = %v, want ErrInvalidGraph with %q", err, tc.want)
+			}
+			if tc.name == "slot past the cache" && !slices.Equal(kc, p.kc) {
+				t.Error("the cache changed although the write was refused")
+			}
+		})
+	}
+}
+
+// BenchmarkPagedAttentionDecode is one decode step of 16 sequences with 512
+// cached positions each, at Qwen2.5-0.5B's heads (14 query, 2 kv, D 64),
+// reporting the rate the kernel reads the K and V cache: a decode step is
+// bound by that read, so GB/s against the machine's memory bandwidth says
+// how close to the limit it runs. Blocks are shuffled, as a long-running
+// server's are.
+func BenchmarkPagedAttentionDecode(b *testing.B) {
+	for _, dt := range floatTypes {
+		b.Run(dt.String(), func(b *testing.B) {
+			d := openTest(b, runtime.DeviceSpec{})
+			if dt == runtime.BF16 && d.BF16() != nil {
+				b.Skipf("bf16 unsupported: %v", d.BF16())
+			}
+			const seqs, ctx, hq, hkv, dim, bs = 16, 512, 14, 2, 64, 16
+			r := rand.New(rand.NewPCG(1, 2))
+			maxb := ctx / bs
+			nblocks := seqs * maxb
+			perm := r.Perm(nblocks)
+			table, seq, pos := make([]int32, nblocks), make([]int32, seqs), make([]int32, seqs)
+			for i := range table {
+				table[i] = int32(perm[i])
+			}
+			for i := range seq {
+				seq[i], pos[i] = int32(i), ctx-1
+			}
+			cache := []int{nblocks, bs, hkv, dim}
+			ins := []input{
+				{name: "q", dt: dt, shape: []int{seqs, hq, dim}, f: randVec(r, seqs*hq*dim)},
+				{name: "kc", dt: dt, shape: cache, f: randVec(r, prod(cache))},
+				{name: "vc", dt: dt, shape: cache, f: randVec(r, prod(cache))},
+				{name: "table", dt: runtime.I32, shape: []int{seqs, maxb}, i: table},
+				{name: "seq", dt: runtime.I32, shape: []int{seqs}, i: seq},
+				{name: "pos", dt: runtime.I32, shape: []int{seqs}, i: pos},
+				{name: "y", dt: dt, shape: []int{seqs, hq, dim}, f: make([]float32, seqs*hq*dim)},
+			}
+			bind := map[string]runtime.Buffer{}
+			for _, in := range ins {
+				buf, err := d.Alloc(in.dt, in.shape...)
+				if err != nil {
+					b.Fatal(err)
+				}
+				bind[in.name] = buf
+				if in.dt == runtime.I32 {
+					err = d.CopyInInt32(b.Context(), buf, in.i)
+				} else {
+					err = d.CopyIn(b.Context(), buf, in.f)
+				}
+				if err != nil {
+					b.Fatal(err)
+				}
+			}
+			g := &runtime.Graph{Ops: []runtime.Op{{Kind: runtime.OpPagedAttention, In: []string{"q", "kc", "vc", "table", "seq", "pos"}, Out: "y"}}}
+			bytes := float64(2 * seqs * ctx * hkv * dim * dt.Size()) // K and V rows read once per step
+			b.SetBytes(int64(bytes))
+			b.ResetTimer()
+			for b.Loop() {
+				if err := d.Run(b.Context(), g, bind); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(bytes*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
+		})
+	}
+}
