@@ -163,6 +163,9 @@ func TestSpecialTokens(t *testing.T) {
 			if !tok.IsSpecial(eos) || tok.IsSpecial(0) {
 				t.Error("IsSpecial wrong")
 			}
+			if sp := tok.SpecialIDs(); !slices.Contains(sp, eos) || slices.Contains(sp, 0) {
+				t.Errorf("SpecialIDs %v", sp)
+			}
 		})
 	}
 	// generation_config.json adds its eos_token_id (number or list).
