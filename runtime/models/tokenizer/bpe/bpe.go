@@ -3,11 +3,12 @@
 // chat templates and streaming detokenisation, from a Hugging Face model
 // directory.
 //
-//	tok, err := bpe.Load(dir)                  // tokenizer.json, tokenizer_config.json, generation_config.json
-//	prompt, err := tok.ApplyChatTemplate(msgs, true)
-//	ids := tok.Encode(prompt, false)           // the template already wrote the specials
+//	tok, err := bpe.Load(dir) // tokenizer.json, tokenizer_config.json, generation_config.json
+//	prompt, err := tok.ApplyChatTemplate(msgs, bpe.ChatOptions{AddGenerationPrompt: true})
+//	ids := tok.Encode(prompt, false) // the template already wrote the specials
+//	stop := tok.EOSIDs()
 //	sd := tok.NewStreamDecoder(true)
-//	for each generated id: delta := sd.Push(id) ...; tail := sd.Flush()
+//	// per generated id: send sd.Push(id); at the end: send sd.Flush()
 //
 // The file is parsed with go-huggingface's hftokenizer types (the library the
 // BERT tokenizer uses), but encoding is done here: hftokenizer compiles the
