@@ -150,8 +150,10 @@ const (
 	// caller-owned buffer that persists across Runs); it is the one op
 	// whose output is also an input: the planner lists the cache in both
 	// Plan.Inputs and Plan.Outputs, and ops after it read the updated
-	// cache. A slot ≥ NumBlocks·BlockSize is ErrInvalidGraph at Run, with
-	// nothing written. Two rows with the same slot: the later one wins.
+	// cache. A slot ≥ NumBlocks·BlockSize is the caller's mistake: the CPU
+	// adapter fails the Run with ErrInvalidGraph and writes nothing; PJRT
+	// cannot check values on the device and skips the row. Slots must be
+	// distinct (which of two rows for one slot lands is adapter-defined).
 	OpKVWrite
 	// OpPagedAttention: causal grouped-query attention over a paged cache,
 	// for a flattened batch mixing prefill chunks and decode steps (as
@@ -165,7 +167,9 @@ const (
 	// reads kv head h/(Hq/Hkv), so Hq must be a multiple of Hkv. Scores are
 	// scaled by Scale (0 means 1/sqrt(D)); softmax in f32. A sequence index
 	// outside [0,S), a negative position, a position past MaxBlocksPerSeq
-	// blocks or a block id outside [0,NumBlocks) is ErrInvalidGraph at Run.
+	// blocks or a block id outside [0,NumBlocks) is the caller's mistake:
+	// the CPU adapter fails the Run with ErrInvalidGraph, PJRT clamps it.
+	// Block-table entries past a token's last block may hold anything.
 	OpPagedAttention
 )
 

@@ -546,7 +546,7 @@ out:
 
 // ---- Decoder-LLM kernels ----
 
-static inline float bf16_f(uint16_t v) {
+static inline __attribute__((always_inline)) float bf16_f(uint16_t v) {
     uint32_t u = (uint32_t)v << 16;
     float f;
     memcpy(&f, &u, sizeof f);
@@ -562,7 +562,7 @@ static inline uint16_t f_bf16(float f) {
 }
 
 // load reads n elements at element offset off of p (f32 or bf16) into dst.
-static inline void load(const void *p, int bf16, int64_t off, int64_t n, float *restrict dst) {
+static inline __attribute__((always_inline)) void load(const void *p, int bf16, int64_t off, int64_t n, float *restrict dst) {
     if (bf16) {
         const uint16_t *s = (const uint16_t *)p + off;
 #pragma omp simd
@@ -572,7 +572,7 @@ static inline void load(const void *p, int bf16, int64_t off, int64_t n, float *
     }
 }
 
-static inline void store(void *p, int bf16, int64_t off, int64_t n, const float *restrict src) {
+static inline __attribute__((always_inline)) void store(void *p, int bf16, int64_t off, int64_t n, const float *restrict src) {
     if (bf16) {
         uint16_t *o = (uint16_t *)p + off;
         for (int64_t i = 0; i < n; i++) o[i] = f_bf16(src[i]);
@@ -676,36 +676,37 @@ int64_t bd_kv_write(const bd_device *d, const void *x, const int32_t *slots,
 #define BD_ATT_MAXG 16     // query heads per kv head handled together
 #define BD_ATT_TILE 32     // cache positions per score tile
 
-static inline float dot_f32(const float *restrict a, const float *restrict b, int64_t n) {
+static inline __attribute__((always_inline)) float dot_f32(const float *restrict a, const float *restrict b, int64_t n) {
     float s = 0.0f;
 #pragma omp simd reduction(+ : s)
     for (int64_t i = 0; i < n; i++) s += a[i] * b[i];
     return s;
 }
 
-static inline float dot_bf16(const float *restrict a, const uint16_t *restrict b, int64_t n) {
+static inline __attribute__((always_inline)) float dot_bf16(const float *restrict a, const uint16_t *restrict b, int64_t n) {
     float s = 0.0f;
 #pragma omp simd reduction(+ : s)
     for (int64_t i = 0; i < n; i++) s += a[i] * bf16_f(b[i]);
     return s;
 }
 
-static inline void axpy_f32(float *restrict y, float a, const float *restrict x, int64_t n) {
+static inline __attribute__((always_inline)) void axpy_f32(float *restrict y, float a, const float *restrict x, int64_t n) {
 #pragma omp simd
     for (int64_t i = 0; i < n; i++) y[i] += a * x[i];
 }
 
-static inline void axpy_bf16(float *restrict y, float a, const uint16_t *restrict x, int64_t n) {
+static inline __attribute__((always_inline)) void axpy_bf16(float *restrict y, float a, const uint16_t *restrict x, int64_t n) {
 #pragma omp simd
     for (int64_t i = 0; i < n; i++) y[i] += a * bf16_f(x[i]);
 }
 
-// attend computes the output of token ti's query heads of kv head g over
-// the n cache positions its block-table row maps. Compiled for AVX-512,
-// AVX2+FMA and baseline x86-64, chosen at load time: the file's default
-// target is baseline SSE2, where the dot products run at a quarter width.
-__attribute__((target_clones("arch=skylake-avx512", "arch=haswell", "default")))
-static void attend(const void *q, int q_bf16, const void *kc, const void *vc,
+// attend_body computes the output of token ti's query heads of kv head g
+// over the n cache positions its block-table row maps. It is inlined into
+// one function per instruction set (below), chosen at run time from the
+// CPU's features: the file's default target is baseline x86-64 (SSE2),
+// where the dot products run at a quarter of AVX-512's width.
+#define BD_INLINE static inline __attribute__((always_inline))
+BD_INLINE void attend_body(const void *q, int q_bf16, const void *kc, const void *vc,
         int kv_bf16, const int32_t *row, int64_t n, int64_t ti, int64_t g,
         int64_t hq, int64_t hkv, int64_t dim, int64_t bs, int64_t group,
         float scale, void *out) {
@@ -767,6 +768,32 @@ static void attend(const void *q, int q_bf16, const void *kc, const void *vc,
     }
 }
 
+#define BD_ATTEND_ARGS const void *q, int q_bf16, const void *kc, const void *vc, \
+        int kv_bf16, const int32_t *row, int64_t n, int64_t ti, int64_t g,  \
+        int64_t hq, int64_t hkv, int64_t dim, int64_t bs, int64_t group,    \
+        float scale, void *out
+#define BD_ATTEND_CALL q, q_bf16, kc, vc, kv_bf16, row, n, ti, g, hq, hkv, dim, bs, group, scale, out
+
+__attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma")))
+static void attend_avx512(BD_ATTEND_ARGS) { attend_body(BD_ATTEND_CALL); }
+
+__attribute__((target("avx2,fma")))
+static void attend_avx2(BD_ATTEND_ARGS) { attend_body(BD_ATTEND_CALL); }
+
+static void attend_base(BD_ATTEND_ARGS) { attend_body(BD_ATTEND_CALL); }
+
+typedef void (*attend_fn)(BD_ATTEND_ARGS);
+
+static attend_fn attend_pick(void) {
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+            __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
+            __builtin_cpu_supports("fma"))
+        return attend_avx512;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return attend_avx2;
+    return attend_base;
+}
+
 int64_t bd_paged_attention(const bd_device *d, const void *q, int q_bf16,
         const void *kc, const void *vc, int kv_bf16, const int32_t *table,
         const int32_t *seq, const int32_t *pos, int64_t t, int64_t hq,
@@ -784,6 +811,7 @@ int64_t bd_paged_attention(const bd_device *d, const void *q, int q_bf16,
     int64_t work = 0;
     for (int64_t ti = 0; ti < t; ti++) work += ((int64_t)pos[ti] + 1) * hq * dim;
     int64_t tasks = t * hkv;
+    attend_fn attend = attend_pick();
     omp_set_num_threads(d->nthreads);
 #pragma omp parallel for schedule(dynamic, 1) if (work >= BD_PAR_MIN && tasks > 1)
     for (int64_t task = 0; task < tasks; task++) {

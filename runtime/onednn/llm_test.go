@@ -2,6 +2,7 @@ package onednn
 
 import (
 	"errors"
+	"flag"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -481,6 +482,8 @@ func TestPagedAttentionBadIndices(t *testing.T) {
 	}
 }
 
+var benchThreads = flag.Int("onednn.threads", 0, "BenchmarkPagedAttentionDecode's device threads; 0 means the adapter's choice")
+
 // BenchmarkPagedAttentionDecode is one decode step of 16 sequences with 512
 // cached positions each, at Qwen2.5-0.5B's heads (14 query, 2 kv, D 64),
 // reporting the rate the kernel reads the K and V cache: a decode step is
@@ -490,7 +493,7 @@ func TestPagedAttentionBadIndices(t *testing.T) {
 func BenchmarkPagedAttentionDecode(b *testing.B) {
 	for _, dt := range floatTypes {
 		b.Run(dt.String(), func(b *testing.B) {
-			d := openTest(b, runtime.DeviceSpec{})
+			d := openTest(b, runtime.DeviceSpec{Threads: *benchThreads})
 			if dt == runtime.BF16 && d.BF16() != nil {
 				b.Skipf("bf16 unsupported: %v", d.BF16())
 			}
@@ -543,5 +546,76 @@ func BenchmarkPagedAttentionDecode(b *testing.B) {
 			}
 			b.ReportMetric(bytes*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
 		})
+	}
+}
+
+// TestKVCachePersistsAcrossRuns prefills a prompt in one Run and decodes
+// the next token in another over the same bound cache buffers, as a model
+// does: the second Run must see what the first wrote.
+func TestKVCachePersistsAcrossRuns(t *testing.T) {
+	d := openTest(t, runtime.DeviceSpec{})
+	r := newRand(t)
+	ctx := t.Context()
+	const prompt, hq, hkv, dim, bs, nblocks = 24, 4, 2, 16, 8, 5
+	table := []int32{3, 0, 4, 1} // blocks out of order; room for 32 positions
+	cache := []int{nblocks, bs, hkv, dim}
+	alloc := func(dt runtime.DType, shape ...int) runtime.Buffer {
+		b, err := d.Alloc(dt, shape...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { d.Free(b) })
+		return b
+	}
+	kc, vc, tb := alloc(runtime.F32, cache...), alloc(runtime.F32, cache...), alloc(runtime.I32, 1, len(table))
+	zeros := make([]float32, prod(cache))
+	if err := errors.Join(d.CopyIn(ctx, kc, zeros), d.CopyIn(ctx, vc, zeros), d.CopyInInt32(ctx, tb, table)); err != nil {
+		t.Fatal(err)
+	}
+	allK, allV := make([]float64, prod(cache)), make([]float64, prod(cache))
+	step := func(first, n int) ([]float32, []float64) {
+		q, k, v := randVec(r, n*hq*dim), randVec(r, n*hkv*dim), randVec(r, n*hkv*dim)
+		seq, pos, slots := make([]int32, n), make([]int32, n), make([]int32, n)
+		for i := range pos {
+			pos[i] = int32(first + i)
+			slots[i] = table[(first+i)/bs]*bs + int32((first+i)%bs)
+		}
+		bind := map[string]runtime.Buffer{"kc": kc, "vc": vc, "table": tb}
+		for name, in := range map[string]input{
+			"q": {dt: runtime.F32, shape: []int{n, hq, dim}, f: q}, "k": {dt: runtime.F32, shape: []int{n, hkv, dim}, f: k},
+			"v": {dt: runtime.F32, shape: []int{n, hkv, dim}, f: v}, "seq": {dt: runtime.I32, shape: []int{n}, i: seq},
+			"pos": {dt: runtime.I32, shape: []int{n}, i: pos}, "slots": {dt: runtime.I32, shape: []int{n}, i: slots},
+		} {
+			b := alloc(in.dt, in.shape...)
+			var err error
+			if in.dt == runtime.I32 {
+				err = d.CopyInInt32(ctx, b, in.i)
+			} else {
+				err = d.CopyIn(ctx, b, in.f)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			bind[name] = b
+		}
+		y := alloc(runtime.F32, n, hq, dim)
+		bind["y"] = y
+		if err := d.Run(ctx, attnGraph(0), bind); err != nil {
+			t.Fatal(err)
+		}
+		got := make([]float32, n*hq*dim)
+		if err := d.CopyOut(ctx, got, y); err != nil {
+			t.Fatal(err)
+		}
+		refKVWrite(allK, to64(k), slots, hkv*dim)
+		refKVWrite(allV, to64(v), slots, hkv*dim)
+		p := paged{t: n, hq: hq, hkv: hkv, d: dim, nblocks: nblocks, bs: bs, maxb: len(table), table: table, seq: seq, pos: pos}
+		return got, refPagedAttention(to64(q), allK, allV, p, 1/math.Sqrt(dim))
+	}
+	got, want := step(0, prompt)
+	checkClose(t, got, want, tolF32)
+	for i := 0; i < 3; i++ { // decode steps, the first opening a new block (24 = 3·8)
+		got, want = step(prompt+i, 1)
+		checkClose(t, got, want, tolF32)
 	}
 }

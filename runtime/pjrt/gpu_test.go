@@ -237,7 +237,7 @@ func compare(t *testing.T, got, want [][]float32, tol float64) {
 func opInputs(c loweringCase, rng *rand.Rand) map[string][]float32 {
 	out := map[string][]float32{}
 	for name, tt := range c.bound {
-		if name == "y" {
+		if name == "y" && c.op.Kind != runtime.OpKVWrite { // a KV cache is read as well as written
 			continue
 		}
 		n := 1
@@ -249,6 +249,18 @@ func opInputs(c loweringCase, rng *rand.Rand) map[string][]float32 {
 			switch name {
 			case "ids":
 				v[i] = float32(rng.IntN(c.bound["table"].Shape[0]))
+			case "slots": // distinct (which of two rows wins a slot is unspecified on XLA), the first skipped
+				v[i] = float32(i - 1)
+			case "table":
+				v[i] = float32(rng.IntN(c.bound["kc"].Shape[0]))
+			case "seq":
+				v[i] = float32(rng.IntN(c.bound["table"].Shape[0]))
+			case "pos":
+				limit := 1 << 15 // rope: any position
+				if kc, ok := c.bound["kc"]; ok {
+					limit = c.bound["table"].Shape[1] * kc.Shape[1]
+				}
+				v[i] = float32(rng.IntN(limit))
 			case "m":
 				if i >= tt.Shape[len(tt.Shape)-1] && rng.IntN(3) > 0 {
 					v[i] = 1

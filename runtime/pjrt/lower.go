@@ -171,6 +171,21 @@ func (l *lowering) op(s runtime.Step) (*stablehlo.Value, error) {
 		return stablehlo.Reshape(x, shapeOf(s.Out))
 	case runtime.OpConvert:
 		return stablehlo.Convert(x, xlaType(op.DType))
+	case runtime.OpRMSNorm:
+		return l.inF32(x, func(x *stablehlo.Value) (*stablehlo.Value, error) { return l.rmsNorm(x, l.vals[op.In[1]], op.Eps) })
+	case runtime.OpSiLU:
+		return l.silu(x)
+	case runtime.OpSwiGLU:
+		return l.inF32(x, l.swiglu)
+	case runtime.OpRoPE:
+		return l.inF32(x, func(x *stablehlo.Value) (*stablehlo.Value, error) {
+			return l.rope(x, l.vals[op.In[1]], l.vals[op.In[2]])
+		})
+	case runtime.OpKVWrite:
+		return l.kvWrite(l.vals[op.Out], x, l.vals[op.In[1]])
+	case runtime.OpPagedAttention:
+		v := func(i int) *stablehlo.Value { return l.vals[op.In[i]] }
+		return l.pagedAttention(x, v(1), v(2), v(3), v(4), v(5), op.Scale)
 	}
 	return nil, fmt.Errorf("unknown op kind %d", uint8(op.Kind))
 }
@@ -607,4 +622,304 @@ func (l *lowering) l2Normalize(x *stablehlo.Value) (*stablehlo.Value, error) {
 		return nil, err
 	}
 	return stablehlo.Select(nonzero, q, zero)
+}
+
+// inF32 applies f to x in f32, converting a bf16 x in and the result back:
+// the decoder-LLM ops compute in f32 whatever the storage type.
+func (l *lowering) inF32(x *stablehlo.Value, f func(*stablehlo.Value) (*stablehlo.Value, error)) (*stablehlo.Value, error) {
+	dt := x.Shape().DType
+	if dt == dtypes.Float32 {
+		return f(x)
+	}
+	xf, err := stablehlo.Convert(x, dtypes.Float32)
+	if err != nil {
+		return nil, err
+	}
+	y, err := f(xf)
+	if err != nil {
+		return nil, err
+	}
+	return stablehlo.Convert(y, dt)
+}
+
+// rmsNorm: x / sqrt(mean(x²) + eps) · w over the last axis.
+func (l *lowering) rmsNorm(x, w *stablehlo.Value, eps float32) (*stablehlo.Value, error) {
+	last := x.Shape().Rank() - 1
+	sq, err := stablehlo.Multiply(x, x)
+	if err != nil {
+		return nil, err
+	}
+	ms, err := l.reduce(sq, last, false, true)
+	if err != nil {
+		return nil, err
+	}
+	if ms, err = l.scale(ms, float32(1/float64(x.Shape().Dimensions[last]))); err != nil {
+		return nil, err
+	}
+	e, err := l.splat(eps, x.Shape())
+	if err != nil {
+		return nil, err
+	}
+	if ms, err = stablehlo.Add(ms, e); err != nil {
+		return nil, err
+	}
+	if ms, err = stablehlo.Rsqrt(ms); err != nil {
+		return nil, err
+	}
+	y, err := stablehlo.Multiply(x, ms)
+	if err != nil {
+		return nil, err
+	}
+	wb, err := stablehlo.BroadcastInDim(w, y.Shape(), []int{last})
+	if err != nil {
+		return nil, err
+	}
+	return stablehlo.Multiply(y, wb)
+}
+
+// silu: x·sigmoid(x).
+func (l *lowering) silu(x *stablehlo.Value) (*stablehlo.Value, error) {
+	s, err := stablehlo.Logistic(x)
+	if err != nil {
+		return nil, err
+	}
+	return stablehlo.Multiply(x, s)
+}
+
+// lastHalves splits x's last axis into its two halves.
+func lastHalves(x *stablehlo.Value) (a, b *stablehlo.Value, err error) {
+	dims := x.Shape().Dimensions
+	r := len(dims)
+	half := dims[r-1] / 2
+	starts, mid, limits := make([]int, r), slices.Clone(dims), slices.Clone(dims)
+	mid[r-1] = half
+	if a, err = stablehlo.Slice(x, starts, mid, nil); err != nil {
+		return nil, nil, err
+	}
+	starts[r-1] = half
+	b, err = stablehlo.Slice(x, starts, limits, nil)
+	return a, b, err
+}
+
+// swiglu: [gate | up] on the last axis → silu(gate)·up.
+func (l *lowering) swiglu(x *stablehlo.Value) (*stablehlo.Value, error) {
+	gate, up, err := lastHalves(x)
+	if err != nil {
+		return nil, err
+	}
+	if gate, err = l.silu(gate); err != nil {
+		return nil, err
+	}
+	return stablehlo.Multiply(gate, up)
+}
+
+// rope rotates x [T,H,D] in rotate-half layout by angles float32(pos)·freq
+// computed in f32, as runtime.OpRoPE says.
+func (l *lowering) rope(x, pos, freq *stablehlo.Value) (*stablehlo.Value, error) {
+	dims := x.Shape().Dimensions
+	t, half := dims[0], dims[2]/2
+	pf, err := stablehlo.Convert(pos, dtypes.Float32)
+	if err != nil {
+		return nil, err
+	}
+	table := shapes.Make(dtypes.Float32, t, half)
+	pb, err := stablehlo.BroadcastInDim(pf, table, []int{0})
+	if err != nil {
+		return nil, err
+	}
+	fb, err := stablehlo.BroadcastInDim(freq, table, []int{1})
+	if err != nil {
+		return nil, err
+	}
+	ang, err := stablehlo.Multiply(pb, fb)
+	if err != nil {
+		return nil, err
+	}
+	half3 := shapes.Make(dtypes.Float32, t, dims[1], half)
+	trig := func(f func(*stablehlo.Value) (*stablehlo.Value, error)) (*stablehlo.Value, error) {
+		v, err := f(ang)
+		if err != nil {
+			return nil, err
+		}
+		return stablehlo.BroadcastInDim(v, half3, []int{0, 2})
+	}
+	c, err := trig(stablehlo.Cosine)
+	if err != nil {
+		return nil, err
+	}
+	sn, err := trig(stablehlo.Sine)
+	if err != nil {
+		return nil, err
+	}
+	a, b, err := lastHalves(x)
+	if err != nil {
+		return nil, err
+	}
+	// out = [a·c − b·s | b·c + a·s]
+	mul := func(p, q *stablehlo.Value) *stablehlo.Value {
+		if err != nil {
+			return nil
+		}
+		var v *stablehlo.Value
+		v, err = stablehlo.Multiply(p, q)
+		return v
+	}
+	ac, bs, bc, as := mul(a, c), mul(b, sn), mul(b, c), mul(a, sn)
+	if err != nil {
+		return nil, err
+	}
+	ra, err := stablehlo.Subtract(ac, bs)
+	if err != nil {
+		return nil, err
+	}
+	rb, err := stablehlo.Add(bc, as)
+	if err != nil {
+		return nil, err
+	}
+	return stablehlo.Concatenate(2, ra, rb)
+}
+
+// kvWrite scatters rows x [T,Hkv,D] into cache [NB,BS,Hkv,D] at slots [T]
+// and returns the updated cache, which the device swaps into the bound
+// buffer. XLA skips an update whose index is out of bounds, so negative
+// slots write nothing, as the contract says; so does a slot past the cache
+// (the CPU adapter refuses it: a device cannot report it without a round
+// trip). Which of two rows with one slot wins is unspecified here.
+func (l *lowering) kvWrite(cache, x, slots *stablehlo.Value) (*stablehlo.Value, error) {
+	cd := cache.Shape().Dimensions
+	dt := cache.Shape().DType
+	flat, err := stablehlo.Reshape(cache, shapes.Make(dt, cd[0]*cd[1], cd[2], cd[3]))
+	if err != nil {
+		return nil, err
+	}
+	idx, err := stablehlo.Reshape(slots, shapes.Make(dtypes.Int32, slots.Shape().Dimensions[0], 1))
+	if err != nil {
+		return nil, err
+	}
+	body := l.fn.Closure()
+	scalar := shapes.Make(dt)
+	if _, err := body.NamedInput("old", scalar); err != nil {
+		return nil, err
+	}
+	nw, err := body.NamedInput("new", scalar)
+	if err != nil {
+		return nil, err
+	}
+	if err := body.Return(nw); err != nil {
+		return nil, err
+	}
+	out, err := stablehlo.Scatter(flat, idx, x, []int{1, 2}, []int{0}, nil, nil, []int{0}, 1, false, false, body)
+	if err != nil {
+		return nil, err
+	}
+	return stablehlo.Reshape(out, cache.Shape())
+}
+
+// pagedAttention lowers runtime.OpPagedAttention with static shapes: each
+// token's block-table row gathers its sequence's whole cache window
+// [MaxBlocksPerSeq·BlockSize] of K and V, positions past the token's are
+// masked (scores to −inf, V rows to 0 so stale cache contents cannot leak a
+// NaN through a zero weight), and the grouped heads are batched dot products.
+// The gathered window costs T·MaxBlocksPerSeq·BlockSize·Hkv·D elements per
+// cache; XLA clamps out-of-range block ids and sequence indices.
+func (l *lowering) pagedAttention(q, kc, vc, table, seq, pos *stablehlo.Value, scale float32) (*stablehlo.Value, error) {
+	qd, cd := q.Shape().Dimensions, kc.Shape().Dimensions
+	t, hq, d := qd[0], qd[1], qd[2]
+	bs, hkv := cd[1], cd[2]
+	maxb := table.Shape().Dimensions[1]
+	n, g := maxb*bs, hq/hkv
+	if scale == 0 {
+		scale = float32(1 / math.Sqrt(float64(d)))
+	}
+	rows, err := l.gather(table, seq) // [T,MaxB] block ids
+	if err != nil {
+		return nil, err
+	}
+	ri, err := stablehlo.Reshape(rows, shapes.Make(dtypes.Int32, t, maxb, 1))
+	if err != nil {
+		return nil, err
+	}
+	keep, err := l.fn.Iota(shapes.Make(dtypes.Int32, t, n), 1)
+	if err != nil {
+		return nil, err
+	}
+	pb, err := stablehlo.BroadcastInDim(pos, keep.Shape(), []int{0})
+	if err != nil {
+		return nil, err
+	}
+	if keep, err = stablehlo.Compare(keep, pb, types.CompareLE, types.CompareSigned); err != nil { // [T,N]
+		return nil, err
+	}
+	window := func(c *stablehlo.Value) (*stablehlo.Value, error) { // [T,N,Hkv,D] f32
+		w, err := stablehlo.Gather(c, ri, 2, []int{2, 3, 4}, []int{0}, nil, nil, []int{0}, []int{1, bs, hkv, d}, false)
+		if err != nil {
+			return nil, err
+		}
+		if w, err = stablehlo.Reshape(w, shapes.Make(c.Shape().DType, t, n, hkv, d)); err != nil {
+			return nil, err
+		}
+		return stablehlo.Convert(w, dtypes.Float32)
+	}
+	k, err := window(kc)
+	if err != nil {
+		return nil, err
+	}
+	v, err := window(vc)
+	if err != nil {
+		return nil, err
+	}
+	kv := v.Shape()
+	kb, err := stablehlo.BroadcastInDim(keep, shapes.Make(dtypes.Bool, kv.Dimensions...), []int{0, 1})
+	if err != nil {
+		return nil, err
+	}
+	zero, err := l.splat(0, kv)
+	if err != nil {
+		return nil, err
+	}
+	if v, err = stablehlo.Select(kb, v, zero); err != nil {
+		return nil, err
+	}
+	qf, err := stablehlo.Convert(q, dtypes.Float32)
+	if err != nil {
+		return nil, err
+	}
+	if qf, err = stablehlo.Reshape(qf, shapes.Make(dtypes.Float32, t, hkv, g, d)); err != nil {
+		return nil, err
+	}
+	prec := l.precision(runtime.F32)
+	// [T,Hkv,G,D] · [T,N,Hkv,D] → [T,Hkv,G,N]
+	s, err := stablehlo.DotGeneral(qf, []int{3}, []int{0, 1}, k, []int{3}, []int{0, 2}).
+		Precision(prec, prec).OutputDType(dtypes.Float32).Done()
+	if err != nil {
+		return nil, err
+	}
+	if s, err = l.scale(s, scale); err != nil {
+		return nil, err
+	}
+	sb, err := stablehlo.BroadcastInDim(keep, shapes.Make(dtypes.Bool, s.Shape().Dimensions...), []int{0, 3})
+	if err != nil {
+		return nil, err
+	}
+	ninf, err := l.splat(float32(math.Inf(-1)), s.Shape())
+	if err != nil {
+		return nil, err
+	}
+	if s, err = stablehlo.Select(sb, s, ninf); err != nil {
+		return nil, err
+	}
+	p, err := l.softmax(s, nil) // position 0 is always kept: no empty row
+	if err != nil {
+		return nil, err
+	}
+	// [T,Hkv,G,N] · [T,N,Hkv,D] → [T,Hkv,G,D]
+	o, err := stablehlo.DotGeneral(p, []int{3}, []int{0, 1}, v, []int{1}, []int{0, 2}).
+		Precision(prec, prec).OutputDType(dtypes.Float32).Done()
+	if err != nil {
+		return nil, err
+	}
+	if o, err = stablehlo.Reshape(o, shapes.Make(dtypes.Float32, t, hq, d)); err != nil {
+		return nil, err
+	}
+	return stablehlo.Convert(o, q.Shape().DType)
 }

@@ -207,6 +207,65 @@ func loweringCases() []loweringCase {
 			bound: map[string]TensorType{"x": f32(3, 4), "y": bf16(3, 4)},
 			want:  []string{"stablehlo.convert\"(%in0) : (tensor<3x4xf32>) -> tensor<3x4xbf16>"},
 		},
+		{
+			name:  "rms-norm",
+			op:    runtime.Op{Kind: runtime.OpRMSNorm, In: []string{"x", "w"}, Out: "y", Eps: 1e-6},
+			bound: map[string]TensorType{"x": f32(3, 2, 8), "w": f32(8), "y": f32(3, 2, 8)},
+			want: []string{"stablehlo.multiply\"(%in1, %in1)", "stablehlo.reduce", "dense<0.125>",
+				"stablehlo.rsqrt", "broadcast_dimensions = array<i64: 2> } : (tensor<8xf32>) -> tensor<3x2x8xf32>"},
+			not: []string{"stablehlo.subtract", "stablehlo.convert"},
+		},
+		{
+			name:  "rms-norm bf16",
+			op:    runtime.Op{Kind: runtime.OpRMSNorm, In: []string{"x", "w"}, Out: "y", Eps: 1e-5},
+			bound: map[string]TensorType{"x": bf16(3, 8), "w": f32(8), "y": bf16(3, 8)},
+			want:  []string{"(tensor<3x8xbf16>) -> tensor<3x8xf32>", "stablehlo.rsqrt", "(tensor<3x8xf32>) -> tensor<3x8xbf16>"},
+		},
+		{
+			name:  "silu",
+			op:    op(runtime.OpSiLU, "x"),
+			bound: map[string]TensorType{"x": f32(3, 4), "y": f32(3, 4)},
+			want:  []string{"stablehlo.logistic\"(%in0)", "stablehlo.multiply\"(%in0"},
+		},
+		{
+			name:  "swiglu",
+			op:    op(runtime.OpSwiGLU, "x"),
+			bound: map[string]TensorType{"x": f32(3, 10), "y": f32(3, 5)},
+			want: []string{"stablehlo.slice", "limit_indices = array<i64: 3, 5>", "stablehlo.slice", "start_indices = array<i64: 0, 5>",
+				"stablehlo.logistic", "stablehlo.multiply", "-> tensor<3x5xf32>"},
+		},
+		{
+			name:  "rope bf16",
+			op:    op(runtime.OpRoPE, "x", "pos", "f"),
+			bound: map[string]TensorType{"x": bf16(4, 2, 8), "pos": i32(4), "f": f32(4), "y": bf16(4, 2, 8)},
+			want: []string{"(tensor<4xi32>) -> tensor<4xf32>", "stablehlo.multiply", "stablehlo.cosine", "stablehlo.sine",
+				"stablehlo.subtract", "stablehlo.add", "stablehlo.concatenate", "(tensor<4x2x8xf32>) -> tensor<4x2x8xbf16>"},
+		},
+		{
+			// The cache is bound as "y": the op's output and an input.
+			name:  "kv-write",
+			op:    runtime.Op{Kind: runtime.OpKVWrite, In: []string{"k", "slots"}, Out: "y"},
+			bound: map[string]TensorType{"k": f32(5, 2, 4), "slots": i32(5), "y": f32(3, 4, 2, 4)},
+			want: []string{"(tensor<3x4x2x4xf32>) -> tensor<12x2x4xf32>", "(tensor<5xi32>) -> tensor<5x1xi32>", "stablehlo.scatter",
+				"update_window_dims = [1, 2]", "inserted_window_dims = [0]", "(tensor<12x2x4xf32>) -> tensor<3x4x2x4xf32>"},
+		},
+		{
+			name: "paged-attention gqa2",
+			op:   op(runtime.OpPagedAttention, "q", "kc", "vc", "table", "seq", "pos"),
+			bound: map[string]TensorType{"q": f32(5, 4, 8), "kc": f32(6, 4, 2, 8), "vc": f32(6, 4, 2, 8), "table": i32(3, 2),
+				"seq": i32(5), "pos": i32(5), "y": f32(5, 4, 8)},
+			want: []string{"stablehlo.gather", "-> tensor<5x2xi32>", "stablehlo.iota", "comparison_direction LE", "stablehlo.gather",
+				"-> tensor<5x2x4x2x8xf32>", "stablehlo.select", "(tensor<5x4x8xf32>) -> tensor<5x2x2x8xf32>",
+				"lhs_batching_dimensions = [0, 1]", "rhs_batching_dimensions = [0, 2]", "-> tensor<5x2x2x8xf32>",
+				"stablehlo.exponential", "stablehlo.dot_general", "-> tensor<5x2x2x8xf32>", "-> tensor<5x4x8xf32>"},
+		},
+		{
+			name: "paged-attention bf16 cache",
+			op:   runtime.Op{Kind: runtime.OpPagedAttention, In: []string{"q", "kc", "vc", "table", "seq", "pos"}, Out: "y", Scale: 0.5},
+			bound: map[string]TensorType{"q": bf16(2, 7, 4), "kc": bf16(3, 16, 1, 4), "vc": bf16(3, 16, 1, 4), "table": i32(2, 3),
+				"seq": i32(2), "pos": i32(2), "y": bf16(2, 7, 4)},
+			want: []string{"(tensor<2x48x1x4xbf16>) -> tensor<2x48x1x4xf32>", "dense<0.5>", "-> tensor<2x7x4xbf16>"},
+		},
 	}
 }
 
@@ -218,7 +277,7 @@ func TestLowerOps(t *testing.T) {
 	for _, tt := range tests {
 		covered[tt.op.Kind] = true
 	}
-	for k := runtime.OpMatMul; k <= runtime.OpConvert; k++ {
+	for k := runtime.OpMatMul; k <= runtime.OpPagedAttention; k++ {
 		if !covered[k] {
 			t.Errorf("op kind %s has no lowering test", k)
 		}
@@ -252,7 +311,7 @@ func TestLowerOps(t *testing.T) {
 			}
 			var wantIn []string
 			for name := range tt.bound {
-				if name != "y" {
+				if name != "y" || tt.op.Kind == runtime.OpKVWrite { // the cache is read too
 					wantIn = append(wantIn, name)
 				}
 			}
