@@ -42,7 +42,10 @@
 // device's compute type (bf16 where it computes in bf16); norms, biases,
 // the residual stream and the cache stay f32. On devices that
 // compile per shape (PJRT) rows, sequences and sampled rows are padded to
-// the device's buckets; padding rows write no cache slot.
+// the device's buckets, and the block table is as wide as the step's
+// longest sequence needs, rounded up to a power of two (their attention
+// gathers the table's whole window per row); padding rows write no cache
+// slot.
 //
 // The KV cache is one [NumBlocks, BlockSize, Hkv, D] buffer per layer for K
 // and one for V, NumBlocks from EngineOptions.CacheBytes; sequences hold
