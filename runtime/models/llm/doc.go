@@ -4,7 +4,7 @@
 //
 // Host side (no device):
 //
-//	m, err := llm.NewModel(configJSON, weights, llm.ModelOptions{Name, Version, Tokenizer, Chat, GenerationConfig, BaseBatch})
+//	m, err := llm.NewModel(configJSON, weights, llm.ModelOptions{Name, Version, Tokenizer, Chat, GenerationConfig, BaseBatch, MaxContext})
 //	m.Encode(text, addSpecial) ([]int32, error)
 //	m.RenderChat([]llm.Message{{Role, Content}}, addGenerationPrompt) (string, error)
 //	m.NewSequence(llm.Sampling{...}, prompt) (*llm.Sequence, error) // validates; the step's State
@@ -14,12 +14,13 @@
 //
 // Device side:
 //
-//	e, err := m.NewEngine(ctx, dev, llm.EngineOptions{CacheBytes, BlockSize, MaxStepTokens, MaxSeqs})
+//	e, err := m.NewEngine(ctx, dev, llm.EngineOptions{CacheBytes, BlockSize, MaxStepTokens, MaxSeqs, DisablePrefixCache})
 //	e.Reserve(seq, tokens) bool // KV blocks for tokens positions in all; false when they do not fit now
 //	e.Release(seq)              // frees them (finished, cancelled, preempted)
 //	e.Step(ctx, []llm.StepItem) ([]llm.StepResult, error)
 //	e.CacheBlocks() (used, total int) // held by sequences; idle cached blocks count as free
 //	e.Stats() llm.EngineStats         // ComputedTokens, CachedTokens (prefix cache hits)
+//	e.Options() llm.EngineOptions     // defaults filled: MaxSeqs ≥ running set, MaxStepTokens ≥ step budget
 //	e.Close() error
 //
 // StepItem and StepResult have the scheduler's fields exactly, so the
@@ -41,7 +42,10 @@
 // device's compute type (bf16 where it computes in bf16); norms, biases,
 // the residual stream and the cache stay f32. On devices that
 // compile per shape (PJRT) rows, sequences and sampled rows are padded to
-// the device's buckets; padding rows write no cache slot.
+// the device's buckets, and the block table is as wide as the step's
+// longest sequence needs, rounded up to a power of two (their attention
+// gathers the table's whole window per row); padding rows write no cache
+// slot.
 //
 // The KV cache is one [NumBlocks, BlockSize, Hkv, D] buffer per layer for K
 // and one for V, NumBlocks from EngineOptions.CacheBytes; sequences hold

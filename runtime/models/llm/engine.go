@@ -267,6 +267,26 @@ func (e *Engine) pad(n int) int {
 	return n
 }
 
+// tableWidth is the block table's width for items: the context's blocks on
+// devices that run any shape (their attention reads only the blocks it
+// needs), and the step's longest sequence rounded up to a power of two on
+// devices that compile per shape, whose attention gathers the table's
+// whole window for every row (runtime/pjrt).
+func (e *Engine) tableWidth(items []StepItem) int {
+	if e.bucket == nil {
+		return e.maxBlks
+	}
+	need := 1
+	for _, it := range items {
+		need = max(need, (it.Pos+len(it.Tokens)+e.opts.BlockSize-1)/e.opts.BlockSize)
+	}
+	w := 1
+	for w < need {
+		w *= 2
+	}
+	return min(w, e.maxBlks)
+}
+
 // stepPlan is a step's host-side inputs.
 type stepPlan struct {
 	shape                   stepShape
@@ -277,6 +297,7 @@ type stepPlan struct {
 	commits                 []commit
 	cached                  int // rows skipped: their blocks were shared
 	real                    int // rows before padding
+	width                   int // block table columns
 }
 
 // commit is what a step writes of one sequence, recorded once it succeeds.
@@ -302,7 +323,8 @@ func (e *Engine) plan(items []StepItem) (*stepPlan, error) {
 	}
 	p := &stepPlan{}
 	p.shape.S = e.pad(len(items))
-	p.btab = make([]int32, p.shape.S*e.maxBlks)
+	p.width = e.tableWidth(items)
+	p.btab = make([]int32, p.shape.S*p.width)
 	p.ids = make([]int32, 0, t)
 	p.pos = make([]int32, 0, t)
 	p.slots = make([]int32, 0, t)
@@ -341,7 +363,8 @@ func (e *Engine) plan(items []StepItem) (*stepPlan, error) {
 		case end > len(blocks)*bs:
 			return nil, fmt.Errorf("%w: sequence %d runs to position %d with %d reserved", ErrInvalidStep, it.Seq, end, len(blocks)*bs)
 		}
-		copy(p.btab[i*e.maxBlks:], blocks)
+		// Entries past the step's last block may hold anything.
+		copy(p.btab[i*p.width:(i+1)*p.width], blocks)
 		for j, tok := range toks {
 			at := pos + j
 			p.ids = append(p.ids, tok)
@@ -410,7 +433,7 @@ func (e *Engine) forward(ctx context.Context, p *stepPlan) ([]float32, error) {
 		shape []int
 	}{
 		{gIDs, p.ids, []int{sh.T}}, {gPos, p.pos, []int{sh.T}}, {gSlots, p.slots, []int{sh.T}},
-		{gSeqIdx, p.seqIdx, []int{sh.T}}, {gBlocks, p.btab, []int{sh.S, e.maxBlks}}, {gRows, p.rows, []int{sh.R}},
+		{gSeqIdx, p.seqIdx, []int{sh.T}}, {gBlocks, p.btab, []int{sh.S, p.width}}, {gRows, p.rows, []int{sh.R}},
 	} {
 		if err := in(f.name, f.vals, f.shape...); err != nil {
 			return nil, fmt.Errorf("llm: step input %s on %s: %w", f.name, e.dev.ID(), err)

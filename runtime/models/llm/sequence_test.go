@@ -204,6 +204,12 @@ func TestStepResults(t *testing.T) {
 	if !e.Reserve(1, len(p)) {
 		t.Fatal("reserve")
 	}
+	// A cancelled step fails and leaves the cache where it was.
+	cancelled, cancel := context.WithCancel(ctx)
+	cancel()
+	if _, err := e.Step(cancelled, []StepItem{{Seq: 1, State: seq, Tokens: p, Pos: 0, Sample: true}}); !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled step: %v", err)
+	}
 	res, err := e.Step(ctx, []StepItem{{Seq: 1, State: seq, Tokens: p, Pos: 0, Sample: true}})
 	if err != nil {
 		t.Fatal(err)

@@ -3,11 +3,12 @@
 // chat templates and streaming detokenisation, from a Hugging Face model
 // directory.
 //
-//	tok, err := bpe.Load(dir)                  // tokenizer.json, tokenizer_config.json, generation_config.json
-//	prompt, err := tok.ApplyChatTemplate(msgs, true)
-//	ids := tok.Encode(prompt, false)           // the template already wrote the specials
+//	tok, err := bpe.Load(dir) // tokenizer.json, tokenizer_config.json, generation_config.json
+//	prompt, err := tok.ApplyChatTemplate(msgs, bpe.ChatOptions{AddGenerationPrompt: true})
+//	ids := tok.Encode(prompt, false) // the template already wrote the specials
+//	stop := tok.EOSIDs()
 //	sd := tok.NewStreamDecoder(true)
-//	for each generated id: delta := sd.Push(id) ...; tail := sd.Flush()
+//	// per generated id: send sd.Push(id); at the end: send sd.Flush()
 //
 // The file is parsed with go-huggingface's hftokenizer types (the library the
 // BERT tokenizer uses), but encoding is done here: hftokenizer compiles the
@@ -85,7 +86,7 @@ type fileJSON struct {
 	PreTokenizer  *step                    `json:"pre_tokenizer"`
 	PostProcessor *step                    `json:"post_processor"`
 	Decoder       *step                    `json:"decoder"`
-	Model         hftokenizer.Model        `json:"model"`
+	Model         json.RawMessage          `json:"model"`
 }
 
 // step is one normalizer, pre-tokenizer, post-processor or decoder.
@@ -172,15 +173,16 @@ func parse(content []byte) (*Tokenizer, error) {
 	if err := json.Unmarshal(content, &f); err != nil {
 		return nil, fmt.Errorf("bad JSON: %w", err)
 	}
+	var m hftokenizer.Model
+	if err := json.Unmarshal(f.Model, &m); err != nil {
+		return nil, fmt.Errorf("model: %w", err)
+	}
 	var extra struct {
-		Model struct {
-			IgnoreMerges bool `json:"ignore_merges"`
-		} `json:"model"`
+		IgnoreMerges bool `json:"ignore_merges"`
 	}
-	if err := json.Unmarshal(content, &extra); err != nil {
-		return nil, fmt.Errorf("bad JSON: %w", err)
+	if err := json.Unmarshal(f.Model, &extra); err != nil {
+		return nil, fmt.Errorf("model: %w", err)
 	}
-	m := &f.Model
 	switch {
 	case m.Type != "BPE":
 		return nil, fmt.Errorf("model.type %q is not supported (BPE)", m.Type)
@@ -197,7 +199,7 @@ func parse(content []byte) (*Tokenizer, error) {
 	}
 	t := &Tokenizer{
 		vocab:       make(map[string]int32, len(m.Vocab)+len(f.AddedTokens)),
-		ignoreMerge: extra.Model.IgnoreMerges,
+		ignoreMerge: extra.IgnoreMerges,
 		bos:         -1, eos: -1, pad: -1, unk: -1,
 	}
 	maxID := -1
@@ -415,6 +417,17 @@ func (t *Tokenizer) TokenID(token string) (int32, bool) {
 // IsSpecial reports whether id is a special added token.
 func (t *Tokenizer) IsSpecial(id int32) bool {
 	return id >= 0 && int(id) < len(t.special) && t.special[id]
+}
+
+// SpecialIDs lists the special added tokens' ids in increasing order.
+func (t *Tokenizer) SpecialIDs() []int32 {
+	var ids []int32
+	for id, sp := range t.special {
+		if sp {
+			ids = append(ids, int32(id))
+		}
+	}
+	return ids
 }
 
 // BOS, EOS, PAD and UNK return the ids named by tokenizer_config.json (and

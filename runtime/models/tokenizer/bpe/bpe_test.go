@@ -45,6 +45,9 @@ func TestMatchesJavaScript(t *testing.T) {
 				if d := tok.Decode(got, false); d != wantText {
 					t.Errorf("string %d: Decode(Encode(%q)) = %q", i, s, d)
 				}
+				if d := tok.Decode(want[i], true); d != e.Decoded[tc.name][i] {
+					t.Errorf("string %d: Decode(ids, skip specials) = %q, JavaScript %q", i, d, e.Decoded[tc.name][i])
+				}
 			}
 			if bad > 0 {
 				t.Fatalf("%d of %d strings differ", bad, len(e.Strings))
@@ -162,6 +165,9 @@ func TestSpecialTokens(t *testing.T) {
 			}
 			if !tok.IsSpecial(eos) || tok.IsSpecial(0) {
 				t.Error("IsSpecial wrong")
+			}
+			if sp := tok.SpecialIDs(); !slices.Contains(sp, eos) || slices.Contains(sp, 0) {
+				t.Errorf("SpecialIDs %v", sp)
 			}
 		})
 	}

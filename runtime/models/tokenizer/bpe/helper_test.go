@@ -65,6 +65,7 @@ type expected struct {
 	Strings              []string              `json:"strings"`
 	Tokenizers           map[string][][]int32  `json:"tokenizers"`
 	Pieces               map[string][][]string `json:"pieces"`
+	Decoded              map[string][]string   `json:"decoded"`
 	Llama32PostProcessor json.RawMessage       `json:"llama32_post_processor"`
 }
 

