@@ -133,18 +133,34 @@ func run(layers, hidden, heads, kvHeads, inter, vocab, nPrompts, minOut, maxOut,
 			fmt.Fprintf(w, "round %d %-14s %7.2f s  %8.1f useful tokens/s\n", r+1, mode, took.Seconds(), tps)
 		}
 	}
+	// Ratios are taken within each round (the modes of a round ran back
+	// to back, so they saw the same machine), then the median over rounds.
 	med := func(v []float64) float64 {
 		s := slices.Clone(v)
 		slices.Sort(s)
+		if len(s)%2 == 0 {
+			return (s[len(s)/2-1] + s[len(s)/2]) / 2
+		}
 		return s[len(s)/2]
+	}
+	ratio := func(a, b string) []float64 {
+		r := make([]float64, rounds)
+		for i := range r {
+			r[i] = rate[a][i] / rate[b][i]
+		}
+		return r
 	}
 	fmt.Fprintln(w, "\nmedian useful output tokens/s:")
 	for _, mode := range modes {
 		fmt.Fprintf(w, "  %-14s %8.1f\n", mode, med(rate[mode]))
 	}
-	fmt.Fprintf(w, "continuous / static:        %.2fx\n", med(rate["continuous"])/med(rate["static"]))
+	others := []string{"static"}
 	if !skipOne {
-		fmt.Fprintf(w, "continuous / one-at-a-time: %.2fx\n", med(rate["continuous"])/med(rate["one-at-a-time"]))
+		others = append(others, "one-at-a-time")
+	}
+	for _, o := range others {
+		r := ratio("continuous", o)
+		fmt.Fprintf(w, "continuous / %-14s %.2fx median of rounds %.2f\n", o+":", med(r), r)
 	}
 	slices.Sort(ttfts)
 	q := func(p float64) time.Duration {
