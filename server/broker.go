@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/brokerd/brokerd/detect"
+	"github.com/brokerd/brokerd/lifecycle"
 	brokerv1 "github.com/brokerd/brokerd/proto/broker/v1"
 	"github.com/brokerd/brokerd/runtime"
 	"github.com/brokerd/brokerd/scheduler"
@@ -58,13 +59,32 @@ type Scheduler interface {
 // serves the admin RPCs only.
 type DataPlane struct {
 	Sched  Scheduler
-	models *modelSet
+	models modelCatalog
 	Limits Limits
 	// OnDrained is called once a Drain RPC asking brokerd to exit has
 	// drained everything (the daemon stops then).
 	OnDrained func()
 	// Draining is called when a drain starts, so health can go NOT_SERVING.
 	Draining func()
+	// generators replaces the decoder LLMs of the models (unit tests of
+	// the edge generate with fakes); nil: each model's own.
+	generators func(*lifecycle.Served) generatorModel
+}
+
+// modelCatalog is what the RPCs need of the model lifecycle
+// (lifecycle.Set): what serves a name, holding it while a request runs,
+// and the administration of loads.
+type modelCatalog interface {
+	Acquire(name string, version int64) (*lifecycle.Served, error)
+	Release(sv *lifecycle.Served)
+	Lookup(name string) *lifecycle.Served
+	Missing(name string) error
+	Builtin(name string) (lifecycle.Encoder, bool)
+	DefaultModel() string
+	ComputeDType(deviceID string) (runtime.DType, bool)
+	Load(ctx context.Context, name string, version int64) (*lifecycle.Served, error)
+	Unload(ctx context.Context, name string) (*lifecycle.Served, error)
+	Catalog() (lifecycle.Catalog, error)
 }
 
 // BrokerService implements broker.v1.BrokerService over local interfaces.
@@ -78,7 +98,7 @@ type BrokerService struct {
 	log    *zap.Logger
 
 	sched  Scheduler
-	models *modelSet
+	models modelCatalog
 	limits Limits
 	zstd   *zstd.Encoder
 	dp     DataPlane
@@ -243,7 +263,7 @@ func (s *BrokerService) configuration() *brokerv1.Configuration {
 func (s *BrokerService) device(e *detect.Entry) *brokerv1.Device {
 	d := deviceToProto(e)
 	if s.models != nil {
-		if dt, ok := s.models.computeDType(e.ID); ok {
+		if dt, ok := s.models.ComputeDType(e.ID); ok {
 			if d.Attributes == nil {
 				d.Attributes = map[string]string{}
 			}

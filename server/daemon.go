@@ -26,10 +26,10 @@ import (
 	"google.golang.org/grpc/reflection"
 
 	"github.com/brokerd/brokerd/detect"
+	"github.com/brokerd/brokerd/lifecycle"
 	brokerv1 "github.com/brokerd/brokerd/proto/broker/v1"
 	"github.com/brokerd/brokerd/proto/inference"
 	"github.com/brokerd/brokerd/runtime"
-	"github.com/brokerd/brokerd/runtime/hashenc"
 	modelrepo "github.com/brokerd/brokerd/runtime/models/repo"
 	"github.com/brokerd/brokerd/runtime/onednn"
 	"github.com/brokerd/brokerd/runtime/pjrt"
@@ -145,11 +145,11 @@ func Run(ctx context.Context, opts Options, log *zap.Logger) error {
 	if tokenizers == nil {
 		tokenizers = bpeTokenizers
 	}
-	repo, err := openRepository(cfg.ModelRepoDir(), cfg.ModelRepo == "", log, modelrepo.WithTokenizerLoader(tokenizers), modelrepo.WithMaxContext(cfg.MaxContext))
+	repo, err := lifecycle.OpenRepository(cfg.ModelRepoDir(), cfg.ModelRepo == "", log, modelrepo.WithTokenizerLoader(tokenizers), modelrepo.WithMaxContext(cfg.MaxContext))
 	if err != nil {
 		return err
 	}
-	models, err := placeModels(ctx, inv.Devices(), []encoderModel{hashEncoder{hashenc.New()}}, sched, repo, placeOptions{
+	models, err := lifecycle.Open(ctx, inv.Devices(), []lifecycle.Encoder{lifecycle.NewHashEncoder()}, sched, repo, lifecycle.Options{
 		Adapters: map[string]runtime.Adapter{onednn.Name: onednn.New(onednn.Options{Registerer: reg}),
 			pjrt.Name: pjrt.New(pjrt.AdapterOptions{Discovery: pol.pjrt, Registerer: reg,
 				Identify: func(id string) (string, string) { e, _ := inv.Device(id); return e.PCIBusID, e.UUID }})},
@@ -160,16 +160,16 @@ func Run(ctx context.Context, opts Options, log *zap.Logger) error {
 		Entries:        inv.Devices,
 		DTypes:         pol.dtypes,
 	}, log)
-	reg.MustRegister(newKVCacheCollector(models))
+	reg.MustRegister(lifecycle.NewKVCacheCollector(models))
 	defer func() {
-		if err := models.close(); err != nil {
+		if err := models.Close(); err != nil {
 			log.Warn("closing models", zap.Error(err))
 		}
 	}()
 	if err != nil {
 		return err
 	}
-	if err := models.loadAtStart(ctx, cfg.LoadModels); err != nil {
+	if err := models.LoadAtStart(ctx, cfg.LoadModels); err != nil {
 		return err
 	}
 

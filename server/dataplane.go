@@ -22,19 +22,19 @@ func (s *BrokerService) GetStats(ctx context.Context, req *brokerv1.GetStatsRequ
 	if key != "" && s.models != nil {
 		// Repository models queue under NAME@VERSION: the serving version's
 		// rows answer for the name.
-		sv := s.models.lookup(key)
+		sv := s.models.Lookup(key)
 		if sv == nil {
 			// The rows name NAME@VERSION: that spelling answers too.
 			if name, _, ok := strings.Cut(key, "@"); ok {
-				if byName := s.models.lookup(name); byName != nil && byName.key == key {
+				if byName := s.models.Lookup(name); byName != nil && byName.Key == key {
 					sv = byName
 				}
 			}
 		}
 		if sv == nil {
-			return nil, toStatus(s.log, "GetStats", s.models.missing(key))
+			return nil, toStatus(s.log, "GetStats", s.models.Missing(key))
 		}
-		key = sv.key
+		key = sv.Key
 	}
 	resp := &brokerv1.GetStatsResponse{}
 	for _, st := range s.sched.Stats(key) {

@@ -36,9 +36,9 @@ func (s *BrokerService) Encode(ctx context.Context, req *brokerv1.EncodeRequest)
 	}
 	name := req.GetModel()
 	if name == "" {
-		name = s.models.defaultModel
+		name = s.models.DefaultModel()
 	}
-	m, ok := s.models.get(name)
+	m, ok := s.models.Builtin(name)
 	if !ok {
 		// Repository encoders (bert), or why name is not served.
 		return s.encodeModel(ctx, req, name, start)

@@ -18,14 +18,14 @@ import (
 // longest item and mask the padding, and the pooled vector is normalised
 // unless normalize=false.
 func (s *BrokerService) encodeModel(ctx context.Context, req *brokerv1.EncodeRequest, name string, start time.Time) (*brokerv1.EncodeResponse, error) {
-	sv, err := s.models.acquire(name, 0)
+	sv, err := s.models.Acquire(name, 0)
 	if err != nil {
 		return nil, toStatus(s.log, "Encode", err)
 	}
-	defer s.models.release(sv)
-	tm, ok := sv.model.(textModel)
-	if sv.info.Kind != models.KindBERT || !ok {
-		return nil, invalid("model %s is a %s model: Encode serves encoders (bert); use Infer", name, sv.info.Kind)
+	defer s.models.Release(sv)
+	tm, ok := sv.Model.(textModel)
+	if sv.Info.Kind != models.KindBERT || !ok {
+		return nil, invalid("model %s is a %s model: Encode serves encoders (bert); use Infer", name, sv.Info.Kind)
 	}
 	if err := s.validateEncode(req); err != nil {
 		return nil, err
@@ -48,7 +48,7 @@ func (s *BrokerService) encodeModel(ctx context.Context, req *brokerv1.EncodeReq
 	truncate := req.Truncate == nil || req.GetTruncate()
 
 	items := req.GetItems()
-	resp := &brokerv1.EncodeResponse{Model: name, ModelVersion: sv.info.Version, Results: make([]*brokerv1.EncodeResult, len(items))}
+	resp := &brokerv1.EncodeResponse{Model: name, ModelVersion: sv.Info.Version, Results: make([]*brokerv1.EncodeResult, len(items))}
 	var inputs []any
 	if semantic {
 		// Tokenising is host work; it runs in this handler, before queueing.
@@ -60,7 +60,7 @@ func (s *BrokerService) encodeModel(ctx context.Context, req *brokerv1.EncodeReq
 			}
 			in, err := tm.Tokenize(string(itemBytes(it)), "", truncate, normalize)
 			if err != nil {
-				return nil, invalid("items[%d]: %v", i, tokenizeError(err, truncate, sv.info.MaxSeqLen))
+				return nil, invalid("items[%d]: %v", i, tokenizeError(err, truncate, sv.Info.MaxSeqLen))
 			}
 			inputs[i] = in
 		}
@@ -80,8 +80,8 @@ func (s *BrokerService) encodeModel(ctx context.Context, req *brokerv1.EncodeReq
 	info := &brokerv1.ExecutionInfo{}
 	if semantic {
 		out, err := s.sched.Submit(ctx, scheduler.Request{
-			Model: sv.key, Client: clientID(ctx), Priority: priority,
-			DeviceID: req.GetDeviceId(), DeviceType: pinType, Inputs: inputs, Costs: sv.costs(inputs),
+			Model: sv.Key, Client: clientID(ctx), Priority: priority,
+			DeviceID: req.GetDeviceId(), DeviceType: pinType, Inputs: inputs, Costs: sv.Costs(inputs),
 		})
 		if err != nil {
 			return nil, s.schedulerStatus("Encode", err)
@@ -89,7 +89,7 @@ func (s *BrokerService) encodeModel(ctx context.Context, req *brokerv1.EncodeReq
 		for i, o := range out.Outputs {
 			v, err := outputValues(o)
 			if err != nil {
-				return nil, toStatus(s.log, "Encode", fmt.Errorf("model %s item %d: %w", sv.key, i, err))
+				return nil, toStatus(s.log, "Encode", fmt.Errorf("model %s item %d: %w", sv.Key, i, err))
 			}
 			resp.Results[i].Vector = v
 			resp.Results[i].DeviceId = out.Devices[i]

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/brokerd/brokerd/detect"
+	"github.com/brokerd/brokerd/lifecycle"
 	"github.com/brokerd/brokerd/runtime"
 	"github.com/brokerd/brokerd/runtime/models"
 	"github.com/brokerd/brokerd/runtime/safetensors"
@@ -34,11 +35,11 @@ func toStatus(log *zap.Logger, method string, err error) error {
 		code = codes.InvalidArgument
 	case errors.Is(err, detect.ErrDeviceUnavailable):
 		code = codes.FailedPrecondition
-	case errors.Is(err, errModelNotFound):
+	case errors.Is(err, lifecycle.ErrModelNotFound):
 		code = codes.NotFound
-	case errors.Is(err, errModelNotLoaded), errors.Is(err, errBuiltinModel):
+	case errors.Is(err, lifecycle.ErrModelNotLoaded), errors.Is(err, lifecycle.ErrBuiltinModel):
 		code = codes.FailedPrecondition
-	case errors.As(err, new(*admissionError)), errors.Is(err, runtime.ErrOutOfMemory):
+	case errors.As(err, new(*lifecycle.AdmissionError)), errors.Is(err, runtime.ErrOutOfMemory):
 		code = codes.ResourceExhausted
 	case errors.Is(err, safetensors.ErrInvalid), errors.Is(err, models.ErrInvalidInput):
 		code = codes.InvalidArgument

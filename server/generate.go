@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/brokerd/brokerd/lifecycle"
 	brokerv1 "github.com/brokerd/brokerd/proto/broker/v1"
 	"github.com/brokerd/brokerd/scheduler"
 )
@@ -113,7 +114,7 @@ func samplingFromProto(p *brokerv1.SamplingParams) (samplingParams, error) {
 type genCall struct {
 	svc     *BrokerService
 	method  string
-	sv      *served
+	sv      *lifecycle.Served
 	gm      generatorModel
 	params  samplingParams
 	maxNew  int // 0: per prompt, the default bounded by the context
@@ -231,24 +232,25 @@ func (s *BrokerService) newGenCall(ctx context.Context, method, model string, n 
 			return nil, nil, invalid("max_time %v is invalid: a positive duration", maxTime)
 		}
 	}
-	sv, err := s.models.acquire(model, 0)
+	sv, err := s.models.Acquire(model, 0)
 	if err != nil {
 		return nil, nil, toStatus(s.log, method, err)
 	}
-	if sv.gen == nil {
-		s.models.release(sv)
-		return nil, nil, invalid("model %s is a %s model: %s serves generator (LLM) models", model, sv.info.Kind, method)
+	gm := s.dp.generator(sv)
+	if gm == nil {
+		s.models.Release(sv)
+		return nil, nil, invalid("model %s is a %s model: %s serves generator (LLM) models", model, sv.Info.Kind, method)
 	}
 	call := &genCall{
-		svc: s, method: method, sv: sv, gm: sv.gen, params: params, maxNew: int(sp.GetMaxTokens()),
+		svc: s, method: method, sv: sv, gm: gm, params: params, maxNew: int(sp.GetMaxTokens()),
 		sched: scheduler.GenRequest{
-			Model: sv.key, Client: clientID(ctx), Priority: priority, DeviceID: deviceID, DeviceType: pinType,
+			Model: sv.Key, Client: clientID(ctx), Priority: priority, DeviceID: deviceID, DeviceType: pinType,
 		},
 	}
 	if maxTime != nil {
 		call.maxTime = maxTime.AsDuration()
 	}
-	return call, func() { s.models.release(sv) }, nil
+	return call, func() { s.models.Release(sv) }, nil
 }
 
 // seqEvent is one event of one of the call's sequences.

@@ -20,7 +20,9 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/brokerd/brokerd/lifecycle"
 	brokerv1 "github.com/brokerd/brokerd/proto/broker/v1"
+	"github.com/brokerd/brokerd/runtime"
 	"github.com/brokerd/brokerd/runtime/models"
 	"github.com/brokerd/brokerd/scheduler"
 )
@@ -132,6 +134,38 @@ func (m *letterModel) Step(ctx context.Context, items []scheduler.StepItem) ([]s
 	return out, nil
 }
 
+// fixedModels serves fixed models with no devices or repository: the part
+// of the model lifecycle the request path uses.
+type fixedModels map[string]*lifecycle.Served
+
+func (f fixedModels) Acquire(name string, version int64) (*lifecycle.Served, error) {
+	sv := f[name]
+	if sv == nil {
+		return nil, f.Missing(name)
+	}
+	if version != 0 && version != sv.Info.Version {
+		return nil, fmt.Errorf("model %s version %d: %w", name, version, lifecycle.ErrModelNotLoaded)
+	}
+	return sv, nil
+}
+func (f fixedModels) Release(*lifecycle.Served)                {}
+func (f fixedModels) Lookup(name string) *lifecycle.Served     { return f[name] }
+func (f fixedModels) Builtin(string) (lifecycle.Encoder, bool) { return nil, false }
+func (f fixedModels) DefaultModel() string                     { return "" }
+func (f fixedModels) ComputeDType(string) (runtime.DType, bool) {
+	return 0, false
+}
+func (f fixedModels) Missing(name string) error {
+	return fmt.Errorf("model %q: %w", name, lifecycle.ErrModelNotFound)
+}
+func (f fixedModels) Load(context.Context, string, int64) (*lifecycle.Served, error) {
+	return nil, errors.New("fixed models load nothing")
+}
+func (f fixedModels) Unload(context.Context, string) (*lifecycle.Served, error) {
+	return nil, errors.New("fixed models unload nothing")
+}
+func (f fixedModels) Catalog() (lifecycle.Catalog, error) { return lifecycle.Catalog{Served: f}, nil }
+
 // genServer serves a BrokerService with one generator "tiny" and one
 // encoder "enc" over a real Unix socket.
 func genServer(t *testing.T, m *letterModel, limits Limits) brokerv1.BrokerServiceClient {
@@ -142,12 +176,15 @@ func genServer(t *testing.T, m *letterModel, limits Limits) brokerv1.BrokerServi
 	if err := sched.AddGenReplica("tiny@1", scheduler.Device{ID: "cpu:0", Type: "cpu"}, scheduler.GenOptions{MaxRunning: 4, MaxStepTokens: 256}, m); err != nil {
 		t.Fatal(err)
 	}
-	ms := &modelSet{}
-	ms.cat.Store(&catalog{byName: map[string]*served{
-		"tiny": {info: models.Info{Name: "tiny", Version: 1, Kind: "llm"}, key: "tiny@1", gen: m, gate: newGate()},
-		"enc":  {info: models.Info{Name: "enc", Version: 1, Kind: models.KindBERT}, key: "enc@1", gate: newGate()},
-	}})
-	svc := NewBrokerService(nil, Policy{}, DataPlane{Sched: sched, models: ms, Limits: limits}, zap.NewNop())
+	tiny := &lifecycle.Served{Info: models.Info{Name: "tiny", Version: 1, Kind: "llm"}, Key: "tiny@1"}
+	ms := fixedModels{"tiny": tiny, "enc": {Info: models.Info{Name: "enc", Version: 1, Kind: models.KindBERT}, Key: "enc@1"}}
+	gens := func(sv *lifecycle.Served) generatorModel {
+		if sv == tiny {
+			return m
+		}
+		return nil
+	}
+	svc := NewBrokerService(nil, Policy{}, DataPlane{Sched: sched, models: ms, Limits: limits, generators: gens}, zap.NewNop())
 	sock := filepath.Join(t.TempDir(), "b.sock")
 	lis, err := net.Listen("unix", sock)
 	if err != nil {

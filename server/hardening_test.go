@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/brokerd/brokerd/lifecycle"
 	brokerv1 "github.com/brokerd/brokerd/proto/broker/v1"
 	"github.com/brokerd/brokerd/proto/inference"
 	"github.com/brokerd/brokerd/runtime/models"
@@ -114,7 +115,7 @@ func (c *countingText) Tokenize(text, pair string, truncate, normalize bool) (mo
 func TestTokenisingStopsWhenTheCallerLeaves(t *testing.T) {
 	s := &BrokerService{log: zap.NewNop(), limits: Limits{MaxItemsPerRequest: 100, MaxItemBytes: 1 << 20}}
 	tm := &countingText{}
-	sv := &served{info: models.Info{Name: "m"}, model: tm}
+	sv := &lifecycle.Served{Info: models.Info{Name: "m"}, Model: tm}
 	texts := make([]string, 50)
 	for i := range texts {
 		texts[i] = "some text"

@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/brokerd/brokerd/lifecycle"
 	brokerv1 "github.com/brokerd/brokerd/proto/broker/v1"
 	"github.com/brokerd/brokerd/runtime/models"
 	"github.com/brokerd/brokerd/scheduler"
@@ -53,57 +54,57 @@ type inferOptions struct {
 
 // infer validates inputs against sv's metadata, sends their items through
 // the scheduler and assembles the outputs; Infer and ModelInfer share it.
-func (s *BrokerService) infer(ctx context.Context, sv *served, inputs []tensor, opts inferOptions) ([]tensor, scheduler.ExecInfo, error) {
+func (s *BrokerService) infer(ctx context.Context, sv *lifecycle.Served, inputs []tensor, opts inferOptions) ([]tensor, scheduler.ExecInfo, error) {
 	var none scheduler.ExecInfo
-	if sv.gen != nil {
-		return nil, none, invalid("model %s is a generator (LLM): use Generate or Chat", sv.info.Name)
+	if sv.LLM != nil {
+		return nil, none, invalid("model %s is a generator (LLM): use Generate or Chat", sv.Info.Name)
 	}
-	if sv.model == nil {
-		return nil, none, invalid("model %s serves Encode only; Infer runs the models of the repository", sv.info.Name)
+	if sv.Model == nil {
+		return nil, none, invalid("model %s serves Encode only; Infer runs the models of the repository", sv.Info.Name)
 	}
-	given, err := s.checkInputs(sv.info, inputs)
+	given, err := s.checkInputs(sv.Info, inputs)
 	if err != nil {
 		return nil, none, err
 	}
-	outSpecs, err := wantedOutputs(sv.info, opts.outputs)
+	outSpecs, err := wantedOutputs(sv.Info, opts.outputs)
 	if err != nil {
 		return nil, none, err
 	}
 
 	var payloads []any
-	switch sv.info.Kind {
+	switch sv.Info.Kind {
 	case models.KindMLP:
-		payloads, err = s.rowPayloads(sv.info, given[sv.info.Inputs[0].Name])
+		payloads, err = s.rowPayloads(sv.Info, given[sv.Info.Inputs[0].Name])
 	case models.KindBERT, models.KindBERTClassifier:
 		payloads, err = s.textPayloads(ctx, sv, given[inputText], given[inputTextPair], opts)
 	default:
-		return nil, none, invalid("model %s: Infer does not serve kind %q", sv.info.Name, sv.info.Kind)
+		return nil, none, invalid("model %s: Infer does not serve kind %q", sv.Info.Name, sv.Info.Kind)
 	}
 	if err != nil {
 		return nil, none, err
 	}
 	out, err := s.sched.Submit(ctx, scheduler.Request{
-		Model: sv.key, Client: clientID(ctx), Priority: opts.priority,
-		DeviceID: opts.deviceID, DeviceType: opts.deviceType, Inputs: payloads, Costs: sv.costs(payloads),
+		Model: sv.Key, Client: clientID(ctx), Priority: opts.priority,
+		DeviceID: opts.deviceID, DeviceType: opts.deviceType, Inputs: payloads, Costs: sv.Costs(payloads),
 	})
 	if err != nil {
 		return nil, none, s.schedulerStatus("Infer", err)
 	}
 
 	// Every model of the repository has one output: rows of float32.
-	sp := sv.info.Outputs[0]
+	sp := sv.Info.Outputs[0]
 	width := -1
 	var data []float32
 	for i, o := range out.Outputs {
 		v, err := outputValues(o)
 		if err != nil {
-			return nil, none, toStatus(s.log, "Infer", fmt.Errorf("model %s item %d: %w", sv.key, i, err))
+			return nil, none, toStatus(s.log, "Infer", fmt.Errorf("model %s item %d: %w", sv.Key, i, err))
 		}
 		if width < 0 {
 			width = len(v)
 		}
 		if len(v) != width || (sp.Shape[len(sp.Shape)-1] >= 0 && int64(len(v)) != sp.Shape[len(sp.Shape)-1]) {
-			return nil, none, toStatus(s.log, "Infer", fmt.Errorf("model %s item %d: %d output values, want %v", sv.key, i, len(v), sp.Shape))
+			return nil, none, toStatus(s.log, "Infer", fmt.Errorf("model %s item %d: %d output values, want %v", sv.Key, i, len(v), sp.Shape))
 		}
 		data = append(data, v...)
 	}
@@ -205,10 +206,10 @@ func (s *BrokerService) rowPayloads(info models.Info, t *tensor) ([]any, error) 
 }
 
 // textPayloads tokenises the texts (and pairs) of a text model.
-func (s *BrokerService) textPayloads(ctx context.Context, sv *served, text, pair *tensor, opts inferOptions) ([]any, error) {
-	tm, ok := sv.model.(textModel)
+func (s *BrokerService) textPayloads(ctx context.Context, sv *lifecycle.Served, text, pair *tensor, opts inferOptions) ([]any, error) {
+	tm, ok := sv.Model.(textModel)
 	if !ok {
-		return nil, toStatus(s.log, "Infer", fmt.Errorf("model %s of kind %s has no tokenizer", sv.key, sv.info.Kind))
+		return nil, toStatus(s.log, "Infer", fmt.Errorf("model %s of kind %s has no tokenizer", sv.Key, sv.Info.Kind))
 	}
 	n := int(text.shape[0])
 	texts, err := splitBytes(text, n)
@@ -242,7 +243,7 @@ func (s *BrokerService) textPayloads(ctx context.Context, sv *served, text, pair
 		}
 		in, err := tm.Tokenize(string(b), p, opts.truncate, opts.normalize)
 		if err != nil {
-			return nil, invalid("input %q element %d: %v", text.name, i, tokenizeError(err, opts.truncate, sv.info.MaxSeqLen))
+			return nil, invalid("input %q element %d: %v", text.name, i, tokenizeError(err, opts.truncate, sv.Info.MaxSeqLen))
 		}
 		out[i] = in
 	}
@@ -327,18 +328,18 @@ func (s *BrokerService) Infer(ctx context.Context, req *brokerv1.InferRequest) (
 	if v := req.GetModelVersion(); v < 0 {
 		return nil, invalid("model_version %d is invalid: 0 (the one serving) or a positive version", v)
 	}
-	sv, err := s.models.acquire(req.GetModel(), req.GetModelVersion())
+	sv, err := s.models.Acquire(req.GetModel(), req.GetModelVersion())
 	if err != nil {
 		return nil, toStatus(s.log, "Infer", err)
 	}
-	defer s.models.release(sv)
+	defer s.models.Release(sv)
 	opts := inferOptions{priority: priority, deviceID: req.GetDeviceId(), deviceType: pinType,
 		truncate: req.Truncate == nil || req.GetTruncate(), normalize: true, outputs: req.GetOutputs()}
 	outs, info, err := s.infer(ctx, sv, inputs, opts)
 	if err != nil {
 		return nil, err
 	}
-	resp := &brokerv1.InferResponse{Model: sv.info.Name, ModelVersion: sv.info.Version, Execution: execInfoToProto(info)}
+	resp := &brokerv1.InferResponse{Model: sv.Info.Name, ModelVersion: sv.Info.Version, Execution: execInfoToProto(info)}
 	for _, o := range outs {
 		resp.Outputs = append(resp.Outputs, &brokerv1.Tensor{Name: o.name, Dtype: dataTypeToProto(o.dtype), Shape: o.shape, Data: o.data})
 	}

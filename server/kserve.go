@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/brokerd/brokerd/lifecycle"
 	"github.com/brokerd/brokerd/proto/inference"
 )
 
@@ -72,14 +73,14 @@ func (k *InferenceService) ModelReady(ctx context.Context, req *inference.ModelR
 	if ms == nil {
 		return &inference.ModelReadyResponse{}, nil
 	}
-	sv := ms.lookup(req.GetName())
+	sv := ms.Lookup(req.GetName())
 	if sv == nil {
-		if err := ms.missing(req.GetName()); !errors.Is(err, errModelNotLoaded) {
+		if err := ms.Missing(req.GetName()); !errors.Is(err, lifecycle.ErrModelNotLoaded) {
 			return nil, toStatus(k.b.log, "ModelReady", err)
 		}
 		return &inference.ModelReadyResponse{}, nil
 	}
-	ready := (v == 0 || v == sv.info.Version) && len(sv.replicas) > 0 && k.ready()
+	ready := (v == 0 || v == sv.Info.Version) && sv.Replicas() > 0 && k.ready()
 	return &inference.ModelReadyResponse{Ready: ready}, nil
 }
 
@@ -92,22 +93,22 @@ func (k *InferenceService) ModelMetadata(ctx context.Context, req *inference.Mod
 	if k.b.models == nil {
 		return nil, status.Error(codes.Unavailable, "no model is being served")
 	}
-	sv := k.b.models.lookup(req.GetName())
+	sv := k.b.models.Lookup(req.GetName())
 	if sv == nil {
-		return nil, toStatus(k.b.log, "ModelMetadata", k.b.models.missing(req.GetName()))
+		return nil, toStatus(k.b.log, "ModelMetadata", k.b.models.Missing(req.GetName()))
 	}
-	if v != 0 && v != sv.info.Version {
-		return nil, status.Errorf(codes.FailedPrecondition, "model %s version %d is not loaded (version %d serves)", sv.info.Name, v, sv.info.Version)
+	if v != 0 && v != sv.Info.Version {
+		return nil, status.Errorf(codes.FailedPrecondition, "model %s version %d is not loaded (version %d serves)", sv.Info.Name, v, sv.Info.Version)
 	}
 	resp := &inference.ModelMetadataResponse{
-		Name: sv.info.Name, Versions: []string{strconv.FormatInt(sv.info.Version, 10)},
-		Platform: serverName + "_" + string(sv.info.Kind),
+		Name: sv.Info.Name, Versions: []string{strconv.FormatInt(sv.Info.Version, 10)},
+		Platform: serverName + "_" + string(sv.Info.Kind),
 	}
-	required, optional := inputSpecs(sv.info)
+	required, optional := inputSpecs(sv.Info)
 	for _, sp := range slices.Concat(required, optional) {
 		resp.Inputs = append(resp.Inputs, &inference.ModelMetadataResponse_TensorMetadata{Name: sp.Name, Datatype: sp.DType, Shape: slices.Clone(sp.Shape)})
 	}
-	for _, sp := range sv.info.Outputs {
+	for _, sp := range sv.Info.Outputs {
 		resp.Outputs = append(resp.Outputs, &inference.ModelMetadataResponse_TensorMetadata{Name: sp.Name, Datatype: sp.DType, Shape: slices.Clone(sp.Shape)})
 	}
 	return resp, nil
@@ -153,17 +154,17 @@ func (k *InferenceService) ModelInfer(ctx context.Context, req *inference.ModelI
 			return nil, err
 		}
 	}
-	sv, err := s.models.acquire(req.GetModelName(), v)
+	sv, err := s.models.Acquire(req.GetModelName(), v)
 	if err != nil {
 		return nil, toStatus(s.log, "ModelInfer", err)
 	}
-	defer s.models.release(sv)
+	defer s.models.Release(sv)
 	outs, info, err := s.infer(ctx, sv, inputs, opts)
 	if err != nil {
 		return nil, err
 	}
 	resp := &inference.ModelInferResponse{
-		ModelName: sv.info.Name, ModelVersion: strconv.FormatInt(sv.info.Version, 10), Id: req.GetId(),
+		ModelName: sv.Info.Name, ModelVersion: strconv.FormatInt(sv.Info.Version, 10), Id: req.GetId(),
 		Parameters: map[string]*inference.InferParameter{
 			"device_id":  {ParameterChoice: &inference.InferParameter_StringParam{StringParam: info.DeviceID}},
 			"batch_size": {ParameterChoice: &inference.InferParameter_Int64Param{Int64Param: int64(info.BatchSize)}},

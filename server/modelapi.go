@@ -8,6 +8,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/brokerd/brokerd/lifecycle"
 	brokerv1 "github.com/brokerd/brokerd/proto/broker/v1"
 	"github.com/brokerd/brokerd/runtime/models"
 )
@@ -19,31 +20,16 @@ func (s *BrokerService) ListModels(ctx context.Context, _ *brokerv1.ListModelsRe
 	if s.models == nil {
 		return resp, nil
 	}
-	ms := s.models
-	var entries []RepoEntry
-	if ms.repo != nil {
-		var err error
-		if entries, err = ms.repo.List(); err != nil {
-			return nil, toStatus(s.log, "ListModels", err)
-		}
+	cat, err := s.models.Catalog()
+	if err != nil {
+		return nil, toStatus(s.log, "ListModels", err)
 	}
-	byName := map[string]RepoEntry{}
+	entries, pending, lastErr := cat.Repo, cat.Pending, cat.LastErr
+	byName := map[string]lifecycle.RepoEntry{}
 	for _, e := range entries {
 		byName[e.Name] = e
 	}
-	ms.stMu.Lock()
-	pending := make(map[string]string, len(ms.pending))
-	for k, v := range ms.pending {
-		pending[k] = v
-	}
-	lastErr := make(map[string]string, len(ms.lastErr))
-	for k, v := range ms.lastErr {
-		lastErr[k] = v
-	}
-	ms.stMu.Unlock()
-
-	cat := ms.cat.Load()
-	for name, sv := range cat.byName {
+	for name, sv := range cat.Served {
 		m := servedToProto(sv)
 		if e, ok := byName[name]; ok {
 			m.AvailableVersions = slices.Clone(e.Versions)
@@ -54,7 +40,7 @@ func (s *BrokerService) ListModels(ctx context.Context, _ *brokerv1.ListModelsRe
 		resp.Models = append(resp.Models, m)
 	}
 	for _, e := range entries {
-		if cat.byName[e.Name] != nil {
+		if cat.Served[e.Name] != nil {
 			continue
 		}
 		m := &brokerv1.Model{Name: e.Name, Kind: e.Kind, State: brokerv1.ModelState_MODEL_STATE_AVAILABLE,
@@ -89,7 +75,7 @@ func (s *BrokerService) LoadModel(ctx context.Context, req *brokerv1.LoadModelRe
 	if s.models == nil {
 		return nil, status.Error(codes.FailedPrecondition, "no data plane: models cannot be loaded")
 	}
-	sv, err := s.models.load(ctx, req.GetName(), req.GetVersion())
+	sv, err := s.models.Load(ctx, req.GetName(), req.GetVersion())
 	if err != nil {
 		return nil, toStatus(s.log, "LoadModel", err)
 	}
@@ -105,7 +91,7 @@ func (s *BrokerService) UnloadModel(ctx context.Context, req *brokerv1.UnloadMod
 	if s.models == nil {
 		return nil, status.Error(codes.FailedPrecondition, "no data plane: nothing is loaded")
 	}
-	sv, err := s.models.unload(ctx, req.GetName())
+	sv, err := s.models.Unload(ctx, req.GetName())
 	if err != nil {
 		return nil, toStatus(s.log, "UnloadModel", err)
 	}
@@ -116,12 +102,12 @@ func (s *BrokerService) UnloadModel(ctx context.Context, req *brokerv1.UnloadMod
 }
 
 // servedToProto describes a served version.
-func servedToProto(sv *served) *brokerv1.Model {
+func servedToProto(sv *lifecycle.Served) *brokerv1.Model {
 	m := &brokerv1.Model{
-		Name: sv.info.Name, Version: sv.info.Version, Kind: string(sv.info.Kind), State: brokerv1.ModelState_MODEL_STATE_READY,
-		DeviceIds: sv.deviceIDs(), MemoryBytes: uint64(sv.memoryBytes()), BaseBatch: int32(sv.info.BaseBatch),
-		Inputs: specsToProto(sv.info.Inputs), Outputs: specsToProto(sv.info.Outputs),
-		AvailableVersions: []int64{sv.info.Version},
+		Name: sv.Info.Name, Version: sv.Info.Version, Kind: string(sv.Info.Kind), State: brokerv1.ModelState_MODEL_STATE_READY,
+		DeviceIds: sv.DeviceIDs(), MemoryBytes: uint64(sv.MemoryBytes()), BaseBatch: int32(sv.Info.BaseBatch),
+		Inputs: specsToProto(sv.Info.Inputs), Outputs: specsToProto(sv.Info.Outputs),
+		AvailableVersions: []int64{sv.Info.Version},
 	}
 	if len(m.DeviceIds) == 0 {
 		m.State = brokerv1.ModelState_MODEL_STATE_FAILED

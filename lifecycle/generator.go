@@ -1,4 +1,4 @@
-package server
+package lifecycle
 
 import (
 	"context"
@@ -9,7 +9,6 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/brokerd/brokerd/detect"
-	brokerv1 "github.com/brokerd/brokerd/proto/broker/v1"
 	"github.com/brokerd/brokerd/runtime"
 	"github.com/brokerd/brokerd/runtime/models/llm"
 	"github.com/brokerd/brokerd/scheduler"
@@ -28,84 +27,6 @@ const (
 	genChunk      = 512
 	genBlockSize  = llm.DefaultBlockSize
 )
-
-// genModel adapts *llm.Model to what Generate and Chat need.
-type genModel struct{ m *llm.Model }
-
-func (g genModel) ContextLength() int    { return g.m.ContextLength() }
-func (g genModel) DefaultMaxTokens() int { return g.m.DefaultMaxTokens() }
-func (g genModel) EncodePrompt(text string, addSpecial bool) ([]int32, error) {
-	return g.m.Encode(text, addSpecial)
-}
-
-func (g genModel) RenderChat(turns []chatTurn, addGenerationPrompt bool) (string, error) {
-	msgs := make([]llm.Message, len(turns))
-	for i, t := range turns {
-		msgs[i] = llm.Message{Role: t.Role, Content: t.Content}
-	}
-	return g.m.RenderChat(msgs, addGenerationPrompt)
-}
-
-// NewSequence applies the request's sampling over the model's defaults
-// (generation_config.json).
-func (g genModel) NewSequence(p samplingParams, prompt []int32) (genSequence, error) {
-	s := g.m.DefaultSampling()
-	if p.Temperature != nil {
-		s.Temperature = *p.Temperature
-	}
-	if p.TopP != nil {
-		s.TopP = *p.TopP
-	}
-	if p.TopK != nil {
-		s.TopK = int(*p.TopK)
-	}
-	if p.MinP != nil {
-		s.MinP = *p.MinP
-	}
-	if p.RepetitionPenalty != nil {
-		s.RepetitionPenalty = *p.RepetitionPenalty
-	}
-	if p.PresencePenalty != nil {
-		s.PresencePenalty = *p.PresencePenalty
-	}
-	if p.FrequencyPenalty != nil {
-		s.FrequencyPenalty = *p.FrequencyPenalty
-	}
-	if p.Seed != nil {
-		s.Seed, s.Seeded = *p.Seed, true
-	}
-	s.Stop, s.StopTokenIDs = p.Stop, p.StopTokenIDs
-	s.Logprobs, s.TopLogprobs, s.IgnoreEOS = p.Logprobs, p.TopLogprobs, p.IgnoreEOS
-	if err := s.Validate(); err != nil {
-		return nil, err
-	}
-	seq, err := g.m.NewSequence(s, prompt)
-	if err != nil {
-		return nil, err
-	}
-	return genSeq{seq}, nil
-}
-
-// genSeq adapts *llm.Sequence.
-type genSeq struct{ s *llm.Sequence }
-
-func (q genSeq) State() any    { return q.s }
-func (q genSeq) Flush() string { return q.s.Flush().Text }
-func (q genSeq) Delta(out any) (genDelta, error) {
-	d, ok := out.(llm.Delta)
-	if !ok {
-		return genDelta{}, fmt.Errorf("a generation step returned %T, want llm.Delta", out)
-	}
-	gd := genDelta{Text: d.Text, TokenIDs: d.TokenIDs}
-	for _, lp := range d.Logprobs {
-		e := &brokerv1.LogprobEntry{Chosen: &brokerv1.TokenLogprob{TokenId: lp.Token, Logprob: lp.Logprob}}
-		for _, alt := range lp.Top {
-			e.Top = append(e.Top, &brokerv1.TokenLogprob{TokenId: alt.Token, Logprob: alt.Logprob})
-		}
-		gd.Logprobs = append(gd.Logprobs, e)
-	}
-	return gd, nil
-}
 
 // genExec adapts an engine to the scheduler's GenExecutor.
 type genExec struct{ e *llm.Engine }
@@ -134,7 +55,7 @@ func (x genExec) Step(ctx context.Context, items []scheduler.StepItem) ([]schedu
 // most preferred type that admits its weights, one step's workspace and a
 // KV cache for at least one full-length sequence. The cache gets what the
 // budget has left, up to enough for the whole running set at full length.
-func (ms *modelSet) placeGenLocked(ctx context.Context, s *served, m *llm.Model) error {
+func (ms *Set) placeGenLocked(ctx context.Context, s *Served, m *llm.Model) error {
 	current := map[string]detect.Entry{}
 	if ms.opts.Entries != nil {
 		for _, e := range ms.opts.Entries() {
@@ -155,7 +76,7 @@ func (ms *modelSet) placeGenLocked(ctx context.Context, s *served, m *llm.Model)
 			if c, ok := current[e.ID]; ok && (c.Cordoned || c.Health == detect.Unhealthy) {
 				continue
 			}
-			running, err := ms.maxBatch(s.info, t)
+			running, err := ms.maxBatch(s.Info, t)
 			if err != nil {
 				return err
 			}
@@ -184,15 +105,15 @@ func (ms *modelSet) placeGenLocked(ctx context.Context, s *served, m *llm.Model)
 			}
 			x := genExec{eng}
 			dev := scheduler.Device{ID: e.ID, Type: string(e.Type), CostPerHour: e.CostPerHour}
-			if err := ms.sched.AddGenReplica(s.key, dev, scheduler.GenOptions{MaxRunning: running, MaxStepTokens: max(genStepTokens, running), MaxChunk: genChunk}, x); err != nil {
+			if err := ms.sched.AddGenReplica(s.Key, dev, scheduler.GenOptions{MaxRunning: running, MaxStepTokens: max(genStepTokens, running), MaxChunk: genChunk}, x); err != nil {
 				x.Close()
-				return fmt.Errorf("generator replica of %s on %s: %w", s.key, e.ID, err)
+				return fmt.Errorf("generator replica of %s on %s: %w", s.Key, e.ID, err)
 			}
 			bytes := fixed + cache
 			s.replicas = append(s.replicas, placed{deviceID: e.ID, r: x, bytes: bytes, maxBatch: running, gen: true})
 			ms.reserved[e.ID] += bytes
 			used, total := eng.CacheBlocks()
-			ms.log.Info("generator placed", zap.String("model", s.info.Name), zap.Int64("version", s.info.Version), zap.String("device", e.ID),
+			ms.log.Info("generator placed", zap.String("model", s.Info.Name), zap.Int64("version", s.Info.Version), zap.String("device", e.ID),
 				zap.Int("max_running", running), zap.Int("cache_blocks", total-used), zap.Int("block_tokens", genBlockSize),
 				zap.Int64("memory_bytes", bytes))
 		}
@@ -202,21 +123,21 @@ func (ms *modelSet) placeGenLocked(ctx context.Context, s *served, m *llm.Model)
 	}
 	switch {
 	case len(failures) > 0:
-		return fmt.Errorf("model %s version %d: %w", s.info.Name, s.info.Version, errors.Join(failures...))
+		return fmt.Errorf("model %s version %d: %w", s.Info.Name, s.Info.Version, errors.Join(failures...))
 	case len(refusals) > 0:
-		return &admissionError{model: s.info.Name, version: s.info.Version, need: minNeed, devices: refusals}
+		return &AdmissionError{Model: s.Info.Name, Version: s.Info.Version, Need: minNeed, Devices: refusals}
 	}
-	return fmt.Errorf("model %s version %d: no open device can take a replica: %w", s.info.Name, s.info.Version, scheduler.ErrNoDevice)
+	return fmt.Errorf("model %s version %d: no open device can take a replica: %w", s.Info.Name, s.Info.Version, scheduler.ErrNoDevice)
 }
 
 // kvCacheCollector reports each generator replica's KV-cache blocks at
 // scrape time: brokerd_generation_kv_cache_blocks{model,device,state}.
 type kvCacheCollector struct {
-	ms   *modelSet
+	ms   *Set
 	desc *prometheus.Desc
 }
 
-func newKVCacheCollector(ms *modelSet) *kvCacheCollector {
+func NewKVCacheCollector(ms *Set) *kvCacheCollector {
 	return &kvCacheCollector{ms: ms, desc: prometheus.NewDesc("brokerd_generation_kv_cache_blocks",
 		"KV-cache blocks of each generator replica: used (held by sequences) and total.", []string{"model", "device", "state"}, nil)}
 }
@@ -234,8 +155,8 @@ func (c *kvCacheCollector) Collect(ch chan<- prometheus.Metric) {
 				continue
 			}
 			used, total := x.e.CacheBlocks()
-			ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(used), s.info.Name, p.deviceID, "used")
-			ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(total), s.info.Name, p.deviceID, "total")
+			ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(used), s.Info.Name, p.deviceID, "used")
+			ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(total), s.Info.Name, p.deviceID, "total")
 		}
 	}
 }

@@ -1,9 +1,10 @@
-package server
+package lifecycle
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"slices"
 	"sort"
@@ -26,12 +27,12 @@ type Repository interface {
 	// List describes every model directory, loadable or not.
 	List() ([]RepoEntry, error)
 	// Load reads one version of a model (0: the highest loadable one).
-	Load(ctx context.Context, name string, version int64) (loadedModel, error)
+	Load(ctx context.Context, name string, version int64) (Loaded, error)
 }
 
-// loadedModel is a model read from the repository and the version it is:
+// Loaded is a model read from the repository and the version it is:
 // a batch model, or a decoder LLM.
-type loadedModel struct {
+type Loaded struct {
 	Model   models.Model
 	LLM     *llm.Model
 	Version int64
@@ -45,35 +46,35 @@ type RepoEntry struct {
 	Err      string  // why the model (or its newest version) cannot load
 }
 
-// replicaHost is what placement needs of the scheduler.
-type replicaHost interface {
+// Host is what placement needs of the scheduler.
+type Host interface {
 	AddReplica(model string, dev scheduler.Device, maxBatch int, exec scheduler.Executor, opts ...scheduler.ReplicaOption) error
 	RemoveReplica(ctx context.Context, model, deviceID string) error
 	AddGenReplica(model string, dev scheduler.Device, opts scheduler.GenOptions, exec scheduler.GenExecutor) error
 	RemoveGenReplica(ctx context.Context, model, deviceID string) error
 }
 
-// Errors of model management; toStatus maps them.
+// Errors of model management; the gRPC edge (server) maps them to codes.
 var (
-	errModelNotFound  = errors.New("model not found")
-	errModelNotLoaded = errors.New("model not loaded")
-	errBuiltinModel   = errors.New("built-in model")
+	ErrModelNotFound  = errors.New("model not found")
+	ErrModelNotLoaded = errors.New("model not loaded")
+	ErrBuiltinModel   = errors.New("built-in model")
 )
 
-// admissionError refuses a load no device's memory budget can take.
-type admissionError struct {
-	model   string
-	version int64
-	need    int64    // bytes one replica needs (the smallest over device types)
-	devices []string // "cpu:0 has N of its M-byte budget free"
+// AdmissionError refuses a load no device's memory budget can take.
+type AdmissionError struct {
+	Model   string
+	Version int64
+	Need    int64    // bytes one Replica needs (the smallest over device types)
+	Devices []string // "cpu:0 has N of its M-byte budget free"
 }
 
-func (e *admissionError) Error() string {
-	return fmt.Sprintf("model %s version %d needs %d bytes of device memory for a replica, more than any device has free: %s",
-		e.model, e.version, e.need, strings.Join(e.devices, "; "))
+func (e *AdmissionError) Error() string {
+	return fmt.Sprintf("model %s version %d needs %d bytes of device memory for a Replica, more than any device has free: %s",
+		e.Model, e.Version, e.Need, strings.Join(e.Devices, "; "))
 }
 
-// gate counts a served version's requests in flight, so that a reload or an
+// gate counts a Served version's requests in flight, so that a reload or an
 // unload can wait for them; once retired it lets no new request in. It is
 // lock-free because every Infer and Encode passes through it.
 type gate struct {
@@ -108,43 +109,45 @@ func (g *gate) retire() <-chan struct{} {
 	return g.idle
 }
 
-// placed is one replica of a served version.
+// placed is one Replica of a Served version.
 type placed struct {
 	deviceID string
-	r        interface{ Close() error } // a batch replica, or a generator's engine
-	gen      bool                       // a generation replica of the scheduler
+	r        interface{ Close() error } // a batch Replica, or a generator's engine
+	gen      bool                       // a generation Replica of the scheduler
 	bytes    int64                      // reserved against the device's budget
 	maxBatch int
 }
 
-// served is one loaded model version: the built-in encoder or a model of
+// Served is one loaded model version: the built-in encoder or a model of
 // the repository, with its replicas.
 //
 // Its fields are set before it is published and never change after, so the
 // request path and ListModels read them without a lock.
-type served struct {
-	info     models.Info
-	key      string         // the scheduler's queue name
-	builtin  encoderModel   // the built-in encoder; nil for repository models
-	model    models.Model   // a repository model; nil for the built-in
-	gen      generatorModel // a decoder LLM (served through Generate and Chat); nil otherwise
+type Served struct {
+	Info    models.Info
+	Key     string       // the scheduler's queue name
+	Builtin Encoder      // the built-in encoder; nil for repository models
+	Model   models.Model // a repository model; nil for the built-in
+	LLM     *llm.Model   // a decoder LLM (served through Generate and Chat); nil otherwise
+
 	replicas []placed
 	gate     *gate
 }
 
-// costs are the items' shares of a batch's token budget (nil: 1 each).
-func (s *served) costs(payloads []any) []int {
-	if s.model == nil || s.info.MaxSeqLen <= 0 {
+// Costs are the items' shares of a batch's token budget (nil: 1 each).
+func (s *Served) Costs(payloads []any) []int {
+	if s.Model == nil || s.Info.MaxSeqLen <= 0 {
 		return nil
 	}
 	c := make([]int, len(payloads))
 	for i, p := range payloads {
-		c[i] = s.model.Cost(p)
+		c[i] = s.Model.Cost(p)
 	}
 	return c
 }
 
-func (s *served) deviceIDs() []string {
+// DeviceIDs are the devices its replicas run on.
+func (s *Served) DeviceIDs() []string {
 	ids := make([]string, len(s.replicas))
 	for i, p := range s.replicas {
 		ids[i] = p.deviceID
@@ -152,7 +155,11 @@ func (s *served) deviceIDs() []string {
 	return ids
 }
 
-func (s *served) memoryBytes() int64 {
+// Replicas is how many replicas serve it.
+func (s *Served) Replicas() int { return len(s.replicas) }
+
+// MemoryBytes is the device memory its replicas reserve.
+func (s *Served) MemoryBytes() int64 {
 	var n int64
 	for _, p := range s.replicas {
 		n += p.bytes
@@ -165,14 +172,14 @@ type openDevice struct {
 	dev   runtime.Device
 	entry detect.Entry
 	dtype runtime.DType // what it computes in: the setting's, or F32 after a fallback
-	// inFlight is how many batches a model replica on it runs at once: more
+	// inFlight is how many batches a model Replica on it runs at once: more
 	// than one where the device overlaps a batch's copy-in with another's
 	// run (PJRT), one elsewhere.
 	inFlight int
 }
 
 // pipelinedDevice is a runtime device that overlaps one batch's copy-in with
-// another's run (runtime/pjrt's Device), matched by method so server needs
+// another's run (runtime/pjrt's Device), matched by method so lifecycle needs
 // no adapter's types.
 type pipelinedDevice interface {
 	MaxInFlight() int
@@ -185,14 +192,14 @@ func inFlightOf(dev runtime.Device) int {
 	return 1
 }
 
-// catalog is an immutable view of what is served, swapped atomically so the
+// catalog is an immutable view of what is Served, swapped atomically so the
 // request path never takes a lock.
 type catalog struct {
-	byName map[string]*served
+	byName map[string]*Served
 }
 
-// placeOptions are the inputs of model placement.
-type placeOptions struct {
+// Options are the inputs of model placement.
+type Options struct {
 	Adapters map[string]runtime.Adapter // runtime name → adapter
 	Factors  detect.Factors
 	// MaxBatch caps every plan's max batch when > 0 (benchmarks compare
@@ -211,14 +218,14 @@ type placeOptions struct {
 	DTypes map[detect.Type]runtime.DType
 }
 
-// modelSet is what brokerd serves: the built-in encoder and the loaded
+// Set is what brokerd serves: the built-in encoder and the loaded
 // repository models, the devices they run on, and their replicas.
-type modelSet struct {
+type Set struct {
 	defaultModel string
 	cat          atomic.Pointer[catalog]
 	repo         Repository // nil: the built-in encoder only
-	sched        replicaHost
-	opts         placeOptions
+	sched        Host
+	opts         Options
 	log          *zap.Logger
 
 	// dtypes is each open device's compute type by ID. Written by
@@ -239,10 +246,10 @@ type modelSet struct {
 
 // openDevices opens every runnable device whose runtime this build has.
 // Devices are opened once and shared by every model placed on them.
-func openDevices(ctx context.Context, entries []detect.Entry, sched replicaHost, repo Repository, opts placeOptions, log *zap.Logger) *modelSet {
-	ms := &modelSet{repo: repo, sched: sched, opts: opts, log: log, reserved: map[string]int64{},
+func openDevices(ctx context.Context, entries []detect.Entry, sched Host, repo Repository, opts Options, log *zap.Logger) *Set {
+	ms := &Set{repo: repo, sched: sched, opts: opts, log: log, reserved: map[string]int64{},
 		pending: map[string]string{}, lastErr: map[string]string{}, dtypes: map[string]runtime.DType{}}
-	ms.cat.Store(&catalog{byName: map[string]*served{}})
+	ms.cat.Store(&catalog{byName: map[string]*Served{}})
 	for _, e := range entries {
 		if !e.Runnable() || e.Health == detect.Unhealthy {
 			continue
@@ -280,16 +287,44 @@ func openDevices(ctx context.Context, entries []detect.Entry, sched replicaHost,
 	return ms
 }
 
-// computeDType is the type an open device computes in; false for a device
+// DefaultModel is the model Encode serves when a request names none.
+func (ms *Set) DefaultModel() string { return ms.defaultModel }
+
+// Catalog is a snapshot of what is served, what the repository holds and
+// the loads in progress, for listings.
+type Catalog struct {
+	Served  map[string]*Served // by name
+	Repo    []RepoEntry        // nil without a repository
+	Pending map[string]string  // name → "loading" or "unloading"
+	LastErr map[string]string  // name → why its last load failed
+}
+
+// Catalog returns the current snapshot.
+func (ms *Set) Catalog() (Catalog, error) {
+	var c Catalog
+	if ms.repo != nil {
+		var err error
+		if c.Repo, err = ms.repo.List(); err != nil {
+			return c, err
+		}
+	}
+	ms.stMu.Lock()
+	c.Pending, c.LastErr = maps.Clone(ms.pending), maps.Clone(ms.lastErr)
+	ms.stMu.Unlock()
+	c.Served = ms.cat.Load().byName // immutable once published
+	return c, nil
+}
+
+// ComputeDType is the type an open device computes in; false for a device
 // that is not open.
-func (ms *modelSet) computeDType(id string) (runtime.DType, bool) {
+func (ms *Set) ComputeDType(id string) (runtime.DType, bool) {
 	dt, ok := ms.dtypes[id]
 	return dt, ok
 }
 
-// placeModels opens the devices and gives each built-in model a replica on
+// Open opens the devices and gives each built-in model a Replica on
 // every device whose budget admits it.
-func placeModels(ctx context.Context, entries []detect.Entry, builtins []encoderModel, sched replicaHost, repo Repository, opts placeOptions, log *zap.Logger) (*modelSet, error) {
+func Open(ctx context.Context, entries []detect.Entry, builtins []Encoder, sched Host, repo Repository, opts Options, log *zap.Logger) (*Set, error) {
 	ms := openDevices(ctx, entries, sched, repo, opts, log)
 	if len(builtins) > 0 {
 		ms.defaultModel = builtins[0].Name()
@@ -297,13 +332,13 @@ func placeModels(ctx context.Context, entries []detect.Entry, builtins []encoder
 	ms.mu.Lock()
 	defer ms.mu.Unlock()
 	for _, m := range builtins {
-		s := &served{
-			info: models.Info{Name: m.Name(), Version: m.Version(), Kind: models.Kind(m.Kind()), BaseBatch: m.BaseBatch()},
-			key:  m.Name(), builtin: m, gate: newGate(),
+		s := &Served{
+			Info: models.Info{Name: m.Name(), Version: m.Version(), Kind: models.Kind(m.Kind()), BaseBatch: m.BaseBatch()},
+			Key:  m.Name(), Builtin: m, gate: newGate(),
 		}
 		for _, od := range ms.devices {
 			e := od.entry
-			maxBatch, err := ms.maxBatch(s.info, e.Type)
+			maxBatch, err := ms.maxBatch(s.Info, e.Type)
 			if err != nil {
 				return ms, err
 			}
@@ -315,21 +350,21 @@ func placeModels(ctx context.Context, entries []detect.Entry, builtins []encoder
 			}
 			r, err := m.NewReplica(ctx, od.dev)
 			if err != nil {
-				log.Warn("model replica failed", zap.String("model", m.Name()), zap.String("device", e.ID), zap.Error(err))
+				log.Warn("model Replica failed", zap.String("model", m.Name()), zap.String("device", e.ID), zap.Error(err))
 				continue
 			}
 			if err := ms.addReplicaLocked(s, od, maxBatch, need, r); err != nil {
 				return ms, err
 			}
 		}
-		ms.publishLocked(s.info.Name, s)
+		ms.publishLocked(s.Info.Name, s)
 	}
 	return ms, nil
 }
 
 // maxBatch is a model's batch limit in items on a device type: the plan's,
 // capped by --max-batch. (Text models are bounded by tokens too: maxTokens.)
-func (ms *modelSet) maxBatch(info models.Info, t detect.Type) (int, error) {
+func (ms *Set) maxBatch(info models.Info, t detect.Type) (int, error) {
 	plan, err := detect.PlanBatch(info.BaseBatch, t, ms.opts.Factors)
 	if err != nil {
 		return 0, fmt.Errorf("batch plan of %s on %s: %w", info.Name, t, err)
@@ -343,7 +378,7 @@ func (ms *modelSet) maxBatch(info models.Info, t detect.Type) (int, error) {
 
 // maxTokens is a text model's batch token budget (0 for other models): its
 // own max_batch_tokens, else --max-batch-tokens.
-func (ms *modelSet) maxTokens(info models.Info) int {
+func (ms *Set) maxTokens(info models.Info) int {
 	if info.MaxSeqLen <= 0 {
 		return 0
 	}
@@ -353,43 +388,43 @@ func (ms *modelSet) maxTokens(info models.Info) int {
 	return ms.opts.MaxBatchTokens
 }
 
-// freeLocked is the part of a device's budget no replica holds or reserved:
-// a replica reserves its batch workspace too, which it allocates only while
+// freeLocked is the part of a device's budget no Replica holds or reserved:
+// a Replica reserves its batch workspace too, which it allocates only while
 // it runs.
-func (ms *modelSet) freeLocked(od openDevice) int64 {
+func (ms *Set) freeLocked(od openDevice) int64 {
 	used := max(int64(od.dev.MemoryUsed()), ms.reserved[od.entry.ID])
 	return max(int64(od.entry.Budget)-used, 0)
 }
 
-func (ms *modelSet) addReplicaLocked(s *served, od openDevice, maxBatch int, need int64, r replica) error {
+func (ms *Set) addReplicaLocked(s *Served, od openDevice, maxBatch int, need int64, r Replica) error {
 	e := od.entry
 	var opts []scheduler.ReplicaOption
-	if tokens := ms.maxTokens(s.info); tokens > 0 {
-		// Items cost their tokens (served.costs): a batch stays within the budget.
+	if tokens := ms.maxTokens(s.Info); tokens > 0 {
+		// Items cost their tokens (Served.costs): a batch stays within the budget.
 		opts = append(opts, scheduler.WithMaxBatchCost(tokens))
 	}
 	inFlight := 1
-	if s.builtin == nil && od.inFlight > 1 {
+	if s.Builtin == nil && od.inFlight > 1 {
 		// The next batch is copied in while this one runs. (The built-in
 		// hash encoder's budget counts one batch, so it keeps to one.)
 		inFlight = od.inFlight
 		opts = append(opts, scheduler.WithMaxInFlight(inFlight))
 	}
-	if err := ms.sched.AddReplica(s.key, scheduler.Device{ID: e.ID, Type: string(e.Type), CostPerHour: e.CostPerHour}, maxBatch, r, opts...); err != nil {
+	if err := ms.sched.AddReplica(s.Key, scheduler.Device{ID: e.ID, Type: string(e.Type), CostPerHour: e.CostPerHour}, maxBatch, r, opts...); err != nil {
 		r.Close()
-		return fmt.Errorf("replica of %s on %s: %w", s.key, e.ID, err)
+		return fmt.Errorf("Replica of %s on %s: %w", s.Key, e.ID, err)
 	}
 	s.replicas = append(s.replicas, placed{deviceID: e.ID, r: r, bytes: need, maxBatch: maxBatch})
 	ms.reserved[e.ID] += need
-	ms.log.Info("model placed", zap.String("model", s.info.Name), zap.Int64("version", s.info.Version), zap.String("device", e.ID),
+	ms.log.Info("model placed", zap.String("model", s.Info.Name), zap.Int64("version", s.Info.Version), zap.String("device", e.ID),
 		zap.Int("max_batch", maxBatch), zap.Int("batches_in_flight", inFlight), zap.Int64("memory_bytes", need))
 	return nil
 }
 
-// publishLocked makes s serve name (nil: name is served no more).
-func (ms *modelSet) publishLocked(name string, s *served) {
+// publishLocked makes s serve name (nil: name is Served no more).
+func (ms *Set) publishLocked(name string, s *Served) {
 	old := ms.cat.Load()
-	next := &catalog{byName: make(map[string]*served, len(old.byName)+1)}
+	next := &catalog{byName: make(map[string]*Served, len(old.byName)+1)}
 	for k, v := range old.byName {
 		next.byName[k] = v
 	}
@@ -401,22 +436,22 @@ func (ms *modelSet) publishLocked(name string, s *served) {
 	ms.cat.Store(next)
 }
 
-// get returns the built-in encoder Encode serves under name.
-func (ms *modelSet) get(name string) (encoderModel, bool) {
+// Builtin returns the built-in encoder Encode serves under name.
+func (ms *Set) Builtin(name string) (Encoder, bool) {
 	s := ms.cat.Load().byName[name]
-	if s == nil || s.builtin == nil {
+	if s == nil || s.Builtin == nil {
 		return nil, false
 	}
-	return s.builtin, true
+	return s.Builtin, true
 }
 
-// lookup returns what serves name, without entering its gate.
-func (ms *modelSet) lookup(name string) *served {
+// Lookup returns what serves name, without entering its gate.
+func (ms *Set) Lookup(name string) *Served {
 	return ms.cat.Load().byName[name]
 }
 
-// names lists the served names for error messages.
-func (ms *modelSet) names() string {
+// names lists the Served names for error messages.
+func (ms *Set) Names() string {
 	var n []string
 	for k := range ms.cat.Load().byName {
 		n = append(n, k)
@@ -425,16 +460,16 @@ func (ms *modelSet) names() string {
 	return strings.Join(n, ", ")
 }
 
-// acquire returns the version serving name (version 0: whichever does) with
+// Acquire returns the version serving name (version 0: whichever does) with
 // its gate entered; the caller calls release when its work is done.
-func (ms *modelSet) acquire(name string, version int64) (*served, error) {
+func (ms *Set) Acquire(name string, version int64) (*Served, error) {
 	for {
 		s := ms.cat.Load().byName[name]
 		if s == nil {
-			return nil, ms.missing(name)
+			return nil, ms.Missing(name)
 		}
-		if version != 0 && version != s.info.Version {
-			return nil, fmt.Errorf("model %s version %d is not loaded (version %d serves): %w", name, version, s.info.Version, errModelNotLoaded)
+		if version != 0 && version != s.Info.Version {
+			return nil, fmt.Errorf("model %s version %d is not loaded (version %d serves): %w", name, version, s.Info.Version, ErrModelNotLoaded)
 		}
 		if s.gate.enter() {
 			return s, nil
@@ -444,23 +479,24 @@ func (ms *modelSet) acquire(name string, version int64) (*served, error) {
 	}
 }
 
-func (ms *modelSet) release(s *served) { s.gate.leave() }
+// Release ends a request's hold on s (Acquire's).
+func (ms *Set) Release(s *Served) { s.gate.leave() }
 
-// missing explains why name is not served.
-func (ms *modelSet) missing(name string) error {
+// Missing explains why name is not Served.
+func (ms *Set) Missing(name string) error {
 	if ms.repo != nil {
 		if entries, err := ms.repo.List(); err == nil {
 			for _, e := range entries {
 				if e.Name == name {
-					return fmt.Errorf("model %s is in the repository but not loaded (brokerctl load %s): %w", name, name, errModelNotLoaded)
+					return fmt.Errorf("model %s is in the repository but not loaded (brokerctl load %s): %w", name, name, ErrModelNotLoaded)
 				}
 			}
 		}
 	}
-	return fmt.Errorf("model %q not found (served: %s): %w", name, ms.names(), errModelNotFound)
+	return fmt.Errorf("model %q not found (Served: %s): %w", name, ms.Names(), ErrModelNotFound)
 }
 
-func (ms *modelSet) setPending(name, state string) {
+func (ms *Set) setPending(name, state string) {
 	ms.stMu.Lock()
 	defer ms.stMu.Unlock()
 	if state == "" {
@@ -470,7 +506,7 @@ func (ms *modelSet) setPending(name, state string) {
 	}
 }
 
-func (ms *modelSet) setLastErr(name string, err error) {
+func (ms *Set) setLastErr(name string, err error) {
 	ms.stMu.Lock()
 	defer ms.stMu.Unlock()
 	if err == nil {
@@ -480,17 +516,17 @@ func (ms *modelSet) setLastErr(name string, err error) {
 	}
 }
 
-// load loads a version of a repository model (0: the highest loadable),
+// Load loads a version of a repository model (0: the highest loadable),
 // places it and makes it serve name. A version already serving is kept. A
 // reload never drops a request: the new version's replicas join the
 // scheduler first, the name switches to them, and the old version's replicas
 // go once the requests that entered its gate are done.
-func (ms *modelSet) load(ctx context.Context, name string, version int64) (*served, error) {
-	if s := ms.lookup(name); s != nil && s.builtin != nil {
+func (ms *Set) Load(ctx context.Context, name string, version int64) (*Served, error) {
+	if s := ms.Lookup(name); s != nil && s.Builtin != nil {
 		return s, nil
 	}
 	if ms.repo == nil {
-		return nil, fmt.Errorf("model %q: no model repository: %w", name, errModelNotFound)
+		return nil, fmt.Errorf("model %q: no model repository: %w", name, ErrModelNotFound)
 	}
 	ms.mu.Lock()
 	defer ms.mu.Unlock()
@@ -504,9 +540,9 @@ func (ms *modelSet) load(ctx context.Context, name string, version int64) (*serv
 	return s, err
 }
 
-func (ms *modelSet) loadLocked(ctx context.Context, name string, version int64) (*served, error) {
-	cur := ms.lookup(name)
-	if cur != nil && version != 0 && cur.info.Version == version {
+func (ms *Set) loadLocked(ctx context.Context, name string, version int64) (*Served, error) {
+	cur := ms.Lookup(name)
+	if cur != nil && version != 0 && cur.Info.Version == version {
 		return cur, nil
 	}
 	l, err := ms.repo.Load(ctx, name, version)
@@ -521,13 +557,12 @@ func (ms *modelSet) loadLocked(ctx context.Context, name string, version int64) 
 	}
 	// The repository's name and version directory are the model's identity.
 	info.Name, info.Version = name, l.Version
-	if cur != nil && cur.info.Version == info.Version {
+	if cur != nil && cur.Info.Version == info.Version {
 		return cur, nil
 	}
-	s := &served{info: info, key: fmt.Sprintf("%s@%d", name, info.Version), model: l.Model, gate: newGate()}
+	s := &Served{Info: info, Key: fmt.Sprintf("%s@%d", name, info.Version), Model: l.Model, LLM: l.LLM, gate: newGate()}
 	place := func() error { return ms.placeLocked(ctx, s) }
 	if l.LLM != nil {
-		s.gen = genModel{l.LLM}
 		place = func() error { return ms.placeGenLocked(ctx, s, l.LLM) }
 	}
 	if err := place(); err != nil {
@@ -536,7 +571,7 @@ func (ms *modelSet) loadLocked(ctx context.Context, name string, version int64) 
 	}
 	ms.publishLocked(name, s)
 	if cur != nil {
-		ms.log.Info("model version switched", zap.String("model", name), zap.Int64("from", cur.info.Version), zap.Int64("to", info.Version))
+		ms.log.Info("model version switched", zap.String("model", name), zap.Int64("from", cur.Info.Version), zap.Int64("to", info.Version))
 		ms.retireLocked(ctx, cur)
 	}
 	return s, nil
@@ -564,9 +599,9 @@ func placementOrder(p detect.Policy) []detect.Type {
 	return order
 }
 
-// placeLocked gives s a replica on every usable device of the most preferred
+// placeLocked gives s a Replica on every usable device of the most preferred
 // type where at least one device's budget admits it.
-func (ms *modelSet) placeLocked(ctx context.Context, s *served) error {
+func (ms *Set) placeLocked(ctx context.Context, s *Served) error {
 	current := map[string]detect.Entry{}
 	if ms.opts.Entries != nil {
 		for _, e := range ms.opts.Entries() {
@@ -587,13 +622,13 @@ func (ms *modelSet) placeLocked(ctx context.Context, s *served) error {
 			if c, ok := current[e.ID]; ok && (c.Cordoned || c.Health == detect.Unhealthy) {
 				continue
 			}
-			maxBatch, err := ms.maxBatch(s.info, t)
+			maxBatch, err := ms.maxBatch(s.Info, t)
 			if err != nil {
 				return err
 			}
 			// Each batch in flight holds its own buffers: a pipelined
-			// replica needs about that many batches' workspace.
-			need := s.model.MemoryBytes(od.dtype, maxBatch*od.inFlight)
+			// Replica needs about that many batches' workspace.
+			need := s.Model.MemoryBytes(od.dtype, maxBatch*od.inFlight)
 			if minNeed == 0 || need < minNeed {
 				minNeed = need
 			}
@@ -602,12 +637,12 @@ func (ms *modelSet) placeLocked(ctx context.Context, s *served) error {
 				refusals = append(refusals, fmt.Sprintf("%s has %d bytes free of its %d-byte budget (needs %d)", e.ID, free, e.Budget, need))
 				continue
 			}
-			r, err := s.model.NewReplica(ctx, od.dev, maxBatch)
+			r, err := s.Model.NewReplica(ctx, od.dev, maxBatch)
 			if err != nil {
 				if errors.Is(err, runtime.ErrOutOfMemory) {
 					refusals = append(refusals, fmt.Sprintf("%s: %v", e.ID, err))
 				} else {
-					failures = append(failures, fmt.Errorf("replica on %s: %w", e.ID, err))
+					failures = append(failures, fmt.Errorf("Replica on %s: %w", e.ID, err))
 				}
 				continue
 			}
@@ -621,61 +656,61 @@ func (ms *modelSet) placeLocked(ctx context.Context, s *served) error {
 	}
 	switch {
 	case len(failures) > 0:
-		return fmt.Errorf("model %s version %d: %w", s.info.Name, s.info.Version, errors.Join(failures...))
+		return fmt.Errorf("model %s version %d: %w", s.Info.Name, s.Info.Version, errors.Join(failures...))
 	case len(refusals) > 0:
-		return &admissionError{model: s.info.Name, version: s.info.Version, need: minNeed, devices: refusals}
+		return &AdmissionError{Model: s.Info.Name, Version: s.Info.Version, Need: minNeed, Devices: refusals}
 	}
-	return fmt.Errorf("model %s version %d: no open device can take a replica: %w", s.info.Name, s.info.Version, scheduler.ErrNoDevice)
+	return fmt.Errorf("model %s version %d: no open device can take a Replica: %w", s.Info.Name, s.Info.Version, scheduler.ErrNoDevice)
 }
 
 // retireLocked waits until the requests that entered s's gate are done,
 // then removes its replicas. It goes on when ctx ends: s no longer serves,
 // so its memory must come back.
-func (ms *modelSet) retireLocked(ctx context.Context, s *served) {
+func (ms *Set) retireLocked(ctx context.Context, s *Served) {
 	<-s.gate.retire()
 	ms.removeReplicasLocked(context.WithoutCancel(ctx), s)
 }
 
-func (ms *modelSet) removeReplicasLocked(ctx context.Context, s *served) {
+func (ms *Set) removeReplicasLocked(ctx context.Context, s *Served) {
 	for _, p := range s.replicas {
 		remove := ms.sched.RemoveReplica
 		if p.gen {
 			remove = ms.sched.RemoveGenReplica
 		}
-		if err := remove(ctx, s.key, p.deviceID); err != nil {
-			ms.log.Warn("removing a replica", zap.String("model", s.key), zap.String("device", p.deviceID), zap.Error(err))
+		if err := remove(ctx, s.Key, p.deviceID); err != nil {
+			ms.log.Warn("removing a Replica", zap.String("model", s.Key), zap.String("device", p.deviceID), zap.Error(err))
 		}
 		if err := p.r.Close(); err != nil {
-			ms.log.Warn("closing a replica", zap.String("model", s.key), zap.String("device", p.deviceID), zap.Error(err))
+			ms.log.Warn("closing a Replica", zap.String("model", s.Key), zap.String("device", p.deviceID), zap.Error(err))
 		}
 		ms.reserved[p.deviceID] -= p.bytes
 	}
 }
 
-// unload stops serving name once the work it accepted is done, and frees
+// Unload stops serving name once the work it accepted is done, and frees
 // its replicas.
-func (ms *modelSet) unload(ctx context.Context, name string) (*served, error) {
+func (ms *Set) Unload(ctx context.Context, name string) (*Served, error) {
 	ms.mu.Lock()
 	defer ms.mu.Unlock()
-	s := ms.lookup(name)
+	s := ms.Lookup(name)
 	if s == nil {
-		return nil, ms.missing(name)
+		return nil, ms.Missing(name)
 	}
-	if s.builtin != nil {
-		return nil, fmt.Errorf("model %s is built in and always served: %w", name, errBuiltinModel)
+	if s.Builtin != nil {
+		return nil, fmt.Errorf("model %s is built in and always Served: %w", name, ErrBuiltinModel)
 	}
 	ms.setPending(name, "unloading")
 	defer ms.setPending(name, "")
 	ms.publishLocked(name, nil)
 	ms.retireLocked(ctx, s)
-	ms.log.Info("model unloaded", zap.String("model", name), zap.Int64("version", s.info.Version))
+	ms.log.Info("model unloaded", zap.String("model", name), zap.Int64("version", s.Info.Version))
 	return s, nil
 }
 
-// loadAtStart loads the models of --load-models: names, or "all" of the
+// LoadAtStart loads the models of --load-models: names, or "all" of the
 // repository. Named models must load; with "all" a model that cannot load
 // is logged and skipped.
-func (ms *modelSet) loadAtStart(ctx context.Context, spec string) error {
+func (ms *Set) LoadAtStart(ctx context.Context, spec string) error {
 	spec = strings.TrimSpace(spec)
 	if spec == "" {
 		return nil
@@ -689,7 +724,7 @@ func (ms *modelSet) loadAtStart(ctx context.Context, spec string) error {
 			return fmt.Errorf("load-models: listing the repository: %w", err)
 		}
 		for _, e := range entries {
-			if _, err := ms.load(ctx, e.Name, 0); err != nil {
+			if _, err := ms.Load(ctx, e.Name, 0); err != nil {
 				ms.log.Warn("model not loaded at start", zap.String("model", e.Name), zap.Error(err))
 			}
 		}
@@ -699,15 +734,15 @@ func (ms *modelSet) loadAtStart(ctx context.Context, spec string) error {
 		if name = strings.TrimSpace(name); name == "" {
 			continue
 		}
-		if _, err := ms.load(ctx, name, 0); err != nil {
+		if _, err := ms.Load(ctx, name, 0); err != nil {
 			return fmt.Errorf("load-models: %w", err)
 		}
 	}
 	return nil
 }
 
-// close frees every replica, then the devices.
-func (ms *modelSet) close() error {
+// Close frees every Replica, then the devices.
+func (ms *Set) Close() error {
 	ms.mu.Lock()
 	defer ms.mu.Unlock()
 	ms.closed = true
@@ -717,7 +752,7 @@ func (ms *modelSet) close() error {
 			errs = append(errs, p.r.Close())
 		}
 	}
-	ms.cat.Store(&catalog{byName: map[string]*served{}})
+	ms.cat.Store(&catalog{byName: map[string]*Served{}})
 	for _, od := range ms.devices {
 		errs = append(errs, od.dev.Close())
 	}

@@ -1,4 +1,4 @@
-package server
+package lifecycle
 
 import (
 	"context"
@@ -63,7 +63,7 @@ func TestPipelinedDevice(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			repoDir := t.TempDir()
 			ref := writeMLP(t, repoDir, "mlp", 1, 5, 6, 8, 3)
-			repo, err := openRepository(repoDir, false, zap.NewNop())
+			repo, err := OpenRepository(repoDir, false, zap.NewNop())
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -71,15 +71,15 @@ func TestPipelinedDevice(t *testing.T) {
 			defer sched.Close()
 			ad := &pipeAdapter{inFlight: tt.inFlight, hold: make(chan struct{}), entered: make(chan struct{}, 16)}
 			cpu := detect.Entry{Device: detect.Device{ID: "cpu:0", Type: detect.TypeCPU, Runtime: "pipe"}}
-			ms := openDevices(t.Context(), []detect.Entry{cpu}, sched, repo, placeOptions{
+			ms := openDevices(t.Context(), []detect.Entry{cpu}, sched, repo, Options{
 				Adapters: map[string]runtime.Adapter{"pipe": ad}, Factors: detect.DefaultFactors(),
 				MaxBatch: 1, // one item per batch: each request is a batch
 			}, zap.NewNop())
-			defer ms.close()
+			defer ms.Close()
 			if len(ms.devices) != 1 || ms.devices[0].inFlight != tt.inFlight {
 				t.Fatalf("opened %d devices, in flight %v; want 1 with %d", len(ms.devices), ms.devices, tt.inFlight)
 			}
-			sv, err := ms.load(t.Context(), "mlp", 0)
+			sv, err := ms.Load(t.Context(), "mlp", 0)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -92,7 +92,7 @@ func TestPipelinedDevice(t *testing.T) {
 			for i, row := range rows {
 				done[i] = make(chan res, 1)
 				go func() {
-					resp, err := sched.Submit(context.Background(), scheduler.Request{Model: sv.key, Inputs: []any{models.RowInput{Values: row}}})
+					resp, err := sched.Submit(context.Background(), scheduler.Request{Model: sv.Key, Inputs: []any{models.RowInput{Values: row}}})
 					done[i] <- res{resp, err}
 				}()
 			}

@@ -1,4 +1,4 @@
-package server
+package lifecycle
 
 import (
 	"context"
@@ -174,8 +174,8 @@ func TestOpenDevicesComputeDType(t *testing.T) {
 			ad := &dtypeAdapter{refuse: tt.refuse}
 			core, logs := observer.New(zapcore.WarnLevel)
 			ms := openDevices(t.Context(), []detect.Entry{gpu}, nil, nil,
-				placeOptions{Adapters: map[string]runtime.Adapter{"fake": ad}, DTypes: tt.dtypes}, zap.New(core))
-			defer ms.close()
+				Options{Adapters: map[string]runtime.Adapter{"fake": ad}, DTypes: tt.dtypes}, zap.New(core))
+			defer ms.Close()
 			var got []runtime.DType
 			for _, s := range ad.specs {
 				got = append(got, s.DType)
@@ -183,7 +183,7 @@ func TestOpenDevicesComputeDType(t *testing.T) {
 			if !slices.Equal(got, tt.wantSpecs) {
 				t.Errorf("opened with %v, want %v", got, tt.wantSpecs)
 			}
-			dt, open := ms.computeDType("gpu:0")
+			dt, open := ms.ComputeDType("gpu:0")
 			if open != tt.wantOpen || dt != tt.wantDType || len(ms.devices) != len(ms.dtypes) {
 				t.Errorf("computeDType = %v, %v (%d devices); want %v, %v", dt, open, len(ms.devices), tt.wantDType, tt.wantOpen)
 			}
@@ -206,17 +206,17 @@ func TestOpenDevicesComputeDType(t *testing.T) {
 func TestOpenDevicesBF16OnThisCPU(t *testing.T) {
 	cpu := detect.Entry{Device: detect.Device{ID: "cpu:0", Type: detect.TypeCPU, Runtime: onednn.Name}}
 	core, logs := observer.New(zapcore.WarnLevel)
-	ms := openDevices(t.Context(), []detect.Entry{cpu}, nil, nil, placeOptions{
+	ms := openDevices(t.Context(), []detect.Entry{cpu}, nil, nil, Options{
 		Adapters: map[string]runtime.Adapter{onednn.Name: onednn.New(onednn.Options{})},
 		DTypes:   map[detect.Type]runtime.DType{detect.TypeCPU: runtime.BF16},
 	}, zap.New(core))
-	defer ms.close()
+	defer ms.Close()
 	want, wantWarns := runtime.BF16, 0
 	if err := onednn.BF16Support(); err != nil {
 		t.Logf("this CPU has no bf16: %v", err)
 		want, wantWarns = runtime.F32, 1
 	}
-	if dt, ok := ms.computeDType("cpu:0"); !ok || dt != want {
+	if dt, ok := ms.ComputeDType("cpu:0"); !ok || dt != want {
 		t.Fatalf("cpu:0 computes in %v (open %v), want %v", dt, ok, want)
 	}
 	if ct := ms.devices[0].dev.(*onednn.Device).ComputeType(); ct != want {

@@ -1,4 +1,4 @@
-package server
+package lifecycle
 
 import (
 	"context"
@@ -18,11 +18,11 @@ import (
 // model management needs.
 type repository struct{ r *repo.Repo }
 
-// openRepository opens the model repository at dir. The default one
+// OpenRepository opens the model repository at dir. The default one
 // (<state-dir>/models) is created when missing; a directory given with
 // --model-repo must exist, so a mistyped path is an error, not an empty
 // repository.
-func openRepository(dir string, create bool, log *zap.Logger, opts ...repo.Option) (Repository, error) {
+func OpenRepository(dir string, create bool, log *zap.Logger, opts ...repo.Option) (Repository, error) {
 	if create {
 		if err := os.MkdirAll(dir, 0o750); err != nil {
 			return nil, fmt.Errorf("model repository: %w", err)
@@ -53,27 +53,27 @@ func (p repository) List() ([]RepoEntry, error) {
 	return out, nil
 }
 
-func (p repository) Load(ctx context.Context, name string, version int64) (loadedModel, error) {
+func (p repository) Load(ctx context.Context, name string, version int64) (Loaded, error) {
 	l, err := p.r.Load(ctx, name, version)
 	if err != nil {
 		if errors.Is(err, repo.ErrNotFound) {
-			return loadedModel{}, notFoundError{err}
+			return Loaded{}, notFoundError{err}
 		}
-		return loadedModel{}, err
+		return Loaded{}, err
 	}
 	if l.LLM != nil {
-		return loadedModel{LLM: l.LLM, Version: l.Version}, nil
+		return Loaded{LLM: l.LLM, Version: l.Version}, nil
 	}
 	m, err := l.Model()
 	if err != nil {
-		return loadedModel{}, err
+		return Loaded{}, err
 	}
-	return loadedModel{Model: m, Version: l.Version}, nil
+	return Loaded{Model: m, Version: l.Version}, nil
 }
 
 // notFoundError is a repository's not-found error that also matches
-// errModelNotFound, without repeating "model not found" in the message.
+// ErrModelNotFound, without repeating "model not found" in the message.
 type notFoundError struct{ error }
 
-func (e notFoundError) Is(target error) bool { return target == errModelNotFound }
+func (e notFoundError) Is(target error) bool { return target == ErrModelNotFound }
 func (e notFoundError) Unwrap() error        { return e.error }

@@ -1,0 +1,99 @@
+package server
+
+import (
+	"fmt"
+
+	"github.com/brokerd/brokerd/lifecycle"
+	brokerv1 "github.com/brokerd/brokerd/proto/broker/v1"
+	"github.com/brokerd/brokerd/runtime/models/llm"
+)
+
+// generator is what Generate and Chat run for sv: its decoder LLM, nil for
+// other models.
+func (d DataPlane) generator(sv *lifecycle.Served) generatorModel {
+	if d.generators != nil {
+		return d.generators(sv)
+	}
+	if sv.LLM == nil {
+		return nil
+	}
+	return genModel{sv.LLM}
+}
+
+// genModel adapts *llm.Model to what Generate and Chat need.
+type genModel struct{ m *llm.Model }
+
+func (g genModel) ContextLength() int    { return g.m.ContextLength() }
+func (g genModel) DefaultMaxTokens() int { return g.m.DefaultMaxTokens() }
+func (g genModel) EncodePrompt(text string, addSpecial bool) ([]int32, error) {
+	return g.m.Encode(text, addSpecial)
+}
+
+func (g genModel) RenderChat(turns []chatTurn, addGenerationPrompt bool) (string, error) {
+	msgs := make([]llm.Message, len(turns))
+	for i, t := range turns {
+		msgs[i] = llm.Message{Role: t.Role, Content: t.Content}
+	}
+	return g.m.RenderChat(msgs, addGenerationPrompt)
+}
+
+// NewSequence applies the request's sampling over the model's defaults
+// (generation_config.json).
+func (g genModel) NewSequence(p samplingParams, prompt []int32) (genSequence, error) {
+	s := g.m.DefaultSampling()
+	if p.Temperature != nil {
+		s.Temperature = *p.Temperature
+	}
+	if p.TopP != nil {
+		s.TopP = *p.TopP
+	}
+	if p.TopK != nil {
+		s.TopK = int(*p.TopK)
+	}
+	if p.MinP != nil {
+		s.MinP = *p.MinP
+	}
+	if p.RepetitionPenalty != nil {
+		s.RepetitionPenalty = *p.RepetitionPenalty
+	}
+	if p.PresencePenalty != nil {
+		s.PresencePenalty = *p.PresencePenalty
+	}
+	if p.FrequencyPenalty != nil {
+		s.FrequencyPenalty = *p.FrequencyPenalty
+	}
+	if p.Seed != nil {
+		s.Seed, s.Seeded = *p.Seed, true
+	}
+	s.Stop, s.StopTokenIDs = p.Stop, p.StopTokenIDs
+	s.Logprobs, s.TopLogprobs, s.IgnoreEOS = p.Logprobs, p.TopLogprobs, p.IgnoreEOS
+	if err := s.Validate(); err != nil {
+		return nil, err
+	}
+	seq, err := g.m.NewSequence(s, prompt)
+	if err != nil {
+		return nil, err
+	}
+	return genSeq{seq}, nil
+}
+
+// genSeq adapts *llm.Sequence.
+type genSeq struct{ s *llm.Sequence }
+
+func (q genSeq) State() any    { return q.s }
+func (q genSeq) Flush() string { return q.s.Flush().Text }
+func (q genSeq) Delta(out any) (genDelta, error) {
+	d, ok := out.(llm.Delta)
+	if !ok {
+		return genDelta{}, fmt.Errorf("a generation step returned %T, want llm.Delta", out)
+	}
+	gd := genDelta{Text: d.Text, TokenIDs: d.TokenIDs}
+	for _, lp := range d.Logprobs {
+		e := &brokerv1.LogprobEntry{Chosen: &brokerv1.TokenLogprob{TokenId: lp.Token, Logprob: lp.Logprob}}
+		for _, alt := range lp.Top {
+			e.Top = append(e.Top, &brokerv1.TokenLogprob{TokenId: alt.Token, Logprob: alt.Logprob})
+		}
+		gd.Logprobs = append(gd.Logprobs, e)
+	}
+	return gd, nil
+}
