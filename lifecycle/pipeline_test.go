@@ -79,7 +79,7 @@ func TestPipelinedDevice(t *testing.T) {
 			if len(ms.devices) != 1 || ms.devices[0].inFlight != tt.inFlight {
 				t.Fatalf("opened %d devices, in flight %v; want 1 with %d", len(ms.devices), ms.devices, tt.inFlight)
 			}
-			sv, err := ms.Load(t.Context(), "mlp", 0)
+			sv, _, err := ms.Load(t.Context(), "mlp", 0)
 			if err != nil {
 				t.Fatal(err)
 			}

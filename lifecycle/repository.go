@@ -62,13 +62,21 @@ func (p repository) Load(ctx context.Context, name string, version int64) (Loade
 		return Loaded{}, err
 	}
 	if l.LLM != nil {
-		return Loaded{LLM: l.LLM, Version: l.Version}, nil
+		return Loaded{LLM: l.LLM, Version: l.Version, Fingerprint: l.Fingerprint}, nil
 	}
 	m, err := l.Model()
 	if err != nil {
 		return Loaded{}, err
 	}
-	return Loaded{Model: m, Version: l.Version}, nil
+	return Loaded{Model: m, Version: l.Version, Fingerprint: l.Fingerprint}, nil
+}
+
+func (p repository) Fingerprint(name string, version int64) (string, error) {
+	fp, err := p.r.Fingerprint(name, version)
+	if errors.Is(err, repo.ErrNotFound) {
+		return "", notFoundError{err}
+	}
+	return fp, err
 }
 
 // notFoundError is a repository's not-found error that also matches

@@ -28,14 +28,18 @@ type Repository interface {
 	List() ([]RepoEntry, error)
 	// Load reads one version of a model (0: the highest loadable one).
 	Load(ctx context.Context, name string, version int64) (Loaded, error)
+	// Fingerprint identifies a version's files as they are on disk now,
+	// without reading them: a change means a reload must read them again.
+	Fingerprint(name string, version int64) (string, error)
 }
 
 // Loaded is a model read from the repository and the version it is:
 // a batch model, or a decoder LLM.
 type Loaded struct {
-	Model   models.Model
-	LLM     *llm.Model
-	Version int64
+	Model       models.Model
+	LLM         *llm.Model
+	Version     int64
+	Fingerprint string // of the files it was read from (Repository.Fingerprint)
 }
 
 // RepoEntry is one model of the repository.
@@ -130,8 +134,9 @@ type Served struct {
 	Model   models.Model // a repository model; nil for the built-in
 	LLM     *llm.Model   // a decoder LLM (served through Generate and Chat); nil otherwise
 
-	replicas []placed
-	gate     *gate
+	fingerprint string // of the repository files it was read from
+	replicas    []placed
+	gate        *gate
 }
 
 // Costs are the items' shares of a batch's token budget (nil: 1 each).
@@ -237,6 +242,7 @@ type Set struct {
 	mu       sync.Mutex
 	devices  []openDevice
 	reserved map[string]int64 // device ID → bytes reserved by replicas
+	reloads  int              // reloads of a served version so far: queue keys of their own
 	closed   bool
 
 	stMu    sync.Mutex
@@ -516,38 +522,93 @@ func (ms *Set) setLastErr(name string, err error) {
 	}
 }
 
+// Action says what a Load did.
+type Action int
+
+const (
+	// ActionLoaded: the model was not served and now is.
+	ActionLoaded Action = iota + 1
+	// ActionSwitched: another version replaced the one served.
+	ActionSwitched
+	// ActionReloaded: the served version's files changed on disk, and an
+	// instance read from them replaced the one serving.
+	ActionReloaded
+	// ActionUnchanged: the version asked for is served from the files on disk
+	// as they are: nothing was done.
+	ActionUnchanged
+)
+
+func (a Action) String() string {
+	switch a {
+	case ActionLoaded:
+		return "loaded"
+	case ActionSwitched:
+		return "switched"
+	case ActionReloaded:
+		return "reloaded"
+	case ActionUnchanged:
+		return "unchanged"
+	}
+	return "unknown"
+}
+
 // Load loads a version of a repository model (0: the highest loadable),
-// places it and makes it serve name. A version already serving is kept. A
-// reload never drops a request: the new version's replicas join the
-// scheduler first, the name switches to them, and the old version's replicas
+// places it and makes it serve name. Asked for the version already
+// serving, it compares the files' fingerprint: unchanged files are a
+// no-op, changed ones are read again. A switch or reload never drops a
+// request: the new instance's replicas join the scheduler first (admitted
+// against what the devices have free while the old instance still holds
+// its memory), the name switches to them, and the old instance's replicas
 // go once the requests that entered its gate are done.
-func (ms *Set) Load(ctx context.Context, name string, version int64) (*Served, error) {
+func (ms *Set) Load(ctx context.Context, name string, version int64) (*Served, Action, error) {
 	if s := ms.Lookup(name); s != nil && s.Builtin != nil {
-		return s, nil
+		return s, ActionUnchanged, nil
 	}
 	if ms.repo == nil {
-		return nil, fmt.Errorf("model %q: no model repository: %w", name, ErrModelNotFound)
+		return nil, 0, fmt.Errorf("model %q: no model repository: %w", name, ErrModelNotFound)
 	}
 	ms.mu.Lock()
 	defer ms.mu.Unlock()
 	if ms.closed {
-		return nil, fmt.Errorf("model %s: brokerd is stopping: %w", name, scheduler.ErrDraining)
+		return nil, 0, fmt.Errorf("model %s: brokerd is stopping: %w", name, scheduler.ErrDraining)
 	}
 	ms.setPending(name, "loading")
 	defer ms.setPending(name, "")
-	s, err := ms.loadLocked(ctx, name, version)
+	s, act, err := ms.loadLocked(ctx, name, version)
 	ms.setLastErr(name, err)
-	return s, err
+	return s, act, err
 }
 
-func (ms *Set) loadLocked(ctx context.Context, name string, version int64) (*Served, error) {
+// unchangedLocked reports whether cur serves version of name (0: the
+// highest loadable) from the files on disk as they are now.
+func (ms *Set) unchangedLocked(cur *Served, name string, version int64) bool {
+	if version == 0 {
+		entries, err := ms.repo.List()
+		if err != nil {
+			return false
+		}
+		for _, e := range entries {
+			if e.Name == name && len(e.Versions) > 0 {
+				version = e.Versions[len(e.Versions)-1]
+			}
+		}
+	}
+	if version != cur.Info.Version || cur.fingerprint == "" {
+		return false
+	}
+	fp, err := ms.repo.Fingerprint(name, version)
+	return err == nil && fp == cur.fingerprint
+}
+
+func (ms *Set) loadLocked(ctx context.Context, name string, version int64) (*Served, Action, error) {
 	cur := ms.Lookup(name)
-	if cur != nil && version != 0 && cur.Info.Version == version {
-		return cur, nil
+	if cur != nil && ms.unchangedLocked(cur, name, version) {
+		ms.log.Info("model unchanged: this version is served from these files already", zap.String("model", name), zap.Int64("version", cur.Info.Version))
+		return cur, ActionUnchanged, nil
 	}
 	l, err := ms.repo.Load(ctx, name, version)
 	if err != nil {
-		return nil, fmt.Errorf("model %s: %w", name, err)
+		return nil, 0, fmt.Errorf("model %s: %w", name, err)
 	}
 	var info models.Info
 	if l.LLM != nil {
@@ -557,24 +618,37 @@ func (ms *Set) loadLocked(ctx context.Context, name string, version int64) (*Ser
 	}
 	// The repository's name and version directory are the model's identity.
 	info.Name, info.Version = name, l.Version
-	if cur != nil && cur.Info.Version == info.Version {
-		return cur, nil
+	act := ActionLoaded
+	key := fmt.Sprintf("%s@%d", name, info.Version)
+	if cur != nil {
+		act = ActionSwitched
+		if cur.Info.Version == info.Version {
+			if cur.fingerprint != "" && cur.fingerprint == l.Fingerprint {
+				return cur, ActionUnchanged, nil
+			}
+			// Both instances are in the scheduler while requests move
+			// over: the new one queues under a key of its own.
+			act = ActionReloaded
+			ms.reloads++
+			key = fmt.Sprintf("%s@%d.r%d", name, info.Version, ms.reloads)
+		}
 	}
-	s := &Served{Info: info, Key: fmt.Sprintf("%s@%d", name, info.Version), Model: l.Model, LLM: l.LLM, gate: newGate()}
+	s := &Served{Info: info, Key: key, Model: l.Model, LLM: l.LLM, fingerprint: l.Fingerprint, gate: newGate()}
 	place := func() error { return ms.placeLocked(ctx, s) }
 	if l.LLM != nil {
 		place = func() error { return ms.placeGenLocked(ctx, s, l.LLM) }
 	}
 	if err := place(); err != nil {
 		ms.removeReplicasLocked(context.WithoutCancel(ctx), s)
-		return nil, err
+		return nil, 0, err
 	}
 	ms.publishLocked(name, s)
 	if cur != nil {
-		ms.log.Info("model version switched", zap.String("model", name), zap.Int64("from", cur.Info.Version), zap.Int64("to", info.Version))
+		ms.log.Info("model "+act.String(), zap.String("model", name), zap.Int64("from", cur.Info.Version), zap.Int64("to", info.Version),
+			zap.String("queue", key))
 		ms.retireLocked(ctx, cur)
 	}
-	return s, nil
+	return s, act, nil
 }
 
 // placementOrder is the device types a repository model may go to, most
@@ -724,7 +798,7 @@ func (ms *Set) LoadAtStart(ctx context.Context, spec string) error {
 			return fmt.Errorf("load-models: listing the repository: %w", err)
 		}
 		for _, e := range entries {
-			if _, err := ms.Load(ctx, e.Name, 0); err != nil {
+			if _, _, err := ms.Load(ctx, e.Name, 0); err != nil {
 				ms.log.Warn("model not loaded at start", zap.String("model", e.Name), zap.Error(err))
 			}
 		}
@@ -734,7 +808,7 @@ func (ms *Set) LoadAtStart(ctx context.Context, spec string) error {
 		if name = strings.TrimSpace(name); name == "" {
 			continue
 		}
-		if _, err := ms.Load(ctx, name, 0); err != nil {
+		if _, _, err := ms.Load(ctx, name, 0); err != nil {
 			return fmt.Errorf("load-models: %w", err)
 		}
 	}

@@ -82,7 +82,7 @@ type modelCatalog interface {
 	Builtin(name string) (lifecycle.Encoder, bool)
 	DefaultModel() string
 	ComputeDType(deviceID string) (runtime.DType, bool)
-	Load(ctx context.Context, name string, version int64) (*lifecycle.Served, error)
+	Load(ctx context.Context, name string, version int64) (*lifecycle.Served, lifecycle.Action, error)
 	Unload(ctx context.Context, name string) (*lifecycle.Served, error)
 	Catalog() (lifecycle.Catalog, error)
 }

@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"fmt"
 	"strings"
 
 	"go.uber.org/zap"
@@ -26,7 +27,7 @@ func (s *BrokerService) GetStats(ctx context.Context, req *brokerv1.GetStatsRequ
 		if sv == nil {
 			// The rows name NAME@VERSION: that spelling answers too.
 			if name, _, ok := strings.Cut(key, "@"); ok {
-				if byName := s.models.Lookup(name); byName != nil && byName.Key == key {
+				if byName := s.models.Lookup(name); byName != nil && fmt.Sprintf("%s@%d", name, byName.Info.Version) == key {
 					sv = byName
 				}
 			}

@@ -158,8 +158,8 @@ func (f fixedModels) ComputeDType(string) (runtime.DType, bool) {
 func (f fixedModels) Missing(name string) error {
 	return fmt.Errorf("model %q: %w", name, lifecycle.ErrModelNotFound)
 }
-func (f fixedModels) Load(context.Context, string, int64) (*lifecycle.Served, error) {
-	return nil, errors.New("fixed models load nothing")
+func (f fixedModels) Load(context.Context, string, int64) (*lifecycle.Served, lifecycle.Action, error) {
+	return nil, 0, errors.New("fixed models load nothing")
 }
 func (f fixedModels) Unload(context.Context, string) (*lifecycle.Served, error) {
 	return nil, errors.New("fixed models unload nothing")

@@ -75,11 +75,11 @@ func (s *BrokerService) LoadModel(ctx context.Context, req *brokerv1.LoadModelRe
 	if s.models == nil {
 		return nil, status.Error(codes.FailedPrecondition, "no data plane: models cannot be loaded")
 	}
-	sv, err := s.models.Load(ctx, req.GetName(), req.GetVersion())
+	sv, act, err := s.models.Load(ctx, req.GetName(), req.GetVersion())
 	if err != nil {
 		return nil, toStatus(s.log, "LoadModel", err)
 	}
-	return &brokerv1.LoadModelResponse{Model: servedToProto(sv)}, nil
+	return &brokerv1.LoadModelResponse{Model: servedToProto(sv), Action: loadActions[act]}, nil
 }
 
 // UnloadModel stops serving a model once the work it accepted is done, and
@@ -99,6 +99,13 @@ func (s *BrokerService) UnloadModel(ctx context.Context, req *brokerv1.UnloadMod
 	m.State = brokerv1.ModelState_MODEL_STATE_AVAILABLE
 	m.DeviceIds, m.MemoryBytes = nil, 0
 	return &brokerv1.UnloadModelResponse{Model: m}, nil
+}
+
+var loadActions = map[lifecycle.Action]brokerv1.LoadAction{
+	lifecycle.ActionLoaded:    brokerv1.LoadAction_LOAD_ACTION_LOADED,
+	lifecycle.ActionSwitched:  brokerv1.LoadAction_LOAD_ACTION_SWITCHED,
+	lifecycle.ActionReloaded:  brokerv1.LoadAction_LOAD_ACTION_RELOADED,
+	lifecycle.ActionUnchanged: brokerv1.LoadAction_LOAD_ACTION_UNCHANGED,
 }
 
 // servedToProto describes a served version.

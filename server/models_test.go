@@ -401,6 +401,141 @@ func TestHotReload(t *testing.T) {
 	}
 }
 
+// TestReloadChangedFiles rewrites the weights of the version being served
+// and loads it again under continuous load: the new files are served, no
+// request fails, every answer is one instance's, memory comes back to one
+// instance, and a load of unchanged files does nothing.
+func TestReloadChangedFiles(t *testing.T) {
+	var (
+		repoDir string
+		oldRef  *mlpRef
+	)
+	_, c := modelDaemon(t, func(repo string) {
+		repoDir = repo
+		oldRef = writeMLP(t, repo, "mlp", 1, 1, 8, 32, 4)
+	}, nil)
+	ctx := testCtx(t)
+	first, err := c.LoadModel(ctx, &brokerv1.LoadModelRequest{Name: "mlp"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if first.GetAction() != brokerv1.LoadAction_LOAD_ACTION_LOADED {
+		t.Errorf("first load: %v", first.GetAction())
+	}
+	again, err := c.LoadModel(ctx, &brokerv1.LoadModelRequest{Name: "mlp", Version: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again.GetAction() != brokerv1.LoadAction_LOAD_ACTION_UNCHANGED {
+		t.Errorf("load of unchanged files: %v, want unchanged", again.GetAction())
+	}
+	memory := findModel(t, c, "mlp").GetMemoryBytes()
+
+	var (
+		stop     atomic.Bool
+		wg       sync.WaitGroup
+		mu       sync.Mutex
+		failures []error
+		byOld    atomic.Int64
+		byNew    atomic.Int64
+		matches  = func(ref *mlpRef, rows [][]float32, got []float32) bool {
+			for r, row := range rows {
+				for j, want := range ref.forward(row) {
+					if math.Abs(float64(got[r*4+j])-want) > 1e-4*(1+math.Abs(want)) {
+						return false
+					}
+				}
+			}
+			return true
+		}
+	)
+	var newRef atomic.Pointer[mlpRef]
+	for w := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; !stop.Load(); i++ {
+				rows := randRows(uint64(w*100000+i), 1+i%3, 8)
+				resp, err := c.Infer(ctx, &brokerv1.InferRequest{Model: "mlp", Inputs: []*brokerv1.Tensor{mlpInput(rows)}})
+				if err == nil && resp.GetModelVersion() != 1 {
+					err = fmt.Errorf("version %d", resp.GetModelVersion())
+				}
+				if err == nil {
+					got := fromF32le(resp.GetOutputs()[0].GetData())
+					switch n := newRef.Load(); {
+					case matches(oldRef, rows, got):
+						byOld.Add(1)
+					case n != nil && matches(n, rows, got):
+						byNew.Add(1)
+					default:
+						err = fmt.Errorf("an answer matches neither instance: %v", got)
+					}
+				}
+				if err != nil {
+					mu.Lock()
+					failures = append(failures, err)
+					mu.Unlock()
+				}
+			}
+		}()
+	}
+	waitFor := func(n *atomic.Int64, want int64) {
+		deadline := time.Now().Add(30 * time.Second)
+		for n.Load() < want && time.Now().Before(deadline) {
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	waitFor(&byOld, 200)
+	// New weights in the same version directory (the files are rewritten,
+	// so their modification times change).
+	time.Sleep(10 * time.Millisecond)
+	newRef.Store(writeMLP(t, repoDir, "mlp", 1, 3, 8, 32, 4))
+	resp, err := c.LoadModel(ctx, &brokerv1.LoadModelRequest{Name: "mlp", Version: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.GetAction() != brokerv1.LoadAction_LOAD_ACTION_RELOADED {
+		t.Errorf("load of changed files: %v, want reloaded", resp.GetAction())
+	}
+	oldAfter := byOld.Load()
+	waitFor(&byNew, 200)
+	stop.Store(true)
+	wg.Wait()
+	if len(failures) > 0 {
+		t.Fatalf("%d requests failed during the reload; first: %v", len(failures), failures[0])
+	}
+	if byNew.Load() < 200 {
+		t.Errorf("the new files answered %d times", byNew.Load())
+	}
+	if late := byOld.Load() - oldAfter; late > 16 {
+		// Requests that entered the old instance before the switch may
+		// finish after LoadModel returned; nothing new goes there.
+		t.Errorf("%d answers from the old files after the reload returned", late)
+	}
+	if m := findModel(t, c, "mlp"); m.GetMemoryBytes() != memory || m.GetState() != brokerv1.ModelState_MODEL_STATE_READY {
+		t.Errorf("after the reload: %v (memory before %d)", m, memory)
+	}
+	st, err := c.GetStats(ctx, &brokerv1.GetStatsRequest{Model: "mlp@1"})
+	if err != nil {
+		t.Fatalf("stats of the reloaded version by NAME@VERSION: %v", err)
+	}
+	for _, s := range st.GetStats() {
+		if s.GetModel() == "mlp@1" {
+			t.Errorf("the replaced instance still has a queue: %v", s)
+		}
+	}
+	if len(st.GetStats()) == 0 {
+		t.Error("no stats for the reloaded version")
+	}
+	unchanged, err := c.LoadModel(ctx, &brokerv1.LoadModelRequest{Name: "mlp"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if unchanged.GetAction() != brokerv1.LoadAction_LOAD_ACTION_UNCHANGED {
+		t.Errorf("second load of the new files: %v, want unchanged", unchanged.GetAction())
+	}
+}
+
 func TestInferValidation(t *testing.T) {
 	ref := (*mlpRef)(nil)
 	_, c := modelDaemon(t, func(repo string) {

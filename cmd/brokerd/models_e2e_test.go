@@ -83,6 +83,7 @@ func TestBrokerctlModelCommands(t *testing.T) {
 		{[]string{"models"}, 0, []string{"NAME", "nbmf-hash-v1", "scorer", "mlp", "available"}},
 		{[]string{"infer", "scorer", "--input", "input=@" + input}, 1, []string{"FAILED_PRECONDITION", "not loaded"}},
 		{[]string{"load", "scorer"}, 0, []string{"scorer version 1 ready on cpu:0"}},
+		{[]string{"load", "scorer"}, 0, []string{"scorer version 1 ready on cpu:0", "unchanged: already served from these files"}},
 		{[]string{"models", "--wide"}, 0, []string{"scorer", "ready", "cpu:0", "input:FP32[-1,3]", "output:FP32[-1,2]"}},
 		{[]string{"infer", "scorer", "--input", "input=@" + plain}, 0, []string{"output FP32 [2 2]", "execution: model scorer v1, device cpu:0"}},
 		{[]string{"infer", "scorer", "--input", "input=[[1, 2]]"}, 1, []string{"INVALID_ARGUMENT", `input "input": shape [1, 2]: dimension 1 is 2, want 3`}},

@@ -54,9 +54,18 @@ func loadCmd(fs *flag.FlagSet) action {
 			return inv.writeJSON(resp)
 		}
 		m := resp.GetModel()
-		return inv.write(fmt.Appendf(nil, "%s version %d %s on %s (%s)\n", m.GetName(), m.GetVersion(),
+		did := ""
+		switch resp.GetAction() {
+		case brokerv1.LoadAction_LOAD_ACTION_UNCHANGED:
+			did = " (unchanged: already served from these files)"
+		case brokerv1.LoadAction_LOAD_ACTION_RELOADED:
+			did = " (reloaded: its files changed)"
+		case brokerv1.LoadAction_LOAD_ACTION_SWITCHED:
+			did = " (switched from the version served before)"
+		}
+		return inv.write(fmt.Appendf(nil, "%s version %d %s on %s (%s)%s\n", m.GetName(), m.GetVersion(),
 			enumName(m.GetState().Descriptor(), m.GetState().Number()), orDash(strings.Join(m.GetDeviceIds(), ",")),
-			humanBytes(m.GetMemoryBytes())))
+			humanBytes(m.GetMemoryBytes()), did))
 	}
 }
 

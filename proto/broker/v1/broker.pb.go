@@ -451,6 +451,67 @@ func (ModelState) EnumDescriptor() ([]byte, []int) {
 	return file_broker_v1_broker_proto_rawDescGZIP(), []int{6}
 }
 
+// LoadAction is what a LoadModel call did.
+type LoadAction int32
+
+const (
+	LoadAction_LOAD_ACTION_UNSPECIFIED LoadAction = 0
+	// The model was not served and now is.
+	LoadAction_LOAD_ACTION_LOADED LoadAction = 1
+	// Another version replaced the one served.
+	LoadAction_LOAD_ACTION_SWITCHED LoadAction = 2
+	// The served version's files changed on disk; an instance read from them
+	// replaced the serving one, without dropping a request.
+	LoadAction_LOAD_ACTION_RELOADED LoadAction = 3
+	// The version is already served from these files: nothing was done.
+	LoadAction_LOAD_ACTION_UNCHANGED LoadAction = 4
+)
+
+// Enum value maps for LoadAction.
+var (
+	LoadAction_name = map[int32]string{
+		0: "LOAD_ACTION_UNSPECIFIED",
+		1: "LOAD_ACTION_LOADED",
+		2: "LOAD_ACTION_SWITCHED",
+		3: "LOAD_ACTION_RELOADED",
+		4: "LOAD_ACTION_UNCHANGED",
+	}
+	LoadAction_value = map[string]int32{
+		"LOAD_ACTION_UNSPECIFIED": 0,
+		"LOAD_ACTION_LOADED":      1,
+		"LOAD_ACTION_SWITCHED":    2,
+		"LOAD_ACTION_RELOADED":    3,
+		"LOAD_ACTION_UNCHANGED":   4,
+	}
+)
+
+func (x LoadAction) Enum() *LoadAction {
+	p := new(LoadAction)
+	*p = x
+	return p
+}
+
+func (x LoadAction) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (LoadAction) Descriptor() protoreflect.EnumDescriptor {
+	return file_broker_v1_broker_proto_enumTypes[7].Descriptor()
+}
+
+func (LoadAction) Type() protoreflect.EnumType {
+	return &file_broker_v1_broker_proto_enumTypes[7]
+}
+
+func (x LoadAction) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use LoadAction.Descriptor instead.
+func (LoadAction) EnumDescriptor() ([]byte, []int) {
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{7}
+}
+
 // FinishReason is why a generated sequence ended.
 type FinishReason int32
 
@@ -496,11 +557,11 @@ func (x FinishReason) String() string {
 }
 
 func (FinishReason) Descriptor() protoreflect.EnumDescriptor {
-	return file_broker_v1_broker_proto_enumTypes[7].Descriptor()
+	return file_broker_v1_broker_proto_enumTypes[8].Descriptor()
 }
 
 func (FinishReason) Type() protoreflect.EnumType {
-	return &file_broker_v1_broker_proto_enumTypes[7]
+	return &file_broker_v1_broker_proto_enumTypes[8]
 }
 
 func (x FinishReason) Number() protoreflect.EnumNumber {
@@ -509,7 +570,7 @@ func (x FinishReason) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use FinishReason.Descriptor instead.
 func (FinishReason) EnumDescriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{7}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{8}
 }
 
 // Device is one detected device and what brokerd knows of it.
@@ -3103,8 +3164,11 @@ func (x *LoadModelRequest) GetVersion() int64 {
 }
 
 type LoadModelResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Model         *Model                 `protobuf:"bytes,1,opt,name=model,proto3" json:"model,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Model *Model                 `protobuf:"bytes,1,opt,name=model,proto3" json:"model,omitempty"`
+	// What the load did: a load of the version already served re-reads it
+	// only when its files changed on disk.
+	Action        LoadAction `protobuf:"varint,2,opt,name=action,proto3,enum=broker.v1.LoadAction" json:"action,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3144,6 +3208,13 @@ func (x *LoadModelResponse) GetModel() *Model {
 		return x.Model
 	}
 	return nil
+}
+
+func (x *LoadModelResponse) GetAction() LoadAction {
+	if x != nil {
+		return x.Action
+	}
+	return LoadAction_LOAD_ACTION_UNSPECIFIED
 }
 
 type UnloadModelRequest struct {
@@ -4935,9 +5006,10 @@ const file_broker_v1_broker_proto_rawDesc = "" +
 	"\x06models\x18\x01 \x03(\v2\x10.broker.v1.ModelR\x06models\"@\n" +
 	"\x10LoadModelRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
-	"\aversion\x18\x02 \x01(\x03R\aversion\";\n" +
+	"\aversion\x18\x02 \x01(\x03R\aversion\"j\n" +
 	"\x11LoadModelResponse\x12&\n" +
-	"\x05model\x18\x01 \x01(\v2\x10.broker.v1.ModelR\x05model\"(\n" +
+	"\x05model\x18\x01 \x01(\v2\x10.broker.v1.ModelR\x05model\x12-\n" +
+	"\x06action\x18\x02 \x01(\x0e2\x15.broker.v1.LoadActionR\x06action\"(\n" +
 	"\x12UnloadModelRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"=\n" +
 	"\x13UnloadModelResponse\x12&\n" +
@@ -5109,7 +5181,14 @@ const file_broker_v1_broker_proto_rawDesc = "" +
 	"\x13MODEL_STATE_LOADING\x10\x02\x12\x15\n" +
 	"\x11MODEL_STATE_READY\x10\x03\x12\x19\n" +
 	"\x15MODEL_STATE_UNLOADING\x10\x04\x12\x16\n" +
-	"\x12MODEL_STATE_FAILED\x10\x05*\x98\x01\n" +
+	"\x12MODEL_STATE_FAILED\x10\x05*\x90\x01\n" +
+	"\n" +
+	"LoadAction\x12\x1b\n" +
+	"\x17LOAD_ACTION_UNSPECIFIED\x10\x00\x12\x16\n" +
+	"\x12LOAD_ACTION_LOADED\x10\x01\x12\x18\n" +
+	"\x14LOAD_ACTION_SWITCHED\x10\x02\x12\x18\n" +
+	"\x14LOAD_ACTION_RELOADED\x10\x03\x12\x19\n" +
+	"\x15LOAD_ACTION_UNCHANGED\x10\x04*\x98\x01\n" +
 	"\fFinishReason\x12\x1d\n" +
 	"\x19FINISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12FINISH_REASON_STOP\x10\x01\x12\x18\n" +
@@ -5146,7 +5225,7 @@ func file_broker_v1_broker_proto_rawDescGZIP() []byte {
 	return file_broker_v1_broker_proto_rawDescData
 }
 
-var file_broker_v1_broker_proto_enumTypes = make([]protoimpl.EnumInfo, 8)
+var file_broker_v1_broker_proto_enumTypes = make([]protoimpl.EnumInfo, 9)
 var file_broker_v1_broker_proto_msgTypes = make([]protoimpl.MessageInfo, 58)
 var file_broker_v1_broker_proto_goTypes = []any{
 	(DeviceType)(0),                // 0: broker.v1.DeviceType
@@ -5156,173 +5235,175 @@ var file_broker_v1_broker_proto_goTypes = []any{
 	(Priority)(0),                  // 4: broker.v1.Priority
 	(DataType)(0),                  // 5: broker.v1.DataType
 	(ModelState)(0),                // 6: broker.v1.ModelState
-	(FinishReason)(0),              // 7: broker.v1.FinishReason
-	(*Device)(nil),                 // 8: broker.v1.Device
-	(*CpuInfo)(nil),                // 9: broker.v1.CpuInfo
-	(*GpuInfo)(nil),                // 10: broker.v1.GpuInfo
-	(*TpuInfo)(nil),                // 11: broker.v1.TpuInfo
-	(*Telemetry)(nil),              // 12: broker.v1.Telemetry
-	(*BatchPlan)(nil),              // 13: broker.v1.BatchPlan
-	(*Configuration)(nil),          // 14: broker.v1.Configuration
-	(*Runtime)(nil),                // 15: broker.v1.Runtime
-	(*PjrtPlugin)(nil),             // 16: broker.v1.PjrtPlugin
-	(*EncodeItem)(nil),             // 17: broker.v1.EncodeItem
-	(*EncodeResult)(nil),           // 18: broker.v1.EncodeResult
-	(*ExecutionInfo)(nil),          // 19: broker.v1.ExecutionInfo
-	(*EncodeRequest)(nil),          // 20: broker.v1.EncodeRequest
-	(*EncodeResponse)(nil),         // 21: broker.v1.EncodeResponse
-	(*Tensor)(nil),                 // 22: broker.v1.Tensor
-	(*TensorSpec)(nil),             // 23: broker.v1.TensorSpec
-	(*InferRequest)(nil),           // 24: broker.v1.InferRequest
-	(*InferResponse)(nil),          // 25: broker.v1.InferResponse
-	(*ListDevicesRequest)(nil),     // 26: broker.v1.ListDevicesRequest
-	(*ListDevicesResponse)(nil),    // 27: broker.v1.ListDevicesResponse
-	(*GetDeviceRequest)(nil),       // 28: broker.v1.GetDeviceRequest
-	(*GetDeviceResponse)(nil),      // 29: broker.v1.GetDeviceResponse
-	(*GetReportRequest)(nil),       // 30: broker.v1.GetReportRequest
-	(*GetReportResponse)(nil),      // 31: broker.v1.GetReportResponse
-	(*GetBatchPlanRequest)(nil),    // 32: broker.v1.GetBatchPlanRequest
-	(*GetBatchPlanResponse)(nil),   // 33: broker.v1.GetBatchPlanResponse
-	(*Model)(nil),                  // 34: broker.v1.Model
-	(*ListModelsRequest)(nil),      // 35: broker.v1.ListModelsRequest
-	(*ListModelsResponse)(nil),     // 36: broker.v1.ListModelsResponse
-	(*LoadModelRequest)(nil),       // 37: broker.v1.LoadModelRequest
-	(*LoadModelResponse)(nil),      // 38: broker.v1.LoadModelResponse
-	(*UnloadModelRequest)(nil),     // 39: broker.v1.UnloadModelRequest
-	(*UnloadModelResponse)(nil),    // 40: broker.v1.UnloadModelResponse
-	(*LatencySummary)(nil),         // 41: broker.v1.LatencySummary
-	(*QueueStats)(nil),             // 42: broker.v1.QueueStats
-	(*GetStatsRequest)(nil),        // 43: broker.v1.GetStatsRequest
-	(*GetStatsResponse)(nil),       // 44: broker.v1.GetStatsResponse
-	(*CordonDeviceRequest)(nil),    // 45: broker.v1.CordonDeviceRequest
-	(*CordonDeviceResponse)(nil),   // 46: broker.v1.CordonDeviceResponse
-	(*UncordonDeviceRequest)(nil),  // 47: broker.v1.UncordonDeviceRequest
-	(*UncordonDeviceResponse)(nil), // 48: broker.v1.UncordonDeviceResponse
-	(*DrainRequest)(nil),           // 49: broker.v1.DrainRequest
-	(*DrainResponse)(nil),          // 50: broker.v1.DrainResponse
-	(*SamplingParams)(nil),         // 51: broker.v1.SamplingParams
-	(*GenerateRequest)(nil),        // 52: broker.v1.GenerateRequest
-	(*ChatMessage)(nil),            // 53: broker.v1.ChatMessage
-	(*Conversation)(nil),           // 54: broker.v1.Conversation
-	(*ChatRequest)(nil),            // 55: broker.v1.ChatRequest
-	(*TokenLogprob)(nil),           // 56: broker.v1.TokenLogprob
-	(*LogprobEntry)(nil),           // 57: broker.v1.LogprobEntry
-	(*GenerationDelta)(nil),        // 58: broker.v1.GenerationDelta
-	(*Usage)(nil),                  // 59: broker.v1.Usage
-	(*GenerationResult)(nil),       // 60: broker.v1.GenerationResult
-	(*GenerateResponse)(nil),       // 61: broker.v1.GenerateResponse
-	(*ChatResponse)(nil),           // 62: broker.v1.ChatResponse
-	nil,                            // 63: broker.v1.Device.AttributesEntry
-	nil,                            // 64: broker.v1.Configuration.CostPerHourUsdEntry
-	nil,                            // 65: broker.v1.QueueStats.FailedEntry
-	(*timestamppb.Timestamp)(nil),  // 66: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),    // 67: google.protobuf.Duration
+	(LoadAction)(0),                // 7: broker.v1.LoadAction
+	(FinishReason)(0),              // 8: broker.v1.FinishReason
+	(*Device)(nil),                 // 9: broker.v1.Device
+	(*CpuInfo)(nil),                // 10: broker.v1.CpuInfo
+	(*GpuInfo)(nil),                // 11: broker.v1.GpuInfo
+	(*TpuInfo)(nil),                // 12: broker.v1.TpuInfo
+	(*Telemetry)(nil),              // 13: broker.v1.Telemetry
+	(*BatchPlan)(nil),              // 14: broker.v1.BatchPlan
+	(*Configuration)(nil),          // 15: broker.v1.Configuration
+	(*Runtime)(nil),                // 16: broker.v1.Runtime
+	(*PjrtPlugin)(nil),             // 17: broker.v1.PjrtPlugin
+	(*EncodeItem)(nil),             // 18: broker.v1.EncodeItem
+	(*EncodeResult)(nil),           // 19: broker.v1.EncodeResult
+	(*ExecutionInfo)(nil),          // 20: broker.v1.ExecutionInfo
+	(*EncodeRequest)(nil),          // 21: broker.v1.EncodeRequest
+	(*EncodeResponse)(nil),         // 22: broker.v1.EncodeResponse
+	(*Tensor)(nil),                 // 23: broker.v1.Tensor
+	(*TensorSpec)(nil),             // 24: broker.v1.TensorSpec
+	(*InferRequest)(nil),           // 25: broker.v1.InferRequest
+	(*InferResponse)(nil),          // 26: broker.v1.InferResponse
+	(*ListDevicesRequest)(nil),     // 27: broker.v1.ListDevicesRequest
+	(*ListDevicesResponse)(nil),    // 28: broker.v1.ListDevicesResponse
+	(*GetDeviceRequest)(nil),       // 29: broker.v1.GetDeviceRequest
+	(*GetDeviceResponse)(nil),      // 30: broker.v1.GetDeviceResponse
+	(*GetReportRequest)(nil),       // 31: broker.v1.GetReportRequest
+	(*GetReportResponse)(nil),      // 32: broker.v1.GetReportResponse
+	(*GetBatchPlanRequest)(nil),    // 33: broker.v1.GetBatchPlanRequest
+	(*GetBatchPlanResponse)(nil),   // 34: broker.v1.GetBatchPlanResponse
+	(*Model)(nil),                  // 35: broker.v1.Model
+	(*ListModelsRequest)(nil),      // 36: broker.v1.ListModelsRequest
+	(*ListModelsResponse)(nil),     // 37: broker.v1.ListModelsResponse
+	(*LoadModelRequest)(nil),       // 38: broker.v1.LoadModelRequest
+	(*LoadModelResponse)(nil),      // 39: broker.v1.LoadModelResponse
+	(*UnloadModelRequest)(nil),     // 40: broker.v1.UnloadModelRequest
+	(*UnloadModelResponse)(nil),    // 41: broker.v1.UnloadModelResponse
+	(*LatencySummary)(nil),         // 42: broker.v1.LatencySummary
+	(*QueueStats)(nil),             // 43: broker.v1.QueueStats
+	(*GetStatsRequest)(nil),        // 44: broker.v1.GetStatsRequest
+	(*GetStatsResponse)(nil),       // 45: broker.v1.GetStatsResponse
+	(*CordonDeviceRequest)(nil),    // 46: broker.v1.CordonDeviceRequest
+	(*CordonDeviceResponse)(nil),   // 47: broker.v1.CordonDeviceResponse
+	(*UncordonDeviceRequest)(nil),  // 48: broker.v1.UncordonDeviceRequest
+	(*UncordonDeviceResponse)(nil), // 49: broker.v1.UncordonDeviceResponse
+	(*DrainRequest)(nil),           // 50: broker.v1.DrainRequest
+	(*DrainResponse)(nil),          // 51: broker.v1.DrainResponse
+	(*SamplingParams)(nil),         // 52: broker.v1.SamplingParams
+	(*GenerateRequest)(nil),        // 53: broker.v1.GenerateRequest
+	(*ChatMessage)(nil),            // 54: broker.v1.ChatMessage
+	(*Conversation)(nil),           // 55: broker.v1.Conversation
+	(*ChatRequest)(nil),            // 56: broker.v1.ChatRequest
+	(*TokenLogprob)(nil),           // 57: broker.v1.TokenLogprob
+	(*LogprobEntry)(nil),           // 58: broker.v1.LogprobEntry
+	(*GenerationDelta)(nil),        // 59: broker.v1.GenerationDelta
+	(*Usage)(nil),                  // 60: broker.v1.Usage
+	(*GenerationResult)(nil),       // 61: broker.v1.GenerationResult
+	(*GenerateResponse)(nil),       // 62: broker.v1.GenerateResponse
+	(*ChatResponse)(nil),           // 63: broker.v1.ChatResponse
+	nil,                            // 64: broker.v1.Device.AttributesEntry
+	nil,                            // 65: broker.v1.Configuration.CostPerHourUsdEntry
+	nil,                            // 66: broker.v1.QueueStats.FailedEntry
+	(*timestamppb.Timestamp)(nil),  // 67: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),    // 68: google.protobuf.Duration
 }
 var file_broker_v1_broker_proto_depIdxs = []int32{
 	0,  // 0: broker.v1.Device.type:type_name -> broker.v1.DeviceType
 	1,  // 1: broker.v1.Device.health:type_name -> broker.v1.DeviceHealth
-	12, // 2: broker.v1.Device.telemetry:type_name -> broker.v1.Telemetry
-	9,  // 3: broker.v1.Device.cpu:type_name -> broker.v1.CpuInfo
-	10, // 4: broker.v1.Device.gpu:type_name -> broker.v1.GpuInfo
-	11, // 5: broker.v1.Device.tpu:type_name -> broker.v1.TpuInfo
-	63, // 6: broker.v1.Device.attributes:type_name -> broker.v1.Device.AttributesEntry
-	66, // 7: broker.v1.Telemetry.updated_at:type_name -> google.protobuf.Timestamp
+	13, // 2: broker.v1.Device.telemetry:type_name -> broker.v1.Telemetry
+	10, // 3: broker.v1.Device.cpu:type_name -> broker.v1.CpuInfo
+	11, // 4: broker.v1.Device.gpu:type_name -> broker.v1.GpuInfo
+	12, // 5: broker.v1.Device.tpu:type_name -> broker.v1.TpuInfo
+	64, // 6: broker.v1.Device.attributes:type_name -> broker.v1.Device.AttributesEntry
+	67, // 7: broker.v1.Telemetry.updated_at:type_name -> google.protobuf.Timestamp
 	0,  // 8: broker.v1.BatchPlan.device_type:type_name -> broker.v1.DeviceType
-	64, // 9: broker.v1.Configuration.cost_per_hour_usd:type_name -> broker.v1.Configuration.CostPerHourUsdEntry
+	65, // 9: broker.v1.Configuration.cost_per_hour_usd:type_name -> broker.v1.Configuration.CostPerHourUsdEntry
 	0,  // 10: broker.v1.Runtime.device_types:type_name -> broker.v1.DeviceType
-	16, // 11: broker.v1.Runtime.plugins:type_name -> broker.v1.PjrtPlugin
+	17, // 11: broker.v1.Runtime.plugins:type_name -> broker.v1.PjrtPlugin
 	0,  // 12: broker.v1.ExecutionInfo.device_type:type_name -> broker.v1.DeviceType
-	17, // 13: broker.v1.EncodeRequest.items:type_name -> broker.v1.EncodeItem
+	18, // 13: broker.v1.EncodeRequest.items:type_name -> broker.v1.EncodeItem
 	3,  // 14: broker.v1.EncodeRequest.fidelity:type_name -> broker.v1.Fidelity
 	4,  // 15: broker.v1.EncodeRequest.priority:type_name -> broker.v1.Priority
 	0,  // 16: broker.v1.EncodeRequest.device_type:type_name -> broker.v1.DeviceType
-	18, // 17: broker.v1.EncodeResponse.results:type_name -> broker.v1.EncodeResult
-	19, // 18: broker.v1.EncodeResponse.execution:type_name -> broker.v1.ExecutionInfo
+	19, // 17: broker.v1.EncodeResponse.results:type_name -> broker.v1.EncodeResult
+	20, // 18: broker.v1.EncodeResponse.execution:type_name -> broker.v1.ExecutionInfo
 	5,  // 19: broker.v1.Tensor.dtype:type_name -> broker.v1.DataType
 	5,  // 20: broker.v1.TensorSpec.dtype:type_name -> broker.v1.DataType
-	22, // 21: broker.v1.InferRequest.inputs:type_name -> broker.v1.Tensor
+	23, // 21: broker.v1.InferRequest.inputs:type_name -> broker.v1.Tensor
 	4,  // 22: broker.v1.InferRequest.priority:type_name -> broker.v1.Priority
-	67, // 23: broker.v1.InferRequest.timeout:type_name -> google.protobuf.Duration
+	68, // 23: broker.v1.InferRequest.timeout:type_name -> google.protobuf.Duration
 	0,  // 24: broker.v1.InferRequest.device_type:type_name -> broker.v1.DeviceType
-	22, // 25: broker.v1.InferResponse.outputs:type_name -> broker.v1.Tensor
-	19, // 26: broker.v1.InferResponse.execution:type_name -> broker.v1.ExecutionInfo
-	8,  // 27: broker.v1.ListDevicesResponse.devices:type_name -> broker.v1.Device
-	8,  // 28: broker.v1.GetDeviceResponse.device:type_name -> broker.v1.Device
-	8,  // 29: broker.v1.GetReportResponse.current_device:type_name -> broker.v1.Device
-	8,  // 30: broker.v1.GetReportResponse.all_devices:type_name -> broker.v1.Device
-	14, // 31: broker.v1.GetReportResponse.configuration:type_name -> broker.v1.Configuration
-	15, // 32: broker.v1.GetReportResponse.runtimes:type_name -> broker.v1.Runtime
+	23, // 25: broker.v1.InferResponse.outputs:type_name -> broker.v1.Tensor
+	20, // 26: broker.v1.InferResponse.execution:type_name -> broker.v1.ExecutionInfo
+	9,  // 27: broker.v1.ListDevicesResponse.devices:type_name -> broker.v1.Device
+	9,  // 28: broker.v1.GetDeviceResponse.device:type_name -> broker.v1.Device
+	9,  // 29: broker.v1.GetReportResponse.current_device:type_name -> broker.v1.Device
+	9,  // 30: broker.v1.GetReportResponse.all_devices:type_name -> broker.v1.Device
+	15, // 31: broker.v1.GetReportResponse.configuration:type_name -> broker.v1.Configuration
+	16, // 32: broker.v1.GetReportResponse.runtimes:type_name -> broker.v1.Runtime
 	2,  // 33: broker.v1.GetReportResponse.routing_mode:type_name -> broker.v1.RoutingMode
-	13, // 34: broker.v1.GetReportResponse.batch_plans:type_name -> broker.v1.BatchPlan
+	14, // 34: broker.v1.GetReportResponse.batch_plans:type_name -> broker.v1.BatchPlan
 	0,  // 35: broker.v1.GetBatchPlanRequest.device_type:type_name -> broker.v1.DeviceType
-	13, // 36: broker.v1.GetBatchPlanResponse.plan:type_name -> broker.v1.BatchPlan
+	14, // 36: broker.v1.GetBatchPlanResponse.plan:type_name -> broker.v1.BatchPlan
 	6,  // 37: broker.v1.Model.state:type_name -> broker.v1.ModelState
-	23, // 38: broker.v1.Model.inputs:type_name -> broker.v1.TensorSpec
-	23, // 39: broker.v1.Model.outputs:type_name -> broker.v1.TensorSpec
-	34, // 40: broker.v1.ListModelsResponse.models:type_name -> broker.v1.Model
-	34, // 41: broker.v1.LoadModelResponse.model:type_name -> broker.v1.Model
-	34, // 42: broker.v1.UnloadModelResponse.model:type_name -> broker.v1.Model
-	65, // 43: broker.v1.QueueStats.failed:type_name -> broker.v1.QueueStats.FailedEntry
-	41, // 44: broker.v1.QueueStats.latency:type_name -> broker.v1.LatencySummary
-	42, // 45: broker.v1.GetStatsResponse.stats:type_name -> broker.v1.QueueStats
-	8,  // 46: broker.v1.CordonDeviceResponse.device:type_name -> broker.v1.Device
-	8,  // 47: broker.v1.UncordonDeviceResponse.device:type_name -> broker.v1.Device
-	51, // 48: broker.v1.GenerateRequest.sampling:type_name -> broker.v1.SamplingParams
-	4,  // 49: broker.v1.GenerateRequest.priority:type_name -> broker.v1.Priority
-	0,  // 50: broker.v1.GenerateRequest.device_type:type_name -> broker.v1.DeviceType
-	67, // 51: broker.v1.GenerateRequest.max_time:type_name -> google.protobuf.Duration
-	53, // 52: broker.v1.Conversation.messages:type_name -> broker.v1.ChatMessage
-	54, // 53: broker.v1.ChatRequest.conversations:type_name -> broker.v1.Conversation
-	51, // 54: broker.v1.ChatRequest.sampling:type_name -> broker.v1.SamplingParams
-	4,  // 55: broker.v1.ChatRequest.priority:type_name -> broker.v1.Priority
-	0,  // 56: broker.v1.ChatRequest.device_type:type_name -> broker.v1.DeviceType
-	67, // 57: broker.v1.ChatRequest.max_time:type_name -> google.protobuf.Duration
-	56, // 58: broker.v1.LogprobEntry.chosen:type_name -> broker.v1.TokenLogprob
-	56, // 59: broker.v1.LogprobEntry.top:type_name -> broker.v1.TokenLogprob
-	57, // 60: broker.v1.GenerationDelta.logprobs:type_name -> broker.v1.LogprobEntry
-	7,  // 61: broker.v1.GenerationResult.finish_reason:type_name -> broker.v1.FinishReason
-	59, // 62: broker.v1.GenerationResult.usage:type_name -> broker.v1.Usage
-	67, // 63: broker.v1.GenerationResult.time_to_first_token:type_name -> google.protobuf.Duration
-	19, // 64: broker.v1.GenerationResult.execution:type_name -> broker.v1.ExecutionInfo
-	58, // 65: broker.v1.GenerateResponse.deltas:type_name -> broker.v1.GenerationDelta
-	60, // 66: broker.v1.GenerateResponse.results:type_name -> broker.v1.GenerationResult
-	58, // 67: broker.v1.ChatResponse.deltas:type_name -> broker.v1.GenerationDelta
-	60, // 68: broker.v1.ChatResponse.results:type_name -> broker.v1.GenerationResult
-	20, // 69: broker.v1.BrokerService.Encode:input_type -> broker.v1.EncodeRequest
-	24, // 70: broker.v1.BrokerService.Infer:input_type -> broker.v1.InferRequest
-	26, // 71: broker.v1.BrokerService.ListDevices:input_type -> broker.v1.ListDevicesRequest
-	28, // 72: broker.v1.BrokerService.GetDevice:input_type -> broker.v1.GetDeviceRequest
-	30, // 73: broker.v1.BrokerService.GetReport:input_type -> broker.v1.GetReportRequest
-	32, // 74: broker.v1.BrokerService.GetBatchPlan:input_type -> broker.v1.GetBatchPlanRequest
-	35, // 75: broker.v1.BrokerService.ListModels:input_type -> broker.v1.ListModelsRequest
-	37, // 76: broker.v1.BrokerService.LoadModel:input_type -> broker.v1.LoadModelRequest
-	39, // 77: broker.v1.BrokerService.UnloadModel:input_type -> broker.v1.UnloadModelRequest
-	43, // 78: broker.v1.BrokerService.GetStats:input_type -> broker.v1.GetStatsRequest
-	45, // 79: broker.v1.BrokerService.CordonDevice:input_type -> broker.v1.CordonDeviceRequest
-	47, // 80: broker.v1.BrokerService.UncordonDevice:input_type -> broker.v1.UncordonDeviceRequest
-	49, // 81: broker.v1.BrokerService.Drain:input_type -> broker.v1.DrainRequest
-	52, // 82: broker.v1.BrokerService.Generate:input_type -> broker.v1.GenerateRequest
-	55, // 83: broker.v1.BrokerService.Chat:input_type -> broker.v1.ChatRequest
-	21, // 84: broker.v1.BrokerService.Encode:output_type -> broker.v1.EncodeResponse
-	25, // 85: broker.v1.BrokerService.Infer:output_type -> broker.v1.InferResponse
-	27, // 86: broker.v1.BrokerService.ListDevices:output_type -> broker.v1.ListDevicesResponse
-	29, // 87: broker.v1.BrokerService.GetDevice:output_type -> broker.v1.GetDeviceResponse
-	31, // 88: broker.v1.BrokerService.GetReport:output_type -> broker.v1.GetReportResponse
-	33, // 89: broker.v1.BrokerService.GetBatchPlan:output_type -> broker.v1.GetBatchPlanResponse
-	36, // 90: broker.v1.BrokerService.ListModels:output_type -> broker.v1.ListModelsResponse
-	38, // 91: broker.v1.BrokerService.LoadModel:output_type -> broker.v1.LoadModelResponse
-	40, // 92: broker.v1.BrokerService.UnloadModel:output_type -> broker.v1.UnloadModelResponse
-	44, // 93: broker.v1.BrokerService.GetStats:output_type -> broker.v1.GetStatsResponse
-	46, // 94: broker.v1.BrokerService.CordonDevice:output_type -> broker.v1.CordonDeviceResponse
-	48, // 95: broker.v1.BrokerService.UncordonDevice:output_type -> broker.v1.UncordonDeviceResponse
-	50, // 96: broker.v1.BrokerService.Drain:output_type -> broker.v1.DrainResponse
-	61, // 97: broker.v1.BrokerService.Generate:output_type -> broker.v1.GenerateResponse
-	62, // 98: broker.v1.BrokerService.Chat:output_type -> broker.v1.ChatResponse
-	84, // [84:99] is the sub-list for method output_type
-	69, // [69:84] is the sub-list for method input_type
-	69, // [69:69] is the sub-list for extension type_name
-	69, // [69:69] is the sub-list for extension extendee
-	0,  // [0:69] is the sub-list for field type_name
+	24, // 38: broker.v1.Model.inputs:type_name -> broker.v1.TensorSpec
+	24, // 39: broker.v1.Model.outputs:type_name -> broker.v1.TensorSpec
+	35, // 40: broker.v1.ListModelsResponse.models:type_name -> broker.v1.Model
+	35, // 41: broker.v1.LoadModelResponse.model:type_name -> broker.v1.Model
+	7,  // 42: broker.v1.LoadModelResponse.action:type_name -> broker.v1.LoadAction
+	35, // 43: broker.v1.UnloadModelResponse.model:type_name -> broker.v1.Model
+	66, // 44: broker.v1.QueueStats.failed:type_name -> broker.v1.QueueStats.FailedEntry
+	42, // 45: broker.v1.QueueStats.latency:type_name -> broker.v1.LatencySummary
+	43, // 46: broker.v1.GetStatsResponse.stats:type_name -> broker.v1.QueueStats
+	9,  // 47: broker.v1.CordonDeviceResponse.device:type_name -> broker.v1.Device
+	9,  // 48: broker.v1.UncordonDeviceResponse.device:type_name -> broker.v1.Device
+	52, // 49: broker.v1.GenerateRequest.sampling:type_name -> broker.v1.SamplingParams
+	4,  // 50: broker.v1.GenerateRequest.priority:type_name -> broker.v1.Priority
+	0,  // 51: broker.v1.GenerateRequest.device_type:type_name -> broker.v1.DeviceType
+	68, // 52: broker.v1.GenerateRequest.max_time:type_name -> google.protobuf.Duration
+	54, // 53: broker.v1.Conversation.messages:type_name -> broker.v1.ChatMessage
+	55, // 54: broker.v1.ChatRequest.conversations:type_name -> broker.v1.Conversation
+	52, // 55: broker.v1.ChatRequest.sampling:type_name -> broker.v1.SamplingParams
+	4,  // 56: broker.v1.ChatRequest.priority:type_name -> broker.v1.Priority
+	0,  // 57: broker.v1.ChatRequest.device_type:type_name -> broker.v1.DeviceType
+	68, // 58: broker.v1.ChatRequest.max_time:type_name -> google.protobuf.Duration
+	57, // 59: broker.v1.LogprobEntry.chosen:type_name -> broker.v1.TokenLogprob
+	57, // 60: broker.v1.LogprobEntry.top:type_name -> broker.v1.TokenLogprob
+	58, // 61: broker.v1.GenerationDelta.logprobs:type_name -> broker.v1.LogprobEntry
+	8,  // 62: broker.v1.GenerationResult.finish_reason:type_name -> broker.v1.FinishReason
+	60, // 63: broker.v1.GenerationResult.usage:type_name -> broker.v1.Usage
+	68, // 64: broker.v1.GenerationResult.time_to_first_token:type_name -> google.protobuf.Duration
+	20, // 65: broker.v1.GenerationResult.execution:type_name -> broker.v1.ExecutionInfo
+	59, // 66: broker.v1.GenerateResponse.deltas:type_name -> broker.v1.GenerationDelta
+	61, // 67: broker.v1.GenerateResponse.results:type_name -> broker.v1.GenerationResult
+	59, // 68: broker.v1.ChatResponse.deltas:type_name -> broker.v1.GenerationDelta
+	61, // 69: broker.v1.ChatResponse.results:type_name -> broker.v1.GenerationResult
+	21, // 70: broker.v1.BrokerService.Encode:input_type -> broker.v1.EncodeRequest
+	25, // 71: broker.v1.BrokerService.Infer:input_type -> broker.v1.InferRequest
+	27, // 72: broker.v1.BrokerService.ListDevices:input_type -> broker.v1.ListDevicesRequest
+	29, // 73: broker.v1.BrokerService.GetDevice:input_type -> broker.v1.GetDeviceRequest
+	31, // 74: broker.v1.BrokerService.GetReport:input_type -> broker.v1.GetReportRequest
+	33, // 75: broker.v1.BrokerService.GetBatchPlan:input_type -> broker.v1.GetBatchPlanRequest
+	36, // 76: broker.v1.BrokerService.ListModels:input_type -> broker.v1.ListModelsRequest
+	38, // 77: broker.v1.BrokerService.LoadModel:input_type -> broker.v1.LoadModelRequest
+	40, // 78: broker.v1.BrokerService.UnloadModel:input_type -> broker.v1.UnloadModelRequest
+	44, // 79: broker.v1.BrokerService.GetStats:input_type -> broker.v1.GetStatsRequest
+	46, // 80: broker.v1.BrokerService.CordonDevice:input_type -> broker.v1.CordonDeviceRequest
+	48, // 81: broker.v1.BrokerService.UncordonDevice:input_type -> broker.v1.UncordonDeviceRequest
+	50, // 82: broker.v1.BrokerService.Drain:input_type -> broker.v1.DrainRequest
+	53, // 83: broker.v1.BrokerService.Generate:input_type -> broker.v1.GenerateRequest
+	56, // 84: broker.v1.BrokerService.Chat:input_type -> broker.v1.ChatRequest
+	22, // 85: broker.v1.BrokerService.Encode:output_type -> broker.v1.EncodeResponse
+	26, // 86: broker.v1.BrokerService.Infer:output_type -> broker.v1.InferResponse
+	28, // 87: broker.v1.BrokerService.ListDevices:output_type -> broker.v1.ListDevicesResponse
+	30, // 88: broker.v1.BrokerService.GetDevice:output_type -> broker.v1.GetDeviceResponse
+	32, // 89: broker.v1.BrokerService.GetReport:output_type -> broker.v1.GetReportResponse
+	34, // 90: broker.v1.BrokerService.GetBatchPlan:output_type -> broker.v1.GetBatchPlanResponse
+	37, // 91: broker.v1.BrokerService.ListModels:output_type -> broker.v1.ListModelsResponse
+	39, // 92: broker.v1.BrokerService.LoadModel:output_type -> broker.v1.LoadModelResponse
+	41, // 93: broker.v1.BrokerService.UnloadModel:output_type -> broker.v1.UnloadModelResponse
+	45, // 94: broker.v1.BrokerService.GetStats:output_type -> broker.v1.GetStatsResponse
+	47, // 95: broker.v1.BrokerService.CordonDevice:output_type -> broker.v1.CordonDeviceResponse
+	49, // 96: broker.v1.BrokerService.UncordonDevice:output_type -> broker.v1.UncordonDeviceResponse
+	51, // 97: broker.v1.BrokerService.Drain:output_type -> broker.v1.DrainResponse
+	62, // 98: broker.v1.BrokerService.Generate:output_type -> broker.v1.GenerateResponse
+	63, // 99: broker.v1.BrokerService.Chat:output_type -> broker.v1.ChatResponse
+	85, // [85:100] is the sub-list for method output_type
+	70, // [70:85] is the sub-list for method input_type
+	70, // [70:70] is the sub-list for extension type_name
+	70, // [70:70] is the sub-list for extension extendee
+	0,  // [0:70] is the sub-list for field type_name
 }
 
 func init() { file_broker_v1_broker_proto_init() }
@@ -5347,7 +5428,7 @@ func file_broker_v1_broker_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_broker_v1_broker_proto_rawDesc), len(file_broker_v1_broker_proto_rawDesc)),
-			NumEnums:      8,
+			NumEnums:      9,
 			NumMessages:   58,
 			NumExtensions: 0,
 			NumServices:   1,

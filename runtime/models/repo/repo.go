@@ -188,6 +188,9 @@ type Loaded struct {
 	Version int64
 	Kind    models.Kind
 	Dir     string // the version directory
+	// Fingerprint identifies the files as they were when the load began
+	// (Repo.Fingerprint).
+	Fingerprint string
 	// MLP is the spec of an mlp model (nil otherwise).
 	MLP *models.MLPSpec
 	// BERT and BERTOptions describe a bert or bert-classifier model.
@@ -304,16 +307,26 @@ func validName(name string) bool {
 }
 
 func (r *Repo) load(ctx context.Context, name string, version int64) (*Loaded, error) {
+	// Taken before anything is read: files rewritten during the load make
+	// the next reload see a change.
+	fp, err := r.Fingerprint(name, version)
+	if err != nil {
+		return nil, err
+	}
 	p, err := r.inspect(name, version)
 	if err != nil {
 		return nil, err
 	}
 	defer p.close()
 	if p.llm != nil {
-		return r.loadLLM(ctx, p, p.llm, name, version)
+		l, err := r.loadLLM(ctx, p, p.llm, name, version)
+		if l != nil {
+			l.Fingerprint = fp
+		}
+		return l, err
 	}
 	l := &Loaded{
-		Name: name, Version: version, Kind: p.kind, Dir: p.dir,
+		Name: name, Version: version, Kind: p.kind, Dir: p.dir, Fingerprint: fp,
 		MLP: p.mlp, BERT: p.bert, BERTOptions: p.bertOpts, Tokenizer: p.tok,
 		Weights: make(map[string]models.Tensor, len(p.tensors)),
 	}
