@@ -138,12 +138,20 @@ func (k *InferenceService) ModelInfer(ctx context.Context, req *inference.ModelI
 		return nil, status.Errorf(codes.InvalidArgument, "raw_input_contents has %d entries for %d inputs: want one per input, in the order of inputs", len(raw), len(ins))
 	}
 	opts := inferOptions{priority: 2, truncate: true, normalize: true}
-	if err := inferParameters(req.GetParameters(), &opts); err != nil {
+	timeout, err := inferParameters(req.GetParameters(), &opts)
+	if err != nil {
 		return nil, err
 	}
-	for _, o := range req.GetOutputs() {
-		opts.outputs = append(opts.outputs, o.GetName())
+	if timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, timeout)
+		defer cancel()
 	}
+	outNames, classes, err := requestedOutputs(req.GetOutputs())
+	if err != nil {
+		return nil, err
+	}
+	opts.outputs = outNames
 	inputs := make([]tensor, len(ins))
 	for i, in := range ins {
 		var r []byte
@@ -175,6 +183,11 @@ func (k *InferenceService) ModelInfer(ctx context.Context, req *inference.ModelI
 		},
 	}
 	for _, o := range outs {
+		if k := classes[o.name]; k > 0 {
+			if o, err = classify(o, k); err != nil {
+				return nil, err
+			}
+		}
 		resp.Outputs = append(resp.Outputs, &inference.ModelInferResponse_InferOutputTensor{Name: o.name, Datatype: o.dtype, Shape: o.shape})
 		resp.RawOutputContents = append(resp.RawOutputContents, o.data)
 	}
@@ -182,9 +195,11 @@ func (k *InferenceService) ModelInfer(ctx context.Context, req *inference.ModelI
 }
 
 // inferParameters reads the request parameters brokerd understands:
-// truncate and normalize (bool) and priority (Triton's meaning; see
-// tritonPriority).
-func inferParameters(params map[string]*inference.InferParameter, opts *inferOptions) error {
+// truncate and normalize (bool), priority (Triton's meaning; see
+// tritonPriority) and timeout (Triton's, in microseconds: returned). Any
+// other parameter is INVALID_ARGUMENT: Triton's sequence batching and
+// custom backend parameters would otherwise be silently ignored.
+func inferParameters(params map[string]*inference.InferParameter, opts *inferOptions) (time.Duration, error) {
 	boolParam := func(name string, p *inference.InferParameter) (bool, error) {
 		b, ok := p.GetParameterChoice().(*inference.InferParameter_BoolParam)
 		if !ok {
@@ -192,6 +207,7 @@ func inferParameters(params map[string]*inference.InferParameter, opts *inferOpt
 		}
 		return b.BoolParam, nil
 	}
+	var timeout time.Duration
 	for name, p := range params {
 		var err error
 		switch name {
@@ -201,12 +217,18 @@ func inferParameters(params map[string]*inference.InferParameter, opts *inferOpt
 			opts.normalize, err = boolParam(name, p)
 		case "priority":
 			opts.priority, err = tritonPriority(p)
+		case "timeout":
+			timeout, err = requestTimeout(p)
+		case "sequence_id", "sequence_start", "sequence_end":
+			err = status.Errorf(codes.InvalidArgument, "parameter %s: brokerd has no sequence batching (stateful models); send each request on its own", name)
+		default:
+			err = status.Errorf(codes.InvalidArgument, "parameter %q is not supported (brokerd reads priority, timeout, truncate and normalize)", name)
 		}
 		if err != nil {
-			return err
+			return 0, err
 		}
 	}
-	return nil
+	return timeout, nil
 }
 
 // tritonPriority maps Triton's request priority onto brokerd's three

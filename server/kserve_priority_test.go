@@ -34,7 +34,7 @@ func TestTritonPriority(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			opts := inferOptions{priority: 2}
-			err := inferParameters(map[string]*inference.InferParameter{"priority": tc.p}, &opts)
+			_, err := inferParameters(map[string]*inference.InferParameter{"priority": tc.p}, &opts)
 			if status.Code(err) != tc.code {
 				t.Fatalf("err %v, want %v", err, tc.code)
 			}
