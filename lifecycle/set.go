@@ -163,6 +163,23 @@ func (s *Served) DeviceIDs() []string {
 // Replicas is how many replicas serve it.
 func (s *Served) Replicas() int { return len(s.replicas) }
 
+// ReplicaInfo describes one replica of a served version.
+type ReplicaInfo struct {
+	DeviceID string
+	// MaxBatch is its batch limit in items, or its running set of
+	// sequences for a generator.
+	MaxBatch int
+}
+
+// ReplicaInfos describes its replicas.
+func (s *Served) ReplicaInfos() []ReplicaInfo {
+	out := make([]ReplicaInfo, len(s.replicas))
+	for i, p := range s.replicas {
+		out[i] = ReplicaInfo{DeviceID: p.deviceID, MaxBatch: p.maxBatch}
+	}
+	return out
+}
+
 // MemoryBytes is the device memory its replicas reserve.
 func (s *Served) MemoryBytes() int64 {
 	var n int64

@@ -440,8 +440,8 @@ func (s *Scheduler) succeedLocked(r *replica, run []itemRef, outs []any, compute
 	r.healthy, r.consecFails, r.lastErr = true, 0, ""
 	batchCost := r.dev.CostPerHour / 3600 * secs
 	now := s.now()
-	r.stats.addBatch(n, now)
-	mq.stats.addBatch(n, now)
+	r.stats.addBatch(n, compute, now)
+	mq.stats.addBatch(n, compute, now)
 	r.m.items.Add(float64(n))
 	r.m.cost.Add(batchCost)
 
@@ -557,6 +557,7 @@ func (s *Scheduler) finishLocked(rq *request, err error, reason string) {
 	s.active--
 	if err == nil {
 		rq.info = s.execInfo(rq)
+		mq.stats.addRequest(rq.info, rq.info.Total, true, s.now())
 		mq.stats.lat.add(rq.info.Total)
 		if r := mq.replica(rq.info.DeviceID); r != nil {
 			r.stats.lat.add(rq.info.Total)
@@ -565,6 +566,8 @@ func (s *Scheduler) finishLocked(rq *request, err error, reason string) {
 			mq.metrics.requestDuration(mq.name, rq.info.DeviceID).Observe(rq.info.Total.Seconds())
 		}
 	} else {
+		now := s.now()
+		mq.stats.addRequest(ExecInfo{}, now.Sub(rq.submitted), false, now)
 		mq.stats.failed[reason]++
 		mq.metrics.failed(mq.name, reason)
 	}

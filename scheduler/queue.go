@@ -175,6 +175,7 @@ func (mq *modelQueue) dropReplica(r *replica) {
 }
 
 func (mq *modelQueue) reject(reason string) {
+	mq.stats.totals.Failed++ // refused at once: no time spent
 	mq.stats.failed[reason]++
 	mq.metrics.failed(mq.name, reason)
 }

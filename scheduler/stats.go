@@ -43,6 +43,28 @@ type QueueStats struct {
 	Cordoned            bool
 	ConsecutiveFailures int
 	LastError           string
+
+	// Totals since the queue was created, in the model row (Triton's
+	// model statistics are built from them): successful requests with
+	// their summed end-to-end, queue and compute times; failed requests
+	// with their summed time until they failed; batches by size with their
+	// summed compute time; when the last request succeeded.
+	Totals Totals
+}
+
+// Totals are cumulative counts and durations of a model's requests.
+type Totals struct {
+	Succeeded, Failed      int64
+	SuccessTime, FailTime  time.Duration
+	QueueTime, ComputeTime time.Duration
+	BatchesBySize          map[int]BatchTotals
+	LastSuccess            time.Time // zero before the first
+}
+
+// BatchTotals count the batches of one size and their compute time.
+type BatchTotals struct {
+	Count   int64
+	Compute time.Duration
 }
 
 // LatencySummary holds request latency quantiles.
@@ -144,14 +166,36 @@ type rowStats struct {
 	failed             map[string]int64
 	lat                latencyRing
 	recent             rateWindow
+	totals             Totals
 }
 
-func newRowStats() rowStats { return rowStats{failed: make(map[string]int64)} }
+func newRowStats() rowStats {
+	return rowStats{failed: make(map[string]int64), totals: Totals{BatchesBySize: map[int]BatchTotals{}}}
+}
 
-func (rs *rowStats) addBatch(n int, now time.Time) {
+func (rs *rowStats) addBatch(n int, compute time.Duration, now time.Time) {
 	rs.batches++
 	rs.completed += int64(n)
 	rs.recent.add(n, now)
+	b := rs.totals.BatchesBySize[n]
+	b.Count++
+	b.Compute += compute
+	rs.totals.BatchesBySize[n] = b
+}
+
+// addRequest counts a finished request: err == nil for a success.
+func (rs *rowStats) addRequest(info ExecInfo, took time.Duration, ok bool, now time.Time) {
+	t := &rs.totals
+	if !ok {
+		t.Failed++
+		t.FailTime += took
+		return
+	}
+	t.Succeeded++
+	t.SuccessTime += took
+	t.QueueTime += info.Queue
+	t.ComputeTime += info.Compute
+	t.LastSuccess = now
 }
 
 func (rs *rowStats) fill(q *QueueStats, now time.Time) {
@@ -163,6 +207,8 @@ func (rs *rowStats) fill(q *QueueStats, now time.Time) {
 		q.MeanBatchSize = float64(rs.completed) / float64(rs.batches)
 	}
 	q.Latency = rs.lat.summary()
+	q.Totals = rs.totals
+	q.Totals.BatchesBySize = maps.Clone(rs.totals.BatchesBySize)
 }
 
 // latencyRing keeps the last latencyWindow request latencies.

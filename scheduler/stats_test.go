@@ -206,6 +206,16 @@ func TestStats(t *testing.T) {
 	if !cpu.Healthy || cpu.MaxBatch != 4 || cpu.DeviceType != "cpu" {
 		t.Errorf("cpu row %+v", cpu)
 	}
+	// Totals: the 10 CPU requests succeeded (2 items each, 1 ms compute
+	// or more per batch); the held and pinned ones are still running.
+	tot := model.Totals
+	if tot.Succeeded != 10 || tot.Failed != 0 || tot.ComputeTime < 10*time.Millisecond || tot.SuccessTime < tot.ComputeTime ||
+		tot.QueueTime < 0 || tot.LastSuccess.IsZero() {
+		t.Errorf("model totals %+v", tot)
+	}
+	if b := tot.BatchesBySize[2]; b.Count != 10 || b.Compute < 10*time.Millisecond || len(tot.BatchesBySize) != 1 {
+		t.Errorf("batches by size %+v: want 10 batches of 2", tot.BatchesBySize)
+	}
 	if all := s.Stats(""); len(all) != 3 {
 		t.Errorf("Stats(\"\") has %d rows, want 3", len(all))
 	}

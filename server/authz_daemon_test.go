@@ -77,6 +77,22 @@ var roleCalls = map[string]func(context.Context, *grpc.ClientConn) error{
 		_, err := brokerv1.NewBrokerServiceClient(c).UnloadModel(ctx, &brokerv1.UnloadModelRequest{Name: "nbmf-hash-v1"})
 		return err
 	},
+	"kserve-index": func(ctx context.Context, c *grpc.ClientConn) error {
+		_, err := inference.NewGRPCInferenceServiceClient(c).RepositoryIndex(ctx, &inference.RepositoryIndexRequest{})
+		return err
+	},
+	"kserve-load": func(ctx context.Context, c *grpc.ClientConn) error {
+		_, err := inference.NewGRPCInferenceServiceClient(c).RepositoryModelLoad(ctx, &inference.RepositoryModelLoadRequest{ModelName: "no-such-model"})
+		return err
+	},
+	"kserve-unload": func(ctx context.Context, c *grpc.ClientConn) error {
+		_, err := inference.NewGRPCInferenceServiceClient(c).RepositoryModelUnload(ctx, &inference.RepositoryModelUnloadRequest{ModelName: "nbmf-hash-v1"})
+		return err
+	},
+	"kserve-log": func(ctx context.Context, c *grpc.ClientConn) error {
+		_, err := inference.NewGRPCInferenceServiceClient(c).LogSettings(ctx, &inference.LogSettingsRequest{})
+		return err
+	},
 	"drain": func(ctx context.Context, c *grpc.ClientConn) error {
 		_, err := brokerv1.NewBrokerServiceClient(c).Drain(ctx, &brokerv1.DrainRequest{Exit: true})
 		return err
@@ -198,11 +214,11 @@ func TestUnixSocketRoles(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	adminCalls := []string{"cordon", "uncordon", "load", "unload", "drain"}
+	adminCalls := []string{"cordon", "uncordon", "load", "unload", "kserve-load", "kserve-unload", "kserve-log", "drain"}
 	t.Run("group member without admin", func(t *testing.T) {
 		got := clientAs(t, bin, d.addrs.Socket, nobody, nobody, []uint32{socketGroup},
-			append([]string{"health", "encode", "devices", "kserve-live"}, adminCalls...)...)
-		for _, call := range []string{"health", "encode", "devices", "kserve-live"} {
+			append([]string{"health", "encode", "devices", "kserve-live", "kserve-index"}, adminCalls...)...)
+		for _, call := range []string{"health", "encode", "devices", "kserve-live", "kserve-index"} {
 			if st := got[call]; st.Code() != codes.OK {
 				t.Errorf("%s as uid %d: %v, want OK", call, nobody, st.Err())
 			}

@@ -62,6 +62,9 @@ type Options struct {
 	// Tokenizers reads decoder LLMs' tokenizers and chat templates from
 	// the model repository; nil: byte-level BPE (runtime/models/tokenizer/bpe).
 	Tokenizers modelrepo.TokenizerLoader
+	// LogLevel is the logger's level (NewLoggerLevel's), which Triton's
+	// LogSettings may change; nil: it is fixed.
+	LogLevel *zap.AtomicLevel
 }
 
 // Run starts brokerd and serves until ctx is cancelled (SIGTERM/SIGINT in
@@ -198,7 +201,8 @@ func Run(ctx context.Context, opts Options, log *zap.Logger) error {
 		OnDrained: func() { exitOnce.Do(func() { close(drainedExit) }) },
 	}, log)
 	// KServe's ServerReady and ModelReady turn false once a drain starts.
-	kserve := NewInferenceService(broker, func() bool { return !draining.Load() })
+	kserve := NewInferenceService(broker, func() bool { return !draining.Load() },
+		KServeOptions{MaxQueueDelay: time.Duration(cfg.MaxQueueDelay), LogLevel: opts.LogLevel})
 	for _, s := range servers {
 		registerAPI(s, broker, kserve, healthSrv)
 	}

@@ -25,12 +25,13 @@ type InferenceService struct {
 	b       *BrokerService
 	ready   func() bool // false while draining
 	version string
+	opts    KServeOptions
 }
 
 // NewInferenceService returns the KServe service over b; ready reports
 // whether brokerd takes new work.
-func NewInferenceService(b *BrokerService, ready func() bool) *InferenceService {
-	return &InferenceService{b: b, ready: ready, version: b.policy.Version}
+func NewInferenceService(b *BrokerService, ready func() bool, opts KServeOptions) *InferenceService {
+	return &InferenceService{b: b, ready: ready, version: b.policy.Version, opts: opts}
 }
 
 // ServerLive is true while the process answers.

@@ -33,7 +33,7 @@ func main() {
 		fmt.Fprintf(os.Stderr, "brokerd: %v\n", err)
 		os.Exit(2)
 	}
-	log, err := server.NewLogger(cfg.LogLevel, cfg.LogFormat)
+	log, level, err := server.NewLoggerLevel(cfg.LogLevel, cfg.LogFormat)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "brokerd: %v\n", err)
 		os.Exit(2)
@@ -42,7 +42,7 @@ func main() {
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	if err := server.Run(ctx, server.Options{Config: cfg, Version: version}, log); err != nil {
+	if err := server.Run(ctx, server.Options{Config: cfg, Version: version, LogLevel: level}, log); err != nil {
 		log.Error("brokerd failed", zap.Error(err))
 		log.Sync() //nolint:errcheck
 		fmt.Fprintf(os.Stderr, "brokerd: %v\n", err)
