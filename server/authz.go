@@ -65,6 +65,7 @@ func (r role) String() string {
 // method is missing, and a missing one needs an admin at run time.
 var methodRoles = map[string]role{
 	brokerv1.BrokerService_Encode_FullMethodName:         roleData,
+	brokerv1.BrokerService_EncodeStream_FullMethodName:   roleData,
 	brokerv1.BrokerService_Infer_FullMethodName:          roleData,
 	brokerv1.BrokerService_Generate_FullMethodName:       roleData,
 	brokerv1.BrokerService_Chat_FullMethodName:           roleData,

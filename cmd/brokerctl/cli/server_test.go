@@ -310,6 +310,26 @@ func (f *fakeBroker) Encode(ctx context.Context, req *brokerv1.EncodeRequest) (*
 	return fakeEncode(req)
 }
 
+// EncodeStream answers as Encode, two results per part, so brokerctl's
+// reassembly is exercised.
+func (f *fakeBroker) EncodeStream(req *brokerv1.EncodeStreamRequest, st brokerv1.BrokerService_EncodeStreamServer) error {
+	resp, err := f.Encode(st.Context(), req.GetRequest())
+	if err != nil {
+		return err
+	}
+	rs := resp.GetResults()
+	for i := 0; i < len(rs) || i == 0; i += 2 {
+		p := &brokerv1.EncodeStreamResponse{Offset: int32(i), Total: int32(len(rs)), Results: rs[i:min(i+2, len(rs))]}
+		if i+2 >= len(rs) {
+			p.Model, p.ModelVersion, p.Execution = resp.GetModel(), resp.GetModelVersion(), resp.GetExecution()
+		}
+		if err := st.Send(p); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // encodeCalls returns the item count of every Encode call so far.
 func (f *fakeBroker) encodeCalls() []int {
 	f.mu.Lock()

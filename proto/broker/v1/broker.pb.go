@@ -2109,6 +2109,150 @@ func (x *EncodeResponse) GetExecution() *ExecutionInfo {
 	return nil
 }
 
+// EncodeStreamRequest is an Encode request answered in parts.
+type EncodeStreamRequest struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Request *EncodeRequest         `protobuf:"bytes,1,opt,name=request,proto3" json:"request,omitempty"`
+	// The most bytes of one part (0: 1 MiB; at least 64 KiB). A result
+	// larger than this goes alone in its part.
+	MaxPartBytes  int32 `protobuf:"varint,2,opt,name=max_part_bytes,json=maxPartBytes,proto3" json:"max_part_bytes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EncodeStreamRequest) Reset() {
+	*x = EncodeStreamRequest{}
+	mi := &file_broker_v1_broker_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EncodeStreamRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EncodeStreamRequest) ProtoMessage() {}
+
+func (x *EncodeStreamRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_broker_v1_broker_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EncodeStreamRequest.ProtoReflect.Descriptor instead.
+func (*EncodeStreamRequest) Descriptor() ([]byte, []int) {
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *EncodeStreamRequest) GetRequest() *EncodeRequest {
+	if x != nil {
+		return x.Request
+	}
+	return nil
+}
+
+func (x *EncodeStreamRequest) GetMaxPartBytes() int32 {
+	if x != nil {
+		return x.MaxPartBytes
+	}
+	return 0
+}
+
+// EncodeStreamResponse is one part of an EncodeStream answer.
+type EncodeStreamResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The index in the request's items of results[0]: parts come in order,
+	// each starting where the one before ended.
+	Offset  int32           `protobuf:"varint,1,opt,name=offset,proto3" json:"offset,omitempty"`
+	Results []*EncodeResult `protobuf:"bytes,2,rep,name=results,proto3" json:"results,omitempty"`
+	// How many results the whole answer has (set on every part).
+	Total int32 `protobuf:"varint,3,opt,name=total,proto3" json:"total,omitempty"`
+	// Set on the last part only: what EncodeResponse says besides results.
+	Model         string         `protobuf:"bytes,4,opt,name=model,proto3" json:"model,omitempty"`
+	ModelVersion  int64          `protobuf:"varint,5,opt,name=model_version,json=modelVersion,proto3" json:"model_version,omitempty"`
+	Execution     *ExecutionInfo `protobuf:"bytes,6,opt,name=execution,proto3" json:"execution,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EncodeStreamResponse) Reset() {
+	*x = EncodeStreamResponse{}
+	mi := &file_broker_v1_broker_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EncodeStreamResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EncodeStreamResponse) ProtoMessage() {}
+
+func (x *EncodeStreamResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_broker_v1_broker_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EncodeStreamResponse.ProtoReflect.Descriptor instead.
+func (*EncodeStreamResponse) Descriptor() ([]byte, []int) {
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *EncodeStreamResponse) GetOffset() int32 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
+}
+
+func (x *EncodeStreamResponse) GetResults() []*EncodeResult {
+	if x != nil {
+		return x.Results
+	}
+	return nil
+}
+
+func (x *EncodeStreamResponse) GetTotal() int32 {
+	if x != nil {
+		return x.Total
+	}
+	return 0
+}
+
+func (x *EncodeStreamResponse) GetModel() string {
+	if x != nil {
+		return x.Model
+	}
+	return ""
+}
+
+func (x *EncodeStreamResponse) GetModelVersion() int64 {
+	if x != nil {
+		return x.ModelVersion
+	}
+	return 0
+}
+
+func (x *EncodeStreamResponse) GetExecution() *ExecutionInfo {
+	if x != nil {
+		return x.Execution
+	}
+	return nil
+}
+
 // Tensor is a typed tensor with raw little-endian data.
 type Tensor struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -2122,7 +2266,7 @@ type Tensor struct {
 
 func (x *Tensor) Reset() {
 	*x = Tensor{}
-	mi := &file_broker_v1_broker_proto_msgTypes[14]
+	mi := &file_broker_v1_broker_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2134,7 +2278,7 @@ func (x *Tensor) String() string {
 func (*Tensor) ProtoMessage() {}
 
 func (x *Tensor) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[14]
+	mi := &file_broker_v1_broker_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2147,7 +2291,7 @@ func (x *Tensor) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Tensor.ProtoReflect.Descriptor instead.
 func (*Tensor) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{14}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Tensor) GetName() string {
@@ -2190,7 +2334,7 @@ type TensorSpec struct {
 
 func (x *TensorSpec) Reset() {
 	*x = TensorSpec{}
-	mi := &file_broker_v1_broker_proto_msgTypes[15]
+	mi := &file_broker_v1_broker_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2202,7 +2346,7 @@ func (x *TensorSpec) String() string {
 func (*TensorSpec) ProtoMessage() {}
 
 func (x *TensorSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[15]
+	mi := &file_broker_v1_broker_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2215,7 +2359,7 @@ func (x *TensorSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TensorSpec.ProtoReflect.Descriptor instead.
 func (*TensorSpec) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{15}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *TensorSpec) GetName() string {
@@ -2259,7 +2403,7 @@ type InferRequest struct {
 
 func (x *InferRequest) Reset() {
 	*x = InferRequest{}
-	mi := &file_broker_v1_broker_proto_msgTypes[16]
+	mi := &file_broker_v1_broker_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2271,7 +2415,7 @@ func (x *InferRequest) String() string {
 func (*InferRequest) ProtoMessage() {}
 
 func (x *InferRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[16]
+	mi := &file_broker_v1_broker_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2284,7 +2428,7 @@ func (x *InferRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InferRequest.ProtoReflect.Descriptor instead.
 func (*InferRequest) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{16}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *InferRequest) GetModel() string {
@@ -2362,7 +2506,7 @@ type InferResponse struct {
 
 func (x *InferResponse) Reset() {
 	*x = InferResponse{}
-	mi := &file_broker_v1_broker_proto_msgTypes[17]
+	mi := &file_broker_v1_broker_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2374,7 +2518,7 @@ func (x *InferResponse) String() string {
 func (*InferResponse) ProtoMessage() {}
 
 func (x *InferResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[17]
+	mi := &file_broker_v1_broker_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2387,7 +2531,7 @@ func (x *InferResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InferResponse.ProtoReflect.Descriptor instead.
 func (*InferResponse) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{17}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *InferResponse) GetModel() string {
@@ -2426,7 +2570,7 @@ type ListDevicesRequest struct {
 
 func (x *ListDevicesRequest) Reset() {
 	*x = ListDevicesRequest{}
-	mi := &file_broker_v1_broker_proto_msgTypes[18]
+	mi := &file_broker_v1_broker_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2438,7 +2582,7 @@ func (x *ListDevicesRequest) String() string {
 func (*ListDevicesRequest) ProtoMessage() {}
 
 func (x *ListDevicesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[18]
+	mi := &file_broker_v1_broker_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2451,7 +2595,7 @@ func (x *ListDevicesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDevicesRequest.ProtoReflect.Descriptor instead.
 func (*ListDevicesRequest) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{18}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{20}
 }
 
 type ListDevicesResponse struct {
@@ -2463,7 +2607,7 @@ type ListDevicesResponse struct {
 
 func (x *ListDevicesResponse) Reset() {
 	*x = ListDevicesResponse{}
-	mi := &file_broker_v1_broker_proto_msgTypes[19]
+	mi := &file_broker_v1_broker_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2475,7 +2619,7 @@ func (x *ListDevicesResponse) String() string {
 func (*ListDevicesResponse) ProtoMessage() {}
 
 func (x *ListDevicesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[19]
+	mi := &file_broker_v1_broker_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2488,7 +2632,7 @@ func (x *ListDevicesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDevicesResponse.ProtoReflect.Descriptor instead.
 func (*ListDevicesResponse) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{19}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ListDevicesResponse) GetDevices() []*Device {
@@ -2507,7 +2651,7 @@ type GetDeviceRequest struct {
 
 func (x *GetDeviceRequest) Reset() {
 	*x = GetDeviceRequest{}
-	mi := &file_broker_v1_broker_proto_msgTypes[20]
+	mi := &file_broker_v1_broker_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2519,7 +2663,7 @@ func (x *GetDeviceRequest) String() string {
 func (*GetDeviceRequest) ProtoMessage() {}
 
 func (x *GetDeviceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[20]
+	mi := &file_broker_v1_broker_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2532,7 +2676,7 @@ func (x *GetDeviceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetDeviceRequest.ProtoReflect.Descriptor instead.
 func (*GetDeviceRequest) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{20}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *GetDeviceRequest) GetId() string {
@@ -2551,7 +2695,7 @@ type GetDeviceResponse struct {
 
 func (x *GetDeviceResponse) Reset() {
 	*x = GetDeviceResponse{}
-	mi := &file_broker_v1_broker_proto_msgTypes[21]
+	mi := &file_broker_v1_broker_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2563,7 +2707,7 @@ func (x *GetDeviceResponse) String() string {
 func (*GetDeviceResponse) ProtoMessage() {}
 
 func (x *GetDeviceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[21]
+	mi := &file_broker_v1_broker_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2576,7 +2720,7 @@ func (x *GetDeviceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetDeviceResponse.ProtoReflect.Descriptor instead.
 func (*GetDeviceResponse) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{21}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *GetDeviceResponse) GetDevice() *Device {
@@ -2596,7 +2740,7 @@ type GetReportRequest struct {
 
 func (x *GetReportRequest) Reset() {
 	*x = GetReportRequest{}
-	mi := &file_broker_v1_broker_proto_msgTypes[22]
+	mi := &file_broker_v1_broker_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2608,7 +2752,7 @@ func (x *GetReportRequest) String() string {
 func (*GetReportRequest) ProtoMessage() {}
 
 func (x *GetReportRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[22]
+	mi := &file_broker_v1_broker_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2621,7 +2765,7 @@ func (x *GetReportRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetReportRequest.ProtoReflect.Descriptor instead.
 func (*GetReportRequest) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{22}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *GetReportRequest) GetVerbose() bool {
@@ -2657,7 +2801,7 @@ type GetReportResponse struct {
 
 func (x *GetReportResponse) Reset() {
 	*x = GetReportResponse{}
-	mi := &file_broker_v1_broker_proto_msgTypes[23]
+	mi := &file_broker_v1_broker_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2669,7 +2813,7 @@ func (x *GetReportResponse) String() string {
 func (*GetReportResponse) ProtoMessage() {}
 
 func (x *GetReportResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[23]
+	mi := &file_broker_v1_broker_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2682,7 +2826,7 @@ func (x *GetReportResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetReportResponse.ProtoReflect.Descriptor instead.
 func (*GetReportResponse) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{23}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *GetReportResponse) GetCurrentDevice() *Device {
@@ -2783,7 +2927,7 @@ type GetBatchPlanRequest struct {
 
 func (x *GetBatchPlanRequest) Reset() {
 	*x = GetBatchPlanRequest{}
-	mi := &file_broker_v1_broker_proto_msgTypes[24]
+	mi := &file_broker_v1_broker_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2795,7 +2939,7 @@ func (x *GetBatchPlanRequest) String() string {
 func (*GetBatchPlanRequest) ProtoMessage() {}
 
 func (x *GetBatchPlanRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[24]
+	mi := &file_broker_v1_broker_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2808,7 +2952,7 @@ func (x *GetBatchPlanRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetBatchPlanRequest.ProtoReflect.Descriptor instead.
 func (*GetBatchPlanRequest) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{24}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *GetBatchPlanRequest) GetBaseBatch() int32 {
@@ -2868,7 +3012,7 @@ type GetBatchPlanResponse struct {
 
 func (x *GetBatchPlanResponse) Reset() {
 	*x = GetBatchPlanResponse{}
-	mi := &file_broker_v1_broker_proto_msgTypes[25]
+	mi := &file_broker_v1_broker_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2880,7 +3024,7 @@ func (x *GetBatchPlanResponse) String() string {
 func (*GetBatchPlanResponse) ProtoMessage() {}
 
 func (x *GetBatchPlanResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[25]
+	mi := &file_broker_v1_broker_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2893,7 +3037,7 @@ func (x *GetBatchPlanResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetBatchPlanResponse.ProtoReflect.Descriptor instead.
 func (*GetBatchPlanResponse) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{25}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *GetBatchPlanResponse) GetPlan() *BatchPlan {
@@ -2925,7 +3069,7 @@ type Model struct {
 
 func (x *Model) Reset() {
 	*x = Model{}
-	mi := &file_broker_v1_broker_proto_msgTypes[26]
+	mi := &file_broker_v1_broker_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2937,7 +3081,7 @@ func (x *Model) String() string {
 func (*Model) ProtoMessage() {}
 
 func (x *Model) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[26]
+	mi := &file_broker_v1_broker_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2950,7 +3094,7 @@ func (x *Model) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Model.ProtoReflect.Descriptor instead.
 func (*Model) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{26}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *Model) GetName() string {
@@ -3038,7 +3182,7 @@ type ListModelsRequest struct {
 
 func (x *ListModelsRequest) Reset() {
 	*x = ListModelsRequest{}
-	mi := &file_broker_v1_broker_proto_msgTypes[27]
+	mi := &file_broker_v1_broker_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3050,7 +3194,7 @@ func (x *ListModelsRequest) String() string {
 func (*ListModelsRequest) ProtoMessage() {}
 
 func (x *ListModelsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[27]
+	mi := &file_broker_v1_broker_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3063,7 +3207,7 @@ func (x *ListModelsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListModelsRequest.ProtoReflect.Descriptor instead.
 func (*ListModelsRequest) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{27}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{29}
 }
 
 type ListModelsResponse struct {
@@ -3075,7 +3219,7 @@ type ListModelsResponse struct {
 
 func (x *ListModelsResponse) Reset() {
 	*x = ListModelsResponse{}
-	mi := &file_broker_v1_broker_proto_msgTypes[28]
+	mi := &file_broker_v1_broker_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3087,7 +3231,7 @@ func (x *ListModelsResponse) String() string {
 func (*ListModelsResponse) ProtoMessage() {}
 
 func (x *ListModelsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[28]
+	mi := &file_broker_v1_broker_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3100,7 +3244,7 @@ func (x *ListModelsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListModelsResponse.ProtoReflect.Descriptor instead.
 func (*ListModelsResponse) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{28}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ListModelsResponse) GetModels() []*Model {
@@ -3121,7 +3265,7 @@ type LoadModelRequest struct {
 
 func (x *LoadModelRequest) Reset() {
 	*x = LoadModelRequest{}
-	mi := &file_broker_v1_broker_proto_msgTypes[29]
+	mi := &file_broker_v1_broker_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3133,7 +3277,7 @@ func (x *LoadModelRequest) String() string {
 func (*LoadModelRequest) ProtoMessage() {}
 
 func (x *LoadModelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[29]
+	mi := &file_broker_v1_broker_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3146,7 +3290,7 @@ func (x *LoadModelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoadModelRequest.ProtoReflect.Descriptor instead.
 func (*LoadModelRequest) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{29}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *LoadModelRequest) GetName() string {
@@ -3175,7 +3319,7 @@ type LoadModelResponse struct {
 
 func (x *LoadModelResponse) Reset() {
 	*x = LoadModelResponse{}
-	mi := &file_broker_v1_broker_proto_msgTypes[30]
+	mi := &file_broker_v1_broker_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3187,7 +3331,7 @@ func (x *LoadModelResponse) String() string {
 func (*LoadModelResponse) ProtoMessage() {}
 
 func (x *LoadModelResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[30]
+	mi := &file_broker_v1_broker_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3200,7 +3344,7 @@ func (x *LoadModelResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoadModelResponse.ProtoReflect.Descriptor instead.
 func (*LoadModelResponse) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{30}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *LoadModelResponse) GetModel() *Model {
@@ -3226,7 +3370,7 @@ type UnloadModelRequest struct {
 
 func (x *UnloadModelRequest) Reset() {
 	*x = UnloadModelRequest{}
-	mi := &file_broker_v1_broker_proto_msgTypes[31]
+	mi := &file_broker_v1_broker_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3238,7 +3382,7 @@ func (x *UnloadModelRequest) String() string {
 func (*UnloadModelRequest) ProtoMessage() {}
 
 func (x *UnloadModelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[31]
+	mi := &file_broker_v1_broker_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3251,7 +3395,7 @@ func (x *UnloadModelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnloadModelRequest.ProtoReflect.Descriptor instead.
 func (*UnloadModelRequest) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{31}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *UnloadModelRequest) GetName() string {
@@ -3270,7 +3414,7 @@ type UnloadModelResponse struct {
 
 func (x *UnloadModelResponse) Reset() {
 	*x = UnloadModelResponse{}
-	mi := &file_broker_v1_broker_proto_msgTypes[32]
+	mi := &file_broker_v1_broker_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3282,7 +3426,7 @@ func (x *UnloadModelResponse) String() string {
 func (*UnloadModelResponse) ProtoMessage() {}
 
 func (x *UnloadModelResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[32]
+	mi := &file_broker_v1_broker_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3295,7 +3439,7 @@ func (x *UnloadModelResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnloadModelResponse.ProtoReflect.Descriptor instead.
 func (*UnloadModelResponse) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{32}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *UnloadModelResponse) GetModel() *Model {
@@ -3318,7 +3462,7 @@ type LatencySummary struct {
 
 func (x *LatencySummary) Reset() {
 	*x = LatencySummary{}
-	mi := &file_broker_v1_broker_proto_msgTypes[33]
+	mi := &file_broker_v1_broker_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3330,7 +3474,7 @@ func (x *LatencySummary) String() string {
 func (*LatencySummary) ProtoMessage() {}
 
 func (x *LatencySummary) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[33]
+	mi := &file_broker_v1_broker_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3343,7 +3487,7 @@ func (x *LatencySummary) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LatencySummary.ProtoReflect.Descriptor instead.
 func (*LatencySummary) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{33}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *LatencySummary) GetMeanSeconds() float64 {
@@ -3396,7 +3540,7 @@ type QueueStats struct {
 
 func (x *QueueStats) Reset() {
 	*x = QueueStats{}
-	mi := &file_broker_v1_broker_proto_msgTypes[34]
+	mi := &file_broker_v1_broker_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3408,7 +3552,7 @@ func (x *QueueStats) String() string {
 func (*QueueStats) ProtoMessage() {}
 
 func (x *QueueStats) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[34]
+	mi := &file_broker_v1_broker_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3421,7 +3565,7 @@ func (x *QueueStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QueueStats.ProtoReflect.Descriptor instead.
 func (*QueueStats) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{34}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *QueueStats) GetModel() string {
@@ -3504,7 +3648,7 @@ type GetStatsRequest struct {
 
 func (x *GetStatsRequest) Reset() {
 	*x = GetStatsRequest{}
-	mi := &file_broker_v1_broker_proto_msgTypes[35]
+	mi := &file_broker_v1_broker_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3516,7 +3660,7 @@ func (x *GetStatsRequest) String() string {
 func (*GetStatsRequest) ProtoMessage() {}
 
 func (x *GetStatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[35]
+	mi := &file_broker_v1_broker_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3529,7 +3673,7 @@ func (x *GetStatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetStatsRequest.ProtoReflect.Descriptor instead.
 func (*GetStatsRequest) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{35}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *GetStatsRequest) GetModel() string {
@@ -3548,7 +3692,7 @@ type GetStatsResponse struct {
 
 func (x *GetStatsResponse) Reset() {
 	*x = GetStatsResponse{}
-	mi := &file_broker_v1_broker_proto_msgTypes[36]
+	mi := &file_broker_v1_broker_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3560,7 +3704,7 @@ func (x *GetStatsResponse) String() string {
 func (*GetStatsResponse) ProtoMessage() {}
 
 func (x *GetStatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[36]
+	mi := &file_broker_v1_broker_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3573,7 +3717,7 @@ func (x *GetStatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetStatsResponse.ProtoReflect.Descriptor instead.
 func (*GetStatsResponse) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{36}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *GetStatsResponse) GetStats() []*QueueStats {
@@ -3593,7 +3737,7 @@ type CordonDeviceRequest struct {
 
 func (x *CordonDeviceRequest) Reset() {
 	*x = CordonDeviceRequest{}
-	mi := &file_broker_v1_broker_proto_msgTypes[37]
+	mi := &file_broker_v1_broker_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3605,7 +3749,7 @@ func (x *CordonDeviceRequest) String() string {
 func (*CordonDeviceRequest) ProtoMessage() {}
 
 func (x *CordonDeviceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[37]
+	mi := &file_broker_v1_broker_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3618,7 +3762,7 @@ func (x *CordonDeviceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CordonDeviceRequest.ProtoReflect.Descriptor instead.
 func (*CordonDeviceRequest) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{37}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *CordonDeviceRequest) GetId() string {
@@ -3644,7 +3788,7 @@ type CordonDeviceResponse struct {
 
 func (x *CordonDeviceResponse) Reset() {
 	*x = CordonDeviceResponse{}
-	mi := &file_broker_v1_broker_proto_msgTypes[38]
+	mi := &file_broker_v1_broker_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3656,7 +3800,7 @@ func (x *CordonDeviceResponse) String() string {
 func (*CordonDeviceResponse) ProtoMessage() {}
 
 func (x *CordonDeviceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[38]
+	mi := &file_broker_v1_broker_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3669,7 +3813,7 @@ func (x *CordonDeviceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CordonDeviceResponse.ProtoReflect.Descriptor instead.
 func (*CordonDeviceResponse) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{38}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *CordonDeviceResponse) GetDevice() *Device {
@@ -3688,7 +3832,7 @@ type UncordonDeviceRequest struct {
 
 func (x *UncordonDeviceRequest) Reset() {
 	*x = UncordonDeviceRequest{}
-	mi := &file_broker_v1_broker_proto_msgTypes[39]
+	mi := &file_broker_v1_broker_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3700,7 +3844,7 @@ func (x *UncordonDeviceRequest) String() string {
 func (*UncordonDeviceRequest) ProtoMessage() {}
 
 func (x *UncordonDeviceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[39]
+	mi := &file_broker_v1_broker_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3713,7 +3857,7 @@ func (x *UncordonDeviceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UncordonDeviceRequest.ProtoReflect.Descriptor instead.
 func (*UncordonDeviceRequest) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{39}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *UncordonDeviceRequest) GetId() string {
@@ -3732,7 +3876,7 @@ type UncordonDeviceResponse struct {
 
 func (x *UncordonDeviceResponse) Reset() {
 	*x = UncordonDeviceResponse{}
-	mi := &file_broker_v1_broker_proto_msgTypes[40]
+	mi := &file_broker_v1_broker_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3744,7 +3888,7 @@ func (x *UncordonDeviceResponse) String() string {
 func (*UncordonDeviceResponse) ProtoMessage() {}
 
 func (x *UncordonDeviceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[40]
+	mi := &file_broker_v1_broker_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3757,7 +3901,7 @@ func (x *UncordonDeviceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UncordonDeviceResponse.ProtoReflect.Descriptor instead.
 func (*UncordonDeviceResponse) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{40}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *UncordonDeviceResponse) GetDevice() *Device {
@@ -3777,7 +3921,7 @@ type DrainRequest struct {
 
 func (x *DrainRequest) Reset() {
 	*x = DrainRequest{}
-	mi := &file_broker_v1_broker_proto_msgTypes[41]
+	mi := &file_broker_v1_broker_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3789,7 +3933,7 @@ func (x *DrainRequest) String() string {
 func (*DrainRequest) ProtoMessage() {}
 
 func (x *DrainRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[41]
+	mi := &file_broker_v1_broker_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3802,7 +3946,7 @@ func (x *DrainRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainRequest.ProtoReflect.Descriptor instead.
 func (*DrainRequest) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{41}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *DrainRequest) GetExit() bool {
@@ -3822,7 +3966,7 @@ type DrainResponse struct {
 
 func (x *DrainResponse) Reset() {
 	*x = DrainResponse{}
-	mi := &file_broker_v1_broker_proto_msgTypes[42]
+	mi := &file_broker_v1_broker_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3834,7 +3978,7 @@ func (x *DrainResponse) String() string {
 func (*DrainResponse) ProtoMessage() {}
 
 func (x *DrainResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[42]
+	mi := &file_broker_v1_broker_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3847,7 +3991,7 @@ func (x *DrainResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainResponse.ProtoReflect.Descriptor instead.
 func (*DrainResponse) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{42}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *DrainResponse) GetCompleted() int64 {
@@ -3897,7 +4041,7 @@ type SamplingParams struct {
 
 func (x *SamplingParams) Reset() {
 	*x = SamplingParams{}
-	mi := &file_broker_v1_broker_proto_msgTypes[43]
+	mi := &file_broker_v1_broker_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3909,7 +4053,7 @@ func (x *SamplingParams) String() string {
 func (*SamplingParams) ProtoMessage() {}
 
 func (x *SamplingParams) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[43]
+	mi := &file_broker_v1_broker_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3922,7 +4066,7 @@ func (x *SamplingParams) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SamplingParams.ProtoReflect.Descriptor instead.
 func (*SamplingParams) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{43}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *SamplingParams) GetTemperature() float32 {
@@ -4044,7 +4188,7 @@ type GenerateRequest struct {
 
 func (x *GenerateRequest) Reset() {
 	*x = GenerateRequest{}
-	mi := &file_broker_v1_broker_proto_msgTypes[44]
+	mi := &file_broker_v1_broker_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4056,7 +4200,7 @@ func (x *GenerateRequest) String() string {
 func (*GenerateRequest) ProtoMessage() {}
 
 func (x *GenerateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[44]
+	mi := &file_broker_v1_broker_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4069,7 +4213,7 @@ func (x *GenerateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GenerateRequest.ProtoReflect.Descriptor instead.
 func (*GenerateRequest) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{44}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *GenerateRequest) GetModel() string {
@@ -4140,7 +4284,7 @@ type ChatMessage struct {
 
 func (x *ChatMessage) Reset() {
 	*x = ChatMessage{}
-	mi := &file_broker_v1_broker_proto_msgTypes[45]
+	mi := &file_broker_v1_broker_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4152,7 +4296,7 @@ func (x *ChatMessage) String() string {
 func (*ChatMessage) ProtoMessage() {}
 
 func (x *ChatMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[45]
+	mi := &file_broker_v1_broker_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4165,7 +4309,7 @@ func (x *ChatMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChatMessage.ProtoReflect.Descriptor instead.
 func (*ChatMessage) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{45}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *ChatMessage) GetRole() string {
@@ -4192,7 +4336,7 @@ type Conversation struct {
 
 func (x *Conversation) Reset() {
 	*x = Conversation{}
-	mi := &file_broker_v1_broker_proto_msgTypes[46]
+	mi := &file_broker_v1_broker_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4204,7 +4348,7 @@ func (x *Conversation) String() string {
 func (*Conversation) ProtoMessage() {}
 
 func (x *Conversation) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[46]
+	mi := &file_broker_v1_broker_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4217,7 +4361,7 @@ func (x *Conversation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Conversation.ProtoReflect.Descriptor instead.
 func (*Conversation) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{46}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *Conversation) GetMessages() []*ChatMessage {
@@ -4243,7 +4387,7 @@ type ChatRequest struct {
 
 func (x *ChatRequest) Reset() {
 	*x = ChatRequest{}
-	mi := &file_broker_v1_broker_proto_msgTypes[47]
+	mi := &file_broker_v1_broker_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4255,7 +4399,7 @@ func (x *ChatRequest) String() string {
 func (*ChatRequest) ProtoMessage() {}
 
 func (x *ChatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[47]
+	mi := &file_broker_v1_broker_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4268,7 +4412,7 @@ func (x *ChatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChatRequest.ProtoReflect.Descriptor instead.
 func (*ChatRequest) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{47}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *ChatRequest) GetModel() string {
@@ -4332,7 +4476,7 @@ type TokenLogprob struct {
 
 func (x *TokenLogprob) Reset() {
 	*x = TokenLogprob{}
-	mi := &file_broker_v1_broker_proto_msgTypes[48]
+	mi := &file_broker_v1_broker_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4344,7 +4488,7 @@ func (x *TokenLogprob) String() string {
 func (*TokenLogprob) ProtoMessage() {}
 
 func (x *TokenLogprob) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[48]
+	mi := &file_broker_v1_broker_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4357,7 +4501,7 @@ func (x *TokenLogprob) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenLogprob.ProtoReflect.Descriptor instead.
 func (*TokenLogprob) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{48}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *TokenLogprob) GetTokenId() int32 {
@@ -4392,7 +4536,7 @@ type LogprobEntry struct {
 
 func (x *LogprobEntry) Reset() {
 	*x = LogprobEntry{}
-	mi := &file_broker_v1_broker_proto_msgTypes[49]
+	mi := &file_broker_v1_broker_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4404,7 +4548,7 @@ func (x *LogprobEntry) String() string {
 func (*LogprobEntry) ProtoMessage() {}
 
 func (x *LogprobEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[49]
+	mi := &file_broker_v1_broker_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4417,7 +4561,7 @@ func (x *LogprobEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogprobEntry.ProtoReflect.Descriptor instead.
 func (*LogprobEntry) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{49}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *LogprobEntry) GetChosen() *TokenLogprob {
@@ -4450,7 +4594,7 @@ type GenerationDelta struct {
 
 func (x *GenerationDelta) Reset() {
 	*x = GenerationDelta{}
-	mi := &file_broker_v1_broker_proto_msgTypes[50]
+	mi := &file_broker_v1_broker_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4462,7 +4606,7 @@ func (x *GenerationDelta) String() string {
 func (*GenerationDelta) ProtoMessage() {}
 
 func (x *GenerationDelta) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[50]
+	mi := &file_broker_v1_broker_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4475,7 +4619,7 @@ func (x *GenerationDelta) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GenerationDelta.ProtoReflect.Descriptor instead.
 func (*GenerationDelta) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{50}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *GenerationDelta) GetIndex() int32 {
@@ -4517,7 +4661,7 @@ type Usage struct {
 
 func (x *Usage) Reset() {
 	*x = Usage{}
-	mi := &file_broker_v1_broker_proto_msgTypes[51]
+	mi := &file_broker_v1_broker_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4529,7 +4673,7 @@ func (x *Usage) String() string {
 func (*Usage) ProtoMessage() {}
 
 func (x *Usage) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[51]
+	mi := &file_broker_v1_broker_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4542,7 +4686,7 @@ func (x *Usage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Usage.ProtoReflect.Descriptor instead.
 func (*Usage) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{51}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *Usage) GetPromptTokens() int32 {
@@ -4577,7 +4721,7 @@ type GenerationResult struct {
 
 func (x *GenerationResult) Reset() {
 	*x = GenerationResult{}
-	mi := &file_broker_v1_broker_proto_msgTypes[52]
+	mi := &file_broker_v1_broker_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4589,7 +4733,7 @@ func (x *GenerationResult) String() string {
 func (*GenerationResult) ProtoMessage() {}
 
 func (x *GenerationResult) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[52]
+	mi := &file_broker_v1_broker_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4602,7 +4746,7 @@ func (x *GenerationResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GenerationResult.ProtoReflect.Descriptor instead.
 func (*GenerationResult) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{52}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *GenerationResult) GetIndex() int32 {
@@ -4657,7 +4801,7 @@ type GenerateResponse struct {
 
 func (x *GenerateResponse) Reset() {
 	*x = GenerateResponse{}
-	mi := &file_broker_v1_broker_proto_msgTypes[53]
+	mi := &file_broker_v1_broker_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4669,7 +4813,7 @@ func (x *GenerateResponse) String() string {
 func (*GenerateResponse) ProtoMessage() {}
 
 func (x *GenerateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[53]
+	mi := &file_broker_v1_broker_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4682,7 +4826,7 @@ func (x *GenerateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GenerateResponse.ProtoReflect.Descriptor instead.
 func (*GenerateResponse) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{53}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *GenerateResponse) GetDeltas() []*GenerationDelta {
@@ -4709,7 +4853,7 @@ type ChatResponse struct {
 
 func (x *ChatResponse) Reset() {
 	*x = ChatResponse{}
-	mi := &file_broker_v1_broker_proto_msgTypes[54]
+	mi := &file_broker_v1_broker_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4721,7 +4865,7 @@ func (x *ChatResponse) String() string {
 func (*ChatResponse) ProtoMessage() {}
 
 func (x *ChatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[54]
+	mi := &file_broker_v1_broker_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4734,7 +4878,7 @@ func (x *ChatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChatResponse.ProtoReflect.Descriptor instead.
 func (*ChatResponse) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{54}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *ChatResponse) GetDeltas() []*GenerationDelta {
@@ -4924,7 +5068,17 @@ const file_broker_v1_broker_proto_rawDesc = "" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12#\n" +
 	"\rmodel_version\x18\x02 \x01(\x03R\fmodelVersion\x121\n" +
 	"\aresults\x18\x03 \x03(\v2\x17.broker.v1.EncodeResultR\aresults\x126\n" +
-	"\texecution\x18\x04 \x01(\v2\x18.broker.v1.ExecutionInfoR\texecution\"q\n" +
+	"\texecution\x18\x04 \x01(\v2\x18.broker.v1.ExecutionInfoR\texecution\"o\n" +
+	"\x13EncodeStreamRequest\x122\n" +
+	"\arequest\x18\x01 \x01(\v2\x18.broker.v1.EncodeRequestR\arequest\x12$\n" +
+	"\x0emax_part_bytes\x18\x02 \x01(\x05R\fmaxPartBytes\"\xea\x01\n" +
+	"\x14EncodeStreamResponse\x12\x16\n" +
+	"\x06offset\x18\x01 \x01(\x05R\x06offset\x121\n" +
+	"\aresults\x18\x02 \x03(\v2\x17.broker.v1.EncodeResultR\aresults\x12\x14\n" +
+	"\x05total\x18\x03 \x01(\x05R\x05total\x12\x14\n" +
+	"\x05model\x18\x04 \x01(\tR\x05model\x12#\n" +
+	"\rmodel_version\x18\x05 \x01(\x03R\fmodelVersion\x126\n" +
+	"\texecution\x18\x06 \x01(\v2\x18.broker.v1.ExecutionInfoR\texecution\"q\n" +
 	"\x06Tensor\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12)\n" +
 	"\x05dtype\x18\x02 \x01(\x0e2\x13.broker.v1.DataTypeR\x05dtype\x12\x14\n" +
@@ -5194,9 +5348,10 @@ const file_broker_v1_broker_proto_rawDesc = "" +
 	"\x12FINISH_REASON_STOP\x10\x01\x12\x18\n" +
 	"\x14FINISH_REASON_LENGTH\x10\x02\x12\x1a\n" +
 	"\x16FINISH_REASON_DEADLINE\x10\x03\x12\x1b\n" +
-	"\x17FINISH_REASON_CANCELLED\x10\x042\xc5\b\n" +
+	"\x17FINISH_REASON_CANCELLED\x10\x042\x98\t\n" +
 	"\rBrokerService\x12=\n" +
-	"\x06Encode\x12\x18.broker.v1.EncodeRequest\x1a\x19.broker.v1.EncodeResponse\x12:\n" +
+	"\x06Encode\x12\x18.broker.v1.EncodeRequest\x1a\x19.broker.v1.EncodeResponse\x12Q\n" +
+	"\fEncodeStream\x12\x1e.broker.v1.EncodeStreamRequest\x1a\x1f.broker.v1.EncodeStreamResponse0\x01\x12:\n" +
 	"\x05Infer\x12\x17.broker.v1.InferRequest\x1a\x18.broker.v1.InferResponse\x12L\n" +
 	"\vListDevices\x12\x1d.broker.v1.ListDevicesRequest\x1a\x1e.broker.v1.ListDevicesResponse\x12F\n" +
 	"\tGetDevice\x12\x1b.broker.v1.GetDeviceRequest\x1a\x1c.broker.v1.GetDeviceResponse\x12F\n" +
@@ -5226,7 +5381,7 @@ func file_broker_v1_broker_proto_rawDescGZIP() []byte {
 }
 
 var file_broker_v1_broker_proto_enumTypes = make([]protoimpl.EnumInfo, 9)
-var file_broker_v1_broker_proto_msgTypes = make([]protoimpl.MessageInfo, 58)
+var file_broker_v1_broker_proto_msgTypes = make([]protoimpl.MessageInfo, 60)
 var file_broker_v1_broker_proto_goTypes = []any{
 	(DeviceType)(0),                // 0: broker.v1.DeviceType
 	(DeviceHealth)(0),              // 1: broker.v1.DeviceHealth
@@ -5251,52 +5406,54 @@ var file_broker_v1_broker_proto_goTypes = []any{
 	(*ExecutionInfo)(nil),          // 20: broker.v1.ExecutionInfo
 	(*EncodeRequest)(nil),          // 21: broker.v1.EncodeRequest
 	(*EncodeResponse)(nil),         // 22: broker.v1.EncodeResponse
-	(*Tensor)(nil),                 // 23: broker.v1.Tensor
-	(*TensorSpec)(nil),             // 24: broker.v1.TensorSpec
-	(*InferRequest)(nil),           // 25: broker.v1.InferRequest
-	(*InferResponse)(nil),          // 26: broker.v1.InferResponse
-	(*ListDevicesRequest)(nil),     // 27: broker.v1.ListDevicesRequest
-	(*ListDevicesResponse)(nil),    // 28: broker.v1.ListDevicesResponse
-	(*GetDeviceRequest)(nil),       // 29: broker.v1.GetDeviceRequest
-	(*GetDeviceResponse)(nil),      // 30: broker.v1.GetDeviceResponse
-	(*GetReportRequest)(nil),       // 31: broker.v1.GetReportRequest
-	(*GetReportResponse)(nil),      // 32: broker.v1.GetReportResponse
-	(*GetBatchPlanRequest)(nil),    // 33: broker.v1.GetBatchPlanRequest
-	(*GetBatchPlanResponse)(nil),   // 34: broker.v1.GetBatchPlanResponse
-	(*Model)(nil),                  // 35: broker.v1.Model
-	(*ListModelsRequest)(nil),      // 36: broker.v1.ListModelsRequest
-	(*ListModelsResponse)(nil),     // 37: broker.v1.ListModelsResponse
-	(*LoadModelRequest)(nil),       // 38: broker.v1.LoadModelRequest
-	(*LoadModelResponse)(nil),      // 39: broker.v1.LoadModelResponse
-	(*UnloadModelRequest)(nil),     // 40: broker.v1.UnloadModelRequest
-	(*UnloadModelResponse)(nil),    // 41: broker.v1.UnloadModelResponse
-	(*LatencySummary)(nil),         // 42: broker.v1.LatencySummary
-	(*QueueStats)(nil),             // 43: broker.v1.QueueStats
-	(*GetStatsRequest)(nil),        // 44: broker.v1.GetStatsRequest
-	(*GetStatsResponse)(nil),       // 45: broker.v1.GetStatsResponse
-	(*CordonDeviceRequest)(nil),    // 46: broker.v1.CordonDeviceRequest
-	(*CordonDeviceResponse)(nil),   // 47: broker.v1.CordonDeviceResponse
-	(*UncordonDeviceRequest)(nil),  // 48: broker.v1.UncordonDeviceRequest
-	(*UncordonDeviceResponse)(nil), // 49: broker.v1.UncordonDeviceResponse
-	(*DrainRequest)(nil),           // 50: broker.v1.DrainRequest
-	(*DrainResponse)(nil),          // 51: broker.v1.DrainResponse
-	(*SamplingParams)(nil),         // 52: broker.v1.SamplingParams
-	(*GenerateRequest)(nil),        // 53: broker.v1.GenerateRequest
-	(*ChatMessage)(nil),            // 54: broker.v1.ChatMessage
-	(*Conversation)(nil),           // 55: broker.v1.Conversation
-	(*ChatRequest)(nil),            // 56: broker.v1.ChatRequest
-	(*TokenLogprob)(nil),           // 57: broker.v1.TokenLogprob
-	(*LogprobEntry)(nil),           // 58: broker.v1.LogprobEntry
-	(*GenerationDelta)(nil),        // 59: broker.v1.GenerationDelta
-	(*Usage)(nil),                  // 60: broker.v1.Usage
-	(*GenerationResult)(nil),       // 61: broker.v1.GenerationResult
-	(*GenerateResponse)(nil),       // 62: broker.v1.GenerateResponse
-	(*ChatResponse)(nil),           // 63: broker.v1.ChatResponse
-	nil,                            // 64: broker.v1.Device.AttributesEntry
-	nil,                            // 65: broker.v1.Configuration.CostPerHourUsdEntry
-	nil,                            // 66: broker.v1.QueueStats.FailedEntry
-	(*timestamppb.Timestamp)(nil),  // 67: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),    // 68: google.protobuf.Duration
+	(*EncodeStreamRequest)(nil),    // 23: broker.v1.EncodeStreamRequest
+	(*EncodeStreamResponse)(nil),   // 24: broker.v1.EncodeStreamResponse
+	(*Tensor)(nil),                 // 25: broker.v1.Tensor
+	(*TensorSpec)(nil),             // 26: broker.v1.TensorSpec
+	(*InferRequest)(nil),           // 27: broker.v1.InferRequest
+	(*InferResponse)(nil),          // 28: broker.v1.InferResponse
+	(*ListDevicesRequest)(nil),     // 29: broker.v1.ListDevicesRequest
+	(*ListDevicesResponse)(nil),    // 30: broker.v1.ListDevicesResponse
+	(*GetDeviceRequest)(nil),       // 31: broker.v1.GetDeviceRequest
+	(*GetDeviceResponse)(nil),      // 32: broker.v1.GetDeviceResponse
+	(*GetReportRequest)(nil),       // 33: broker.v1.GetReportRequest
+	(*GetReportResponse)(nil),      // 34: broker.v1.GetReportResponse
+	(*GetBatchPlanRequest)(nil),    // 35: broker.v1.GetBatchPlanRequest
+	(*GetBatchPlanResponse)(nil),   // 36: broker.v1.GetBatchPlanResponse
+	(*Model)(nil),                  // 37: broker.v1.Model
+	(*ListModelsRequest)(nil),      // 38: broker.v1.ListModelsRequest
+	(*ListModelsResponse)(nil),     // 39: broker.v1.ListModelsResponse
+	(*LoadModelRequest)(nil),       // 40: broker.v1.LoadModelRequest
+	(*LoadModelResponse)(nil),      // 41: broker.v1.LoadModelResponse
+	(*UnloadModelRequest)(nil),     // 42: broker.v1.UnloadModelRequest
+	(*UnloadModelResponse)(nil),    // 43: broker.v1.UnloadModelResponse
+	(*LatencySummary)(nil),         // 44: broker.v1.LatencySummary
+	(*QueueStats)(nil),             // 45: broker.v1.QueueStats
+	(*GetStatsRequest)(nil),        // 46: broker.v1.GetStatsRequest
+	(*GetStatsResponse)(nil),       // 47: broker.v1.GetStatsResponse
+	(*CordonDeviceRequest)(nil),    // 48: broker.v1.CordonDeviceRequest
+	(*CordonDeviceResponse)(nil),   // 49: broker.v1.CordonDeviceResponse
+	(*UncordonDeviceRequest)(nil),  // 50: broker.v1.UncordonDeviceRequest
+	(*UncordonDeviceResponse)(nil), // 51: broker.v1.UncordonDeviceResponse
+	(*DrainRequest)(nil),           // 52: broker.v1.DrainRequest
+	(*DrainResponse)(nil),          // 53: broker.v1.DrainResponse
+	(*SamplingParams)(nil),         // 54: broker.v1.SamplingParams
+	(*GenerateRequest)(nil),        // 55: broker.v1.GenerateRequest
+	(*ChatMessage)(nil),            // 56: broker.v1.ChatMessage
+	(*Conversation)(nil),           // 57: broker.v1.Conversation
+	(*ChatRequest)(nil),            // 58: broker.v1.ChatRequest
+	(*TokenLogprob)(nil),           // 59: broker.v1.TokenLogprob
+	(*LogprobEntry)(nil),           // 60: broker.v1.LogprobEntry
+	(*GenerationDelta)(nil),        // 61: broker.v1.GenerationDelta
+	(*Usage)(nil),                  // 62: broker.v1.Usage
+	(*GenerationResult)(nil),       // 63: broker.v1.GenerationResult
+	(*GenerateResponse)(nil),       // 64: broker.v1.GenerateResponse
+	(*ChatResponse)(nil),           // 65: broker.v1.ChatResponse
+	nil,                            // 66: broker.v1.Device.AttributesEntry
+	nil,                            // 67: broker.v1.Configuration.CostPerHourUsdEntry
+	nil,                            // 68: broker.v1.QueueStats.FailedEntry
+	(*timestamppb.Timestamp)(nil),  // 69: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),    // 70: google.protobuf.Duration
 }
 var file_broker_v1_broker_proto_depIdxs = []int32{
 	0,  // 0: broker.v1.Device.type:type_name -> broker.v1.DeviceType
@@ -5305,10 +5462,10 @@ var file_broker_v1_broker_proto_depIdxs = []int32{
 	10, // 3: broker.v1.Device.cpu:type_name -> broker.v1.CpuInfo
 	11, // 4: broker.v1.Device.gpu:type_name -> broker.v1.GpuInfo
 	12, // 5: broker.v1.Device.tpu:type_name -> broker.v1.TpuInfo
-	64, // 6: broker.v1.Device.attributes:type_name -> broker.v1.Device.AttributesEntry
-	67, // 7: broker.v1.Telemetry.updated_at:type_name -> google.protobuf.Timestamp
+	66, // 6: broker.v1.Device.attributes:type_name -> broker.v1.Device.AttributesEntry
+	69, // 7: broker.v1.Telemetry.updated_at:type_name -> google.protobuf.Timestamp
 	0,  // 8: broker.v1.BatchPlan.device_type:type_name -> broker.v1.DeviceType
-	65, // 9: broker.v1.Configuration.cost_per_hour_usd:type_name -> broker.v1.Configuration.CostPerHourUsdEntry
+	67, // 9: broker.v1.Configuration.cost_per_hour_usd:type_name -> broker.v1.Configuration.CostPerHourUsdEntry
 	0,  // 10: broker.v1.Runtime.device_types:type_name -> broker.v1.DeviceType
 	17, // 11: broker.v1.Runtime.plugins:type_name -> broker.v1.PjrtPlugin
 	0,  // 12: broker.v1.ExecutionInfo.device_type:type_name -> broker.v1.DeviceType
@@ -5318,92 +5475,97 @@ var file_broker_v1_broker_proto_depIdxs = []int32{
 	0,  // 16: broker.v1.EncodeRequest.device_type:type_name -> broker.v1.DeviceType
 	19, // 17: broker.v1.EncodeResponse.results:type_name -> broker.v1.EncodeResult
 	20, // 18: broker.v1.EncodeResponse.execution:type_name -> broker.v1.ExecutionInfo
-	5,  // 19: broker.v1.Tensor.dtype:type_name -> broker.v1.DataType
-	5,  // 20: broker.v1.TensorSpec.dtype:type_name -> broker.v1.DataType
-	23, // 21: broker.v1.InferRequest.inputs:type_name -> broker.v1.Tensor
-	4,  // 22: broker.v1.InferRequest.priority:type_name -> broker.v1.Priority
-	68, // 23: broker.v1.InferRequest.timeout:type_name -> google.protobuf.Duration
-	0,  // 24: broker.v1.InferRequest.device_type:type_name -> broker.v1.DeviceType
-	23, // 25: broker.v1.InferResponse.outputs:type_name -> broker.v1.Tensor
-	20, // 26: broker.v1.InferResponse.execution:type_name -> broker.v1.ExecutionInfo
-	9,  // 27: broker.v1.ListDevicesResponse.devices:type_name -> broker.v1.Device
-	9,  // 28: broker.v1.GetDeviceResponse.device:type_name -> broker.v1.Device
-	9,  // 29: broker.v1.GetReportResponse.current_device:type_name -> broker.v1.Device
-	9,  // 30: broker.v1.GetReportResponse.all_devices:type_name -> broker.v1.Device
-	15, // 31: broker.v1.GetReportResponse.configuration:type_name -> broker.v1.Configuration
-	16, // 32: broker.v1.GetReportResponse.runtimes:type_name -> broker.v1.Runtime
-	2,  // 33: broker.v1.GetReportResponse.routing_mode:type_name -> broker.v1.RoutingMode
-	14, // 34: broker.v1.GetReportResponse.batch_plans:type_name -> broker.v1.BatchPlan
-	0,  // 35: broker.v1.GetBatchPlanRequest.device_type:type_name -> broker.v1.DeviceType
-	14, // 36: broker.v1.GetBatchPlanResponse.plan:type_name -> broker.v1.BatchPlan
-	6,  // 37: broker.v1.Model.state:type_name -> broker.v1.ModelState
-	24, // 38: broker.v1.Model.inputs:type_name -> broker.v1.TensorSpec
-	24, // 39: broker.v1.Model.outputs:type_name -> broker.v1.TensorSpec
-	35, // 40: broker.v1.ListModelsResponse.models:type_name -> broker.v1.Model
-	35, // 41: broker.v1.LoadModelResponse.model:type_name -> broker.v1.Model
-	7,  // 42: broker.v1.LoadModelResponse.action:type_name -> broker.v1.LoadAction
-	35, // 43: broker.v1.UnloadModelResponse.model:type_name -> broker.v1.Model
-	66, // 44: broker.v1.QueueStats.failed:type_name -> broker.v1.QueueStats.FailedEntry
-	42, // 45: broker.v1.QueueStats.latency:type_name -> broker.v1.LatencySummary
-	43, // 46: broker.v1.GetStatsResponse.stats:type_name -> broker.v1.QueueStats
-	9,  // 47: broker.v1.CordonDeviceResponse.device:type_name -> broker.v1.Device
-	9,  // 48: broker.v1.UncordonDeviceResponse.device:type_name -> broker.v1.Device
-	52, // 49: broker.v1.GenerateRequest.sampling:type_name -> broker.v1.SamplingParams
-	4,  // 50: broker.v1.GenerateRequest.priority:type_name -> broker.v1.Priority
-	0,  // 51: broker.v1.GenerateRequest.device_type:type_name -> broker.v1.DeviceType
-	68, // 52: broker.v1.GenerateRequest.max_time:type_name -> google.protobuf.Duration
-	54, // 53: broker.v1.Conversation.messages:type_name -> broker.v1.ChatMessage
-	55, // 54: broker.v1.ChatRequest.conversations:type_name -> broker.v1.Conversation
-	52, // 55: broker.v1.ChatRequest.sampling:type_name -> broker.v1.SamplingParams
-	4,  // 56: broker.v1.ChatRequest.priority:type_name -> broker.v1.Priority
-	0,  // 57: broker.v1.ChatRequest.device_type:type_name -> broker.v1.DeviceType
-	68, // 58: broker.v1.ChatRequest.max_time:type_name -> google.protobuf.Duration
-	57, // 59: broker.v1.LogprobEntry.chosen:type_name -> broker.v1.TokenLogprob
-	57, // 60: broker.v1.LogprobEntry.top:type_name -> broker.v1.TokenLogprob
-	58, // 61: broker.v1.GenerationDelta.logprobs:type_name -> broker.v1.LogprobEntry
-	8,  // 62: broker.v1.GenerationResult.finish_reason:type_name -> broker.v1.FinishReason
-	60, // 63: broker.v1.GenerationResult.usage:type_name -> broker.v1.Usage
-	68, // 64: broker.v1.GenerationResult.time_to_first_token:type_name -> google.protobuf.Duration
-	20, // 65: broker.v1.GenerationResult.execution:type_name -> broker.v1.ExecutionInfo
-	59, // 66: broker.v1.GenerateResponse.deltas:type_name -> broker.v1.GenerationDelta
-	61, // 67: broker.v1.GenerateResponse.results:type_name -> broker.v1.GenerationResult
-	59, // 68: broker.v1.ChatResponse.deltas:type_name -> broker.v1.GenerationDelta
-	61, // 69: broker.v1.ChatResponse.results:type_name -> broker.v1.GenerationResult
-	21, // 70: broker.v1.BrokerService.Encode:input_type -> broker.v1.EncodeRequest
-	25, // 71: broker.v1.BrokerService.Infer:input_type -> broker.v1.InferRequest
-	27, // 72: broker.v1.BrokerService.ListDevices:input_type -> broker.v1.ListDevicesRequest
-	29, // 73: broker.v1.BrokerService.GetDevice:input_type -> broker.v1.GetDeviceRequest
-	31, // 74: broker.v1.BrokerService.GetReport:input_type -> broker.v1.GetReportRequest
-	33, // 75: broker.v1.BrokerService.GetBatchPlan:input_type -> broker.v1.GetBatchPlanRequest
-	36, // 76: broker.v1.BrokerService.ListModels:input_type -> broker.v1.ListModelsRequest
-	38, // 77: broker.v1.BrokerService.LoadModel:input_type -> broker.v1.LoadModelRequest
-	40, // 78: broker.v1.BrokerService.UnloadModel:input_type -> broker.v1.UnloadModelRequest
-	44, // 79: broker.v1.BrokerService.GetStats:input_type -> broker.v1.GetStatsRequest
-	46, // 80: broker.v1.BrokerService.CordonDevice:input_type -> broker.v1.CordonDeviceRequest
-	48, // 81: broker.v1.BrokerService.UncordonDevice:input_type -> broker.v1.UncordonDeviceRequest
-	50, // 82: broker.v1.BrokerService.Drain:input_type -> broker.v1.DrainRequest
-	53, // 83: broker.v1.BrokerService.Generate:input_type -> broker.v1.GenerateRequest
-	56, // 84: broker.v1.BrokerService.Chat:input_type -> broker.v1.ChatRequest
-	22, // 85: broker.v1.BrokerService.Encode:output_type -> broker.v1.EncodeResponse
-	26, // 86: broker.v1.BrokerService.Infer:output_type -> broker.v1.InferResponse
-	28, // 87: broker.v1.BrokerService.ListDevices:output_type -> broker.v1.ListDevicesResponse
-	30, // 88: broker.v1.BrokerService.GetDevice:output_type -> broker.v1.GetDeviceResponse
-	32, // 89: broker.v1.BrokerService.GetReport:output_type -> broker.v1.GetReportResponse
-	34, // 90: broker.v1.BrokerService.GetBatchPlan:output_type -> broker.v1.GetBatchPlanResponse
-	37, // 91: broker.v1.BrokerService.ListModels:output_type -> broker.v1.ListModelsResponse
-	39, // 92: broker.v1.BrokerService.LoadModel:output_type -> broker.v1.LoadModelResponse
-	41, // 93: broker.v1.BrokerService.UnloadModel:output_type -> broker.v1.UnloadModelResponse
-	45, // 94: broker.v1.BrokerService.GetStats:output_type -> broker.v1.GetStatsResponse
-	47, // 95: broker.v1.BrokerService.CordonDevice:output_type -> broker.v1.CordonDeviceResponse
-	49, // 96: broker.v1.BrokerService.UncordonDevice:output_type -> broker.v1.UncordonDeviceResponse
-	51, // 97: broker.v1.BrokerService.Drain:output_type -> broker.v1.DrainResponse
-	62, // 98: broker.v1.BrokerService.Generate:output_type -> broker.v1.GenerateResponse
-	63, // 99: broker.v1.BrokerService.Chat:output_type -> broker.v1.ChatResponse
-	85, // [85:100] is the sub-list for method output_type
-	70, // [70:85] is the sub-list for method input_type
-	70, // [70:70] is the sub-list for extension type_name
-	70, // [70:70] is the sub-list for extension extendee
-	0,  // [0:70] is the sub-list for field type_name
+	21, // 19: broker.v1.EncodeStreamRequest.request:type_name -> broker.v1.EncodeRequest
+	19, // 20: broker.v1.EncodeStreamResponse.results:type_name -> broker.v1.EncodeResult
+	20, // 21: broker.v1.EncodeStreamResponse.execution:type_name -> broker.v1.ExecutionInfo
+	5,  // 22: broker.v1.Tensor.dtype:type_name -> broker.v1.DataType
+	5,  // 23: broker.v1.TensorSpec.dtype:type_name -> broker.v1.DataType
+	25, // 24: broker.v1.InferRequest.inputs:type_name -> broker.v1.Tensor
+	4,  // 25: broker.v1.InferRequest.priority:type_name -> broker.v1.Priority
+	70, // 26: broker.v1.InferRequest.timeout:type_name -> google.protobuf.Duration
+	0,  // 27: broker.v1.InferRequest.device_type:type_name -> broker.v1.DeviceType
+	25, // 28: broker.v1.InferResponse.outputs:type_name -> broker.v1.Tensor
+	20, // 29: broker.v1.InferResponse.execution:type_name -> broker.v1.ExecutionInfo
+	9,  // 30: broker.v1.ListDevicesResponse.devices:type_name -> broker.v1.Device
+	9,  // 31: broker.v1.GetDeviceResponse.device:type_name -> broker.v1.Device
+	9,  // 32: broker.v1.GetReportResponse.current_device:type_name -> broker.v1.Device
+	9,  // 33: broker.v1.GetReportResponse.all_devices:type_name -> broker.v1.Device
+	15, // 34: broker.v1.GetReportResponse.configuration:type_name -> broker.v1.Configuration
+	16, // 35: broker.v1.GetReportResponse.runtimes:type_name -> broker.v1.Runtime
+	2,  // 36: broker.v1.GetReportResponse.routing_mode:type_name -> broker.v1.RoutingMode
+	14, // 37: broker.v1.GetReportResponse.batch_plans:type_name -> broker.v1.BatchPlan
+	0,  // 38: broker.v1.GetBatchPlanRequest.device_type:type_name -> broker.v1.DeviceType
+	14, // 39: broker.v1.GetBatchPlanResponse.plan:type_name -> broker.v1.BatchPlan
+	6,  // 40: broker.v1.Model.state:type_name -> broker.v1.ModelState
+	26, // 41: broker.v1.Model.inputs:type_name -> broker.v1.TensorSpec
+	26, // 42: broker.v1.Model.outputs:type_name -> broker.v1.TensorSpec
+	37, // 43: broker.v1.ListModelsResponse.models:type_name -> broker.v1.Model
+	37, // 44: broker.v1.LoadModelResponse.model:type_name -> broker.v1.Model
+	7,  // 45: broker.v1.LoadModelResponse.action:type_name -> broker.v1.LoadAction
+	37, // 46: broker.v1.UnloadModelResponse.model:type_name -> broker.v1.Model
+	68, // 47: broker.v1.QueueStats.failed:type_name -> broker.v1.QueueStats.FailedEntry
+	44, // 48: broker.v1.QueueStats.latency:type_name -> broker.v1.LatencySummary
+	45, // 49: broker.v1.GetStatsResponse.stats:type_name -> broker.v1.QueueStats
+	9,  // 50: broker.v1.CordonDeviceResponse.device:type_name -> broker.v1.Device
+	9,  // 51: broker.v1.UncordonDeviceResponse.device:type_name -> broker.v1.Device
+	54, // 52: broker.v1.GenerateRequest.sampling:type_name -> broker.v1.SamplingParams
+	4,  // 53: broker.v1.GenerateRequest.priority:type_name -> broker.v1.Priority
+	0,  // 54: broker.v1.GenerateRequest.device_type:type_name -> broker.v1.DeviceType
+	70, // 55: broker.v1.GenerateRequest.max_time:type_name -> google.protobuf.Duration
+	56, // 56: broker.v1.Conversation.messages:type_name -> broker.v1.ChatMessage
+	57, // 57: broker.v1.ChatRequest.conversations:type_name -> broker.v1.Conversation
+	54, // 58: broker.v1.ChatRequest.sampling:type_name -> broker.v1.SamplingParams
+	4,  // 59: broker.v1.ChatRequest.priority:type_name -> broker.v1.Priority
+	0,  // 60: broker.v1.ChatRequest.device_type:type_name -> broker.v1.DeviceType
+	70, // 61: broker.v1.ChatRequest.max_time:type_name -> google.protobuf.Duration
+	59, // 62: broker.v1.LogprobEntry.chosen:type_name -> broker.v1.TokenLogprob
+	59, // 63: broker.v1.LogprobEntry.top:type_name -> broker.v1.TokenLogprob
+	60, // 64: broker.v1.GenerationDelta.logprobs:type_name -> broker.v1.LogprobEntry
+	8,  // 65: broker.v1.GenerationResult.finish_reason:type_name -> broker.v1.FinishReason
+	62, // 66: broker.v1.GenerationResult.usage:type_name -> broker.v1.Usage
+	70, // 67: broker.v1.GenerationResult.time_to_first_token:type_name -> google.protobuf.Duration
+	20, // 68: broker.v1.GenerationResult.execution:type_name -> broker.v1.ExecutionInfo
+	61, // 69: broker.v1.GenerateResponse.deltas:type_name -> broker.v1.GenerationDelta
+	63, // 70: broker.v1.GenerateResponse.results:type_name -> broker.v1.GenerationResult
+	61, // 71: broker.v1.ChatResponse.deltas:type_name -> broker.v1.GenerationDelta
+	63, // 72: broker.v1.ChatResponse.results:type_name -> broker.v1.GenerationResult
+	21, // 73: broker.v1.BrokerService.Encode:input_type -> broker.v1.EncodeRequest
+	23, // 74: broker.v1.BrokerService.EncodeStream:input_type -> broker.v1.EncodeStreamRequest
+	27, // 75: broker.v1.BrokerService.Infer:input_type -> broker.v1.InferRequest
+	29, // 76: broker.v1.BrokerService.ListDevices:input_type -> broker.v1.ListDevicesRequest
+	31, // 77: broker.v1.BrokerService.GetDevice:input_type -> broker.v1.GetDeviceRequest
+	33, // 78: broker.v1.BrokerService.GetReport:input_type -> broker.v1.GetReportRequest
+	35, // 79: broker.v1.BrokerService.GetBatchPlan:input_type -> broker.v1.GetBatchPlanRequest
+	38, // 80: broker.v1.BrokerService.ListModels:input_type -> broker.v1.ListModelsRequest
+	40, // 81: broker.v1.BrokerService.LoadModel:input_type -> broker.v1.LoadModelRequest
+	42, // 82: broker.v1.BrokerService.UnloadModel:input_type -> broker.v1.UnloadModelRequest
+	46, // 83: broker.v1.BrokerService.GetStats:input_type -> broker.v1.GetStatsRequest
+	48, // 84: broker.v1.BrokerService.CordonDevice:input_type -> broker.v1.CordonDeviceRequest
+	50, // 85: broker.v1.BrokerService.UncordonDevice:input_type -> broker.v1.UncordonDeviceRequest
+	52, // 86: broker.v1.BrokerService.Drain:input_type -> broker.v1.DrainRequest
+	55, // 87: broker.v1.BrokerService.Generate:input_type -> broker.v1.GenerateRequest
+	58, // 88: broker.v1.BrokerService.Chat:input_type -> broker.v1.ChatRequest
+	22, // 89: broker.v1.BrokerService.Encode:output_type -> broker.v1.EncodeResponse
+	24, // 90: broker.v1.BrokerService.EncodeStream:output_type -> broker.v1.EncodeStreamResponse
+	28, // 91: broker.v1.BrokerService.Infer:output_type -> broker.v1.InferResponse
+	30, // 92: broker.v1.BrokerService.ListDevices:output_type -> broker.v1.ListDevicesResponse
+	32, // 93: broker.v1.BrokerService.GetDevice:output_type -> broker.v1.GetDeviceResponse
+	34, // 94: broker.v1.BrokerService.GetReport:output_type -> broker.v1.GetReportResponse
+	36, // 95: broker.v1.BrokerService.GetBatchPlan:output_type -> broker.v1.GetBatchPlanResponse
+	39, // 96: broker.v1.BrokerService.ListModels:output_type -> broker.v1.ListModelsResponse
+	41, // 97: broker.v1.BrokerService.LoadModel:output_type -> broker.v1.LoadModelResponse
+	43, // 98: broker.v1.BrokerService.UnloadModel:output_type -> broker.v1.UnloadModelResponse
+	47, // 99: broker.v1.BrokerService.GetStats:output_type -> broker.v1.GetStatsResponse
+	49, // 100: broker.v1.BrokerService.CordonDevice:output_type -> broker.v1.CordonDeviceResponse
+	51, // 101: broker.v1.BrokerService.UncordonDevice:output_type -> broker.v1.UncordonDeviceResponse
+	53, // 102: broker.v1.BrokerService.Drain:output_type -> broker.v1.DrainResponse
+	64, // 103: broker.v1.BrokerService.Generate:output_type -> broker.v1.GenerateResponse
+	65, // 104: broker.v1.BrokerService.Chat:output_type -> broker.v1.ChatResponse
+	89, // [89:105] is the sub-list for method output_type
+	73, // [73:89] is the sub-list for method input_type
+	73, // [73:73] is the sub-list for extension type_name
+	73, // [73:73] is the sub-list for extension extendee
+	0,  // [0:73] is the sub-list for field type_name
 }
 
 func init() { file_broker_v1_broker_proto_init() }
@@ -5416,20 +5578,20 @@ func file_broker_v1_broker_proto_init() {
 		(*EncodeItem_Data)(nil),
 	}
 	file_broker_v1_broker_proto_msgTypes[12].OneofWrappers = []any{}
-	file_broker_v1_broker_proto_msgTypes[16].OneofWrappers = []any{}
-	file_broker_v1_broker_proto_msgTypes[24].OneofWrappers = []any{
+	file_broker_v1_broker_proto_msgTypes[18].OneofWrappers = []any{}
+	file_broker_v1_broker_proto_msgTypes[26].OneofWrappers = []any{
 		(*GetBatchPlanRequest_DeviceType)(nil),
 		(*GetBatchPlanRequest_DeviceId)(nil),
 	}
-	file_broker_v1_broker_proto_msgTypes[43].OneofWrappers = []any{}
-	file_broker_v1_broker_proto_msgTypes[44].OneofWrappers = []any{}
+	file_broker_v1_broker_proto_msgTypes[45].OneofWrappers = []any{}
+	file_broker_v1_broker_proto_msgTypes[46].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_broker_v1_broker_proto_rawDesc), len(file_broker_v1_broker_proto_rawDesc)),
 			NumEnums:      9,
-			NumMessages:   58,
+			NumMessages:   60,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

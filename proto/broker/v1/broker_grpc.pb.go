@@ -36,6 +36,7 @@ const _ = grpc.SupportPackageIsVersion9
 
 const (
 	BrokerService_Encode_FullMethodName         = "/broker.v1.BrokerService/Encode"
+	BrokerService_EncodeStream_FullMethodName   = "/broker.v1.BrokerService/EncodeStream"
 	BrokerService_Infer_FullMethodName          = "/broker.v1.BrokerService/Infer"
 	BrokerService_ListDevices_FullMethodName    = "/broker.v1.BrokerService/ListDevices"
 	BrokerService_GetDevice_FullMethodName      = "/broker.v1.BrokerService/GetDevice"
@@ -60,6 +61,12 @@ const (
 type BrokerServiceClient interface {
 	// Encode turns items (text or bytes) into vectors and/or compressed codes.
 	Encode(ctx context.Context, in *EncodeRequest, opts ...grpc.CallOption) (*EncodeResponse, error)
+	// EncodeStream is Encode for large requests: the same request and
+	// results, sent in order over several messages of at most about 1 MiB,
+	// so that no client has to raise its receive limit (gRPC clients refuse
+	// messages over 4 MiB by default; 4,096 records with vectors and codes
+	// take about 7 MB).
+	EncodeStream(ctx context.Context, in *EncodeStreamRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[EncodeStreamResponse], error)
 	// Infer runs typed tensors through a named model.
 	Infer(ctx context.Context, in *InferRequest, opts ...grpc.CallOption) (*InferResponse, error)
 	// ListDevices lists every detected device, runnable or not.
@@ -114,6 +121,25 @@ func (c *brokerServiceClient) Encode(ctx context.Context, in *EncodeRequest, opt
 	}
 	return out, nil
 }
+
+func (c *brokerServiceClient) EncodeStream(ctx context.Context, in *EncodeStreamRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[EncodeStreamResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &BrokerService_ServiceDesc.Streams[0], BrokerService_EncodeStream_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[EncodeStreamRequest, EncodeStreamResponse]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type BrokerService_EncodeStreamClient = grpc.ServerStreamingClient[EncodeStreamResponse]
 
 func (c *brokerServiceClient) Infer(ctx context.Context, in *InferRequest, opts ...grpc.CallOption) (*InferResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
@@ -237,7 +263,7 @@ func (c *brokerServiceClient) Drain(ctx context.Context, in *DrainRequest, opts 
 
 func (c *brokerServiceClient) Generate(ctx context.Context, in *GenerateRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[GenerateResponse], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	stream, err := c.cc.NewStream(ctx, &BrokerService_ServiceDesc.Streams[0], BrokerService_Generate_FullMethodName, cOpts...)
+	stream, err := c.cc.NewStream(ctx, &BrokerService_ServiceDesc.Streams[1], BrokerService_Generate_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -256,7 +282,7 @@ type BrokerService_GenerateClient = grpc.ServerStreamingClient[GenerateResponse]
 
 func (c *brokerServiceClient) Chat(ctx context.Context, in *ChatRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ChatResponse], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	stream, err := c.cc.NewStream(ctx, &BrokerService_ServiceDesc.Streams[1], BrokerService_Chat_FullMethodName, cOpts...)
+	stream, err := c.cc.NewStream(ctx, &BrokerService_ServiceDesc.Streams[2], BrokerService_Chat_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -281,6 +307,12 @@ type BrokerService_ChatClient = grpc.ServerStreamingClient[ChatResponse]
 type BrokerServiceServer interface {
 	// Encode turns items (text or bytes) into vectors and/or compressed codes.
 	Encode(context.Context, *EncodeRequest) (*EncodeResponse, error)
+	// EncodeStream is Encode for large requests: the same request and
+	// results, sent in order over several messages of at most about 1 MiB,
+	// so that no client has to raise its receive limit (gRPC clients refuse
+	// messages over 4 MiB by default; 4,096 records with vectors and codes
+	// take about 7 MB).
+	EncodeStream(*EncodeStreamRequest, grpc.ServerStreamingServer[EncodeStreamResponse]) error
 	// Infer runs typed tensors through a named model.
 	Infer(context.Context, *InferRequest) (*InferResponse, error)
 	// ListDevices lists every detected device, runnable or not.
@@ -328,6 +360,9 @@ type UnimplementedBrokerServiceServer struct{}
 
 func (UnimplementedBrokerServiceServer) Encode(context.Context, *EncodeRequest) (*EncodeResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method Encode not implemented")
+}
+func (UnimplementedBrokerServiceServer) EncodeStream(*EncodeStreamRequest, grpc.ServerStreamingServer[EncodeStreamResponse]) error {
+	return status.Errorf(codes.Unimplemented, "method EncodeStream not implemented")
 }
 func (UnimplementedBrokerServiceServer) Infer(context.Context, *InferRequest) (*InferResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method Infer not implemented")
@@ -409,6 +444,17 @@ func _BrokerService_Encode_Handler(srv interface{}, ctx context.Context, dec fun
 	}
 	return interceptor(ctx, in, info, handler)
 }
+
+func _BrokerService_EncodeStream_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(EncodeStreamRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(BrokerServiceServer).EncodeStream(m, &grpc.GenericServerStream[EncodeStreamRequest, EncodeStreamResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type BrokerService_EncodeStreamServer = grpc.ServerStreamingServer[EncodeStreamResponse]
 
 func _BrokerService_Infer_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(InferRequest)
@@ -709,6 +755,11 @@ var BrokerService_ServiceDesc = grpc.ServiceDesc{
 		},
 	},
 	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "EncodeStream",
+			Handler:       _BrokerService_EncodeStream_Handler,
+			ServerStreams: true,
+		},
 		{
 			StreamName:    "Generate",
 			Handler:       _BrokerService_Generate_Handler,
