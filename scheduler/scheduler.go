@@ -356,7 +356,9 @@ func (s *Scheduler) Cordon(deviceID string, on bool) {
 	} else {
 		delete(s.cordoned, deviceID)
 	}
-	s.log.Info("cordon", zap.String("device", deviceID), zap.Bool("on", on))
+	// The inventory logs the state change and the authorizer the admin
+	// call; one more line here would say it a third time.
+	s.log.Debug("cordon", zap.String("device", deviceID), zap.Bool("on", on))
 	for _, mq := range s.models {
 		s.dispatchLocked(mq)
 	}

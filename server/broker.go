@@ -147,7 +147,6 @@ func (s *BrokerService) CordonDevice(ctx context.Context, req *brokerv1.CordonDe
 	if s.sched != nil {
 		s.sched.Cordon(e.ID, true)
 	}
-	s.log.Info("device cordoned", zap.String("device", e.ID), zap.String("reason", reason))
 	return &brokerv1.CordonDeviceResponse{Device: s.device(&e)}, nil
 }
 
@@ -163,7 +162,6 @@ func (s *BrokerService) UncordonDevice(ctx context.Context, req *brokerv1.Uncord
 	if s.sched != nil {
 		s.sched.Cordon(e.ID, false)
 	}
-	s.log.Info("device uncordoned", zap.String("device", e.ID))
 	return &brokerv1.UncordonDeviceResponse{Device: s.device(&e)}, nil
 }
 

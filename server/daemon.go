@@ -79,11 +79,11 @@ func Run(ctx context.Context, opts Options, log *zap.Logger) error {
 	}
 	pol, err := policyFromConfig(cfg, getenv)
 	if err != nil {
-		return err
+		return config.Invalid(err)
 	}
 	adm, err := resolveAdmins(cfg, os.Geteuid(), osLookupUser, osLookupGroup)
 	if err != nil {
-		return err
+		return config.Invalid(err)
 	}
 	log.Info("admins", zap.String("uids", joinIDs(adm.uids)), zap.String("groups", joinIDs(adm.gids)),
 		zap.Stringers("identities", adm.identities))

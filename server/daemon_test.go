@@ -73,12 +73,18 @@ func startDaemon(t testing.TB, cfg config.Config) *daemon {
 // startDaemonWith is startDaemon with more Options (Config set).
 func startDaemonWith(t testing.TB, opts Options) *daemon {
 	t.Helper()
+	return startDaemonLog(t, opts, zap.NewNop())
+}
+
+// startDaemonLog is startDaemonWith logging to log.
+func startDaemonLog(t testing.TB, opts Options, log *zap.Logger) *daemon {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	d := &daemon{done: make(chan error, 1), stop: cancel}
 	ready := make(chan Addresses, 1)
 	opts.Version, opts.Getenv, opts.Ready = "test", hermeticEnv, func(a Addresses) { ready <- a }
 	go func() {
-		d.done <- Run(ctx, opts, zap.NewNop())
+		d.done <- Run(ctx, opts, log)
 	}()
 	select {
 	case d.addrs = <-ready:
@@ -432,5 +438,41 @@ func TestPprofOnAPublicAddressWarns(t *testing.T) {
 				t.Errorf("warned %v, want %v", warned, tc.warn)
 			}
 		})
+	}
+}
+
+// TestCordonLoggedOnce: an admin cordon is one state-change line (the
+// inventory's) and one audit line (who did it), not the same news three times.
+func TestCordonLoggedOnce(t *testing.T) {
+	core, logs := observer.New(zap.InfoLevel)
+	d := startDaemonLog(t, Options{Config: testConfig(t)}, zap.New(core))
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	c := brokerv1.NewBrokerServiceClient(d.conn)
+	if _, err := c.CordonDevice(ctx, &brokerv1.CordonDeviceRequest{Id: "cpu:0", Reason: "maintenance"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.UncordonDevice(ctx, &brokerv1.UncordonDeviceRequest{Id: "cpu:0"}); err != nil {
+		t.Fatal(err)
+	}
+	count := func(snippet string) (n int) {
+		for _, e := range logs.All() {
+			if strings.Contains(e.Message, snippet) {
+				n++
+			}
+		}
+		return n
+	}
+	if n := count("cordon"); n != 2 {
+		t.Errorf("%d log lines mention cordon, want 2 (cordoned, uncordoned): %v", n, logs.FilterMessageSnippet("cordon").All())
+	}
+	audits := 0
+	for _, e := range logs.FilterMessage("admin call").All() {
+		if m := e.ContextMap()["method"]; m == "/broker.v1.BrokerService/CordonDevice" || m == "/broker.v1.BrokerService/UncordonDevice" {
+			audits++
+		}
+	}
+	if audits != 2 {
+		t.Errorf("%d audit lines for the cordon and uncordon, want 2", audits)
 	}
 }

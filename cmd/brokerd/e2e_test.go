@@ -183,16 +183,36 @@ func TestBrokerdRefusesBadSettings(t *testing.T) {
 		{"tcp without tls", []string{"--listen", "127.0.0.1:0"}, nil, "TCP without TLS is refused"},
 		{"insecure tcp off loopback", []string{"--listen", "0.0.0.0:0", "--insecure-tcp"}, nil, "only on a loopback"},
 		{"bad pjrt plugin spec", []string{"--pjrt-plugin", "tpu"}, nil, "pjrt-plugin"},
+		{"bad costs", []string{"--costs", "gpu=cheap"}, nil, "costs"},
+		{"unknown admin group", []string{"--admin-groups", "no-such-group-here"}, nil, "no-such-group-here"},
+		{"settings file typo", []string{"--config", "TYPO_YAML"}, nil, `unknown setting "prefur"`},
+	}
+	typo := filepath.Join(t.TempDir(), "brokerd.yaml")
+	if err := os.WriteFile(typo, []byte("prefur: gpu\n"), 0o600); err != nil {
+		t.Fatal(err)
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			dir := t.TempDir()
 			args := append([]string{"--socket", filepath.Join(dir, "s.sock"), "--state-dir", dir, "--metrics-listen", ""}, tt.args...)
+			for i := range args {
+				if args[i] == "TYPO_YAML" {
+					args[i] = typo
+				}
+			}
 			cmd := exec.Command(filepath.Join(binDir, "brokerd"), args...)
 			cmd.Env = hostEnv(tt.env...)
 			out, err := cmd.CombinedOutput()
 			if err == nil {
 				t.Fatalf("brokerd started with a bad setting:\n%s", out)
+			}
+			// Every bad setting is the same class of mistake: exit 2 and
+			// one line, whether Load or the daemon's start found it.
+			if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 2 {
+				t.Errorf("exit %v, want status 2", err)
+			}
+			if lines := strings.Count(strings.TrimSpace(string(out)), "\n") + 1; lines != 1 {
+				t.Errorf("%d lines of output, want one:\n%s", lines, out)
 			}
 			if !strings.Contains(string(out), tt.want) {
 				t.Errorf("output lacks %q:\n%s", tt.want, out)

@@ -43,9 +43,15 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	if err := server.Run(ctx, server.Options{Config: cfg, Version: version, LogLevel: level}, log); err != nil {
+		// One line per error: a bad setting as Load's are (exit 2), a
+		// failure while running in the log's format (exit 1).
+		var invalid *config.InvalidError
+		if errors.As(err, &invalid) {
+			fmt.Fprintf(os.Stderr, "brokerd: %v\n", err)
+			os.Exit(2)
+		}
 		log.Error("brokerd failed", zap.Error(err))
 		log.Sync() //nolint:errcheck
-		fmt.Fprintf(os.Stderr, "brokerd: %v\n", err)
 		os.Exit(1)
 	}
 }

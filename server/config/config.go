@@ -4,6 +4,7 @@
 package config
 
 import (
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -18,6 +19,7 @@ import (
 
 	"sigs.k8s.io/yaml"
 
+	"github.com/brokerd/brokerd/detect"
 	"github.com/brokerd/brokerd/server/endpoint"
 )
 
@@ -275,6 +277,23 @@ func bind(fs *flag.FlagSet, c *Config, configPath *string) {
 // ErrHelp is returned when -h or --help was given; usage has been printed.
 var ErrHelp = flag.ErrHelp
 
+// InvalidError marks an error as a bad setting found after Load (one that
+// needs the machine to judge, like an admin group that does not exist), so
+// brokerd exits with the same code and one line as for the settings Load
+// refuses.
+type InvalidError struct{ Err error }
+
+func (e *InvalidError) Error() string { return e.Err.Error() }
+func (e *InvalidError) Unwrap() error { return e.Err }
+
+// Invalid wraps err as an InvalidError (nil stays nil).
+func Invalid(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &InvalidError{Err: err}
+}
+
 // ErrVersion is returned when --version was given: the caller prints its
 // version and exits.
 var ErrVersion = errors.New("version requested")
@@ -353,7 +372,7 @@ func Load(args []string, getenv func(string) string, euid int, usage io.Writer) 
 			return Config{}, fmt.Errorf("config file: %w", err)
 		}
 		if err := yaml.UnmarshalStrict(b, &cfg); err != nil {
-			return Config{}, fmt.Errorf("config file %s: %w", configPath, err)
+			return Config{}, fmt.Errorf("config file %s: %w", configPath, yamlError(err))
 		}
 	}
 
@@ -496,6 +515,11 @@ func (c Config) Validate() error {
 	if c.MaxBatchTokens < 1 {
 		bad("max-batch-tokens %d is invalid: at least 1", c.MaxBatchTokens)
 	}
+	if c.Costs != "" {
+		if _, err := detect.ParseCostOverrides(c.Costs); err != nil {
+			bad("costs (BROKERD_COSTS): %v", err)
+		}
+	}
 	if _, err := ComputeDTypes(c.ComputeDType); err != nil {
 		bad("compute-dtype (BROKERD_COMPUTE_DTYPE): %v", err)
 	}
@@ -512,6 +536,56 @@ func (c Config) Validate() error {
 	}
 	errs = append(errs, c.validateAdmins()...)
 	return errors.Join(errs...)
+}
+
+// yamlError says what is wrong with a settings file in its own terms (the
+// setting's name, what it wants, the line) instead of the YAML library's,
+// which reports everything as "error unmarshaling JSON".
+func yamlError(err error) error {
+	var typeErr *json.UnmarshalTypeError
+	if errors.As(err, &typeErr) && typeErr.Field != "" {
+		return fmt.Errorf("setting %s: want %s, got %s", typeErr.Field, kindName(typeErr.Type.Kind().String()), article(typeErr.Value))
+	}
+	var synErr *json.SyntaxError
+	if errors.As(err, &synErr) {
+		return fmt.Errorf("not valid YAML: %v", synErr)
+	}
+	msg := err.Error()
+	if _, name, ok := strings.Cut(msg, `unknown field "`); ok {
+		name = strings.TrimSuffix(name, `"`)
+		return fmt.Errorf("unknown setting %q (brokerd -h lists the settings; a file uses the flag names as keys)", name)
+	}
+	for _, prefix := range []string{"error converting YAML to JSON: ", "error unmarshaling JSON: ", "while decoding JSON: ", "yaml: ", "json: "} {
+		msg = strings.TrimPrefix(msg, prefix)
+	}
+	return errors.New(msg)
+}
+
+// kindName describes a Go kind the way a settings file would see it.
+func kindName(kind string) string {
+	switch {
+	case strings.HasPrefix(kind, "int"), strings.HasPrefix(kind, "uint"):
+		return "an integer"
+	case strings.HasPrefix(kind, "float"):
+		return "a number"
+	case kind == "bool":
+		return "true or false"
+	case kind == "string":
+		return "a string"
+	case kind == "slice":
+		return "a list"
+	}
+	return "a " + kind
+}
+
+func article(jsonType string) string {
+	if jsonType == "" {
+		return "something else"
+	}
+	if strings.ContainsRune("aeiou", rune(jsonType[0])) {
+		return "an " + jsonType
+	}
+	return "a " + jsonType
 }
 
 // checkTCP enforces: TCP without TLS only with --insecure-tcp, and then only

@@ -190,3 +190,43 @@ func TestComputeDTypes(t *testing.T) {
 		})
 	}
 }
+
+// TestSettingsFileErrors: a mistake in the settings file is one line in the
+// file's own terms, never the YAML library's "error unmarshaling JSON".
+func TestSettingsFileErrors(t *testing.T) {
+	tests := []struct {
+		name, yaml string
+		want       []string
+	}{
+		{"typo in a key", "max-batchh: 4\n", []string{`unknown setting "max-batchh"`, "brokerd -h"}},
+		{"string for an integer", "max-batch: lots\n", []string{"setting max-batch: want an integer, got a string"}},
+		{"list for a string", "prefer: [gpu]\n", []string{"setting prefer: want a string, got an array"}},
+		{"string for a bool", "allow-tpu: [1]\n", []string{"setting allow-tpu: want true or false, got an array"}},
+		{"bad duration", "max-queue-delay: soon\n", []string{`invalid duration "soon"`}},
+		{"broken YAML", "prefer: gpu\n  socket: x\n", []string{"line 2"}},
+		{"bad costs", "costs: gpu=cheap\n", []string{"costs (BROKERD_COSTS)", "cheap"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "brokerd.yaml")
+			if err := os.WriteFile(path, []byte(tt.yaml), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			_, err := Load([]string{"--config", path}, env(nil), 1000, io.Discard)
+			if err == nil {
+				t.Fatal("Load succeeded, want an error")
+			}
+			msg := err.Error()
+			for _, w := range tt.want {
+				if !strings.Contains(msg, w) {
+					t.Errorf("error %q does not mention %q", msg, w)
+				}
+			}
+			for _, bad := range []string{"JSON", "unmarshal", "Go struct", "\n"} {
+				if strings.Contains(msg, bad) {
+					t.Errorf("error %q says %q", msg, bad)
+				}
+			}
+		})
+	}
+}
