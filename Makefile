@@ -30,7 +30,7 @@ UNITDIR    ?= /etc/systemd/system
 IMAGE      ?= brokerd:$(VERSION)
 DOCKER     ?= docker
 
-.PHONY: all build run test test-short fuzz bench lint proto proto-check deps clean install uninstall image
+.PHONY: all build run models test test-short fuzz bench lint proto proto-check deps clean install uninstall image
 
 all: build
 
@@ -52,6 +52,10 @@ build: deps
 ## run: start brokerd in the foreground on this host (CPU), ready for bin/brokerctl
 run: build
 	$(BIN)/brokerd $(RUN_FLAGS)
+
+## models: write the first models to try (random weights) into make run's model repository
+models:
+	$(GO) run ./bench/mkmodels -repo $(CURDIR)/.cache/state/models
 
 ## test: lint, check the generated code, run every test with the race detector, and each fuzz target briefly
 test: deps lint proto-check

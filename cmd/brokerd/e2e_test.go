@@ -27,7 +27,8 @@ func TestMain(m *testing.M) {
 		panic(err)
 	}
 	binDir = dir
-	build := exec.Command("go", "build", "-o", dir+"/", "github.com/brokerd/brokerd/cmd/brokerd", "github.com/brokerd/brokerd/cmd/brokerctl")
+	build := exec.Command("go", "build", "-o", dir+"/", "github.com/brokerd/brokerd/cmd/brokerd", "github.com/brokerd/brokerd/cmd/brokerctl",
+		"github.com/brokerd/brokerd/bench/mkmodels")
 	build.Stderr = os.Stderr
 	if err := build.Run(); err != nil {
 		os.RemoveAll(dir)

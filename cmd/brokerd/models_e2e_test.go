@@ -6,6 +6,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -141,6 +142,60 @@ func TestBrokerctlModelCommands(t *testing.T) {
 					if g := got.Outputs[0].Data[i][j]; math.Abs(g-want) > 1e-5 {
 						t.Errorf("row %d col %d: %g, want %g", i, j, g, want)
 					}
+				}
+			}
+		}
+	}
+}
+
+// TestFirstModels follows the README's "Your first models": mkmodels (what
+// make models runs) writes the four models, and every command it prints
+// next works, as printed, from the repository root with the examples/ files.
+func TestFirstModels(t *testing.T) {
+	root, err := filepath.Abs("../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	repo := t.TempDir()
+	mk := exec.Command(filepath.Join(binDir, "mkmodels"), "-repo", repo)
+	mk.Dir = root
+	out, err := mk.CombinedOutput()
+	if err != nil {
+		t.Fatalf("mkmodels: %v\n%s", err, out)
+	}
+	var commands []string
+	for _, line := range strings.Split(string(out), "\n") {
+		if l := strings.TrimSpace(line); strings.HasPrefix(l, "bin/brokerctl ") {
+			commands = append(commands, l)
+		}
+	}
+	if len(commands) < 5 {
+		t.Fatalf("mkmodels printed %d commands to try:\n%s", len(commands), out)
+	}
+	b := startBrokerd(t, "--model-repo", repo)
+	wants := map[string][]string{
+		"models":    {"bert-mini", "sentiment", "mlp", "qwen-tiny", "available"},
+		"bert-mini": {"128d", "sha256:", "batch 5"},
+		"sentiment": {"logits FP32 [3 2]"},
+		"mlp ":      {"output FP32 [2 3]"},
+		"qwen-tiny": {"24 tokens"},
+	}
+	for _, c := range commands {
+		sh := exec.Command("sh", "-c", strings.ReplaceAll(c, "bin/brokerctl", filepath.Join(binDir, "brokerctl")))
+		sh.Dir = root
+		sh.Env = hostEnv("BROKERD_SOCKET=" + b.socket)
+		got, err := sh.CombinedOutput()
+		if err != nil {
+			t.Errorf("%s: %v\n%s", c, err, got)
+			continue
+		}
+		for key, want := range wants {
+			if !strings.Contains(c, key) {
+				continue
+			}
+			for _, w := range want {
+				if !strings.Contains(string(got), w) {
+					t.Errorf("%s: output lacks %q:\n%s", c, w, got)
 				}
 			}
 		}
