@@ -57,7 +57,7 @@ func write(repo, tokDir string) error {
 	}
 	fmt.Println("wrote", dir("mlp"), "(MLP: 4 inputs, 16 hidden, 3 outputs)")
 	params, err := modelkit.WriteLLM(dir("qwen-tiny"), modelkit.LLM{Arch: "qwen3", Layers: 2, Hidden: 64, Heads: 4, KVHeads: 2, HeadDim: 16,
-		Intermediate: 128, MaxPositions: 4096, Tied: true, DType: "bf16", Seed: 4, TokenizerDir: tokDir})
+		Intermediate: 128, MaxPositions: 4096, DType: "bf16", Seed: 4, TokenizerDir: tokDir})
 	if err != nil {
 		return fmt.Errorf("qwen-tiny: %w", err)
 	}

@@ -18,14 +18,12 @@ import (
 	"sync"
 	"time"
 
-	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
+	"github.com/brokerd/brokerd/client"
 	brokerv1 "github.com/brokerd/brokerd/proto/broker/v1"
-	"github.com/brokerd/brokerd/server/endpoint"
 )
 
 // Defaults of bench, after Triton's perf_analyzer.
@@ -377,12 +375,12 @@ func benchConns(ctx context.Context, inv *invocation, k int) ([]*grpc.ClientConn
 		}
 	}
 	for len(conns) < k {
-		c, err := endpoint.Dial(ctx, inv.socket, inv.addr)
+		c, err := inv.connect(ctx)
 		if err != nil {
 			closeExtra()
-			return nil, nil, fmt.Errorf("connect to brokerd: %w", err)
+			return nil, nil, err
 		}
-		conns = append(conns, c)
+		conns = append(conns, c.Conn())
 	}
 	return conns, closeExtra, nil
 }
@@ -450,7 +448,7 @@ func runPhase(ctx context.Context, cfg benchConfig, n int, level uint64, call ca
 				t1 := time.Now()
 				cancel()
 				if err != nil {
-					backoff = nextBackoff(err, backoff)
+					backoff = client.RetryDelay(err, backoff)
 				}
 				if ctx.Err() != nil {
 					rec.sawInterrupted = true
@@ -828,29 +826,6 @@ func bytesData(texts []string) []byte {
 		out = append(out, t...)
 	}
 	return out
-}
-
-// Backoff of a bench client after a failed call, as a well-behaved client
-// does: the server's RetryInfo delay when it sends one, else doubling from
-// minBackoff up to maxBackoff while the server is unavailable or
-// overloaded; other failures are retried at once.
-const (
-	minBackoff = 5 * time.Millisecond
-	maxBackoff = time.Second
-)
-
-func nextBackoff(err error, prev time.Duration) time.Duration {
-	st := status.Convert(err)
-	for _, d := range st.Details() {
-		if ri, ok := d.(*errdetails.RetryInfo); ok && ri.GetRetryDelay() != nil {
-			return min(max(ri.GetRetryDelay().AsDuration(), 0), maxBackoff)
-		}
-	}
-	switch st.Code() {
-	case codes.Unavailable, codes.ResourceExhausted:
-		return min(max(2*prev, minBackoff), maxBackoff)
-	}
-	return 0
 }
 
 // sleepUntil waits until t or ctx ends.

@@ -11,11 +11,6 @@ import (
 	"time"
 	"unicode"
 
-	"google.golang.org/genproto/googleapis/rpc/errdetails"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/types/known/durationpb"
-
 	"github.com/brokerd/brokerd/server/endpoint"
 )
 
@@ -581,26 +576,5 @@ func TestBenchFailureRate(t *testing.T) {
 	ts.broker.failEvery = 0
 	if r := ts.run(t, nil, "bench", "--duration", "100ms", "--warmup", "0", "--concurrency", "1"); r.code != ExitOK {
 		t.Errorf("a clean run: %v", r)
-	}
-}
-
-func TestNextBackoff(t *testing.T) {
-	st, _ := status.New(codes.ResourceExhausted, "queue full").WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(40 * time.Millisecond)})
-	tests := []struct {
-		name string
-		err  error
-		prev time.Duration
-		want time.Duration
-	}{
-		{"retry info wins", st.Err(), 0, 40 * time.Millisecond},
-		{"unavailable starts small", status.Error(codes.Unavailable, "x"), 0, minBackoff},
-		{"and doubles", status.Error(codes.Unavailable, "x"), 80 * time.Millisecond, 160 * time.Millisecond},
-		{"up to a bound", status.Error(codes.Unavailable, "x"), 900 * time.Millisecond, maxBackoff},
-		{"other failures retry at once", status.Error(codes.InvalidArgument, "x"), 80 * time.Millisecond, 0},
-	}
-	for _, tc := range tests {
-		if got := nextBackoff(tc.err, tc.prev); got != tc.want {
-			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
-		}
 	}
 }

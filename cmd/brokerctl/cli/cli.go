@@ -23,6 +23,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/brokerd/brokerd/client"
 	brokerv1 "github.com/brokerd/brokerd/proto/broker/v1"
 	"github.com/brokerd/brokerd/server/endpoint"
 )
@@ -328,19 +329,41 @@ type invocation struct {
 	socket, addr  string
 	timeout       time.Duration
 	defaultSocket string
-	conn          *grpc.ClientConn
+	client        *client.Client
 }
 
-func (inv *invocation) dial(ctx context.Context) (*grpc.ClientConn, error) {
-	if inv.conn != nil {
-		return inv.conn, nil
+// connect returns a new client of the invocation's brokerd (the Go client
+// library: brokerctl and it cannot drift apart).
+func (inv *invocation) connect(ctx context.Context) (*client.Client, error) {
+	opt := client.WithSocket(inv.socket)
+	if inv.addr != "" {
+		opt = client.WithAddress(inv.addr)
 	}
-	conn, err := endpoint.Dial(ctx, inv.socket, inv.addr)
+	c, err := client.Dial(ctx, opt)
 	if err != nil {
 		return nil, fmt.Errorf("connect to brokerd: %w", err)
 	}
-	inv.conn = conn
-	return conn, nil
+	return c, nil
+}
+
+// lib is the invocation's client, connected on first use.
+func (inv *invocation) lib(ctx context.Context) (*client.Client, error) {
+	if inv.client == nil {
+		c, err := inv.connect(ctx)
+		if err != nil {
+			return nil, err
+		}
+		inv.client = c
+	}
+	return inv.client, nil
+}
+
+func (inv *invocation) dial(ctx context.Context) (*grpc.ClientConn, error) {
+	c, err := inv.lib(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return c.Conn(), nil
 }
 
 func (inv *invocation) broker(ctx context.Context) (brokerv1.BrokerServiceClient, error) {
@@ -352,8 +375,8 @@ func (inv *invocation) broker(ctx context.Context) (brokerv1.BrokerServiceClient
 }
 
 func (inv *invocation) close() {
-	if inv.conn != nil {
-		_ = inv.conn.Close()
+	if inv.client != nil {
+		_ = inv.client.Close()
 	}
 }
 
@@ -363,7 +386,7 @@ func (inv *invocation) unreachable(c codes.Code) bool {
 	if c != codes.Unavailable && c != codes.DeadlineExceeded {
 		return false
 	}
-	return inv.conn != nil && inv.conn.GetState() != connectivity.Ready
+	return inv.client != nil && inv.client.Conn().GetState() != connectivity.Ready
 }
 
 func (inv *invocation) endpointName() string {

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/brokerd/brokerd/client"
 	brokerv1 "github.com/brokerd/brokerd/proto/broker/v1"
 )
 
@@ -195,7 +196,7 @@ func encodeCmd(fs *flag.FlagSet) action {
 			return err
 		}
 		defer done()
-		c, err := inv.broker(ctx)
+		c, err := inv.lib(ctx)
 		if err != nil {
 			return err
 		}
@@ -237,7 +238,7 @@ func encodeCmd(fs *flag.FlagSet) action {
 // response as it arrives.
 type encoder struct {
 	inv      *invocation
-	client   brokerv1.BrokerServiceClient
+	client   *client.Client
 	tmpl     *brokerv1.EncodeRequest
 	asJSON   bool
 	requests int
@@ -247,7 +248,7 @@ func (e *encoder) send(ctx context.Context, items []*brokerv1.EncodeItem, first 
 	req := proto.CloneOf(e.tmpl)
 	req.Items = items
 	e.requests++
-	resp, err := encodeStreamed(ctx, e.client, req)
+	resp, err := e.client.Encode(ctx, req)
 	if err != nil {
 		// The server names indexes within this request; after the first
 		// request those differ from input indexes, so say which items.
@@ -272,33 +273,6 @@ func (e *encoder) send(ctx context.Context, items []*brokerv1.EncodeItem, first 
 		return err
 	}
 	return e.inv.write(b.Bytes())
-}
-
-// encodeStreamed sends req through EncodeStream and puts its parts back
-// together: answers of thousands of records exceed gRPC's default 4 MiB
-// message limit, which no part does.
-func encodeStreamed(ctx context.Context, c brokerv1.BrokerServiceClient, req *brokerv1.EncodeRequest) (*brokerv1.EncodeResponse, error) {
-	st, err := c.EncodeStream(ctx, &brokerv1.EncodeStreamRequest{Request: req})
-	if err != nil {
-		return nil, err
-	}
-	resp := &brokerv1.EncodeResponse{}
-	for {
-		p, err := st.Recv()
-		if errors.Is(err, io.EOF) {
-			return resp, nil
-		}
-		if err != nil {
-			return nil, err
-		}
-		if int(p.GetOffset()) != len(resp.Results) || int(p.GetTotal()) > len(req.GetItems()) {
-			return nil, fmt.Errorf("the server sent a part at offset %d of %d results after %d", p.GetOffset(), p.GetTotal(), len(resp.Results))
-		}
-		resp.Results = append(resp.Results, p.GetResults()...)
-		if p.GetExecution() != nil {
-			resp.Model, resp.ModelVersion, resp.Execution = p.GetModel(), p.GetModelVersion(), p.GetExecution()
-		}
-	}
 }
 
 // checkResults holds the server to the contract: one result per item, in

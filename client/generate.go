@@ -1,0 +1,86 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"io"
+	"iter"
+	"strings"
+
+	"google.golang.org/grpc"
+
+	brokerv1 "github.com/brokerd/brokerd/proto/broker/v1"
+)
+
+// Generate streams the answers to req's prompts: each value holds the
+// deltas (text as it is sampled, tagged by prompt index) and, at the end of
+// each prompt, its result with usage and timings. Stopping the loop early
+// cancels the call and brokerd frees the sequences.
+func (c *Client) Generate(ctx context.Context, req *brokerv1.GenerateRequest) iter.Seq2[*brokerv1.GenerateResponse, error] {
+	return stream(ctx, func(ctx context.Context) (grpc.ServerStreamingClient[brokerv1.GenerateResponse], error) {
+		return c.broker.Generate(ctx, req)
+	})
+}
+
+// Chat is Generate for conversations rendered by the model's chat template.
+func (c *Client) Chat(ctx context.Context, req *brokerv1.ChatRequest) iter.Seq2[*brokerv1.ChatResponse, error] {
+	return stream(ctx, func(ctx context.Context) (grpc.ServerStreamingClient[brokerv1.ChatResponse], error) {
+		return c.broker.Chat(ctx, req)
+	})
+}
+
+func stream[T any](ctx context.Context, open func(context.Context) (grpc.ServerStreamingClient[T], error)) iter.Seq2[*T, error] {
+	return func(yield func(*T, error) bool) {
+		ctx, cancel := context.WithCancel(ctx)
+		defer cancel() // an early break ends the call on the server too
+		st, err := open(ctx)
+		if err != nil {
+			yield(nil, wrap(err))
+			return
+		}
+		for {
+			m, err := st.Recv()
+			if errors.Is(err, io.EOF) {
+				return
+			}
+			if err != nil {
+				yield(nil, wrap(err))
+				return
+			}
+			if !yield(m, nil) {
+				return
+			}
+		}
+	}
+}
+
+// delta is what GenerateResponse and ChatResponse share.
+type delta interface {
+	GetDeltas() []*brokerv1.GenerationDelta
+}
+
+// Text collects a Generate or Chat stream into the whole text of each
+// prompt, by index.
+func Text[T delta](seq iter.Seq2[T, error]) ([]string, error) {
+	var texts []*strings.Builder
+	for m, err := range seq {
+		if err != nil {
+			return nil, err
+		}
+		for _, d := range m.GetDeltas() {
+			i := int(d.GetIndex())
+			if i < 0 || i > 1<<16 {
+				return nil, errors.New("client: brokerd sent a delta with a bad index")
+			}
+			for len(texts) <= i {
+				texts = append(texts, &strings.Builder{})
+			}
+			texts[i].WriteString(d.GetText())
+		}
+	}
+	out := make([]string, len(texts))
+	for i := range texts {
+		out[i] = texts[i].String()
+	}
+	return out, nil
+}
