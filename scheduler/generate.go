@@ -552,6 +552,9 @@ func (s *Scheduler) genLoop(r *genReplica) {
 				return
 			}
 			// Idle: wait for a kick, or for the end of an unhealthy rest.
+			// The plan may have just freed cancelled sequences: say so now,
+			// not at the next step, which may be a long time coming.
+			r.m.running.Set(float64(len(r.running)))
 			var probe <-chan time.Time
 			if !r.healthy && len(r.gq.waiting) > 0 && now.Before(r.probeAt) {
 				if probeTimer == nil {

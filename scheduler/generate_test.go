@@ -10,6 +10,9 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 // fakeGen is a hand-written GenExecutor: a KV cache of fixed-size blocks,
@@ -564,4 +567,45 @@ func TestGenerateKinds(t *testing.T) {
 	if _, err := s.Generate(context.Background(), GenRequest{Model: "nope", Prompt: []int32{1}, MaxNewTokens: 1}); !errors.Is(err, ErrUnknownModel) {
 		t.Errorf("unknown model: %v", err)
 	}
+}
+
+// TestGenerateCancelWhenAloneFreesAtOnce: a caller that goes while its
+// sequence is the only one running frees the sequence's blocks and leaves the
+// running gauge at once, though no step follows to notice it.
+func TestGenerateCancelWhenAloneFreesAtOnce(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	s := newTestScheduler(t, Options{Registerer: reg})
+	f := newFakeGen(4, 64)
+	gate := make(chan struct{})
+	f.hold = gate
+	if err := s.AddGenReplica("llm", Device{ID: "cpu:0", Type: "cpu"}, GenOptions{MaxRunning: 4, MaxStepTokens: 64}, f); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	st, err := s.Generate(ctx, GenRequest{Model: "llm", Prompt: prompt(1, 9), MaxNewTokens: 1000, State: &genState{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	feed := make(chan struct{})
+	defer close(feed)
+	go func() {
+		for {
+			select {
+			case gate <- struct{}{}:
+				time.Sleep(time.Millisecond)
+			case <-feed:
+				return
+			}
+		}
+	}()
+	if ev, err := st.Recv(); err != nil || !ev.HasToken {
+		t.Fatalf("first event %+v, %v", ev, err)
+	}
+	running := func() float64 {
+		return testutil.ToFloat64(s.metrics.gen.running.WithLabelValues("llm", "cpu:0"))
+	}
+	waitFor(t, "the sequence counted as running", func() bool { return running() == 1 })
+	cancel()
+	waitFor(t, "blocks freed", func() bool { return f.blocksUsed() == 0 })
+	waitFor(t, "the running gauge back to 0", func() bool { return running() == 0 })
 }
