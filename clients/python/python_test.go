@@ -1,0 +1,83 @@
+// Package python_test runs the Python client's tests (clients/python/tests)
+// with Debian's python3-grpcio, python3-protobuf, python3-numpy and
+// python3-zstandard against a real brokerd started here on a Unix socket,
+// with a model repository holding an MLP and a small chat model.
+package python_test
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/brokerd/brokerd/bench/modelkit"
+	"github.com/brokerd/brokerd/server"
+	"github.com/brokerd/brokerd/server/config"
+)
+
+// python is Debian's interpreter, whose packages the client targets (a
+// python3 earlier in PATH, such as a pyenv shim, lacks them).
+func python() string {
+	if _, err := os.Stat("/usr/bin/python3"); err == nil {
+		return "/usr/bin/python3"
+	}
+	return "python3"
+}
+
+func TestPythonClient(t *testing.T) {
+	dir := t.TempDir()
+	cfg := config.Defaults(os.Geteuid(), func(string) string { return "" })
+	cfg.Socket = filepath.Join(dir, "brokerd.sock")
+	cfg.StateDir = filepath.Join(dir, "state")
+	cfg.MetricsListen = "127.0.0.1:0"
+	cfg.Sysfs = filepath.Join(dir, "sys") // no accelerators: the CPU only
+	cfg.Devfs = filepath.Join(dir, "dev")
+	cfg.NVMLLibrary = filepath.Join(dir, "no-libnvidia-ml.so.1")
+	cfg.ModelRepo = filepath.Join(dir, "models")
+	cfg.ShutdownGrace = config.Duration(5 * time.Second)
+	if _, err := modelkit.WriteMLP(filepath.Join(cfg.ModelRepo, "mlp", "1"), modelkit.MLP{In: 4, Hidden: 8, Out: 3, Seed: 5}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := modelkit.WriteLLM(filepath.Join(cfg.ModelRepo, "chat", "1"), modelkit.LLM{Arch: "qwen3", Layers: 1, Hidden: 32, Heads: 2,
+		KVHeads: 1, HeadDim: 16, Intermediate: 64, DType: "f32", TokenizerDir: "../../runtime/models/tokenizer/bpe/testdata/qwen3"}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	ready := make(chan server.Addresses, 1)
+	var addrs server.Addresses
+	go func() {
+		done <- server.Run(ctx, server.Options{Config: cfg, Version: "test", Getenv: func(string) string { return "" },
+			Ready: func(a server.Addresses) { ready <- a }}, zap.NewNop())
+	}()
+	select {
+	case addrs = <-ready:
+	case err := <-done:
+		cancel()
+		t.Fatalf("brokerd exited: %v", err)
+	case <-time.After(30 * time.Second):
+		cancel()
+		t.Fatal("brokerd not ready after 30s")
+	}
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("brokerd: %v", err)
+		}
+	}()
+
+	tctx, tcancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer tcancel()
+	cmd := exec.CommandContext(tctx, python(), "-m", "unittest", "discover", "-s", "tests", "-t", ".", "-v")
+	cmd.Env = append(os.Environ(), "PYTHONPATH=.", "PYTHONDONTWRITEBYTECODE=1",
+		"BROKERD_SOCKET="+cfg.Socket, "BROKERD_ADDR=", "BROKERD_TEST_REPO="+cfg.ModelRepo, "BROKERD_TEST_METRICS=http://"+addrs.Metrics+"/metrics")
+	out, err := cmd.CombinedOutput()
+	t.Logf("python3 -m unittest:\n%s", out)
+	if err != nil {
+		t.Fatalf("the Python client's tests failed: %v", err)
+	}
+}

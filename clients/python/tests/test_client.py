@@ -1,0 +1,138 @@
+"""The blocking client against a real brokerd (started by python_test.go)."""
+
+import time
+import unittest
+
+import grpc
+import numpy as np
+
+import brokerd
+from brokerd import errors
+from tests.helpers import mlp_reference, running_sequences
+
+
+class TestClient(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.c = brokerd.Client(timeout=60)  # BROKERD_SOCKET from the harness
+        cls.c.load("mlp")
+        cls.c.load("chat")
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.c.close()
+
+    def test_health_and_inventory(self):
+        self.assertTrue(self.c.healthy())
+        self.assertEqual(self.c.devices()[0].id, "cpu:0")
+        names = {m.name for m in self.c.models()}
+        self.assertTrue({"nbmf-hash-v1", "mlp", "chat"} <= names, names)
+
+    def test_encode_decode_verify(self):
+        items = ["the council meets at dawn", "ünïcödé ✓", b"\x00\xffraw bytes"]
+        res = self.c.encode(items)
+        self.assertEqual([r.id for r in res], ["0", "1", "2"])
+        for item, r in zip(items, res):
+            self.assertEqual(r.vector.dtype, np.float32)
+            self.assertEqual(r.vector.shape, (384,))
+            self.assertAlmostEqual(float(np.linalg.norm(r.vector)), 1.0, places=4)
+            want = item.encode() if isinstance(item, str) else item
+            self.assertEqual(r.decode(), want)
+            brokerd.verify(want, r.signature)
+            self.assertEqual(r.device_id, "cpu:0")
+        self.assertEqual(res[0].text(), items[0])
+        # The same text gives the same vector, whatever shares the batch.
+        again = self.c.encode(["something else", items[0]], fidelity="semantic")
+        np.testing.assert_array_equal(again[1].vector, res[0].vector)
+        self.assertEqual(again[1].code, b"")
+        # A code under another record's signature is caught.
+        res[0].signature = res[1].signature
+        with self.assertRaises(brokerd.SignatureError):
+            res[0].decode()
+
+    def test_encode_full_and_ids(self):
+        full = self.c.encode_full(["a", "b"], ids=["x", "y"], fidelity="lossless")
+        self.assertEqual([r.id for r in full.results], ["x", "y"])
+        self.assertIsNone(full.results[0].vector)
+        self.assertEqual(full.model, "nbmf-hash-v1")
+        self.assertEqual(full.execution.device_id, "cpu:0")
+
+    def test_large_answer(self):
+        # 3,000 records with vectors and codes are about 5 MB: one Encode
+        # answer would exceed the 4 MiB gRPC clients receive by default.
+        texts = [f"record {i} " + "word " * 20 for i in range(3000)]
+        res = self.c.encode(texts)
+        self.assertEqual(len(res), 3000)
+        self.assertEqual(res[2999].text(), texts[2999])
+
+    def test_infer_numpy(self):
+        x = np.array([[5.1, 3.5, 1.4, 0.2], [6.7, 3.0, 5.2, 2.3]], dtype=np.float32)
+        out = self.c.infer("mlp", {"input": x})
+        self.assertEqual(set(out), {"output"})
+        self.assertEqual(out["output"].dtype, np.float32)
+        np.testing.assert_allclose(out["output"], mlp_reference(x), rtol=1e-4, atol=1e-5)
+
+    def test_generate(self):
+        events = list(self.c.generate("chat", ["one", "two"], max_tokens=5, ignore_eos=True))
+        done = [e for e in events if isinstance(e, brokerd.Finished)]
+        self.assertEqual(sorted(e.index for e in done), [0, 1])
+        for e in done:
+            self.assertEqual((e.finish_reason, e.completion_tokens), ("length", 5))
+            self.assertGreater(e.prompt_tokens, 0)
+        # Seeded sampling gives the same text twice.
+        a = brokerd.text(self.c.generate("chat", "seeded", max_tokens=8, temperature=1.0, seed=7, ignore_eos=True))
+        b = brokerd.text(self.c.generate("chat", "seeded", max_tokens=8, temperature=1.0, seed=7, ignore_eos=True))
+        self.assertEqual(a, b)
+        self.assertEqual(len(a), 1)
+
+    def test_chat(self):
+        conv = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a color"}]
+        events = list(self.c.chat("chat", conv, max_tokens=4, ignore_eos=True))
+        done = [e for e in events if isinstance(e, brokerd.Finished)]
+        self.assertEqual(len(done), 1)
+        # Qwen3's template wraps each turn: well over the words themselves.
+        self.assertGreater(done[0].prompt_tokens, 10)
+        two = brokerd.text(self.c.chat("chat", [conv, conv[1:]], max_tokens=3, ignore_eos=True))
+        self.assertEqual(len(two), 2)
+
+    def test_stopping_early_frees_the_sequence(self):
+        stream = self.c.generate("chat", "a long answer", max_tokens=3000, ignore_eos=True)
+        first = next(stream)
+        self.assertIsInstance(first, (brokerd.Delta, brokerd.Finished))
+        self.assertEqual(running_sequences(), 1)
+        stream.close()
+        deadline = time.time() + 15
+        while time.time() < deadline:
+            running = running_sequences()
+            if running == 0:
+                break
+            time.sleep(0.05)
+        self.assertEqual(running, 0, "the abandoned sequence still runs")
+
+    def test_typed_errors(self):
+        with self.assertRaises(errors.NotFound) as cm:
+            self.c.encode(["x"], model="no-such-model")
+        self.assertEqual(cm.exception.code, grpc.StatusCode.NOT_FOUND)
+        self.assertFalse(cm.exception.retryable)
+        with self.assertRaises(errors.InvalidArgument):
+            self.c.encode([""])
+        with self.assertRaises(errors.InvalidArgument):
+            self.c.infer("mlp", {"input": np.zeros((2, 5), dtype=np.float32)})
+        with self.assertRaises(errors.NotFound):
+            list(self.c.generate("no-such-model", "x"))
+        with self.assertRaises(TypeError):
+            self.c.generate("chat", "x", temprature=0.5)
+        with self.assertRaises(TypeError):
+            self.c.encode([1.5])
+
+    def test_unreachable(self):
+        with brokerd.Client(socket="/nonexistent/brokerd.sock", timeout=5) as c:
+            with self.assertRaises(errors.Unavailable) as cm:
+                c.devices()
+            self.assertTrue(cm.exception.retryable)
+            self.assertEqual(brokerd.retry_delay(cm.exception), 0.005)
+            self.assertFalse(c.healthy())
+
+
+if __name__ == "__main__":
+    unittest.main()
