@@ -272,10 +272,12 @@ func TestMakeInstall(t *testing.T) {
 	if got := u.one(t, "Service", "ExecStart"); got != "/opt/brokerd/bin/brokerd --config /etc/opt/brokerd/brokerd.yaml" {
 		t.Errorf("installed ExecStart=%q: PREFIX and SYSCONFDIR not applied", got)
 	}
-	// The installed binary is the real brokerd, stamped by make build.
-	version := runCmd(t, dest, nil, filepath.Join(dest, "opt/brokerd/bin/brokerctl"), "help")
-	if !strings.Contains(version, "brokerctl") {
-		t.Errorf("installed brokerctl help: %q", version)
+	// The installed binaries are the ones make build stamped with VERSION.
+	for _, b := range []string{"brokerd", "brokerctl"} {
+		out := runCmd(t, dest, nil, filepath.Join(dest, "opt/brokerd/bin", b), "--version")
+		if !strings.HasPrefix(out, b+" install-test ") {
+			t.Errorf("installed %s --version: %q, want %q and the stamp", b, out, b+" install-test")
+		}
 	}
 
 	// An edited config survives both a reinstall and an uninstall.

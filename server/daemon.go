@@ -538,7 +538,7 @@ func policyFromConfig(cfg config.Config, getenv func(string) string) (daemonPoli
 	p.Costs = detect.DefaultCostTable()
 	if cfg.Costs != "" {
 		if p.Costs, err = detect.ParseCostOverrides(cfg.Costs); err != nil {
-			return p, fmt.Errorf("costs: %w", err)
+			return p, fmt.Errorf("costs (BROKERD_COSTS): %w", err)
 		}
 	}
 	plugins, err := pjrt.ParsePluginSpec(cfg.PJRTPlugins)

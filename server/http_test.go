@@ -1,15 +1,13 @@
 package server
 
 import (
-	"bytes"
-	"context"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
+
+	"github.com/brokerd/brokerd/server/httpapi/nodeclients"
 )
 
 // TestHTTPAPIsEndToEnd serves the HTTP APIs from a real brokerd and drives
@@ -61,33 +59,5 @@ func TestAPIKeysFile(t *testing.T) {
 // clients against base.
 func runClients(t *testing.T, base, key, mode string, env ...string) {
 	t.Helper()
-	node, err := exec.LookPath("node")
-	if err != nil {
-		t.Fatalf("node is not installed (make deps installs Node.js): %v", err)
-	}
-	dir, err := filepath.Abs("httpapi/testdata/node")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := os.Stat(filepath.Join(dir, "node_modules", "openai", "package.json")); err != nil {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-		defer cancel()
-		cmd := exec.CommandContext(ctx, "npm", "ci", "--no-audit", "--no-fund")
-		cmd.Dir = dir
-		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("npm ci: %v\n%s", err, out)
-		}
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, node, "clients.mjs", base, key, mode)
-	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), env...)
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	err = cmd.Run()
-	t.Logf("node clients:\n%s", out.String())
-	if err != nil || !strings.Contains(out.String(), "all ok") {
-		t.Fatalf("the official clients failed: %v", err)
-	}
+	nodeclients.Run(t, base, key, mode, env)
 }

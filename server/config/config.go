@@ -19,7 +19,6 @@ import (
 
 	"sigs.k8s.io/yaml"
 
-	"github.com/brokerd/brokerd/detect"
 	"github.com/brokerd/brokerd/server/endpoint"
 )
 
@@ -514,11 +513,6 @@ func (c Config) Validate() error {
 	}
 	if c.MaxBatchTokens < 1 {
 		bad("max-batch-tokens %d is invalid: at least 1", c.MaxBatchTokens)
-	}
-	if c.Costs != "" {
-		if _, err := detect.ParseCostOverrides(c.Costs); err != nil {
-			bad("costs (BROKERD_COSTS): %v", err)
-		}
 	}
 	if _, err := ComputeDTypes(c.ComputeDType); err != nil {
 		bad("compute-dtype (BROKERD_COMPUTE_DTYPE): %v", err)

@@ -204,7 +204,6 @@ func TestSettingsFileErrors(t *testing.T) {
 		{"string for a bool", "allow-tpu: [1]\n", []string{"setting allow-tpu: want true or false, got an array"}},
 		{"bad duration", "max-queue-delay: soon\n", []string{`invalid duration "soon"`}},
 		{"broken YAML", "prefer: gpu\n  socket: x\n", []string{"line 2"}},
-		{"bad costs", "costs: gpu=cheap\n", []string{"costs (BROKERD_COSTS)", "cheap"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -2,15 +2,10 @@ package httpapi
 
 import (
 	"bufio"
-	"bytes"
-	"context"
 	"encoding/json"
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -19,6 +14,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/brokerd/brokerd/server/httpapi/nodeclients"
 )
 
 const testKey = "secret-key"
@@ -206,42 +203,10 @@ func TestOfficialClients(t *testing.T) {
 	runNodeClients(t, srv.URL, testKey, "fake", nil)
 }
 
-// runNodeClients runs testdata/node/clients.mjs, installing its locked
-// packages first when they are missing.
+// runNodeClients runs testdata/node/clients.mjs.
 func runNodeClients(t *testing.T, base, key, mode string, env []string) {
 	t.Helper()
-	node, err := exec.LookPath("node")
-	if err != nil {
-		if testing.Short() {
-			t.Skip("node is not installed (make deps installs it)")
-		}
-		t.Fatalf("node is not installed: the HTTP APIs are tested with the official JavaScript clients (make deps installs Node.js): %v", err)
-	}
-	dir, err := filepath.Abs("testdata/node")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := os.Stat(filepath.Join(dir, "node_modules", "openai", "package.json")); err != nil {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-		defer cancel()
-		cmd := exec.CommandContext(ctx, "npm", "ci", "--no-audit", "--no-fund")
-		cmd.Dir = dir
-		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("npm ci in %s: %v\n%s", dir, err, out)
-		}
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, node, "clients.mjs", base, key, mode)
-	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), env...)
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	err = cmd.Run()
-	t.Logf("node clients:\n%s", out.String())
-	if err != nil || !strings.Contains(out.String(), "all ok") {
-		t.Fatalf("the official clients failed: %v", err)
-	}
+	nodeclients.Run(t, base, key, mode, env)
 }
 
 // TestAdmitCharges: every request is charged through Admit, released when
