@@ -50,6 +50,8 @@ deps:
 	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
 	  $$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q $$missing; \
 	fi
+	@# Fetch the Go modules quietly up front (the builds would print a line per module).
+	@$(GO) mod download && $(GO) mod download -modfile=tools/go.mod
 
 ## build: brokerd and brokerctl into bin/
 build: deps
