@@ -36,7 +36,7 @@ UNITDIR    ?= /etc/systemd/system
 IMAGE      ?= brokerd:$(VERSION)
 DOCKER     ?= docker
 
-.PHONY: all build run models test test-short fuzz bench lint proto proto-check deps clean install uninstall image
+.PHONY: all build run models bench-peers test test-short fuzz bench lint proto proto-check deps clean install uninstall image
 
 all: build
 
@@ -64,6 +64,10 @@ run: build
 ## models: write the first models to try (random weights) into make run's model repository
 models:
 	$(GO) run ./bench/mkmodels -repo $(CURDIR)/.cache/state/models
+
+## bench-peers: brokerd's encoder against ONNX Runtime on the same weights (bench/peers; installs its peers)
+bench-peers: deps
+	$(GO) run ./bench/peers/encoders
 
 ## test: lint, check the generated code, run every test with the race detector, and each fuzz target briefly
 test: deps lint proto-check

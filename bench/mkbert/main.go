@@ -33,6 +33,7 @@ func main() {
 	flag.IntVar(&b.Intermediate, "intermediate", 1024, "intermediate size")
 	flag.IntVar(&b.MaxPositions, "max-positions", 512, "max_position_embeddings")
 	flag.IntVar(&b.BaseBatch, "base-batch", 32, "brokerd.json base_batch")
+	flag.IntVar(&b.Vocab, "vocab", 0, "vocabulary size, padded with [unusedN] tokens (0: the bench words and letters only; bert-base has 30522)")
 	flag.Uint64Var(&b.Seed, "seed", 1, "random seed of the weights")
 	labels := flag.String("labels", "", "comma-separated labels: a classifier (BertForSequenceClassification) instead of an encoder")
 	sizes := flag.String("sizes", "", "comma-separated bench --text-bytes values to report token counts for")

@@ -19,9 +19,12 @@ import (
 type BERT struct {
 	Layers, Hidden, Heads, Intermediate int
 	MaxPositions                        int // 0: 512
-	BaseBatch                           int // brokerd.json base_batch; 0: 32
-	Labels                              []string
-	Seed                                uint64
+	// Vocab pads the vocabulary with [unusedN] tokens up to this size (a
+	// real model's, e.g. 30522), so the embedding table has its real cost.
+	Vocab     int
+	BaseBatch int // brokerd.json base_batch; 0: 32
+	Labels    []string
+	Seed      uint64
 }
 
 // WriteBERT writes b as a Hugging Face directory dir: config.json,
@@ -64,6 +67,9 @@ func write(dir string, b BERT) error {
 		return err
 	}
 	vocab := vocabulary()
+	for i := 0; len(vocab) < b.Vocab; i++ {
+		vocab = append(vocab, fmt.Sprintf("[unused%d]", i))
+	}
 	rng := rand.New(rand.NewPCG(seed, 0x6d6b62657274))
 	randT := func(shape ...int) models.Tensor {
 		n := 1
