@@ -42,8 +42,11 @@ type Device struct {
 	compute runtime.DType // DeviceSpec.DType; F32 when unset
 	bf16Err error         // why bf16 matmuls cannot run here; nil when they can
 
-	c     *C.bd_device // used only on the worker thread
-	prims *lru[primKey, *C.bd_prim]
+	c *C.bd_device // used only on the worker thread
+	// unpackable: matmuls whose packed weights layout is larger than the
+	// weights (padded); they read row-major weights. Worker thread only.
+	unpackable map[primKey]bool
+	prims      *lru[primKey, *C.bd_prim]
 	// Primitive cache metrics, this device's series.
 	hit, miss prometheus.Counter
 	create    prometheus.Observer
@@ -76,6 +79,7 @@ type primKey struct {
 	outDT          runtime.DType // matmul: the product's type
 	batch, m, k, n int
 	transB, bias   bool
+	pack           bool // matmul: weights read in the kernel's packed layout
 	bcast          bool // add: In[1] is one row, broadcast
 	act            runtime.Activation
 	scale, eps     float32
@@ -99,6 +103,8 @@ func openDevice(spec runtime.DeviceSpec, cacheSize int, m *primMetrics) (*Device
 		done:    make(chan struct{}),
 		idle:    map[int64][]unsafe.Pointer{},
 		live:    map[*buffer]struct{}{},
+
+		unpackable: map[primKey]bool{},
 	}
 	// Eviction runs on the worker (the cache is only used there), so an
 	// evicted primitive is never one being executed.
@@ -238,6 +244,9 @@ type buffer struct {
 	n     int   // elements
 	bytes int64 // allocation size, a multiple of alignment
 	freed bool  // guarded by dev.mu
+	// packed, when set, says the contents are a matmul's weights in its
+	// kernel's layout, not row-major (see packedWeights). Guarded by dev.mu.
+	packed *packedLayout
 }
 
 func (b *buffer) DType() runtime.DType { return b.dt }
@@ -411,6 +420,9 @@ func (d *Device) CopyIn(ctx context.Context, dst runtime.Buffer, src []float32) 
 		return err
 	}
 	defer release()
+	d.mu.Lock()
+	b.packed = nil // overwritten whole, in row-major order
+	d.mu.Unlock()
 	if len(src) != b.n {
 		return fmt.Errorf("onednn: copy in: %w: %d values for a %s buffer of %d", runtime.ErrInvalidGraph, len(src), shapeString(b.shape), b.n)
 	}
@@ -432,6 +444,9 @@ func (d *Device) CopyInInt32(ctx context.Context, dst runtime.Buffer, src []int3
 		return err
 	}
 	defer release()
+	d.mu.Lock()
+	b.packed = nil // overwritten whole, in row-major order
+	d.mu.Unlock()
 	if b.dt != runtime.I32 {
 		return fmt.Errorf("onednn: copy in: %w: int32 values for a %s buffer", runtime.ErrInvalidGraph, b.dt)
 	}
@@ -449,6 +464,9 @@ func (d *Device) CopyOut(ctx context.Context, dst []float32, src runtime.Buffer)
 		return err
 	}
 	defer release()
+	if err := d.rowMajor(ctx, b); err != nil {
+		return fmt.Errorf("onednn: copy out: %w", err)
+	}
 	if len(dst) != b.n {
 		return fmt.Errorf("onednn: copy out: %w: %d values for a %s buffer of %d", runtime.ErrInvalidGraph, len(dst), shapeString(b.shape), b.n)
 	}
@@ -524,4 +542,15 @@ func fromBF16(dst []float32, src []uint16) {
 		return
 	}
 	C.bd_bf16_to_f32((*C.uint16_t)(unsafe.Pointer(&src[0])), (*C.float)(unsafe.Pointer(&dst[0])), C.int64_t(len(dst)))
+}
+
+// rowMajor puts b's contents back in row-major order if a matmul packed them.
+func (d *Device) rowMajor(ctx context.Context, b *buffer) error {
+	d.mu.Lock()
+	packed := b.packed != nil
+	d.mu.Unlock()
+	if !packed {
+		return nil
+	}
+	return d.do(ctx, func() error { return d.unpack(b) })
 }

@@ -130,9 +130,9 @@ out:
 dnnl_status_t bd_matmul_create(bd_device *d, int64_t batch, int64_t m,
         int64_t k, int64_t n, int trans_b, dnnl_data_type_t ab_dt,
         dnnl_data_type_t dst_dt, int has_bias, dnnl_alg_kind_t act, float scale,
-        bd_prim **out, const char **step) {
+        int pack_b, bd_prim **out, const char **step) {
     dnnl_status_t st = dnnl_success;
-    dnnl_memory_desc_t src, wei, bias, dst;
+    dnnl_memory_desc_t src, wei, weiany, bias, dst;
     dnnl_matmul_desc_t desc;
     dnnl_primitive_attr_t attr = NULL;
     dnnl_post_ops_t po = NULL;
@@ -169,7 +169,11 @@ dnnl_status_t bd_matmul_create(bd_device *d, int64_t batch, int64_t m,
     if (has_bias)
         TRY(dnnl_memory_desc_init_by_tag(&bias, nd, bdims, dnnl_f32, tag),
                 "describe bias");
-    TRY(dnnl_matmul_desc_init(&desc, &src, &wei, has_bias ? &bias : NULL, &dst),
+    pack_b = pack_b && nd == 2;
+    if (pack_b)
+        TRY(dnnl_memory_desc_init_by_tag(&weiany, nd, wdims, ab_dt, dnnl_format_tag_any),
+                "describe packed weights");
+    TRY(dnnl_matmul_desc_init(&desc, &src, pack_b ? &weiany : &wei, has_bias ? &bias : NULL, &dst),
             "init matmul descriptor");
 
     TRY(dnnl_primitive_attr_create(&attr), "create attributes");
@@ -187,6 +191,14 @@ dnnl_status_t bd_matmul_create(bd_device *d, int64_t batch, int64_t m,
         int without[] = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST};
         st = finish(d, &desc, attr, has_bias ? 4 : 3, has_bias ? with_bias : without,
                 out, step);
+    }
+    if (st == dnnl_success && pack_b) {
+        // The weights argument's memory was made from the kernel's choice.
+        const dnnl_memory_desc_t *md = NULL;
+        TRY(dnnl_memory_get_memory_desc((*out)->args[1].memory, &md), "query packed weights");
+        (*out)->wplain = wei;
+        (*out)->wpacked = *md;
+        (*out)->wpack = !dnnl_memory_desc_equal(&wei, md);
     }
 out:
     if (po) dnnl_post_ops_destroy(po);
@@ -459,6 +471,43 @@ void bd_bf16_to_f32(const uint16_t *src, float *dst, int64_t n) {
     }
 }
 
+size_t bd_packed_size(const bd_prim *p) {
+    return dnnl_memory_desc_get_size(&p->wpacked);
+}
+
+dnnl_status_t bd_relayout(bd_device *d, const dnnl_memory_desc_t *from,
+        const dnnl_memory_desc_t *to, void *ptr, const char **step) {
+    dnnl_status_t st = dnnl_success;
+    dnnl_primitive_desc_t rpd = NULL;
+    dnnl_primitive_t r = NULL;
+    dnnl_memory_t src = NULL, dst = NULL;
+    size_t size = dnnl_memory_desc_get_size(to);
+    void *tmp = bd_alloc(size);
+    if (tmp == NULL) {
+        *step = "allocate the relayout copy";
+        return dnnl_out_of_memory;
+    }
+    omp_set_num_threads(d->nthreads);
+    TRY(dnnl_memory_create(&src, from, d->engine, ptr), "wrap weights");
+    TRY(dnnl_memory_create(&dst, to, d->engine, tmp), "wrap relayout copy");
+    TRY(dnnl_reorder_primitive_desc_create(&rpd, from, d->engine, to, d->engine, NULL),
+            "create weights reorder");
+    TRY(dnnl_primitive_create(&r, rpd), "create weights reorder");
+    {
+        dnnl_exec_arg_t args[2] = {{DNNL_ARG_FROM, src}, {DNNL_ARG_TO, dst}};
+        TRY(dnnl_primitive_execute(r, d->stream, 2, args), "reorder weights");
+        TRY(dnnl_stream_wait(d->stream), "wait for stream");
+    }
+    memcpy(ptr, tmp, size);
+out:
+    if (r) dnnl_primitive_destroy(r);
+    if (rpd) dnnl_primitive_desc_destroy(rpd);
+    if (src) dnnl_memory_destroy(src);
+    if (dst) dnnl_memory_destroy(dst);
+    free(tmp);
+    return st;
+}
+
 void *bd_alloc(size_t size) {
     // Large buffers start on a page: glibc puts a 64-byte-aligned mmap'd
     // block 64 bytes into its first page, so every 4 KiB row of a matrix
@@ -474,7 +523,7 @@ void bd_free(void *p) { free(p); }
 dnnl_status_t bd_bf16_matmul_works(bd_device *d, const char **step) {
     bd_prim *p = NULL;
     dnnl_status_t st = bd_matmul_create(d, 0, 16, 16, 16, 0, dnnl_bf16, dnnl_f32, 0,
-            dnnl_alg_kind_undef, 1.0f, &p, step);
+            dnnl_alg_kind_undef, 1.0f, 0, &p, step);
     bd_prim_destroy(p);
     return st;
 }

@@ -28,6 +28,11 @@ typedef struct {
     int nthreads; // fixed at creation by the op's size; see bd_threads_for
     int nargs;
     dnnl_exec_arg_t args[BD_MAX_ARGS];
+    // A matmul created with packed weights (bd_matmul_create's pack_b)
+    // reads them in wpacked's layout: bd_pack_weights makes that copy of
+    // a buffer in wplain's layout. wpack is 0 when the two are the same.
+    int wpack;
+    dnnl_memory_desc_t wplain, wpacked;
 } bd_prim;
 
 dnnl_status_t bd_device_open(int nthreads, bd_device **out, const char **step);
@@ -46,11 +51,21 @@ dnnl_status_t bd_exec(bd_device *d, bd_prim *p, void *h0, void *h1, void *h2,
 // accumulates in f32 and is rounded once); batch 0 means 2-D. ab_dt is the
 // src/weights type (f32 or bf16); bias is f32 [n]; act is an eltwise algorithm fused as a
 // post-op (dnnl_alg_kind_undef for none); scale multiplies the product.
-// Arguments: src, weights, [bias], dst.
+// Arguments: src, weights, [bias], dst. pack_b (2-D only) lets the kernel
+// choose its weights layout: the caller then passes weights packed by
+// bd_pack_weights when the prim's wpack is set.
 dnnl_status_t bd_matmul_create(bd_device *d, int64_t batch, int64_t m,
         int64_t k, int64_t n, int trans_b, dnnl_data_type_t ab_dt,
         dnnl_data_type_t dst_dt, int has_bias, dnnl_alg_kind_t act, float scale,
-        bd_prim **out, const char **step);
+        int pack_b, bd_prim **out, const char **step);
+
+// bd_packed_size is the bytes of p's packed weights.
+size_t bd_packed_size(const bd_prim *p);
+
+// bd_relayout rewrites the tensor at ptr from layout from to layout to in
+// place (through a temporary copy); ptr must hold the larger of the two.
+dnnl_status_t bd_relayout(bd_device *d, const dnnl_memory_desc_t *from,
+        const dnnl_memory_desc_t *to, void *ptr, const char **step);
 
 // Add: src0 [rows,n] + src1 [rows,n] (or [1,n] when bcast) -> dst [rows,n].
 // Arguments: src0, src1, dst.

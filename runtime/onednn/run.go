@@ -75,6 +75,33 @@ func (d *Device) execute(ctx context.Context, p *runtime.Plan, bufs map[string]*
 	for name, b := range bufs {
 		ptrs[name] = b.ptr
 	}
+	// Weights: bound buffers the run reads only as a matmul's right
+	// operand, which that matmul may pack in place. Any other use needs
+	// row-major contents.
+	rc := &runContext{weights: map[string]*buffer{}}
+	otherUse := map[string]bool{}
+	for _, s := range p.Steps {
+		otherUse[s.Op.Out] = true
+		for i, name := range s.Op.In {
+			if s.Op.Kind != runtime.OpMatMul || i != 1 {
+				otherUse[name] = true
+			}
+		}
+	}
+	for i := range p.Steps {
+		if s := &p.Steps[i]; s.Op.Kind == runtime.OpMatMul {
+			if b, ok := bufs[s.Op.In[1]]; ok && !otherUse[s.Op.In[1]] {
+				rc.weights[s.Op.In[1]] = b
+			}
+		}
+	}
+	for name, b := range bufs {
+		if otherUse[name] {
+			if err := d.unpack(b); err != nil {
+				return fmt.Errorf("onednn: run on %s: %q back to row-major: %w", d.id, name, err)
+			}
+		}
+	}
 	for i := range p.Steps {
 		s := &p.Steps[i]
 		if err := ctx.Err(); err != nil {
@@ -88,7 +115,7 @@ func (d *Device) execute(ctx context.Context, p *runtime.Plan, bufs map[string]*
 			temps[s.Op.Out] = b
 			ptrs[s.Op.Out] = b.ptr
 		}
-		if err := d.runStep(s, ptrs); err != nil {
+		if err := d.runStep(s, ptrs, rc); err != nil {
 			return fmt.Errorf("onednn: run on %s: %w", d.id, err)
 		}
 		// Return intermediates no later op reads, so the next op's output
@@ -159,7 +186,12 @@ func (d *Device) exec(s *runtime.Step, p *C.bd_prim, args ...unsafe.Pointer) err
 
 // runStep runs one op: a cached oneDNN primitive, or a C kernel for the ops
 // oneDNN has none for.
-func (d *Device) runStep(s *runtime.Step, ptrs map[string]unsafe.Pointer) error {
+// runContext is what runStep knows of the whole run.
+type runContext struct {
+	weights map[string]*buffer // bound buffers the run reads only as matmul weights
+}
+
+func (d *Device) runStep(s *runtime.Step, ptrs map[string]unsafe.Pointer, rc *runContext) error {
 	op := s.Op
 	in := func(i int) unsafe.Pointer { return ptrs[op.In[i]] }
 	out := ptrs[op.Out]
@@ -169,14 +201,37 @@ func (d *Device) runStep(s *runtime.Step, ptrs map[string]unsafe.Pointer) error 
 	case runtime.OpMatMul:
 		a := s.In[0]
 		k := a.Last()
+		w, isWeight := rc.weights[op.In[1]]
 		key := primKey{kind: op.Kind, dt: a.DType, outDT: s.Out.DType, m: a.NumElements() / k, k: k, n: s.Out.Last(),
-			transB: op.TransB, bias: len(op.In) == 3, act: op.Act}
+			transB: op.TransB, bias: len(op.In) == 3, act: op.Act, pack: isWeight}
+		if key.pack && d.unpackable[key] {
+			key.pack = false
+		}
 		p, err := d.primitive(s, key, func(o **C.bd_prim, w **C.char) C.dnnl_status_t {
 			return C.bd_matmul_create(dc, 0, C.int64_t(key.m), C.int64_t(key.k), C.int64_t(key.n),
-				cbool(key.transB), dnnlType(key.dt), dnnlType(key.outDT), cbool(key.bias), eltwiseAlg(key.act), 1, o, w)
+				cbool(key.transB), dnnlType(key.dt), dnnlType(key.outDT), cbool(key.bias), eltwiseAlg(key.act), 1,
+				cbool(key.pack), o, w)
 		})
 		if err != nil {
 			return err
+		}
+		if p.wpack != 0 {
+			packed, err := d.packWeights(s, p, w)
+			if err != nil {
+				return err
+			}
+			if !packed {
+				// The packed layout pads beyond the buffer's allocation: a
+				// primitive that reads row-major weights, from now on.
+				d.unpackable[key] = true
+				key.pack = false
+				if p, err = d.primitive(s, key, func(o **C.bd_prim, w **C.char) C.dnnl_status_t {
+					return C.bd_matmul_create(dc, 0, C.int64_t(key.m), C.int64_t(key.k), C.int64_t(key.n),
+						cbool(key.transB), dnnlType(key.dt), dnnlType(key.outDT), cbool(key.bias), eltwiseAlg(key.act), 1, 0, o, w)
+				}); err != nil {
+					return err
+				}
+			}
 		}
 		if key.bias {
 			return d.exec(s, p, in(0), in(1), in(2), out)
@@ -195,7 +250,7 @@ func (d *Device) runStep(s *runtime.Step, ptrs map[string]unsafe.Pointer) error 
 		key.batch = a.NumElements() / (key.m * key.k)
 		p, err := d.primitive(s, key, func(o **C.bd_prim, w **C.char) C.dnnl_status_t {
 			return C.bd_matmul_create(dc, C.int64_t(key.batch), C.int64_t(key.m), C.int64_t(key.k), C.int64_t(key.n),
-				cbool(key.transB), dnnlType(key.dt), dnnlType(key.outDT), 0, C.dnnl_alg_kind_undef, C.float(key.scale), o, w)
+				cbool(key.transB), dnnlType(key.dt), dnnlType(key.outDT), 0, C.dnnl_alg_kind_undef, C.float(key.scale), 0, o, w)
 		})
 		if err != nil {
 			return err
