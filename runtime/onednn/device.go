@@ -247,6 +247,11 @@ type buffer struct {
 	// packed, when set, says the contents are a matmul's weights in its
 	// kernel's layout, not row-major (see packedWeights). Guarded by dev.mu.
 	packed *packedLayout
+	// rowMajorOnly: the buffer was read otherwise than as a matmul's weights
+	// after a matmul packed it, so it stays row-major from then on rather
+	// than being rewritten back and forth (an LLM's embedding table is both a
+	// gather table and, tied, the lm_head's weights). Guarded by dev.mu.
+	rowMajorOnly bool
 }
 
 func (b *buffer) DType() runtime.DType { return b.dt }

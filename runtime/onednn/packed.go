@@ -55,11 +55,14 @@ func (d *Device) packWeights(s *runtime.Step, p *C.bd_prim, w *buffer) (bool, er
 	return true, nil
 }
 
-// unpack puts a packed buffer's contents back in row-major order. Runs on
-// the worker thread.
+// unpack puts a packed buffer's contents back in row-major order, for
+// good. Runs on the worker thread.
 func (d *Device) unpack(w *buffer) error {
 	d.mu.Lock()
 	l := w.packed
+	if l != nil {
+		w.rowMajorOnly = true
+	}
 	d.mu.Unlock()
 	if l == nil {
 		return nil

@@ -9,8 +9,8 @@ import (
 
 // TestPackedWeights: a matmul packs its weights in place into the kernel's
 // layout; results match the float64 reference; the buffer reads back
-// row-major; another op reading it gets row-major contents; new contents
-// copied in are used; no memory is added.
+// row-major; another op reading it gets row-major contents, and it stays
+// row-major after that; new contents copied in are used; no memory is added.
 func TestPackedWeights(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
@@ -84,8 +84,16 @@ func TestPackedWeights(t *testing.T) {
 				t.Fatal(err)
 			}
 			checkClose(t, z, refPointwise(to64(w), runtime.ActReLU), 0)
-			// New weights copied over packed ones are the ones used.
+			// Read otherwise once, the weights stay row-major: no rewriting
+			// back and forth between runs that use them differently.
 			run(refMatMul(to64(x), tc.m, tc.k, to64(w), tc.n, true, nil, runtime.ActNone))
+			d.mu.Lock()
+			packed = wb.(*buffer).packed != nil
+			d.mu.Unlock()
+			if packed {
+				t.Error("weights packed again after another op read them")
+			}
+			// New weights copied in are the ones used.
 			w2 := randVec(r, len(w))
 			if err := d.CopyIn(ctx, wb, w2); err != nil {
 				t.Fatal(err)

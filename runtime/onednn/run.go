@@ -88,13 +88,15 @@ func (d *Device) execute(ctx context.Context, p *runtime.Plan, bufs map[string]*
 			}
 		}
 	}
+	d.mu.Lock()
 	for i := range p.Steps {
 		if s := &p.Steps[i]; s.Op.Kind == runtime.OpMatMul {
-			if b, ok := bufs[s.Op.In[1]]; ok && !otherUse[s.Op.In[1]] {
+			if b, ok := bufs[s.Op.In[1]]; ok && !otherUse[s.Op.In[1]] && !b.rowMajorOnly {
 				rc.weights[s.Op.In[1]] = b
 			}
 		}
 	}
+	d.mu.Unlock()
 	for name, b := range bufs {
 		if otherUse[name] {
 			if err := d.unpack(b); err != nil {
