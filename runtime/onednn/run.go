@@ -186,13 +186,13 @@ func (d *Device) exec(s *runtime.Step, p *C.bd_prim, args ...unsafe.Pointer) err
 	return nil
 }
 
-// runStep runs one op: a cached oneDNN primitive, or a C kernel for the ops
-// oneDNN has none for.
 // runContext is what runStep knows of the whole run.
 type runContext struct {
 	weights map[string]*buffer // bound buffers the run reads only as matmul weights
 }
 
+// runStep runs one op: a cached oneDNN primitive, or a C kernel for the ops
+// oneDNN has none for.
 func (d *Device) runStep(s *runtime.Step, ptrs map[string]unsafe.Pointer, rc *runContext) error {
 	op := s.Op
 	in := func(i int) unsafe.Pointer { return ptrs[op.In[i]] }
