@@ -27,6 +27,13 @@ type BERT struct {
 	Seed      uint64
 }
 
+// Encoder shapes of real models, for benchmarks: MiniLM-L6 (6 × 384) and
+// BERT-base (12 × 768), with BERT's vocabulary size.
+var (
+	MiniLM   = BERT{Layers: 6, Hidden: 384, Heads: 12, Intermediate: 1536, Vocab: 30522, Seed: 1}
+	BERTBase = BERT{Layers: 12, Hidden: 768, Heads: 12, Intermediate: 3072, Vocab: 30522, Seed: 2}
+)
+
 // WriteBERT writes b as a Hugging Face directory dir: config.json,
 // model.safetensors, a WordPiece tokenizer.json (lowercase English: the
 // bench's words and every letter, so any text tokenises) and brokerd.json.

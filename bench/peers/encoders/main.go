@@ -42,10 +42,7 @@ import (
 	"github.com/brokerd/brokerd/runtime/onednn"
 )
 
-var shapes = map[string]modelkit.BERT{
-	"minilm": {Layers: 6, Hidden: 384, Heads: 12, Intermediate: 1536, Vocab: 30522, Seed: 1},
-	"base":   {Layers: 12, Hidden: 768, Heads: 12, Intermediate: 3072, Vocab: 30522, Seed: 2},
-}
+var shapes = map[string]modelkit.BERT{"minilm": modelkit.MiniLM, "base": modelkit.BERTBase}
 
 func main() {
 	modelsFlag := flag.String("models", "minilm,base", "model shapes: minilm (6×384), base (12×768)")
