@@ -3,36 +3,24 @@ package client_test
 import (
 	"context"
 	"errors"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
-	"go.uber.org/zap"
 	"google.golang.org/grpc/codes"
 
 	"github.com/brokerd/brokerd/bench/modelkit"
 	"github.com/brokerd/brokerd/client"
 	brokerv1 "github.com/brokerd/brokerd/proto/broker/v1"
-	"github.com/brokerd/brokerd/server"
-	"github.com/brokerd/brokerd/server/config"
+	"github.com/brokerd/brokerd/server/servertest"
 )
 
 // startBrokerd runs a real brokerd in-process on a Unix socket, with a model
 // repository holding an MLP and a small chat model, and returns its socket.
 func startBrokerd(t *testing.T) string {
 	t.Helper()
-	dir := t.TempDir()
-	cfg := config.Defaults(os.Geteuid(), func(string) string { return "" })
-	cfg.Socket = filepath.Join(dir, "brokerd.sock")
-	cfg.StateDir = filepath.Join(dir, "state")
-	cfg.MetricsListen = ""
-	cfg.Sysfs = filepath.Join(dir, "sys") // no accelerators: the CPU only
-	cfg.Devfs = filepath.Join(dir, "dev")
-	cfg.NVMLLibrary = filepath.Join(dir, "no-libnvidia-ml.so.1")
-	cfg.ModelRepo = filepath.Join(dir, "models")
-	cfg.ShutdownGrace = config.Duration(5 * time.Second)
+	cfg := servertest.Config(t.TempDir())
 	if _, err := modelkit.WriteMLP(filepath.Join(cfg.ModelRepo, "mlp", "1"), modelkit.MLP{In: 4, Hidden: 8, Out: 3}); err != nil {
 		t.Fatal(err)
 	}
@@ -40,29 +28,7 @@ func startBrokerd(t *testing.T) string {
 		KVHeads: 1, HeadDim: 16, Intermediate: 64, Tied: true, DType: "f32", TokenizerDir: "../runtime/models/tokenizer/bpe/testdata/qwen3"}); err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	ready := make(chan server.Addresses, 1)
-	go func() {
-		done <- server.Run(ctx, server.Options{Config: cfg, Version: "test", Getenv: func(string) string { return "" },
-			Ready: func(a server.Addresses) { ready <- a }}, zap.NewNop())
-	}()
-	select {
-	case <-ready:
-	case err := <-done:
-		cancel()
-		t.Fatalf("brokerd exited: %v", err)
-	case <-time.After(30 * time.Second):
-		cancel()
-		t.Fatal("brokerd not ready after 30s")
-	}
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("brokerd: %v", err)
-		}
-	})
-	return cfg.Socket
+	return servertest.Start(t, cfg).Socket
 }
 
 func testCtx(t *testing.T) context.Context {

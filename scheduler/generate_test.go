@@ -377,18 +377,7 @@ func TestGenerateCancelAndDeadlineFreeBlocks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	feed := make(chan struct{})
-	defer close(feed)
-	go func() {
-		for {
-			select {
-			case gate <- struct{}{}:
-				time.Sleep(time.Millisecond)
-			case <-feed:
-				return
-			}
-		}
-	}()
+	defer feedSteps(gate)()
 	first, err := cancelled.Recv()
 	if err != nil || !first.HasToken {
 		t.Fatalf("first event %+v, %v", first, err)
@@ -586,18 +575,7 @@ func TestGenerateCancelWhenAloneFreesAtOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	feed := make(chan struct{})
-	defer close(feed)
-	go func() {
-		for {
-			select {
-			case gate <- struct{}{}:
-				time.Sleep(time.Millisecond)
-			case <-feed:
-				return
-			}
-		}
-	}()
+	defer feedSteps(gate)()
 	if ev, err := st.Recv(); err != nil || !ev.HasToken {
 		t.Fatalf("first event %+v, %v", ev, err)
 	}
@@ -608,4 +586,21 @@ func TestGenerateCancelWhenAloneFreesAtOnce(t *testing.T) {
 	cancel()
 	waitFor(t, "blocks freed", func() bool { return f.blocksUsed() == 0 })
 	waitFor(t, "the running gauge back to 0", func() bool { return running() == 0 })
+}
+
+// feedSteps lets the fake executor's steps through gate one at a time, a
+// millisecond apart, until the returned func is called.
+func feedSteps(gate chan<- struct{}) (stop func()) {
+	feed := make(chan struct{})
+	go func() {
+		for {
+			select {
+			case gate <- struct{}{}:
+				time.Sleep(time.Millisecond)
+			case <-feed:
+				return
+			}
+		}
+	}()
+	return func() { close(feed) }
 }

@@ -32,6 +32,8 @@ type BERT struct {
 var (
 	MiniLM   = BERT{Layers: 6, Hidden: 384, Heads: 12, Intermediate: 1536, Vocab: 30522, Seed: 1}
 	BERTBase = BERT{Layers: 12, Hidden: 768, Heads: 12, Intermediate: 3072, Vocab: 30522, Seed: 2}
+	// EncoderShapes names them for command-line flags.
+	EncoderShapes = map[string]BERT{"minilm": MiniLM, "base": BERTBase}
 )
 
 // WriteBERT writes b as a Hugging Face directory dir: config.json,

@@ -12,11 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/zap"
-
 	"github.com/brokerd/brokerd/bench/modelkit"
-	"github.com/brokerd/brokerd/server"
-	"github.com/brokerd/brokerd/server/config"
+	"github.com/brokerd/brokerd/server/servertest"
 )
 
 // python is Debian's interpreter, whose packages the client targets (a
@@ -29,16 +26,8 @@ func python() string {
 }
 
 func TestPythonClient(t *testing.T) {
-	dir := t.TempDir()
-	cfg := config.Defaults(os.Geteuid(), func(string) string { return "" })
-	cfg.Socket = filepath.Join(dir, "brokerd.sock")
-	cfg.StateDir = filepath.Join(dir, "state")
+	cfg := servertest.Config(t.TempDir())
 	cfg.MetricsListen = "127.0.0.1:0"
-	cfg.Sysfs = filepath.Join(dir, "sys") // no accelerators: the CPU only
-	cfg.Devfs = filepath.Join(dir, "dev")
-	cfg.NVMLLibrary = filepath.Join(dir, "no-libnvidia-ml.so.1")
-	cfg.ModelRepo = filepath.Join(dir, "models")
-	cfg.ShutdownGrace = config.Duration(5 * time.Second)
 	if _, err := modelkit.WriteMLP(filepath.Join(cfg.ModelRepo, "mlp", "1"), modelkit.MLP{In: 4, Hidden: 8, Out: 3, Seed: 5}); err != nil {
 		t.Fatal(err)
 	}
@@ -46,29 +35,7 @@ func TestPythonClient(t *testing.T) {
 		KVHeads: 1, HeadDim: 16, Intermediate: 64, DType: "f32", TokenizerDir: "../../runtime/models/tokenizer/bpe/testdata/qwen3"}); err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	ready := make(chan server.Addresses, 1)
-	var addrs server.Addresses
-	go func() {
-		done <- server.Run(ctx, server.Options{Config: cfg, Version: "test", Getenv: func(string) string { return "" },
-			Ready: func(a server.Addresses) { ready <- a }}, zap.NewNop())
-	}()
-	select {
-	case addrs = <-ready:
-	case err := <-done:
-		cancel()
-		t.Fatalf("brokerd exited: %v", err)
-	case <-time.After(30 * time.Second):
-		cancel()
-		t.Fatal("brokerd not ready after 30s")
-	}
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("brokerd: %v", err)
-		}
-	}()
+	addrs := servertest.Start(t, cfg)
 
 	tctx, tcancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer tcancel()

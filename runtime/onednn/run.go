@@ -88,6 +88,7 @@ func (d *Device) execute(ctx context.Context, p *runtime.Plan, bufs map[string]*
 			}
 		}
 	}
+	var unpack []string // packed by an earlier run, used otherwise in this one
 	d.mu.Lock()
 	for i := range p.Steps {
 		if s := &p.Steps[i]; s.Op.Kind == runtime.OpMatMul {
@@ -96,12 +97,15 @@ func (d *Device) execute(ctx context.Context, p *runtime.Plan, bufs map[string]*
 			}
 		}
 	}
-	d.mu.Unlock()
 	for name, b := range bufs {
-		if otherUse[name] {
-			if err := d.unpack(b); err != nil {
-				return fmt.Errorf("onednn: run on %s: %q back to row-major: %w", d.id, name, err)
-			}
+		if otherUse[name] && b.packed != nil {
+			unpack = append(unpack, name)
+		}
+	}
+	d.mu.Unlock()
+	for _, name := range unpack {
+		if err := d.unpack(bufs[name]); err != nil {
+			return fmt.Errorf("onednn: run on %s: %q back to row-major: %w", d.id, name, err)
 		}
 	}
 	for i := range p.Steps {

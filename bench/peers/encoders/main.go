@@ -42,8 +42,6 @@ import (
 	"github.com/brokerd/brokerd/runtime/onednn"
 )
 
-var shapes = map[string]modelkit.BERT{"minilm": modelkit.MiniLM, "base": modelkit.BERTBase}
-
 func main() {
 	modelsFlag := flag.String("models", "minilm,base", "model shapes: minilm (6×384), base (12×768)")
 	seqsFlag := flag.String("seqs", "16,128", "sequence lengths (tokens, with [CLS] and [SEP])")
@@ -210,7 +208,7 @@ func run(modelNames string, seqs, batches []int, rounds int, seconds float64, th
 
 	var rows []*row
 	for _, name := range strings.Split(modelNames, ",") {
-		b, ok := shapes[name]
+		b, ok := modelkit.EncoderShapes[name]
 		if !ok {
 			return fmt.Errorf("unknown model %q (minilm, base)", name)
 		}

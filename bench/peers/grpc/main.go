@@ -32,8 +32,6 @@ import (
 	"github.com/brokerd/brokerd/runtime/onednn"
 )
 
-var shapes = map[string]modelkit.BERT{"minilm": modelkit.MiniLM, "base": modelkit.BERTBase}
-
 func main() {
 	model := flag.String("model", "minilm", "model shape: minilm or base")
 	textBytes := flag.Int("text-bytes", 72, "bench text size in bytes (72: about 16 tokens)")
@@ -121,7 +119,7 @@ func runInProcess(dir string, size, clients, batch int, seconds float64) error {
 }
 
 func run(model string, size, clients, rounds int, seconds float64, bin string) error {
-	shape, ok := shapes[model]
+	shape, ok := modelkit.EncoderShapes[model]
 	if !ok {
 		return fmt.Errorf("unknown model %q (minilm, base)", model)
 	}

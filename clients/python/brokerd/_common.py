@@ -215,14 +215,7 @@ def events(msg) -> List[Union[Delta, Finished]]:
 def generate_request(model: str, prompts: Union[str, Sequence[str]], max_time: Optional[float],
                      priority: Optional[str], kw: Mapping) -> pb.GenerateRequest:
     req = pb.GenerateRequest(model=model, prompts=[prompts] if isinstance(prompts, str) else list(prompts))
-    s = sampling(kw)
-    if s is not None:
-        req.sampling.CopyFrom(s)
-    if max_time:
-        req.max_time.FromNanoseconds(int(max_time * 1e9))
-    if priority:
-        req.priority = PRIORITY[priority]
-    return req
+    return _generation_options(req, max_time, priority, kw)
 
 
 Message = Mapping[str, str]
@@ -238,6 +231,11 @@ def chat_request(model: str, conversations: Union[Sequence[Message], Sequence[Se
         c = req.conversations.add()
         for m in conv:  # type: ignore[union-attr]
             c.messages.add(role=m["role"], content=m["content"])
+    return _generation_options(req, max_time, priority, kw)
+
+
+def _generation_options(req, max_time: Optional[float], priority: Optional[str], kw: Mapping):
+    """Sets what GenerateRequest and ChatRequest share."""
     s = sampling(kw)
     if s is not None:
         req.sampling.CopyFrom(s)

@@ -1,0 +1,63 @@
+// Package servertest runs a real brokerd in process for the tests of its
+// clients (client/, clients/python): hermetic settings on a Unix socket,
+// the CPU only, stopped when the test ends.
+package servertest
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/brokerd/brokerd/server"
+	"github.com/brokerd/brokerd/server/config"
+)
+
+// Config is brokerd's settings under dir: its socket and state there, no
+// accelerator found (empty sysfs and devfs, no NVML), no metrics listener,
+// the model repository dir/models.
+func Config(dir string) config.Config {
+	cfg := config.Defaults(os.Geteuid(), func(string) string { return "" })
+	cfg.Socket = filepath.Join(dir, "brokerd.sock")
+	cfg.StateDir = filepath.Join(dir, "state")
+	cfg.MetricsListen = ""
+	cfg.Sysfs = filepath.Join(dir, "sys")
+	cfg.Devfs = filepath.Join(dir, "dev")
+	cfg.NVMLLibrary = filepath.Join(dir, "no-libnvidia-ml.so.1")
+	cfg.ModelRepo = filepath.Join(dir, "models")
+	cfg.ShutdownGrace = config.Duration(5 * time.Second)
+	return cfg
+}
+
+// Start runs brokerd with cfg until the test ends and returns where it
+// listens once it serves.
+func Start(t testing.TB, cfg config.Config) server.Addresses {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	ready := make(chan server.Addresses, 1)
+	go func() {
+		done <- server.Run(ctx, server.Options{Config: cfg, Version: "test", Getenv: func(string) string { return "" },
+			Ready: func(a server.Addresses) { ready <- a }}, zap.NewNop())
+	}()
+	var addrs server.Addresses
+	select {
+	case addrs = <-ready:
+	case err := <-done:
+		cancel()
+		t.Fatalf("brokerd exited: %v", err)
+	case <-time.After(30 * time.Second):
+		cancel()
+		t.Fatal("brokerd not ready after 30s")
+	}
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("brokerd: %v", err)
+		}
+	})
+	return addrs
+}
