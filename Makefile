@@ -36,7 +36,7 @@ UNITDIR    ?= /etc/systemd/system
 IMAGE      ?= brokerd:$(VERSION)
 DOCKER     ?= docker
 
-.PHONY: all build run models bench-peers test test-short fuzz bench lint proto proto-check deps clean install uninstall image
+.PHONY: all build run models bench-peers bench-llamacpp test test-short fuzz bench lint proto proto-check deps clean install uninstall image
 
 all: build
 
@@ -68,6 +68,10 @@ models:
 ## bench-peers: brokerd's encoder against ONNX Runtime on the same weights (bench/peers; installs its peers)
 bench-peers: deps
 	$(GO) run ./bench/peers/encoders
+
+## bench-llamacpp: brokerd's generation against llama.cpp on the same weights (bench/peers/llamacpp; installs its peers)
+bench-llamacpp: deps
+	$(GO) run ./bench/peers/llamacpp
 
 ## test: lint, check the generated code, run every test with the race detector, and each fuzz target briefly
 test: deps lint proto-check

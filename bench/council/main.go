@@ -20,7 +20,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -28,14 +27,13 @@ import (
 	"math/rand/v2"
 	"os"
 	"slices"
-	"sync"
 	"time"
 
+	"github.com/brokerd/brokerd/bench/benchkit"
 	"github.com/brokerd/brokerd/runtime"
 	"github.com/brokerd/brokerd/runtime/models"
 	"github.com/brokerd/brokerd/runtime/models/llm"
 	"github.com/brokerd/brokerd/runtime/onednn"
-	"github.com/brokerd/brokerd/scheduler"
 )
 
 func main() {
@@ -84,7 +82,7 @@ func run(layers, hidden, heads, kvHeads, inter, vocab, nPrompts, minOut, maxOut,
 	defer eng.Close()
 
 	rng := rand.New(rand.NewPCG(3, 4))
-	round := make([]job, nPrompts)
+	round := make([]benchkit.Job, nPrompts)
 	for i := range round {
 		p := make([]int32, promptLen)
 		for j := range p {
@@ -95,12 +93,12 @@ func run(layers, hidden, heads, kvHeads, inter, vocab, nPrompts, minOut, maxOut,
 		if nPrompts > 1 {
 			n = minOut + i*(maxOut-minOut)/(nPrompts-1)
 		}
-		round[i] = job{prompt: p, out: n}
+		round[i] = benchkit.Job{Prompt: p, Out: n}
 	}
 	rng.Shuffle(len(round), func(i, j int) { round[i], round[j] = round[j], round[i] })
 	useful := 0
 	for _, j := range round {
-		useful += j.out
+		useful += j.Out
 	}
 
 	fmt.Fprintf(w, "model: %d layers, hidden %d, %d/%d heads, intermediate %d, vocab %d, %s; weights %.0f MiB\n",
@@ -114,17 +112,21 @@ func run(layers, hidden, heads, kvHeads, inter, vocab, nPrompts, minOut, maxOut,
 	var ttfts []time.Duration
 	for r := range rounds {
 		for _, mode := range modes {
-			running, outOf := nPrompts, func(j job) int { return j.out }
+			running, jobs := nPrompts, round
 			switch mode {
 			case "static":
-				outOf = func(job) int { return maxOut }
+				jobs = slices.Clone(round)
+				for i := range jobs {
+					jobs[i].Out = maxOut
+				}
 			case "one-at-a-time":
 				running = 1
 			}
-			took, ttft, err := runRound(ctx, m, eng, round, running, outOf)
+			res, err := benchkit.Round(ctx, m, eng, jobs, running, 512)
 			if err != nil {
 				return fmt.Errorf("%s: %w", mode, err)
 			}
+			took, ttft := res.Took, res.TTFT
 			tps := float64(useful) / took.Seconds()
 			rate[mode] = append(rate[mode], tps)
 			if mode == "continuous" {
@@ -135,14 +137,7 @@ func run(layers, hidden, heads, kvHeads, inter, vocab, nPrompts, minOut, maxOut,
 	}
 	// Ratios are taken within each round (the modes of a round ran back
 	// to back, so they saw the same machine), then the median over rounds.
-	med := func(v []float64) float64 {
-		s := slices.Clone(v)
-		slices.Sort(s)
-		if len(s)%2 == 0 {
-			return (s[len(s)/2-1] + s[len(s)/2]) / 2
-		}
-		return s[len(s)/2]
-	}
+	med := benchkit.Median
 	ratio := func(a, b string) []float64 {
 		r := make([]float64, rounds)
 		for i := range r {
@@ -169,89 +164,18 @@ func run(layers, hidden, heads, kvHeads, inter, vocab, nPrompts, minOut, maxOut,
 	fmt.Fprintf(w, "continuous time to first token: p50 %v, p99 %v\n", q(0.5).Round(time.Millisecond), q(0.99).Round(time.Millisecond))
 
 	// Single stream against the memory bandwidth limit.
-	single := []job{{prompt: round[0].prompt, out: 64}}
-	took, _, err := runRound(ctx, m, eng, single, 1, func(j job) int { return j.out })
+	single := []benchkit.Job{{Prompt: round[0].Prompt, Out: 64}}
+	res, err := benchkit.Round(ctx, m, eng, single, 1, 512)
 	if err != nil {
 		return err
 	}
-	bw := copyBandwidth()
+	took := res.Took
+	bw := benchkit.CopyBandwidth()
 	perToken := float64(m.WeightBytes(dt))
 	tps := 64 / took.Seconds()
 	fmt.Fprintf(w, "single stream: %.1f tokens/s (prefill included); weights %.0f MiB per token; copy bandwidth %.1f GB/s; limit %.1f tokens/s; fraction %.2f\n",
 		tps, perToken/(1<<20), bw/1e9, bw/perToken, tps/(bw/perToken))
 	return nil
-}
-
-type job struct {
-	prompt []int32
-	out    int
-}
-
-// runRound runs the jobs through a fresh scheduler with a running set of
-// running, each generating outOf(job) tokens, and returns the time until
-// the last finished and each sequence's time to first token.
-func runRound(ctx context.Context, m *llm.Model, eng *llm.Engine, jobs []job, running int, outOf func(job) int) (time.Duration, []time.Duration, error) {
-	s := scheduler.New(scheduler.Options{})
-	defer s.Close()
-	if err := s.AddGenReplica("m", scheduler.Device{ID: "cpu:0", Type: "cpu"},
-		scheduler.GenOptions{MaxRunning: running, MaxStepTokens: 2048, MaxChunk: 512}, executor{eng}); err != nil {
-		return 0, nil, err
-	}
-	start := time.Now()
-	ttft := make([]time.Duration, len(jobs))
-	errs := make([]error, len(jobs))
-	var wg sync.WaitGroup
-	for i, j := range jobs {
-		seq, err := m.NewSequence(llm.Sampling{IgnoreEOS: true}, j.prompt)
-		if err != nil {
-			return 0, nil, err
-		}
-		st, err := s.Generate(ctx, scheduler.GenRequest{Model: "m", Prompt: j.prompt, MaxNewTokens: outOf(j), State: seq})
-		if err != nil {
-			return 0, nil, err
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for n := 0; ; n++ {
-				ev, err := st.Recv()
-				if errors.Is(err, io.EOF) {
-					return
-				}
-				if err != nil {
-					errs[i] = err
-					return
-				}
-				if n == 0 {
-					ttft[i] = time.Since(start)
-				}
-				_ = ev
-			}
-		}()
-	}
-	wg.Wait()
-	return time.Since(start), ttft, errors.Join(errs...)
-}
-
-// executor adapts the engine to the scheduler, as brokerd's lifecycle does.
-type executor struct{ e *llm.Engine }
-
-func (x executor) Reserve(seq uint64, tokens int) bool { return x.e.Reserve(seq, tokens) }
-func (x executor) Release(seq uint64)                  { x.e.Release(seq) }
-func (x executor) Step(ctx context.Context, items []scheduler.StepItem) ([]scheduler.StepResult, error) {
-	in := make([]llm.StepItem, len(items))
-	for i, it := range items {
-		in[i] = llm.StepItem{Seq: it.Seq, State: it.State, Tokens: it.Tokens, Pos: it.Pos, Sample: it.Sample}
-	}
-	res, err := x.e.Step(ctx, in)
-	if err != nil {
-		return nil, err
-	}
-	out := make([]scheduler.StepResult, len(res))
-	for i, r := range res {
-		out[i] = scheduler.StepResult{Token: r.Token, Out: r.Out, Stop: r.Stop, Full: r.Full}
-	}
-	return out, nil
 }
 
 // model builds a random Qwen2-style model in memory.
@@ -294,22 +218,4 @@ func model(layers, hidden, heads, kvHeads, inter, vocab, ctxLen int) (*llm.Model
 		"rms_norm_eps":1e-6,"rope_theta":1000000,"tie_word_embeddings":true,"eos_token_id":2}`,
 		vocab, hidden, layers, heads, kvHeads, inter, ctxLen)
 	return llm.NewModel([]byte(cfg), w, llm.ModelOptions{Name: "council-bench", Version: 1})
-}
-
-// copyBandwidth measures memory bandwidth by copying a buffer far larger
-// than the caches: bytes read per second (the engine's weights are read
-// once per decode step).
-func copyBandwidth() float64 {
-	const n = 256 << 20
-	src, dst := make([]byte, n), make([]byte, n)
-	for i := range src {
-		src[i] = byte(i)
-	}
-	best := 0.0
-	for range 5 {
-		t := time.Now()
-		copy(dst, src)
-		best = max(best, float64(n)/time.Since(t).Seconds())
-	}
-	return best
 }

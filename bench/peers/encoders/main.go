@@ -30,11 +30,11 @@ import (
 	"path/filepath"
 	goruntime "runtime"
 	"slices"
-	"sort"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/brokerd/brokerd/bench/benchkit"
 	"github.com/brokerd/brokerd/bench/modelkit"
 	"github.com/brokerd/brokerd/runtime"
 	"github.com/brokerd/brokerd/runtime/models"
@@ -91,13 +91,6 @@ func peersDir() (string, error) {
 	}
 }
 
-func python() string {
-	if _, err := os.Stat("/usr/bin/python3"); err == nil {
-		return "/usr/bin/python3" // Debian's, with python3-torch
-	}
-	return "python3"
-}
-
 // setup installs the peers when missing: onnxruntime-node from the lock
 // file (its install script, which fetches GPU extras, skipped) and
 // python3-torch from Debian.
@@ -111,15 +104,7 @@ func setup(peers string) error {
 			return fmt.Errorf("npm ci: %w", err)
 		}
 	}
-	if exec.Command(python(), "-c", "import torch, numpy").Run() != nil {
-		fmt.Println("installing python3-torch (apt-get)...")
-		cmd := exec.Command("sh", "-c", `if [ "$(id -u)" = 0 ]; then S=; else S=sudo; fi; $S apt-get install -y -q --no-install-recommends python3-torch python3-numpy`)
-		cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
-		if err := cmd.Run(); err != nil {
-			return fmt.Errorf("apt-get install python3-torch: %w", err)
-		}
-	}
-	return nil
+	return benchkit.InstallTorch()
 }
 
 // ortWorker is the node process running ONNX Runtime.
@@ -200,11 +185,11 @@ func run(modelNames string, seqs, batches []int, rounds int, seconds float64, th
 		return fmt.Errorf("oneDNN device: %w", err)
 	}
 	defer dev.Close()
-	peak, err := matmulPeak(ctx, dev, runtime.F32)
+	peak, err := benchkit.MatMulPeak(ctx, dev, runtime.F32)
 	if err != nil {
 		return err
 	}
-	fmt.Printf("CPU: %s; %d threads each; sgemm peak through the adapter (1024³, best of 5): %.1f GFLOP/s\n", cpuModel(), threads, peak)
+	fmt.Printf("CPU: %s; %d threads each; sgemm peak through the adapter (1024³, best of 5): %.1f GFLOP/s\n", benchkit.CPUModel(), threads, peak)
 
 	var rows []*row
 	for _, name := range strings.Split(modelNames, ",") {
@@ -217,7 +202,7 @@ func run(modelNames string, seqs, batches []int, rounds int, seconds float64, th
 			return err
 		}
 		onnx := filepath.Join(work, name+".onnx")
-		exp := exec.Command(python(), filepath.Join(peers, "bert.py"), "export", dir, onnx)
+		exp := exec.Command(benchkit.Python(), filepath.Join(peers, "bert.py"), "export", dir, onnx)
 		if out, err := exp.CombinedOutput(); err != nil {
 			return fmt.Errorf("export %s to ONNX: %v\n%s", name, err, out)
 		}
@@ -296,9 +281,9 @@ func run(modelNames string, seqs, batches []int, rounds int, seconds float64, th
 		for i := range ratios {
 			ratios[i] = rw.broker[i] / rw.ort[i]
 		}
-		b, o := median(rw.broker), median(rw.ort)
+		b, o := benchkit.Median(rw.broker), benchkit.Median(rw.ort)
 		bg, og := b/float64(rw.batch)*rw.flops/1e9, o/float64(rw.batch)*rw.flops/1e9
-		fmt.Printf("%-7s %4d %5d %12.1f %12.1f %8.2f %11.1f %11.1f %9.2f %9.1e\n", rw.model, rw.seq, rw.batch, b, o, median(ratios), bg, og, bg/peak, max(rw.maxDiffBroker, rw.maxDiffORT))
+		fmt.Printf("%-7s %4d %5d %12.1f %12.1f %8.2f %11.1f %11.1f %9.2f %9.1e\n", rw.model, rw.seq, rw.batch, b, o, benchkit.Median(ratios), bg, og, bg/peak, max(rw.maxDiffBroker, rw.maxDiffORT))
 	}
 	return nil
 }
@@ -308,7 +293,7 @@ func run(modelNames string, seqs, batches []int, rounds int, seconds float64, th
 // the reference BLAS: a whole BERT-base batch in float64 takes minutes);
 // brokerd and ORT are also compared with each other on every row.
 func agree(ctx context.Context, rep models.Replica, ort *ortWorker, peers, dir string, ids [][]int32, rw *row) error {
-	ref := exec.Command(python(), filepath.Join(peers, "bert.py"), "embed", dir)
+	ref := exec.Command(benchkit.Python(), filepath.Join(peers, "bert.py"), "embed", dir)
 	in, _ := json.Marshal(ids[:min(2, len(ids))])
 	ref.Stdin = strings.NewReader(string(in))
 	out, err := ref.Output()
@@ -392,69 +377,3 @@ func forwardFLOPs(b modelkit.BERT, batch, seq int) float64 {
 }
 
 // matmulPeak is a 1024³ f32 matmul through the adapter, best of 5 rounds.
-func matmulPeak(ctx context.Context, dev runtime.Device, dt runtime.DType) (float64, error) {
-	const n = 1024
-	bind := map[string]runtime.Buffer{}
-	defer func() {
-		for _, b := range bind {
-			dev.Free(b)
-		}
-	}()
-	r := rand.New(rand.NewPCG(1, 2))
-	for _, name := range []string{"a", "w", "y"} {
-		buf, err := dev.Alloc(dt, n, n)
-		if err != nil {
-			return 0, err
-		}
-		bind[name] = buf
-		if name != "y" {
-			data := make([]float32, n*n)
-			for i := range data {
-				data[i] = float32(r.NormFloat64())
-			}
-			if err := dev.CopyIn(ctx, buf, data); err != nil {
-				return 0, err
-			}
-		}
-	}
-	g := &runtime.Graph{Ops: []runtime.Op{{Kind: runtime.OpMatMul, In: []string{"a", "w"}, Out: "y"}}}
-	if err := dev.Run(ctx, g, bind); err != nil {
-		return 0, err
-	}
-	best := 0.0
-	for range 5 {
-		start := time.Now()
-		for range 4 {
-			if err := dev.Run(ctx, g, bind); err != nil {
-				return 0, err
-			}
-		}
-		best = max(best, 4*2*n*n*n/time.Since(start).Seconds()/1e9)
-	}
-	return best, nil
-}
-
-func median(xs []float64) float64 {
-	s := slices.Clone(xs)
-	sort.Float64s(s)
-	if len(s) == 0 {
-		return 0
-	}
-	if len(s)%2 == 1 {
-		return s[len(s)/2]
-	}
-	return (s[len(s)/2-1] + s[len(s)/2]) / 2
-}
-
-func cpuModel() string {
-	b, err := os.ReadFile("/proc/cpuinfo")
-	if err != nil {
-		return "unknown"
-	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if k, v, ok := strings.Cut(l, ":"); ok && strings.TrimSpace(k) == "model name" {
-			return strings.TrimSpace(v)
-		}
-	}
-	return "unknown"
-}

@@ -1,0 +1,155 @@
+// Package benchkit holds what brokerd's benchmark commands share: the
+// machine's CPU and its measured limits (copy bandwidth, the adapter's
+// matmul peak), medians, and a generation round through the scheduler's
+// continuous batching and the LLM engine, as brokerd runs it.
+package benchkit
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/brokerd/brokerd/runtime"
+)
+
+// CPUModel is /proc/cpuinfo's model name.
+func CPUModel() string {
+	b, err := os.ReadFile("/proc/cpuinfo")
+	if err != nil {
+		return "unknown"
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if k, v, ok := strings.Cut(l, ":"); ok && strings.TrimSpace(k) == "model name" {
+			return strings.TrimSpace(v)
+		}
+	}
+	return "unknown"
+}
+
+// CPUFlags lists which of the flags that matter to the adapter's kernels
+// (AVX-512, bf16, AMX) the CPU has.
+func CPUFlags() string {
+	b, err := os.ReadFile("/proc/cpuinfo")
+	if err != nil {
+		return "unknown"
+	}
+	var have []string
+	for _, l := range strings.Split(string(b), "\n") {
+		k, v, ok := strings.Cut(l, ":")
+		if !ok || strings.TrimSpace(k) != "flags" {
+			continue
+		}
+		fields := strings.Fields(v)
+		for _, f := range []string{"avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile"} {
+			if slices.Contains(fields, f) {
+				have = append(have, f)
+			}
+		}
+		break
+	}
+	return strings.Join(have, " ")
+}
+
+// CopyBandwidth measures memory bandwidth by copying a buffer far larger
+// than the caches: bytes read per second, best of five (a decode step
+// reads every weight once).
+func CopyBandwidth() float64 {
+	const n = 256 << 20
+	src, dst := make([]byte, n), make([]byte, n)
+	for i := range src {
+		src[i] = byte(i)
+	}
+	best := 0.0
+	for range 5 {
+		t := time.Now()
+		copy(dst, src)
+		best = max(best, float64(n)/time.Since(t).Seconds())
+	}
+	return best
+}
+
+// MatMulPeak is the device's matmul rate in GFLOP/s on a 1024³ product,
+// best of five runs of four.
+func MatMulPeak(ctx context.Context, dev runtime.Device, dt runtime.DType) (float64, error) {
+	const n = 1024
+	bind := map[string]runtime.Buffer{}
+	defer func() {
+		for _, b := range bind {
+			dev.Free(b)
+		}
+	}()
+	r := rand.New(rand.NewPCG(1, 2))
+	for _, name := range []string{"a", "w", "y"} {
+		buf, err := dev.Alloc(dt, n, n)
+		if err != nil {
+			return 0, err
+		}
+		bind[name] = buf
+		if name != "y" {
+			data := make([]float32, n*n)
+			for i := range data {
+				data[i] = float32(r.NormFloat64())
+			}
+			if err := dev.CopyIn(ctx, buf, data); err != nil {
+				return 0, err
+			}
+		}
+	}
+	g := &runtime.Graph{Ops: []runtime.Op{{Kind: runtime.OpMatMul, In: []string{"a", "w"}, Out: "y"}}}
+	if err := dev.Run(ctx, g, bind); err != nil {
+		return 0, err
+	}
+	best := 0.0
+	for range 5 {
+		start := time.Now()
+		for range 4 {
+			if err := dev.Run(ctx, g, bind); err != nil {
+				return 0, err
+			}
+		}
+		best = max(best, 4*2*n*n*n/time.Since(start).Seconds()/1e9)
+	}
+	return best, nil
+}
+
+// Median of v (0 when empty); v is not changed.
+func Median(v []float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	s := slices.Clone(v)
+	slices.Sort(s)
+	if len(s)%2 == 0 {
+		return (s[len(s)/2-1] + s[len(s)/2]) / 2
+	}
+	return s[len(s)/2]
+}
+
+// Python is Debian's interpreter, which has python3-torch (a python3
+// earlier on PATH, such as a pyenv shim, may not).
+func Python() string {
+	if _, err := os.Stat("/usr/bin/python3"); err == nil {
+		return "/usr/bin/python3"
+	}
+	return "python3"
+}
+
+// InstallTorch installs Debian's python3-torch and python3-numpy (with
+// sudo unless root) when Python cannot import them.
+func InstallTorch() error {
+	if exec.Command(Python(), "-c", "import torch, numpy").Run() == nil {
+		return nil
+	}
+	fmt.Println("installing python3-torch (apt-get)...")
+	cmd := exec.Command("sh", "-c", `if [ "$(id -u)" = 0 ]; then S=; else S=sudo; fi; $S apt-get install -y -q --no-install-recommends python3-torch python3-numpy`)
+	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("apt-get install python3-torch: %w", err)
+	}
+	return nil
+}

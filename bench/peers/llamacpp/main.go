@@ -1,0 +1,602 @@
+// Command llamacpp measures brokerd's generation against llama.cpp on the
+// same random weights and machine: bench/modelkit writes a decoder
+// checkpoint (Qwen2.5-0.5B's shape by default, with the Qwen tokenizer)
+// and the same weights as GGUF; llama.cpp runs through node-llama-cpp
+// 3.21.1's prebuilt CPU build (installed here with npm ci on first run);
+// brokerd runs in process, through the scheduler's continuous batching and
+// the LLM engine on oneDNN. Before timing anything it checks that brokerd,
+// llama.cpp and an eager PyTorch decoder (bench/peers/llm_torch.py,
+// Debian's python3-torch, float64) give the same greedy tokens.
+//
+// Then, in interleaved rounds (brokerd, llama.cpp, brokerd, ...):
+//
+//   - scaling: N concurrent sequences (1, 2, 4, ... 32), each a prompt of
+//     -prompt-tokens and exactly -gen-tokens greedy tokens; aggregate
+//     generated tokens/s of each and their ratio, plus the single stream's
+//     decode-only rate against the memory-bandwidth limit; drawn as a PNG;
+//
+//   - a council round: 16 prompts with answers of 16 to 256 tokens, all
+//     submitted at once (llama.cpp: a 16-sequence context); useful tokens/s
+//     and time to first token p99;
+//
+//   - prefill: one 512-token prompt, its time to first token, and brokerd's
+//     rate against the adapter's measured matmul peak.
+//
+//     make build && go run ./bench/peers/llamacpp [-dtype bf16] [-rounds 3]
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	goruntime "runtime"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/brokerd/brokerd/bench/benchkit"
+	"github.com/brokerd/brokerd/bench/modelkit"
+	"github.com/brokerd/brokerd/runtime"
+	"github.com/brokerd/brokerd/runtime/models"
+	"github.com/brokerd/brokerd/runtime/models/llm"
+	"github.com/brokerd/brokerd/runtime/onednn"
+	"github.com/brokerd/brokerd/runtime/safetensors"
+)
+
+// shapes are the checkpoints -shape names.
+var shapes = map[string]modelkit.LLM{
+	// Qwen2.5-0.5B's shape (untied here: random tied embeddings make a
+	// model that repeats its input, which would make the token check
+	// vacuous; a decode step reads the same bytes either way).
+	"qwen2.5-0.5b": {Arch: "qwen2", Layers: 24, Hidden: 896, Heads: 14, KVHeads: 2, Intermediate: 4864, Vocab: 151936},
+	// Something quick, for trying the script.
+	"small": {Arch: "qwen3", Layers: 4, Hidden: 256, Heads: 4, KVHeads: 2, HeadDim: 64, Intermediate: 768, Vocab: 151936},
+}
+
+type options struct {
+	shape, dtype, work, plot, levels string
+	rounds, threads, promptTokens    int
+	genTokens, checkTokens, prefill  int
+	council, torch                   bool
+}
+
+func main() {
+	var o options
+	flag.StringVar(&o.shape, "shape", "qwen2.5-0.5b", "checkpoint shape: qwen2.5-0.5b or small")
+	flag.StringVar(&o.dtype, "dtype", "f32", "compute type: f32 (F32 GGUF) or bf16 (BF16 GGUF)")
+	flag.StringVar(&o.work, "work", filepath.Join(os.TempDir(), "brokerd-llamacpp-bench"), "directory for the checkpoint and GGUF (kept between runs)")
+	flag.StringVar(&o.plot, "plot", "", "PNG of the scaling table (default: scaling-<shape>-<dtype>.png in -work)")
+	flag.StringVar(&o.levels, "concurrency", "1,2,4,8,16,32", "concurrent sequences of the scaling table")
+	flag.IntVar(&o.rounds, "rounds", 3, "interleaved rounds")
+	flag.IntVar(&o.promptTokens, "prompt-tokens", 32, "prompt tokens per sequence in the scaling table")
+	flag.IntVar(&o.genTokens, "gen-tokens", 64, "generated tokens per sequence in the scaling table")
+	flag.IntVar(&o.checkTokens, "check-tokens", 24, "greedy tokens compared across the engines")
+	flag.IntVar(&o.prefill, "prefill-tokens", 512, "prompt of the prefill measurement (0: skip)")
+	flag.BoolVar(&o.council, "council", true, "run the council round")
+	flag.BoolVar(&o.torch, "torch", true, "check tokens against PyTorch too")
+	flag.Parse()
+	// brokerd's OpenMP threads are all cores unless OMP_NUM_THREADS says
+	// otherwise (libgomp reads it at load); llama.cpp gets the same count.
+	o.threads = goruntime.NumCPU()
+	if n, err := strconv.Atoi(os.Getenv("OMP_NUM_THREADS")); err == nil && n > 0 {
+		o.threads = n
+	}
+	if err := run(context.Background(), o); err != nil {
+		fmt.Fprintln(os.Stderr, "llamacpp:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, o options) error {
+	shape, ok := shapes[o.shape]
+	if !ok {
+		return fmt.Errorf("-shape %q: want qwen2.5-0.5b or small", o.shape)
+	}
+	var dt runtime.DType
+	switch o.dtype {
+	case "f32":
+		dt = runtime.F32
+	case "bf16":
+		dt = runtime.BF16
+	default:
+		return fmt.Errorf("-dtype %q: want f32 or bf16", o.dtype)
+	}
+	var levels []int
+	for _, f := range strings.Split(o.levels, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n <= 0 {
+			return fmt.Errorf("-concurrency %q: want positive numbers", o.levels)
+		}
+		levels = append(levels, n)
+	}
+	here, err := sourceDir()
+	if err != nil {
+		return err
+	}
+	if err := npmInstall(here); err != nil {
+		return err
+	}
+	if o.torch {
+		if err := benchkit.InstallTorch(); err != nil {
+			return err
+		}
+	}
+	dir, gguf, err := checkpoint(here, o, shape)
+	if err != nil {
+		return err
+	}
+
+	ctxLen := max(o.promptTokens+o.genTokens, 48+256, o.prefill+1, 48+o.checkTokens) + 16
+	m, err := loadModel(dir, ctxLen)
+	if err != nil {
+		return err
+	}
+	dev, err := onednn.New(onednn.Options{}).Open(ctx, runtime.DeviceSpec{ID: "cpu:0", DType: dt})
+	if err != nil {
+		return err
+	}
+	defer dev.Close()
+	maxSeqs := max(slices.Max(levels), 16)
+	blocks := int64(maxSeqs) * int64((ctxLen+llm.DefaultBlockSize-1)/llm.DefaultBlockSize+1)
+	eng, err := m.NewEngine(ctx, dev, llm.EngineOptions{CacheBytes: blocks * m.CacheBlockBytes(0), MaxSeqs: maxSeqs, MaxStepTokens: 2048})
+	if err != nil {
+		return err
+	}
+	defer eng.Close()
+
+	peer, err := startWorker(here)
+	if err != nil {
+		return err
+	}
+	defer peer.close()
+
+	bw := benchkit.CopyBandwidth()
+	peak, err := benchkit.MatMulPeak(ctx, dev, dt)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("CPU: %s (%s), %d threads per engine; copy bandwidth %.1f GB/s; matmul peak through the adapter (%s, 1024³) %.0f GFLOP/s\n",
+		benchkit.CPUModel(), benchkit.CPUFlags(), o.threads, bw/1e9, dt, peak)
+	// A decode step reads every weight once except the embedding table
+	// (untied in these shapes), of which it reads one row.
+	perToken := m.WeightBytes(dt) - int64(shape.Vocab*shape.Hidden)*int64(dt.Size())
+	fmt.Printf("model: %s shape (%s, %d layers, hidden %d, %d/%d heads, intermediate %d, vocab %d); %s weights read per token %.0f MiB\n",
+		o.shape, shape.Arch, shape.Layers, shape.Hidden, shape.Heads, shape.KVHeads, shape.Intermediate, shape.Vocab, dt, float64(perToken)/(1<<20))
+	fmt.Printf("llama.cpp: node-llama-cpp 3.21.1 prebuilt linux-x64 CPU build, %s GGUF, KV cache F16 (its default) when timed\n", strings.ToUpper(o.dtype))
+
+	rng := rand.New(rand.NewPCG(7, 8))
+	prompt := func(n int) []int32 {
+		p := make([]int32, n)
+		for i := range p {
+			p[i] = int32(rng.IntN(150000)) // ordinary tokens, below the specials
+		}
+		return p
+	}
+
+	// 1. The same greedy tokens, or nothing is timed.
+	checks := []benchkit.Job{{Prompt: prompt(8), Out: o.checkTokens}, {Prompt: prompt(48), Out: o.checkTokens}}
+	if err := agree(ctx, o, m, eng, peer, gguf, dir, checks, ctxLen); err != nil {
+		return err
+	}
+
+	// 2. Scaling, interleaved.
+	type cell struct{ broker, peer, brokerDecode, peerDecode []float64 }
+	table := make([]cell, len(levels))
+	jobsAt := make([][]benchkit.Job, len(levels))
+	for i, c := range levels {
+		for range c {
+			jobsAt[i] = append(jobsAt[i], benchkit.Job{Prompt: prompt(o.promptTokens), Out: o.genTokens})
+		}
+	}
+	for r := range o.rounds {
+		for i, c := range levels {
+			b, err := benchkit.Round(ctx, m, eng, jobsAt[i], c, 512)
+			if err != nil {
+				return err
+			}
+			if err := peer.load(gguf, o.threads, ctxLen, c, false); err != nil {
+				return err
+			}
+			p, err := peer.run(jobsAt[i])
+			if err != nil {
+				return err
+			}
+			table[i].broker = append(table[i].broker, float64(c*o.genTokens)/b.Took.Seconds())
+			table[i].peer = append(table[i].peer, float64(c*o.genTokens)/p.Seconds)
+			if c == 1 {
+				table[i].brokerDecode = append(table[i].brokerDecode, float64(o.genTokens-1)/(b.End[0]-b.TTFT[0]).Seconds())
+				table[i].peerDecode = append(table[i].peerDecode, float64(o.genTokens-1)/(p.End[0]-p.TTFT[0]))
+			}
+			fmt.Printf("round %d, %2d sequences: brokerd %7.1f tokens/s, llama.cpp %7.1f\n", r+1, c, table[i].broker[r], table[i].peer[r])
+		}
+	}
+	limit := bw / float64(perToken)
+	fmt.Printf("\nscaling (%s): %d-token prompts, %d generated tokens each, generated tokens/s (prefill included), median of %d rounds\n", dt, o.promptTokens, o.genTokens, o.rounds)
+	fmt.Printf("%11s %10s %10s %7s\n", "sequences", "brokerd", "llama.cpp", "ratio")
+	var bs, ps benchkit.Series
+	bs.Name, ps.Name = "brokerd "+o.dtype, "llama.cpp "+strings.ToUpper(o.dtype)+" GGUF"
+	for i, c := range levels {
+		ratios := make([]float64, o.rounds)
+		for r := range ratios {
+			ratios[r] = table[i].broker[r] / table[i].peer[r]
+		}
+		b, p := benchkit.Median(table[i].broker), benchkit.Median(table[i].peer)
+		fmt.Printf("%11d %10.1f %10.1f %7.2f\n", c, b, p, benchkit.Median(ratios))
+		bs.X, bs.Y = append(bs.X, float64(c)), append(bs.Y, b)
+		ps.X, ps.Y = append(ps.X, float64(c)), append(ps.Y, p)
+		if c == 1 {
+			bd, pd := benchkit.Median(table[i].brokerDecode), benchkit.Median(table[i].peerDecode)
+			fmt.Printf("%11s single stream, decode only: brokerd %.1f tokens/s (%.2f of the bandwidth limit %.1f), llama.cpp %.1f; ratio %.2f\n",
+				"", bd, bd/limit, limit, pd, bd/pd)
+		}
+	}
+	plot := o.plot
+	if plot == "" {
+		plot = filepath.Join(o.work, fmt.Sprintf("scaling-%s-%s.png", o.shape, o.dtype))
+	}
+	title := fmt.Sprintf("%s shape, %s, %s: generated tokens/s by concurrent sequences", o.shape, o.dtype, benchkit.CPUModel())
+	if err := benchkit.PlotPNG(plot, title, "concurrent sequences", "tokens/s", []benchkit.Series{bs, ps}); err != nil {
+		return err
+	}
+	fmt.Println("plot:", plot)
+
+	// 3. The council round.
+	if o.council {
+		var round []benchkit.Job
+		useful := 0
+		for i := range 16 {
+			n := 16 + i*(256-16)/15
+			round = append(round, benchkit.Job{Prompt: prompt(48), Out: n})
+			useful += n
+		}
+		rng.Shuffle(len(round), func(i, j int) { round[i], round[j] = round[j], round[i] })
+		var brate, prate, ratios []float64
+		var bttft, pttft []float64
+		for r := range o.rounds {
+			b, err := benchkit.Round(ctx, m, eng, round, 16, 512)
+			if err != nil {
+				return err
+			}
+			if err := peer.load(gguf, o.threads, ctxLen, 16, false); err != nil {
+				return err
+			}
+			p, err := peer.run(round)
+			if err != nil {
+				return err
+			}
+			brate = append(brate, float64(useful)/b.Took.Seconds())
+			prate = append(prate, float64(useful)/p.Seconds)
+			ratios = append(ratios, brate[r]/prate[r])
+			for i := range round {
+				bttft = append(bttft, b.TTFT[i].Seconds())
+				pttft = append(pttft, p.TTFT[i])
+			}
+			fmt.Printf("council round %d: brokerd %.1f useful tokens/s, llama.cpp %.1f\n", r+1, brate[r], prate[r])
+		}
+		fmt.Printf("\ncouncil (16 prompts of 48 tokens, answers 16-256, %d useful tokens): brokerd %.1f tokens/s, llama.cpp (16 sequences) %.1f; ratio %.2f (rounds %.2f)\n",
+			useful, benchkit.Median(brate), benchkit.Median(prate), benchkit.Median(ratios), ratios)
+		fmt.Printf("time to first token p50/p99: brokerd %.2f/%.2f s, llama.cpp %.2f/%.2f s\n", quantile(bttft, 0.5), quantile(bttft, 0.99), quantile(pttft, 0.5), quantile(pttft, 0.99))
+	}
+
+	// 4. Prefill.
+	if o.prefill > 0 {
+		job := []benchkit.Job{{Prompt: prompt(o.prefill), Out: 1}}
+		var bt, pt []float64
+		for range o.rounds {
+			b, err := benchkit.Round(ctx, m, eng, job, 1, o.prefill)
+			if err != nil {
+				return err
+			}
+			if err := peer.load(gguf, o.threads, ctxLen, 1, false); err != nil {
+				return err
+			}
+			p, err := peer.run(job)
+			if err != nil {
+				return err
+			}
+			bt, pt = append(bt, b.TTFT[0].Seconds()), append(pt, p.TTFT[0])
+		}
+		flops := prefillFLOPs(shape, m, o.prefill)
+		b, p := benchkit.Median(bt), benchkit.Median(pt)
+		fmt.Printf("\nprefill of %d tokens: brokerd %.3f s (%.0f GFLOP/s, %.2f of the %s matmul peak), llama.cpp %.3f s (%.0f GFLOP/s); ratio %.2f\n",
+			o.prefill, b, flops/b/1e9, flops/b/1e9/peak, dt, p, flops/p/1e9, p/b)
+	}
+	return nil
+}
+
+// prefillFLOPs counts a prompt's multiply-adds twice: every weight matrix
+// of the layers once per token, attention's two products over the causal
+// triangle, and the LM head for the last token only.
+func prefillFLOPs(s modelkit.LLM, m *llm.Model, n int) float64 {
+	hd := s.HeadDim
+	if hd == 0 {
+		hd = s.Hidden / s.Heads
+	}
+	q, kv := s.Heads*hd, s.KVHeads*hd
+	perLayer := float64(s.Hidden*(q+2*kv) + q*s.Hidden + 3*s.Hidden*s.Intermediate)
+	attn := float64(s.Layers) * 2 * float64(s.Heads*hd) * float64(n) * float64(n+1) / 2
+	return 2*float64(n)*perLayer*float64(s.Layers) + 2*attn + 2*float64(s.Hidden*m.VocabSize())
+}
+
+// agree runs the check prompts greedily through brokerd, llama.cpp (with an
+// f32 KV cache when comparing f32, as brokerd keeps it) and PyTorch in
+// float64, and fails unless each engine gives PyTorch's tokens. Where an
+// engine leaves them at a step whose best two logits are within tieGap in
+// float64 (a near tie that its own rounding may flip; the rest of the
+// sequence then follows another token), it says so and counts as agreeing.
+func agree(ctx context.Context, o options, m *llm.Model, eng *llm.Engine, peer *worker, gguf, dir string, jobs []benchkit.Job, ctxLen int) error {
+	b, err := benchkit.Round(ctx, m, eng, jobs, len(jobs), 512)
+	if err != nil {
+		return err
+	}
+	if err := peer.load(gguf, o.threads, ctxLen, 1, o.dtype == "f32"); err != nil {
+		return err
+	}
+	var p [][]int32
+	for _, j := range jobs {
+		r, err := peer.run([]benchkit.Job{j})
+		if err != nil {
+			return err
+		}
+		p = append(p, r.Tokens[0])
+	}
+	if !o.torch {
+		for i := range jobs {
+			fmt.Printf("check %d (%d-token prompt): brokerd and llama.cpp agree on %d of %d tokens (PyTorch not run)\n", i+1, len(jobs[i].Prompt), prefix(b.Tokens[i], p[i]), o.checkTokens)
+		}
+		return nil
+	}
+	ref, err := torchTokens(dir, jobs, o.checkTokens)
+	if err != nil {
+		return err
+	}
+	tieGap := 0.01 // f32: logits agree to ~1e-5 of their size
+	if o.dtype == "bf16" {
+		tieGap = 0.25 // bf16 activations: ~0.5% of the logits' size
+	}
+	var bad []string
+	for i := range jobs {
+		line := fmt.Sprintf("check %d (%d-token prompt), %d greedy tokens against PyTorch float64:", i+1, len(jobs[i].Prompt), o.checkTokens)
+		for _, e := range []struct {
+			name string
+			toks []int32
+		}{{"brokerd", b.Tokens[i]}, {"llama.cpp", p[i]}} {
+			k := prefix(e.toks, ref.Tokens[i])
+			switch {
+			case k == len(ref.Tokens[i]):
+				line += fmt.Sprintf(" %s all", e.name)
+			case ref.Gaps[i][k] < tieGap:
+				line += fmt.Sprintf(" %s first %d, then a near tie (gap %.2g)", e.name, k, ref.Gaps[i][k])
+			default:
+				line += fmt.Sprintf(" %s first %d (gap %.2g: NOT a tie)", e.name, k, ref.Gaps[i][k])
+				bad = append(bad, fmt.Sprintf("check %d: %s %v, PyTorch %v", i+1, e.name, e.toks, ref.Tokens[i]))
+			}
+			line += ";"
+		}
+		fmt.Println(strings.TrimSuffix(line, ";"))
+	}
+	if bad != nil {
+		return fmt.Errorf("an engine disagrees with PyTorch, nothing timed:\n%s", strings.Join(bad, "\n"))
+	}
+	return nil
+}
+
+func prefix(a, b []int32) int {
+	n := 0
+	for n < len(a) && n < len(b) && a[n] == b[n] {
+		n++
+	}
+	return n
+}
+
+func quantile(v []float64, q float64) float64 {
+	s := slices.Clone(v)
+	slices.Sort(s)
+	return s[min(len(s)-1, int(math.Ceil(q*float64(len(s))))-1)]
+}
+
+type torchRef struct {
+	Tokens [][]int32
+	Gaps   [][]float64
+}
+
+func torchTokens(dir string, jobs []benchkit.Job, n int) (torchRef, error) {
+	req := map[string]any{"n": n}
+	var prompts [][]int32
+	for _, j := range jobs {
+		prompts = append(prompts, j.Prompt)
+	}
+	req["prompts"] = prompts
+	in, _ := json.Marshal(req)
+	here, err := sourceDir()
+	if err != nil {
+		return torchRef{}, err
+	}
+	cmd := exec.Command(benchkit.Python(), filepath.Join(here, "..", "llm_torch.py"), dir)
+	cmd.Stdin = strings.NewReader(string(in))
+	cmd.Stderr = os.Stderr
+	out, err := cmd.Output()
+	var ans torchRef
+	if err == nil {
+		err = json.Unmarshal(out, &ans)
+	}
+	if err == nil && len(ans.Tokens) != len(jobs) {
+		err = fmt.Errorf("%d answers for %d prompts", len(ans.Tokens), len(jobs))
+	}
+	if err != nil {
+		return ans, fmt.Errorf("llm_torch.py: %w", err)
+	}
+	return ans, nil
+}
+
+// checkpoint writes the random checkpoint (stored bf16, so the f32 and
+// bf16 runs read the same values) and its GGUF into -work, unless a
+// previous run left them there.
+func checkpoint(here string, o options, s modelkit.LLM) (string, string, error) {
+	s.DType, s.Seed = "bf16", 1
+	s.TokenizerDir = filepath.Join(here, "..", "..", "..", "runtime", "models", "tokenizer", "bpe", "testdata", "qwen3")
+	if s.Arch == "llama" {
+		s.TokenizerDir = filepath.Join(filepath.Dir(s.TokenizerDir), "llama3")
+	}
+	dir := filepath.Join(o.work, o.shape, "1")
+	gguf := filepath.Join(o.work, o.shape+"-"+o.dtype+".gguf")
+	if _, err := os.Stat(filepath.Join(dir, "model.safetensors")); err != nil {
+		fmt.Printf("writing the %s checkpoint to %s...\n", o.shape, dir)
+		if _, err := modelkit.WriteLLM(dir, s); err != nil {
+			return "", "", err
+		}
+		_ = os.Remove(gguf)
+	}
+	if _, err := os.Stat(gguf); err != nil {
+		fmt.Printf("writing %s...\n", gguf)
+		if _, err := modelkit.WriteGGUF(dir, gguf, o.dtype); err != nil {
+			return "", "", err
+		}
+	}
+	return dir, gguf, nil
+}
+
+func loadModel(dir string, ctxLen int) (*llm.Model, error) {
+	cfg, err := os.ReadFile(filepath.Join(dir, "config.json"))
+	if err != nil {
+		return nil, err
+	}
+	st, err := safetensors.Open(filepath.Join(dir, "model.safetensors"))
+	if err != nil {
+		return nil, err
+	}
+	defer st.Close()
+	w := map[string]models.Tensor{}
+	for _, name := range st.Names() {
+		if w[name], err = st.Float32(name); err != nil {
+			return nil, err
+		}
+	}
+	return llm.NewModel(cfg, w, llm.ModelOptions{Name: "bench", Version: 1, MaxContext: ctxLen})
+}
+
+// sourceDir is this command's directory in the checkout (go run builds
+// elsewhere, so it is found from the working directory).
+func sourceDir() (string, error) {
+	wd, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for d := wd; ; d = filepath.Dir(d) {
+		if _, err := os.Stat(filepath.Join(d, "go.mod")); err == nil {
+			return filepath.Join(d, "bench", "peers", "llamacpp"), nil
+		}
+		if filepath.Dir(d) == d {
+			return "", errors.New("run it inside the brokerd checkout")
+		}
+	}
+}
+
+// npmInstall installs node-llama-cpp from the lock, without its optional
+// GPU and other-platform binaries and without its postinstall (which would
+// try to download or build llama.cpp).
+func npmInstall(here string) error {
+	if _, err := os.Stat(filepath.Join(here, "node_modules", "@node-llama-cpp", "linux-x64")); err == nil {
+		return nil
+	}
+	fmt.Println("installing node-llama-cpp 3.21.1 (npm ci in bench/peers/llamacpp)...")
+	cmd := exec.Command("npm", "ci", "--omit=optional", "--ignore-scripts", "--no-audit", "--no-fund")
+	cmd.Dir = here
+	cmd.Env = append(os.Environ(), "NODE_LLAMA_CPP_SKIP_DOWNLOAD=true")
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("npm ci: %w", err)
+	}
+	return nil
+}
+
+// worker is llama.cpp's side: worker.mjs, one JSON line per request.
+type worker struct {
+	cmd *exec.Cmd
+	in  io.WriteCloser
+	out *bufio.Reader
+}
+
+type peerRun struct {
+	Seconds    float64
+	TTFT, End  []float64
+	Tokens     [][]int32
+	Error      string
+	ContextLen int `json:"contextSize"`
+}
+
+func startWorker(here string) (*worker, error) {
+	cmd := exec.Command("node", filepath.Join(here, "worker.mjs"))
+	cmd.Dir = here
+	cmd.Stderr = os.Stderr
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, err
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	return &worker{cmd: cmd, in: in, out: bufio.NewReaderSize(out, 1<<20)}, nil
+}
+
+func (w *worker) call(req any) (peerRun, error) {
+	b, err := json.Marshal(req)
+	if err != nil {
+		return peerRun{}, err
+	}
+	if _, err := w.in.Write(append(b, '\n')); err != nil {
+		return peerRun{}, fmt.Errorf("llama.cpp worker: %w", err)
+	}
+	line, err := w.out.ReadBytes('\n')
+	if err != nil {
+		return peerRun{}, fmt.Errorf("llama.cpp worker: %w", err)
+	}
+	var r peerRun
+	if err := json.Unmarshal(line, &r); err != nil {
+		return r, fmt.Errorf("llama.cpp worker: %w", err)
+	}
+	if r.Error != "" {
+		return r, fmt.Errorf("llama.cpp worker: %s", r.Error)
+	}
+	return r, nil
+}
+
+func (w *worker) load(path string, threads, ctxLen, seqs int, kvF32 bool) error {
+	_, err := w.call(map[string]any{"op": "load", "path": path, "threads": threads, "contextSize": ctxLen, "sequences": seqs, "kvF32": kvF32})
+	return err
+}
+
+func (w *worker) run(jobs []benchkit.Job) (peerRun, error) {
+	prompts, n := make([][]int32, len(jobs)), make([]int, len(jobs))
+	for i, j := range jobs {
+		prompts[i], n[i] = j.Prompt, j.Out
+	}
+	r, err := w.call(map[string]any{"op": "run", "prompts": prompts, "n": n})
+	if err == nil && len(r.Tokens) != len(jobs) {
+		err = fmt.Errorf("llama.cpp worker: %d answers for %d prompts", len(r.Tokens), len(jobs))
+	}
+	for i := range r.Tokens {
+		if err == nil && len(r.Tokens[i]) != jobs[i].Out {
+			err = fmt.Errorf("llama.cpp worker: sequence %d stopped after %d of %d tokens", i, len(r.Tokens[i]), jobs[i].Out)
+		}
+	}
+	return r, err
+}
+
+func (w *worker) close() {
+	_ = w.in.Close()
+	_ = w.cmd.Wait()
+}

@@ -1,0 +1,77 @@
+// llama.cpp's side of bench/peers/llamacpp: node-llama-cpp's prebuilt CPU
+// build, driven by JSON lines on stdin, one answer line on stdout each.
+//
+//   {"op":"load","path":F,"threads":2,"contextSize":N,"sequences":S,"kvF32":bool}
+//   {"op":"run","prompts":[[ids...]...],"n":[count...]}
+//     → {"seconds":s,"ttft":[s...],"end":[s...],"tokens":[[ids...]...]}
+//
+// A run evaluates every prompt in its own sequence of the one context at
+// once, greedy, each for exactly its count of tokens, so node-llama-cpp
+// batches the sequences into shared llama_decode calls as its
+// multi-sequence contexts do.
+import {getLlama} from "node-llama-cpp";
+import readline from "node:readline";
+
+const llama = await getLlama({gpu: false, build: "never", logLevel: "error"});
+let model = null, modelPath = "", context = null;
+
+async function load(req) {
+    if (context) await context.dispose();
+    context = null;
+    if (model && modelPath !== req.path) {
+        await model.dispose();
+        model = null;
+    }
+    if (!model) {
+        model = await llama.loadModel({modelPath: req.path});
+        modelPath = req.path;
+    }
+    const opts = {contextSize: req.contextSize, sequences: req.sequences, threads: req.threads};
+    if (req.kvF32) {
+        opts.experimentalKvCacheKeyType = "F32";
+        opts.experimentalKvCacheValueType = "F32";
+    }
+    context = await model.createContext(opts);
+    return {contextSize: context.contextSize, sequences: req.sequences, cpuMathCores: llama.cpuMathCores};
+}
+
+async function run(req) {
+    const seqs = req.prompts.map(() => context.getSequence());
+    const start = process.hrtime.bigint();
+    const since = () => Number(process.hrtime.bigint() - start) / 1e9;
+    const out = {ttft: [], end: [], tokens: []};
+    try {
+        await Promise.all(req.prompts.map(async (prompt, i) => {
+            const toks = [];
+            if (req.n[i] > 0) {
+                for await (const t of seqs[i].evaluate(prompt, {temperature: 0})) {
+                    if (toks.length === 0) out.ttft[i] = since();
+                    toks.push(t);
+                    if (toks.length >= req.n[i]) break;
+                }
+            }
+            out.end[i] = since();
+            out.tokens[i] = toks;
+        }));
+        out.seconds = since();
+    } finally {
+        for (const s of seqs) s.dispose();
+    }
+    return out;
+}
+
+const rl = readline.createInterface({input: process.stdin});
+for await (const line of rl) {
+    let ans;
+    try {
+        const req = JSON.parse(line);
+        if (req.op === "load") ans = await load(req);
+        else if (req.op === "run") ans = await run(req);
+        else throw new Error(`unknown op ${req.op}`);
+    } catch (e) {
+        ans = {error: String(e?.stack ?? e)};
+    }
+    process.stdout.write(JSON.stringify(ans) + "\n");
+}
+if (context) await context.dispose();
+if (model) await model.dispose();
