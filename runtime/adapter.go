@@ -171,6 +171,20 @@ const (
 	// the CPU adapter fails the Run with ErrInvalidGraph, PJRT clamps it.
 	// Block-table entries past a token's last block may hold anything.
 	OpPagedAttention
+
+	// OpAttention: an encoder's multi-head self-attention in one op, over
+	// the output of one fused q|k|v projection, so no head split or merge
+	// is ever copied. In[0] QKV [B,S,3·H·D] (per token: the queries of all
+	// Heads = H heads, then the keys, then the values, each [H,D]), In[1]
+	// mask [B,S] (f32 or i32; non-zero keeps a key) → [B,S,H·D] with the
+	// heads merged: out[b,s,h·D+j] = Σ_t P[b,h,s,t]·V[b,t,h,j], where P is
+	// the masked softmax over t (OpMaskedSoftmax's rule) of Scale·Q·Kᵀ
+	// (Scale 0 means 1/sqrt(D)), computed in f32. In[0] is f32 or bf16; with
+	// bf16, P is rounded to bf16 for the second product, and DType may be
+	// BF16 (the output rounded once) as for OpBatchMatMul. Adapters may
+	// hold the scores ([B,H,S,S] f32, and a bf16 copy with bf16 operands)
+	// for the op's duration; memory estimates count them.
+	OpAttention
 )
 
 // Op is one node of a graph. It reads named buffers and writes one.
@@ -181,9 +195,10 @@ type Op struct {
 	Act    Activation // OpMatMul only
 	TransB bool       // OpMatMul, OpBatchMatMul
 	Eps    float32    // OpLayerNorm, OpRMSNorm
-	Scale  float32    // OpBatchMatMul (0 means 1), OpPagedAttention (0 means 1/sqrt(D))
+	Scale  float32    // OpBatchMatMul (0 means 1), OpPagedAttention and OpAttention (0 means 1/sqrt(D))
 	Perm   []int      // OpPermute
 	Shape  []int      // OpPermute (input view), OpReshape (output shape)
+	Heads  int        // OpAttention
 	// DType is OpConvert's output type, and OpMatMul's and OpBatchMatMul's:
 	// 0 or F32, or BF16 for bf16 operands (the product still accumulates in
 	// f32 and is rounded once), so a product that only feeds other bf16

@@ -89,6 +89,8 @@ func (k OpKind) String() string {
 		return "kv-write"
 	case OpPagedAttention:
 		return "paged-attention"
+	case OpAttention:
+		return "attention"
 	}
 	return fmt.Sprintf("op-kind(%d)", uint8(k))
 }
@@ -233,6 +235,7 @@ func inferOp(op Op, in []TensorType) (TensorType, error) {
 		OpPermute: {1, 1}, OpReshape: {1, 1}, OpMaskedSoftmax: {2, 2},
 		OpConvert: {1, 1}, OpRMSNorm: {2, 2}, OpSiLU: {1, 1},
 		OpSwiGLU: {1, 1}, OpRoPE: {3, 3}, OpPagedAttention: {6, 6},
+		OpAttention: {2, 2},
 	}
 	n, ok := want[op.Kind]
 	if !ok {
@@ -253,16 +256,18 @@ func inferOp(op Op, in []TensorType) (TensorType, error) {
 		return TensorType{}, fmt.Errorf("unknown activation %d", uint8(op.Act))
 	case op.TransB && op.Kind != OpMatMul && op.Kind != OpBatchMatMul:
 		return TensorType{}, fmt.Errorf("TransB is only for matmul and batch-matmul")
-	case op.Scale != 0 && op.Kind != OpBatchMatMul && op.Kind != OpPagedAttention:
-		return TensorType{}, fmt.Errorf("Scale is only for batch-matmul and paged-attention")
+	case op.Scale != 0 && op.Kind != OpBatchMatMul && op.Kind != OpPagedAttention && op.Kind != OpAttention:
+		return TensorType{}, fmt.Errorf("Scale is only for batch-matmul, paged-attention and attention")
+	case op.Heads != 0 && op.Kind != OpAttention:
+		return TensorType{}, fmt.Errorf("Heads is only for attention")
 	case op.Eps != 0 && op.Kind != OpLayerNorm && op.Kind != OpRMSNorm:
 		return TensorType{}, fmt.Errorf("Eps is only for layer-norm and rms-norm")
 	case op.Perm != nil && op.Kind != OpPermute:
 		return TensorType{}, fmt.Errorf("Perm is only for permute")
 	case op.Shape != nil && op.Kind != OpPermute && op.Kind != OpReshape:
 		return TensorType{}, fmt.Errorf("Shape is only for permute and reshape")
-	case op.DType != 0 && op.Kind != OpConvert && op.Kind != OpMatMul && op.Kind != OpBatchMatMul:
-		return TensorType{}, fmt.Errorf("DType is only for convert, matmul and batch-matmul")
+	case op.DType != 0 && op.Kind != OpConvert && op.Kind != OpMatMul && op.Kind != OpBatchMatMul && op.Kind != OpAttention:
+		return TensorType{}, fmt.Errorf("DType is only for convert, matmul, batch-matmul and attention")
 	}
 	for i, t := range in {
 		if len(t.Shape) == 0 {
@@ -543,6 +548,26 @@ func inferOp(op Op, in []TensorType) (TensorType, error) {
 			return TensorType{}, err
 		}
 		return TensorType{F32, slices.Clone(x.Shape)}, nil
+
+	case OpAttention:
+		x := in[0]
+		if err := floatType(x); err != nil {
+			return TensorType{}, err
+		}
+		if len(x.Shape) != 3 {
+			return TensorType{}, fmt.Errorf("In[0] must be [B,S,3·H·D]")
+		}
+		if op.Heads <= 0 || x.Last()%(3*op.Heads) != 0 {
+			return TensorType{}, fmt.Errorf("In[0]'s last dimension %d is not 3·Heads·D for Heads %d", x.Last(), op.Heads)
+		}
+		if err := mask(in[1], x.Shape[:2]); err != nil {
+			return TensorType{}, err
+		}
+		dt, err := productType(op, x)
+		if err != nil {
+			return TensorType{}, err
+		}
+		return TensorType{dt, []int{x.Shape[0], x.Shape[1], x.Last() / 3}}, nil
 
 	case OpConvert:
 		if err := floatType(in[0]); err != nil {

@@ -3,7 +3,6 @@ package models
 import (
 	"context"
 	"fmt"
-	"math"
 	"slices"
 	"sort"
 	"strconv"
@@ -94,12 +93,16 @@ const (
 
 // Per-layer weight names, after the "encoder.layer.N." prefix.
 const (
-	lQW    = "attention.self.query.weight"
-	lQB    = "attention.self.query.bias"
-	lKW    = "attention.self.key.weight"
-	lKB    = "attention.self.key.bias"
-	lVW    = "attention.self.value.weight"
-	lVB    = "attention.self.value.bias"
+	lQW = "attention.self.query.weight"
+	lQB = "attention.self.query.bias"
+	lKW = "attention.self.key.weight"
+	lKB = "attention.self.key.bias"
+	lVW = "attention.self.value.weight"
+	lVB = "attention.self.value.bias"
+	// The q, k and v projections stacked into one [3H,H] matmul (and
+	// [3H] bias) at load, which OpAttention reads heads from in place.
+	lQKVW  = "attention.self.qkv.weight"
+	lQKVB  = "attention.self.qkv.bias"
 	lAOW   = "attention.output.dense.weight"
 	lAOB   = "attention.output.dense.bias"
 	lAOLNW = "attention.output.LayerNorm.weight"
@@ -242,7 +245,29 @@ func newBERT(cfg BERTConfig, weights map[string]Tensor, tok Tokenizer, opts BERT
 			return nil, err
 		}
 	}
+	for l := 0; l < cfg.NumHiddenLayers; l++ {
+		p := fmt.Sprintf(layerName, l)
+		m.weights[p+lQKVW] = stack(h, m.weights[p+lQW], m.weights[p+lKW], m.weights[p+lVW])
+		m.weights[p+lQKVB] = stack(1, m.weights[p+lQB], m.weights[p+lKB], m.weights[p+lVB])
+		m.mm[p+lQKVW] = true
+		for _, name := range []string{lQW, lKW, lVW, lQB, lKB, lVB} {
+			delete(m.weights, p+name)
+			delete(m.mm, p+name)
+		}
+	}
 	return m, nil
+}
+
+// stack concatenates row-major tensors of cols columns along their rows.
+func stack(cols int, ts ...Tensor) Tensor {
+	var data []float32
+	for _, t := range ts {
+		data = append(data, t.Data...)
+	}
+	if cols == 1 {
+		return Tensor{Shape: []int{len(data)}, Data: data}
+	}
+	return Tensor{Shape: []int{len(data) / cols, cols}, Data: data}
 }
 
 // labels orders id2label by id; nil unless it names exactly ids 0..n-1.
@@ -385,7 +410,6 @@ const (
 func (m *BERT) graph(dt runtime.DType, b, s, tokens int, normalize bool) *builder {
 	cfg := m.cfg
 	h, nh := cfg.HiddenSize, cfg.NumAttentionHeads
-	d := h / nh
 	g := newBuilder(dt)
 	w := func(name string) string {
 		wdt := runtime.F32
@@ -430,12 +454,8 @@ func (m *BERT) graph(dt runtime.DType, b, s, tokens int, normalize bool) *builde
 	te := g.add(op(runtime.OpGather, w(wType), types), runtime.F32, bsh)
 	x := ln(addOp(addOp(we, pe), te), wEmbLNW, wEmbLNB)
 
-	heads := func(t string) string { // token-wise [.., H] -> [B,nh,S,d]
-		return g.add(runtime.Op{Kind: runtime.OpPermute, In: []string{padded(t)}, Shape: []int{b, s, nh, d}, Perm: []int{0, 2, 1, 3}},
-			g.dtype(t), []int{b, nh, s, d})
-	}
-	// Q, K, V, the attention context and the feed-forward's inner layer only
-	// feed matmuls: in bf16 mode they are written in bf16 (operandLinear,
+	// The fused q|k|v projection and the attention context only feed
+	// matmuls: in bf16 mode they are written in bf16 (operandLinear,
 	// ctxType), which saves a conversion pass over each.
 	ctxType := dt
 	if ctxType != runtime.BF16 {
@@ -443,19 +463,11 @@ func (m *BERT) graph(dt runtime.DType, b, s, tokens int, normalize bool) *builde
 	}
 	for l := 0; l < cfg.NumHiddenLayers; l++ {
 		p := fmt.Sprintf(layerName, l)
-		q := heads(g.operandLinear(x, w(p+lQW), w(p+lQB), runtime.ActNone))
-		k := heads(g.operandLinear(x, w(p+lKW), w(p+lKB), runtime.ActNone))
-		v := heads(g.operandLinear(x, w(p+lVW), w(p+lVB), runtime.ActNone))
-		scores := g.add(runtime.Op{Kind: runtime.OpBatchMatMul, In: []string{g.operand(q), g.operand(k)}, TransB: true,
-			Scale: float32(1 / math.Sqrt(float64(d)))}, runtime.F32, []int{b, nh, s, s})
-		probs := g.add(op(runtime.OpMaskedSoftmax, scores, mask), runtime.F32, []int{b, nh, s, s})
-		ctx := g.add(runtime.Op{Kind: runtime.OpBatchMatMul, In: []string{g.operand(probs), g.operand(v)}, DType: productDType(ctxType)},
-			ctxType, []int{b, nh, s, d})
-		merged := g.add(runtime.Op{Kind: runtime.OpPermute, In: []string{ctx}, Perm: []int{0, 2, 1, 3}}, ctxType, []int{b, s, nh, d})
+		qkv := padded(g.operandLinear(x, w(p+lQKVW), w(p+lQKVB), runtime.ActNone))
+		merged := g.add(runtime.Op{Kind: runtime.OpAttention, In: []string{qkv, mask}, Heads: nh, DType: productDType(ctxType)},
+			ctxType, []int{b, s, h})
 		if tokens > 0 {
 			merged = unpack(merged)
-		} else {
-			merged = g.add(runtime.Op{Kind: runtime.OpReshape, In: []string{merged}, Shape: bsh}, ctxType, bsh)
 		}
 		attn := g.linear(merged, w(p+lAOW), w(p+lAOB), runtime.ActNone)
 		x1 := ln(addOp(attn, x), p+lAOLNW, p+lAOLNB)

@@ -16,6 +16,12 @@ import (
 const (
 	tolF32  = 1e-4
 	tolBF16 = 1e-2
+	// A random classifier's few logits are differences of much larger
+	// terms, so bf16's rounding shows more in them than in an embedding:
+	// over 12 seeds of TestBERTBF16's model their relative error averaged
+	// 0.011-0.013 and peaked at 0.034-0.049 (unfused and fused attention),
+	// while the embeddings stayed under 0.008. A wrong op is O(1).
+	tolBF16Logits = 6e-2
 )
 
 // tinyConfig is the test BERT: 2 layers, hidden 64, 4 heads,
@@ -259,8 +265,12 @@ func TestBERTBF16(t *testing.T) {
 			got := execute(t, rep, items)
 			for i, it := range items {
 				want := refBERT(cfg, w, it.IDs, it.TypeIDs, PoolingMean, it.Normalize, kind == KindBERTClassifier)
-				if e := relErr(got[i], want); !(e < tolBF16) {
-					t.Errorf("item %d: relative error %.3g ≥ %g", i, e, tolBF16)
+				tol := tolBF16
+				if kind == KindBERTClassifier {
+					tol = tolBF16Logits
+				}
+				if e := relErr(got[i], want); !(e < tol) {
+					t.Errorf("item %d: relative error %.3g ≥ %g", i, e, tol)
 				}
 			}
 		})

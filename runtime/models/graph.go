@@ -175,7 +175,15 @@ func (b *builder) workspace() int64 {
 			v := b.vals[op.Out]
 			live += bufferBytes(v.dt, v.shape)
 		}
-		peak = max(peak, live)
+		var scratch int64 // OpAttention's scores, held while it runs
+		if x := b.vals[op.In[0]]; op.Kind == runtime.OpAttention {
+			scores := []int{x.shape[0], op.Heads, x.shape[1], x.shape[1]}
+			scratch = bufferBytes(runtime.F32, scores)
+			if x.dt == runtime.BF16 {
+				scratch += bufferBytes(runtime.BF16, scores)
+			}
+		}
+		peak = max(peak, live+scratch)
 		for _, name := range op.In {
 			if lastUse[name] == i && !b.bound[name] && !b.weight[name] {
 				v := b.vals[name]

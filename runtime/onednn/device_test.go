@@ -296,7 +296,7 @@ func TestInvalidGraph(t *testing.T) {
 		{"masked softmax mask", []runtime.Op{{Kind: runtime.OpMaskedSoftmax, In: []string{"x3", "a"}, Out: "t"}}, nil, "mask is [4,8], want [2,8]"},
 		{"masked softmax 1-D", []runtime.Op{{Kind: runtime.OpMaskedSoftmax, In: []string{"v", "v"}, Out: "t"}}, nil, "at least 2 dimensions"},
 		{"convert to i32", []runtime.Op{{Kind: runtime.OpConvert, In: []string{"a"}, Out: "t", DType: runtime.I32}}, nil, "DType i32: want f32 or bf16"},
-		{"dtype on add", []runtime.Op{{Kind: runtime.OpAdd, In: []string{"a", "a"}, Out: "y2", DType: runtime.F32}}, nil, "DType is only for convert, matmul and batch-matmul"},
+		{"dtype on add", []runtime.Op{{Kind: runtime.OpAdd, In: []string{"a", "a"}, Out: "y2", DType: runtime.F32}}, nil, "DType is only for convert, matmul, batch-matmul and attention"},
 		{"in place", []runtime.Op{{Kind: runtime.OpAdd, In: []string{"y", "bias"}, Out: "out"}}, map[string]runtime.Buffer{"out": bind["y"]}, "into the buffer it reads"},
 		{"freed buffer", []runtime.Op{{Kind: runtime.OpReLU, In: []string{"gone"}, Out: "t"}}, map[string]runtime.Buffer{"gone": freed}, "was freed"},
 	}

@@ -206,6 +206,39 @@ out:
     return st;
 }
 
+dnnl_status_t bd_matmul4_create(bd_device *d, const int64_t *sdims,
+        const int64_t *sstrides, const int64_t *wdims, const int64_t *wstrides,
+        const int64_t *ddims, const int64_t *dstrides, dnnl_data_type_t ab_dt,
+        dnnl_data_type_t dst_dt, float scale, bd_prim **out, const char **step) {
+    dnnl_status_t st = dnnl_success;
+    dnnl_memory_desc_t src, wei, dst;
+    dnnl_matmul_desc_t desc;
+    dnnl_primitive_attr_t attr = NULL;
+    dnnl_dims_t sd, ss, wd, ws, dd, ds;
+    for (int i = 0; i < 4; i++) {
+        sd[i] = sdims[i], ss[i] = sstrides[i];
+        wd[i] = wdims[i], ws[i] = wstrides[i];
+        dd[i] = ddims[i], ds[i] = dstrides[i];
+    }
+    omp_set_num_threads(bd_threads_for(d, 2.0 * (double)sd[0] * (double)sd[1] *
+            (double)sd[2] * (double)sd[3] * (double)wd[3]));
+    TRY(dnnl_memory_desc_init_by_strides(&src, 4, sd, ab_dt, ss), "describe src");
+    TRY(dnnl_memory_desc_init_by_strides(&wei, 4, wd, ab_dt, ws), "describe weights");
+    TRY(dnnl_memory_desc_init_by_strides(&dst, 4, dd, dst_dt, ds), "describe dst");
+    TRY(dnnl_matmul_desc_init(&desc, &src, &wei, NULL, &dst), "init matmul descriptor");
+    TRY(dnnl_primitive_attr_create(&attr), "create attributes");
+    if (scale != 1.0f)
+        TRY(dnnl_primitive_attr_set_output_scales(attr, 1, 0, &scale),
+                "set output scale");
+    {
+        int args[] = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST};
+        st = finish(d, &desc, attr, 3, args, out, step);
+    }
+out:
+    if (attr) dnnl_primitive_attr_destroy(attr);
+    return st;
+}
+
 dnnl_status_t bd_add_create(bd_device *d, int64_t rows, int64_t n, int bcast,
         bd_prim **out, const char **step) {
     dnnl_status_t st = dnnl_success;
@@ -256,6 +289,26 @@ dnnl_status_t bd_softmax_create(bd_device *d, int64_t rows, int64_t n,
     dnnl_dims_t dims = {rows, n};
     TRY(dnnl_memory_desc_init_by_tag(&data, 2, dims, dnnl_f32, dnnl_ab), "describe src");
     TRY(dnnl_softmax_forward_desc_init(&desc, dnnl_forward_inference, &data, 1),
+            "init softmax descriptor");
+    {
+        int args[] = {DNNL_ARG_SRC, DNNL_ARG_DST};
+        st = finish(d, &desc, NULL, 2, args, out, step);
+    }
+out:
+    return st;
+}
+
+dnnl_status_t bd_softmax_to_create(bd_device *d, int64_t rows, int64_t n,
+        dnnl_data_type_t dst_dt, bd_prim **out, const char **step) {
+    dnnl_status_t st = dnnl_success;
+    dnnl_memory_desc_t src, dst;
+    dnnl_softmax_v2_desc_t desc;
+    omp_set_num_threads(bd_threads_for(d, 8.0 * (double)rows * (double)n));
+    dnnl_dims_t dims = {rows, n};
+    TRY(dnnl_memory_desc_init_by_tag(&src, 2, dims, dnnl_f32, dnnl_ab), "describe src");
+    TRY(dnnl_memory_desc_init_by_tag(&dst, 2, dims, dst_dt, dnnl_ab), "describe dst");
+    TRY(dnnl_softmax_v2_forward_desc_init(&desc, dnnl_forward_inference,
+                dnnl_softmax_accurate, &src, &dst, 1),
             "init softmax descriptor");
     {
         int args[] = {DNNL_ARG_SRC, DNNL_ARG_DST};

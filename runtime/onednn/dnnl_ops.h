@@ -59,6 +59,16 @@ dnnl_status_t bd_matmul_create(bd_device *d, int64_t batch, int64_t m,
         dnnl_data_type_t dst_dt, int has_bias, dnnl_alg_kind_t act, float scale,
         int pack_b, bd_prim **out, const char **step);
 
+// Matmul over 4-D operands each described by dims and strides (elements):
+// src [b,h,m,k] x weights [b,h,k,n] -> dst [b,h,m,n], so attention reads
+// heads straight out of a fused [B,S,3·H·D] projection and writes them
+// merged into [B,S,H·D]. scale multiplies the product. Arguments: src,
+// weights, dst.
+dnnl_status_t bd_matmul4_create(bd_device *d, const int64_t *sdims,
+        const int64_t *sstrides, const int64_t *wdims, const int64_t *wstrides,
+        const int64_t *ddims, const int64_t *dstrides, dnnl_data_type_t ab_dt,
+        dnnl_data_type_t dst_dt, float scale, bd_prim **out, const char **step);
+
 // bd_packed_size is the bytes of p's packed weights.
 size_t bd_packed_size(const bd_prim *p);
 
@@ -71,6 +81,11 @@ dnnl_status_t bd_relayout(bd_device *d, const dnnl_memory_desc_t *from,
 // Arguments: src0, src1, dst.
 dnnl_status_t bd_add_create(bd_device *d, int64_t rows, int64_t n, int bcast,
         bd_prim **out, const char **step);
+
+// Softmax over rows of n f32 values into dst_dt (f32, which may be the
+// source itself, or bf16). Arguments: src, dst.
+dnnl_status_t bd_softmax_to_create(bd_device *d, int64_t rows, int64_t n,
+        dnnl_data_type_t dst_dt, bd_prim **out, const char **step);
 
 // Layer normalisation over the last dimension with separate scale and shift
 // ([n] each). Arguments: src, scale, shift, dst.

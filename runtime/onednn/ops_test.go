@@ -740,3 +740,96 @@ func TestAttentionGraph(t *testing.T) {
 	}
 	checkClose(t, got, want, tolF32)
 }
+
+// TestFusedAttention: OpAttention over a fused q|k|v projection against
+// plain float64 loops, in f32 and bf16 (bf16 operands, and a bf16 output),
+// with f32 and i32 masks, padded sequences and a batch element whose keys
+// are all masked (uniform attention, as OpMaskedSoftmax gives).
+func TestFusedAttention(t *testing.T) {
+	d := openTest(t, runtime.DeviceSpec{})
+	r := newRand(t)
+	tests := []struct {
+		b, s, nh, hd int
+		dt, out      runtime.DType
+		maskType     runtime.DType
+		lens         []int
+	}{
+		{1, 1, 1, 4, runtime.F32, runtime.F32, runtime.F32, []int{1}},
+		{3, 8, 2, 4, runtime.F32, runtime.F32, runtime.F32, []int{8, 3, 5}},
+		{2, 16, 12, 32, runtime.F32, runtime.F32, runtime.I32, []int{16, 0}},
+		{2, 33, 4, 16, runtime.BF16, runtime.F32, runtime.F32, []int{33, 20}},
+		{2, 9, 3, 8, runtime.BF16, runtime.BF16, runtime.I32, []int{2, 9}},
+	}
+	for _, tt := range tests {
+		t.Run(fmt.Sprintf("b%d s%d h%d d%d %s to %s mask %s", tt.b, tt.s, tt.nh, tt.hd, tt.dt, tt.out, tt.maskType), func(t *testing.T) {
+			if tt.dt == runtime.BF16 {
+				if reason := d.BF16(); reason != nil {
+					t.Skipf("bf16 unsupported on this CPU: %v", reason)
+				}
+			}
+			b, s, nh, hd := tt.b, tt.s, tt.nh, tt.hd
+			h := nh * hd
+			qkv := randVec(r, b*s*3*h)
+			for i := range qkv {
+				qkv[i] *= 2
+			}
+			mask := make([]float64, b*s)
+			maskIn := input{name: "m", dt: tt.maskType, shape: []int{b, s}}
+			for bi, n := range tt.lens {
+				for j := 0; j < n; j++ {
+					mask[bi*s+j] = 1
+				}
+			}
+			for _, m := range mask {
+				maskIn.f = append(maskIn.f, float32(m))
+				maskIn.i = append(maskIn.i, int32(m))
+			}
+			ops := []runtime.Op{}
+			src := "x"
+			if tt.dt == runtime.BF16 {
+				ops = append(ops, runtime.Op{Kind: runtime.OpConvert, In: []string{"x"}, Out: "xb", DType: runtime.BF16})
+				src = "xb"
+			}
+			att := runtime.Op{Kind: runtime.OpAttention, In: []string{src, "m"}, Out: "a", Heads: nh}
+			if tt.out == runtime.BF16 {
+				att.DType = runtime.BF16
+			}
+			ops = append(ops, att, runtime.Op{Kind: runtime.OpConvert, In: []string{"a"}, Out: "y", DType: runtime.F32})
+			g := &runtime.Graph{Ops: ops}
+			got, err := runGraph(t, d, g, []input{f32In("x", qkv, b, s, 3*h), maskIn}, "y", []int{b, s, h})
+			if err != nil {
+				t.Fatal(err)
+			}
+			scale := 1 / math.Sqrt(float64(hd))
+			at := func(bi, tok, part, hi, e int) float64 { return float64(qkv[(bi*s+tok)*3*h+part*h+hi*hd+e]) }
+			want := make([]float64, b*s*h)
+			for bi := 0; bi < b; bi++ {
+				for hi := 0; hi < nh; hi++ {
+					for i := 0; i < s; i++ {
+						sc := make([]float64, s)
+						for j := 0; j < s; j++ {
+							for e := 0; e < hd; e++ {
+								sc[j] += at(bi, i, 0, hi, e) * at(bi, j, 1, hi, e)
+							}
+							sc[j] *= scale
+						}
+						p := refMaskedSoftmax(sc, 1, s, mask[bi*s:(bi+1)*s])
+						for e := 0; e < hd; e++ {
+							var acc float64
+							for j := 0; j < s; j++ {
+								acc += p[j] * at(bi, j, 2, hi, e)
+							}
+							want[(bi*s+i)*h+hi*hd+e] = acc
+						}
+					}
+				}
+			}
+			tol := tolF32
+			if tt.dt == runtime.BF16 {
+				tol = tolBF16
+			}
+			t.Logf("rel %.4g", relErr(got, want))
+			checkClose(t, got, want, tol)
+		})
+	}
+}

@@ -263,6 +263,9 @@ func (d *Device) runStep(s *runtime.Step, ptrs map[string]unsafe.Pointer, rc *ru
 		}
 		return d.exec(s, p, in(0), in(1), out)
 
+	case runtime.OpAttention:
+		return d.attention(s, in(0), in(1), out)
+
 	case runtime.OpAdd:
 		n := s.In[0].Last()
 		key := primKey{kind: op.Kind, m: s.In[0].NumElements() / n, n: n,
@@ -464,4 +467,80 @@ func cbool(b bool) C.int {
 		return 1
 	}
 	return 0
+}
+
+// attention runs OpAttention as two strided matmuls around a masked
+// softmax: the heads are read in place from the fused [B,S,3·H·D]
+// projection and the context is written merged into [B,S,H·D], so no
+// head is ever permuted or copied. The scores live in a pooled scratch
+// buffer for the op's duration.
+func (d *Device) attention(s *runtime.Step, qkv, mask, out unsafe.Pointer) error {
+	op := s.Op
+	x := s.In[0]
+	b, n, h := x.Shape[0], x.Shape[1], op.Heads
+	hd := x.Last() / 3
+	dh := hd / h
+	es := x.DType.Size()
+	scale := op.Scale
+	if scale == 0 {
+		scale = float32(1 / math.Sqrt(float64(dh)))
+	}
+	dc := d.c
+	i64 := func(v ...int) *C.int64_t {
+		a := make([]C.int64_t, 4)
+		for i := range v {
+			a[i] = C.int64_t(v[i])
+		}
+		return &a[0]
+	}
+	// A head's rows in the fused projection: [b,h,s,j] at b·S·3HD + s·3HD + h·D + j.
+	headStrides := func(row int) []int { return []int{n * row, dh, row, 1} }
+	qs, ks := headStrides(3*hd), headStrides(3*hd)
+	layout := fmt.Sprint(b, n, h, dh)
+
+	qk := primKey{kind: op.Kind, dt: x.DType, outDT: runtime.F32, batch: b * h, m: n, k: dh, n: n, scale: scale, layout: "qk " + layout}
+	p, err := d.primitive(s, qk, func(o **C.bd_prim, w **C.char) C.dnnl_status_t {
+		// Kᵀ: [b,h,j,t] at the key of token t, element j.
+		return C.bd_matmul4_create(dc, i64(b, h, n, dh), i64(qs...), i64(b, h, dh, n), i64(ks[0], ks[1], ks[3], ks[2]),
+			i64(b, h, n, n), i64(h*n*n, n*n, n, 1), dnnlType(x.DType), C.dnnl_f32, C.float(scale), o, w)
+	})
+	if err != nil {
+		return err
+	}
+	scores, err := d.alloc(runtime.F32, []int{b, h, n, n})
+	if err != nil {
+		return fmt.Errorf("%s: scores: %w", s, err)
+	}
+	defer d.Free(scores)
+	if err := d.exec(s, p, qkv, unsafe.Add(qkv, hd*es), scores.ptr); err != nil {
+		return err
+	}
+	C.bd_mask_fill(dc, (*C.float)(scores.ptr), mask, cbool(s.In[1].DType == runtime.I32),
+		C.int64_t(b), C.int64_t(b*h*n), C.int64_t(n), (*C.float)(scores.ptr))
+
+	probs := scores
+	if x.DType == runtime.BF16 {
+		if probs, err = d.alloc(runtime.BF16, []int{b, h, n, n}); err != nil {
+			return fmt.Errorf("%s: probabilities: %w", s, err)
+		}
+		defer d.Free(probs)
+	}
+	sm := primKey{kind: runtime.OpSoftmax, m: b * h * n, n: n, layout: "to " + x.DType.String()}
+	if p, err = d.primitive(s, sm, func(o **C.bd_prim, w **C.char) C.dnnl_status_t {
+		return C.bd_softmax_to_create(dc, C.int64_t(sm.m), C.int64_t(sm.n), dnnlType(x.DType), o, w)
+	}); err != nil {
+		return err
+	}
+	if err := d.exec(s, p, scores.ptr, probs.ptr); err != nil {
+		return err
+	}
+
+	pv := primKey{kind: op.Kind, dt: x.DType, outDT: s.Out.DType, batch: b * h, m: n, k: n, n: dh, layout: "pv " + layout}
+	if p, err = d.primitive(s, pv, func(o **C.bd_prim, w **C.char) C.dnnl_status_t {
+		return C.bd_matmul4_create(dc, i64(b, h, n, n), i64(h*n*n, n*n, n, 1), i64(b, h, n, dh), i64(qs...),
+			i64(b, h, n, dh), i64(n*hd, dh, hd, 1), dnnlType(x.DType), dnnlType(s.Out.DType), 1, o, w)
+	}); err != nil {
+		return err
+	}
+	return d.exec(s, p, probs.ptr, unsafe.Add(qkv, 2*hd*es), out)
 }

@@ -147,6 +147,8 @@ func (l *lowering) op(s runtime.Step) (*stablehlo.Value, error) {
 		return l.softmax(x, nil)
 	case runtime.OpMaskedSoftmax:
 		return l.softmax(x, l.vals[op.In[1]])
+	case runtime.OpAttention:
+		return l.attention(op, s.In, x, l.vals[op.In[1]])
 	case runtime.OpGELU:
 		return l.activate(x, runtime.ActGELU)
 	case runtime.OpReLU:
@@ -259,6 +261,75 @@ func (l *lowering) batchMatMul(op runtime.Op, in []TensorType, a, w *stablehlo.V
 		}
 	}
 	return productOut(op, y)
+}
+
+// attention lowers OpAttention: q, k and v are slices of the fused
+// projection read as [B,S,3,H,D]; the two products are dot_generals
+// batched over (batch, head), so the heads need no transpose before them,
+// only the context one after (XLA fuses it into the reshape's copy).
+func (l *lowering) attention(op runtime.Op, in []TensorType, x, mask *stablehlo.Value) (*stablehlo.Value, error) {
+	b, n, h := in[0].Shape[0], in[0].Shape[1], op.Heads
+	d := in[0].Shape[2] / (3 * h)
+	dt := x.Shape().DType
+	x5, err := stablehlo.Reshape(x, shapes.Make(dt, b, n, 3, h, d))
+	if err != nil {
+		return nil, err
+	}
+	part := func(i int) (*stablehlo.Value, error) {
+		v, err := stablehlo.Slice(x5, []int{0, 0, i, 0, 0}, []int{b, n, i + 1, h, d}, []int{1, 1, 1, 1, 1})
+		if err != nil {
+			return nil, err
+		}
+		return stablehlo.Reshape(v, shapes.Make(dt, b, n, h, d))
+	}
+	q, err := part(0)
+	if err != nil {
+		return nil, err
+	}
+	k, err := part(1)
+	if err != nil {
+		return nil, err
+	}
+	v, err := part(2)
+	if err != nil {
+		return nil, err
+	}
+	prec := l.precision(in[0].DType)
+	// Scores [B,H,S,T]: batch dimensions b and h, contracting d.
+	sc, err := stablehlo.DotGeneral(q, []int{3}, []int{0, 2}, k, []int{3}, []int{0, 2}).
+		Precision(prec, prec).OutputDType(dtypes.Float32).Done()
+	if err != nil {
+		return nil, err
+	}
+	scale := op.Scale
+	if scale == 0 {
+		scale = float32(1 / math.Sqrt(float64(d)))
+	}
+	if sc, err = l.scale(sc, scale); err != nil {
+		return nil, err
+	}
+	p, err := l.softmax(sc, mask)
+	if err != nil {
+		return nil, err
+	}
+	if in[0].DType == runtime.BF16 {
+		if p, err = stablehlo.Convert(p, dt); err != nil {
+			return nil, err
+		}
+	}
+	// Context [B,H,S,D]: p's batch (0,1) and t (3) against v's (0,2) and t (1).
+	c, err := stablehlo.DotGeneral(p, []int{3}, []int{0, 1}, v, []int{1}, []int{0, 2}).
+		Precision(prec, prec).OutputDType(dtypes.Float32).Done()
+	if err != nil {
+		return nil, err
+	}
+	if c, err = stablehlo.Transpose(c, 0, 2, 1, 3); err != nil {
+		return nil, err
+	}
+	if c, err = stablehlo.Reshape(c, shapes.Make(dtypes.Float32, b, n, h*d)); err != nil {
+		return nil, err
+	}
+	return productOut(op, c)
 }
 
 // splat is a scalar f32 constant broadcast to like's shape.
