@@ -247,6 +247,9 @@ type Device interface {
 	CopyOut(ctx context.Context, dst []float32, src Buffer) error
 	// Run executes g. bind maps names to buffers: inputs, weights and the
 	// outputs the caller wants (allocated by the caller with the right shape).
+	// A graph must not change once it has run: a device may keep what it
+	// derives from g (its checked plan) by g's address, so a caller that
+	// runs one shape again passes the same *Graph and skips that work.
 	Run(ctx context.Context, g *Graph, bind map[string]Buffer) error
 	// Synchronize waits for all submitted work.
 	Synchronize(ctx context.Context) error

@@ -225,19 +225,21 @@ func PlanGraph(g *Graph, bound map[string]TensorType) (*Plan, error) {
 	return p, nil
 }
 
+// opInputs is each op's least and most inputs.
+var opInputs = map[OpKind][2]int{
+	OpMatMul: {2, 3}, OpBatchMatMul: {2, 2}, OpAdd: {2, 2},
+	OpLayerNorm: {3, 3}, OpSoftmax: {1, 1}, OpGELU: {1, 1},
+	OpReLU: {1, 1}, OpTanh: {1, 1}, OpGather: {2, 2},
+	OpMaskedMeanPool: {2, 2}, OpL2Normalize: {1, 1},
+	OpPermute: {1, 1}, OpReshape: {1, 1}, OpMaskedSoftmax: {2, 2},
+	OpConvert: {1, 1}, OpRMSNorm: {2, 2}, OpSiLU: {1, 1},
+	OpSwiGLU: {1, 1}, OpRoPE: {3, 3}, OpPagedAttention: {6, 6},
+	OpAttention: {2, 2},
+}
+
 // inferOp checks one op's operands and returns its output's type and shape.
 func inferOp(op Op, in []TensorType) (TensorType, error) {
-	want := map[OpKind][2]int{ // min, max inputs
-		OpMatMul: {2, 3}, OpBatchMatMul: {2, 2}, OpAdd: {2, 2},
-		OpLayerNorm: {3, 3}, OpSoftmax: {1, 1}, OpGELU: {1, 1},
-		OpReLU: {1, 1}, OpTanh: {1, 1}, OpGather: {2, 2},
-		OpMaskedMeanPool: {2, 2}, OpL2Normalize: {1, 1},
-		OpPermute: {1, 1}, OpReshape: {1, 1}, OpMaskedSoftmax: {2, 2},
-		OpConvert: {1, 1}, OpRMSNorm: {2, 2}, OpSiLU: {1, 1},
-		OpSwiGLU: {1, 1}, OpRoPE: {3, 3}, OpPagedAttention: {6, 6},
-		OpAttention: {2, 2},
-	}
-	n, ok := want[op.Kind]
+	n, ok := opInputs[op.Kind]
 	if !ok {
 		return TensorType{}, fmt.Errorf("unknown op kind %d", uint8(op.Kind))
 	}

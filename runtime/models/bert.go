@@ -6,6 +6,7 @@ import (
 	"slices"
 	"sort"
 	"strconv"
+	"sync"
 
 	"github.com/brokerd/brokerd/runtime"
 )
@@ -522,6 +523,42 @@ type bertReplica struct {
 	res      *resident
 	maxBatch int
 	pad      padPlan
+
+	// Built graphs by shape: building one and (on the device) planning it
+	// cost as much as a small forward pass. Padding to buckets keeps the
+	// shapes few; the map is emptied when it reaches maxGraphs.
+	mu     sync.Mutex
+	graphs map[graphKey]builtGraph
+}
+
+const maxGraphs = 64
+
+type graphKey struct {
+	b, s, tokens int
+	normalize    bool
+}
+
+type builtGraph struct {
+	b *builder
+	g *runtime.Graph
+}
+
+// graph returns the cached graph for the shape, building it on a miss. The
+// same *runtime.Graph is returned each time, so a device may cache its
+// plan too; neither is ever changed.
+func (r *bertReplica) graph(k graphKey) builtGraph {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if bg, ok := r.graphs[k]; ok {
+		return bg
+	}
+	if r.graphs == nil || len(r.graphs) >= maxGraphs {
+		r.graphs = map[graphKey]builtGraph{}
+	}
+	b := r.m.graph(r.res.dt, k.b, k.s, k.tokens, k.normalize)
+	bg := builtGraph{b: b, g: &runtime.Graph{Ops: b.ops}}
+	r.graphs[k] = bg
+	return bg
 }
 
 func (r *bertReplica) Close() error {
@@ -610,7 +647,8 @@ func (r *bertReplica) batch(ctx context.Context, items []TextInput) ([][]float32
 			tokens = 0
 		}
 	}
-	g := r.m.graph(r.res.dt, b, s, tokens, normalize)
+	bg := r.graph(graphKey{b, s, tokens, normalize})
+	g := bg.b
 	in := newBERTInputs(items, b, s, tokens)
 
 	io := map[string]runtime.Buffer{}
@@ -641,7 +679,7 @@ func (r *bertReplica) batch(ctx context.Context, items []TextInput) ([][]float32
 	if err != nil {
 		return nil, err
 	}
-	if err := r.res.run(ctx, &runtime.Graph{Ops: g.ops}, io); err != nil {
+	if err := r.res.run(ctx, bg.g, io); err != nil {
 		return nil, err
 	}
 

@@ -15,6 +15,11 @@ import (
 // Options.CacheSize is 0.
 const DefaultCacheSize = 256
 
+// maxPlans bounds each device's cache of checked graph plans: a model
+// keeps one graph per padded shape, and graphs built afresh each run (the
+// LLM engine's steps) only cycle through it.
+const maxPlans = 128
+
 // Options configure the adapter.
 type Options struct {
 	// CacheSize bounds each device's cache of created oneDNN primitives

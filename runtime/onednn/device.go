@@ -47,6 +47,10 @@ type Device struct {
 	// weights (padded); they read row-major weights. Worker thread only.
 	unpackable map[primKey]bool
 	prims      *lru[primKey, *C.bd_prim]
+	// Checked plans by graph address (runtime.Device.Run: a graph does not
+	// change once run); the key keeps the graph alive, so an address is
+	// never reused while cached.
+	plans *lru[*runtime.Graph, *planned]
 	// Primitive cache metrics, this device's series.
 	hit, miss prometheus.Counter
 	create    prometheus.Observer
@@ -109,6 +113,7 @@ func openDevice(spec runtime.DeviceSpec, cacheSize int, m *primMetrics) (*Device
 	// Eviction runs on the worker (the cache is only used there), so an
 	// evicted primitive is never one being executed.
 	d.prims = newLRU[primKey](cacheSize, func(p *C.bd_prim) { C.bd_prim_destroy(p) })
+	d.plans = newLRU[*runtime.Graph](maxPlans, func(*planned) {})
 	ready := make(chan error, 1)
 	go d.loop(ready)
 	if err := <-ready; err != nil {

@@ -36,10 +36,14 @@ func (d *Device) Run(ctx context.Context, g *runtime.Graph, bind map[string]runt
 		bound[name] = runtime.TensorType{DType: bb.dt, Shape: bb.shape}
 		bufs[name] = bb
 	}
-	p, err := runtime.PlanGraph(g, bound)
+	pe, err := d.plans.get(g, func() (*planned, error) { return plan(g, bound) })
+	if err == nil && !sameTypes(pe.bound, bound) {
+		pe, err = plan(g, bound) // the same graph bound to other shapes: not cached
+	}
 	if err != nil {
 		return fmt.Errorf("onednn: run on %s: %w", d.id, err)
 	}
+	p := pe.plan
 	// oneDNN's matmul and the C kernels cannot write over their own input.
 	for i := range p.Steps {
 		s := &p.Steps[i]
@@ -54,17 +58,51 @@ func (d *Device) Run(ctx context.Context, g *runtime.Graph, bind map[string]runt
 			}
 		}
 	}
-	return d.do(ctx, func() error { return d.execute(ctx, p, bufs) })
+	return d.do(ctx, func() error { return d.execute(ctx, pe, bufs) })
+}
+
+// planned is a checked graph and what execute derives from its plan alone.
+type planned struct {
+	bound    map[string]runtime.TensorType // the bindings it was checked against
+	plan     *runtime.Plan
+	lastUse  map[string]int  // the last step reading each name
+	otherUse map[string]bool // names read other than as a matmul's weights, or written
+}
+
+func plan(g *runtime.Graph, bound map[string]runtime.TensorType) (*planned, error) {
+	p, err := runtime.PlanGraph(g, bound)
+	if err != nil {
+		return nil, err
+	}
+	pe := &planned{bound: bound, plan: p, lastUse: map[string]int{}, otherUse: map[string]bool{}}
+	for i, s := range p.Steps {
+		pe.otherUse[s.Op.Out] = true
+		for j, name := range s.Op.In {
+			pe.lastUse[name] = i
+			if s.Op.Kind != runtime.OpMatMul || j != 1 {
+				pe.otherUse[name] = true
+			}
+		}
+	}
+	return pe, nil
+}
+
+func sameTypes(a, b map[string]runtime.TensorType) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for name, t := range a {
+		u, ok := b[name]
+		if !ok || t.DType != u.DType || !slices.Equal(t.Shape, u.Shape) {
+			return false
+		}
+	}
+	return true
 }
 
 // execute runs a plan on the worker thread.
-func (d *Device) execute(ctx context.Context, p *runtime.Plan, bufs map[string]*buffer) error {
-	lastUse := map[string]int{}
-	for i, s := range p.Steps {
-		for _, name := range s.Op.In {
-			lastUse[name] = i
-		}
-	}
+func (d *Device) execute(ctx context.Context, pe *planned, bufs map[string]*buffer) error {
+	p, lastUse, otherUse := pe.plan, pe.lastUse, pe.otherUse
 	temps := map[string]*buffer{}
 	defer func() {
 		for _, b := range temps {
@@ -79,15 +117,6 @@ func (d *Device) execute(ctx context.Context, p *runtime.Plan, bufs map[string]*
 	// operand, which that matmul may pack in place. Any other use needs
 	// row-major contents.
 	rc := &runContext{weights: map[string]*buffer{}}
-	otherUse := map[string]bool{}
-	for _, s := range p.Steps {
-		otherUse[s.Op.Out] = true
-		for i, name := range s.Op.In {
-			if s.Op.Kind != runtime.OpMatMul || i != 1 {
-				otherUse[name] = true
-			}
-		}
-	}
 	var unpack []string // packed by an earlier run, used otherwise in this one
 	d.mu.Lock()
 	for i := range p.Steps {
