@@ -77,7 +77,9 @@ type OpKind uint8
 const (
 	// OpMatMul: In[0] [M,K] × In[1] [K,N] (+ In[2] bias [N]) → [M,N], with
 	// Act fused. A 3-D In[0] [B,S,K] is treated as [B·S,K]. With TransB,
-	// In[1] is [N,K] (PyTorch Linear weight layout).
+	// In[1] is [N,K] (PyTorch Linear weight layout). In[3], after a bias,
+	// is a residual of the output's shape (f32) added after Act, so a
+	// layer's "x + Linear(h)" is one op; the output is then f32.
 	OpMatMul OpKind = iota + 1
 	// OpBatchMatMul: In[0] [B,M,K] × In[1] [B,K,N] → [B,M,N] (TransB: In[1] is [B,N,K]); Scale multiplies the result.
 	OpBatchMatMul

@@ -227,7 +227,7 @@ func PlanGraph(g *Graph, bound map[string]TensorType) (*Plan, error) {
 
 // opInputs is each op's least and most inputs.
 var opInputs = map[OpKind][2]int{
-	OpMatMul: {2, 3}, OpBatchMatMul: {2, 2}, OpAdd: {2, 2},
+	OpMatMul: {2, 4}, OpBatchMatMul: {2, 2}, OpAdd: {2, 2},
 	OpLayerNorm: {3, 3}, OpSoftmax: {1, 1}, OpGELU: {1, 1},
 	OpReLU: {1, 1}, OpTanh: {1, 1}, OpGather: {2, 2},
 	OpMaskedMeanPool: {2, 2}, OpL2Normalize: {1, 1},
@@ -318,7 +318,7 @@ func inferOp(op Op, in []TensorType) (TensorType, error) {
 		if kw != a.Last() {
 			return TensorType{}, fmt.Errorf("inner dimensions differ: In[0] has K=%d, In[1] has K=%d", a.Last(), kw)
 		}
-		if len(in) == 3 {
+		if len(in) >= 3 {
 			if err := f32(2); err != nil {
 				return TensorType{}, err
 			}
@@ -330,7 +330,19 @@ func inferOp(op Op, in []TensorType) (TensorType, error) {
 		if err != nil {
 			return TensorType{}, err
 		}
-		return TensorType{dt, append(slices.Clone(a.Shape[:len(a.Shape)-1]), nn)}, nil
+		out := append(slices.Clone(a.Shape[:len(a.Shape)-1]), nn)
+		if len(in) == 4 {
+			if err := f32(3); err != nil {
+				return TensorType{}, err
+			}
+			if !slices.Equal(in[3].Shape, out) {
+				return TensorType{}, fmt.Errorf("residual is %s, want the output's %s", shapeString(in[3].Shape), shapeString(out))
+			}
+			if dt != F32 {
+				return TensorType{}, fmt.Errorf("a matmul with a residual writes f32, not %s", dt)
+			}
+		}
+		return TensorType{dt, out}, nil
 
 	case OpBatchMatMul:
 		a, w := in[0], in[1]

@@ -470,11 +470,10 @@ func (m *BERT) graph(dt runtime.DType, b, s, tokens int, normalize bool) *builde
 		if tokens > 0 {
 			merged = unpack(merged)
 		}
-		attn := g.linear(merged, w(p+lAOW), w(p+lAOB), runtime.ActNone)
-		x1 := ln(addOp(attn, x), p+lAOLNW, p+lAOLNB)
+		// The residual adds ride on the output projections (OpMatMul's In[3]).
+		x1 := ln(g.residualLinear(merged, w(p+lAOW), w(p+lAOB), x), p+lAOLNW, p+lAOLNB)
 		inter := g.operandLinear(x1, w(p+lIW), w(p+lIB), m.act)
-		out := g.linear(inter, w(p+lOW), w(p+lOB), runtime.ActNone)
-		x = ln(addOp(out, x1), p+lOLNW, p+lOLNB)
+		x = ln(g.residualLinear(inter, w(p+lOW), w(p+lOB), x1), p+lOLNW, p+lOLNB)
 	}
 
 	// Pooling. The [CLS] row is a masked mean over a mask that keeps only

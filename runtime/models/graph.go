@@ -131,6 +131,11 @@ func (b *builder) operandLinear(x, w, bias string, act runtime.Activation) strin
 	return b.linearTo(x, w, bias, act, b.mmType)
 }
 
+// residualLinear is res + x·wᵀ + bias in one matmul (f32).
+func (b *builder) residualLinear(x, w, bias, res string) string {
+	return b.add(runtime.Op{Kind: runtime.OpMatMul, In: []string{b.operand(x), w, bias, res}, TransB: true}, runtime.F32, b.shape(res))
+}
+
 func (b *builder) linearTo(x, w, bias string, act runtime.Activation, dt runtime.DType) string {
 	in := []string{b.operand(x), w}
 	if bias != "" {

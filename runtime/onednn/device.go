@@ -83,6 +83,7 @@ type primKey struct {
 	outDT          runtime.DType // matmul: the product's type
 	batch, m, k, n int
 	transB, bias   bool
+	res            bool // matmul: a residual added after the activation
 	pack           bool // matmul: weights read in the kernel's packed layout
 	bcast          bool // add: In[1] is one row, broadcast
 	act            runtime.Activation

@@ -271,7 +271,7 @@ func TestInvalidGraph(t *testing.T) {
 		{"K mismatch", []runtime.Op{mm("a", "wt")}, nil, "inner dimensions differ: In[0] has K=8, In[1] has K=3"},
 		{"bias shape", []runtime.Op{mm("a", "w", "bad_bias")}, nil, "bias is [4], want [3]"},
 		{"output shape", []runtime.Op{{Kind: runtime.OpMatMul, In: []string{"a", "w"}, Out: "y_wrong"}}, nil, `output "y_wrong" is bound to [3,4] f32, want [4,3] f32`},
-		{"too few inputs", []runtime.Op{mm("a")}, nil, "takes 2 to 3 inputs, got 1"},
+		{"too few inputs", []runtime.Op{mm("a")}, nil, "takes 2 to 4 inputs, got 1"},
 		{"1-D matmul", []runtime.Op{mm("v", "w")}, nil, "at least 2 dimensions"},
 		{"activation on add", []runtime.Op{{Kind: runtime.OpAdd, In: []string{"a", "a"}, Out: "t", Act: runtime.ActReLU}}, nil, "Act is only for matmul"},
 		{"scale on matmul", []runtime.Op{{Kind: runtime.OpMatMul, In: []string{"a", "w"}, Out: "y", Scale: 2}}, nil, "Scale is only for batch-matmul"},

@@ -72,9 +72,9 @@ void bd_prim_destroy(bd_prim *p) {
 }
 
 dnnl_status_t bd_exec(bd_device *d, bd_prim *p, void *h0, void *h1, void *h2,
-        void *h3, const char **step) {
+        void *h3, void *h4, const char **step) {
     dnnl_status_t st = dnnl_success;
-    void *h[BD_MAX_ARGS] = {h0, h1, h2, h3};
+    void *h[BD_MAX_ARGS] = {h0, h1, h2, h3, h4};
     // The ICV is per OS thread; setting it here keeps the count the
     // primitive was created for, whichever thread the call arrives on.
     omp_set_num_threads(p->nthreads > 0 ? p->nthreads : d->nthreads);
@@ -130,9 +130,9 @@ out:
 dnnl_status_t bd_matmul_create(bd_device *d, int64_t batch, int64_t m,
         int64_t k, int64_t n, int trans_b, dnnl_data_type_t ab_dt,
         dnnl_data_type_t dst_dt, int has_bias, dnnl_alg_kind_t act, float scale,
-        int pack_b, bd_prim **out, const char **step) {
+        int has_res, int pack_b, bd_prim **out, const char **step) {
     dnnl_status_t st = dnnl_success;
-    dnnl_memory_desc_t src, wei, weiany, bias, dst;
+    dnnl_memory_desc_t src, wei, weiany, bias, dst, res;
     dnnl_matmul_desc_t desc;
     dnnl_primitive_attr_t attr = NULL;
     dnnl_post_ops_t po = NULL;
@@ -180,17 +180,30 @@ dnnl_status_t bd_matmul_create(bd_device *d, int64_t batch, int64_t m,
     if (scale != 1.0f)
         TRY(dnnl_primitive_attr_set_output_scales(attr, 1, 0, &scale),
                 "set output scale");
-    if (act != dnnl_alg_kind_undef) {
+    has_res = has_res && has_bias && nd == 2;
+    if (act != dnnl_alg_kind_undef || has_res) {
         TRY(dnnl_post_ops_create(&po), "create post-ops");
-        TRY(dnnl_post_ops_append_eltwise(po, 1.0f, act, 0.0f, 0.0f),
-                "append eltwise post-op");
+        if (act != dnnl_alg_kind_undef)
+            TRY(dnnl_post_ops_append_eltwise(po, 1.0f, act, 0.0f, 0.0f),
+                    "append eltwise post-op");
+        if (has_res) {
+            TRY(dnnl_memory_desc_init_by_tag(&res, nd, ddims, dnnl_f32, tag),
+                    "describe residual");
+            TRY(dnnl_post_ops_append_binary(po, dnnl_binary_add, &res),
+                    "append residual post-op");
+        }
         TRY(dnnl_primitive_attr_set_post_ops(attr, po), "set post-ops");
     }
     {
+        int res_arg = DNNL_ARG_ATTR_MULTIPLE_POST_OP(act != dnnl_alg_kind_undef ? 1 : 0) | DNNL_ARG_SRC_1;
+        int with_res[] = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_BIAS, res_arg, DNNL_ARG_DST};
         int with_bias[] = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_BIAS, DNNL_ARG_DST};
         int without[] = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST};
-        st = finish(d, &desc, attr, has_bias ? 4 : 3, has_bias ? with_bias : without,
-                out, step);
+        if (has_res)
+            st = finish(d, &desc, attr, 5, with_res, out, step);
+        else
+            st = finish(d, &desc, attr, has_bias ? 4 : 3, has_bias ? with_bias : without,
+                    out, step);
     }
     if (st == dnnl_success && pack_b) {
         // The weights argument's memory was made from the kernel's choice.
@@ -576,7 +589,7 @@ void bd_free(void *p) { free(p); }
 dnnl_status_t bd_bf16_matmul_works(bd_device *d, const char **step) {
     bd_prim *p = NULL;
     dnnl_status_t st = bd_matmul_create(d, 0, 16, 16, 16, 0, dnnl_bf16, dnnl_f32, 0,
-            dnnl_alg_kind_undef, 1.0f, 0, &p, step);
+            dnnl_alg_kind_undef, 1.0f, 0, 0, &p, step);
     bd_prim_destroy(p);
     return st;
 }

@@ -22,7 +22,7 @@ typedef struct {
 // A created primitive with one memory object per execution argument; the
 // memory objects have no buffer of their own, bd_exec points them at the
 // caller's buffers.
-#define BD_MAX_ARGS 4
+#define BD_MAX_ARGS 5
 typedef struct {
     dnnl_primitive_t prim;
     int nthreads; // fixed at creation by the op's size; see bd_threads_for
@@ -44,20 +44,21 @@ void bd_prim_destroy(bd_prim *p);
 // bd_exec binds h0..h3 to the primitive's arguments in creation order
 // (unused ones are ignored), executes it and waits for the stream.
 dnnl_status_t bd_exec(bd_device *d, bd_prim *p, void *h0, void *h1, void *h2,
-        void *h3, const char **step);
+        void *h3, void *h4, const char **step);
 
 // Matmul: src [batch?,m,k] x weights [batch?,k,n] (trans_b: stored [batch?,n,k])
 // -> dst [batch?,m,n] of dst_dt (f32, or bf16 with bf16 operands: the sum
 // accumulates in f32 and is rounded once); batch 0 means 2-D. ab_dt is the
 // src/weights type (f32 or bf16); bias is f32 [n]; act is an eltwise algorithm fused as a
-// post-op (dnnl_alg_kind_undef for none); scale multiplies the product.
-// Arguments: src, weights, [bias], dst. pack_b (2-D only) lets the kernel
+// post-op (dnnl_alg_kind_undef for none); scale multiplies the product;
+// has_res (2-D, with a bias, f32 dst) adds a residual [m,n] f32 after the
+// activation as a binary post-op. Arguments: src, weights, [bias], [res], dst. pack_b (2-D only) lets the kernel
 // choose its weights layout: the caller then passes weights packed by
 // bd_pack_weights when the prim's wpack is set.
 dnnl_status_t bd_matmul_create(bd_device *d, int64_t batch, int64_t m,
         int64_t k, int64_t n, int trans_b, dnnl_data_type_t ab_dt,
         dnnl_data_type_t dst_dt, int has_bias, dnnl_alg_kind_t act, float scale,
-        int pack_b, bd_prim **out, const char **step);
+        int has_res, int pack_b, bd_prim **out, const char **step);
 
 // Matmul over 4-D operands each described by dims and strides (elements):
 // src [b,h,m,k] x weights [b,h,k,n] -> dst [b,h,m,n], so attention reads

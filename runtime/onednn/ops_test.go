@@ -833,3 +833,51 @@ func TestFusedAttention(t *testing.T) {
 		})
 	}
 }
+
+// TestPlanCache: a graph run again reuses its checked plan, and the same
+// graph bound to other shapes is planned for them, not run on the old plan.
+func TestPlanCache(t *testing.T) {
+	d := openTest(t, runtime.DeviceSpec{})
+	r := newRand(t)
+	g := &runtime.Graph{Ops: []runtime.Op{{Kind: runtime.OpAdd, In: []string{"a", "b"}, Out: "y"}}}
+	for _, rows := range []int{2, 2, 5, 2} {
+		a, b := randVec(r, rows*3), randVec(r, rows*3)
+		got, err := runGraph(t, d, g, []input{f32In("a", a, rows, 3), f32In("b", b, rows, 3)}, "y", []int{rows, 3})
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := make([]float64, len(a))
+		for i := range a {
+			want[i] = float64(a[i]) + float64(b[i])
+		}
+		checkClose(t, got, want, 1e-7)
+	}
+	if n, hits, _ := d.plans.stats(); n != 1 || hits != 3 {
+		t.Fatalf("plan cache: %d entries, %d hits; want 1 entry and 3 hits (the 5-row run planned aside)", n, hits)
+	}
+}
+
+// TestMatMulResidual: a matmul with a bias, an activation and a residual
+// added after it (In[3]), with the weights packed and not.
+func TestMatMulResidual(t *testing.T) {
+	d := openTest(t, runtime.DeviceSpec{})
+	r := newRand(t)
+	for _, sh := range []struct{ m, k, n int }{{1, 1, 1}, {16, 384, 384}, {37, 100, 17}, {128, 64, 100}} {
+		for _, act := range []runtime.Activation{runtime.ActNone, runtime.ActGELU} {
+			t.Run(fmt.Sprintf("%dx%dx%d/%s", sh.m, sh.k, sh.n, actNames[act]), func(t *testing.T) {
+				a, w, b, res := randVec(r, sh.m*sh.k), randVec(r, sh.n*sh.k), randVec(r, sh.n), randVec(r, sh.m*sh.n)
+				op := runtime.Op{Kind: runtime.OpMatMul, In: []string{"a", "w", "b", "r"}, Out: "y", Act: act, TransB: true}
+				ins := []input{f32In("a", a, sh.m, sh.k), f32In("w", w, sh.n, sh.k), f32In("b", b, sh.n), f32In("r", res, sh.m, sh.n)}
+				got, err := runGraph(t, d, &runtime.Graph{Ops: []runtime.Op{op}}, ins, "y", []int{sh.m, sh.n})
+				if err != nil {
+					t.Fatal(err)
+				}
+				want := refMatMul(to64(a), sh.m, sh.k, to64(w), sh.n, true, to64(b), act)
+				for i := range want {
+					want[i] += float64(res[i])
+				}
+				checkClose(t, got, want, tolF32)
+			})
+		}
+	}
+}

@@ -213,7 +213,7 @@ func (d *Device) exec(s *runtime.Step, p *C.bd_prim, args ...unsafe.Pointer) err
 	var h [C.BD_MAX_ARGS]unsafe.Pointer
 	copy(h[:], args)
 	var where *C.char
-	if st := C.bd_exec(d.c, p, h[0], h[1], h[2], h[3], &where); st != C.dnnl_success {
+	if st := C.bd_exec(d.c, p, h[0], h[1], h[2], h[3], h[4], &where); st != C.dnnl_success {
 		return fmt.Errorf("%s: %w", s, statusError(where, st))
 	}
 	return nil
@@ -238,14 +238,14 @@ func (d *Device) runStep(s *runtime.Step, ptrs map[string]unsafe.Pointer, rc *ru
 		k := a.Last()
 		w, isWeight := rc.weights[op.In[1]]
 		key := primKey{kind: op.Kind, dt: a.DType, outDT: s.Out.DType, m: a.NumElements() / k, k: k, n: s.Out.Last(),
-			transB: op.TransB, bias: len(op.In) == 3, act: op.Act, pack: isWeight}
+			transB: op.TransB, bias: len(op.In) >= 3, res: len(op.In) == 4, act: op.Act, pack: isWeight}
 		if key.pack && d.unpackable[key] {
 			key.pack = false
 		}
 		p, err := d.primitive(s, key, func(o **C.bd_prim, w **C.char) C.dnnl_status_t {
 			return C.bd_matmul_create(dc, 0, C.int64_t(key.m), C.int64_t(key.k), C.int64_t(key.n),
 				cbool(key.transB), dnnlType(key.dt), dnnlType(key.outDT), cbool(key.bias), eltwiseAlg(key.act), 1,
-				cbool(key.pack), o, w)
+				cbool(key.res), cbool(key.pack), o, w)
 		})
 		if err != nil {
 			return err
@@ -262,13 +262,17 @@ func (d *Device) runStep(s *runtime.Step, ptrs map[string]unsafe.Pointer, rc *ru
 				key.pack = false
 				if p, err = d.primitive(s, key, func(o **C.bd_prim, w **C.char) C.dnnl_status_t {
 					return C.bd_matmul_create(dc, 0, C.int64_t(key.m), C.int64_t(key.k), C.int64_t(key.n),
-						cbool(key.transB), dnnlType(key.dt), dnnlType(key.outDT), cbool(key.bias), eltwiseAlg(key.act), 1, 0, o, w)
+						cbool(key.transB), dnnlType(key.dt), dnnlType(key.outDT), cbool(key.bias), eltwiseAlg(key.act), 1,
+						cbool(key.res), 0, o, w)
 				}); err != nil {
 					return err
 				}
 			}
 		}
-		if key.bias {
+		switch {
+		case key.res:
+			return d.exec(s, p, in(0), in(1), in(2), in(3), out)
+		case key.bias:
 			return d.exec(s, p, in(0), in(1), in(2), out)
 		}
 		return d.exec(s, p, in(0), in(1), out)
@@ -285,7 +289,7 @@ func (d *Device) runStep(s *runtime.Step, ptrs map[string]unsafe.Pointer, rc *ru
 		key.batch = a.NumElements() / (key.m * key.k)
 		p, err := d.primitive(s, key, func(o **C.bd_prim, w **C.char) C.dnnl_status_t {
 			return C.bd_matmul_create(dc, C.int64_t(key.batch), C.int64_t(key.m), C.int64_t(key.k), C.int64_t(key.n),
-				cbool(key.transB), dnnlType(key.dt), dnnlType(key.outDT), 0, C.dnnl_alg_kind_undef, C.float(key.scale), 0, o, w)
+				cbool(key.transB), dnnlType(key.dt), dnnlType(key.outDT), 0, C.dnnl_alg_kind_undef, C.float(key.scale), 0, 0, o, w)
 		})
 		if err != nil {
 			return err

@@ -214,7 +214,7 @@ func (l *lowering) matmul(op runtime.Op, in []TensorType, a, w *stablehlo.Value)
 	if err != nil {
 		return nil, err
 	}
-	if len(op.In) == 3 {
+	if len(op.In) >= 3 {
 		bias, err := stablehlo.BroadcastInDim(l.vals[op.In[2]], y.Shape(), []int{rank - 1})
 		if err != nil {
 			return nil, err
@@ -225,6 +225,11 @@ func (l *lowering) matmul(op runtime.Op, in []TensorType, a, w *stablehlo.Value)
 	}
 	if y, err = l.activate(y, op.Act); err != nil {
 		return nil, err
+	}
+	if len(op.In) == 4 {
+		if y, err = stablehlo.Add(y, l.vals[op.In[3]]); err != nil {
+			return nil, err
+		}
 	}
 	return productOut(op, y)
 }

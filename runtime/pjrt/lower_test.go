@@ -52,6 +52,12 @@ func loweringCases() []loweringCase {
 				"stablehlo.add", "dense<0.0>", "stablehlo.maximum"},
 		},
 		{
+			name:  "matmul with bias, gelu and a residual",
+			op:    runtime.Op{Kind: runtime.OpMatMul, In: []string{"x", "w", "b", "r"}, Out: "y", TransB: true, Act: runtime.ActGELU},
+			bound: map[string]TensorType{"x": f32(2, 7, 3), "w": f32(5, 3), "b": f32(5), "r": f32(2, 7, 5), "y": f32(2, 7, 5)},
+			want:  []string{"stablehlo.dot_general", "stablehlo.add", "chlo.erf", "stablehlo.add\"(%", ", %in"},
+		},
+		{
 			name:  "matmul of a 3-D input with gelu",
 			op:    runtime.Op{Kind: runtime.OpMatMul, In: []string{"x", "w"}, Out: "y", Act: runtime.ActGELU},
 			bound: map[string]TensorType{"x": f32(2, 7, 3), "w": f32(3, 5), "y": f32(2, 7, 5)},
