@@ -13,7 +13,7 @@
 // It prints the aggregate useful output tokens/s of each, their ratios and
 // time-to-first-token percentiles, and the single-stream decode speed
 // against the memory bandwidth limit (weight bytes per token over the
-// measured copy bandwidth).
+// measured read bandwidth).
 //
 //	go run ./bench/council -layers 8 -hidden 512 -heads 8 -kv-heads 2 -intermediate 1536 -vocab 32000 -rounds 2
 package main
@@ -170,10 +170,10 @@ func run(layers, hidden, heads, kvHeads, inter, vocab, nPrompts, minOut, maxOut,
 		return err
 	}
 	took := res.Took
-	bw := benchkit.CopyBandwidth()
+	bw := benchkit.ReadBandwidth()
 	perToken := float64(m.WeightBytes(dt))
 	tps := 64 / took.Seconds()
-	fmt.Fprintf(w, "single stream: %.1f tokens/s (prefill included); weights %.0f MiB per token; copy bandwidth %.1f GB/s; limit %.1f tokens/s; fraction %.2f\n",
+	fmt.Fprintf(w, "single stream: %.1f tokens/s (prefill included); weights %.0f MiB per token; read bandwidth %.1f GB/s; limit %.1f tokens/s; fraction %.2f\n",
 		tps, perToken/(1<<20), bw/1e9, bw/perToken, tps/(bw/perToken))
 	return nil
 }

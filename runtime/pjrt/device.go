@@ -104,6 +104,23 @@ type buffer struct {
 	pins  int
 	stale []*xpjrt.Buffer
 	freed bool
+	// donated: x is being consumed by a Run that updates it in place
+	// (Program.Aliased); nothing else may read it until the Run swaps the
+	// result in.
+	donated bool
+}
+
+// donate marks x, pinned once by the caller, as consumed by the caller's
+// Run. It refuses when anyone else holds a pin: their read must finish on
+// the old values, so that Run copies instead.
+func (b *buffer) donate() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.pins != 1 || b.freed {
+		return false
+	}
+	b.donated = true
+	return true
 }
 
 func (b *buffer) DType() runtime.DType { return b.dt }
@@ -118,6 +135,14 @@ func (b *buffer) numel() int {
 	return n
 }
 
+// undonate ends a donation whose Run failed: the values may be gone with
+// it (PJRT may have consumed them), which later reads report.
+func (b *buffer) undonate() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.donated = false
+}
+
 // swap makes nx the buffer's values.
 func (b *buffer) swap(nx *xpjrt.Buffer) error {
 	b.mu.Lock()
@@ -128,6 +153,7 @@ func (b *buffer) swap(nx *xpjrt.Buffer) error {
 	}
 	old := b.x
 	b.x = nx
+	b.donated = false
 	if old != nil {
 		if b.pins > 0 {
 			b.stale = append(b.stale, old)
@@ -147,6 +173,9 @@ func (b *buffer) pin() (*xpjrt.Buffer, error) {
 	}
 	if b.x == nil {
 		return nil, errors.New("buffer was never written")
+	}
+	if b.donated {
+		return nil, errors.New("buffer is being updated in place by a run")
 	}
 	b.pins++
 	return b.x, nil
@@ -397,10 +426,22 @@ func (d *Device) Run(ctx context.Context, g *runtime.Graph, bind map[string]runt
 		}
 		inputs = append(inputs, x)
 	}
+	// A KV cache the program updates in place is donated, so XLA writes
+	// into its memory instead of copying the whole cache each step; only
+	// when no one else is reading it (else XLA copies it, as without).
+	var donate []int
+	for i, name := range comp.prog.Inputs {
+		if _, ok := comp.prog.Aliased[i]; ok && bufs[name].donate() {
+			donate = append(donate, i)
+		}
+	}
 	d.runMu.Lock()
-	outs, err := comp.exe.Execute(inputs...).OnDevice(d.dev).DonateNone().Done()
+	outs, err := comp.exe.Execute(inputs...).OnDevice(d.dev).DonateNone().Donate(donate...).Done()
 	d.runMu.Unlock()
 	if err != nil {
+		for _, i := range donate {
+			bufs[comp.prog.Inputs[i]].undonate()
+		}
 		return fmt.Errorf("pjrt: %s: execute: %w", d.id, err)
 	}
 	if len(outs) != len(comp.prog.Outputs) {

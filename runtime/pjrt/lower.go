@@ -26,6 +26,12 @@ type Program struct {
 	Inputs []string
 	// Outputs name the bound buffers main returns, in order.
 	Outputs []string
+	// Aliased maps an input's index to the output it is updated in place
+	// as (a KV cache: OpKVWrite writes the buffer it reads). The program
+	// says so (tf.aliasing_output), so when the device donates that input
+	// XLA writes the output into the input's memory: the cache stays where
+	// it is on the device instead of being copied whole every step.
+	Aliased map[int]int
 	// Types are the types of Inputs and Outputs.
 	Types map[string]TensorType
 }
@@ -56,12 +62,17 @@ func Lower(g *runtime.Graph, bound map[string]TensorType, opts LowerOptions) (*P
 	b := stablehlo.New("brokerd_graph")
 	fn := b.Main()
 	l := &lowering{fn: fn, opts: opts, vals: map[string]*stablehlo.Value{}}
-	prog := &Program{Inputs: p.Inputs, Outputs: p.Outputs, Types: map[string]TensorType{}}
+	prog := &Program{Inputs: p.Inputs, Outputs: p.Outputs, Types: map[string]TensorType{}, Aliased: map[int]int{}}
 	for i, name := range p.Inputs {
 		t := p.Types[name]
+		var attrs map[string]any
+		if o := slices.Index(p.Outputs, name); o >= 0 {
+			attrs = map[string]any{"tf.aliasing_output": int32(o)}
+			prog.Aliased[i] = o
+		}
 		// Parameters are numbered: buffer names ("encoder.layer.0.x") are
 		// not MLIR identifiers, and sanitising them could make two collide.
-		v, err := fn.NamedInput(fmt.Sprintf("in%d", i), shapeOf(t))
+		v, err := fn.NamedInputWithAttributes(fmt.Sprintf("in%d", i), shapeOf(t), attrs)
 		if err != nil {
 			return nil, fmt.Errorf("pjrt: lower input %q: %w", name, err)
 		}

@@ -270,7 +270,8 @@ func loweringCases() []loweringCase {
 			name:  "kv-write",
 			op:    runtime.Op{Kind: runtime.OpKVWrite, In: []string{"k", "slots"}, Out: "y"},
 			bound: map[string]TensorType{"k": f32(5, 2, 4), "slots": i32(5), "y": f32(3, 4, 2, 4)},
-			want: []string{"(tensor<3x4x2x4xf32>) -> tensor<12x2x4xf32>", "(tensor<5xi32>) -> tensor<5x1xi32>", "stablehlo.scatter",
+			want: []string{"%in2: tensor<3x4x2x4xf32> { tf.aliasing_output = 0 : i32 }",
+				"(tensor<3x4x2x4xf32>) -> tensor<12x2x4xf32>", "(tensor<5xi32>) -> tensor<5x1xi32>", "stablehlo.scatter",
 				"update_window_dims = [1, 2]", "inserted_window_dims = [0]", "(tensor<12x2x4xf32>) -> tensor<3x4x2x4xf32>"},
 		},
 		{
@@ -342,6 +343,16 @@ func TestLowerOps(t *testing.T) {
 			slices.Sort(wantIn)
 			if !slices.Equal(p.Inputs, wantIn) {
 				t.Errorf("Inputs = %v, want %v", p.Inputs, wantIn)
+			}
+			// Only a buffer the program reads and writes is updated in place.
+			wantAliased := map[int]int{}
+			if tt.op.Kind == runtime.OpKVWrite {
+				wantAliased[slices.Index(p.Inputs, "y")] = 0
+			} else if strings.Contains(text, "aliasing_output") {
+				t.Errorf("program aliases an input:\n%s", text)
+			}
+			if fmt.Sprint(p.Aliased) != fmt.Sprint(wantAliased) {
+				t.Errorf("Aliased = %v, want %v", p.Aliased, wantAliased)
 			}
 			again, err := Lower(&runtime.Graph{Ops: []runtime.Op{tt.op}}, tt.bound, opts)
 			if err != nil || !bytes.Equal(again.Text, p.Text) {

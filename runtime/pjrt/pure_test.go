@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	xpjrt "github.com/gomlx/go-xla/pjrt"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
@@ -350,5 +351,27 @@ func TestBF16(t *testing.T) {
 		if got := toBF16(tt.in); got != tt.want {
 			t.Errorf("toBF16(%v) = %#04x, want %#04x", tt.in, got, tt.want)
 		}
+	}
+}
+
+// TestDonate: a buffer is donated to a run only while that run is its one
+// reader, and nothing reads it while donated.
+func TestDonate(t *testing.T) {
+	b := &buffer{x: &xpjrt.Buffer{}}
+	if _, err := b.pin(); err != nil {
+		t.Fatal(err)
+	}
+	if !b.donate() {
+		t.Fatal("a buffer pinned only by the run was not donated")
+	}
+	if _, err := b.pin(); err == nil {
+		t.Fatal("a donated buffer was pinned")
+	}
+	b.undonate()
+	if _, err := b.pin(); err != nil {
+		t.Fatalf("pin after a failed run: %v", err)
+	}
+	if b.donate() {
+		t.Fatal("a buffer another reader holds was donated")
 	}
 }

@@ -159,12 +159,12 @@ func run(ctx context.Context, o options) error {
 	}
 	defer peer.close()
 
-	bw := benchkit.CopyBandwidth()
+	bw := benchkit.ReadBandwidth()
 	peak, err := benchkit.MatMulPeak(ctx, dev, dt)
 	if err != nil {
 		return err
 	}
-	fmt.Printf("CPU: %s (%s), %d threads per engine; copy bandwidth %.1f GB/s; matmul peak through the adapter (%s, 1024³) %.0f GFLOP/s\n",
+	fmt.Printf("CPU: %s (%s), %d threads per engine; read bandwidth %.1f GB/s; matmul peak through the adapter (%s, 1024³) %.0f GFLOP/s\n",
 		benchkit.CPUModel(), benchkit.CPUFlags(), o.threads, bw/1e9, dt, peak)
 	// A decode step reads every weight once except the embedding table
 	// (untied in these shapes), of which it reads one row.
