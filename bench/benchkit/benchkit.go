@@ -7,14 +7,14 @@ package benchkit
 import (
 	"context"
 	"fmt"
-	goruntime "runtime"
-	"sync"
-	"sync/atomic"
 	"math/rand/v2"
 	"os"
 	"os/exec"
+	goruntime "runtime"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/brokerd/brokerd/runtime"
