@@ -2,6 +2,8 @@
 // build, driven by JSON lines on stdin, one answer line on stdout each.
 //
 //   {"op":"load","path":F,"threads":2,"contextSize":N,"sequences":S,"kvF32":bool}
+//     (then a short untimed run on every sequence, so the first timed
+//     decode does not pay for the context's first graphs)
 //   {"op":"run","prompts":[[ids...]...],"n":[count...]}
 //     → {"seconds":s,"ttft":[s...],"end":[s...],"tokens":[[ids...]...]}
 //
@@ -32,6 +34,8 @@ async function load(req) {
         opts.experimentalKvCacheValueType = "F32";
     }
     context = await model.createContext(opts);
+    const warm = Array.from({length: req.sequences}, (_, i) => [1000 + i, 2000 + i, 3000 + i, 4000 + i]);
+    await run({prompts: warm, n: warm.map(() => 2)});
     return {contextSize: context.contextSize, sequences: req.sequences, cpuMathCores: llama.cpuMathCores};
 }
 
