@@ -50,6 +50,9 @@ func TestPlotPNG(t *testing.T) {
 			t.Errorf("colour %v not drawn", c)
 		}
 	}
+	if err := PlotPNG(path, "t", "x", "y", []Series{{Name: "one", X: []float64{1}, Y: []float64{3}}}); err != nil {
+		t.Fatalf("one point: %v", err)
+	}
 	if err := PlotPNG(path, "t", "x", "y", nil); err == nil {
 		t.Fatal("empty plot accepted")
 	}

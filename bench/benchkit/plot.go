@@ -35,8 +35,11 @@ func PlotPNG(path, title, xLabel, yLabel string, series []Series) error {
 			ymax = max(ymax, s.Y[i])
 		}
 	}
-	if xmin <= 0 || xmax <= xmin || ymax <= 0 {
+	if xmin <= 0 || ymax <= 0 {
 		return fmt.Errorf("plot %s: nothing to draw", path)
+	}
+	if xmax == xmin { // one level: an axis from it to its double
+		xmax = 2 * xmin
 	}
 	ymax = niceCeil(ymax * 1.05)
 	px := func(x float64) int {

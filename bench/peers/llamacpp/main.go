@@ -147,7 +147,9 @@ func run(ctx context.Context, o options) error {
 	defer dev.Close()
 	maxSeqs := max(slices.Max(levels), 16)
 	blocks := int64(maxSeqs) * int64((ctxLen+llm.DefaultBlockSize-1)/llm.DefaultBlockSize+1)
-	eng, err := m.NewEngine(ctx, dev, llm.EngineOptions{CacheBytes: blocks * m.CacheBlockBytes(0), MaxSeqs: maxSeqs, MaxStepTokens: 2048})
+	// No prefix cache: rounds repeat their prompts, and llama.cpp's fresh
+	// contexts recompute them; both engines must do the same work.
+	eng, err := m.NewEngine(ctx, dev, llm.EngineOptions{CacheBytes: blocks * m.CacheBlockBytes(0), MaxSeqs: maxSeqs, MaxStepTokens: 2048, DisablePrefixCache: true})
 	if err != nil {
 		return err
 	}
