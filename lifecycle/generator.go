@@ -28,19 +28,20 @@ const (
 	genBlockSize  = llm.DefaultBlockSize
 )
 
-// genExec adapts an engine to the scheduler's GenExecutor.
-type genExec struct{ e *llm.Engine }
+// GenExecutor adapts an LLM engine to the scheduler's GenExecutor, as
+// generator replicas run; the benchmarks drive engines through it too.
+type GenExecutor struct{ Engine *llm.Engine }
 
-func (x genExec) Reserve(seq uint64, tokens int) bool { return x.e.Reserve(seq, tokens) }
-func (x genExec) Release(seq uint64)                  { x.e.Release(seq) }
-func (x genExec) Close() error                        { return x.e.Close() }
+func (x GenExecutor) Reserve(seq uint64, tokens int) bool { return x.Engine.Reserve(seq, tokens) }
+func (x GenExecutor) Release(seq uint64)                  { x.Engine.Release(seq) }
+func (x GenExecutor) Close() error                        { return x.Engine.Close() }
 
-func (x genExec) Step(ctx context.Context, items []scheduler.StepItem) ([]scheduler.StepResult, error) {
+func (x GenExecutor) Step(ctx context.Context, items []scheduler.StepItem) ([]scheduler.StepResult, error) {
 	in := make([]llm.StepItem, len(items))
 	for i, it := range items {
 		in[i] = llm.StepItem{Seq: it.Seq, State: it.State, Tokens: it.Tokens, Pos: it.Pos, Sample: it.Sample}
 	}
-	res, err := x.e.Step(ctx, in)
+	res, err := x.Engine.Step(ctx, in)
 	if err != nil {
 		return nil, err
 	}
@@ -103,7 +104,7 @@ func (ms *Set) placeGenLocked(ctx context.Context, s *Served, m *llm.Model) erro
 				}
 				continue
 			}
-			x := genExec{eng}
+			x := GenExecutor{eng}
 			dev := scheduler.Device{ID: e.ID, Type: string(e.Type), CostPerHour: e.CostPerHour}
 			if err := ms.sched.AddGenReplica(s.Key, dev, scheduler.GenOptions{MaxRunning: running, MaxStepTokens: max(genStepTokens, running), MaxChunk: genChunk}, x); err != nil {
 				x.Close()
@@ -150,11 +151,11 @@ func (c *kvCacheCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	for _, s := range c.ms.cat.Load().byName {
 		for _, p := range s.replicas {
-			x, ok := p.r.(genExec)
+			x, ok := p.r.(GenExecutor)
 			if !ok {
 				continue
 			}
-			used, total := x.e.CacheBlocks()
+			used, total := x.Engine.CacheBlocks()
 			ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(used), s.Info.Name, p.deviceID, "used")
 			ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(total), s.Info.Name, p.deviceID, "total")
 		}

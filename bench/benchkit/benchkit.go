@@ -6,10 +6,12 @@ package benchkit
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
 	"os/exec"
+	"path/filepath"
 	goruntime "runtime"
 	"slices"
 	"strings"
@@ -17,19 +19,23 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/brokerd/brokerd/detect"
 	"github.com/brokerd/brokerd/runtime"
 )
 
-// CPUModel is /proc/cpuinfo's model name.
-func CPUModel() string {
-	b, err := os.ReadFile("/proc/cpuinfo")
-	if err != nil {
-		return "unknown"
+// cpu is the host CPU as brokerd's detector sees it (nil if it finds none).
+func cpu() *detect.CPUInfo {
+	res := detect.NewCPUDetector(detect.DefaultRoots()).Detect(context.Background())
+	if len(res.Devices) == 0 || res.Devices[0].CPU == nil {
+		return nil
 	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if k, v, ok := strings.Cut(l, ":"); ok && strings.TrimSpace(k) == "model name" {
-			return strings.TrimSpace(v)
-		}
+	return res.Devices[0].CPU
+}
+
+// CPUModel is the CPU's model name ("unknown" if unreadable).
+func CPUModel() string {
+	if c := cpu(); c != nil && c.ModelName != "" {
+		return c.ModelName
 	}
 	return "unknown"
 }
@@ -37,23 +43,15 @@ func CPUModel() string {
 // CPUFlags lists which of the flags that matter to the adapter's kernels
 // (AVX-512, bf16, AMX) the CPU has.
 func CPUFlags() string {
-	b, err := os.ReadFile("/proc/cpuinfo")
-	if err != nil {
+	c := cpu()
+	if c == nil {
 		return "unknown"
 	}
 	var have []string
-	for _, l := range strings.Split(string(b), "\n") {
-		k, v, ok := strings.Cut(l, ":")
-		if !ok || strings.TrimSpace(k) != "flags" {
-			continue
+	for _, f := range []string{"avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile"} {
+		if slices.Contains(c.Flags, f) {
+			have = append(have, f)
 		}
-		fields := strings.Fields(v)
-		for _, f := range []string{"avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile"} {
-			if slices.Contains(fields, f) {
-				have = append(have, f)
-			}
-		}
-		break
 	}
 	return strings.Join(have, " ")
 }
@@ -142,6 +140,27 @@ func MatMulPeak(ctx context.Context, dev runtime.Device, dt runtime.DType) (floa
 		best = max(best, 4*2*n*n*n/time.Since(start).Seconds()/1e9)
 	}
 	return best, nil
+}
+
+// PeersDir is the checkout's bench/peers, found from the working directory
+// (the repository root, or anywhere below it): go run builds the command
+// elsewhere, so its scripts are found from where it is run.
+func PeersDir() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		p := filepath.Join(dir, "bench", "peers")
+		if st, err := os.Stat(p); err == nil && st.IsDir() {
+			return p, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", errors.New("run it from the repository (bench/peers not found)")
+		}
+		dir = parent
+	}
 }
 
 // Median of v (0 when empty); v is not changed.

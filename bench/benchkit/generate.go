@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/brokerd/brokerd/lifecycle"
 	"github.com/brokerd/brokerd/runtime/models/llm"
 	"github.com/brokerd/brokerd/scheduler"
 )
@@ -36,7 +37,7 @@ func Round(ctx context.Context, m *llm.Model, eng *llm.Engine, jobs []Job, runni
 	defer s.Close()
 	opts := eng.Options()
 	if err := s.AddGenReplica("m", scheduler.Device{ID: "cpu:0", Type: "cpu"},
-		scheduler.GenOptions{MaxRunning: running, MaxStepTokens: opts.MaxStepTokens, MaxChunk: chunk}, Executor{eng}); err != nil {
+		scheduler.GenOptions{MaxRunning: running, MaxStepTokens: opts.MaxStepTokens, MaxChunk: chunk}, lifecycle.GenExecutor{Engine: eng}); err != nil {
 		return RoundResult{}, err
 	}
 	res := RoundResult{TTFT: make([]time.Duration, len(jobs)), End: make([]time.Duration, len(jobs)), Tokens: make([][]int32, len(jobs))}
@@ -79,26 +80,4 @@ func Round(ctx context.Context, m *llm.Model, eng *llm.Engine, jobs []Job, runni
 	wg.Wait()
 	res.Took = time.Since(start)
 	return res, errors.Join(errs...)
-}
-
-// Executor adapts an LLM engine to the scheduler, as brokerd's model
-// lifecycle does.
-type Executor struct{ E *llm.Engine }
-
-func (x Executor) Reserve(seq uint64, tokens int) bool { return x.E.Reserve(seq, tokens) }
-func (x Executor) Release(seq uint64)                  { x.E.Release(seq) }
-func (x Executor) Step(ctx context.Context, items []scheduler.StepItem) ([]scheduler.StepResult, error) {
-	in := make([]llm.StepItem, len(items))
-	for i, it := range items {
-		in[i] = llm.StepItem{Seq: it.Seq, State: it.State, Tokens: it.Tokens, Pos: it.Pos, Sample: it.Sample}
-	}
-	res, err := x.E.Step(ctx, in)
-	if err != nil {
-		return nil, err
-	}
-	out := make([]scheduler.StepResult, len(res))
-	for i, r := range res {
-		out[i] = scheduler.StepResult{Token: r.Token, Out: r.Out, Stop: r.Stop, Full: r.Full}
-	}
-	return out, nil
 }

@@ -14,27 +14,19 @@ Needs Debian's python3-torch (and python3-numpy).
 
 import json
 import math
-import struct
 import sys
 
-import numpy as np
 import torch
 from torch import nn
 
+import safetensors_np
+
 
 def read_safetensors(path):
-    with open(path, "rb") as f:
-        raw = f.read()
-    (n,) = struct.unpack_from("<Q", raw, 0)
-    header = json.loads(raw[8:8 + n])
     out = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        if info["dtype"] != "F32":
-            raise SystemExit(f"{path}: {name} is {info['dtype']}, this script reads F32")
-        start, end = info["data_offsets"]
-        a = np.frombuffer(raw[8 + n + start:8 + n + end], dtype="<f4").reshape(info["shape"])
+    for name, (a, dt) in safetensors_np.read(path).items():
+        if dt != "F32":
+            raise SystemExit(f"{path}: {name} is {dt}, this script reads F32")
         out[name.removeprefix("bert.")] = torch.from_numpy(a.copy())
     return out
 

@@ -10,36 +10,16 @@ a check of brokerd's and llama.cpp's tokens, not a speed peer.
     → {"tokens": [[ids...]...], "gaps": [[top-1 minus top-2 logit...]...]}
 """
 import json
-import struct
 import sys
 
 import numpy as np
 import torch
 
+import safetensors_np
+
 
 def load_safetensors(path):
-    with open(path, "rb") as f:
-        (n,) = struct.unpack("<Q", f.read(8))
-        header = json.loads(f.read(n))
-        base = 8 + n
-        out = {}
-        for name, info in header.items():
-            if name == "__metadata__":
-                continue
-            a, b = info["data_offsets"]
-            f.seek(base + a)
-            raw = f.read(b - a)
-            dt = info["dtype"]
-            if dt == "BF16":
-                x = (np.frombuffer(raw, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
-            elif dt == "F16":
-                x = np.frombuffer(raw, dtype=np.float16)
-            elif dt == "F32":
-                x = np.frombuffer(raw, dtype=np.float32)
-            else:
-                raise ValueError(f"{name}: dtype {dt}")
-            out[name] = torch.from_numpy(x.astype(np.float64).reshape(info["shape"]))
-        return out
+    return {name: torch.from_numpy(a.astype(np.float64)) for name, (a, _) in safetensors_np.read(path).items()}
 
 
 class Decoder:

@@ -88,6 +88,7 @@ type primKey struct {
 	bcast          bool // add: In[1] is one row, broadcast
 	act            runtime.Activation
 	scale, eps     float32
+	heads          int    // attention: heads (with batch = B·heads, the strides)
 	layout         string // permute: the input view and the permutation
 }
 

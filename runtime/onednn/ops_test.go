@@ -715,30 +715,39 @@ func TestAttentionGraph(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Per head, plain loops over the unsplit layout.
-	want := make([]float64, b*s*h)
+	qkv := [3][]float32{q, k, v}
+	at := func(bi, tok, part, hi, e int) float64 { return float64(qkv[part][(bi*s+tok)*h+hi*hd+e]) }
+	checkClose(t, got, refAttention(at, b, s, nh, hd, float64(scale), mask), tolF32)
+}
+
+// refAttention is multi-head attention in plain float64 loops: at(b, token,
+// part, head, e) reads element e of the query (part 0), key (1) or value
+// (2) of a head; the result is [B,S,H·D] with the heads merged.
+func refAttention(at func(bi, tok, part, hi, e int) float64, b, s, nh, hd int, scale float64, mask []float64) []float64 {
+	h := nh * hd
+	out := make([]float64, b*s*h)
 	for bi := 0; bi < b; bi++ {
 		for hi := 0; hi < nh; hi++ {
 			for i := 0; i < s; i++ {
 				sc := make([]float64, s)
 				for j := 0; j < s; j++ {
 					for e := 0; e < hd; e++ {
-						sc[j] += float64(q[(bi*s+i)*h+hi*hd+e]) * float64(k[(bi*s+j)*h+hi*hd+e])
+						sc[j] += at(bi, i, 0, hi, e) * at(bi, j, 1, hi, e)
 					}
-					sc[j] *= float64(scale)
+					sc[j] *= scale
 				}
 				p := refMaskedSoftmax(sc, 1, s, mask[bi*s:(bi+1)*s])
 				for e := 0; e < hd; e++ {
 					var acc float64
 					for j := 0; j < s; j++ {
-						acc += p[j] * float64(v[(bi*s+j)*h+hi*hd+e])
+						acc += p[j] * at(bi, j, 2, hi, e)
 					}
-					want[(bi*s+i)*h+hi*hd+e] = acc
+					out[(bi*s+i)*h+hi*hd+e] = acc
 				}
 			}
 		}
 	}
-	checkClose(t, got, want, tolF32)
+	return out
 }
 
 // TestFusedAttention: OpAttention over a fused q|k|v projection against
@@ -800,35 +809,12 @@ func TestFusedAttention(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			scale := 1 / math.Sqrt(float64(hd))
 			at := func(bi, tok, part, hi, e int) float64 { return float64(qkv[(bi*s+tok)*3*h+part*h+hi*hd+e]) }
-			want := make([]float64, b*s*h)
-			for bi := 0; bi < b; bi++ {
-				for hi := 0; hi < nh; hi++ {
-					for i := 0; i < s; i++ {
-						sc := make([]float64, s)
-						for j := 0; j < s; j++ {
-							for e := 0; e < hd; e++ {
-								sc[j] += at(bi, i, 0, hi, e) * at(bi, j, 1, hi, e)
-							}
-							sc[j] *= scale
-						}
-						p := refMaskedSoftmax(sc, 1, s, mask[bi*s:(bi+1)*s])
-						for e := 0; e < hd; e++ {
-							var acc float64
-							for j := 0; j < s; j++ {
-								acc += p[j] * at(bi, j, 2, hi, e)
-							}
-							want[(bi*s+i)*h+hi*hd+e] = acc
-						}
-					}
-				}
-			}
+			want := refAttention(at, b, s, nh, hd, 1/math.Sqrt(float64(hd)), mask)
 			tol := tolF32
 			if tt.dt == runtime.BF16 {
 				tol = tolBF16
 			}
-			t.Logf("rel %.4g", relErr(got, want))
 			checkClose(t, got, want, tol)
 		})
 	}

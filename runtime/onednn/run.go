@@ -529,9 +529,9 @@ func (d *Device) attention(s *runtime.Step, qkv, mask, out unsafe.Pointer) error
 	// A head's rows in the fused projection: [b,h,s,j] at b·S·3HD + s·3HD + h·D + j.
 	headStrides := func(row int) []int { return []int{n * row, dh, row, 1} }
 	qs, ks := headStrides(3*hd), headStrides(3*hd)
-	layout := fmt.Sprint(b, n, h, dh)
 
-	qk := primKey{kind: op.Kind, dt: x.DType, outDT: runtime.F32, batch: b * h, m: n, k: dh, n: n, scale: scale, layout: "qk " + layout}
+	// The two products are told apart by transB (Q·Kᵀ, then P·V).
+	qk := primKey{kind: op.Kind, dt: x.DType, outDT: runtime.F32, batch: b * h, heads: h, m: n, k: dh, n: n, transB: true, scale: scale}
 	p, err := d.primitive(s, qk, func(o **C.bd_prim, w **C.char) C.dnnl_status_t {
 		// Kᵀ: [b,h,j,t] at the key of token t, element j.
 		return C.bd_matmul4_create(dc, i64(b, h, n, dh), i64(qs...), i64(b, h, dh, n), i64(ks[0], ks[1], ks[3], ks[2]),
@@ -558,9 +558,10 @@ func (d *Device) attention(s *runtime.Step, qkv, mask, out unsafe.Pointer) error
 		}
 		defer d.Free(probs)
 	}
-	sm := primKey{kind: runtime.OpSoftmax, m: b * h * n, n: n, layout: "to " + x.DType.String()}
+	// dt and outDT set: not the plain softmax's primitive (those leave them 0).
+	sm := primKey{kind: runtime.OpSoftmax, dt: runtime.F32, outDT: x.DType, m: b * h * n, n: n}
 	if p, err = d.primitive(s, sm, func(o **C.bd_prim, w **C.char) C.dnnl_status_t {
-		return C.bd_softmax_to_create(dc, C.int64_t(sm.m), C.int64_t(sm.n), dnnlType(x.DType), o, w)
+		return C.bd_softmax_to_create(dc, C.int64_t(sm.m), C.int64_t(sm.n), dnnlType(sm.outDT), o, w)
 	}); err != nil {
 		return err
 	}
@@ -568,7 +569,7 @@ func (d *Device) attention(s *runtime.Step, qkv, mask, out unsafe.Pointer) error
 		return err
 	}
 
-	pv := primKey{kind: op.Kind, dt: x.DType, outDT: s.Out.DType, batch: b * h, m: n, k: n, n: dh, layout: "pv " + layout}
+	pv := primKey{kind: op.Kind, dt: x.DType, outDT: s.Out.DType, batch: b * h, heads: h, m: n, k: n, n: dh}
 	if p, err = d.primitive(s, pv, func(o **C.bd_prim, w **C.char) C.dnnl_status_t {
 		return C.bd_matmul4_create(dc, i64(b, h, n, n), i64(h*n*n, n*n, n, 1), i64(b, h, n, dh), i64(qs...),
 			i64(b, h, n, dh), i64(n*hd, dh, hd, 1), dnnlType(x.DType), dnnlType(s.Out.DType), 1, o, w)

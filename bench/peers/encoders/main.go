@@ -19,7 +19,6 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -69,26 +68,6 @@ func ints(s string) []int {
 		out = append(out, n)
 	}
 	return out
-}
-
-// peersDir is bench/peers, found from the working directory (the
-// repository root, or anywhere below it).
-func peersDir() (string, error) {
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for {
-		p := filepath.Join(dir, "bench", "peers")
-		if _, err := os.Stat(filepath.Join(p, "ort_worker.mjs")); err == nil {
-			return p, nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", errors.New("run it from the repository (bench/peers not found)")
-		}
-		dir = parent
-	}
 }
 
 // setup installs the peers when missing: onnxruntime-node from the lock
@@ -162,7 +141,7 @@ type row struct {
 }
 
 func run(modelNames string, seqs, batches []int, rounds int, seconds float64, threads int, dtype, work string) error {
-	peers, err := peersDir()
+	peers, err := benchkit.PeersDir()
 	if err != nil {
 		return err
 	}

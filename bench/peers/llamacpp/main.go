@@ -29,7 +29,6 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -67,6 +66,7 @@ type options struct {
 	rounds, threads, promptTokens    int
 	genTokens, checkTokens, prefill  int
 	council, torch                   bool
+	peers                            string // the checkout's bench/peers, found at run time
 }
 
 func main() {
@@ -118,10 +118,12 @@ func run(ctx context.Context, o options) error {
 		}
 		levels = append(levels, n)
 	}
-	here, err := sourceDir()
+	peers, err := benchkit.PeersDir()
 	if err != nil {
 		return err
 	}
+	o.peers = peers
+	here := filepath.Join(peers, "llamacpp")
 	if err := npmInstall(here); err != nil {
 		return err
 	}
@@ -190,6 +192,20 @@ func run(ctx context.Context, o options) error {
 		return err
 	}
 
+	// both runs jobs on brokerd (running at once, prefill chunk chunk),
+	// then on llama.cpp in a fresh, warmed context of as many sequences.
+	both := func(jobs []benchkit.Job, running, chunk int) (benchkit.RoundResult, peerRun, error) {
+		b, err := benchkit.Round(ctx, m, eng, jobs, running, chunk)
+		if err != nil {
+			return b, peerRun{}, err
+		}
+		if err := peer.load(gguf, o.threads, ctxLen, running, false); err != nil {
+			return b, peerRun{}, err
+		}
+		p, err := peer.run(jobs)
+		return b, p, err
+	}
+
 	// 2. Scaling, interleaved.
 	type cell struct{ broker, peer, brokerDecode, peerDecode []float64 }
 	table := make([]cell, len(levels))
@@ -213,14 +229,7 @@ func run(ctx context.Context, o options) error {
 	}
 	for r := range o.rounds {
 		for i, c := range levels {
-			b, err := benchkit.Round(ctx, m, eng, jobsAt[i], c, 512)
-			if err != nil {
-				return err
-			}
-			if err := peer.load(gguf, o.threads, ctxLen, c, false); err != nil {
-				return err
-			}
-			p, err := peer.run(jobsAt[i])
+			b, p, err := both(jobsAt[i], c, 512)
 			if err != nil {
 				return err
 			}
@@ -276,14 +285,7 @@ func run(ctx context.Context, o options) error {
 		var brate, prate, ratios []float64
 		var bttft, pttft []float64
 		for r := range o.rounds {
-			b, err := benchkit.Round(ctx, m, eng, round, 16, 512)
-			if err != nil {
-				return err
-			}
-			if err := peer.load(gguf, o.threads, ctxLen, 16, false); err != nil {
-				return err
-			}
-			p, err := peer.run(round)
+			b, p, err := both(round, 16, 512)
 			if err != nil {
 				return err
 			}
@@ -306,14 +308,7 @@ func run(ctx context.Context, o options) error {
 		job := []benchkit.Job{{Prompt: prompt(o.prefill), Out: 1}}
 		var bt, pt []float64
 		for range o.rounds {
-			b, err := benchkit.Round(ctx, m, eng, job, 1, o.prefill)
-			if err != nil {
-				return err
-			}
-			if err := peer.load(gguf, o.threads, ctxLen, 1, false); err != nil {
-				return err
-			}
-			p, err := peer.run(job)
+			b, p, err := both(job, 1, o.prefill)
 			if err != nil {
 				return err
 			}
@@ -369,7 +364,7 @@ func agree(ctx context.Context, o options, m *llm.Model, eng *llm.Engine, peer *
 		}
 		return nil
 	}
-	ref, err := torchTokens(dir, jobs, o.checkTokens)
+	ref, err := torchTokens(o.peers, dir, jobs, o.checkTokens)
 	if err != nil {
 		return err
 	}
@@ -423,7 +418,7 @@ type torchRef struct {
 	Gaps   [][]float64
 }
 
-func torchTokens(dir string, jobs []benchkit.Job, n int) (torchRef, error) {
+func torchTokens(peers, dir string, jobs []benchkit.Job, n int) (torchRef, error) {
 	req := map[string]any{"n": n}
 	var prompts [][]int32
 	for _, j := range jobs {
@@ -431,11 +426,7 @@ func torchTokens(dir string, jobs []benchkit.Job, n int) (torchRef, error) {
 	}
 	req["prompts"] = prompts
 	in, _ := json.Marshal(req)
-	here, err := sourceDir()
-	if err != nil {
-		return torchRef{}, err
-	}
-	cmd := exec.Command(benchkit.Python(), filepath.Join(here, "..", "llm_torch.py"), dir)
+	cmd := exec.Command(benchkit.Python(), filepath.Join(peers, "llm_torch.py"), dir)
 	cmd.Stdin = strings.NewReader(string(in))
 	cmd.Stderr = os.Stderr
 	out, err := cmd.Output()
@@ -496,23 +487,6 @@ func loadModel(dir string, ctxLen int) (*llm.Model, error) {
 		}
 	}
 	return llm.NewModel(cfg, w, llm.ModelOptions{Name: "bench", Version: 1, MaxContext: ctxLen})
-}
-
-// sourceDir is this command's directory in the checkout (go run builds
-// elsewhere, so it is found from the working directory).
-func sourceDir() (string, error) {
-	wd, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for d := wd; ; d = filepath.Dir(d) {
-		if _, err := os.Stat(filepath.Join(d, "go.mod")); err == nil {
-			return filepath.Join(d, "bench", "peers", "llamacpp"), nil
-		}
-		if filepath.Dir(d) == d {
-			return "", errors.New("run it inside the brokerd checkout")
-		}
-	}
 }
 
 // npmInstall installs node-llama-cpp from the lock, without its optional
