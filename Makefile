@@ -4,10 +4,12 @@
 GO        ?= go
 BIN       := bin
 PKGS      := ./...
-# make run serves the Ollama/OpenAI HTTP APIs on Ollama's port (loopback only);
-# give HTTP_LISTEN=127.0.0.1:11435 when an Ollama already holds it.
+# make run serves the Ollama/OpenAI HTTP APIs on Ollama's port (loopback only)
+# without API keys, as Ollama does: every local user may use them
+# (--http-allow-unauthenticated; README). Give HTTP_LISTEN=127.0.0.1:11435
+# when an Ollama already holds the port.
 HTTP_LISTEN ?= 127.0.0.1:11434
-RUN_FLAGS ?= --log-format console --state-dir $(CURDIR)/.cache/state --http-listen $(HTTP_LISTEN)
+RUN_FLAGS ?= --log-format console --state-dir $(CURDIR)/.cache/state --http-listen $(HTTP_LISTEN) --http-allow-unauthenticated
 # buf is pinned in tools/go.mod; protoc-gen-go and protoc-gen-go-grpc in go.mod.
 BUF       := $(GO) tool -modfile=tools/go.mod buf
 

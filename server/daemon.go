@@ -81,6 +81,16 @@ func Run(ctx context.Context, opts Options, log *zap.Logger) error {
 	if err != nil {
 		return config.Invalid(err)
 	}
+	// Load checked it; a Config built in code (tests, embedders) is
+	// checked here, so no caller serves the data plane over HTTP to
+	// whoever reaches it without saying so.
+	if err := cfg.CheckHTTPAccess(); err != nil {
+		return config.Invalid(err)
+	}
+	if cfg.HTTPListen != "" && cfg.APIKeysFile == "" {
+		log.Warn("HTTP APIs need no API key: every user who can reach the address may use the data plane (--http-allow-unauthenticated)",
+			zap.String("http_listen", cfg.HTTPListen))
+	}
 	adm, err := resolveAdmins(cfg, os.Geteuid(), osLookupUser, osLookupGroup)
 	if err != nil {
 		return config.Invalid(err)

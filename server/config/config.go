@@ -33,9 +33,13 @@ type Config struct {
 	MetricsListen string `json:"metrics-listen"`
 	HealthListen  string `json:"health-listen"`
 	// HTTPListen serves the Ollama and OpenAI HTTP APIs; APIKeysFile holds
-	// the bearer tokens they require (one per line).
-	HTTPListen  string `json:"http-listen"`
-	APIKeysFile string `json:"api-keys-file"`
+	// the bearer tokens they require (one per line). Without keys the
+	// listener needs HTTPAllowUnauthenticated: it reaches the data plane,
+	// and whoever reaches its address (on loopback every local user, past
+	// the socket's permissions) may then use it.
+	HTTPListen               string `json:"http-listen"`
+	APIKeysFile              string `json:"api-keys-file"`
+	HTTPAllowUnauthenticated bool   `json:"http-allow-unauthenticated"`
 	// Connection limits per listener (0: derived from the descriptor
 	// limit) and the idle time after which a connection is closed.
 	MaxConnections          int      `json:"max-connections"`
@@ -214,6 +218,7 @@ var envNames = map[string]string{
 	"max-context":                "BROKERD_MAX_CONTEXT",
 	"go-memory-limit":            "BROKERD_GO_MEMORY_LIMIT",
 	"api-keys-file":              "BROKERD_API_KEYS_FILE",
+	"http-allow-unauthenticated": "BROKERD_HTTP_ALLOW_UNAUTHENTICATED",
 	"admin-uids":                 "BROKERD_ADMIN_UIDS",
 	"admin-groups":               "BROKERD_ADMIN_GROUPS",
 	"admin-identities":           "BROKERD_ADMIN_IDENTITIES",
@@ -238,7 +243,8 @@ func bind(fs *flag.FlagSet, c *Config, configPath *string) {
 	fs.IntVar(&c.MaxContext, "max-context", c.MaxContext, "most tokens (prompt and output) of a generator model's sequence, below its max_position_embeddings; each replica's KV cache holds at least one such sequence")
 	fs.Int64Var(&c.MaxInflightBytes, "max-inflight-bytes", c.MaxInflightBytes, "bytes the calls being served may hold (twice each request's size); beyond it calls get RESOURCE_EXHAUSTED; 0: a quarter of the Go memory limit")
 	fs.Int64Var(&c.GoMemoryLimit, "go-memory-limit", c.GoMemoryLimit, "Go runtime memory limit in bytes; 0: three quarters of the memory brokerd may use (the cgroup limit, else the host's); -1: none; GOMEMLIMIT wins")
-	fs.StringVar(&c.APIKeysFile, "api-keys-file", c.APIKeysFile, "file of API keys, one per line, that HTTP API requests must carry as Authorization: Bearer KEY (none: no key needed)")
+	fs.StringVar(&c.APIKeysFile, "api-keys-file", c.APIKeysFile, "file of API keys, one per line, that HTTP API requests must carry as Authorization: Bearer KEY; --http-listen needs it or --http-allow-unauthenticated")
+	fs.BoolVar(&c.HTTPAllowUnauthenticated, "http-allow-unauthenticated", c.HTTPAllowUnauthenticated, "serve --http-listen without API keys: every user who can reach its address (on loopback, every local user, whatever the socket's permissions) may use the data plane")
 	fs.StringVar(&c.StateDir, "state-dir", c.StateDir, "directory for the device registry and models")
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "debug, info, warn or error")
 	fs.StringVar(&c.LogFormat, "log-format", c.LogFormat, "json or console")
@@ -456,6 +462,9 @@ func (c Config) Validate() error {
 			bad("http-listen %s: plaintext HTTP is allowed only on a loopback address; give --tls-cert and --tls-key to serve it elsewhere", c.HTTPListen)
 		}
 	}
+	if err := c.CheckHTTPAccess(); err != nil {
+		errs = append(errs, err)
+	}
 	if c.MetricsListen != "" {
 		if _, _, err := net.SplitHostPort(c.MetricsListen); err != nil {
 			bad("metrics-listen %q is invalid: want HOST:PORT", c.MetricsListen)
@@ -530,6 +539,25 @@ func (c Config) Validate() error {
 	}
 	errs = append(errs, c.validateAdmins()...)
 	return errors.Join(errs...)
+}
+
+// CheckHTTPAccess refuses an HTTP listener that would be open to whoever
+// reaches it without saying so. The HTTP APIs reach the data plane, which on
+// the socket only its owner and group may use: served without API keys on
+// loopback, they would give every local user what the socket's 0660 mode
+// refuses. So --http-listen needs --api-keys-file, or
+// --http-allow-unauthenticated to say that everyone who can reach the
+// address may use it (SECURITY.md, "Who can reach brokerd").
+func (c Config) CheckHTTPAccess() error {
+	switch {
+	case c.HTTPListen == "":
+		return nil
+	case c.APIKeysFile != "" && c.HTTPAllowUnauthenticated:
+		return fmt.Errorf("http-listen %s: api-keys-file and http-allow-unauthenticated contradict each other: give one (keys, or no keys for everyone who can reach the address)", c.HTTPListen)
+	case c.APIKeysFile == "" && !c.HTTPAllowUnauthenticated:
+		return fmt.Errorf("http-listen %s without api-keys-file would let every user who can reach that address use the data plane (on loopback: every local user, whatever the socket's permissions): give --api-keys-file FILE (BROKERD_API_KEYS_FILE) to require keys, or --http-allow-unauthenticated (BROKERD_HTTP_ALLOW_UNAUTHENTICATED) to allow that", c.HTTPListen)
+	}
+	return nil
 }
 
 // yamlError says what is wrong with a settings file in its own terms (the

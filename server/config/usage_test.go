@@ -3,6 +3,8 @@ package config
 import (
 	"bytes"
 	"errors"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -55,19 +57,85 @@ func TestVersionAndBadFlags(t *testing.T) {
 
 func TestHTTPListenRules(t *testing.T) {
 	getenv := func(string) string { return "" }
+	open := "--http-allow-unauthenticated"
 	tests := []struct {
 		args []string
 		bad  string
 	}{
-		{[]string{"--http-listen", "127.0.0.1:11434"}, ""},
-		{[]string{"--http-listen", "localhost:0"}, ""},
-		{[]string{"--http-listen", "0.0.0.0:11434"}, "loopback"},
-		{[]string{"--http-listen", "nonsense"}, "HOST:PORT"},
+		{[]string{"--http-listen", "127.0.0.1:11434", open}, ""},
+		{[]string{"--http-listen", "localhost:0", open}, ""},
+		{[]string{"--http-listen", "0.0.0.0:11434", open}, "loopback"},
+		{[]string{"--http-listen", "nonsense", open}, "HOST:PORT"},
 	}
 	for _, tc := range tests {
 		_, err := Load(tc.args, getenv, 0, &bytes.Buffer{})
 		if (err == nil) != (tc.bad == "") || (err != nil && !strings.Contains(err.Error(), tc.bad)) {
 			t.Errorf("%v: %v, want an error containing %q", tc.args, err, tc.bad)
 		}
+	}
+}
+
+// TestHTTPListenNeedsKeysOrConsent: the HTTP APIs reach the data plane, so
+// with no API keys they would give every user who can reach the address
+// (every local user on loopback) what the socket's 0660 mode refuses.
+// --http-listen needs --api-keys-file, or --http-allow-unauthenticated to
+// say so; the refusal names both fixes.
+func TestHTTPListenNeedsKeysOrConsent(t *testing.T) {
+	tests := []struct {
+		name string
+		args []string
+		env  map[string]string
+		yaml string
+		bad  []string // all in the error; none: it loads
+	}{
+		{name: "no HTTP listener", args: nil},
+		{name: "loopback without keys", args: []string{"--http-listen", "127.0.0.1:11434"},
+			bad: []string{"http-listen 127.0.0.1:11434", "every local user", "--api-keys-file", "--http-allow-unauthenticated"}},
+		{name: "from the environment without keys", env: map[string]string{"BROKERD_HTTP_LISTEN": "127.0.0.1:11434"},
+			bad: []string{"BROKERD_API_KEYS_FILE", "BROKERD_HTTP_ALLOW_UNAUTHENTICATED"}},
+		{name: "from YAML without keys", yaml: "http-listen: 127.0.0.1:11434\n", bad: []string{"--api-keys-file"}},
+		{name: "with keys", args: []string{"--http-listen", "127.0.0.1:11434", "--api-keys-file", "/etc/brokerd/keys"}},
+		{name: "open by flag", args: []string{"--http-listen", "127.0.0.1:11434", "--http-allow-unauthenticated"}},
+		{name: "open by environment", args: []string{"--http-listen", "127.0.0.1:11434"}, env: map[string]string{"BROKERD_HTTP_ALLOW_UNAUTHENTICATED": "true"}},
+		{name: "open by YAML", yaml: "http-listen: 127.0.0.1:11434\nhttp-allow-unauthenticated: true\n"},
+		{name: "keys and open", args: []string{"--http-listen", "127.0.0.1:11434", "--api-keys-file", "k", "--http-allow-unauthenticated"},
+			bad: []string{"contradict"}},
+		{name: "open without a listener", args: []string{"--http-allow-unauthenticated"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			args := tc.args
+			if tc.yaml != "" {
+				path := filepath.Join(t.TempDir(), "brokerd.yaml")
+				if err := os.WriteFile(path, []byte(tc.yaml), 0o600); err != nil {
+					t.Fatal(err)
+				}
+				args = append([]string{"--config", path}, args...)
+			}
+			_, err := Load(args, func(k string) string { return tc.env[k] }, 0, &bytes.Buffer{})
+			if len(tc.bad) == 0 {
+				if err != nil {
+					t.Fatalf("Load: %v", err)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatalf("Load accepted %v %v", args, tc.env)
+			}
+			for _, want := range tc.bad {
+				if !strings.Contains(err.Error(), want) {
+					t.Errorf("error %q does not say %q", err, want)
+				}
+			}
+		})
+	}
+	// The check is also the daemon's (Run calls it on a Config not from Load).
+	cfg := Config{HTTPListen: "127.0.0.1:0"}
+	if err := cfg.CheckHTTPAccess(); err == nil {
+		t.Error("CheckHTTPAccess accepts an HTTP listener without keys or consent")
+	}
+	cfg.HTTPAllowUnauthenticated = true
+	if err := cfg.CheckHTTPAccess(); err != nil {
+		t.Errorf("CheckHTTPAccess with consent: %v", err)
 	}
 }
