@@ -189,11 +189,13 @@ func (h *Handler) authorized(r *http.Request) bool {
 	if len(h.opts.APIKeys) == 0 {
 		return true
 	}
-	auth := r.Header.Get("Authorization")
-	key, ok := strings.CutPrefix(auth, "Bearer ")
-	if !ok {
+	// The scheme is case-insensitive (RFC 7235 section 2.1): "bearer KEY"
+	// is the same credential as "Bearer KEY".
+	scheme, key, ok := strings.Cut(r.Header.Get("Authorization"), " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
 		return false
 	}
+	key = strings.TrimLeft(key, " ")
 	for _, k := range h.opts.APIKeys {
 		if subtle.ConstantTimeCompare([]byte(k), []byte(key)) == 1 {
 			return true
