@@ -151,8 +151,8 @@ func TestCordon(t *testing.T) {
 			t.Errorf("Health(gpu:0).Cordoned = false")
 		}
 		s.Cordon("cpu:0", true)
-		if _, err := s.Submit(context.Background(), Request{Model: "m", Inputs: []any{1}}); !errors.Is(err, ErrNoDevice) {
-			t.Errorf("all cordoned: err = %v, want ErrNoDevice", err)
+		if _, err := s.Submit(context.Background(), Request{Model: "m", Inputs: []any{1}}); !errors.Is(err, ErrNoDevice) || errors.Is(err, ErrNoMatchingReplica) {
+			t.Errorf("all cordoned: err = %v, want ErrNoDevice (the uncordon helps), not ErrNoMatchingReplica", err)
 		}
 	})
 	t.Run("queued work waits for the uncordon", func(t *testing.T) {

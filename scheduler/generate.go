@@ -375,13 +375,13 @@ func (s *Scheduler) Generate(ctx context.Context, req GenRequest) (*GenStream, e
 			usable = usable || s.genUsableLocked(r, now, true)
 		}
 	}
+	if !matched {
+		s.genReject(gq, ReasonRejected)
+		return nil, fmt.Errorf("scheduler: %q: %w (device %q, type %q)", req.Model, ErrNoMatchingReplica, req.DeviceID, req.DeviceType)
+	}
 	if !usable {
 		s.genReject(gq, ReasonRejected)
-		why := "every matching replica is cordoned or unhealthy"
-		if !matched {
-			why = fmt.Sprintf("no replica matches device %q type %q", req.DeviceID, req.DeviceType)
-		}
-		return nil, fmt.Errorf("scheduler: %q: %w: %s", req.Model, ErrNoDevice, why)
+		return nil, fmt.Errorf("scheduler: %q: %w: every matching replica is cordoned or unhealthy", req.Model, ErrNoDevice)
 	}
 	if s.queued+1 > s.opts.MaxQueueItems {
 		s.genReject(gq, ReasonRejected)

@@ -33,6 +33,12 @@ var (
 	// ErrNoDevice: no replica can take the request now (all cordoned or
 	// unhealthy, or the device pins match no replica).
 	ErrNoDevice = errors.New("no device can serve the request")
+	// ErrNoMatchingReplica: the device pins (type, or ID and type) match no
+	// replica of the model at all, e.g. a device type the host lacks: unlike
+	// cordoned or unhealthy replicas, waiting does not help, so the edge
+	// answers FAILED_PRECONDITION rather than UNAVAILABLE. It matches
+	// ErrNoDevice too.
+	ErrNoMatchingReplica = fmt.Errorf("%w: no replica matches the device pins", ErrNoDevice)
 	// ErrDeviceNotFound: the pinned device ID serves no replica of the model.
 	ErrDeviceNotFound = errors.New("device not found")
 	// ErrBackend: the executor failed, and the retry on another replica (when
@@ -448,13 +454,13 @@ func (s *Scheduler) enqueueLocked(ctx context.Context, req Request) (*request, e
 			break
 		}
 	}
+	if !matched {
+		mq.reject(ReasonRejected)
+		return nil, fmt.Errorf("scheduler: %q: %w (device %q, type %q)", req.Model, ErrNoMatchingReplica, req.DeviceID, req.DeviceType)
+	}
 	if !usable {
 		mq.reject(ReasonRejected)
-		why := "every matching replica is cordoned or unhealthy"
-		if !matched {
-			why = fmt.Sprintf("no replica matches device %q type %q", req.DeviceID, req.DeviceType)
-		}
-		return nil, fmt.Errorf("scheduler: %q: %w: %s", req.Model, ErrNoDevice, why)
+		return nil, fmt.Errorf("scheduler: %q: %w: every matching replica is cordoned or unhealthy", req.Model, ErrNoDevice)
 	}
 	n := len(req.Inputs)
 	if n > s.opts.MaxQueueItems {

@@ -408,8 +408,9 @@ func TestSubmitErrors(t *testing.T) {
 	}{
 		{"unknown model", Request{Model: "nope", Inputs: []any{1}}, ErrUnknownModel},
 		{"pinned ID not serving the model", Request{Model: "m", DeviceID: "gpu:7", Inputs: []any{1}}, ErrDeviceNotFound},
-		{"pinned type with no replica", Request{Model: "m", DeviceType: "tpu", Inputs: []any{1}}, ErrNoDevice},
-		{"ID and type disagree", Request{Model: "m", DeviceID: "cpu:0", DeviceType: "gpu", Inputs: []any{1}}, ErrNoDevice},
+		{"pinned type with no replica", Request{Model: "m", DeviceType: "tpu", Inputs: []any{1}}, ErrNoMatchingReplica},
+		{"ID and type disagree", Request{Model: "m", DeviceID: "cpu:0", DeviceType: "gpu", Inputs: []any{1}}, ErrNoMatchingReplica},
+		{"pins matching nothing are still no device", Request{Model: "m", DeviceType: "tpu", Inputs: []any{1}}, ErrNoDevice},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -45,6 +45,8 @@ func toStatus(log *zap.Logger, method string, err error) error {
 		code = codes.InvalidArgument
 	case errors.Is(err, scheduler.ErrDraining):
 		code = codes.Unavailable
+	case errors.Is(err, scheduler.ErrNoMatchingReplica):
+		code = codes.FailedPrecondition
 	case errors.Is(err, scheduler.ErrNoDevice):
 		code = codes.Unavailable
 	case errors.Is(err, context.DeadlineExceeded):
@@ -79,6 +81,10 @@ func (s *BrokerService) schedulerStatus(method string, err error) error {
 		// The device ran out of its budget for this batch: the next try
 		// may fit (RESOURCE_EXHAUSTED), unlike a failing device.
 		return status.Error(codes.ResourceExhausted, err.Error())
+	case errors.Is(err, scheduler.ErrNoMatchingReplica):
+		// Pinned to devices no replica runs on (a type the host lacks):
+		// a retry gets the same answer, unlike cordoned replicas.
+		return status.Error(codes.FailedPrecondition, err.Error())
 	case errors.Is(err, scheduler.ErrNoDevice), errors.Is(err, scheduler.ErrBackend):
 		return status.Error(codes.Unavailable, err.Error())
 	case errors.Is(err, scheduler.ErrInvalidArgument):

@@ -25,6 +25,8 @@ func TestSchedulerStatus(t *testing.T) {
 	}{
 		{"queue full", &scheduler.QueueFullError{RetryAfter: time.Second}, codes.ResourceExhausted},
 		{"draining", fmt.Errorf("x: %w", scheduler.ErrDraining), codes.Unavailable},
+		{"every replica cordoned", fmt.Errorf("x: %w: cordoned", scheduler.ErrNoDevice), codes.Unavailable},
+		{"pinned to a device type no replica runs on", fmt.Errorf("x: %w", scheduler.ErrNoMatchingReplica), codes.FailedPrecondition},
 		{"device fault", fmt.Errorf("x: %w: %w", scheduler.ErrBackend, fmt.Errorf("boom")), codes.Unavailable},
 		{"batch timeout", fmt.Errorf("x: %w: %w", scheduler.ErrBackend, scheduler.ErrBatchTimeout), codes.Unavailable},
 		{"out of device memory", fmt.Errorf("x: %w: %w", scheduler.ErrBackend, runtime.ErrOutOfMemory), codes.ResourceExhausted},
