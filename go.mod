@@ -4,7 +4,6 @@ go 1.26.8
 
 require (
 	github.com/NVIDIA/go-nvml v0.13.4-0
-	github.com/ardanlabs/jinja v1.8.0
 	github.com/gomlx/compute v0.0.0-20260716164435-04857206aff7
 	github.com/gomlx/go-huggingface v0.4.0
 	github.com/gomlx/go-xla v0.3.0

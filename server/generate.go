@@ -27,7 +27,9 @@ type generatorModel interface {
 	// DefaultMaxTokens is the output bound of a request that sets none.
 	DefaultMaxTokens() int
 	EncodePrompt(text string, addSpecial bool) ([]int32, error)
-	RenderChat(turns []chatTurn, addGenerationPrompt bool) (string, error)
+	// RenderChat runs the model's chat template under its bounds; it stops
+	// with ctx's error when ctx ends.
+	RenderChat(ctx context.Context, turns []chatTurn, addGenerationPrompt bool) (string, error)
 	// NewSequence validates p (errors wrap models.ErrInvalidInput) and
 	// returns the state of one sequence.
 	NewSequence(p samplingParams, prompt []int32) (genSequence, error)
@@ -77,6 +79,11 @@ const (
 	maxTopLogprobs   = 20
 	maxStopTokenIDs  = 64
 	defaultMaxTokens = 256
+	// maxChatMessages bounds one conversation; chatMessageOverhead is
+	// what each message counts against --max-item-bytes besides its role
+	// and content (about what a chat template adds around it).
+	maxChatMessages     = 8192
+	chatMessageOverhead = 16
 )
 
 func samplingFromProto(p *brokerv1.SamplingParams) (samplingParams, error) {
@@ -168,22 +175,34 @@ func (s *BrokerService) Chat(req *brokerv1.ChatRequest, stream brokerv1.BrokerSe
 		if len(msgs) == 0 {
 			return invalid("conversations[%d] has no messages", i)
 		}
-		turns := make([]chatTurn, len(msgs))
+		// Bounded before any work: millions of empty messages are as
+		// costly to render and tokenise as their text, so each counts
+		// its role and a template's markup besides its content.
+		if len(msgs) > maxChatMessages {
+			return invalid("conversations[%d] has %d messages; at most %d", i, len(msgs), maxChatMessages)
+		}
 		size := 0
+		for _, m := range msgs {
+			size += len(m.GetContent()) + len(m.GetRole()) + chatMessageOverhead
+		}
+		if size > s.limits.MaxItemBytes {
+			return invalid("conversations[%d] is %d bytes (%d messages, counting %d bytes of markup each); the limit is %d (--max-item-bytes)",
+				i, size, len(msgs), chatMessageOverhead, s.limits.MaxItemBytes)
+		}
+		turns := make([]chatTurn, len(msgs))
 		for j, m := range msgs {
 			switch m.GetRole() {
 			case "system", "user", "assistant":
 			default:
 				return invalid("conversations[%d].messages[%d].role %q: want system, user or assistant", i, j, m.GetRole())
 			}
-			size += len(m.GetContent())
 			turns[j] = chatTurn{Role: m.GetRole(), Content: m.GetContent()}
 		}
-		if size > s.limits.MaxItemBytes {
-			return invalid("conversations[%d] is %d bytes; the limit is %d (--max-item-bytes)", i, size, s.limits.MaxItemBytes)
-		}
-		text, err := call.gm.RenderChat(turns, true)
+		text, err := call.gm.RenderChat(ctx, turns, true)
 		if err != nil {
+			if ctx.Err() != nil {
+				return toStatus(s.log, "Chat", ctx.Err())
+			}
 			return invalid("conversations[%d]: %v", i, err)
 		}
 		// The template writes the special tokens itself.

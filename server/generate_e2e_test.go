@@ -1,6 +1,7 @@
 package server
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -24,7 +25,7 @@ import (
 // BOS 1, EOS 2; a chat template of "<role>content\n" lines.
 type byteTokenizer struct{}
 
-func (byteTokenizer) Encode(text string, addSpecial bool) ([]int32, error) {
+func (byteTokenizer) Encode(text string, addSpecial bool, maxTokens int) ([]int32, bool, error) {
 	var ids []int32
 	if addSpecial {
 		ids = append(ids, 1)
@@ -32,7 +33,10 @@ func (byteTokenizer) Encode(text string, addSpecial bool) ([]int32, error) {
 	for _, b := range []byte(text) {
 		ids = append(ids, int32(b)+3)
 	}
-	return ids, nil
+	if maxTokens > 0 && len(ids) > maxTokens {
+		return ids[:maxTokens+1], true, nil
+	}
+	return ids, false, nil
 }
 
 func (byteTokenizer) NewDetokenizer() llm.Detokenizer { return &byteDetok{} }
@@ -51,7 +55,7 @@ func (d *byteDetok) Next(id int32) string {
 }
 func (d *byteDetok) Flush() string { return "" }
 
-func (byteTokenizer) Render(msgs []llm.Message, gen bool) (string, error) {
+func (byteTokenizer) Render(_ context.Context, msgs []llm.Message, gen bool) (string, error) {
 	var b strings.Builder
 	for _, m := range msgs {
 		fmt.Fprintf(&b, "<%s>%s\n", m.Role, m.Content)
@@ -117,7 +121,7 @@ func TestGenerateEndToEnd(t *testing.T) {
 	cfg.ModelRepo = t.TempDir()
 	cfg.LoadModels = "tiny-llm"
 	writeTinyLlama(t, cfg.ModelRepo, "tiny-llm")
-	d := startDaemonWith(t, Options{Config: cfg, Tokenizers: func(string, func(string, int64) ([]byte, error)) (llm.Tokenizer, llm.ChatTemplate, error) {
+	d := startDaemonWith(t, Options{Config: cfg, Tokenizers: func(context.Context, string, func(string, int64) ([]byte, error)) (llm.Tokenizer, llm.ChatTemplate, error) {
 		return byteTokenizer{}, byteTokenizer{}, nil
 	}})
 	c := brokerv1.NewBrokerServiceClient(d.conn)

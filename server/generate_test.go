@@ -56,7 +56,7 @@ func (m *letterModel) EncodePrompt(text string, addSpecial bool) ([]int32, error
 	return ids, nil
 }
 
-func (m *letterModel) RenderChat(turns []chatTurn, gen bool) (string, error) {
+func (m *letterModel) RenderChat(_ context.Context, turns []chatTurn, gen bool) (string, error) {
 	var b strings.Builder
 	for _, t := range turns {
 		fmt.Fprintf(&b, "<%s>%s\n", t.Role, t.Content)

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"context"
 	"errors"
 	"io"
 	"math"
@@ -377,7 +378,7 @@ func TestTritonStreamGeneration(t *testing.T) {
 	cfg.ModelRepo = t.TempDir()
 	cfg.LoadModels = "tiny-llm"
 	writeTinyLlama(t, cfg.ModelRepo, "tiny-llm")
-	d := startDaemonWith(t, Options{Config: cfg, Tokenizers: func(string, func(string, int64) ([]byte, error)) (llm.Tokenizer, llm.ChatTemplate, error) {
+	d := startDaemonWith(t, Options{Config: cfg, Tokenizers: func(context.Context, string, func(string, int64) ([]byte, error)) (llm.Tokenizer, llm.ChatTemplate, error) {
 		return byteTokenizer{}, byteTokenizer{}, nil
 	}})
 	ctx := testCtx(t)

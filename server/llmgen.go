@@ -1,6 +1,7 @@
 package server
 
 import (
+	"context"
 	"fmt"
 
 	"github.com/brokerd/brokerd/lifecycle"
@@ -29,12 +30,12 @@ func (g genModel) EncodePrompt(text string, addSpecial bool) ([]int32, error) {
 	return g.m.Encode(text, addSpecial)
 }
 
-func (g genModel) RenderChat(turns []chatTurn, addGenerationPrompt bool) (string, error) {
+func (g genModel) RenderChat(ctx context.Context, turns []chatTurn, addGenerationPrompt bool) (string, error) {
 	msgs := make([]llm.Message, len(turns))
 	for i, t := range turns {
 		msgs[i] = llm.Message{Role: t.Role, Content: t.Content}
 	}
-	return g.m.RenderChat(msgs, addGenerationPrompt)
+	return g.m.RenderChat(ctx, msgs, addGenerationPrompt)
 }
 
 // NewSequence applies the request's sampling over the model's defaults

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"context"
 	"errors"
 	"io/fs"
 	"path/filepath"
@@ -11,8 +12,10 @@ import (
 
 // bpeTokenizers reads a decoder LLM's byte-level BPE tokenizer and chat
 // template (runtime/models/tokenizer/bpe) through the repository's
-// confined reader: the model repository's TokenizerLoader.
-func bpeTokenizers(dir string, readFile func(path string, limit int64) ([]byte, error)) (llm.Tokenizer, llm.ChatTemplate, error) {
+// confined reader: the model repository's TokenizerLoader. A chat
+// template is code from the model's files: it must pass a trial render
+// under the limits requests render it with (bpe.DefaultTemplateLimits).
+func bpeTokenizers(ctx context.Context, dir string, readFile func(path string, limit int64) ([]byte, error)) (llm.Tokenizer, llm.ChatTemplate, error) {
 	const maxTokenizer, maxConfig = 256 << 20, 16 << 20
 	tj, err := readFile(filepath.Join(dir, "tokenizer.json"), maxTokenizer)
 	if err != nil {
@@ -39,6 +42,9 @@ func bpeTokenizers(dir string, readFile func(path string, limit int64) ([]byte, 
 	}
 	var chat llm.ChatTemplate
 	if t.HasChatTemplate() {
+		if err := t.CheckChatTemplate(ctx, bpe.DefaultTemplateLimits); err != nil {
+			return nil, nil, err
+		}
 		chat = bpeChat{t}
 	}
 	return bpeTokenizer{t}, chat, nil
@@ -46,8 +52,9 @@ func bpeTokenizers(dir string, readFile func(path string, limit int64) ([]byte, 
 
 type bpeTokenizer struct{ t *bpe.Tokenizer }
 
-func (b bpeTokenizer) Encode(text string, addSpecial bool) ([]int32, error) {
-	return b.t.Encode(text, addSpecial), nil
+func (b bpeTokenizer) Encode(text string, addSpecial bool, maxTokens int) ([]int32, bool, error) {
+	ids, truncated := b.t.EncodeLimit(text, addSpecial, maxTokens)
+	return ids, truncated, nil
 }
 
 // NewDetokenizer streams the text of generated tokens; special tokens (an
@@ -63,10 +70,10 @@ func (s bpeStream) Flush() string        { return s.d.Flush() }
 
 type bpeChat struct{ t *bpe.Tokenizer }
 
-func (c bpeChat) Render(messages []llm.Message, addGenerationPrompt bool) (string, error) {
+func (c bpeChat) Render(ctx context.Context, messages []llm.Message, addGenerationPrompt bool) (string, error) {
 	msgs := make([]bpe.Message, len(messages))
 	for i, m := range messages {
 		msgs[i] = bpe.Message{Role: m.Role, Content: m.Content}
 	}
-	return c.t.ApplyChatTemplate(msgs, bpe.ChatOptions{AddGenerationPrompt: addGenerationPrompt})
+	return c.t.ApplyChatTemplate(ctx, msgs, bpe.ChatOptions{AddGenerationPrompt: addGenerationPrompt, Limits: bpe.DefaultTemplateLimits})
 }

@@ -26,13 +26,17 @@ type Message struct {
 // the special tokens its post-processor adds when addSpecial), and a
 // streaming detokeniser per sequence.
 type Tokenizer interface {
-	Encode(text string, addSpecial bool) ([]int32, error)
+	// Encode may stop once it has more than maxTokens ids (0: no bound),
+	// saying so with truncated: a prompt that long is refused anyway.
+	Encode(text string, addSpecial bool, maxTokens int) (ids []int32, truncated bool, err error)
 	NewDetokenizer() Detokenizer
 }
 
-// ChatTemplate renders a conversation as the model's prompt text.
+// ChatTemplate renders a conversation as the model's prompt text. A
+// template is code from a model file: Render runs it under bounds and
+// stops when ctx ends.
 type ChatTemplate interface {
-	Render(messages []Message, addGenerationPrompt bool) (string, error)
+	Render(ctx context.Context, messages []Message, addGenerationPrompt bool) (string, error)
 }
 
 // ModelOptions name a model and its host-side parts.
@@ -182,26 +186,33 @@ func (m *Model) Info() models.Info {
 }
 
 // Encode tokenises a prompt, with the tokenizer's special tokens (BOS)
-// when addSpecial.
+// when addSpecial. It tokenises no further than the context: a text
+// longer than that is refused after context+1 tokens, whatever its size.
 func (m *Model) Encode(text string, addSpecial bool) ([]int32, error) {
 	if m.opts.Tokenizer == nil {
 		return nil, fmt.Errorf("%w: llm %q has no tokenizer", models.ErrInvalidInput, m.opts.Name)
 	}
-	ids, err := m.opts.Tokenizer.Encode(text, addSpecial)
+	ids, truncated, err := m.opts.Tokenizer.Encode(text, addSpecial, m.spec.Context)
 	if err != nil {
 		return nil, fmt.Errorf("%w: llm %q: encode: %w", models.ErrInvalidInput, m.opts.Name, err)
+	}
+	if truncated {
+		return nil, fmt.Errorf("%w: the prompt is over %d tokens, the context of llm %q", models.ErrInvalidInput, m.spec.Context, m.opts.Name)
 	}
 	return ids, nil
 }
 
 // RenderChat renders messages with the model's chat template; with
 // addGenerationPrompt the text ends where the assistant's reply begins.
-func (m *Model) RenderChat(messages []Message, addGenerationPrompt bool) (string, error) {
+func (m *Model) RenderChat(ctx context.Context, messages []Message, addGenerationPrompt bool) (string, error) {
 	if m.opts.Chat == nil {
 		return "", fmt.Errorf("%w: llm %q has no chat template", models.ErrInvalidInput, m.opts.Name)
 	}
-	s, err := m.opts.Chat.Render(messages, addGenerationPrompt)
+	s, err := m.opts.Chat.Render(ctx, messages, addGenerationPrompt)
 	if err != nil {
+		if ctx.Err() != nil {
+			return "", fmt.Errorf("llm %q: chat template: %w", m.opts.Name, ctx.Err())
+		}
 		return "", fmt.Errorf("%w: llm %q: chat template: %w", models.ErrInvalidInput, m.opts.Name, err)
 	}
 	return s, nil

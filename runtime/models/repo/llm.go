@@ -28,8 +28,9 @@ const (
 
 // TokenizerLoader reads an LLM's tokenizer and chat template from its
 // version directory, with readFile (which refuses files that are not
-// regular or lie outside the repository, and bounds their size).
-type TokenizerLoader func(dir string, readFile func(path string, limit int64) ([]byte, error)) (llm.Tokenizer, llm.ChatTemplate, error)
+// regular or lie outside the repository, and bounds their size). ctx is
+// the load's: checking a chat template runs it.
+type TokenizerLoader func(ctx context.Context, dir string, readFile func(path string, limit int64) ([]byte, error)) (llm.Tokenizer, llm.ChatTemplate, error)
 
 // isLLM reports whether config.json names an architecture served as a
 // generator.
@@ -194,7 +195,7 @@ func (r *Repo) loadLLM(ctx context.Context, p *plan, lp *llmPlan, name string, v
 	}
 	opts := llm.ModelOptions{Name: name, Version: version, GenerationConfig: lp.generation, MaxContext: r.maxContext}
 	if r.tokenizers != nil && exists(p.dir, FileTokenizer) {
-		tok, chat, err := r.tokenizers(p.dir, r.readFile)
+		tok, chat, err := r.tokenizers(ctx, p.dir, r.readFile)
 		if err != nil {
 			return nil, fmt.Errorf("%w: %s: tokenizer: %w", ErrInvalid, p.dir, err)
 		}

@@ -445,25 +445,37 @@ func (t *Tokenizer) EOSIDs() []int32 { return append([]int32(nil), t.eosIDs...) 
 // "<|im_start|>") become their ids; addSpecial adds what the post-processor
 // adds around a single sequence (Llama 3.2: <|begin_of_text|>; Qwen: nothing).
 func (t *Tokenizer) Encode(text string, addSpecial bool) []int32 {
-	var ids []int32
+	ids, _ := t.EncodeLimit(text, addSpecial, 0)
+	return ids
+}
+
+// EncodeLimit is Encode that stops once it has more than maxTokens ids
+// (0: no bound), so that a text far longer than a model's context costs
+// what the context does; truncated says it stopped. The ids it returns
+// then are a prefix of Encode's, more than maxTokens of them.
+func (t *Tokenizer) EncodeLimit(text string, addSpecial bool, maxTokens int) (ids []int32, truncated bool) {
+	over := func() bool { return maxTokens > 0 && len(ids) > maxTokens }
 	if addSpecial {
 		ids = append(ids, t.prefix...)
 	}
-	for len(text) > 0 {
+	for len(text) > 0 && !over() {
 		i, tok := t.nextAdded(text)
 		if i > 0 {
-			ids = t.encodeSegment(ids, text[:i])
+			ids = t.encodeSegment(ids, text[:i], maxTokens)
 		}
-		if tok == nil {
+		if tok == nil || over() {
 			break
 		}
 		ids = append(ids, tok.id)
 		text = text[i+len(tok.content):]
 	}
+	if over() {
+		return ids, true
+	}
 	if addSpecial {
 		ids = append(ids, t.suffix...)
 	}
-	return ids
+	return ids, over()
 }
 
 // nextAdded finds the leftmost, then longest, added token in s; it returns
@@ -479,13 +491,17 @@ func (t *Tokenizer) nextAdded(s string) (int, *addedToken) {
 	return len(s), nil
 }
 
-// encodeSegment encodes text that holds no added token.
-func (t *Tokenizer) encodeSegment(ids []int32, s string) []int32 {
+// encodeSegment encodes text that holds no added token, skipping the
+// words after ids holds more than maxTokens (0: no bound).
+func (t *Tokenizer) encodeSegment(ids []int32, s string, maxTokens int) []int32 {
 	if t.nfc {
 		s = norm.NFC.String(s)
 	}
 	var buf []byte
 	word := func(piece string) {
+		if maxTokens > 0 && len(ids) > maxTokens {
+			return
+		}
 		buf = byteLevelEncode(buf[:0], piece)
 		if t.ignoreMerge {
 			if id, ok := t.vocab[string(buf)]; ok {

@@ -1,18 +1,26 @@
 package bpe
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"time"
 
-	"github.com/ardanlabs/jinja"
+	"github.com/brokerd/brokerd/runtime/models/tokenizer/internal/jinja"
 )
 
-// ErrNoTemplate means the tokenizer_config.json has no chat_template.
+// ErrNoTemplate means the tokenizer_config.json has no chat template.
 var ErrNoTemplate = errors.New("no chat template")
 
 // ErrTemplate means the chat template failed: it cannot be compiled by the
 // Jinja library, or it refused the conversation (raise_exception).
 var ErrTemplate = errors.New("chat template")
+
+// ErrTemplateLimit means the chat template broke one of its TemplateLimits
+// (it also wraps ErrTemplate). A template is code from a model file: it is
+// the request's error when it happens at request time, and the model's
+// when the trial render at load finds it.
+var ErrTemplateLimit = errors.New("chat template over its limits")
 
 // Message is one turn of a conversation.
 type Message struct {
@@ -28,15 +36,72 @@ type ChatOptions struct {
 	// Vars are extra template variables, e.g. enable_thinking (Qwen3) or
 	// date_string (Llama 3.2); they override the defaults.
 	Vars map[string]any
+	// Limits bound the render; zero fields take DefaultTemplateLimits'.
+	Limits TemplateLimits
 }
+
+// TemplateLimits bound one render of a chat template (the Jinja engine is
+// a fork of github.com/ardanlabs/jinja that enforces them; see
+// tokenizer/internal/jinja).
+type TemplateLimits struct {
+	// MaxSteps bounds the nodes and expressions evaluated, loop
+	// iterations included.
+	MaxSteps int64
+	// MaxCallDepth bounds nested macro calls (recursion).
+	MaxCallDepth int
+	// MaxOutputBytes bounds the rendered prompt.
+	MaxOutputBytes int64
+	// MaxAllocBytes bounds the bytes of values the render creates.
+	MaxAllocBytes int64
+	// MaxTime bounds the render's wall time.
+	MaxTime time.Duration
+}
+
+// DefaultTemplateLimits are far above what real chat templates need (a
+// few thousand steps and a few levels of macros per conversation) and
+// bound a hostile one to about a second and tens of megabytes.
+var DefaultTemplateLimits = TemplateLimits{
+	MaxSteps:       jinja.DefaultLimits.MaxSteps,
+	MaxCallDepth:   jinja.DefaultLimits.MaxCallDepth,
+	MaxOutputBytes: 16 << 20,
+	MaxAllocBytes:  64 << 20,
+	MaxTime:        2 * time.Second,
+}
+
+func (l TemplateLimits) withDefaults() TemplateLimits {
+	d := DefaultTemplateLimits
+	if l.MaxSteps <= 0 {
+		l.MaxSteps = d.MaxSteps
+	}
+	if l.MaxCallDepth <= 0 {
+		l.MaxCallDepth = d.MaxCallDepth
+	}
+	if l.MaxOutputBytes <= 0 {
+		l.MaxOutputBytes = d.MaxOutputBytes
+	}
+	if l.MaxAllocBytes <= 0 {
+		l.MaxAllocBytes = d.MaxAllocBytes
+	}
+	if l.MaxTime <= 0 {
+		l.MaxTime = d.MaxTime
+	}
+	return l
+}
+
+// MaxTemplateBytes bounds a chat template's source (the largest real ones
+// are about 25 KiB).
+const MaxTemplateBytes = 1 << 20
 
 type chatTemplate struct {
 	tmpl *jinja.Template
 }
 
 func compileTemplate(src string) (*chatTemplate, error) {
-	tm, err := jinja.Compile(src)
+	tm, err := jinja.CompileLimited(src, jinja.CompileLimits{MaxSourceBytes: MaxTemplateBytes})
 	if err != nil {
+		if errors.Is(err, jinja.ErrLimit) {
+			return nil, fmt.Errorf("%w: %w: %w", ErrTemplate, ErrTemplateLimit, err)
+		}
 		return nil, fmt.Errorf("%w: cannot be compiled: %w", ErrTemplate, err)
 	}
 	return &chatTemplate{tmpl: tm}, nil
@@ -51,7 +116,10 @@ func (t *Tokenizer) HasChatTemplate() bool { return t.chat != nil }
 // eos_token; tools are absent. raise_exception and strftime_now come from
 // the Jinja library. The result holds the special tokens as text, so encode
 // it with Encode(prompt, false).
-func (t *Tokenizer) ApplyChatTemplate(messages []Message, opts ChatOptions) (string, error) {
+//
+// The render runs under opts.Limits and stops when ctx ends (the error
+// then wraps ctx's); a limit broken wraps ErrTemplateLimit.
+func (t *Tokenizer) ApplyChatTemplate(ctx context.Context, messages []Message, opts ChatOptions) (string, error) {
 	if t.chat == nil {
 		return "", ErrNoTemplate
 	}
@@ -68,9 +136,69 @@ func (t *Tokenizer) ApplyChatTemplate(messages []Message, opts ChatOptions) (str
 	for k, v := range opts.Vars {
 		data[k] = v
 	}
-	out, err := t.chat.tmpl.Render(data)
-	if err != nil {
-		return "", fmt.Errorf("%w: %w", ErrTemplate, err)
+	lim := opts.Limits.withDefaults()
+	rctx, cancel := context.WithTimeout(ctx, lim.MaxTime)
+	defer cancel()
+	out, err := t.chat.tmpl.RenderContext(rctx, data, jinja.Limits{
+		MaxSteps: lim.MaxSteps, MaxCallDepth: lim.MaxCallDepth,
+		MaxOutputBytes: lim.MaxOutputBytes, MaxAllocBytes: lim.MaxAllocBytes,
+	})
+	switch {
+	case err == nil:
+		return out, nil
+	case ctx.Err() != nil:
+		// The caller left or its deadline passed: not the template's fault.
+		return "", fmt.Errorf("%w: %w", ErrTemplate, ctx.Err())
+	case rctx.Err() != nil:
+		return "", fmt.Errorf("%w: %w: rendering took longer than %v", ErrTemplate, ErrTemplateLimit, lim.MaxTime)
+	case errors.Is(err, jinja.ErrLimit):
+		return "", fmt.Errorf("%w: %w: %w", ErrTemplate, ErrTemplateLimit, err)
 	}
-	return out, nil
+	return "", fmt.Errorf("%w: %w", ErrTemplate, err)
+}
+
+// trialConversation is what CheckChatTemplate renders: a system prompt, a
+// tool list and a few turns, so that the branches real requests take run.
+var trialConversation = []Message{
+	{Role: "system", Content: "You are a helpful assistant."},
+	{Role: "user", Content: "What is the weather in Paris?"},
+	{Role: "assistant", Content: "It is sunny in Paris."},
+	{Role: "user", Content: "And in Rome?"},
+}
+
+var trialTools = []any{map[string]any{
+	"type": "function",
+	"function": map[string]any{
+		"name":        "get_weather",
+		"description": "Get the current weather in a city.",
+		"parameters": map[string]any{
+			"type":       "object",
+			"properties": map[string]any{"city": map[string]any{"type": "string"}},
+			"required":   []any{"city"},
+		},
+	},
+}}
+
+// CheckChatTemplate renders a sample conversation (with and without a
+// system prompt and tools) under lim, as a model load does before it
+// accepts a template: a template that breaks a limit on it is refused
+// (ErrTemplateLimit, naming the limit). A template that refuses the
+// sample itself (raise_exception) is not: real requests may still suit it.
+func (t *Tokenizer) CheckChatTemplate(ctx context.Context, lim TemplateLimits) error {
+	if t.chat == nil {
+		return nil
+	}
+	for _, trial := range []struct {
+		msgs []Message
+		vars map[string]any
+	}{
+		{trialConversation, nil},
+		{trialConversation[1:], map[string]any{"tools": trialTools}},
+	} {
+		_, err := t.ApplyChatTemplate(ctx, trial.msgs, ChatOptions{AddGenerationPrompt: true, Vars: trial.vars, Limits: lim})
+		if errors.Is(err, ErrTemplateLimit) || ctx.Err() != nil {
+			return fmt.Errorf("a trial render: %w", err)
+		}
+	}
+	return nil
 }

@@ -1,6 +1,7 @@
 package bpe
 
 import (
+	"context"
 	"errors"
 	"os"
 	"path/filepath"
@@ -141,7 +142,7 @@ func TestChatTemplates(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := tc.tok.ApplyChatTemplate(tc.msgs, tc.opts)
+			got, err := tc.tok.ApplyChatTemplate(context.Background(), tc.msgs, tc.opts)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -167,7 +168,7 @@ func TestChatTemplateToday(t *testing.T) {
 	}
 	tok := withTemplate(t, llama3, string(src))
 	before := time.Now().Format("02 Jan 2006")
-	got, err := tok.ApplyChatTemplate(sysUser[1:], ChatOptions{})
+	got, err := tok.ApplyChatTemplate(context.Background(), sysUser[1:], ChatOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -192,7 +193,7 @@ func TestChatTemplateErrors(t *testing.T) {
 			if err == nil {
 				c := *qwen3.get(t)
 				c.chat, _ = compileTemplate(tc.src)
-				_, err = c.ApplyChatTemplate(sysUser, ChatOptions{})
+				_, err = c.ApplyChatTemplate(context.Background(), sysUser, ChatOptions{})
 			}
 			if !errors.Is(err, ErrTemplate) || !strings.Contains(err.Error(), tc.want) {
 				t.Errorf("error %v, want ErrTemplate naming %q", err, tc.want)
@@ -201,7 +202,7 @@ func TestChatTemplateErrors(t *testing.T) {
 	}
 	c := *qwen3.get(t)
 	c.chat = nil
-	if _, err := c.ApplyChatTemplate(sysUser, ChatOptions{}); !errors.Is(err, ErrNoTemplate) {
+	if _, err := c.ApplyChatTemplate(context.Background(), sysUser, ChatOptions{}); !errors.Is(err, ErrNoTemplate) {
 		t.Errorf("no template: %v", err)
 	}
 }

@@ -1,6 +1,7 @@
 package bpe
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"strings"
@@ -162,7 +163,7 @@ func FuzzParse(f *testing.F) {
 		}
 		_ = d.Flush()
 		if tok.HasChatTemplate() {
-			_, _ = tok.ApplyChatTemplate([]Message{{Role: "user", Content: "hi"}}, ChatOptions{AddGenerationPrompt: true})
+			_, _ = tok.ApplyChatTemplate(context.Background(), []Message{{Role: "user", Content: "hi"}}, ChatOptions{AddGenerationPrompt: true})
 		}
 	})
 }

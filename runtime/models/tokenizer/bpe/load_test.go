@@ -1,6 +1,7 @@
 package bpe
 
 import (
+	"context"
 	"errors"
 	"os"
 	"path/filepath"
@@ -28,7 +29,7 @@ func TestLoad(t *testing.T) {
 	if got := tok.EOSIDs(); !slices.Equal(got, []int32{301, 300}) {
 		t.Errorf("EOSIDs = %v", got)
 	}
-	prompt, err := tok.ApplyChatTemplate([]Message{{Role: "user", Content: "hello"}}, ChatOptions{AddGenerationPrompt: true})
+	prompt, err := tok.ApplyChatTemplate(context.Background(), []Message{{Role: "user", Content: "hello"}}, ChatOptions{AddGenerationPrompt: true})
 	if err != nil {
 		t.Fatal(err)
 	}
