@@ -327,12 +327,14 @@ func (s *Scheduler) RemoveGenReplica(ctx context.Context, model, deviceID string
 	}
 	r.wake()
 	s.mu.Unlock()
+	var err error
 	select {
 	case <-r.exited:
-		return nil
 	case <-ctx.Done():
-		return fmt.Errorf("scheduler: remove generator replica of %q on %s: waiting for its sequences: %w", model, deviceID, ctx.Err())
+		err = fmt.Errorf("scheduler: remove generator replica of %q on %s: waiting for its sequences: %w", model, deviceID, ctx.Err())
 	}
+	s.forgetSeries(model, deviceID)
+	return err
 }
 
 // Generate queues a sequence and returns its stream at once. It fails fast

@@ -161,6 +161,30 @@ func (m *metrics) forReplica(model, device string) replicaMetrics {
 	}
 }
 
+// deleter is what every vector has for removing a series.
+type deleter interface {
+	DeleteLabelValues(lvs ...string) bool
+	DeletePartialMatch(labels prometheus.Labels) int
+}
+
+// forgetReplica removes the (model, device) series of a replica that was
+// removed, batch and generation alike.
+func (m *metrics) forgetReplica(model, device string) {
+	for _, v := range []deleter{
+		m.requestDur, m.queueDur, m.computeDur, m.batchSize, m.running, m.items, m.cost, m.abandoned,
+		m.gen.ttft, m.gen.itl, m.gen.step, m.gen.stepTokens, m.gen.prompt, m.gen.generated, m.gen.preemptions, m.gen.running,
+	} {
+		v.DeleteLabelValues(model, device)
+	}
+}
+
+// forgetModel removes the per-model series of a model no replica serves.
+func (m *metrics) forgetModel(model string) {
+	m.depth.DeleteLabelValues(model)
+	m.gen.waiting.DeleteLabelValues(model)
+	m.failures.DeletePartialMatch(prometheus.Labels{"model": model})
+}
+
 func (m *metrics) requestDuration(model, device string) prometheus.Observer {
 	return m.requestDur.WithLabelValues(model, device)
 }

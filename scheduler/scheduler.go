@@ -344,11 +344,33 @@ func (s *Scheduler) RemoveReplica(ctx context.Context, model, deviceID string) e
 	s.log.Info("replica removed", zap.String("model", model), zap.String("device", deviceID))
 	s.mu.Unlock()
 
+	var err error
 	select {
 	case <-r.exited:
-		return nil
 	case <-ctx.Done():
-		return fmt.Errorf("scheduler: remove replica of %q on %s: waiting for its batch: %w", model, deviceID, ctx.Err())
+		err = fmt.Errorf("scheduler: remove replica of %q on %s: waiting for its batch: %w", model, deviceID, ctx.Err())
+	}
+	s.forgetSeries(model, deviceID)
+	return err
+}
+
+// forgetSeries removes the metric series of a removed replica, and its
+// model's once no replica serves that name: the model label is the serving
+// key (NAME@VERSION, and a hot reload's own key), so series left behind
+// would show an instance that is gone, with its last values, for as long
+// as brokerd runs. A replica added again under the same key meanwhile
+// keeps them.
+func (s *Scheduler) forgetSeries(model, deviceID string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	mq, gq := s.models[model], s.gens[model]
+	if (mq != nil && mq.replica(deviceID) != nil) ||
+		(gq != nil && slices.ContainsFunc(gq.replicas, func(r *genReplica) bool { return r.dev.ID == deviceID })) {
+		return
+	}
+	s.metrics.forgetReplica(model, deviceID)
+	if mq == nil && gq == nil {
+		s.metrics.forgetModel(model)
 	}
 }
 
