@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 	"unicode/utf8"
 
 	"golang.org/x/text/unicode/norm"
@@ -163,7 +164,8 @@ func FuzzParse(f *testing.F) {
 		}
 		_ = d.Flush()
 		if tok.HasChatTemplate() {
-			_, _ = tok.ApplyChatTemplate(context.Background(), []Message{{Role: "user", Content: "hi"}}, ChatOptions{AddGenerationPrompt: true})
+			_, _ = tok.ApplyChatTemplate(context.Background(), []Message{{Role: "user", Content: "hi"}},
+				ChatOptions{AddGenerationPrompt: true, Limits: TemplateLimits{MaxSteps: 20_000, MaxAllocBytes: 1 << 20, MaxTime: time.Second}})
 		}
 	})
 }
