@@ -6,6 +6,7 @@ import (
 	"math"
 	"slices"
 	"strings"
+	"runtime"
 	"testing"
 )
 
@@ -335,4 +336,47 @@ func TestTopPMatchesFullSort(t *testing.T) {
 			s.counts = map[int32]int{}
 		}
 	}
+}
+
+// TestSequencesHoldNoSamplerBuffers: a sequence borrows its [V] sampling
+// buffers for one step only (Hardening II, finding 3): a call of 4,096
+// prompts over Qwen's 151,936-token vocabulary held 1.8 MB per prompt
+// (7 GB) until its last sequence ended. Here 256 sequences that each
+// sampled once (every eighth at a temperature, with top-k and top-p) must
+// hold well under what one buffer each would (0.3 GB).
+func TestSequencesHoldNoSamplerBuffers(t *testing.T) {
+	const v, n = 151936, 256
+	pool := NewScratchPool(v)
+	logits := make([]float32, v)
+	for i := range logits {
+		logits[i] = float32(i%97) / 10
+	}
+	var before runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	seqs := make([]*Sequence, n)
+	for i := range seqs {
+		p := Sampling{Seed: uint64(i), Seeded: true}
+		if i%8 == 0 {
+			p.Temperature, p.TopP, p.TopK = 0.8, 0.9, 100
+		}
+		s, err := newSequence(p, []int32{1, 2, 3}, v, nil, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.scratch = pool
+		if _, err := s.next(logits); err != nil {
+			t.Fatal(err)
+		}
+		seqs[i] = s
+	}
+	var after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	held := int64(after.HeapAlloc) - int64(before.HeapAlloc)
+	if perSeq := held / n; perSeq > 64<<10 {
+		t.Errorf("%d sequences hold %d MB after one step each: %d KB per sequence, want well under one [V] buffer (%d KB)",
+			n, held>>20, perSeq>>10, (v*12)>>10)
+	}
+	runtime.KeepAlive(seqs)
 }
