@@ -41,7 +41,8 @@ func toStatus(log *zap.Logger, method string, err error) error {
 		code = codes.FailedPrecondition
 	case errors.As(err, new(*lifecycle.AdmissionError)), errors.Is(err, runtime.ErrOutOfMemory):
 		code = codes.ResourceExhausted
-	case errors.Is(err, safetensors.ErrInvalid), errors.Is(err, models.ErrInvalidInput):
+	case errors.Is(err, models.ErrInvalidModel), errors.Is(err, safetensors.ErrInvalid), errors.Is(err, models.ErrInvalidInput):
+		// A model's files (every kind: config, tokenizer, weights, layout).
 		code = codes.InvalidArgument
 	case errors.Is(err, scheduler.ErrDraining):
 		code = codes.Unavailable

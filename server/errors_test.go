@@ -11,6 +11,9 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/brokerd/brokerd/runtime"
+	"github.com/brokerd/brokerd/runtime/models"
+	"github.com/brokerd/brokerd/runtime/models/repo"
+	"github.com/brokerd/brokerd/runtime/safetensors"
 	"github.com/brokerd/brokerd/scheduler"
 )
 
@@ -27,6 +30,13 @@ func TestSchedulerStatus(t *testing.T) {
 		{"draining", fmt.Errorf("x: %w", scheduler.ErrDraining), codes.Unavailable},
 		{"every replica cordoned", fmt.Errorf("x: %w: cordoned", scheduler.ErrNoDevice), codes.Unavailable},
 		{"pinned to a device type no replica runs on", fmt.Errorf("x: %w", scheduler.ErrNoMatchingReplica), codes.FailedPrecondition},
+		// Every kind of model-file error is the model's fault, never INTERNAL.
+		{"invalid model config", fmt.Errorf("x: %w", models.ErrInvalidConfig), codes.InvalidArgument},
+		{"invalid generation config", fmt.Errorf("x: %w", models.ErrInvalidGenerationConfig), codes.InvalidArgument},
+		{"invalid tokenizer", fmt.Errorf("x: %w", models.ErrInvalidTokenizer), codes.InvalidArgument},
+		{"invalid model weights", fmt.Errorf("x: %w", models.ErrInvalidWeights), codes.InvalidArgument},
+		{"invalid safetensors file", fmt.Errorf("x: %w", safetensors.ErrInvalid), codes.InvalidArgument},
+		{"invalid model layout", fmt.Errorf("x: %w", repo.ErrInvalid), codes.InvalidArgument},
 		{"device fault", fmt.Errorf("x: %w: %w", scheduler.ErrBackend, fmt.Errorf("boom")), codes.Unavailable},
 		{"batch timeout", fmt.Errorf("x: %w: %w", scheduler.ErrBackend, scheduler.ErrBatchTimeout), codes.Unavailable},
 		{"out of device memory", fmt.Errorf("x: %w: %w", scheduler.ErrBackend, runtime.ErrOutOfMemory), codes.ResourceExhausted},

@@ -34,8 +34,9 @@ import (
 
 // ErrInvalid means a file is not a valid safetensors file, or a tensor cannot
 // be used as asked (a dtype that is not a float). It is the file author's
-// mistake: INVALID_ARGUMENT at the edge.
-var ErrInvalid = errors.New("invalid safetensors file")
+// mistake: INVALID_ARGUMENT at the edge. It is a models.InvalidModelKind, so
+// it matches models.ErrInvalidModel.
+var ErrInvalid error = models.InvalidModelKind("invalid safetensors file")
 
 // MaxHeaderBytes bounds the JSON header, as the reference implementation does,
 // so a hostile length cannot make the reader allocate without bound.

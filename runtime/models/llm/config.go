@@ -3,6 +3,7 @@ package llm
 import (
 	"encoding/json"
 	"fmt"
+	"math"
 	"slices"
 
 	"github.com/brokerd/brokerd/runtime/models"
@@ -39,6 +40,17 @@ type hfRopeScaling struct {
 	OriginalMaxPositionEmbeddings float64 `json:"original_max_position_embeddings"`
 }
 
+// Bounds of config.json's float hyper-parameters (published models: eps 1e-6
+// to 1e-5, rope_theta 1e4 to about 4e9 for the longest contexts, llama3
+// factor 8 to 32 over 8192 positions).
+const (
+	minRMSNormEps    = 1e-12
+	maxRMSNormEps    = 0.1
+	maxRopeTheta     = 1e12
+	maxRopeFactor    = 1024.0
+	maxRopePositions = 1 << 22
+)
+
 // Architectures the engine runs.
 const (
 	ArchLlama = "LlamaForCausalLM"
@@ -47,21 +59,21 @@ const (
 )
 
 // CheckConfig reports whether config.json describes a model the engine
-// runs, naming the field that does not (errors wrap models.ErrInvalidInput).
+// runs, naming the field that does not (errors wrap models.ErrInvalidConfig).
 func CheckConfig(raw []byte) error {
 	_, _, _, err := parseConfig(raw)
 	return err
 }
 
 // parseConfig reads config.json into the engine's spec and the EOS ids it
-// names. Errors wrap models.ErrInvalidInput and name the field.
+// names. Errors wrap models.ErrInvalidConfig and name the field.
 func parseConfig(raw []byte) (netSpec, []int32, string, error) {
 	var c hfConfig
 	if err := json.Unmarshal(raw, &c); err != nil {
-		return netSpec{}, nil, "", fmt.Errorf("%w: config.json: %w", models.ErrInvalidInput, err)
+		return netSpec{}, nil, "", fmt.Errorf("%w: config.json: %w", models.ErrInvalidConfig, err)
 	}
 	bad := func(f string, a ...any) error {
-		return fmt.Errorf("%w: config.json: %s", models.ErrInvalidInput, fmt.Sprintf(f, a...))
+		return fmt.Errorf("%w: config.json: %s", models.ErrInvalidConfig, fmt.Sprintf(f, a...))
 	}
 	if len(c.Architectures) != 1 {
 		return netSpec{}, nil, "", bad("architectures %v: want one of %s, %s, %s", c.Architectures, ArchLlama, ArchQwen2, ArchQwen3)
@@ -101,15 +113,20 @@ func parseConfig(raw []byte) (netSpec, []int32, string, error) {
 	if c.HiddenAct != "" && c.HiddenAct != "silu" {
 		return netSpec{}, nil, "", bad("hidden_act %q: only silu is supported", c.HiddenAct)
 	}
+	// The float hyper-parameters are bounded like the sizes: a finite value
+	// far outside what any model uses (rope_theta 1.7e308) loaded and gave
+	// NaN logits. The bounds are wide around the published models' values.
 	if c.RMSNormEps == 0 {
 		s.Eps = 1e-6
+	} else if !(c.RMSNormEps >= minRMSNormEps && c.RMSNormEps <= maxRMSNormEps) {
+		return netSpec{}, nil, "", bad("rms_norm_eps %g: want %g to %g", c.RMSNormEps, minRMSNormEps, maxRMSNormEps)
 	}
 	theta := c.RopeTheta
 	if theta == 0 {
 		theta = 10000
 	}
-	if !(theta > 1) {
-		return netSpec{}, nil, "", bad("rope_theta %g", theta)
+	if !(theta > 1 && theta <= maxRopeTheta) {
+		return netSpec{}, nil, "", bad("rope_theta %g: want more than 1, at most %g", theta, maxRopeTheta)
 	}
 	var scale *ropeScaling
 	if r := c.RopeScaling; r != nil {
@@ -120,8 +137,10 @@ func parseConfig(raw []byte) (netSpec, []int32, string, error) {
 		switch typ {
 		case "default", "":
 		case "llama3":
-			if !(r.Factor >= 1) || !(r.LowFreqFactor > 0) || !(r.HighFreqFactor > r.LowFreqFactor) || !(r.OriginalMaxPositionEmbeddings > 0) {
-				return netSpec{}, nil, "", bad("rope_scaling %+v: llama3 needs factor ≥ 1, 0 < low_freq_factor < high_freq_factor, original_max_position_embeddings", *r)
+			if !(r.Factor >= 1 && r.Factor <= maxRopeFactor) || !(r.LowFreqFactor > 0) || !(r.HighFreqFactor > r.LowFreqFactor && r.HighFreqFactor <= maxRopeFactor) ||
+				!(r.OriginalMaxPositionEmbeddings >= 1 && r.OriginalMaxPositionEmbeddings <= maxRopePositions) {
+				return netSpec{}, nil, "", bad("rope_scaling %+v: llama3 needs 1 ≤ factor ≤ %g, 0 < low_freq_factor < high_freq_factor ≤ %g, 1 ≤ original_max_position_embeddings ≤ %d",
+					*r, maxRopeFactor, maxRopeFactor, maxRopePositions)
 			}
 			scale = &ropeScaling{Factor: r.Factor, LowFreqFactor: r.LowFreqFactor, HighFreqFactor: r.HighFreqFactor, OriginalMaxPositions: r.OriginalMaxPositionEmbeddings}
 		default:
@@ -130,6 +149,11 @@ func parseConfig(raw []byte) (netSpec, []int32, string, error) {
 	}
 	if s.HeadDim > 0 && s.HeadDim%2 == 0 {
 		s.InvFreq = ropeFreqs(s.HeadDim, theta, scale)
+		for i, f := range s.InvFreq {
+			if !(f > 0) || math.IsInf(float64(f), 0) {
+				return netSpec{}, nil, "", bad("rope_theta %g and rope_scaling give RoPE frequency %d of %g", theta, i, f)
+			}
+		}
 	}
 	if err := s.check(); err != nil {
 		return netSpec{}, nil, "", bad("%v", err)

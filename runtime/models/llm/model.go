@@ -101,7 +101,7 @@ func NewModel(config []byte, weights map[string]models.Tensor, opts ModelOptions
 	}
 	for _, id := range m.eos {
 		if id < 0 || int(id) >= spec.Vocab {
-			return nil, fmt.Errorf("%w: llm %q: eos_token_id %d outside the vocabulary of %d", models.ErrInvalidInput, opts.Name, id, spec.Vocab)
+			return nil, fmt.Errorf("%w: llm %q: eos_token_id %d (config.json or generation_config.json) outside the vocabulary of %d", models.ErrInvalidConfig, opts.Name, id, spec.Vocab)
 		}
 	}
 	return m, nil
@@ -121,11 +121,11 @@ func (m *Model) generationConfig(raw []byte) error {
 		MaxNewTokens      *int            `json:"max_new_tokens"`
 	}
 	if err := json.Unmarshal(raw, &g); err != nil {
-		return fmt.Errorf("%w: generation_config.json: %w", models.ErrInvalidInput, err)
+		return fmt.Errorf("%w: generation_config.json: %w", models.ErrInvalidGenerationConfig, err)
 	}
 	ids, err := tokenIDs(g.EOSTokenID)
 	if err != nil {
-		return fmt.Errorf("%w: generation_config.json: eos_token_id: %w", models.ErrInvalidInput, err)
+		return fmt.Errorf("%w: generation_config.json: eos_token_id: %w", models.ErrInvalidGenerationConfig, err)
 	}
 	m.eos = slices.Compact(slices.Sorted(slices.Values(append(m.eos, ids...))))
 	d := Sampling{}
@@ -148,7 +148,7 @@ func (m *Model) generationConfig(raw []byte) error {
 		d.RepetitionPenalty = *g.RepetitionPenalty
 	}
 	if err := d.Validate(); err != nil {
-		return fmt.Errorf("generation_config.json: %w", err)
+		return fmt.Errorf("%w: generation_config.json: %w", models.ErrInvalidGenerationConfig, err)
 	}
 	m.defaults = d
 	if g.MaxNewTokens != nil && *g.MaxNewTokens > 0 {

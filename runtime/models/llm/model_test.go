@@ -73,10 +73,39 @@ func TestParseConfig(t *testing.T) {
 		{"gqa", "llama", "num_key_value_heads", func(c map[string]any) { c["num_key_value_heads"] = 3 }},
 		{"no layers", "qwen3", "num_hidden_layers", func(c map[string]any) { c["num_hidden_layers"] = 0 }},
 		{"eos", "qwen3", "eos_token_id", func(c map[string]any) { c["eos_token_id"] = "x" }},
+		// Finite floats far out of range: rope_theta 1.7e308 loaded and
+		// gave NaN logits.
+		{"rope_theta 1.7e308", "llama", "rope_theta", func(c map[string]any) { c["rope_theta"] = 1.7e308 }},
+		{"rope_theta 1e13", "qwen3", "rope_theta", func(c map[string]any) { c["rope_theta"] = 1e13 }},
+		{"rope_theta negative", "llama", "rope_theta", func(c map[string]any) { c["rope_theta"] = -10000.0 }},
+		{"rms_norm_eps negative", "llama", "rms_norm_eps", func(c map[string]any) { c["rms_norm_eps"] = -1e-6 }},
+		{"rms_norm_eps 1e300", "qwen2", "rms_norm_eps", func(c map[string]any) { c["rms_norm_eps"] = 1e300 }},
+		{"rms_norm_eps 1e-300", "qwen3", "rms_norm_eps", func(c map[string]any) { c["rms_norm_eps"] = 1e-300 }},
+		{"rope factor 1e308", "llama", "rope_scaling", func(c map[string]any) {
+			c["rope_scaling"] = map[string]any{"rope_type": "llama3", "factor": 1e308, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+		}},
+		{"rope high_freq_factor 1e308", "llama", "rope_scaling", func(c map[string]any) {
+			c["rope_scaling"] = map[string]any{"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 1e308, "original_max_position_embeddings": 8192}
+		}},
+		{"rope original positions 1e308", "llama", "rope_scaling", func(c map[string]any) {
+			c["rope_scaling"] = map[string]any{"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 1e308}
+		}},
 	} {
 		_, _, _, err := parseConfig(configJSON(t, tc.arch, tc.edit))
-		if !errors.Is(err, models.ErrInvalidInput) || !strings.Contains(err.Error(), tc.field) {
-			t.Errorf("%s: %v, want ErrInvalidInput naming %s", tc.name, err, tc.field)
+		if !errors.Is(err, models.ErrInvalidConfig) || !strings.Contains(err.Error(), tc.field) {
+			t.Errorf("%s: %v, want ErrInvalidConfig naming %s", tc.name, err, tc.field)
+		}
+	}
+	// The bounds are wide around what models publish.
+	for _, edit := range []func(map[string]any){
+		func(c map[string]any) { c["rope_theta"] = 3580165449.0 }, // a 1M-context Llama 3 fine-tune
+		func(c map[string]any) { c["rms_norm_eps"] = 1e-12 },
+		func(c map[string]any) {
+			c["rope_scaling"] = map[string]any{"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+		},
+	} {
+		if _, _, _, err := parseConfig(configJSON(t, "llama", edit)); err != nil {
+			t.Errorf("a published value refused: %v", err)
 		}
 	}
 }
@@ -201,7 +230,7 @@ func TestModel(t *testing.T) {
 	}
 	// A missing weight is named.
 	delete(w, "model.layers.1.self_attn.k_norm.weight")
-	if _, err := NewModel(configJSON(t, "qwen3", nil), w, ModelOptions{}); !errors.Is(err, models.ErrInvalidInput) || !strings.Contains(err.Error(), "k_norm") {
+	if _, err := NewModel(configJSON(t, "qwen3", nil), w, ModelOptions{}); !errors.Is(err, models.ErrInvalidWeights) || !strings.Contains(err.Error(), "k_norm") {
 		t.Errorf("missing k_norm: %v", err)
 	}
 }

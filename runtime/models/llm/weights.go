@@ -55,14 +55,14 @@ func engineWeights(s netSpec, hf map[string]models.Tensor) (map[string]models.Te
 			t, ok = hf[strings.TrimPrefix(name, "model.")]
 		}
 		if !ok {
-			return models.Tensor{}, fmt.Errorf("%w: weight %q is missing", models.ErrInvalidInput, name)
+			return models.Tensor{}, fmt.Errorf("%w: weight %q is missing", models.ErrInvalidWeights, name)
 		}
 		n := 1
 		for _, d := range shape {
 			n *= d
 		}
 		if len(t.Shape) != len(shape) || len(t.Data) != n || !slices.Equal(t.Shape, shape) {
-			return models.Tensor{}, fmt.Errorf("%w: weight %q is %v, want %v", models.ErrInvalidInput, name, t.Shape, shape)
+			return models.Tensor{}, fmt.Errorf("%w: weight %q is %v, want %v", models.ErrInvalidWeights, name, t.Shape, shape)
 		}
 		return t, nil
 	}

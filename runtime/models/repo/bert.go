@@ -7,6 +7,7 @@ import (
 
 	"github.com/brokerd/brokerd/runtime/models"
 	"github.com/brokerd/brokerd/runtime/models/tokenizer"
+	"github.com/brokerd/brokerd/runtime/safetensors"
 )
 
 // stModule is an entry of sentence-transformers' modules.json.
@@ -35,8 +36,8 @@ func (p *plan) inspectBERT(bj brokerdJSON) error {
 	if !found {
 		return fmt.Errorf("%w: %s is missing", ErrInvalid, cfgPath)
 	}
-	bad := func(path, format string, a ...any) error {
-		return fmt.Errorf("%w: %s: %s", ErrInvalid, path, fmt.Sprintf(format, a...))
+	bad := func(path, format string, a ...any) error { // a configuration file
+		return fmt.Errorf("%w: %s: %s", models.ErrInvalidConfig, path, fmt.Sprintf(format, a...))
 	}
 	if cj.ModelType != "" && cj.ModelType != "bert" {
 		return bad(cfgPath, "model_type %q is not supported (bert)", cj.ModelType)
@@ -98,17 +99,17 @@ func (p *plan) inspectBERT(bj brokerdJSON) error {
 
 	tokPath := filepath.Join(p.dir, FileTokenizer)
 	if !exists(p.dir, FileTokenizer) {
-		return fmt.Errorf("%w: %s is missing", ErrInvalid, tokPath)
+		return fmt.Errorf("%w: %s is missing", models.ErrInvalidTokenizer, tokPath)
 	}
 	if _, err := p.r.regular(tokPath, maxTokenizerBytes); err != nil {
 		return err
 	}
 	tok, err := tokenizer.Load(tokPath)
 	if err != nil {
-		return fmt.Errorf("%w: %w", ErrInvalid, err)
+		return invalid(models.ErrInvalidTokenizer, err)
 	}
 	if tok.VocabSize() > cfg.VocabSize {
-		return bad(tokPath, "token ids reach %d but config.json's vocab_size is %d", tok.VocabSize()-1, cfg.VocabSize)
+		return fmt.Errorf("%w: %s: token ids reach %d but config.json's vocab_size is %d", models.ErrInvalidTokenizer, tokPath, tok.VocabSize()-1, cfg.VocabSize)
 	}
 
 	if err := p.openWeights(); err != nil {
@@ -155,7 +156,7 @@ func (p *plan) pooling(opts *models.BERTOptions, bj brokerdJSON) error {
 	}
 	if poolDir != "" {
 		if !filepath.IsLocal(poolDir) {
-			return fmt.Errorf("%w: %s: pooling module path %q is outside the model directory", ErrInvalid, filepath.Join(p.dir, FileSTModules), poolDir)
+			return fmt.Errorf("%w: %s: pooling module path %q is outside the model directory", models.ErrInvalidConfig, filepath.Join(p.dir, FileSTModules), poolDir)
 		}
 		path := filepath.Join(p.dir, poolDir, "config.json")
 		var sp stPooling
@@ -164,11 +165,11 @@ func (p *plan) pooling(opts *models.BERTOptions, bj brokerdJSON) error {
 			return err
 		}
 		if !found {
-			return fmt.Errorf("%w: %s is missing", ErrInvalid, path)
+			return fmt.Errorf("%w: %s is missing", models.ErrInvalidConfig, path)
 		}
 		switch {
 		case sp.Max || sp.MeanSqrtLen || sp.WeightedMean || sp.LastToken || sp.CLS == sp.Mean:
-			return fmt.Errorf("%w: %s: pooling mode not supported: want exactly one of pooling_mode_cls_token and pooling_mode_mean_tokens", ErrInvalid, path)
+			return fmt.Errorf("%w: %s: pooling mode not supported: want exactly one of pooling_mode_cls_token and pooling_mode_mean_tokens", models.ErrInvalidConfig, path)
 		case sp.CLS:
 			opts.Pooling = models.PoolingCLS
 		default:
@@ -180,7 +181,7 @@ func (p *plan) pooling(opts *models.BERTOptions, bj brokerdJSON) error {
 	case models.PoolingMean, models.PoolingCLS:
 		opts.Pooling = bj.Pooling
 	default:
-		return fmt.Errorf("%w: %s: pooling %q (mean, cls)", ErrInvalid, filepath.Join(p.dir, FileBrokerd), bj.Pooling)
+		return fmt.Errorf("%w: %s: pooling %q (mean, cls)", models.ErrInvalidConfig, filepath.Join(p.dir, FileBrokerd), bj.Pooling)
 	}
 	if bj.Normalize != nil {
 		opts.Normalize = *bj.Normalize
@@ -210,14 +211,14 @@ func (p *plan) bertTensors(cfg models.BERTConfig, cj *configJSON) error {
 	for _, n := range p.st.Names() {
 		c := canonical(n)
 		if prev, dup := byCanon[c]; dup {
-			return fmt.Errorf("%w: %s: tensors %q and %q are both %q", ErrInvalid, p.st.Path(), prev, n, c)
+			return fmt.Errorf("%w: %s: tensors %q and %q are both %q", safetensors.ErrInvalid, p.st.Path(), prev, n, c)
 		}
 		byCanon[c] = n
 	}
 	need := func(canon string, shape ...int) error {
 		file, ok := byCanon[canon]
 		if !ok {
-			return fmt.Errorf("%w: %s: tensor %q is missing (also looked for bert.%s)", ErrInvalid, p.st.Path(), canon, canon)
+			return fmt.Errorf("%w: %s: tensor %q is missing (also looked for bert.%s)", safetensors.ErrInvalid, p.st.Path(), canon, canon)
 		}
 		return p.want(canon, file, shape)
 	}
@@ -257,7 +258,7 @@ func (p *plan) bertTensors(cfg models.BERTConfig, cj *configJSON) error {
 			}
 		}
 		if labels <= 0 {
-			return fmt.Errorf("%w: %s: a classifier needs num_labels or id2label", ErrInvalid, filepath.Join(p.dir, FileConfig))
+			return fmt.Errorf("%w: %s: a classifier needs num_labels or id2label", models.ErrInvalidConfig, filepath.Join(p.dir, FileConfig))
 		}
 		ws = append(ws,
 			w{"pooler.dense.weight", []int{h, h}}, w{"pooler.dense.bias", []int{h}},

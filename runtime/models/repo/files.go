@@ -1,12 +1,15 @@
 package repo
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
 	"strings"
 	"syscall"
+
+	"github.com/brokerd/brokerd/runtime/models"
 )
 
 // Model files are data from whoever can write the repository, not trusted
@@ -17,8 +20,8 @@ import (
 
 // Size limits of the files read whole.
 const (
-	maxJSONBytes      = 16 << 20  // config.json, brokerd.json, model.json, ...
-	maxTokenizerBytes = 256 << 20 // tokenizer.json (Llama 3's is ~9 MB)
+	maxJSONBytes      = 16 << 20 // config.json, brokerd.json, model.json, ...
+	maxTokenizerBytes = 64 << 20 // tokenizer.json (Llama 3's is ~9 MB), as runtime/models/tokenizer/bpe reads it
 )
 
 // Bounds of the sizes a config.json or model.json may state: far above
@@ -39,15 +42,25 @@ const (
 )
 
 // inside resolves path's links and returns the real path when it lies
-// inside the repository, ErrInvalid otherwise.
+// inside the repository. Otherwise the error is ErrInvalid: a link out of
+// the repository, a link loop, or a path that does not exist (which also
+// matches fs.ErrNotExist), never a bare file-system error that would reach
+// a client as INTERNAL.
 func (r *Repo) inside(path string) (string, error) {
 	real, err := filepath.EvalSymlinks(path)
-	if err != nil {
-		return "", err
+	switch {
+	case isNotExist(err):
+		return "", fmt.Errorf("%w: %s is missing: %w", ErrInvalid, path, err)
+	case err != nil && strings.Contains(err.Error(), "too many links"), errors.Is(err, syscall.ELOOP):
+		return "", fmt.Errorf("%w: %s: too many links (a link loop?)", ErrInvalid, path)
+	case err != nil:
+		return "", fmt.Errorf("%w: %s: %w", ErrInvalid, path, err)
 	}
 	rel, err := filepath.Rel(r.root, real)
 	if err != nil || rel == ".." || strings.HasPrefix(rel, ".."+string(filepath.Separator)) || filepath.IsAbs(rel) {
-		return "", fmt.Errorf("%w: %s links to %s, outside the repository %s", ErrInvalid, path, real, r.root)
+		// Where it leads is not said: the message reaches data-plane
+		// clients, and the admin can look.
+		return "", fmt.Errorf("%w: %s links outside the repository", ErrInvalid, path)
 	}
 	return real, nil
 }
@@ -72,12 +85,12 @@ func (r *Repo) open(path string, limit int64) (*os.File, int64, error) {
 	}
 	f, err := os.OpenFile(real, os.O_RDONLY|syscall.O_NONBLOCK|syscall.O_CLOEXEC, 0)
 	if err != nil {
-		return nil, 0, err
+		return nil, 0, fmt.Errorf("%w: %s cannot be opened: %w", ErrInvalid, path, err)
 	}
 	st, err := f.Stat()
 	if err != nil {
 		f.Close()
-		return nil, 0, err
+		return nil, 0, fmt.Errorf("%w: %s: %w", ErrInvalid, path, err)
 	}
 	if !st.Mode().IsRegular() {
 		f.Close()
@@ -100,7 +113,7 @@ func (r *Repo) readFile(path string, limit int64) ([]byte, error) {
 	defer f.Close()
 	b, err := io.ReadAll(io.LimitReader(f, size+1))
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%w: %s cannot be read: %w", ErrInvalid, path, err)
 	}
 	if int64(len(b)) > limit && limit > 0 {
 		return nil, fmt.Errorf("%w: %s grew past %d bytes while read", ErrInvalid, path, limit)
@@ -108,10 +121,10 @@ func (r *Repo) readFile(path string, limit int64) ([]byte, error) {
 	return b, nil
 }
 
-// bounded checks one stated size against 1..max.
+// bounded checks one stated size of a configuration against 1..max.
 func bounded(path, key string, v, maxV int) error {
 	if v <= 0 || v > maxV {
-		return fmt.Errorf("%w: %s: %s is %d: want 1 to %d", ErrInvalid, path, key, v, maxV)
+		return fmt.Errorf("%w: %s: %s is %d: want 1 to %d", models.ErrInvalidConfig, path, key, v, maxV)
 	}
 	return nil
 }

@@ -3,6 +3,7 @@ package repo
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io/fs"
 	"os"
@@ -20,8 +21,13 @@ const maxFingerprintFiles = 4096
 // file (new weights, a changed config or tokenizer) changes it. A reload
 // compares it with the fingerprint of the version being served.
 func (r *Repo) Fingerprint(name string, version int64) (string, error) {
+	fp, err := r.fingerprintOf(name, version)
+	return fp, r.relative(err)
+}
+
+func (r *Repo) fingerprintOf(name string, version int64) (string, error) {
 	if !validName(name) {
-		return "", fmt.Errorf("%w: invalid model name %q", ErrInvalid, name)
+		return "", fmt.Errorf("%w: name %q: want a plain directory name (no separators, not hidden)", ErrInvalid, name)
 	}
 	if err := r.modelDir(name); err != nil {
 		return "", err
@@ -31,7 +37,12 @@ func (r *Repo) Fingerprint(name string, version int64) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("%w: model %q has no version %d", ErrNotFound, name, version)
 	}
-	return fingerprint(real)
+	fp, err := fingerprint(real)
+	if err != nil && !errors.Is(err, ErrInvalid) {
+		// A directory that cannot be read: the model's layout, not a bug.
+		err = fmt.Errorf("%w: model %q version %d: %w", ErrInvalid, name, version, err)
+	}
+	return fp, err
 }
 
 func fingerprint(dir string) (string, error) {

@@ -104,7 +104,7 @@ func (r *Repo) inspect(name string, version int64) (*plan, error) {
 	case llm.KindLLM:
 		p.llm, err = p.inspectLLM()
 	default:
-		err = fmt.Errorf("%w: %s: unknown kind %q (mlp, bert, bert-classifier, llm)", ErrInvalid, filepath.Join(dir, FileBrokerd), p.kind)
+		err = fmt.Errorf("%w: %s: unknown kind %q (mlp, bert, bert-classifier, llm)", models.ErrInvalidConfig, filepath.Join(dir, FileBrokerd), p.kind)
 	}
 	if err != nil {
 		p.close()
@@ -130,7 +130,7 @@ func (p *plan) readJSON(file string, v any, strict bool) (bool, error) {
 		dec.DisallowUnknownFields()
 	}
 	if err := dec.Decode(v); err != nil {
-		return true, fmt.Errorf("%w: %s: %v", ErrInvalid, path, err)
+		return true, fmt.Errorf("%w: %s: %v", kindOf(file), path, err)
 	}
 	return true, nil
 }
@@ -172,15 +172,15 @@ func (p *plan) openWeights() error {
 func (p *plan) want(canon, file string, shape []int) error {
 	ti, ok := p.st.Info(file)
 	if !ok {
-		return fmt.Errorf("%w: %s: tensor %q is missing", ErrInvalid, p.st.Path(), file)
+		return fmt.Errorf("%w: %s: tensor %q is missing", safetensors.ErrInvalid, p.st.Path(), file)
 	}
 	switch ti.DType {
 	case "F32", "F16", "BF16", "F64":
 	default:
-		return fmt.Errorf("%w: %s: tensor %q has dtype %s, want F32, F16 or BF16", ErrInvalid, p.st.Path(), file, ti.DType)
+		return fmt.Errorf("%w: %s: tensor %q has dtype %s, want F32, F16 or BF16", safetensors.ErrInvalid, p.st.Path(), file, ti.DType)
 	}
 	if shape != nil && !equalShape(ti.Shape, shape) {
-		return fmt.Errorf("%w: %s: tensor %q has shape %v, want %v", ErrInvalid, p.st.Path(), file, ti.Shape, shape)
+		return fmt.Errorf("%w: %s: tensor %q has shape %v, want %v", safetensors.ErrInvalid, p.st.Path(), file, ti.Shape, shape)
 	}
 	p.tensors[canon] = file
 	return nil
@@ -209,7 +209,7 @@ func (p *plan) inspectMLP(bj brokerdJSON) error {
 		return fmt.Errorf("%w: %s is missing", ErrInvalid, path)
 	}
 	bad := func(format string, a ...any) error {
-		return fmt.Errorf("%w: %s: %s", ErrInvalid, path, fmt.Sprintf(format, a...))
+		return fmt.Errorf("%w: %s: %s", models.ErrInvalidConfig, path, fmt.Sprintf(format, a...))
 	}
 	if mj.Kind != "" && mj.Kind != models.KindMLP {
 		return bad("kind %q, want mlp", mj.Kind)
@@ -248,10 +248,10 @@ func (p *plan) inspectMLP(bj brokerdJSON) error {
 			}
 			ti, ok := p.st.Info(l.Weight)
 			if !ok {
-				return fmt.Errorf("%w: %s: tensor %q (layer %d) is missing", ErrInvalid, p.st.Path(), l.Weight, i)
+				return fmt.Errorf("%w: %s: tensor %q (layer %d) is missing", safetensors.ErrInvalid, p.st.Path(), l.Weight, i)
 			}
 			if len(ti.Shape) != 2 {
-				return fmt.Errorf("%w: %s: tensor %q (layer %d, linear) has shape %v, want [out, %d]", ErrInvalid, p.st.Path(), l.Weight, i, ti.Shape, width)
+				return fmt.Errorf("%w: %s: tensor %q (layer %d, linear) has shape %v, want [out, %d]", safetensors.ErrInvalid, p.st.Path(), l.Weight, i, ti.Shape, width)
 			}
 			out := ti.Shape[0]
 			if err := p.want(l.Weight, l.Weight, []int{out, width}); err != nil {

@@ -88,7 +88,7 @@ func (c llmSizes) check(path string) error {
 		}
 	}
 	if c.NumKeyValueHeads < 0 || c.NumKeyValueHeads > maxHeads || c.HeadDim < 0 || c.HeadDim > maxHidden {
-		return fmt.Errorf("%w: %s: num_key_value_heads %d or head_dim %d out of range", ErrInvalid, path, c.NumKeyValueHeads, c.HeadDim)
+		return fmt.Errorf("%w: %s: num_key_value_heads %d or head_dim %d out of range", models.ErrInvalidConfig, path, c.NumKeyValueHeads, c.HeadDim)
 	}
 	return nil
 }
@@ -111,13 +111,13 @@ func (p *plan) inspectLLM() (*llmPlan, error) {
 	}
 	lp := &llmPlan{config: raw}
 	if err := json.Unmarshal(raw, &lp.sizes); err != nil {
-		return nil, fmt.Errorf("%w: %s: %v", ErrInvalid, cfgPath, err)
+		return nil, fmt.Errorf("%w: %s: %v", models.ErrInvalidConfig, cfgPath, err)
 	}
 	if err := lp.sizes.check(cfgPath); err != nil {
 		return nil, err
 	}
-	if err := llm.CheckConfig(raw); err != nil {
-		return nil, fmt.Errorf("%w: %s: %w", ErrInvalid, cfgPath, err)
+	if err := llm.CheckConfig(raw); err != nil { // its messages name config.json
+		return nil, invalid(models.ErrInvalidConfig, fmt.Errorf("%s: %w", p.dir, err))
 	}
 	if exists(p.dir, FileGenerationConfig) {
 		if lp.generation, err = p.r.readFile(filepath.Join(p.dir, FileGenerationConfig), maxJSONBytes); err != nil {
@@ -144,7 +144,7 @@ func (p *plan) inspectLLM() (*llmPlan, error) {
 	}
 	if need := lp.sizes.params() * minParamBytes; need > total {
 		return nil, fmt.Errorf("%w: %s: its sizes imply %d parameters, at least %d bytes, but the weights are %d bytes",
-			ErrInvalid, cfgPath, lp.sizes.params(), need, total)
+			models.ErrInvalidConfig, cfgPath, lp.sizes.params(), need, total)
 	}
 	return lp, nil
 }
@@ -162,17 +162,17 @@ func (p *plan) shardFiles() ([]string, error) {
 	var files []string
 	for _, f := range idx.WeightMap {
 		if f == "" || f != filepath.Base(f) || strings.HasPrefix(f, ".") {
-			return nil, fmt.Errorf("%w: %s: shard %q is not a file name of the version directory", ErrInvalid, path, f)
+			return nil, fmt.Errorf("%w: %s: shard %q is not a file name of the version directory", errInvalidShardIndex, path, f)
 		}
 		if !slices.Contains(files, f) {
 			files = append(files, f)
 		}
 		if len(files) > maxShards {
-			return nil, fmt.Errorf("%w: %s: more than %d shards", ErrInvalid, path, maxShards)
+			return nil, fmt.Errorf("%w: %s: more than %d shards", errInvalidShardIndex, path, maxShards)
 		}
 	}
 	if len(files) == 0 {
-		return nil, fmt.Errorf("%w: %s: weight_map is empty", ErrInvalid, path)
+		return nil, fmt.Errorf("%w: %s: weight_map is empty", errInvalidShardIndex, path)
 	}
 	slices.Sort(files)
 	out := make([]string, len(files))
@@ -197,14 +197,20 @@ func (r *Repo) loadLLM(ctx context.Context, p *plan, lp *llmPlan, name string, v
 	if r.tokenizers != nil && exists(p.dir, FileTokenizer) {
 		tok, chat, err := r.tokenizers(ctx, p.dir, r.readFile)
 		if err != nil {
-			return nil, fmt.Errorf("%w: %s: tokenizer: %w", ErrInvalid, p.dir, err)
+			kind := models.ErrInvalidTokenizer
+			if errors.Is(err, ErrInvalid) {
+				kind = "" // the repository's own (a file not regular, too large, ...)
+			}
+			return nil, invalid(kind, fmt.Errorf("%s: %w", p.dir, err))
 		}
 		opts.Tokenizer, opts.Chat = tok, chat
 	}
 	m, err := llm.NewModel(lp.config, weights, opts)
 	if err != nil {
-		if errors.Is(err, models.ErrInvalidInput) {
-			return nil, fmt.Errorf("%w: %s: %w", ErrInvalid, p.dir, err)
+		// The config, the generation config or the weights: the error's
+		// kind says which.
+		if errors.Is(err, ErrInvalid) || errors.Is(err, models.ErrInvalidInput) {
+			return nil, invalid("", fmt.Errorf("%s: %w", p.dir, err))
 		}
 		return nil, fmt.Errorf("%s: %w", p.dir, err)
 	}
@@ -222,7 +228,7 @@ func readShard(ctx context.Context, path string, into map[string]models.Tensor) 
 			return err
 		}
 		if _, dup := into[n]; dup {
-			return fmt.Errorf("%w: %s: tensor %q is in two shards", ErrInvalid, path, n)
+			return fmt.Errorf("%w: %s: tensor %q is in two shards", safetensors.ErrInvalid, path, n)
 		}
 		t, err := st.Float32(n)
 		if err != nil {

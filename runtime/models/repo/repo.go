@@ -22,18 +22,19 @@ import (
 	"github.com/brokerd/brokerd/runtime/models"
 	"github.com/brokerd/brokerd/runtime/models/llm"
 	"github.com/brokerd/brokerd/runtime/models/tokenizer"
-	"github.com/brokerd/brokerd/runtime/safetensors"
 )
 
 // ErrNotFound means no such model or version in the repository (NOT_FOUND at
 // the edge).
 var ErrNotFound = errors.New("model not found")
 
-// ErrInvalid means a model's files are not usable: bad JSON, a bad or
-// incomplete safetensors file, shapes that do not fit the configuration
-// (INVALID_ARGUMENT at the edge). It is safetensors.ErrInvalid, so one
-// mapping covers both packages.
-var ErrInvalid = safetensors.ErrInvalid
+// ErrInvalid means a model's files are not usable (INVALID_ARGUMENT at the
+// edge). It is models.ErrInvalidModel: every error of a kind that says what
+// is wrong (models.ErrInvalidConfig, ErrInvalidTokenizer, ...,
+// safetensors.ErrInvalid; errors.go) matches it, and the model's layout
+// (a file missing, not regular, too large, a link out of the repository or
+// in a loop) is ErrInvalid itself, "invalid model".
+var ErrInvalid = models.ErrInvalidModel
 
 // Files of a version directory.
 const (
@@ -139,7 +140,7 @@ func (r *Repo) List() []Entry {
 		if err := r.modelDir(name); err != nil {
 			if de.Type()&os.ModeSymlink != 0 {
 				// A link is listed with why it is not loaded, not hidden.
-				out = append(out, Entry{Name: name, Err: err})
+				out = append(out, Entry{Name: name, Err: r.relative(err)})
 			}
 			continue
 		}
@@ -151,7 +152,7 @@ func (r *Repo) List() []Entry {
 				if e.Errs == nil {
 					e.Errs = map[int64]error{}
 				}
-				e.Errs[v] = err
+				e.Errs[v] = r.relative(err)
 				continue
 			}
 			p.close()
@@ -227,8 +228,12 @@ func (l *Loaded) Model() (models.Model, error) {
 		return nil, fmt.Errorf("%w: %s: kind %q", ErrInvalid, l.Dir, l.Kind)
 	}
 	if err != nil {
-		if errors.Is(err, models.ErrInvalidInput) && !errors.Is(err, ErrInvalid) {
-			return nil, fmt.Errorf("%w: %s: %w", ErrInvalid, l.Dir, err)
+		switch {
+		case errors.Is(err, ErrInvalid):
+			return nil, invalid("", fmt.Errorf("%s: %w", l.Dir, err))
+		case errors.Is(err, models.ErrInvalidInput):
+			// The constructors' checks of the weights against the spec.
+			return nil, invalid(models.ErrInvalidWeights, fmt.Errorf("%s: %w", l.Dir, err))
 		}
 		return nil, fmt.Errorf("%s: %w", l.Dir, err)
 	}
@@ -239,11 +244,16 @@ func (l *Loaded) Model() (models.Model, error) {
 // loads, falling back past broken versions (each logged and kept in
 // Loaded.Skipped).
 func (r *Repo) Load(ctx context.Context, name string, version int64) (*Loaded, error) {
+	l, err := r.loadAny(ctx, name, version)
+	return l, r.relative(err)
+}
+
+func (r *Repo) loadAny(ctx context.Context, name string, version int64) (*Loaded, error) {
 	if !validName(name) {
-		return nil, fmt.Errorf("%w: invalid model name %q", ErrInvalid, name)
+		return nil, fmt.Errorf("%w: name %q: want a plain directory name (no separators, not hidden)", ErrInvalid, name)
 	}
 	if version < 0 {
-		return nil, fmt.Errorf("%w: model %q: invalid version %d", ErrInvalid, name, version)
+		return nil, fmt.Errorf("%w: model %q: version %d: want 0 (the highest loadable) or a version number", ErrInvalid, name, version)
 	}
 	if err := r.modelDir(name); err != nil {
 		return nil, err
@@ -285,18 +295,18 @@ func (r *Repo) Load(ctx context.Context, name string, version int64) (*Loaded, e
 func (r *Repo) modelDir(name string) error {
 	path := filepath.Join(r.dir, name)
 	if _, err := os.Lstat(path); err != nil {
-		return fmt.Errorf("%w: %q is not in the repository %s", ErrNotFound, name, r.dir)
+		return fmt.Errorf("%w: %q is not in the repository", ErrNotFound, name)
 	}
 	real, err := r.inside(path)
 	if err != nil {
-		if errors.Is(err, ErrInvalid) {
-			return fmt.Errorf("model %q: %w", name, err)
+		if isNotExist(err) { // a dangling link
+			return fmt.Errorf("%w: %q is not in the repository", ErrNotFound, name)
 		}
-		return fmt.Errorf("%w: %q is not in the repository %s", ErrNotFound, name, r.dir)
+		return fmt.Errorf("model %q: %w", name, err)
 	}
 	st, err := os.Stat(real)
 	if err != nil || !st.IsDir() {
-		return fmt.Errorf("%w: %q is not a model directory of the repository %s", ErrNotFound, name, r.dir)
+		return fmt.Errorf("%w: %q is not a model directory of the repository", ErrNotFound, name)
 	}
 	return nil
 }
