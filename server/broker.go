@@ -69,6 +69,9 @@ type DataPlane struct {
 	// generators replaces the decoder LLMs of the models (unit tests of
 	// the edge generate with fakes); nil: each model's own.
 	generators func(*lifecycle.Served) generatorModel
+	// budget is the in-flight byte budget generation calls are charged
+	// to for what their sequences hold (nil: not charged).
+	budget *byteBudget
 }
 
 // modelCatalog is what the RPCs need of the model lifecycle
@@ -100,13 +103,14 @@ type BrokerService struct {
 	sched  Scheduler
 	models modelCatalog
 	limits Limits
+	budget *byteBudget // nil: generation calls are not charged (unit tests)
 	zstd   *zstd.Encoder
 	dp     DataPlane
 }
 
 // NewBrokerService returns the service over inv and the data plane.
 func NewBrokerService(inv Inventory, p Policy, dp DataPlane, log *zap.Logger) *BrokerService {
-	return &BrokerService{inv: inv, policy: p, log: log, sched: dp.Sched, models: dp.models, limits: dp.Limits, zstd: newZstd(), dp: dp}
+	return &BrokerService{inv: inv, policy: p, log: log, sched: dp.Sched, models: dp.models, limits: dp.Limits, budget: dp.budget, zstd: newZstd(), dp: dp}
 }
 
 // ListDevices lists every detected device, runnable or not.

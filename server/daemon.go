@@ -205,7 +205,7 @@ func Run(ctx context.Context, opts Options, log *zap.Logger) error {
 		Select: pol.Select, Factors: pol.Factors, Memory: pol.Memory, Costs: pol.Costs,
 		Runtimes: pol.Runtimes, Version: opts.Version, Hostname: hostname,
 	}, DataPlane{
-		Sched: sched, models: models,
+		Sched: sched, models: models, budget: budget,
 		Limits:    Limits{MaxItemsPerRequest: cfg.MaxItemsPerRequest, MaxItemBytes: cfg.MaxItemBytes},
 		Draining:  func() { draining.Store(true); healthSrv.Shutdown() },
 		OnDrained: func() { exitOnce.Do(func() { close(drainedExit) }) },

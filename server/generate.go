@@ -287,6 +287,8 @@ func (c *genCall) run(ctx context.Context, prompts [][]int32, send generateSink)
 	ctxLen := c.gm.ContextLength()
 	seqs := make([]genSequence, len(prompts))
 	streams := make([]*scheduler.GenStream, len(prompts))
+	maxNews := make([]int, len(prompts))
+	var held int64
 	for i, toks := range prompts {
 		if len(toks) >= ctxLen {
 			return invalid("prompt %d is %d tokens; the model's context holds %d, output included", i, len(toks), ctxLen)
@@ -298,6 +300,21 @@ func (c *genCall) run(ctx context.Context, prompts [][]int32, send generateSink)
 		} else if maxNew > room {
 			return invalid("prompt %d is %d tokens and max_tokens is %d: more than the model's context of %d tokens", i, len(toks), maxNew, ctxLen)
 		}
+		maxNews[i] = maxNew
+		held += c.seqCost(len(toks), maxNew)
+	}
+	// What the call's sequences hold on the host until it ends counts
+	// against the in-flight budget like a request's bytes, so a small
+	// request of thousands of prompts cannot hold memory it does not see.
+	if c.svc.budget != nil {
+		release, err := c.svc.budget.acquire(c.method, held)
+		if err != nil {
+			return err
+		}
+		defer release()
+	}
+	for i, toks := range prompts {
+		maxNew := maxNews[i]
 		seq, err := c.gm.NewSequence(c.params, toks)
 		if err != nil {
 			return toStatus(c.svc.log, c.method, err)
@@ -375,6 +392,25 @@ func (c *genCall) run(ctx context.Context, prompts [][]int32, send generateSink)
 		}
 	}
 	return nil
+}
+
+// Host memory one sequence of a call holds until the call ends, besides
+// its KV blocks (admitted by the scheduler) and its sampling buffers
+// (borrowed per step): its goroutine, stream and state, its prompt, and
+// per output token what the edge keeps or sends (text, ids, logprobs).
+const (
+	seqBaseBytes     = 16 << 10
+	seqTokenBytes    = 16
+	seqLogprobBytes  = 64
+	promptTokenBytes = 4
+)
+
+func (c *genCall) seqCost(promptTokens, maxNew int) int64 {
+	perToken := int64(seqTokenBytes)
+	if c.params.Logprobs {
+		perToken += seqLogprobBytes * int64(1+c.params.TopLogprobs)
+	}
+	return seqBaseBytes + promptTokenBytes*int64(promptTokens) + perToken*int64(maxNew)
 }
 
 // convert turns one scheduler event into a delta and, on the last event,

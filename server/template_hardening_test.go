@@ -6,8 +6,11 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/health/grpc_health_v1"
@@ -16,26 +19,49 @@ import (
 	brokerv1 "github.com/brokerd/brokerd/proto/broker/v1"
 )
 
-// setChatTemplate replaces the chat_template of a version directory's
-// tokenizer_config.json.
-func setChatTemplate(t *testing.T, repo, name, tmpl string) {
+// byteTokenizerDir writes a version directory with a small byte-level BPE
+// tokenizer.json (every byte a token, <|im_start|> 256, <|im_end|> 257 the
+// EOS) and a tokenizer_config.json with chat template tmpl, and a random
+// model whose vocabulary is modelVocab (at least 258: the ids past the
+// tokenizer's are text-less tokens): what brokerd's own tokenizer loader reads,
+// without Qwen's 151k-token file (slow to load under the race detector).
+func byteTokenizerDir(t *testing.T, repo, name, tmpl string, modelVocab int) {
 	t.Helper()
-	path := filepath.Join(repo, name, "1", "tokenizer_config.json")
-	raw, err := os.ReadFile(path)
+	// GPT-2's byte-to-unicode map: printable bytes stand for themselves,
+	// the others for code points from U+0100 on.
+	vocab := map[string]int{}
+	next := 0
+	for b := 0; b < 256; b++ {
+		r := rune(b)
+		if !(b >= '!' && b <= '~' || b >= 0xA1 && b <= 0xAC || b >= 0xAE) {
+			r = rune(256 + next)
+			next++
+		}
+		vocab[string(r)] = b
+	}
+	tj, err := json.Marshal(map[string]any{
+		"added_tokens": []any{
+			map[string]any{"id": 256, "content": "<|im_start|>", "special": true},
+			map[string]any{"id": 257, "content": "<|im_end|>", "special": true},
+		},
+		"pre_tokenizer": map[string]any{"type": "ByteLevel", "add_prefix_space": false, "use_regex": false},
+		"decoder":       map[string]any{"type": "ByteLevel"},
+		"model":         map[string]any{"type": "BPE", "vocab": vocab, "merges": []string{}},
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	var cfg map[string]any
-	if err := json.Unmarshal(raw, &cfg); err != nil {
+	cfg, err := json.Marshal(map[string]any{"eos_token": "<|im_end|>", "chat_template": tmpl})
+	if err != nil {
 		t.Fatal(err)
 	}
-	cfg["chat_template"] = tmpl
-	if raw, err = json.Marshal(cfg); err != nil {
-		t.Fatal(err)
+	dir := versionDir(t, repo, name, 1)
+	for file, b := range map[string][]byte{"tokenizer.json": tj, "tokenizer_config.json": cfg} {
+		if err := os.WriteFile(filepath.Join(dir, file), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
 	}
-	if err := os.WriteFile(path, raw, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	writeTinyLlamaVocab(t, repo, name, modelVocab, 257)
 }
 
 // TestHostileChatTemplates: chat templates that crashed brokerd, exhausted
@@ -48,33 +74,29 @@ func TestHostileChatTemplates(t *testing.T) {
 		"recursive-macro": {`{% macro f(n) %}{{ f(n) }}{% endmacro %}{{ f(1) }}`, "macro calls nested"},
 		"huge-repeat":     {`{{ 'x' * 2000000000 }}`, "repetitions"},
 		"huge-range":      {`{% for i in range(10000000000) %}{% endfor %}`, "range of"},
-		"nested-loops":    {`{% set l = range(5000) %}{% for a in l %}{% for b in l %}{% endfor %}{% endfor %}`, "evaluation steps"},
-		"parentheses":     {"{{ " + strings.Repeat("(", 10<<20) + " }}", "bytes, over"},
-		"nested-ifs":      {strings.Repeat("{% if x %}", 14<<20/10), "bytes, over"},
+		// The step bound, or under the race detector the time bound.
+		"nested-loops": {`{% set l = range(5000) %}{% for a in l %}{% for b in l %}{% endfor %}{% endfor %}`, "evaluation steps|longer than"},
+		"parentheses":  {"{{ " + strings.Repeat("(", 10<<20) + " }}", "bytes, over"},
+		"nested-ifs":   {strings.Repeat("{% if x %}", 14<<20/10), "bytes, over"},
 	}
 	cfg := testConfig(t)
 	cfg.ModelRepo = t.TempDir()
-	// One model written, copied under every name (Qwen's tokenizer is
-	// slow to write).
-	v, eos := qwenDir(t, cfg.ModelRepo, "sometimes")
-	writeTinyLlamaVocab(t, cfg.ModelRepo, "sometimes", v, eos)
 	for name, h := range hostile {
-		copyDir(t, filepath.Join(cfg.ModelRepo, "sometimes", "1"), versionDir(t, cfg.ModelRepo, name, 1))
-		setChatTemplate(t, cfg.ModelRepo, name, h.tmpl)
+		byteTokenizerDir(t, cfg.ModelRepo, name, h.tmpl, 258)
 	}
 	// Fine on the load's trial conversation, hostile on one message.
-	setChatTemplate(t, cfg.ModelRepo, "sometimes",
+	byteTokenizerDir(t, cfg.ModelRepo, "sometimes",
 		`{% for m in messages %}{% if m.content == 'boom' %}{{ 'x' * 2000000000 }}{% else %}<|im_start|>{{ m.role }}
 {{ m.content }}<|im_end|>
 {% endif %}{% endfor %}<|im_start|>assistant
-`)
+`, 258)
 	d := startDaemon(t, cfg)
 	c := brokerv1.NewBrokerServiceClient(d.conn)
 	ctx := testCtx(t)
 
 	for name, h := range hostile {
 		_, err := c.LoadModel(ctx, &brokerv1.LoadModelRequest{Name: name, Version: 1})
-		if st := status.Convert(err); st.Code() != codes.InvalidArgument || !strings.Contains(st.Message(), h.want) {
+		if st := status.Convert(err); st.Code() != codes.InvalidArgument || !containsOneOf(st.Message(), h.want) {
 			t.Errorf("LoadModel(%s) = %v; want INVALID_ARGUMENT naming %q", name, err, h.want)
 		}
 	}
@@ -118,14 +140,16 @@ func TestChatMessagesBoundedBeforeRendering(t *testing.T) {
 	cfg.LoadModels = "qwen-tiny"
 	cfg.MaxMessageBytes = 256 << 20
 	cfg.MaxItemBytes = 64 << 10
-	v, eos := qwenDir(t, cfg.ModelRepo, "qwen-tiny")
-	writeTinyLlamaVocab(t, cfg.ModelRepo, "qwen-tiny", v, eos)
+	byteTokenizerDir(t, cfg.ModelRepo, "qwen-tiny", `{% for m in messages %}<|im_start|>{{ m.role }}
+{{ m.content }}<|im_end|>
+{% endfor %}<|im_start|>assistant
+`, 258)
 	d := startDaemon(t, cfg)
 	c := brokerv1.NewBrokerServiceClient(d.conn)
 	ctx := testCtx(t)
-	// 2.2 million as in the attack; then few enough to pass the count,
-	// too many for the size.
-	for _, n := range []int{2_200_000, maxChatMessages + 1, 4000} {
+	// A million (the attack sent 2.2 million); then few enough to pass
+	// the count, too many for the size.
+	for _, n := range []int{1_000_000, maxChatMessages + 1, 4000} {
 		msgs := make([]*brokerv1.ChatMessage, n)
 		for i := range msgs {
 			msgs[i] = &brokerv1.ChatMessage{Role: "user"}
@@ -140,19 +164,90 @@ func TestChatMessagesBoundedBeforeRendering(t *testing.T) {
 	}
 }
 
-func copyDir(t *testing.T, from, to string) {
-	t.Helper()
-	entries, err := os.ReadDir(from)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, e := range entries {
-		b, err := os.ReadFile(filepath.Join(from, e.Name()))
+// TestManyPromptCallsCharged: what a generation call's sequences hold on
+// the host is charged to the in-flight budget (Hardening II, finding 3):
+// a 24 KB call of 4,096 prompts held gigabytes the budget did not see.
+// Here a budget that fits small calls refuses the 4,096-prompt one at
+// once, serves a small one beside it, and the many-prompt call that fits
+// a larger budget runs without holding a sampling buffer per prompt.
+func TestManyPromptCallsCharged(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.ModelRepo = t.TempDir()
+	cfg.LoadModels = "qwen-tiny"
+	cfg.MaxInflightBytes = 32 << 20
+	// Qwen's vocabulary size, so that a sampling buffer is what it is for
+	// Qwen (1.8 MB).
+	byteTokenizerDir(t, cfg.ModelRepo, "qwen-tiny", "{{ messages[0].content }}", 151936)
+	d := startDaemon(t, cfg)
+	c := brokerv1.NewBrokerServiceClient(d.conn)
+	ctx := testCtx(t)
+	generate := func(n, maxTokens int) error {
+		prompts := make([]string, n)
+		for i := range prompts {
+			prompts[i] = "hi"
+		}
+		st, err := c.Generate(ctx, &brokerv1.GenerateRequest{Model: "qwen-tiny", Prompts: prompts,
+			Sampling: &brokerv1.SamplingParams{MaxTokens: int32(maxTokens), IgnoreEos: true}})
 		if err != nil {
-			t.Fatal(err)
+			return err
 		}
-		if err := os.WriteFile(filepath.Join(to, e.Name()), b, 0o644); err != nil {
-			t.Fatal(err)
+		for {
+			if _, err := st.Recv(); err != nil {
+				if errors.Is(err, io.EOF) {
+					return nil
+				}
+				return err
+			}
 		}
 	}
+	// 4,096 × (16 KiB + 64 tokens' bytes) is over 64 MiB: more than the
+	// whole 32 MiB budget.
+	if err := generate(4096, 64); status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "max-inflight-bytes") {
+		t.Errorf("4,096 prompts over a 32 MiB budget: %v; want INVALID_ARGUMENT naming --max-inflight-bytes", err)
+	}
+	if err := generate(2, 4); err != nil {
+		t.Errorf("a small call beside it: %v", err)
+	}
+
+	// 1,024 prompts of one token each fit (17 MiB). Each sampled step
+	// borrows a [V] buffer (1.8 MB for this vocabulary); holding one per
+	// prompt, as before, is 1.8 GB. The peak heap must stay well below.
+	var peak atomic.Uint64
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		var ms runtime.MemStats
+		for {
+			runtime.ReadMemStats(&ms)
+			if ms.HeapAlloc > peak.Load() {
+				peak.Store(ms.HeapAlloc)
+			}
+			select {
+			case <-stop:
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	}()
+	err := generate(1024, 1)
+	close(stop)
+	<-done
+	if err != nil {
+		t.Fatalf("1,024 prompts: %v", err)
+	}
+	t.Logf("peak heap during the 1,024-prompt call: %d MB", peak.Load()>>20)
+	if peak.Load() > 900<<20 {
+		t.Errorf("peak heap %d MB during a 1,024-prompt call: sequences hold per-prompt sampling buffers again", peak.Load()>>20)
+	}
+}
+
+// containsOneOf reports whether s contains one of the |-separated wants.
+func containsOneOf(s, wants string) bool {
+	for _, w := range strings.Split(wants, "|") {
+		if strings.Contains(s, w) {
+			return true
+		}
+	}
+	return false
 }

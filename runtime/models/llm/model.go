@@ -70,6 +70,7 @@ type Model struct {
 	eos      []int32
 	defaults Sampling
 	maxNew   int
+	scratch  *ScratchPool // sampling buffers its sequences borrow per step
 }
 
 // NewModel checks config (config.json) and weights (Hugging Face names:
@@ -93,7 +94,7 @@ func NewModel(config []byte, weights map[string]models.Tensor, opts ModelOptions
 	if opts.MaxContext > 0 && opts.MaxContext < spec.Context {
 		spec.Context = opts.MaxContext
 	}
-	m := &Model{opts: opts, arch: arch, spec: spec, weights: w, eos: eos, maxNew: DefaultMaxTokens}
+	m := &Model{opts: opts, arch: arch, spec: spec, weights: w, eos: eos, maxNew: DefaultMaxTokens, scratch: NewScratchPool(spec.Vocab)}
 	if opts.GenerationConfig != nil {
 		if err := m.generationConfig(opts.GenerationConfig); err != nil {
 			return nil, fmt.Errorf("llm %q: %w", opts.Name, err)
@@ -241,7 +242,12 @@ func (m *Model) NewSequence(params Sampling, prompt []int32) (*Sequence, error) 
 	if m.opts.Tokenizer != nil {
 		detok = m.opts.Tokenizer.NewDetokenizer()
 	}
-	return newSequence(params, prompt, m.spec.Vocab, m.eos, detok)
+	s, err := newSequence(params, prompt, m.spec.Vocab, m.eos, detok)
+	if err != nil {
+		return nil, err
+	}
+	s.scratch = m.scratch
+	return s, nil
 }
 
 // NewEngine uploads the weights to dev (matmul weights in the device's

@@ -4,9 +4,9 @@ import (
 	"context"
 	"errors"
 	"math"
+	"runtime"
 	"slices"
 	"strings"
-	"runtime"
 	"testing"
 )
 

@@ -27,7 +27,8 @@ func TestHostileTemplatesRefusedAtLoad(t *testing.T) {
 		{"recursive macro", `{% macro f(n) %}{{ f(n) }}{% endmacro %}{{ f(1) }}`, "macro calls nested"},
 		{"2 GB string", `{{ 'x' * 2000000000 }}`, "repetitions"},
 		{"range(10^10)", `{% for i in range(10000000000) %}{% endfor %}`, "range of"},
-		{"nested loops", `{% set l = range(5000) %}{% for a in l %}{% for b in l %}{% endfor %}{% endfor %}`, "evaluation steps"},
+		// The step bound, or under the race detector the time bound.
+		{"nested loops", `{% set l = range(5000) %}{% for a in l %}{% for b in l %}{% endfor %}{% endfor %}`, "evaluation steps|longer than"},
 		{"10 MB of parentheses", "{{ " + strings.Repeat("(", 10<<20) + " }}", "bytes, over"},
 		{"14 MB of nested ifs", strings.Repeat("{% if x %}", 14<<20/10), "bytes, over"},
 		{"nested ifs", strings.Repeat("{% if x %}", 1000) + strings.Repeat("{% endif %}", 1000), "nested more than"},
@@ -37,7 +38,7 @@ func TestHostileTemplatesRefusedAtLoad(t *testing.T) {
 			if err == nil {
 				err = tok.CheckChatTemplate(context.Background(), DefaultTemplateLimits)
 			}
-			if !errors.Is(err, ErrTemplateLimit) || !strings.Contains(err.Error(), tc.want) {
+			if !errors.Is(err, ErrTemplateLimit) || !containsAny(err.Error(), tc.want) {
 				t.Fatalf("load: %v; want ErrTemplateLimit naming %q", err, tc.want)
 			}
 		})
@@ -115,4 +116,14 @@ func FuzzChatTemplate(f *testing.F) {
 			t.Fatalf("rendered %d bytes over the %d limit", len(out), lim.MaxOutputBytes)
 		}
 	})
+}
+
+// containsAny reports whether s contains one of the |-separated wants.
+func containsAny(s, wants string) bool {
+	for _, w := range strings.Split(wants, "|") {
+		if strings.Contains(s, w) {
+			return true
+		}
+	}
+	return false
 }
