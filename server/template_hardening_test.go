@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -81,6 +82,8 @@ func TestHostileChatTemplates(t *testing.T) {
 	}
 	cfg := testConfig(t)
 	cfg.ModelRepo = t.TempDir()
+	cfg.HTTPListen = "127.0.0.1:0"
+	cfg.HTTPAllowUnauthenticated = true
 	for name, h := range hostile {
 		byteTokenizerDir(t, cfg.ModelRepo, name, h.tmpl, 258)
 	}
@@ -124,6 +127,21 @@ func TestHostileChatTemplates(t *testing.T) {
 	}
 	if err := chat("hello"); err != nil {
 		t.Errorf("the next chat: %v", err)
+	}
+	// Over HTTP the same limit is the request's 400, in each API's shape.
+	for path, body := range map[string]string{
+		"/api/chat":            `{"model": "sometimes", "stream": false, "messages": [{"role": "user", "content": "boom"}]}`,
+		"/v1/chat/completions": `{"model": "sometimes", "messages": [{"role": "user", "content": "boom"}]}`,
+	} {
+		resp, err := http.Post("http://"+d.addrs.HTTP+path, "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(b), "repetitions") {
+			t.Errorf("POST %s over the template's limit: %d %s; want 400 naming the limit", path, resp.StatusCode, b)
+		}
 	}
 	hc, err := grpc_health_v1.NewHealthClient(d.conn).Check(ctx, &grpc_health_v1.HealthCheckRequest{})
 	if err != nil || hc.GetStatus() != grpc_health_v1.HealthCheckResponse_SERVING {
