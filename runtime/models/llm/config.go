@@ -29,6 +29,10 @@ type hfConfig struct {
 	AttentionBias         *bool           `json:"attention_bias"`
 	UseSlidingWindow      bool            `json:"use_sliding_window"`
 	EOSTokenID            json.RawMessage `json:"eos_token_id"` // an id or a list
+	// QuantizationConfig marks weights quantized by a method the engine
+	// does not run (AWQ, GPTQ, bitsandbytes, fp8): loading them as if
+	// they were plain floats would serve garbage.
+	QuantizationConfig json.RawMessage `json:"quantization_config"`
 }
 
 type hfRopeScaling struct {
@@ -77,6 +81,18 @@ func parseConfig(raw []byte) (netSpec, []int32, string, error) {
 	}
 	if len(c.Architectures) != 1 {
 		return netSpec{}, nil, "", bad("architectures %v: want one of %s, %s, %s", c.Architectures, ArchLlama, ArchQwen2, ArchQwen3)
+	}
+	if q := c.QuantizationConfig; len(q) > 0 && string(q) != "null" {
+		var m struct {
+			Method string `json:"quant_method"`
+			Bits   any    `json:"bits"`
+		}
+		_ = json.Unmarshal(q, &m)
+		if m.Method == "" {
+			m.Method = "unnamed"
+		}
+		return netSpec{}, nil, "", bad("quantization_config names quantization method %q: quantized safetensors (AWQ, GPTQ, bitsandbytes, fp8, …) are not supported; "+
+			"use the model's f32, f16 or bf16 safetensors, or a GGUF file of it (Q8_0, Q4_K_M, …)", m.Method)
 	}
 	arch := c.Architectures[0]
 	s := netSpec{

@@ -90,6 +90,21 @@ func TestParseConfig(t *testing.T) {
 		{"rope original positions 1e308", "llama", "rope_scaling", func(c map[string]any) {
 			c["rope_scaling"] = map[string]any{"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 1e308}
 		}},
+		// Quantized safetensors load as if their packed ints were floats
+		// unless refused: each method named.
+		{"awq", "llama", `quantization method "awq"`, func(c map[string]any) {
+			c["quantization_config"] = map[string]any{"quant_method": "awq", "bits": 4, "group_size": 128}
+		}},
+		{"gptq", "qwen2", `quantization method "gptq"`, func(c map[string]any) {
+			c["quantization_config"] = map[string]any{"quant_method": "gptq", "bits": 4}
+		}},
+		{"bitsandbytes", "qwen3", `quantization method "bitsandbytes"`, func(c map[string]any) {
+			c["quantization_config"] = map[string]any{"quant_method": "bitsandbytes", "load_in_4bit": true}
+		}},
+		{"fp8", "llama", `quantization method "fp8"`, func(c map[string]any) {
+			c["quantization_config"] = map[string]any{"quant_method": "fp8", "activation_scheme": "dynamic"}
+		}},
+		{"unnamed", "llama", "quantization_config", func(c map[string]any) { c["quantization_config"] = map[string]any{"bits": 8} }},
 	} {
 		_, _, _, err := parseConfig(configJSON(t, tc.arch, tc.edit))
 		if !errors.Is(err, models.ErrInvalidConfig) || !strings.Contains(err.Error(), tc.field) {
