@@ -232,42 +232,20 @@ func parse(content []byte) (*Tokenizer, error) {
 		t.unk = id
 	}
 
-	t.merges = make(map[[2]int32]mergeRule, len(m.Merges))
-	for rank, mg := range m.Merges {
-		a, b, ok := strings.Cut(mg, " ")
-		if !ok {
-			return nil, fmt.Errorf("merge %d %q is not two tokens", rank, mg)
-		}
-		ia, okA := t.vocab[a]
-		ib, okB := t.vocab[b]
-		ic, okC := t.vocab[a+b]
-		if !okA || !okB || !okC {
-			return nil, fmt.Errorf("merge %d %q: a token is not in the vocabulary", rank, mg)
-		}
-		key := [2]int32{ia, ib}
-		if _, dup := t.merges[key]; !dup { // the first (best) rank wins, as in tokenizers
-			t.merges[key] = mergeRule{rank: int32(rank), id: ic}
-		}
+	if err := t.setMerges(m.Merges); err != nil {
+		return nil, err
 	}
 
 	t.added = map[byte][]addedToken{}
 	for _, a := range f.AddedTokens {
-		switch {
-		case a.Content == "":
-			return nil, fmt.Errorf("added token %d is empty", a.ID)
-		case len(a.Content) > maxTokenBytes:
-			return nil, fmt.Errorf("added token %d: %d bytes (limit %d)", a.ID, len(a.Content), maxTokenBytes)
-		case a.Lstrip || a.Rstrip || a.SingleWord:
+		if a.Lstrip || a.Rstrip || a.SingleWord {
 			return nil, fmt.Errorf("added token %q: lstrip, rstrip and single_word are not supported", a.Content)
 		}
-		t.vocab[a.Content] = int32(a.ID)
-		t.tokens[a.ID] = byteLevelDecode(a.Content)
-		t.special[a.ID] = a.Special
-		t.added[a.Content[0]] = append(t.added[a.Content[0]], addedToken{a.Content, int32(a.ID)})
+		if err := t.addToken(a.Content, int32(a.ID), a.Special); err != nil {
+			return nil, err
+		}
 	}
-	for _, list := range t.added {
-		sort.SliceStable(list, func(i, j int) bool { return len(list[i].content) > len(list[j].content) })
-	}
+	t.sortAdded()
 
 	if err := t.normalizer(f.Normalizer); err != nil {
 		return nil, err
@@ -282,6 +260,51 @@ func parse(content []byte) (*Tokenizer, error) {
 		return nil, errors.New("decoder must be ByteLevel")
 	}
 	return t, nil
+}
+
+// setMerges reads the merge rules, "a b" each, best first.
+func (t *Tokenizer) setMerges(merges []string) error {
+	t.merges = make(map[[2]int32]mergeRule, len(merges))
+	for rank, mg := range merges {
+		a, b, ok := strings.Cut(mg, " ")
+		if !ok {
+			return fmt.Errorf("merge %d %q is not two tokens", rank, mg)
+		}
+		ia, okA := t.vocab[a]
+		ib, okB := t.vocab[b]
+		ic, okC := t.vocab[a+b]
+		if !okA || !okB || !okC {
+			return fmt.Errorf("merge %d %q: a token is not in the vocabulary", rank, mg)
+		}
+		key := [2]int32{ia, ib}
+		if _, dup := t.merges[key]; !dup { // the first (best) rank wins, as in tokenizers
+			t.merges[key] = mergeRule{rank: int32(rank), id: ic}
+		}
+	}
+	return nil
+}
+
+// addToken adds a token matched in the text before BPE (an added token:
+// the chat markers); id must be inside t.tokens.
+func (t *Tokenizer) addToken(content string, id int32, special bool) error {
+	switch {
+	case content == "":
+		return fmt.Errorf("added token %d is empty", id)
+	case len(content) > maxTokenBytes:
+		return fmt.Errorf("added token %d: %d bytes (limit %d)", id, len(content), maxTokenBytes)
+	}
+	t.vocab[content] = id
+	t.tokens[id] = byteLevelDecode(content)
+	t.special[id] = special
+	t.added[content[0]] = append(t.added[content[0]], addedToken{content, id})
+	return nil
+}
+
+// sortAdded puts the longest added token first under each first byte.
+func (t *Tokenizer) sortAdded() {
+	for _, list := range t.added {
+		sort.SliceStable(list, func(i, j int) bool { return len(list[i].content) > len(list[j].content) })
+	}
 }
 
 func (t *Tokenizer) normalizer(n *step) error {
