@@ -156,7 +156,7 @@ func Run(ctx context.Context, opts Options, log *zap.Logger) error {
 	}()
 	tokenizers := opts.Tokenizers
 	if tokenizers == nil {
-		tokenizers = bpeTokenizers
+		tokenizers = modelrepo.BPETokenizers
 	}
 	repo, err := lifecycle.OpenRepository(cfg.ModelRepoDir(), cfg.ModelRepo == "", log, modelrepo.WithTokenizerLoader(tokenizers), modelrepo.WithMaxContext(cfg.MaxContext))
 	if err != nil {

@@ -1,4 +1,4 @@
-package server
+package repo
 
 import (
 	"context"
@@ -10,13 +10,13 @@ import (
 	"github.com/brokerd/brokerd/runtime/models/tokenizer/bpe"
 )
 
-// bpeTokenizers reads a decoder LLM's byte-level BPE tokenizer and chat
+// BPETokenizers reads a decoder LLM's byte-level BPE tokenizer and chat
 // template (runtime/models/tokenizer/bpe) through the repository's
-// confined reader: the model repository's TokenizerLoader. A chat
-// template is code from the model's files: it must pass a trial render
-// under the limits requests render it with (bpe.DefaultTemplateLimits).
-func bpeTokenizers(ctx context.Context, dir string, readFile func(path string, limit int64) ([]byte, error)) (llm.Tokenizer, llm.ChatTemplate, error) {
-	const maxTokenizer, maxConfig = 256 << 20, 16 << 20
+// confined reader: the TokenizerLoader brokerd uses. A chat template is
+// code from the model's files: it must pass a trial render under the
+// limits requests render it with (bpe.DefaultTemplateLimits).
+func BPETokenizers(ctx context.Context, dir string, readFile func(path string, limit int64) ([]byte, error)) (llm.Tokenizer, llm.ChatTemplate, error) {
+	const maxTokenizer, maxConfig = 64 << 20, 16 << 20 // bpe refuses a larger tokenizer.json
 	tj, err := readFile(filepath.Join(dir, "tokenizer.json"), maxTokenizer)
 	if err != nil {
 		return nil, nil, err
@@ -40,6 +40,12 @@ func bpeTokenizers(ctx context.Context, dir string, readFile func(path string, l
 	if err != nil {
 		return nil, nil, err
 	}
+	return bpeParts(ctx, t)
+}
+
+// bpeParts adapts a tokenizer to what llm.Model needs, once its chat
+// template (if any) passed the trial render.
+func bpeParts(ctx context.Context, t *bpe.Tokenizer) (llm.Tokenizer, llm.ChatTemplate, error) {
 	var chat llm.ChatTemplate
 	if t.HasChatTemplate() {
 		if err := t.CheckChatTemplate(ctx, bpe.DefaultTemplateLimits); err != nil {
