@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"slices"
 
 	"github.com/brokerd/brokerd/runtime"
@@ -53,6 +54,11 @@ type ModelOptions struct {
 	// BaseBatch is the model's base running set (the batch plan scales it
 	// per device type); models.DefaultBaseBatch when 0.
 	BaseBatch int
+	// RopeFreqFactors divide the RoPE frequencies, one per rotated pair
+	// (nil: none): Llama 3's rope scaling as a GGUF file stores it
+	// (rope_freqs.weight, computed by llama.cpp's converter), instead of
+	// config.json's rope_scaling.
+	RopeFreqFactors []float32
 	// MaxContext caps the context length below max_position_embeddings
 	// (0: no cap): Llama 3.2's 131072 positions would make placement admit
 	// a KV cache of gigabytes for one full-length sequence.
@@ -80,6 +86,19 @@ func NewModel(config []byte, weights map[string]models.Tensor, opts ModelOptions
 	spec, eos, arch, err := parseConfig(config)
 	if err != nil {
 		return nil, fmt.Errorf("llm %q: %w", opts.Name, err)
+	}
+	if f := opts.RopeFreqFactors; f != nil {
+		if len(f) != len(spec.InvFreq) {
+			return nil, fmt.Errorf("%w: llm %q: %d RoPE frequency factors for %d rotated pairs", models.ErrInvalidConfig, opts.Name, len(f), len(spec.InvFreq))
+		}
+		inv := slices.Clone(spec.InvFreq)
+		for i, x := range f {
+			inv[i] /= x
+			if !(x > 0) || math.IsInf(float64(inv[i]), 0) || !(inv[i] > 0) {
+				return nil, fmt.Errorf("%w: llm %q: RoPE frequency factor %d is %g", models.ErrInvalidConfig, opts.Name, i, x)
+			}
+		}
+		spec.InvFreq = inv
 	}
 	w, err := engineWeights(spec, weights)
 	if err != nil {

@@ -287,3 +287,32 @@ func TestPublishedConfigs(t *testing.T) {
 		})
 	}
 }
+
+// TestRopeFreqFactors: a GGUF file's rope_freqs.weight divides the RoPE
+// frequencies config.json implies; a wrong count or a factor that is not a
+// finite positive number is refused.
+func TestRopeFreqFactors(t *testing.T) {
+	s := tinyNet("llama")
+	base, err := NewModel(configJSON(t, "llama", nil), randomCheckpoint(s, 3), ModelOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := make([]float32, len(s.InvFreq))
+	for i := range f {
+		f[i] = float32(1 + i%3)
+	}
+	scaled, err := NewModel(configJSON(t, "llama", nil), randomCheckpoint(s, 3), ModelOptions{RopeFreqFactors: f})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, x := range scaled.spec.InvFreq {
+		if want := base.spec.InvFreq[i] / f[i]; x != want {
+			t.Fatalf("frequency %d is %g, want %g", i, x, want)
+		}
+	}
+	for _, bad := range [][]float32{f[1:], append(slices.Clone(f[1:]), 0), append(slices.Clone(f[1:]), float32(math.Inf(1))), append(slices.Clone(f[1:]), float32(math.NaN()))} {
+		if _, err := NewModel(configJSON(t, "llama", nil), randomCheckpoint(s, 3), ModelOptions{RopeFreqFactors: bad}); !errors.Is(err, models.ErrInvalidConfig) {
+			t.Errorf("factors %v: %v, want ErrInvalidConfig", bad, err)
+		}
+	}
+}
