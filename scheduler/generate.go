@@ -745,6 +745,17 @@ func (s *Scheduler) nextWaitingLocked(r *genReplica) *genSeq {
 func (s *Scheduler) applyStepLocked(r *genReplica, items []StepItem, seqs []*genSeq, results []StepResult, err error, start, end time.Time) {
 	gq := r.gq
 	took := end.Sub(start)
+	if err != nil && s.closed {
+		// Close cancelled the step: its sequences end as every other
+		// one Close answers, not as a failure of the device.
+		for _, seq := range seqs {
+			if seq.r == r {
+				s.releaseLocked(r, seq)
+				s.finishSeqLocked(seq, fmt.Errorf("scheduler: %q: %w: scheduler closed", gq.name, ErrDraining), "", ReasonCancelled)
+			}
+		}
+		return
+	}
 	if err != nil {
 		r.consecFails++
 		r.lastErr = err.Error()
