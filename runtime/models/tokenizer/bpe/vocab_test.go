@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 )
 
 // vocabOf writes a fixture's tokenizer.json as the arrays a GGUF file holds
@@ -161,4 +162,35 @@ func TestVocabRefusals(t *testing.T) {
 			}
 		})
 	}
+}
+
+// FuzzNewFromVocab: a GGUF file's tokenizer arrays and chat template (the
+// path a .gguf's tokenizer.chat_template takes) never crash the load or a
+// bounded render.
+func FuzzNewFromVocab(f *testing.F) {
+	f.Add("a\x00b\x00ab\x00<|x|>", "a b", "{% for m in messages %}{{ m.content }}{% endfor %}", int32(3))
+	f.Add("a\x00b", "a c", `{% macro f(n) %}{{ f(n) }}{% endmacro %}{{ f(1) }}`, int32(0))
+	f.Add("<|x|>\x00x", "", `{{ messages|tojson(indent=2) }}`, int32(1))
+	lim := TemplateLimits{MaxSteps: 20_000, MaxOutputBytes: 1 << 16, MaxAllocBytes: 1 << 20, MaxTime: time.Second}
+	f.Fuzz(func(t *testing.T, tokens, merges, tmpl string, eos int32) {
+		v := Vocab{Model: "gpt2", Pre: "qwen2", Tokens: strings.Split(tokens, "\x00"), BOS: -1, EOS: eos, PAD: -1, UNK: -1, ChatTemplate: tmpl}
+		if merges != "" {
+			v.Merges = strings.Split(merges, "\n")
+		}
+		v.Types = make([]int32, len(v.Tokens))
+		for i, s := range v.Tokens {
+			v.Types[i] = TokenNormal
+			if strings.HasPrefix(s, "<|") {
+				v.Types[i] = TokenControl
+			}
+		}
+		tok, err := NewFromVocab(v)
+		if err != nil {
+			return
+		}
+		_ = tok.Decode(tok.Encode("ab <|x|> a", true), false)
+		if tok.HasChatTemplate() {
+			_ = tok.CheckChatTemplate(context.Background(), lim)
+		}
+	})
 }
