@@ -27,11 +27,15 @@ func newHTTPServer(cfg config.Config, broker *BrokerService, budget *byteBudget,
 	}
 	h := httpapi.New(broker, httpapi.Options{
 		APIKeys: keys, Version: version, MaxBodyBytes: int64(cfg.MaxMessageBytes), Registerer: reg, Logger: log,
-		Admit: budget.acquire,
+		Admit: budget.acquire, BodyTimeout: time.Duration(cfg.HTTPBodyTimeout),
 	})
+	// No ReadTimeout: it would also cut a stream's watch for a client that
+	// leaves. The handler bounds each body instead (--http-body-timeout);
+	// a connection that sends no request is closed at ReadHeaderTimeout,
+	// one idle between requests at IdleTimeout.
 	srv := &http.Server{
 		Handler:           h,
-		ReadHeaderTimeout: 10 * time.Second,
+		ReadHeaderTimeout: min(10*time.Second, time.Duration(cfg.HTTPBodyTimeout)),
 		IdleTimeout:       time.Duration(cfg.MaxConnectionIdle),
 		MaxHeaderBytes:    64 << 10,
 		ErrorLog:          zap.NewStdLog(log.Named("http")),

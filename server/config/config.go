@@ -40,6 +40,9 @@ type Config struct {
 	HTTPListen               string `json:"http-listen"`
 	APIKeysFile              string `json:"api-keys-file"`
 	HTTPAllowUnauthenticated bool   `json:"http-allow-unauthenticated"`
+	// HTTPBodyTimeout bounds the time an HTTP request's body may take to
+	// arrive (its headers get 10 s, or this when shorter).
+	HTTPBodyTimeout Duration `json:"http-body-timeout"`
 	// Connection limits per listener (0: derived from the descriptor
 	// limit) and the idle time after which a connection is closed.
 	MaxConnections          int      `json:"max-connections"`
@@ -170,6 +173,7 @@ func Defaults(euid int, getenv func(string) string) Config {
 		ShutdownGrace:      Duration(30 * time.Second),
 		BatchTimeout:       Duration(2 * time.Minute), // scheduler.DefaultBatchTimeout
 		MaxConnectionIdle:  Duration(5 * time.Minute),
+		HTTPBodyTimeout:    Duration(time.Minute),
 		MaxContext:         8192,
 	}
 }
@@ -219,6 +223,7 @@ var envNames = map[string]string{
 	"go-memory-limit":            "BROKERD_GO_MEMORY_LIMIT",
 	"api-keys-file":              "BROKERD_API_KEYS_FILE",
 	"http-allow-unauthenticated": "BROKERD_HTTP_ALLOW_UNAUTHENTICATED",
+	"http-body-timeout":          "BROKERD_HTTP_BODY_TIMEOUT",
 	"admin-uids":                 "BROKERD_ADMIN_UIDS",
 	"admin-groups":               "BROKERD_ADMIN_GROUPS",
 	"admin-identities":           "BROKERD_ADMIN_IDENTITIES",
@@ -245,6 +250,7 @@ func bind(fs *flag.FlagSet, c *Config, configPath *string) {
 	fs.Int64Var(&c.GoMemoryLimit, "go-memory-limit", c.GoMemoryLimit, "Go runtime memory limit in bytes; 0: three quarters of the memory brokerd may use (the cgroup limit, else the host's); -1: none; GOMEMLIMIT wins")
 	fs.StringVar(&c.APIKeysFile, "api-keys-file", c.APIKeysFile, "file of API keys, one per line, that HTTP API requests must carry as Authorization: Bearer KEY; --http-listen needs it or --http-allow-unauthenticated")
 	fs.BoolVar(&c.HTTPAllowUnauthenticated, "http-allow-unauthenticated", c.HTTPAllowUnauthenticated, "serve --http-listen without API keys: every user who can reach its address (on loopback, every local user, whatever the socket's permissions) may use the data plane")
+	fs.Var(&c.HTTPBodyTimeout, "http-body-timeout", "most time an HTTP API request's body may take to arrive (its headers: 10s, or this when shorter); a request still sending then is answered 408 and its connection closed")
 	fs.StringVar(&c.StateDir, "state-dir", c.StateDir, "directory for the device registry and models")
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "debug, info, warn or error")
 	fs.StringVar(&c.LogFormat, "log-format", c.LogFormat, "json or console")
@@ -510,6 +516,9 @@ func (c Config) Validate() error {
 	}
 	if c.MaxInflightBytes < 0 || c.GoMemoryLimit < -1 {
 		bad("max-inflight-bytes %d must not be negative, go-memory-limit %d must be -1 (none), 0 (derived) or bytes", c.MaxInflightBytes, c.GoMemoryLimit)
+	}
+	if c.HTTPBodyTimeout <= 0 {
+		bad("http-body-timeout %v is invalid: more than 0", time.Duration(c.HTTPBodyTimeout))
 	}
 	if c.MaxConnectionIdle <= 0 {
 		bad("max-connection-idle %v is invalid: more than 0", time.Duration(c.MaxConnectionIdle))

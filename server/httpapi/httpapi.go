@@ -15,8 +15,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"net/http"
+	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -52,10 +54,16 @@ type Options struct {
 	MaxBodyBytes int64
 	Registerer   prometheus.Registerer
 	// Admit, when set, charges a request's bytes to the daemon's in-flight
-	// budget (the gRPC interceptors' own) until it is answered; its error
-	// is answered as is (429 with Retry-After when the budget is full).
-	Admit  func(route string, n int64) (release func(), err error)
-	Logger *zap.Logger
+	// budget (the gRPC interceptors' own) until it is answered: its
+	// overhead when it arrives, then twice the bytes of its body as they
+	// are read, never what it only declares. Its error is answered as is
+	// (429 with Retry-After when the budget is full).
+	Admit func(route string, n int64) (release func(), err error)
+	// BodyTimeout bounds the time a request's body may take to arrive
+	// (0: a minute); a body still arriving then is answered 408 and its
+	// connection closed.
+	BodyTimeout time.Duration
+	Logger      *zap.Logger
 	// Now is the clock of created_at and created fields (tests fix it).
 	Now func() time.Time
 }
@@ -80,6 +88,9 @@ func New(b Backend, opts Options) *Handler {
 	}
 	if opts.MaxBodyBytes <= 0 {
 		opts.MaxBodyBytes = 64 << 20
+	}
+	if opts.BodyTimeout <= 0 {
+		opts.BodyTimeout = time.Minute
 	}
 	h := &Handler{b: b, opts: opts, mux: http.NewServeMux(), log: opts.Logger.Named("http")}
 	h.reqs = prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -147,7 +158,18 @@ func (w *statusWriter) Flush() {
 	}
 }
 
-// instrument checks the API key, bounds the body, and records metrics.
+// requestOverhead is what a request is charged besides its body, as the
+// gRPC edge charges a call.
+const requestOverhead = 4 << 10
+
+// chargeStep is how many bytes of a body may be read before they are
+// charged to the in-flight budget (twice, for the decoded request and what
+// is built from it): charges come after the bytes, never before, and a
+// body is refused once what it has read does not fit.
+const chargeStep = 4 << 10
+
+// instrument checks the API key, bounds the body in size and time, charges
+// it to the in-flight budget as it is read, and records metrics.
 func (h *Handler) instrument(route string, fn http.HandlerFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
@@ -160,21 +182,30 @@ func (h *Handler) instrument(route string, fn http.HandlerFunc) http.Handler {
 			h.reqs.WithLabelValues(route, strconv.Itoa(code)).Inc()
 			h.dur.WithLabelValues(route).Observe(time.Since(start).Seconds())
 		}()
+		var body *meteredBody
+		if r.Body != nil && r.Body != http.NoBody {
+			// The deadline holds from here, whatever answers the request:
+			// a body left unread is read (and dropped) after the answer
+			// while the connection is kept.
+			body = &meteredBody{src: http.MaxBytesReader(sw, r.Body, h.opts.MaxBodyBytes), ctl: http.NewResponseController(w),
+				route: route, admit: h.opts.Admit, timeout: h.opts.BodyTimeout}
+			body.setDeadline(time.Now().Add(h.opts.BodyTimeout))
+			defer body.release()
+			r.Body = body
+		}
+		if r.ContentLength > h.opts.MaxBodyBytes {
+			// Refused before a byte of it is read: this costs nothing.
+			h.fail(sw, r, &httpError{code: http.StatusRequestEntityTooLarge, err: status.Errorf(codes.InvalidArgument,
+				"the request body of %d bytes is larger than %d bytes (--max-message-bytes)", r.ContentLength, h.opts.MaxBodyBytes)})
+			return
+		}
 		if !h.authorized(r) {
 			sw.Header().Set("WWW-Authenticate", `Bearer realm="brokerd"`)
 			h.fail(sw, r, status.Error(codes.Unauthenticated, "a valid API key is required: Authorization: Bearer KEY"))
 			return
 		}
-		r.Body = http.MaxBytesReader(sw, r.Body, h.opts.MaxBodyBytes)
 		if h.opts.Admit != nil {
-			// Twice the body (decoded request and what is built from it),
-			// as the gRPC edge charges; a body of unknown length is
-			// charged the most it may be.
-			n := r.ContentLength
-			if n < 0 || n > h.opts.MaxBodyBytes {
-				n = h.opts.MaxBodyBytes
-			}
-			release, err := h.opts.Admit(route, 2*n+4096)
+			release, err := h.opts.Admit(route, requestOverhead)
 			if err != nil {
 				h.fail(sw, r, err)
 				return
@@ -184,6 +215,76 @@ func (h *Handler) instrument(route string, fn http.HandlerFunc) http.Handler {
 		fn(sw, r)
 	})
 }
+
+// meteredBody is a request body charged to the in-flight budget as it is
+// read, and read within a deadline.
+type meteredBody struct {
+	src     io.ReadCloser // the size-bounded body
+	ctl     *http.ResponseController
+	route   string
+	admit   func(route string, n int64) (release func(), err error)
+	timeout time.Duration
+
+	read     int64 // bytes read
+	unpaid   int64 // bytes read and not yet charged
+	releases []func()
+	err      error // a refusal of the budget, returned from then on
+}
+
+func (b *meteredBody) Read(p []byte) (int, error) {
+	if b.err != nil {
+		return 0, b.err
+	}
+	n, err := b.src.Read(p)
+	b.read += int64(n)
+	b.unpaid += int64(n)
+	if b.admit != nil && b.unpaid > 0 && (b.unpaid >= chargeStep || err != nil) {
+		release, aerr := b.admit(b.route, 2*b.unpaid)
+		if aerr != nil {
+			b.err = aerr
+			return 0, aerr
+		}
+		b.releases = append(b.releases, release)
+		b.unpaid = 0
+	}
+	switch {
+	case errors.Is(err, io.EOF):
+		// Read whole: the rest of the call (a stream, maybe) has no
+		// deadline, and the server's watch for a client that leaves
+		// must not see one.
+		b.setDeadline(time.Time{})
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		err = &httpError{code: http.StatusRequestTimeout, err: status.Errorf(codes.DeadlineExceeded,
+			"the request body did not arrive within %v (--http-body-timeout): %d bytes came", b.timeout, b.read)}
+	}
+	return n, err
+}
+
+func (b *meteredBody) Close() error { return b.src.Close() }
+
+// setDeadline sets the connection's read deadline (zero: none), where the
+// ResponseWriter can.
+func (b *meteredBody) setDeadline(t time.Time) {
+	_ = b.ctl.SetReadDeadline(t) // http.ErrNotSupported: a writer without a connection (tests)
+}
+
+// release gives back what the body was charged.
+func (b *meteredBody) release() {
+	for _, r := range b.releases {
+		r()
+	}
+	b.releases = nil
+}
+
+// httpError is answered with its own HTTP code (the status's message and
+// gRPC code in the body).
+type httpError struct {
+	code int
+	err  error
+}
+
+func (e *httpError) Error() string              { return e.err.Error() }
+func (e *httpError) GRPCStatus() *status.Status { return status.Convert(e.err) }
 
 func (h *Handler) authorized(r *http.Request) bool {
 	if len(h.opts.APIKeys) == 0 {
@@ -204,13 +305,28 @@ func (h *Handler) authorized(r *http.Request) bool {
 	return false
 }
 
-// decode reads a JSON body into v; a bad body is INVALID_ARGUMENT.
+// decode reads a JSON body into v; a bad body is INVALID_ARGUMENT, one
+// the in-flight budget refuses or that is too slow to arrive keeps its
+// own error.
 func decode(r *http.Request, v any) error {
 	dec := json.NewDecoder(r.Body)
-	if err := dec.Decode(v); err != nil {
+	err := dec.Decode(v)
+	if err == nil {
+		// What follows the value (a newline, a chunked body's end) is
+		// read too, so the body ends within its deadline.
+		_, err = io.Copy(io.Discard, r.Body)
+	}
+	if err != nil {
 		var tooBig *http.MaxBytesError
+		var he *httpError
 		if errors.As(err, &tooBig) {
 			return status.Errorf(codes.InvalidArgument, "the request body is larger than %d bytes", tooBig.Limit)
+		}
+		if errors.As(err, &he) {
+			return he
+		}
+		if _, ok := status.FromError(err); ok {
+			return err
 		}
 		return status.Errorf(codes.InvalidArgument, "the request body is not valid JSON for this endpoint: %v", err)
 	}
@@ -260,6 +376,9 @@ func retryAfter(st *status.Status) int {
 func (h *Handler) fail(w http.ResponseWriter, r *http.Request, err error) {
 	st := status.Convert(err)
 	code := httpCode(st.Code())
+	if he := (*httpError)(nil); errors.As(err, &he) {
+		code = he.code
+	}
 	if code == http.StatusInternalServerError {
 		h.log.Error("internal error", zap.String("path", r.URL.Path), zap.Error(err))
 	}

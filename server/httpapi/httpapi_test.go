@@ -3,6 +3,7 @@ package httpapi
 import (
 	"bufio"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -209,29 +210,32 @@ func runNodeClients(t *testing.T, base, key, mode string, env []string) {
 	nodeclients.Run(t, base, key, mode, env)
 }
 
-// TestAdmitCharges: every request is charged through Admit, released when
-// answered, and a refusal is answered in the API's shape.
+// TestAdmitCharges: every request is charged through Admit (its overhead,
+// then twice its body as it is read, not its declared length), released
+// when answered, and a refusal is answered in the API's shape.
 func TestAdmitCharges(t *testing.T) {
 	f := &fakeBackend{}
-	var held, calls int64
+	var held int64
+	var charges []int64
 	full := false
 	h := New(f, Options{Admit: func(route string, n int64) (func(), error) {
 		if full {
 			return nil, status.Error(codes.ResourceExhausted, "budget full")
 		}
-		calls++
+		charges = append(charges, n)
 		held += n
 		return func() { held -= n }, nil
 	}})
 	srv := httptest.NewServer(h)
 	defer srv.Close()
-	resp, err := http.Post(srv.URL+"/api/embed", "application/json", strings.NewReader(`{"model":"nbmf-hash-v1","input":"abc"}`))
+	body := `{"model":"nbmf-hash-v1","input":"abc"}`
+	resp, err := http.Post(srv.URL+"/api/embed", "application/json", strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}
 	resp.Body.Close()
-	if resp.StatusCode != 200 || calls != 1 || held != 0 {
-		t.Errorf("status %d, %d charges, %d bytes still held", resp.StatusCode, calls, held)
+	if want := fmt.Sprint([]int64{requestOverhead, 2 * int64(len(body))}); resp.StatusCode != 200 || fmt.Sprint(charges) != want || held != 0 {
+		t.Errorf("status %d, charges %v (want %s), %d bytes still held", resp.StatusCode, charges, want, held)
 	}
 	full = true
 	resp, err = http.Post(srv.URL+"/v1/embeddings", "application/json", strings.NewReader(`{"model":"nbmf-hash-v1","input":"abc"}`))

@@ -30,7 +30,7 @@ type openaiError struct {
 
 func openaiErrorType(code int) string {
 	switch code {
-	case http.StatusBadRequest, http.StatusNotFound:
+	case http.StatusBadRequest, http.StatusNotFound, http.StatusRequestTimeout, http.StatusRequestEntityTooLarge:
 		return "invalid_request_error"
 	case http.StatusUnauthorized:
 		return "authentication_error"
