@@ -398,19 +398,24 @@ func TestBenchInterrupt(t *testing.T) {
 // TestBenchTimeout checks that --timeout bounds each request of bench, not
 // the whole run, and that expired requests show as DEADLINE_EXCEEDED.
 func TestBenchTimeout(t *testing.T) {
+	// No assertion rests on a request finishing within its timeout on a
+	// busy machine: the first case's timeout is far above an in-process
+	// request, and it only needs some requests through; the second's
+	// requests take four times their timeout.
 	tests := []struct {
 		name         string
 		delay        time.Duration
+		timeout      string
 		wantFailures bool
 	}{
-		{name: "run outlasts --timeout", delay: 0},
-		{name: "slow requests expire", delay: 200 * time.Millisecond, wantFailures: true},
+		{name: "run outlasts --timeout", delay: 0, timeout: "300ms"},
+		{name: "slow requests expire", delay: 200 * time.Millisecond, timeout: "50ms", wantFailures: true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			ts := startServer(t)
 			ts.broker.encodeDelay = tt.delay
-			r := ts.run(t, nil, "bench", "--json", "--timeout", "50ms", "--duration", "400ms", "--warmup", "0", "--concurrency", "2", "--max-failure-rate", "1")
+			r := ts.run(t, nil, "bench", "--json", "--timeout", tt.timeout, "--duration", "400ms", "--warmup", "0", "--concurrency", "2", "--max-failure-rate", "1")
 			if r.code != ExitOK {
 				t.Fatalf("got %v", r)
 			}
@@ -422,8 +427,10 @@ func TestBenchTimeout(t *testing.T) {
 				if e.Requests != 0 || e.Failures["DEADLINE_EXCEEDED"] == 0 || e.Failures["DEADLINE_EXCEEDED"] != e.FailedRequests {
 					t.Errorf("requests %d failures %v: want only DEADLINE_EXCEEDED", e.Requests, e.Failures)
 				}
-			} else if e.Requests == 0 || e.FailedRequests != 0 {
-				t.Errorf("requests %d failures %v", e.Requests, e.Failures)
+			} else if e.Requests == 0 || e.Failures["DEADLINE_EXCEEDED"] != e.FailedRequests {
+				// A request slower than its timeout on a loaded machine
+				// is DEADLINE_EXCEEDED, and the run goes on.
+				t.Errorf("requests %d failures %v: want requests through, and failures only DEADLINE_EXCEEDED", e.Requests, e.Failures)
 			}
 		})
 	}
