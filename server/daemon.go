@@ -147,10 +147,13 @@ func Run(ctx context.Context, opts Options, log *zap.Logger) error {
 		Registerer:    reg,
 		Logger:        log,
 	})
+	// How long the scheduler's close may wait for device calls; once a stop
+	// has begun, what is left of its deadline.
+	closeWait := time.Duration(cfg.ShutdownGrace) + stopBound
 	defer func() {
 		// After the drain nothing should run; a device call stuck anyway
 		// must not keep the process from exiting.
-		if !sched.CloseWithin(time.Duration(cfg.ShutdownGrace) + 5*time.Second) {
+		if !sched.CloseWithin(closeWait) {
 			log.Error("exiting with device calls still running")
 		}
 	}()
@@ -301,32 +304,51 @@ func Run(ctx context.Context, opts Options, log *zap.Logger) error {
 	}
 	draining.Store(true)
 	healthSrv.Shutdown() // everything NOT_SERVING: probes and clients stop sending
-	// Everything accepted completes (new calls get UNAVAILABLE), within the grace.
+	// One deadline bounds the stop. Everything accepted completes (new
+	// calls get UNAVAILABLE) within the grace; what still runs then is
+	// ended with an error its client can read, and the servers close
+	// within stopBound more, whatever their connections do.
 	grace := time.Duration(cfg.ShutdownGrace)
-	dctx, cancelDrain := context.WithTimeout(context.Background(), grace)
+	stopping := time.Now()
+	graceEnd := stopping.Add(grace)
+	stopBy := graceEnd.Add(stopBound)
+	dctx, cancelDrain := context.WithDeadline(context.Background(), graceEnd)
 	if err := sched.Drain(dctx); err != nil {
-		log.Warn("drain did not finish within the shutdown grace", zap.Duration("grace", grace), zap.Error(err))
+		// Queued work fails and running sequences end with ErrDraining:
+		// gRPC calls answer UNAVAILABLE, HTTP streams their API's error
+		// event or line, and their handlers return.
+		log.Warn("the shutdown grace ended with work in flight: ending it", zap.Duration("grace", grace), zap.Error(err))
+		if !sched.CloseWithin(max(time.Until(stopBy), time.Millisecond)) {
+			log.Error("device calls still running after the shutdown grace")
+		}
 	}
 	cancelDrain()
 	stopRefresh()
+	sctx, cancelStop := context.WithDeadline(context.Background(), stopBy)
+	defer cancelStop()
 	if httpSrv != nil {
-		// Streams still open after the drain get the rest of the grace.
-		hctx, cancel := context.WithTimeout(context.Background(), grace)
-		if err := httpSrv.Shutdown(hctx); err != nil {
+		// Handlers still writing (a stream's last event, a slow reader)
+		// get what is left of the deadline, then their connections close.
+		if err := httpSrv.Shutdown(sctx); err != nil {
 			httpSrv.Close()
 		}
-		cancel()
 	}
-	stopServers(servers, grace, log)
+	stopServers(sctx, servers, log)
 	if metricsSrv != nil {
-		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		_ = metricsSrv.Shutdown(sctx)
-		cancel()
+		if err := metricsSrv.Shutdown(sctx); err != nil {
+			metricsSrv.Close()
+		}
 	}
+	closeWait = max(time.Until(stopBy), time.Millisecond)
 	<-refreshDone
-	log.Info("brokerd stopped")
+	log.Info("brokerd stopped", zap.Duration("stopping", time.Since(stopping)))
 	return runErr
 }
+
+// stopBound is how long a stop may take past the shutdown grace: for calls
+// ended at the grace to answer, servers to close and device calls to
+// return.
+const stopBound = 3 * time.Second
 
 // listeners are brokerd's open sockets: the Unix socket always, the others
 // when their settings are on.
@@ -507,8 +529,9 @@ func serveGRPC(s *grpc.Server, l net.Listener, name string) error {
 	return nil
 }
 
-// stopServers lets in-flight calls finish, up to grace, then cuts the rest.
-func stopServers(servers []*grpc.Server, grace time.Duration, log *zap.Logger) {
+// stopServers lets in-flight calls finish until ctx ends, then cuts the
+// rest.
+func stopServers(ctx context.Context, servers []*grpc.Server, log *zap.Logger) {
 	done := make(chan struct{})
 	go func() {
 		for _, s := range servers {
@@ -518,8 +541,8 @@ func stopServers(servers []*grpc.Server, grace time.Duration, log *zap.Logger) {
 	}()
 	select {
 	case <-done:
-	case <-time.After(grace):
-		log.Warn("shutdown grace expired: cancelling in-flight calls", zap.Duration("grace", grace))
+	case <-ctx.Done():
+		log.Warn("stop deadline passed: cancelling the calls still in flight")
 		for _, s := range servers {
 			s.Stop()
 		}

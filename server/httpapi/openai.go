@@ -165,14 +165,17 @@ func (s *sse) done() {
 func newID(prefix string) string { return fmt.Sprintf("%s-%016x", prefix, rand.Uint64()) }
 
 // endSSE reports an error: as a status before the stream started, as an
-// error event after (what OpenAI's clients raise).
+// error event after (what OpenAI's clients raise), then data: [DONE], so
+// the stream ends as streams do and is not taken for a network fault.
 func (h *Handler) endSSE(w http.ResponseWriter, r *http.Request, out *sse, err error) {
 	if !out.started {
 		h.fail(w, r, err)
 		return
 	}
 	st := status.Convert(err)
-	_ = out.send(map[string]any{"error": openaiError{Message: st.Message(), Type: openaiErrorType(httpCode(st.Code())), Code: strings.ToLower(st.Code().String())}})
+	if out.send(map[string]any{"error": openaiError{Message: st.Message(), Type: openaiErrorType(httpCode(st.Code())), Code: strings.ToLower(st.Code().String())}}) == nil {
+		out.done()
+	}
 }
 
 type openaiChatRequest struct {
