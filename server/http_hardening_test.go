@@ -71,7 +71,10 @@ func TestIdleHTTPBodiesHoldNoBudget(t *testing.T) {
 	cfg.MaxInflightBytes = 4*(2*int64(cfg.MaxMessageBytes-1)+requestOverhead) + requestOverhead/2
 	// Far from the work the test does while they hang (a few calls), far
 	// below the test's own bound on their closing.
-	cfg.HTTPBodyTimeout = config.Duration(3 * time.Second)
+	cfg.HTTPBodyTimeout = config.Duration(5 * time.Second)
+	// Room for the test's connections from one address, whatever this
+	// machine's descriptor limit.
+	cfg.MaxConnections, cfg.MaxConnectionsPerClient = 1000, 1000
 	d := startDaemon(t, cfg)
 
 	const idle = 36
