@@ -1,0 +1,34 @@
+// Dequantization of GGUF tensor types in C: ggml's block types decoded to
+// f32 with the same bits as runtime/quant.Dequantize (and so as ggml's own
+// dequantize_row_*), for the CPU kernels to build on. Types are ggml's
+// numbers (enum ggml_type); layouts are runtime/quant's.
+#ifndef BROKERD_DEQUANT_H
+#define BROKERD_DEQUANT_H
+
+#include <stdint.h>
+
+// Return values of bd_dequant_row.
+#define BD_DEQUANT_OK 0
+#define BD_DEQUANT_UNSUPPORTED -1 // a type this file does not decode
+#define BD_DEQUANT_LENGTH -2      // n not whole blocks, or src_bytes not n's bytes
+#define BD_DEQUANT_NO_ISA -3      // the forced instruction set is not on this CPU
+
+// Instruction-set variants: the same C, compiled for each target and picked
+// at run time as bd_paged_attention's are. All give the same bits: the
+// arithmetic is per element with no reassociation, and contraction into
+// FMA is off for the whole file.
+#define BD_ISA_AUTO -1
+#define BD_ISA_BASE 0
+#define BD_ISA_AVX2 1
+#define BD_ISA_AVX512 2
+
+// bd_dequant_row decodes n elements of type from src (src_bytes bytes) into
+// dst with the variant isa (BD_ISA_AUTO: the widest this CPU has). It checks
+// the lengths first and writes nothing when they are wrong.
+int bd_dequant_row(int type, const void *src, int64_t src_bytes, float *dst,
+        int64_t n, int isa);
+
+// bd_dequant_isa is the variant BD_ISA_AUTO runs on this CPU.
+int bd_dequant_isa(void);
+
+#endif
