@@ -28,6 +28,14 @@ import (
 // without Qwen's 151k-token file (slow to load under the race detector).
 func byteTokenizerDir(t *testing.T, repo, name, tmpl string, modelVocab int) {
 	t.Helper()
+	writeByteTokenizer(t, versionDir(t, repo, name, 1), tmpl)
+	writeTinyLlamaVocab(t, repo, name, modelVocab, 257)
+}
+
+// writeByteTokenizer writes byteTokenizerDir's tokenizer.json and
+// tokenizer_config.json into dir.
+func writeByteTokenizer(t *testing.T, dir, tmpl string) {
+	t.Helper()
 	// GPT-2's byte-to-unicode map: printable bytes stand for themselves,
 	// the others for code points from U+0100 on.
 	vocab := map[string]int{}
@@ -56,13 +64,11 @@ func byteTokenizerDir(t *testing.T, repo, name, tmpl string, modelVocab int) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dir := versionDir(t, repo, name, 1)
 	for file, b := range map[string][]byte{"tokenizer.json": tj, "tokenizer_config.json": cfg} {
 		if err := os.WriteFile(filepath.Join(dir, file), b, 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}
-	writeTinyLlamaVocab(t, repo, name, modelVocab, 257)
 }
 
 // TestHostileChatTemplates: chat templates that crashed brokerd, exhausted

@@ -137,6 +137,16 @@ func WriteGGUF(dir, path, dtype string) (int64, error) {
 		g.kv("tokenizer.ggml.eos_token_id", ggufUint32, uint32(cfg.EOS[0]))
 	}
 	g.kv("tokenizer.ggml.add_bos_token", ggufBool, false)
+	// The chat template, as the converter copies it from
+	// tokenizer_config.json.
+	if raw, err := readMaybeZst(filepath.Join(dir, "tokenizer_config.json")); err == nil {
+		var tc struct {
+			ChatTemplate string `json:"chat_template"`
+		}
+		if json.Unmarshal(raw, &tc) == nil && tc.ChatTemplate != "" {
+			g.kv("tokenizer.chat_template", ggufString, tc.ChatTemplate)
+		}
+	}
 
 	// Hugging Face names → llama.cpp names, in llama.cpp's order.
 	type tensor struct {

@@ -65,10 +65,13 @@ type plan struct {
 	llm      *llmPlan // a decoder LLM (its weights may be sharded: no st)
 }
 
-// close releases the open safetensors file, if any.
+// close releases the open safetensors or GGUF file, if any.
 func (p *plan) close() {
 	if p.st != nil {
 		_ = p.st.Close()
+	}
+	if p.llm != nil && p.llm.gguf != nil {
+		_ = p.llm.gguf.file.Close()
 	}
 }
 
@@ -83,6 +86,7 @@ func (r *Repo) inspect(name string, version int64) (*plan, error) {
 	}
 	var err error
 	p.kind = bj.Kind
+	var ggufPath string
 	if p.kind == "" {
 		switch {
 		case exists(dir, FileMLPSpec):
@@ -90,7 +94,13 @@ func (r *Repo) inspect(name string, version int64) (*plan, error) {
 		case exists(dir, FileConfig):
 			p.kind = "" // from config.json's architectures, below
 		default:
-			return nil, fmt.Errorf("%w: %s: no %s (mlp) or %s (bert)", ErrInvalid, dir, FileMLPSpec, FileConfig)
+			if ggufPath, err = ggufFile(dir); err != nil {
+				return nil, err
+			}
+			if ggufPath == "" {
+				return nil, fmt.Errorf("%w: %s: no %s (mlp), %s (bert, llm) or .gguf file (llm)", ErrInvalid, dir, FileMLPSpec, FileConfig)
+			}
+			p.kind = llm.KindLLM
 		}
 	}
 	if p.kind == "" && isLLM(p.configArchitectures()) {
@@ -102,7 +112,11 @@ func (r *Repo) inspect(name string, version int64) (*plan, error) {
 	case "", models.KindBERT, models.KindBERTClassifier:
 		err = p.inspectBERT(bj)
 	case llm.KindLLM:
-		p.llm, err = p.inspectLLM()
+		if ggufPath != "" {
+			p.llm, err = p.inspectGGUF(ggufPath)
+		} else {
+			p.llm, err = p.inspectLLM()
+		}
 	default:
 		err = fmt.Errorf("%w: %s: unknown kind %q (mlp, bert, bert-classifier, llm)", models.ErrInvalidConfig, filepath.Join(dir, FileBrokerd), p.kind)
 	}

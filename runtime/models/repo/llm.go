@@ -11,6 +11,7 @@ import (
 
 	"github.com/brokerd/brokerd/runtime/models"
 	"github.com/brokerd/brokerd/runtime/models/llm"
+	"github.com/brokerd/brokerd/runtime/models/tokenizer/bpe"
 	"github.com/brokerd/brokerd/runtime/safetensors"
 )
 
@@ -97,7 +98,8 @@ func (c llmSizes) check(path string) error {
 type llmPlan struct {
 	config, generation []byte
 	sizes              llmSizes
-	shards             []string // weight files, in order
+	shards             []string  // weight files, in order
+	gguf               *ggufPlan // or the GGUF file holding everything
 }
 
 // inspectLLM checks an LLM version without reading its weights: the
@@ -194,7 +196,20 @@ func (r *Repo) loadLLM(ctx context.Context, p *plan, lp *llmPlan, name string, v
 		}
 	}
 	opts := llm.ModelOptions{Name: name, Version: version, GenerationConfig: lp.generation, MaxContext: r.maxContext}
-	if r.tokenizers != nil && exists(p.dir, FileTokenizer) {
+	if gp := lp.gguf; gp != nil {
+		var err error
+		if weights, err = r.loadGGUF(ctx, gp, name); err != nil {
+			return nil, err
+		}
+		opts.RopeFreqFactors = gp.ropeFactors
+		tok, err := bpe.NewFromVocab(gp.vocab)
+		if err == nil {
+			opts.Tokenizer, opts.Chat, err = bpeParts(ctx, tok)
+		}
+		if err != nil {
+			return nil, invalid(models.ErrInvalidTokenizer, fmt.Errorf("%s: %w", gp.path, err))
+		}
+	} else if r.tokenizers != nil && exists(p.dir, FileTokenizer) {
 		tok, chat, err := r.tokenizers(ctx, p.dir, r.readFile)
 		if err != nil {
 			kind := models.ErrInvalidTokenizer

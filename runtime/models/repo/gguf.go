@@ -1,0 +1,408 @@
+package repo
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+
+	"go.uber.org/zap"
+
+	"github.com/brokerd/brokerd/runtime/gguf"
+	"github.com/brokerd/brokerd/runtime/models"
+	"github.com/brokerd/brokerd/runtime/models/llm"
+	"github.com/brokerd/brokerd/runtime/models/tokenizer/bpe"
+	"github.com/brokerd/brokerd/runtime/quant"
+)
+
+// A version directory holding one *.gguf file (llama.cpp's and Ollama's
+// model file) and neither config.json nor model.json is a decoder LLM:
+// its hyper-parameters, tokenizer and chat template come from the file's
+// metadata, its weights from its tensors. Architectures llama (Mistral-
+// style llama files too), qwen2 and qwen3.
+//
+// The weights are dequantized to float32 at load (exactly as ggml does,
+// runtime/quant), so every type below serves today; keeping them
+// quantized in memory, with kernels for them, is the next step of issue
+// 21.
+
+// ggufTypes are the tensor types read: every type of llama.cpp's and
+// Ollama's Q4_K_M, Q5_K_M, Q6_K and Q8_0 files, and the float ones.
+var ggufTypes = []gguf.Type{gguf.F32, gguf.F16, gguf.BF16, gguf.Q8_0, gguf.Q4_0, gguf.Q4_1, gguf.Q5_0, gguf.Q5_1, gguf.Q4_K, gguf.Q5_K, gguf.Q6_K}
+
+// ggufArchitectures maps general.architecture to the engine's.
+var ggufArchitectures = map[string]string{"llama": llm.ArchLlama, "qwen2": llm.ArchQwen2, "qwen3": llm.ArchQwen3}
+
+// ggufFile returns the one *.gguf file of dir ("" when none).
+func ggufFile(dir string) (string, error) {
+	des, err := os.ReadDir(dir)
+	if err != nil {
+		return "", nil
+	}
+	var found []string
+	for _, de := range des {
+		if strings.EqualFold(filepath.Ext(de.Name()), ".gguf") && !strings.HasPrefix(de.Name(), ".") {
+			found = append(found, de.Name())
+		}
+	}
+	switch len(found) {
+	case 0:
+		return "", nil
+	case 1:
+		return filepath.Join(dir, found[0]), nil
+	}
+	return "", fmt.Errorf("%w: %s holds %d .gguf files (%s): keep one per version directory", ErrInvalid, dir, len(found), strings.Join(found, ", "))
+}
+
+// ggufPlan is a checked GGUF version: the open file and what its metadata
+// says.
+type ggufPlan struct {
+	path        string
+	file        *gguf.File
+	arch        string // general.architecture
+	heads, kv   int
+	vocab       bpe.Vocab
+	ropeFactors []float32 // Llama 3's rope_freqs.weight (nil: none)
+	fileType    string
+}
+
+// inspectGGUF opens a version's GGUF file and checks its metadata against
+// the same limits as config.json, without reading its tensors.
+func (p *plan) inspectGGUF(path string) (*llmPlan, error) {
+	if _, err := p.r.regular(path, 0); err != nil {
+		return nil, err
+	}
+	real, err := p.r.inside(path)
+	if err != nil {
+		return nil, err
+	}
+	f, err := gguf.Open(real, gguf.Limits{})
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	gp := &ggufPlan{path: path, file: f}
+	cfg, err := gp.config()
+	if err != nil {
+		f.Close()
+		return nil, invalid(models.ErrInvalidConfig, fmt.Errorf("%s: %w", path, err))
+	}
+	raw, err := json.Marshal(cfg)
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	lp := &llmPlan{config: raw, gguf: gp}
+	if err := json.Unmarshal(raw, &lp.sizes); err != nil {
+		f.Close()
+		return nil, err
+	}
+	if err := lp.sizes.check(path); err != nil {
+		f.Close()
+		return nil, err
+	}
+	if err := llm.CheckConfig(raw); err != nil {
+		f.Close()
+		return nil, invalid(models.ErrInvalidConfig, fmt.Errorf("%s: %w", path, err))
+	}
+	if gp.vocab, err = gp.tokenizer(); err != nil {
+		f.Close()
+		return nil, invalid(models.ErrInvalidTokenizer, fmt.Errorf("%s: %w", path, err))
+	}
+	for i := range f.Tensors {
+		t := &f.Tensors[i]
+		if !slices.Contains(ggufTypes, t.Type) {
+			f.Close()
+			return nil, fmt.Errorf("%w: %s: tensor %s is %s: supported are %v", errInvalidGGUF, path, t.Name, t.Type, ggufTypes)
+		}
+		if _, ok := ggufName(t.Name); !ok && t.Name != "rope_freqs.weight" {
+			f.Close()
+			return nil, fmt.Errorf("%w: %s: tensor %s is not one of a %s model", errInvalidGGUF, path, t.Name, gp.arch)
+		}
+	}
+	return lp, nil
+}
+
+// errInvalidGGUF: a GGUF file is malformed, or holds what the engine does
+// not run (gguf.ErrInvalid's words).
+var errInvalidGGUF = gguf.ErrInvalid
+
+// config writes the metadata as the config.json the engine reads, so that
+// both formats go through one set of checks.
+func (gp *ggufPlan) config() (map[string]any, error) {
+	f := gp.file
+	arch, _ := f.String("general.architecture")
+	hfArch, ok := ggufArchitectures[arch]
+	if !ok {
+		return nil, fmt.Errorf("general.architecture %q: want llama, qwen2 or qwen3", arch)
+	}
+	gp.arch = arch
+	if ft, ok := f.Uint("general.file_type"); ok {
+		gp.fileType = fileTypeName(ft)
+	}
+	num := func(key string, def int64) (int, error) {
+		v, ok := f.Uint(arch + "." + key)
+		if !ok {
+			if def >= 0 {
+				return int(def), nil
+			}
+			return 0, fmt.Errorf("%s.%s is missing", arch, key)
+		}
+		if v > math.MaxInt32 {
+			return 0, fmt.Errorf("%s.%s is %d: out of range", arch, key, v)
+		}
+		return int(v), nil
+	}
+	var err error
+	var hidden, layers, inter, ctx, headDim int
+	for _, k := range []struct {
+		key string
+		dst *int
+		def int64
+	}{
+		{"embedding_length", &hidden, -1}, {"block_count", &layers, -1}, {"feed_forward_length", &inter, -1},
+		{"context_length", &ctx, -1}, {"attention.head_count", &gp.heads, -1}, {"attention.head_count_kv", &gp.kv, 0},
+		{"attention.key_length", &headDim, 0},
+	} {
+		if *k.dst, err = num(k.key, k.def); err != nil {
+			return nil, err
+		}
+	}
+	if gp.kv == 0 {
+		gp.kv = gp.heads
+	}
+	emb, ok := f.Tensor("token_embd.weight")
+	if !ok || len(emb.Dims) != 2 {
+		return nil, fmt.Errorf("token_embd.weight is missing or not a matrix")
+	}
+	vocab := emb.Dims[1]
+	if vocab <= 0 || vocab > math.MaxInt32 {
+		return nil, fmt.Errorf("token_embd.weight has %d rows", vocab)
+	}
+	cfg := map[string]any{
+		"architectures": []string{hfArch}, "vocab_size": vocab, "hidden_size": hidden,
+		"num_hidden_layers": layers, "intermediate_size": inter, "max_position_embeddings": ctx,
+		"num_attention_heads": gp.heads, "num_key_value_heads": gp.kv,
+	}
+	if headDim > 0 {
+		cfg["head_dim"] = headDim
+	}
+	if eps, ok := f.Float(arch + ".attention.layer_norm_rms_epsilon"); ok {
+		cfg["rms_norm_eps"] = eps
+	}
+	if theta, ok := f.Float(arch + ".rope.freq_base"); ok {
+		cfg["rope_theta"] = theta
+	}
+	if typ, ok := f.String(arch + ".rope.scaling.type"); ok && typ != "none" && typ != "" {
+		return nil, fmt.Errorf("%s.rope.scaling.type %q is not supported", arch, typ)
+	}
+	_, untied := f.Tensor("output.weight")
+	cfg["tie_word_embeddings"] = !untied
+	if arch == "llama" {
+		_, bias := f.Tensor("blk.0.attn_q.bias")
+		cfg["attention_bias"] = bias
+	}
+	if rf, ok := f.Tensor("rope_freqs.weight"); ok {
+		// Llama 3's rope scaling: llama.cpp's converter stores the
+		// factors it computed, one per rotated pair.
+		if rf.Type != gguf.F32 || len(rf.Dims) != 1 {
+			return nil, fmt.Errorf("rope_freqs.weight is %s %v: want a f32 vector", rf.Type, rf.Dims)
+		}
+		data, err := f.TensorData(rf)
+		if err != nil {
+			return nil, err
+		}
+		gp.ropeFactors = make([]float32, rf.Dims[0])
+		if err := quant.Dequantize(quant.F32, data, gp.ropeFactors); err != nil {
+			return nil, fmt.Errorf("rope_freqs.weight: %w", err)
+		}
+	}
+	return cfg, nil
+}
+
+// tokenizer reads tokenizer.ggml.* and tokenizer.chat_template.
+func (gp *ggufPlan) tokenizer() (bpe.Vocab, error) {
+	f := gp.file
+	v := bpe.Vocab{BOS: -1, EOS: -1, PAD: -1, UNK: -1}
+	v.Model, _ = f.String("tokenizer.ggml.model")
+	v.Pre, _ = f.String("tokenizer.ggml.pre")
+	var ok bool
+	if v.Tokens, ok = f.Strings("tokenizer.ggml.tokens"); !ok {
+		return v, fmt.Errorf("tokenizer.ggml.tokens is missing")
+	}
+	if types, ok := f.Ints("tokenizer.ggml.token_type"); ok {
+		v.Types = make([]int32, len(types))
+		for i, t := range types {
+			if t < math.MinInt32 || t > math.MaxInt32 {
+				return v, fmt.Errorf("tokenizer.ggml.token_type %d is %d", i, t)
+			}
+			v.Types[i] = int32(t)
+		}
+	}
+	v.Merges, _ = f.Strings("tokenizer.ggml.merges")
+	id := func(key string) (int32, error) {
+		n, ok := f.Uint("tokenizer.ggml." + key)
+		if !ok {
+			return -1, nil
+		}
+		if n >= uint64(len(v.Tokens)) {
+			return -1, fmt.Errorf("tokenizer.ggml.%s %d is outside the vocabulary of %d", key, n, len(v.Tokens))
+		}
+		return int32(n), nil
+	}
+	var err error
+	for _, k := range []struct {
+		key string
+		dst *int32
+	}{{"bos_token_id", &v.BOS}, {"eos_token_id", &v.EOS}, {"padding_token_id", &v.PAD}, {"unknown_token_id", &v.UNK}} {
+		if *k.dst, err = id(k.key); err != nil {
+			return v, err
+		}
+	}
+	for _, key := range []string{"eot_token_id", "eom_token_id"} {
+		n, err := id(key)
+		if err != nil {
+			return v, err
+		}
+		if n >= 0 {
+			v.EOT = append(v.EOT, n)
+		}
+	}
+	// llama.cpp's defaults when the file does not say: Llama 3's
+	// tokenizer adds <|begin_of_text|>, Qwen's adds nothing.
+	v.AddBOS = v.Pre == "llama-bpe" || v.Pre == "llama3" || v.Pre == "llama-v3"
+	if b, ok := f.Bool("tokenizer.ggml.add_bos_token"); ok {
+		v.AddBOS = b
+	}
+	v.AddEOS, _ = f.Bool("tokenizer.ggml.add_eos_token")
+	v.ChatTemplate, _ = f.String("tokenizer.chat_template")
+	return v, nil
+}
+
+// ggufNames maps llama.cpp's tensor names to Hugging Face's (the engine's
+// input names).
+var (
+	ggufLayer      = regexp.MustCompile(`^blk\.(\d{1,4})\.([a-z_]+)\.(weight|bias)$`)
+	ggufLayerNames = map[string]string{
+		"attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
+		"attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm",
+		"attn_k_norm": "self_attn.k_norm", "ffn_norm": "post_attention_layernorm", "ffn_gate": "mlp.gate_proj",
+		"ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+	}
+	ggufTopNames = map[string]string{
+		"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight", "output.weight": "lm_head.weight",
+	}
+)
+
+func ggufName(name string) (string, bool) {
+	if hf, ok := ggufTopNames[name]; ok {
+		return hf, true
+	}
+	m := ggufLayer.FindStringSubmatch(name)
+	if m == nil {
+		return "", false
+	}
+	hf, ok := ggufLayerNames[m[2]]
+	if !ok {
+		return "", false
+	}
+	return "model.layers." + m[1] + "." + hf + "." + m[3], true
+}
+
+// loadGGUF reads the tensors of a checked GGUF version, dequantized to
+// float32, under their Hugging Face names.
+func (r *Repo) loadGGUF(ctx context.Context, gp *ggufPlan, name string) (map[string]models.Tensor, error) {
+	f := gp.file
+	order := make([]*gguf.Tensor, 0, len(f.Tensors))
+	for i := range f.Tensors {
+		order = append(order, &f.Tensors[i])
+	}
+	slices.SortFunc(order, func(a, b *gguf.Tensor) int { return cmp.Compare(a.Offset, b.Offset) })
+	weights := make(map[string]models.Tensor, len(order))
+	var done int64
+	for i, t := range order {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		hf, ok := ggufName(t.Name)
+		if !ok {
+			continue // rope_freqs.weight: read with the metadata
+		}
+		shape := make([]int, len(t.Dims))
+		n := int64(1)
+		for j, d := range t.Dims { // GGUF lists the contiguous dimension first
+			shape[len(shape)-1-j] = int(d)
+			n *= d
+		}
+		data, err := f.TensorData(t)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %s: tensor %s: %w", errInvalidGGUF, gp.path, t.Name, err)
+		}
+		x := make([]float32, n)
+		if err := quant.Dequantize(quant.Type(t.Type), data, x); err != nil {
+			return nil, fmt.Errorf("%w: %s: tensor %s (%s): %w", errInvalidGGUF, gp.path, t.Name, t.Type, err)
+		}
+		if gp.arch == "llama" {
+			// llama.cpp's converter interleaves the rotated halves of
+			// Llama's q and k rows; the engine rotates halves.
+			switch {
+			case strings.HasSuffix(hf, "q_proj.weight"), strings.HasSuffix(hf, "q_proj.bias"):
+				err = unpermuteRope(x, gp.heads, shape)
+			case strings.HasSuffix(hf, "k_proj.weight"), strings.HasSuffix(hf, "k_proj.bias"):
+				err = unpermuteRope(x, gp.kv, shape)
+			}
+			if err != nil {
+				return nil, invalid(models.ErrInvalidWeights, fmt.Errorf("%s: tensor %s: %w", gp.path, t.Name, err))
+			}
+		}
+		weights[hf] = models.Tensor{Shape: shape, Data: x}
+		done += t.Size
+		if (i+1)%64 == 0 {
+			r.log.Info("reading GGUF tensors", zap.String("model", name), zap.Int("tensors", i+1),
+				zap.Int("of", len(order)), zap.Int64("bytes", done))
+		}
+	}
+	return weights, nil
+}
+
+// unpermuteRope undoes convert_hf_to_gguf.py's permute of a Llama q or k
+// projection (rows × cols, or a bias): within each head of d rows, row
+// 2j+half came from row half*d/2+j.
+func unpermuteRope(x []float32, heads int, shape []int) error {
+	rows := shape[0]
+	if heads <= 0 || rows%heads != 0 || (rows/heads)%2 != 0 {
+		return fmt.Errorf("%d rows do not split into %d heads of an even size", rows, heads)
+	}
+	cols := len(x) / rows
+	d := rows / heads
+	src := slices.Clone(x)
+	for h := range heads {
+		for half := range 2 {
+			for j := range d / 2 {
+				to := (h*d + half*d/2 + j) * cols
+				from := (h*d + 2*j + half) * cols
+				copy(x[to:to+cols], src[from:from+cols])
+			}
+		}
+	}
+	return nil
+}
+
+// fileTypeName is general.file_type's name (llama.cpp's llama_ftype), as
+// Ollama shows a model's quantization.
+func fileTypeName(ft uint64) string {
+	names := map[uint64]string{
+		0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1", 10: "Q2_K", 11: "Q3_K_S",
+		12: "Q3_K_M", 13: "Q3_K_L", 14: "Q4_K_S", 15: "Q4_K_M", 16: "Q5_K_S", 17: "Q5_K_M", 18: "Q6_K", 32: "BF16",
+	}
+	if n, ok := names[ft]; ok {
+		return n
+	}
+	return "file type " + strconv.FormatUint(ft, 10)
+}
