@@ -302,9 +302,9 @@ func (d *decoder) take(n int64) ([]byte, error) {
 		return b, nil
 	}
 	if d.winBuf == nil {
-		d.winBuf = make([]byte, windowBytes)
+		d.winBuf = make([]byte, min(windowBytes, d.left()))
 	}
-	d.win = d.winBuf[:min(windowBytes, d.left())]
+	d.win = d.winBuf[:min(int64(len(d.winBuf)), d.left())]
 	d.winOff = d.pos
 	if err := d.read(d.win, d.pos); err != nil {
 		d.win = nil
@@ -391,9 +391,12 @@ const (
 )
 
 func (d *decoder) file() (*File, error) {
+	if d.size < 4 {
+		return nil, d.errf("%d bytes: too short for a GGUF header", d.size)
+	}
 	magic, err := d.take(4)
 	if err != nil {
-		return nil, d.errf("%d bytes: too short for a GGUF header", d.size)
+		return nil, err
 	}
 	switch string(magic) {
 	case Magic:
