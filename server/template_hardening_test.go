@@ -1,12 +1,9 @@
 package server
 
 import (
-	"encoding/json"
 	"errors"
 	"io"
 	"net/http"
-	"os"
-	"path/filepath"
 	"runtime"
 	"strings"
 	"sync/atomic"
@@ -16,6 +13,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
+
+	"github.com/brokerd/brokerd/bench/modelkit"
 
 	brokerv1 "github.com/brokerd/brokerd/proto/broker/v1"
 )
@@ -32,42 +31,11 @@ func byteTokenizerDir(t *testing.T, repo, name, tmpl string, modelVocab int) {
 	writeTinyLlamaVocab(t, repo, name, modelVocab, 257)
 }
 
-// writeByteTokenizer writes byteTokenizerDir's tokenizer.json and
-// tokenizer_config.json into dir.
+// writeByteTokenizer writes modelkit's byte-level tokenizer into dir.
 func writeByteTokenizer(t *testing.T, dir, tmpl string) {
 	t.Helper()
-	// GPT-2's byte-to-unicode map: printable bytes stand for themselves,
-	// the others for code points from U+0100 on.
-	vocab := map[string]int{}
-	next := 0
-	for b := 0; b < 256; b++ {
-		r := rune(b)
-		if !(b >= '!' && b <= '~' || b >= 0xA1 && b <= 0xAC || b >= 0xAE) {
-			r = rune(256 + next)
-			next++
-		}
-		vocab[string(r)] = b
-	}
-	tj, err := json.Marshal(map[string]any{
-		"added_tokens": []any{
-			map[string]any{"id": 256, "content": "<|im_start|>", "special": true},
-			map[string]any{"id": 257, "content": "<|im_end|>", "special": true},
-		},
-		"pre_tokenizer": map[string]any{"type": "ByteLevel", "add_prefix_space": false, "use_regex": false},
-		"decoder":       map[string]any{"type": "ByteLevel"},
-		"model":         map[string]any{"type": "BPE", "vocab": vocab, "merges": []string{}},
-	})
-	if err != nil {
+	if err := modelkit.WriteByteTokenizer(dir, tmpl); err != nil {
 		t.Fatal(err)
-	}
-	cfg, err := json.Marshal(map[string]any{"eos_token": "<|im_end|>", "chat_template": tmpl})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for file, b := range map[string][]byte{"tokenizer.json": tj, "tokenizer_config.json": cfg} {
-		if err := os.WriteFile(filepath.Join(dir, file), b, 0o644); err != nil {
-			t.Fatal(err)
-		}
 	}
 }
 

@@ -29,7 +29,12 @@ const (
 
 	ggmlF32  = 0
 	ggmlF16  = 1
+	ggmlQ8_0 = 8
 	ggmlBF16 = 30
+
+	// A Q8_0 block: an f16 scale and 32 int8 quants.
+	q80Elems = 32
+	q80Bytes = 34
 
 	// llama.cpp token types.
 	tokenNormal      = 1
@@ -62,8 +67,10 @@ func WriteGGUF(dir, path, dtype string) (int64, error) {
 		ggType = ggmlF16
 	case "bf16":
 		ggType = ggmlBF16
+	case "q8_0":
+		ggType = ggmlQ8_0
 	default:
-		return 0, fmt.Errorf("gguf dtype %q: want f32, f16 or bf16", dtype)
+		return 0, fmt.Errorf("gguf dtype %q: want f32, f16, bf16 or q8_0", dtype)
 	}
 	var cfg struct {
 		Architectures []string `json:"architectures"`
@@ -115,7 +122,7 @@ func WriteGGUF(dir, path, dtype string) (int64, error) {
 	g.kv("general.architecture", ggufString, arch)
 	g.kv("general.name", ggufString, filepath.Base(filepath.Dir(dir)))
 	g.kv("general.alignment", ggufUint32, uint32(ggufAlignment))
-	g.kv("general.file_type", ggufUint32, map[uint32]uint32{ggmlF32: 0, ggmlF16: 1, ggmlBF16: 32}[ggType])
+	g.kv("general.file_type", ggufUint32, map[uint32]uint32{ggmlF32: 0, ggmlF16: 1, ggmlQ8_0: 7, ggmlBF16: 32}[ggType])
 	g.kv(arch+".block_count", ggufUint32, uint32(cfg.Layers))
 	g.kv(arch+".context_length", ggufUint32, uint32(cfg.MaxPositions))
 	g.kv(arch+".embedding_length", ggufUint32, uint32(cfg.Hidden))
@@ -204,6 +211,12 @@ func WriteGGUF(dir, path, dtype string) (int64, error) {
 			dims[len(dims)-1-j] = uint64(d)
 		}
 		size := uint64(ti.NumElements()) * map[uint32]uint64{ggmlF32: 4, ggmlF16: 2, ggmlBF16: 2}[t.typ]
+		if t.typ == ggmlQ8_0 {
+			if ti.NumElements()%q80Elems != 0 || ti.Shape[len(ti.Shape)-1]%q80Elems != 0 {
+				return 0, fmt.Errorf("gguf q8_0: %s has rows of %d, not a multiple of %d", t.hf, ti.Shape[len(ti.Shape)-1], q80Elems)
+			}
+			size = uint64(ti.NumElements()) / q80Elems * q80Bytes
+		}
 		infos[i] = ggufTensorInfo{name: t.name, dims: dims, typ: t.typ, offset: offset}
 		offset = alignUp(offset+size, ggufAlignment)
 	}
@@ -265,6 +278,10 @@ func permuteRope(x []float32, heads, cols int) {
 }
 
 func writeData(w io.Writer, x []float32, typ uint32) error {
+	if typ == ggmlQ8_0 {
+		_, err := w.Write(QuantizeQ8_0(x))
+		return err
+	}
 	const chunk = 1 << 16
 	var buf []byte
 	for i := 0; i < len(x); i += chunk {
@@ -451,3 +468,27 @@ func (c *countWriter) pad(align int64) error {
 }
 
 func alignUp(n, a uint64) uint64 { return (n + a - 1) / a * a }
+
+// QuantizeQ8_0 quantizes x (a multiple of 32 values) to ggml's Q8_0 blocks
+// as its reference quantize_row_q8_0_ref does: per block of 32, the scale
+// d = max|x|/127 stored as f16, and the quants round(x/d).
+func QuantizeQ8_0(x []float32) []byte {
+	out := make([]byte, 0, len(x)/q80Elems*q80Bytes)
+	for b := 0; b+q80Elems <= len(x); b += q80Elems {
+		blk := x[b : b+q80Elems]
+		amax := float32(0)
+		for _, v := range blk {
+			amax = max(amax, float32(math.Abs(float64(v))))
+		}
+		d := amax / 127
+		id := float32(0)
+		if d != 0 {
+			id = 1 / d
+		}
+		out = binary.LittleEndian.AppendUint16(out, safetensors.Float32ToF16(d))
+		for _, v := range blk {
+			out = append(out, byte(int8(math.Round(float64(v*id)))))
+		}
+	}
+	return out
+}

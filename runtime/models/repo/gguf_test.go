@@ -1,0 +1,142 @@
+package repo
+
+import (
+	"context"
+	"errors"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/brokerd/brokerd/bench/modelkit"
+	"github.com/brokerd/brokerd/runtime/gguf"
+	"github.com/brokerd/brokerd/runtime/models"
+)
+
+// ggufPair writes one random checkpoint as safetensors (name-st, f32) and
+// as a GGUF of dtype (name-gg) and returns their version directories.
+func ggufPair(t *testing.T, repoDir, arch, dtype string) (string, string) {
+	t.Helper()
+	tok := t.TempDir()
+	if err := modelkit.WriteByteTokenizer(tok, "{% for m in messages %}{{ m.content }}{% endfor %}"); err != nil {
+		t.Fatal(err)
+	}
+	st := filepath.Join(repoDir, arch+"-st", "1")
+	gg := filepath.Join(repoDir, arch+"-gg", "1")
+	for _, d := range []string{st, gg} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := modelkit.WriteLLM(st, modelkit.LLM{Arch: arch, Layers: 2, Hidden: 64, Heads: 4, KVHeads: 2, Intermediate: 96,
+		MaxPositions: 256, DType: "f32", Seed: 11, TokenizerDir: tok}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := modelkit.WriteGGUF(st, filepath.Join(gg, "model.gguf"), dtype); err != nil {
+		t.Fatal(err)
+	}
+	return st, gg
+}
+
+// TestGGUFQ8_0Weights: a Q8_0 GGUF's tensors load under the Hugging Face
+// names with the checkpoint's shapes, each value within Q8_0's rounding of
+// the f32 checkpoint (half a step of its block, the step's f16 rounding
+// included), Llama's q/k rows back in their order: a row in the wrong
+// place is off by the weights' own size, not by a rounding.
+func TestGGUFQ8_0Weights(t *testing.T) {
+	for _, arch := range []string{"llama", "qwen2", "qwen3"} {
+		t.Run(arch, func(t *testing.T) {
+			dir := t.TempDir()
+			st, _ := ggufPair(t, dir, arch, "q8_0")
+			r := openRepo(t, dir)
+			p, err := r.inspect(arch+"-gg", 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer p.close()
+			got, err := r.loadGGUF(context.Background(), p.llm.gguf, arch+"-gg")
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := map[string]models.Tensor{}
+			if err := readShard(context.Background(), filepath.Join(st, FileWeights), want); err != nil {
+				t.Fatal(err)
+			}
+			if len(got) != len(want) {
+				t.Fatalf("%d tensors, the checkpoint has %d", len(got), len(want))
+			}
+			for name, w := range want {
+				g, ok := got[name]
+				if !ok || !equalShapes(g.Shape, w.Shape) {
+					t.Fatalf("%s: shape %v, want %v", name, g.Shape, w.Shape)
+				}
+				for b := 0; b < len(w.Data); b += 32 {
+					blk := w.Data[b:min(b+32, len(w.Data))]
+					amax := 0.0
+					for _, v := range blk {
+						amax = max(amax, math.Abs(float64(v)))
+					}
+					tol := 0.6 * amax / 127 // 0.5 of a step, plus the f16 step's rounding
+					if len(w.Shape) == 1 {
+						tol = 0 // norms and biases stay f32
+					}
+					for i, v := range blk {
+						if d := math.Abs(float64(g.Data[b+i] - v)); d > tol {
+							t.Fatalf("%s[%d] = %g, checkpoint %g: off by %g, more than %g", name, b+i, g.Data[b+i], v, d, tol)
+						}
+					}
+				}
+			}
+		})
+	}
+}
+
+func equalShapes(a, b []int) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// TestGGUFRefusals: GGUF files the engine cannot serve are refused at
+// inspection, naming what is wrong, as INVALID_ARGUMENT-kind errors.
+func TestGGUFRefusals(t *testing.T) {
+	dir := t.TempDir()
+	_, gg := ggufPair(t, dir, "qwen3", "f16")
+	r := openRepo(t, dir)
+	if _, err := r.Load(context.Background(), "qwen3-gg", 1); err != nil {
+		t.Fatalf("the valid file: %v", err)
+	}
+	// Two .gguf files in one version directory.
+	b, err := os.ReadFile(filepath.Join(gg, "model.gguf"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(gg, "other.gguf"), b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Load(context.Background(), "qwen3-gg", 1); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "2 .gguf files") {
+		t.Errorf("two files: %v", err)
+	}
+	os.Remove(filepath.Join(gg, "other.gguf"))
+	// A truncated file.
+	if err := os.WriteFile(filepath.Join(gg, "model.gguf"), b[:len(b)/2], 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Load(context.Background(), "qwen3-gg", 1); !errors.Is(err, gguf.ErrInvalid) {
+		t.Errorf("a truncated file: %v", err)
+	}
+	// Not a GGUF at all.
+	if err := os.WriteFile(filepath.Join(gg, "model.gguf"), []byte("not a gguf file at all"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Load(context.Background(), "qwen3-gg", 1); !errors.Is(err, ErrInvalid) {
+		t.Errorf("not a GGUF: %v", err)
+	}
+}
