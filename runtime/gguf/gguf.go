@@ -161,6 +161,9 @@ type File struct {
 // Parse reads and checks the header of a GGUF file of size bytes read
 // through r; TensorData later reads tensor bytes through r.
 func Parse(r io.ReaderAt, size int64, lim Limits) (*File, error) {
+	if r == nil {
+		return nil, errors.New("gguf: Parse: nil reader")
+	}
 	return parse(r, nil, size, lim, "")
 }
 
@@ -220,16 +223,17 @@ func (f *File) TensorData(t *Tensor) ([]byte, error) {
 		return nil, fmt.Errorf("%w: tensor %q: bytes [%d, +%d) lie outside the %d-byte file", ErrInvalid, t.Name, t.Offset, t.Size, f.Size)
 	}
 	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.closed {
+	closed, data, r := f.closed, f.data, f.r
+	f.mu.Unlock()
+	if closed {
 		return nil, fmt.Errorf("gguf: tensor %q: file is closed", t.Name)
 	}
-	if f.data != nil {
+	if data != nil {
 		end := t.Offset + t.Size
-		return f.data[t.Offset:end:end], nil
+		return data[t.Offset:end:end], nil
 	}
 	buf := make([]byte, t.Size) // bounded by the file's size, checked above
-	if err := readFull(f.r, buf, t.Offset); err != nil {
+	if err := readFull(r, buf, t.Offset); err != nil {
 		return nil, fmt.Errorf("gguf: reading tensor %q at offset %d: %w", t.Name, t.Offset, err)
 	}
 	return buf, nil
@@ -751,23 +755,23 @@ func (d *decoder) tensorBytes(t *Tensor) (int64, error) {
 	if len(t.Dims) > 0 {
 		row = t.Dims[0]
 	}
-	rowBytes, err := t.Type.RowBytes(row)
-	if err != nil {
-		return 0, d.errf("dims %v: rows of %d elements are not a whole number of %d-element %s blocks", t.Dims, row, t.Type.BlockSize(), t.Type)
+	block := int64(t.Type.BlockSize())
+	if row%block != 0 {
+		return 0, d.errf("dims %v: rows of %d elements are not a whole number of %d-element %s blocks", t.Dims, row, block, t.Type)
 	}
 	if slices.Contains(t.Dims, 0) {
 		return 0, nil
 	}
-	size := rowBytes
-	for _, n := range t.Dims[min(1, len(t.Dims)):] {
+	// blocks per row × bytes per block × the other dims, each product
+	// bounded by the file's size.
+	size := row / block
+	factors := append([]int64{int64(t.Type.BlockBytes())}, t.Dims[min(1, len(t.Dims)):]...)
+	for _, n := range factors {
 		hi, lo := bits.Mul64(uint64(size), uint64(n))
 		if hi != 0 || lo > uint64(d.size) {
 			return 0, d.errf("dims %v of %s need more bytes than the %d-byte file holds", t.Dims, t.Type, d.size)
 		}
 		size = int64(lo)
-	}
-	if size > d.size {
-		return 0, d.errf("dims %v of %s need %d bytes, more than the %d-byte file holds", t.Dims, t.Type, size, d.size)
 	}
 	return size, nil
 }

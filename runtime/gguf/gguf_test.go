@@ -443,6 +443,7 @@ func TestHostile(t *testing.T) {
 		{"negative dim", withData(header(3, 1, 0).tinfo("w", []uint64{1 << 63}, 0, 0), 32), Limits{}, "dimension 0 is negative", nil},
 		{"dims overflow", withData(header(3, 1, 0).tinfo("w", []uint64{1 << 32, 1 << 32, 1 << 32, 1 << 32}, 0, 0), 32), Limits{}, "need more bytes than the", nil},
 		{"dims bigger than the file", withData(header(3, 1, 0).tinfo("w", []uint64{1 << 20, 1 << 20}, 0, 0), 32), Limits{}, "need more bytes than the", nil},
+		{"row of 2^62 F32", withData(header(3, 1, 0).tinfo("w", []uint64{1 << 62}, 0, 0), 32), Limits{}, "dims [4611686018427387904] of F32 need more bytes than the", nil},
 		{"row not whole blocks", withData(header(3, 1, 0).tinfo("w", []uint64{100, 2}, uint32(Q4_K), 0), 1024), Limits{}, "rows of 100 elements are not a whole number of 256-element Q4_K blocks", nil},
 		{"scalar of a block type", withData(header(3, 1, 0).tinfo("w", nil, uint32(Q8_0), 0), 64), Limits{}, "rows of 1 elements", nil},
 		{"unknown type", withData(header(3, 1, 0).tinfo("w", []uint64{32}, 99, 0), 64), Limits{}, `tensor "w": unknown ggml type 99`, ErrUnsupportedType},
@@ -619,6 +620,9 @@ func TestReaderErrors(t *testing.T) {
 	if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "shorter than its size") {
 		t.Errorf("short reader: %v", err)
 	}
+	if _, err := Parse(nil, 10, Limits{}); err == nil {
+		t.Error("Parse(nil reader) succeeded")
+	}
 	if _, err := Parse(bytes.NewReader(b), -1, Limits{}); !errors.Is(err, ErrInvalid) {
 		t.Errorf("negative size: %v", err)
 	}
@@ -753,4 +757,47 @@ func must[T any](v T, ok bool) any {
 		return "missing"
 	}
 	return v
+}
+
+// TestConcurrentTensorData reads every tensor from many goroutines, through
+// the mapping and through a ReaderAt (run with -race).
+func TestConcurrentTensorData(t *testing.T) {
+	b, want := validFile(3, 0, nil, sizableTypes())
+	path := filepath.Join(t.TempDir(), "m.gguf")
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	opened, err := Open(path, Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer opened.Close()
+	parsed, err := parseBytes(b, Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []*File{opened, parsed} {
+		errs := make(chan error, 8)
+		for g := range 8 {
+			go func() {
+				for k := range want {
+					i := (k + g) % len(want)
+					data, err := f.TensorData(&f.Tensors[i])
+					if err == nil && int64(len(data)) != want[i].Size {
+						err = errors.New("wrong size")
+					}
+					if err != nil {
+						errs <- err
+						return
+					}
+				}
+				errs <- nil
+			}()
+		}
+		for range 8 {
+			if err := <-errs; err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
 }
