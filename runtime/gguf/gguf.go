@@ -591,7 +591,7 @@ func (d *decoder) array(at int64, depth int) (Value, error) {
 	if n > uint64(d.lim.MaxArrayLen) {
 		return Value{}, d.errf("array at offset %d: %d elements exceed the limit of %d", at, n, d.lim.MaxArrayLen)
 	}
-	if n > uint64(d.left()/esize) {
+	if n > uint64(d.left()/esize) || n > math.MaxInt/8 {
 		return Value{}, d.errf("array at offset %d: %d %s elements need at least %d bytes each, the file has %d left", at, n, et, esize, d.left())
 	}
 	v := Value{Type: ValueArray, Elem: et}
