@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"runtime/debug"
 	"slices"
 	"strconv"
 	"strings"
@@ -75,7 +76,14 @@ type ggufPlan struct {
 
 // inspectGGUF opens a version's GGUF file and checks its metadata against
 // the same limits as config.json, without reading its tensors.
-func (p *plan) inspectGGUF(path string) (*llmPlan, error) {
+func (p *plan) inspectGGUF(path string) (lp *llmPlan, err error) {
+	// The header is read through the file's mapping (see loadGGUF).
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		if r := recover(); r != nil {
+			lp, err = nil, fmt.Errorf("%w: %s changed while it was read: %v", errInvalidGGUF, path, r)
+		}
+	}()
 	if _, err := p.r.regular(path, 0); err != nil {
 		return nil, err
 	}
@@ -98,7 +106,7 @@ func (p *plan) inspectGGUF(path string) (*llmPlan, error) {
 		f.Close()
 		return nil, err
 	}
-	lp := &llmPlan{config: raw, gguf: gp}
+	lp = &llmPlan{config: raw, gguf: gp}
 	if err := json.Unmarshal(raw, &lp.sizes); err != nil {
 		f.Close()
 		return nil, err
@@ -317,14 +325,22 @@ func ggufName(name string) (string, bool) {
 
 // loadGGUF reads the tensors of a checked GGUF version, dequantized to
 // float32, under their Hugging Face names.
-func (r *Repo) loadGGUF(ctx context.Context, gp *ggufPlan, name string) (map[string]models.Tensor, error) {
+func (r *Repo) loadGGUF(ctx context.Context, gp *ggufPlan, name string) (weights map[string]models.Tensor, err error) {
+	// The file is memory-mapped: truncated while it is read, the access
+	// past its new end faults. That must fail this load, not the process.
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		if p := recover(); p != nil {
+			weights, err = nil, fmt.Errorf("%w: %s changed while it was read: %v", errInvalidGGUF, gp.path, p)
+		}
+	}()
 	f := gp.file
 	order := make([]*gguf.Tensor, 0, len(f.Tensors))
 	for i := range f.Tensors {
 		order = append(order, &f.Tensors[i])
 	}
 	slices.SortFunc(order, func(a, b *gguf.Tensor) int { return cmp.Compare(a.Offset, b.Offset) })
-	weights := make(map[string]models.Tensor, len(order))
+	weights = make(map[string]models.Tensor, len(order))
 	var done int64
 	for i, t := range order {
 		if err := ctx.Err(); err != nil {

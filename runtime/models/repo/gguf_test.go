@@ -140,3 +140,23 @@ func TestGGUFRefusals(t *testing.T) {
 		t.Errorf("not a GGUF: %v", err)
 	}
 }
+
+// TestGGUFTruncatedWhileMapped: a file cut short between its inspection
+// and the read of its tensors faults on the mapping; the load fails with
+// an error instead of the process dying of SIGBUS.
+func TestGGUFTruncatedWhileMapped(t *testing.T) {
+	dir := t.TempDir()
+	_, gg := ggufPair(t, dir, "qwen2", "q8_0")
+	r := openRepo(t, dir)
+	p, err := r.inspect("qwen2-gg", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.close()
+	if err := os.Truncate(filepath.Join(gg, "model.gguf"), 4096); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.loadGGUF(context.Background(), p.llm.gguf, "qwen2-gg"); !errors.Is(err, gguf.ErrInvalid) || !strings.Contains(err.Error(), "changed while it was read") {
+		t.Fatalf("load of a truncated mapping: %v", err)
+	}
+}
