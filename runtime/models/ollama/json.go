@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"reflect"
 )
 
 // maxJSONDepth bounds the nesting of the JSON files read (a manifest is
@@ -22,11 +23,30 @@ func strictJSON(b []byte, v any) error {
 	if err := json.Unmarshal(b, v); err != nil {
 		var te *json.UnmarshalTypeError
 		if errors.As(err, &te) {
-			return fmt.Errorf("%s is a JSON %s, not a %s", fieldName(te), te.Value, te.Type)
+			return fmt.Errorf("%s is a JSON %s, not %s", fieldName(te), te.Value, jsonKind(te.Type))
 		}
 		return err
 	}
 	return nil
+}
+
+// jsonKind is what JSON a Go type reads.
+func jsonKind(t reflect.Type) string {
+	switch t.Kind() {
+	case reflect.Struct, reflect.Map:
+		return "an object"
+	case reflect.Slice, reflect.Array:
+		return "an array"
+	case reflect.String:
+		return "a string"
+	case reflect.Bool:
+		return "true or false"
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64, reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return "an integer"
+	case reflect.Float32, reflect.Float64:
+		return "a number"
+	}
+	return t.String()
 }
 
 func fieldName(te *json.UnmarshalTypeError) string {

@@ -123,7 +123,7 @@ func parseParams(b []byte) (Params, error) {
 // Modelfile parser reads integer options with strconv.ParseInt).
 func jsonInt(v []byte, lo, hi int64) (int64, error) {
 	var num json.Number
-	if err := json.Unmarshal(v, &num); err != nil {
+	if len(v) == 0 || v[0] == '"' || json.Unmarshal(v, &num) != nil {
 		return 0, fmt.Errorf("%s: want an integer", clip(v))
 	}
 	if i, err := strconv.ParseInt(string(num), 10, 64); err == nil {
