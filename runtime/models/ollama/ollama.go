@@ -653,7 +653,11 @@ func (s *Store) checkBlob(l layer) (string, error) {
 		return "", err
 	}
 	if st.Size() != l.Size {
-		return "", fmt.Errorf("%w: %s is %d bytes, the manifest says %d (a partial download?)", ErrInvalid, blobName(l.Digest), st.Size(), l.Size)
+		why := ""
+		if st.Size() < l.Size {
+			why = " (a partial download?)"
+		}
+		return "", fmt.Errorf("%w: %s is %d bytes, the manifest says %d%s", ErrInvalid, blobName(l.Digest), st.Size(), l.Size, why)
 	}
 	return real, nil
 }
