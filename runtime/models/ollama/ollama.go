@@ -119,7 +119,7 @@ type Store struct {
 
 	mu       sync.Mutex
 	verified map[blobKey]struct{}
-	inflight map[string]chan struct{} // by path: a verification under way
+	inflight map[string]*verification // by path
 }
 
 // Open opens the store in dir (Ollama's OLLAMA_MODELS, ~/.ollama/models by
@@ -152,7 +152,7 @@ func Open(dir string, lim Limits) (*Store, error) {
 	if !exists(filepath.Join(root, "manifests")) && !exists(filepath.Join(root, "blobs")) && exists(filepath.Join(root, "models", "manifests")) {
 		return nil, fmt.Errorf("ollama: %s holds no manifests/ but models/manifests/: the store is %s", dir, filepath.Join(dir, "models"))
 	}
-	return &Store{dir: abs, root: root, lim: lim, verified: map[blobKey]struct{}{}, inflight: map[string]chan struct{}{}}, nil
+	return &Store{dir: abs, root: root, lim: lim, verified: map[blobKey]struct{}{}, inflight: map[string]*verification{}}, nil
 }
 
 func exists(path string) bool {

@@ -17,12 +17,12 @@ type blobKey struct {
 	mtime int64 // UnixNano
 }
 
-// Verify block size, and how often progress is reported.
-const (
-	verifyChunk    = 1 << 20
-	progressEvery  = 64 << 20
-	verifyCtxEvery = 8 // chunks between context checks
-)
+// verifyChunk is Verify's read size; it checks its context after each.
+const verifyChunk = 1 << 20
+
+// progressEvery is how many bytes Verify reads between progress reports
+// (a variable for the tests).
+var progressEvery int64 = 64 << 20
 
 // Verify checks that m's GGUF blob is what its digest says: its sha256,
 // streamed (files are gigabytes), reported to progress (if not nil) as
@@ -54,34 +54,51 @@ func (s *Store) Verify(ctx context.Context, m Model, progress func(done, total i
 			f.Close()
 			return nil
 		}
-		if wait, ok := s.inflight[key.path]; ok {
+		if v, ok := s.inflight[key.path]; ok {
 			s.mu.Unlock()
 			f.Close()
 			select {
-			case <-wait:
-				continue // verified by the other call, or try again
+			case <-v.done:
 			case <-ctx.Done():
 				return ctx.Err()
 			}
+			// The other call's failure is this one's when it read the same
+			// file for the same digest; else (it succeeded, was cancelled,
+			// or read another file) look again.
+			if v.err != nil && !v.cancelled && v.key == key && v.digest == m.Digest {
+				return &modelError{name: m.Name, err: v.err}
+			}
+			continue
 		}
-		done := make(chan struct{})
-		s.inflight[key.path] = done
+		v := &verification{done: make(chan struct{}), key: key, digest: m.Digest}
+		s.inflight[key.path] = v
 		s.mu.Unlock()
 
 		err = s.hash(ctx, f, key, m, progress)
 		f.Close()
+		v.err = err
+		v.cancelled = err != nil && errors.Is(err, ctx.Err())
 		s.mu.Lock()
 		if err == nil {
 			s.verified[key] = struct{}{}
 		}
 		delete(s.inflight, key.path)
 		s.mu.Unlock()
-		close(done)
-		if err != nil && !errors.Is(err, ctx.Err()) {
+		close(v.done)
+		if err != nil && !v.cancelled {
 			return &modelError{name: m.Name, err: err}
 		}
 		return err
 	}
+}
+
+// verification is one under way: its result is set before done closes.
+type verification struct {
+	done      chan struct{}
+	key       blobKey
+	digest    string
+	err       error
+	cancelled bool
 }
 
 // openBlob opens m's blob and checks its size.
@@ -109,11 +126,9 @@ func (s *Store) hash(ctx context.Context, f *os.File, key blobKey, m Model, prog
 	if progress != nil {
 		progress(0, key.size)
 	}
-	for i := 0; ; i++ {
-		if i%verifyCtxEvery == 0 {
-			if err := ctx.Err(); err != nil {
-				return err
-			}
+	for {
+		if err := ctx.Err(); err != nil {
+			return err
 		}
 		n, err := f.Read(buf)
 		h.Write(buf[:n])
@@ -131,6 +146,9 @@ func (s *Store) hash(ctx context.Context, f *os.File, key blobKey, m Model, prog
 		if err != nil {
 			return fmt.Errorf("%w: %s cannot be read: %s", ErrInvalid, blobName(m.Digest), errText(err))
 		}
+	}
+	if err := ctx.Err(); err != nil {
+		return err
 	}
 	if done != key.size {
 		return fmt.Errorf("%w: %s shrank to %d bytes while verified (%d before)", ErrInvalid, blobName(m.Digest), done, key.size)
