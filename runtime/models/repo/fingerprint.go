@@ -26,6 +26,9 @@ func (r *Repo) Fingerprint(name string, version int64) (string, error) {
 }
 
 func (r *Repo) fingerprintOf(name string, version int64) (string, error) {
+	if m, ok := r.ollamaModel(name); ok {
+		return r.ollamaFingerprint(m, version)
+	}
 	if !validName(name) {
 		return "", fmt.Errorf("%w: name %q: want a plain directory name (no separators, not hidden)", ErrInvalid, name)
 	}

@@ -76,14 +76,7 @@ type ggufPlan struct {
 
 // inspectGGUF opens a version's GGUF file and checks its metadata against
 // the same limits as config.json, without reading its tensors.
-func (p *plan) inspectGGUF(path string) (lp *llmPlan, err error) {
-	// The header is read through the file's mapping (see loadGGUF).
-	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
-	defer func() {
-		if r := recover(); r != nil {
-			lp, err = nil, fmt.Errorf("%w: %s changed while it was read: %v", errInvalidGGUF, path, r)
-		}
-	}()
+func (p *plan) inspectGGUF(path string) (*llmPlan, error) {
 	if _, err := p.r.regular(path, 0); err != nil {
 		return nil, err
 	}
@@ -91,6 +84,19 @@ func (p *plan) inspectGGUF(path string) (lp *llmPlan, err error) {
 	if err != nil {
 		return nil, err
 	}
+	return p.inspectGGUFAt(path, real)
+}
+
+// inspectGGUFAt is inspectGGUF of a file already checked to be a regular
+// file where it may be read (real, named path in errors). The header is
+// read through the file's mapping (see loadGGUF).
+func (p *plan) inspectGGUFAt(path, real string) (lp *llmPlan, err error) {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		if r := recover(); r != nil {
+			lp, err = nil, fmt.Errorf("%w: %s changed while it was read: %v", errInvalidGGUF, path, r)
+		}
+	}()
 	f, err := gguf.Open(real, gguf.Limits{})
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)

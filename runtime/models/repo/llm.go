@@ -186,6 +186,11 @@ func (p *plan) shardFiles() ([]string, error) {
 
 // loadLLM reads a checked LLM version into its model.
 func (r *Repo) loadLLM(ctx context.Context, p *plan, lp *llmPlan, name string, version int64) (*Loaded, error) {
+	return r.loadLLMWith(ctx, p, lp, name, version, r.maxContext)
+}
+
+// loadLLMWith is loadLLM with a context cap of its own (0: none).
+func (r *Repo) loadLLMWith(ctx context.Context, p *plan, lp *llmPlan, name string, version int64, maxContext int) (*Loaded, error) {
 	weights := map[string]models.Tensor{}
 	for _, path := range lp.shards {
 		if err := ctx.Err(); err != nil {
@@ -195,7 +200,7 @@ func (r *Repo) loadLLM(ctx context.Context, p *plan, lp *llmPlan, name string, v
 			return nil, err
 		}
 	}
-	opts := llm.ModelOptions{Name: name, Version: version, GenerationConfig: lp.generation, MaxContext: r.maxContext}
+	opts := llm.ModelOptions{Name: name, Version: version, GenerationConfig: lp.generation, MaxContext: maxContext}
 	if gp := lp.gguf; gp != nil {
 		var err error
 		if weights, err = r.loadGGUF(ctx, gp, name); err != nil {

@@ -21,6 +21,7 @@ import (
 
 	"github.com/brokerd/brokerd/runtime/models"
 	"github.com/brokerd/brokerd/runtime/models/llm"
+	"github.com/brokerd/brokerd/runtime/models/ollama"
 	"github.com/brokerd/brokerd/runtime/models/tokenizer"
 )
 
@@ -57,6 +58,7 @@ type Repo struct {
 	log        *zap.Logger
 	tokenizers TokenizerLoader // LLM tokenizers; nil: LLMs load without one
 	maxContext int             // caps LLMs' context below max_position_embeddings; 0: none
+	ollama     *ollama.Store   // Ollama's store, served beside the repository (nil: none)
 }
 
 // WithMaxContext caps decoder LLMs' context length (tokens): Llama 3.2
@@ -162,7 +164,11 @@ func (r *Repo) List() []Entry {
 		}
 		out = append(out, e)
 	}
-	return out
+	taken := map[string]bool{}
+	for _, e := range out {
+		taken[e.Name] = true
+	}
+	return append(out, r.ollamaEntries(taken)...)
 }
 
 // versions lists the numbered (positive integer) subdirectories of a model.
@@ -249,6 +255,9 @@ func (r *Repo) Load(ctx context.Context, name string, version int64) (*Loaded, e
 }
 
 func (r *Repo) loadAny(ctx context.Context, name string, version int64) (*Loaded, error) {
+	if m, ok := r.ollamaModel(name); ok {
+		return r.loadOllama(ctx, m, version)
+	}
 	if !validName(name) {
 		return nil, fmt.Errorf("%w: name %q: want a plain directory name (no separators, not hidden)", ErrInvalid, name)
 	}

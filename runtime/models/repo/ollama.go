@@ -1,0 +1,178 @@
+package repo
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"go.uber.org/zap"
+
+	"github.com/brokerd/brokerd/runtime/models/ollama"
+)
+
+// Models of Ollama's store (runtime/models/ollama) are served beside the
+// repository's own, read-only, under Ollama's names with ":latest" left
+// out as brokerd's HTTP APIs leave it out (qwen2.5:0.5b, qwen2.5,
+// myuser/mymodel:q8). Each is one version (1): its GGUF blob, verified
+// against its digest before first use, read as a .gguf version directory
+// is; its params become the model's default sampling and its num_ctx caps
+// the context. A repository directory of the same name wins.
+//
+// Not yet: the params' stop strings, the system prompt and messages
+// layers, and Ollama's Go template (used only for a GGUF without a Jinja
+// chat template; such a model serves Generate but not Chat).
+
+// WithOllamaStore serves the models of an Ollama store too.
+func WithOllamaStore(s *ollama.Store) Option { return func(r *Repo) { r.ollama = s } }
+
+// ollamaName is the name a store model is served under.
+func ollamaName(m ollama.Model) string { return strings.TrimSuffix(m.Name, ":latest") }
+
+// ollamaModel finds name in the store when it is no model directory of the
+// repository.
+func (r *Repo) ollamaModel(name string) (ollama.Model, bool) {
+	if r.ollama == nil || (validName(name) && r.modelDir(name) == nil) {
+		return ollama.Model{}, false
+	}
+	m, err := r.ollama.Lookup(name)
+	if err != nil {
+		return ollama.Model{}, false
+	}
+	return m, true
+}
+
+// Canonical is the name a model is served under: a repository model's
+// name as it is, a store model's in any form Ollama accepts (qwen2.5,
+// qwen2.5:latest, library/qwen2.5:latest) as the one it is listed under.
+func (r *Repo) Canonical(name string) string {
+	if m, ok := r.ollamaModel(name); ok {
+		return ollamaName(m)
+	}
+	return name
+}
+
+// ollamaEntries lists the store's models that no repository model shadows.
+func (r *Repo) ollamaEntries(taken map[string]bool) []Entry {
+	if r.ollama == nil {
+		return nil
+	}
+	var out []Entry
+	for _, m := range r.ollama.List() {
+		name := ollamaName(m)
+		if taken[name] {
+			continue
+		}
+		e := Entry{Name: name, Kind: "llm", Versions: []int64{1}}
+		if m.Err != nil {
+			e.Errs = map[int64]error{1: m.Err}
+		}
+		out = append(out, e)
+	}
+	return out
+}
+
+// ollamaFingerprint identifies a store model as it is now: its manifest
+// (whose digest names every layer) and its blob's size and time.
+func (r *Repo) ollamaFingerprint(m ollama.Model, version int64) (string, error) {
+	if version != 1 {
+		return "", fmt.Errorf("%w: %s is one version (1) of Ollama's store, not %d", ErrNotFound, ollamaName(m), version)
+	}
+	st, err := os.Stat(m.Path)
+	if err != nil {
+		return "", fmt.Errorf("%w: %s: its model blob: %w", ErrInvalid, ollamaName(m), err)
+	}
+	h := sha256.Sum256([]byte(m.ManifestDigest + "\x00" + m.Path + "\x00" + strconv.FormatInt(st.Size(), 10) + "\x00" + st.ModTime().String()))
+	return hex.EncodeToString(h[:]), nil
+}
+
+// loadOllama reads a store model: the blob verified (once: the store
+// remembers it), then as a GGUF version.
+func (r *Repo) loadOllama(ctx context.Context, m ollama.Model, version int64) (*Loaded, error) {
+	name := ollamaName(m)
+	if version != 0 && version != 1 {
+		return nil, fmt.Errorf("%w: %s is one version (1) of Ollama's store, not %d", ErrNotFound, name, version)
+	}
+	if m.Err != nil {
+		return nil, m.Err
+	}
+	fp, err := r.ollamaFingerprint(m, 1)
+	if err != nil {
+		return nil, err
+	}
+	if !r.ollama.Verified(m) {
+		r.log.Info("verifying the Ollama model's blob", zap.String("model", name), zap.String("digest", m.Digest), zap.Int64("bytes", m.Size))
+	}
+	last := int64(-1)
+	err = r.ollama.Verify(ctx, m, func(done, total int64) {
+		if pct := done * 10 / max(total, 1); pct != last {
+			last = pct
+			r.log.Info("verifying the Ollama model's blob", zap.String("model", name), zap.Int64("done_bytes", done), zap.Int64("of", total))
+		}
+	})
+	if err != nil {
+		return nil, err
+	}
+	p := &plan{r: r, dir: filepath.Dir(m.Path), kind: "llm"}
+	lp, err := p.inspectGGUFAt(m.Path, m.Path)
+	if err != nil {
+		return nil, err
+	}
+	p.llm = lp
+	defer p.close()
+	if lp.generation, err = ollamaGeneration(m.Params); err != nil {
+		return nil, fmt.Errorf("%w: %s: params: %w", ollama.ErrInvalid, name, err)
+	}
+	l, err := r.loadLLMWith(ctx, p, lp, name, 1, ollamaContext(m.Params, r.maxContext))
+	if l != nil {
+		l.Fingerprint = fp
+	}
+	return l, err
+}
+
+// ollamaContext is the context cap: the params' num_ctx under the
+// repository's own cap.
+func ollamaContext(p ollama.Params, repoCap int) int {
+	if p.NumCtx == nil || *p.NumCtx <= 0 {
+		return repoCap
+	}
+	if repoCap > 0 {
+		return min(repoCap, *p.NumCtx)
+	}
+	return *p.NumCtx
+}
+
+// ollamaGeneration writes the params' sampling options as the
+// generation_config.json the engine takes its defaults from. Ollama
+// samples unless told otherwise: its defaults (api.DefaultOptions:
+// temperature 0.8, top_k 40, top_p 0.9) fill what the params leave out. Its
+// repeat_penalty applies to the last repeat_last_n tokens, which the
+// engine's repetition penalty does not model: only an explicit one is
+// taken.
+func ollamaGeneration(p ollama.Params) ([]byte, error) {
+	g := map[string]any{"do_sample": true, "temperature": float32(0.8), "top_k": 40, "top_p": float32(0.9)}
+	if p.Temperature != nil {
+		g["temperature"] = *p.Temperature
+	}
+	if p.TopP != nil {
+		g["top_p"] = *p.TopP
+	}
+	if p.TopK != nil {
+		g["top_k"] = *p.TopK
+	}
+	if p.MinP != nil {
+		g["min_p"] = *p.MinP
+	}
+	if p.RepeatPenalty != nil {
+		g["repetition_penalty"] = *p.RepeatPenalty
+	}
+	if p.NumPredict != nil && *p.NumPredict > 0 {
+		g["max_new_tokens"] = *p.NumPredict
+	}
+	return json.Marshal(g)
+}
