@@ -1,0 +1,387 @@
+// Matrix products with GGUF block-quantized weights; see qgemm.h.
+//
+// The activations are quantized once per call into scratch, one row of X
+// after another (each row padded to 64 bytes):
+//   a32 (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0), k = 32*nb:
+//     int8 q[k] | f32 d[nb] | f32 s[nb]           x ≈ d*q, s = d*sum(q of the block)
+//   ak (Q4_K, Q5_K, Q6_K), k = 256*nb:
+//     int8 q[k] | f32 d[nb] | int16 bs[16*nb]     x ≈ d*q, bs = sums of q per 16
+// with d = amax/127 and q = round-half-even(x * (127/amax)) per block of 32
+// (256), as ggml's quantize_row_q8_0 and quantize_row_q8_K do but with f32
+// scales: |x - d*q| <= d/2 (plus rounding of d), so a product's error from
+// this step is at most sum over blocks of d/2 * sum |w| — the bound the
+// tests use. A block holding an infinity or NaN gets d = s = NaN.
+//
+// A weight block decodes to u8 values v with w = a*v + o (a, o per block,
+// per 32 or per 16 elements), so X·Wᵀ sums a*dx*(Σ v*q) + o*dx*(Σ q): the
+// first in integers, the second from s or bs.
+
+#include "qgemm.h"
+
+#include <float.h>
+#include <immintrin.h>
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+static inline __attribute__((always_inline)) uint16_t le16(const uint8_t *p) {
+    return (uint16_t)(p[0] | p[1] << 8);
+}
+
+static inline __attribute__((always_inline)) uint32_t le32(const uint8_t *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+// The weight types: ggml's number, elements and bytes per block, and
+// whether the activations take the ak layout.
+typedef struct {
+    int type, elems, bytes, k;
+} bd_qtype;
+
+static const bd_qtype qtypes[] = {
+    {2, 32, 18, 0},   // Q4_0
+    {3, 32, 20, 0},   // Q4_1
+    {6, 32, 22, 0},   // Q5_0
+    {7, 32, 24, 0},   // Q5_1
+    {8, 32, 34, 0},   // Q8_0
+    {12, 256, 144, 1}, // Q4_K
+    {13, 256, 176, 1}, // Q5_K
+    {14, 256, 210, 1}, // Q6_K
+};
+
+static const bd_qtype *qtype_of(int type) {
+    for (size_t i = 0; i < sizeof qtypes / sizeof qtypes[0]; i++)
+        if (qtypes[i].type == type) return &qtypes[i];
+    return NULL;
+}
+
+// Bytes of one quantized activation row of k elements, padded to 64.
+static int64_t xrow_bytes(const bd_qtype *t, int64_t k) {
+    const int64_t nb = k / t->elems;
+    const int64_t b = t->k ? k + 4 * nb + 32 * nb : k + 8 * nb;
+    return (b + 63) & ~(int64_t)63;
+}
+
+// ---- The portable variant: the same integers and scales in plain C. ----
+
+static inline float fp16_f(uint16_t h) {
+    // ggml's GGML_FP16_TO_FP32 (exact for every half), as in dequant.c.
+    const uint32_t w = (uint32_t)h << 16, sign = w & 0x80000000u, two_w = w + w;
+    uint32_t u;
+    float f;
+    if (two_w < (1u << 27)) {
+        u = (two_w >> 17) | (126u << 23);
+        memcpy(&f, &u, 4);
+        f -= 0.5f;
+    } else {
+        u = (two_w >> 4) + (0xE0u << 23);
+        memcpy(&f, &u, 4);
+        f *= 0x1.0p-112f;
+    }
+    memcpy(&u, &f, 4);
+    u |= sign;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static inline float h2f(const uint8_t *p) { return fp16_f(le16(p)); }
+
+// Quantizes n (32 or 256) floats; returns d (NaN for a non-finite block,
+// whose q are then zeros).
+static float quant_block_base(const float *x, int n, int8_t *q) {
+    float amax = 0.0f;
+    int bad = 0;
+    for (int i = 0; i < n; i++) {
+        const float a = fabsf(x[i]);
+        bad |= !(a <= FLT_MAX);
+        if (a > amax) amax = a;
+    }
+    if (bad) {
+        memset(q, 0, (size_t)n);
+        return NAN;
+    }
+    const float d = amax / 127.0f, id = amax != 0.0f ? 127.0f / amax : 0.0f;
+    for (int i = 0; i < n; i++) q[i] = (int8_t)lrintf(x[i] * id);
+    return d;
+}
+
+static void quant_a32_base(const float *x, int64_t nb, uint8_t *row) {
+    int8_t *q = (int8_t *)row;
+    float *dd = (float *)(row + 32 * nb), *ss = dd + nb;
+    for (int64_t b = 0; b < nb; b++) {
+        const float d = quant_block_base(x + 32 * b, 32, q + 32 * b);
+        int32_t sum = 0;
+        for (int i = 0; i < 32; i++) sum += q[32 * b + i];
+        dd[b] = d;
+        ss[b] = d * (float)sum;
+    }
+}
+
+static void quant_ak_base(const float *x, int64_t nb, uint8_t *row) {
+    int8_t *q = (int8_t *)row;
+    float *dd = (float *)(row + 256 * nb);
+    int16_t *bs = (int16_t *)(dd + nb);
+    for (int64_t b = 0; b < nb; b++) {
+        dd[b] = quant_block_base(x + 256 * b, 256, q + 256 * b);
+        for (int g = 0; g < 16; g++) {
+            int32_t sum = 0;
+            for (int i = 0; i < 16; i++) sum += q[256 * b + 16 * g + i];
+            bs[16 * b + g] = (int16_t)sum;
+        }
+    }
+}
+
+// Decodes one weight block of a 32-block type: v (u8, or the signed q of
+// Q8_0), the scale a and the offset o.
+static void decode32_base(int type, const uint8_t *w, int16_t v[32], float *a, float *o) {
+    const uint8_t *qs;
+    uint32_t qh = 0;
+    switch (type) {
+    case 2: *a = h2f(w); *o = -8.0f * *a; qs = w + 2; break;
+    case 3: *a = h2f(w); *o = h2f(w + 2); qs = w + 4; break;
+    case 6: *a = h2f(w); *o = -16.0f * *a; qh = le32(w + 2); qs = w + 6; break;
+    case 7: *a = h2f(w); *o = h2f(w + 2); qh = le32(w + 4); qs = w + 8; break;
+    default: // 8
+        *a = h2f(w);
+        *o = 0.0f;
+        for (int j = 0; j < 32; j++) v[j] = (int8_t)w[2 + j];
+        return;
+    }
+    for (int j = 0; j < 16; j++) {
+        v[j] = (int16_t)((qs[j] & 0x0f) | ((qh >> j) & 1) << 4);
+        v[j + 16] = (int16_t)((qs[j] >> 4) | ((qh >> (j + 16)) & 1) << 4);
+    }
+}
+
+static float dot32_base(int type, const uint8_t *w, int64_t nb, const uint8_t *xr) {
+    const int8_t *q = (const int8_t *)xr;
+    const float *dd = (const float *)(xr + 32 * nb), *ss = dd + nb;
+    const int bytes = qtype_of(type)->bytes;
+    float acc = 0.0f, off = 0.0f;
+    for (int64_t b = 0; b < nb; b++, w += bytes) {
+        int16_t v[32];
+        float a, o;
+        decode32_base(type, w, v, &a, &o);
+        int32_t s = 0;
+        for (int j = 0; j < 32; j++) s += v[j] * q[32 * b + j];
+        acc += a * dd[b] * (float)s;
+        off += o * ss[b];
+    }
+    return acc + off;
+}
+
+static void scales_k4_base(const uint8_t *q, uint8_t sc[8], uint8_t mn[8]) {
+    for (int j = 0; j < 4; j++) {
+        sc[j] = q[j] & 63;
+        mn[j] = q[j + 4] & 63;
+        sc[j + 4] = (q[j + 8] & 0x0f) | ((q[j] >> 6) << 4);
+        mn[j + 4] = (q[j + 8] >> 4) | ((q[j + 4] >> 6) << 4);
+    }
+}
+
+static float dotk_base(int type, const uint8_t *w, int64_t nb, const uint8_t *xr) {
+    const int8_t *q = (const int8_t *)xr;
+    const float *dd = (const float *)(xr + 256 * nb);
+    const int16_t *bsum = (const int16_t *)(dd + nb);
+    const int bytes = qtype_of(type)->bytes;
+    float acc = 0.0f, off = 0.0f;
+    for (int64_t b = 0; b < nb; b++, w += bytes, q += 256, bsum += 16) {
+        int32_t isum = 0;
+        if (type == 14) { // Q6_K: (d*sc)*(q6 - 32), a scale per 16
+            const uint8_t *ql = w, *qh = w + 128;
+            const int8_t *sc = (const int8_t *)(w + 192);
+            for (int e = 0; e < 256; e++) {
+                const int h = e / 128, g = (e % 128) / 32, l = e % 32;
+                const uint8_t lo = ql[64 * h + 32 * (g & 1) + l];
+                const int q6 = (g < 2 ? lo & 0x0f : lo >> 4) | ((qh[32 * h + l] >> (2 * g)) & 3) << 4;
+                isum += sc[e / 16] * q6 * q[e];
+            }
+            int32_t c = 0;
+            for (int j = 0; j < 16; j++) c += sc[j] * bsum[j];
+            acc += h2f(w + 208) * dd[b] * (float)(isum - 32 * c);
+            continue;
+        }
+        // Q4_K, Q5_K: (d*sc_j)*v - dmin*m_j per 32.
+        uint8_t sc[8], mn[8];
+        scales_k4_base(w + 4, sc, mn);
+        const uint8_t *qh = w + 16, *qs = w + (type == 13 ? 48 : 16);
+        int32_t ms = 0;
+        for (int e = 0; e < 256; e++) {
+            const int j = e / 32, l = e % 32;
+            int v = j & 1 ? qs[32 * (j / 2) + l] >> 4 : qs[32 * (j / 2) + l] & 0x0f;
+            if (type == 13) v |= ((qh[l] >> j) & 1) << 4;
+            isum += sc[j] * v * q[e];
+        }
+        for (int j = 0; j < 8; j++) ms += mn[j] * (bsum[2 * j] + bsum[2 * j + 1]);
+        acc += h2f(w) * dd[b] * (float)isum;
+        off -= h2f(w + 2) * dd[b] * (float)ms;
+    }
+    return acc + off;
+}
+
+// ---- The x86 variants: qgemm_x86.h compiled twice. ----
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+#define QV(n) n##_avx2
+#define QV_R 4
+#include "qgemm_x86.h"
+#undef QV
+#undef QV_R
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512dq,avx512vnni")
+#define QV(n) n##_vnni
+#define QV_R 8
+#define QV_VNNI 1
+#include "qgemm_x86.h"
+#undef QV
+#undef QV_R
+#undef QV_VNNI
+#pragma GCC pop_options
+
+// ---- Dispatch. ----
+
+typedef void (*bd_quantfn)(const float *x, int64_t nb, uint8_t *row);
+typedef void (*bd_rowsfn)(const uint8_t *w, int64_t nb, const uint8_t *xq, int64_t xs, int R, float *out);
+
+static bd_rowsfn rows_for(int type, int isa) {
+#define BD_PICK(name)                                                                     \
+    return isa == BD_ISA_AVX512 ? rows_##name##_vnni : rows_##name##_avx2;
+    switch (type) {
+    case 2: BD_PICK(q4_0)
+    case 3: BD_PICK(q4_1)
+    case 6: BD_PICK(q5_0)
+    case 7: BD_PICK(q5_1)
+    case 8: BD_PICK(q8_0)
+    case 12: BD_PICK(q4_K)
+    case 13: BD_PICK(q5_K)
+    case 14: BD_PICK(q6_K)
+    }
+    return NULL;
+#undef BD_PICK
+}
+
+int bd_qgemm_isa(void) {
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+            __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
+            __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx2") &&
+            __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
+        return BD_ISA_AVX512;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
+        return BD_ISA_AVX2;
+    return BD_ISA_BASE;
+}
+
+int64_t bd_qgemm_work_bytes(int wtype, int64_t k, int64_t m) {
+    const bd_qtype *t = qtype_of(wtype);
+    if (!t) return BD_QGEMM_UNSUPPORTED;
+    if (k <= 0 || m <= 0 || k > BD_QGEMM_MAX || m > BD_QGEMM_MAX || k % t->elems != 0)
+        return BD_QGEMM_SIZE;
+    const int64_t xs = xrow_bytes(t, k); // < 2.2 k
+    if (xs > BD_QGEMM_MAX / m) return BD_QGEMM_SIZE;
+    return xs * m;
+}
+
+// Rows of W one tile holds: about 512 KiB, so a tile stays in L2 while
+// every group of X's rows passes over it.
+#define BD_QGEMM_TILE_BYTES (512 << 10)
+
+// One task: rows [n0,n1) of W against rows [m0,m1) of X.
+static void qgemm_task(const bd_qtype *t, int isa, bd_rowsfn rows, int rmax,
+        const uint8_t *w, int64_t rowb, int64_t nb, const uint8_t *xq, int64_t xs,
+        int64_t n0, int64_t n1, int64_t m0, int64_t m1, float *y, int64_t ldy) {
+    int64_t tile = BD_QGEMM_TILE_BYTES / rowb;
+    if (tile < 8) tile = 8;
+    float out[8];
+    for (int64_t t0 = n0; t0 < n1; t0 += tile) {
+        const int64_t t1 = t0 + tile < n1 ? t0 + tile : n1;
+        for (int64_t g = m0; g < m1; g += rmax) {
+            const int R = (int)(m1 - g < rmax ? m1 - g : rmax);
+            const uint8_t *xg = xq + g * xs;
+            for (int64_t n = t0; n < t1; n++) {
+                const uint8_t *wr = w + n * rowb;
+                if (isa == BD_ISA_BASE) {
+                    for (int r = 0; r < R; r++)
+                        out[r] = t->k ? dotk_base(t->type, wr, nb, xg + r * xs)
+                                      : dot32_base(t->type, wr, nb, xg + r * xs);
+                } else {
+                    rows(wr, nb, xg, xs, R, out);
+                }
+                for (int r = 0; r < R; r++) y[(g + r) * ldy + n] = out[r];
+            }
+        }
+    }
+}
+
+// Work (multiply-adds) below which one thread runs the call.
+#define BD_QGEMM_PAR_MIN ((int64_t)1 << 18)
+
+int bd_qgemm(int wtype, const void *w, int64_t w_bytes, int64_t n_out,
+        int64_t k, const float *x, int64_t m, float *y, int64_t ldy,
+        int isa, int nthreads, void *work, int64_t work_bytes) {
+    const bd_qtype *t = qtype_of(wtype);
+    if (!t) return BD_QGEMM_UNSUPPORTED;
+    const int64_t need = bd_qgemm_work_bytes(wtype, k, m);
+    if (need < 0) return (int)need;
+    if (n_out <= 0 || n_out > BD_QGEMM_MAX || ldy < n_out || ldy > BD_QGEMM_MAX || nthreads < 1)
+        return BD_QGEMM_SIZE;
+    const int64_t nb = k / t->elems, rowb = nb * t->bytes;
+    if (rowb > BD_QGEMM_MAX / n_out || w_bytes != rowb * n_out) return BD_QGEMM_SIZE;
+    if (m - 1 > (BD_QGEMM_MAX - n_out) / ldy) return BD_QGEMM_SIZE; // (m-1)*ldy + n_out
+    if (k > BD_QGEMM_MAX / m) return BD_QGEMM_SIZE;                  // m*k
+    if (work && work_bytes < need) return BD_QGEMM_SIZE;
+    const int have = bd_qgemm_isa();
+    if (isa == BD_ISA_AUTO) isa = have;
+    if (isa < BD_ISA_BASE || isa > have) return BD_QGEMM_NO_ISA;
+
+    uint8_t *xq = work;
+    if (!xq) {
+        xq = aligned_alloc(64, (size_t)need);
+        if (!xq) return BD_QGEMM_NOMEM;
+    }
+    const int64_t xs = xrow_bytes(t, k);
+    bd_quantfn quant;
+    switch (isa) {
+    case BD_ISA_AVX512: quant = t->k ? quant_ak_vnni : quant_a32_vnni; break;
+    case BD_ISA_AVX2: quant = t->k ? quant_ak_avx2 : quant_a32_avx2; break;
+    default: quant = t->k ? quant_ak_base : quant_a32_base; break;
+    }
+    const bd_rowsfn rows = isa == BD_ISA_BASE ? NULL : rows_for(wtype, isa);
+    const int rmax = isa == BD_ISA_AVX512 ? 8 : isa == BD_ISA_AVX2 ? 4 : 8;
+
+    // Tasks: rows of W split between threads; rows of X too when W has
+    // too few rows (fewer than 16 a thread) to keep every thread busy.
+    double macs = (double)m * (double)n_out * (double)k;
+    int nt = macs < (double)BD_QGEMM_PAR_MIN ? 1 : nthreads;
+    int64_t tn = n_out / 16 < nt ? n_out / 16 : nt;
+    if (tn < 1) tn = 1;
+    int64_t tm = (nt + tn - 1) / tn;
+    const int64_t groups = (m + rmax - 1) / rmax;
+    if (tm > groups) tm = groups;
+    const int64_t tasks = tn * tm;
+    if (tasks < nt) nt = (int)tasks;
+
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+        // Quantize X: rows split between the threads (blocks of one row
+        // are not split: a row of 4864 takes about a microsecond).
+#pragma omp for schedule(static)
+        for (int64_t i = 0; i < m; i++) quant(x + i * k, nb, xq + i * xs);
+        // the implicit barrier of the for: every row is ready
+#pragma omp for schedule(static)
+        for (int64_t task = 0; task < tasks; task++) {
+            const int64_t in = task % tn, im = task / tn;
+            const int64_t n0 = n_out * in / tn, n1 = n_out * (in + 1) / tn;
+            // groups of rmax rows of X, split evenly
+            const int64_t g0 = groups * im / tm, g1 = groups * (im + 1) / tm;
+            const int64_t m0 = g0 * rmax, m1 = g1 * rmax < m ? g1 * rmax : m;
+            qgemm_task(t, isa, rows, rmax, w, rowb, nb, xq, xs, n0, n1, m0, m1, y, ldy);
+        }
+    }
+    if (!work) free(xq);
+    return BD_QGEMM_OK;
+}

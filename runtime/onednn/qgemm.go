@@ -1,0 +1,85 @@
+package onednn
+
+/*
+#include "qgemm.h"
+*/
+import "C"
+
+import (
+	"errors"
+	"fmt"
+	"unsafe"
+
+	"github.com/brokerd/brokerd/runtime/quant"
+)
+
+// qgemmISA is the variant qgemm's isaAuto runs on this CPU (isaAVX512 only
+// with AVX512-VNNI).
+func qgemmISA() isa { return isa(C.bd_qgemm_isa()) }
+
+// errQgemmSize is qgemm's refusal of sizes that do not fit together.
+var errQgemmSize = errors.New("onednn: qgemm: sizes do not fit")
+
+// qgemm is qgemm.c's bd_qgemm: y[i*ldy+j] = Σ_l x[i*k+l] · W[j][l] for i < m,
+// j < nOut, W being w's nOut rows of k elements of type t in GGUF block
+// layout. threads OpenMP threads share the work; v picks the variant. The
+// engine will call the C function per matmul with its own buffers; this
+// wrapper is for the tests and benchmarks (test files cannot use cgo): it
+// checks the Go slices' lengths, and C checks the sizes against each
+// other. x, w and y are Go memory: C reads and writes them only during the
+// call.
+func qgemm(t quant.Type, w []byte, nOut, k int, x []float32, m int, y []float32, ldy int, v isa, threads int) error {
+	if m < 0 || k < 0 || nOut < 0 || ldy < 0 ||
+		(m > 0 && k > 0 && len(x)/m < k) ||
+		(m > 0 && nOut > 0 && (len(y) < nOut || (len(y)-nOut)/max(ldy, 1) < m-1)) {
+		return fmt.Errorf("%w: %d x %d activations in %d, %d x %d outputs (stride %d) in %d",
+			errQgemmSize, m, k, len(x), m, nOut, ldy, len(y))
+	}
+	var wp, xp, yp unsafe.Pointer
+	if len(w) > 0 {
+		wp = unsafe.Pointer(&w[0])
+	}
+	if len(x) > 0 {
+		xp = unsafe.Pointer(&x[0])
+	}
+	if len(y) > 0 {
+		yp = unsafe.Pointer(&y[0])
+	}
+	return qgemmC(t, wp, int64(len(w)), int64(nOut), int64(k), xp, int64(m), yp, int64(ldy), v, threads)
+}
+
+// qgemmC passes its arguments to bd_qgemm as they are, so the tests can
+// hand C sizes that no slice backs and see that it refuses them before
+// touching anything.
+func qgemmC(t quant.Type, w unsafe.Pointer, wBytes, nOut, k int64, x unsafe.Pointer, m int64, y unsafe.Pointer, ldy int64, v isa, threads int) error {
+	if uint64(t) > 1<<30 {
+		return fmt.Errorf("onednn: qgemm: %w: %v", quant.ErrUnsupported, t)
+	}
+	rc := C.bd_qgemm(C.int(t), w, C.int64_t(wBytes), C.int64_t(nOut), C.int64_t(k),
+		(*C.float)(x), C.int64_t(m), (*C.float)(y), C.int64_t(ldy), C.int(v), C.int(threads), nil, 0)
+	switch rc {
+	case C.BD_QGEMM_OK:
+		return nil
+	case C.BD_QGEMM_UNSUPPORTED:
+		return fmt.Errorf("onednn: qgemm: %w: %v", quant.ErrUnsupported, t)
+	case C.BD_QGEMM_SIZE:
+		return fmt.Errorf("%w: %v, %d bytes for %d rows of %d, %d rows of activations, output stride %d, %d threads",
+			errQgemmSize, t, wBytes, nOut, k, m, ldy, threads)
+	case C.BD_QGEMM_NO_ISA:
+		return fmt.Errorf("onednn: qgemm: this CPU has no %v (it has %v)", v, qgemmISA())
+	case C.BD_QGEMM_NOMEM:
+		return errors.New("onednn: qgemm: out of memory for the quantized activations")
+	default:
+		return fmt.Errorf("onednn: qgemm: status %d", int(rc))
+	}
+}
+
+// qgemmWorkBytes is bd_qgemm_work_bytes: the scratch bd_qgemm takes for m
+// rows of k activations against weights of type t, or a negative
+// BD_QGEMM_* code for sizes it refuses.
+func qgemmWorkBytes(t quant.Type, k, m int64) int64 {
+	if uint64(t) > 1<<30 {
+		return int64(C.BD_QGEMM_UNSUPPORTED)
+	}
+	return int64(C.bd_qgemm_work_bytes(C.int(t), C.int64_t(k), C.int64_t(m)))
+}

@@ -1,0 +1,67 @@
+// Matrix products with weights that stay in GGUF block layout (issue 21):
+// Y[m][n_out] = X[m][k] · W[n_out][k]ᵀ, W's rows stored as ggml stores
+// them (row n is k/BlockElems blocks of the type, rows back to back), X and
+// Y f32. The activations are quantized to int8 per block as llama.cpp does
+// (blocks of 32 for Q4_0…Q8_0, of 256 with sums per 16 for the K types),
+// the products summed in integers (AVX2 maddubs, AVX-512 VNNI dpbusd and
+// dpwssd) and the block scales applied in f32. Decode steps (m up to a few
+// rows) stream each weight row once for all m rows; prefill (m in the
+// hundreds) tiles W so a tile is reused from L2 for every group of rows.
+#ifndef BROKERD_QGEMM_H
+#define BROKERD_QGEMM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dequant.h" // BD_ISA_*
+
+// Return values of bd_qgemm.
+#define BD_QGEMM_OK 0
+#define BD_QGEMM_UNSUPPORTED -1 // a weight type this file has no kernel for
+#define BD_QGEMM_SIZE -2        // a size <= 0, k not whole blocks, w_bytes not
+                                // n_out rows, ldy < n_out, a product past
+                                // BD_QGEMM_MAX, or work too small
+#define BD_QGEMM_NO_ISA -3      // the forced variant is not on this CPU
+#define BD_QGEMM_NOMEM -4       // work was NULL and allocating it failed
+
+// BD_QGEMM_MAX bounds k, n_out, m and every element count and byte size
+// the call derives from them (2^40), so no index arithmetic can overflow.
+#define BD_QGEMM_MAX ((int64_t)1 << 40)
+
+// bd_qgemm computes y[i*ldy + j] = sum_l x[i*k + l] * W[j][l] for i < m,
+// j < n_out, where W (w_bytes bytes) holds n_out rows of k elements of
+// ggml type wtype: Q4_0 (2), Q4_1 (3), Q5_0 (6), Q5_1 (7), Q8_0 (8) with k a
+// multiple of 32, Q4_K (12), Q5_K (13), Q6_K (14) with k a multiple of 256.
+// Other columns of y are not written.
+//
+// isa picks the variant: BD_ISA_BASE (portable C), BD_ISA_AVX2 (AVX2, FMA,
+// F16C: maddubs), BD_ISA_AVX512 (AVX-512 F/BW/VL/DQ with VNNI: dpbusd and
+// dpwssd on 256-bit vectors, 32 registers) or BD_ISA_AUTO (bd_qgemm_isa()).
+// All variants quantize the activations to the same int8 values and sum
+// the same integers; they differ only in the order of the f32 sums.
+//
+// nthreads (>= 1) OpenMP threads share the rows of W (and the rows of X
+// when W has few rows); work below about 2^18 multiply-adds runs on one.
+// The call does not change the calling thread's OpenMP settings.
+//
+// work, when not NULL, is scratch of work_bytes >= bd_qgemm_work_bytes()
+// for the quantized activations (any alignment); with NULL the call
+// allocates and frees it.
+//
+// Every size is checked before anything is read, written or allocated: a
+// refused call returns its code and touches no memory. A row of x that
+// holds an infinity or NaN gives NaN in its row of y.
+int bd_qgemm(int wtype, const void *w, int64_t w_bytes, int64_t n_out,
+        int64_t k, const float *x, int64_t m, float *y, int64_t ldy,
+        int isa, int nthreads, void *work, int64_t work_bytes);
+
+// bd_qgemm_work_bytes is the scratch bd_qgemm needs for m rows of k
+// activations against weights of wtype, or a negative BD_QGEMM_* code when
+// bd_qgemm would refuse those sizes.
+int64_t bd_qgemm_work_bytes(int wtype, int64_t k, int64_t m);
+
+// bd_qgemm_isa is the variant BD_ISA_AUTO runs on this CPU: BD_ISA_AVX512
+// needs AVX512-VNNI besides F/BW/VL/DQ (a Skylake-SP without it runs AVX2).
+int bd_qgemm_isa(void);
+
+#endif

@@ -1,0 +1,518 @@
+package onednn
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/brokerd/brokerd/runtime/quant"
+)
+
+// qgemmTypes are the weight types bd_qgemm has kernels for.
+var qgemmTypes = []quant.Type{quant.Q4_0, quant.Q4_1, quant.Q5_0, quant.Q5_1, quant.Q8_0, quant.Q4_K, quant.Q5_K, quant.Q6_K}
+
+// qgemmISAsHere lists the qgemm.c variants this CPU runs.
+func qgemmISAsHere() []isa {
+	out := []isa{isaBase}
+	for _, v := range []isa{isaAVX2, isaAVX512} {
+		if v <= qgemmISA() {
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
+// halves are each type's f16 fields (scales and mins) in a block, and
+// quants the byte range of its quantized values (qs, qh).
+var qgemmLayout = map[quant.Type]struct {
+	halves     []int
+	quants     [2]int
+	blockBytes int
+}{
+	quant.Q4_0: {[]int{0}, [2]int{2, 18}, 18},
+	quant.Q4_1: {[]int{0, 2}, [2]int{4, 20}, 20},
+	quant.Q5_0: {[]int{0}, [2]int{2, 22}, 22},
+	quant.Q5_1: {[]int{0, 2}, [2]int{4, 24}, 24},
+	quant.Q8_0: {[]int{0}, [2]int{2, 34}, 34},
+	quant.Q4_K: {[]int{0, 2}, [2]int{16, 144}, 144},
+	quant.Q5_K: {[]int{0, 2}, [2]int{16, 176}, 176},
+	quant.Q6_K: {[]int{208}, [2]int{0, 192}, 210},
+}
+
+// randHalf is a finite f16 for a block scale: mostly 2^-7 … 2^-2 of either
+// sign, sometimes zero or subnormal.
+func randHalf(rng *rand.Rand) uint16 {
+	sign := uint16(rng.IntN(2)) << 15
+	switch rng.IntN(16) {
+	case 0:
+		return sign
+	case 1:
+		return sign | uint16(rng.IntN(1024))
+	}
+	return sign | uint16(8+rng.IntN(6))<<10 | uint16(rng.IntN(1024))
+}
+
+// randQuantWeights is rows x k weights of type t: every quantized value,
+// 6-bit scale and min and Q6_K int8 scale random (all of their bit
+// patterns occur), block scales from randHalf. Any such block is one a
+// file may hold; a kernel must get each right.
+func randQuantWeights(rng *rand.Rand, t quant.Type, rows, k int) []byte {
+	in, _ := t.Info()
+	l := qgemmLayout[t]
+	w := make([]byte, rows*k/in.BlockElems*in.BlockBytes)
+	for i := range w {
+		w[i] = byte(rng.Uint32())
+	}
+	for b := 0; b < len(w); b += in.BlockBytes {
+		for _, o := range l.halves {
+			h := randHalf(rng)
+			w[b+o], w[b+o+1] = byte(h), byte(h>>8)
+		}
+	}
+	return w
+}
+
+// randActs is m x k activations: normal values with some outliers (x30),
+// an all-zero block now and then, and a zero row.
+func randActs(rng *rand.Rand, m, k int) []float32 {
+	x := make([]float32, m*k)
+	for i := range x {
+		x[i] = float32(rng.NormFloat64())
+		if rng.IntN(64) == 0 {
+			x[i] *= 30
+		}
+	}
+	for b := 0; b+32 <= len(x); b += 32 {
+		if rng.IntN(23) == 0 {
+			clear(x[b : b+32])
+		}
+	}
+	if m > 2 {
+		clear(x[k : 2*k])
+	}
+	return x
+}
+
+// quantActsRef is bd_qgemm's activation quantization in Go (qgemm.c's
+// header comment): per block of blk elements d = amax/127 and
+// q = round-half-even(x * (127/amax)) in f32. xhat = d*q; half is d/2 plus
+// the rounding of d and of x*id (4 ulp of amax): |x - xhat| <= half.
+func quantActsRef(x []float32, blk int) (xhat, half []float64) {
+	xhat, half = make([]float64, len(x)), make([]float64, len(x)/blk)
+	for b := 0; b < len(x); b += blk {
+		var amax float32
+		for _, v := range x[b : b+blk] {
+			amax = max(amax, float32(math.Abs(float64(v))))
+		}
+		d := amax / 127
+		var id float32
+		if amax != 0 {
+			id = 127 / amax
+		}
+		for i, v := range x[b : b+blk] {
+			p := v * id
+			xhat[b+i] = float64(d) * math.RoundToEven(float64(float32(p)))
+		}
+		half[b/blk] = float64(d)/2 + 4*float64(amax)*0x1p-24
+	}
+	return xhat, half
+}
+
+// qgemmRef holds, for Y = X·Wᵀ, the float64 products and their bounds:
+//   - exact[i][j] = Σ w·xhat, with the weights as quant.Dequantize gives
+//     them and X quantized as bd_qgemm does;
+//   - float[i][j] = Σ w·x, the product with X itself;
+//   - mag[i][j] = Σ (|w - o| + |o|)·|xhat|, o being the block's offset
+//     (its dequantized value with every quant zero): the magnitude of the
+//     two sums the kernel forms, Σ a·v·x and Σ o·x, which its f32
+//     arithmetic rounds;
+//   - qerr[i][j] = Σ |w|·half, the most the activations' quantization can
+//     move the product.
+type qgemmRef struct {
+	exact, float, mag, qerr []float64
+}
+
+func newQgemmRef(t *testing.T, typ quant.Type, w []byte, n, k int, x []float32, m int) qgemmRef {
+	t.Helper()
+	in, _ := typ.Info()
+	wf := make([]float32, n*k)
+	if err := quant.Dequantize(typ, w, wf); err != nil {
+		t.Fatal(err)
+	}
+	// o: the blocks with their quants zeroed.
+	l := qgemmLayout[typ]
+	z := append([]byte(nil), w...)
+	for b := 0; b < len(z); b += in.BlockBytes {
+		clear(z[b+l.quants[0] : b+l.quants[1]])
+	}
+	of := make([]float32, n*k)
+	if err := quant.Dequantize(typ, z, of); err != nil {
+		t.Fatal(err)
+	}
+	blk := 32
+	if in.BlockElems == quant.QK_K {
+		blk = quant.QK_K
+	}
+	xhat, half := quantActsRef(x, blk)
+	ref := qgemmRef{make([]float64, m*n), make([]float64, m*n), make([]float64, m*n), make([]float64, m*n)}
+	for i := range m {
+		for j := range n {
+			var e, f, g, q float64
+			wr, or, xr, hr := wf[j*k:(j+1)*k], of[j*k:(j+1)*k], x[i*k:(i+1)*k], xhat[i*k:(i+1)*k]
+			for l := range k {
+				wv, ov := float64(wr[l]), float64(or[l])
+				e += wv * hr[l]
+				f += wv * float64(xr[l])
+				g += (math.Abs(wv-ov) + math.Abs(ov)) * math.Abs(hr[l])
+				q += math.Abs(wv) * half[(i*k+l)/blk]
+			}
+			ref.exact[i*n+j], ref.float[i*n+j], ref.mag[i*n+j], ref.qerr[i*n+j] = e, f, g, q
+		}
+	}
+	return ref
+}
+
+// qgemmGamma is the relative rounding bound of the kernels' f32 sums over
+// k elements: each lane of an accumulator adds one term per block (k/32
+// blocks at most), each term carries two or three roundings (the int sum's
+// conversion, the scale products), and the lanes, the offsets' sum and
+// the two sums meet in a few more additions: (k/32 + 8) units of 2^-24,
+// doubled for the second-order terms and the blocks' own f32 roundings in
+// quant.Dequantize.
+func qgemmGamma(k int) float64 { return float64(k/32+8) * 0x1p-23 }
+
+// TestQgemmMatchesFloat64: every weight type, every variant this CPU has,
+// m in {1, 3, 16, 67}, 1 to 3 threads, random blocks (randQuantWeights):
+// Y is within qgemmGamma·mag of the float64 product of quant.Dequantize's
+// weights and the activations quantized as bd_qgemm quantizes them (so
+// the integer sums and scales are exact up to f32 rounding), and within
+// that plus qerr of the float64 product with the float activations:
+// qerr = Σ_blocks (d/2)·Σ|w| bounds what int8 activations can cost (a
+// rounding of at most d/2 per element), the tolerance llama.cpp's
+// test-quantize-fns states only as one constant (MAX_DOT_PRODUCT_ERROR
+// 0.02 on its synthetic data). The test logs how much of each bound the
+// worst output used.
+func TestQgemmMatchesFloat64(t *testing.T) {
+	t.Logf("variants here: %v (auto picks %v)", qgemmISAsHere(), qgemmISA())
+	for _, typ := range qgemmTypes {
+		in, _ := typ.Info()
+		ks := []int{32, 288, 1024}
+		if in.BlockElems == quant.QK_K {
+			ks = []int{256, 768}
+		}
+		worstExact, worstFloat := 0.0, 0.0
+		for _, k := range ks {
+			rng := rand.New(rand.NewPCG(uint64(typ), uint64(k)))
+			const n = 37
+			w := randQuantWeights(rng, typ, n, k)
+			for _, m := range []int{1, 3, 16, 67} {
+				x := randActs(rng, m, k)
+				ref := newQgemmRef(t, typ, w, n, k, x, m)
+				for _, v := range append(qgemmISAsHere(), isaAuto) {
+					for _, threads := range []int{1, 2, 3} {
+						y := make([]float32, m*n)
+						if err := qgemm(typ, w, n, k, x, m, y, n, v, threads); err != nil {
+							t.Fatalf("%v k=%d m=%d %v: %v", typ, k, m, v, err)
+						}
+						for i, got := range y {
+							g := float64(got)
+							tolE := qgemmGamma(k) * ref.mag[i]
+							tolF := tolE + ref.qerr[i]
+							de, df := math.Abs(g-ref.exact[i]), math.Abs(g-ref.float[i])
+							if !(de <= tolE) || !(df <= tolF) {
+								t.Fatalf("%v k=%d m=%d %v threads=%d: y[%d][%d] = %g; Σw·xhat = %g (off %g, bound %g), Σw·x = %g (off %g, bound %g)",
+									typ, k, m, v, threads, i/n, i%n, g, ref.exact[i], de, tolE, ref.float[i], df, tolF)
+							}
+							if tolE > 0 {
+								worstExact = max(worstExact, de/tolE)
+							}
+							if tolF > 0 {
+								worstFloat = max(worstFloat, df/tolF)
+							}
+						}
+					}
+				}
+			}
+		}
+		t.Logf("%v: worst output used %.3g of the rounding bound and %.3g of the quantization bound", typ, worstExact, worstFloat)
+	}
+}
+
+// TestQgemmTiles: a weight matrix past one L2 tile (512 KiB), rows of X
+// past one register group, three threads, an output stride wider than
+// n_out: the same products, and the columns past n_out untouched.
+func TestQgemmTiles(t *testing.T) {
+	for _, typ := range []quant.Type{quant.Q8_0, quant.Q6_K} {
+		const n, k, m, ldy = 700, 1024, 13, 709
+		rng := rand.New(rand.NewPCG(3, uint64(typ)))
+		w := randQuantWeights(rng, typ, n, k)
+		x := randActs(rng, m, k)
+		ref := newQgemmRef(t, typ, w, n, k, x, m)
+		for _, v := range qgemmISAsHere() {
+			y := make([]float32, (m-1)*ldy+n)
+			for i := range y {
+				y[i] = 42
+			}
+			if err := qgemm(typ, w, n, k, x, m, y, ldy, v, 3); err != nil {
+				t.Fatal(err)
+			}
+			for i := range m {
+				for j := range ldy {
+					if i*ldy+j >= len(y) {
+						break
+					}
+					got := float64(y[i*ldy+j])
+					if j >= n {
+						if got != 42 {
+							t.Fatalf("%v %v: y[%d][%d] past n_out was written", typ, v, i, j)
+						}
+						continue
+					}
+					e := ref.exact[i*n+j]
+					if d := math.Abs(got - e); !(d <= qgemmGamma(k)*ref.mag[i*n+j]) {
+						t.Fatalf("%v %v: y[%d][%d] = %g, want %g (off %g)", typ, v, i, j, got, e, d)
+					}
+				}
+			}
+		}
+	}
+}
+
+// TestQgemmNonFinite: a row of X holding an infinity or a NaN is a row of
+// NaN in Y; the other rows are unaffected.
+func TestQgemmNonFinite(t *testing.T) {
+	for _, typ := range qgemmTypes {
+		in, _ := typ.Info()
+		k, n, m := 512, 20, 3
+		rng := rand.New(rand.NewPCG(5, uint64(typ)))
+		w := randQuantWeights(rng, typ, n, k)
+		x := randActs(rng, m, k)
+		x[k+100] = float32(math.Inf(-1))
+		x[2*k+k-1] = float32(math.NaN())
+		for _, v := range qgemmISAsHere() {
+			y := make([]float32, m*n)
+			if err := qgemm(typ, w, n, k, x, m, y, n, v, 1); err != nil {
+				t.Fatal(err)
+			}
+			for j := range n {
+				if math.IsNaN(float64(y[j])) || math.IsInf(float64(y[j]), 0) {
+					t.Errorf("%v %v: row 0 (finite) gave %g", typ, v, y[j])
+				}
+				if !math.IsNaN(float64(y[n+j])) || !math.IsNaN(float64(y[2*n+j])) {
+					t.Errorf("%v %v (blocks of %d): rows with inf/NaN gave %g, %g", typ, v, in.BlockElems, y[n+j], y[2*n+j])
+				}
+			}
+		}
+	}
+}
+
+// TestQgemmRefuses: sizes that do not fit are refused before anything is
+// read or written: C is handed nil pointers with the hostile sizes (a
+// touch would crash the test), and through the slice wrapper the output
+// keeps its sentinel. Unknown types and variants this CPU lacks too.
+func TestQgemmRefuses(t *testing.T) {
+	const big = int64(1) << 62
+	for _, typ := range qgemmTypes {
+		in, _ := typ.Info()
+		be, bb := int64(in.BlockElems), int64(in.BlockBytes)
+		row := bb // one block a row
+		cases := []struct {
+			name                 string
+			wBytes, n, k, m, ldy int64
+			threads              int
+		}{
+			{"k not whole blocks", row, 1, be + 1, 1, 1, 1},
+			{"k one short", row, 1, be - 1, 1, 1, 1},
+			{"k zero", 0, 1, 0, 1, 1, 1},
+			{"k negative", row, 1, -be, 1, 1, 1},
+			{"n zero", 0, 0, be, 1, 1, 1},
+			{"n negative", -row, -1, be, 1, 1, 1},
+			{"m zero", row, 1, be, 0, 1, 1},
+			{"m negative", row, 1, be, -1, 1, 1},
+			{"w one byte short", row - 1, 1, be, 1, 1, 1},
+			{"w one byte long", row + 1, 1, be, 1, 1, 1},
+			{"w a row short", row, 2, be, 1, 2, 1},
+			{"ldy below n", 2 * row, 2, be, 2, 1, 1},
+			{"ldy zero", row, 1, be, 2, 0, 1},
+			{"threads zero", row, 1, be, 1, 1, 0},
+			{"threads negative", row, 1, be, 1, 1, -4},
+			{"k huge", big / be * bb, 1, big, 1, 1, 1},
+			{"n huge", big * bb, big, be, 1, big, 1},
+			{"m huge", row, 1, be, big, 1, 1},
+			{"m*ldy overflows", row, 1, be, 1 << 32, 1 << 32, 1},
+			{"w bytes overflow", int64(math.MaxInt64), 1 << 39, be << 20, 1, 1 << 39, 1},
+		}
+		for _, c := range cases {
+			err := qgemmC(typ, nil, c.wBytes, c.n, c.k, nil, c.m, nil, c.ldy, isaAuto, c.threads)
+			if !errors.Is(err, errQgemmSize) {
+				t.Errorf("%v %s: %v, want a size error", typ, c.name, err)
+			}
+		}
+		// Through the slice wrapper: short slices are refused, and a
+		// refused call leaves y alone.
+		w := make([]byte, 2*row)
+		x := make([]float32, 2*be)
+		y := []float32{42, 42, 42, 42}
+		for _, c := range []struct {
+			name string
+			err  error
+		}{
+			{"x short", qgemm(typ, w, 2, int(be), x[:2*be-1], 2, y, 2, isaAuto, 1)},
+			{"y short", qgemm(typ, w, 2, int(be), x, 2, y[:3], 2, isaAuto, 1)},
+			{"w short", qgemm(typ, w[:2*row-1], 2, int(be), x, 2, y, 2, isaAuto, 1)},
+			{"k odd", qgemm(typ, w, 2, int(be)+2, x, 1, y, 2, isaAuto, 1)},
+			{"m zero", qgemm(typ, w, 2, int(be), x, 0, y, 2, isaAuto, 1)},
+			{"m negative", qgemm(typ, w, 2, int(be), x, -1, y, 2, isaAuto, 1)},
+		} {
+			if !errors.Is(c.err, errQgemmSize) {
+				t.Errorf("%v %s: %v, want a size error", typ, c.name, c.err)
+			}
+		}
+		for i, v := range y {
+			if v != 42 {
+				t.Fatalf("%v: a refused call wrote y[%d]", typ, i)
+			}
+		}
+		if err := qgemm(typ, w, 2, int(be), x, 2, y, 2, isa(7), 1); err == nil {
+			t.Errorf("%v: variant 7 accepted", typ)
+		}
+		if qgemmISA() < isaAVX512 {
+			if err := qgemm(typ, w, 2, int(be), x, 2, y, 2, isaAVX512, 1); err == nil {
+				t.Errorf("%v: the avx512 variant ran on a CPU without it", typ)
+			}
+		}
+	}
+	for _, typ := range []quant.Type{quant.F32, quant.F16, quant.BF16, 4, 5, 9, 10, 11, 15, 31, 1 << 20, math.MaxUint32} {
+		err := qgemmC(typ, nil, 34, 1, 32, nil, 1, nil, 1, isaAuto, 1)
+		if !errors.Is(err, quant.ErrUnsupported) {
+			t.Errorf("%v: %v, want ErrUnsupported", typ, err)
+		}
+	}
+}
+
+// TestQgemmWorkBytes: the scratch size is what the activations' rows take
+// (64-byte rows), and sizes bd_qgemm refuses get a negative answer.
+func TestQgemmWorkBytes(t *testing.T) {
+	for _, c := range []struct {
+		typ  quant.Type
+		k, m int64
+		want int64
+	}{
+		{quant.Q4_0, 32, 1, 64},         // 32 + 4 + 4 -> 64
+		{quant.Q8_0, 4864, 3, 3 * 6080}, // 4864 + 8*152 = 6080
+		{quant.Q4_K, 256, 2, 2 * 320},   // 256 + 4 + 32 = 292 -> 320
+		{quant.Q6_K, 4864, 1, 5568},     // 4864 + 36*19 = 5548 -> 5568
+		{quant.Q4_0, 33, 1, -2},
+		{quant.Q4_K, 0, 1, -2},
+		{quant.F32, 32, 1, -1},
+	} {
+		if got := qgemmWorkBytes(c.typ, c.k, c.m); got != c.want {
+			t.Errorf("%v k=%d m=%d: %d, want %d", c.typ, c.k, c.m, got, c.want)
+		}
+	}
+}
+
+// benchQgemmShapes are Qwen2.5-0.5B's matmul shapes (k -> n_out): the MLP's
+// up and down projections and the tied output; the K types, whose blocks
+// of 256 do not divide 896, take Llama 3.2 1B's MLP instead.
+func benchQgemmShapes(typ quant.Type) [][2]int {
+	in, _ := typ.Info()
+	if in.BlockElems == quant.QK_K {
+		return [][2]int{{2048, 8192}, {8192, 2048}, {4864, 896}}
+	}
+	return [][2]int{{896, 4864}, {4864, 896}, {896, 151936}}
+}
+
+// BenchmarkQgemmDecode: m = 1 (one decode step), 1 and 2 threads, reporting
+// the weights streamed (MB/s of the quantized bytes) against the host's
+// read bandwidth with as many threads (bw_frac).
+func BenchmarkQgemmDecode(b *testing.B) {
+	bw := map[int]float64{}
+	for _, typ := range qgemmTypes {
+		for _, s := range benchQgemmShapes(typ) {
+			k, n := s[0], s[1]
+			rng := rand.New(rand.NewPCG(7, uint64(n)))
+			w := randQuantWeights(rng, typ, n, k)
+			x := randActs(rng, 1, k)
+			y := make([]float32, n)
+			for _, threads := range []int{1, 2} {
+				if bw[threads] == 0 {
+					bw[threads] = readBandwidth(threads)
+					b.Logf("read bandwidth, %d threads: %.1f GB/s", threads, bw[threads]/1e9)
+				}
+				b.Run(fmt.Sprintf("%v/%dx%d/t%d", typ, k, n, threads), func(b *testing.B) {
+					b.SetBytes(int64(len(w)))
+					for b.Loop() {
+						if err := qgemm(typ, w, n, k, x, 1, y, n, isaAuto, threads); err != nil {
+							b.Fatal(err)
+						}
+					}
+					b.ReportMetric(float64(len(w))*float64(b.N)/b.Elapsed().Seconds()/bw[threads], "bw_frac")
+				})
+			}
+		}
+	}
+}
+
+// BenchmarkQgemmPrefill: m = 512 (a prompt's prefill), GFLOP/s (2·m·n·k).
+func BenchmarkQgemmPrefill(b *testing.B) {
+	const m = 512
+	for _, typ := range qgemmTypes {
+		for _, s := range benchQgemmShapes(typ)[:2] {
+			k, n := s[0], s[1]
+			rng := rand.New(rand.NewPCG(8, uint64(n)))
+			w := randQuantWeights(rng, typ, n, k)
+			x := randActs(rng, m, k)
+			y := make([]float32, m*n)
+			for _, threads := range []int{1, 2} {
+				b.Run(fmt.Sprintf("%v/%dx%d/t%d", typ, k, n, threads), func(b *testing.B) {
+					for b.Loop() {
+						if err := qgemm(typ, w, n, k, x, m, y, n, isaAuto, threads); err != nil {
+							b.Fatal(err)
+						}
+					}
+					b.ReportMetric(2*m*float64(n)*float64(k)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
+				})
+			}
+		}
+	}
+}
+
+// readBandwidth is bench/benchkit's ReadBandwidth with threads goroutines:
+// each sums its share of a 512 MiB buffer; bytes per second, best of five.
+func readBandwidth(threads int) float64 {
+	const n = 512 << 20 / 8
+	buf := make([]uint64, n)
+	for i := range buf {
+		buf[i] = uint64(i)
+	}
+	best := 0.0
+	var sink atomic.Uint64
+	for range 5 {
+		var wg sync.WaitGroup
+		t := time.Now()
+		for w := range threads {
+			part := buf[w*n/threads : (w+1)*n/threads]
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				var s0, s1, s2, s3 uint64
+				for i := 0; i+4 <= len(part); i += 4 {
+					s0 += part[i]
+					s1 += part[i+1]
+					s2 += part[i+2]
+					s3 += part[i+3]
+				}
+				sink.Add(s0 + s1 + s2 + s3)
+			}()
+		}
+		wg.Wait()
+		best = max(best, float64(n*8)/time.Since(t).Seconds())
+	}
+	return best
+}
