@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
 	"github.com/brokerd/brokerd/detect"
@@ -35,6 +34,10 @@ type GenExecutor struct{ Engine *llm.Engine }
 func (x GenExecutor) Reserve(seq uint64, tokens int) bool { return x.Engine.Reserve(seq, tokens) }
 func (x GenExecutor) Release(seq uint64)                  { x.Engine.Release(seq) }
 func (x GenExecutor) Close() error                        { return x.Engine.Close() }
+
+// CacheBlocks reports the engine's KV-cache blocks to the scheduler
+// (scheduler.KVCacheReporter): Stats rows and the KV gauges.
+func (x GenExecutor) CacheBlocks() (used, total int) { return x.Engine.CacheBlocks() }
 
 func (x GenExecutor) Step(ctx context.Context, items []scheduler.StepItem) ([]scheduler.StepResult, error) {
 	in := make([]llm.StepItem, len(items))
@@ -106,7 +109,8 @@ func (ms *Set) placeGenLocked(ctx context.Context, s *Served, m *llm.Model) erro
 			}
 			x := GenExecutor{eng}
 			dev := scheduler.Device{ID: e.ID, Type: string(e.Type), CostPerHour: e.CostPerHour}
-			if err := ms.sched.AddGenReplica(s.Key, dev, scheduler.GenOptions{MaxRunning: running, MaxStepTokens: max(genStepTokens, running), MaxChunk: genChunk}, x); err != nil {
+			if err := ms.sched.AddGenReplica(s.Key, dev, scheduler.GenOptions{MaxRunning: running, MaxStepTokens: max(genStepTokens, running), MaxChunk: genChunk}, x,
+				scheduler.WithName(s.Label)); err != nil {
 				x.Close()
 				return fmt.Errorf("generator replica of %s on %s: %w", s.Key, e.ID, err)
 			}
@@ -129,35 +133,4 @@ func (ms *Set) placeGenLocked(ctx context.Context, s *Served, m *llm.Model) erro
 		return &AdmissionError{Model: s.Info.Name, Version: s.Info.Version, Need: minNeed, Devices: refusals}
 	}
 	return fmt.Errorf("model %s version %d: no open device can take a replica: %w", s.Info.Name, s.Info.Version, scheduler.ErrNoDevice)
-}
-
-// kvCacheCollector reports each generator replica's KV-cache blocks at
-// scrape time: brokerd_generation_kv_cache_blocks{model,device,state}.
-type kvCacheCollector struct {
-	ms   *Set
-	desc *prometheus.Desc
-}
-
-func NewKVCacheCollector(ms *Set) *kvCacheCollector {
-	return &kvCacheCollector{ms: ms, desc: prometheus.NewDesc("brokerd_generation_kv_cache_blocks",
-		"KV-cache blocks of each generator replica: used (held by sequences) and total.", []string{"model", "device", "state"}, nil)}
-}
-
-func (c *kvCacheCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
-
-func (c *kvCacheCollector) Collect(ch chan<- prometheus.Metric) {
-	if c.ms == nil {
-		return
-	}
-	for _, s := range c.ms.cat.Load().byName {
-		for _, p := range s.replicas {
-			x, ok := p.r.(GenExecutor)
-			if !ok {
-				continue
-			}
-			used, total := x.Engine.CacheBlocks()
-			ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(used), s.Info.Name, p.deviceID, "used")
-			ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(total), s.Info.Name, p.deviceID, "total")
-		}
-	}
 }

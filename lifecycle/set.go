@@ -54,7 +54,7 @@ type RepoEntry struct {
 type Host interface {
 	AddReplica(model string, dev scheduler.Device, maxBatch int, exec scheduler.Executor, opts ...scheduler.ReplicaOption) error
 	RemoveReplica(ctx context.Context, model, deviceID string) error
-	AddGenReplica(model string, dev scheduler.Device, opts scheduler.GenOptions, exec scheduler.GenExecutor) error
+	AddGenReplica(model string, dev scheduler.Device, opts scheduler.GenOptions, exec scheduler.GenExecutor, ropts ...scheduler.ReplicaOption) error
 	RemoveGenReplica(ctx context.Context, model, deviceID string) error
 }
 
@@ -128,8 +128,13 @@ type placed struct {
 // Its fields are set before it is published and never change after, so the
 // request path and ListModels read them without a lock.
 type Served struct {
-	Info    models.Info
-	Key     string       // the scheduler's queue name
+	Info models.Info
+	Key  string // the scheduler's queue name
+	// Label is the model version's name, as Stats rows and the metrics'
+	// model label show it: NAME@VERSION for a repository model (a hot
+	// reload's instance too: its queue key differs, its label does not),
+	// the name alone for a built-in.
+	Label   string
 	Builtin Encoder      // the built-in encoder; nil for repository models
 	Model   models.Model // a repository model; nil for the built-in
 	LLM     *llm.Model   // a decoder LLM (served through Generate and Chat); nil otherwise
@@ -357,7 +362,7 @@ func Open(ctx context.Context, entries []detect.Entry, builtins []Encoder, sched
 	for _, m := range builtins {
 		s := &Served{
 			Info: models.Info{Name: m.Name(), Version: m.Version(), Kind: models.Kind(m.Kind()), BaseBatch: m.BaseBatch()},
-			Key:  m.Name(), Builtin: m, gate: newGate(),
+			Key:  m.Name(), Label: m.Name(), Builtin: m, gate: newGate(),
 		}
 		for _, od := range ms.devices {
 			e := od.entry
@@ -421,7 +426,7 @@ func (ms *Set) freeLocked(od openDevice) int64 {
 
 func (ms *Set) addReplicaLocked(s *Served, od openDevice, maxBatch int, need int64, r Replica) error {
 	e := od.entry
-	var opts []scheduler.ReplicaOption
+	opts := []scheduler.ReplicaOption{scheduler.WithName(s.Label)}
 	if tokens := ms.maxTokens(s.Info); tokens > 0 {
 		// Items cost their tokens (Served.costs): a batch stays within the budget.
 		opts = append(opts, scheduler.WithMaxBatchCost(tokens))
@@ -471,6 +476,17 @@ func (ms *Set) Builtin(name string) (Encoder, bool) {
 // Lookup returns what serves name, without entering its gate.
 func (ms *Set) Lookup(name string) *Served {
 	return ms.cat.Load().byName[name]
+}
+
+// LookupLabel returns the version whose Label (NAME@VERSION, as Stats rows
+// and the metrics name it) is label, while it serves.
+func (ms *Set) LookupLabel(label string) *Served {
+	for _, s := range ms.cat.Load().byName {
+		if s.Label == label {
+			return s
+		}
+	}
+	return nil
 }
 
 // names lists the Served names for error messages.
@@ -636,7 +652,8 @@ func (ms *Set) loadLocked(ctx context.Context, name string, version int64) (*Ser
 	// The repository's name and version directory are the model's identity.
 	info.Name, info.Version = name, l.Version
 	act := ActionLoaded
-	key := fmt.Sprintf("%s@%d", name, info.Version)
+	label := fmt.Sprintf("%s@%d", name, info.Version)
+	key := label
 	if cur != nil {
 		act = ActionSwitched
 		if cur.Info.Version == info.Version {
@@ -650,7 +667,7 @@ func (ms *Set) loadLocked(ctx context.Context, name string, version int64) (*Ser
 			key = fmt.Sprintf("%s@%d.r%d", name, info.Version, ms.reloads)
 		}
 	}
-	s := &Served{Info: info, Key: key, Model: l.Model, LLM: l.LLM, fingerprint: l.Fingerprint, gate: newGate()}
+	s := &Served{Info: info, Key: key, Label: label, Model: l.Model, LLM: l.LLM, fingerprint: l.Fingerprint, gate: newGate()}
 	place := func() error { return ms.placeLocked(ctx, s) }
 	if l.LLM != nil {
 		place = func() error { return ms.placeGenLocked(ctx, s, l.LLM) }

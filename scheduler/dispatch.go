@@ -40,10 +40,7 @@ type replica struct {
 
 	throughput float64 // EWMA of items per compute second; 0 = unmeasured
 
-	healthy     bool
-	consecFails int
-	lastErr     string
-	probeAt     time.Time // when an unhealthy replica may take a probe batch
+	replicaHealth
 
 	stats rowStats
 	m     replicaMetrics
@@ -52,18 +49,18 @@ type replica struct {
 func newReplica(mq *modelQueue, dev Device, maxBatch, maxInFlight int, exec Executor, m *metrics) *replica {
 	maxInFlight = max(maxInFlight, 1)
 	return &replica{
-		mq:          mq,
-		dev:         dev,
-		idKey:       pinKey(dev.ID, ""),
-		typeKey:     pinKey("", dev.Type),
-		maxBatch:    maxBatch,
-		maxInFlight: maxInFlight,
-		exec:        exec,
-		work:        make(chan *batch, maxInFlight),
-		exited:      make(chan struct{}),
-		healthy:     true,
-		stats:       newRowStats(),
-		m:           m.forReplica(mq.name, dev.ID),
+		mq:            mq,
+		dev:           dev,
+		idKey:         pinKey(dev.ID, ""),
+		typeKey:       pinKey("", dev.Type),
+		maxBatch:      maxBatch,
+		maxInFlight:   maxInFlight,
+		exec:          exec,
+		work:          make(chan *batch, maxInFlight),
+		exited:        make(chan struct{}),
+		replicaHealth: replicaHealth{healthy: true},
+		stats:         newRowStats(),
+		m:             m.forReplica(mq.label, dev.ID),
 	}
 }
 
@@ -434,10 +431,9 @@ func (s *Scheduler) succeedLocked(r *replica, run []itemRef, outs []any, compute
 			r.throughput += ewmaWeight * (rate - r.throughput)
 		}
 	}
-	if !r.healthy {
+	if r.succeeded() {
 		s.log.Info("replica healthy again", zap.String("model", mq.name), zap.String("device", r.dev.ID))
 	}
-	r.healthy, r.consecFails, r.lastErr = true, 0, ""
 	batchCost := r.dev.CostPerHour / 3600 * secs
 	now := s.now()
 	r.stats.addBatch(n, compute, now)
@@ -480,16 +476,10 @@ func (s *Scheduler) succeedLocked(r *replica, run []itemRef, outs []any, compute
 
 func (s *Scheduler) failLocked(r *replica, run []itemRef, execErr error, now time.Time) {
 	mq := r.mq
-	r.consecFails++
-	r.lastErr = execErr.Error()
 	r.stats.failed[ReasonBackend] += int64(len(run))
-	if r.consecFails >= s.opts.UnhealthyAfter {
-		if r.healthy {
-			s.log.Warn("replica unhealthy", zap.String("model", mq.name), zap.String("device", r.dev.ID),
-				zap.Int("failures_in_a_row", r.consecFails), zap.Error(execErr))
-		}
-		r.healthy = false
-		r.probeAt = now.Add(s.opts.ProbeInterval)
+	if r.failed(execErr, now, s.opts) {
+		s.log.Warn("replica unhealthy", zap.String("model", mq.name), zap.String("device", r.dev.ID),
+			zap.Int("failures_in_a_row", r.consecFails), zap.Error(execErr))
 	}
 	for _, it := range run {
 		rq := it.rq
@@ -563,13 +553,13 @@ func (s *Scheduler) finishLocked(rq *request, err error, reason string) {
 			r.stats.lat.add(rq.info.Total)
 			r.m.request.Observe(rq.info.Total.Seconds())
 		} else {
-			mq.metrics.requestDuration(mq.name, rq.info.DeviceID).Observe(rq.info.Total.Seconds())
+			mq.metrics.requestDuration(mq.label, rq.info.DeviceID).Observe(rq.info.Total.Seconds())
 		}
 	} else {
 		now := s.now()
 		mq.stats.addRequest(ExecInfo{}, now.Sub(rq.submitted), false, now)
 		mq.stats.failed[reason]++
-		mq.metrics.failed(mq.name, reason)
+		mq.metrics.failed(mq.label, reason)
 	}
 	close(rq.done)
 	s.checkDrainedLocked()

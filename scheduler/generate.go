@@ -178,6 +178,7 @@ type genSeq struct {
 
 	waiting   bool        // in gq.waiting
 	r         *genReplica // running on; it holds cache there
+	last      *genReplica // the replica of its last step (its Stats row)
 	retried   bool        // failed once on exclude and went back to waiting
 	exclude   *genReplica
 	preempted int
@@ -210,7 +211,8 @@ func (seq *genSeq) matches(r *genReplica) bool {
 
 // genQueue is one generator model: its waiting sequences and replicas.
 type genQueue struct {
-	name     string
+	name     string // the queue's key
+	label    string // its name in Stats and the metrics (WithName)
 	replicas []*genReplica
 	waiting  []*genSeq // arrival order; preempted and retried ones are put first
 	// served counts the tokens each client had run (prompt and generated):
@@ -218,12 +220,16 @@ type genQueue struct {
 	// so fairness between clients is in tokens, not requests.
 	served  map[string]int64
 	clients map[string]int // sequences waiting or running per client
-	stats   genStats
+	stats   genRowStats    // the model row of Stats
 }
 
-type genStats struct {
-	completed, generated, prompt, preemptions int64
-	failed                                    map[string]int64
+func (gq *genQueue) replica(deviceID string) *genReplica {
+	for _, r := range gq.replicas {
+		if r.dev.ID == deviceID {
+			return r
+		}
+	}
+	return nil
 }
 
 // genReplica is one device serving one generator model.
@@ -236,14 +242,15 @@ type genReplica struct {
 	kick    chan struct{}
 	exited  chan struct{}
 
-	removing    bool
-	healthy     bool
-	consecFails int
-	lastErr     string
-	probeAt     time.Time
-	tokensPerS  float64 // EWMA of step tokens per second
+	removing   bool
+	tokensPerS float64 // EWMA of step tokens per second
+	replicaHealth
 
-	m genReplicaMetrics
+	// kv is the executor's KV cache as last sampled (between steps, by
+	// the replica's loop); zero when the executor does not report it.
+	kv    KVCache
+	stats genRowStats // the replica's row of Stats
+	m     genReplicaMetrics
 }
 
 func (r *genReplica) wake() {
@@ -254,8 +261,13 @@ func (r *genReplica) wake() {
 }
 
 // AddGenReplica makes dev serve the generator model with a running set of
-// opts.MaxRunning sequences. A model serves either Submit or Generate.
-func (s *Scheduler) AddGenReplica(model string, dev Device, opts GenOptions, exec GenExecutor) error {
+// opts.MaxRunning sequences. A model serves either Submit or Generate. Of
+// the replica options only WithName applies.
+func (s *Scheduler) AddGenReplica(model string, dev Device, opts GenOptions, exec GenExecutor, options ...ReplicaOption) error {
+	var ro replicaOptions
+	for _, o := range options {
+		o(&ro)
+	}
 	switch {
 	case model == "":
 		return fmt.Errorf("scheduler: add generator replica: %w: empty model name", ErrInvalidArgument)
@@ -280,17 +292,22 @@ func (s *Scheduler) AddGenReplica(model string, dev Device, opts GenOptions, exe
 	}
 	gq := s.gens[model]
 	if gq == nil {
-		gq = &genQueue{name: model, served: map[string]int64{}, clients: map[string]int{}, stats: genStats{failed: map[string]int64{}}}
+		gq = &genQueue{name: model, label: ro.label(model), served: map[string]int64{}, clients: map[string]int{}, stats: newGenRowStats()}
 		s.gens[model] = gq
 	}
-	if slices.ContainsFunc(gq.replicas, func(r *genReplica) bool { return r.dev.ID == dev.ID }) {
+	if gq.label != ro.label(model) {
+		return fmt.Errorf("scheduler: add generator replica of %q on %s: %w: named %q, its other replicas %q", model, dev.ID, ErrInvalidArgument, ro.label(model), gq.label)
+	}
+	if gq.replica(dev.ID) != nil {
 		return fmt.Errorf("scheduler: add generator replica of %q on %s: %w: already served", model, dev.ID, ErrInvalidArgument)
 	}
 	r := &genReplica{
 		gq: gq, dev: dev, opts: opts, exec: exec,
-		kick: make(chan struct{}, 1), exited: make(chan struct{}), healthy: true,
-		m: s.metrics.gen.forReplica(model, dev.ID),
+		kick: make(chan struct{}, 1), exited: make(chan struct{}), replicaHealth: replicaHealth{healthy: true},
+		stats: newGenRowStats(),
+		m:     s.metrics.gen.forReplica(gq.label, dev.ID),
 	}
+	s.sampleKVLocked(r)
 	gq.replicas = append(gq.replicas, r)
 	s.workers.Add(1)
 	go s.genLoop(r)
@@ -316,6 +333,7 @@ func (s *Scheduler) RemoveGenReplica(ctx context.Context, model, deviceID string
 	}
 	r := gq.replicas[i]
 	r.removing = true
+	label := gq.label
 	gq.replicas = slices.Delete(gq.replicas, i, i+1)
 	if len(gq.replicas) == 0 {
 		delete(s.gens, model)
@@ -333,7 +351,7 @@ func (s *Scheduler) RemoveGenReplica(ctx context.Context, model, deviceID string
 	case <-ctx.Done():
 		err = fmt.Errorf("scheduler: remove generator replica of %q on %s: waiting for its sequences: %w", model, deviceID, ctx.Err())
 	}
-	s.forgetSeries(model, deviceID)
+	s.forgetSeries(label, deviceID)
 	return err
 }
 
@@ -349,11 +367,13 @@ func (s *Scheduler) Generate(ctx context.Context, req GenRequest) (*GenStream, e
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	gq := s.gens[req.Model]
 	if s.draining || s.closed {
-		s.metrics.failed(req.Model, ReasonRejected)
+		if gq != nil { // an unknown name is not counted (label cardinality)
+			s.genReject(gq, ReasonRejected)
+		}
 		return nil, fmt.Errorf("scheduler: %q: %w", req.Model, ErrDraining)
 	}
-	gq := s.gens[req.Model]
 	if gq == nil {
 		if s.models[req.Model] != nil {
 			return nil, fmt.Errorf("scheduler: %q: %w: it is not a generator", req.Model, ErrWrongKind)
@@ -414,7 +434,6 @@ func (s *Scheduler) Generate(ctx context.Context, req GenRequest) (*GenStream, e
 	gq.waiting = append(gq.waiting, seq)
 	s.queued++
 	s.active++
-	s.metrics.gen.waiting.WithLabelValues(gq.name).Inc()
 	seq.stopCtx = context.AfterFunc(ctx, func() {
 		s.mu.Lock()
 		defer s.mu.Unlock()
@@ -437,8 +456,9 @@ func (s *Scheduler) Generate(ctx context.Context, req GenRequest) (*GenStream, e
 }
 
 func (s *Scheduler) genReject(gq *genQueue, reason string) {
+	gq.stats.totals.Failed++ // refused at once: no time spent
 	gq.stats.failed[reason]++
-	s.metrics.failed(gq.name, reason)
+	s.metrics.failed(gq.label, reason)
 }
 
 // genUsableLocked reports whether r may admit sequences now (probe: an
@@ -482,7 +502,6 @@ func (s *Scheduler) finishSeqLocked(seq *genSeq, err error, finish, reason strin
 		seq.waiting = false
 		gq.waiting = slices.DeleteFunc(gq.waiting, func(x *genSeq) bool { return x == seq })
 		s.queued--
-		s.metrics.gen.waiting.WithLabelValues(gq.name).Dec()
 	}
 	if seq.r != nil {
 		seq.r.wake() // its loop frees the cache
@@ -492,6 +511,7 @@ func (s *Scheduler) finishSeqLocked(seq *genSeq, err error, finish, reason strin
 		delete(gq.clients, seq.client)
 	}
 	s.active--
+	now := s.now()
 	if err == nil {
 		info := s.genInfo(seq)
 		if n := len(seq.events); n > 0 && seq.events[n-1].HasToken && seq.events[n-1].Finish == "" && finish != FinishDeadline {
@@ -499,10 +519,15 @@ func (s *Scheduler) finishSeqLocked(seq *genSeq, err error, finish, reason strin
 		} else {
 			seq.events = append(seq.events, GenEvent{Finish: finish, Info: info})
 		}
-		gq.stats.completed++
+		gq.stats.finished(info, now)
+		if seq.last != nil {
+			seq.last.stats.finished(info, now)
+		}
+		s.metrics.gen.finished(gq.label, finish, info.Total)
 	} else {
+		gq.stats.addRequest(ExecInfo{}, now.Sub(seq.submitted), false, now)
 		gq.stats.failed[reason]++
-		s.metrics.failed(gq.name, reason)
+		s.metrics.failed(gq.label, reason)
 	}
 	seq.wake()
 	s.checkDrainedLocked()
@@ -556,7 +581,7 @@ func (s *Scheduler) genLoop(r *genReplica) {
 			// Idle: wait for a kick, or for the end of an unhealthy rest.
 			// The plan may have just freed cancelled sequences: say so now,
 			// not at the next step, which may be a long time coming.
-			r.m.running.Set(float64(len(r.running)))
+			s.sampleKVLocked(r)
 			var probe <-chan time.Time
 			if !r.healthy && len(r.gq.waiting) > 0 && now.Before(r.probeAt) {
 				if probeTimer == nil {
@@ -574,7 +599,7 @@ func (s *Scheduler) genLoop(r *genReplica) {
 			continue
 		}
 		s.running++
-		r.m.running.Set(float64(len(r.running)))
+		s.sampleKVLocked(r)
 		s.mu.Unlock()
 
 		start := s.now()
@@ -584,7 +609,7 @@ func (s *Scheduler) genLoop(r *genReplica) {
 		s.mu.Lock()
 		s.running--
 		s.applyStepLocked(r, items, seqs, results, err, start, end)
-		r.m.running.Set(float64(len(r.running)))
+		s.sampleKVLocked(r)
 		s.checkDrainedLocked()
 		s.mu.Unlock()
 	}
@@ -627,7 +652,6 @@ func (s *Scheduler) requeueLocked(seq *genSeq) {
 	seq.waiting = true
 	gq.waiting = slices.Insert(gq.waiting, 0, seq)
 	s.queued++
-	s.metrics.gen.waiting.WithLabelValues(gq.name).Inc()
 	for _, o := range gq.replicas {
 		if seq.matches(o) {
 			o.wake()
@@ -698,7 +722,6 @@ func (s *Scheduler) planStepLocked(r *genReplica, now time.Time) ([]StepItem, []
 		seq.waiting = false
 		gq.waiting = slices.DeleteFunc(gq.waiting, func(x *genSeq) bool { return x == seq })
 		s.queued--
-		s.metrics.gen.waiting.WithLabelValues(gq.name).Dec()
 		seq.r = r
 		seq.computed = 0
 		r.running = append(r.running, seq)
@@ -719,6 +742,7 @@ func (s *Scheduler) preemptLocked(r *genReplica, seq *genSeq) {
 	s.releaseLocked(r, seq)
 	seq.preempted++
 	r.gq.stats.preemptions++
+	r.stats.preemptions++
 	r.m.preemptions.Inc()
 	s.requeueLocked(seq)
 }
@@ -757,20 +781,15 @@ func (s *Scheduler) applyStepLocked(r *genReplica, items []StepItem, seqs []*gen
 		return
 	}
 	if err != nil {
-		r.consecFails++
-		r.lastErr = err.Error()
-		if r.consecFails >= s.opts.UnhealthyAfter {
-			if r.healthy {
-				s.log.Warn("generator replica unhealthy", zap.String("model", gq.name), zap.String("device", r.dev.ID),
-					zap.Int("failures_in_a_row", r.consecFails), zap.Error(err))
-			}
-			r.healthy = false
-			r.probeAt = end.Add(s.opts.ProbeInterval)
+		if r.failed(err, end, s.opts) {
+			s.log.Warn("generator replica unhealthy", zap.String("model", gq.name), zap.String("device", r.dev.ID),
+				zap.Int("failures_in_a_row", r.consecFails), zap.Error(err))
 		}
 		for _, seq := range seqs {
 			if seq.r != r {
 				continue
 			}
+			r.stats.failed[ReasonBackend]++
 			s.releaseLocked(r, seq)
 			if seq.finished {
 				continue
@@ -787,10 +806,11 @@ func (s *Scheduler) applyStepLocked(r *genReplica, items []StepItem, seqs []*gen
 		}
 		return
 	}
-	if !r.healthy {
+	if r.succeeded() {
 		s.log.Info("generator replica healthy again", zap.String("model", gq.name), zap.String("device", r.dev.ID))
 	}
-	r.healthy, r.consecFails, r.lastErr = true, 0, ""
+	gq.stats.step(len(items), took)
+	r.stats.step(len(items), took)
 	stepTokens := 0
 	for _, it := range items {
 		stepTokens += len(it.Tokens)
@@ -817,10 +837,11 @@ func (s *Scheduler) applyStepLocked(r *genReplica, items []StepItem, seqs []*gen
 		seq.compute += took
 		seq.cost += stepCost * float64(len(it.Tokens)) / float64(stepTokens)
 		seq.maxBatch = max(seq.maxBatch, len(items))
-		seq.lastDev, seq.lastDevType = r.dev.ID, r.dev.Type
+		seq.lastDev, seq.lastDevType, seq.last = r.dev.ID, r.dev.Type, r
 		if seq.generated == 0 && seq.preempted == 0 {
 			r.m.prompt.Add(float64(len(it.Tokens)))
-			gq.stats.prompt += int64(len(it.Tokens))
+			gq.stats.promptTokens(len(it.Tokens), end)
+			r.stats.promptTokens(len(it.Tokens), end)
 		}
 		if !it.Sample {
 			continue
@@ -828,13 +849,18 @@ func (s *Scheduler) applyStepLocked(r *genReplica, items []StepItem, seqs []*gen
 		res := results[i]
 		seq.tokens = append(seq.tokens, res.Token)
 		seq.generated++
-		gq.stats.generated++
 		r.m.generated.Inc()
 		if seq.firstToken.IsZero() {
 			seq.firstToken = end
-			r.m.ttft.Observe(end.Sub(seq.submitted).Seconds())
+			ttft := end.Sub(seq.submitted)
+			r.m.ttft.Observe(ttft.Seconds())
+			gq.stats.token(ttft, true, end)
+			r.stats.token(ttft, true, end)
 		} else {
-			r.m.itl.Observe(end.Sub(seq.lastToken).Seconds())
+			itl := end.Sub(seq.lastToken)
+			r.m.itl.Observe(itl.Seconds())
+			gq.stats.token(itl, false, end)
+			r.stats.token(itl, false, end)
 		}
 		seq.lastToken = end
 		seq.events = append(seq.events, GenEvent{HasToken: true, Token: res.Token, Out: res.Out})
@@ -856,5 +882,23 @@ type genReplicaMetrics struct {
 	ttft, itl, step, stepTokens    prometheus.Observer
 	prompt, generated, preemptions prometheus.Counter
 	cost                           prometheus.Counter
-	running                        prometheus.Gauge
+}
+
+// KVCacheReporter is what an executor with a paged KV cache may report of
+// it (lifecycle's engine adapter does): Stats and the metrics show its
+// blocks. The scheduler asks between steps, from the replica's loop.
+type KVCacheReporter interface {
+	// CacheBlocks returns the blocks held by sequences and the blocks in
+	// all; cached blocks no sequence holds count as free.
+	CacheBlocks() (used, total int)
+}
+
+// KVCache is a replica's KV cache in blocks.
+type KVCache struct{ UsedBlocks, TotalBlocks int }
+
+// sampleKVLocked reads r's KV cache, when its executor reports one.
+func (s *Scheduler) sampleKVLocked(r *genReplica) {
+	if kv, ok := r.exec.(KVCacheReporter); ok {
+		r.kv.UsedBlocks, r.kv.TotalBlocks = kv.CacheBlocks()
+	}
 }

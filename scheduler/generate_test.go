@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 // fakeGen is a hand-written GenExecutor: a KV cache of fixed-size blocks,
@@ -24,6 +23,8 @@ type fakeGen struct {
 	blockSize, blocks int
 	hold              chan struct{} // when non-nil, each step waits for a receive... or close
 	fail              func(step int) error
+	advance           func() // when non-nil, called as each step ends (a fake clock's tick)
+	entered           chan struct{} // when non-nil, each step sends on it (if it can) before hold
 
 	mu      sync.Mutex
 	cache   map[uint64][]int32 // tokens in the cache per sequence
@@ -77,12 +78,21 @@ func nextToken(history []int32) int32 {
 }
 
 func (f *fakeGen) Step(ctx context.Context, items []StepItem) ([]StepResult, error) {
+	if f.entered != nil {
+		select {
+		case f.entered <- struct{}{}:
+		default:
+		}
+	}
 	if f.hold != nil {
 		select {
 		case <-f.hold:
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		}
+	}
+	if f.advance != nil {
+		defer f.advance()
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -127,6 +137,13 @@ func (f *fakeGen) check(t *testing.T) {
 	for _, err := range f.errs {
 		t.Error(err)
 	}
+}
+
+// CacheBlocks makes fakeGen a KVCacheReporter.
+func (f *fakeGen) CacheBlocks() (used, total int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.used, f.blocks
 }
 
 func (f *fakeGen) blocksUsed() int {
@@ -580,7 +597,7 @@ func TestGenerateCancelWhenAloneFreesAtOnce(t *testing.T) {
 		t.Fatalf("first event %+v, %v", ev, err)
 	}
 	running := func() float64 {
-		return testutil.ToFloat64(s.metrics.gen.running.WithLabelValues("llm", "cpu:0"))
+		return value(t, reg, "brokerd_generation_running_sequences", "model", "llm", "device", "cpu:0")
 	}
 	waitFor(t, "the sequence counted as running", func() bool { return running() == 1 })
 	cancel()

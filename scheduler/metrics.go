@@ -2,6 +2,10 @@ package scheduler
 
 import (
 	"errors"
+	"maps"
+	"slices"
+	"sync"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
@@ -9,19 +13,34 @@ import (
 
 // metrics are the scheduler's Prometheus series. They exist whether or not
 // a Registerer was given, so the code that moves them has no nil checks.
+//
+// The model label is the model version's name (WithName), the same in
+// every series; queues that share it (the instances of a hot reload) share
+// their series. Gauges of state are read at scrape time (stateCollector).
 type metrics struct {
 	requestDur, queueDur, computeDur, batchSize *prometheus.HistogramVec
-	depth, running                              *prometheus.GaugeVec
+	running                                     *prometheus.GaugeVec
 	failures, items, cost, abandoned            *prometheus.CounterVec
 	gen                                         genMetrics
+	state                                       *stateCollector
 }
 
 // genMetrics are the generation series (continuous batching).
 type genMetrics struct {
 	ttft, itl, step, stepTokens    *prometheus.HistogramVec
 	prompt, generated, preemptions *prometheus.CounterVec
-	running, waiting               *prometheus.GaugeVec
 	cost                           *prometheus.CounterVec // shared with batches
+	// Per model: sequences that ended well by finish reason, and their
+	// end-to-end latency (vLLM's request_success_total and
+	// e2e_request_latency_seconds).
+	success *prometheus.CounterVec
+	e2e     *prometheus.HistogramVec
+}
+
+// finished counts a sequence that ended well.
+func (g genMetrics) finished(model, reason string, total time.Duration) {
+	g.success.WithLabelValues(model, reason).Inc()
+	g.e2e.WithLabelValues(model).Observe(total.Seconds())
 }
 
 func (g genMetrics) forReplica(model, device string) genReplicaMetrics {
@@ -34,12 +53,8 @@ func (g genMetrics) forReplica(model, device string) genReplicaMetrics {
 		generated:   g.generated.WithLabelValues(model, device),
 		preemptions: g.preemptions.WithLabelValues(model, device),
 		cost:        g.cost.WithLabelValues(model, device),
-		running:     g.running.WithLabelValues(model, device),
 	}
 }
-
-// gaugeSetter is the part of a gauge the queue depth needs.
-type gaugeSetter interface{ Set(float64) }
 
 // replicaMetrics are the series of one (model, device), resolved once so the
 // hot path does no label lookups.
@@ -64,9 +79,6 @@ func newMetrics(reg prometheus.Registerer, log *zap.Logger) *metrics {
 		queueDur:   hist("queue_duration_seconds", "Time each item waited in the queue before its batch started.", latencyBuckets),
 		computeDur: hist("compute_duration_seconds", "Executor time per batch.", latencyBuckets),
 		batchSize:  hist("batch_size", "Items per executed batch.", prometheus.ExponentialBuckets(1, 2, 13)),
-		depth: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Namespace: "brokerd", Name: "queue_depth_items", Help: "Items queued per model.",
-		}, []string{"model"}),
 		running: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Namespace: "brokerd", Name: "running_batches", Help: "Batches executing now.",
 		}, md),
@@ -97,14 +109,17 @@ func newMetrics(reg prometheus.Registerer, log *zap.Logger) *metrics {
 		prompt:      counter("prompt_tokens_total", "Prompt tokens prefilled (recomputation after a preemption not counted)."),
 		generated:   counter("generated_tokens_total", "Tokens generated."),
 		preemptions: counter("preemptions_total", "Running sequences preempted for KV-cache room (recomputed later)."),
-		running: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Namespace: "brokerd", Subsystem: "generation", Name: "running_sequences", Help: "Sequences in a replica's running set.",
-		}, md),
-		waiting: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Namespace: "brokerd", Subsystem: "generation", Name: "waiting_sequences", Help: "Sequences waiting to be admitted, per model.",
+		cost:        m.cost,
+		success: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "brokerd", Subsystem: "generation", Name: "request_success_total",
+			Help: "Sequences that ended well, by finish reason: stop (an end-of-sequence token or a stop string), length (max tokens, or the context or KV cache full), deadline. Failed ones are in brokerd_request_failures_total.",
+		}, []string{"model", "finished_reason"}),
+		e2e: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: "brokerd", Subsystem: "generation", Name: "e2e_request_latency_seconds",
+			Help: "Time from Generate until a sequence's last token, of the sequences that ended well.", Buckets: latencyBuckets,
 		}, []string{"model"}),
-		cost: m.cost,
 	}
+	m.state = newStateCollector()
 	if reg == nil {
 		return m
 	}
@@ -114,7 +129,6 @@ func newMetrics(reg prometheus.Registerer, log *zap.Logger) *metrics {
 	m.queueDur = register(reg, log, m.queueDur)
 	m.computeDur = register(reg, log, m.computeDur)
 	m.batchSize = register(reg, log, m.batchSize)
-	m.depth = register(reg, log, m.depth)
 	m.running = register(reg, log, m.running)
 	m.failures = register(reg, log, m.failures)
 	m.items = register(reg, log, m.items)
@@ -128,8 +142,9 @@ func newMetrics(reg prometheus.Registerer, log *zap.Logger) *metrics {
 	m.gen.prompt = register(reg, log, m.gen.prompt)
 	m.gen.generated = register(reg, log, m.gen.generated)
 	m.gen.preemptions = register(reg, log, m.gen.preemptions)
-	m.gen.running = register(reg, log, m.gen.running)
-	m.gen.waiting = register(reg, log, m.gen.waiting)
+	m.gen.success = register(reg, log, m.gen.success)
+	m.gen.e2e = register(reg, log, m.gen.e2e)
+	m.state = register(reg, log, m.state)
 	return m
 }
 
@@ -172,23 +187,135 @@ type deleter interface {
 func (m *metrics) forgetReplica(model, device string) {
 	for _, v := range []deleter{
 		m.requestDur, m.queueDur, m.computeDur, m.batchSize, m.running, m.items, m.cost, m.abandoned,
-		m.gen.ttft, m.gen.itl, m.gen.step, m.gen.stepTokens, m.gen.prompt, m.gen.generated, m.gen.preemptions, m.gen.running,
+		m.gen.ttft, m.gen.itl, m.gen.step, m.gen.stepTokens, m.gen.prompt, m.gen.generated, m.gen.preemptions,
 	} {
 		v.DeleteLabelValues(model, device)
 	}
 }
 
-// forgetModel removes the per-model series of a model no replica serves.
+// forgetModel removes the per-model series of a model no queue serves.
 func (m *metrics) forgetModel(model string) {
-	m.depth.DeleteLabelValues(model)
-	m.gen.waiting.DeleteLabelValues(model)
-	m.failures.DeletePartialMatch(prometheus.Labels{"model": model})
+	for _, v := range []deleter{m.failures, m.gen.success, m.gen.e2e} {
+		v.DeletePartialMatch(prometheus.Labels{"model": model})
+	}
 }
 
 func (m *metrics) requestDuration(model, device string) prometheus.Observer {
 	return m.requestDur.WithLabelValues(model, device)
 }
 
-func (m *metrics) depthGauge(model string) gaugeSetter { return m.depth.WithLabelValues(model) }
-
 func (m *metrics) failed(model, reason string) { m.failures.WithLabelValues(model, reason).Inc() }
+
+// stateCollector reports the gauges of state at scrape time, from the
+// schedulers' queues and replicas: what is queued, running and held now.
+// Series of a model or replica that is gone are not reported, and queues
+// that share a model name (a hot reload's instances, schedulers sharing a
+// registry) are summed.
+//
+// The generation gauges per model are the model-server protocol's (the
+// Gateway API Inference Extension's endpoint picker reads them):
+// TotalQueuedRequests is brokerd_generation_waiting_sequences,
+// TotalRunningRequests brokerd_generation_model_running_sequences, and
+// KVCacheUtilization brokerd_generation_kv_cache_usage_ratio (0 to 1).
+type stateCollector struct {
+	depth, running, waiting, kvBlocks, modelRunning, kvUsage *prometheus.Desc
+
+	mu     sync.Mutex
+	scheds []*Scheduler
+}
+
+func newStateCollector() *stateCollector {
+	d := func(name, help string, labels ...string) *prometheus.Desc {
+		return prometheus.NewDesc(name, help, labels, nil)
+	}
+	return &stateCollector{
+		depth:   d("brokerd_queue_depth_items", "Items queued per model.", "model"),
+		running: d("brokerd_generation_running_sequences", "Sequences in a replica's running set.", "model", "device"),
+		waiting: d("brokerd_generation_waiting_sequences",
+			"Sequences waiting to be admitted, preempted ones included, per model: the model-server protocol's TotalQueuedRequests.", "model"),
+		kvBlocks: d("brokerd_generation_kv_cache_blocks",
+			"KV-cache blocks of each generator replica: used (held by sequences; cached blocks no sequence holds count as free) and total.",
+			"model", "device", "state"),
+		modelRunning: d("brokerd_generation_model_running_sequences",
+			"Sequences in the running sets of all the model's replicas: the model-server protocol's TotalRunningRequests.", "model"),
+		kvUsage: d("brokerd_generation_kv_cache_usage_ratio",
+			"Fraction of the model's KV-cache blocks held by sequences, over all its replicas, 0 to 1 (cached blocks no sequence holds count as free): the model-server protocol's KVCacheUtilization.",
+			"model"),
+	}
+}
+
+func (c *stateCollector) add(s *Scheduler) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.scheds = append(c.scheds, s)
+}
+
+func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{c.depth, c.running, c.waiting, c.kvBlocks, c.modelRunning, c.kvUsage} {
+		ch <- d
+	}
+}
+
+func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
+	type dev struct{ model, device string }
+	type genModel struct {
+		waiting, running int
+		kv               KVCache
+	}
+	depth := map[string]int{}
+	gens := map[string]*genModel{}
+	running := map[dev]int{}
+	kv := map[dev]KVCache{}
+	c.mu.Lock()
+	scheds := slices.Clone(c.scheds)
+	c.mu.Unlock()
+	for _, s := range scheds {
+		s.mu.Lock()
+		for _, mq := range s.models {
+			depth[mq.label] += mq.depth
+		}
+		for _, gq := range s.gens {
+			g := gens[gq.label]
+			if g == nil {
+				g = &genModel{}
+				gens[gq.label] = g
+			}
+			g.waiting += len(gq.waiting)
+			for _, r := range gq.replicas {
+				k := dev{gq.label, r.dev.ID}
+				running[k] += len(r.running)
+				g.running += len(r.running)
+				if r.kv.TotalBlocks > 0 {
+					b := kv[k]
+					b.UsedBlocks += r.kv.UsedBlocks
+					b.TotalBlocks += r.kv.TotalBlocks
+					kv[k] = b
+					g.kv.UsedBlocks += r.kv.UsedBlocks
+					g.kv.TotalBlocks += r.kv.TotalBlocks
+				}
+			}
+		}
+		s.mu.Unlock()
+	}
+	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+	for _, model := range slices.Sorted(maps.Keys(depth)) {
+		gauge(c.depth, float64(depth[model]), model)
+	}
+	for _, model := range slices.Sorted(maps.Keys(gens)) {
+		g := gens[model]
+		gauge(c.waiting, float64(g.waiting), model)
+		gauge(c.modelRunning, float64(g.running), model)
+		if g.kv.TotalBlocks > 0 {
+			gauge(c.kvUsage, float64(g.kv.UsedBlocks)/float64(g.kv.TotalBlocks), model)
+		}
+	}
+	for k, n := range running {
+		gauge(c.running, float64(n), k.model, k.device)
+	}
+	for k, b := range kv {
+		gauge(c.kvBlocks, float64(b.UsedBlocks), k.model, k.device, "used")
+		gauge(c.kvBlocks, float64(b.TotalBlocks), k.model, k.device, "total")
+	}
+}

@@ -133,7 +133,8 @@ type pinQueue struct {
 
 // modelQueue is the queue of one model and the group of replicas serving it.
 type modelQueue struct {
-	name     string
+	name     string // the queue's key
+	label    string // its name in Stats and the metrics (WithName)
 	replicas []*replica
 	levels   []*level // priority descending
 	pins     map[string]*pinQueue
@@ -147,17 +148,16 @@ type modelQueue struct {
 
 	stats   rowStats // model-wide row of Stats
 	metrics *metrics
-	depthG  gaugeSetter
 }
 
-func newModelQueue(name string, m *metrics) *modelQueue {
+func newModelQueue(name, label string, m *metrics) *modelQueue {
 	return &modelQueue{
 		name:    name,
+		label:   label,
 		pins:    make(map[string]*pinQueue),
 		active:  make(map[*request]struct{}),
 		stats:   newRowStats(),
 		metrics: m,
-		depthG:  m.depthGauge(name),
 	}
 }
 
@@ -177,12 +177,13 @@ func (mq *modelQueue) dropReplica(r *replica) {
 func (mq *modelQueue) reject(reason string) {
 	mq.stats.totals.Failed++ // refused at once: no time spent
 	mq.stats.failed[reason]++
-	mq.metrics.failed(mq.name, reason)
+	mq.metrics.failed(mq.label, reason)
 }
 
+// setDepth moves the queued items; brokerd_queue_depth_items reads them at
+// scrape time.
 func (mq *modelQueue) setDepth(delta int) {
 	mq.depth += delta
-	mq.depthG.Set(float64(mq.depth))
 }
 
 func (mq *modelQueue) stopTimer() {

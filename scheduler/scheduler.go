@@ -152,7 +152,28 @@ type Request struct {
 // ReplicaOption configures a replica.
 type ReplicaOption func(*replicaOptions)
 
-type replicaOptions struct{ maxCost, maxInFlight int }
+type replicaOptions struct {
+	maxCost, maxInFlight int
+	name                 string
+}
+
+// WithName is the name Stats rows and the metrics' model label give the
+// replica's model (default: the model key AddReplica and AddGenReplica
+// take): the model version's name, one per version. Queues of one version
+// (a hot reload queues the new instance under a key of its own while
+// requests move over) share it, and their series; the replicas of one
+// key must agree on it.
+func WithName(name string) ReplicaOption {
+	return func(o *replicaOptions) { o.name = name }
+}
+
+// label is the name o gives model's queue.
+func (o replicaOptions) label(model string) string {
+	if o.name != "" {
+		return o.name
+	}
+	return model
+}
 
 // WithMaxBatchCost bounds the summed Request.Costs of one batch (e.g. a
 // model's max_batch_tokens) besides its item count. An item costlier than
@@ -251,7 +272,7 @@ func New(opts Options) *Scheduler {
 		opts.Now = time.Now
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Scheduler{
+	s := &Scheduler{
 		opts:     opts,
 		log:      opts.Logger.Named("scheduler"),
 		now:      opts.Now,
@@ -262,6 +283,8 @@ func New(opts Options) *Scheduler {
 		gens:     make(map[string]*genQueue),
 		cordoned: make(map[string]bool),
 	}
+	s.metrics.state.add(s)
+	return s
 }
 
 // AddReplica makes dev serve model with batches of up to maxBatch items (from
@@ -291,8 +314,11 @@ func (s *Scheduler) AddReplica(model string, dev Device, maxBatch int, exec Exec
 	}
 	mq := s.models[model]
 	if mq == nil {
-		mq = newModelQueue(model, s.metrics)
+		mq = newModelQueue(model, ro.label(model), s.metrics)
 		s.models[model] = mq
+	}
+	if mq.label != ro.label(model) {
+		return fmt.Errorf("scheduler: add replica of %q on %s: %w: named %q, its other replicas %q", model, dev.ID, ErrInvalidArgument, ro.label(model), mq.label)
 	}
 	if mq.replica(dev.ID) != nil {
 		return fmt.Errorf("scheduler: add replica of %q on %s: %w: already served", model, dev.ID, ErrInvalidArgument)
@@ -329,6 +355,7 @@ func (s *Scheduler) RemoveReplica(ctx context.Context, model, deviceID string) e
 		return fmt.Errorf("scheduler: remove replica of %q on %s: %w", model, deviceID, ErrDeviceNotFound)
 	}
 	r.removing = true
+	label := mq.label
 	mq.dropReplica(r)
 	if !r.busy() {
 		r.closeWork()
@@ -350,27 +377,40 @@ func (s *Scheduler) RemoveReplica(ctx context.Context, model, deviceID string) e
 	case <-ctx.Done():
 		err = fmt.Errorf("scheduler: remove replica of %q on %s: waiting for its batch: %w", model, deviceID, ctx.Err())
 	}
-	s.forgetSeries(model, deviceID)
+	s.forgetSeries(label, deviceID)
 	return err
 }
 
 // forgetSeries removes the metric series of a removed replica, and its
-// model's once no replica serves that name: the model label is the serving
-// key (NAME@VERSION, and a hot reload's own key), so series left behind
-// would show an instance that is gone, with its last values, for as long
-// as brokerd runs. A replica added again under the same key meanwhile
-// keeps them.
-func (s *Scheduler) forgetSeries(model, deviceID string) {
+// model's once no queue of that name is left: series left behind would
+// show a model that is gone, with its last values, for as long as brokerd
+// runs. A replica of the same name on the device (another instance of the
+// version, or one added again meanwhile) keeps them. The gauges of state
+// (queue depth, running and waiting sequences, KV cache) are read at
+// scrape time and need no forgetting.
+func (s *Scheduler) forgetSeries(label, deviceID string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	mq, gq := s.models[model], s.gens[model]
-	if (mq != nil && mq.replica(deviceID) != nil) ||
-		(gq != nil && slices.ContainsFunc(gq.replicas, func(r *genReplica) bool { return r.dev.ID == deviceID })) {
-		return
+	named := false
+	for _, mq := range s.models {
+		if mq.label == label {
+			named = true
+			if mq.replica(deviceID) != nil {
+				return
+			}
+		}
 	}
-	s.metrics.forgetReplica(model, deviceID)
-	if mq == nil && gq == nil {
-		s.metrics.forgetModel(model)
+	for _, gq := range s.gens {
+		if gq.label == label {
+			named = true
+			if gq.replica(deviceID) != nil {
+				return
+			}
+		}
+	}
+	s.metrics.forgetReplica(label, deviceID)
+	if !named {
+		s.metrics.forgetModel(label)
 	}
 }
 
@@ -443,11 +483,13 @@ func (s *Scheduler) Submit(ctx context.Context, req Request) (Response, error) {
 // enqueueLocked validates req against the current replicas and the queue
 // bound and queues its items; nothing is queued when it fails.
 func (s *Scheduler) enqueueLocked(ctx context.Context, req Request) (*request, error) {
+	mq := s.models[req.Model]
 	if s.draining || s.closed {
-		s.metrics.failed(req.Model, ReasonRejected)
+		if mq != nil { // an unknown name is not counted: see below
+			mq.reject(ReasonRejected)
+		}
 		return nil, fmt.Errorf("scheduler: %q: %w", req.Model, ErrDraining)
 	}
-	mq := s.models[req.Model]
 	if mq == nil && s.gens[req.Model] != nil {
 		return nil, fmt.Errorf("scheduler: %q: %w: it is a generator", req.Model, ErrWrongKind)
 	}

@@ -9,11 +9,18 @@ import (
 )
 
 // QueueStats describes one model queue (DeviceID "") or one replica of it.
+//
+// A generator's rows (Gen set) count sequences: Queued are those waiting
+// to be admitted (preempted ones included), Running those in running sets,
+// Completed those that finished (any finish reason), Batches the steps and
+// MeanBatchSize the sequences per step, Latency the sequences' end-to-end
+// time, RecentItemsPerSecond the sequences finished per second.
 type QueueStats struct {
+	// Model is the model version's name (WithName), never the queue key.
 	Model      string
 	DeviceID   string // "" for the model-wide row
 	DeviceType string
-	MaxBatch   int // the replica's batch limit; 0 in the model row
+	MaxBatch   int // the replica's batch limit (a generator's running set); 0 in the model row
 
 	// Queued: in the model row, every item in the model's queue; in a
 	// replica row, the queued items that replica may take (unpinned ones
@@ -50,6 +57,27 @@ type QueueStats struct {
 	// with their summed time until they failed; batches by size with their
 	// summed compute time; when the last request succeeded.
 	Totals Totals
+
+	// Gen is set in the rows of a generator model (Generate).
+	Gen *GenStats
+}
+
+// GenStats are a generator's own figures, in its model row (summed or
+// over all its sequences) and in each replica's.
+type GenStats struct {
+	// Tokens per second over the last RateWindow: prompt tokens prefilled
+	// (a preempted sequence's recomputation not counted) and tokens
+	// generated.
+	PromptTokensPerSecond, OutputTokensPerSecond float64
+	// TimeToFirstToken over recent sequences (the last 1024): Generate
+	// until the first token. InterToken over recent tokens (the last
+	// 1024): the time between consecutive tokens of a sequence.
+	TimeToFirstToken, InterToken LatencySummary
+	// KV is the KV cache in blocks, when the executor reports it
+	// (KVCacheReporter); summed over the replicas in the model row.
+	KV KVCache
+	// Since the queue was created.
+	PromptTokens, GeneratedTokens, Preemptions int64
 }
 
 // Totals are cumulative counts and durations of a model's requests.
@@ -73,91 +101,113 @@ type LatencySummary struct {
 	Count               int // requests in the window
 }
 
-// Health is the state of a device as the scheduler sees it, over all the
-// replicas on it.
-type Health struct {
-	Known               bool // some replica runs on the device
-	Healthy             bool // no replica on it is marked unhealthy
-	Cordoned            bool
-	ConsecutiveFailures int       // the most of any replica on it
-	LastError           string    // of the replica with the most failures
-	ProbeAt             time.Time // when an unhealthy replica is tried again
-}
-
-// Stats returns the model row and one row per replica of model, or of every
-// model when model is "", sorted by model then device. Unknown models give
-// no rows.
+// Stats returns the model row and one row per replica of model (a queue
+// key), or of every model when model is "", sorted by model name, then key,
+// then device. Unknown models give no rows.
 func (s *Scheduler) Stats(model string) []QueueStats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.now()
-	var names []string
-	if model == "" {
-		names = slices.Sorted(maps.Keys(s.models))
-	} else if s.models[model] != nil {
-		names = []string{model}
+	type queue struct {
+		label, key string
+		mq         *modelQueue
+		gq         *genQueue
 	}
+	var queues []queue
+	for key, mq := range s.models {
+		if model == "" || key == model {
+			queues = append(queues, queue{label: mq.label, key: key, mq: mq})
+		}
+	}
+	for key, gq := range s.gens {
+		if model == "" || key == model {
+			queues = append(queues, queue{label: gq.label, key: key, gq: gq})
+		}
+	}
+	slices.SortFunc(queues, func(a, b queue) int {
+		if c := strings.Compare(a.label, b.label); c != 0 {
+			return c
+		}
+		return strings.Compare(a.key, b.key)
+	})
 	var out []QueueStats
-	for _, name := range names {
-		mq := s.models[name]
-		row := QueueStats{
-			Model:   name,
-			Queued:  int64(mq.depth),
-			Healthy: true,
+	for _, q := range queues {
+		if q.mq != nil {
+			out = s.batchRowsLocked(out, q.mq, now)
+		} else {
+			out = s.genRowsLocked(out, q.gq, now)
 		}
-		mq.stats.fill(&row, now)
-		rows := make([]QueueStats, 0, len(mq.replicas))
-		for _, r := range mq.replicas {
-			n, _ := mq.eligible(r, now, 0)
-			rr := QueueStats{
-				Model:               name,
-				DeviceID:            r.dev.ID,
-				DeviceType:          r.dev.Type,
-				MaxBatch:            r.maxBatch,
-				Queued:              int64(n),
-				Running:             int64(r.runningItems),
-				ItemsPerSecond:      r.throughput,
-				Healthy:             r.healthy,
-				Cordoned:            s.cordoned[r.dev.ID],
-				ConsecutiveFailures: r.consecFails,
-				LastError:           r.lastErr,
-			}
-			r.stats.fill(&rr, now)
-			row.Running += rr.Running
-			row.ItemsPerSecond += rr.ItemsPerSecond
-			row.Healthy = row.Healthy && rr.Healthy
-			rows = append(rows, rr)
-		}
-		slices.SortFunc(rows, func(a, b QueueStats) int { return strings.Compare(a.DeviceID, b.DeviceID) })
-		out = append(out, row)
-		out = append(out, rows...)
 	}
 	return out
 }
 
-// Health reports the device's state over the replicas on it.
-func (s *Scheduler) Health(deviceID string) Health {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	h := Health{Healthy: true, Cordoned: s.cordoned[deviceID]}
-	for _, mq := range s.models {
-		r := mq.replica(deviceID)
-		if r == nil {
-			continue
+func (s *Scheduler) batchRowsLocked(out []QueueStats, mq *modelQueue, now time.Time) []QueueStats {
+	row := QueueStats{
+		Model:   mq.label,
+		Queued:  int64(mq.depth),
+		Healthy: true,
+	}
+	mq.stats.fill(&row, now)
+	rows := make([]QueueStats, 0, len(mq.replicas))
+	for _, r := range mq.replicas {
+		n, _ := mq.eligible(r, now, 0)
+		rr := QueueStats{
+			Model:          mq.label,
+			DeviceID:       r.dev.ID,
+			DeviceType:     r.dev.Type,
+			MaxBatch:       r.maxBatch,
+			Queued:         int64(n),
+			Running:        int64(r.runningItems),
+			ItemsPerSecond: r.throughput,
+			Cordoned:       s.cordoned[r.dev.ID],
 		}
-		h.Known = true
-		if !r.healthy {
-			h.Healthy = false
-			if h.ProbeAt.IsZero() || r.probeAt.Before(h.ProbeAt) {
-				h.ProbeAt = r.probeAt
+		r.replicaHealth.fill(&rr)
+		r.stats.fill(&rr, now)
+		row.Running += rr.Running
+		row.ItemsPerSecond += rr.ItemsPerSecond
+		row.Healthy = row.Healthy && rr.Healthy
+		rows = append(rows, rr)
+	}
+	slices.SortFunc(rows, func(a, b QueueStats) int { return strings.Compare(a.DeviceID, b.DeviceID) })
+	return append(append(out, row), rows...)
+}
+
+// genRowsLocked makes a generator's rows from its queue's own counters.
+func (s *Scheduler) genRowsLocked(out []QueueStats, gq *genQueue, now time.Time) []QueueStats {
+	row := QueueStats{Model: gq.label, Queued: int64(len(gq.waiting)), Healthy: true}
+	gq.stats.fill(&row, now)
+	rows := make([]QueueStats, 0, len(gq.replicas))
+	for _, r := range gq.replicas {
+		var waiting int64
+		for _, seq := range gq.waiting {
+			if seq.matches(r) {
+				waiting++
 			}
 		}
-		if r.consecFails > h.ConsecutiveFailures {
-			h.ConsecutiveFailures = r.consecFails
-			h.LastError = r.lastErr
+		rr := QueueStats{
+			Model:      gq.label,
+			DeviceID:   r.dev.ID,
+			DeviceType: r.dev.Type,
+			MaxBatch:   r.opts.MaxRunning,
+			Queued:     waiting,
+			Running:    int64(len(r.running)),
+			Cordoned:   s.cordoned[r.dev.ID],
 		}
+		r.replicaHealth.fill(&rr)
+		r.stats.fill(&rr, now)
+		rr.Gen.KV = r.kv
+		row.Running += rr.Running
+		row.Healthy = row.Healthy && rr.Healthy
+		row.Gen.KV.UsedBlocks += r.kv.UsedBlocks
+		row.Gen.KV.TotalBlocks += r.kv.TotalBlocks
+		rows = append(rows, rr)
 	}
-	return h
+	slices.SortFunc(rows, func(a, b QueueStats) int { return strings.Compare(a.DeviceID, b.DeviceID) })
+	return append(append(out, row), rows...)
+}
+
+func (h *replicaHealth) fill(q *QueueStats) {
+	q.Healthy, q.ConsecutiveFailures, q.LastError = h.healthy, h.consecFails, h.lastErr
 }
 
 // rowStats are the counters behind one Stats row.
@@ -209,6 +259,70 @@ func (rs *rowStats) fill(q *QueueStats, now time.Time) {
 	q.Latency = rs.lat.summary()
 	q.Totals = rs.totals
 	q.Totals.BatchesBySize = maps.Clone(rs.totals.BatchesBySize)
+}
+
+// genRowStats are the counters behind a generator's Stats row: rowStats
+// counts sequences (completed, failed, their latency) and steps (batches).
+type genRowStats struct {
+	rowStats
+	stepSeqs                       int64 // sequences over all steps
+	prompt, generated, preemptions int64
+	ttft, itl                      latencyRing
+	promptRate, outRate            rateWindow
+}
+
+func newGenRowStats() genRowStats { return genRowStats{rowStats: newRowStats()} }
+
+// step counts a successful step of n sequences.
+func (g *genRowStats) step(n int, took time.Duration) {
+	g.batches++
+	g.stepSeqs += int64(n)
+	b := g.totals.BatchesBySize[n]
+	b.Count++
+	b.Compute += took
+	g.totals.BatchesBySize[n] = b
+}
+
+func (g *genRowStats) promptTokens(n int, now time.Time) {
+	g.prompt += int64(n)
+	g.promptRate.add(n, now)
+}
+
+// token counts a generated token: the first of its sequence (d is the
+// time to it) or a later one (d is the time since the last).
+func (g *genRowStats) token(d time.Duration, first bool, now time.Time) {
+	g.generated++
+	g.outRate.add(1, now)
+	if first {
+		g.ttft.add(d)
+	} else {
+		g.itl.add(d)
+	}
+}
+
+// finished counts a sequence that ended well.
+func (g *genRowStats) finished(info *GenInfo, now time.Time) {
+	g.completed++
+	g.recent.add(1, now)
+	g.lat.add(info.Total)
+	g.addRequest(ExecInfo{Queue: info.Queue, Compute: info.Compute}, info.Total, true, now)
+}
+
+func (g *genRowStats) fill(q *QueueStats, now time.Time) {
+	g.rowStats.fill(q, now)
+	q.MeanBatchSize = 0
+	if g.batches > 0 {
+		q.MeanBatchSize = float64(g.stepSeqs) / float64(g.batches)
+	}
+	q.Gen = &GenStats{
+		PromptTokensPerSecond: g.promptRate.rate(now),
+		OutputTokensPerSecond: g.outRate.rate(now),
+		TimeToFirstToken:      g.ttft.summary(),
+		InterToken:            g.itl.summary(),
+		PromptTokens:          g.prompt,
+		GeneratedTokens:       g.generated,
+		Preemptions:           g.preemptions,
+	}
 }
 
 // latencyRing keeps the last latencyWindow request latencies.

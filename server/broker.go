@@ -81,6 +81,7 @@ type modelCatalog interface {
 	Acquire(name string, version int64) (*lifecycle.Served, error)
 	Release(sv *lifecycle.Served)
 	Lookup(name string) *lifecycle.Served
+	LookupLabel(label string) *lifecycle.Served
 	Missing(name string) error
 	Builtin(name string) (lifecycle.Encoder, bool)
 	DefaultModel() string

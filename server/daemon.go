@@ -176,7 +176,6 @@ func Run(ctx context.Context, opts Options, log *zap.Logger) error {
 		Entries:        inv.Devices,
 		DTypes:         pol.dtypes,
 	}, log)
-	reg.MustRegister(lifecycle.NewKVCacheCollector(models))
 	defer func() {
 		if err := models.Close(); err != nil {
 			log.Warn("closing models", zap.Error(err))

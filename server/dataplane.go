@@ -2,8 +2,6 @@ package server
 
 import (
 	"context"
-	"fmt"
-	"strings"
 
 	"go.uber.org/zap"
 	"google.golang.org/grpc/codes"
@@ -21,16 +19,12 @@ func (s *BrokerService) GetStats(ctx context.Context, req *brokerv1.GetStatsRequ
 	}
 	key := req.GetModel()
 	if key != "" && s.models != nil {
-		// Repository models queue under NAME@VERSION: the serving version's
-		// rows answer for the name.
+		// Repository models queue under keys of their own: a name answers
+		// with its serving version's rows, and so does that version's own
+		// name (NAME@VERSION), which the rows carry.
 		sv := s.models.Lookup(key)
 		if sv == nil {
-			// The rows name NAME@VERSION: that spelling answers too.
-			if name, _, ok := strings.Cut(key, "@"); ok {
-				if byName := s.models.Lookup(name); byName != nil && fmt.Sprintf("%s@%d", name, byName.Info.Version) == key {
-					sv = byName
-				}
-			}
+			sv = s.models.LookupLabel(key)
 		}
 		if sv == nil {
 			return nil, toStatus(s.log, "GetStats", s.models.Missing(key))
@@ -55,17 +49,38 @@ func statsToProto(st scheduler.QueueStats) *brokerv1.QueueStats {
 		MeanBatchSize:        st.MeanBatchSize,
 		ItemsPerSecond:       st.ItemsPerSecond,
 		RecentItemsPerSecond: st.RecentItemsPerSecond,
-		Latency: &brokerv1.LatencySummary{
-			MeanSeconds: st.Latency.Mean.Seconds(),
-			P50Seconds:  st.Latency.P50.Seconds(),
-			P95Seconds:  st.Latency.P95.Seconds(),
-			P99Seconds:  st.Latency.P99.Seconds(),
-		},
+		Latency:              latencyToProto(st.Latency),
+		MaxBatch:             int32(st.MaxBatch),
+		Healthy:              st.Healthy,
+		ConsecutiveFailures:  int32(st.ConsecutiveFailures),
+		LastError:            st.LastError,
 	}
 	for k, v := range st.Failed {
 		out.Failed[k] = v
 	}
+	if g := st.Gen; g != nil {
+		out.Generation = &brokerv1.GenerationStats{
+			PromptTokensPerSecond: g.PromptTokensPerSecond,
+			OutputTokensPerSecond: g.OutputTokensPerSecond,
+			TimeToFirstToken:      latencyToProto(g.TimeToFirstToken),
+			InterTokenLatency:     latencyToProto(g.InterToken),
+			KvCacheBlocksUsed:     int64(g.KV.UsedBlocks),
+			KvCacheBlocksTotal:    int64(g.KV.TotalBlocks),
+			Preemptions:           g.Preemptions,
+			PromptTokens:          g.PromptTokens,
+			GeneratedTokens:       g.GeneratedTokens,
+		}
+	}
 	return out
+}
+
+func latencyToProto(l scheduler.LatencySummary) *brokerv1.LatencySummary {
+	return &brokerv1.LatencySummary{
+		MeanSeconds: l.Mean.Seconds(),
+		P50Seconds:  l.P50.Seconds(),
+		P95Seconds:  l.P95.Seconds(),
+		P99Seconds:  l.P99.Seconds(),
+	}
 }
 
 // Drain stops accepting work, completes everything accepted, and answers

@@ -219,7 +219,7 @@ func TestGenerateEndToEnd(t *testing.T) {
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	for _, want := range []string{
-		`brokerd_generation_kv_cache_blocks{device="cpu:0",model="tiny-llm",state="used"} 0`,
+		`brokerd_generation_kv_cache_blocks{device="cpu:0",model="tiny-llm@1",state="used"} 0`,
 		`brokerd_generation_generated_tokens_total{device="cpu:0",model="tiny-llm@1"}`,
 		`brokerd_generation_time_to_first_token_seconds_count{device="cpu:0",model="tiny-llm@1"}`,
 	} {

@@ -148,8 +148,16 @@ func (f fixedModels) Acquire(name string, version int64) (*lifecycle.Served, err
 	}
 	return sv, nil
 }
-func (f fixedModels) Release(*lifecycle.Served)                {}
-func (f fixedModels) Lookup(name string) *lifecycle.Served     { return f[name] }
+func (f fixedModels) Release(*lifecycle.Served)            {}
+func (f fixedModels) Lookup(name string) *lifecycle.Served { return f[name] }
+func (f fixedModels) LookupLabel(label string) *lifecycle.Served {
+	for _, sv := range f {
+		if sv.Label == label {
+			return sv
+		}
+	}
+	return nil
+}
 func (f fixedModels) Builtin(string) (lifecycle.Encoder, bool) { return nil, false }
 func (f fixedModels) DefaultModel() string                     { return "" }
 func (f fixedModels) ComputeDType(string) (runtime.DType, bool) {

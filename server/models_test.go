@@ -519,13 +519,26 @@ func TestReloadChangedFiles(t *testing.T) {
 	if err != nil {
 		t.Fatalf("stats of the reloaded version by NAME@VERSION: %v", err)
 	}
-	for _, s := range st.GetStats() {
-		if s.GetModel() == "mlp@1" {
-			t.Errorf("the replaced instance still has a queue: %v", s)
-		}
-	}
 	if len(st.GetStats()) == 0 {
 		t.Error("no stats for the reloaded version")
+	}
+	// Both instances are named mlp@1 (the new one's queue key is its own,
+	// and stays inside brokerd): one model row is left, the new one's.
+	all, err := c.GetStats(ctx, &brokerv1.GetStatsRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	queues := 0
+	for _, s := range all.GetStats() {
+		if s.GetModel() != "mlp@1" && strings.HasPrefix(s.GetModel(), "mlp") {
+			t.Errorf("a row named %q, not the version's name", s.GetModel())
+		}
+		if s.GetModel() == "mlp@1" && s.GetDeviceId() == "" {
+			queues++
+		}
+	}
+	if queues != 1 {
+		t.Errorf("%d queues of mlp@1 after the reload, want the new instance's alone", queues)
 	}
 	unchanged, err := c.LoadModel(ctx, &brokerv1.LoadModelRequest{Name: "mlp"})
 	if err != nil {

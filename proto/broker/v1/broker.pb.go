@@ -3519,13 +3519,23 @@ func (x *LatencySummary) GetP99Seconds() float64 {
 }
 
 // QueueStats is the statistics of one (model, device) pair.
+//
+// A generator's rows (Generate, Chat; generation set) count sequences, one
+// per choice: queued are those waiting to be admitted (preempted ones
+// included), running those in running sets, completed those that finished
+// (any finish reason), mean_batch_size the sequences per step, latency the
+// sequences' end-to-end time, recent_items_per_second the sequences
+// finished per second.
 type QueueStats struct {
-	state     protoimpl.MessageState `protogen:"open.v1"`
-	Model     string                 `protobuf:"bytes,1,opt,name=model,proto3" json:"model,omitempty"`
-	DeviceId  string                 `protobuf:"bytes,2,opt,name=device_id,json=deviceId,proto3" json:"device_id,omitempty"`
-	Queued    int64                  `protobuf:"varint,3,opt,name=queued,proto3" json:"queued,omitempty"`
-	Running   int64                  `protobuf:"varint,4,opt,name=running,proto3" json:"running,omitempty"`
-	Completed int64                  `protobuf:"varint,5,opt,name=completed,proto3" json:"completed,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The model version's name: NAME@VERSION for a repository model, the
+	// name alone for the built-in encoder.
+	Model string `protobuf:"bytes,1,opt,name=model,proto3" json:"model,omitempty"`
+	// Empty in the model's row, which sums or spans its replicas' rows.
+	DeviceId  string `protobuf:"bytes,2,opt,name=device_id,json=deviceId,proto3" json:"device_id,omitempty"`
+	Queued    int64  `protobuf:"varint,3,opt,name=queued,proto3" json:"queued,omitempty"`
+	Running   int64  `protobuf:"varint,4,opt,name=running,proto3" json:"running,omitempty"`
+	Completed int64  `protobuf:"varint,5,opt,name=completed,proto3" json:"completed,omitempty"`
 	// Failures by reason: rejected, cancelled, timeout, backend.
 	Failed        map[string]int64 `protobuf:"bytes,6,rep,name=failed,proto3" json:"failed,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
 	MeanBatchSize float64          `protobuf:"fixed64,7,opt,name=mean_batch_size,json=meanBatchSize,proto3" json:"mean_batch_size,omitempty"`
@@ -3534,8 +3544,18 @@ type QueueStats struct {
 	ItemsPerSecond float64 `protobuf:"fixed64,9,opt,name=items_per_second,json=itemsPerSecond,proto3" json:"items_per_second,omitempty"`
 	// Items completed over the last 10 seconds, per second: what it did.
 	RecentItemsPerSecond float64 `protobuf:"fixed64,10,opt,name=recent_items_per_second,json=recentItemsPerSecond,proto3" json:"recent_items_per_second,omitempty"`
-	unknownFields        protoimpl.UnknownFields
-	sizeCache            protoimpl.SizeCache
+	// Set in a generator's rows.
+	Generation *GenerationStats `protobuf:"bytes,11,opt,name=generation,proto3" json:"generation,omitempty"`
+	// The replica's batch limit in items, or its running set in sequences
+	// for a generator; 0 in the model's row.
+	MaxBatch int32 `protobuf:"varint,12,opt,name=max_batch,json=maxBatch,proto3" json:"max_batch,omitempty"`
+	// The replica is not marked unhealthy (in the model's row: none is).
+	Healthy bool `protobuf:"varint,13,opt,name=healthy,proto3" json:"healthy,omitempty"`
+	// Backend failures in a row, and the last one's message.
+	ConsecutiveFailures int32  `protobuf:"varint,14,opt,name=consecutive_failures,json=consecutiveFailures,proto3" json:"consecutive_failures,omitempty"`
+	LastError           string `protobuf:"bytes,15,opt,name=last_error,json=lastError,proto3" json:"last_error,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
 }
 
 func (x *QueueStats) Reset() {
@@ -3638,6 +3658,162 @@ func (x *QueueStats) GetRecentItemsPerSecond() float64 {
 	return 0
 }
 
+func (x *QueueStats) GetGeneration() *GenerationStats {
+	if x != nil {
+		return x.Generation
+	}
+	return nil
+}
+
+func (x *QueueStats) GetMaxBatch() int32 {
+	if x != nil {
+		return x.MaxBatch
+	}
+	return 0
+}
+
+func (x *QueueStats) GetHealthy() bool {
+	if x != nil {
+		return x.Healthy
+	}
+	return false
+}
+
+func (x *QueueStats) GetConsecutiveFailures() int32 {
+	if x != nil {
+		return x.ConsecutiveFailures
+	}
+	return 0
+}
+
+func (x *QueueStats) GetLastError() string {
+	if x != nil {
+		return x.LastError
+	}
+	return ""
+}
+
+// GenerationStats are a generator's own figures (continuous batching), in
+// its model's row (over all its replicas) and in each replica's.
+type GenerationStats struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Prompt tokens prefilled (a preempted sequence's recomputation not
+	// counted) and tokens generated, per second over the last 10 seconds.
+	PromptTokensPerSecond float64 `protobuf:"fixed64,1,opt,name=prompt_tokens_per_second,json=promptTokensPerSecond,proto3" json:"prompt_tokens_per_second,omitempty"`
+	OutputTokensPerSecond float64 `protobuf:"fixed64,2,opt,name=output_tokens_per_second,json=outputTokensPerSecond,proto3" json:"output_tokens_per_second,omitempty"`
+	// Generate until a sequence's first token, over recent sequences (the
+	// last 1024).
+	TimeToFirstToken *LatencySummary `protobuf:"bytes,3,opt,name=time_to_first_token,json=timeToFirstToken,proto3" json:"time_to_first_token,omitempty"`
+	// Between consecutive tokens of a sequence, over recent tokens (the last
+	// 1024).
+	InterTokenLatency *LatencySummary `protobuf:"bytes,4,opt,name=inter_token_latency,json=interTokenLatency,proto3" json:"inter_token_latency,omitempty"`
+	// KV-cache blocks held by sequences (cached blocks no sequence holds
+	// count as free) and in all.
+	KvCacheBlocksUsed  int64 `protobuf:"varint,5,opt,name=kv_cache_blocks_used,json=kvCacheBlocksUsed,proto3" json:"kv_cache_blocks_used,omitempty"`
+	KvCacheBlocksTotal int64 `protobuf:"varint,6,opt,name=kv_cache_blocks_total,json=kvCacheBlocksTotal,proto3" json:"kv_cache_blocks_total,omitempty"`
+	// Running sequences preempted for KV-cache room (recomputed later),
+	// prompt tokens prefilled and tokens generated, since the model version
+	// was loaded.
+	Preemptions     int64 `protobuf:"varint,7,opt,name=preemptions,proto3" json:"preemptions,omitempty"`
+	PromptTokens    int64 `protobuf:"varint,8,opt,name=prompt_tokens,json=promptTokens,proto3" json:"prompt_tokens,omitempty"`
+	GeneratedTokens int64 `protobuf:"varint,9,opt,name=generated_tokens,json=generatedTokens,proto3" json:"generated_tokens,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *GenerationStats) Reset() {
+	*x = GenerationStats{}
+	mi := &file_broker_v1_broker_proto_msgTypes[37]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GenerationStats) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GenerationStats) ProtoMessage() {}
+
+func (x *GenerationStats) ProtoReflect() protoreflect.Message {
+	mi := &file_broker_v1_broker_proto_msgTypes[37]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GenerationStats.ProtoReflect.Descriptor instead.
+func (*GenerationStats) Descriptor() ([]byte, []int) {
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{37}
+}
+
+func (x *GenerationStats) GetPromptTokensPerSecond() float64 {
+	if x != nil {
+		return x.PromptTokensPerSecond
+	}
+	return 0
+}
+
+func (x *GenerationStats) GetOutputTokensPerSecond() float64 {
+	if x != nil {
+		return x.OutputTokensPerSecond
+	}
+	return 0
+}
+
+func (x *GenerationStats) GetTimeToFirstToken() *LatencySummary {
+	if x != nil {
+		return x.TimeToFirstToken
+	}
+	return nil
+}
+
+func (x *GenerationStats) GetInterTokenLatency() *LatencySummary {
+	if x != nil {
+		return x.InterTokenLatency
+	}
+	return nil
+}
+
+func (x *GenerationStats) GetKvCacheBlocksUsed() int64 {
+	if x != nil {
+		return x.KvCacheBlocksUsed
+	}
+	return 0
+}
+
+func (x *GenerationStats) GetKvCacheBlocksTotal() int64 {
+	if x != nil {
+		return x.KvCacheBlocksTotal
+	}
+	return 0
+}
+
+func (x *GenerationStats) GetPreemptions() int64 {
+	if x != nil {
+		return x.Preemptions
+	}
+	return 0
+}
+
+func (x *GenerationStats) GetPromptTokens() int64 {
+	if x != nil {
+		return x.PromptTokens
+	}
+	return 0
+}
+
+func (x *GenerationStats) GetGeneratedTokens() int64 {
+	if x != nil {
+		return x.GeneratedTokens
+	}
+	return 0
+}
+
 type GetStatsRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Only this model, when set.
@@ -3648,7 +3824,7 @@ type GetStatsRequest struct {
 
 func (x *GetStatsRequest) Reset() {
 	*x = GetStatsRequest{}
-	mi := &file_broker_v1_broker_proto_msgTypes[37]
+	mi := &file_broker_v1_broker_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3660,7 +3836,7 @@ func (x *GetStatsRequest) String() string {
 func (*GetStatsRequest) ProtoMessage() {}
 
 func (x *GetStatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[37]
+	mi := &file_broker_v1_broker_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3673,7 +3849,7 @@ func (x *GetStatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetStatsRequest.ProtoReflect.Descriptor instead.
 func (*GetStatsRequest) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{37}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *GetStatsRequest) GetModel() string {
@@ -3692,7 +3868,7 @@ type GetStatsResponse struct {
 
 func (x *GetStatsResponse) Reset() {
 	*x = GetStatsResponse{}
-	mi := &file_broker_v1_broker_proto_msgTypes[38]
+	mi := &file_broker_v1_broker_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3704,7 +3880,7 @@ func (x *GetStatsResponse) String() string {
 func (*GetStatsResponse) ProtoMessage() {}
 
 func (x *GetStatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[38]
+	mi := &file_broker_v1_broker_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3717,7 +3893,7 @@ func (x *GetStatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetStatsResponse.ProtoReflect.Descriptor instead.
 func (*GetStatsResponse) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{38}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *GetStatsResponse) GetStats() []*QueueStats {
@@ -3737,7 +3913,7 @@ type CordonDeviceRequest struct {
 
 func (x *CordonDeviceRequest) Reset() {
 	*x = CordonDeviceRequest{}
-	mi := &file_broker_v1_broker_proto_msgTypes[39]
+	mi := &file_broker_v1_broker_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3749,7 +3925,7 @@ func (x *CordonDeviceRequest) String() string {
 func (*CordonDeviceRequest) ProtoMessage() {}
 
 func (x *CordonDeviceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[39]
+	mi := &file_broker_v1_broker_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3762,7 +3938,7 @@ func (x *CordonDeviceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CordonDeviceRequest.ProtoReflect.Descriptor instead.
 func (*CordonDeviceRequest) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{39}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *CordonDeviceRequest) GetId() string {
@@ -3788,7 +3964,7 @@ type CordonDeviceResponse struct {
 
 func (x *CordonDeviceResponse) Reset() {
 	*x = CordonDeviceResponse{}
-	mi := &file_broker_v1_broker_proto_msgTypes[40]
+	mi := &file_broker_v1_broker_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3800,7 +3976,7 @@ func (x *CordonDeviceResponse) String() string {
 func (*CordonDeviceResponse) ProtoMessage() {}
 
 func (x *CordonDeviceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[40]
+	mi := &file_broker_v1_broker_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3813,7 +3989,7 @@ func (x *CordonDeviceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CordonDeviceResponse.ProtoReflect.Descriptor instead.
 func (*CordonDeviceResponse) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{40}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *CordonDeviceResponse) GetDevice() *Device {
@@ -3832,7 +4008,7 @@ type UncordonDeviceRequest struct {
 
 func (x *UncordonDeviceRequest) Reset() {
 	*x = UncordonDeviceRequest{}
-	mi := &file_broker_v1_broker_proto_msgTypes[41]
+	mi := &file_broker_v1_broker_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3844,7 +4020,7 @@ func (x *UncordonDeviceRequest) String() string {
 func (*UncordonDeviceRequest) ProtoMessage() {}
 
 func (x *UncordonDeviceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[41]
+	mi := &file_broker_v1_broker_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3857,7 +4033,7 @@ func (x *UncordonDeviceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UncordonDeviceRequest.ProtoReflect.Descriptor instead.
 func (*UncordonDeviceRequest) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{41}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *UncordonDeviceRequest) GetId() string {
@@ -3876,7 +4052,7 @@ type UncordonDeviceResponse struct {
 
 func (x *UncordonDeviceResponse) Reset() {
 	*x = UncordonDeviceResponse{}
-	mi := &file_broker_v1_broker_proto_msgTypes[42]
+	mi := &file_broker_v1_broker_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3888,7 +4064,7 @@ func (x *UncordonDeviceResponse) String() string {
 func (*UncordonDeviceResponse) ProtoMessage() {}
 
 func (x *UncordonDeviceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[42]
+	mi := &file_broker_v1_broker_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3901,7 +4077,7 @@ func (x *UncordonDeviceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UncordonDeviceResponse.ProtoReflect.Descriptor instead.
 func (*UncordonDeviceResponse) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{42}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *UncordonDeviceResponse) GetDevice() *Device {
@@ -3921,7 +4097,7 @@ type DrainRequest struct {
 
 func (x *DrainRequest) Reset() {
 	*x = DrainRequest{}
-	mi := &file_broker_v1_broker_proto_msgTypes[43]
+	mi := &file_broker_v1_broker_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3933,7 +4109,7 @@ func (x *DrainRequest) String() string {
 func (*DrainRequest) ProtoMessage() {}
 
 func (x *DrainRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[43]
+	mi := &file_broker_v1_broker_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3946,7 +4122,7 @@ func (x *DrainRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainRequest.ProtoReflect.Descriptor instead.
 func (*DrainRequest) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{43}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *DrainRequest) GetExit() bool {
@@ -3966,7 +4142,7 @@ type DrainResponse struct {
 
 func (x *DrainResponse) Reset() {
 	*x = DrainResponse{}
-	mi := &file_broker_v1_broker_proto_msgTypes[44]
+	mi := &file_broker_v1_broker_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3978,7 +4154,7 @@ func (x *DrainResponse) String() string {
 func (*DrainResponse) ProtoMessage() {}
 
 func (x *DrainResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[44]
+	mi := &file_broker_v1_broker_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3991,7 +4167,7 @@ func (x *DrainResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainResponse.ProtoReflect.Descriptor instead.
 func (*DrainResponse) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{44}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *DrainResponse) GetCompleted() int64 {
@@ -4041,7 +4217,7 @@ type SamplingParams struct {
 
 func (x *SamplingParams) Reset() {
 	*x = SamplingParams{}
-	mi := &file_broker_v1_broker_proto_msgTypes[45]
+	mi := &file_broker_v1_broker_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4053,7 +4229,7 @@ func (x *SamplingParams) String() string {
 func (*SamplingParams) ProtoMessage() {}
 
 func (x *SamplingParams) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[45]
+	mi := &file_broker_v1_broker_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4066,7 +4242,7 @@ func (x *SamplingParams) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SamplingParams.ProtoReflect.Descriptor instead.
 func (*SamplingParams) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{45}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *SamplingParams) GetTemperature() float32 {
@@ -4188,7 +4364,7 @@ type GenerateRequest struct {
 
 func (x *GenerateRequest) Reset() {
 	*x = GenerateRequest{}
-	mi := &file_broker_v1_broker_proto_msgTypes[46]
+	mi := &file_broker_v1_broker_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4200,7 +4376,7 @@ func (x *GenerateRequest) String() string {
 func (*GenerateRequest) ProtoMessage() {}
 
 func (x *GenerateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[46]
+	mi := &file_broker_v1_broker_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4213,7 +4389,7 @@ func (x *GenerateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GenerateRequest.ProtoReflect.Descriptor instead.
 func (*GenerateRequest) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{46}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *GenerateRequest) GetModel() string {
@@ -4284,7 +4460,7 @@ type ChatMessage struct {
 
 func (x *ChatMessage) Reset() {
 	*x = ChatMessage{}
-	mi := &file_broker_v1_broker_proto_msgTypes[47]
+	mi := &file_broker_v1_broker_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4296,7 +4472,7 @@ func (x *ChatMessage) String() string {
 func (*ChatMessage) ProtoMessage() {}
 
 func (x *ChatMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[47]
+	mi := &file_broker_v1_broker_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4309,7 +4485,7 @@ func (x *ChatMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChatMessage.ProtoReflect.Descriptor instead.
 func (*ChatMessage) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{47}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *ChatMessage) GetRole() string {
@@ -4336,7 +4512,7 @@ type Conversation struct {
 
 func (x *Conversation) Reset() {
 	*x = Conversation{}
-	mi := &file_broker_v1_broker_proto_msgTypes[48]
+	mi := &file_broker_v1_broker_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4348,7 +4524,7 @@ func (x *Conversation) String() string {
 func (*Conversation) ProtoMessage() {}
 
 func (x *Conversation) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[48]
+	mi := &file_broker_v1_broker_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4361,7 +4537,7 @@ func (x *Conversation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Conversation.ProtoReflect.Descriptor instead.
 func (*Conversation) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{48}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *Conversation) GetMessages() []*ChatMessage {
@@ -4387,7 +4563,7 @@ type ChatRequest struct {
 
 func (x *ChatRequest) Reset() {
 	*x = ChatRequest{}
-	mi := &file_broker_v1_broker_proto_msgTypes[49]
+	mi := &file_broker_v1_broker_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4399,7 +4575,7 @@ func (x *ChatRequest) String() string {
 func (*ChatRequest) ProtoMessage() {}
 
 func (x *ChatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[49]
+	mi := &file_broker_v1_broker_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4412,7 +4588,7 @@ func (x *ChatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChatRequest.ProtoReflect.Descriptor instead.
 func (*ChatRequest) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{49}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *ChatRequest) GetModel() string {
@@ -4476,7 +4652,7 @@ type TokenLogprob struct {
 
 func (x *TokenLogprob) Reset() {
 	*x = TokenLogprob{}
-	mi := &file_broker_v1_broker_proto_msgTypes[50]
+	mi := &file_broker_v1_broker_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4488,7 +4664,7 @@ func (x *TokenLogprob) String() string {
 func (*TokenLogprob) ProtoMessage() {}
 
 func (x *TokenLogprob) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[50]
+	mi := &file_broker_v1_broker_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4501,7 +4677,7 @@ func (x *TokenLogprob) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenLogprob.ProtoReflect.Descriptor instead.
 func (*TokenLogprob) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{50}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *TokenLogprob) GetTokenId() int32 {
@@ -4536,7 +4712,7 @@ type LogprobEntry struct {
 
 func (x *LogprobEntry) Reset() {
 	*x = LogprobEntry{}
-	mi := &file_broker_v1_broker_proto_msgTypes[51]
+	mi := &file_broker_v1_broker_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4548,7 +4724,7 @@ func (x *LogprobEntry) String() string {
 func (*LogprobEntry) ProtoMessage() {}
 
 func (x *LogprobEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[51]
+	mi := &file_broker_v1_broker_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4561,7 +4737,7 @@ func (x *LogprobEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogprobEntry.ProtoReflect.Descriptor instead.
 func (*LogprobEntry) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{51}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *LogprobEntry) GetChosen() *TokenLogprob {
@@ -4594,7 +4770,7 @@ type GenerationDelta struct {
 
 func (x *GenerationDelta) Reset() {
 	*x = GenerationDelta{}
-	mi := &file_broker_v1_broker_proto_msgTypes[52]
+	mi := &file_broker_v1_broker_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4606,7 +4782,7 @@ func (x *GenerationDelta) String() string {
 func (*GenerationDelta) ProtoMessage() {}
 
 func (x *GenerationDelta) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[52]
+	mi := &file_broker_v1_broker_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4619,7 +4795,7 @@ func (x *GenerationDelta) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GenerationDelta.ProtoReflect.Descriptor instead.
 func (*GenerationDelta) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{52}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *GenerationDelta) GetIndex() int32 {
@@ -4661,7 +4837,7 @@ type Usage struct {
 
 func (x *Usage) Reset() {
 	*x = Usage{}
-	mi := &file_broker_v1_broker_proto_msgTypes[53]
+	mi := &file_broker_v1_broker_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4673,7 +4849,7 @@ func (x *Usage) String() string {
 func (*Usage) ProtoMessage() {}
 
 func (x *Usage) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[53]
+	mi := &file_broker_v1_broker_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4686,7 +4862,7 @@ func (x *Usage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Usage.ProtoReflect.Descriptor instead.
 func (*Usage) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{53}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *Usage) GetPromptTokens() int32 {
@@ -4721,7 +4897,7 @@ type GenerationResult struct {
 
 func (x *GenerationResult) Reset() {
 	*x = GenerationResult{}
-	mi := &file_broker_v1_broker_proto_msgTypes[54]
+	mi := &file_broker_v1_broker_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4733,7 +4909,7 @@ func (x *GenerationResult) String() string {
 func (*GenerationResult) ProtoMessage() {}
 
 func (x *GenerationResult) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[54]
+	mi := &file_broker_v1_broker_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4746,7 +4922,7 @@ func (x *GenerationResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GenerationResult.ProtoReflect.Descriptor instead.
 func (*GenerationResult) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{54}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *GenerationResult) GetIndex() int32 {
@@ -4801,7 +4977,7 @@ type GenerateResponse struct {
 
 func (x *GenerateResponse) Reset() {
 	*x = GenerateResponse{}
-	mi := &file_broker_v1_broker_proto_msgTypes[55]
+	mi := &file_broker_v1_broker_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4813,7 +4989,7 @@ func (x *GenerateResponse) String() string {
 func (*GenerateResponse) ProtoMessage() {}
 
 func (x *GenerateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[55]
+	mi := &file_broker_v1_broker_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4826,7 +5002,7 @@ func (x *GenerateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GenerateResponse.ProtoReflect.Descriptor instead.
 func (*GenerateResponse) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{55}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *GenerateResponse) GetDeltas() []*GenerationDelta {
@@ -4853,7 +5029,7 @@ type ChatResponse struct {
 
 func (x *ChatResponse) Reset() {
 	*x = ChatResponse{}
-	mi := &file_broker_v1_broker_proto_msgTypes[56]
+	mi := &file_broker_v1_broker_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4865,7 +5041,7 @@ func (x *ChatResponse) String() string {
 func (*ChatResponse) ProtoMessage() {}
 
 func (x *ChatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[56]
+	mi := &file_broker_v1_broker_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4878,7 +5054,7 @@ func (x *ChatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChatResponse.ProtoReflect.Descriptor instead.
 func (*ChatResponse) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{56}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *ChatResponse) GetDeltas() []*GenerationDelta {
@@ -5175,7 +5351,7 @@ const file_broker_v1_broker_proto_rawDesc = "" +
 	"\vp95_seconds\x18\x03 \x01(\x01R\n" +
 	"p95Seconds\x12\x1f\n" +
 	"\vp99_seconds\x18\x04 \x01(\x01R\n" +
-	"p99Seconds\"\xc3\x03\n" +
+	"p99Seconds\"\x88\x05\n" +
 	"\n" +
 	"QueueStats\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x1b\n" +
@@ -5188,10 +5364,28 @@ const file_broker_v1_broker_proto_rawDesc = "" +
 	"\alatency\x18\b \x01(\v2\x19.broker.v1.LatencySummaryR\alatency\x12(\n" +
 	"\x10items_per_second\x18\t \x01(\x01R\x0eitemsPerSecond\x125\n" +
 	"\x17recent_items_per_second\x18\n" +
-	" \x01(\x01R\x14recentItemsPerSecond\x1a9\n" +
+	" \x01(\x01R\x14recentItemsPerSecond\x12:\n" +
+	"\n" +
+	"generation\x18\v \x01(\v2\x1a.broker.v1.GenerationStatsR\n" +
+	"generation\x12\x1b\n" +
+	"\tmax_batch\x18\f \x01(\x05R\bmaxBatch\x12\x18\n" +
+	"\ahealthy\x18\r \x01(\bR\ahealthy\x121\n" +
+	"\x14consecutive_failures\x18\x0e \x01(\x05R\x13consecutiveFailures\x12\x1d\n" +
+	"\n" +
+	"last_error\x18\x0f \x01(\tR\tlastError\x1a9\n" +
 	"\vFailedEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"'\n" +
+	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"\xee\x03\n" +
+	"\x0fGenerationStats\x127\n" +
+	"\x18prompt_tokens_per_second\x18\x01 \x01(\x01R\x15promptTokensPerSecond\x127\n" +
+	"\x18output_tokens_per_second\x18\x02 \x01(\x01R\x15outputTokensPerSecond\x12H\n" +
+	"\x13time_to_first_token\x18\x03 \x01(\v2\x19.broker.v1.LatencySummaryR\x10timeToFirstToken\x12I\n" +
+	"\x13inter_token_latency\x18\x04 \x01(\v2\x19.broker.v1.LatencySummaryR\x11interTokenLatency\x12/\n" +
+	"\x14kv_cache_blocks_used\x18\x05 \x01(\x03R\x11kvCacheBlocksUsed\x121\n" +
+	"\x15kv_cache_blocks_total\x18\x06 \x01(\x03R\x12kvCacheBlocksTotal\x12 \n" +
+	"\vpreemptions\x18\a \x01(\x03R\vpreemptions\x12#\n" +
+	"\rprompt_tokens\x18\b \x01(\x03R\fpromptTokens\x12)\n" +
+	"\x10generated_tokens\x18\t \x01(\x03R\x0fgeneratedTokens\"'\n" +
 	"\x0fGetStatsRequest\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\"?\n" +
 	"\x10GetStatsResponse\x12+\n" +
@@ -5381,7 +5575,7 @@ func file_broker_v1_broker_proto_rawDescGZIP() []byte {
 }
 
 var file_broker_v1_broker_proto_enumTypes = make([]protoimpl.EnumInfo, 9)
-var file_broker_v1_broker_proto_msgTypes = make([]protoimpl.MessageInfo, 60)
+var file_broker_v1_broker_proto_msgTypes = make([]protoimpl.MessageInfo, 61)
 var file_broker_v1_broker_proto_goTypes = []any{
 	(DeviceType)(0),                // 0: broker.v1.DeviceType
 	(DeviceHealth)(0),              // 1: broker.v1.DeviceHealth
@@ -5429,31 +5623,32 @@ var file_broker_v1_broker_proto_goTypes = []any{
 	(*UnloadModelResponse)(nil),    // 43: broker.v1.UnloadModelResponse
 	(*LatencySummary)(nil),         // 44: broker.v1.LatencySummary
 	(*QueueStats)(nil),             // 45: broker.v1.QueueStats
-	(*GetStatsRequest)(nil),        // 46: broker.v1.GetStatsRequest
-	(*GetStatsResponse)(nil),       // 47: broker.v1.GetStatsResponse
-	(*CordonDeviceRequest)(nil),    // 48: broker.v1.CordonDeviceRequest
-	(*CordonDeviceResponse)(nil),   // 49: broker.v1.CordonDeviceResponse
-	(*UncordonDeviceRequest)(nil),  // 50: broker.v1.UncordonDeviceRequest
-	(*UncordonDeviceResponse)(nil), // 51: broker.v1.UncordonDeviceResponse
-	(*DrainRequest)(nil),           // 52: broker.v1.DrainRequest
-	(*DrainResponse)(nil),          // 53: broker.v1.DrainResponse
-	(*SamplingParams)(nil),         // 54: broker.v1.SamplingParams
-	(*GenerateRequest)(nil),        // 55: broker.v1.GenerateRequest
-	(*ChatMessage)(nil),            // 56: broker.v1.ChatMessage
-	(*Conversation)(nil),           // 57: broker.v1.Conversation
-	(*ChatRequest)(nil),            // 58: broker.v1.ChatRequest
-	(*TokenLogprob)(nil),           // 59: broker.v1.TokenLogprob
-	(*LogprobEntry)(nil),           // 60: broker.v1.LogprobEntry
-	(*GenerationDelta)(nil),        // 61: broker.v1.GenerationDelta
-	(*Usage)(nil),                  // 62: broker.v1.Usage
-	(*GenerationResult)(nil),       // 63: broker.v1.GenerationResult
-	(*GenerateResponse)(nil),       // 64: broker.v1.GenerateResponse
-	(*ChatResponse)(nil),           // 65: broker.v1.ChatResponse
-	nil,                            // 66: broker.v1.Device.AttributesEntry
-	nil,                            // 67: broker.v1.Configuration.CostPerHourUsdEntry
-	nil,                            // 68: broker.v1.QueueStats.FailedEntry
-	(*timestamppb.Timestamp)(nil),  // 69: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),    // 70: google.protobuf.Duration
+	(*GenerationStats)(nil),        // 46: broker.v1.GenerationStats
+	(*GetStatsRequest)(nil),        // 47: broker.v1.GetStatsRequest
+	(*GetStatsResponse)(nil),       // 48: broker.v1.GetStatsResponse
+	(*CordonDeviceRequest)(nil),    // 49: broker.v1.CordonDeviceRequest
+	(*CordonDeviceResponse)(nil),   // 50: broker.v1.CordonDeviceResponse
+	(*UncordonDeviceRequest)(nil),  // 51: broker.v1.UncordonDeviceRequest
+	(*UncordonDeviceResponse)(nil), // 52: broker.v1.UncordonDeviceResponse
+	(*DrainRequest)(nil),           // 53: broker.v1.DrainRequest
+	(*DrainResponse)(nil),          // 54: broker.v1.DrainResponse
+	(*SamplingParams)(nil),         // 55: broker.v1.SamplingParams
+	(*GenerateRequest)(nil),        // 56: broker.v1.GenerateRequest
+	(*ChatMessage)(nil),            // 57: broker.v1.ChatMessage
+	(*Conversation)(nil),           // 58: broker.v1.Conversation
+	(*ChatRequest)(nil),            // 59: broker.v1.ChatRequest
+	(*TokenLogprob)(nil),           // 60: broker.v1.TokenLogprob
+	(*LogprobEntry)(nil),           // 61: broker.v1.LogprobEntry
+	(*GenerationDelta)(nil),        // 62: broker.v1.GenerationDelta
+	(*Usage)(nil),                  // 63: broker.v1.Usage
+	(*GenerationResult)(nil),       // 64: broker.v1.GenerationResult
+	(*GenerateResponse)(nil),       // 65: broker.v1.GenerateResponse
+	(*ChatResponse)(nil),           // 66: broker.v1.ChatResponse
+	nil,                            // 67: broker.v1.Device.AttributesEntry
+	nil,                            // 68: broker.v1.Configuration.CostPerHourUsdEntry
+	nil,                            // 69: broker.v1.QueueStats.FailedEntry
+	(*timestamppb.Timestamp)(nil),  // 70: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),    // 71: google.protobuf.Duration
 }
 var file_broker_v1_broker_proto_depIdxs = []int32{
 	0,  // 0: broker.v1.Device.type:type_name -> broker.v1.DeviceType
@@ -5462,10 +5657,10 @@ var file_broker_v1_broker_proto_depIdxs = []int32{
 	10, // 3: broker.v1.Device.cpu:type_name -> broker.v1.CpuInfo
 	11, // 4: broker.v1.Device.gpu:type_name -> broker.v1.GpuInfo
 	12, // 5: broker.v1.Device.tpu:type_name -> broker.v1.TpuInfo
-	66, // 6: broker.v1.Device.attributes:type_name -> broker.v1.Device.AttributesEntry
-	69, // 7: broker.v1.Telemetry.updated_at:type_name -> google.protobuf.Timestamp
+	67, // 6: broker.v1.Device.attributes:type_name -> broker.v1.Device.AttributesEntry
+	70, // 7: broker.v1.Telemetry.updated_at:type_name -> google.protobuf.Timestamp
 	0,  // 8: broker.v1.BatchPlan.device_type:type_name -> broker.v1.DeviceType
-	67, // 9: broker.v1.Configuration.cost_per_hour_usd:type_name -> broker.v1.Configuration.CostPerHourUsdEntry
+	68, // 9: broker.v1.Configuration.cost_per_hour_usd:type_name -> broker.v1.Configuration.CostPerHourUsdEntry
 	0,  // 10: broker.v1.Runtime.device_types:type_name -> broker.v1.DeviceType
 	17, // 11: broker.v1.Runtime.plugins:type_name -> broker.v1.PjrtPlugin
 	0,  // 12: broker.v1.ExecutionInfo.device_type:type_name -> broker.v1.DeviceType
@@ -5482,7 +5677,7 @@ var file_broker_v1_broker_proto_depIdxs = []int32{
 	5,  // 23: broker.v1.TensorSpec.dtype:type_name -> broker.v1.DataType
 	25, // 24: broker.v1.InferRequest.inputs:type_name -> broker.v1.Tensor
 	4,  // 25: broker.v1.InferRequest.priority:type_name -> broker.v1.Priority
-	70, // 26: broker.v1.InferRequest.timeout:type_name -> google.protobuf.Duration
+	71, // 26: broker.v1.InferRequest.timeout:type_name -> google.protobuf.Duration
 	0,  // 27: broker.v1.InferRequest.device_type:type_name -> broker.v1.DeviceType
 	25, // 28: broker.v1.InferResponse.outputs:type_name -> broker.v1.Tensor
 	20, // 29: broker.v1.InferResponse.execution:type_name -> broker.v1.ExecutionInfo
@@ -5503,69 +5698,72 @@ var file_broker_v1_broker_proto_depIdxs = []int32{
 	37, // 44: broker.v1.LoadModelResponse.model:type_name -> broker.v1.Model
 	7,  // 45: broker.v1.LoadModelResponse.action:type_name -> broker.v1.LoadAction
 	37, // 46: broker.v1.UnloadModelResponse.model:type_name -> broker.v1.Model
-	68, // 47: broker.v1.QueueStats.failed:type_name -> broker.v1.QueueStats.FailedEntry
+	69, // 47: broker.v1.QueueStats.failed:type_name -> broker.v1.QueueStats.FailedEntry
 	44, // 48: broker.v1.QueueStats.latency:type_name -> broker.v1.LatencySummary
-	45, // 49: broker.v1.GetStatsResponse.stats:type_name -> broker.v1.QueueStats
-	9,  // 50: broker.v1.CordonDeviceResponse.device:type_name -> broker.v1.Device
-	9,  // 51: broker.v1.UncordonDeviceResponse.device:type_name -> broker.v1.Device
-	54, // 52: broker.v1.GenerateRequest.sampling:type_name -> broker.v1.SamplingParams
-	4,  // 53: broker.v1.GenerateRequest.priority:type_name -> broker.v1.Priority
-	0,  // 54: broker.v1.GenerateRequest.device_type:type_name -> broker.v1.DeviceType
-	70, // 55: broker.v1.GenerateRequest.max_time:type_name -> google.protobuf.Duration
-	56, // 56: broker.v1.Conversation.messages:type_name -> broker.v1.ChatMessage
-	57, // 57: broker.v1.ChatRequest.conversations:type_name -> broker.v1.Conversation
-	54, // 58: broker.v1.ChatRequest.sampling:type_name -> broker.v1.SamplingParams
-	4,  // 59: broker.v1.ChatRequest.priority:type_name -> broker.v1.Priority
-	0,  // 60: broker.v1.ChatRequest.device_type:type_name -> broker.v1.DeviceType
-	70, // 61: broker.v1.ChatRequest.max_time:type_name -> google.protobuf.Duration
-	59, // 62: broker.v1.LogprobEntry.chosen:type_name -> broker.v1.TokenLogprob
-	59, // 63: broker.v1.LogprobEntry.top:type_name -> broker.v1.TokenLogprob
-	60, // 64: broker.v1.GenerationDelta.logprobs:type_name -> broker.v1.LogprobEntry
-	8,  // 65: broker.v1.GenerationResult.finish_reason:type_name -> broker.v1.FinishReason
-	62, // 66: broker.v1.GenerationResult.usage:type_name -> broker.v1.Usage
-	70, // 67: broker.v1.GenerationResult.time_to_first_token:type_name -> google.protobuf.Duration
-	20, // 68: broker.v1.GenerationResult.execution:type_name -> broker.v1.ExecutionInfo
-	61, // 69: broker.v1.GenerateResponse.deltas:type_name -> broker.v1.GenerationDelta
-	63, // 70: broker.v1.GenerateResponse.results:type_name -> broker.v1.GenerationResult
-	61, // 71: broker.v1.ChatResponse.deltas:type_name -> broker.v1.GenerationDelta
-	63, // 72: broker.v1.ChatResponse.results:type_name -> broker.v1.GenerationResult
-	21, // 73: broker.v1.BrokerService.Encode:input_type -> broker.v1.EncodeRequest
-	23, // 74: broker.v1.BrokerService.EncodeStream:input_type -> broker.v1.EncodeStreamRequest
-	27, // 75: broker.v1.BrokerService.Infer:input_type -> broker.v1.InferRequest
-	29, // 76: broker.v1.BrokerService.ListDevices:input_type -> broker.v1.ListDevicesRequest
-	31, // 77: broker.v1.BrokerService.GetDevice:input_type -> broker.v1.GetDeviceRequest
-	33, // 78: broker.v1.BrokerService.GetReport:input_type -> broker.v1.GetReportRequest
-	35, // 79: broker.v1.BrokerService.GetBatchPlan:input_type -> broker.v1.GetBatchPlanRequest
-	38, // 80: broker.v1.BrokerService.ListModels:input_type -> broker.v1.ListModelsRequest
-	40, // 81: broker.v1.BrokerService.LoadModel:input_type -> broker.v1.LoadModelRequest
-	42, // 82: broker.v1.BrokerService.UnloadModel:input_type -> broker.v1.UnloadModelRequest
-	46, // 83: broker.v1.BrokerService.GetStats:input_type -> broker.v1.GetStatsRequest
-	48, // 84: broker.v1.BrokerService.CordonDevice:input_type -> broker.v1.CordonDeviceRequest
-	50, // 85: broker.v1.BrokerService.UncordonDevice:input_type -> broker.v1.UncordonDeviceRequest
-	52, // 86: broker.v1.BrokerService.Drain:input_type -> broker.v1.DrainRequest
-	55, // 87: broker.v1.BrokerService.Generate:input_type -> broker.v1.GenerateRequest
-	58, // 88: broker.v1.BrokerService.Chat:input_type -> broker.v1.ChatRequest
-	22, // 89: broker.v1.BrokerService.Encode:output_type -> broker.v1.EncodeResponse
-	24, // 90: broker.v1.BrokerService.EncodeStream:output_type -> broker.v1.EncodeStreamResponse
-	28, // 91: broker.v1.BrokerService.Infer:output_type -> broker.v1.InferResponse
-	30, // 92: broker.v1.BrokerService.ListDevices:output_type -> broker.v1.ListDevicesResponse
-	32, // 93: broker.v1.BrokerService.GetDevice:output_type -> broker.v1.GetDeviceResponse
-	34, // 94: broker.v1.BrokerService.GetReport:output_type -> broker.v1.GetReportResponse
-	36, // 95: broker.v1.BrokerService.GetBatchPlan:output_type -> broker.v1.GetBatchPlanResponse
-	39, // 96: broker.v1.BrokerService.ListModels:output_type -> broker.v1.ListModelsResponse
-	41, // 97: broker.v1.BrokerService.LoadModel:output_type -> broker.v1.LoadModelResponse
-	43, // 98: broker.v1.BrokerService.UnloadModel:output_type -> broker.v1.UnloadModelResponse
-	47, // 99: broker.v1.BrokerService.GetStats:output_type -> broker.v1.GetStatsResponse
-	49, // 100: broker.v1.BrokerService.CordonDevice:output_type -> broker.v1.CordonDeviceResponse
-	51, // 101: broker.v1.BrokerService.UncordonDevice:output_type -> broker.v1.UncordonDeviceResponse
-	53, // 102: broker.v1.BrokerService.Drain:output_type -> broker.v1.DrainResponse
-	64, // 103: broker.v1.BrokerService.Generate:output_type -> broker.v1.GenerateResponse
-	65, // 104: broker.v1.BrokerService.Chat:output_type -> broker.v1.ChatResponse
-	89, // [89:105] is the sub-list for method output_type
-	73, // [73:89] is the sub-list for method input_type
-	73, // [73:73] is the sub-list for extension type_name
-	73, // [73:73] is the sub-list for extension extendee
-	0,  // [0:73] is the sub-list for field type_name
+	46, // 49: broker.v1.QueueStats.generation:type_name -> broker.v1.GenerationStats
+	44, // 50: broker.v1.GenerationStats.time_to_first_token:type_name -> broker.v1.LatencySummary
+	44, // 51: broker.v1.GenerationStats.inter_token_latency:type_name -> broker.v1.LatencySummary
+	45, // 52: broker.v1.GetStatsResponse.stats:type_name -> broker.v1.QueueStats
+	9,  // 53: broker.v1.CordonDeviceResponse.device:type_name -> broker.v1.Device
+	9,  // 54: broker.v1.UncordonDeviceResponse.device:type_name -> broker.v1.Device
+	55, // 55: broker.v1.GenerateRequest.sampling:type_name -> broker.v1.SamplingParams
+	4,  // 56: broker.v1.GenerateRequest.priority:type_name -> broker.v1.Priority
+	0,  // 57: broker.v1.GenerateRequest.device_type:type_name -> broker.v1.DeviceType
+	71, // 58: broker.v1.GenerateRequest.max_time:type_name -> google.protobuf.Duration
+	57, // 59: broker.v1.Conversation.messages:type_name -> broker.v1.ChatMessage
+	58, // 60: broker.v1.ChatRequest.conversations:type_name -> broker.v1.Conversation
+	55, // 61: broker.v1.ChatRequest.sampling:type_name -> broker.v1.SamplingParams
+	4,  // 62: broker.v1.ChatRequest.priority:type_name -> broker.v1.Priority
+	0,  // 63: broker.v1.ChatRequest.device_type:type_name -> broker.v1.DeviceType
+	71, // 64: broker.v1.ChatRequest.max_time:type_name -> google.protobuf.Duration
+	60, // 65: broker.v1.LogprobEntry.chosen:type_name -> broker.v1.TokenLogprob
+	60, // 66: broker.v1.LogprobEntry.top:type_name -> broker.v1.TokenLogprob
+	61, // 67: broker.v1.GenerationDelta.logprobs:type_name -> broker.v1.LogprobEntry
+	8,  // 68: broker.v1.GenerationResult.finish_reason:type_name -> broker.v1.FinishReason
+	63, // 69: broker.v1.GenerationResult.usage:type_name -> broker.v1.Usage
+	71, // 70: broker.v1.GenerationResult.time_to_first_token:type_name -> google.protobuf.Duration
+	20, // 71: broker.v1.GenerationResult.execution:type_name -> broker.v1.ExecutionInfo
+	62, // 72: broker.v1.GenerateResponse.deltas:type_name -> broker.v1.GenerationDelta
+	64, // 73: broker.v1.GenerateResponse.results:type_name -> broker.v1.GenerationResult
+	62, // 74: broker.v1.ChatResponse.deltas:type_name -> broker.v1.GenerationDelta
+	64, // 75: broker.v1.ChatResponse.results:type_name -> broker.v1.GenerationResult
+	21, // 76: broker.v1.BrokerService.Encode:input_type -> broker.v1.EncodeRequest
+	23, // 77: broker.v1.BrokerService.EncodeStream:input_type -> broker.v1.EncodeStreamRequest
+	27, // 78: broker.v1.BrokerService.Infer:input_type -> broker.v1.InferRequest
+	29, // 79: broker.v1.BrokerService.ListDevices:input_type -> broker.v1.ListDevicesRequest
+	31, // 80: broker.v1.BrokerService.GetDevice:input_type -> broker.v1.GetDeviceRequest
+	33, // 81: broker.v1.BrokerService.GetReport:input_type -> broker.v1.GetReportRequest
+	35, // 82: broker.v1.BrokerService.GetBatchPlan:input_type -> broker.v1.GetBatchPlanRequest
+	38, // 83: broker.v1.BrokerService.ListModels:input_type -> broker.v1.ListModelsRequest
+	40, // 84: broker.v1.BrokerService.LoadModel:input_type -> broker.v1.LoadModelRequest
+	42, // 85: broker.v1.BrokerService.UnloadModel:input_type -> broker.v1.UnloadModelRequest
+	47, // 86: broker.v1.BrokerService.GetStats:input_type -> broker.v1.GetStatsRequest
+	49, // 87: broker.v1.BrokerService.CordonDevice:input_type -> broker.v1.CordonDeviceRequest
+	51, // 88: broker.v1.BrokerService.UncordonDevice:input_type -> broker.v1.UncordonDeviceRequest
+	53, // 89: broker.v1.BrokerService.Drain:input_type -> broker.v1.DrainRequest
+	56, // 90: broker.v1.BrokerService.Generate:input_type -> broker.v1.GenerateRequest
+	59, // 91: broker.v1.BrokerService.Chat:input_type -> broker.v1.ChatRequest
+	22, // 92: broker.v1.BrokerService.Encode:output_type -> broker.v1.EncodeResponse
+	24, // 93: broker.v1.BrokerService.EncodeStream:output_type -> broker.v1.EncodeStreamResponse
+	28, // 94: broker.v1.BrokerService.Infer:output_type -> broker.v1.InferResponse
+	30, // 95: broker.v1.BrokerService.ListDevices:output_type -> broker.v1.ListDevicesResponse
+	32, // 96: broker.v1.BrokerService.GetDevice:output_type -> broker.v1.GetDeviceResponse
+	34, // 97: broker.v1.BrokerService.GetReport:output_type -> broker.v1.GetReportResponse
+	36, // 98: broker.v1.BrokerService.GetBatchPlan:output_type -> broker.v1.GetBatchPlanResponse
+	39, // 99: broker.v1.BrokerService.ListModels:output_type -> broker.v1.ListModelsResponse
+	41, // 100: broker.v1.BrokerService.LoadModel:output_type -> broker.v1.LoadModelResponse
+	43, // 101: broker.v1.BrokerService.UnloadModel:output_type -> broker.v1.UnloadModelResponse
+	48, // 102: broker.v1.BrokerService.GetStats:output_type -> broker.v1.GetStatsResponse
+	50, // 103: broker.v1.BrokerService.CordonDevice:output_type -> broker.v1.CordonDeviceResponse
+	52, // 104: broker.v1.BrokerService.UncordonDevice:output_type -> broker.v1.UncordonDeviceResponse
+	54, // 105: broker.v1.BrokerService.Drain:output_type -> broker.v1.DrainResponse
+	65, // 106: broker.v1.BrokerService.Generate:output_type -> broker.v1.GenerateResponse
+	66, // 107: broker.v1.BrokerService.Chat:output_type -> broker.v1.ChatResponse
+	92, // [92:108] is the sub-list for method output_type
+	76, // [76:92] is the sub-list for method input_type
+	76, // [76:76] is the sub-list for extension type_name
+	76, // [76:76] is the sub-list for extension extendee
+	0,  // [0:76] is the sub-list for field type_name
 }
 
 func init() { file_broker_v1_broker_proto_init() }
@@ -5583,15 +5781,15 @@ func file_broker_v1_broker_proto_init() {
 		(*GetBatchPlanRequest_DeviceType)(nil),
 		(*GetBatchPlanRequest_DeviceId)(nil),
 	}
-	file_broker_v1_broker_proto_msgTypes[45].OneofWrappers = []any{}
 	file_broker_v1_broker_proto_msgTypes[46].OneofWrappers = []any{}
+	file_broker_v1_broker_proto_msgTypes[47].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_broker_v1_broker_proto_rawDesc), len(file_broker_v1_broker_proto_rawDesc)),
 			NumEnums:      9,
-			NumMessages:   60,
+			NumMessages:   61,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
