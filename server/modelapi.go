@@ -75,7 +75,13 @@ func (s *BrokerService) LoadModel(ctx context.Context, req *brokerv1.LoadModelRe
 	if s.models == nil {
 		return nil, status.Error(codes.FailedPrecondition, "no data plane: models cannot be loaded")
 	}
-	sv, act, err := s.models.Load(ctx, req.GetName(), req.GetVersion())
+	name := req.GetName()
+	// A store model loads under the name it is listed under, whichever of
+	// Ollama's forms the caller used.
+	if c, ok := s.models.(interface{ Canonical(string) string }); ok {
+		name = c.Canonical(name)
+	}
+	sv, act, err := s.models.Load(ctx, name, req.GetVersion())
 	if err != nil {
 		return nil, toStatus(s.log, "LoadModel", err)
 	}

@@ -400,13 +400,11 @@ func writeJSON(w http.ResponseWriter, v any) {
 	_ = json.NewEncoder(w).Encode(v)
 }
 
-// modelName resolves an Ollama-style name: "name:latest" (or any tag) is
-// the repository's "name".
+// modelName resolves an Ollama-style name: "name:latest" is the
+// repository's "name"; another tag names another model (an Ollama store's
+// qwen2.5:0.5b is served as qwen2.5:0.5b).
 func modelName(s string) string {
-	if i := strings.LastIndexByte(s, ':'); i > 0 {
-		return s[:i]
-	}
-	return s
+	return strings.TrimSuffix(s, ":latest")
 }
 
 // sink is an in-process server stream: Send hands each response to fn. It
