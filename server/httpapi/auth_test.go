@@ -42,3 +42,22 @@ func TestBearerScheme(t *testing.T) {
 		}
 	}
 }
+
+// TestModelNames: Ollama's names map onto served names and back: :latest
+// is the untagged name, any other tag (an Ollama store's) is kept.
+func TestModelNames(t *testing.T) {
+	for _, tc := range []struct{ in, served, shown string }{
+		{"tiny-llm", "tiny-llm", "tiny-llm:latest"},
+		{"tiny-llm:latest", "tiny-llm", "tiny-llm:latest"},
+		{"qwen2.5:0.5b", "qwen2.5:0.5b", "qwen2.5:0.5b"},
+		{"myuser/model:q8", "myuser/model:q8", "myuser/model:q8"},
+		{"host:5000/ns/model", "host:5000/ns/model", "host:5000/ns/model:latest"},
+	} {
+		if got := modelName(tc.in); got != tc.served {
+			t.Errorf("modelName(%q) = %q, want %q", tc.in, got, tc.served)
+		}
+		if got := tagged(tc.served); got != tc.shown {
+			t.Errorf("tagged(%q) = %q, want %q", tc.served, got, tc.shown)
+		}
+	}
+}

@@ -367,7 +367,14 @@ func details(m *brokerv1.Model) ollamaModelDetails {
 	return ollamaModelDetails{Format: "safetensors", Family: m.GetKind(), Families: []string{m.GetKind()}}
 }
 
-func tagged(name string) string { return name + ":latest" }
+// tagged is a model's name as Ollama shows it: with its tag, ":latest"
+// when it has none (a store model's qwen2.5:0.5b keeps its own).
+func tagged(name string) string {
+	if strings.Contains(name[strings.LastIndexByte(name, '/')+1:], ":") {
+		return name
+	}
+	return name + ":latest"
+}
 
 func (h *Handler) ollamaTags(w http.ResponseWriter, r *http.Request) {
 	ms, err := h.b.ListModels(r.Context(), &brokerv1.ListModelsRequest{})
