@@ -146,7 +146,10 @@ func (c *Client) Unload(ctx context.Context, name string) error {
 	return wrap(err)
 }
 
-// Stats returns the per-model queue and throughput statistics.
+// Stats returns the per-model queue and throughput statistics: a row per
+// model version (device_id empty) and per replica; a generator's rows
+// carry its generation figures (QueueStats.Generation: tokens per second,
+// TTFT and inter-token quantiles, KV-cache blocks, preemptions).
 func (c *Client) Stats(ctx context.Context, req *brokerv1.GetStatsRequest) (*brokerv1.GetStatsResponse, error) {
 	if req == nil {
 		req = &brokerv1.GetStatsRequest{}

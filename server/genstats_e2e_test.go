@@ -12,6 +12,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/brokerd/brokerd/client"
+	"github.com/brokerd/brokerd/cmd/brokerctl/cli"
 	brokerv1 "github.com/brokerd/brokerd/proto/broker/v1"
 	"github.com/brokerd/brokerd/runtime/models/llm"
 )
@@ -102,6 +104,28 @@ func TestGeneratorStatsEndToEnd(t *testing.T) {
 			t.Errorf("replica row's running set %d", rows[1].GetMaxBatch())
 		}
 	}
+	// brokerctl stats and top show the generator's table; the Go client
+	// gets the same rows.
+	for _, args := range [][]string{{"stats"}, {"stats", "--model", "tiny-llm"}, {"top", "--once"}} {
+		var out, errOut strings.Builder
+		if code := cli.Main(ctx, append([]string{"--socket", d.addrs.Socket}, args...), nil, &out, &errOut, func(string) string { return "" }); code != 0 {
+			t.Fatalf("brokerctl %v: exit %d: %s", args, code, errOut.String())
+		}
+		if !regexp.MustCompile(`(?m)^MODEL +DEVICE +RUNNING +WAITING +COMPLETED .*KV-BLOCKS +PREEMPTED\n` +
+			`tiny-llm@1 +all +0 +0 +8 +- .* 0/\d+ +0\n` + `tiny-llm@1 +cpu:0 +0 +0 +8 `).MatchString(out.String()) {
+			t.Errorf("brokerctl %v:\n%s", args, out.String())
+		}
+	}
+	gc, err := client.Dial(ctx, client.WithSocket(d.addrs.Socket))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer gc.Close()
+	viaClient, err := gc.Stats(ctx, &brokerv1.GetStatsRequest{Model: "tiny-llm"})
+	if err != nil || len(viaClient.GetStats()) != 2 || viaClient.GetStats()[0].GetGeneration().GetGeneratedTokens() != n*maxTokens {
+		t.Errorf("the Go client's Stats: %v, %v", viaClient, err)
+	}
+
 	if _, err := c.GetStats(ctx, &brokerv1.GetStatsRequest{Model: "tiny-llm@2"}); status.Code(err) != codes.NotFound {
 		t.Errorf("GetStats of a version not served: %v", err)
 	}

@@ -70,6 +70,9 @@ class AsyncClient:
         await self._call(self._stub.UnloadModel, pb.UnloadModelRequest(name=name))
 
     async def stats(self, model: str = "") -> List[pb.QueueStats]:
+        """A row per model version (device_id empty) and per replica; a
+        generator's rows carry ``generation`` (tokens/s over the last 10 s,
+        TTFT and inter-token quantiles, KV-cache blocks, preemptions)."""
         return list((await self._call(self._stub.GetStats, pb.GetStatsRequest(model=model))).stats)
 
     async def encode(self, items: Sequence[Union[str, bytes]], model: str = "", fidelity: str = "both",

@@ -93,6 +93,9 @@ class Client:
         self._call(self._stub.UnloadModel, pb.UnloadModelRequest(name=name))
 
     def stats(self, model: str = "") -> List[pb.QueueStats]:
+        """A row per model version (device_id empty) and per replica; a
+        generator's rows carry ``generation`` (tokens/s over the last 10 s,
+        TTFT and inter-token quantiles, KV-cache blocks, preemptions)."""
         return list(self._call(self._stub.GetStats, pb.GetStatsRequest(model=model)).stats)
 
     # --- data plane -------------------------------------------------------

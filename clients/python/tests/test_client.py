@@ -85,6 +85,23 @@ class TestClient(unittest.TestCase):
         self.assertEqual(a, b)
         self.assertEqual(len(a), 1)
 
+    def test_stats_show_generators(self):
+        brokerd.text(self.c.generate("chat", ["one", "two"], max_tokens=5, ignore_eos=True))
+        rows = self.c.stats("chat")
+        self.assertEqual([(r.model, r.device_id) for r in rows], [("chat@1", ""), ("chat@1", "cpu:0")])
+        for r in rows:
+            self.assertTrue(r.HasField("generation"), r)
+            g = r.generation
+            self.assertGreaterEqual(r.completed, 2)
+            self.assertGreaterEqual(g.generated_tokens, 10)
+            self.assertGreater(g.kv_cache_blocks_total, 0)
+            self.assertGreater(g.time_to_first_token.p99_seconds, 0)
+            self.assertGreater(g.inter_token_latency.p50_seconds, 0)
+            self.assertTrue(r.healthy)
+        self.assertGreater(rows[1].max_batch, 0)
+        # The model version's name asks for the same rows.
+        self.assertEqual([r.model for r in self.c.stats("chat@1")], ["chat@1", "chat@1"])
+
     def test_chat(self):
         conv = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a color"}]
         events = list(self.c.chat("chat", conv, max_tokens=4, ignore_eos=True))

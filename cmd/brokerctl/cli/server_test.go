@@ -357,6 +357,26 @@ func cannedStats() []*brokerv1.QueueStats {
 			Latency:        &brokerv1.LatencySummary{P50Seconds: 0.00005, P95Seconds: 0.0002, P99Seconds: 0.25},
 			ItemsPerSecond: 0.5, RecentItemsPerSecond: 0,
 		},
+		{
+			Model: "qwen@1", Queued: 2, Running: 8, Completed: 120, Failed: map[string]int64{"cancelled": 1}, MeanBatchSize: 6.5,
+			Latency: &brokerv1.LatencySummary{P50Seconds: 1.5, P99Seconds: 4}, RecentItemsPerSecond: 1.2, Healthy: true,
+			Generation: &brokerv1.GenerationStats{
+				PromptTokensPerSecond: 310.44, OutputTokensPerSecond: 96,
+				TimeToFirstToken:  &brokerv1.LatencySummary{P50Seconds: 0.045, P99Seconds: 0.2},
+				InterTokenLatency: &brokerv1.LatencySummary{P50Seconds: 0.012, P99Seconds: 0.03},
+				KvCacheBlocksUsed: 12, KvCacheBlocksTotal: 64, Preemptions: 3, PromptTokens: 5000, GeneratedTokens: 2400,
+			},
+		},
+		{
+			Model: "qwen@1", DeviceId: "cpu:0", Queued: 2, Running: 8, Completed: 120, Failed: map[string]int64{}, MeanBatchSize: 6.5,
+			Latency: &brokerv1.LatencySummary{P50Seconds: 1.5, P99Seconds: 4}, RecentItemsPerSecond: 1.2, MaxBatch: 8, Healthy: true,
+			Generation: &brokerv1.GenerationStats{
+				PromptTokensPerSecond: 310.44, OutputTokensPerSecond: 96,
+				TimeToFirstToken:  &brokerv1.LatencySummary{P50Seconds: 0.045, P99Seconds: 0.2},
+				InterTokenLatency: &brokerv1.LatencySummary{P50Seconds: 0.012, P99Seconds: 0.03},
+				KvCacheBlocksUsed: 12, KvCacheBlocksTotal: 64, Preemptions: 3, PromptTokens: 5000, GeneratedTokens: 2400,
+			},
+		},
 	}
 }
 

@@ -34,16 +34,27 @@ func statsCmd(fs *flag.FlagSet) action {
 			return inv.writeJSON(resp)
 		}
 		var b bytes.Buffer
-		if err := writeStatsTable(&b, resp.GetStats()); err != nil {
-			return err
+		batch, gens := splitStats(resp.GetStats())
+		if len(batch) > 0 || len(gens) == 0 {
+			if err := writeStatsTable(&b, batch); err != nil {
+				return err
+			}
+		}
+		if len(gens) > 0 {
+			if len(batch) > 0 {
+				b.WriteString("\n")
+			}
+			if err := writeGenTable(&b, gens); err != nil {
+				return err
+			}
 		}
 		return inv.write(b.Bytes())
 	}
 }
 
-// writeStatsTable prints one row per (model, device), sorted by model and
-// device; a model's total row (no device) comes first and shows "all".
-func writeStatsTable(w io.Writer, stats []*brokerv1.QueueStats) error {
+// splitStats sorts rows by model and device (a model's total row, no
+// device, first) and parts the batch queues' rows from the generators'.
+func splitStats(stats []*brokerv1.QueueStats) (batch, gens []*brokerv1.QueueStats) {
 	sorted := slices.Clone(stats)
 	slices.SortStableFunc(sorted, func(a, b *brokerv1.QueueStats) int {
 		if c := strings.Compare(a.GetModel(), b.GetModel()); c != 0 {
@@ -51,15 +62,32 @@ func writeStatsTable(w io.Writer, stats []*brokerv1.QueueStats) error {
 		}
 		return strings.Compare(a.GetDeviceId(), b.GetDeviceId())
 	})
+	for _, s := range sorted {
+		if s.GetGeneration() != nil {
+			gens = append(gens, s)
+		} else {
+			batch = append(batch, s)
+		}
+	}
+	return batch, gens
+}
+
+// deviceCell is a row's device, "all" for a model's total row.
+func deviceCell(s *brokerv1.QueueStats) string {
+	if s.GetDeviceId() == "" {
+		return "all"
+	}
+	return s.GetDeviceId()
+}
+
+// writeStatsTable prints one row per (model, device) of batch queues, in
+// splitStats's order; a model's total row shows "all".
+func writeStatsTable(w io.Writer, sorted []*brokerv1.QueueStats) error {
 	tw := newTable(w)
 	row(tw, "", "MODEL", "DEVICE", "QUEUED", "RUNNING", "COMPLETED", "FAILED", "MEAN-BATCH", "P50", "P95", "P99", "ITEMS/S", "BUSY-ITEMS/S")
 	for _, s := range sorted {
-		device := s.GetDeviceId()
-		if device == "" {
-			device = "all"
-		}
 		lat := s.GetLatency()
-		row(tw, "", orDash(s.GetModel()), device,
+		row(tw, "", orDash(s.GetModel()), deviceCell(s),
 			strconv.FormatInt(s.GetQueued(), 10), strconv.FormatInt(s.GetRunning(), 10), strconv.FormatInt(s.GetCompleted(), 10),
 			failureCell(s.GetFailed()), strconv.FormatFloat(s.GetMeanBatchSize(), 'f', 2, 64),
 			formatMs(lat.GetP50Seconds()*1e3), formatMs(lat.GetP95Seconds()*1e3), formatMs(lat.GetP99Seconds()*1e3),
@@ -69,6 +97,38 @@ func writeStatsTable(w io.Writer, stats []*brokerv1.QueueStats) error {
 		return fmt.Errorf("write stats table: %w", err)
 	}
 	return nil
+}
+
+// writeGenTable prints the generators' rows: sequences running and waiting,
+// completed and failed, prompt and output tokens per second over the last
+// 10 s, time to first token and between tokens (p50, p99), KV-cache blocks
+// used/total and preemptions.
+func writeGenTable(w io.Writer, sorted []*brokerv1.QueueStats) error {
+	tw := newTable(w)
+	row(tw, "", "MODEL", "DEVICE", "RUNNING", "WAITING", "COMPLETED", "FAILED", "PROMPT-TOK/S", "OUT-TOK/S",
+		"TTFT-P50", "TTFT-P99", "ITL-P50", "ITL-P99", "KV-BLOCKS", "PREEMPTED")
+	for _, s := range sorted {
+		g := s.GetGeneration()
+		row(tw, "", orDash(s.GetModel()), deviceCell(s), strconv.FormatInt(s.GetRunning(), 10), strconv.FormatInt(s.GetQueued(), 10),
+			strconv.FormatInt(s.GetCompleted(), 10), failureCell(s.GetFailed()),
+			strconv.FormatFloat(g.GetPromptTokensPerSecond(), 'f', 1, 64), strconv.FormatFloat(g.GetOutputTokensPerSecond(), 'f', 1, 64),
+			formatMs(g.GetTimeToFirstToken().GetP50Seconds()*1e3), formatMs(g.GetTimeToFirstToken().GetP99Seconds()*1e3),
+			formatMs(g.GetInterTokenLatency().GetP50Seconds()*1e3), formatMs(g.GetInterTokenLatency().GetP99Seconds()*1e3),
+			kvCell(g), strconv.FormatInt(g.GetPreemptions(), 10))
+	}
+	if err := tw.Flush(); err != nil {
+		return fmt.Errorf("write generator table: %w", err)
+	}
+	return nil
+}
+
+// kvCell is "used/total" KV-cache blocks, or "-" when the executor does not
+// report its cache.
+func kvCell(g *brokerv1.GenerationStats) string {
+	if g.GetKvCacheBlocksTotal() == 0 {
+		return "-"
+	}
+	return strconv.FormatInt(g.GetKvCacheBlocksUsed(), 10) + "/" + strconv.FormatInt(g.GetKvCacheBlocksTotal(), 10)
 }
 
 // failureCell prints failures by reason, known reasons first, zero counts

@@ -10,7 +10,11 @@ import (
 	brokerv1 "github.com/brokerd/brokerd/proto/broker/v1"
 )
 
-var statsHeader = []string{"MODEL", "DEVICE", "QUEUED", "RUNNING", "COMPLETED", "FAILED", "MEAN-BATCH", "P50", "P95", "P99", "ITEMS/S", "BUSY-ITEMS/S"}
+var (
+	statsHeader = []string{"MODEL", "DEVICE", "QUEUED", "RUNNING", "COMPLETED", "FAILED", "MEAN-BATCH", "P50", "P95", "P99", "ITEMS/S", "BUSY-ITEMS/S"}
+	genHeader   = []string{"MODEL", "DEVICE", "RUNNING", "WAITING", "COMPLETED", "FAILED", "PROMPT-TOK/S", "OUT-TOK/S",
+		"TTFT-P50", "TTFT-P99", "ITL-P50", "ITL-P99", "KV-BLOCKS", "PREEMPTED"}
+)
 
 func TestStatsTable(t *testing.T) {
 	nbmfAll := map[string]string{
@@ -22,14 +26,36 @@ func TestStatsTable(t *testing.T) {
 		"MODEL": "bert-small", "DEVICE": "gpu:0", "QUEUED": "0", "COMPLETED": "7", "FAILED": "cancelled=4 oom=1",
 		"MEAN-BATCH": "1.00", "P50": "0.050ms", "P99": "250.000ms", "ITEMS/S": "0.0", "BUSY-ITEMS/S": "0.5",
 	}
+	qwenAll := map[string]string{
+		"MODEL": "qwen@1", "DEVICE": "all", "RUNNING": "8", "WAITING": "2", "COMPLETED": "120", "FAILED": "cancelled=1",
+		"PROMPT-TOK/S": "310.4", "OUT-TOK/S": "96.0", "TTFT-P50": "45.000ms", "TTFT-P99": "200.000ms",
+		"ITL-P50": "12.000ms", "ITL-P99": "30.000ms", "KV-BLOCKS": "12/64", "PREEMPTED": "3",
+	}
+	qwenCPU := map[string]string{"MODEL": "qwen@1", "DEVICE": "cpu:0", "RUNNING": "8", "FAILED": "-", "KV-BLOCKS": "12/64"}
 	tests := []struct {
 		name      string
 		args      []string
 		wantModel string
-		want      []map[string]string // rows in order, columns checked
+		want      []map[string]string // batch rows in order, columns checked
+		wantGen   []map[string]string // generator rows
 	}{
-		{name: "all models sorted", args: []string{"stats"}, want: []map[string]string{bert, nbmfAll, nbmfCPU}},
+		{name: "all models sorted", args: []string{"stats"}, want: []map[string]string{bert, nbmfAll, nbmfCPU}, wantGen: []map[string]string{qwenAll, qwenCPU}},
 		{name: "one model", args: []string{"stats", "--model", "nbmf-hash-v1"}, wantModel: "nbmf-hash-v1", want: []map[string]string{nbmfAll, nbmfCPU}},
+		{name: "a generator", args: []string{"stats", "--model", "qwen@1"}, wantModel: "qwen@1", wantGen: []map[string]string{qwenAll, qwenCPU}},
+	}
+	check := func(t *testing.T, out, table string, header []string, want []map[string]string) {
+		t.Helper()
+		rows := checkTable(t, table, header)
+		if len(rows) != len(want) {
+			t.Fatalf("got %d rows, want %d:\n%s", len(rows), len(want), out)
+		}
+		for i, want := range want {
+			for col, w := range want {
+				if rows[i][col] != w {
+					t.Errorf("row %d %s = %q, want %q\n%s", i, col, rows[i][col], w, out)
+				}
+			}
+		}
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -38,16 +64,17 @@ func TestStatsTable(t *testing.T) {
 			if r.code != ExitOK || r.stderr != "" {
 				t.Fatalf("got %v", r)
 			}
-			rows := checkTable(t, r.stdout, statsHeader)
-			if len(rows) != len(tt.want) {
-				t.Fatalf("got %d rows, want %d:\n%s", len(rows), len(tt.want), r.stdout)
+			// A table of batch queues, a blank line, and one of
+			// generators; either alone when the other has no rows.
+			tables := strings.Split(r.stdout, "\n\n")
+			if want := min(len(tt.want), 1) + min(len(tt.wantGen), 1); len(tables) != want {
+				t.Fatalf("%d tables, want %d:\n%s", len(tables), want, r.stdout)
 			}
-			for i, want := range tt.want {
-				for col, w := range want {
-					if rows[i][col] != w {
-						t.Errorf("row %d %s = %q, want %q\n%s", i, col, rows[i][col], w, r.stdout)
-					}
-				}
+			if len(tt.want) > 0 {
+				check(t, r.stdout, tables[0], statsHeader, tt.want)
+			}
+			if len(tt.wantGen) > 0 {
+				check(t, r.stdout, tables[len(tables)-1], genHeader, tt.wantGen)
 			}
 			ts.broker.mu.Lock()
 			got := ts.broker.lastStats.GetModel()

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -252,21 +251,15 @@ func renderTop(w io.Writer, f topFrame, interval time.Duration) error {
 	}
 
 	fmt.Fprintln(w)
-	stats := slices.Clone(f.stats)
-	slices.SortStableFunc(stats, func(a, b *brokerv1.QueueStats) int {
-		if c := strings.Compare(a.GetModel(), b.GetModel()); c != 0 {
-			return c
-		}
-		return strings.Compare(a.GetDeviceId(), b.GetDeviceId())
-	})
+	stats, gens := splitStats(f.stats)
+	if len(stats) == 0 && len(gens) > 0 {
+		// Generators only: their table alone.
+		return writeGenTable(w, gens)
+	}
 	tw = newTable(w)
 	row(tw, "", "MODEL", "DEVICE", "QUEUED", "RUNNING", "ITEMS/S", "BUSY-ITEMS/S", "P99", "MEAN-BATCH")
 	for _, s := range stats {
-		device := s.GetDeviceId()
-		if device == "" {
-			device = "all"
-		}
-		row(tw, "", orDash(s.GetModel()), device, strconv.FormatInt(s.GetQueued(), 10), strconv.FormatInt(s.GetRunning(), 10),
+		row(tw, "", orDash(s.GetModel()), deviceCell(s), strconv.FormatInt(s.GetQueued(), 10), strconv.FormatInt(s.GetRunning(), 10),
 			strconv.FormatFloat(s.GetRecentItemsPerSecond(), 'f', 1, 64), strconv.FormatFloat(s.GetItemsPerSecond(), 'f', 1, 64),
 			formatMs(s.GetLatency().GetP99Seconds()*1e3),
 			strconv.FormatFloat(s.GetMeanBatchSize(), 'f', 2, 64))
@@ -276,6 +269,10 @@ func renderTop(w io.Writer, f topFrame, interval time.Duration) error {
 	}
 	if err := tw.Flush(); err != nil {
 		return fmt.Errorf("write queues: %w", err)
+	}
+	if len(gens) > 0 {
+		fmt.Fprintln(w)
+		return writeGenTable(w, gens)
 	}
 	return nil
 }

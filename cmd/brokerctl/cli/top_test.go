@@ -19,14 +19,24 @@ import (
 	brokerv1 "github.com/brokerd/brokerd/proto/broker/v1"
 )
 
-// splitTopFrame cuts a plain frame into its title and its two tables.
+// splitTopFrame cuts a plain frame into its title and its tables: devices,
+// queues, and generators when there are any.
 func splitTopFrame(t *testing.T, frame string) (title, devices, queues string) {
 	t.Helper()
+	title, devices, queues, _ = splitTopFrameGen(t, frame)
+	return title, devices, queues
+}
+
+func splitTopFrameGen(t *testing.T, frame string) (title, devices, queues, gens string) {
+	t.Helper()
 	parts := strings.Split(frame, "\n\n")
-	if len(parts) != 3 {
-		t.Fatalf("frame has %d blank-line separated parts, want 3:\n%s", len(parts), frame)
+	if len(parts) != 3 && len(parts) != 4 {
+		t.Fatalf("frame has %d blank-line separated parts, want 3 or 4:\n%s", len(parts), frame)
 	}
-	return parts[0], parts[1], parts[2]
+	if len(parts) == 4 {
+		gens = parts[3]
+	}
+	return parts[0], parts[1], parts[2], gens
 }
 
 func TestTopOnce(t *testing.T) {
@@ -85,7 +95,37 @@ func TestTopOnce(t *testing.T) {
 					t.Errorf("nbmf-hash-v1 total row %v", r)
 				}
 			}
+			// The generators have a table of their own, after the queues.
+			_, _, _, gens := splitTopFrameGen(t, r.stdout)
+			if tt.name != "all models" {
+				if gens != "" {
+					t.Errorf("a generator table for %v:\n%s", tt.args, gens)
+				}
+				return
+			}
+			g := checkTable(t, gens, genHeader)
+			if len(g) != 2 || g[0]["MODEL"] != "qwen@1" || g[0]["DEVICE"] != "all" || g[0]["RUNNING"] != "8" || g[0]["WAITING"] != "2" ||
+				g[0]["OUT-TOK/S"] != "96.0" || g[0]["TTFT-P99"] != "200.000ms" || g[0]["ITL-P50"] != "12.000ms" || g[0]["KV-BLOCKS"] != "12/64" ||
+				g[0]["PREEMPTED"] != "3" || g[1]["DEVICE"] != "cpu:0" {
+				t.Errorf("generator rows %v", g)
+			}
 		})
+	}
+}
+
+// TestTopGeneratorsOnly: a frame of generators alone shows their table
+// where the queues' would be (with 8 sequences generating, top showed no
+// model at all).
+func TestTopGeneratorsOnly(t *testing.T) {
+	ts := startServer(t)
+	r := ts.run(t, nil, "top", "--once", "--model", "qwen@1")
+	if r.code != ExitOK || r.stderr != "" {
+		t.Fatalf("got %v", r)
+	}
+	_, _, table := splitTopFrame(t, r.stdout)
+	rows := checkTable(t, table, genHeader)
+	if len(rows) != 2 || rows[0]["RUNNING"] != "8" || rows[1]["DEVICE"] != "cpu:0" {
+		t.Errorf("rows %v\n%s", rows, r.stdout)
 	}
 }
 
