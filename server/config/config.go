@@ -90,6 +90,10 @@ type Config struct {
 
 	ModelRepo  string `json:"model-repo"`
 	LoadModels string `json:"load-models"`
+	// OllamaModels is Ollama's model store (manifests/ and blobs/), read
+	// only: "" or "off" for none (see OllamaModelsDir); by default
+	// ~/.ollama/models when it is a directory.
+	OllamaModels string `json:"ollama-models"`
 
 	// Who may administer brokerd (see SECURITY.md). Root and brokerd's own
 	// uid are admins whatever these say.
@@ -175,8 +179,26 @@ func Defaults(euid int, getenv func(string) string) Config {
 		MaxConnectionIdle:  Duration(5 * time.Minute),
 		HTTPBodyTimeout:    Duration(time.Minute),
 		MaxContext:         8192,
+		OllamaModels:       defaultOllamaModels(getenv),
 	}
 }
+
+// defaultOllamaModels is Ollama's own default store, ~/.ollama/models,
+// when it is a directory ("" otherwise: no Ollama store).
+func defaultOllamaModels(getenv func(string) string) string {
+	home := getenv("HOME")
+	if home == "" {
+		return ""
+	}
+	p := filepath.Join(home, ".ollama", "models")
+	if st, err := os.Stat(p); err != nil || !st.IsDir() {
+		return ""
+	}
+	return p
+}
+
+// OllamaModelsOff turns the Ollama store off, whatever the default.
+const OllamaModelsOff = "off"
 
 // envNames maps flag names to the environment variables that set them.
 var envNames = map[string]string{
@@ -213,6 +235,7 @@ var envNames = map[string]string{
 	"max-batch-tokens":           "BROKERD_MAX_BATCH_TOKENS",
 	"model-repo":                 "BROKERD_MODEL_REPO",
 	"load-models":                "BROKERD_LOAD_MODELS",
+	"ollama-models":              "OLLAMA_MODELS",
 	"shutdown-grace":             "BROKERD_SHUTDOWN_GRACE",
 	"http-listen":                "BROKERD_HTTP_LISTEN",
 	"max-connections":            "BROKERD_MAX_CONNECTIONS",
@@ -279,6 +302,7 @@ func bind(fs *flag.FlagSet, c *Config, configPath *string) {
 	fs.IntVar(&c.MaxBatchTokens, "max-batch-tokens", c.MaxBatchTokens, "most tokens in one batch of a text model whose config sets no bound")
 	fs.StringVar(&c.ModelRepo, "model-repo", c.ModelRepo, "model repository: DIR/NAME/VERSION/ (default <state-dir>/models)")
 	fs.StringVar(&c.LoadModels, "load-models", c.LoadModels, "models to load at start: comma-separated names, or all")
+	fs.StringVar(&c.OllamaModels, "ollama-models", c.OllamaModels, "Ollama's model store (the directory holding manifests/ and blobs/), served read-only under Ollama's names (qwen2.5:0.5b); off: none. Default: ~/.ollama/models when it exists")
 	fs.Var(&c.AdminUIDs, "admin-uids", "users (uids or names) who may administer brokerd over the Unix socket (load, unload, cordon, drain), besides root and brokerd's own user")
 	fs.Var(&c.AdminGroups, "admin-groups", "groups (gids or names) whose members may administer brokerd over the Unix socket; a caller's primary and supplementary groups count")
 	fs.Var(&c.AdminIdentities, "admin-identities", "client certificate names that may administer brokerd over mutual TLS: uri:, dns:, email:, ip: (SANs) or cn: (subject CN), or a bare name matching any")
@@ -546,6 +570,9 @@ func (c Config) Validate() error {
 	if c.ShutdownGrace < 0 {
 		bad("shutdown-grace must not be negative")
 	}
+	if d := c.OllamaModels; d != "" && d != OllamaModelsOff && (strings.ContainsRune(d, 0) || strings.TrimSpace(d) == "") {
+		bad("ollama-models (OLLAMA_MODELS) %q is invalid: want Ollama's model directory (holding manifests/ and blobs/), or off", d)
+	}
 	errs = append(errs, c.validateAdmins()...)
 	return errors.Join(errs...)
 }
@@ -709,6 +736,16 @@ func ComputeDTypes(s string) (map[string]string, error) {
 		out[t] = dt
 	}
 	return out, nil
+}
+
+// OllamaModelsDir is Ollama's model store to serve, "" for none
+// (--ollama-models off or empty, or no ~/.ollama/models by default). Its
+// existence is checked where it is opened (runtime/models/ollama.Open).
+func (c Config) OllamaModelsDir() string {
+	if c.OllamaModels == OllamaModelsOff {
+		return ""
+	}
+	return c.OllamaModels
 }
 
 // ModelRepoDir is the model repository: --model-repo, or <state-dir>/models.
