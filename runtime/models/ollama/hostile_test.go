@@ -167,7 +167,9 @@ func TestHostileManifests(t *testing.T) {
 			return "bad"
 		}, ErrInvalid, `"model_format" is a JSON number, not a string`},
 		{"params malformed", func(t *testing.T, s *store) string {
-			return withLayers(func(s *store, ls []layer) []layer { return append(ls, s.blob(MediaParams, []byte(`{"num_ctx":"big"}`))) })(s)
+			return withLayers(func(s *store, ls []layer) []layer {
+				return append(ls, s.blob(MediaParams, []byte(`{"num_ctx":"big"}`)))
+			})(s)
 		}, ErrInvalid, "the params layer blobs/sha256-"},
 		{"params corrupt", func(t *testing.T, s *store) string {
 			return withLayers(func(s *store, ls []layer) []layer {
@@ -179,7 +181,9 @@ func TestHostileManifests(t *testing.T) {
 			})(s)
 		}, ErrCorrupt, "not its name's"},
 		{"template not UTF-8", func(t *testing.T, s *store) string {
-			return withLayers(func(s *store, ls []layer) []layer { return append(ls, s.blob(MediaTemplate, []byte("{{ .Prompt }}\xff"))) })(s)
+			return withLayers(func(s *store, ls []layer) []layer {
+				return append(ls, s.blob(MediaTemplate, []byte("{{ .Prompt }}\xff")))
+			})(s)
 		}, ErrInvalid, "the template layer blobs/sha256-"},
 		{"system too large", func(t *testing.T, s *store) string {
 			return withLayers(func(s *store, ls []layer) []layer {
@@ -201,7 +205,9 @@ func TestHostileManifests(t *testing.T) {
 			})(s)
 		}, ErrInvalid, "more than 16 license layers"},
 		{"messages malformed", func(t *testing.T, s *store) string {
-			return withLayers(func(s *store, ls []layer) []layer { return append(ls, s.blob(MediaMessages, []byte(`{"role":"user"}`))) })(s)
+			return withLayers(func(s *store, ls []layer) []layer {
+				return append(ls, s.blob(MediaMessages, []byte(`{"role":"user"}`)))
+			})(s)
 		}, ErrInvalid, "the messages layer"},
 		{"blob links out", func(t *testing.T, s *store) string {
 			secret := outside(t)
@@ -237,7 +243,9 @@ func TestHostileManifests(t *testing.T) {
 			if err := syscall.Mkfifo(s.blobPath(d), 0o644); err != nil {
 				t.Fatal(err)
 			}
-			return withLayers(func(s *store, ls []layer) []layer { return append(ls, layer{MediaType: MediaParams, Digest: d, Size: 2}) })(s)
+			return withLayers(func(s *store, ls []layer) []layer {
+				return append(ls, layer{MediaType: MediaParams, Digest: d, Size: 2})
+			})(s)
 		}, ErrInvalid, "is not a regular file"},
 		{"blob a directory", func(t *testing.T, s *store) string {
 			d := "sha256:" + hex64
