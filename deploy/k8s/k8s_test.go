@@ -16,8 +16,11 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	infv1 "sigs.k8s.io/gateway-api-inference-extension/api/v1"
+	eppconfig "sigs.k8s.io/gateway-api-inference-extension/apix/config/v1alpha1"
 	"sigs.k8s.io/kustomize/api/krusty"
 	"sigs.k8s.io/kustomize/kyaml/filesys"
 	"sigs.k8s.io/yaml"
@@ -69,6 +72,16 @@ func newTyped(apiVersion, kind string) (any, error) {
 		return &appsv1.Deployment{}, nil
 	case "monitoring.coreos.com/v1 PodMonitor":
 		return &PodMonitor{}, nil
+	case "rbac.authorization.k8s.io/v1 Role":
+		return &rbacv1.Role{}, nil
+	case "rbac.authorization.k8s.io/v1 RoleBinding":
+		return &rbacv1.RoleBinding{}, nil
+	case infv1.GroupVersion.String() + " InferencePool":
+		return &infv1.InferencePool{}, nil
+	case eppconfig.GroupVersion.String() + " EndpointPickerConfig":
+		// Not an object of the API server: the picker's file, in a
+		// ConfigMap. Its plugins' parameters are checked too.
+		return &eppFile{}, nil
 	}
 	return nil, fmt.Errorf("no Go type for %s %s: add it to newTyped", apiVersion, kind)
 }
@@ -86,6 +99,12 @@ func decodeStrict(doc []byte) (object, error) {
 	}
 	if err := yaml.UnmarshalStrict(doc, v); err != nil {
 		return object{}, fmt.Errorf("%s: %w", tm.Kind, err)
+	}
+	if c, ok := v.(*eppFile); ok {
+		if err := c.checkParameters(); err != nil {
+			return object{}, fmt.Errorf("%s: %w", tm.Kind, err)
+		}
+		return object{kind: tm.Kind, value: v, doc: doc}, nil
 	}
 	meta := reflect.ValueOf(v).Elem().FieldByName("ObjectMeta").Interface().(metav1.ObjectMeta)
 	return object{kind: tm.Kind, name: meta.Name, namespace: meta.Namespace, value: v, doc: doc}, nil
