@@ -30,6 +30,7 @@ import (
 	brokerv1 "github.com/brokerd/brokerd/proto/broker/v1"
 	"github.com/brokerd/brokerd/proto/inference"
 	"github.com/brokerd/brokerd/runtime"
+	"github.com/brokerd/brokerd/runtime/models/ollama"
 	modelrepo "github.com/brokerd/brokerd/runtime/models/repo"
 	"github.com/brokerd/brokerd/runtime/onednn"
 	"github.com/brokerd/brokerd/runtime/pjrt"
@@ -161,7 +162,18 @@ func Run(ctx context.Context, opts Options, log *zap.Logger) error {
 	if tokenizers == nil {
 		tokenizers = modelrepo.BPETokenizers
 	}
-	repo, err := lifecycle.OpenRepository(cfg.ModelRepoDir(), cfg.ModelRepo == "", log, modelrepo.WithTokenizerLoader(tokenizers), modelrepo.WithMaxContext(cfg.MaxContext))
+	repoOpts := []modelrepo.Option{modelrepo.WithTokenizerLoader(tokenizers), modelrepo.WithMaxContext(cfg.MaxContext)}
+	if dir := cfg.OllamaModelsDir(); dir != "" {
+		// Ollama's store, read-only: its models are served beside the
+		// repository's under Ollama's names.
+		store, err := ollama.Open(dir, ollama.Limits{})
+		if err != nil {
+			return fmt.Errorf("ollama-models: %w", err)
+		}
+		log.Info("Ollama model store", zap.String("dir", dir))
+		repoOpts = append(repoOpts, modelrepo.WithOllamaStore(store))
+	}
+	repo, err := lifecycle.OpenRepository(cfg.ModelRepoDir(), cfg.ModelRepo == "", log, repoOpts...)
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,142 @@
+package server
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/brokerd/brokerd/bench/modelkit"
+	brokerv1 "github.com/brokerd/brokerd/proto/broker/v1"
+)
+
+// ollamaStoreModel lays out a model in an Ollama store as `ollama pull`
+// leaves it: the GGUF and params blobs and the manifest naming them.
+func ollamaStoreModel(t *testing.T, store, model, tag, gguf string, params string) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Join(store, "blobs"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	layer := func(media string, b []byte) map[string]any {
+		sum := sha256.Sum256(b)
+		hx := hex.EncodeToString(sum[:])
+		if err := os.WriteFile(filepath.Join(store, "blobs", "sha256-"+hx), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return map[string]any{"mediaType": media, "digest": "sha256:" + hx, "size": len(b)}
+	}
+	raw, err := os.ReadFile(gguf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mf, _ := json.Marshal(map[string]any{"schemaVersion": 2, "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
+		"config": layer("application/vnd.docker.container.image.v1+json", []byte(`{"model_format":"gguf","model_family":"llama","file_type":"Q8_0"}`)),
+		"layers": []any{layer("application/vnd.ollama.image.model", raw), layer("application/vnd.ollama.image.params", []byte(params))}})
+	dir := filepath.Join(store, "manifests", "registry.ollama.ai", "library", model)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, tag), mf, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestOllamaStoreServes: a Q8_0 GGUF in an Ollama store (--ollama-models)
+// is listed under its Ollama name, loads by any of Ollama's forms of it,
+// and serves Generate over gRPC, /api/chat and /api/tags of the Ollama
+// API and /v1/chat/completions of the OpenAI one (issue 21 item 5).
+func TestOllamaStoreServes(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.ModelRepo = t.TempDir()
+	cfg.HTTPListen = "127.0.0.1:0"
+	cfg.HTTPAllowUnauthenticated = true
+	store := t.TempDir()
+	cfg.OllamaModels = store
+	src := t.TempDir()
+	if err := modelkit.WriteByteTokenizer(src, `{% for m in messages %}<|im_start|>{{ m.role }}
+{{ m.content }}<|im_end|>
+{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant
+{% endif %}`); err != nil {
+		t.Fatal(err)
+	}
+	st := t.TempDir()
+	if _, err := modelkit.WriteLLM(st, modelkit.LLM{Arch: "llama", Layers: 2, Hidden: 64, Heads: 4, KVHeads: 2, Intermediate: 96,
+		MaxPositions: 256, DType: "f32", Seed: 5, TokenizerDir: src}); err != nil {
+		t.Fatal(err)
+	}
+	gguf := filepath.Join(t.TempDir(), "m.gguf")
+	if _, err := modelkit.WriteGGUF(st, gguf, "q8_0"); err != nil {
+		t.Fatal(err)
+	}
+	ollamaStoreModel(t, store, "tiny", "0.5b", gguf, `{"temperature": 0, "num_ctx": 128}`)
+	d := startDaemon(t, cfg)
+	c := brokerv1.NewBrokerServiceClient(d.conn)
+	ctx := testCtx(t)
+
+	ms, err := c.ListModels(ctx, &brokerv1.ListModelsRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	listed := false
+	for _, m := range ms.GetModels() {
+		listed = listed || m.GetName() == "tiny:0.5b" && m.GetState() == brokerv1.ModelState_MODEL_STATE_AVAILABLE
+	}
+	if !listed {
+		t.Fatalf("tiny:0.5b is not listed as available: %v", ms.GetModels())
+	}
+	lr, err := c.LoadModel(ctx, &brokerv1.LoadModelRequest{Name: "library/tiny:0.5b"})
+	if err != nil || lr.GetModel().GetName() != "tiny:0.5b" {
+		t.Fatalf("LoadModel(library/tiny:0.5b): %v %v; want it served as tiny:0.5b", lr, err)
+	}
+	gs, err := c.Generate(ctx, &brokerv1.GenerateRequest{Model: "tiny:0.5b", Prompts: []string{"hello"},
+		Sampling: &brokerv1.SamplingParams{MaxTokens: 8, IgnoreEos: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tokens := 0
+	for {
+		m, err := gs.Recv()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, dl := range m.GetDeltas() {
+			tokens += len(dl.GetTokenIds())
+		}
+	}
+	if tokens != 8 {
+		t.Errorf("Generate gave %d tokens, want 8", tokens)
+	}
+	base := "http://" + d.addrs.HTTP
+	for path, body := range map[string]string{
+		"/api/chat":            `{"model": "tiny:0.5b", "stream": false, "options": {"num_predict": 4}, "messages": [{"role": "user", "content": "hi"}]}`,
+		"/v1/chat/completions": `{"model": "tiny:0.5b", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}`,
+	} {
+		resp, err := http.Post(base+path, "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Errorf("POST %s: %d %s", path, resp.StatusCode, b)
+		}
+	}
+	resp, err := http.Get(base + "/api/tags")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(b), `"name":"tiny:0.5b"`) {
+		t.Errorf("/api/tags does not show tiny:0.5b: %s", b)
+	}
+}
