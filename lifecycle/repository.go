@@ -39,7 +39,7 @@ func OpenRepository(dir string, create bool, log *zap.Logger, opts ...repo.Optio
 func (p repository) List() ([]RepoEntry, error) {
 	var out []RepoEntry
 	for _, e := range p.r.List() {
-		re := RepoEntry{Name: e.Name, Kind: string(e.Kind), Versions: e.Loadable()}
+		re := RepoEntry{Name: e.Name, Kind: string(e.Kind), Versions: e.Loadable(), Details: e.Details}
 		var why []string
 		if e.Err != nil {
 			why = append(why, e.Err.Error())

@@ -18,6 +18,7 @@ import (
 	"github.com/brokerd/brokerd/runtime"
 	"github.com/brokerd/brokerd/runtime/models"
 	"github.com/brokerd/brokerd/runtime/models/llm"
+	"github.com/brokerd/brokerd/runtime/models/repo"
 	"github.com/brokerd/brokerd/scheduler"
 )
 
@@ -48,6 +49,9 @@ type RepoEntry struct {
 	Kind     string
 	Versions []int64 // loadable versions, ascending
 	Err      string  // why the model (or its newest version) cannot load
+	// Details describe the newest loadable version's files (format, size,
+	// parameters, quantization).
+	Details repo.Details
 }
 
 // Host is what placement needs of the scheduler.

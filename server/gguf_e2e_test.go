@@ -53,6 +53,26 @@ func TestGGUFEqualsSafetensors(t *testing.T) {
 	c := brokerv1.NewBrokerServiceClient(d.conn)
 	ctx := testCtx(t)
 
+	// ListModels describes the files: format, family, type, size,
+	// parameters, context.
+	ms, err := c.ListModels(ctx, &brokerv1.ListModelsRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range ms.GetModels() {
+		switch m.GetName() {
+		case "llama-f16-gguf":
+			if m.GetFormat() != "gguf" || m.GetFamily() != "llama" || m.GetQuantization() != "F16" || m.GetFileBytes() == 0 ||
+				m.GetParameterCount() == 0 || m.GetParameterSize() == "" || m.GetContextLength() != 256 {
+				t.Errorf("details of the f16 GGUF: %v", m)
+			}
+		case "qwen3-bf16-st":
+			if m.GetFormat() != "safetensors" || m.GetFamily() != "qwen3" || m.GetFileBytes() == 0 || m.GetContextLength() != 256 {
+				t.Errorf("details of the bf16 safetensors: %v", m)
+			}
+		}
+	}
+
 	generate := func(model string) ([]int32, []float32) {
 		t.Helper()
 		st, err := c.Generate(ctx, &brokerv1.GenerateRequest{Model: model, Prompts: []string{"The quick brown fox"},

@@ -33,6 +33,7 @@ func (s *BrokerService) ListModels(ctx context.Context, _ *brokerv1.ListModelsRe
 		m := servedToProto(sv)
 		if e, ok := byName[name]; ok {
 			m.AvailableVersions = slices.Clone(e.Versions)
+			setDetails(m, e)
 		}
 		if pending[name] == "unloading" {
 			m.State = brokerv1.ModelState_MODEL_STATE_UNLOADING
@@ -45,6 +46,7 @@ func (s *BrokerService) ListModels(ctx context.Context, _ *brokerv1.ListModelsRe
 		}
 		m := &brokerv1.Model{Name: e.Name, Kind: e.Kind, State: brokerv1.ModelState_MODEL_STATE_AVAILABLE,
 			AvailableVersions: slices.Clone(e.Versions), Error: e.Err}
+		setDetails(m, e)
 		if n := len(e.Versions); n > 0 {
 			m.Version = e.Versions[n-1]
 		}
@@ -127,6 +129,13 @@ func servedToProto(sv *lifecycle.Served) *brokerv1.Model {
 		m.Error = "no device could take a replica (see brokerd's log)"
 	}
 	return m
+}
+
+// setDetails copies what the repository says of a model's files.
+func setDetails(m *brokerv1.Model, e lifecycle.RepoEntry) {
+	d := e.Details
+	m.Format, m.Family, m.ParameterSize, m.Quantization = d.Format, d.Family, d.ParameterSize, d.Quantization
+	m.ParameterCount, m.FileBytes, m.ContextLength = uint64(max(d.Parameters, 0)), uint64(max(d.FileBytes, 0)), int64(d.ContextLength)
 }
 
 func specsToProto(specs []models.TensorSpec) []*brokerv1.TensorSpec {

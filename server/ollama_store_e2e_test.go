@@ -85,7 +85,12 @@ func TestOllamaStoreServes(t *testing.T) {
 	}
 	listed := false
 	for _, m := range ms.GetModels() {
-		listed = listed || m.GetName() == "tiny:0.5b" && m.GetState() == brokerv1.ModelState_MODEL_STATE_AVAILABLE
+		if m.GetName() == "tiny:0.5b" && m.GetState() == brokerv1.ModelState_MODEL_STATE_AVAILABLE {
+			listed = true
+			if st, _ := os.Stat(gguf); m.GetQuantization() != "Q8_0" || m.GetFormat() != "gguf" || m.GetFileBytes() != uint64(st.Size()) || m.GetContextLength() != 128 {
+				t.Errorf("details of tiny:0.5b from its manifest: %v", m)
+			}
+		}
 	}
 	if !listed {
 		t.Fatalf("tiny:0.5b is not listed as available: %v", ms.GetModels())

@@ -364,7 +364,24 @@ type ollamaModelDetails struct {
 }
 
 func details(m *brokerv1.Model) ollamaModelDetails {
-	return ollamaModelDetails{Format: "safetensors", Family: m.GetKind(), Families: []string{m.GetKind()}}
+	d := ollamaModelDetails{Format: m.GetFormat(), Family: m.GetFamily(), ParameterSize: m.GetParameterSize(), QuantizationLevel: m.GetQuantization()}
+	if d.Format == "" {
+		d.Format = "safetensors"
+	}
+	if d.Family == "" {
+		d.Family = m.GetKind()
+	}
+	d.Families = []string{d.Family}
+	return d
+}
+
+// fileSize is a model's size as /api/tags shows it: its files' bytes, or
+// its memory where the repository does not say.
+func fileSize(m *brokerv1.Model) uint64 {
+	if n := m.GetFileBytes(); n > 0 {
+		return n
+	}
+	return m.GetMemoryBytes()
 }
 
 // tagged is a model's name as Ollama shows it: with its tag, ":latest"
@@ -396,7 +413,7 @@ func (h *Handler) ollamaTags(w http.ResponseWriter, r *http.Request) {
 			continue
 		}
 		out = append(out, tag{Name: tagged(m.GetName()), Model: tagged(m.GetName()), ModifiedAt: h.created(),
-			Size: m.GetMemoryBytes(), Digest: "", Details: details(m)})
+			Size: fileSize(m), Digest: "", Details: details(m)})
 	}
 	writeJSON(w, map[string]any{"models": out})
 }
@@ -438,8 +455,10 @@ func (h *Handler) ollamaShow(w http.ResponseWriter, r *http.Request) {
 	}
 	writeJSON(w, map[string]any{
 		"modelfile": "", "parameters": "", "template": "",
-		"details":      details(m),
-		"model_info":   map[string]any{"general.architecture": m.GetKind(), "brokerd.version": m.GetVersion(), "brokerd.devices": m.GetDeviceIds()},
+		"details": details(m),
+		"model_info": map[string]any{"general.architecture": details(m).Family, "general.parameter_count": m.GetParameterCount(),
+			"general.file_type": m.GetQuantization(), details(m).Family + ".context_length": m.GetContextLength(),
+			"brokerd.kind": m.GetKind(), "brokerd.version": m.GetVersion(), "brokerd.devices": m.GetDeviceIds()},
 		"capabilities": caps,
 		"modified_at":  h.created(),
 	})

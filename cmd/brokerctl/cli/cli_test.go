@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"bytes"
 	"encoding/json"
 	"path/filepath"
 	"strings"
@@ -608,6 +609,28 @@ func TestPermissionDenied(t *testing.T) {
 		r := ts.run(t, nil, tt.args...)
 		if r.code != ExitError || r.stderr != tt.want || r.stdout != "" {
 			t.Errorf("%v: got %v\nwant exit 1 and stderr %q", tt.args, r, tt.want)
+		}
+	}
+}
+
+// TestModelTableDetails: `brokerctl models` shows a model's file size,
+// parameter count and quantization, and a dash where the repository does
+// not say.
+func TestModelTableDetails(t *testing.T) {
+	var b bytes.Buffer
+	err := writeModelTable(&b, []*brokerv1.Model{
+		{Name: "qwen2.5:0.5b", Version: 1, Kind: "llm", State: brokerv1.ModelState_MODEL_STATE_AVAILABLE,
+			FileBytes: 531 << 20, ParameterSize: "494.03M", Quantization: "Q8_0", AvailableVersions: []int64{1}},
+		{Name: "mlp", Version: 2, Kind: "mlp", State: brokerv1.ModelState_MODEL_STATE_READY, AvailableVersions: []int64{1, 2}},
+	}, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows := checkTable(t, b.String(), []string{"NAME", "VERSION", "KIND", "STATE", "DEVICES", "MEMORY", "SIZE", "PARAMS", "QUANT", "VERSIONS"})
+	want := map[string][3]string{"qwen2.5:0.5b": {"531.0 MiB", "494.03M", "Q8_0"}, "mlp": {"-", "-", "-"}}
+	for _, r := range rows {
+		if w := want[r["NAME"]]; [3]string{r["SIZE"], r["PARAMS"], r["QUANT"]} != w {
+			t.Errorf("%s: SIZE %s PARAMS %s QUANT %s, want %v", r["NAME"], r["SIZE"], r["PARAMS"], r["QUANT"], w)
 		}
 	}
 }

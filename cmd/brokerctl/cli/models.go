@@ -91,7 +91,7 @@ func unloadCmd(fs *flag.FlagSet) action {
 // writeModelTable prints one row per model.
 func writeModelTable(w io.Writer, ms []*brokerv1.Model, wide bool) error {
 	tw := newTable(w)
-	header := []string{"NAME", "VERSION", "KIND", "STATE", "DEVICES", "MEMORY", "VERSIONS"}
+	header := []string{"NAME", "VERSION", "KIND", "STATE", "DEVICES", "MEMORY", "SIZE", "PARAMS", "QUANT", "VERSIONS"}
 	if wide {
 		header = append(header, "INPUTS", "OUTPUTS", "ERROR")
 	}
@@ -105,9 +105,14 @@ func writeModelTable(w io.Writer, ms []*brokerv1.Model, wide bool) error {
 		if m.GetMemoryBytes() > 0 {
 			mem = humanBytes(m.GetMemoryBytes())
 		}
+		size := "-"
+		if m.GetFileBytes() > 0 {
+			size = humanBytes(m.GetFileBytes())
+		}
 		cells := []string{m.GetName(), strconv.FormatInt(m.GetVersion(), 10), orDash(m.GetKind()),
 			enumName(m.GetState().Descriptor(), m.GetState().Number()),
-			orDash(strings.Join(m.GetDeviceIds(), ",")), mem, orDash(strings.Join(versions, ","))}
+			orDash(strings.Join(m.GetDeviceIds(), ",")), mem, size, orDash(m.GetParameterSize()), orDash(m.GetQuantization()),
+			orDash(strings.Join(versions, ","))}
 		if wide {
 			cells = append(cells, orDash(specsCell(m.GetInputs())), orDash(specsCell(m.GetOutputs())), orDash(m.GetError()))
 		}

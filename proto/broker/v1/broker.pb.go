@@ -3063,8 +3063,20 @@ type Model struct {
 	BaseBatch         int32         `protobuf:"varint,9,opt,name=base_batch,json=baseBatch,proto3" json:"base_batch,omitempty"`
 	Error             string        `protobuf:"bytes,10,opt,name=error,proto3" json:"error,omitempty"`
 	AvailableVersions []int64       `protobuf:"varint,11,rep,packed,name=available_versions,json=availableVersions,proto3" json:"available_versions,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// The newest loadable version's files, where the repository can say:
+	// "gguf" or "safetensors"; the architecture (llama, qwen2, qwen3, ...);
+	// the weights' element count, and as Ollama writes it ("494.03M"); the
+	// file type (Q4_K_M, Q8_0, F16, ...); the weight files' bytes; the
+	// positions the model states.
+	Format         string `protobuf:"bytes,12,opt,name=format,proto3" json:"format,omitempty"`
+	Family         string `protobuf:"bytes,13,opt,name=family,proto3" json:"family,omitempty"`
+	ParameterCount uint64 `protobuf:"varint,14,opt,name=parameter_count,json=parameterCount,proto3" json:"parameter_count,omitempty"`
+	ParameterSize  string `protobuf:"bytes,15,opt,name=parameter_size,json=parameterSize,proto3" json:"parameter_size,omitempty"`
+	Quantization   string `protobuf:"bytes,16,opt,name=quantization,proto3" json:"quantization,omitempty"`
+	FileBytes      uint64 `protobuf:"varint,17,opt,name=file_bytes,json=fileBytes,proto3" json:"file_bytes,omitempty"`
+	ContextLength  int64  `protobuf:"varint,18,opt,name=context_length,json=contextLength,proto3" json:"context_length,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *Model) Reset() {
@@ -3172,6 +3184,55 @@ func (x *Model) GetAvailableVersions() []int64 {
 		return x.AvailableVersions
 	}
 	return nil
+}
+
+func (x *Model) GetFormat() string {
+	if x != nil {
+		return x.Format
+	}
+	return ""
+}
+
+func (x *Model) GetFamily() string {
+	if x != nil {
+		return x.Family
+	}
+	return ""
+}
+
+func (x *Model) GetParameterCount() uint64 {
+	if x != nil {
+		return x.ParameterCount
+	}
+	return 0
+}
+
+func (x *Model) GetParameterSize() string {
+	if x != nil {
+		return x.ParameterSize
+	}
+	return ""
+}
+
+func (x *Model) GetQuantization() string {
+	if x != nil {
+		return x.Quantization
+	}
+	return ""
+}
+
+func (x *Model) GetFileBytes() uint64 {
+	if x != nil {
+		return x.FileBytes
+	}
+	return 0
+}
+
+func (x *Model) GetContextLength() int64 {
+	if x != nil {
+		return x.ContextLength
+	}
+	return 0
 }
 
 type ListModelsRequest struct {
@@ -5315,7 +5376,7 @@ const file_broker_v1_broker_proto_rawDesc = "" +
 	"\tdevice_id\x18\x03 \x01(\tH\x00R\bdeviceIdB\b\n" +
 	"\x06target\"@\n" +
 	"\x14GetBatchPlanResponse\x12(\n" +
-	"\x04plan\x18\x01 \x01(\v2\x14.broker.v1.BatchPlanR\x04plan\"\xfc\x02\n" +
+	"\x04plan\x18\x01 \x01(\v2\x14.broker.v1.BatchPlanR\x04plan\"\xe6\x04\n" +
 	"\x05Model\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\x03R\aversion\x12\x12\n" +
@@ -5330,7 +5391,15 @@ const file_broker_v1_broker_proto_rawDesc = "" +
 	"base_batch\x18\t \x01(\x05R\tbaseBatch\x12\x14\n" +
 	"\x05error\x18\n" +
 	" \x01(\tR\x05error\x12-\n" +
-	"\x12available_versions\x18\v \x03(\x03R\x11availableVersions\"\x13\n" +
+	"\x12available_versions\x18\v \x03(\x03R\x11availableVersions\x12\x16\n" +
+	"\x06format\x18\f \x01(\tR\x06format\x12\x16\n" +
+	"\x06family\x18\r \x01(\tR\x06family\x12'\n" +
+	"\x0fparameter_count\x18\x0e \x01(\x04R\x0eparameterCount\x12%\n" +
+	"\x0eparameter_size\x18\x0f \x01(\tR\rparameterSize\x12\"\n" +
+	"\fquantization\x18\x10 \x01(\tR\fquantization\x12\x1d\n" +
+	"\n" +
+	"file_bytes\x18\x11 \x01(\x04R\tfileBytes\x12%\n" +
+	"\x0econtext_length\x18\x12 \x01(\x03R\rcontextLength\"\x13\n" +
 	"\x11ListModelsRequest\">\n" +
 	"\x12ListModelsResponse\x12(\n" +
 	"\x06models\x18\x01 \x03(\v2\x10.broker.v1.ModelR\x06models\"@\n" +

@@ -68,7 +68,13 @@ func (r *Repo) ollamaEntries(taken map[string]bool) []Entry {
 		if taken[name] {
 			continue
 		}
-		e := Entry{Name: name, Kind: "llm", Versions: []int64{1}}
+		e := Entry{Name: name, Kind: "llm", Versions: []int64{1}, Details: Details{
+			Format: m.Details.Format, Family: m.Details.Family, ParameterSize: m.Details.ParameterSize,
+			Quantization: m.Details.QuantizationLevel, FileBytes: m.Size,
+		}}
+		if m.Params.NumCtx != nil {
+			e.Details.ContextLength = *m.Params.NumCtx
+		}
 		if m.Err != nil {
 			e.Errs = map[int64]error{1: m.Err}
 		}

@@ -112,6 +112,75 @@ type Entry struct {
 	// Err is why the whole model cannot load (its directory links outside
 	// the repository); nil otherwise.
 	Err error
+	// Details describe the highest version that checks (zero when none).
+	Details Details
+}
+
+// Details describe a model's files, as Ollama's /api/tags and /api/show
+// and `brokerctl models` show them.
+type Details struct {
+	// Format is "gguf" or "safetensors" (empty for brokerd's own kinds).
+	Format string
+	// Family is the architecture: llama, qwen2, qwen3, bert, ...
+	Family string
+	// Parameters counts the weights' elements (a GGUF's tensors; a
+	// safetensors LLM's from its config).
+	Parameters int64
+	// ParameterSize is Parameters as Ollama writes it ("494.03M"), or
+	// an Ollama store's own.
+	ParameterSize string
+	// Quantization is the file's type (Q4_K_M, Q8_0, F16, BF16, F32).
+	Quantization string
+	// FileBytes is the size of the weight files.
+	FileBytes int64
+	// ContextLength is the positions the model states.
+	ContextLength int
+	// ChatTemplate is a GGUF's tokenizer.chat_template ("" otherwise).
+	ChatTemplate string
+}
+
+// parameterSize writes a count as Ollama does (its format.HumanNumber).
+func parameterSize(n int64) string {
+	switch {
+	case n >= 1e9:
+		return strconv.FormatFloat(float64(n)/1e9, 'f', 1, 64) + "B"
+	case n >= 1e6:
+		return strconv.FormatFloat(float64(n)/1e6, 'f', 2, 64) + "M"
+	case n >= 1e3:
+		return strconv.FormatFloat(float64(n)/1e3, 'f', 2, 64) + "K"
+	}
+	return strconv.FormatInt(n, 10)
+}
+
+// details describes a checked version's files.
+func (p *plan) details() Details {
+	if p.llm == nil {
+		return Details{}
+	}
+	lp := p.llm
+	d := Details{Format: "safetensors", ContextLength: lp.sizes.MaxPositionEmbeddings, Parameters: lp.sizes.params()}
+	if len(lp.sizes.Architectures) == 1 {
+		for g, hf := range ggufArchitectures {
+			if hf == lp.sizes.Architectures[0] {
+				d.Family = g
+			}
+		}
+	}
+	if gp := lp.gguf; gp != nil {
+		d.Format, d.Quantization, d.FileBytes, d.ChatTemplate = "gguf", gp.fileType, gp.file.Size, gp.vocab.ChatTemplate
+		d.Parameters = 0
+		for i := range gp.file.Tensors {
+			d.Parameters += gp.file.Tensors[i].Elements()
+		}
+	} else {
+		for _, s := range lp.shards {
+			if st, err := os.Stat(s); err == nil {
+				d.FileBytes += st.Size()
+			}
+		}
+	}
+	d.ParameterSize = parameterSize(d.Parameters)
+	return d
 }
 
 // Loadable lists the versions without an error, ascending.
@@ -157,10 +226,11 @@ func (r *Repo) List() []Entry {
 				e.Errs[v] = r.relative(err)
 				continue
 			}
-			p.close()
 			if e.Kind == "" {
 				e.Kind = p.kind
+				e.Details = p.details()
 			}
+			p.close()
 		}
 		out = append(out, e)
 	}
