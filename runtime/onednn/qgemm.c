@@ -1,16 +1,20 @@
 // Matrix products with GGUF block-quantized weights; see qgemm.h.
 //
-// The activations are quantized once per call into scratch, one row of X
-// after another (each row padded to 64 bytes):
-//   a32 (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0), k = 32*nb:
-//     int8 q[k] | f32 d[nb] | f32 s[nb]           x ≈ d*q, s = d*sum(q of the block)
-//   ak (Q4_K, Q5_K, Q6_K), k = 256*nb:
-//     int8 q[k] | f32 d[nb] | int16 bs[16*nb]     x ≈ d*q, bs = sums of q per 16
-// with d = amax/127 and q = round-half-even(x * (127/amax)) per block of 32
-// (256), as ggml's quantize_row_q8_0 and quantize_row_q8_K do but with f32
-// scales: |x - d*q| <= d/2 (plus rounding of d), so a product's error from
-// this step is at most sum over blocks of d/2 * sum |w| — the bound the
-// tests use. A block holding an infinity or NaN gets d = s = NaN.
+// The activations are quantized once per call into scratch, in groups of
+// G rows (G = min(m, 8, or 4 for AVX2): the rows one pass over a weight row
+// carries), block by block; within a group's block:
+//   a32 (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0), blocks of 32:
+//     int8 q[G][32] | f32 d[8] | f32 s[8]          x ≈ d*q, s = d*Σq
+//   ak (Q4_K, Q5_K, Q6_K), blocks of 256:
+//     int8 q[G][256] | f32 d[8] | int16 bs[8][8][2] bs[j][r] = the sums of
+//                                                   row r's q over 16-element
+//                                                   groups 2j and 2j+1
+// (lanes past G are zeros, so the vector over a group's rows is always 8
+// wide) with d = amax/127 and q = round-half-even(x * (127/amax)) per block,
+// as ggml's quantize_row_q8_0 and quantize_row_q8_K do but with f32 scales:
+// |x - d*q| <= d/2 (plus rounding of d), so a product's error from this
+// step is at most Σ over blocks of d/2 * Σ|w| — the bound the tests use. A
+// block holding an infinity or NaN gets d = s = NaN.
 //
 // A weight block decodes to u8 values v with w = a*v + o (a, o per block,
 // per 32 or per 16 elements), so X·Wᵀ sums a*dx*(Σ v*q) + o*dx*(Σ q): the
@@ -31,6 +35,34 @@ static inline __attribute__((always_inline)) uint16_t le16(const uint8_t *p) {
 
 static inline __attribute__((always_inline)) uint32_t le32(const uint8_t *p) {
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+// The activations' layout (see the top): bytes of one block of a group of
+// G rows, and the offsets of d, s and bs in it.
+// a32: q[(nb+1)/2][G][64] int8 (pairs of blocks, so the AVX-512 kernels
+// load two blocks of a row at once; the second half of an odd last pair is
+// zeros), then d[G][nbp] and s[G][nbp] f32, nbp = nb rounded up to 8
+// (zeros past nb), so the scales of 8 blocks of a row are one vector.
+#define A32_NBP(nb) (((nb) + 7) & ~(int64_t)7)
+#define A32_QBYTES(nb, G) (((nb) + 1) / 2 * (G) * 64)
+#define A32_Q(b, r, G) ((((b) >> 1) * (G) + (r)) * 64 + ((b) & 1) * 32)
+#define A32_D(nb, r, G) (A32_QBYTES(nb, G) + (r) * A32_NBP(nb) * 4)
+#define A32_S(nb, r, G) (A32_QBYTES(nb, G) + ((G) + (r)) * A32_NBP(nb) * 4)
+#define AK_BYTES(G) (256 * (int64_t)(G) + 32 + 256)
+#define AK_D(G) (256 * (int64_t)(G))
+#define AK_BS(G) (256 * (int64_t)(G) + 32)
+// index in bs (int16) of row r's sum over the 16 elements g16*16…
+#define AK_BSI(g16, r) ((g16) / 2 * 16 + 2 * (r) + ((g16) & 1))
+
+// The 6-bit scales and mins of a Q4_K/Q5_K block (ggml's get_scale_min_k4
+// for all eight at once): u holds the block's 12 scale bytes and becomes
+// the eight scales (bytes 0..7) and the eight mins (bytes 8..15).
+static inline __attribute__((always_inline)) void bd_k4_scales(uint32_t u[4]) {
+    u[3] = ((u[2] >> 4) & 0x0f0f0f0fu) | (((u[1] >> 6) & 0x03030303u) << 4);
+    const uint32_t mins = u[1] & 0x3f3f3f3fu;
+    u[1] = (u[2] & 0x0f0f0f0fu) | (((u[0] >> 6) & 0x03030303u) << 4);
+    u[2] = mins;
+    u[0] &= 0x3f3f3f3fu;
 }
 
 // The weight types: ggml's number, elements and bytes per block, and
@@ -56,11 +88,10 @@ static const bd_qtype *qtype_of(int type) {
     return NULL;
 }
 
-// Bytes of one quantized activation row of k elements, padded to 64.
-static int64_t xrow_bytes(const bd_qtype *t, int64_t k) {
+// Bytes of one group of G rows of k activations.
+static int64_t group_bytes(const bd_qtype *t, int64_t k, int64_t G) {
     const int64_t nb = k / t->elems;
-    const int64_t b = t->k ? k + 4 * nb + 32 * nb : k + 8 * nb;
-    return (b + 63) & ~(int64_t)63;
+    return t->k ? nb * AK_BYTES(G) : A32_QBYTES(nb, G) + 2 * G * A32_NBP(nb) * 4;
 }
 
 // ---- The portable variant: the same integers and scales in plain C. ----
@@ -106,28 +137,36 @@ static float quant_block_base(const float *x, int n, int8_t *q) {
     return d;
 }
 
-static void quant_a32_base(const float *x, int64_t nb, uint8_t *row) {
-    int8_t *q = (int8_t *)row;
-    float *dd = (float *)(row + 32 * nb), *ss = dd + nb;
-    for (int64_t b = 0; b < nb; b++) {
-        const float d = quant_block_base(x + 32 * b, 32, q + 32 * b);
-        int32_t sum = 0;
-        for (int i = 0; i < 32; i++) sum += q[32 * b + i];
-        dd[b] = d;
-        ss[b] = d * (float)sum;
+static void quant_a32_base(const float *x, int64_t k, int64_t nb, int R, int64_t G, uint8_t *xg) {
+    for (int r = 0; r < R; r++) {
+        float *dd = (float *)(xg + A32_D(nb, r, G)), *ss = (float *)(xg + A32_S(nb, r, G));
+        for (int64_t b = 0; b < nb; b++) {
+            int8_t *q = (int8_t *)(xg + A32_Q(b, r, G));
+            const float d = quant_block_base(x + r * k + 32 * b, 32, q);
+            int32_t sum = 0;
+            for (int i = 0; i < 32; i++) sum += q[i];
+            dd[b] = d;
+            ss[b] = d * (float)sum;
+        }
+        for (int64_t b = nb; b < A32_NBP(nb); b++) dd[b] = ss[b] = 0.0f;
+        if (nb & 1) memset(xg + A32_Q(nb, r, G), 0, 32);
     }
 }
 
-static void quant_ak_base(const float *x, int64_t nb, uint8_t *row) {
-    int8_t *q = (int8_t *)row;
-    float *dd = (float *)(row + 256 * nb);
-    int16_t *bs = (int16_t *)(dd + nb);
-    for (int64_t b = 0; b < nb; b++) {
-        dd[b] = quant_block_base(x + 256 * b, 256, q + 256 * b);
-        for (int g = 0; g < 16; g++) {
-            int32_t sum = 0;
-            for (int i = 0; i < 16; i++) sum += q[256 * b + 16 * g + i];
-            bs[16 * b + g] = (int16_t)sum;
+static void quant_ak_base(const float *x, int64_t k, int64_t nb, int R, int64_t G, uint8_t *xg) {
+    const int64_t bb = AK_BYTES(G);
+    for (int64_t b = 0; b < nb; b++) memset(xg + b * bb + AK_D(G), 0, 32 + 256);
+    for (int r = 0; r < R; r++) {
+        for (int64_t b = 0; b < nb; b++) {
+            uint8_t *blk = xg + b * bb;
+            int8_t *q = (int8_t *)(blk + 256 * r);
+            int16_t *bs = (int16_t *)(blk + AK_BS(G));
+            ((float *)(blk + AK_D(G)))[r] = quant_block_base(x + r * k + 256 * b, 256, q);
+            for (int g = 0; g < 16; g++) {
+                int32_t sum = 0;
+                for (int i = 0; i < 16; i++) sum += q[16 * g + i];
+                bs[AK_BSI(g, r)] = (int16_t)sum;
+            }
         }
     }
 }
@@ -154,39 +193,31 @@ static void decode32_base(int type, const uint8_t *w, int16_t v[32], float *a, f
     }
 }
 
-static float dot32_base(int type, const uint8_t *w, int64_t nb, const uint8_t *xr) {
-    const int8_t *q = (const int8_t *)xr;
-    const float *dd = (const float *)(xr + 32 * nb), *ss = dd + nb;
+// Row r of the group at xg against the weight row w.
+static float dot32_base(int type, const uint8_t *w, int64_t nb, const uint8_t *xg, int64_t G, int r) {
     const int bytes = qtype_of(type)->bytes;
     float acc = 0.0f, off = 0.0f;
     for (int64_t b = 0; b < nb; b++, w += bytes) {
+        const int8_t *q = (const int8_t *)(xg + A32_Q(b, r, G));
         int16_t v[32];
         float a, o;
         decode32_base(type, w, v, &a, &o);
         int32_t s = 0;
-        for (int j = 0; j < 32; j++) s += v[j] * q[32 * b + j];
-        acc += a * dd[b] * (float)s;
-        off += o * ss[b];
+        for (int j = 0; j < 32; j++) s += v[j] * q[j];
+        acc += a * ((const float *)(xg + A32_D(nb, r, G)))[b] * (float)s;
+        off += o * ((const float *)(xg + A32_S(nb, r, G)))[b];
     }
     return acc + off;
 }
 
-static void scales_k4_base(const uint8_t *q, uint8_t sc[8], uint8_t mn[8]) {
-    for (int j = 0; j < 4; j++) {
-        sc[j] = q[j] & 63;
-        mn[j] = q[j + 4] & 63;
-        sc[j + 4] = (q[j + 8] & 0x0f) | ((q[j] >> 6) << 4);
-        mn[j + 4] = (q[j + 8] >> 4) | ((q[j + 4] >> 6) << 4);
-    }
-}
-
-static float dotk_base(int type, const uint8_t *w, int64_t nb, const uint8_t *xr) {
-    const int8_t *q = (const int8_t *)xr;
-    const float *dd = (const float *)(xr + 256 * nb);
-    const int16_t *bsum = (const int16_t *)(dd + nb);
+static float dotk_base(int type, const uint8_t *w, int64_t nb, const uint8_t *xg, int64_t G, int r) {
     const int bytes = qtype_of(type)->bytes;
     float acc = 0.0f, off = 0.0f;
-    for (int64_t b = 0; b < nb; b++, w += bytes, q += 256, bsum += 16) {
+    for (int64_t b = 0; b < nb; b++, w += bytes) {
+        const uint8_t *blk = xg + b * AK_BYTES(G);
+        const int8_t *q = (const int8_t *)(blk + 256 * r);
+        const float dx = ((const float *)(blk + AK_D(G)))[r];
+        const int16_t *bs = (const int16_t *)(blk + AK_BS(G));
         int32_t isum = 0;
         if (type == 14) { // Q6_K: (d*sc)*(q6 - 32), a scale per 16
             const uint8_t *ql = w, *qh = w + 128;
@@ -198,24 +229,26 @@ static float dotk_base(int type, const uint8_t *w, int64_t nb, const uint8_t *xr
                 isum += sc[e / 16] * q6 * q[e];
             }
             int32_t c = 0;
-            for (int j = 0; j < 16; j++) c += sc[j] * bsum[j];
-            acc += h2f(w + 208) * dd[b] * (float)(isum - 32 * c);
+            for (int j = 0; j < 16; j++) c += sc[j] * bs[AK_BSI(j, r)];
+            acc += h2f(w + 208) * dx * (float)(isum - 32 * c);
             continue;
         }
         // Q4_K, Q5_K: (d*sc_j)*v - dmin*m_j per 32.
-        uint8_t sc[8], mn[8];
-        scales_k4_base(w + 4, sc, mn);
+        uint32_t u[4];
+        memcpy(u, w + 4, 12);
+        bd_k4_scales(u);
+        const uint8_t *sc = (const uint8_t *)u, *mn = sc + 8;
         const uint8_t *qh = w + 16, *qs = w + (type == 13 ? 48 : 16);
-        int32_t ms = 0;
         for (int e = 0; e < 256; e++) {
             const int j = e / 32, l = e % 32;
             int v = j & 1 ? qs[32 * (j / 2) + l] >> 4 : qs[32 * (j / 2) + l] & 0x0f;
             if (type == 13) v |= ((qh[l] >> j) & 1) << 4;
             isum += sc[j] * v * q[e];
         }
-        for (int j = 0; j < 8; j++) ms += mn[j] * (bsum[2 * j] + bsum[2 * j + 1]);
-        acc += h2f(w) * dd[b] * (float)isum;
-        off -= h2f(w + 2) * dd[b] * (float)ms;
+        int32_t ms = 0;
+        for (int j = 0; j < 8; j++) ms += mn[j] * (bs[AK_BSI(2 * j, r)] + bs[AK_BSI(2 * j + 1, r)]);
+        acc += h2f(w) * dx * (float)isum;
+        off -= h2f(w + 2) * dx * (float)ms;
     }
     return acc + off;
 }
@@ -244,8 +277,8 @@ static float dotk_base(int type, const uint8_t *w, int64_t nb, const uint8_t *xr
 
 // ---- Dispatch. ----
 
-typedef void (*bd_quantfn)(const float *x, int64_t nb, uint8_t *row);
-typedef void (*bd_rowsfn)(const uint8_t *w, int64_t nb, const uint8_t *xq, int64_t xs, int R, float *out);
+typedef void (*bd_quantfn)(const float *x, int64_t k, int64_t nb, int R, int64_t G, uint8_t *xg);
+typedef void (*bd_rowsfn)(const uint8_t *w, int64_t nb, const uint8_t *xg, int64_t G, int R, float *out);
 
 static bd_rowsfn rows_for(int type, int isa) {
 #define BD_PICK(name)                                                                     \
@@ -276,42 +309,59 @@ int bd_qgemm_isa(void) {
     return BD_ISA_BASE;
 }
 
+// The most rows of X one pass over a weight row carries.
+static int64_t rmax_of(int isa) { return isa == BD_ISA_AVX2 ? 4 : 8; }
+
+// The group size for m rows: the variant's rmax, or m when smaller.
+static int64_t group_of(int isa, int64_t m) { return m < rmax_of(isa) ? m : rmax_of(isa); }
+
+// The scratch for m rows with groups of G.
+static int64_t work_for(const bd_qtype *t, int64_t k, int64_t m, int64_t G) {
+    return (m + G - 1) / G * group_bytes(t, k, G);
+}
+
 int64_t bd_qgemm_work_bytes(int wtype, int64_t k, int64_t m) {
     const bd_qtype *t = qtype_of(wtype);
     if (!t) return BD_QGEMM_UNSUPPORTED;
     if (k <= 0 || m <= 0 || k > BD_QGEMM_MAX || m > BD_QGEMM_MAX || k % t->elems != 0)
         return BD_QGEMM_SIZE;
-    const int64_t xs = xrow_bytes(t, k); // < 2.2 k
-    if (xs > BD_QGEMM_MAX / m) return BD_QGEMM_SIZE;
-    return xs * m;
+    // The most any variant takes: groups of min(m, 4) or min(m, 8).
+    int64_t most = 0;
+    for (int64_t r = 4; r <= 8; r += 4) {
+        const int64_t G = m < r ? m : r, gb = group_bytes(t, k, G); // gb < 2.2·k·8
+        if (gb > BD_QGEMM_MAX / ((m + G - 1) / G)) return BD_QGEMM_SIZE;
+        const int64_t w = (m + G - 1) / G * gb;
+        if (w > most) most = w;
+    }
+    return most;
 }
 
 // Rows of W one tile holds: about 512 KiB, so a tile stays in L2 while
 // every group of X's rows passes over it.
 #define BD_QGEMM_TILE_BYTES (512 << 10)
 
-// One task: rows [n0,n1) of W against rows [m0,m1) of X.
-static void qgemm_task(const bd_qtype *t, int isa, bd_rowsfn rows, int rmax,
-        const uint8_t *w, int64_t rowb, int64_t nb, const uint8_t *xq, int64_t xs,
-        int64_t n0, int64_t n1, int64_t m0, int64_t m1, float *y, int64_t ldy) {
+// One task: rows [n0,n1) of W against groups [g0,g1) of X.
+static void qgemm_task(const bd_qtype *t, int isa, bd_rowsfn rows, const uint8_t *w,
+        int64_t rowb, int64_t nb, const uint8_t *xq, int64_t gb, int64_t G, int64_t m,
+        int64_t n0, int64_t n1, int64_t g0, int64_t g1, float *y, int64_t ldy) {
     int64_t tile = BD_QGEMM_TILE_BYTES / rowb;
     if (tile < 8) tile = 8;
     float out[8];
     for (int64_t t0 = n0; t0 < n1; t0 += tile) {
         const int64_t t1 = t0 + tile < n1 ? t0 + tile : n1;
-        for (int64_t g = m0; g < m1; g += rmax) {
-            const int R = (int)(m1 - g < rmax ? m1 - g : rmax);
-            const uint8_t *xg = xq + g * xs;
+        for (int64_t g = g0; g < g1; g++) {
+            const int R = (int)(m - g * G < G ? m - g * G : G);
+            const uint8_t *xg = xq + g * gb;
+            float *yg = y + g * G * ldy;
             for (int64_t n = t0; n < t1; n++) {
                 const uint8_t *wr = w + n * rowb;
                 if (isa == BD_ISA_BASE) {
                     for (int r = 0; r < R; r++)
-                        out[r] = t->k ? dotk_base(t->type, wr, nb, xg + r * xs)
-                                      : dot32_base(t->type, wr, nb, xg + r * xs);
+                        out[r] = t->k ? dotk_base(t->type, wr, nb, xg, G, r) : dot32_base(t->type, wr, nb, xg, G, r);
                 } else {
-                    rows(wr, nb, xg, xs, R, out);
+                    rows(wr, nb, xg, G, R, out);
                 }
-                for (int r = 0; r < R; r++) y[(g + r) * ldy + n] = out[r];
+                for (int r = 0; r < R; r++) yg[r * ldy + n] = out[r];
             }
         }
     }
@@ -325,25 +375,25 @@ int bd_qgemm(int wtype, const void *w, int64_t w_bytes, int64_t n_out,
         int isa, int nthreads, void *work, int64_t work_bytes) {
     const bd_qtype *t = qtype_of(wtype);
     if (!t) return BD_QGEMM_UNSUPPORTED;
-    const int64_t need = bd_qgemm_work_bytes(wtype, k, m);
-    if (need < 0) return (int)need;
+    const int64_t most = bd_qgemm_work_bytes(wtype, k, m);
+    if (most < 0) return (int)most;
     if (n_out <= 0 || n_out > BD_QGEMM_MAX || ldy < n_out || ldy > BD_QGEMM_MAX || nthreads < 1)
         return BD_QGEMM_SIZE;
     const int64_t nb = k / t->elems, rowb = nb * t->bytes;
     if (rowb > BD_QGEMM_MAX / n_out || w_bytes != rowb * n_out) return BD_QGEMM_SIZE;
     if (m - 1 > (BD_QGEMM_MAX - n_out) / ldy) return BD_QGEMM_SIZE; // (m-1)*ldy + n_out
     if (k > BD_QGEMM_MAX / m) return BD_QGEMM_SIZE;                  // m*k
-    if (work && work_bytes < need) return BD_QGEMM_SIZE;
     const int have = bd_qgemm_isa();
     if (isa == BD_ISA_AUTO) isa = have;
     if (isa < BD_ISA_BASE || isa > have) return BD_QGEMM_NO_ISA;
+    const int64_t G = group_of(isa, m), gb = group_bytes(t, k, G), need = work_for(t, k, m, G);
+    if (work && work_bytes < need) return BD_QGEMM_SIZE;
 
     uint8_t *xq = work;
     if (!xq) {
-        xq = aligned_alloc(64, (size_t)need);
+        xq = aligned_alloc(64, (size_t)((need + 63) & ~(int64_t)63));
         if (!xq) return BD_QGEMM_NOMEM;
     }
-    const int64_t xs = xrow_bytes(t, k);
     bd_quantfn quant;
     switch (isa) {
     case BD_ISA_AVX512: quant = t->k ? quant_ak_vnni : quant_a32_vnni; break;
@@ -351,35 +401,34 @@ int bd_qgemm(int wtype, const void *w, int64_t w_bytes, int64_t n_out,
     default: quant = t->k ? quant_ak_base : quant_a32_base; break;
     }
     const bd_rowsfn rows = isa == BD_ISA_BASE ? NULL : rows_for(wtype, isa);
-    const int rmax = isa == BD_ISA_AVX512 ? 8 : isa == BD_ISA_AVX2 ? 4 : 8;
 
-    // Tasks: rows of W split between threads; rows of X too when W has
-    // too few rows (fewer than 16 a thread) to keep every thread busy.
-    double macs = (double)m * (double)n_out * (double)k;
+    // Tasks: rows of W split between threads; groups of X's rows too when
+    // W has too few rows (fewer than 16 a thread) to keep every thread busy.
+    const int64_t groups = (m + G - 1) / G;
+    const double macs = (double)m * (double)n_out * (double)k;
     int nt = macs < (double)BD_QGEMM_PAR_MIN ? 1 : nthreads;
     int64_t tn = n_out / 16 < nt ? n_out / 16 : nt;
     if (tn < 1) tn = 1;
     int64_t tm = (nt + tn - 1) / tn;
-    const int64_t groups = (m + rmax - 1) / rmax;
     if (tm > groups) tm = groups;
     const int64_t tasks = tn * tm;
     if (tasks < nt) nt = (int)tasks;
 
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
-        // Quantize X: rows split between the threads (blocks of one row
-        // are not split: a row of 4864 takes about a microsecond).
+        // Quantize X, a group at a time (a row of 4864 takes about a
+        // microsecond); the for's barrier has every group ready.
 #pragma omp for schedule(static)
-        for (int64_t i = 0; i < m; i++) quant(x + i * k, nb, xq + i * xs);
-        // the implicit barrier of the for: every row is ready
+        for (int64_t g = 0; g < groups; g++) {
+            const int R = (int)(m - g * G < G ? m - g * G : G);
+            quant(x + g * G * k, k, nb, R, G, xq + g * gb);
+        }
 #pragma omp for schedule(static)
         for (int64_t task = 0; task < tasks; task++) {
             const int64_t in = task % tn, im = task / tn;
-            const int64_t n0 = n_out * in / tn, n1 = n_out * (in + 1) / tn;
-            // groups of rmax rows of X, split evenly
-            const int64_t g0 = groups * im / tm, g1 = groups * (im + 1) / tm;
-            const int64_t m0 = g0 * rmax, m1 = g1 * rmax < m ? g1 * rmax : m;
-            qgemm_task(t, isa, rows, rmax, w, rowb, nb, xq, xs, n0, n1, m0, m1, y, ldy);
+            qgemm_task(t, isa, rows, w, rowb, nb, xq, gb, G, m,
+                    n_out * in / tn, n_out * (in + 1) / tn,
+                    groups * im / tm, groups * (im + 1) / tm, y, ldy);
         }
     }
     if (!work) free(xq);

@@ -395,18 +395,20 @@ func TestQgemmRefuses(t *testing.T) {
 	}
 }
 
-// TestQgemmWorkBytes: the scratch size is what the activations' rows take
-// (64-byte rows), and sizes bd_qgemm refuses get a negative answer.
+// TestQgemmWorkBytes: the scratch size is what the activations' groups
+// take in the larger of the variants' layouts, and sizes bd_qgemm refuses
+// get a negative answer.
 func TestQgemmWorkBytes(t *testing.T) {
 	for _, c := range []struct {
 		typ  quant.Type
 		k, m int64
 		want int64
 	}{
-		{quant.Q4_0, 32, 1, 64},         // 32 + 4 + 4 -> 64
-		{quant.Q8_0, 4864, 3, 3 * 6080}, // 4864 + 8*152 = 6080
-		{quant.Q4_K, 256, 2, 2 * 320},   // 256 + 4 + 32 = 292 -> 320
-		{quant.Q6_K, 4864, 1, 5568},     // 4864 + 36*19 = 5548 -> 5568
+		{quant.Q4_0, 32, 1, 64 + 2*8*4},             // one block of one row: a pair's 64 bytes, d and s padded to 8 blocks
+		{quant.Q8_0, 4864, 3, 152*3*32 + 2*3*152*4}, // a group of 3
+		{quant.Q4_0, 32, 16, 4 * (4*64 + 2*4*8*4)},  // four groups of 4 (AVX2); two of 8 take as much
+		{quant.Q4_K, 256, 2, 512 + 32 + 256},
+		{quant.Q6_K, 4864, 1, 19 * (256 + 32 + 256)},
 		{quant.Q4_0, 33, 1, -2},
 		{quant.Q4_K, 0, 1, -2},
 		{quant.F32, 32, 1, -1},

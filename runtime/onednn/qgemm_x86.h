@@ -52,6 +52,17 @@ QI float QV(hmax)(__m256 v) {
 
 QI float QV(h2f)(const uint8_t *p) { return _cvtsh_ss(le16(p)); }
 
+// The f16s in the low halves of 8 dwords, as f32.
+QI __m256 QV(halves8)(__m256i g) {
+#ifdef QV_VNNI
+    return _mm256_cvtph_ps(_mm256_cvtepi32_epi16(g));
+#else
+    const __m256i p = _mm256_shuffle_epi8(g, _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1,
+            0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1));
+    return _mm256_cvtph_ps(_mm256_castsi256_si128(_mm256_permute4x64_epi64(p, 0x08)));
+#endif
+}
+
 // 32 consecutive int32 (four vectors) to int8, in order.
 QI __m256i QV(pack8)(__m256i i0, __m256i i1, __m256i i2, __m256i i3) {
     const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
@@ -72,220 +83,324 @@ QI int QV(absmax32)(const float *x, __m256 v[4], __m256 *mx) {
     return _mm256_movemask_ps(bad);
 }
 
-// One row of k = 32*nb activations into the a32 layout (see qgemm.c).
-static void QV(quant_a32)(const float *x, int64_t nb, uint8_t *row) {
-    int8_t *q = (int8_t *)row;
-    float *dd = (float *)(row + 32 * nb), *ss = dd + nb;
-    for (int64_t b = 0; b < nb; b++, x += 32, q += 32) {
-        __m256 v[4], mx = _mm256_setzero_ps();
-        if (QV(absmax32)(x, v, &mx)) {
-            memset(q, 0, 32);
-            dd[b] = ss[b] = NAN;
-            continue;
+
+// Quantizes 32 floats into q; returns d (NaN, with zeros in q, for a block
+// holding an infinity or NaN) and the sum of q in *sum.
+QI float QV(quant32)(const float *x, int8_t *q, int32_t *sum) {
+    __m256 v[4], mx = _mm256_setzero_ps();
+    if (QV(absmax32)(x, v, &mx)) {
+        memset(q, 0, 32);
+        *sum = 0;
+        return NAN;
+    }
+    const float amax = QV(hmax)(mx);
+    const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+    const __m256 vid = _mm256_set1_ps(id);
+    __m256i i[4];
+    for (int j = 0; j < 4; j++) i[j] = _mm256_cvtps_epi32(_mm256_mul_ps(v[j], vid));
+    *sum = QV(hsum_i)(_mm256_add_epi32(_mm256_add_epi32(i[0], i[1]), _mm256_add_epi32(i[2], i[3])));
+    _mm256_storeu_si256((__m256i *)q, QV(pack8)(i[0], i[1], i[2], i[3]));
+    return amax / 127.0f;
+}
+
+// R rows of k = 32*nb activations (row stride k) into a group of the a32
+// layout with G rows (see qgemm.c).
+static void QV(quant_a32)(const float *x, int64_t k, int64_t nb, int R, int64_t G, uint8_t *xg) {
+    for (int r = 0; r < R; r++) {
+        float *dd = (float *)(xg + A32_D(nb, r, G)), *ss = (float *)(xg + A32_S(nb, r, G));
+        for (int64_t b = 0; b < nb; b++) {
+            int32_t sum;
+            const float d = QV(quant32)(x + r * k + 32 * b, (int8_t *)(xg + A32_Q(b, r, G)), &sum);
+            dd[b] = d;
+            ss[b] = d * (float)sum;
         }
-        const float amax = QV(hmax)(mx);
-        const float d = amax / 127.0f, id = amax != 0.0f ? 127.0f / amax : 0.0f;
-        const __m256 vid = _mm256_set1_ps(id);
-        __m256i i[4];
-        for (int j = 0; j < 4; j++) i[j] = _mm256_cvtps_epi32(_mm256_mul_ps(v[j], vid));
-        const int32_t sum = QV(hsum_i)(_mm256_add_epi32(_mm256_add_epi32(i[0], i[1]), _mm256_add_epi32(i[2], i[3])));
-        _mm256_storeu_si256((__m256i *)q, QV(pack8)(i[0], i[1], i[2], i[3]));
-        dd[b] = d;
-        ss[b] = d * (float)sum;
+        for (int64_t b = nb; b < A32_NBP(nb); b++) dd[b] = ss[b] = 0.0f;
+        if (nb & 1) memset(xg + A32_Q(nb, r, G), 0, 32);
     }
 }
 
-// One row of k = 256*nb activations into the ak layout.
-static void QV(quant_ak)(const float *x, int64_t nb, uint8_t *row) {
-    int8_t *q = (int8_t *)row;
-    float *dd = (float *)(row + 256 * nb);
-    int16_t *bs = (int16_t *)(dd + nb);
-    for (int64_t b = 0; b < nb; b++, x += 256, q += 256, bs += 16) {
-        __m256 v[4], mx = _mm256_setzero_ps();
-        int bad = 0;
-        for (int g = 0; g < 8; g++) bad |= QV(absmax32)(x + 32 * g, v, &mx);
-        if (bad) {
-            memset(q, 0, 256);
-            memset(bs, 0, 32);
-            dd[b] = NAN;
-            continue;
+// The same into the ak layout: blocks of 256 with one d, sums per 16.
+static void QV(quant_ak)(const float *x, int64_t k, int64_t nb, int R, int64_t G, uint8_t *xg) {
+    const int64_t bb = AK_BYTES(G);
+    for (int64_t b = 0; b < nb; b++) memset(xg + b * bb + AK_D(G), 0, 32 + 256);
+    for (int r = 0; r < R; r++) {
+        for (int64_t b = 0; b < nb; b++) {
+            const float *xb = x + r * k + 256 * b;
+            uint8_t *blk = xg + b * bb;
+            int8_t *q = (int8_t *)(blk + 256 * r);
+            int16_t *bs = (int16_t *)(blk + AK_BS(G));
+            __m256 v[4], mx = _mm256_setzero_ps();
+            int bad = 0;
+            for (int g = 0; g < 8; g++) bad |= QV(absmax32)(xb + 32 * g, v, &mx);
+            if (bad) {
+                memset(q, 0, 256);
+                ((float *)(blk + AK_D(G)))[r] = NAN;
+                continue;
+            }
+            const float amax = QV(hmax)(mx);
+            const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+            const __m256 vid = _mm256_set1_ps(id);
+            for (int g = 0; g < 8; g++) {
+                __m256i i[4];
+                for (int j = 0; j < 4; j++)
+                    i[j] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xb + 32 * g + 8 * j), vid));
+                bs[AK_BSI(2 * g, r)] = (int16_t)QV(hsum_i)(_mm256_add_epi32(i[0], i[1]));
+                bs[AK_BSI(2 * g + 1, r)] = (int16_t)QV(hsum_i)(_mm256_add_epi32(i[2], i[3]));
+                _mm256_storeu_si256((__m256i *)(q + 32 * g), QV(pack8)(i[0], i[1], i[2], i[3]));
+            }
+            ((float *)(blk + AK_D(G)))[r] = amax / 127.0f;
         }
-        const float amax = QV(hmax)(mx);
-        const float d = amax / 127.0f, id = amax != 0.0f ? 127.0f / amax : 0.0f;
-        const __m256 vid = _mm256_set1_ps(id);
-        for (int g = 0; g < 8; g++) {
-            __m256i i[4];
-            for (int j = 0; j < 4; j++) i[j] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 32 * g + 8 * j), vid));
-            bs[2 * g] = (int16_t)QV(hsum_i)(_mm256_add_epi32(i[0], i[1]));
-            bs[2 * g + 1] = (int16_t)QV(hsum_i)(_mm256_add_epi32(i[2], i[3]));
-            _mm256_storeu_si256((__m256i *)(q + 32 * g), QV(pack8)(i[0], i[1], i[2], i[3]));
-        }
-        dd[b] = d;
     }
 }
 
-// The kernels: out[r] = W's row w · X's row r, for r < R, X's rows at xq +
-// r*xs in the a32 (ak) layout with nb blocks. Each weight block is decoded
-// once into u8 values v (a vector of 32) with w = a*v + o per element, and
-// used for all R rows: the integer dot of v and x's int8 values times a*dx,
-// plus o times dx*sum(x's int8) (the s of a32, the bs of ak).
+// The kernels: out[r] = W's row w · X's row r for r < R, X's rows a group
+// of G at xg. Each weight block is decoded once into u8 values v with
+// w = a*v + o and used for all R rows: the integer sum of v·q per row,
+// times a·dx (a vector over the group's rows, p, stored and broadcast per
+// row), and o times dx·Σq for all rows at once (the group's s, or its bs
+// in integers for the K types). With R <= 2 two sets of accumulators
+// alternate, so the chains of dependent adds do not bound the loop.
 
 #define QV_LOOP _Pragma("GCC unroll 8") for (int r = 0; r < R; r++)
 
-// The 32-block kernels share this frame; DECODE sets v, d (the weight scale
-// a) and o (the per-block offset multiplying dx*sum), DOT the int sum.
-#define QV_KERNEL32(name, bytes, DECODE, DOT, OFF_SCALE)                                  \
-    QI void QV(name)(const uint8_t *w, int64_t nb, const uint8_t *xq, int64_t xs,        \
-            const int R, float *out) {                                                    \
-        __m256 acc[QV_R];                                                                 \
-        float off[QV_R];                                                                  \
-        QV_LOOP {                                                                         \
-            acc[r] = _mm256_setzero_ps();                                                 \
-            off[r] = 0.0f;                                                                \
-        }                                                                                 \
-        const __m256i m4 = _mm256_set1_epi8(0x0f);                                        \
-        (void)m4;                                                                         \
-        for (int64_t b = 0; b < nb; b++, w += (bytes)) {                                  \
-            __m256i v;                                                                    \
-            float d, o;                                                                   \
-            DECODE;                                                                       \
-            (void)o;                                                                      \
-            const __m256 vd = _mm256_set1_ps(d);                                          \
-            QV_LOOP {                                                                     \
-                const uint8_t *xr = xq + r * xs;                                          \
-                const float *xd = (const float *)(xr + 32 * nb);                          \
-                const __m256i xv = _mm256_loadu_si256((const __m256i *)(xr + 32 * b));    \
-                const __m256i i = DOT;                                                    \
-                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i),                           \
-                        _mm256_mul_ps(vd, _mm256_broadcast_ss(xd + b)), acc[r]);          \
-                if (OFF_SCALE) off[r] += o * xd[nb + b];                                  \
-            }                                                                             \
-        }                                                                                 \
-        QV_LOOP out[r] = QV(hsum)(acc[r]) + off[r];                                       \
+// The 32-block kernels share this frame. Per 8 blocks: their weight scales
+// (one gather of the f16s) times each row's 8 activation scales, p, kept
+// on the stack for the broadcasts, and the offsets o times the rows' s as
+// vectors; per block: DECODE sets v, DOT is its int sum with xv (a row's
+// 32 int8). OFF is 0 (no offset), 1 (o = -8d), 2 (o = -16d) or 3 (o is the
+// f16 at byte 2: Q4_1's and Q5_1's m). Whole chunks of 8 blocks unroll
+// with constant indices (the accumulators stay in registers); the last
+// partial chunk loops.
+#define QV_KERNEL32(name, bytes, DECODE, DOT, OFF)                                         \
+    QI void QV(name)(const uint8_t *w, int64_t nb, const uint8_t *xg, int64_t G,          \
+            const int R, float *out) {                                                     \
+        const int NA = R <= 2 ? 2 : 1;                                                     \
+        const int64_t bytes_ = (bytes), nbp = A32_NBP(nb);                                                   \
+        const float *dx = (const float *)(xg + A32_D(nb, 0, G));                           \
+        const float *sx = (const float *)(xg + A32_S(nb, 0, G));                           \
+        __m256 acc0[QV_R], acc1[QV_R];                                                     \
+        float pb[QV_R * 8] __attribute__((aligned(32)));                                   \
+        QV_LOOP acc0[r] = acc1[r] = _mm256_setzero_ps();                                   \
+        const __m256i m4 = _mm256_set1_epi8(0x0f);                                         \
+        (void)m4;                                                                          \
+        int64_t b0 = 0;                                                                    \
+        for (; b0 + 8 <= nb; b0 += 8) {                                                    \
+            const __m256i gi = _mm256_setr_epi32(0, (bytes), 2 * (bytes), 3 * (bytes),      \
+                    4 * (bytes), 5 * (bytes), 6 * (bytes), 7 * (bytes));                   \
+            const uint8_t *w8 = w + b0 * (bytes);                                          \
+            const __m256 dw = QV(halves8)(_mm256_i32gather_epi32((const int *)w8, gi, 1)); \
+            __m256 ow = OFF == 3 ? QV(halves8)(_mm256_i32gather_epi32((const int *)(w8 + 2), gi, 1)) \
+                                 : _mm256_mul_ps(dw, _mm256_set1_ps(OFF == 2 ? -16.0f : -8.0f)); \
+            QV_SCALES8(OFF)                                                                \
+            _Pragma("GCC unroll 1") for (int j0 = 0; j0 < 8; j0 += 2) {                    \
+                {                                                                          \
+                    const int j = j0;                                                      \
+                    QV_BLOCK32(DECODE, DOT, acc0)                                          \
+                }                                                                          \
+                {                                                                          \
+                    const int j = j0 + 1;                                                  \
+                    if (NA == 2)                                                           \
+                        QV_BLOCK32(DECODE, DOT, acc1)                                      \
+                    else                                                                   \
+                        QV_BLOCK32(DECODE, DOT, acc0)                                      \
+                }                                                                          \
+            }                                                                              \
+        }                                                                                  \
+        if (b0 < nb) {                                                                     \
+            const uint8_t *w8 = w + b0 * (bytes);                                          \
+            const int nj = (int)(nb - b0);                                                 \
+            int32_t h[8] = {0}, hm[8] = {0};                                               \
+            for (int j = 0; j < nj; j++) {                                                 \
+                h[j] = le16(w8 + j * (bytes));                                             \
+                hm[j] = le16(w8 + j * (bytes) + 2);                                        \
+            }                                                                              \
+            const __m256 dw = QV(halves8)(_mm256_loadu_si256((const __m256i *)h));         \
+            __m256 ow = OFF == 3 ? QV(halves8)(_mm256_loadu_si256((const __m256i *)hm))    \
+                                 : _mm256_mul_ps(dw, _mm256_set1_ps(OFF == 2 ? -16.0f : -8.0f)); \
+            QV_SCALES8(OFF)                                                                \
+            for (int j = 0; j < nj; j++) {                                                 \
+                QV_BLOCK32(DECODE, DOT, acc0)                                              \
+            }                                                                              \
+        }                                                                                  \
+        QV_LOOP {                                                                          \
+            out[r] = QV(hsum)(NA == 2 ? _mm256_add_ps(acc0[r], acc1[r]) : acc0[r]);       \
+        }                                                                                  \
+    }
+
+// The rows' p (to pb) for the 8 blocks from b0, given dw, and their
+// offsets (ow times the rows' s, into the accumulators: only their lanes'
+// sum counts).
+#define QV_SCALES8(OFF)                                                                    \
+    QV_LOOP {                                                                              \
+        _mm256_store_ps(pb + 8 * r, _mm256_mul_ps(dw, _mm256_loadu_ps(dx + r * nbp + b0))); \
+        if (OFF) acc0[r] = _mm256_fmadd_ps(ow, _mm256_loadu_ps(sx + r * nbp + b0), acc0[r]); \
+    }
+
+// Block b0+j against the rows, into the accumulators ACC.
+#define QV_BLOCK32(DECODE, DOT, ACC)                                                       \
+    {                                                                                      \
+        const uint8_t *w_ = w8 + j * bytes_;                                               \
+        const uint8_t *xb = xg + A32_Q(b0 + j, 0, G);                                      \
+        __m256i v;                                                                         \
+        DECODE;                                                                            \
+        QV_LOOP {                                                                          \
+            const __m256i xv = _mm256_loadu_si256((const __m256i *)(xb + 64 * r));         \
+            const __m256i i = DOT;                                                         \
+            ACC[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_broadcast_ss(pb + 8 * r + j), ACC[r]); \
+        }                                                                                  \
     }
 
 // Nibbles of 16 bytes as 32 values: low nibbles are elements 0..15, high
 // nibbles 16..31 (ggml's order).
-#define QV_NIBBLES(p) \
-    _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(_mm_loadu_si128((const __m128i *)(p)), 4), \
-            _mm_loadu_si128((const __m128i *)(p))), m4)
+#define QV_NIBBLES(p)                                                                      \
+    ({                                                                                     \
+        const __m128i q_ = _mm_loadu_si128((const __m128i *)(p));                          \
+        _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q_, 4), q_), m4);                 \
+    })
 
 // The fifth bits of Q5_0/Q5_1: bit e of the 32-bit qh is element e's 16.
 #ifdef QV_VNNI
 #define QV_HIGH5(v, p) (v) = _mm256_mask_add_epi8((v), (__mmask32)le32(p), (v), _mm256_set1_epi8(0x10))
 #else
-#define QV_HIGH5(v, p)                                                                       \
-    do {                                                                                     \
-        const __m256i sel_ = _mm256_set1_epi64x(0x8040201008040201);                         \
-        __m256i h_ = _mm256_shuffle_epi8(_mm256_set1_epi32((int)le32(p)),                    \
-                _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202,                    \
-                        0x0101010101010101, 0x0000000000000000));                            \
-        h_ = _mm256_cmpeq_epi8(_mm256_and_si256(h_, sel_), sel_);                            \
-        (v) = _mm256_or_si256((v), _mm256_and_si256(h_, _mm256_set1_epi8(0x10)));           \
+#define QV_HIGH5(v, p)                                                                     \
+    do {                                                                                   \
+        const __m256i sel_ = _mm256_set1_epi64x(0x8040201008040201);                       \
+        __m256i h_ = _mm256_shuffle_epi8(_mm256_set1_epi32((int)le32(p)),                  \
+                _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202,                  \
+                        0x0101010101010101, 0x0000000000000000));                          \
+        h_ = _mm256_cmpeq_epi8(_mm256_and_si256(h_, sel_), sel_);                          \
+        (v) = _mm256_or_si256((v), _mm256_and_si256(h_, _mm256_set1_epi8(0x10)));         \
     } while (0)
 #endif
 
+#ifndef QV_NO_KERNELS
 // Q4_0 {d; qs[16]}: w = d*nibble - 8d.
-QV_KERNEL32(k_q4_0, 18,
-        (d = QV(h2f)(w), o = -8.0f * d, v = QV_NIBBLES(w + 2)),
-        QV(dot)(_mm256_setzero_si256(), v, xv), 1)
+QV_KERNEL32(k_q4_0, 18, v = QV_NIBBLES(w_ + 2), QV(dot)(_mm256_setzero_si256(), v, xv), 1)
 // Q4_1 {d; m; qs[16]}: w = d*nibble + m.
-QV_KERNEL32(k_q4_1, 20,
-        (d = QV(h2f)(w), o = QV(h2f)(w + 2), v = QV_NIBBLES(w + 4)),
-        QV(dot)(_mm256_setzero_si256(), v, xv), 1)
+QV_KERNEL32(k_q4_1, 20, v = QV_NIBBLES(w_ + 4), QV(dot)(_mm256_setzero_si256(), v, xv), 3)
 // Q5_0 {d; qh[4]; qs[16]}: w = d*(nibble | bit<<4) - 16d.
-QV_KERNEL32(k_q5_0, 22,
-        (d = QV(h2f)(w), o = -16.0f * d, v = QV_NIBBLES(w + 6), ({ QV_HIGH5(v, w + 2); })),
-        QV(dot)(_mm256_setzero_si256(), v, xv), 1)
+QV_KERNEL32(k_q5_0, 22, v = QV_NIBBLES(w_ + 6); QV_HIGH5(v, w_ + 2),
+        QV(dot)(_mm256_setzero_si256(), v, xv), 2)
 // Q5_1 {d; m; qh[4]; qs[16]}: w = d*(nibble | bit<<4) + m.
-QV_KERNEL32(k_q5_1, 24,
-        (d = QV(h2f)(w), o = QV(h2f)(w + 2), v = QV_NIBBLES(w + 8), ({ QV_HIGH5(v, w + 4); })),
-        QV(dot)(_mm256_setzero_si256(), v, xv), 1)
+QV_KERNEL32(k_q5_1, 24, v = QV_NIBBLES(w_ + 8); QV_HIGH5(v, w_ + 4),
+        QV(dot)(_mm256_setzero_si256(), v, xv), 3)
 // Q8_0 {d; qs[32] int8}: w = d*q, signed: |q| against q's sign moved onto x.
-QV_KERNEL32(k_q8_0, 34,
-        (d = QV(h2f)(w), o = 0.0f, v = _mm256_loadu_si256((const __m256i *)(w + 2))),
+QV_KERNEL32(k_q8_0, 34, v = _mm256_loadu_si256((const __m256i *)(w_ + 2)),
         QV(dot)(_mm256_setzero_si256(), _mm256_sign_epi8(v, v), _mm256_sign_epi8(xv, v)), 0)
 
-// The 6-bit scales and mins of a Q4_K/Q5_K block (ggml's get_scale_min_k4).
-QI void QV(scales_k4)(const uint8_t *q, uint8_t sc[8], uint8_t mn[8]) {
-    for (int j = 0; j < 4; j++) {
-        sc[j] = q[j] & 63;
-        mn[j] = q[j + 4] & 63;
-        sc[j + 4] = (q[j + 8] & 0x0f) | ((q[j] >> 6) << 4);
-        mn[j + 4] = (q[j + 8] >> 4) | ((q[j + 4] >> 6) << 4);
-    }
+#endif
+
+// An int16 vector of word s of x (8 words, in both halves) everywhere.
+QI __m256i QV(word)(__m256i x, const int s) {
+    return _mm256_shuffle_epi8(x, _mm256_set1_epi16((short)((2 * s + 1) << 8 | 2 * s)));
 }
 
+// ms += for each row r of the group, Σ_j c_j·(bs_r[2j] + bs_r[2j+1]) (cp:
+// the int16 pairs (c_j, c_j) for Q4_K's mins) or Σ_j c_2j·bs_r[2j] +
+// c_2j+1·bs_r[2j+1] (cp: (c_2j, c_2j+1), Q6_K's scales): bs in the ak
+// layout's pairs, one dword of cp per pair j.
+QI __m256i QV(pairsums)(__m256i cp, const uint8_t *bs) {
+    __m256i ms = _mm256_setzero_si256();
+    _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) {
+        const __m256i c = _mm256_permutevar8x32_epi32(cp, _mm256_set1_epi32(j));
+        const __m256i x = _mm256_loadu_si256((const __m256i *)(bs + 32 * j));
+#ifdef QV_VNNI
+        ms = _mm256_dpwssd_epi32(ms, c, x);
+#else
+        ms = _mm256_add_epi32(ms, _mm256_madd_epi16(c, x));
+#endif
+    }
+    return ms;
+}
+
+#ifndef QV_NO_KERNELS
 // Q4_K {d; dmin; scales[12]; qs[128]} and Q5_K {…; qh[32]; qs[128]}: sub-block
 // j of 32 is w = (d*sc_j)*v - dmin*m_j; the scales multiply in int16
-// (dot_sc) and the mins meet the activations' sums per 32.
-#define QV_KERNEL_K45(name, bytes, Q5)                                                    \
-    QI void QV(name)(const uint8_t *w, int64_t nb, const uint8_t *xq, int64_t xs,        \
-            const int R, float *out) {                                                    \
-        __m256 acc[QV_R];                                                                 \
-        float off[QV_R];                                                                  \
-        QV_LOOP {                                                                         \
-            acc[r] = _mm256_setzero_ps();                                                 \
-            off[r] = 0.0f;                                                                \
-        }                                                                                 \
-        const __m256i m4 = _mm256_set1_epi8(0x0f);                                        \
-        for (int64_t b = 0; b < nb; b++, w += (bytes)) {                                  \
-            const float d = QV(h2f)(w), dmin = QV(h2f)(w + 2);                            \
-            uint8_t sc[8], mn[8];                                                         \
-            QV(scales_k4)(w + 4, sc, mn);                                                 \
-            const uint8_t *qs = w + 16 + (Q5 ? 32 : 0);                                   \
-            __m256i hb = Q5 ? _mm256_loadu_si256((const __m256i *)(w + 16)) : m4;         \
-            (void)hb;                                                                     \
-            __m256i isum[QV_R];                                                           \
-            QV_LOOP isum[r] = _mm256_setzero_si256();                                     \
-            for (int j = 0; j < 4; j++) {                                                 \
-                const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * j));     \
-                __m256i lo = _mm256_and_si256(q, m4);                                     \
-                __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);               \
-                if (Q5) {                                                                 \
-                    const __m256i h16 = _mm256_set1_epi8(0x10);                           \
-                    lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16(hb, 4), h16)); \
-                    hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi16(hb, 3), h16)); \
-                    hb = _mm256_srli_epi16(hb, 2);                                        \
-                }                                                                         \
-                const __m256i slo = _mm256_set1_epi16(sc[2 * j]);                         \
-                const __m256i shi = _mm256_set1_epi16(sc[2 * j + 1]);                     \
-                QV_LOOP {                                                                 \
-                    const int8_t *xr = (const int8_t *)(xq + r * xs) + 256 * b + 64 * j;  \
-                    isum[r] = QV(dot_sc)(isum[r], lo, _mm256_loadu_si256((const __m256i *)xr), slo); \
-                    isum[r] = QV(dot_sc)(isum[r], hi, _mm256_loadu_si256((const __m256i *)(xr + 32)), shi); \
-                }                                                                         \
-            }                                                                             \
-            QV_LOOP {                                                                     \
-                const uint8_t *xr = xq + r * xs;                                          \
-                const float dx = ((const float *)(xr + 256 * nb))[b];                     \
-                const int16_t *bs = (const int16_t *)(xr + 260 * nb) + 16 * b;            \
-                int32_t ms = 0;                                                           \
-                for (int j = 0; j < 8; j++) ms += (int32_t)mn[j] * (bs[2 * j] + bs[2 * j + 1]); \
-                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_set1_ps(d * dx), acc[r]); \
-                off[r] -= dmin * dx * (float)ms;                                          \
-            }                                                                             \
-        }                                                                                 \
-        QV_LOOP out[r] = QV(hsum)(acc[r]) + off[r];                                       \
+// (dot_sc), the mins meet the rows' sums per 16 (pairsums).
+QI void QV(k_q45K)(const uint8_t *w, int64_t nb, const uint8_t *xg, int64_t G,
+        const int R, float *out, const int Q5) {
+    const int NA = R <= 2 ? 2 : 1;
+    const int64_t bb = AK_BYTES(G), wb = Q5 ? 176 : 144;
+    __m256 acc[QV_R], offv = _mm256_setzero_ps();
+    float pb[8] __attribute__((aligned(32)));
+    QV_LOOP acc[r] = _mm256_setzero_ps();
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    for (int64_t b = 0; b < nb; b++, w += wb) {
+        const uint8_t *xb = xg + b * bb;
+        const float d = QV(h2f)(w), dmin = QV(h2f)(w + 2);
+        uint32_t u[4];
+        memcpy(u, w + 4, 12);
+        bd_k4_scales(u);
+        const __m256i scv = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)u)));
+        const __m128i m8 = _mm_loadl_epi64((const __m128i *)(u + 2));
+        const __m256i ms = QV(pairsums)(_mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8)), xb + AK_BS(G));
+        const __m256 dv = _mm256_loadu_ps((const float *)(xb + AK_D(G)));
+        offv = _mm256_fnmadd_ps(_mm256_mul_ps(_mm256_set1_ps(dmin), dv), _mm256_cvtepi32_ps(ms), offv);
+        _mm256_store_ps(pb, _mm256_mul_ps(_mm256_set1_ps(d), dv));
+        const uint8_t *qs = w + (Q5 ? 48 : 16);
+        __m256i hb = Q5 ? _mm256_loadu_si256((const __m256i *)(w + 16)) : m4;
+        (void)hb;
+        __m256i isum[2][QV_R];
+        for (int a = 0; a < NA; a++) QV_LOOP isum[a][r] = _mm256_setzero_si256();
+        _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {
+            const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * j));
+            __m256i lo = _mm256_and_si256(q, m4);
+            __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+            if (Q5) {
+                const __m256i h16 = _mm256_set1_epi8(0x10);
+                lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16(hb, 4), h16));
+                hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi16(hb, 3), h16));
+                hb = _mm256_srli_epi16(hb, 2);
+            }
+            const __m256i slo = QV(word)(scv, 2 * j), shi = QV(word)(scv, 2 * j + 1);
+            const int a = NA == 2 ? (j & 1) : 0;
+            QV_LOOP {
+                const uint8_t *xr = xb + 256 * r + 64 * j;
+                isum[a][r] = QV(dot_sc)(isum[a][r], lo, _mm256_loadu_si256((const __m256i *)xr), slo);
+                isum[a][r] = QV(dot_sc)(isum[a][r], hi, _mm256_loadu_si256((const __m256i *)(xr + 32)), shi);
+            }
+        }
+        QV_LOOP {
+            const __m256i s = NA == 2 ? _mm256_add_epi32(isum[0][r], isum[1][r]) : isum[0][r];
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_broadcast_ss(pb + r), acc[r]);
+        }
     }
+    _mm256_store_ps(pb, offv);
+    QV_LOOP out[r] = QV(hsum)(acc[r]) + pb[r];
+}
 
-QV_KERNEL_K45(k_q4_K, 144, 0)
-QV_KERNEL_K45(k_q5_K, 176, 1)
+QI void QV(k_q4_K)(const uint8_t *w, int64_t nb, const uint8_t *xg, int64_t G, const int R, float *out) {
+    QV(k_q45K)(w, nb, xg, G, R, out, 0);
+}
+
+QI void QV(k_q5_K)(const uint8_t *w, int64_t nb, const uint8_t *xg, int64_t G, const int R, float *out) {
+    QV(k_q45K)(w, nb, xg, G, R, out, 1);
+}
 
 // Q6_K {ql[128]; qh[64]; scales[16] int8; d}: w = (d*sc)*(q - 32) with q of
 // 6 bits and a scale per 16 elements: q in u8 against x, the int16 scales
-// per half of each 32, and 32*sum(sc*bs) taken off in integers.
-QI void QV(k_q6_K)(const uint8_t *w, int64_t nb, const uint8_t *xq, int64_t xs,
+// per half of each 32, and 32·Σ sc·bs (pairsums) taken off in integers.
+QI void QV(k_q6_K)(const uint8_t *w, int64_t nb, const uint8_t *xg, int64_t G,
         const int R, float *out) {
+    const int NA = R <= 2 ? 2 : 1;
+    const int64_t bb = AK_BYTES(G);
     __m256 acc[QV_R];
+    float pb[8] __attribute__((aligned(32)));
     QV_LOOP acc[r] = _mm256_setzero_ps();
     const __m256i m4 = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30);
     for (int64_t b = 0; b < nb; b++, w += 210) {
+        const uint8_t *xb = xg + b * bb;
         const float d = QV(h2f)(w + 208);
-        const int8_t *sc = (const int8_t *)(w + 192);
-        __m256i isum[QV_R];
-        QV_LOOP isum[r] = _mm256_setzero_si256();
-        for (int h = 0; h < 2; h++) {
+        const __m128i sc8 = _mm_loadu_si128((const __m128i *)(w + 192));
+        const __m256i corr = _mm256_slli_epi32(QV(pairsums)(_mm256_cvtepi8_epi16(sc8), xb + AK_BS(G)), 5);
+        _mm256_store_ps(pb, _mm256_mul_ps(_mm256_set1_ps(d), _mm256_loadu_ps((const float *)(xb + AK_D(G)))));
+        int32_t cb[8] __attribute__((aligned(32)));
+        _mm256_store_si256((__m256i *)cb, corr);
+        __m256i isum[2][QV_R];
+        for (int a = 0; a < NA; a++) QV_LOOP isum[a][r] = _mm256_setzero_si256();
+        _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
+            // scales 8h..8h+7 as int16 in both halves
+            const __m256i sch = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(h ? _mm_srli_si128(sc8, 8) : sc8));
             const __m256i l0 = _mm256_loadu_si256((const __m256i *)(w + 64 * h));
             const __m256i l1 = _mm256_loadu_si256((const __m256i *)(w + 64 * h + 32));
             const __m256i qh = _mm256_loadu_si256((const __m256i *)(w + 128 + 32 * h));
@@ -294,24 +409,24 @@ QI void QV(k_q6_K)(const uint8_t *w, int64_t nb, const uint8_t *xq, int64_t xs,
             q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30));
             q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(qh, m30));
             q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4), _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30));
-            for (int g = 0; g < 4; g++) {
-                const int is = 8 * h + 2 * g;
-                const __m256i s16 = _mm256_set_m128i(_mm_set1_epi16(sc[is + 1]), _mm_set1_epi16(sc[is]));
+            _Pragma("GCC unroll 4") for (int g = 0; g < 4; g++) {
+                // [sc[2g] x8 | sc[2g+1] x8] of this half
+                const __m256i s16 = _mm256_shuffle_epi8(sch, _mm256_setr_epi8(
+                        4 * g, 4 * g + 1, 4 * g, 4 * g + 1, 4 * g, 4 * g + 1, 4 * g, 4 * g + 1,
+                        4 * g, 4 * g + 1, 4 * g, 4 * g + 1, 4 * g, 4 * g + 1, 4 * g, 4 * g + 1,
+                        4 * g + 2, 4 * g + 3, 4 * g + 2, 4 * g + 3, 4 * g + 2, 4 * g + 3, 4 * g + 2, 4 * g + 3,
+                        4 * g + 2, 4 * g + 3, 4 * g + 2, 4 * g + 3, 4 * g + 2, 4 * g + 3, 4 * g + 2, 4 * g + 3));
+                const int a = NA == 2 ? (g & 1) : 0;
                 QV_LOOP {
-                    const int8_t *xr = (const int8_t *)(xq + r * xs) + 256 * b + 128 * h + 32 * g;
-                    isum[r] = QV(dot_sc)(isum[r], q[g], _mm256_loadu_si256((const __m256i *)xr), s16);
+                    const uint8_t *xr = xb + 256 * r + 128 * h + 32 * g;
+                    isum[a][r] = QV(dot_sc)(isum[a][r], q[g], _mm256_loadu_si256((const __m256i *)xr), s16);
                 }
             }
         }
         QV_LOOP {
-            const uint8_t *xr = xq + r * xs;
-            const float dx = ((const float *)(xr + 256 * nb))[b];
-            const int16_t *bs = (const int16_t *)(xr + 260 * nb) + 16 * b;
-            int32_t c = 0;
-            for (int j = 0; j < 16; j++) c += (int32_t)sc[j] * bs[j];
-            const __m256i corr = _mm256_setr_epi32(32 * c, 0, 0, 0, 0, 0, 0, 0);
-            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(isum[r], corr)),
-                    _mm256_set1_ps(d * dx), acc[r]);
+            __m256i s = NA == 2 ? _mm256_add_epi32(isum[0][r], isum[1][r]) : isum[0][r];
+            s = _mm256_sub_epi32(s, _mm256_setr_epi32(cb[r], 0, 0, 0, 0, 0, 0, 0));
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_broadcast_ss(pb + r), acc[r]);
         }
     }
     QV_LOOP out[r] = QV(hsum)(acc[r]);
@@ -320,30 +435,25 @@ QI void QV(k_q6_K)(const uint8_t *w, int64_t nb, const uint8_t *xq, int64_t xs,
 // The row functions qgemm.c calls: R (1..QV_R) as a constant for each
 // instance, so the accumulators are registers.
 #if QV_R >= 8
-#define QV_CASES_HI(k) case 5: k(5); break; case 6: k(6); break; case 7: k(7); break; case 8: k(8); break;
+#define QV_CASES_HI(n)                                                                     \
+    case 5: QV(k_##n)(w, nb, xg, G, 5, out); break;                                        \
+    case 6: QV(k_##n)(w, nb, xg, G, 6, out); break;                                        \
+    case 7: QV(k_##n)(w, nb, xg, G, 7, out); break;                                        \
+    case 8: QV(k_##n)(w, nb, xg, G, 8, out); break;
 #else
-#define QV_CASES_HI(k)
+#define QV_CASES_HI(n)
 #endif
-#define QV_ROWFN(name)                                                                    \
-    static void QV(rows_##name)(const uint8_t *w, int64_t nb, const uint8_t *xq,         \
-            int64_t xs, int R, float *out) {                                              \
-        switch (R) {                                                                      \
-        case 1: QV(k_##name)(w, nb, xq, xs, 1, out); break;                               \
-        case 2: QV(k_##name)(w, nb, xq, xs, 2, out); break;                               \
-        case 3: QV(k_##name)(w, nb, xq, xs, 3, out); break;                               \
-        case 4: QV(k_##name)(w, nb, xq, xs, 4, out); break;                               \
-        QV_CASES_HI(QV_K_##name)                                                          \
-        }                                                                                 \
+#define QV_ROWFN(n)                                                                        \
+    static void QV(rows_##n)(const uint8_t *w, int64_t nb, const uint8_t *xg, int64_t G, \
+            int R, float *out) {                                                           \
+        switch (R) {                                                                       \
+        case 1: QV(k_##n)(w, nb, xg, G, 1, out); break;                                    \
+        case 2: QV(k_##n)(w, nb, xg, G, 2, out); break;                                    \
+        case 3: QV(k_##n)(w, nb, xg, G, 3, out); break;                                    \
+        case 4: QV(k_##n)(w, nb, xg, G, 4, out); break;                                    \
+        QV_CASES_HI(n)                                                                     \
+        }                                                                                  \
     }
-
-#define QV_K_q4_0(n) QV(k_q4_0)(w, nb, xq, xs, n, out)
-#define QV_K_q4_1(n) QV(k_q4_1)(w, nb, xq, xs, n, out)
-#define QV_K_q5_0(n) QV(k_q5_0)(w, nb, xq, xs, n, out)
-#define QV_K_q5_1(n) QV(k_q5_1)(w, nb, xq, xs, n, out)
-#define QV_K_q8_0(n) QV(k_q8_0)(w, nb, xq, xs, n, out)
-#define QV_K_q4_K(n) QV(k_q4_K)(w, nb, xq, xs, n, out)
-#define QV_K_q5_K(n) QV(k_q5_K)(w, nb, xq, xs, n, out)
-#define QV_K_q6_K(n) QV(k_q6_K)(w, nb, xq, xs, n, out)
 
 QV_ROWFN(q4_0)
 QV_ROWFN(q4_1)
@@ -356,16 +466,11 @@ QV_ROWFN(q6_K)
 
 #undef QV_CASES_HI
 #undef QV_ROWFN
-#undef QV_K_q4_0
-#undef QV_K_q4_1
-#undef QV_K_q5_0
-#undef QV_K_q5_1
-#undef QV_K_q8_0
-#undef QV_K_q4_K
-#undef QV_K_q5_K
-#undef QV_K_q6_K
+#endif
+
 #undef QV_KERNEL32
-#undef QV_KERNEL_K45
+#undef QV_SCALES8
+#undef QV_BLOCK32
 #undef QV_NIBBLES
 #undef QV_HIGH5
 #undef QV_LOOP
