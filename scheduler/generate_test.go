@@ -23,7 +23,7 @@ type fakeGen struct {
 	blockSize, blocks int
 	hold              chan struct{} // when non-nil, each step waits for a receive... or close
 	fail              func(step int) error
-	advance           func() // when non-nil, called as each step ends (a fake clock's tick)
+	advance           func()        // when non-nil, called as each step ends (a fake clock's tick)
 	entered           chan struct{} // when non-nil, each step sends on it (if it can) before hold
 
 	mu      sync.Mutex

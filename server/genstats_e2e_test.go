@@ -148,7 +148,7 @@ func TestGeneratorStatsEndToEnd(t *testing.T) {
 	}
 	for prefix, want := range map[string]float64{
 		`brokerd_generation_request_success_total{finished_reason="length",model="tiny-llm@1"}`: n,
-		`brokerd_generation_e2e_request_latency_seconds_count{model="tiny-llm@1"}`:               n,
+		`brokerd_generation_e2e_request_latency_seconds_count{model="tiny-llm@1"}`:              n,
 		`brokerd_generation_waiting_sequences{model="tiny-llm@1"}`:                              0,
 		`brokerd_generation_model_running_sequences{model="tiny-llm@1"}`:                        0,
 		`brokerd_generation_kv_cache_usage_ratio{model="tiny-llm@1"}`:                           0,
