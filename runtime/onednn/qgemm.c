@@ -48,9 +48,13 @@ static inline __attribute__((always_inline)) uint32_t le32(const uint8_t *p) {
 #define A32_Q(b, r, G) ((((b) >> 1) * (G) + (r)) * 64 + ((b) & 1) * 32)
 #define A32_D(nb, r, G) (A32_QBYTES(nb, G) + (r) * A32_NBP(nb) * 4)
 #define A32_S(nb, r, G) (A32_QBYTES(nb, G) + ((G) + (r)) * A32_NBP(nb) * 4)
-#define AK_BYTES(G) (256 * (int64_t)(G) + 32 + 256)
+// ak: q[G][256] int8 | d[8] f32 | bs[8][8][2] int16 (pair j of row r's
+// sums per 16 at [j][r]: the 8 rows' pairs as one vector) | the same sums
+// row by row, int16 br[G][16] (one row's 16 as one vector).
+#define AK_BYTES(G) (256 * (int64_t)(G) + 32 + 256 + 32 * (int64_t)(G))
 #define AK_D(G) (256 * (int64_t)(G))
 #define AK_BS(G) (256 * (int64_t)(G) + 32)
+#define AK_BR(G) (256 * (int64_t)(G) + 32 + 256)
 // index in bs (int16) of row r's sum over the 16 elements g16*16…
 #define AK_BSI(g16, r) ((g16) / 2 * 16 + 2 * (r) + ((g16) & 1))
 
@@ -65,8 +69,9 @@ static inline __attribute__((always_inline)) void bd_k4_scales(uint32_t u[4]) {
     u[0] &= 0x3f3f3f3fu;
 }
 
-// The weight types: ggml's number, elements and bytes per block, and
-// whether the activations take the ak layout.
+// The weight types: ggml's number, elements and bytes per block, and the
+// activations' form: 0 the a32 layout, 1 the ak layout, 2 X itself (the
+// float types, whose weights are converted to f32 in registers).
 typedef struct {
     int type, elems, bytes, k;
 } bd_qtype;
@@ -80,6 +85,8 @@ static const bd_qtype qtypes[] = {
     {12, 256, 144, 1}, // Q4_K
     {13, 256, 176, 1}, // Q5_K
     {14, 256, 210, 1}, // Q6_K
+    {1, 1, 2, 2},      // F16
+    {30, 1, 2, 2},     // BF16
 };
 
 static const bd_qtype *qtype_of(int type) {
@@ -91,7 +98,7 @@ static const bd_qtype *qtype_of(int type) {
 // Bytes of one group of G rows of k activations.
 static int64_t group_bytes(const bd_qtype *t, int64_t k, int64_t G) {
     const int64_t nb = k / t->elems;
-    return t->k ? nb * AK_BYTES(G) : A32_QBYTES(nb, G) + 2 * G * A32_NBP(nb) * 4;
+    return t->k == 2 ? 0 : t->k ? nb * AK_BYTES(G) : A32_QBYTES(nb, G) + 2 * G * A32_NBP(nb) * 4;
 }
 
 // ---- The portable variant: the same integers and scales in plain C. ----
@@ -166,6 +173,7 @@ static void quant_ak_base(const float *x, int64_t k, int64_t nb, int R, int64_t 
                 int32_t sum = 0;
                 for (int i = 0; i < 16; i++) sum += q[16 * g + i];
                 bs[AK_BSI(g, r)] = (int16_t)sum;
+                ((int16_t *)(blk + AK_BR(G)))[16 * r + g] = (int16_t)sum;
             }
         }
     }
@@ -253,6 +261,23 @@ static float dotk_base(int type, const uint8_t *w, int64_t nb, const uint8_t *xg
     return acc + off;
 }
 
+// Row r of X (x, f32) against a weight row of F16 (type 1) or BF16.
+static float dotf_base(int type, const uint8_t *w, int64_t k, const float *x) {
+    float acc = 0.0f;
+    for (int64_t e = 0; e < k; e++) {
+        const uint16_t h = le16(w + 2 * e);
+        float f;
+        if (type == 1) {
+            f = fp16_f(h);
+        } else {
+            const uint32_t u = (uint32_t)h << 16;
+            memcpy(&f, &u, 4);
+        }
+        acc += f * x[e];
+    }
+    return acc;
+}
+
 // ---- The x86 variants: qgemm_x86.h compiled twice. ----
 
 #pragma GCC push_options
@@ -269,10 +294,13 @@ static float dotk_base(int type, const uint8_t *w, int64_t nb, const uint8_t *xg
 #define QV(n) n##_vnni
 #define QV_R 8
 #define QV_VNNI 1
+#define QV_NO_KERNELS 1 // its kernels are qgemm_avx512.h's, on 512-bit vectors
 #include "qgemm_x86.h"
+#include "qgemm_avx512.h"
 #undef QV
 #undef QV_R
 #undef QV_VNNI
+#undef QV_NO_KERNELS
 #pragma GCC pop_options
 
 // ---- Dispatch. ----
@@ -292,6 +320,8 @@ static bd_rowsfn rows_for(int type, int isa) {
     case 12: BD_PICK(q4_K)
     case 13: BD_PICK(q5_K)
     case 14: BD_PICK(q6_K)
+    case 1: BD_PICK(f16)
+    case 30: BD_PICK(bf16)
     }
     return NULL;
 #undef BD_PICK
@@ -357,7 +387,9 @@ static void qgemm_task(const bd_qtype *t, int isa, bd_rowsfn rows, const uint8_t
                 const uint8_t *wr = w + n * rowb;
                 if (isa == BD_ISA_BASE) {
                     for (int r = 0; r < R; r++)
-                        out[r] = t->k ? dotk_base(t->type, wr, nb, xg, G, r) : dot32_base(t->type, wr, nb, xg, G, r);
+                        out[r] = t->k == 2 ? dotf_base(t->type, wr, nb, (const float *)xg + r * nb)
+                                : t->k   ? dotk_base(t->type, wr, nb, xg, G, r)
+                                         : dot32_base(t->type, wr, nb, xg, G, r);
                 } else {
                     rows(wr, nb, xg, G, R, out);
                 }
@@ -389,17 +421,20 @@ int bd_qgemm(int wtype, const void *w, int64_t w_bytes, int64_t n_out,
     const int64_t G = group_of(isa, m), gb = group_bytes(t, k, G), need = work_for(t, k, m, G);
     if (work && work_bytes < need) return BD_QGEMM_SIZE;
 
-    uint8_t *xq = work;
+    // The float types read X where it is: a group is G rows of k f32.
+    const int64_t gbx = t->k == 2 ? G * k * 4 : gb;
+    uint8_t *xq = t->k == 2 ? (uint8_t *)x : work;
     if (!xq) {
         xq = aligned_alloc(64, (size_t)((need + 63) & ~(int64_t)63));
         if (!xq) return BD_QGEMM_NOMEM;
     }
-    bd_quantfn quant;
+    bd_quantfn quant = NULL;
     switch (isa) {
     case BD_ISA_AVX512: quant = t->k ? quant_ak_vnni : quant_a32_vnni; break;
     case BD_ISA_AVX2: quant = t->k ? quant_ak_avx2 : quant_a32_avx2; break;
     default: quant = t->k ? quant_ak_base : quant_a32_base; break;
     }
+    if (t->k == 2) quant = NULL;
     const bd_rowsfn rows = isa == BD_ISA_BASE ? NULL : rows_for(wtype, isa);
 
     // Tasks: rows of W split between threads; groups of X's rows too when
@@ -421,16 +456,16 @@ int bd_qgemm(int wtype, const void *w, int64_t w_bytes, int64_t n_out,
 #pragma omp for schedule(static)
         for (int64_t g = 0; g < groups; g++) {
             const int R = (int)(m - g * G < G ? m - g * G : G);
-            quant(x + g * G * k, k, nb, R, G, xq + g * gb);
+            if (quant) quant(x + g * G * k, k, nb, R, G, xq + g * gb);
         }
 #pragma omp for schedule(static)
         for (int64_t task = 0; task < tasks; task++) {
             const int64_t in = task % tn, im = task / tn;
-            qgemm_task(t, isa, rows, w, rowb, nb, xq, gb, G, m,
+            qgemm_task(t, isa, rows, w, rowb, nb, xq, gbx, G, m,
                     n_out * in / tn, n_out * (in + 1) / tn,
                     groups * im / tm, groups * (im + 1) / tm, y, ldy);
         }
     }
-    if (!work) free(xq);
+    if (!work && t->k != 2) free(xq);
     return BD_QGEMM_OK;
 }

@@ -13,8 +13,12 @@ import (
 	"github.com/brokerd/brokerd/runtime/quant"
 )
 
-// qgemmTypes are the weight types bd_qgemm has kernels for.
-var qgemmTypes = []quant.Type{quant.Q4_0, quant.Q4_1, quant.Q5_0, quant.Q5_1, quant.Q8_0, quant.Q4_K, quant.Q5_K, quant.Q6_K}
+// qgemmTypes are the weight types bd_qgemm has kernels for: the block types
+// (activations quantized to int8) and the 16-bit floats (activations as
+// they are).
+var qgemmTypes = []quant.Type{quant.Q4_0, quant.Q4_1, quant.Q5_0, quant.Q5_1, quant.Q8_0, quant.Q4_K, quant.Q5_K, quant.Q6_K, quant.F16, quant.BF16}
+
+func isFloatType(t quant.Type) bool { return t == quant.F16 || t == quant.BF16 }
 
 // qgemmISAsHere lists the qgemm.c variants this CPU runs.
 func qgemmISAsHere() []isa {
@@ -63,6 +67,20 @@ func randHalf(rng *rand.Rand) uint16 {
 // file may hold; a kernel must get each right.
 func randQuantWeights(rng *rand.Rand, t quant.Type, rows, k int) []byte {
 	in, _ := t.Info()
+	if isFloatType(t) {
+		// finite 16-bit floats over a wide range: 2^-24 … 2^7 in f16, 2^-40 … 2^7 in bf16
+		w := make([]byte, 2*rows*k)
+		for i := 0; i < len(w); i += 2 {
+			var h uint16
+			if t == quant.F16 {
+				h = uint16(rng.IntN(2))<<15 | uint16(rng.IntN(23))<<10 | uint16(rng.IntN(1024))
+			} else {
+				h = uint16(rng.IntN(2))<<15 | uint16(87+rng.IntN(47))<<7 | uint16(rng.IntN(128))
+			}
+			w[i], w[i+1] = byte(h), byte(h>>8)
+		}
+		return w
+	}
 	l := qgemmLayout[t]
 	w := make([]byte, rows*k/in.BlockElems*in.BlockBytes)
 	for i := range w {
@@ -144,21 +162,31 @@ func newQgemmRef(t *testing.T, typ quant.Type, w []byte, n, k int, x []float32, 
 	if err := quant.Dequantize(typ, w, wf); err != nil {
 		t.Fatal(err)
 	}
-	// o: the blocks with their quants zeroed.
-	l := qgemmLayout[typ]
-	z := append([]byte(nil), w...)
-	for b := 0; b < len(z); b += in.BlockBytes {
-		clear(z[b+l.quants[0] : b+l.quants[1]])
-	}
+	// o: the blocks with their quants zeroed (none for the float types).
 	of := make([]float32, n*k)
-	if err := quant.Dequantize(typ, z, of); err != nil {
-		t.Fatal(err)
-	}
 	blk := 32
 	if in.BlockElems == quant.QK_K {
 		blk = quant.QK_K
 	}
-	xhat, half := quantActsRef(x, blk)
+	var xhat, half []float64
+	if isFloatType(typ) {
+		// X is used as it is: no quantization error
+		blk = 1
+		xhat, half = make([]float64, len(x)), make([]float64, len(x))
+		for i, v := range x {
+			xhat[i] = float64(v)
+		}
+	} else {
+		l := qgemmLayout[typ]
+		z := append([]byte(nil), w...)
+		for b := 0; b < len(z); b += in.BlockBytes {
+			clear(z[b+l.quants[0] : b+l.quants[1]])
+		}
+		if err := quant.Dequantize(typ, z, of); err != nil {
+			t.Fatal(err)
+		}
+		xhat, half = quantActsRef(x, blk)
+	}
 	ref := qgemmRef{make([]float64, m*n), make([]float64, m*n), make([]float64, m*n), make([]float64, m*n)}
 	for i := range m {
 		for j := range n {
@@ -178,13 +206,20 @@ func newQgemmRef(t *testing.T, typ quant.Type, w []byte, n, k int, x []float32, 
 }
 
 // qgemmGamma is the relative rounding bound of the kernels' f32 sums over
-// k elements: each lane of an accumulator adds one term per block (k/32
-// blocks at most), each term carries two or three roundings (the int sum's
-// conversion, the scale products), and the lanes, the offsets' sum and
-// the two sums meet in a few more additions: (k/32 + 8) units of 2^-24,
-// doubled for the second-order terms and the blocks' own f32 roundings in
-// quant.Dequantize.
-func qgemmGamma(k int) float64 { return float64(k/32+8) * 0x1p-23 }
+// k elements of type t. For the block types each lane of an accumulator
+// adds one term per block (k/32 blocks at most), each term carries two or
+// three roundings (the int sum's conversion, the scale products), and the
+// lanes, the offsets' sum and the two sums meet in a few more additions:
+// (k/32 + 8) units of 2^-24, doubled for the second-order terms and the
+// blocks' own f32 roundings in quant.Dequantize. For F16 and BF16 a lane
+// adds one product per 8 elements and a scalar tail under 16 follows:
+// (k/8 + 24) units, doubled.
+func qgemmGamma(t quant.Type, k int) float64 {
+	if isFloatType(t) {
+		return float64(k/8+24) * 0x1p-23
+	}
+	return float64(k/32+8) * 0x1p-23
+}
 
 // TestQgemmMatchesFloat64: every weight type, every variant this CPU has,
 // m in {1, 3, 16, 67}, 1 to 3 threads, random blocks (randQuantWeights):
@@ -202,8 +237,11 @@ func TestQgemmMatchesFloat64(t *testing.T) {
 	for _, typ := range qgemmTypes {
 		in, _ := typ.Info()
 		ks := []int{32, 288, 1024}
-		if in.BlockElems == quant.QK_K {
+		switch {
+		case in.BlockElems == quant.QK_K:
 			ks = []int{256, 768}
+		case isFloatType(typ):
+			ks = []int{7, 64, 333}
 		}
 		worstExact, worstFloat := 0.0, 0.0
 		for _, k := range ks {
@@ -221,7 +259,7 @@ func TestQgemmMatchesFloat64(t *testing.T) {
 						}
 						for i, got := range y {
 							g := float64(got)
-							tolE := qgemmGamma(k) * ref.mag[i]
+							tolE := qgemmGamma(typ, k) * ref.mag[i]
 							tolF := tolE + ref.qerr[i]
 							de, df := math.Abs(g-ref.exact[i]), math.Abs(g-ref.float[i])
 							if !(de <= tolE) || !(df <= tolF) {
@@ -247,7 +285,7 @@ func TestQgemmMatchesFloat64(t *testing.T) {
 // past one register group, three threads, an output stride wider than
 // n_out: the same products, and the columns past n_out untouched.
 func TestQgemmTiles(t *testing.T) {
-	for _, typ := range []quant.Type{quant.Q8_0, quant.Q6_K} {
+	for _, typ := range []quant.Type{quant.Q8_0, quant.Q6_K, quant.BF16} {
 		const n, k, m, ldy = 700, 1024, 13, 709
 		rng := rand.New(rand.NewPCG(3, uint64(typ)))
 		w := randQuantWeights(rng, typ, n, k)
@@ -274,7 +312,7 @@ func TestQgemmTiles(t *testing.T) {
 						continue
 					}
 					e := ref.exact[i*n+j]
-					if d := math.Abs(got - e); !(d <= qgemmGamma(k)*ref.mag[i*n+j]) {
+					if d := math.Abs(got - e); !(d <= qgemmGamma(typ, k)*ref.mag[i*n+j]) {
 						t.Fatalf("%v %v: y[%d][%d] = %g, want %g (off %g)", typ, v, i, j, got, e, d)
 					}
 				}
@@ -302,6 +340,12 @@ func TestQgemmNonFinite(t *testing.T) {
 			for j := range n {
 				if math.IsNaN(float64(y[j])) || math.IsInf(float64(y[j]), 0) {
 					t.Errorf("%v %v: row 0 (finite) gave %g", typ, v, y[j])
+				}
+				if isFloatType(typ) { // X as it is: an infinity may stay one
+					if !math.IsNaN(float64(y[2*n+j])) || !math.IsNaN(float64(y[n+j])) && !math.IsInf(float64(y[n+j]), 0) {
+						t.Errorf("%v %v: rows with inf/NaN gave %g, %g", typ, v, y[n+j], y[2*n+j])
+					}
+					continue
 				}
 				if !math.IsNaN(float64(y[n+j])) || !math.IsNaN(float64(y[2*n+j])) {
 					t.Errorf("%v %v (blocks of %d): rows with inf/NaN gave %g, %g", typ, v, in.BlockElems, y[n+j], y[2*n+j])
@@ -387,7 +431,7 @@ func TestQgemmRefuses(t *testing.T) {
 			}
 		}
 	}
-	for _, typ := range []quant.Type{quant.F32, quant.F16, quant.BF16, 4, 5, 9, 10, 11, 15, 31, 1 << 20, math.MaxUint32} {
+	for _, typ := range []quant.Type{quant.F32, 4, 5, 9, 10, 11, 15, 31, 1 << 20, math.MaxUint32} {
 		err := qgemmC(typ, nil, 34, 1, 32, nil, 1, nil, 1, isaAuto, 1)
 		if !errors.Is(err, quant.ErrUnsupported) {
 			t.Errorf("%v: %v, want ErrUnsupported", typ, err)
@@ -407,8 +451,8 @@ func TestQgemmWorkBytes(t *testing.T) {
 		{quant.Q4_0, 32, 1, 64 + 2*8*4},             // one block of one row: a pair's 64 bytes, d and s padded to 8 blocks
 		{quant.Q8_0, 4864, 3, 152*3*32 + 2*3*152*4}, // a group of 3
 		{quant.Q4_0, 32, 16, 4 * (4*64 + 2*4*8*4)},  // four groups of 4 (AVX2); two of 8 take as much
-		{quant.Q4_K, 256, 2, 512 + 32 + 256},
-		{quant.Q6_K, 4864, 1, 19 * (256 + 32 + 256)},
+		{quant.Q4_K, 256, 2, 512 + 32 + 256 + 2*32},
+		{quant.Q6_K, 4864, 1, 19 * (256 + 32 + 256 + 32)},
 		{quant.Q4_0, 33, 1, -2},
 		{quant.Q4_K, 0, 1, -2},
 		{quant.F32, 32, 1, -1},

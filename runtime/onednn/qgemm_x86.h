@@ -134,6 +134,7 @@ static void QV(quant_ak)(const float *x, int64_t k, int64_t nb, int R, int64_t G
             for (int g = 0; g < 8; g++) bad |= QV(absmax32)(xb + 32 * g, v, &mx);
             if (bad) {
                 memset(q, 0, 256);
+                memset(blk + AK_BR(G) + 32 * r, 0, 32);
                 ((float *)(blk + AK_D(G)))[r] = NAN;
                 continue;
             }
@@ -144,8 +145,9 @@ static void QV(quant_ak)(const float *x, int64_t k, int64_t nb, int R, int64_t G
                 __m256i i[4];
                 for (int j = 0; j < 4; j++)
                     i[j] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xb + 32 * g + 8 * j), vid));
-                bs[AK_BSI(2 * g, r)] = (int16_t)QV(hsum_i)(_mm256_add_epi32(i[0], i[1]));
-                bs[AK_BSI(2 * g + 1, r)] = (int16_t)QV(hsum_i)(_mm256_add_epi32(i[2], i[3]));
+                int16_t *br = (int16_t *)(blk + AK_BR(G)) + 16 * r;
+                br[2 * g] = bs[AK_BSI(2 * g, r)] = (int16_t)QV(hsum_i)(_mm256_add_epi32(i[0], i[1]));
+                br[2 * g + 1] = bs[AK_BSI(2 * g + 1, r)] = (int16_t)QV(hsum_i)(_mm256_add_epi32(i[2], i[3]));
                 _mm256_storeu_si256((__m256i *)(q + 32 * g), QV(pack8)(i[0], i[1], i[2], i[3]));
             }
             ((float *)(blk + AK_D(G)))[r] = amax / 127.0f;
@@ -313,6 +315,19 @@ QI __m256i QV(pairsums)(__m256i cp, const uint8_t *bs) {
     return ms;
 }
 
+// The same as pairsums for R <= 2 rows from their row-major sums (br): a
+// multiply-add and a horizontal sum a row instead of eight lanes' worth.
+QI __m256i QV(rowsums)(__m256i cp, const uint8_t *br, const int R) {
+    __m128i v = _mm_cvtsi32_si128(QV(hsum_i)(_mm256_madd_epi16(cp, _mm256_loadu_si256((const __m256i *)br))));
+    if (R == 2)
+        v = _mm_insert_epi32(v, QV(hsum_i)(_mm256_madd_epi16(cp, _mm256_loadu_si256((const __m256i *)(br + 32)))), 1);
+    return _mm256_zextsi128_si256(v);
+}
+
+// The rows' sums for R rows (R a constant).
+#define QV_SUMS(cp, xb, G, R) \
+    ((R) <= 2 ? QV(rowsums)((cp), (xb) + AK_BR(G), (R)) : QV(pairsums)((cp), (xb) + AK_BS(G)))
+
 #ifndef QV_NO_KERNELS
 // Q4_K {d; dmin; scales[12]; qs[128]} and Q5_K {…; qh[32]; qs[128]}: sub-block
 // j of 32 is w = (d*sc_j)*v - dmin*m_j; the scales multiply in int16
@@ -333,7 +348,7 @@ QI void QV(k_q45K)(const uint8_t *w, int64_t nb, const uint8_t *xg, int64_t G,
         bd_k4_scales(u);
         const __m256i scv = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)u)));
         const __m128i m8 = _mm_loadl_epi64((const __m128i *)(u + 2));
-        const __m256i ms = QV(pairsums)(_mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8)), xb + AK_BS(G));
+        const __m256i ms = QV_SUMS(_mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8)), xb, G, R);
         const __m256 dv = _mm256_loadu_ps((const float *)(xb + AK_D(G)));
         offv = _mm256_fnmadd_ps(_mm256_mul_ps(_mm256_set1_ps(dmin), dv), _mm256_cvtepi32_ps(ms), offv);
         _mm256_store_ps(pb, _mm256_mul_ps(_mm256_set1_ps(d), dv));
@@ -392,7 +407,7 @@ QI void QV(k_q6_K)(const uint8_t *w, int64_t nb, const uint8_t *xg, int64_t G,
         const uint8_t *xb = xg + b * bb;
         const float d = QV(h2f)(w + 208);
         const __m128i sc8 = _mm_loadu_si128((const __m128i *)(w + 192));
-        const __m256i corr = _mm256_slli_epi32(QV(pairsums)(_mm256_cvtepi8_epi16(sc8), xb + AK_BS(G)), 5);
+        const __m256i corr = _mm256_slli_epi32(QV_SUMS(_mm256_cvtepi8_epi16(sc8), xb, G, R), 5);
         _mm256_store_ps(pb, _mm256_mul_ps(_mm256_set1_ps(d), _mm256_loadu_ps((const float *)(xb + AK_D(G)))));
         int32_t cb[8] __attribute__((aligned(32)));
         _mm256_store_si256((__m256i *)cb, corr);
@@ -432,6 +447,57 @@ QI void QV(k_q6_K)(const uint8_t *w, int64_t nb, const uint8_t *xg, int64_t G,
     QV_LOOP out[r] = QV(hsum)(acc[r]);
 }
 
+// F16 and BF16 weights: X's f32 rows against the weights converted in
+// registers (k any length; a tail under 8 in scalar code). One row gets
+// four accumulator chains, two rows two.
+QI __m256 QV(ld8)(const uint8_t *p, const int BF) {
+    const __m128i h = _mm_loadu_si128((const __m128i *)p);
+    return BF ? _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)) : _mm256_cvtph_ps(h);
+}
+
+QI float QV(f1)(const uint8_t *p, const int BF) {
+    if (!BF) return _cvtsh_ss(le16(p));
+    const uint32_t u = (uint32_t)le16(p) << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+QI void QV(k_fx)(const uint8_t *w, int64_t k, const uint8_t *xg, int64_t G, const int R, float *out,
+        const int BF) {
+    (void)G;
+    const float *x = (const float *)xg;
+    const int NA = R == 1 ? 4 : R == 2 ? 2 : 1;
+    __m256 acc[4][QV_R];
+    for (int a = 0; a < NA; a++) QV_LOOP acc[a][r] = _mm256_setzero_ps();
+    int64_t e = 0;
+    for (; e + 8 * NA <= k; e += 8 * NA) {
+        _Pragma("GCC unroll 4") for (int a = 0; a < NA; a++) {
+            const __m256 wv = QV(ld8)(w + 2 * (e + 8 * a), BF);
+            QV_LOOP acc[a][r] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + r * k + e + 8 * a), acc[a][r]);
+        }
+    }
+    for (; e + 8 <= k; e += 8) {
+        const __m256 wv = QV(ld8)(w + 2 * e, BF);
+        QV_LOOP acc[0][r] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + r * k + e), acc[0][r]);
+    }
+    QV_LOOP {
+        __m256 s = acc[0][r];
+        for (int a = 1; a < NA; a++) s = _mm256_add_ps(s, acc[a][r]);
+        float t = QV(hsum)(s);
+        for (int64_t i = e; i < k; i++) t += QV(f1)(w + 2 * i, BF) * x[r * k + i];
+        out[r] = t;
+    }
+}
+
+QI void QV(k_f16)(const uint8_t *w, int64_t k, const uint8_t *xg, int64_t G, const int R, float *out) {
+    QV(k_fx)(w, k, xg, G, R, out, 0);
+}
+
+QI void QV(k_bf16)(const uint8_t *w, int64_t k, const uint8_t *xg, int64_t G, const int R, float *out) {
+    QV(k_fx)(w, k, xg, G, R, out, 1);
+}
+
 // The row functions qgemm.c calls: R (1..QV_R) as a constant for each
 // instance, so the accumulators are registers.
 #if QV_R >= 8
@@ -463,6 +529,8 @@ QV_ROWFN(q8_0)
 QV_ROWFN(q4_K)
 QV_ROWFN(q5_K)
 QV_ROWFN(q6_K)
+QV_ROWFN(f16)
+QV_ROWFN(bf16)
 
 #undef QV_CASES_HI
 #undef QV_ROWFN
@@ -474,4 +542,5 @@ QV_ROWFN(q6_K)
 #undef QV_NIBBLES
 #undef QV_HIGH5
 #undef QV_LOOP
+#undef QV_SUMS
 #undef QI
