@@ -7,7 +7,7 @@ import (
 
 	"github.com/brokerd/brokerd/bench/modelkit"
 	"github.com/brokerd/brokerd/runtime/quant"
-	"github.com/brokerd/brokerd/runtime/quant/internal/ggmlref"
+	"github.com/brokerd/brokerd/runtime/quant/ggmlref"
 )
 
 // TestModelkitQ8_0MatchesGGML: the Q8_0 files modelkit writes (for the

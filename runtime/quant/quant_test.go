@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	"github.com/brokerd/brokerd/runtime/quant"
-	"github.com/brokerd/brokerd/runtime/quant/internal/ggmlref"
+	"github.com/brokerd/brokerd/runtime/quant/ggmlref"
 )
 
 // weights fills n values of one of the test distributions.

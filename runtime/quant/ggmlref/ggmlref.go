@@ -2,7 +2,9 @@
 // npm's @node-llama-cpp/linux-x64 3.21.1 ships it, opened with dlopen at run
 // time (nothing links it at build time). runtime/quant's tests quantize
 // with ggml_quantize_chunk and compare quant.Dequantize with the to_float of
-// ggml's type traits bit for bit.
+// ggml's type traits bit for bit; runtime/onednn's test the quantized
+// matrix products on weights ggml quantized. Tests only: no package of
+// brokerd itself imports it.
 //
 // Find locates the library for a test: BROKERD_GGML_LIB names one, else the
 // package installs the locked npm package into testdata/npm/node_modules
