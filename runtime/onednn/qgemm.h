@@ -31,26 +31,32 @@
 // bd_qgemm computes y[i*ldy + j] = sum_l x[i*k + l] * W[j][l] for i < m,
 // j < n_out, where W (w_bytes bytes) holds n_out rows of k elements of
 // ggml type wtype: Q4_0 (2), Q4_1 (3), Q5_0 (6), Q5_1 (7), Q8_0 (8) with k a
-// multiple of 32, Q4_K (12), Q5_K (13), Q6_K (14) with k a multiple of 256.
-// Other columns of y are not written.
+// multiple of 32, Q4_K (12), Q5_K (13), Q6_K (14) with k a multiple of 256
+// (activations quantized to int8 per block), or F16 (1), BF16 (30) with any
+// k (activations used as they are, weights converted to f32 in registers:
+// the matrix x vector for 16-bit weights at decode). Other columns of y are
+// not written.
 //
 // isa picks the variant: BD_ISA_BASE (portable C), BD_ISA_AVX2 (AVX2, FMA,
-// F16C: maddubs), BD_ISA_AVX512 (AVX-512 F/BW/VL/DQ with VNNI: dpbusd and
-// dpwssd on 256-bit vectors, 32 registers) or BD_ISA_AUTO (bd_qgemm_isa()).
-// All variants quantize the activations to the same int8 values and sum
-// the same integers; they differ only in the order of the f32 sums.
+// F16C: maddubs on 256-bit vectors), BD_ISA_AVX512 (AVX-512 F/BW/VL/DQ with
+// VNNI: dpbusd and dpwssd on 512-bit vectors) or BD_ISA_AUTO
+// (bd_qgemm_isa()). All variants quantize the activations to the same int8
+// values and sum the same integers; they differ only in the order of the
+// f32 sums.
 //
 // nthreads (>= 1) OpenMP threads share the rows of W (and the rows of X
 // when W has few rows); work below about 2^18 multiply-adds runs on one.
 // The call does not change the calling thread's OpenMP settings.
 //
 // work, when not NULL, is scratch of work_bytes >= bd_qgemm_work_bytes()
-// for the quantized activations (any alignment); with NULL the call
-// allocates and frees it.
+// for the quantized activations (any alignment; 64-byte alignment keeps
+// its vectors whole); with NULL the call allocates and frees it. F16 and
+// BF16 need none.
 //
 // Every size is checked before anything is read, written or allocated: a
-// refused call returns its code and touches no memory. A row of x that
-// holds an infinity or NaN gives NaN in its row of y.
+// refused call returns its code and touches no memory. With the block
+// types a row of x that holds an infinity or NaN gives NaN in its row of y
+// (the float types propagate them as arithmetic does).
 int bd_qgemm(int wtype, const void *w, int64_t w_bytes, int64_t n_out,
         int64_t k, const float *x, int64_t m, float *y, int64_t ldy,
         int isa, int nthreads, void *work, int64_t work_bytes);

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/brokerd/brokerd/runtime/quant"
+	"github.com/brokerd/brokerd/runtime/quant/ggmlref"
 )
 
 // qgemmTypes are the weight types bd_qgemm has kernels for: the block types
@@ -281,6 +282,50 @@ func TestQgemmMatchesFloat64(t *testing.T) {
 	}
 }
 
+// TestQgemmGGMLWeights: weights quantized by ggml itself (llama.cpp's
+// ggml_quantize_chunk through runtime/quant/ggmlref, as a GGUF file holds
+// them) from normal weights with some large ones, against the same two
+// float64 products and bounds as TestQgemmMatchesFloat64, every variant.
+func TestQgemmGGMLWeights(t *testing.T) {
+	lib := ggmlref.Find(t)
+	for _, typ := range qgemmTypes {
+		if isFloatType(typ) {
+			continue
+		}
+		const n, k = 24, 768
+		rng := rand.New(rand.NewPCG(21, uint64(typ)))
+		src := make([]float32, n*k)
+		for i := range src {
+			src[i] = float32(rng.NormFloat64() * 0.02)
+			if rng.IntN(200) == 0 {
+				src[i] *= 40
+			}
+		}
+		w, err := lib.Quantize(uint32(typ), src, n, k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range []int{1, 5, 16} {
+			x := randActs(rng, m, k)
+			ref := newQgemmRef(t, typ, w, n, k, x, m)
+			for _, v := range qgemmISAsHere() {
+				y := make([]float32, m*n)
+				if err := qgemm(typ, w, n, k, x, m, y, n, v, 2); err != nil {
+					t.Fatal(err)
+				}
+				for i, got := range y {
+					g := float64(got)
+					tolE := qgemmGamma(typ, k) * ref.mag[i]
+					if de, df := math.Abs(g-ref.exact[i]), math.Abs(g-ref.float[i]); !(de <= tolE) || !(df <= tolE+ref.qerr[i]) {
+						t.Fatalf("%v m=%d %v: y[%d][%d] = %g; Σw·xhat = %g (off %g, bound %g), Σw·x = %g (off %g, bound %g)",
+							typ, m, v, i/n, i%n, g, ref.exact[i], de, tolE, ref.float[i], df, tolE+ref.qerr[i])
+					}
+				}
+			}
+		}
+	}
+}
+
 // TestQgemmTiles: a weight matrix past one L2 tile (512 KiB), rows of X
 // past one register group, three threads, an output stride wider than
 // n_out: the same products, and the columns past n_out untouched.
@@ -475,8 +520,10 @@ func benchQgemmShapes(typ quant.Type) [][2]int {
 }
 
 // BenchmarkQgemmDecode: m = 1 (one decode step), 1 and 2 threads, reporting
-// the weights streamed (MB/s of the quantized bytes) against the host's
-// read bandwidth with as many threads (bw_frac).
+// the weights streamed (MB/s of the quantized bytes) and that rate over the
+// host's read bandwidth with as many threads (bw_frac). Each op reads the
+// next of copies of W that together pass 1 GiB, so the weights come from
+// memory, not from a last-level cache that could hold one matrix.
 func BenchmarkQgemmDecode(b *testing.B) {
 	bw := map[int]float64{}
 	for _, typ := range qgemmTypes {
@@ -484,6 +531,10 @@ func BenchmarkQgemmDecode(b *testing.B) {
 			k, n := s[0], s[1]
 			rng := rand.New(rand.NewPCG(7, uint64(n)))
 			w := randQuantWeights(rng, typ, n, k)
+			copies := make([][]byte, max(1, (1<<30+len(w)-1)/len(w)))
+			for i := range copies {
+				copies[i] = append([]byte(nil), w...)
+			}
 			x := randActs(rng, 1, k)
 			y := make([]float32, n)
 			for _, threads := range []int{1, 2} {
@@ -493,10 +544,12 @@ func BenchmarkQgemmDecode(b *testing.B) {
 				}
 				b.Run(fmt.Sprintf("%v/%dx%d/t%d", typ, k, n, threads), func(b *testing.B) {
 					b.SetBytes(int64(len(w)))
+					i := 0
 					for b.Loop() {
-						if err := qgemm(typ, w, n, k, x, 1, y, n, isaAuto, threads); err != nil {
+						if err := qgemm(typ, copies[i%len(copies)], n, k, x, 1, y, n, isaAuto, threads); err != nil {
 							b.Fatal(err)
 						}
+						i++
 					}
 					b.ReportMetric(float64(len(w))*float64(b.N)/b.Elapsed().Seconds()/bw[threads], "bw_frac")
 				})
@@ -529,10 +582,11 @@ func BenchmarkQgemmPrefill(b *testing.B) {
 	}
 }
 
-// readBandwidth is bench/benchkit's ReadBandwidth with threads goroutines:
-// each sums its share of a 512 MiB buffer; bytes per second, best of five.
+// readBandwidth is bench/benchkit's ReadBandwidth with threads goroutines
+// and a 1 GiB buffer (past any last-level cache: 512 MiB partly fits in
+// some): each sums its share; bytes per second, best of five.
 func readBandwidth(threads int) float64 {
-	const n = 512 << 20 / 8
+	const n = 1 << 30 / 8
 	buf := make([]uint64, n)
 	for i := range buf {
 		buf[i] = uint64(i)
