@@ -26,6 +26,9 @@ type generatorModel interface {
 	ContextLength() int
 	// DefaultMaxTokens is the output bound of a request that sets none.
 	DefaultMaxTokens() int
+	// SystemPrompt is the system message a conversation without one
+	// starts with ("": none).
+	SystemPrompt() string
 	EncodePrompt(text string, addSpecial bool) ([]int32, error)
 	// RenderChat runs the model's chat template under its bounds; it stops
 	// with ctx's error when ctx ends.
@@ -189,14 +192,21 @@ func (s *BrokerService) Chat(req *brokerv1.ChatRequest, stream brokerv1.BrokerSe
 			return invalid("conversations[%d] is %d bytes (%d messages, counting %d bytes of markup each); the limit is %d (--max-item-bytes)",
 				i, size, len(msgs), chatMessageOverhead, s.limits.MaxItemBytes)
 		}
-		turns := make([]chatTurn, len(msgs))
+		turns := make([]chatTurn, 0, len(msgs)+1)
+		hasSystem := false
 		for j, m := range msgs {
 			switch m.GetRole() {
 			case "system", "user", "assistant":
 			default:
 				return invalid("conversations[%d].messages[%d].role %q: want system, user or assistant", i, j, m.GetRole())
 			}
-			turns[j] = chatTurn{Role: m.GetRole(), Content: m.GetContent()}
+			hasSystem = hasSystem || m.GetRole() == "system"
+			turns = append(turns, chatTurn{Role: m.GetRole(), Content: m.GetContent()})
+		}
+		// The model's own system prompt (an Ollama model's), as Ollama
+		// applies it: when the conversation brings none.
+		if sys := call.gm.SystemPrompt(); sys != "" && !hasSystem {
+			turns = append([]chatTurn{{Role: "system", Content: sys}}, turns...)
 		}
 		text, err := call.gm.RenderChat(ctx, turns, true)
 		if err != nil {

@@ -43,6 +43,8 @@ type letterModel struct {
 
 const letterBOS = 1
 
+func (m *letterModel) SystemPrompt() string { return "" }
+
 func (m *letterModel) ContextLength() int    { return m.ctxLen }
 func (m *letterModel) DefaultMaxTokens() int { return 8 }
 func (m *letterModel) EncodePrompt(text string, addSpecial bool) ([]int32, error) {

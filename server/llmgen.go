@@ -25,6 +25,7 @@ func (d DataPlane) generator(sv *lifecycle.Served) generatorModel {
 type genModel struct{ m *llm.Model }
 
 func (g genModel) ContextLength() int    { return g.m.ContextLength() }
+func (g genModel) SystemPrompt() string  { return g.m.SystemPrompt() }
 func (g genModel) DefaultMaxTokens() int { return g.m.DefaultMaxTokens() }
 func (g genModel) EncodePrompt(text string, addSpecial bool) ([]int32, error) {
 	return g.m.Encode(text, addSpecial)
@@ -66,7 +67,12 @@ func (g genModel) NewSequence(p samplingParams, prompt []int32) (genSequence, er
 	if p.Seed != nil {
 		s.Seed, s.Seeded = *p.Seed, true
 	}
-	s.Stop, s.StopTokenIDs = p.Stop, p.StopTokenIDs
+	// A request's stop strings replace the model's (an Ollama model's
+	// params), as Ollama's options do.
+	if len(p.Stop) > 0 {
+		s.Stop = p.Stop
+	}
+	s.StopTokenIDs = p.StopTokenIDs
 	s.Logprobs, s.TopLogprobs, s.IgnoreEOS = p.Logprobs, p.TopLogprobs, p.IgnoreEOS
 	if err := s.Validate(); err != nil {
 		return nil, err

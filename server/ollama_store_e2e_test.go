@@ -18,7 +18,7 @@ import (
 
 // ollamaStoreModel lays out a model in an Ollama store as `ollama pull`
 // leaves it: the GGUF and params blobs and the manifest naming them.
-func ollamaStoreModel(t *testing.T, store, model, tag, gguf string, params string) {
+func ollamaStoreModel(t *testing.T, store, model, tag, gguf, params, system string) {
 	t.Helper()
 	if err := os.MkdirAll(filepath.Join(store, "blobs"), 0o755); err != nil {
 		t.Fatal(err)
@@ -37,7 +37,8 @@ func ollamaStoreModel(t *testing.T, store, model, tag, gguf string, params strin
 	}
 	mf, _ := json.Marshal(map[string]any{"schemaVersion": 2, "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
 		"config": layer("application/vnd.docker.container.image.v1+json", []byte(`{"model_format":"gguf","model_family":"llama","file_type":"Q8_0"}`)),
-		"layers": []any{layer("application/vnd.ollama.image.model", raw), layer("application/vnd.ollama.image.params", []byte(params))}})
+		"layers": []any{layer("application/vnd.ollama.image.model", raw), layer("application/vnd.ollama.image.params", []byte(params)),
+			layer("application/vnd.ollama.image.system", []byte(system))}})
 	dir := filepath.Join(store, "manifests", "registry.ollama.ai", "library", model)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
@@ -74,7 +75,7 @@ func TestOllamaStoreServes(t *testing.T) {
 	if _, err := modelkit.WriteGGUF(st, gguf, "q8_0"); err != nil {
 		t.Fatal(err)
 	}
-	ollamaStoreModel(t, store, "tiny", "0.5b", gguf, `{"temperature": 0, "num_ctx": 128}`)
+	ollamaStoreModel(t, store, "tiny", "0.5b", gguf, `{"temperature": 0, "num_ctx": 128}`, "Be brief.")
 	d := startDaemon(t, cfg)
 	c := brokerv1.NewBrokerServiceClient(d.conn)
 	ctx := testCtx(t)
@@ -119,6 +120,35 @@ func TestOllamaStoreServes(t *testing.T) {
 	}
 	if tokens != 8 {
 		t.Errorf("Generate gave %d tokens, want 8", tokens)
+	}
+	// The system layer opens a conversation that brings no system message.
+	promptTokens := func(msgs ...*brokerv1.ChatMessage) int32 {
+		t.Helper()
+		st, err := c.Chat(ctx, &brokerv1.ChatRequest{Model: "tiny:0.5b", Conversations: []*brokerv1.Conversation{{Messages: msgs}},
+			Sampling: &brokerv1.SamplingParams{MaxTokens: 1}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var n int32
+		for {
+			m, err := st.Recv()
+			if errors.Is(err, io.EOF) {
+				return n
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, r := range m.GetResults() {
+				n = r.GetUsage().GetPromptTokens()
+			}
+		}
+	}
+	user := &brokerv1.ChatMessage{Role: "user", Content: "hi"}
+	implicit := promptTokens(user)
+	explicit := promptTokens(&brokerv1.ChatMessage{Role: "system", Content: "Be brief."}, user)
+	other := promptTokens(&brokerv1.ChatMessage{Role: "system", Content: "Be long-winded."}, user)
+	if implicit != explicit || other == explicit {
+		t.Errorf("prompt tokens: %d with no system message, %d with the model's, %d with another: want the model's applied", implicit, explicit, other)
 	}
 	base := "http://" + d.addrs.HTTP
 	for path, body := range map[string]string{

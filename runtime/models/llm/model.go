@@ -54,6 +54,11 @@ type ModelOptions struct {
 	// BaseBatch is the model's base running set (the batch plan scales it
 	// per device type); models.DefaultBaseBatch when 0.
 	BaseBatch int
+	// DefaultStop are the stop strings of a request that sets none, and
+	// SystemPrompt the system message a conversation without one starts
+	// with: an Ollama model's params and system layers.
+	DefaultStop  []string
+	SystemPrompt string
 	// RopeFreqFactors divide the RoPE frequencies, one per rotated pair
 	// (nil: none): Llama 3's rope scaling as a GGUF file stores it
 	// (rope_freqs.weight, computed by llama.cpp's converter), instead of
@@ -117,6 +122,12 @@ func NewModel(config []byte, weights map[string]models.Tensor, opts ModelOptions
 	if opts.GenerationConfig != nil {
 		if err := m.generationConfig(opts.GenerationConfig); err != nil {
 			return nil, fmt.Errorf("llm %q: %w", opts.Name, err)
+		}
+	}
+	if opts.DefaultStop != nil {
+		m.defaults.Stop = slices.Clone(opts.DefaultStop)
+		if err := m.defaults.Validate(); err != nil {
+			return nil, fmt.Errorf("%w: llm %q: default stop strings: %w", models.ErrInvalidConfig, opts.Name, err)
 		}
 	}
 	for _, id := range m.eos {
@@ -191,6 +202,10 @@ func (m *Model) EOS() []int32 { return slices.Clone(m.eos) }
 
 // DefaultSampling is generation_config.json's sampling (greedy without it).
 func (m *Model) DefaultSampling() Sampling { return m.defaults }
+
+// SystemPrompt is the system message of a conversation that has none
+// ("": none).
+func (m *Model) SystemPrompt() string { return m.opts.SystemPrompt }
 
 // DefaultMaxTokens bounds the output of a request that sets no bound.
 func (m *Model) DefaultMaxTokens() int { return m.maxNew }

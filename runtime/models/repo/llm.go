@@ -100,6 +100,10 @@ type llmPlan struct {
 	sizes              llmSizes
 	shards             []string  // weight files, in order
 	gguf               *ggufPlan // or the GGUF file holding everything
+	// stop and system are an Ollama model's default stop strings and
+	// system prompt.
+	stop   []string
+	system string
 }
 
 // inspectLLM checks an LLM version without reading its weights: the
@@ -200,7 +204,8 @@ func (r *Repo) loadLLMWith(ctx context.Context, p *plan, lp *llmPlan, name strin
 			return nil, err
 		}
 	}
-	opts := llm.ModelOptions{Name: name, Version: version, GenerationConfig: lp.generation, MaxContext: maxContext}
+	opts := llm.ModelOptions{Name: name, Version: version, GenerationConfig: lp.generation, MaxContext: maxContext,
+		DefaultStop: lp.stop, SystemPrompt: lp.system}
 	if gp := lp.gguf; gp != nil {
 		var err error
 		if weights, err = r.loadGGUF(ctx, gp, name); err != nil {

@@ -24,9 +24,10 @@ import (
 // is; its params become the model's default sampling and its num_ctx caps
 // the context. A repository directory of the same name wins.
 //
-// Not yet: the params' stop strings, the system prompt and messages
-// layers, and Ollama's Go template (used only for a GGUF without a Jinja
-// chat template; such a model serves Generate but not Chat).
+// Its params' stop strings are the default stop strings and its system
+// layer the system prompt of a conversation without one. Not yet: the
+// messages layer, and Ollama's Go template (used only for a GGUF without a
+// Jinja chat template; such a model serves Generate but not Chat).
 
 // WithOllamaStore serves the models of an Ollama store too.
 func WithOllamaStore(s *ollama.Store) Option { return func(r *Repo) { r.ollama = s } }
@@ -134,11 +135,32 @@ func (r *Repo) loadOllama(ctx context.Context, m ollama.Model, version int64) (*
 	if lp.generation, err = ollamaGeneration(m.Params); err != nil {
 		return nil, fmt.Errorf("%w: %s: params: %w", ollama.ErrInvalid, name, err)
 	}
+	lp.stop, lp.system = r.ollamaStops(name, m.Params.Stop), m.System
 	l, err := r.loadLLMWith(ctx, p, lp, name, 1, ollamaContext(m.Params, r.maxContext))
 	if l != nil {
 		l.Fingerprint = fp
 	}
 	return l, err
+}
+
+// maxDefaultStops is how many stop strings a request may carry, and so
+// how many of a params layer's are kept.
+const maxDefaultStops = 16
+
+// ollamaStops keeps the params' stop strings a request could carry: at
+// most 16, none empty (Ollama's own models have a handful).
+func (r *Repo) ollamaStops(name string, stops []string) []string {
+	var out []string
+	for _, s := range stops {
+		if s != "" && len(out) < maxDefaultStops {
+			out = append(out, s)
+		}
+	}
+	if len(out) < len(stops) {
+		r.log.Warn("Ollama model's stop strings cut to what a request may carry", zap.String("model", name),
+			zap.Int("stops", len(stops)), zap.Int("kept", len(out)))
+	}
+	return out
 }
 
 // ollamaContext is the context cap: the params' num_ctx under the

@@ -41,6 +41,10 @@ func writeOllamaModel(t *testing.T, store, model, tag, gguf string, params map[s
 		return l
 	}
 	layers := []any{layer(ollama.MediaModel, raw)}
+	if sys, ok := params["__system"].(string); ok {
+		delete(params, "__system")
+		layers = append(layers, layer(ollama.MediaSystem, []byte(sys)))
+	}
 	if params != nil {
 		p, _ := json.Marshal(params)
 		layers = append(layers, layer(ollama.MediaParams, p))
@@ -66,7 +70,7 @@ func TestOllamaStoreModels(t *testing.T) {
 	dir, store := t.TempDir(), t.TempDir()
 	_, gg := ggufPair(t, dir, "qwen2", "q8_0")
 	gguf := filepath.Join(gg, "model.gguf")
-	writeOllamaModel(t, store, "tiny", "latest", gguf, map[string]any{"temperature": 0.25, "top_k": 7, "num_ctx": 128, "stop": []string{"<|im_end|>"}})
+	writeOllamaModel(t, store, "tiny", "latest", gguf, map[string]any{"temperature": 0.25, "top_k": 7, "num_ctx": 128, "stop": []string{"<|im_end|>"}, "__system": "Be brief."})
 	writeOllamaModel(t, store, "tiny", "q8", gguf, nil)
 	writeOllamaModel(t, store, "qwen2-st", "latest", gguf, nil) // shadowed by the repository's qwen2-st
 	s, err := ollama.Open(store, ollama.Limits{})
@@ -102,8 +106,11 @@ func TestOllamaStoreModels(t *testing.T) {
 	if l.LLM == nil || l.Name != "tiny" || l.Version != 1 || l.Fingerprint == "" {
 		t.Fatalf("loaded %+v", l)
 	}
-	if d := l.LLM.DefaultSampling(); d.Temperature != 0.25 || d.TopK != 7 {
-		t.Errorf("default sampling %+v: want the params' temperature 0.25 and top_k 7", d)
+	if d := l.LLM.DefaultSampling(); d.Temperature != 0.25 || d.TopK != 7 || len(d.Stop) != 1 || d.Stop[0] != "<|im_end|>" {
+		t.Errorf("default sampling %+v: want the params' temperature 0.25, top_k 7 and stop", d)
+	}
+	if got := l.LLM.SystemPrompt(); got != "Be brief." {
+		t.Errorf("system prompt %q, want the system layer's", got)
 	}
 	if n := l.LLM.ContextLength(); n != 128 {
 		t.Errorf("context %d, want the params' num_ctx 128", n)
