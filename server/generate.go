@@ -77,11 +77,10 @@ type samplingParams struct {
 
 // Bounds of a generation request besides the model's own.
 const (
-	maxStopStrings   = 16
-	maxStopBytes     = 256
-	maxTopLogprobs   = 20
-	maxStopTokenIDs  = 64
-	defaultMaxTokens = 256
+	maxStopStrings  = 16
+	maxStopBytes    = 256
+	maxTopLogprobs  = 20
+	maxStopTokenIDs = 64
 	// maxChatMessages bounds one conversation; chatMessageOverhead is
 	// what each message counts against --max-item-bytes besides its role
 	// and content (about what a chat template adds around it).
