@@ -11,7 +11,9 @@ var ErrOutOfMemory = errors.New("device memory budget exceeded")
 
 // ErrInvalidGraph means a graph, its bindings or its input values do not fit
 // the ops: an unknown name, a shape or dtype an op cannot take, an index out
-// of range. It is the caller's mistake (INVALID_ARGUMENT at the edge).
+// of range. It is the runtime caller's mistake: brokerd's models build
+// their graphs from requests the edge has checked, so one reaching the edge
+// is a bug (INTERNAL), not the client's.
 var ErrInvalidGraph = errors.New("invalid op graph")
 
 // ErrUnsupported means the device cannot do what was asked on this host,

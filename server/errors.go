@@ -90,6 +90,10 @@ func (s *BrokerService) schedulerStatus(method string, err error) error {
 		return status.Error(codes.Unavailable, err.Error())
 	case errors.Is(err, scheduler.ErrInvalidArgument):
 		return status.Error(codes.InvalidArgument, err.Error())
+	case errors.Is(err, scheduler.ErrWrongKind):
+		// The edge checks the model's kind first: this is a model
+		// replaced by one of another kind in between (a reload).
+		return status.Error(codes.FailedPrecondition, err.Error())
 	}
 	return toStatus(s.log, method, err)
 }

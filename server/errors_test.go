@@ -30,6 +30,7 @@ func TestSchedulerStatus(t *testing.T) {
 		{"draining", fmt.Errorf("x: %w", scheduler.ErrDraining), codes.Unavailable},
 		{"every replica cordoned", fmt.Errorf("x: %w: cordoned", scheduler.ErrNoDevice), codes.Unavailable},
 		{"pinned to a device type no replica runs on", fmt.Errorf("x: %w", scheduler.ErrNoMatchingReplica), codes.FailedPrecondition},
+		{"a model replaced by one of another kind", fmt.Errorf("x: %w", scheduler.ErrWrongKind), codes.FailedPrecondition},
 		// Every kind of model-file error is the model's fault, never INTERNAL.
 		{"invalid model config", fmt.Errorf("x: %w", models.ErrInvalidConfig), codes.InvalidArgument},
 		{"invalid generation config", fmt.Errorf("x: %w", models.ErrInvalidGenerationConfig), codes.InvalidArgument},
