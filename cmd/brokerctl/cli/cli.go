@@ -64,7 +64,10 @@ type app struct {
 }
 
 // usageError is a bad command line: exit 2 and a usage hint.
-type usageError struct{ msg string }
+type usageError struct {
+	msg     string
+	oneLine bool // msg already says where to look: no usage line after it
+}
 
 func (e usageError) Error() string { return e.msg }
 
@@ -149,7 +152,12 @@ func (a *app) run(ctx context.Context, args []string) int {
 		if errors.Is(err, flag.ErrHelp) {
 			return a.print(a.stdout, mainUsage(a.defaultSocket()))
 		}
-		fmt.Fprintf(a.stderr, "brokerctl: %v\n%s", err, mainUsage(a.defaultSocket()))
+		// One line, not the whole usage: the mistake and where the flags are.
+		if name, ok := undefinedFlag(err); ok {
+			fmt.Fprintf(a.stderr, "brokerctl: %s\n", unknownFlag(name, top, "brokerctl help"))
+		} else {
+			fmt.Fprintf(a.stderr, "brokerctl: %v (\"brokerctl help\" lists the flags)\n", err)
+		}
 		return ExitUsage
 	}
 	if *showVersion {
@@ -162,7 +170,7 @@ func (a *app) run(ctx context.Context, args []string) int {
 	name := top.Arg(0)
 	cmd, ok := lookup(name)
 	if !ok {
-		fmt.Fprintf(a.stderr, "brokerctl: unknown command %q; run \"brokerctl help\" for the list\n", name)
+		fmt.Fprintf(a.stderr, "brokerctl: %s\n", unknownCommand(name))
 		return ExitUsage
 	}
 
@@ -174,12 +182,16 @@ func (a *app) run(ctx context.Context, args []string) int {
 		if errors.Is(err, flag.ErrHelp) {
 			return a.print(a.stdout, commandUsage(cmd, fs))
 		}
-		fmt.Fprintf(a.stderr, "brokerctl: %s: %v\n%s", name, err, commandUsage(cmd, fs))
+		if flagName, ok := undefinedFlag(err); ok {
+			fmt.Fprintf(a.stderr, "brokerctl: %s: %s\n", name, unknownFlag(flagName, fs, "brokerctl help "+name))
+			return ExitUsage
+		}
+		fmt.Fprintf(a.stderr, "brokerctl: %s: %v\n%s", name, err, shortUsage(cmd))
 		return ExitUsage
 	}
 	if cmd.nargs >= 0 && len(pos) != cmd.nargs {
 		fmt.Fprintf(a.stderr, "brokerctl: %s: want %d argument(s) (%s), got %d\n%s",
-			name, cmd.nargs, cmd.args, len(pos), commandUsage(cmd, fs))
+			name, cmd.nargs, cmd.args, len(pos), shortUsage(cmd))
 		return ExitUsage
 	}
 	g.resolve(a.euid, a.getenv)
@@ -217,7 +229,11 @@ func (a *app) print(w io.Writer, s string) int {
 func (a *app) fail(cmd command, fs *flag.FlagSet, inv *invocation, err error) int {
 	var ue usageError
 	if errors.As(err, &ue) {
-		fmt.Fprintf(a.stderr, "brokerctl: %s: %s\n%s", cmd.name, ue.msg, commandUsage(cmd, fs))
+		if ue.oneLine {
+			fmt.Fprintf(a.stderr, "brokerctl: %s: %s\n", cmd.name, ue.msg)
+			return ExitUsage
+		}
+		fmt.Fprintf(a.stderr, "brokerctl: %s: %s\n%s", cmd.name, ue.msg, shortUsage(cmd))
 		return ExitUsage
 	}
 	var es exitStatus
@@ -430,6 +446,12 @@ func mainUsage(defaultSocket string) string {
 	fmt.Fprintf(&b, "  --timeout DUR     deadline for the whole command (default %s; for bench, for each request)\n", DefaultTimeout)
 	b.WriteString("\nRun \"brokerctl help COMMAND\" for a command's flags.\n")
 	return b.String()
+}
+
+// shortUsage is the line after a usage error: the command's synopsis and
+// where its flags are, not every flag.
+func shortUsage(c command) string {
+	return fmt.Sprintf("usage: brokerctl %s (\"brokerctl help %s\" lists the flags)\n", c.synopsis, c.name)
 }
 
 func commandUsage(c command, fs *flag.FlagSet) string {

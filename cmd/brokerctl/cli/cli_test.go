@@ -410,8 +410,8 @@ func TestErrors(t *testing.T) {
 			wantStderr: "brokerctl: batch-plan: base batch 0: must be positive (INVALID_ARGUMENT)\n"},
 		{name: "no command", args: nil, wantCode: ExitUsage, wantStderr: "brokerctl: no command given\n"},
 		{name: "unknown command", args: []string{"frobnicate"}, wantCode: ExitUsage, wantStderr: "brokerctl: unknown command \"frobnicate\""},
-		{name: "unknown global flag", args: []string{"--nope", "devices"}, wantCode: ExitUsage, wantStderr: "brokerctl: flag provided but not defined: -nope\n"},
-		{name: "unknown command flag", args: []string{"devices", "--nope"}, wantCode: ExitUsage, wantStderr: "brokerctl: devices: flag provided but not defined: -nope\n"},
+		{name: "unknown global flag", args: []string{"--nope", "devices"}, wantCode: ExitUsage, wantStderr: "brokerctl: unknown flag --nope (\"brokerctl help\" lists the flags)\n"},
+		{name: "unknown command flag", args: []string{"devices", "--nope"}, wantCode: ExitUsage, wantStderr: "brokerctl: devices: unknown flag --nope (\"brokerctl help devices\" lists the flags)\n"},
 		{name: "device without ID", args: []string{"device"}, wantCode: ExitUsage, wantStderr: "brokerctl: device: want 1 argument(s) (ID), got 0\n"},
 		{name: "device with two IDs", args: []string{"device", "a", "b"}, wantCode: ExitUsage, wantStderr: "brokerctl: device: want 1 argument(s) (ID), got 2\n"},
 		{name: "batch-plan without base", args: []string{"batch-plan", "--type", "gpu"}, wantCode: ExitUsage, wantStderr: "brokerctl: batch-plan: --base is required\n"},
@@ -426,7 +426,7 @@ func TestErrors(t *testing.T) {
 		{name: "batch-plan base overflows int32", args: []string{"batch-plan", "--base", "4294967296", "--type", "gpu"}, wantCode: ExitUsage,
 			wantStderr: "brokerctl: batch-plan: invalid value \"4294967296\" for flag -base"},
 		{name: "bad timeout", args: []string{"--timeout", "soon", "devices"}, wantCode: ExitUsage, wantStderr: "brokerctl: invalid value \"soon\" for flag -timeout"},
-		{name: "help for unknown command", args: []string{"help", "nope"}, wantCode: ExitUsage, wantStderr: "brokerctl: help: unknown command \"nope\"\n"},
+		{name: "help for unknown command", args: []string{"help", "nope"}, wantCode: ExitUsage, wantStderr: "brokerctl: help: unknown command \"nope\" (\"brokerctl help\" lists the commands)\n"},
 		{name: "timeout expires", args: []string{"devices", "--timeout", "1ns"}, wantCode: ExitError, wantStderr: "brokerctl: devices: "},
 	}
 	for _, tt := range tests {

@@ -289,7 +289,7 @@ func helpCmd(_ *flag.FlagSet) action {
 		case 1:
 			c, ok := lookup(args[0])
 			if !ok {
-				return usagef("unknown command %q", args[0])
+				return usageError{msg: unknownCommand(args[0]), oneLine: true}
 			}
 			fs := newFlagSet("brokerctl " + c.name)
 			c.setup(fs)
