@@ -254,6 +254,12 @@ func (a *app) fail(cmd command, fs *flag.FlagSet, inv *invocation, err error) in
 	}
 	// Read the channel state once: it moves on while the client retries.
 	unreachable := inv.unreachable(st.Code())
+	if unreachable && answeredHTTP1(st.Message()) {
+		// --addr names the HTTP API's port: one line saying so.
+		fmt.Fprintf(a.stderr, "brokerctl: %s: %s answered HTTP/1.1, not gRPC: it is brokerd's HTTP API (--http-listen); point --addr (env %s) at brokerd's gRPC address (--listen), or leave it out to use the Unix socket (%s)\n",
+			cmd.name, inv.endpointName(), endpoint.EnvAddr, codeName(st.Code()))
+		return ExitError
+	}
 	if unreachable {
 		msg = fmt.Sprintf("cannot reach brokerd at %s: %s", inv.endpointName(), msg)
 	}
@@ -286,6 +292,13 @@ func permissionDenied(st *status.Status) string {
 		msg = "permission denied: " + msg
 	}
 	return msg
+}
+
+// answeredHTTP1 reports whether a connection error says the server spoke
+// HTTP/1.1 where gRPC's HTTP/2 was expected (grpc-go reads the HTTP/1.1
+// status line as a frame header and says so).
+func answeredHTTP1(msg string) bool {
+	return strings.Contains(msg, "looked like an HTTP/1.1 header")
 }
 
 func oneLine(s string) string {
