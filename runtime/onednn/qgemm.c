@@ -469,3 +469,28 @@ int bd_qgemm(int wtype, const void *w, int64_t w_bytes, int64_t n_out,
     if (!work && t->k != 2) free(xq);
     return BD_QGEMM_OK;
 }
+
+// bd_qgemm_read_sum reads bytes (a multiple of 128) at p with nthreads
+// OpenMP threads in 256-bit loads, as the kernels stream weights, and
+// returns a sum of it: the benchmarks' reference for the host's read
+// bandwidth (a scalar loop understates it).
+__attribute__((target("avx2"))) uint64_t bd_qgemm_read_sum(const void *p, int64_t bytes, int nthreads) {
+    const uint8_t *b = p;
+    uint64_t total = 0;
+#pragma omp parallel num_threads(nthreads) reduction(+ : total)
+    {
+        __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
+#pragma omp for schedule(static)
+        for (int64_t i = 0; i < bytes / 128; i++) {
+            const __m256i *v = (const __m256i *)(b + 128 * i);
+            a0 = _mm256_add_epi64(a0, _mm256_loadu_si256(v));
+            a1 = _mm256_add_epi64(a1, _mm256_loadu_si256(v + 1));
+            a2 = _mm256_add_epi64(a2, _mm256_loadu_si256(v + 2));
+            a3 = _mm256_add_epi64(a3, _mm256_loadu_si256(v + 3));
+        }
+        const __m256i s = _mm256_add_epi64(_mm256_add_epi64(a0, a1), _mm256_add_epi64(a2, a3));
+        total += (uint64_t)_mm256_extract_epi64(s, 0) + (uint64_t)_mm256_extract_epi64(s, 1) +
+                (uint64_t)_mm256_extract_epi64(s, 2) + (uint64_t)_mm256_extract_epi64(s, 3);
+    }
+    return total;
+}

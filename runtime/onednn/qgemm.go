@@ -83,3 +83,14 @@ func qgemmWorkBytes(t quant.Type, k, m int64) int64 {
 	}
 	return int64(C.bd_qgemm_work_bytes(C.int(t), C.int64_t(k), C.int64_t(m)))
 }
+
+// readSum is bd_qgemm_read_sum over b (its length rounded down to 128
+// bytes) with threads threads: BenchmarkQgemmDecode times it as the host's
+// read bandwidth.
+func readSum(b []byte, threads int) uint64 {
+	n := len(b) &^ 127
+	if n == 0 {
+		return 0
+	}
+	return uint64(C.bd_qgemm_read_sum(unsafe.Pointer(&b[0]), C.int64_t(n), C.int(threads)))
+}

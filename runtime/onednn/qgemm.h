@@ -70,4 +70,9 @@ int64_t bd_qgemm_work_bytes(int wtype, int64_t k, int64_t m);
 // needs AVX512-VNNI besides F/BW/VL/DQ (a Skylake-SP without it runs AVX2).
 int bd_qgemm_isa(void);
 
+// bd_qgemm_read_sum sums bytes (a multiple of 128) at p, read by nthreads
+// OpenMP threads in 256-bit loads (AVX2): the benchmarks time it as the
+// host's read bandwidth.
+uint64_t bd_qgemm_read_sum(const void *p, int64_t bytes, int nthreads);
+
 #endif

@@ -5,11 +5,10 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/brokerd/brokerd/runtime"
 	"github.com/brokerd/brokerd/runtime/quant"
 	"github.com/brokerd/brokerd/runtime/quant/ggmlref"
 )
@@ -582,37 +581,47 @@ func BenchmarkQgemmPrefill(b *testing.B) {
 	}
 }
 
-// readBandwidth is bench/benchkit's ReadBandwidth with threads goroutines
-// and a 1 GiB buffer (past any last-level cache: 512 MiB partly fits in
-// some): each sums its share; bytes per second, best of five.
+// readBandwidth is the host's read bandwidth with threads threads: a 1 GiB
+// buffer (past any last-level cache; 512 MiB partly fits in some) read by
+// bd_qgemm_read_sum's 256-bit loads, bytes per second, best of five. (The
+// scalar Go loop of bench/benchkit's ReadBandwidth reads about 60% of this
+// on a 2-core Xeon: it measures the loop, not the memory.)
 func readBandwidth(threads int) float64 {
-	const n = 1 << 30 / 8
-	buf := make([]uint64, n)
+	buf := make([]byte, 1<<30)
 	for i := range buf {
-		buf[i] = uint64(i)
+		buf[i] = byte(i)
 	}
 	best := 0.0
-	var sink atomic.Uint64
 	for range 5 {
-		var wg sync.WaitGroup
 		t := time.Now()
-		for w := range threads {
-			part := buf[w*n/threads : (w+1)*n/threads]
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				var s0, s1, s2, s3 uint64
-				for i := 0; i+4 <= len(part); i += 4 {
-					s0 += part[i]
-					s1 += part[i+1]
-					s2 += part[i+2]
-					s3 += part[i+3]
-				}
-				sink.Add(s0 + s1 + s2 + s3)
-			}()
-		}
-		wg.Wait()
-		best = max(best, float64(n*8)/time.Since(t).Seconds())
+		readSink += readSum(buf, threads)
+		best = max(best, float64(len(buf))/time.Since(t).Seconds())
 	}
 	return best
+}
+
+// readSink keeps readBandwidth's sums alive.
+var readSink uint64
+
+// BenchmarkQgemmPrefillOneDNN is the other road for a prefill: the same
+// shapes (m = 512) as oneDNN matmuls on f32 or bf16 weights (DirectMatMul;
+// bf16 runs on AMX where the CPU has it), the GFLOP/s a quantized model
+// would reach by dequantizing a weight matrix first (that cost not
+// counted: BenchmarkDequantizeRow has it).
+func BenchmarkQgemmPrefillOneDNN(b *testing.B) {
+	const m = 512
+	for _, s := range [][2]int{{896, 4864}, {4864, 896}, {2048, 8192}, {8192, 2048}} {
+		k, n := s[0], s[1]
+		for _, dt := range []runtime.DType{runtime.F32, runtime.BF16} {
+			for _, threads := range []int{1, 2} {
+				b.Run(fmt.Sprintf("%v/%dx%d/t%d", dt, k, n, threads), func(b *testing.B) {
+					el, err := DirectMatMul(m, n, k, b.N, threads, dt)
+					if err != nil {
+						b.Skip(err)
+					}
+					b.ReportMetric(2*m*float64(n)*float64(k)*float64(b.N)/el.Seconds()/1e9, "GFLOP/s")
+				})
+			}
+		}
+	}
 }
