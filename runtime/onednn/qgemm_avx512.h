@@ -50,23 +50,15 @@ ZI __m512i z_nibbles1(const uint8_t *qa) {
         for (int64_t b0 = 0; b0 < nb; b0 += 8) {                                           \
             const uint8_t *w8 = w + b0 * bytes_;                                           \
             const int nj = nb - b0 < 8 ? (int)(nb - b0) : 8;                               \
-            __m256 dw, ow;                                                                 \
-            if (nj == 8) {                                                                 \
-                const __m256i gi = _mm256_setr_epi32(0, (bytes), 2 * (bytes), 3 * (bytes),  \
-                        4 * (bytes), 5 * (bytes), 6 * (bytes), 7 * (bytes));               \
-                dw = halves8_vnni(_mm256_i32gather_epi32((const int *)w8, gi, 1));         \
-                ow = OFF == 3 ? halves8_vnni(_mm256_i32gather_epi32((const int *)(w8 + 2), gi, 1)) \
-                              : _mm256_mul_ps(dw, _mm256_set1_ps(OFF == 2 ? -16.0f : -8.0f)); \
-            } else {                                                                       \
-                int32_t h[8] = {0}, hm[8] = {0};                                           \
-                for (int j = 0; j < nj; j++) {                                             \
-                    h[j] = le16(w8 + j * bytes_);                                          \
-                    hm[j] = le16(w8 + j * bytes_ + 2);                                     \
-                }                                                                          \
-                dw = halves8_vnni(_mm256_loadu_si256((const __m256i *)h));                 \
-                ow = OFF == 3 ? halves8_vnni(_mm256_loadu_si256((const __m256i *)hm))      \
-                              : _mm256_mul_ps(dw, _mm256_set1_ps(OFF == 2 ? -16.0f : -8.0f)); \
-            }                                                                              \
+            const __m256i gi = _mm256_setr_epi32(0, (bytes), 2 * (bytes), 3 * (bytes),      \
+                    4 * (bytes), 5 * (bytes), 6 * (bytes), 7 * (bytes));                   \
+            /* the lanes past the last block gather nothing: zeros */                      \
+            const __mmask8 gm = (__mmask8)((1u << nj) - 1);                                \
+            const __m256 dw = halves8_vnni(_mm256_mmask_i32gather_epi32(                    \
+                    _mm256_setzero_si256(), gm, gi, (const int *)w8, 1));                  \
+            const __m256 ow = OFF == 3 ? halves8_vnni(_mm256_mmask_i32gather_epi32(         \
+                                                 _mm256_setzero_si256(), gm, gi, (const int *)(w8 + 2), 1)) \
+                                       : _mm256_mul_ps(dw, _mm256_set1_ps(OFF == 2 ? -16.0f : -8.0f)); \
             Z_LOOP {                                                                       \
                 const __m512 p = _mm512_castps256_ps512(_mm256_mul_ps(dw, _mm256_loadu_ps(dx + r * nbp + b0))); \
                 _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++)                        \

@@ -211,13 +211,14 @@ static void QV(quant_ak)(const float *x, int64_t k, int64_t nb, int R, int64_t G
         if (b0 < nb) {                                                                     \
             const uint8_t *w8 = w + b0 * (bytes);                                          \
             const int nj = (int)(nb - b0);                                                 \
-            int32_t h[8] = {0}, hm[8] = {0};                                               \
-            for (int j = 0; j < nj; j++) {                                                 \
-                h[j] = le16(w8 + j * (bytes));                                             \
-                hm[j] = le16(w8 + j * (bytes) + 2);                                        \
-            }                                                                              \
-            const __m256 dw = QV(halves8)(_mm256_loadu_si256((const __m256i *)h));         \
-            __m256 ow = OFF == 3 ? QV(halves8)(_mm256_loadu_si256((const __m256i *)hm))    \
+            const __m256i gi = _mm256_setr_epi32(0, (bytes), 2 * (bytes), 3 * (bytes),      \
+                    4 * (bytes), 5 * (bytes), 6 * (bytes), 7 * (bytes));                   \
+            const __m256i gm = _mm256_cmpgt_epi32(_mm256_set1_epi32(nj),                   \
+                    _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));                            \
+            const __m256 dw = QV(halves8)(_mm256_mask_i32gather_epi32(                      \
+                    _mm256_setzero_si256(), (const int *)w8, gi, gm, 1));                  \
+            __m256 ow = OFF == 3 ? QV(halves8)(_mm256_mask_i32gather_epi32(                 \
+                                           _mm256_setzero_si256(), (const int *)(w8 + 2), gi, gm, 1)) \
                                  : _mm256_mul_ps(dw, _mm256_set1_ps(OFF == 2 ? -16.0f : -8.0f)); \
             QV_SCALES8(OFF)                                                                \
             for (int j = 0; j < nj; j++) {                                                 \
