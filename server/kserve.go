@@ -87,6 +87,9 @@ func (k *InferenceService) ModelReady(ctx context.Context, req *inference.ModelR
 
 // ModelMetadata describes a served model's inputs and outputs.
 func (k *InferenceService) ModelMetadata(ctx context.Context, req *inference.ModelMetadataRequest) (*inference.ModelMetadataResponse, error) {
+	if err := k.modelMissing(req.GetName(), req.GetVersion()); err != nil {
+		return nil, err
+	}
 	v, err := parseVersion(req.GetVersion())
 	if err != nil {
 		return nil, err
@@ -126,6 +129,10 @@ func (k *InferenceService) ModelInfer(ctx context.Context, req *inference.ModelI
 	}
 	if req.GetModelName() == "" {
 		return nil, status.Error(codes.InvalidArgument, "model_name is required")
+	}
+	// An unknown model (or version) is NOT_FOUND before anything else.
+	if err := k.modelMissing(req.GetModelName(), req.GetModelVersion()); err != nil {
+		return nil, err
 	}
 	v, err := parseVersion(req.GetModelVersion())
 	if err != nil {

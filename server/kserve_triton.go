@@ -40,11 +40,65 @@ type KServeOptions struct {
 	LogLevel *zap.AtomicLevel
 }
 
+// modelMissing is NOT_FOUND when name is neither served nor in the model
+// repository, or when version (the request's string) names a version that
+// neither serves nor is in the repository; nil otherwise. The model RPCs
+// ask it before anything else of the request, so an unknown model is
+// NOT_FOUND whatever else is wrong (as in Triton); a version string that
+// does not parse is left to parseVersion.
+func (k *InferenceService) modelMissing(name, version string) error {
+	ms := k.b.models
+	if ms == nil || name == "" {
+		return nil
+	}
+	sv := ms.Lookup(name)
+	if sv != nil && (version == "" || version == strconv.FormatInt(sv.Info.Version, 10)) {
+		return nil // the fast path: what serves is what was asked for
+	}
+	cat, err := ms.Catalog()
+	if err != nil {
+		return nil // the RPC's own path answers
+	}
+	i := slices.IndexFunc(cat.Repo, func(e lifecycle.RepoEntry) bool { return e.Name == name })
+	if sv == nil && i < 0 {
+		served := strings.Join(slices.Sorted(maps.Keys(cat.Served)), ", ")
+		if served == "" {
+			served = "none"
+		}
+		return status.Errorf(codes.NotFound, "model %q not found: it is neither served (served: %s) nor in the model repository", name, served)
+	}
+	v, err := strconv.ParseInt(version, 10, 64)
+	if version == "" || err != nil || v < 1 {
+		return nil
+	}
+	if i >= 0 {
+		if slices.Contains(cat.Repo[i].Versions, v) {
+			return nil
+		}
+		return status.Errorf(codes.NotFound, "model %s has no version %d: the model repository holds version(s) %s", name, v, joinVersions(cat.Repo[i].Versions))
+	}
+	return status.Errorf(codes.NotFound, "model %s has no version %d: it is not in the model repository, and version %d serves", name, v, sv.Info.Version)
+}
+
+func joinVersions(vs []int64) string {
+	if len(vs) == 0 {
+		return "none"
+	}
+	s := make([]string, len(vs))
+	for i, v := range vs {
+		s[i] = strconv.FormatInt(v, 10)
+	}
+	return strings.Join(s, ", ")
+}
+
 // servedVersion returns what serves name, checking a Triton version
 // string ("" for whichever serves).
 func (k *InferenceService) servedVersion(method, name, version string) (*lifecycle.Served, error) {
 	if name == "" {
 		return nil, status.Error(codes.InvalidArgument, "name is required")
+	}
+	if err := k.modelMissing(name, version); err != nil {
+		return nil, err
 	}
 	v, err := parseVersion(version)
 	if err != nil {

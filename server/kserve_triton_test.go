@@ -13,6 +13,7 @@ import (
 
 	"go.uber.org/zap/zapcore"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	brokerv1 "github.com/brokerd/brokerd/proto/broker/v1"
@@ -167,7 +168,7 @@ func TestTritonExtensions(t *testing.T) {
 		_, err = k.ModelConfig(ctx, &inference.ModelConfigRequest{Name: "nope"})
 		wantCode(t, err, codes.NotFound, "nope")
 		_, err = k.ModelConfig(ctx, &inference.ModelConfigRequest{Name: "mlp", Version: "2"})
-		wantCode(t, err, codes.FailedPrecondition, "version 2 is not loaded")
+		wantCode(t, err, codes.NotFound, "mlp has no version 2: the model repository holds version(s) 1")
 	})
 
 	t.Run("statistics", func(t *testing.T) {
@@ -476,4 +477,69 @@ func TestTritonStreamGeneration(t *testing.T) {
 			t.Errorf("%s: %v", id, r)
 		}
 	}
+}
+
+// An unknown model is NOT_FOUND whatever else is wrong with the request,
+// and so is a version the repository does not hold; a version it holds
+// that does not serve is FAILED_PRECONDITION (not loaded), as in Triton.
+func TestTritonUnknownModelNotFound(t *testing.T) {
+	d, _ := modelDaemon(t, func(repo string) {
+		writeMLP(t, repo, "mlp", 1, 1, 6, 16, 5)
+		writeMLP(t, repo, "mlp", 2, 2, 6, 16, 5)
+		writeMLP(t, repo, "idle", 1, 3, 4, 8, 2)
+	}, func(cfg *config.Config) { cfg.LoadModels = "mlp" })
+	k := inference.NewGRPCInferenceServiceClient(d.conn)
+	ctx := testCtx(t)
+	meta, err := k.ModelMetadata(ctx, &inference.ModelMetadataRequest{Name: "mlp"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	serving := meta.GetVersions()[0]
+	other := map[string]string{"1": "2", "2": "1"}[serving]
+	good := func(name, version string) *inference.ModelInferRequest {
+		return &inference.ModelInferRequest{ModelName: name, ModelVersion: version,
+			Inputs:           []*inference.ModelInferRequest_InferInputTensor{{Name: "input", Datatype: "FP32", Shape: []int64{1, 6}}},
+			RawInputContents: [][]byte{f32le(make([]float32, 6))}}
+	}
+	bogus := map[string]*inference.InferParameter{"sequence_id": {ParameterChoice: &inference.InferParameter_Int64Param{Int64Param: 1}}}
+	for _, tt := range []struct {
+		name string
+		req  *inference.ModelInferRequest
+		code codes.Code
+		msg  string
+	}{
+		{"unknown model", good("nope", ""), codes.NotFound, `model "nope" not found: it is neither served (served: `},
+		{"unknown model, no inputs", &inference.ModelInferRequest{ModelName: "nope"}, codes.NotFound, `"nope" not found`},
+		{"unknown model, bad version", &inference.ModelInferRequest{ModelName: "nope", ModelVersion: "x1"}, codes.NotFound, `"nope" not found`},
+		{"unknown model, raw contents and parameters wrong", &inference.ModelInferRequest{ModelName: "nope", Parameters: bogus,
+			Inputs:           []*inference.ModelInferRequest_InferInputTensor{{Name: "a", Datatype: "FP32", Shape: []int64{1}}},
+			RawInputContents: [][]byte{{1}, {2}}}, codes.NotFound, `"nope" not found`},
+		{"version not in the repository", good("mlp", "7"), codes.NotFound, "mlp has no version 7: the model repository holds version(s) 1, 2"},
+		{"version not in the repository, no inputs", &inference.ModelInferRequest{ModelName: "mlp", ModelVersion: "7"}, codes.NotFound, "no version 7"},
+		{"unloaded model's absent version", good("idle", "3"), codes.NotFound, "idle has no version 3"},
+		{"version in the repository, not serving", good("mlp", other), codes.FailedPrecondition, "version " + other + " is not loaded"},
+		{"model in the repository, not loaded", good("idle", ""), codes.FailedPrecondition, "not loaded"},
+		{"known model, bad version", good("mlp", "x1"), codes.InvalidArgument, "invalid"},
+		{"known model, bad parameter", &inference.ModelInferRequest{ModelName: "mlp", Parameters: bogus,
+			Inputs: good("mlp", "").GetInputs(), RawInputContents: good("mlp", "").GetRawInputContents()}, codes.InvalidArgument, "sequence"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := k.ModelInfer(ctx, tt.req)
+			wantCode(t, err, tt.code, tt.msg)
+			if m := status.Convert(err).Message(); strings.Count(m, "not found") > 1 {
+				t.Errorf("message says \"not found\" more than once: %q", m)
+			}
+		})
+	}
+	if _, err := k.ModelInfer(ctx, good("mlp", serving)); err != nil {
+		t.Errorf("the serving version: %v", err)
+	}
+	_, err = k.ModelMetadata(ctx, &inference.ModelMetadataRequest{Name: "nope", Version: "x1"})
+	wantCode(t, err, codes.NotFound, `"nope" not found`)
+	_, err = k.ModelMetadata(ctx, &inference.ModelMetadataRequest{Name: "mlp", Version: "7"})
+	wantCode(t, err, codes.NotFound, "no version 7")
+	_, err = k.ModelConfig(ctx, &inference.ModelConfigRequest{Name: "mlp", Version: "7"})
+	wantCode(t, err, codes.NotFound, "no version 7")
+	_, err = k.ModelConfig(ctx, &inference.ModelConfigRequest{Name: "mlp", Version: other})
+	wantCode(t, err, codes.FailedPrecondition, "not loaded")
 }
