@@ -11,6 +11,7 @@ import (
 	"io"
 	"os"
 	goruntime "runtime"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -245,7 +246,7 @@ func (a *app) fail(cmd command, fs *flag.FlagSet, inv *invocation, err error) in
 		fmt.Fprintf(a.stderr, "brokerctl: %s: %v\n", cmd.name, err)
 		return ExitError
 	}
-	msg := st.Message()
+	msg := tidyMessage(st.Message())
 	if st.Code() == codes.PermissionDenied {
 		msg = permissionDenied(st)
 	}
@@ -292,6 +293,35 @@ func permissionDenied(st *status.Status) string {
 		msg = "permission denied: " + msg
 	}
 	return msg
+}
+
+// sentinelTexts are the texts of brokerd's sentinel errors (lifecycle's
+// ErrModelNotFound and ErrModelNotLoaded, the scheduler's and detect's
+// ErrDeviceNotFound, the repository's ErrNotFound) that its messages carry
+// as a ": "-separated part after, or before, a part that already says the
+// same of the named model or device.
+var sentinelTexts = map[string]bool{"model not found": true, "model not loaded": true, "device not found": true}
+
+// tidyMessage says "not found" (or "not loaded") once: it drops a sentinel
+// part of a server message when another part already says what is missing
+// ("model \"x\" not found (Served: a): model not found" becomes "model \"x\"
+// not found (Served: a)"; "model x: model not found: \"x\" is not in the
+// repository" becomes "model x: \"x\" is not in the repository"). A
+// sentinel that is the only statement ("device \"gpu:9\": device not
+// found") stays.
+func tidyMessage(msg string) string {
+	parts := strings.Split(msg, ": ")
+	var kept []string
+	for i, p := range parts {
+		if sentinelTexts[p] {
+			rest := strings.Join(slices.Concat(kept, parts[i+1:]), ": ")
+			if strings.Contains(rest, " not ") || strings.Contains(rest, " no ") {
+				continue
+			}
+		}
+		kept = append(kept, p)
+	}
+	return strings.Join(kept, ": ")
 }
 
 // answeredHTTP1 reports whether a connection error says the server spoke
