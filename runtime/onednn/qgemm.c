@@ -1,24 +1,29 @@
 // Matrix products with GGUF block-quantized weights; see qgemm.h.
 //
 // The activations are quantized once per call into scratch, in groups of
-// G rows (G = min(m, 8, or 4 for AVX2): the rows one pass over a weight row
-// carries), block by block; within a group's block:
+// G rows (G = min(m, 8), or min(m, 4) for AVX2: the rows one pass over a
+// weight row carries):
 //   a32 (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0), blocks of 32:
-//     int8 q[G][32] | f32 d[8] | f32 s[8]          x ≈ d*q, s = d*Σq
-//   ak (Q4_K, Q5_K, Q6_K), blocks of 256:
-//     int8 q[G][256] | f32 d[8] | int16 bs[8][8][2] bs[j][r] = the sums of
-//                                                   row r's q over 16-element
-//                                                   groups 2j and 2j+1
-// (lanes past G are zeros, so the vector over a group's rows is always 8
-// wide) with d = amax/127 and q = round-half-even(x * (127/amax)) per block,
+//     int8 q[(nb+1)/2][G][64]   a row's blocks in pairs (the AVX-512
+//                               kernels load two at once)
+//     f32  d[G][nbp], s[G][nbp] x ≈ d*q, s = d*Σq; a row's 8 blocks are one
+//                               vector (nbp: nb rounded up to 8, zeros past)
+//   ak (Q4_K, Q5_K, Q6_K), blocks of 256, per block:
+//     int8 q[G][256] | f32 d[8] | int16 bs[8][8][2] | int16 br[G][16]
+//                               bs[j][r]: row r's sums over 16-element groups
+//                               2j and 2j+1 (the 8 rows' pairs one vector,
+//                               lanes past G zeros); br: the same row by row
+// with d = amax/127 and q = round-half-even(x * (127/amax)) per block,
 // as ggml's quantize_row_q8_0 and quantize_row_q8_K do but with f32 scales:
 // |x - d*q| <= d/2 (plus rounding of d), so a product's error from this
 // step is at most Σ over blocks of d/2 * Σ|w| — the bound the tests use. A
-// block holding an infinity or NaN gets d = s = NaN.
+// block holding an infinity or NaN gets d = s = NaN. F16 and BF16 weights
+// read X as it is.
 //
 // A weight block decodes to u8 values v with w = a*v + o (a, o per block,
 // per 32 or per 16 elements), so X·Wᵀ sums a*dx*(Σ v*q) + o*dx*(Σ q): the
-// first in integers, the second from s or bs.
+// first in integers, the second from s or bs (Q8_0: |q| against x with
+// q's sign, no o).
 
 #include "qgemm.h"
 

@@ -1,9 +1,11 @@
-// The vector half of qgemm.c, included by it once per x86 variant under a
+// The 256-bit half of qgemm.c, included by it once per x86 variant under a
 // #pragma GCC target: QV(name) gives each inclusion its own names, QV_R is
 // the most rows of X one pass over a weight row carries (their
-// accumulators stay in registers), and QV_VNNI selects AVX512-VNNI's
-// dpbusd/dpwssd over AVX2's maddubs/madd. Not a header to include
-// elsewhere; see qgemm.c for the layouts.
+// accumulators stay in registers), QV_VNNI selects AVX512-VNNI's
+// dpbusd/dpwssd over AVX2's maddubs/madd, and QV_NO_KERNELS leaves the
+// kernels out (the AVX-512 variant has qgemm_avx512.h's and uses only the
+// quantizers and helpers here). Not a header to include elsewhere; see
+// qgemm.c for the layouts.
 
 #define QI static inline __attribute__((always_inline))
 
@@ -158,9 +160,7 @@ static void QV(quant_ak)(const float *x, int64_t k, int64_t nb, int R, int64_t G
 // The kernels: out[r] = W's row w · X's row r for r < R, X's rows a group
 // of G at xg. Each weight block is decoded once into u8 values v with
 // w = a*v + o and used for all R rows: the integer sum of v·q per row,
-// times a·dx (a vector over the group's rows, p, stored and broadcast per
-// row), and o times dx·Σq for all rows at once (the group's s, or its bs
-// in integers for the K types). With R <= 2 two sets of accumulators
+// times a·dx, plus o·dx·Σq. With R <= 2 two sets of accumulators
 // alternate, so the chains of dependent adds do not bound the loop.
 
 #define QV_LOOP _Pragma("GCC unroll 8") for (int r = 0; r < R; r++)
