@@ -155,6 +155,10 @@ func (a *app) run(ctx context.Context, args []string) int {
 		}
 		// One line, not the whole usage: the mistake and where the flags are.
 		if name, ok := undefinedFlag(err); ok {
+			if cmdFlag := commandFlagHint(name, top.Args()); cmdFlag != "" {
+				fmt.Fprintf(a.stderr, "brokerctl: %s\n", cmdFlag)
+				return ExitUsage
+			}
 			fmt.Fprintf(a.stderr, "brokerctl: %s\n", unknownFlag(name, top, "brokerctl help"))
 		} else {
 			fmt.Fprintf(a.stderr, "brokerctl: %v (\"brokerctl help\" lists the flags)\n", err)

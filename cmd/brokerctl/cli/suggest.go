@@ -142,3 +142,37 @@ func unknownFlag(name string, fs *flag.FlagSet, help string) string {
 	return fmt.Sprintf("unknown flag --%s%s (%q lists the flags)", name,
 		didYouMean(suggest(name, flagNames(fs)), func(s string) string { return "--" + s }), help)
 }
+
+// commandFlagHint is the line for a command's flag given before the
+// command ("brokerctl --json devices"); rest is what follows the flag. ""
+// when name is no command's flag.
+func commandFlagHint(name string, rest []string) string {
+	name = strings.TrimLeft(name, "-")
+	if i := strings.IndexByte(name, '='); i >= 0 {
+		name = name[:i]
+	}
+	var cmd string
+	for _, arg := range rest {
+		if c, ok := lookup(arg); ok {
+			cmd = c.name
+			break
+		}
+	}
+	if cmd != "" {
+		c, _ := lookup(cmd)
+		fs := newFlagSet("brokerctl " + cmd)
+		c.setup(fs)
+		if fs.Lookup(name) != nil {
+			return fmt.Sprintf("--%s is a flag of %s: put it after the command (brokerctl %s --%s ...)", name, cmd, cmd, name)
+		}
+		return ""
+	}
+	for _, c := range commands() {
+		fs := newFlagSet("brokerctl " + c.name)
+		c.setup(fs)
+		if fs.Lookup(name) != nil {
+			return fmt.Sprintf("--%s is a flag of commands, not of brokerctl: put it after the command (\"brokerctl help COMMAND\" lists a command's flags)", name)
+		}
+	}
+	return ""
+}

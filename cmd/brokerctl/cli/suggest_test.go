@@ -63,6 +63,8 @@ func TestTypos(t *testing.T) {
 		{"command flag with value", []string{"infer", "m", "--inptu=a=@x.json"}, `brokerctl: infer: unknown flag --inptu; did you mean --input? ("brokerctl help infer" lists the flags)`},
 		{"global flag after command", []string{"devices", "--sockt", "/x"}, `brokerctl: devices: unknown flag --sockt; did you mean --socket? ("brokerctl help devices" lists the flags)`},
 		{"help", []string{"help", "modles"}, `brokerctl: help: unknown command "modles"; did you mean "models"? ("brokerctl help" lists the commands)`},
+		{"command flag before the command", []string{"--wide", "devices"}, `brokerctl: --wide is a flag of devices: put it after the command (brokerctl devices --wide ...)`},
+		{"command flag before no command", []string{"--json"}, `brokerctl: --json is a flag of commands, not of brokerctl: put it after the command ("brokerctl help COMMAND" lists a command's flags)`},
 		{"nothing near", []string{"devices", "--frobnicate"}, `brokerctl: devices: unknown flag --frobnicate ("brokerctl help devices" lists the flags)`},
 	}
 	for _, tt := range tests {
