@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
@@ -43,6 +44,10 @@ type Config struct {
 	// HTTPBodyTimeout bounds the time an HTTP request's body may take to
 	// arrive (its headers get 10 s, or this when shorter).
 	HTTPBodyTimeout Duration `json:"http-body-timeout"`
+	// HTTPCORSOrigins are the browser origins (scheme://host[:port], or
+	// "*" for any) the HTTP APIs answer besides loopback ones, which are
+	// always allowed.
+	HTTPCORSOrigins List `json:"http-cors-origins"`
 	// Connection limits per listener (0: derived from the descriptor
 	// limit) and the idle time after which a connection is closed.
 	MaxConnections          int      `json:"max-connections"`
@@ -247,6 +252,7 @@ var envNames = map[string]string{
 	"api-keys-file":              "BROKERD_API_KEYS_FILE",
 	"http-allow-unauthenticated": "BROKERD_HTTP_ALLOW_UNAUTHENTICATED",
 	"http-body-timeout":          "BROKERD_HTTP_BODY_TIMEOUT",
+	"http-cors-origins":          "BROKERD_HTTP_CORS_ORIGINS",
 	"admin-uids":                 "BROKERD_ADMIN_UIDS",
 	"admin-groups":               "BROKERD_ADMIN_GROUPS",
 	"admin-identities":           "BROKERD_ADMIN_IDENTITIES",
@@ -274,6 +280,7 @@ func bind(fs *flag.FlagSet, c *Config, configPath *string) {
 	fs.StringVar(&c.APIKeysFile, "api-keys-file", c.APIKeysFile, "file of API keys, one per line, that HTTP API requests must carry as Authorization: Bearer KEY; --http-listen needs it or --http-allow-unauthenticated")
 	fs.BoolVar(&c.HTTPAllowUnauthenticated, "http-allow-unauthenticated", c.HTTPAllowUnauthenticated, "serve --http-listen without API keys: every user who can reach its address (on loopback, every local user, whatever the socket's permissions) may use the data plane")
 	fs.Var(&c.HTTPBodyTimeout, "http-body-timeout", "most time an HTTP API request's body may take to arrive (its headers: 10s, or this when shorter); a request still sending then is answered 408 and its connection closed")
+	fs.Var(&c.HTTPCORSOrigins, "http-cors-origins", "browser origins, comma-separated (scheme://host[:port], or * for any), whose pages may call the HTTP APIs besides loopback origins (http://localhost:PORT, http://127.0.0.1:PORT, ...), which always may")
 	fs.StringVar(&c.StateDir, "state-dir", c.StateDir, "directory for the device registry and models")
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "debug, info, warn or error")
 	fs.StringVar(&c.LogFormat, "log-format", c.LogFormat, "json or console")
@@ -495,6 +502,11 @@ func (c Config) Validate() error {
 	if err := c.CheckHTTPAccess(); err != nil {
 		errs = append(errs, err)
 	}
+	for _, o := range c.HTTPCORSOrigins {
+		if err := CheckOrigin(o); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	if c.MetricsListen != "" {
 		if _, _, err := net.SplitHostPort(c.MetricsListen); err != nil {
 			bad("metrics-listen %q is invalid: want HOST:PORT", c.MetricsListen)
@@ -661,6 +673,19 @@ func checkTCP(c Config) error {
 	}
 	if !IsLoopback(host) {
 		return fmt.Errorf("listen %s: --insecure-tcp is allowed only on a loopback address (127.0.0.1, ::1, localhost)", c.Listen)
+	}
+	return nil
+}
+
+// CheckOrigin accepts a --http-cors-origins entry: "*", or an origin as
+// browsers send it (scheme://host[:port], no path).
+func CheckOrigin(o string) error {
+	if o == "*" {
+		return nil
+	}
+	u, err := url.Parse(o)
+	if err != nil || u.Scheme == "" || u.Host == "" || (u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.User != nil {
+		return fmt.Errorf("http-cors-origins %q is invalid: want an origin as browsers send it, SCHEME://HOST[:PORT] (e.g. https://app.example.com), or * for any", o)
 	}
 	return nil
 }

@@ -3,8 +3,10 @@ package config
 import (
 	"bytes"
 	"errors"
+	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -137,5 +139,42 @@ func TestHTTPListenNeedsKeysOrConsent(t *testing.T) {
 	cfg.HTTPAllowUnauthenticated = true
 	if err := cfg.CheckHTTPAccess(); err != nil {
 		t.Errorf("CheckHTTPAccess with consent: %v", err)
+	}
+}
+
+// TestHTTPCORSOrigins: --http-cors-origins (and its variable) takes
+// origins as browsers send them, or *; anything else stops brokerd at start
+// with the setting's name.
+func TestHTTPCORSOrigins(t *testing.T) {
+	tests := []struct {
+		name string
+		args []string
+		env  map[string]string
+		want List
+		bad  string
+	}{
+		{name: "none by default"},
+		{name: "flag", args: []string{"--http-cors-origins", "https://app.example.com, http://box.lan:3000"}, want: List{"https://app.example.com", "http://box.lan:3000"}},
+		{name: "env", env: map[string]string{"BROKERD_HTTP_CORS_ORIGINS": "*"}, want: List{"*"}},
+		{name: "flag replaces env", args: []string{"--http-cors-origins=https://a.example"}, env: map[string]string{"BROKERD_HTTP_CORS_ORIGINS": "*"}, want: List{"https://a.example"}},
+		{name: "a path", args: []string{"--http-cors-origins=https://a.example/app"}, bad: "http-cors-origins \"https://a.example/app\" is invalid"},
+		{name: "no scheme", args: []string{"--http-cors-origins=a.example"}, bad: "SCHEME://HOST[:PORT]"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, err := Load(tt.args, env(tt.env), 1000, io.Discard)
+			if tt.bad != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.bad) {
+					t.Fatalf("%v, want an error containing %q", err, tt.bad)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(c.HTTPCORSOrigins, tt.want) {
+				t.Errorf("origins %q, want %q", c.HTTPCORSOrigins, tt.want)
+			}
+		})
 	}
 }

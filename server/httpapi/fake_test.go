@@ -16,7 +16,9 @@ import (
 
 // fakeBackend is a hand-written Backend: Encode gives 4-dimensional vectors
 // from the text, Generate and Chat stream a reply in 4-character pieces,
-// models "busy", "draining" and anything unknown fail as brokerd would.
+// models "busy", "draining" and anything unknown fail as brokerd would, and
+// so does a model of the wrong kind (tiny-llm generates, nbmf-hash-v1
+// encodes, tiny-mlp does neither).
 type fakeBackend struct {
 	lastGenerate *brokerv1.GenerateRequest
 	lastChat     *brokerv1.ChatRequest
@@ -25,7 +27,7 @@ type fakeBackend struct {
 
 func (f *fakeBackend) check(model string) error {
 	switch model {
-	case "tiny-llm", "nbmf-hash-v1":
+	case "tiny-llm", "nbmf-hash-v1", "tiny-mlp":
 		return nil
 	case "busy":
 		st, _ := status.New(codes.ResourceExhausted, "queue full").WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(1500 * time.Millisecond)})
@@ -40,6 +42,10 @@ func (f *fakeBackend) Encode(_ context.Context, req *brokerv1.EncodeRequest) (*b
 	f.lastEncode = req
 	if err := f.check(req.GetModel()); err != nil {
 		return nil, err
+	}
+	if req.GetModel() != "nbmf-hash-v1" {
+		// The broker's own words, which name its gRPC methods.
+		return nil, status.Errorf(codes.InvalidArgument, "model %s is a llm model: Encode serves encoders (bert); use Infer", req.GetModel())
 	}
 	if len(req.GetItems()) == 0 {
 		return nil, status.Error(codes.InvalidArgument, "at least one item")
@@ -90,6 +96,9 @@ func (f *fakeBackend) Generate(req *brokerv1.GenerateRequest, s brokerv1.BrokerS
 	if err := f.check(req.GetModel()); err != nil {
 		return err
 	}
+	if req.GetModel() != "tiny-llm" {
+		return status.Errorf(codes.InvalidArgument, "model %s is a mlp model: Generate serves generator (LLM) models", req.GetModel())
+	}
 	var replies []string
 	var prompt []int32
 	for _, p := range req.GetPrompts() {
@@ -116,6 +125,9 @@ func (f *fakeBackend) Chat(req *brokerv1.ChatRequest, s brokerv1.BrokerService_C
 	f.lastChat = req
 	if err := f.check(req.GetModel()); err != nil {
 		return err
+	}
+	if req.GetModel() != "tiny-llm" {
+		return status.Errorf(codes.InvalidArgument, "model %s is a mlp model: Generate serves generator (LLM) models", req.GetModel())
 	}
 	var replies []string
 	var prompt []int32
@@ -144,5 +156,6 @@ func (f *fakeBackend) ListModels(context.Context, *brokerv1.ListModelsRequest) (
 		{Name: "nbmf-hash-v1", Kind: "hash-encoder", State: brokerv1.ModelState_MODEL_STATE_READY, DeviceIds: []string{"cpu:0"}, MemoryBytes: 4096},
 		{Name: "tiny-llm", Kind: "llm", State: brokerv1.ModelState_MODEL_STATE_READY, DeviceIds: []string{"cpu:0"}, MemoryBytes: 1 << 20},
 		{Name: "cold", Kind: "bert", State: brokerv1.ModelState_MODEL_STATE_AVAILABLE},
+		{Name: "tiny-mlp", Kind: "mlp", State: brokerv1.ModelState_MODEL_STATE_READY, DeviceIds: []string{"cpu:0"}, MemoryBytes: 1024},
 	}}, nil
 }

@@ -66,6 +66,9 @@ type Options struct {
 	Logger      *zap.Logger
 	// Now is the clock of created_at and created fields (tests fix it).
 	Now func() time.Time
+	// CORSOrigins are the browser origins ("*": any) that may call the
+	// APIs besides loopback ones and the API's own (--http-cors-origins).
+	CORSOrigins []string
 }
 
 // Handler is the HTTP edge.
@@ -119,10 +122,18 @@ func New(b Backend, opts Options) *Handler {
 		"GET /v1/models":            h.openaiModels,
 		"GET /v1/models/{model...}": h.openaiModel,
 	}
+	patterns := make([]string, 0, len(routes))
 	for pattern, fn := range routes {
 		route := pattern
+		patterns = append(patterns, pattern)
 		h.mux.Handle(pattern, h.instrument(route, fn))
 	}
+	// Ollama's store routes, whatever the method, say what to do instead;
+	// a path no route serves is answered in the API's error shape.
+	for path, msg := range ollamaUnsupported {
+		h.mux.Handle(path, h.instrument(strings.TrimSuffix(path, "/"), h.unsupportedRoute(msg)))
+	}
+	h.mux.Handle("/", h.instrument("unmatched", h.notFound(routeMethods(patterns))))
 	// Ollama answers its root with a liveness line that clients probe.
 	h.mux.Handle("GET /{$}", h.instrument("GET /", func(w http.ResponseWriter, _ *http.Request) {
 		fmt.Fprint(w, "brokerd is running")
@@ -130,7 +141,12 @@ func New(b Backend, opts Options) *Handler {
 	return h
 }
 
-func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) { h.mux.ServeHTTP(w, r) }
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if h.cors(w, r) {
+		return
+	}
+	h.mux.ServeHTTP(w, r)
+}
 
 // statusWriter records the status code for the metrics.
 type statusWriter struct {
@@ -281,6 +297,8 @@ func (b *meteredBody) release() {
 type httpError struct {
 	code int
 	err  error
+	// param and oaCode, when set, are OpenAI's error param and code.
+	param, oaCode string
 }
 
 func (e *httpError) Error() string              { return e.err.Error() }
@@ -376,7 +394,7 @@ func retryAfter(st *status.Status) int {
 func (h *Handler) fail(w http.ResponseWriter, r *http.Request, err error) {
 	st := status.Convert(err)
 	code := httpCode(st.Code())
-	if he := (*httpError)(nil); errors.As(err, &he) {
+	if he := (*httpError)(nil); errors.As(err, &he) && he.code != 0 {
 		code = he.code
 	}
 	if code == http.StatusInternalServerError {
@@ -389,7 +407,7 @@ func (h *Handler) fail(w http.ResponseWriter, r *http.Request, err error) {
 	w.WriteHeader(code)
 	var body any = map[string]string{"error": st.Message()}
 	if strings.HasPrefix(r.URL.Path, "/v1/") {
-		body = map[string]any{"error": openaiError{Message: st.Message(), Type: openaiErrorType(code), Code: strings.ToLower(st.Code().String())}}
+		body = map[string]any{"error": openaiError{Message: st.Message(), Type: openaiErrorType(code), Param: openaiParam(err), Code: openaiCode(err, st)}}
 	}
 	_ = json.NewEncoder(w).Encode(body)
 }

@@ -64,6 +64,8 @@ type ollamaGenerateRequest struct {
 	Format  json.RawMessage `json:"format"`
 	Images  []string        `json:"images"`
 	Options *ollamaOptions  `json:"options"`
+	// KeepAlive is refused when 0 (unload), accepted otherwise.
+	KeepAlive json.RawMessage `json:"keep_alive"`
 }
 
 type ollamaChatRequest struct {
@@ -73,6 +75,8 @@ type ollamaChatRequest struct {
 	Format   json.RawMessage `json:"format"`
 	Tools    json.RawMessage `json:"tools"`
 	Options  *ollamaOptions  `json:"options"`
+	// KeepAlive is refused when 0 (unload), accepted otherwise.
+	KeepAlive json.RawMessage `json:"keep_alive"`
 }
 
 // ollamaDone are the fields of a stream's last object.
@@ -158,6 +162,10 @@ func (h *Handler) ollamaGenerate(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
+	if err := checkKeepAlive(req.KeepAlive, req.Model); err != nil {
+		h.fail(w, r, err)
+		return
+	}
 	name := modelName(req.Model)
 	if req.Prompt == "" {
 		// Ollama's "load the model" call: answer whether it is there.
@@ -202,6 +210,9 @@ func (h *Handler) ollamaGenerate(w http.ResponseWriter, r *http.Request) {
 		conv.Messages = append(conv.Messages, &brokerv1.ChatMessage{Role: "user", Content: req.Prompt})
 		err = h.chat(r.Context(), &brokerv1.ChatRequest{Model: name, Conversations: []*brokerv1.Conversation{conv}, Sampling: req.Options.sampling()}, on)
 	}
+	if err != nil && !out.started {
+		err = h.explainKind(r.Context(), err, name, wantGenerator, false)
+	}
 	h.endStream(w, r, out, err)
 }
 
@@ -231,6 +242,10 @@ func (h *Handler) ollamaChat(w http.ResponseWriter, r *http.Request) {
 		conv.Messages = append(conv.Messages, &brokerv1.ChatMessage{Role: m.Role, Content: m.Content})
 	}
 	if err := unsupported(req.Format, req.Tools, images); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	if err := checkKeepAlive(req.KeepAlive, req.Model); err != nil {
 		h.fail(w, r, err)
 		return
 	}
@@ -266,6 +281,9 @@ func (h *Handler) ollamaChat(w http.ResponseWriter, r *http.Request) {
 		}
 		return out.send(last)
 	})
+	if err != nil && !out.started {
+		err = h.explainKind(r.Context(), err, name, wantGenerator, false)
+	}
 	h.endStream(w, r, out, err)
 }
 
@@ -287,9 +305,11 @@ func (e *embedInput) UnmarshalJSON(b []byte) error {
 }
 
 type ollamaEmbedRequest struct {
-	Model    string     `json:"model"`
-	Input    embedInput `json:"input"`
-	Truncate *bool      `json:"truncate"`
+	Model      string          `json:"model"`
+	Input      embedInput      `json:"input"`
+	Truncate   *bool           `json:"truncate"`
+	Dimensions *int            `json:"dimensions"`
+	KeepAlive  json.RawMessage `json:"keep_alive"`
 }
 
 // encode embeds texts through Encode.
@@ -307,9 +327,17 @@ func (h *Handler) ollamaEmbed(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
+	if err := checkKeepAlive(req.KeepAlive, req.Model); err != nil {
+		h.fail(w, r, err)
+		return
+	}
 	start := time.Now()
 	resp, err := h.encode(r.Context(), modelName(req.Model), req.Input, req.Truncate)
 	if err != nil {
+		h.fail(w, r, h.explainKind(r.Context(), err, modelName(req.Model), wantEmbedder, false))
+		return
+	}
+	if err := checkDimensions(req.Dimensions, req.Model, resp); err != nil {
 		h.fail(w, r, err)
 		return
 	}
@@ -325,16 +353,21 @@ func (h *Handler) ollamaEmbed(w http.ResponseWriter, r *http.Request) {
 
 func (h *Handler) ollamaEmbeddings(w http.ResponseWriter, r *http.Request) {
 	var req struct {
-		Model  string `json:"model"`
-		Prompt string `json:"prompt"`
+		Model     string          `json:"model"`
+		Prompt    string          `json:"prompt"`
+		KeepAlive json.RawMessage `json:"keep_alive"`
 	}
 	if err := decode(r, &req); err != nil {
 		h.fail(w, r, err)
 		return
 	}
+	if err := checkKeepAlive(req.KeepAlive, req.Model); err != nil {
+		h.fail(w, r, err)
+		return
+	}
 	resp, err := h.encode(r.Context(), modelName(req.Model), []string{req.Prompt}, nil)
 	if err != nil {
-		h.fail(w, r, err)
+		h.fail(w, r, h.explainKind(r.Context(), err, modelName(req.Model), wantEmbedder, false))
 		return
 	}
 	writeJSON(w, map[string]any{"embedding": resp.GetResults()[0].GetVector()})
@@ -450,7 +483,7 @@ func (h *Handler) ollamaShow(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	caps := []string{"completion"}
-	if !strings.Contains(m.GetKind(), "llm") && !strings.HasSuffix(m.GetKind(), "ForCausalLM") {
+	if !isGenerator(m.GetKind()) {
 		caps = []string{"embedding"}
 	}
 	writeJSON(w, map[string]any{
@@ -498,5 +531,5 @@ func (h *Handler) ollamaPS(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *Handler) ollamaVersion(w http.ResponseWriter, _ *http.Request) {
-	writeJSON(w, map[string]string{"version": h.opts.Version})
+	writeJSON(w, map[string]string{"version": semanticVersion(h.opts.Version)})
 }

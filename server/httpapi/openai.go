@@ -25,12 +25,12 @@ type openaiError struct {
 	Message string  `json:"message"`
 	Type    string  `json:"type"`
 	Param   *string `json:"param"`
-	Code    string  `json:"code"`
+	Code    *string `json:"code"`
 }
 
 func openaiErrorType(code int) string {
 	switch code {
-	case http.StatusBadRequest, http.StatusNotFound, http.StatusRequestTimeout, http.StatusRequestEntityTooLarge:
+	case http.StatusBadRequest, http.StatusNotFound, http.StatusMethodNotAllowed, http.StatusRequestTimeout, http.StatusRequestEntityTooLarge, http.StatusNotImplemented:
 		return "invalid_request_error"
 	case http.StatusUnauthorized:
 		return "authentication_error"
@@ -97,6 +97,14 @@ func (o *openaiSampling) params() (*brokerv1.SamplingParams, error) {
 	}
 	if err := unsupported(nil, o.Tools, 0); err != nil {
 		return nil, err
+	}
+	// OpenAI's range: above 2 its API refuses what brokerd's sampler would
+	// take, so a client sees here what it would see there.
+	if t := o.Temperature; t != nil && *t > 2 {
+		return nil, paramError("temperature", "decimal_above_max_value", "Invalid 'temperature': decimal above maximum value. Expected a value <= 2, but got %v instead.", *t)
+	}
+	if t := o.Temperature; t != nil && *t < 0 {
+		return nil, paramError("temperature", "decimal_below_min_value", "Invalid 'temperature': decimal below minimum value. Expected a value >= 0, but got %v instead.", *t)
 	}
 	sp := &brokerv1.SamplingParams{
 		Temperature: o.Temperature, TopP: o.TopP, TopK: o.TopK, MinP: o.MinP,
@@ -173,7 +181,7 @@ func (h *Handler) endSSE(w http.ResponseWriter, r *http.Request, out *sse, err e
 		return
 	}
 	st := status.Convert(err)
-	if out.send(map[string]any{"error": openaiError{Message: st.Message(), Type: openaiErrorType(httpCode(st.Code())), Code: strings.ToLower(st.Code().String())}}) == nil {
+	if out.send(map[string]any{"error": openaiError{Message: st.Message(), Type: openaiErrorType(httpCode(st.Code())), Param: openaiParam(err), Code: openaiCode(err, st)}}) == nil {
 		out.done()
 	}
 }
@@ -280,6 +288,9 @@ func (h *Handler) openaiChat(w http.ResponseWriter, r *http.Request) {
 		return nil
 	})
 	if err != nil {
+		if !out.started {
+			err = h.explainKind(r.Context(), err, modelName(req.Model), wantGenerator, true)
+		}
 		h.endSSE(w, r, out, err)
 	}
 }
@@ -370,6 +381,9 @@ func (h *Handler) openaiCompletions(w http.ResponseWriter, r *http.Request) {
 		return nil
 	})
 	if err != nil {
+		if !out.started {
+			err = h.explainKind(r.Context(), err, modelName(req.Model), wantGenerator, true)
+		}
 		h.endSSE(w, r, out, err)
 	}
 }
@@ -391,11 +405,11 @@ func (h *Handler) openaiEmbeddings(w http.ResponseWriter, r *http.Request) {
 	}
 	resp, err := h.encode(r.Context(), modelName(req.Model), req.Input, nil)
 	if err != nil {
-		h.fail(w, r, err)
+		h.fail(w, r, h.explainKind(r.Context(), err, modelName(req.Model), wantEmbedder, true))
 		return
 	}
-	if req.Dimensions != nil && len(resp.GetResults()) > 0 && *req.Dimensions != len(resp.GetResults()[0].GetVector()) {
-		h.fail(w, r, status.Errorf(codes.InvalidArgument, "dimensions %d: model %s has %d", *req.Dimensions, req.Model, len(resp.GetResults()[0].GetVector())))
+	if err := checkDimensions(req.Dimensions, req.Model, resp); err != nil {
+		h.fail(w, r, err)
 		return
 	}
 	data := make([]any, len(resp.GetResults()))
@@ -424,12 +438,29 @@ func (h *Handler) openaiModels(w http.ResponseWriter, r *http.Request) {
 	}
 	data := []any{}
 	for _, m := range ms.GetModels() {
-		if m.GetState() == brokerv1.ModelState_MODEL_STATE_FAILED {
+		// Only what an OpenAI route serves: generators and embedding
+		// models, not MLPs or classifiers.
+		if m.GetState() == brokerv1.ModelState_MODEL_STATE_FAILED || !openaiServes(m.GetKind()) {
 			continue
 		}
 		data = append(data, openaiModel(m, h.opts.Now().Unix()))
 	}
 	writeJSON(w, map[string]any{"object": "list", "data": data})
+}
+
+// openaiServes reports whether an OpenAI route serves a model of a kind.
+func openaiServes(kind string) bool { return isGenerator(kind) || isEmbedder(kind) }
+
+// checkDimensions refuses a dimensions other than the model's: brokerd
+// does not shorten embeddings.
+func checkDimensions(dims *int, model string, resp *brokerv1.EncodeResponse) error {
+	if dims == nil || len(resp.GetResults()) == 0 {
+		return nil
+	}
+	if n := len(resp.GetResults()[0].GetVector()); *dims != n {
+		return paramError("dimensions", "invalid_value", "dimensions %d: model %s gives %d-dimensional embeddings and does not shorten them; leave dimensions out or give %d", *dims, model, n, n)
+	}
+	return nil
 }
 
 func openaiModel(m *brokerv1.Model, created int64) map[string]any {
@@ -438,6 +469,9 @@ func openaiModel(m *brokerv1.Model, created int64) map[string]any {
 
 func (h *Handler) openaiModel(w http.ResponseWriter, r *http.Request) {
 	m, err := h.findModel(r.Context(), modelName(r.PathValue("model")))
+	if err == nil && !openaiServes(m.GetKind()) {
+		err = status.Errorf(codes.NotFound, "model %s is a %s model, which the OpenAI API does not serve (generators and embedding models only): it takes tensors through brokerd's gRPC or KServe v2 API", m.GetName(), m.GetKind())
+	}
 	if err != nil {
 		h.fail(w, r, err)
 		return
