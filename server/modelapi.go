@@ -7,6 +7,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/brokerd/brokerd/lifecycle"
 	brokerv1 "github.com/brokerd/brokerd/proto/broker/v1"
@@ -136,6 +137,9 @@ func setDetails(m *brokerv1.Model, e lifecycle.RepoEntry) {
 	d := e.Details
 	m.Format, m.Family, m.ParameterSize, m.Quantization = d.Format, d.Family, d.ParameterSize, d.Quantization
 	m.ParameterCount, m.FileBytes, m.ContextLength = uint64(max(d.Parameters, 0)), uint64(max(d.FileBytes, 0)), int64(d.ContextLength)
+	if !d.ModTime.IsZero() {
+		m.ModifiedAt = timestamppb.New(d.ModTime)
+	}
 }
 
 func specsToProto(specs []models.TensorSpec) []*brokerv1.TensorSpec {

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/brokerd/brokerd/bench/modelkit"
 	brokerv1 "github.com/brokerd/brokerd/proto/broker/v1"
@@ -173,5 +174,24 @@ func TestOllamaStoreServes(t *testing.T) {
 	resp.Body.Close()
 	if !strings.Contains(string(b), `"name":"tiny:0.5b"`) {
 		t.Errorf("/api/tags does not show tiny:0.5b: %s", b)
+	}
+	// modified_at is the manifest's time, not now.
+	var tags struct {
+		Models []struct {
+			Name       string `json:"name"`
+			ModifiedAt string `json:"modified_at"`
+		} `json:"models"`
+	}
+	if err := json.Unmarshal(b, &tags); err != nil {
+		t.Fatal(err)
+	}
+	mfInfo, err := os.Stat(filepath.Join(store, "manifests", "registry.ollama.ai", "library", "tiny", "0.5b"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range tags.Models {
+		if m.Name == "tiny:0.5b" && m.ModifiedAt != mfInfo.ModTime().UTC().Format(time.RFC3339Nano) {
+			t.Errorf("/api/tags modified_at %s, the manifest's time is %s", m.ModifiedAt, mfInfo.ModTime().UTC().Format(time.RFC3339Nano))
+		}
 	}
 }

@@ -152,6 +152,15 @@ func unsupported(format, tools json.RawMessage, images int) error {
 
 func (h *Handler) created() string { return h.opts.Now().UTC().Format(time.RFC3339Nano) }
 
+// modified is when a model's files last changed, as Ollama's /api/tags
+// and /api/show say it (now, when the repository does not say).
+func (h *Handler) modified(m *brokerv1.Model) string {
+	if t := m.GetModifiedAt(); t != nil {
+		return t.AsTime().UTC().Format(time.RFC3339Nano)
+	}
+	return h.created()
+}
+
 func (h *Handler) ollamaGenerate(w http.ResponseWriter, r *http.Request) {
 	var req ollamaGenerateRequest
 	if err := decode(r, &req); err != nil {
@@ -445,7 +454,7 @@ func (h *Handler) ollamaTags(w http.ResponseWriter, r *http.Request) {
 		if m.GetState() == brokerv1.ModelState_MODEL_STATE_FAILED {
 			continue
 		}
-		out = append(out, tag{Name: tagged(m.GetName()), Model: tagged(m.GetName()), ModifiedAt: h.created(),
+		out = append(out, tag{Name: tagged(m.GetName()), Model: tagged(m.GetName()), ModifiedAt: h.modified(m),
 			Size: fileSize(m), Digest: "", Details: details(m)})
 	}
 	writeJSON(w, map[string]any{"models": out})
@@ -493,7 +502,7 @@ func (h *Handler) ollamaShow(w http.ResponseWriter, r *http.Request) {
 			"general.file_type": m.GetQuantization(), details(m).Family + ".context_length": m.GetContextLength(),
 			"brokerd.kind": m.GetKind(), "brokerd.version": m.GetVersion(), "brokerd.devices": m.GetDeviceIds()},
 		"capabilities": caps,
-		"modified_at":  h.created(),
+		"modified_at":  h.modified(m),
 	})
 }
 

@@ -3075,8 +3075,11 @@ type Model struct {
 	Quantization   string `protobuf:"bytes,16,opt,name=quantization,proto3" json:"quantization,omitempty"`
 	FileBytes      uint64 `protobuf:"varint,17,opt,name=file_bytes,json=fileBytes,proto3" json:"file_bytes,omitempty"`
 	ContextLength  int64  `protobuf:"varint,18,opt,name=context_length,json=contextLength,proto3" json:"context_length,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// When the newest loadable version's files last changed (an Ollama
+	// store model: its manifest's time).
+	ModifiedAt    *timestamppb.Timestamp `protobuf:"bytes,19,opt,name=modified_at,json=modifiedAt,proto3" json:"modified_at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Model) Reset() {
@@ -3233,6 +3236,13 @@ func (x *Model) GetContextLength() int64 {
 		return x.ContextLength
 	}
 	return 0
+}
+
+func (x *Model) GetModifiedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ModifiedAt
+	}
+	return nil
 }
 
 type ListModelsRequest struct {
@@ -5376,7 +5386,7 @@ const file_broker_v1_broker_proto_rawDesc = "" +
 	"\tdevice_id\x18\x03 \x01(\tH\x00R\bdeviceIdB\b\n" +
 	"\x06target\"@\n" +
 	"\x14GetBatchPlanResponse\x12(\n" +
-	"\x04plan\x18\x01 \x01(\v2\x14.broker.v1.BatchPlanR\x04plan\"\xe6\x04\n" +
+	"\x04plan\x18\x01 \x01(\v2\x14.broker.v1.BatchPlanR\x04plan\"\xa3\x05\n" +
 	"\x05Model\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\x03R\aversion\x12\x12\n" +
@@ -5399,7 +5409,9 @@ const file_broker_v1_broker_proto_rawDesc = "" +
 	"\fquantization\x18\x10 \x01(\tR\fquantization\x12\x1d\n" +
 	"\n" +
 	"file_bytes\x18\x11 \x01(\x04R\tfileBytes\x12%\n" +
-	"\x0econtext_length\x18\x12 \x01(\x03R\rcontextLength\"\x13\n" +
+	"\x0econtext_length\x18\x12 \x01(\x03R\rcontextLength\x12;\n" +
+	"\vmodified_at\x18\x13 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"modifiedAt\"\x13\n" +
 	"\x11ListModelsRequest\">\n" +
 	"\x12ListModelsResponse\x12(\n" +
 	"\x06models\x18\x01 \x03(\v2\x10.broker.v1.ModelR\x06models\"@\n" +
@@ -5763,76 +5775,77 @@ var file_broker_v1_broker_proto_depIdxs = []int32{
 	6,  // 40: broker.v1.Model.state:type_name -> broker.v1.ModelState
 	26, // 41: broker.v1.Model.inputs:type_name -> broker.v1.TensorSpec
 	26, // 42: broker.v1.Model.outputs:type_name -> broker.v1.TensorSpec
-	37, // 43: broker.v1.ListModelsResponse.models:type_name -> broker.v1.Model
-	37, // 44: broker.v1.LoadModelResponse.model:type_name -> broker.v1.Model
-	7,  // 45: broker.v1.LoadModelResponse.action:type_name -> broker.v1.LoadAction
-	37, // 46: broker.v1.UnloadModelResponse.model:type_name -> broker.v1.Model
-	69, // 47: broker.v1.QueueStats.failed:type_name -> broker.v1.QueueStats.FailedEntry
-	44, // 48: broker.v1.QueueStats.latency:type_name -> broker.v1.LatencySummary
-	46, // 49: broker.v1.QueueStats.generation:type_name -> broker.v1.GenerationStats
-	44, // 50: broker.v1.GenerationStats.time_to_first_token:type_name -> broker.v1.LatencySummary
-	44, // 51: broker.v1.GenerationStats.inter_token_latency:type_name -> broker.v1.LatencySummary
-	45, // 52: broker.v1.GetStatsResponse.stats:type_name -> broker.v1.QueueStats
-	9,  // 53: broker.v1.CordonDeviceResponse.device:type_name -> broker.v1.Device
-	9,  // 54: broker.v1.UncordonDeviceResponse.device:type_name -> broker.v1.Device
-	55, // 55: broker.v1.GenerateRequest.sampling:type_name -> broker.v1.SamplingParams
-	4,  // 56: broker.v1.GenerateRequest.priority:type_name -> broker.v1.Priority
-	0,  // 57: broker.v1.GenerateRequest.device_type:type_name -> broker.v1.DeviceType
-	71, // 58: broker.v1.GenerateRequest.max_time:type_name -> google.protobuf.Duration
-	57, // 59: broker.v1.Conversation.messages:type_name -> broker.v1.ChatMessage
-	58, // 60: broker.v1.ChatRequest.conversations:type_name -> broker.v1.Conversation
-	55, // 61: broker.v1.ChatRequest.sampling:type_name -> broker.v1.SamplingParams
-	4,  // 62: broker.v1.ChatRequest.priority:type_name -> broker.v1.Priority
-	0,  // 63: broker.v1.ChatRequest.device_type:type_name -> broker.v1.DeviceType
-	71, // 64: broker.v1.ChatRequest.max_time:type_name -> google.protobuf.Duration
-	60, // 65: broker.v1.LogprobEntry.chosen:type_name -> broker.v1.TokenLogprob
-	60, // 66: broker.v1.LogprobEntry.top:type_name -> broker.v1.TokenLogprob
-	61, // 67: broker.v1.GenerationDelta.logprobs:type_name -> broker.v1.LogprobEntry
-	8,  // 68: broker.v1.GenerationResult.finish_reason:type_name -> broker.v1.FinishReason
-	63, // 69: broker.v1.GenerationResult.usage:type_name -> broker.v1.Usage
-	71, // 70: broker.v1.GenerationResult.time_to_first_token:type_name -> google.protobuf.Duration
-	20, // 71: broker.v1.GenerationResult.execution:type_name -> broker.v1.ExecutionInfo
-	62, // 72: broker.v1.GenerateResponse.deltas:type_name -> broker.v1.GenerationDelta
-	64, // 73: broker.v1.GenerateResponse.results:type_name -> broker.v1.GenerationResult
-	62, // 74: broker.v1.ChatResponse.deltas:type_name -> broker.v1.GenerationDelta
-	64, // 75: broker.v1.ChatResponse.results:type_name -> broker.v1.GenerationResult
-	21, // 76: broker.v1.BrokerService.Encode:input_type -> broker.v1.EncodeRequest
-	23, // 77: broker.v1.BrokerService.EncodeStream:input_type -> broker.v1.EncodeStreamRequest
-	27, // 78: broker.v1.BrokerService.Infer:input_type -> broker.v1.InferRequest
-	29, // 79: broker.v1.BrokerService.ListDevices:input_type -> broker.v1.ListDevicesRequest
-	31, // 80: broker.v1.BrokerService.GetDevice:input_type -> broker.v1.GetDeviceRequest
-	33, // 81: broker.v1.BrokerService.GetReport:input_type -> broker.v1.GetReportRequest
-	35, // 82: broker.v1.BrokerService.GetBatchPlan:input_type -> broker.v1.GetBatchPlanRequest
-	38, // 83: broker.v1.BrokerService.ListModels:input_type -> broker.v1.ListModelsRequest
-	40, // 84: broker.v1.BrokerService.LoadModel:input_type -> broker.v1.LoadModelRequest
-	42, // 85: broker.v1.BrokerService.UnloadModel:input_type -> broker.v1.UnloadModelRequest
-	47, // 86: broker.v1.BrokerService.GetStats:input_type -> broker.v1.GetStatsRequest
-	49, // 87: broker.v1.BrokerService.CordonDevice:input_type -> broker.v1.CordonDeviceRequest
-	51, // 88: broker.v1.BrokerService.UncordonDevice:input_type -> broker.v1.UncordonDeviceRequest
-	53, // 89: broker.v1.BrokerService.Drain:input_type -> broker.v1.DrainRequest
-	56, // 90: broker.v1.BrokerService.Generate:input_type -> broker.v1.GenerateRequest
-	59, // 91: broker.v1.BrokerService.Chat:input_type -> broker.v1.ChatRequest
-	22, // 92: broker.v1.BrokerService.Encode:output_type -> broker.v1.EncodeResponse
-	24, // 93: broker.v1.BrokerService.EncodeStream:output_type -> broker.v1.EncodeStreamResponse
-	28, // 94: broker.v1.BrokerService.Infer:output_type -> broker.v1.InferResponse
-	30, // 95: broker.v1.BrokerService.ListDevices:output_type -> broker.v1.ListDevicesResponse
-	32, // 96: broker.v1.BrokerService.GetDevice:output_type -> broker.v1.GetDeviceResponse
-	34, // 97: broker.v1.BrokerService.GetReport:output_type -> broker.v1.GetReportResponse
-	36, // 98: broker.v1.BrokerService.GetBatchPlan:output_type -> broker.v1.GetBatchPlanResponse
-	39, // 99: broker.v1.BrokerService.ListModels:output_type -> broker.v1.ListModelsResponse
-	41, // 100: broker.v1.BrokerService.LoadModel:output_type -> broker.v1.LoadModelResponse
-	43, // 101: broker.v1.BrokerService.UnloadModel:output_type -> broker.v1.UnloadModelResponse
-	48, // 102: broker.v1.BrokerService.GetStats:output_type -> broker.v1.GetStatsResponse
-	50, // 103: broker.v1.BrokerService.CordonDevice:output_type -> broker.v1.CordonDeviceResponse
-	52, // 104: broker.v1.BrokerService.UncordonDevice:output_type -> broker.v1.UncordonDeviceResponse
-	54, // 105: broker.v1.BrokerService.Drain:output_type -> broker.v1.DrainResponse
-	65, // 106: broker.v1.BrokerService.Generate:output_type -> broker.v1.GenerateResponse
-	66, // 107: broker.v1.BrokerService.Chat:output_type -> broker.v1.ChatResponse
-	92, // [92:108] is the sub-list for method output_type
-	76, // [76:92] is the sub-list for method input_type
-	76, // [76:76] is the sub-list for extension type_name
-	76, // [76:76] is the sub-list for extension extendee
-	0,  // [0:76] is the sub-list for field type_name
+	70, // 43: broker.v1.Model.modified_at:type_name -> google.protobuf.Timestamp
+	37, // 44: broker.v1.ListModelsResponse.models:type_name -> broker.v1.Model
+	37, // 45: broker.v1.LoadModelResponse.model:type_name -> broker.v1.Model
+	7,  // 46: broker.v1.LoadModelResponse.action:type_name -> broker.v1.LoadAction
+	37, // 47: broker.v1.UnloadModelResponse.model:type_name -> broker.v1.Model
+	69, // 48: broker.v1.QueueStats.failed:type_name -> broker.v1.QueueStats.FailedEntry
+	44, // 49: broker.v1.QueueStats.latency:type_name -> broker.v1.LatencySummary
+	46, // 50: broker.v1.QueueStats.generation:type_name -> broker.v1.GenerationStats
+	44, // 51: broker.v1.GenerationStats.time_to_first_token:type_name -> broker.v1.LatencySummary
+	44, // 52: broker.v1.GenerationStats.inter_token_latency:type_name -> broker.v1.LatencySummary
+	45, // 53: broker.v1.GetStatsResponse.stats:type_name -> broker.v1.QueueStats
+	9,  // 54: broker.v1.CordonDeviceResponse.device:type_name -> broker.v1.Device
+	9,  // 55: broker.v1.UncordonDeviceResponse.device:type_name -> broker.v1.Device
+	55, // 56: broker.v1.GenerateRequest.sampling:type_name -> broker.v1.SamplingParams
+	4,  // 57: broker.v1.GenerateRequest.priority:type_name -> broker.v1.Priority
+	0,  // 58: broker.v1.GenerateRequest.device_type:type_name -> broker.v1.DeviceType
+	71, // 59: broker.v1.GenerateRequest.max_time:type_name -> google.protobuf.Duration
+	57, // 60: broker.v1.Conversation.messages:type_name -> broker.v1.ChatMessage
+	58, // 61: broker.v1.ChatRequest.conversations:type_name -> broker.v1.Conversation
+	55, // 62: broker.v1.ChatRequest.sampling:type_name -> broker.v1.SamplingParams
+	4,  // 63: broker.v1.ChatRequest.priority:type_name -> broker.v1.Priority
+	0,  // 64: broker.v1.ChatRequest.device_type:type_name -> broker.v1.DeviceType
+	71, // 65: broker.v1.ChatRequest.max_time:type_name -> google.protobuf.Duration
+	60, // 66: broker.v1.LogprobEntry.chosen:type_name -> broker.v1.TokenLogprob
+	60, // 67: broker.v1.LogprobEntry.top:type_name -> broker.v1.TokenLogprob
+	61, // 68: broker.v1.GenerationDelta.logprobs:type_name -> broker.v1.LogprobEntry
+	8,  // 69: broker.v1.GenerationResult.finish_reason:type_name -> broker.v1.FinishReason
+	63, // 70: broker.v1.GenerationResult.usage:type_name -> broker.v1.Usage
+	71, // 71: broker.v1.GenerationResult.time_to_first_token:type_name -> google.protobuf.Duration
+	20, // 72: broker.v1.GenerationResult.execution:type_name -> broker.v1.ExecutionInfo
+	62, // 73: broker.v1.GenerateResponse.deltas:type_name -> broker.v1.GenerationDelta
+	64, // 74: broker.v1.GenerateResponse.results:type_name -> broker.v1.GenerationResult
+	62, // 75: broker.v1.ChatResponse.deltas:type_name -> broker.v1.GenerationDelta
+	64, // 76: broker.v1.ChatResponse.results:type_name -> broker.v1.GenerationResult
+	21, // 77: broker.v1.BrokerService.Encode:input_type -> broker.v1.EncodeRequest
+	23, // 78: broker.v1.BrokerService.EncodeStream:input_type -> broker.v1.EncodeStreamRequest
+	27, // 79: broker.v1.BrokerService.Infer:input_type -> broker.v1.InferRequest
+	29, // 80: broker.v1.BrokerService.ListDevices:input_type -> broker.v1.ListDevicesRequest
+	31, // 81: broker.v1.BrokerService.GetDevice:input_type -> broker.v1.GetDeviceRequest
+	33, // 82: broker.v1.BrokerService.GetReport:input_type -> broker.v1.GetReportRequest
+	35, // 83: broker.v1.BrokerService.GetBatchPlan:input_type -> broker.v1.GetBatchPlanRequest
+	38, // 84: broker.v1.BrokerService.ListModels:input_type -> broker.v1.ListModelsRequest
+	40, // 85: broker.v1.BrokerService.LoadModel:input_type -> broker.v1.LoadModelRequest
+	42, // 86: broker.v1.BrokerService.UnloadModel:input_type -> broker.v1.UnloadModelRequest
+	47, // 87: broker.v1.BrokerService.GetStats:input_type -> broker.v1.GetStatsRequest
+	49, // 88: broker.v1.BrokerService.CordonDevice:input_type -> broker.v1.CordonDeviceRequest
+	51, // 89: broker.v1.BrokerService.UncordonDevice:input_type -> broker.v1.UncordonDeviceRequest
+	53, // 90: broker.v1.BrokerService.Drain:input_type -> broker.v1.DrainRequest
+	56, // 91: broker.v1.BrokerService.Generate:input_type -> broker.v1.GenerateRequest
+	59, // 92: broker.v1.BrokerService.Chat:input_type -> broker.v1.ChatRequest
+	22, // 93: broker.v1.BrokerService.Encode:output_type -> broker.v1.EncodeResponse
+	24, // 94: broker.v1.BrokerService.EncodeStream:output_type -> broker.v1.EncodeStreamResponse
+	28, // 95: broker.v1.BrokerService.Infer:output_type -> broker.v1.InferResponse
+	30, // 96: broker.v1.BrokerService.ListDevices:output_type -> broker.v1.ListDevicesResponse
+	32, // 97: broker.v1.BrokerService.GetDevice:output_type -> broker.v1.GetDeviceResponse
+	34, // 98: broker.v1.BrokerService.GetReport:output_type -> broker.v1.GetReportResponse
+	36, // 99: broker.v1.BrokerService.GetBatchPlan:output_type -> broker.v1.GetBatchPlanResponse
+	39, // 100: broker.v1.BrokerService.ListModels:output_type -> broker.v1.ListModelsResponse
+	41, // 101: broker.v1.BrokerService.LoadModel:output_type -> broker.v1.LoadModelResponse
+	43, // 102: broker.v1.BrokerService.UnloadModel:output_type -> broker.v1.UnloadModelResponse
+	48, // 103: broker.v1.BrokerService.GetStats:output_type -> broker.v1.GetStatsResponse
+	50, // 104: broker.v1.BrokerService.CordonDevice:output_type -> broker.v1.CordonDeviceResponse
+	52, // 105: broker.v1.BrokerService.UncordonDevice:output_type -> broker.v1.UncordonDeviceResponse
+	54, // 106: broker.v1.BrokerService.Drain:output_type -> broker.v1.DrainResponse
+	65, // 107: broker.v1.BrokerService.Generate:output_type -> broker.v1.GenerateResponse
+	66, // 108: broker.v1.BrokerService.Chat:output_type -> broker.v1.ChatResponse
+	93, // [93:109] is the sub-list for method output_type
+	77, // [77:93] is the sub-list for method input_type
+	77, // [77:77] is the sub-list for extension type_name
+	77, // [77:77] is the sub-list for extension extendee
+	0,  // [0:77] is the sub-list for field type_name
 }
 
 func init() { file_broker_v1_broker_proto_init() }

@@ -71,7 +71,7 @@ func (r *Repo) ollamaEntries(taken map[string]bool) []Entry {
 		}
 		e := Entry{Name: name, Kind: "llm", Versions: []int64{1}, Details: Details{
 			Format: m.Details.Format, Family: m.Details.Family, ParameterSize: m.Details.ParameterSize,
-			Quantization: m.Details.QuantizationLevel, FileBytes: m.Size,
+			Quantization: m.Details.QuantizationLevel, FileBytes: m.Size, ModTime: m.ModTime,
 		}}
 		if m.Params.NumCtx != nil {
 			e.Details.ContextLength = *m.Params.NumCtx

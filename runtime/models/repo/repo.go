@@ -16,6 +16,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"go.uber.org/zap"
 
@@ -137,6 +138,8 @@ type Details struct {
 	ContextLength int
 	// ChatTemplate is a GGUF's tokenizer.chat_template ("" otherwise).
 	ChatTemplate string
+	// ModTime is when the version's files last changed.
+	ModTime time.Time
 }
 
 // parameterSize writes a count as Ollama does (its format.HumanNumber).
@@ -155,7 +158,7 @@ func parameterSize(n int64) string {
 // details describes a checked version's files.
 func (p *plan) details() Details {
 	if p.llm == nil {
-		return Details{}
+		return Details{ModTime: newestFile(p.dir)}
 	}
 	lp := p.llm
 	d := Details{Format: "safetensors", ContextLength: lp.sizes.MaxPositionEmbeddings, Parameters: lp.sizes.params()}
@@ -180,7 +183,21 @@ func (p *plan) details() Details {
 		}
 	}
 	d.ParameterSize = parameterSize(d.Parameters)
+	d.ModTime = newestFile(p.dir)
 	return d
+}
+
+// newestFile is the latest modification time of dir's files (zero when
+// none can be read).
+func newestFile(dir string) time.Time {
+	var t time.Time
+	des, _ := os.ReadDir(dir)
+	for _, de := range des {
+		if info, err := de.Info(); err == nil && info.ModTime().After(t) {
+			t = info.ModTime()
+		}
+	}
+	return t
 }
 
 // Loadable lists the versions without an error, ascending.
