@@ -185,7 +185,6 @@ func newSequence(params Sampling, prompt []int32, vocab int, eos []int32, detok 
 	return s, nil
 }
 
-
 // Flush returns the text held back (a possible stop string's start, bytes
 // of an unfinished character) when the sequence ends for another reason
 // than a stop (length, deadline).
