@@ -49,6 +49,7 @@ ZI __m512i z_nibbles1(const uint8_t *qa) {
         }                                                                                  \
         for (int64_t b0 = 0; b0 < nb; b0 += 8) {                                           \
             const uint8_t *w8 = w + b0 * bytes_;                                           \
+            bd_prefetch(w8 + BD_PREFETCH, 8 * bytes_);                                     \
             const int nj = nb - b0 < 8 ? (int)(nb - b0) : 8;                               \
             const __m256i gi = _mm256_setr_epi32(0, (bytes), 2 * (bytes), 3 * (bytes),      \
                     4 * (bytes), 5 * (bytes), 6 * (bytes), 7 * (bytes));                   \
@@ -170,6 +171,7 @@ ZI void kz_q45K(const uint8_t *w, int64_t nb, const uint8_t *xg, int64_t G, cons
     Z_LOOP acc[r] = _mm512_setzero_ps();
     const __m512i m4 = _mm512_set1_epi8(0x0f);
     for (int64_t b = 0; b < nb; b++, w += wb) {
+        bd_prefetch(w + BD_PREFETCH, wb);
         const uint8_t *xb = xg + b * bb;
         const float d = h2f_vnni(w), dmin = h2f_vnni(w + 2);
         uint32_t u[4];
@@ -228,6 +230,7 @@ ZI void kz_q6_K(const uint8_t *w, int64_t nb, const uint8_t *xg, int64_t G, cons
     const __m512i m4 = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);
     const __m512i sh01 = z_idx2(4, 2), sh23 = z_idx2(0, 2);
     for (int64_t b = 0; b < nb; b++, w += 210) {
+        bd_prefetch(w + BD_PREFETCH, 210);
         const uint8_t *xb = xg + b * bb;
         const float d = h2f_vnni(w + 208);
         const __m128i sc8 = _mm_loadu_si128((const __m128i *)(w + 192));
@@ -283,6 +286,7 @@ ZI void kz_fx(const uint8_t *w, int64_t k, const uint8_t *xg, int64_t G, const i
     for (int a = 0; a < NA; a++) Z_LOOP acc[a][r] = _mm512_setzero_ps();
     int64_t e = 0;
     for (; e + 16 * NA <= k; e += 16 * NA) {
+        bd_prefetch(w + 2 * e + BD_PREFETCH, 32 * NA);
         _Pragma("GCC unroll 4") for (int a = 0; a < NA; a++) {
             const __m512 wv = z_ld16(w + 2 * (e + 16 * a), BF);
             Z_LOOP acc[a][r] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + r * k + e + 16 * a), acc[a][r]);

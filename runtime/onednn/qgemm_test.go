@@ -522,9 +522,11 @@ func benchQgemmShapes(typ quant.Type) [][2]int {
 // the weights streamed (MB/s of the quantized bytes) and that rate over the
 // host's read bandwidth with as many threads (bw_frac). Each op reads the
 // next of copies of W that together pass 1 GiB, so the weights come from
-// memory, not from a last-level cache that could hold one matrix.
+// memory, not from a last-level cache that could hold one matrix. bw_frac
+// comes from rounds after the timed loop that alternate 50 ms of the
+// kernel with a 1 GiB read (readBandwidth's), best of five each, so both
+// see the same load on a shared machine.
 func BenchmarkQgemmDecode(b *testing.B) {
-	bw := map[int]float64{}
 	for _, typ := range qgemmTypes {
 		for _, s := range benchQgemmShapes(typ) {
 			k, n := s[0], s[1]
@@ -537,20 +539,30 @@ func BenchmarkQgemmDecode(b *testing.B) {
 			x := randActs(rng, 1, k)
 			y := make([]float32, n)
 			for _, threads := range []int{1, 2} {
-				if bw[threads] == 0 {
-					bw[threads] = readBandwidth(threads)
-					b.Logf("read bandwidth, %d threads: %.1f GB/s", threads, bw[threads]/1e9)
-				}
 				b.Run(fmt.Sprintf("%v/%dx%d/t%d", typ, k, n, threads), func(b *testing.B) {
 					b.SetBytes(int64(len(w)))
 					i := 0
-					for b.Loop() {
+					run := func() {
 						if err := qgemm(typ, copies[i%len(copies)], n, k, x, 1, y, n, isaAuto, threads); err != nil {
 							b.Fatal(err)
 						}
 						i++
 					}
-					b.ReportMetric(float64(len(w))*float64(b.N)/b.Elapsed().Seconds()/bw[threads], "bw_frac")
+					for b.Loop() {
+						run()
+					}
+					kern, bw := 0.0, 0.0
+					for range 5 {
+						t, ops := time.Now(), 0
+						for ; time.Since(t) < 50*time.Millisecond; ops++ {
+							run()
+						}
+						kern = max(kern, float64(len(w))*float64(ops)/time.Since(t).Seconds())
+						bw = max(bw, readOnce(threads))
+					}
+					b.ReportMetric(kern/1e9, "best_GB/s")
+					b.ReportMetric(bw/1e9, "read_GB/s")
+					b.ReportMetric(kern/bw, "bw_frac")
 				})
 			}
 		}
@@ -581,24 +593,25 @@ func BenchmarkQgemmPrefill(b *testing.B) {
 	}
 }
 
-// readBandwidth is the host's read bandwidth with threads threads: a 1 GiB
-// buffer (past any last-level cache; 512 MiB partly fits in some) read by
-// bd_qgemm_read_sum's 256-bit loads, bytes per second, best of five. (The
-// scalar Go loop of bench/benchkit's ReadBandwidth reads about 60% of this
-// on a 2-core Xeon: it measures the loop, not the memory.)
-func readBandwidth(threads int) float64 {
-	buf := make([]byte, 1<<30)
-	for i := range buf {
-		buf[i] = byte(i)
+// readOnce is the host's read bandwidth with threads threads: a 1 GiB
+// buffer (past any last-level cache; 512 MiB partly fits in some) read once
+// by bd_qgemm_read_sum's 256-bit loads, bytes per second. (The scalar Go
+// loop of bench/benchkit's ReadBandwidth reads about 60% of this on a
+// 2-core Xeon: it measures the loop, not the memory.)
+func readOnce(threads int) float64 {
+	if readBuf == nil {
+		readBuf = make([]byte, 1<<30)
+		for i := range readBuf {
+			readBuf[i] = byte(i)
+		}
 	}
-	best := 0.0
-	for range 5 {
-		t := time.Now()
-		readSink += readSum(buf, threads)
-		best = max(best, float64(len(buf))/time.Since(t).Seconds())
-	}
-	return best
+	t := time.Now()
+	readSink += readSum(readBuf, threads)
+	return float64(len(readBuf)) / time.Since(t).Seconds()
 }
+
+// readBuf is readOnce's buffer, allocated once.
+var readBuf []byte
 
 // readSink keeps readBandwidth's sums alive.
 var readSink uint64

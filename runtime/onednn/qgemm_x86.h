@@ -187,6 +187,7 @@ static void QV(quant_ak)(const float *x, int64_t k, int64_t nb, int R, int64_t G
         (void)m4;                                                                          \
         int64_t b0 = 0;                                                                    \
         for (; b0 + 8 <= nb; b0 += 8) {                                                    \
+            bd_prefetch(w + b0 * bytes_ + BD_PREFETCH, 8 * bytes_);                        \
             const __m256i gi = _mm256_setr_epi32(0, (bytes), 2 * (bytes), 3 * (bytes),      \
                     4 * (bytes), 5 * (bytes), 6 * (bytes), 7 * (bytes));                   \
             const uint8_t *w8 = w + b0 * (bytes);                                          \
@@ -342,6 +343,7 @@ QI void QV(k_q45K)(const uint8_t *w, int64_t nb, const uint8_t *xg, int64_t G,
     QV_LOOP acc[r] = _mm256_setzero_ps();
     const __m256i m4 = _mm256_set1_epi8(0x0f);
     for (int64_t b = 0; b < nb; b++, w += wb) {
+        bd_prefetch(w + BD_PREFETCH, wb);
         const uint8_t *xb = xg + b * bb;
         const float d = QV(h2f)(w), dmin = QV(h2f)(w + 2);
         uint32_t u[4];
@@ -405,6 +407,7 @@ QI void QV(k_q6_K)(const uint8_t *w, int64_t nb, const uint8_t *xg, int64_t G,
     QV_LOOP acc[r] = _mm256_setzero_ps();
     const __m256i m4 = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30);
     for (int64_t b = 0; b < nb; b++, w += 210) {
+        bd_prefetch(w + BD_PREFETCH, 210);
         const uint8_t *xb = xg + b * bb;
         const float d = QV(h2f)(w + 208);
         const __m128i sc8 = _mm_loadu_si128((const __m128i *)(w + 192));
@@ -473,6 +476,7 @@ QI void QV(k_fx)(const uint8_t *w, int64_t k, const uint8_t *xg, int64_t G, cons
     for (int a = 0; a < NA; a++) QV_LOOP acc[a][r] = _mm256_setzero_ps();
     int64_t e = 0;
     for (; e + 8 * NA <= k; e += 8 * NA) {
+        bd_prefetch(w + 2 * e + BD_PREFETCH, 16 * NA);
         _Pragma("GCC unroll 4") for (int a = 0; a < NA; a++) {
             const __m256 wv = QV(ld8)(w + 2 * (e + 8 * a), BF);
             QV_LOOP acc[a][r] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + r * k + e + 8 * a), acc[a][r]);
