@@ -75,6 +75,7 @@ type ModelOptions struct {
 // devices with NewEngine.
 type Model struct {
 	opts     ModelOptions
+	arch     string
 	spec     netSpec
 	weights  map[string]models.Tensor // engine names (graph.go)
 	eos      []int32
@@ -87,7 +88,7 @@ type Model struct {
 // model.embed_tokens.weight, model.layers.N.self_attn.q_proj.weight, ...;
 // gate_proj and up_proj, or gate_up_proj fused) and returns the model.
 func NewModel(config []byte, weights map[string]models.Tensor, opts ModelOptions) (*Model, error) {
-	spec, eos, _, err := parseConfig(config)
+	spec, eos, arch, err := parseConfig(config)
 	if err != nil {
 		return nil, fmt.Errorf("llm %q: %w", opts.Name, err)
 	}
@@ -117,7 +118,7 @@ func NewModel(config []byte, weights map[string]models.Tensor, opts ModelOptions
 	if opts.MaxContext > 0 && opts.MaxContext < spec.Context {
 		spec.Context = opts.MaxContext
 	}
-	m := &Model{opts: opts, spec: spec, weights: w, eos: eos, maxNew: DefaultMaxTokens, scratch: NewScratchPool(spec.Vocab)}
+	m := &Model{opts: opts, arch: arch, spec: spec, weights: w, eos: eos, maxNew: DefaultMaxTokens, scratch: NewScratchPool(spec.Vocab)}
 	if opts.GenerationConfig != nil {
 		if err := m.generationConfig(opts.GenerationConfig); err != nil {
 			return nil, fmt.Errorf("llm %q: %w", opts.Name, err)
@@ -198,6 +199,9 @@ func (m *Model) EOS() []int32 { return slices.Clone(m.eos) }
 
 // DefaultSampling is generation_config.json's sampling (greedy without it).
 func (m *Model) DefaultSampling() Sampling { return m.defaults }
+
+// Arch is config.json's architecture (ArchLlama, ArchQwen2, ArchQwen3).
+func (m *Model) Arch() string { return m.arch }
 
 // SystemPrompt is the system message of a conversation that has none
 // ("": none).
