@@ -32,6 +32,10 @@ type Repository interface {
 	// Fingerprint identifies a version's files as they are on disk now,
 	// without reading them: a change means a reload must read them again.
 	Fingerprint(name string, version int64) (string, error)
+	// Canonical is the name a model is served under: an Ollama store's
+	// model answers to several (qwen2.5, qwen2.5:latest,
+	// library/qwen2.5:latest); other names are their own.
+	Canonical(name string) string
 }
 
 // Loaded is a model read from the repository and the version it is:

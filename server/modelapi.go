@@ -78,13 +78,9 @@ func (s *BrokerService) LoadModel(ctx context.Context, req *brokerv1.LoadModelRe
 	if s.models == nil {
 		return nil, status.Error(codes.FailedPrecondition, "no data plane: models cannot be loaded")
 	}
-	name := req.GetName()
 	// A store model loads under the name it is listed under, whichever of
 	// Ollama's forms the caller used.
-	if c, ok := s.models.(interface{ Canonical(string) string }); ok {
-		name = c.Canonical(name)
-	}
-	sv, act, err := s.models.Load(ctx, name, req.GetVersion())
+	sv, act, err := s.models.Load(ctx, s.models.Canonical(req.GetName()), req.GetVersion())
 	if err != nil {
 		return nil, toStatus(s.log, "LoadModel", err)
 	}

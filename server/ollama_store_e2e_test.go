@@ -1,8 +1,6 @@
 package server
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"io"
@@ -16,38 +14,6 @@ import (
 	"github.com/brokerd/brokerd/bench/modelkit"
 	brokerv1 "github.com/brokerd/brokerd/proto/broker/v1"
 )
-
-// ollamaStoreModel lays out a model in an Ollama store as `ollama pull`
-// leaves it: the GGUF and params blobs and the manifest naming them.
-func ollamaStoreModel(t *testing.T, store, model, tag, gguf, params, system string) {
-	t.Helper()
-	if err := os.MkdirAll(filepath.Join(store, "blobs"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	layer := func(media string, b []byte) map[string]any {
-		sum := sha256.Sum256(b)
-		hx := hex.EncodeToString(sum[:])
-		if err := os.WriteFile(filepath.Join(store, "blobs", "sha256-"+hx), b, 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return map[string]any{"mediaType": media, "digest": "sha256:" + hx, "size": len(b)}
-	}
-	raw, err := os.ReadFile(gguf)
-	if err != nil {
-		t.Fatal(err)
-	}
-	mf, _ := json.Marshal(map[string]any{"schemaVersion": 2, "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
-		"config": layer("application/vnd.docker.container.image.v1+json", []byte(`{"model_format":"gguf","model_family":"llama","file_type":"Q8_0"}`)),
-		"layers": []any{layer("application/vnd.ollama.image.model", raw), layer("application/vnd.ollama.image.params", []byte(params)),
-			layer("application/vnd.ollama.image.system", []byte(system))}})
-	dir := filepath.Join(store, "manifests", "registry.ollama.ai", "library", model)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, tag), mf, 0o644); err != nil {
-		t.Fatal(err)
-	}
-}
 
 // TestOllamaStoreServes: a Q8_0 GGUF in an Ollama store (--ollama-models)
 // is listed under its Ollama name, loads by any of Ollama's forms of it,
@@ -76,7 +42,10 @@ func TestOllamaStoreServes(t *testing.T) {
 	if _, err := modelkit.WriteGGUF(st, gguf, "q8_0"); err != nil {
 		t.Fatal(err)
 	}
-	ollamaStoreModel(t, store, "tiny", "0.5b", gguf, `{"temperature": 0, "num_ctx": 128}`, "Be brief.")
+	if err := modelkit.WriteOllamaModel(store, "tiny", "0.5b", gguf, modelkit.OllamaModel{
+		Params: `{"temperature": 0, "num_ctx": 128}`, System: "Be brief.", Family: "llama", FileType: "Q8_0"}); err != nil {
+		t.Fatal(err)
+	}
 	d := startDaemon(t, cfg)
 	c := brokerv1.NewBrokerServiceClient(d.conn)
 	ctx := testCtx(t)

@@ -92,11 +92,7 @@ func (p *plan) inspectGGUF(path string) (*llmPlan, error) {
 // read through the file's mapping (see loadGGUF).
 func (p *plan) inspectGGUFAt(path, real string) (lp *llmPlan, err error) {
 	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
-	defer func() {
-		if r := recover(); r != nil {
-			lp, err = nil, fmt.Errorf("%w: %s changed while it was read: %v", errInvalidGGUF, path, r)
-		}
-	}()
+	defer faultAsError(path, &err)
 	f, err := gguf.Open(real, gguf.Limits{})
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
@@ -332,14 +328,8 @@ func ggufName(name string) (string, bool) {
 // loadGGUF reads the tensors of a checked GGUF version, dequantized to
 // float32, under their Hugging Face names.
 func (r *Repo) loadGGUF(ctx context.Context, gp *ggufPlan, name string) (weights map[string]models.Tensor, err error) {
-	// The file is memory-mapped: truncated while it is read, the access
-	// past its new end faults. That must fail this load, not the process.
 	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
-	defer func() {
-		if p := recover(); p != nil {
-			weights, err = nil, fmt.Errorf("%w: %s changed while it was read: %v", errInvalidGGUF, gp.path, p)
-		}
-	}()
+	defer faultAsError(gp.path, &err)
 	f := gp.file
 	order := make([]*gguf.Tensor, 0, len(f.Tensors))
 	for i := range f.Tensors {
@@ -391,6 +381,16 @@ func (r *Repo) loadGGUF(ctx context.Context, gp *ggufPlan, name string) (weights
 		}
 	}
 	return weights, nil
+}
+
+// faultAsError, deferred under debug.SetPanicOnFault, turns a fault on a
+// GGUF file's mapping into the read's error: a file truncated while it is
+// read faults past its new end, and that must fail the load, not the
+// process.
+func faultAsError(path string, err *error) {
+	if r := recover(); r != nil {
+		*err = fmt.Errorf("%w: %s changed while it was read: %v", errInvalidGGUF, path, r)
+	}
 }
 
 // unpermuteRope undoes convert_hf_to_gguf.py's permute of a Llama q or k

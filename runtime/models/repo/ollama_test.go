@@ -2,8 +2,6 @@ package repo
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"os"
@@ -12,51 +10,15 @@ import (
 
 	"go.uber.org/zap/zaptest"
 
+	"github.com/brokerd/brokerd/bench/modelkit"
 	"github.com/brokerd/brokerd/runtime/models/ollama"
 )
 
-// writeOllamaModel lays out one model in an Ollama store: its GGUF (read
-// from gguf), params and the manifest naming them, under
-// manifests/registry.ollama.ai/library/<model>/<tag>.
-func writeOllamaModel(t *testing.T, store, model, tag, gguf string, params map[string]any) {
+// writeOllamaModel lays out one model in an Ollama store (modelkit's).
+func writeOllamaModel(t *testing.T, store, model, tag, gguf string, m modelkit.OllamaModel) {
 	t.Helper()
-	blob := func(b []byte) map[string]any {
-		sum := sha256.Sum256(b)
-		d := "sha256:" + hex.EncodeToString(sum[:])
-		if err := os.MkdirAll(filepath.Join(store, "blobs"), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(store, "blobs", "sha256-"+hex.EncodeToString(sum[:])), b, 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return map[string]any{"digest": d, "size": len(b)}
-	}
-	raw, err := os.ReadFile(gguf)
-	if err != nil {
-		t.Fatal(err)
-	}
-	layer := func(media string, b []byte) map[string]any {
-		l := blob(b)
-		l["mediaType"] = media
-		return l
-	}
-	layers := []any{layer(ollama.MediaModel, raw)}
-	if sys, ok := params["__system"].(string); ok {
-		delete(params, "__system")
-		layers = append(layers, layer(ollama.MediaSystem, []byte(sys)))
-	}
-	if params != nil {
-		p, _ := json.Marshal(params)
-		layers = append(layers, layer(ollama.MediaParams, p))
-	}
-	cfg := blob([]byte(`{"model_format":"gguf","model_family":"qwen2","model_type":"1M","file_type":"Q8_0"}`))
-	cfg["mediaType"] = "application/vnd.docker.container.image.v1+json"
-	mf, _ := json.Marshal(map[string]any{"schemaVersion": 2, "mediaType": "application/vnd.docker.distribution.manifest.v2+json", "config": cfg, "layers": layers})
-	dir := filepath.Join(store, "manifests", "registry.ollama.ai", "library", model)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, tag), mf, 0o644); err != nil {
+	m.Family, m.FileType = "qwen2", "Q8_0"
+	if err := modelkit.WriteOllamaModel(store, model, tag, gguf, m); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -70,9 +32,10 @@ func TestOllamaStoreModels(t *testing.T) {
 	dir, store := t.TempDir(), t.TempDir()
 	_, gg := ggufPair(t, dir, "qwen2", "q8_0")
 	gguf := filepath.Join(gg, "model.gguf")
-	writeOllamaModel(t, store, "tiny", "latest", gguf, map[string]any{"temperature": 0.25, "top_k": 7, "num_ctx": 128, "stop": []string{"<|im_end|>"}, "__system": "Be brief."})
-	writeOllamaModel(t, store, "tiny", "q8", gguf, nil)
-	writeOllamaModel(t, store, "qwen2-st", "latest", gguf, nil) // shadowed by the repository's qwen2-st
+	writeOllamaModel(t, store, "tiny", "latest", gguf, modelkit.OllamaModel{
+		Params: `{"temperature": 0.25, "top_k": 7, "num_ctx": 128, "stop": ["<|im_end|>"]}`, System: "Be brief."})
+	writeOllamaModel(t, store, "tiny", "q8", gguf, modelkit.OllamaModel{})
+	writeOllamaModel(t, store, "qwen2-st", "latest", gguf, modelkit.OllamaModel{}) // shadowed by the repository's qwen2-st
 	s, err := ollama.Open(store, ollama.Limits{})
 	if err != nil {
 		t.Fatal(err)
@@ -133,7 +96,7 @@ func TestOllamaStoreModels(t *testing.T) {
 	// One byte changed: the digest no longer holds.
 	raw, _ := os.ReadFile(gguf)
 	raw[len(raw)-1] ^= 1
-	writeOllamaModel(t, store, "bad", "latest", gguf, nil)
+	writeOllamaModel(t, store, "bad", "latest", gguf, modelkit.OllamaModel{})
 	mf, _ := os.ReadFile(filepath.Join(store, "manifests", "registry.ollama.ai", "library", "bad", "latest"))
 	var m struct {
 		Layers []struct{ Digest string } `json:"layers"`
