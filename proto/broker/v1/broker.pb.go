@@ -3077,7 +3077,10 @@ type Model struct {
 	ContextLength  int64  `protobuf:"varint,18,opt,name=context_length,json=contextLength,proto3" json:"context_length,omitempty"`
 	// When the newest loadable version's files last changed (an Ollama
 	// store model: its manifest's time).
-	ModifiedAt    *timestamppb.Timestamp `protobuf:"bytes,19,opt,name=modified_at,json=modifiedAt,proto3" json:"modified_at,omitempty"`
+	ModifiedAt *timestamppb.Timestamp `protobuf:"bytes,19,opt,name=modified_at,json=modifiedAt,proto3" json:"modified_at,omitempty"`
+	// A classifier's output columns by index (config.json id2label), when
+	// the model names them; empty otherwise.
+	Labels        []string `protobuf:"bytes,20,rep,name=labels,proto3" json:"labels,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3241,6 +3244,13 @@ func (x *Model) GetContextLength() int64 {
 func (x *Model) GetModifiedAt() *timestamppb.Timestamp {
 	if x != nil {
 		return x.ModifiedAt
+	}
+	return nil
+}
+
+func (x *Model) GetLabels() []string {
+	if x != nil {
+		return x.Labels
 	}
 	return nil
 }
@@ -5386,7 +5396,7 @@ const file_broker_v1_broker_proto_rawDesc = "" +
 	"\tdevice_id\x18\x03 \x01(\tH\x00R\bdeviceIdB\b\n" +
 	"\x06target\"@\n" +
 	"\x14GetBatchPlanResponse\x12(\n" +
-	"\x04plan\x18\x01 \x01(\v2\x14.broker.v1.BatchPlanR\x04plan\"\xa3\x05\n" +
+	"\x04plan\x18\x01 \x01(\v2\x14.broker.v1.BatchPlanR\x04plan\"\xbb\x05\n" +
 	"\x05Model\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\x03R\aversion\x12\x12\n" +
@@ -5411,7 +5421,8 @@ const file_broker_v1_broker_proto_rawDesc = "" +
 	"file_bytes\x18\x11 \x01(\x04R\tfileBytes\x12%\n" +
 	"\x0econtext_length\x18\x12 \x01(\x03R\rcontextLength\x12;\n" +
 	"\vmodified_at\x18\x13 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
-	"modifiedAt\"\x13\n" +
+	"modifiedAt\x12\x16\n" +
+	"\x06labels\x18\x14 \x03(\tR\x06labels\"\x13\n" +
 	"\x11ListModelsRequest\">\n" +
 	"\x12ListModelsResponse\x12(\n" +
 	"\x06models\x18\x01 \x03(\v2\x10.broker.v1.ModelR\x06models\"@\n" +
