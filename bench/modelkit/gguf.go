@@ -29,7 +29,14 @@ const (
 
 	ggmlF32  = 0
 	ggmlF16  = 1
+	ggmlQ4_0 = 2
+	ggmlQ4_1 = 3
+	ggmlQ5_0 = 6
+	ggmlQ5_1 = 7
 	ggmlQ8_0 = 8
+	ggmlQ4_K = 12
+	ggmlQ5_K = 13
+	ggmlQ6_K = 14
 	ggmlBF16 = 30
 
 	// A Q8_0 block: an f16 scale and 32 int8 quants.
@@ -52,25 +59,44 @@ var ggufArch = map[string]struct{ name, pre string }{
 }
 
 // WriteGGUF writes the checkpoint WriteLLM wrote in dir as a GGUF file at
-// path, with the matrices stored as dtype (f32, f16 or bf16; norms and
-// biases stay f32, as llama.cpp's converter leaves them), so llama.cpp
+// path, with the matrices stored as dtype (f32, f16, bf16 or q8_0; norms
+// and biases stay f32, as llama.cpp's converter leaves them), so llama.cpp
 // runs the same weights brokerd does. The tensor names, metadata keys, the
 // q/k row order of Llama (llama.cpp rotates interleaved pairs, Hugging Face
 // rotates halves) and the byte-level BPE vocabulary follow llama.cpp's
-// convert_hf_to_gguf.py. It returns the bytes written.
+// convert_hf_to_gguf.py. It returns the bytes written. q8_0 uses
+// QuantizeQ8_0 (ggml's bytes); WriteGGUFQuantized writes every other
+// quantized type through ggml's own quantizer.
 func WriteGGUF(dir, path, dtype string) (int64, error) {
-	var ggType uint32
 	switch dtype {
-	case "f32":
-		ggType = ggmlF32
-	case "f16":
-		ggType = ggmlF16
-	case "bf16":
-		ggType = ggmlBF16
-	case "q8_0":
-		ggType = ggmlQ8_0
+	case "f32", "f16", "bf16", "q8_0":
 	default:
 		return 0, fmt.Errorf("gguf dtype %q: want f32, f16, bf16 or q8_0", dtype)
+	}
+	return WriteGGUFQuantized(dir, path, dtype, nil)
+}
+
+// Quantizer quantizes rows × cols float32 weights to ggml type typ and
+// returns the blocks: ggml's own ggml_quantize_chunk, e.g.
+// runtime/quant/ggmlref's Lib.Quantize, so the files hold exactly what
+// llama.cpp's quantizer writes.
+type Quantizer func(typ uint32, x []float32, rows, cols int) ([]byte, error)
+
+// FileTypes are the file types WriteGGUFQuantized writes, as llama.cpp's
+// llama-quantize names them.
+var FileTypes = []string{"f32", "f16", "bf16", "q8_0", "q4_0", "q4_k_m", "q5_k_m", "q6_k"}
+
+// WriteGGUFQuantized is WriteGGUF for any of FileTypes: the matrices get
+// the types llama.cpp's llama-quantize gives them for that file type
+// (ggufMix), quantized by q (nil: only f32, f16, bf16 and q8_0, which
+// need no quantizer).
+func WriteGGUFQuantized(dir, path, ftype string, q Quantizer) (int64, error) {
+	mix, ok := ggufFileTypes[ftype]
+	if !ok {
+		return 0, fmt.Errorf("gguf file type %q: want one of %v", ftype, FileTypes)
+	}
+	if q == nil && mix.def != ggmlF32 && mix.def != ggmlF16 && mix.def != ggmlBF16 && mix.def != ggmlQ8_0 {
+		return 0, fmt.Errorf("gguf file type %s needs a quantizer (ggml's ggml_quantize_chunk)", ftype)
 	}
 	var cfg struct {
 		Architectures []string `json:"architectures"`
@@ -122,7 +148,10 @@ func WriteGGUF(dir, path, dtype string) (int64, error) {
 	g.kv("general.architecture", ggufString, arch)
 	g.kv("general.name", ggufString, filepath.Base(filepath.Dir(dir)))
 	g.kv("general.alignment", ggufUint32, uint32(ggufAlignment))
-	g.kv("general.file_type", ggufUint32, map[uint32]uint32{ggmlF32: 0, ggmlF16: 1, ggmlQ8_0: 7, ggmlBF16: 32}[ggType])
+	g.kv("general.file_type", ggufUint32, mix.fileType)
+	if mix.quantized {
+		g.kv("general.quantization_version", ggufUint32, uint32(2)) // GGML_QNT_VERSION
+	}
 	g.kv(arch+".block_count", ggufUint32, uint32(cfg.Layers))
 	g.kv(arch+".context_length", ggufUint32, uint32(cfg.MaxPositions))
 	g.kv(arch+".embedding_length", ggufUint32, uint32(cfg.Hidden))
@@ -160,15 +189,19 @@ func WriteGGUF(dir, path, dtype string) (int64, error) {
 		hf, name string
 		typ      uint32
 		permute  int // heads whose q/k rows to reorder (Llama), 0: none
+		rows     int
+		cols     int
 	}
 	var ts []tensor
 	add := func(hf, name string, matrix bool, permute int) {
-		if _, ok := st.Info(hf); !ok {
+		info, ok := st.Info(hf)
+		if !ok {
 			return
 		}
-		t := tensor{hf: hf, name: name, typ: ggmlF32, permute: permute}
+		t := tensor{hf: hf, name: name, typ: ggmlF32, permute: permute, cols: info.Shape[len(info.Shape)-1]}
+		t.rows = int(info.NumElements()) / max(t.cols, 1)
 		if matrix {
-			t.typ = ggType
+			t.typ = mix.def
 		}
 		ts = append(ts, t)
 	}
@@ -201,6 +234,14 @@ func WriteGGUF(dir, path, dtype string) (int64, error) {
 	if want := len(st.Names()); len(ts) != want {
 		return 0, fmt.Errorf("gguf: mapped %d of the checkpoint's %d tensors", len(ts), want)
 	}
+	// llama-quantize's choice of type per tensor for the file type.
+	mt := make([]ggufMixTensor, len(ts))
+	for i, t := range ts {
+		mt[i] = ggufMixTensor{Name: t.name, Cols: t.cols, Quantize: t.typ != ggmlF32}
+	}
+	for i, typ := range mix.types(mt) {
+		ts[i].typ = typ
+	}
 
 	var offset uint64
 	infos := make([]ggufTensorInfo, len(ts))
@@ -210,12 +251,9 @@ func WriteGGUF(dir, path, dtype string) (int64, error) {
 		for j, d := range ti.Shape { // GGUF lists dimensions innermost first
 			dims[len(dims)-1-j] = uint64(d)
 		}
-		size := uint64(ti.NumElements()) * map[uint32]uint64{ggmlF32: 4, ggmlF16: 2, ggmlBF16: 2}[t.typ]
-		if t.typ == ggmlQ8_0 {
-			if ti.NumElements()%q80Elems != 0 || ti.Shape[len(ti.Shape)-1]%q80Elems != 0 {
-				return 0, fmt.Errorf("gguf q8_0: %s has rows of %d, not a multiple of %d", t.hf, ti.Shape[len(ti.Shape)-1], q80Elems)
-			}
-			size = uint64(ti.NumElements()) / q80Elems * q80Bytes
+		size, err := ggufTypeSize(t.typ, t.rows, t.cols)
+		if err != nil {
+			return 0, fmt.Errorf("gguf %s: %s: %w", ftype, t.hf, err)
 		}
 		infos[i] = ggufTensorInfo{name: t.name, dims: dims, typ: t.typ, offset: offset}
 		offset = alignUp(offset+size, ggufAlignment)
@@ -245,8 +283,8 @@ func WriteGGUF(dir, path, dtype string) (int64, error) {
 		if t.permute > 0 {
 			permuteRope(x.Data, t.permute, len(x.Data)/x.Shape[0])
 		}
-		if err := writeData(cw, x.Data, t.typ); err != nil {
-			return fail(err)
+		if err := writeData(cw, x.Data, t.typ, t.rows, t.cols, q); err != nil {
+			return fail(fmt.Errorf("%s: %w", t.name, err))
 		}
 	}
 	if err := cw.w.(*bufio.Writer).Flush(); err != nil {
@@ -277,9 +315,24 @@ func permuteRope(x []float32, heads, cols int) {
 	}
 }
 
-func writeData(w io.Writer, x []float32, typ uint32) error {
-	if typ == ggmlQ8_0 {
-		_, err := w.Write(QuantizeQ8_0(x))
+func writeData(w io.Writer, x []float32, typ uint32, rows, cols int, q Quantizer) error {
+	if typ != ggmlF32 && typ != ggmlF16 && typ != ggmlBF16 {
+		var b []byte
+		var err error
+		if q != nil {
+			b, err = q(typ, x, rows, cols)
+		} else if typ == ggmlQ8_0 {
+			b = QuantizeQ8_0(x)
+		} else {
+			err = fmt.Errorf("type %d needs a quantizer", typ)
+		}
+		if err != nil {
+			return err
+		}
+		if want, _ := ggufTypeSize(typ, rows, cols); uint64(len(b)) != want {
+			return fmt.Errorf("the quantizer wrote %d bytes of type %d, want %d", len(b), typ, want)
+		}
+		_, err = w.Write(b)
 		return err
 	}
 	const chunk = 1 << 16

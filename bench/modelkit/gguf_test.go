@@ -258,3 +258,189 @@ func must(t *testing.T, err error) {
 		t.Fatal(err)
 	}
 }
+
+// TestGGUFMix: the per-tensor types of llama-quantize's mixes
+// (llama_tensor_get_type), on Qwen2.5-0.5B's layout (tied, rows of 896:
+// K types fall back) and on a 256-divisible one (untied, 8 layers).
+func TestGGUFMix(t *testing.T) {
+	layout := func(layers, hidden, inter int, tied bool) []ggufMixTensor {
+		ts := []ggufMixTensor{{"token_embd.weight", hidden, true}}
+		for l := range layers {
+			p := fmt.Sprintf("blk.%d.", l)
+			ts = append(ts, ggufMixTensor{p + "attn_norm.weight", hidden, false},
+				ggufMixTensor{p + "attn_q.weight", hidden, true}, ggufMixTensor{p + "attn_q.bias", 1, false},
+				ggufMixTensor{p + "attn_k.weight", hidden, true}, ggufMixTensor{p + "attn_v.weight", hidden, true},
+				ggufMixTensor{p + "attn_output.weight", hidden, true}, ggufMixTensor{p + "ffn_norm.weight", hidden, false},
+				ggufMixTensor{p + "ffn_gate.weight", hidden, true}, ggufMixTensor{p + "ffn_up.weight", hidden, true},
+				ggufMixTensor{p + "ffn_down.weight", inter, true})
+		}
+		ts = append(ts, ggufMixTensor{"output_norm.weight", hidden, false})
+		if !tied {
+			ts = append(ts, ggufMixTensor{"output.weight", hidden, true})
+		}
+		return ts
+	}
+	typeOf := func(ts []ggufMixTensor, got []uint32, name string) uint32 {
+		for i, x := range ts {
+			if x.Name == name {
+				return got[i]
+			}
+		}
+		t.Fatalf("no %s", name)
+		return 0
+	}
+	// use_more_bits for 24 layers: 0-2, 21-23 and 5, 8, 11, 14, 17, 20.
+	more24 := map[int]bool{0: true, 1: true, 2: true, 5: true, 8: true, 11: true, 14: true, 17: true, 20: true, 21: true, 22: true, 23: true}
+	qwen := layout(24, 896, 4864, true)
+	for _, c := range []struct {
+		ftype                             string
+		embd, q, v, vMore, down, downMore uint32
+	}{
+		// Qwen2.5-0.5B-Instruct-Q4_K_M.gguf as llama.cpp writes it: Q8_0
+		// embeddings, Q5_0 for the 896-row matrices, Q8_0 for half of
+		// attn_v, Q4_K/Q6_K for ffn_down (rows of 4864 = 19 × 256).
+		{"q4_k_m", ggmlQ8_0, ggmlQ5_0, ggmlQ5_0, ggmlQ8_0, ggmlQ4_K, ggmlQ6_K},
+		{"q5_k_m", ggmlQ8_0, ggmlQ5_1, ggmlQ5_1, ggmlQ8_0, ggmlQ5_K, ggmlQ6_K},
+		{"q6_k", ggmlQ8_0, ggmlQ8_0, ggmlQ8_0, ggmlQ8_0, ggmlQ6_K, ggmlQ6_K},
+		{"q8_0", ggmlQ8_0, ggmlQ8_0, ggmlQ8_0, ggmlQ8_0, ggmlQ8_0, ggmlQ8_0},
+		{"q4_0", ggmlQ8_0, ggmlQ4_0, ggmlQ4_0, ggmlQ4_0, ggmlQ4_0, ggmlQ4_0},
+		{"bf16", ggmlBF16, ggmlBF16, ggmlBF16, ggmlBF16, ggmlBF16, ggmlBF16},
+	} {
+		got := ggufFileTypes[c.ftype].types(qwen)
+		if e := typeOf(qwen, got, "token_embd.weight"); e != c.embd {
+			t.Errorf("%s: token_embd %d, want %d", c.ftype, e, c.embd)
+		}
+		for l := range 24 {
+			p := fmt.Sprintf("blk.%d.", l)
+			wantV, wantDown := c.v, c.down
+			if more24[l] {
+				wantV, wantDown = c.vMore, c.downMore
+			}
+			for name, want := range map[string]uint32{"attn_q.weight": c.q, "attn_k.weight": c.q, "attn_output.weight": c.q,
+				"ffn_gate.weight": c.q, "ffn_up.weight": c.q, "attn_v.weight": wantV, "ffn_down.weight": wantDown,
+				"attn_norm.weight": ggmlF32, "attn_q.bias": ggmlF32} {
+				if g := typeOf(qwen, got, p+name); g != want {
+					t.Errorf("%s: %s%s %d, want %d", c.ftype, p, name, g, want)
+				}
+			}
+		}
+	}
+
+	// Rows of 256: no fallback; untied, so token_embd keeps the default
+	// type and output.weight gets Q6_K (Q8_0 in a Q8_0 file).
+	llama := layout(8, 512, 1536, false)
+	more8 := map[int]bool{0: true, 3: true, 6: true, 7: true}
+	for _, c := range []struct {
+		ftype             string
+		embd, out, q, big uint32 // big: attn_v / ffn_down of the use_more_bits layers
+	}{
+		{"q4_k_m", ggmlQ4_K, ggmlQ6_K, ggmlQ4_K, ggmlQ6_K},
+		{"q5_k_m", ggmlQ5_K, ggmlQ6_K, ggmlQ5_K, ggmlQ6_K},
+		{"q6_k", ggmlQ6_K, ggmlQ6_K, ggmlQ6_K, ggmlQ6_K},
+		{"q8_0", ggmlQ8_0, ggmlQ8_0, ggmlQ8_0, ggmlQ8_0},
+		{"q4_0", ggmlQ4_0, ggmlQ6_K, ggmlQ4_0, ggmlQ4_0},
+	} {
+		got := ggufFileTypes[c.ftype].types(llama)
+		if e, o := typeOf(llama, got, "token_embd.weight"), typeOf(llama, got, "output.weight"); e != c.embd || o != c.out {
+			t.Errorf("%s: token_embd %d, output %d; want %d, %d", c.ftype, e, o, c.embd, c.out)
+		}
+		for l := range 8 {
+			p := fmt.Sprintf("blk.%d.", l)
+			want := c.q
+			if more8[l] {
+				want = c.big
+			}
+			if v, d := typeOf(llama, got, p+"attn_v.weight"), typeOf(llama, got, p+"ffn_down.weight"); v != want || d != want {
+				t.Errorf("%s: layer %d attn_v %d ffn_down %d, want %d", c.ftype, l, v, d, want)
+			}
+			if g := typeOf(llama, got, p+"ffn_up.weight"); g != c.q {
+				t.Errorf("%s: layer %d ffn_up %d, want %d", c.ftype, l, g, c.q)
+			}
+		}
+	}
+}
+
+// TestWriteGGUFQuantized: the writer hands each matrix to the quantizer
+// with its type and shape (rows as the checkpoint has them, Llama's q/k
+// reordered), lays out exactly the bytes it returns, and records the
+// types and the file type; vectors stay f32.
+func TestWriteGGUFQuantized(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "m", "1")
+	tok := t.TempDir()
+	if err := WriteByteTokenizer(tok, ""); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := WriteLLM(dir, LLM{Arch: "llama", Layers: 8, Hidden: 256, Heads: 4, KVHeads: 2, Intermediate: 512, Vocab: 300, DType: "f32", TokenizerDir: tok}); err != nil {
+		t.Fatal(err)
+	}
+	type call struct {
+		typ        uint32
+		rows, cols int
+	}
+	var calls []call
+	// A fake quantizer: every block's bytes are its type and a counter,
+	// so the test can find each tensor's bytes in the file.
+	q := func(typ uint32, x []float32, rows, cols int) ([]byte, error) {
+		calls = append(calls, call{typ, rows, cols})
+		n, err := ggufTypeSize(typ, rows, cols)
+		if err != nil {
+			return nil, err
+		}
+		b := make([]byte, n)
+		for i := range b {
+			b[i] = byte(len(calls))
+		}
+		return b, nil
+	}
+	path := filepath.Join(t.TempDir(), "m.gguf")
+	if _, err := WriteGGUFQuantized(dir, path, "q4_k_m", q); err != nil {
+		t.Fatal(err)
+	}
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := readGGUF(t, raw)
+	if g.kv["general.file_type"] != uint32(15) || g.kv["general.quantization_version"] != uint32(2) {
+		t.Fatalf("file_type %v, quantization_version %v", g.kv["general.file_type"], g.kv["general.quantization_version"])
+	}
+	if len(calls) != 2+8*7 {
+		t.Fatalf("%d quantizer calls, want %d", len(calls), 2+8*7)
+	}
+	if c := calls[0]; c != (call{ggmlQ4_K, 300, 256}) {
+		t.Fatalf("token_embd quantized as %+v", c)
+	}
+	if c := calls[len(calls)-1]; c != (call{ggmlQ6_K, 300, 256}) {
+		t.Fatalf("output quantized as %+v", c)
+	}
+	for name, want := range map[string]uint32{"blk.0.attn_v.weight": ggmlQ6_K, "blk.1.attn_v.weight": ggmlQ4_K,
+		"blk.1.ffn_down.weight": ggmlQ4_K, "blk.7.ffn_down.weight": ggmlQ6_K, "blk.2.attn_norm.weight": ggmlF32} {
+		if ti := g.tensors[name]; ti.typ != want {
+			t.Errorf("%s: type %d, want %d", name, ti.typ, want)
+		}
+	}
+	// Every quantized tensor's bytes are those its call returned.
+	seen := 0
+	for name, ti := range g.tensors {
+		if ti.typ == ggmlF32 {
+			continue
+		}
+		rows, cols := int(ti.dims[1]), int(ti.dims[0])
+		n, _ := ggufTypeSize(ti.typ, rows, cols)
+		b := g.data[ti.offset : ti.offset+n]
+		k := int(b[0]) - 1
+		if k < 0 || k >= len(calls) || calls[k] != (call{ti.typ, rows, cols}) || !bytes.Equal(b, bytes.Repeat(b[:1], int(n))) {
+			t.Fatalf("%s: its bytes are not the quantizer's answer for it", name)
+		}
+		seen++
+	}
+	if seen != len(calls) {
+		t.Fatalf("%d quantized tensors in the file, %d calls", seen, len(calls))
+	}
+	if _, err := WriteGGUFQuantized(dir, path, "q4_k_m", nil); err == nil {
+		t.Fatal("q4_k_m without a quantizer accepted")
+	}
+	if _, err := WriteGGUFQuantized(dir, path, "q3_k_s", q); err == nil {
+		t.Fatal("q3_k_s accepted")
+	}
+}
