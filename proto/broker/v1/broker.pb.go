@@ -26,6 +26,7 @@ import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 	durationpb "google.golang.org/protobuf/types/known/durationpb"
+	structpb "google.golang.org/protobuf/types/known/structpb"
 	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
 	sync "sync"
@@ -4280,14 +4281,17 @@ type SamplingParams struct {
 	FrequencyPenalty *float32 `protobuf:"fixed32,7,opt,name=frequency_penalty,json=frequencyPenalty,proto3,oneof" json:"frequency_penalty,omitempty"`
 	// A seeded sequence gives the same tokens whatever shares its batches.
 	Seed *uint64 `protobuf:"varint,8,opt,name=seed,proto3,oneof" json:"seed,omitempty"`
-	// Most tokens to generate per prompt (0: the server's default).
+	// Most tokens to generate per prompt. 0: no bound but the model's
+	// context (a sequence runs to a stop or to the end of its context, as
+	// Ollama and OpenAI do), unless the model's generation_config.json sets
+	// max_new_tokens, which is then the default.
 	MaxTokens int32 `protobuf:"varint,9,opt,name=max_tokens,json=maxTokens,proto3" json:"max_tokens,omitempty"`
 	// Strings that end a sequence; they are not part of the output.
 	Stop []string `protobuf:"bytes,10,rep,name=stop,proto3" json:"stop,omitempty"`
 	// Token ids that end a sequence, besides the model's end-of-sequence ids.
 	StopTokenIds []int32 `protobuf:"varint,11,rep,packed,name=stop_token_ids,json=stopTokenIds,proto3" json:"stop_token_ids,omitempty"`
 	// Return each chosen token's log-probability, and top_logprobs
-	// alternatives (0 to 20).
+	// alternatives (0 to 20), each with its text (TokenLogprob).
 	Logprobs    bool  `protobuf:"varint,12,opt,name=logprobs,proto3" json:"logprobs,omitempty"`
 	TopLogprobs int32 `protobuf:"varint,13,opt,name=top_logprobs,json=topLogprobs,proto3" json:"top_logprobs,omitempty"`
 	// Keep generating past end-of-sequence tokens (benchmarks).
@@ -4533,8 +4537,12 @@ func (x *GenerateRequest) GetAddSpecialTokens() bool {
 type ChatMessage struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// system, user or assistant.
-	Role          string `protobuf:"bytes,1,opt,name=role,proto3" json:"role,omitempty"`
-	Content       string `protobuf:"bytes,2,opt,name=content,proto3" json:"content,omitempty"`
+	Role    string `protobuf:"bytes,1,opt,name=role,proto3" json:"role,omitempty"`
+	Content string `protobuf:"bytes,2,opt,name=content,proto3" json:"content,omitempty"`
+	// An assistant turn's thinking (what GenerationDelta.reasoning carried),
+	// given to the chat template as the message's reasoning_content (Qwen3's
+	// template shows it for the turns after the last user message).
+	Reasoning     string `protobuf:"bytes,3,opt,name=reasoning,proto3" json:"reasoning,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4579,6 +4587,13 @@ func (x *ChatMessage) GetRole() string {
 func (x *ChatMessage) GetContent() string {
 	if x != nil {
 		return x.Content
+	}
+	return ""
+}
+
+func (x *ChatMessage) GetReasoning() string {
+	if x != nil {
+		return x.Reasoning
 	}
 	return ""
 }
@@ -4638,8 +4653,18 @@ type ChatRequest struct {
 	DeviceType    DeviceType           `protobuf:"varint,5,opt,name=device_type,json=deviceType,proto3,enum=broker.v1.DeviceType" json:"device_type,omitempty"`
 	DeviceId      string               `protobuf:"bytes,6,opt,name=device_id,json=deviceId,proto3" json:"device_id,omitempty"`
 	MaxTime       *durationpb.Duration `protobuf:"bytes,7,opt,name=max_time,json=maxTime,proto3" json:"max_time,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// Thinking models (Qwen3): the chat template's enable_thinking. Unset:
+	// the template's default (Qwen3 thinks). A model whose template has no
+	// thinking refuses true with INVALID_ARGUMENT. The thinking text comes
+	// back apart, in GenerationDelta.reasoning, never in text.
+	EnableThinking *bool `protobuf:"varint,8,opt,name=enable_thinking,json=enableThinking,proto3,oneof" json:"enable_thinking,omitempty"`
+	// More variables for the chat template (vLLM's chat_template_kwargs),
+	// e.g. {"enable_thinking": false}; enable_thinking above wins over its
+	// namesake here. The template's own inputs (messages,
+	// add_generation_prompt, bos_token, eos_token, tools) cannot be set.
+	ChatTemplateKwargs *structpb.Struct `protobuf:"bytes,9,opt,name=chat_template_kwargs,json=chatTemplateKwargs,proto3" json:"chat_template_kwargs,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *ChatRequest) Reset() {
@@ -4721,12 +4746,31 @@ func (x *ChatRequest) GetMaxTime() *durationpb.Duration {
 	return nil
 }
 
+func (x *ChatRequest) GetEnableThinking() bool {
+	if x != nil && x.EnableThinking != nil {
+		return *x.EnableThinking
+	}
+	return false
+}
+
+func (x *ChatRequest) GetChatTemplateKwargs() *structpb.Struct {
+	if x != nil {
+		return x.ChatTemplateKwargs
+	}
+	return nil
+}
+
 // TokenLogprob is a token and its log-probability.
 type TokenLogprob struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	TokenId       int32                  `protobuf:"varint,1,opt,name=token_id,json=tokenId,proto3" json:"token_id,omitempty"`
-	Text          string                 `protobuf:"bytes,2,opt,name=text,proto3" json:"text,omitempty"`
-	Logprob       float32                `protobuf:"fixed32,3,opt,name=logprob,proto3" json:"logprob,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	TokenId int32                  `protobuf:"varint,1,opt,name=token_id,json=tokenId,proto3" json:"token_id,omitempty"`
+	// The token's text. A token that is not whole UTF-8 by itself (a part
+	// of a character split across tokens) is written as vLLM writes it:
+	// "bytes:" and its bytes escaped (\xe2\x80); bytes has them raw.
+	Text    string  `protobuf:"bytes,2,opt,name=text,proto3" json:"text,omitempty"`
+	Logprob float32 `protobuf:"fixed32,3,opt,name=logprob,proto3" json:"logprob,omitempty"`
+	// The token's bytes (UTF-8 when whole; special tokens: their text).
+	Bytes         []byte `protobuf:"bytes,4,opt,name=bytes,proto3" json:"bytes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4780,6 +4824,13 @@ func (x *TokenLogprob) GetLogprob() float32 {
 		return x.Logprob
 	}
 	return 0
+}
+
+func (x *TokenLogprob) GetBytes() []byte {
+	if x != nil {
+		return x.Bytes
+	}
+	return nil
 }
 
 // LogprobEntry is a chosen token's log-probability and the alternatives.
@@ -4841,10 +4892,15 @@ func (x *LogprobEntry) GetTop() []*TokenLogprob {
 type GenerationDelta struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The prompt or conversation it belongs to.
-	Index         int32           `protobuf:"varint,1,opt,name=index,proto3" json:"index,omitempty"`
-	Text          string          `protobuf:"bytes,2,opt,name=text,proto3" json:"text,omitempty"`
-	TokenIds      []int32         `protobuf:"varint,3,rep,packed,name=token_ids,json=tokenIds,proto3" json:"token_ids,omitempty"`
-	Logprobs      []*LogprobEntry `protobuf:"bytes,4,rep,name=logprobs,proto3" json:"logprobs,omitempty"`
+	Index int32 `protobuf:"varint,1,opt,name=index,proto3" json:"index,omitempty"`
+	// The answer's text; never the thinking.
+	Text     string          `protobuf:"bytes,2,opt,name=text,proto3" json:"text,omitempty"`
+	TokenIds []int32         `protobuf:"varint,3,rep,packed,name=token_ids,json=tokenIds,proto3" json:"token_ids,omitempty"`
+	Logprobs []*LogprobEntry `protobuf:"bytes,4,rep,name=logprobs,proto3" json:"logprobs,omitempty"`
+	// Chat with a thinking model: the thinking text (between <think> and
+	// </think>, tags left out), apart from text. A delta may carry both
+	// when a token ends the thinking.
+	Reasoning     string `protobuf:"bytes,5,opt,name=reasoning,proto3" json:"reasoning,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4905,6 +4961,13 @@ func (x *GenerationDelta) GetLogprobs() []*LogprobEntry {
 		return x.Logprobs
 	}
 	return nil
+}
+
+func (x *GenerationDelta) GetReasoning() string {
+	if x != nil {
+		return x.Reasoning
+	}
+	return ""
 }
 
 // Usage counts tokens.
@@ -5156,7 +5219,7 @@ var File_broker_v1_broker_proto protoreflect.FileDescriptor
 
 const file_broker_v1_broker_proto_rawDesc = "" +
 	"\n" +
-	"\x16broker/v1/broker.proto\x12\tbroker.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc9\t\n" +
+	"\x16broker/v1/broker.proto\x12\tbroker.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc9\t\n" +
 	"\x06Device\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12)\n" +
 	"\x04type\x18\x02 \x01(\x0e2\x15.broker.v1.DeviceTypeR\x04type\x12\x16\n" +
@@ -5531,12 +5594,13 @@ const file_broker_v1_broker_proto_rawDesc = "" +
 	"\tdevice_id\x18\x06 \x01(\tR\bdeviceId\x124\n" +
 	"\bmax_time\x18\a \x01(\v2\x19.google.protobuf.DurationR\amaxTime\x121\n" +
 	"\x12add_special_tokens\x18\b \x01(\bH\x00R\x10addSpecialTokens\x88\x01\x01B\x15\n" +
-	"\x13_add_special_tokens\";\n" +
+	"\x13_add_special_tokens\"Y\n" +
 	"\vChatMessage\x12\x12\n" +
 	"\x04role\x18\x01 \x01(\tR\x04role\x12\x18\n" +
-	"\acontent\x18\x02 \x01(\tR\acontent\"B\n" +
+	"\acontent\x18\x02 \x01(\tR\acontent\x12\x1c\n" +
+	"\treasoning\x18\x03 \x01(\tR\treasoning\"B\n" +
 	"\fConversation\x122\n" +
-	"\bmessages\x18\x01 \x03(\v2\x16.broker.v1.ChatMessageR\bmessages\"\xd5\x02\n" +
+	"\bmessages\x18\x01 \x03(\v2\x16.broker.v1.ChatMessageR\bmessages\"\xe2\x03\n" +
 	"\vChatRequest\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12=\n" +
 	"\rconversations\x18\x02 \x03(\v2\x17.broker.v1.ConversationR\rconversations\x125\n" +
@@ -5545,19 +5609,24 @@ const file_broker_v1_broker_proto_rawDesc = "" +
 	"\vdevice_type\x18\x05 \x01(\x0e2\x15.broker.v1.DeviceTypeR\n" +
 	"deviceType\x12\x1b\n" +
 	"\tdevice_id\x18\x06 \x01(\tR\bdeviceId\x124\n" +
-	"\bmax_time\x18\a \x01(\v2\x19.google.protobuf.DurationR\amaxTime\"W\n" +
+	"\bmax_time\x18\a \x01(\v2\x19.google.protobuf.DurationR\amaxTime\x12,\n" +
+	"\x0fenable_thinking\x18\b \x01(\bH\x00R\x0eenableThinking\x88\x01\x01\x12I\n" +
+	"\x14chat_template_kwargs\x18\t \x01(\v2\x17.google.protobuf.StructR\x12chatTemplateKwargsB\x12\n" +
+	"\x10_enable_thinking\"m\n" +
 	"\fTokenLogprob\x12\x19\n" +
 	"\btoken_id\x18\x01 \x01(\x05R\atokenId\x12\x12\n" +
 	"\x04text\x18\x02 \x01(\tR\x04text\x12\x18\n" +
-	"\alogprob\x18\x03 \x01(\x02R\alogprob\"j\n" +
+	"\alogprob\x18\x03 \x01(\x02R\alogprob\x12\x14\n" +
+	"\x05bytes\x18\x04 \x01(\fR\x05bytes\"j\n" +
 	"\fLogprobEntry\x12/\n" +
 	"\x06chosen\x18\x01 \x01(\v2\x17.broker.v1.TokenLogprobR\x06chosen\x12)\n" +
-	"\x03top\x18\x02 \x03(\v2\x17.broker.v1.TokenLogprobR\x03top\"\x8d\x01\n" +
+	"\x03top\x18\x02 \x03(\v2\x17.broker.v1.TokenLogprobR\x03top\"\xab\x01\n" +
 	"\x0fGenerationDelta\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\x05R\x05index\x12\x12\n" +
 	"\x04text\x18\x02 \x01(\tR\x04text\x12\x1b\n" +
 	"\ttoken_ids\x18\x03 \x03(\x05R\btokenIds\x123\n" +
-	"\blogprobs\x18\x04 \x03(\v2\x17.broker.v1.LogprobEntryR\blogprobs\"Y\n" +
+	"\blogprobs\x18\x04 \x03(\v2\x17.broker.v1.LogprobEntryR\blogprobs\x12\x1c\n" +
+	"\treasoning\x18\x05 \x01(\tR\treasoning\"Y\n" +
 	"\x05Usage\x12#\n" +
 	"\rprompt_tokens\x18\x01 \x01(\x05R\fpromptTokens\x12+\n" +
 	"\x11completion_tokens\x18\x02 \x01(\x05R\x10completionTokens\"\xb2\x02\n" +
@@ -5741,6 +5810,7 @@ var file_broker_v1_broker_proto_goTypes = []any{
 	nil,                            // 69: broker.v1.QueueStats.FailedEntry
 	(*timestamppb.Timestamp)(nil),  // 70: google.protobuf.Timestamp
 	(*durationpb.Duration)(nil),    // 71: google.protobuf.Duration
+	(*structpb.Struct)(nil),        // 72: google.protobuf.Struct
 }
 var file_broker_v1_broker_proto_depIdxs = []int32{
 	0,  // 0: broker.v1.Device.type:type_name -> broker.v1.DeviceType
@@ -5809,54 +5879,55 @@ var file_broker_v1_broker_proto_depIdxs = []int32{
 	4,  // 63: broker.v1.ChatRequest.priority:type_name -> broker.v1.Priority
 	0,  // 64: broker.v1.ChatRequest.device_type:type_name -> broker.v1.DeviceType
 	71, // 65: broker.v1.ChatRequest.max_time:type_name -> google.protobuf.Duration
-	60, // 66: broker.v1.LogprobEntry.chosen:type_name -> broker.v1.TokenLogprob
-	60, // 67: broker.v1.LogprobEntry.top:type_name -> broker.v1.TokenLogprob
-	61, // 68: broker.v1.GenerationDelta.logprobs:type_name -> broker.v1.LogprobEntry
-	8,  // 69: broker.v1.GenerationResult.finish_reason:type_name -> broker.v1.FinishReason
-	63, // 70: broker.v1.GenerationResult.usage:type_name -> broker.v1.Usage
-	71, // 71: broker.v1.GenerationResult.time_to_first_token:type_name -> google.protobuf.Duration
-	20, // 72: broker.v1.GenerationResult.execution:type_name -> broker.v1.ExecutionInfo
-	62, // 73: broker.v1.GenerateResponse.deltas:type_name -> broker.v1.GenerationDelta
-	64, // 74: broker.v1.GenerateResponse.results:type_name -> broker.v1.GenerationResult
-	62, // 75: broker.v1.ChatResponse.deltas:type_name -> broker.v1.GenerationDelta
-	64, // 76: broker.v1.ChatResponse.results:type_name -> broker.v1.GenerationResult
-	21, // 77: broker.v1.BrokerService.Encode:input_type -> broker.v1.EncodeRequest
-	23, // 78: broker.v1.BrokerService.EncodeStream:input_type -> broker.v1.EncodeStreamRequest
-	27, // 79: broker.v1.BrokerService.Infer:input_type -> broker.v1.InferRequest
-	29, // 80: broker.v1.BrokerService.ListDevices:input_type -> broker.v1.ListDevicesRequest
-	31, // 81: broker.v1.BrokerService.GetDevice:input_type -> broker.v1.GetDeviceRequest
-	33, // 82: broker.v1.BrokerService.GetReport:input_type -> broker.v1.GetReportRequest
-	35, // 83: broker.v1.BrokerService.GetBatchPlan:input_type -> broker.v1.GetBatchPlanRequest
-	38, // 84: broker.v1.BrokerService.ListModels:input_type -> broker.v1.ListModelsRequest
-	40, // 85: broker.v1.BrokerService.LoadModel:input_type -> broker.v1.LoadModelRequest
-	42, // 86: broker.v1.BrokerService.UnloadModel:input_type -> broker.v1.UnloadModelRequest
-	47, // 87: broker.v1.BrokerService.GetStats:input_type -> broker.v1.GetStatsRequest
-	49, // 88: broker.v1.BrokerService.CordonDevice:input_type -> broker.v1.CordonDeviceRequest
-	51, // 89: broker.v1.BrokerService.UncordonDevice:input_type -> broker.v1.UncordonDeviceRequest
-	53, // 90: broker.v1.BrokerService.Drain:input_type -> broker.v1.DrainRequest
-	56, // 91: broker.v1.BrokerService.Generate:input_type -> broker.v1.GenerateRequest
-	59, // 92: broker.v1.BrokerService.Chat:input_type -> broker.v1.ChatRequest
-	22, // 93: broker.v1.BrokerService.Encode:output_type -> broker.v1.EncodeResponse
-	24, // 94: broker.v1.BrokerService.EncodeStream:output_type -> broker.v1.EncodeStreamResponse
-	28, // 95: broker.v1.BrokerService.Infer:output_type -> broker.v1.InferResponse
-	30, // 96: broker.v1.BrokerService.ListDevices:output_type -> broker.v1.ListDevicesResponse
-	32, // 97: broker.v1.BrokerService.GetDevice:output_type -> broker.v1.GetDeviceResponse
-	34, // 98: broker.v1.BrokerService.GetReport:output_type -> broker.v1.GetReportResponse
-	36, // 99: broker.v1.BrokerService.GetBatchPlan:output_type -> broker.v1.GetBatchPlanResponse
-	39, // 100: broker.v1.BrokerService.ListModels:output_type -> broker.v1.ListModelsResponse
-	41, // 101: broker.v1.BrokerService.LoadModel:output_type -> broker.v1.LoadModelResponse
-	43, // 102: broker.v1.BrokerService.UnloadModel:output_type -> broker.v1.UnloadModelResponse
-	48, // 103: broker.v1.BrokerService.GetStats:output_type -> broker.v1.GetStatsResponse
-	50, // 104: broker.v1.BrokerService.CordonDevice:output_type -> broker.v1.CordonDeviceResponse
-	52, // 105: broker.v1.BrokerService.UncordonDevice:output_type -> broker.v1.UncordonDeviceResponse
-	54, // 106: broker.v1.BrokerService.Drain:output_type -> broker.v1.DrainResponse
-	65, // 107: broker.v1.BrokerService.Generate:output_type -> broker.v1.GenerateResponse
-	66, // 108: broker.v1.BrokerService.Chat:output_type -> broker.v1.ChatResponse
-	93, // [93:109] is the sub-list for method output_type
-	77, // [77:93] is the sub-list for method input_type
-	77, // [77:77] is the sub-list for extension type_name
-	77, // [77:77] is the sub-list for extension extendee
-	0,  // [0:77] is the sub-list for field type_name
+	72, // 66: broker.v1.ChatRequest.chat_template_kwargs:type_name -> google.protobuf.Struct
+	60, // 67: broker.v1.LogprobEntry.chosen:type_name -> broker.v1.TokenLogprob
+	60, // 68: broker.v1.LogprobEntry.top:type_name -> broker.v1.TokenLogprob
+	61, // 69: broker.v1.GenerationDelta.logprobs:type_name -> broker.v1.LogprobEntry
+	8,  // 70: broker.v1.GenerationResult.finish_reason:type_name -> broker.v1.FinishReason
+	63, // 71: broker.v1.GenerationResult.usage:type_name -> broker.v1.Usage
+	71, // 72: broker.v1.GenerationResult.time_to_first_token:type_name -> google.protobuf.Duration
+	20, // 73: broker.v1.GenerationResult.execution:type_name -> broker.v1.ExecutionInfo
+	62, // 74: broker.v1.GenerateResponse.deltas:type_name -> broker.v1.GenerationDelta
+	64, // 75: broker.v1.GenerateResponse.results:type_name -> broker.v1.GenerationResult
+	62, // 76: broker.v1.ChatResponse.deltas:type_name -> broker.v1.GenerationDelta
+	64, // 77: broker.v1.ChatResponse.results:type_name -> broker.v1.GenerationResult
+	21, // 78: broker.v1.BrokerService.Encode:input_type -> broker.v1.EncodeRequest
+	23, // 79: broker.v1.BrokerService.EncodeStream:input_type -> broker.v1.EncodeStreamRequest
+	27, // 80: broker.v1.BrokerService.Infer:input_type -> broker.v1.InferRequest
+	29, // 81: broker.v1.BrokerService.ListDevices:input_type -> broker.v1.ListDevicesRequest
+	31, // 82: broker.v1.BrokerService.GetDevice:input_type -> broker.v1.GetDeviceRequest
+	33, // 83: broker.v1.BrokerService.GetReport:input_type -> broker.v1.GetReportRequest
+	35, // 84: broker.v1.BrokerService.GetBatchPlan:input_type -> broker.v1.GetBatchPlanRequest
+	38, // 85: broker.v1.BrokerService.ListModels:input_type -> broker.v1.ListModelsRequest
+	40, // 86: broker.v1.BrokerService.LoadModel:input_type -> broker.v1.LoadModelRequest
+	42, // 87: broker.v1.BrokerService.UnloadModel:input_type -> broker.v1.UnloadModelRequest
+	47, // 88: broker.v1.BrokerService.GetStats:input_type -> broker.v1.GetStatsRequest
+	49, // 89: broker.v1.BrokerService.CordonDevice:input_type -> broker.v1.CordonDeviceRequest
+	51, // 90: broker.v1.BrokerService.UncordonDevice:input_type -> broker.v1.UncordonDeviceRequest
+	53, // 91: broker.v1.BrokerService.Drain:input_type -> broker.v1.DrainRequest
+	56, // 92: broker.v1.BrokerService.Generate:input_type -> broker.v1.GenerateRequest
+	59, // 93: broker.v1.BrokerService.Chat:input_type -> broker.v1.ChatRequest
+	22, // 94: broker.v1.BrokerService.Encode:output_type -> broker.v1.EncodeResponse
+	24, // 95: broker.v1.BrokerService.EncodeStream:output_type -> broker.v1.EncodeStreamResponse
+	28, // 96: broker.v1.BrokerService.Infer:output_type -> broker.v1.InferResponse
+	30, // 97: broker.v1.BrokerService.ListDevices:output_type -> broker.v1.ListDevicesResponse
+	32, // 98: broker.v1.BrokerService.GetDevice:output_type -> broker.v1.GetDeviceResponse
+	34, // 99: broker.v1.BrokerService.GetReport:output_type -> broker.v1.GetReportResponse
+	36, // 100: broker.v1.BrokerService.GetBatchPlan:output_type -> broker.v1.GetBatchPlanResponse
+	39, // 101: broker.v1.BrokerService.ListModels:output_type -> broker.v1.ListModelsResponse
+	41, // 102: broker.v1.BrokerService.LoadModel:output_type -> broker.v1.LoadModelResponse
+	43, // 103: broker.v1.BrokerService.UnloadModel:output_type -> broker.v1.UnloadModelResponse
+	48, // 104: broker.v1.BrokerService.GetStats:output_type -> broker.v1.GetStatsResponse
+	50, // 105: broker.v1.BrokerService.CordonDevice:output_type -> broker.v1.CordonDeviceResponse
+	52, // 106: broker.v1.BrokerService.UncordonDevice:output_type -> broker.v1.UncordonDeviceResponse
+	54, // 107: broker.v1.BrokerService.Drain:output_type -> broker.v1.DrainResponse
+	65, // 108: broker.v1.BrokerService.Generate:output_type -> broker.v1.GenerateResponse
+	66, // 109: broker.v1.BrokerService.Chat:output_type -> broker.v1.ChatResponse
+	94, // [94:110] is the sub-list for method output_type
+	78, // [78:94] is the sub-list for method input_type
+	78, // [78:78] is the sub-list for extension type_name
+	78, // [78:78] is the sub-list for extension extendee
+	0,  // [0:78] is the sub-list for field type_name
 }
 
 func init() { file_broker_v1_broker_proto_init() }
@@ -5876,6 +5947,7 @@ func file_broker_v1_broker_proto_init() {
 	}
 	file_broker_v1_broker_proto_msgTypes[46].OneofWrappers = []any{}
 	file_broker_v1_broker_proto_msgTypes[47].OneofWrappers = []any{}
+	file_broker_v1_broker_proto_msgTypes[50].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
