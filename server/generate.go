@@ -24,7 +24,9 @@ import (
 type generatorModel interface {
 	// ContextLength is the most tokens a sequence (prompt and output) holds.
 	ContextLength() int
-	// DefaultMaxTokens is the output bound of a request that sets none.
+	// DefaultMaxTokens is the output bound of a request that sets none
+	// (generation_config.json's max_new_tokens); 0: none, a sequence runs
+	// to a stop or to the end of its context.
 	DefaultMaxTokens() int
 	// SystemPrompt is the system message a conversation without one
 	// starts with ("": none).
@@ -126,7 +128,7 @@ type genCall struct {
 	sv      *lifecycle.Served
 	gm      generatorModel
 	params  samplingParams
-	maxNew  int // 0: per prompt, the default bounded by the context
+	maxNew  int // 0: per prompt, the model's default or else the rest of the context
 	sched   scheduler.GenRequest
 	maxTime time.Duration
 }
@@ -303,9 +305,15 @@ func (c *genCall) run(ctx context.Context, prompts [][]int32, send generateSink)
 			return invalid("prompt %d is %d tokens; the model's context holds %d, output included", i, len(toks), ctxLen)
 		}
 		room := ctxLen - len(toks)
+		// No bound asked: to a stop or the end of the context, as Ollama
+		// and OpenAI do. The scheduler reserves KV blocks as the sequence
+		// grows, not for its bound, so this costs nothing until used.
 		maxNew := c.maxNew
 		if maxNew == 0 {
-			maxNew = min(c.gm.DefaultMaxTokens(), room)
+			maxNew = room
+			if d := c.gm.DefaultMaxTokens(); d > 0 {
+				maxNew = min(d, room)
+			}
 		} else if maxNew > room {
 			return invalid("prompt %d is %d tokens and max_tokens is %d: more than the model's context of %d tokens", i, len(toks), maxNew, ctxLen)
 		}

@@ -34,6 +34,7 @@ import (
 // as a real detokeniser holds back half a UTF-8 sequence.
 type letterModel struct {
 	ctxLen int
+	defMax int           // DefaultMaxTokens (0: none, to the context)
 	step   time.Duration // each step's duration
 
 	mu       sync.Mutex
@@ -46,7 +47,7 @@ const letterBOS = 1
 func (m *letterModel) SystemPrompt() string { return "" }
 
 func (m *letterModel) ContextLength() int    { return m.ctxLen }
-func (m *letterModel) DefaultMaxTokens() int { return 8 }
+func (m *letterModel) DefaultMaxTokens() int { return m.defMax }
 func (m *letterModel) EncodePrompt(text string, addSpecial bool) ([]int32, error) {
 	var ids []int32
 	if addSpecial {
@@ -261,7 +262,7 @@ func letters(last byte, n int) string {
 }
 
 func TestGenerateRPC(t *testing.T) {
-	m := &letterModel{ctxLen: 64}
+	m := &letterModel{ctxLen: 64, defMax: 8}
 	cl := genServer(t, m, Limits{MaxItemsPerRequest: 8, MaxItemBytes: 1 << 10})
 	ctx := t.Context()
 	prompts := []string{"abc", "x", "hello world q"}
@@ -402,5 +403,43 @@ func TestGenerateRPCMaxTimeAndCancel(t *testing.T) {
 			t.Fatalf("%d sequences still hold cache after the client left", m.held())
 		}
 		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// TestGenerateNoLimit: a request without max_tokens runs to the end of the
+// model's context (finish reason length, every remaining position used),
+// as Ollama and OpenAI do, unless the model sets a default bound
+// (generation_config.json's max_new_tokens).
+func TestGenerateNoLimit(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		defMax, max int32
+		want        int
+	}{
+		{name: "to the context", want: 40 - 4},
+		{name: "the model's default", defMax: 5, want: 5},
+		{name: "the model's default past the context", defMax: 100, want: 40 - 4},
+		{name: "the request's bound", defMax: 5, max: 7, want: 7},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := &letterModel{ctxLen: 40, defMax: int(tc.defMax)}
+			cl := genServer(t, m, Limits{MaxItemsPerRequest: 8, MaxItemBytes: 1 << 10})
+			st, err := cl.Generate(t.Context(), &brokerv1.GenerateRequest{Model: "tiny", Prompts: []string{"abc"}, Sampling: &brokerv1.SamplingParams{MaxTokens: tc.max}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := readAll(t, 1, func() ([]*brokerv1.GenerationDelta, []*brokerv1.GenerationResult, error) {
+				m, err := st.Recv()
+				return m.GetDeltas(), m.GetResults(), err
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			r := got.results[0]
+			if r.GetFinishReason() != brokerv1.FinishReason_FINISH_REASON_LENGTH || int(r.GetUsage().GetCompletionTokens()) != tc.want ||
+				got.text[0] != letters('c', tc.want) {
+				t.Errorf("result %v, text %q; want %d tokens", r, got.text[0], tc.want)
+			}
+		})
 	}
 }

@@ -31,10 +31,10 @@ type ollamaOptions struct {
 	FrequencyPenalty *float32 `json:"frequency_penalty"`
 }
 
-func (o *ollamaOptions) sampling() *brokerv1.SamplingParams {
+func (o *ollamaOptions) sampling() (*brokerv1.SamplingParams, error) {
 	sp := &brokerv1.SamplingParams{}
 	if o == nil {
-		return sp
+		return sp, nil
 	}
 	sp.Temperature, sp.TopK, sp.TopP, sp.MinP = o.Temperature, o.TopK, o.TopP, o.MinP
 	sp.RepetitionPenalty, sp.PresencePenalty, sp.FrequencyPenalty = o.RepeatPenalty, o.PresencePenalty, o.FrequencyPenalty
@@ -42,11 +42,18 @@ func (o *ollamaOptions) sampling() *brokerv1.SamplingParams {
 	if o.Seed != nil && *o.Seed >= 0 {
 		sp.Seed = proto.Uint64(uint64(*o.Seed))
 	}
-	// -1 (infinite) and -2 (fill the context) mean the server's bound.
-	if o.NumPredict != nil && *o.NumPredict > 0 {
-		sp.MaxTokens = *o.NumPredict
+	// -1 (infinite) and -2 (fill the context) are both "to a stop or the
+	// end of the context", brokerd's bound when none is given (a context
+	// is never shifted to make room, so -1 ends where -2 does).
+	if n := o.NumPredict; n != nil {
+		switch {
+		case *n > 0:
+			sp.MaxTokens = *n
+		case *n < -2:
+			return nil, status.Errorf(codes.InvalidArgument, "options.num_predict %d is invalid: a number of tokens, -1 (no limit) or -2 (fill the context)", *n)
+		}
 	}
-	return sp
+	return sp, nil
 }
 
 type ollamaMessage struct {
@@ -175,6 +182,11 @@ func (h *Handler) ollamaGenerate(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
+	sp, err := req.Options.sampling()
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
 	name := modelName(req.Model)
 	if req.Prompt == "" {
 		// Ollama's "load the model" call: answer whether it is there.
@@ -208,16 +220,15 @@ func (h *Handler) ollamaGenerate(w http.ResponseWriter, r *http.Request) {
 		}
 		return out.send(last)
 	}
-	var err error
 	if req.Raw {
-		err = h.generate(r.Context(), &brokerv1.GenerateRequest{Model: name, Prompts: []string{req.Prompt}, Sampling: req.Options.sampling()}, on)
+		err = h.generate(r.Context(), &brokerv1.GenerateRequest{Model: name, Prompts: []string{req.Prompt}, Sampling: sp}, on)
 	} else {
 		conv := &brokerv1.Conversation{}
 		if req.System != "" {
 			conv.Messages = append(conv.Messages, &brokerv1.ChatMessage{Role: "system", Content: req.System})
 		}
 		conv.Messages = append(conv.Messages, &brokerv1.ChatMessage{Role: "user", Content: req.Prompt})
-		err = h.chat(r.Context(), &brokerv1.ChatRequest{Model: name, Conversations: []*brokerv1.Conversation{conv}, Sampling: req.Options.sampling()}, on)
+		err = h.chat(r.Context(), &brokerv1.ChatRequest{Model: name, Conversations: []*brokerv1.Conversation{conv}, Sampling: sp}, on)
 	}
 	if err != nil && !out.started {
 		err = h.explainKind(r.Context(), err, name, wantGenerator, false)
@@ -258,6 +269,11 @@ func (h *Handler) ollamaChat(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
+	sp, err := req.Options.sampling()
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
 	name := modelName(req.Model)
 	if len(req.Messages) == 0 {
 		if err := h.modelExists(r.Context(), name); err != nil {
@@ -271,7 +287,7 @@ func (h *Handler) ollamaChat(w http.ResponseWriter, r *http.Request) {
 	var text strings.Builder
 	stream := req.Stream == nil || *req.Stream
 	out := &ndjson{w: w}
-	err := h.chat(r.Context(), &brokerv1.ChatRequest{Model: name, Conversations: []*brokerv1.Conversation{conv}, Sampling: req.Options.sampling()}, func(e event) error {
+	err = h.chat(r.Context(), &brokerv1.ChatRequest{Model: name, Conversations: []*brokerv1.Conversation{conv}, Sampling: sp}, func(e event) error {
 		if e.delta != nil {
 			if !stream {
 				text.WriteString(e.delta.GetText())

@@ -34,7 +34,7 @@ type genFlags struct {
 
 func (f *genFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.model, "model", "", "generator model `NAME` (required)")
-	fs.IntVar(&f.maxTokens, "max-tokens", 0, "most tokens `N` to generate per prompt (0: the server's default)")
+	fs.IntVar(&f.maxTokens, "max-tokens", 0, "most tokens `N` to generate per prompt (0: no limit: to a stop or the end of the model's context, unless its generation_config.json sets max_new_tokens)")
 	fs.Float64Var(&f.temperature, "temperature", 0, "sampling temperature `T` (0: greedy; default: the model's generation_config)")
 	fs.Float64Var(&f.topP, "top-p", 0, "nucleus sampling probability `P` (default: the model's)")
 	fs.IntVar(&f.topK, "top-k", 0, "sample among the `K` most likely tokens (default: the model's)")

@@ -14,10 +14,6 @@ import (
 // KindLLM is the model kind of decoder LLMs in the repository.
 const KindLLM models.Kind = "llm"
 
-// DefaultMaxTokens bounds a request's output when it and generation_config
-// say nothing.
-const DefaultMaxTokens = 256
-
 // Message is one turn of a conversation: system, user or assistant.
 type Message struct {
 	Role, Content string
@@ -80,7 +76,7 @@ type Model struct {
 	weights  map[string]models.Tensor // engine names (graph.go)
 	eos      []int32
 	defaults Sampling
-	maxNew   int
+	maxNew   int          // generation_config's max_new_tokens (0: none)
 	scratch  *ScratchPool // sampling buffers its sequences borrow per step
 }
 
@@ -118,7 +114,7 @@ func NewModel(config []byte, weights map[string]models.Tensor, opts ModelOptions
 	if opts.MaxContext > 0 && opts.MaxContext < spec.Context {
 		spec.Context = opts.MaxContext
 	}
-	m := &Model{opts: opts, arch: arch, spec: spec, weights: w, eos: eos, maxNew: DefaultMaxTokens, scratch: NewScratchPool(spec.Vocab)}
+	m := &Model{opts: opts, arch: arch, spec: spec, weights: w, eos: eos, scratch: NewScratchPool(spec.Vocab)}
 	if opts.GenerationConfig != nil {
 		if err := m.generationConfig(opts.GenerationConfig); err != nil {
 			return nil, fmt.Errorf("llm %q: %w", opts.Name, err)
@@ -207,7 +203,10 @@ func (m *Model) Arch() string { return m.arch }
 // ("": none).
 func (m *Model) SystemPrompt() string { return m.opts.SystemPrompt }
 
-// DefaultMaxTokens bounds the output of a request that sets no bound.
+// DefaultMaxTokens bounds the output of a request that sets no bound:
+// generation_config.json's max_new_tokens, as vLLM takes it, or 0 when it
+// has none: then a sequence runs to a stop or to the end of its context,
+// as Ollama's and OpenAI's do.
 func (m *Model) DefaultMaxTokens() int { return m.maxNew }
 
 // Info describes the model for the server and the lifecycle.
