@@ -75,9 +75,9 @@ func (k *InferenceService) modelMissing(name, version string) error {
 		if slices.Contains(cat.Repo[i].Versions, v) {
 			return nil
 		}
-		return status.Errorf(codes.NotFound, "model %s has no version %d: the model repository holds version(s) %s", name, v, joinVersions(cat.Repo[i].Versions))
+		return status.Errorf(codes.NotFound, "model %s version %d not found: the model repository holds version(s) %s", name, v, joinVersions(cat.Repo[i].Versions))
 	}
-	return status.Errorf(codes.NotFound, "model %s has no version %d: it is not in the model repository, and version %d serves", name, v, sv.Info.Version)
+	return status.Errorf(codes.NotFound, "model %s version %d not found: the model is not in the repository, and version %d serves", name, v, sv.Info.Version)
 }
 
 func joinVersions(vs []int64) string {

@@ -168,7 +168,7 @@ func TestTritonExtensions(t *testing.T) {
 		_, err = k.ModelConfig(ctx, &inference.ModelConfigRequest{Name: "nope"})
 		wantCode(t, err, codes.NotFound, "nope")
 		_, err = k.ModelConfig(ctx, &inference.ModelConfigRequest{Name: "mlp", Version: "2"})
-		wantCode(t, err, codes.NotFound, "mlp has no version 2: the model repository holds version(s) 1")
+		wantCode(t, err, codes.NotFound, "mlp version 2 not found: the model repository holds version(s) 1")
 	})
 
 	t.Run("statistics", func(t *testing.T) {
@@ -514,9 +514,9 @@ func TestTritonUnknownModelNotFound(t *testing.T) {
 		{"unknown model, raw contents and parameters wrong", &inference.ModelInferRequest{ModelName: "nope", Parameters: bogus,
 			Inputs:           []*inference.ModelInferRequest_InferInputTensor{{Name: "a", Datatype: "FP32", Shape: []int64{1}}},
 			RawInputContents: [][]byte{{1}, {2}}}, codes.NotFound, `"nope" not found`},
-		{"version not in the repository", good("mlp", "7"), codes.NotFound, "mlp has no version 7: the model repository holds version(s) 1, 2"},
-		{"version not in the repository, no inputs", &inference.ModelInferRequest{ModelName: "mlp", ModelVersion: "7"}, codes.NotFound, "no version 7"},
-		{"unloaded model's absent version", good("idle", "3"), codes.NotFound, "idle has no version 3"},
+		{"version not in the repository", good("mlp", "7"), codes.NotFound, "mlp version 7 not found: the model repository holds version(s) 1, 2"},
+		{"version not in the repository, no inputs", &inference.ModelInferRequest{ModelName: "mlp", ModelVersion: "7"}, codes.NotFound, "version 7 not found"},
+		{"unloaded model's absent version", good("idle", "3"), codes.NotFound, "idle version 3 not found"},
 		{"version in the repository, not serving", good("mlp", other), codes.FailedPrecondition, "version " + other + " is not loaded"},
 		{"model in the repository, not loaded", good("idle", ""), codes.FailedPrecondition, "not loaded"},
 		{"known model, bad version", good("mlp", "x1"), codes.InvalidArgument, "invalid"},
@@ -537,9 +537,9 @@ func TestTritonUnknownModelNotFound(t *testing.T) {
 	_, err = k.ModelMetadata(ctx, &inference.ModelMetadataRequest{Name: "nope", Version: "x1"})
 	wantCode(t, err, codes.NotFound, `"nope" not found`)
 	_, err = k.ModelMetadata(ctx, &inference.ModelMetadataRequest{Name: "mlp", Version: "7"})
-	wantCode(t, err, codes.NotFound, "no version 7")
+	wantCode(t, err, codes.NotFound, "version 7 not found")
 	_, err = k.ModelConfig(ctx, &inference.ModelConfigRequest{Name: "mlp", Version: "7"})
-	wantCode(t, err, codes.NotFound, "no version 7")
+	wantCode(t, err, codes.NotFound, "version 7 not found")
 	_, err = k.ModelConfig(ctx, &inference.ModelConfigRequest{Name: "mlp", Version: other})
 	wantCode(t, err, codes.FailedPrecondition, "not loaded")
 }
