@@ -119,7 +119,7 @@ func servedToProto(sv *lifecycle.Served) *brokerv1.Model {
 		Name: sv.Info.Name, Version: sv.Info.Version, Kind: string(sv.Info.Kind), State: brokerv1.ModelState_MODEL_STATE_READY,
 		DeviceIds: sv.DeviceIDs(), MemoryBytes: uint64(sv.MemoryBytes()), BaseBatch: int32(sv.Info.BaseBatch),
 		Inputs: specsToProto(sv.Info.Inputs), Outputs: specsToProto(sv.Info.Outputs),
-		AvailableVersions: []int64{sv.Info.Version},
+		AvailableVersions: []int64{sv.Info.Version}, Labels: slices.Clone(sv.Info.Labels),
 	}
 	if len(m.DeviceIds) == 0 {
 		m.State = brokerv1.ModelState_MODEL_STATE_FAILED
