@@ -12,6 +12,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -392,7 +393,7 @@ func openListeners(cfg config.Config) (_ *listeners, err error) {
 		}
 		ln, err := net.Listen("tcp", addr)
 		if err != nil {
-			return nil, "", fmt.Errorf("%s %s: %w", setting, addr, err)
+			return nil, "", listenError(setting, addr, err)
 		}
 		return ln, ln.Addr().String(), nil
 	}
@@ -411,6 +412,36 @@ func openListeners(cfg config.Config) (_ *listeners, err error) {
 		return nil, err
 	}
 	return l, nil
+}
+
+// listenError says why the listener of setting could not open on addr and
+// which setting to change, as one line that the daemon prints as it does a
+// bad setting's: "--http-listen 127.0.0.1:11434: address already in use
+// (another Ollama?); set --http-listen / BROKERD_HTTP_LISTEN to another
+// address, or empty to turn it off".
+func listenError(setting, addr string, err error) error {
+	why := err.Error()
+	var se *os.SyscallError
+	if errors.As(err, &se) {
+		why = se.Err.Error() // not "listen tcp ADDR: bind: ", which the line says otherwise
+	}
+	switch {
+	case errors.Is(err, syscall.EADDRINUSE):
+		if _, port, _ := net.SplitHostPort(addr); port == "11434" {
+			why += " (another Ollama?)"
+		} else {
+			why += " (another brokerd, or another program, listens there)"
+		}
+	case errors.Is(err, syscall.EACCES):
+		why += " (a port below 1024 needs root or CAP_NET_BIND_SERVICE)"
+	case errors.Is(err, syscall.EADDRNOTAVAIL):
+		why += " (no interface of this host has that address)"
+	}
+	change := "--" + setting
+	if env := config.EnvName(setting); env != "" {
+		change += " / " + env
+	}
+	return config.Invalid(fmt.Errorf("--%s %s: %s; set %s to another address, or empty to turn it off", setting, addr, why, change))
 }
 
 func (l *listeners) close() {

@@ -205,6 +205,10 @@ func defaultOllamaModels(getenv func(string) string) string {
 // OllamaModelsOff turns the Ollama store off, whatever the default.
 const OllamaModelsOff = "off"
 
+// EnvName is the environment variable that sets the flag name ("" if
+// none), for messages that say which setting to change.
+func EnvName(flag string) string { return envNames[flag] }
+
 // envNames maps flag names to the environment variables that set them.
 var envNames = map[string]string{
 	"socket":                     "BROKERD_SOCKET",
