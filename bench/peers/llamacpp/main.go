@@ -29,6 +29,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -41,6 +42,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 
 	"github.com/brokerd/brokerd/bench/benchkit"
 	"github.com/brokerd/brokerd/bench/modelkit"
@@ -491,18 +493,45 @@ func loadModel(dir string, ctxLen int) (*llm.Model, error) {
 
 // npmInstall installs node-llama-cpp from the lock, without its optional
 // GPU and other-platform binaries and without its postinstall (which would
-// try to download or build llama.cpp).
+// try to download or build llama.cpp), under a file lock: the test and a
+// benchmark may start at once.
 func npmInstall(here string) error {
-	if _, err := os.Stat(filepath.Join(here, "node_modules", "@node-llama-cpp", "linux-x64")); err == nil {
+	installed := func() bool {
+		for _, p := range []string{"node-llama-cpp/package.json", "@node-llama-cpp/linux-x64/bins/linux-x64/libggml-base.so"} {
+			if _, err := os.Stat(filepath.Join(here, "node_modules", p)); err != nil {
+				return false
+			}
+		}
+		return true
+	}
+	if installed() {
 		return nil
 	}
-	fmt.Println("installing node-llama-cpp 3.21.1 (npm ci in bench/peers/llamacpp)...")
+	lock, err := os.OpenFile(filepath.Join(here, ".npm-ci.lock"), os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return err
+	}
+	defer lock.Close()
+	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {
+		return err
+	}
+	defer syscall.Flock(int(lock.Fd()), syscall.LOCK_UN) //nolint:errcheck // closing releases it too
+	if installed() {
+		return nil
+	}
+	if _, err := exec.LookPath("npm"); err != nil {
+		return errors.New("node-llama-cpp is not installed in " + here + " and npm is missing (make deps installs Node.js and npm)")
+	}
+	fmt.Fprintln(os.Stderr, "installing node-llama-cpp 3.21.1 (npm ci in bench/peers/llamacpp)...")
 	cmd := exec.Command("npm", "ci", "--omit=optional", "--ignore-scripts", "--no-audit", "--no-fund")
 	cmd.Dir = here
 	cmd.Env = append(os.Environ(), "NODE_LLAMA_CPP_SKIP_DOWNLOAD=true")
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 	if err := cmd.Run(); err != nil {
-		return fmt.Errorf("npm ci: %w", err)
+		return fmt.Errorf("npm ci in %s: %w", here, err)
+	}
+	if !installed() {
+		return errors.New("npm ci did not install node-llama-cpp in " + here)
 	}
 	return nil
 }
@@ -520,6 +549,12 @@ type peerRun struct {
 	Tokens     [][]int32
 	Error      string
 	ContextLen int `json:"contextSize"`
+	// With meta: per sequence and step, the gap between llama.cpp's best
+	// two logits and its runner-up token; the tokens each sequence held
+	// at the end.
+	Gaps    [][]float64
+	Second  [][]int32
+	Context [][]int32
 }
 
 func startWorker(here string) (*worker, error) {
@@ -567,18 +602,25 @@ func (w *worker) load(path string, threads, ctxLen, seqs int, kvF32 bool) error 
 	return err
 }
 
-func (w *worker) run(jobs []benchkit.Job) (peerRun, error) {
+func (w *worker) run(jobs []benchkit.Job) (peerRun, error) { return w.runMeta(jobs, false) }
+
+// runMeta is run, with llama.cpp's logit gaps and runner-up tokens (and
+// the sequences' tokens at the end) when meta is set.
+func (w *worker) runMeta(jobs []benchkit.Job, meta bool) (peerRun, error) {
 	prompts, n := make([][]int32, len(jobs)), make([]int, len(jobs))
 	for i, j := range jobs {
 		prompts[i], n[i] = j.Prompt, j.Out
 	}
-	r, err := w.call(map[string]any{"op": "run", "prompts": prompts, "n": n})
+	r, err := w.call(map[string]any{"op": "run", "prompts": prompts, "n": n, "meta": meta})
 	if err == nil && len(r.Tokens) != len(jobs) {
 		err = fmt.Errorf("llama.cpp worker: %d answers for %d prompts", len(r.Tokens), len(jobs))
 	}
 	for i := range r.Tokens {
 		if err == nil && len(r.Tokens[i]) != jobs[i].Out {
 			err = fmt.Errorf("llama.cpp worker: sequence %d stopped after %d of %d tokens", i, len(r.Tokens[i]), jobs[i].Out)
+		}
+		if err == nil && meta && (len(r.Gaps) != len(jobs) || len(r.Gaps[i]) != jobs[i].Out || len(r.Second[i]) != jobs[i].Out) {
+			err = fmt.Errorf("llama.cpp worker: sequence %d: no gap for every token", i)
 		}
 	}
 	return r, err

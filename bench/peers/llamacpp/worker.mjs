@@ -4,8 +4,14 @@
 //   {"op":"load","path":F,"threads":2,"contextSize":N,"sequences":S,"kvF32":bool}
 //     (then a short untimed run on every sequence, so the first timed
 //     decode does not pay for the context's first graphs)
-//   {"op":"run","prompts":[[ids...]...],"n":[count...]}
+//   {"op":"run","prompts":[[ids...]...],"n":[count...],"meta":bool}
 //     → {"seconds":s,"ttft":[s...],"end":[s...],"tokens":[[ids...]...]}
+//     with meta, also per sequence and step llama.cpp's runner-up token
+//     and the gap between its best two logits (from the probabilities
+//     node-llama-cpp returns: a softmax of the raw logits under the
+//     greedy sampler, so ln(p1/p2) is the logit gap), and the tokens the
+//     sequence holds at the end (its prompt, no BOS, and what it fed
+//     back: the check that nothing was added).
 //
 // A run evaluates every prompt in its own sequence of the one context at
 // once, greedy, each for exactly its count of tokens, so node-llama-cpp
@@ -34,7 +40,8 @@ async function load(req) {
         opts.experimentalKvCacheValueType = "F32";
     }
     context = await model.createContext(opts);
-    const warm = Array.from({length: req.sequences}, (_, i) => [1000 + i, 2000 + i, 3000 + i, 4000 + i]);
+    // token ids valid in any vocabulary of 72 or more
+    const warm = Array.from({length: req.sequences}, (_, i) => [10 + i, 20 + i, 30 + i, 40 + i]);
     await run({prompts: warm, n: warm.map(() => 2)});
     return {contextSize: context.contextSize, sequences: req.sequences, cpuMathCores: llama.cpuMathCores};
 }
@@ -47,8 +54,32 @@ async function run(req) {
     try {
         await Promise.all(req.prompts.map(async (prompt, i) => {
             const toks = [];
-            if (req.n[i] > 0) {
-                for await (const t of seqs[i].evaluate(prompt, {temperature: 0})) {
+            // yieldEogToken: an EOS is generated and fed back like any
+            // token, as brokerd's IgnoreEOS does.
+            const opts = {temperature: 0, yieldEogToken: true};
+            if (req.n[i] > 0 && req.meta) {
+                out.gaps ??= [];
+                out.second ??= [];
+                out.context ??= [];
+                const gaps = [], second = [];
+                for await (const r of seqs[i].evaluateWithMetadata(prompt, {probabilities: true}, opts)) {
+                    if (toks.length === 0) out.ttft[i] = since();
+                    toks.push(r.token);
+                    let p1 = -1, p2 = -1, t1 = -1, t2 = -1;
+                    for (const [tok, p] of r.probabilities) {
+                        if (p > p1) [p2, t2, p1, t1] = [p1, t1, p, tok];
+                        else if (p > p2) [p2, t2] = [p, tok];
+                    }
+                    if (t1 !== r.token) throw new Error(`greedy token ${r.token} is not the most probable ${t1}`);
+                    gaps.push(p2 > 0 ? Math.log(p1 / p2) : 1e9);
+                    second.push(t2);
+                    if (toks.length >= req.n[i]) break;
+                }
+                out.gaps[i] = gaps;
+                out.second[i] = second;
+                out.context[i] = Array.from(seqs[i].contextTokens);
+            } else if (req.n[i] > 0) {
+                for await (const t of seqs[i].evaluate(prompt, opts)) {
                     if (toks.length === 0) out.ttft[i] = since();
                     toks.push(t);
                     if (toks.length >= req.n[i]) break;
