@@ -41,6 +41,13 @@ func (byteTokenizer) Encode(text string, addSpecial bool, maxTokens int) ([]int3
 
 func (byteTokenizer) NewDetokenizer() llm.Detokenizer { return &byteDetok{} }
 
+func (byteTokenizer) TokenBytes(id int32) []byte {
+	if id < 3 || id > 258 {
+		return nil
+	}
+	return []byte{byte(id - 3)}
+}
+
 type byteDetok struct{ held []byte }
 
 func (d *byteDetok) Next(id int32) string {

@@ -3,6 +3,8 @@ package server
 import (
 	"context"
 	"fmt"
+	"strings"
+	"unicode/utf8"
 
 	"github.com/brokerd/brokerd/lifecycle"
 	brokerv1 "github.com/brokerd/brokerd/proto/broker/v1"
@@ -81,11 +83,14 @@ func (g genModel) NewSequence(p samplingParams, prompt []int32) (genSequence, er
 	if err != nil {
 		return nil, err
 	}
-	return genSeq{seq}, nil
+	return genSeq{s: seq, m: g.m}, nil
 }
 
 // genSeq adapts *llm.Sequence.
-type genSeq struct{ s *llm.Sequence }
+type genSeq struct {
+	s *llm.Sequence
+	m *llm.Model // the tokens' text of logprobs
+}
 
 func (q genSeq) State() any    { return q.s }
 func (q genSeq) Flush() string { return q.s.Flush().Text }
@@ -96,11 +101,31 @@ func (q genSeq) Delta(out any) (genDelta, error) {
 	}
 	gd := genDelta{Text: d.Text, TokenIDs: d.TokenIDs}
 	for _, lp := range d.Logprobs {
-		e := &brokerv1.LogprobEntry{Chosen: &brokerv1.TokenLogprob{TokenId: lp.Token, Logprob: lp.Logprob}}
+		e := &brokerv1.LogprobEntry{Chosen: q.tokenLogprob(lp.TokenLogprob)}
 		for _, alt := range lp.Top {
-			e.Top = append(e.Top, &brokerv1.TokenLogprob{TokenId: alt.Token, Logprob: alt.Logprob})
+			e.Top = append(e.Top, q.tokenLogprob(alt))
 		}
 		gd.Logprobs = append(gd.Logprobs, e)
 	}
 	return gd, nil
+}
+
+func (q genSeq) tokenLogprob(t llm.TokenLogprob) *brokerv1.TokenLogprob {
+	b := q.m.TokenBytes(t.Token)
+	return &brokerv1.TokenLogprob{TokenId: t.Token, Logprob: t.Logprob, Text: tokenText(b), Bytes: b}
+}
+
+// tokenText is a token's text in a logprob: its bytes when they are
+// UTF-8, else (a part of a character split across tokens) "bytes:" and
+// the bytes escaped, as vLLM writes them.
+func tokenText(b []byte) string {
+	if utf8.Valid(b) {
+		return string(b)
+	}
+	var s strings.Builder
+	s.WriteString("bytes:")
+	for _, c := range b {
+		fmt.Fprintf(&s, "\\x%02x", c)
+	}
+	return s.String()
 }

@@ -58,6 +58,35 @@ func (f *fakeBackend) Encode(_ context.Context, req *brokerv1.EncodeRequest) (*b
 	return resp, nil
 }
 
+// withLogprobs gives each delta, when sp asks for logprobs, one entry per
+// token: the piece as the chosen token (logprob -0.25) and top_logprobs
+// alternatives ("alt0", "alt1", ..., logprob -1, -2, ...).
+func withLogprobs(sp *brokerv1.SamplingParams, send func(*brokerv1.GenerationDelta, *brokerv1.GenerationResult) error) func(*brokerv1.GenerationDelta, *brokerv1.GenerationResult) error {
+	return func(d *brokerv1.GenerationDelta, r *brokerv1.GenerationResult) error {
+		if d != nil && sp.GetLogprobs() {
+			text := d.GetText() + d.GetReasoning()
+			e := &brokerv1.LogprobEntry{Chosen: &brokerv1.TokenLogprob{TokenId: d.GetTokenIds()[0], Text: text, Bytes: []byte(text), Logprob: -0.25}}
+			for k := range sp.GetTopLogprobs() {
+				alt := fmt.Sprintf("alt%d", k)
+				e.Top = append(e.Top, &brokerv1.TokenLogprob{TokenId: 1000 + k, Text: alt, Bytes: []byte(alt), Logprob: float32(-1 - k)})
+			}
+			d.Logprobs = []*brokerv1.LogprobEntry{e}
+		}
+		return send(d, r)
+	}
+}
+
+// thinks says whether a chat request asks a thinking model to think:
+// enable_thinking, else chat_template_kwargs' enable_thinking (off by
+// default in the fake, to keep the other tests' text).
+func thinks(req *brokerv1.ChatRequest) bool {
+	if req.EnableThinking != nil {
+		return req.GetEnableThinking()
+	}
+	v, ok := req.GetChatTemplateKwargs().GetFields()["enable_thinking"]
+	return ok && v.GetBoolValue()
+}
+
 // reply streams replies[i] for index i, pieces interleaved, then results.
 func reply(replies []string, prompt []int32, finish brokerv1.FinishReason, send func(*brokerv1.GenerationDelta, *brokerv1.GenerationResult) error) error {
 	runes := make([][]rune, len(replies))
@@ -109,7 +138,7 @@ func (f *fakeBackend) Generate(req *brokerv1.GenerateRequest, s brokerv1.BrokerS
 	if req.GetSampling().GetMaxTokens() == 0 {
 		finish = brokerv1.FinishReason_FINISH_REASON_STOP
 	}
-	return reply(replies, prompt, finish, func(d *brokerv1.GenerationDelta, r *brokerv1.GenerationResult) error {
+	return reply(replies, prompt, finish, withLogprobs(req.GetSampling(), func(d *brokerv1.GenerationDelta, r *brokerv1.GenerationResult) error {
 		m := &brokerv1.GenerateResponse{}
 		if d != nil {
 			m.Deltas = append(m.Deltas, d)
@@ -118,7 +147,7 @@ func (f *fakeBackend) Generate(req *brokerv1.GenerateRequest, s brokerv1.BrokerS
 			m.Results = append(m.Results, r)
 		}
 		return s.Send(m)
-	})
+	}))
 }
 
 func (f *fakeBackend) Chat(req *brokerv1.ChatRequest, s brokerv1.BrokerService_ChatServer) error {
@@ -139,7 +168,7 @@ func (f *fakeBackend) Chat(req *brokerv1.ChatRequest, s brokerv1.BrokerService_C
 		replies = append(replies, fmt.Sprintf("chat(%s) ünïcode", strings.Join(turns, "|")))
 		prompt = append(prompt, int32(len(turns)))
 	}
-	return reply(replies, prompt, brokerv1.FinishReason_FINISH_REASON_STOP, func(d *brokerv1.GenerationDelta, r *brokerv1.GenerationResult) error {
+	send := withLogprobs(req.GetSampling(), func(d *brokerv1.GenerationDelta, r *brokerv1.GenerationResult) error {
 		m := &brokerv1.ChatResponse{}
 		if d != nil {
 			m.Deltas = append(m.Deltas, d)
@@ -149,6 +178,18 @@ func (f *fakeBackend) Chat(req *brokerv1.ChatRequest, s brokerv1.BrokerService_C
 		}
 		return s.Send(m)
 	})
+	if thinks(req) {
+		// A thinking model's reasoning comes first, apart from the text.
+		for i := range replies {
+			if err := send(&brokerv1.GenerationDelta{Index: int32(i), Reasoning: "hmm, ", TokenIds: []int32{-1}}, nil); err != nil {
+				return err
+			}
+			if err := send(&brokerv1.GenerationDelta{Index: int32(i), Reasoning: "let me think", TokenIds: []int32{-2}}, nil); err != nil {
+				return err
+			}
+		}
+	}
+	return reply(replies, prompt, brokerv1.FinishReason_FINISH_REASON_STOP, send)
 }
 
 func (f *fakeBackend) ListModels(context.Context, *brokerv1.ListModelsRequest) (*brokerv1.ListModelsResponse, error) {

@@ -57,9 +57,40 @@ func (o *ollamaOptions) sampling() (*brokerv1.SamplingParams, error) {
 }
 
 type ollamaMessage struct {
-	Role    string   `json:"role"`
-	Content string   `json:"content"`
-	Images  []string `json:"images,omitempty"`
+	Role    string `json:"role"`
+	Content string `json:"content"`
+	// Thinking is a thinking model's reasoning, apart from content (in a
+	// request's history, an earlier answer's).
+	Thinking string   `json:"thinking,omitempty"`
+	Images   []string `json:"images,omitempty"`
+}
+
+// thinkField is Ollama's think: a bool, or a level ("high", "medium",
+// "low") that models with levels take; brokerd's thinking models (Qwen3)
+// think or not, so a level is true.
+type thinkField struct{ set, on bool }
+
+func (t *thinkField) UnmarshalJSON(b []byte) error {
+	switch s := string(b); s {
+	case "null":
+		*t = thinkField{}
+		return nil
+	case "true", "false":
+		*t = thinkField{set: true, on: s == "true"}
+		return nil
+	case `"high"`, `"medium"`, `"low"`:
+		*t = thinkField{set: true, on: true}
+		return nil
+	}
+	return status.Error(codes.InvalidArgument, `"think" must be true, false, "high", "medium" or "low"`)
+}
+
+// ptr is the gRPC request's enable_thinking (nil: the template's default).
+func (t thinkField) ptr() *bool {
+	if !t.set {
+		return nil
+	}
+	return proto.Bool(t.on)
 }
 
 type ollamaGenerateRequest struct {
@@ -72,7 +103,10 @@ type ollamaGenerateRequest struct {
 	Images  []string        `json:"images"`
 	Options *ollamaOptions  `json:"options"`
 	// KeepAlive is refused when 0 (unload), accepted otherwise.
-	KeepAlive json.RawMessage `json:"keep_alive"`
+	KeepAlive   json.RawMessage `json:"keep_alive"`
+	Logprobs    bool            `json:"logprobs"`
+	TopLogprobs int             `json:"top_logprobs"`
+	Think       thinkField      `json:"think"`
 }
 
 type ollamaChatRequest struct {
@@ -83,7 +117,10 @@ type ollamaChatRequest struct {
 	Tools    json.RawMessage `json:"tools"`
 	Options  *ollamaOptions  `json:"options"`
 	// KeepAlive is refused when 0 (unload), accepted otherwise.
-	KeepAlive json.RawMessage `json:"keep_alive"`
+	KeepAlive   json.RawMessage `json:"keep_alive"`
+	Logprobs    bool            `json:"logprobs"`
+	TopLogprobs int             `json:"top_logprobs"`
+	Think       thinkField      `json:"think"`
 }
 
 // ollamaDone are the fields of a stream's last object.
@@ -112,7 +149,9 @@ type ollamaGenerateChunk struct {
 	Model     string `json:"model"`
 	CreatedAt string `json:"created_at"`
 	Response  string `json:"response"`
+	Thinking  string `json:"thinking,omitempty"`
 	ollamaDone
+	Logprobs []logprobEntry `json:"logprobs,omitempty"`
 }
 
 type ollamaChatChunk struct {
@@ -120,6 +159,7 @@ type ollamaChatChunk struct {
 	CreatedAt string        `json:"created_at"`
 	Message   ollamaMessage `json:"message"`
 	ollamaDone
+	Logprobs []logprobEntry `json:"logprobs,omitempty"`
 }
 
 // ndjson writes a stream of JSON objects, one per line, each flushed.
@@ -183,6 +223,9 @@ func (h *Handler) ollamaGenerate(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	sp, err := req.Options.sampling()
+	if err == nil {
+		err = ollamaLogprobs(sp, req.Logprobs, req.TopLogprobs)
+	}
 	if err != nil {
 		h.fail(w, r, err)
 		return
@@ -198,23 +241,28 @@ func (h *Handler) ollamaGenerate(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	start := time.Now()
-	var text strings.Builder
+	var text, thinking strings.Builder
+	var lps []logprobEntry
 	stream := req.Stream == nil || *req.Stream
 	out := &ndjson{w: w}
 	on := func(e event) error {
 		if e.delta != nil {
+			d := e.delta
 			if !stream {
-				text.WriteString(e.delta.GetText())
+				text.WriteString(d.GetText())
+				thinking.WriteString(d.GetReasoning())
+				lps = append(lps, logprobEntries(d.GetLogprobs())...)
 				return nil
 			}
-			if e.delta.GetText() == "" {
+			if d.GetText() == "" && d.GetReasoning() == "" && len(d.GetLogprobs()) == 0 {
 				return nil
 			}
-			return out.send(ollamaGenerateChunk{Model: req.Model, CreatedAt: h.created(), Response: e.delta.GetText()})
+			return out.send(ollamaGenerateChunk{Model: req.Model, CreatedAt: h.created(), Response: d.GetText(), Thinking: d.GetReasoning(),
+				Logprobs: logprobEntries(d.GetLogprobs())})
 		}
 		last := ollamaGenerateChunk{Model: req.Model, CreatedAt: h.created(), ollamaDone: doneFields(e.result, time.Since(start))}
 		if !stream {
-			last.Response = text.String()
+			last.Response, last.Thinking, last.Logprobs = text.String(), thinking.String(), lps
 			writeJSON(w, last)
 			return nil
 		}
@@ -228,7 +276,8 @@ func (h *Handler) ollamaGenerate(w http.ResponseWriter, r *http.Request) {
 			conv.Messages = append(conv.Messages, &brokerv1.ChatMessage{Role: "system", Content: req.System})
 		}
 		conv.Messages = append(conv.Messages, &brokerv1.ChatMessage{Role: "user", Content: req.Prompt})
-		err = h.chat(r.Context(), &brokerv1.ChatRequest{Model: name, Conversations: []*brokerv1.Conversation{conv}, Sampling: sp}, on)
+		err = h.chat(r.Context(), &brokerv1.ChatRequest{Model: name, Conversations: []*brokerv1.Conversation{conv}, Sampling: sp,
+			EnableThinking: req.Think.ptr()}, on)
 	}
 	if err != nil && !out.started {
 		err = h.explainKind(r.Context(), err, name, wantGenerator, false)
@@ -259,7 +308,7 @@ func (h *Handler) ollamaChat(w http.ResponseWriter, r *http.Request) {
 	conv := &brokerv1.Conversation{}
 	for _, m := range req.Messages {
 		images += len(m.Images)
-		conv.Messages = append(conv.Messages, &brokerv1.ChatMessage{Role: m.Role, Content: m.Content})
+		conv.Messages = append(conv.Messages, &brokerv1.ChatMessage{Role: m.Role, Content: m.Content, Reasoning: m.Thinking})
 	}
 	if err := unsupported(req.Format, req.Tools, images); err != nil {
 		h.fail(w, r, err)
@@ -270,6 +319,9 @@ func (h *Handler) ollamaChat(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	sp, err := req.Options.sampling()
+	if err == nil {
+		err = ollamaLogprobs(sp, req.Logprobs, req.TopLogprobs)
+	}
 	if err != nil {
 		h.fail(w, r, err)
 		return
@@ -284,23 +336,30 @@ func (h *Handler) ollamaChat(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	start := time.Now()
-	var text strings.Builder
+	var text, thinking strings.Builder
+	var lps []logprobEntry
 	stream := req.Stream == nil || *req.Stream
 	out := &ndjson{w: w}
-	err = h.chat(r.Context(), &brokerv1.ChatRequest{Model: name, Conversations: []*brokerv1.Conversation{conv}, Sampling: sp}, func(e event) error {
+	err = h.chat(r.Context(), &brokerv1.ChatRequest{Model: name, Conversations: []*brokerv1.Conversation{conv}, Sampling: sp,
+		EnableThinking: req.Think.ptr()}, func(e event) error {
 		if e.delta != nil {
+			d := e.delta
 			if !stream {
-				text.WriteString(e.delta.GetText())
+				text.WriteString(d.GetText())
+				thinking.WriteString(d.GetReasoning())
+				lps = append(lps, logprobEntries(d.GetLogprobs())...)
 				return nil
 			}
-			if e.delta.GetText() == "" {
+			if d.GetText() == "" && d.GetReasoning() == "" && len(d.GetLogprobs()) == 0 {
 				return nil
 			}
-			return out.send(ollamaChatChunk{Model: req.Model, CreatedAt: h.created(), Message: ollamaMessage{Role: "assistant", Content: e.delta.GetText()}})
+			return out.send(ollamaChatChunk{Model: req.Model, CreatedAt: h.created(),
+				Message:  ollamaMessage{Role: "assistant", Content: d.GetText(), Thinking: d.GetReasoning()},
+				Logprobs: logprobEntries(d.GetLogprobs())})
 		}
 		last := ollamaChatChunk{Model: req.Model, CreatedAt: h.created(), Message: ollamaMessage{Role: "assistant"}, ollamaDone: doneFields(e.result, time.Since(start))}
 		if !stream {
-			last.Message.Content = text.String()
+			last.Message.Content, last.Message.Thinking, last.Logprobs = text.String(), thinking.String(), lps
 			writeJSON(w, last)
 			return nil
 		}

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	brokerv1 "github.com/brokerd/brokerd/proto/broker/v1"
 )
@@ -188,9 +189,16 @@ func (h *Handler) endSSE(w http.ResponseWriter, r *http.Request, out *sse, err e
 
 type openaiChatRequest struct {
 	openaiSampling
-	Messages []struct {
+	Logprobs    *bool `json:"logprobs"`
+	TopLogprobs *int  `json:"top_logprobs"`
+	// ChatTemplateKwargs are variables for the chat template, as vLLM
+	// takes them (Qwen3's enable_thinking).
+	ChatTemplateKwargs map[string]any `json:"chat_template_kwargs"`
+	Messages           []struct {
 		Role    string          `json:"role"`
 		Content json.RawMessage `json:"content"`
+		// ReasoningContent is an earlier answer's thinking (vLLM's field).
+		ReasoningContent string `json:"reasoning_content"`
 	} `json:"messages"`
 }
 
@@ -229,6 +237,19 @@ func (h *Handler) openaiChat(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
+	wantLogprobs := req.Logprobs != nil && *req.Logprobs
+	if req.TopLogprobs != nil {
+		if err := checkTopLogprobs("top_logprobs", *req.TopLogprobs); err != nil {
+			h.fail(w, r, err)
+			return
+		}
+		if *req.TopLogprobs > 0 && !wantLogprobs {
+			h.fail(w, r, paramError("top_logprobs", "invalid_value", "Invalid 'top_logprobs': logprobs must be true when top_logprobs is used."))
+			return
+		}
+		sp.TopLogprobs = int32(*req.TopLogprobs)
+	}
+	sp.Logprobs = wantLogprobs
 	conv := &brokerv1.Conversation{}
 	for _, m := range req.Messages {
 		text, err := messageText(m.Content)
@@ -240,42 +261,73 @@ func (h *Handler) openaiChat(w http.ResponseWriter, r *http.Request) {
 		if role == "developer" { // OpenAI's newer name for system
 			role = "system"
 		}
-		conv.Messages = append(conv.Messages, &brokerv1.ChatMessage{Role: role, Content: text})
+		conv.Messages = append(conv.Messages, &brokerv1.ChatMessage{Role: role, Content: text, Reasoning: m.ReasoningContent})
+	}
+	var kwargs *structpb.Struct
+	if req.ChatTemplateKwargs != nil {
+		if kwargs, err = structpb.NewStruct(req.ChatTemplateKwargs); err != nil {
+			h.fail(w, r, paramError("chat_template_kwargs", "invalid_value", "Invalid 'chat_template_kwargs': %v", err))
+			return
+		}
 	}
 	id, created := newID("chatcmpl"), h.opts.Now().Unix()
 	out := &sse{w: w}
-	var text strings.Builder
+	var text, reasoning strings.Builder
 	var usage openaiUsage
 	first := true
-	chunk := func(delta map[string]any, finish *string) map[string]any {
-		return map[string]any{"id": id, "object": "chat.completion.chunk", "created": created, "model": req.Model,
-			"choices": []any{map[string]any{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": nil}}}
+	// logprobs is the choice's logprobs object: null unless asked for.
+	logprobs := func(es []logprobEntry) any {
+		if !wantLogprobs {
+			return nil
+		}
+		if es == nil {
+			es = []logprobEntry{}
+		}
+		return map[string]any{"content": es, "refusal": nil}
 	}
-	err = h.chat(r.Context(), &brokerv1.ChatRequest{Model: modelName(req.Model), Conversations: []*brokerv1.Conversation{conv}, Sampling: sp}, func(e event) error {
+	var allLogprobs []logprobEntry
+	chunk := func(delta map[string]any, finish *string, lps any) map[string]any {
+		return map[string]any{"id": id, "object": "chat.completion.chunk", "created": created, "model": req.Model,
+			"choices": []any{map[string]any{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": lps}}}
+	}
+	err = h.chat(r.Context(), &brokerv1.ChatRequest{Model: modelName(req.Model), Conversations: []*brokerv1.Conversation{conv}, Sampling: sp,
+		ChatTemplateKwargs: kwargs}, func(e event) error {
 		if e.delta != nil {
+			lps := logprobEntries(e.delta.GetLogprobs())
 			if !req.Stream {
 				text.WriteString(e.delta.GetText())
+				reasoning.WriteString(e.delta.GetReasoning())
+				allLogprobs = append(allLogprobs, lps...)
 				return nil
 			}
-			delta := map[string]any{"content": e.delta.GetText()}
+			// vLLM's shape: a thinking model's reasoning in
+			// reasoning_content, content only when there is some.
+			delta := map[string]any{}
+			if r := e.delta.GetReasoning(); r != "" {
+				delta["reasoning_content"] = r
+			}
+			if t := e.delta.GetText(); t != "" || len(delta) == 0 {
+				delta["content"] = t
+			}
 			if first {
 				delta["role"] = "assistant"
 				first = false
 			}
-			return out.send(chunk(delta, nil))
+			return out.send(chunk(delta, nil, logprobs(lps)))
 		}
 		usage.add(e.result)
 		finish := openaiFinish(e.result.GetFinishReason())
 		if !req.Stream {
 			writeJSON(w, map[string]any{
 				"id": id, "object": "chat.completion", "created": created, "model": req.Model,
-				"choices": []any{map[string]any{"index": 0, "message": map[string]any{"role": "assistant", "content": text.String()},
-					"finish_reason": finish, "logprobs": nil}},
+				"choices": []any{map[string]any{"index": 0, "message": map[string]any{"role": "assistant", "content": text.String(),
+					"reasoning_content": nullIfEmpty(reasoning.String())},
+					"finish_reason": finish, "logprobs": logprobs(allLogprobs)}},
 				"usage": usage,
 			})
 			return nil
 		}
-		if err := out.send(chunk(map[string]any{}, &finish)); err != nil {
+		if err := out.send(chunk(map[string]any{}, &finish, nil)); err != nil {
 			return err
 		}
 		if req.StreamOptions != nil && req.StreamOptions.IncludeUsage {
@@ -295,6 +347,14 @@ func (h *Handler) openaiChat(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
+// nullIfEmpty is s, or JSON null for "".
+func nullIfEmpty(s string) any {
+	if s == "" {
+		return nil
+	}
+	return s
+}
+
 // openaiFinish maps a finish reason onto OpenAI's: stop or length (a
 // deadline is a length limit of time).
 func openaiFinish(f brokerv1.FinishReason) string {
@@ -308,6 +368,8 @@ type openaiCompletionRequest struct {
 	openaiSampling
 	Prompt json.RawMessage `json:"prompt"`
 	Echo   bool            `json:"echo"`
+	// Logprobs is the legacy API's count of alternatives (null: none).
+	Logprobs *int `json:"logprobs"`
 }
 
 func (h *Handler) openaiCompletions(w http.ResponseWriter, r *http.Request) {
@@ -330,24 +392,51 @@ func (h *Handler) openaiCompletions(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, status.Error(codes.InvalidArgument, `"echo" is not supported`))
 		return
 	}
+	if req.Logprobs != nil {
+		if err := checkTopLogprobs("logprobs", *req.Logprobs); err != nil {
+			h.fail(w, r, err)
+			return
+		}
+		sp.Logprobs, sp.TopLogprobs = true, int32(*req.Logprobs)
+	}
 	id, created := newID("cmpl"), h.opts.Now().Unix()
 	out := &sse{w: w}
 	texts := make([]strings.Builder, len(prompts))
 	finishes := make([]string, len(prompts))
+	var lps []*legacyLogprobs // per choice, when asked for
+	offsets := make([]int, len(prompts))
+	if req.Logprobs != nil {
+		lps = make([]*legacyLogprobs, len(prompts))
+		for i := range lps {
+			lps[i] = newLegacyLogprobs()
+		}
+	}
 	var usage openaiUsage
 	left := len(prompts)
-	choice := func(i int32, text string, finish *string) map[string]any {
-		return map[string]any{"index": i, "text": text, "finish_reason": finish, "logprobs": nil}
+	choice := func(i int32, text string, finish *string, lp *legacyLogprobs) map[string]any {
+		var v any
+		if lp != nil {
+			v = lp
+		}
+		return map[string]any{"index": i, "text": text, "finish_reason": finish, "logprobs": v}
 	}
 	err = h.generate(r.Context(), &brokerv1.GenerateRequest{Model: modelName(req.Model), Prompts: prompts, Sampling: sp}, func(e event) error {
 		if e.delta != nil {
 			i := e.delta.GetIndex()
+			var lp *legacyLogprobs
+			if lps != nil {
+				lp = lps[i]
+				if req.Stream {
+					lp = newLegacyLogprobs() // this chunk's tokens only
+				}
+				lp.add(e.delta.GetLogprobs(), &offsets[i])
+			}
 			if !req.Stream {
 				texts[i].WriteString(e.delta.GetText())
 				return nil
 			}
 			return out.send(map[string]any{"id": id, "object": "text_completion", "created": created, "model": req.Model,
-				"choices": []any{choice(i, e.delta.GetText(), nil)}})
+				"choices": []any{choice(i, e.delta.GetText(), nil, lp)}})
 		}
 		i := e.result.GetIndex()
 		usage.add(e.result)
@@ -355,7 +444,7 @@ func (h *Handler) openaiCompletions(w http.ResponseWriter, r *http.Request) {
 		left--
 		if req.Stream {
 			if err := out.send(map[string]any{"id": id, "object": "text_completion", "created": created, "model": req.Model,
-				"choices": []any{choice(i, "", &finishes[i])}}); err != nil {
+				"choices": []any{choice(i, "", &finishes[i], nil)}}); err != nil {
 				return err
 			}
 		}
@@ -365,7 +454,11 @@ func (h *Handler) openaiCompletions(w http.ResponseWriter, r *http.Request) {
 		if !req.Stream {
 			choices := make([]any, len(prompts))
 			for j := range prompts {
-				choices[j] = choice(int32(j), texts[j].String(), &finishes[j])
+				var lp *legacyLogprobs
+				if lps != nil {
+					lp = lps[j]
+				}
+				choices[j] = choice(int32(j), texts[j].String(), &finishes[j], lp)
 			}
 			writeJSON(w, map[string]any{"id": id, "object": "text_completion", "created": created, "model": req.Model,
 				"choices": choices, "usage": usage})

@@ -27,6 +27,9 @@ type Tokenizer interface {
 	// saying so with truncated: a prompt that long is refused anyway.
 	Encode(text string, addSpecial bool, maxTokens int) (ids []int32, truncated bool, err error)
 	NewDetokenizer() Detokenizer
+	// TokenBytes is what a token decodes to by itself (special tokens
+	// included; nil for an id outside the vocabulary): logprobs' text.
+	TokenBytes(id int32) []byte
 }
 
 // ChatTemplate renders a conversation as the model's prompt text. A
@@ -234,6 +237,16 @@ func (m *Model) Encode(text string, addSpecial bool) ([]int32, error) {
 		return nil, fmt.Errorf("%w: the prompt is over %d tokens, the context of llm %q", models.ErrInvalidInput, m.spec.Context, m.opts.Name)
 	}
 	return ids, nil
+}
+
+// TokenBytes is what token id decodes to by itself (nil without a
+// tokenizer): the text of logprobs' tokens, which may be part of a UTF-8
+// character.
+func (m *Model) TokenBytes(id int32) []byte {
+	if m.opts.Tokenizer == nil {
+		return nil
+	}
+	return m.opts.Tokenizer.TokenBytes(id)
 }
 
 // RenderChat renders messages with the model's chat template; with

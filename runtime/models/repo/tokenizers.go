@@ -69,6 +69,8 @@ func (b bpeTokenizer) NewDetokenizer() llm.Detokenizer {
 	return bpeStream{b.t.NewStreamDecoder(true)}
 }
 
+func (b bpeTokenizer) TokenBytes(id int32) []byte { return b.t.TokenBytes(id) }
+
 type bpeStream struct{ d *bpe.StreamDecoder }
 
 func (s bpeStream) Next(id int32) string { return s.d.Push(id) }

@@ -132,6 +132,84 @@ if (llm) {
     assert.ok(usage && usage.total_tokens > 0, 'a usage chunk');
     if (mode === 'fake') assert.equal(text, 'chat(user=hi) ünïcode');
   });
+  // Logprobs: the chosen token and exactly top_logprobs alternatives per
+  // token, one entry per generated token (usage counts them).
+  const checkEntry = (e, n) => {
+    assert.equal(typeof e.token, 'string');
+    assert.ok(Number.isFinite(e.logprob) && e.logprob <= 0, `logprob ${e.logprob}`);
+    assert.ok(Array.isArray(e.bytes), 'bytes');
+    assert.equal(e.top_logprobs.length, n, `alternatives of ${JSON.stringify(e)}`);
+    for (const a of e.top_logprobs) {
+      assert.equal(typeof a.token, 'string');
+      assert.ok(Number.isFinite(a.logprob) && a.logprob <= 0);
+    }
+    for (let i = 1; i < e.top_logprobs.length; i++) assert.ok(e.top_logprobs[i - 1].logprob >= e.top_logprobs[i].logprob, 'alternatives in order');
+  };
+  await check('openai chat logprobs', async () => {
+    const r = await openai.chat.completions.create({ model: llm, max_tokens: 6, seed: 1, logprobs: true, top_logprobs: 3,
+      messages: [{ role: 'user', content: 'hi' }] });
+    const content = r.choices[0].logprobs?.content;
+    assert.ok(Array.isArray(content) && content.length > 0, JSON.stringify(r.choices[0]));
+    assert.equal(content.length, r.usage.completion_tokens);
+    for (const e of content) checkEntry(e, 3);
+    if (mode === 'fake') assert.equal(content.map((e) => e.token).join(''), r.choices[0].message.content);
+  });
+  await check('openai chat logprobs streamed', async () => {
+    const stream = await openai.chat.completions.create({ model: llm, max_tokens: 6, stream: true, logprobs: true, top_logprobs: 2,
+      stream_options: { include_usage: true }, messages: [{ role: 'user', content: 'hi' }] });
+    let n = 0;
+    let usage;
+    for await (const chunk of stream) {
+      if (chunk.usage) usage = chunk.usage;
+      for (const c of chunk.choices) {
+        for (const e of c.logprobs?.content ?? []) {
+          checkEntry(e, 2);
+          n++;
+        }
+      }
+    }
+    assert.ok(n > 0, 'streamed logprobs');
+    assert.equal(n, usage.completion_tokens);
+  });
+  await check('openai chat without logprobs has null', async () => {
+    const r = await openai.chat.completions.create({ model: llm, max_tokens: 4, messages: [{ role: 'user', content: 'hi' }] });
+    assert.equal(r.choices[0].logprobs, null);
+  });
+  await check('openai completions logprobs (legacy shape)', async () => {
+    const r = await openai.completions.create({ model: llm, prompt: ['one', 'two'], max_tokens: 5, logprobs: 2 });
+    for (const c of r.choices) {
+      const lp = c.logprobs;
+      assert.ok(lp && lp.tokens.length > 0, JSON.stringify(c));
+      assert.equal(lp.token_logprobs.length, lp.tokens.length);
+      assert.equal(lp.top_logprobs.length, lp.tokens.length);
+      assert.equal(lp.text_offset.length, lp.tokens.length);
+      assert.equal(lp.text_offset[0], 0);
+      for (const t of lp.top_logprobs) {
+        const k = Object.keys(t).length;
+        assert.ok(k >= 1 && k <= 2, `alternatives ${JSON.stringify(t)}`);
+      }
+    }
+    assert.equal(r.choices.reduce((s, c) => s + c.logprobs.tokens.length, 0), r.usage.completion_tokens);
+  });
+  await check('ollama chat logprobs', async () => {
+    const r = await ollama.chat({ model: llm, stream: false, logprobs: true, top_logprobs: 4, options: { num_predict: 6 },
+      messages: [{ role: 'user', content: 'hi' }] });
+    assert.ok(Array.isArray(r.logprobs) && r.logprobs.length > 0, JSON.stringify(r));
+    assert.equal(r.logprobs.length, r.eval_count);
+    for (const e of r.logprobs) checkEntry(e, 4);
+  });
+  await check('ollama generate logprobs streamed', async () => {
+    let n = 0;
+    let last;
+    for await (const part of await ollama.generate({ model: llm, prompt: 'hello', stream: true, logprobs: true, top_logprobs: 1, options: { num_predict: 5 } })) {
+      for (const e of part.logprobs ?? []) {
+        checkEntry(e, 1);
+        n++;
+      }
+      last = part;
+    }
+    assert.equal(n, last.eval_count);
+  });
   await check('openai completions, two prompts', async () => {
     const r = await openai.completions.create({ model: llm, prompt: ['one', 'two'], max_tokens: 5 });
     assert.equal(r.choices.length, 2);
