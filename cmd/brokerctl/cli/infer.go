@@ -2,6 +2,7 @@ package cli
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/binary"
 	"encoding/json"
@@ -11,6 +12,7 @@ import (
 	"io"
 	"math"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -38,6 +40,9 @@ type tensorJSON struct {
 	Shape    []int64 `json:"shape"`
 	Datatype string  `json:"datatype"`
 	Data     any     `json:"data"`
+	// Labels name an output's columns (a classifier's id2label); an
+	// input file may carry them, and they are ignored there.
+	Labels []string `json:"labels,omitempty"`
 }
 
 // elementSizes are the fixed sizes of the datatypes infer writes.
@@ -95,11 +100,12 @@ func inferCmd(fs *flag.FlagSet) action {
 		if err != nil {
 			return err
 		}
+		labels := classLabels(ctx, c, resp)
 		var b bytes.Buffer
 		if *asJSON {
-			err = writeInferJSON(&b, resp)
+			err = writeInferJSON(&b, resp, labels)
 		} else {
-			err = writeInferResult(&b, resp)
+			err = writeInferResult(&b, resp, labels)
 		}
 		if err != nil {
 			return err
@@ -160,7 +166,7 @@ func parseTensorJSON(name string, content []byte) (*brokerv1.Tensor, error) {
 		data = d
 	case map[string]any:
 		for k := range d {
-			if k != "shape" && k != "datatype" && k != "data" && k != "name" {
+			if k != "shape" && k != "datatype" && k != "data" && k != "name" && k != "labels" {
 				return nil, fmt.Errorf("unknown key %q: want shape, datatype and data", k)
 			}
 		}
@@ -369,8 +375,9 @@ func decodeValues(dt brokerv1.DataType, data []byte) ([]any, error) {
 }
 
 // writeInferResult prints each output: a header line, then one line per row
-// (the last dimension), then what ran where.
-func writeInferResult(w io.Writer, resp *brokerv1.InferResponse) error {
+// (the last dimension), then, for an output with a column per label, each
+// row's classes highest first, then what ran where.
+func writeInferResult(w io.Writer, resp *brokerv1.InferResponse, labels []string) error {
 	for _, o := range resp.GetOutputs() {
 		vals, err := decodeValues(o.GetDtype(), o.GetData())
 		if err != nil {
@@ -387,6 +394,9 @@ func writeInferResult(w io.Writer, resp *brokerv1.InferResponse) error {
 				cells = append(cells, formatValue(v))
 			}
 			fmt.Fprintf(w, "  %s\n", strings.Join(cells, " "))
+		}
+		if labelled(o, labels) {
+			writeClasses(w, o.GetName(), vals, labels, len(o.GetShape()) == 2)
 		}
 	}
 	_, err := fmt.Fprintf(w, "execution: %s\n", executionLine(resp.GetModel(), resp.GetModelVersion(), resp.GetExecution()))
@@ -407,7 +417,7 @@ func formatValue(v any) string {
 
 // writeInferJSON prints {"model", "model_version", "outputs": [tensors in
 // the input file format, data nested by shape], "execution"}.
-func writeInferJSON(w io.Writer, resp *brokerv1.InferResponse) error {
+func writeInferJSON(w io.Writer, resp *brokerv1.InferResponse, labels []string) error {
 	type doc struct {
 		Model        string          `json:"model"`
 		ModelVersion int64           `json:"model_version"`
@@ -425,7 +435,11 @@ func writeInferJSON(w io.Writer, resp *brokerv1.InferResponse) error {
 				vals[i] = strconv.FormatFloat(float64(f), 'g', -1, 32) // JSON has no NaN or Inf
 			}
 		}
-		d.Outputs = append(d.Outputs, tensorJSON{Name: o.GetName(), Shape: o.GetShape(), Datatype: dtypeName(o.GetDtype()), Data: nest(vals, o.GetShape())})
+		t := tensorJSON{Name: o.GetName(), Shape: o.GetShape(), Datatype: dtypeName(o.GetDtype()), Data: nest(vals, o.GetShape())}
+		if labelled(o, labels) {
+			t.Labels = labels
+		}
+		d.Outputs = append(d.Outputs, t)
 	}
 	exec, err := marshalJSON(resp.GetExecution())
 	if err != nil {
@@ -457,4 +471,101 @@ func nest(vals []any, shape []int64) any {
 		out[i] = nest(vals[i*step:(i+1)*step], shape[1:])
 	}
 	return out
+}
+
+// maxClasses is how many classes of a row infer prints, highest first.
+const maxClasses = 5
+
+// classLabels returns the labels (id2label) of the model version that
+// answered resp, when one of its outputs could be a score per class;
+// nil otherwise, or when brokerd does not list its models to this caller
+// (labels are a convenience of the display).
+func classLabels(ctx context.Context, c brokerv1.BrokerServiceClient, resp *brokerv1.InferResponse) []string {
+	if !slices.ContainsFunc(resp.GetOutputs(), scores) {
+		return nil
+	}
+	list, err := c.ListModels(ctx, &brokerv1.ListModelsRequest{})
+	if err != nil {
+		return nil
+	}
+	for _, m := range list.GetModels() {
+		if m.GetName() == resp.GetModel() && m.GetVersion() == resp.GetModelVersion() {
+			return m.GetLabels()
+		}
+	}
+	return nil
+}
+
+// scores reports whether o could be a score per class: FP32 or FP64 of
+// shape [classes] or [rows, classes], two classes or more.
+func scores(o *brokerv1.Tensor) bool {
+	s := o.GetShape()
+	return len(s) > 0 && len(s) <= 2 && s[len(s)-1] > 1 &&
+		(o.GetDtype() == brokerv1.DataType_DATA_TYPE_FP32 || o.GetDtype() == brokerv1.DataType_DATA_TYPE_FP64)
+}
+
+// labelled reports whether o is a score per label: a column per label.
+func labelled(o *brokerv1.Tensor, labels []string) bool {
+	return len(labels) > 1 && scores(o) && o.GetShape()[len(o.GetShape())-1] == int64(len(labels))
+}
+
+// writeClasses prints each row's classes, highest score first (ties: the
+// lower index), at most maxClasses of them. An output named logits is
+// shown as probabilities (its softmax), as a classification pipeline
+// shows a single-label classifier's; any other output by its values.
+func writeClasses(w io.Writer, name string, vals []any, labels []string, rows bool) {
+	n := len(labels)
+	softmax := name == "logits"
+	head := "classes of " + name
+	if softmax {
+		head += " (softmax)"
+	}
+	head += ", highest first"
+	if n > maxClasses {
+		head += fmt.Sprintf(" (top %d of %d)", maxClasses, n)
+	}
+	fmt.Fprintf(w, "%s:\n", head)
+	for r := 0; r+n <= len(vals); r += n {
+		scores := make([]float64, n)
+		for i, v := range vals[r : r+n] {
+			switch x := v.(type) {
+			case float32:
+				scores[i] = float64(x)
+			case float64:
+				scores[i] = x
+			}
+		}
+		if softmax {
+			top := math.Inf(-1)
+			for _, x := range scores {
+				top = max(top, x)
+			}
+			var sum float64
+			for i, x := range scores {
+				scores[i] = math.Exp(x - top)
+				sum += scores[i]
+			}
+			for i := range scores {
+				scores[i] /= sum
+			}
+		}
+		idx := make([]int, n)
+		for i := range idx {
+			idx[i] = i
+		}
+		slices.SortStableFunc(idx, func(a, b int) int { return cmp.Compare(scores[b], scores[a]) })
+		cells := make([]string, 0, maxClasses)
+		for _, i := range idx[:min(n, maxClasses)] {
+			score := strconv.FormatFloat(scores[i], 'g', 6, 64)
+			if softmax {
+				score = strconv.FormatFloat(scores[i], 'f', 4, 64)
+			}
+			cells = append(cells, labels[i]+" "+score)
+		}
+		prefix := "  "
+		if rows {
+			prefix = fmt.Sprintf("  [%d] ", r/n)
+		}
+		fmt.Fprintf(w, "%s%s\n", prefix, strings.Join(cells, "  "))
+	}
 }

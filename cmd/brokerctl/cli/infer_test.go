@@ -75,7 +75,7 @@ func TestWriteInferResult(t *testing.T) {
 		{Name: "logits", Dtype: brokerv1.DataType_DATA_TYPE_FP32, Shape: []int64{2, 2}, Data: f32data(0.5, -1, 2, 3.25)},
 	}, Execution: &brokerv1.ExecutionInfo{DeviceId: "cpu:0", DeviceType: brokerv1.DeviceType_DEVICE_TYPE_CPU, BatchSize: 2}}
 	var b bytes.Buffer
-	if err := writeInferResult(&b, resp); err != nil {
+	if err := writeInferResult(&b, resp, nil); err != nil {
 		t.Fatal(err)
 	}
 	want := "logits FP32 [2 2]\n  0.5 -1\n  2 3.25\nexecution: model m v2, device cpu:0 (cpu), batch 2"
@@ -83,7 +83,7 @@ func TestWriteInferResult(t *testing.T) {
 		t.Errorf("output:\n%s\nwant prefix:\n%s", b.String(), want)
 	}
 	b.Reset()
-	if err := writeInferJSON(&b, resp); err != nil {
+	if err := writeInferJSON(&b, resp, nil); err != nil {
 		t.Fatal(err)
 	}
 	// Each output of the JSON document reads back as an input file.
@@ -100,5 +100,79 @@ func TestWriteInferResult(t *testing.T) {
 	}
 	if !strings.Contains(doc, `"data": [`) || !strings.Contains(doc, `"datatype": "FP32"`) || !strings.Contains(doc, `"device_id": "cpu:0"`) {
 		t.Errorf("infer --json:\n%s", doc)
+	}
+}
+
+// TestInferClasses: an output with a column per label prints each row's
+// classes, highest first, as probabilities when it is logits; --json
+// names the columns; other outputs print as before.
+func TestInferClasses(t *testing.T) {
+	labels := []string{"negative", "neutral", "positive"}
+	resp := &brokerv1.InferResponse{Model: "sentiment", ModelVersion: 1, Outputs: []*brokerv1.Tensor{
+		{Name: "logits", Dtype: brokerv1.DataType_DATA_TYPE_FP32, Shape: []int64{2, 3}, Data: f32data(0, 0, float32(math.Log(2)), 3, 1, 1)},
+		{Name: "embedding", Dtype: brokerv1.DataType_DATA_TYPE_FP32, Shape: []int64{2, 2}, Data: f32data(1, 2, 3, 4)},
+	}, Execution: &brokerv1.ExecutionInfo{DeviceId: "cpu:0"}}
+	var b bytes.Buffer
+	if err := writeInferResult(&b, resp, labels); err != nil {
+		t.Fatal(err)
+	}
+	want := "logits FP32 [2 3]\n  0 0 0.693147\n  3 1 1\n" +
+		"classes of logits (softmax), highest first:\n" +
+		"  [0] positive 0.5000  negative 0.2500  neutral 0.2500\n" +
+		"  [1] negative 0.7870  neutral 0.1065  positive 0.1065\n" +
+		"embedding FP32 [2 2]\n  1 2\n  3 4\nexecution: "
+	if !strings.HasPrefix(b.String(), want) {
+		t.Errorf("output:\n%s\nwant prefix:\n%s", b.String(), want)
+	}
+
+	// Scores that are not logits print as they are; a wide head prints its top.
+	many := []string{"a", "b", "c", "d", "e", "f", "g"}
+	one := &brokerv1.InferResponse{Outputs: []*brokerv1.Tensor{
+		{Name: "output", Dtype: brokerv1.DataType_DATA_TYPE_FP32, Shape: []int64{7}, Data: f32data(0.1, 0.7, 0.2, 0.9, 0.3, 0.4, 0.8)},
+	}}
+	b.Reset()
+	if err := writeInferResult(&b, one, many); err != nil {
+		t.Fatal(err)
+	}
+	if want := "classes of output, highest first (top 5 of 7):\n  d 0.9  g 0.8  b 0.7  f 0.4  e 0.3\n"; !strings.Contains(b.String(), want) {
+		t.Errorf("output:\n%s\nwant:\n%s", b.String(), want)
+	}
+
+	b.Reset()
+	if err := writeInferJSON(&b, resp, labels); err != nil {
+		t.Fatal(err)
+	}
+	var doc struct {
+		Outputs []tensorJSON `json:"outputs"`
+	}
+	if err := json.Unmarshal(b.Bytes(), &doc); err != nil || len(doc.Outputs) != 2 {
+		t.Fatalf("infer --json: %v\n%s", err, b.String())
+	}
+	if !slices.Equal(doc.Outputs[0].Labels, labels) || doc.Outputs[1].Labels != nil {
+		t.Errorf("labels %q and %q, want %q on logits only", doc.Outputs[0].Labels, doc.Outputs[1].Labels, labels)
+	}
+	var raw struct {
+		Outputs []json.RawMessage `json:"outputs"`
+	}
+	if err := json.Unmarshal(b.Bytes(), &raw); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := parseTensorJSON("logits", raw.Outputs[0]); err != nil {
+		t.Errorf("a labelled output does not read back as an input file: %v", err)
+	}
+}
+
+func TestLabelsCell(t *testing.T) {
+	for _, tt := range []struct {
+		in   []string
+		want string
+	}{
+		{nil, ""},
+		{[]string{"negative", "positive"}, "negative,positive"},
+		{[]string{"a", "b", "c", "d", "e", "f", "g"}, "a,b,c,d,e,... (7)"},
+	} {
+		if got := labelsCell(tt.in); got != tt.want {
+			t.Errorf("labelsCell(%q) = %q, want %q", tt.in, got, tt.want)
+		}
 	}
 }

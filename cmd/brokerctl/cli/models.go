@@ -93,7 +93,7 @@ func writeModelTable(w io.Writer, ms []*brokerv1.Model, wide bool) error {
 	tw := newTable(w)
 	header := []string{"NAME", "VERSION", "KIND", "STATE", "DEVICES", "MEMORY", "SIZE", "PARAMS", "QUANT", "VERSIONS"}
 	if wide {
-		header = append(header, "INPUTS", "OUTPUTS", "ERROR")
+		header = append(header, "INPUTS", "OUTPUTS", "LABELS", "ERROR")
 	}
 	row(tw, "", header...)
 	for _, m := range ms {
@@ -114,7 +114,7 @@ func writeModelTable(w io.Writer, ms []*brokerv1.Model, wide bool) error {
 			orDash(strings.Join(m.GetDeviceIds(), ",")), mem, size, orDash(m.GetParameterSize()), orDash(m.GetQuantization()),
 			orDash(strings.Join(versions, ","))}
 		if wide {
-			cells = append(cells, orDash(specsCell(m.GetInputs())), orDash(specsCell(m.GetOutputs())), orDash(m.GetError()))
+			cells = append(cells, orDash(specsCell(m.GetInputs())), orDash(specsCell(m.GetOutputs())), orDash(labelsCell(m.GetLabels())), orDash(m.GetError()))
 		}
 		row(tw, "", cells...)
 	}
@@ -122,6 +122,15 @@ func writeModelTable(w io.Writer, ms []*brokerv1.Model, wide bool) error {
 		return fmt.Errorf("write model table: %w", err)
 	}
 	return nil
+}
+
+// labelsCell prints a classifier's labels in index order, the first
+// maxClasses of them and how many more.
+func labelsCell(labels []string) string {
+	if len(labels) > maxClasses {
+		return fmt.Sprintf("%s,... (%d)", strings.Join(labels[:maxClasses], ","), len(labels))
+	}
+	return strings.Join(labels, ",")
 }
 
 // specsCell prints tensor specs as name:DTYPE[shape], e.g. input:FP32[-1,6].
