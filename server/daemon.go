@@ -89,25 +89,26 @@ func Run(ctx context.Context, opts Options, log *zap.Logger) error {
 	if err := cfg.CheckHTTPAccess(); err != nil {
 		return config.Invalid(err)
 	}
-	if cfg.HTTPListen != "" && cfg.APIKeysFile == "" {
-		log.Warn("HTTP APIs need no API key: every user who can reach the address may use the data plane (--http-allow-unauthenticated)",
-			zap.String("http_listen", cfg.HTTPListen))
-	}
 	adm, err := resolveAdmins(cfg, os.Geteuid(), osLookupUser, osLookupGroup)
 	if err != nil {
 		return config.Invalid(err)
 	}
-	log.Info("admins", zap.String("uids", joinIDs(adm.uids)), zap.String("groups", joinIDs(adm.gids)),
-		zap.Stringers("identities", adm.identities))
 
 	// Listeners first: a second brokerd on the same socket stops here, before
-	// it touches the state dir or the devices.
+	// it touches the state dir or the devices, and a busy port stops it in
+	// one line, before anything is logged.
 	lis, err := openListeners(cfg)
 	if err != nil {
 		return err
 	}
 	defer lis.close()
 	addrs := lis.addrs
+	if cfg.HTTPListen != "" && cfg.APIKeysFile == "" {
+		log.Warn("HTTP APIs need no API key: every user who can reach the address may use the data plane (--http-allow-unauthenticated)",
+			zap.String("http_listen", cfg.HTTPListen))
+	}
+	log.Info("admins", zap.String("uids", joinIDs(adm.uids)), zap.String("groups", joinIDs(adm.gids)),
+		zap.Stringers("identities", adm.identities))
 
 	inv, closeNVML, err := discover(ctx, cfg, opts, &pol, getenv, log)
 	if err != nil {

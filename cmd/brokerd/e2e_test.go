@@ -5,9 +5,11 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -187,22 +189,36 @@ func TestBrokerdRefusesBadSettings(t *testing.T) {
 		{"bad costs", []string{"--costs", "gpu=cheap"}, nil, "costs"},
 		{"unknown admin group", []string{"--admin-groups", "no-such-group-here"}, nil, "no-such-group-here"},
 		{"settings file typo", []string{"--config", "TYPO_YAML"}, nil, `unknown setting "prefur"`},
+		{"busy metrics port", []string{"--metrics-listen", "BUSY"}, nil, "address already in use (another brokerd, or another program, listens there); set --metrics-listen / BROKERD_METRICS_LISTEN to another address"},
+		{"busy http port", []string{"--http-allow-unauthenticated"}, []string{"BROKERD_HTTP_LISTEN=BUSY"}, "; set --http-listen / BROKERD_HTTP_LISTEN to another address"},
 	}
 	typo := filepath.Join(t.TempDir(), "brokerd.yaml")
 	if err := os.WriteFile(typo, []byte("prefur: gpu\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			dir := t.TempDir()
 			args := append([]string{"--socket", filepath.Join(dir, "s.sock"), "--state-dir", dir, "--metrics-listen", ""}, tt.args...)
 			for i := range args {
-				if args[i] == "TYPO_YAML" {
+				switch args[i] {
+				case "TYPO_YAML":
 					args[i] = typo
+				case "BUSY":
+					args[i] = busy.Addr().String()
 				}
 			}
+			env := slices.Clone(tt.env)
+			for i := range env {
+				env[i] = strings.ReplaceAll(env[i], "BUSY", busy.Addr().String())
+			}
 			cmd := exec.Command(filepath.Join(binDir, "brokerd"), args...)
-			cmd.Env = hostEnv(tt.env...)
+			cmd.Env = hostEnv(env...)
 			out, err := cmd.CombinedOutput()
 			if err == nil {
 				t.Fatalf("brokerd started with a bad setting:\n%s", out)
