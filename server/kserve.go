@@ -192,7 +192,7 @@ func (k *InferenceService) ModelInfer(ctx context.Context, req *inference.ModelI
 	}
 	for _, o := range outs {
 		if k := classes[o.name]; k > 0 {
-			if o, err = classify(o, k); err != nil {
+			if o, err = classify(o, k, sv.Info.Labels); err != nil {
 				return nil, err
 			}
 		}

@@ -64,8 +64,10 @@ func positiveParam(p *inference.InferParameter) (int, bool) {
 
 // classify turns an FP32 output [rows, classes] (or [classes]) into
 // Triton's classification result: BYTES [rows, k] of "value:index", the k
-// highest values of each row, highest first (ties: lower index first).
-func classify(t tensor, k int) (tensor, error) {
+// highest values of each row, highest first (ties: lower index first);
+// "value:index:label" when the model names a label per class, as Triton
+// does with a model's label file.
+func classify(t tensor, k int, labels []string) (tensor, error) {
 	if t.dtype != "FP32" || len(t.shape) == 0 || len(t.shape) > 2 {
 		return t, status.Errorf(codes.InvalidArgument, "output %q: classification needs an FP32 output of shape [classes] or [rows, classes]; it is %s %v", t.name, t.dtype, t.shape)
 	}
@@ -76,6 +78,9 @@ func classify(t tensor, k int) (tensor, error) {
 	}
 	rows := len(vals) / classes
 	k = min(k, classes)
+	if len(labels) != classes {
+		labels = nil
+	}
 	elems := make([][]byte, 0, rows*k)
 	idx := make([]int, classes)
 	for r := range rows {
@@ -87,7 +92,11 @@ func classify(t tensor, k int) (tensor, error) {
 		for _, i := range idx[:k] {
 			e := strconv.AppendFloat(nil, float64(row[i]), 'f', 6, 32)
 			e = append(e, ':')
-			elems = append(elems, strconv.AppendInt(e, int64(i), 10))
+			e = strconv.AppendInt(e, int64(i), 10)
+			if labels != nil {
+				e = append(append(e, ':'), labels[i]...)
+			}
+			elems = append(elems, e)
 		}
 	}
 	shape := []int64{int64(k)}
