@@ -148,6 +148,24 @@ func TestClientAgainstBrokerd(t *testing.T) {
 		if results != 1 {
 			t.Errorf("%d chat results, want 1", results)
 		}
+		// Answers gathers each prompt's text, ids, logprobs and result.
+		ans, err := client.Answers(c.Generate(ctx, &brokerv1.GenerateRequest{Model: "chat", Prompts: []string{"one", "two"},
+			Sampling: &brokerv1.SamplingParams{MaxTokens: 5, IgnoreEos: true, Logprobs: true, TopLogprobs: 2}}))
+		if err != nil || len(ans) != 2 {
+			t.Fatalf("Answers: %v, %v", ans, err)
+		}
+		for i, a := range ans {
+			if len(a.TokenIDs) != 5 || len(a.Logprobs) != 5 || a.Result.GetUsage().GetCompletionTokens() != 5 {
+				t.Errorf("answer %d: %d ids, %d logprobs, result %v", i, len(a.TokenIDs), len(a.Logprobs), a.Result)
+				continue
+			}
+			for j, e := range a.Logprobs {
+				if e.GetChosen().GetTokenId() != a.TokenIDs[j] || e.GetChosen().GetText() == "" || len(e.GetTop()) != 2 ||
+					e.GetTop()[0].GetText() == "" || e.GetTop()[1].GetText() == "" {
+					t.Errorf("answer %d token %d: %v", i, j, e)
+				}
+			}
+		}
 		// Breaking out of the loop ends the call: the next one is served.
 		for _, err := range c.Generate(ctx, &brokerv1.GenerateRequest{Model: "chat", Prompts: []string{"long"},
 			Sampling: &brokerv1.SamplingParams{MaxTokens: 2000, IgnoreEos: true}}) {

@@ -57,6 +57,67 @@ func stream[T any](ctx context.Context, open func(context.Context) (grpc.ServerS
 // delta is what GenerateResponse and ChatResponse share.
 type delta interface {
 	GetDeltas() []*brokerv1.GenerationDelta
+	GetResults() []*brokerv1.GenerationResult
+}
+
+// Answer is one prompt's whole answer: its text, a thinking model's
+// reasoning (apart from the text), its token ids, their logprobs (with
+// each token's text and the alternatives asked for by
+// SamplingParams.top_logprobs) when SamplingParams.logprobs is set, and
+// its result (finish reason, usage, timings).
+type Answer struct {
+	Text, Reasoning string
+	TokenIDs        []int32
+	Logprobs        []*brokerv1.LogprobEntry
+	Result          *brokerv1.GenerationResult
+}
+
+// Answers collects a Generate or Chat stream into each prompt's Answer,
+// by index.
+func Answers[T delta](seq iter.Seq2[T, error]) ([]Answer, error) {
+	var out []*answer
+	at := func(i int32) (*answer, error) {
+		if i < 0 || i > 1<<16 {
+			return nil, errors.New("client: brokerd sent a delta with a bad index")
+		}
+		for len(out) <= int(i) {
+			out = append(out, &answer{})
+		}
+		return out[i], nil
+	}
+	for m, err := range seq {
+		if err != nil {
+			return nil, err
+		}
+		for _, d := range m.GetDeltas() {
+			a, err := at(d.GetIndex())
+			if err != nil {
+				return nil, err
+			}
+			a.text.WriteString(d.GetText())
+			a.reasoning.WriteString(d.GetReasoning())
+			a.TokenIDs = append(a.TokenIDs, d.GetTokenIds()...)
+			a.Logprobs = append(a.Logprobs, d.GetLogprobs()...)
+		}
+		for _, r := range m.GetResults() {
+			a, err := at(r.GetIndex())
+			if err != nil {
+				return nil, err
+			}
+			a.Result = r
+		}
+	}
+	res := make([]Answer, len(out))
+	for i, a := range out {
+		res[i] = a.Answer
+		res[i].Text, res[i].Reasoning = a.text.String(), a.reasoning.String()
+	}
+	return res, nil
+}
+
+type answer struct {
+	Answer
+	text, reasoning strings.Builder
 }
 
 // Text collects a Generate or Chat stream into the whole text of each
