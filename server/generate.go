@@ -10,11 +10,13 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/brokerd/brokerd/lifecycle"
 	brokerv1 "github.com/brokerd/brokerd/proto/broker/v1"
 	"github.com/brokerd/brokerd/scheduler"
+	"github.com/brokerd/brokerd/server/internal/output"
 )
 
 // generatorModel is what Generate and Chat need of a loaded decoder LLM:
@@ -32,9 +34,12 @@ type generatorModel interface {
 	// starts with ("": none).
 	SystemPrompt() string
 	EncodePrompt(text string, addSpecial bool) ([]int32, error)
-	// RenderChat runs the model's chat template under its bounds; it stops
-	// with ctx's error when ctx ends.
-	RenderChat(ctx context.Context, turns []chatTurn, addGenerationPrompt bool) (string, error)
+	// RenderChat runs the model's chat template under its bounds, with
+	// vars as more template variables; it stops with ctx's error when ctx
+	// ends.
+	RenderChat(ctx context.Context, turns []chatTurn, addGenerationPrompt bool, vars map[string]any) (string, error)
+	// ThinkTags are the markers of the model's thinking, when it thinks.
+	ThinkTags() (output.Tags, bool)
 	// NewSequence validates p (errors wrap models.ErrInvalidInput) and
 	// returns the state of one sequence.
 	NewSequence(p samplingParams, prompt []int32) (genSequence, error)
@@ -59,8 +64,9 @@ type genDelta struct {
 	Logprobs []*brokerv1.LogprobEntry
 }
 
-// chatTurn is one message of a conversation.
-type chatTurn struct{ Role, Content string }
+// chatTurn is one message of a conversation (Reasoning: an assistant
+// turn's thinking).
+type chatTurn struct{ Role, Content, Reasoning string }
 
 // samplingParams is SamplingParams with the proto's optional fields as
 // pointers (nil: the model's default).
@@ -83,6 +89,9 @@ const (
 	maxStopBytes    = 256
 	maxTopLogprobs  = 20
 	maxStopTokenIDs = 64
+	// maxTemplateKwargs bounds chat_template_kwargs: keys, and bytes.
+	maxTemplateKwargs      = 64
+	maxTemplateKwargsBytes = 64 << 10
 	// maxChatMessages bounds one conversation; chatMessageOverhead is
 	// what each message counts against --max-item-bytes besides its role
 	// and content (about what a chat template adds around it).
@@ -131,6 +140,9 @@ type genCall struct {
 	maxNew  int // 0: per prompt, the model's default or else the rest of the context
 	sched   scheduler.GenRequest
 	maxTime time.Duration
+	// thinking, for a chat of a thinking model, splits each sequence's
+	// reasoning from its text (nil: no parsing).
+	thinking []*output.Thinking
 }
 
 // generateSink sends one response; Generate and Chat wrap their stream.
@@ -173,6 +185,17 @@ func (s *BrokerService) Chat(req *brokerv1.ChatRequest, stream brokerv1.BrokerSe
 		return err
 	}
 	defer release()
+	vars, err := templateVars(req)
+	if err != nil {
+		return err
+	}
+	tags, thinks := call.gm.ThinkTags()
+	if req.GetEnableThinking() && !thinks {
+		return invalid("model %s does not think (its vocabulary has no <think> and </think> tokens): enable_thinking must be unset or false", req.GetModel())
+	}
+	if thinks {
+		call.thinking = make([]*output.Thinking, len(convs))
+	}
 	toks := make([][]int32, len(convs))
 	for i, c := range convs {
 		msgs := c.GetMessages()
@@ -187,7 +210,7 @@ func (s *BrokerService) Chat(req *brokerv1.ChatRequest, stream brokerv1.BrokerSe
 		}
 		size := 0
 		for _, m := range msgs {
-			size += len(m.GetContent()) + len(m.GetRole()) + chatMessageOverhead
+			size += len(m.GetContent()) + len(m.GetReasoning()) + len(m.GetRole()) + chatMessageOverhead
 		}
 		if size > s.limits.MaxItemBytes {
 			return invalid("conversations[%d] is %d bytes (%d messages, counting %d bytes of markup each); the limit is %d (--max-item-bytes)",
@@ -202,19 +225,24 @@ func (s *BrokerService) Chat(req *brokerv1.ChatRequest, stream brokerv1.BrokerSe
 				return invalid("conversations[%d].messages[%d].role %q: want system, user or assistant", i, j, m.GetRole())
 			}
 			hasSystem = hasSystem || m.GetRole() == "system"
-			turns = append(turns, chatTurn{Role: m.GetRole(), Content: m.GetContent()})
+			turns = append(turns, chatTurn{Role: m.GetRole(), Content: m.GetContent(), Reasoning: m.GetReasoning()})
 		}
 		// The model's own system prompt (an Ollama model's), as Ollama
 		// applies it: when the conversation brings none.
 		if sys := call.gm.SystemPrompt(); sys != "" && !hasSystem {
 			turns = append([]chatTurn{{Role: "system", Content: sys}}, turns...)
 		}
-		text, err := call.gm.RenderChat(ctx, turns, true)
+		text, err := call.gm.RenderChat(ctx, turns, true, vars)
 		if err != nil {
 			if ctx.Err() != nil {
 				return toStatus(s.log, "Chat", ctx.Err())
 			}
 			return invalid("conversations[%d]: %v", i, err)
+		}
+		if thinks {
+			// A template may open the block itself (thinking-only
+			// models): the reply then starts inside it.
+			call.thinking[i] = output.NewThinking(tags, output.PromptOpensBlock(tags, text))
 		}
 		// The template writes the special tokens itself.
 		if toks[i], err = call.gm.EncodePrompt(text, false); err != nil {
@@ -224,6 +252,38 @@ func (s *BrokerService) Chat(req *brokerv1.ChatRequest, stream brokerv1.BrokerSe
 	return call.run(ctx, toks, func(d []*brokerv1.GenerationDelta, r []*brokerv1.GenerationResult) error {
 		return stream.Send(&brokerv1.ChatResponse{Deltas: d, Results: r})
 	})
+}
+
+// reservedTemplateVars are a chat template's own inputs, which
+// chat_template_kwargs cannot replace.
+var reservedTemplateVars = []string{"messages", "add_generation_prompt", "bos_token", "eos_token", "tools", "documents"}
+
+// templateVars are a chat's template variables besides the messages:
+// chat_template_kwargs, then enable_thinking over its namesake.
+func templateVars(req *brokerv1.ChatRequest) (map[string]any, error) {
+	kw := req.GetChatTemplateKwargs()
+	if n := len(kw.GetFields()); n > maxTemplateKwargs {
+		return nil, invalid("chat_template_kwargs has %d keys; at most %d", n, maxTemplateKwargs)
+	}
+	if n := proto.Size(kw); n > maxTemplateKwargsBytes {
+		return nil, invalid("chat_template_kwargs is %d bytes; at most %d", n, maxTemplateKwargsBytes)
+	}
+	for _, k := range reservedTemplateVars {
+		if _, ok := kw.GetFields()[k]; ok {
+			return nil, invalid("chat_template_kwargs cannot set %q: it is the chat template's own input", k)
+		}
+	}
+	var vars map[string]any
+	if kw != nil {
+		vars = kw.AsMap()
+	}
+	if req.EnableThinking != nil {
+		if vars == nil {
+			vars = map[string]any{}
+		}
+		vars["enable_thinking"] = req.GetEnableThinking()
+	}
+	return vars, nil
 }
 
 // newGenCall validates what Generate and Chat share and enters the model's
@@ -441,16 +501,31 @@ func (c *genCall) convert(i int, seq genSequence, ev scheduler.GenEvent) (*broke
 		}
 		d = &brokerv1.GenerationDelta{Index: int32(i), Text: gd.Text, TokenIds: gd.TokenIDs, Logprobs: gd.Logprobs}
 	}
+	var think *output.Thinking
+	if c.thinking != nil {
+		think = c.thinking[i]
+	}
+	if d != nil && think != nil {
+		sp := think.Push(d.Text)
+		d.Text, d.Reasoning = sp.Content, sp.Reasoning
+	}
 	if ev.Finish == "" {
 		return d, nil, nil
 	}
-	if tail := seq.Flush(); tail != "" {
+	tail := output.Split{Content: seq.Flush()}
+	if think != nil {
+		sp := think.Push(tail.Content)
+		end := think.Flush()
+		tail = output.Split{Content: sp.Content + end.Content, Reasoning: sp.Reasoning + end.Reasoning}
+	}
+	if tail != (output.Split{}) {
 		if d == nil {
 			d = &brokerv1.GenerationDelta{Index: int32(i)}
 		}
-		d.Text += tail
+		d.Text += tail.Content
+		d.Reasoning += tail.Reasoning
 	}
-	if d != nil && !utf8.ValidString(d.Text) {
+	if d != nil && !(utf8.ValidString(d.Text) && utf8.ValidString(d.Reasoning)) {
 		return nil, nil, fmt.Errorf("sequence %d produced text that is not UTF-8", i)
 	}
 	info := ev.Info

@@ -62,12 +62,12 @@ func (d *byteDetok) Next(id int32) string {
 }
 func (d *byteDetok) Flush() string { return "" }
 
-func (byteTokenizer) Render(_ context.Context, msgs []llm.Message, gen bool) (string, error) {
+func (byteTokenizer) Render(_ context.Context, msgs []llm.Message, opts llm.ChatOptions) (string, error) {
 	var b strings.Builder
 	for _, m := range msgs {
 		fmt.Fprintf(&b, "<%s>%s\n", m.Role, m.Content)
 	}
-	if gen {
+	if opts.AddGenerationPrompt {
 		b.WriteString("<assistant>")
 	}
 	return b.String(), nil

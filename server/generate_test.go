@@ -19,12 +19,14 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/brokerd/brokerd/lifecycle"
 	brokerv1 "github.com/brokerd/brokerd/proto/broker/v1"
 	"github.com/brokerd/brokerd/runtime"
 	"github.com/brokerd/brokerd/runtime/models"
 	"github.com/brokerd/brokerd/scheduler"
+	"github.com/brokerd/brokerd/server/internal/output"
 )
 
 // letterModel is a hand-written generator: a token per byte (id = byte+2,
@@ -59,7 +61,9 @@ func (m *letterModel) EncodePrompt(text string, addSpecial bool) ([]int32, error
 	return ids, nil
 }
 
-func (m *letterModel) RenderChat(_ context.Context, turns []chatTurn, gen bool) (string, error) {
+func (m *letterModel) ThinkTags() (output.Tags, bool) { return output.Tags{}, false }
+
+func (m *letterModel) RenderChat(_ context.Context, turns []chatTurn, gen bool, _ map[string]any) (string, error) {
 	var b strings.Builder
 	for _, t := range turns {
 		fmt.Fprintf(&b, "<%s>%s\n", t.Role, t.Content)
@@ -344,6 +348,11 @@ func TestGenerateRPCValidation(t *testing.T) {
 		{name: "bad priority", req: &brokerv1.GenerateRequest{Model: "tiny", Prompts: []string{"ab"}, Priority: 9}, code: codes.InvalidArgument},
 		{name: "chat: bad role", chat: &brokerv1.ChatRequest{Model: "tiny", Conversations: []*brokerv1.Conversation{{Messages: []*brokerv1.ChatMessage{{Role: "robot", Content: "x"}}}}}, code: codes.InvalidArgument, msg: "role"},
 		{name: "chat: empty conversation", chat: &brokerv1.ChatRequest{Model: "tiny", Conversations: []*brokerv1.Conversation{{}}}, code: codes.InvalidArgument, msg: "no messages"},
+		{name: "chat: thinking on a model that does not think", chat: &brokerv1.ChatRequest{Model: "tiny", EnableThinking: proto.Bool(true),
+			Conversations: []*brokerv1.Conversation{{Messages: []*brokerv1.ChatMessage{{Role: "user", Content: "x"}}}}}, code: codes.InvalidArgument, msg: "does not think"},
+		{name: "chat: template kwargs replacing the messages", chat: &brokerv1.ChatRequest{Model: "tiny",
+			ChatTemplateKwargs: &structpb.Struct{Fields: map[string]*structpb.Value{"messages": structpb.NewListValue(&structpb.ListValue{})}},
+			Conversations:      []*brokerv1.Conversation{{Messages: []*brokerv1.ChatMessage{{Role: "user", Content: "x"}}}}}, code: codes.InvalidArgument, msg: "messages"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -367,10 +376,12 @@ func TestGenerateRPCValidation(t *testing.T) {
 }
 
 func TestGenerateRPCMaxTimeAndCancel(t *testing.T) {
+	// 4000 tokens at 2 ms or more each: 8 s or more, far past max_time (1 s),
+	// which is itself far past the first token's few milliseconds.
 	m := &letterModel{ctxLen: 4096, step: 2 * time.Millisecond}
 	cl := genServer(t, m, Limits{MaxItemsPerRequest: 8, MaxItemBytes: 1 << 10})
 	st, err := cl.Generate(t.Context(), &brokerv1.GenerateRequest{Model: "tiny", Prompts: []string{"a"},
-		Sampling: &brokerv1.SamplingParams{MaxTokens: 4000}, MaxTime: durationpb.New(60 * time.Millisecond)})
+		Sampling: &brokerv1.SamplingParams{MaxTokens: 4000}, MaxTime: durationpb.New(time.Second)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/brokerd/brokerd/lifecycle"
 	brokerv1 "github.com/brokerd/brokerd/proto/broker/v1"
 	"github.com/brokerd/brokerd/runtime/models/llm"
+	"github.com/brokerd/brokerd/server/internal/output"
 )
 
 // generator is what Generate and Chat run for sv: its decoder LLM, nil for
@@ -33,12 +34,25 @@ func (g genModel) EncodePrompt(text string, addSpecial bool) ([]int32, error) {
 	return g.m.Encode(text, addSpecial)
 }
 
-func (g genModel) RenderChat(ctx context.Context, turns []chatTurn, addGenerationPrompt bool) (string, error) {
+func (g genModel) RenderChat(ctx context.Context, turns []chatTurn, addGenerationPrompt bool, vars map[string]any) (string, error) {
 	msgs := make([]llm.Message, len(turns))
 	for i, t := range turns {
-		msgs[i] = llm.Message{Role: t.Role, Content: t.Content}
+		msgs[i] = llm.Message{Role: t.Role, Content: t.Content, Reasoning: t.Reasoning}
 	}
-	return g.m.RenderChat(ctx, msgs, addGenerationPrompt)
+	return g.m.RenderChat(ctx, msgs, llm.ChatOptions{AddGenerationPrompt: addGenerationPrompt, Vars: vars})
+}
+
+// ThinkTags: a model thinks when its vocabulary has Qwen3's (and
+// DeepSeek-R1's) thinking markers as tokens of their own, as Qwen3's
+// tokenizer adds them; Qwen2.5's and Llama 3's split them into pieces.
+func (g genModel) ThinkTags() (output.Tags, bool) {
+	tags := output.Qwen3Tags
+	for _, tag := range []string{tags.Open, tags.Close} {
+		if ids, err := g.m.Encode(tag, false); err != nil || len(ids) != 1 {
+			return output.Tags{}, false
+		}
+	}
+	return tags, true
 }
 
 // NewSequence applies the request's sampling over the model's defaults

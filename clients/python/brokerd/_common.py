@@ -180,12 +180,40 @@ def sampling(kw: Mapping) -> Optional[pb.SamplingParams]:
 
 
 @dataclass
+class TokenLogprob:
+    """A token, its text (vLLM's "bytes:\\xNN" form when it is part of a
+    UTF-8 character; `bytes` has it raw) and its log-probability."""
+
+    token_id: int
+    text: str
+    logprob: float
+    bytes: bytes = b""
+
+
+@dataclass
+class Logprob:
+    """A chosen token's log-probability and the `top_logprobs` most likely
+    alternatives at its position."""
+
+    chosen: TokenLogprob
+    top: List[TokenLogprob] = field(default_factory=list)
+
+
+@dataclass
 class Delta:
-    """Text of prompt `index` as it is sampled."""
+    """Text of prompt `index` as it is sampled; `reasoning` is a thinking
+    model's thinking (chat), never part of `text`; `logprobs` one entry per
+    token of token_ids when asked for (logprobs=True, top_logprobs=N)."""
 
     index: int
     text: str
     token_ids: List[int] = field(default_factory=list)
+    logprobs: List[Logprob] = field(default_factory=list)
+    reasoning: str = ""
+
+
+def _token_logprob(t) -> TokenLogprob:
+    return TokenLogprob(t.token_id, t.text, t.logprob, bytes(t.bytes))
 
 
 @dataclass
@@ -203,7 +231,8 @@ class Finished:
 def events(msg) -> List[Union[Delta, Finished]]:
     out: List[Union[Delta, Finished]] = []
     for d in msg.deltas:
-        out.append(Delta(d.index, d.text, list(d.token_ids)))
+        lps = [Logprob(_token_logprob(e.chosen), [_token_logprob(t) for t in e.top]) for e in d.logprobs]
+        out.append(Delta(d.index, d.text, list(d.token_ids), lps, d.reasoning))
     for r in msg.results:
         reason = pb.FinishReason.Name(r.finish_reason).removeprefix("FINISH_REASON_").lower()
         ttft = r.time_to_first_token.seconds + r.time_to_first_token.nanos / 1e9
@@ -223,14 +252,24 @@ Message = Mapping[str, str]
 
 def chat_request(model: str, conversations: Union[Sequence[Message], Sequence[Sequence[Message]]],
                  max_time: Optional[float], priority: Optional[str], kw: Mapping) -> pb.ChatRequest:
-    """conversations: one conversation (a list of {"role", "content"}) or several."""
+    """conversations: one conversation (a list of {"role", "content"}, and
+    "reasoning" for an earlier answer's thinking) or several. kw may hold
+    enable_thinking (a thinking model's chat template variable) and
+    chat_template_kwargs (a dict of more variables) besides sampling."""
     if conversations and isinstance(conversations[0], Mapping):
         conversations = [conversations]  # type: ignore[list-item]
+    kw = dict(kw)
+    thinking = kw.pop("enable_thinking", None)
+    template_kwargs = kw.pop("chat_template_kwargs", None)
     req = pb.ChatRequest(model=model)
     for conv in conversations:
         c = req.conversations.add()
         for m in conv:  # type: ignore[union-attr]
-            c.messages.add(role=m["role"], content=m["content"])
+            c.messages.add(role=m["role"], content=m["content"], reasoning=m.get("reasoning", ""))
+    if thinking is not None:
+        req.enable_thinking = bool(thinking)
+    if template_kwargs:
+        req.chat_template_kwargs.update(template_kwargs)
     return _generation_options(req, max_time, priority, kw)
 
 

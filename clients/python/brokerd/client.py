@@ -135,9 +135,11 @@ class Client:
                  priority: Optional[str] = None, timeout: Optional[float] = None,
                  **sampling) -> Iterator[Union[c.Delta, c.Finished]]:
         """Stream the answers to one prompt or several: Delta(index, text,
-        token_ids) as text is sampled, Finished(index, ...) at each prompt's
-        end. sampling: temperature, top_p, top_k, min_p, seed, max_tokens,
-        stop, ... Closing the iterator (or leaving the loop and dropping it)
+        token_ids, logprobs) as text is sampled, Finished(index, ...) at each
+        prompt's end. sampling: temperature, top_p, top_k, min_p, seed,
+        max_tokens (none: to a stop or the end of the model's context), stop,
+        logprobs and top_logprobs (each Delta's logprobs then has an entry per
+        token with its text and the alternatives), ... Closing the iterator (or leaving the loop and dropping it)
         cancels the call, and brokerd frees the sequences."""
         req = c.generate_request(model, prompts, max_time, priority, sampling)
         return self._stream(self._stub.Generate, req, timeout)
@@ -145,7 +147,10 @@ class Client:
     def chat(self, model: str, messages, max_time: Optional[float] = None, priority: Optional[str] = None,
              timeout: Optional[float] = None, **sampling) -> Iterator[Union[c.Delta, c.Finished]]:
         """generate() for a conversation ([{"role": "user", "content": ...}])
-        or a list of conversations, rendered by the model's chat template."""
+        or a list of conversations, rendered by the model's chat template.
+        enable_thinking=True/False sets a thinking model's (Qwen3's) template
+        variable, chat_template_kwargs={...} more of them; the thinking comes
+        in Delta.reasoning, never in Delta.text."""
         req = c.chat_request(model, messages, max_time, priority, sampling)
         return self._stream(self._stub.Chat, req, timeout)
 

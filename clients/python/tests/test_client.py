@@ -112,6 +112,41 @@ class TestClient(unittest.TestCase):
         two = brokerd.text(self.c.chat("chat", [conv, conv[1:]], max_tokens=3, ignore_eos=True))
         self.assertEqual(len(two), 2)
 
+    def test_logprobs(self):
+        deltas = [e for e in self.c.generate("chat", "name a color", max_tokens=6, ignore_eos=True,
+                                             temperature=0.0, logprobs=True, top_logprobs=3)
+                  if isinstance(e, brokerd.Delta)]
+        ids = [t for d in deltas for t in d.token_ids]
+        entries = [lp for d in deltas for lp in d.logprobs]
+        self.assertEqual(len(ids), 6)
+        self.assertEqual([lp.chosen.token_id for lp in entries], ids)
+        for lp in entries:
+            self.assertIsInstance(lp, brokerd.Logprob)
+            self.assertEqual(len(lp.top), 3)
+            self.assertLessEqual(lp.chosen.logprob, 0)
+            for t in [lp.chosen] + lp.top:
+                self.assertTrue(t.text, t)  # every token, alternatives too, has its text
+                self.assertTrue(t.bytes, t)
+            # Greedy: the chosen token is the likeliest.
+            self.assertEqual(lp.top[0].token_id, lp.chosen.token_id)
+        # No logprobs unless asked for.
+        plain = [e for e in self.c.generate("chat", "x", max_tokens=2, ignore_eos=True) if isinstance(e, brokerd.Delta)]
+        self.assertTrue(all(d.logprobs == [] for d in plain))
+
+    def test_enable_thinking_reaches_the_template(self):
+        # Qwen3's template writes an empty think block into the prompt when
+        # thinking is off: <think>, "\n\n", </think>, "\n\n" are 4 tokens.
+        conv = [{"role": "user", "content": "Name a color"}]
+
+        def prompt_tokens(**kw):
+            done = [e for e in self.c.chat("chat", conv, max_tokens=1, **kw) if isinstance(e, brokerd.Finished)]
+            return done[0].prompt_tokens
+
+        default = prompt_tokens()
+        self.assertEqual(prompt_tokens(enable_thinking=False), default + 4)
+        self.assertEqual(prompt_tokens(chat_template_kwargs={"enable_thinking": False}), default + 4)
+        self.assertEqual(prompt_tokens(enable_thinking=True), default)
+
     def test_stopping_early_frees_the_sequence(self):
         stream = self.c.generate("chat", "a long answer", max_tokens=3000, ignore_eos=True)
         first = next(stream)

@@ -14,9 +14,21 @@ import (
 // KindLLM is the model kind of decoder LLMs in the repository.
 const KindLLM models.Kind = "llm"
 
-// Message is one turn of a conversation: system, user or assistant.
+// Message is one turn of a conversation: system, user or assistant; an
+// assistant turn may carry its thinking (Reasoning), which thinking
+// models' templates show for the turns after the last user message.
 type Message struct {
-	Role, Content string
+	Role, Content, Reasoning string
+}
+
+// ChatOptions are a render's inputs besides the messages.
+type ChatOptions struct {
+	// AddGenerationPrompt ends the text where the assistant's reply begins.
+	AddGenerationPrompt bool
+	// Vars are more template variables (enable_thinking, a request's
+	// chat_template_kwargs); the caller keeps them off the template's own
+	// inputs (messages, add_generation_prompt, bos_token, eos_token, tools).
+	Vars map[string]any
 }
 
 // Tokenizer is what a model needs of its tokenizer: prompts to ids (with
@@ -36,7 +48,7 @@ type Tokenizer interface {
 // template is code from a model file: Render runs it under bounds and
 // stops when ctx ends.
 type ChatTemplate interface {
-	Render(ctx context.Context, messages []Message, addGenerationPrompt bool) (string, error)
+	Render(ctx context.Context, messages []Message, opts ChatOptions) (string, error)
 }
 
 // ModelOptions name a model and its host-side parts.
@@ -249,13 +261,12 @@ func (m *Model) TokenBytes(id int32) []byte {
 	return m.opts.Tokenizer.TokenBytes(id)
 }
 
-// RenderChat renders messages with the model's chat template; with
-// addGenerationPrompt the text ends where the assistant's reply begins.
-func (m *Model) RenderChat(ctx context.Context, messages []Message, addGenerationPrompt bool) (string, error) {
+// RenderChat renders messages with the model's chat template.
+func (m *Model) RenderChat(ctx context.Context, messages []Message, opts ChatOptions) (string, error) {
 	if m.opts.Chat == nil {
 		return "", fmt.Errorf("%w: llm %q has no chat template", models.ErrInvalidInput, m.opts.Name)
 	}
-	s, err := m.opts.Chat.Render(ctx, messages, addGenerationPrompt)
+	s, err := m.opts.Chat.Render(ctx, messages, opts)
 	if err != nil {
 		if ctx.Err() != nil {
 			return "", fmt.Errorf("llm %q: chat template: %w", m.opts.Name, ctx.Err())

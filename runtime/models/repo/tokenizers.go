@@ -78,10 +78,10 @@ func (s bpeStream) Flush() string        { return s.d.Flush() }
 
 type bpeChat struct{ t *bpe.Tokenizer }
 
-func (c bpeChat) Render(ctx context.Context, messages []llm.Message, addGenerationPrompt bool) (string, error) {
+func (c bpeChat) Render(ctx context.Context, messages []llm.Message, opts llm.ChatOptions) (string, error) {
 	msgs := make([]bpe.Message, len(messages))
 	for i, m := range messages {
-		msgs[i] = bpe.Message{Role: m.Role, Content: m.Content}
+		msgs[i] = bpe.Message{Role: m.Role, Content: m.Content, ReasoningContent: m.Reasoning}
 	}
-	return c.t.ApplyChatTemplate(ctx, msgs, bpe.ChatOptions{AddGenerationPrompt: addGenerationPrompt, Limits: bpe.DefaultTemplateLimits})
+	return c.t.ApplyChatTemplate(ctx, msgs, bpe.ChatOptions{AddGenerationPrompt: opts.AddGenerationPrompt, Vars: opts.Vars, Limits: bpe.DefaultTemplateLimits})
 }

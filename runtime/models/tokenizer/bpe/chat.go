@@ -26,6 +26,9 @@ var ErrTemplateLimit = errors.New("chat template over its limits")
 type Message struct {
 	Role    string // system, user, assistant
 	Content string
+	// ReasoningContent is an assistant turn's thinking, the template's
+	// message.reasoning_content (Qwen3's); "" leaves it undefined.
+	ReasoningContent string
 }
 
 // ChatOptions are the template's inputs besides the messages.
@@ -125,7 +128,11 @@ func (t *Tokenizer) ApplyChatTemplate(ctx context.Context, messages []Message, o
 	}
 	msgs := make([]any, len(messages))
 	for i, m := range messages {
-		msgs[i] = map[string]any{"role": m.Role, "content": m.Content}
+		msg := map[string]any{"role": m.Role, "content": m.Content}
+		if m.ReasoningContent != "" {
+			msg["reasoning_content"] = m.ReasoningContent
+		}
+		msgs[i] = msg
 	}
 	data := map[string]any{
 		"messages":              msgs,

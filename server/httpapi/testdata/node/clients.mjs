@@ -218,6 +218,75 @@ if (llm) {
   });
 }
 
+// Thinking: THINK_LLM is a thinking model (Qwen3's template) that thinks
+// THINK_REASONING and answers THINK_CONTENT; the fake's tiny-llm thinks
+// "hmm, let me think" when asked to.
+const thinker = process.env.THINK_LLM || (mode === 'fake' ? 'tiny-llm' : '');
+if (thinker) {
+  const reasoning = process.env.THINK_REASONING || 'hmm, let me think';
+  const content = process.env.THINK_CONTENT;
+  const msgs = [{ role: 'user', content: 'Red or blue?' }];
+  const noTags = (s) => assert.ok(!/<\/?think>/.test(s ?? ''), `a tag leaked: ${s}`);
+  await check('ollama chat think', async () => {
+    const r = await ollama.chat({ model: thinker, messages: msgs, think: true, stream: false, options: { temperature: 0 } });
+    assert.equal(r.message.thinking, reasoning);
+    noTags(r.message.content);
+    if (content) assert.equal(r.message.content, content);
+  });
+  await check('ollama chat think streamed', async () => {
+    let thinking = '';
+    let text = '';
+    for await (const part of await ollama.chat({ model: thinker, messages: msgs, think: true, stream: true, options: { temperature: 0 } })) {
+      thinking += part.message.thinking ?? '';
+      text += part.message.content;
+    }
+    assert.equal(thinking, reasoning);
+    noTags(text);
+    if (content) assert.equal(text, content);
+  });
+  await check('ollama generate think', async () => {
+    const r = await ollama.generate({ model: thinker, prompt: 'Red or blue?', think: true, stream: false, options: { temperature: 0 } });
+    assert.equal(r.thinking, reasoning);
+    noTags(r.response);
+    if (content) assert.equal(r.response, content);
+  });
+  await check('ollama chat think false', async () => {
+    const r = await ollama.chat({ model: thinker, messages: msgs, think: false, stream: false, options: { temperature: 0 } });
+    assert.ok(!r.message.thinking, `thinking ${r.message.thinking}`);
+    noTags(r.message.content);
+    if (content) assert.equal(r.message.content, content);
+  });
+  await check('openai chat reasoning_content', async () => {
+    const r = await openai.chat.completions.create({ model: thinker, messages: msgs, temperature: 0,
+      chat_template_kwargs: { enable_thinking: true } });
+    assert.equal(r.choices[0].message.reasoning_content, reasoning);
+    noTags(r.choices[0].message.content);
+    if (content) assert.equal(r.choices[0].message.content, content);
+  });
+  await check('openai chat reasoning_content streamed', async () => {
+    let thinking = '';
+    let text = '';
+    const stream = await openai.chat.completions.create({ model: thinker, messages: msgs, temperature: 0, stream: true,
+      chat_template_kwargs: { enable_thinking: true } });
+    for await (const chunk of stream) {
+      for (const c of chunk.choices) {
+        thinking += c.delta?.reasoning_content ?? '';
+        text += c.delta?.content ?? '';
+      }
+    }
+    assert.equal(thinking, reasoning);
+    noTags(text);
+    if (content) assert.equal(text, content);
+  });
+  await check('openai chat with thinking off', async () => {
+    const r = await openai.chat.completions.create({ model: thinker, messages: msgs, temperature: 0,
+      chat_template_kwargs: { enable_thinking: false } });
+    assert.equal(r.choices[0].message.reasoning_content ?? null, null);
+    noTags(r.choices[0].message.content);
+    if (content) assert.equal(r.choices[0].message.content, content);
+  });
+}
+
 if (mode === 'fake') {
   await check('openai error: queue full is 429 with Retry-After', async () => {
     const e = await rejects(openai.chat.completions.create({ model: 'busy', messages: [{ role: 'user', content: 'x' }] }), 429);
