@@ -38,7 +38,7 @@ UNITDIR    ?= /etc/systemd/system
 IMAGE      ?= brokerd:$(VERSION)
 DOCKER     ?= docker
 
-.PHONY: all build run models bench-peers bench-llamacpp test test-short fuzz bench lint proto proto-check deps clean install uninstall image
+.PHONY: all build run models bench-peers bench-llamacpp test test-short fuzz bench lint proto proto-check deps clean install uninstall image gpu-bundle gpu-check
 
 all: build
 
@@ -87,6 +87,14 @@ fuzz: deps
 ## test-short: the tests alone, without lint and proto-check
 test-short: deps
 	$(GO) test -race -count=1 $(PKGS)
+
+## gpu-bundle: build what make gpu-check needs on a GPU host (no Go, no network) into .gpu/
+gpu-bundle: deps
+	GO=$(GO) bench/gpu_bundle.sh $(CURDIR)/.gpu
+
+## gpu-check: on a GPU host, every GPU verification in one call (DIR: the results; default $$OUT, else bench/gpu-results)
+gpu-check:
+	bash bench/gpu_check.sh $(DIR)
 
 ## bench: the Go benchmarks (results and commands are recorded in bench/RESULTS.md)
 bench: deps

@@ -2,12 +2,20 @@
 # Compares what brokerd reports for each NVIDIA GPU with nvidia-smi, field by
 # field: name, UUID, total memory, driver version, compute capability.
 # Run on a host with the NVIDIA driver, from the repository root, after
-# `make build`. Exits non-zero on any mismatch.
+# `make build`. Exits non-zero on any mismatch. Env: BIN (default bin),
+# LOG_DIR (keep brokerd's log and answer there; bench/gpu_check.sh sets it).
 set -euo pipefail
 
 bin=${BIN:-bin}
+log_dir=${LOG_DIR:-}
 work=$(mktemp -d)
-trap 'kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; rm -rf "$work"' EXIT
+pid=
+cleanup() {
+  if [ -n "$pid" ]; then kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; fi
+  if [ -n "$log_dir" ] && mkdir -p "$log_dir"; then cp "$work"/* "$log_dir"/ 2>/dev/null || true; fi
+  rm -rf "$work"
+}
+trap cleanup EXIT
 
 "$bin/brokerd" --socket "$work/b.sock" --state-dir "$work/state" --metrics-listen "" \
   --log-format console 2>"$work/brokerd.log" &
