@@ -1,0 +1,340 @@
+package grammar
+
+import (
+	"fmt"
+	"slices"
+)
+
+// Matcher follows one sequence through a Grammar. Not safe for concurrent
+// use; one per sequence. Its methods never panic on bad token ids.
+type Matcher struct {
+	g          *Grammar
+	a          *arena
+	cur        []int32 // stacks; 0 = the grammar may end here
+	terminated bool
+	hist       []histEntry
+	scratch    [2][]int32
+	sorted     []int32
+	states     []int32 // per depth, for checking uncertain tokens
+	tmp        []uint64
+
+	// memo of steps: interned stack sets and their transitions, so that
+	// the steps a Mask takes to check context-dependent tokens are shared
+	// with the next Masks and with Accept (the stacks below a string or a
+	// number stay the same node ids while it is written)
+	msets  [][]int32
+	mindex map[string]int32
+	mtrans map[uint64]int32
+	key    []byte
+}
+
+type histEntry struct {
+	set        []int32
+	terminated bool
+}
+
+// compact the arena and drop the step memo when either grows this large
+const (
+	compactNodes = 1 << 18
+	memoSteps    = 1 << 17
+)
+
+// NewMatcher starts a matcher at the beginning of the grammar.
+func (g *Grammar) NewMatcher() (*Matcher, error) {
+	m := &Matcher{g: g, a: newArena(g.prog, false, g.lim)}
+	m.resetMemo()
+	m.cur = m.a.start(nil)
+	if err := m.checkStep(m.cur); err != nil {
+		return nil, err
+	}
+	if len(m.cur) == 0 {
+		return nil, invalidf("grammar matches nothing")
+	}
+	return m, nil
+}
+
+// Reset returns the matcher to the beginning of the grammar.
+func (m *Matcher) Reset() {
+	m.a = newArena(m.g.prog, false, m.g.lim)
+	m.resetMemo()
+	m.cur = m.a.start(nil)
+	m.terminated = false
+	m.hist = m.hist[:0]
+}
+
+func (m *Matcher) checkStep(set []int32) error {
+	if m.a.overflow && m.a.work <= m.a.maxWork {
+		return fmt.Errorf("%w: parse stack deeper than %d (nesting too deep)", ErrStackLimit, m.a.maxDepth)
+	}
+	if m.a.work > m.a.maxWork {
+		return fmt.Errorf("%w: more than %d parse-stack steps for one byte", ErrStackLimit, m.a.maxWork)
+	}
+	if len(set) > m.g.lim.MaxStacks {
+		return fmt.Errorf("%w: %d parse stacks (limit %d): the grammar is too ambiguous", ErrStackLimit, len(set), m.g.lim.MaxStacks)
+	}
+	return nil
+}
+
+// CanEnd reports whether the output so far is a complete sentence of the
+// grammar, so that an end-of-sequence token is allowed.
+func (m *Matcher) CanEnd() bool {
+	return !m.terminated && slices.Contains(m.cur, 0)
+}
+
+// IsTerminated reports whether an end-of-sequence token was accepted.
+func (m *Matcher) IsTerminated() bool { return m.terminated }
+
+// Accept advances the matcher over token id. A token the grammar does not
+// allow returns an error wrapping ErrTokenRejected and leaves the matcher
+// unchanged; ErrStackLimit means the grammar exceeded its run-time bounds
+// (finish the sequence).
+func (m *Matcher) Accept(id int32) error {
+	if m.terminated {
+		return ErrTerminated
+	}
+	v := m.g.vocab
+	if v.isEOSID(id) {
+		if !m.CanEnd() {
+			return fmt.Errorf("%w: end of sequence before the grammar is complete", ErrTokenRejected)
+		}
+		m.hist = append(m.hist, histEntry{m.cur, m.terminated})
+		m.terminated = true
+		return nil
+	}
+	t := v.Token(id)
+	if len(t) == 0 {
+		return fmt.Errorf("%w: token %d has no text", ErrTokenRejected, id)
+	}
+	s := m.intern(m.cur)
+	for i, b := range t {
+		var err error
+		if s, err = m.step(s, b); err != nil {
+			return err
+		}
+		if s == 0 {
+			return fmt.Errorf("%w: token %d (%q) at byte %d", ErrTokenRejected, id, t, i)
+		}
+	}
+	m.hist = append(m.hist, histEntry{m.cur, m.terminated})
+	m.cur = m.msets[s]
+	if len(m.a.nodes) > compactNodes || len(m.mtrans) > memoSteps {
+		m.compact()
+	}
+	return nil
+}
+
+// Rollback undoes the last n accepted tokens (EOS included).
+func (m *Matcher) Rollback(n int) error {
+	if n < 0 || n > len(m.hist) {
+		return fmt.Errorf("grammar: cannot roll back %d tokens (%d accepted)", n, len(m.hist))
+	}
+	for ; n > 0; n-- {
+		h := m.hist[len(m.hist)-1]
+		m.hist = m.hist[:len(m.hist)-1]
+		m.cur, m.terminated = h.set, h.terminated
+	}
+	return nil
+}
+
+// Accepted is the number of tokens accepted (and not rolled back).
+func (m *Matcher) Accepted() int { return len(m.hist) }
+
+// Mask writes into dst (Vocab.MaskWords() words) the bitset of tokens
+// allowed next: bit id is set iff token id may be sampled. EOS tokens are
+// allowed exactly when CanEnd. It returns the number of allowed tokens; 0
+// means a dead end (nothing allowed and the grammar cannot end, or already
+// terminated): finish the sequence.
+func (m *Matcher) Mask(dst []uint64) (int, error) {
+	v := m.g.vocab
+	if len(dst) < v.words {
+		return 0, fmt.Errorf("grammar: mask of %d words, need %d", len(dst), v.words)
+	}
+	dst = dst[:v.words]
+	clear(dst)
+	if m.terminated {
+		return 0, nil
+	}
+	// group stacks by top position
+	m.sorted = append(m.sorted[:0], m.cur...)
+	nodes := m.a.nodes
+	slices.SortFunc(m.sorted, func(x, y int32) int { return int(nodes[x].pos) - int(nodes[y].pos) })
+	canEnd := false
+	for i := 0; i < len(m.sorted); {
+		n := m.sorted[i]
+		if n == 0 {
+			canEnd = true
+			i++
+			continue
+		}
+		pos := nodes[n].pos
+		j := i + 1
+		for j < len(m.sorted) && nodes[m.sorted[j]].pos == pos {
+			j++
+		}
+		ts := m.g.cache[pos]
+		switch ts.mode {
+		case setAccept:
+			for _, id := range ts.ids {
+				dst[id>>6] |= 1 << (id & 63)
+			}
+		case setBits:
+			for w, x := range ts.bits {
+				dst[w] |= x
+			}
+		case setReject:
+			if m.tmp == nil {
+				m.tmp = make([]uint64, v.words)
+			}
+			copy(m.tmp, v.usable)
+			for _, id := range ts.ids {
+				m.tmp[id>>6] &^= 1 << (id & 63)
+			}
+			for w, x := range m.tmp {
+				dst[w] |= x
+			}
+		}
+		if len(ts.uncertain) > 0 {
+			if err := m.checkUncertain(ts.uncertain, m.sorted[i:j], dst); err != nil {
+				return 0, err
+			}
+		}
+		i = j
+	}
+	if canEnd {
+		for _, e := range v.eos {
+			dst[e>>6] |= 1 << (e & 63)
+		}
+	}
+	return MaskCount(dst), nil
+}
+
+// checkUncertain runs the context-dependent tokens (in byte order, so
+// that consecutive tokens share the steps of their common prefix) against
+// the real stacks.
+func (m *Matcher) checkUncertain(unc []int32, stacks []int32, dst []uint64) error {
+	v := m.g.vocab
+	m.states = append(m.states[:0], m.intern(stacks))
+	var prev []byte
+	valid := 0 // m.states[1..valid] are the states after prev's first bytes
+	dead := -1 // prev's prefix of this length leaves no stack
+	for _, id := range unc {
+		t := v.tokens[id]
+		if dst[id>>6]&(1<<(id&63)) != 0 {
+			continue // already allowed by another stack
+		}
+		l := 0
+		for l < len(t) && l < len(prev) && t[l] == prev[l] {
+			l++
+		}
+		if dead >= 0 && dead <= l {
+			prev = t
+			valid = min(valid, l)
+			continue
+		}
+		dead = -1
+		valid = min(valid, l)
+		for d := valid; d < len(t); d++ {
+			s, err := m.step(m.states[d], t[d])
+			if err != nil {
+				return err
+			}
+			m.states = append(m.states[:d+1], s)
+			valid = d + 1
+			if s == 0 {
+				dead = d + 1
+				break
+			}
+		}
+		if dead < 0 {
+			dst[id>>6] |= 1 << (id & 63)
+		}
+		prev = t
+	}
+	return nil
+}
+
+func (m *Matcher) resetMemo() {
+	m.msets = [][]int32{nil}
+	m.mindex = map[string]int32{"": 0}
+	m.mtrans = map[uint64]int32{}
+}
+
+// intern returns the id of a stack set (0: the empty set).
+func (m *Matcher) intern(set []int32) int32 {
+	if len(set) == 0 {
+		return 0
+	}
+	if !slices.IsSorted(set) {
+		set = slices.Clone(set)
+		slices.Sort(set)
+	}
+	m.key = m.key[:0]
+	for _, n := range set {
+		m.key = append(m.key, byte(n), byte(n>>8), byte(n>>16), byte(n>>24))
+	}
+	if id, ok := m.mindex[string(m.key)]; ok {
+		return id
+	}
+	id := int32(len(m.msets))
+	m.msets = append(m.msets, slices.Clone(set))
+	m.mindex[string(m.key)] = id
+	return id
+}
+
+// step is the memoized arena step of an interned set over byte b.
+func (m *Matcher) step(s int32, b byte) (int32, error) {
+	k := uint64(s)<<8 | uint64(b)
+	if r, ok := m.mtrans[k]; ok {
+		return r, nil
+	}
+	out := m.a.step(m.msets[s], b, m.scratch[0][:0])
+	m.scratch[0] = out
+	if err := m.checkStep(out); err != nil {
+		return 0, err
+	}
+	r := m.intern(out)
+	m.mtrans[k] = r
+	return r, nil
+}
+
+// remaining is the fewest bytes that complete the grammar from here (0 if
+// it can end now).
+func (m *Matcher) remaining() int {
+	best := -1
+	for _, n := range m.cur {
+		if r := m.a.remaining(n); best < 0 || r < best {
+			best = r
+		}
+	}
+	return best
+}
+
+// compact rebuilds the arena with only the nodes the matcher still uses.
+func (m *Matcher) compact() {
+	old := m.a
+	a := newArena(m.g.prog, false, m.g.lim)
+	remap := map[int32]int32{0: 0}
+	var cp func(n int32) int32
+	cp = func(n int32) int32 {
+		if r, ok := remap[n]; ok {
+			return r
+		}
+		nd := old.nodes[n]
+		r := a.node(nd.pos, cp(nd.parent))
+		remap[n] = r
+		return r
+	}
+	mapSet := func(s []int32) []int32 {
+		out := make([]int32, len(s))
+		for i, n := range s {
+			out[i] = cp(n)
+		}
+		return out
+	}
+	m.cur = mapSet(m.cur)
+	for i := range m.hist {
+		m.hist[i].set = mapSet(m.hist[i].set)
+	}
+	m.a = a
+	m.resetMemo()
+}

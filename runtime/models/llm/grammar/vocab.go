@@ -1,0 +1,140 @@
+package grammar
+
+import (
+	"bytes"
+	"fmt"
+	"math/bits"
+	"slices"
+	"sync/atomic"
+)
+
+// Vocab is a model's vocabulary as the grammar engine sees it: each token's
+// bytes after the tokenizer's byte-level decoding, and the end-of-sequence
+// token ids. Build one per model and share it; it is immutable.
+type Vocab struct {
+	id     uint64
+	tokens [][]byte
+	eos    []int32
+	isEOS  []uint64 // bitset of eos ids
+	usable []uint64 // bitset: non-empty, non-EOS tokens (those the grammar may allow)
+	words  int      // len of a mask bitset
+
+	// the trie of usable tokens in preorder (sorted byte order)
+	nodes []trieNode
+	ids   []int32 // token ids in trie (sorted) order; nodes point into it
+	bytes int64   // approximate memory held
+}
+
+type trieNode struct {
+	b        byte
+	depth    uint16 // 1 for a child of the root
+	end      int32  // index one past this node's subtree
+	tokStart int32  // ids[tokStart:tokStart+tokN] end exactly here
+	tokN     int32
+}
+
+var vocabSeq atomic.Uint64
+
+// MaxTokenBytes is the longest token NewVocab accepts.
+const MaxTokenBytes = 4096
+
+// NewVocab builds a Vocab. tokens[i] is token i's bytes (after byte-level
+// decoding, so "Ġthe" is " the"); control and special tokens that must
+// never be produced under a grammar should be given as nil or empty. eos
+// lists the end-of-sequence ids: they are excluded from grammar matching
+// and allowed by Mask exactly when the grammar can end.
+func NewVocab(tokens [][]byte, eos []int32) (*Vocab, error) {
+	n := len(tokens)
+	if n == 0 {
+		return nil, fmt.Errorf("grammar: empty vocabulary")
+	}
+	v := &Vocab{id: vocabSeq.Add(1), tokens: tokens, words: (n + 63) / 64}
+	v.isEOS = make([]uint64, v.words)
+	v.usable = make([]uint64, v.words)
+	for _, e := range eos {
+		if e < 0 || int(e) >= n {
+			return nil, fmt.Errorf("grammar: eos id %d outside the vocabulary of %d", e, n)
+		}
+		if v.isEOS[e>>6]&(1<<(e&63)) == 0 {
+			v.eos = append(v.eos, e)
+		}
+		v.isEOS[e>>6] |= 1 << (e & 63)
+	}
+	order := make([]int32, 0, n)
+	for i, t := range tokens {
+		if len(t) > MaxTokenBytes {
+			return nil, fmt.Errorf("grammar: token %d is %d bytes long (max %d)", i, len(t), MaxTokenBytes)
+		}
+		if len(t) == 0 || v.isEOS[i>>6]&(1<<(i&63)) != 0 {
+			continue
+		}
+		v.usable[i>>6] |= 1 << (i & 63)
+		order = append(order, int32(i))
+	}
+	slices.SortStableFunc(order, func(a, b int32) int { return bytes.Compare(tokens[a], tokens[b]) })
+	v.ids = order
+
+	var path []int32 // node indexes on the current path
+	var prev []byte
+	for k, id := range order {
+		t := tokens[id]
+		l := 0
+		for l < len(t) && l < len(prev) && t[l] == prev[l] {
+			l++
+		}
+		for len(path) > l {
+			v.nodes[path[len(path)-1]].end = int32(len(v.nodes))
+			path = path[:len(path)-1]
+		}
+		for d := l; d < len(t); d++ {
+			path = append(path, int32(len(v.nodes)))
+			v.nodes = append(v.nodes, trieNode{b: t[d], depth: uint16(d + 1), tokStart: -1})
+		}
+		nd := &v.nodes[path[len(path)-1]]
+		if nd.tokN == 0 {
+			nd.tokStart = int32(k)
+		}
+		nd.tokN++
+		prev = t
+	}
+	for _, p := range path {
+		v.nodes[p].end = int32(len(v.nodes))
+	}
+	v.bytes = int64(len(v.nodes))*16 + int64(len(v.ids))*4 + int64(v.words)*16
+	return v, nil
+}
+
+// Size is the number of tokens (the length of the logits row).
+func (v *Vocab) Size() int { return len(v.tokens) }
+
+// MaskWords is the number of uint64 words a mask bitset needs.
+func (v *Vocab) MaskWords() int { return v.words }
+
+// EOS returns the end-of-sequence ids.
+func (v *Vocab) EOS() []int32 { return slices.Clone(v.eos) }
+
+// Token returns token id's bytes (nil outside the vocabulary).
+func (v *Vocab) Token(id int32) []byte {
+	if id < 0 || int(id) >= len(v.tokens) {
+		return nil
+	}
+	return v.tokens[id]
+}
+
+func (v *Vocab) isEOSID(id int32) bool {
+	return id >= 0 && int(id) < len(v.tokens) && v.isEOS[id>>6]&(1<<(id&63)) != 0
+}
+
+// MaskAllows reports whether bit id is set in a mask bitset.
+func MaskAllows(mask []uint64, id int32) bool {
+	return id >= 0 && int(id>>6) < len(mask) && mask[id>>6]&(1<<(id&63)) != 0
+}
+
+// MaskCount is the number of set bits in a mask.
+func MaskCount(mask []uint64) int {
+	c := 0
+	for _, w := range mask {
+		c += bits.OnesCount64(w)
+	}
+	return c
+}
