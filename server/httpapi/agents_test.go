@@ -1,8 +1,11 @@
 package httpapi
 
 import (
+	"encoding/json"
 	"io"
+	"strings"
 	"testing"
+	"unicode/utf8"
 )
 
 // TestOllamaNumPredict: -1 (no limit) and -2 (fill the context) ask for
@@ -35,5 +38,71 @@ func TestOllamaNumPredict(t *testing.T) {
 	resp := post(t, srv.URL+"/api/chat", `{"model":"tiny-llm","messages":[{"role":"user","content":"x"}],"options":{"num_predict":-5}}`)
 	if resp.StatusCode != 400 {
 		t.Errorf("chat with num_predict -5: %d", resp.StatusCode)
+	}
+}
+
+// TestOpenAILogprobsParams: OpenAI's limits on logprobs are answered in
+// its error shape, before anything runs.
+func TestOpenAILogprobsParams(t *testing.T) {
+	srv, _, _ := newTestServer(t)
+	for _, tc := range []struct{ path, body, param string }{
+		{"/v1/chat/completions", `{"model":"tiny-llm","messages":[{"role":"user","content":"x"}],"top_logprobs":3}`, "top_logprobs"},
+		{"/v1/chat/completions", `{"model":"tiny-llm","messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":21}`, "top_logprobs"},
+		{"/v1/completions", `{"model":"tiny-llm","prompt":"x","logprobs":21}`, "logprobs"},
+		{"/v1/completions", `{"model":"tiny-llm","prompt":"x","logprobs":-1}`, "logprobs"},
+	} {
+		resp := post(t, srv.URL+tc.path, tc.body)
+		b, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != 400 || str(oaiErr(t, b).Param) != tc.param {
+			t.Errorf("%s %s: %d %s", tc.path, tc.body, resp.StatusCode, b)
+		}
+	}
+}
+
+// TestCompletionsLogprobsStreamed: streamed legacy logprobs carry each
+// chunk's tokens, with offsets that go on across chunks.
+func TestCompletionsLogprobsStreamed(t *testing.T) {
+	srv, f, _ := newTestServer(t)
+	resp := post(t, srv.URL+"/v1/completions", `{"model":"tiny-llm","prompt":"abcdefghij","stream":true,"logprobs":2}`)
+	if resp.StatusCode != 200 {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+	if sp := f.lastGenerate.GetSampling(); !sp.GetLogprobs() || sp.GetTopLogprobs() != 2 {
+		t.Errorf("sampling sent: %v", sp)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	var text strings.Builder
+	var offsets []int
+	for _, line := range strings.Split(string(body), "\n") {
+		data, ok := strings.CutPrefix(line, "data: ")
+		if !ok || data == "[DONE]" {
+			continue
+		}
+		var chunk struct {
+			Choices []struct {
+				Text     string          `json:"text"`
+				Logprobs *legacyLogprobs `json:"logprobs"`
+			} `json:"choices"`
+		}
+		if err := json.Unmarshal([]byte(data), &chunk); err != nil {
+			t.Fatalf("%s: %v", data, err)
+		}
+		for _, c := range chunk.Choices {
+			if c.Text == "" {
+				continue
+			}
+			lp := c.Logprobs
+			if lp == nil || len(lp.Tokens) != 1 || lp.Tokens[0] != c.Text || len(lp.TopLogprobs[0]) != 2 {
+				t.Fatalf("chunk %q: logprobs %+v", c.Text, lp)
+			}
+			if lp.TextOffset[0] != utf8.RuneCountInString(text.String()) {
+				t.Errorf("chunk %q at offset %d, after %q", c.Text, lp.TextOffset[0], text.String())
+			}
+			offsets = append(offsets, lp.TextOffset[0])
+			text.WriteString(c.Text)
+		}
+	}
+	if text.String() != "gen: abcdefghij" || len(offsets) < 3 {
+		t.Errorf("text %q, offsets %v", text.String(), offsets)
 	}
 }
