@@ -46,7 +46,10 @@ func (e *stuckExec) Execute(_ context.Context, inputs []any) ([]any, error) {
 
 func TestBatchTimeoutRetriesOnAnotherReplica(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	s := newTestScheduler(t, Options{BatchTimeout: 50 * time.Millisecond, ProbeInterval: time.Hour, Registerer: reg})
+	// The good replica joins after the stuck one took the batch and before
+	// the batch timeout: a second is far from that step's microseconds,
+	// however loaded the machine.
+	s := newTestScheduler(t, Options{BatchTimeout: time.Second, ProbeInterval: time.Hour, Registerer: reg})
 	stuck := newStuck()
 	t.Cleanup(func() { close(stuck.release) }) // before the leak check of newTestScheduler
 	mustAdd(t, s, "m", Device{ID: "gpu:0", Type: "gpu"}, 4, stuck)

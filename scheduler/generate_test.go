@@ -378,7 +378,7 @@ func TestGenerateJoinsAndLeavesBetweenSteps(t *testing.T) {
 
 func TestGenerateCancelAndDeadlineFreeBlocks(t *testing.T) {
 	s := newTestScheduler(t, Options{})
-	f := newFakeGen(4, 64)
+	f := newFakeGen(4, 1024) // room for 1000 tokens each: the length limit is 1000 steps (a second or more) away
 	gate := make(chan struct{})
 	f.hold = gate
 	if err := s.AddGenReplica("llm", Device{ID: "cpu:0", Type: "cpu"}, GenOptions{MaxRunning: 4, MaxStepTokens: 64}, f); err != nil {
@@ -389,12 +389,13 @@ func TestGenerateCancelAndDeadlineFreeBlocks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	deadline := time.Now().Add(time.Second)
 	timed, err := s.Generate(context.Background(), GenRequest{Model: "llm", Prompt: prompt(2, 9), MaxNewTokens: 1000,
-		Deadline: time.Now().Add(50 * time.Millisecond), State: &genState{}})
+		Deadline: deadline, State: &genState{}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer feedSteps(gate)()
+	stop := feedSteps(gate)
 	first, err := cancelled.Recv()
 	if err != nil || !first.HasToken {
 		t.Fatalf("first event %+v, %v", first, err)
@@ -404,9 +405,19 @@ func TestGenerateCancelAndDeadlineFreeBlocks(t *testing.T) {
 	if !errors.Is(rc.err, context.Canceled) {
 		t.Errorf("cancelled stream: %v", rc.err)
 	}
+	// The timed sequence's first token, then no step until its deadline has
+	// passed (a lower bound on the clock, never a race): the next step
+	// finishes it, whatever the machine's speed.
+	tfirst, err := timed.Recv()
+	if err != nil || !tfirst.HasToken {
+		t.Fatalf("the timed sequence's first event %+v, %v", tfirst, err)
+	}
+	stop()
+	time.Sleep(time.Until(deadline))
+	defer feedSteps(gate)()
 	rt := collect(timed)
-	if rt.err != nil || rt.finish != FinishDeadline || len(rt.tokens) == 0 || rt.info == nil {
-		t.Errorf("deadline stream: %d tokens, finish %q, err %v", len(rt.tokens), rt.finish, rt.err)
+	if rt.err != nil || rt.finish != FinishDeadline || rt.info == nil {
+		t.Errorf("deadline stream: %d tokens after the first, finish %q, err %v", len(rt.tokens), rt.finish, rt.err)
 	}
 	waitFor(t, "blocks freed", func() bool { return f.blocksUsed() == 0 })
 	f.check(t)
