@@ -2,38 +2,21 @@ package main
 
 import (
 	"context"
-	"errors"
-	"fmt"
-	"io"
 	"math"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"slices"
-	"sync"
 	"testing"
 
 	"github.com/brokerd/brokerd/bench/benchkit"
 	"github.com/brokerd/brokerd/bench/modelkit"
-	"github.com/brokerd/brokerd/lifecycle"
 	"github.com/brokerd/brokerd/runtime"
 	"github.com/brokerd/brokerd/runtime/models/llm"
 	"github.com/brokerd/brokerd/runtime/models/repo"
 	"github.com/brokerd/brokerd/runtime/onednn"
 	"github.com/brokerd/brokerd/runtime/quant/ggmlref"
-	"github.com/brokerd/brokerd/scheduler"
 )
-
-// tieGap is the logit gap (llama.cpp's best minus its second best, in
-// logits: ln p1/p2) under which brokerd may pick llama.cpp's second token,
-// and the most the two engines' gaps may differ where they agree. They
-// read the same quantized weights but multiply differently: llama.cpp
-// rounds the activations to 8 bits per block of 32 or 256 (Q8_0 / Q8_K)
-// for its integer dot products, brokerd (today) multiplies the dequantized
-// weights in float32; through 8 random layers that moves the gaps by up to
-// 0.05 (Q8_0) and 0.08 (Q4_K_M) here (the test logs it). A wrong weight,
-// row or block moves logits by their whole spread, far past 0.15.
-const tieGap = 0.15
 
 // TestGreedyAgainstLlamaCpp: a GGUF file quantized by ggml itself (its
 // ggml_quantize_chunk, in llama-quantize's Q8_0 and Q4_K_M mixes), loaded
@@ -176,69 +159,4 @@ func TestGreedyAgainstLlamaCpp(t *testing.T) {
 			}
 		})
 	}
-}
-
-// greedyRun is brokerd's side: each job's greedy tokens, and per step the
-// gap between its best two logprobs (= logits) and the runner-up.
-type greedyRun struct {
-	tokens, second [][]int32
-	gaps           [][]float64
-}
-
-// greedyWithGaps runs jobs at once through the scheduler over eng, greedy,
-// ignoring EOS, with the top two logprobs of every token.
-func greedyWithGaps(ctx context.Context, m *llm.Model, eng *llm.Engine, jobs []benchkit.Job) (greedyRun, error) {
-	s := scheduler.New(scheduler.Options{})
-	defer s.Close()
-	opts := eng.Options()
-	if err := s.AddGenReplica("m", scheduler.Device{ID: "cpu:0", Type: "cpu"},
-		scheduler.GenOptions{MaxRunning: len(jobs), MaxStepTokens: opts.MaxStepTokens, MaxChunk: opts.MaxStepTokens}, lifecycle.GenExecutor{Engine: eng}); err != nil {
-		return greedyRun{}, err
-	}
-	n := len(jobs)
-	res := greedyRun{tokens: make([][]int32, n), second: make([][]int32, n), gaps: make([][]float64, n)}
-	errs := make([]error, n)
-	var wg sync.WaitGroup
-	for i, j := range jobs {
-		seq, err := m.NewSequence(llm.Sampling{IgnoreEOS: true, Logprobs: true, TopLogprobs: 2}, j.Prompt)
-		if err != nil {
-			return res, err
-		}
-		st, err := s.Generate(ctx, scheduler.GenRequest{Model: "m", Prompt: j.Prompt, MaxNewTokens: j.Out, State: seq})
-		if err != nil {
-			return res, err
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				ev, err := st.Recv()
-				if errors.Is(err, io.EOF) {
-					return
-				}
-				if err != nil {
-					errs[i] = err
-					return
-				}
-				if d, ok := ev.Out.(llm.Delta); ok {
-					for _, lp := range d.Logprobs {
-						if len(lp.Top) < 2 || lp.Top[0].Token != lp.Token {
-							errs[i] = fmt.Errorf("token %d: top logprobs %+v", lp.Token, lp.Top)
-							return
-						}
-						res.tokens[i] = append(res.tokens[i], lp.Token)
-						res.second[i] = append(res.second[i], lp.Top[1].Token)
-						res.gaps[i] = append(res.gaps[i], float64(lp.Top[0].Logprob)-float64(lp.Top[1].Logprob))
-					}
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	for i, j := range jobs {
-		if errs[i] == nil && len(res.tokens[i]) != j.Out {
-			errs[i] = fmt.Errorf("job %d: %d tokens with logprobs, want %d", i, len(res.tokens[i]), j.Out)
-		}
-	}
-	return res, errors.Join(errs...)
 }

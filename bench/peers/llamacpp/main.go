@@ -23,6 +23,21 @@
 //     rate against the adapter's measured matmul peak.
 //
 //     make build && go run ./bench/peers/llamacpp [-dtype bf16] [-rounds 3]
+//
+// With -quant TYPE (f32, bf16, q8_0, q4_0, q4_k_m, q5_k_m, q6_k) both
+// engines read the same GGUF file: ggml's own quantizer (libggml-base.so
+// of the installed node-llama-cpp, through runtime/quant/ggmlref) writes
+// it in llama-quantize's mix for that type (bench/modelkit), and brokerd
+// loads it through its model repository as a user's file. The token check
+// is then against llama.cpp itself (PyTorch has only the unquantized
+// weights): identical greedy tokens except at llama.cpp's near ties, as
+// TestGreedyAgainstLlamaCpp checks. It also reports brokerd's resident
+// memory after the load against the file's size, the decode bandwidth
+// limit from the file's bytes per token over a vector-load read
+// bandwidth, and with -daemon the same file served by bin/brokerd
+// (brokerctl load, then brokerctl bench --generate at 1 and 16 streams).
+//
+//	make build && go run ./bench/peers/llamacpp -shape llama-12x1024 -quant q4_k_m -daemon
 package main
 
 import (
@@ -39,10 +54,13 @@ import (
 	"os/exec"
 	"path/filepath"
 	goruntime "runtime"
+	"runtime/debug"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
+	"time"
 
 	"github.com/brokerd/brokerd/bench/benchkit"
 	"github.com/brokerd/brokerd/bench/modelkit"
@@ -50,6 +68,7 @@ import (
 	"github.com/brokerd/brokerd/runtime/models"
 	"github.com/brokerd/brokerd/runtime/models/llm"
 	"github.com/brokerd/brokerd/runtime/onednn"
+	"github.com/brokerd/brokerd/runtime/quant/ggmlref"
 	"github.com/brokerd/brokerd/runtime/safetensors"
 )
 
@@ -59,12 +78,19 @@ var shapes = map[string]modelkit.LLM{
 	// model that repeats its input, which would make the token check
 	// vacuous; a decode step reads the same bytes either way).
 	"qwen2.5-0.5b": {Arch: "qwen2", Layers: 24, Hidden: 896, Heads: 14, KVHeads: 2, Intermediate: 4864, Vocab: 151936},
+	// A Llama whose rows divide by 256, so K types apply everywhere (the
+	// issue's 12 × 1024 shape; smaller than Llama 3.2 1B's 16 × 2048):
+	// untied, Llama 3's tokenizer.
+	"llama-12x1024": {Arch: "llama", Layers: 12, Hidden: 1024, Heads: 16, KVHeads: 4, Intermediate: 2816, Vocab: 128256},
 	// Something quick, for trying the script.
 	"small": {Arch: "qwen3", Layers: 4, Hidden: 256, Heads: 4, KVHeads: 2, HeadDim: 64, Intermediate: 768, Vocab: 151936},
 }
 
 type options struct {
 	shape, dtype, work, plot, levels string
+	quant, bin                       string
+	daemon                           bool
+	daemonTime                       time.Duration
 	rounds, threads, promptTokens    int
 	genTokens, checkTokens, prefill  int
 	council, torch                   bool
@@ -73,8 +99,12 @@ type options struct {
 
 func main() {
 	var o options
-	flag.StringVar(&o.shape, "shape", "qwen2.5-0.5b", "checkpoint shape: qwen2.5-0.5b or small")
-	flag.StringVar(&o.dtype, "dtype", "f32", "compute type: f32 (F32 GGUF) or bf16 (BF16 GGUF)")
+	flag.StringVar(&o.shape, "shape", "qwen2.5-0.5b", "checkpoint shape: qwen2.5-0.5b, llama-12x1024 or small")
+	flag.StringVar(&o.dtype, "dtype", "f32", "compute type: f32 (F32 GGUF) or bf16 (BF16 GGUF); with -quant, brokerd's compute type")
+	flag.StringVar(&o.quant, "quant", "", "GGUF file type both engines read: "+strings.Join(modelkit.FileTypes, ", ")+" (default: brokerd reads the safetensors checkpoint, llama.cpp a GGUF of -dtype)")
+	flag.BoolVar(&o.daemon, "daemon", false, "with -quant, also serve the file from bin/brokerd and run brokerctl bench --generate at 1 and 16 streams")
+	flag.DurationVar(&o.daemonTime, "daemon-duration", 30*time.Second, "measurement window of each brokerctl bench level")
+	flag.StringVar(&o.bin, "bin", "", "directory of brokerd and brokerctl (default: the checkout's bin)")
 	flag.StringVar(&o.work, "work", filepath.Join(os.TempDir(), "brokerd-llamacpp-bench"), "directory for the checkpoint and GGUF (kept between runs)")
 	flag.StringVar(&o.plot, "plot", "", "PNG of the scaling table (default: scaling-<shape>-<dtype>.png in -work)")
 	flag.StringVar(&o.levels, "concurrency", "1,2,4,8,16,32", "concurrent sequences of the scaling table")
@@ -101,7 +131,17 @@ func main() {
 func run(ctx context.Context, o options) error {
 	shape, ok := shapes[o.shape]
 	if !ok {
-		return fmt.Errorf("-shape %q: want qwen2.5-0.5b or small", o.shape)
+		return fmt.Errorf("-shape %q: want qwen2.5-0.5b, llama-12x1024 or small", o.shape)
+	}
+	if o.quant != "" && !slices.Contains(modelkit.FileTypes, o.quant) {
+		return fmt.Errorf("-quant %q: want one of %v", o.quant, modelkit.FileTypes)
+	}
+	quantized := o.quant != "" && o.quant != "f32" && o.quant != "f16" && o.quant != "bf16"
+	if quantized {
+		o.torch = false // PyTorch would run the unquantized weights
+	}
+	if o.daemon && o.quant == "" {
+		return errors.New("-daemon needs -quant (the daemon reads the GGUF file)")
 	}
 	var dt runtime.DType
 	switch o.dtype {
@@ -140,10 +180,23 @@ func run(ctx context.Context, o options) error {
 	}
 
 	ctxLen := max(o.promptTokens+o.genTokens, 48+256, o.prefill+1, 48+o.checkTokens) + 16
-	m, err := loadModel(dir, ctxLen)
+	debug.FreeOSMemory()
+	rssBefore := rssOf(os.Getpid())
+	var m *llm.Model
+	var repoRoot, repoName string
+	if o.quant != "" {
+		repoRoot, repoName, err = repoFor(o, gguf)
+		if err == nil {
+			m, err = loadGGUF(repoRoot, repoName, ctxLen)
+		}
+	} else {
+		m, err = loadModel(dir, ctxLen)
+	}
 	if err != nil {
 		return err
 	}
+	debug.FreeOSMemory()
+	rssLoaded := rssOf(os.Getpid())
 	dev, err := onednn.New(onednn.Options{}).Open(ctx, runtime.DeviceSpec{ID: "cpu:0", DType: dt})
 	if err != nil {
 		return err
@@ -153,11 +206,19 @@ func run(ctx context.Context, o options) error {
 	blocks := int64(maxSeqs) * int64((ctxLen+llm.DefaultBlockSize-1)/llm.DefaultBlockSize+1)
 	// No prefix cache: rounds repeat their prompts, and llama.cpp's fresh
 	// contexts recompute them; both engines must do the same work.
-	eng, err := m.NewEngine(ctx, dev, llm.EngineOptions{CacheBytes: blocks * m.CacheBlockBytes(0), MaxSeqs: maxSeqs, MaxStepTokens: 2048, DisablePrefixCache: true})
+	cacheBytes := blocks * m.CacheBlockBytes(0)
+	eng, err := m.NewEngine(ctx, dev, llm.EngineOptions{CacheBytes: cacheBytes, MaxSeqs: maxSeqs, MaxStepTokens: 2048, DisablePrefixCache: true})
 	if err != nil {
 		return err
 	}
-	defer eng.Close()
+	closeEngine := sync.OnceValue(eng.Close)
+	defer closeEngine() //nolint:errcheck // closed again below when it matters
+	debug.FreeOSMemory()
+	rssEngine := rssOf(os.Getpid())
+	fileBytes := int64(0)
+	if fi, err := os.Stat(gguf); err == nil {
+		fileBytes = fi.Size()
+	}
 
 	peer, err := startWorker(here)
 	if err != nil {
@@ -165,33 +226,66 @@ func run(ctx context.Context, o options) error {
 	}
 	defer peer.close()
 
-	bw := benchkit.ReadBandwidth()
+	// The read bandwidth with vector loads (the limit's denominator), and
+	// benchkit's scalar probe beside it for comparison with older figures.
+	bw, vec := readBandwidth(o.threads)
+	scalarBW := benchkit.ReadBandwidth()
 	peak, err := benchkit.MatMulPeak(ctx, dev, dt)
 	if err != nil {
 		return err
 	}
-	fmt.Printf("CPU: %s (%s), %d threads per engine; read bandwidth %.1f GB/s; matmul peak through the adapter (%s, 1024³) %.0f GFLOP/s\n",
-		benchkit.CPUModel(), benchkit.CPUFlags(), o.threads, bw/1e9, dt, peak)
+	probe := "AVX2 loads"
+	if !vec {
+		probe = "scalar loads (no AVX2)"
+	}
+	fmt.Printf("CPU: %s (%s), %d threads per engine; read bandwidth %.1f GB/s (%s, %d threads, 1 GiB; benchkit's scalar probe %.1f); matmul peak through the adapter (%s, 1024³) %.0f GFLOP/s\n",
+		benchkit.CPUModel(), benchkit.CPUFlags(), o.threads, bw/1e9, probe, o.threads, scalarBW/1e9, dt, peak)
 	// A decode step reads every weight once except the embedding table
 	// (untied in these shapes), of which it reads one row.
 	perToken := m.WeightBytes(dt) - int64(shape.Vocab*shape.Hidden)*int64(dt.Size())
-	fmt.Printf("model: %s shape (%s, %d layers, hidden %d, %d/%d heads, intermediate %d, vocab %d); %s weights read per token %.0f MiB\n",
-		o.shape, shape.Arch, shape.Layers, shape.Hidden, shape.Heads, shape.KVHeads, shape.Intermediate, shape.Vocab, dt, float64(perToken)/(1<<20))
-	fmt.Printf("llama.cpp: node-llama-cpp 3.21.1 prebuilt linux-x64 CPU build, %s GGUF, KV cache F16 (its default) when timed\n", strings.ToUpper(o.dtype))
+	read := fmt.Sprintf("%s weights", dt)
+	if o.quant != "" {
+		// The bytes of the file's tensors (what a kernel on the quantized
+		// weights reads), less the untied embedding table.
+		if perToken, err = fileBytesPerToken(gguf); err != nil {
+			return err
+		}
+		read = "the file's " + o.quant + " weights"
+	}
+	fmt.Printf("model: %s shape (%s, %d layers, hidden %d, %d/%d heads, intermediate %d, vocab %d); %s read per token %.0f MiB\n",
+		o.shape, shape.Arch, shape.Layers, shape.Hidden, shape.Heads, shape.KVHeads, shape.Intermediate, shape.Vocab, read, float64(perToken)/(1<<20))
+	fileType := strings.ToUpper(o.dtype)
+	if o.quant != "" {
+		fileType = strings.ToUpper(o.quant)
+		fmt.Printf("file: %s, %.1f MiB; brokerd loads it through its repository (%s compute; weights dequantized at load today)\n", gguf, float64(fileBytes)/(1<<20), dt)
+	}
+	fmt.Printf("brokerd resident memory: %.0f MiB before the load, %.0f after it (+%.0f), %.0f with the engine (+%.0f in all; %.2f× the file's %.0f MiB; KV cache reserved %.0f MiB)\n",
+		mib(rssBefore), mib(rssLoaded), mib(rssLoaded-rssBefore), mib(rssEngine), mib(rssEngine-rssBefore),
+		float64(rssEngine-rssBefore)/float64(max(fileBytes, 1)), mib(fileBytes), mib(cacheBytes))
+	fmt.Printf("llama.cpp: node-llama-cpp 3.21.1 prebuilt linux-x64 CPU build, %s GGUF, KV cache F16 (its default) when timed\n", fileType)
 
 	rng := rand.New(rand.NewPCG(7, 8))
+	ordinary := min(150000, 128000, shape.Vocab) // ordinary tokens, below the specials
 	prompt := func(n int) []int32 {
 		p := make([]int32, n)
 		for i := range p {
-			p[i] = int32(rng.IntN(150000)) // ordinary tokens, below the specials
+			p[i] = int32(rng.IntN(ordinary))
 		}
 		return p
 	}
 
 	// 1. The same greedy tokens, or nothing is timed.
 	checks := []benchkit.Job{{Prompt: prompt(8), Out: o.checkTokens}, {Prompt: prompt(48), Out: o.checkTokens}}
-	if err := agree(ctx, o, m, eng, peer, gguf, dir, checks, ctxLen); err != nil {
+	if quantized {
+		err = agreeQuantized(ctx, o, m, eng, peer, gguf, checks, ctxLen)
+	} else {
+		err = agree(ctx, o, m, eng, peer, gguf, dir, checks, ctxLen)
+	}
+	if err != nil {
 		return err
+	}
+	if rss := rssOf(peer.cmd.Process.Pid); rss > 0 {
+		fmt.Printf("llama.cpp resident memory with the file loaded (node included, one %d-token context): %.0f MiB\n", ctxLen, mib(rss))
 	}
 
 	// both runs jobs on brokerd (running at once, prefill chunk chunk),
@@ -248,7 +342,10 @@ func run(ctx context.Context, o options) error {
 	fmt.Printf("\nscaling (%s): %d-token prompts, %d generated tokens each, generated tokens/s (prefill included), median of %d rounds\n", dt, o.promptTokens, o.genTokens, o.rounds)
 	fmt.Printf("%11s %10s %10s %7s\n", "sequences", "brokerd", "llama.cpp", "ratio")
 	var bs, ps benchkit.Series
-	bs.Name, ps.Name = "brokerd "+o.dtype, "llama.cpp "+strings.ToUpper(o.dtype)+" GGUF"
+	bs.Name, ps.Name = "brokerd "+o.dtype, "llama.cpp "+fileType+" GGUF"
+	if o.quant != "" {
+		bs.Name = "brokerd " + o.dtype + " from " + fileType + " GGUF"
+	}
 	for i, c := range levels {
 		ratios := make([]float64, o.rounds)
 		for r := range ratios {
@@ -266,9 +363,9 @@ func run(ctx context.Context, o options) error {
 	}
 	plot := o.plot
 	if plot == "" {
-		plot = filepath.Join(o.work, fmt.Sprintf("scaling-%s-%s.png", o.shape, o.dtype))
+		plot = filepath.Join(o.work, fmt.Sprintf("scaling-%s-%s.png", o.shape, strings.ToLower(fileType)))
 	}
-	title := fmt.Sprintf("%s shape, %s, %s: generated tokens/s by concurrent sequences", o.shape, o.dtype, benchkit.CPUModel())
+	title := fmt.Sprintf("%s shape, %s, %s: generated tokens/s by concurrent sequences", o.shape, fileType, benchkit.CPUModel())
 	if err := benchkit.PlotPNG(plot, title, "concurrent sequences", "tokens/s", []benchkit.Series{bs, ps}); err != nil {
 		return err
 	}
@@ -320,6 +417,18 @@ func run(ctx context.Context, o options) error {
 		b, p := benchkit.Median(bt), benchkit.Median(pt)
 		fmt.Printf("\nprefill of %d tokens: brokerd %.3f s (%.0f GFLOP/s, %.2f of the %s matmul peak), llama.cpp %.3f s (%.0f GFLOP/s); ratio %.2f\n",
 			o.prefill, b, flops/b/1e9, flops/b/1e9/peak, dt, p, flops/p/1e9, p/b)
+	}
+
+	// 5. The same file through the daemon.
+	if o.daemon {
+		// Free the in-process engine and model first: the daemon loads its own.
+		peer.close()
+		if err := closeEngine(); err != nil {
+			return err
+		}
+		m = nil
+		debug.FreeOSMemory()
+		return daemonBench(o, repoRoot, repoName, fileBytes, limit)
 	}
 	return nil
 }
@@ -449,13 +558,17 @@ func torchTokens(peers, dir string, jobs []benchkit.Job, n int) (torchRef, error
 // bf16 runs read the same values) and its GGUF into -work, unless a
 // previous run left them there.
 func checkpoint(here string, o options, s modelkit.LLM) (string, string, error) {
+	ftype := o.dtype
+	if o.quant != "" {
+		ftype = o.quant
+	}
 	s.DType, s.Seed = "bf16", 1
 	s.TokenizerDir = filepath.Join(here, "..", "..", "..", "runtime", "models", "tokenizer", "bpe", "testdata", "qwen3")
 	if s.Arch == "llama" {
 		s.TokenizerDir = filepath.Join(filepath.Dir(s.TokenizerDir), "llama3")
 	}
 	dir := filepath.Join(o.work, o.shape, "1")
-	gguf := filepath.Join(o.work, o.shape+"-"+o.dtype+".gguf")
+	gguf := filepath.Join(o.work, o.shape+"-"+ftype+".gguf")
 	if _, err := os.Stat(filepath.Join(dir, "model.safetensors")); err != nil {
 		fmt.Printf("writing the %s checkpoint to %s...\n", o.shape, dir)
 		if _, err := modelkit.WriteLLM(dir, s); err != nil {
@@ -465,7 +578,12 @@ func checkpoint(here string, o options, s modelkit.LLM) (string, string, error) 
 	}
 	if _, err := os.Stat(gguf); err != nil {
 		fmt.Printf("writing %s...\n", gguf)
-		if _, err := modelkit.WriteGGUF(dir, gguf, o.dtype); err != nil {
+		// ggml's own quantizer: the libggml-base.so node-llama-cpp ships.
+		lib, err := ggmlref.Open(filepath.Join(here, "node_modules", "@node-llama-cpp", "linux-x64", "bins", "linux-x64", "libggml-base.so"))
+		if err != nil {
+			return "", "", err
+		}
+		if _, err := modelkit.WriteGGUFQuantized(dir, gguf, ftype, lib.Quantize); err != nil {
 			return "", "", err
 		}
 	}
