@@ -340,7 +340,7 @@ func (p *program) analyze() {
 					if e := p.elems[pos]; e.kind == eRef {
 						c = minRule[e.arg]
 					}
-					acc = min(inf, acc+c)
+					acc = int32(min(int64(inf), int64(acc)+int64(c)))
 					p.minFrom[pos] = acc
 				}
 				if acc < minRule[r] {

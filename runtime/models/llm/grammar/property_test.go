@@ -1,0 +1,228 @@
+package grammar
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/santhosh-tekuri/jsonschema/v6"
+)
+
+const propertySeeds = 200
+
+// propertySchemas exercise every supported keyword.
+var propertySchemas = []string{
+	toolSchema,
+	`{"type":"object","properties":{"n":{"type":"integer","minimum":-20,"maximum":1234},"x":{"type":"number","minimum":0.5,"exclusiveMaximum":10},
+	  "neg":{"type":"integer","maximum":-7},"big":{"type":"integer","exclusiveMinimum":999}},"required":["n","x","neg","big"],"additionalProperties":false}`,
+	`{"type":"array","items":{"type":"object","properties":{"k":{"const":"v"},"e":{"enum":[1,"two",null,true,{"a":[1]}]}},"required":["k"]},"minItems":1,"maxItems":3}`,
+	`{"$defs":{"node":{"type":"object","properties":{"value":{"type":"integer"},"children":{"type":"array","items":{"$ref":"#/$defs/node"},"maxItems":2}},"required":["value"]}},"$ref":"#/$defs/node"}`,
+	`{"type":"object","properties":{"a":{"type":"string","minLength":2,"maxLength":5},"b":{"type":["string","null"]},"c":{"anyOf":[{"type":"integer"},{"type":"boolean"}]},
+	  "d":{"oneOf":[{"type":"string","format":"date"},{"type":"array","prefixItems":[{"type":"integer"},{"type":"string"}],"items":false}]}},"additionalProperties":{"type":"integer"}}`,
+	`{"type":"object","properties":{"t":{"type":"string","format":"time"},"dt":{"type":"string","format":"date-time"},"u":{"type":"string","format":"uuid"},
+	  "p":{"type":"string","pattern":"^[A-Z][a-z]+-[0-9]{2,3}$"},"q":{"type":"string","pattern":"ab+c"}},"required":["t","dt","u","p","q"]}`,
+	`{"definitions":{"x":{"type":"object","properties":{"y":{"type":"string"}},"required":["y"]}},"type":"object","properties":{"o":{"allOf":[{"$ref":"#/definitions/x"},{"properties":{"z":{"type":"boolean"}},"required":["z"]}]}},"required":["o"],"additionalProperties":true}`,
+	`{}`,
+}
+
+func compileValidator(t *testing.T, schema string) *jsonschema.Schema {
+	t.Helper()
+	doc, err := jsonschema.UnmarshalJSON(strings.NewReader(schema))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := jsonschema.NewCompiler()
+	c.AssertFormat()
+	if err := c.AddResource("schema.json", doc); err != nil {
+		t.Fatal(err)
+	}
+	s, err := c.Compile("schema.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func TestPropertySchemaOutputsValidate(t *testing.T) {
+	v := getSmallVocab(t)
+	type compiled struct {
+		g   *Grammar
+		val *jsonschema.Schema
+	}
+	var cs []compiled
+	for _, s := range propertySchemas {
+		cs = append(cs, compiled{mustCompile(t, v, KindJSONSchema, s), compileValidator(t, s)})
+	}
+	for seed := range propertySeeds {
+		c := cs[seed%len(cs)]
+		r := rand.New(rand.NewPCG(uint64(seed), 7))
+		out, _ := walk(t, c.g, r, 30+r.IntN(60), 3000)
+		if !json.Valid(out) {
+			t.Fatalf("seed %d: not JSON: %q", seed, out)
+		}
+		inst, err := jsonschema.UnmarshalJSON(bytes.NewReader(out))
+		if err != nil {
+			t.Fatalf("seed %d: %v: %q", seed, err, out)
+		}
+		if err := c.val.Validate(inst); err != nil {
+			t.Fatalf("seed %d schema %d: %q does not validate: %v", seed, seed%len(cs), out, err)
+		}
+	}
+}
+
+func TestPropertyAnyJSONObject(t *testing.T) {
+	g := mustCompile(t, getSmallVocab(t), KindJSON, "")
+	for seed := range propertySeeds {
+		r := rand.New(rand.NewPCG(uint64(seed), 8))
+		out, _ := walk(t, g, r, 20+r.IntN(60), 3000)
+		var obj map[string]any
+		if err := json.Unmarshal(out, &obj); err != nil {
+			t.Fatalf("seed %d: %q is not a JSON object: %v", seed, out, err)
+		}
+	}
+}
+
+var propertyRegexes = []string{
+	`[a-z]+@[a-z]+\.(com|org)`,
+	`^\d{3}-\d{4}$`,
+	`(?i)yes|no`,
+	`(ab|cd)*e?[^a-z\n]{1,3}`,
+	`\w+( \w+){0,4}\.`,
+	`[α-ω]+[0-9]?`,
+	`.{2,5}x`,
+}
+
+func TestPropertyRegexOutputsMatch(t *testing.T) {
+	v := getSmallVocab(t)
+	var gs []*Grammar
+	var res []*regexp.Regexp
+	for _, re := range propertyRegexes {
+		gs = append(gs, mustCompile(t, v, KindRegex, re))
+		res = append(res, regexp.MustCompile(`^(?:`+strings.TrimSuffix(strings.TrimPrefix(re, "^"), "$")+`)$`))
+	}
+	for seed := range propertySeeds {
+		i := seed % len(gs)
+		r := rand.New(rand.NewPCG(uint64(seed), 9))
+		out, _ := walk(t, gs[i], r, 5+r.IntN(20), 2000)
+		if !res[i].Match(out) {
+			t.Fatalf("seed %d: %q does not match %s", seed, out, propertyRegexes[i])
+		}
+	}
+}
+
+// arith is a GBNF for arithmetic; parseArith checks outputs independently.
+const arithGBNF = `
+root ::= expr
+expr ::= term (ws [-+] ws term)*
+term ::= factor (ws [*/] ws factor)*
+factor ::= number | "(" ws expr ws ")" | "-" factor
+number ::= [0-9]+ ("." [0-9]+)?
+ws ::= [ ]?
+`
+
+func parseArith(s string) error {
+	p := 0
+	var expr, term, factor func() error
+	skip := func() {
+		if p < len(s) && s[p] == ' ' {
+			p++
+		}
+	}
+	expr = func() error {
+		if err := term(); err != nil {
+			return err
+		}
+		for {
+			save := p
+			skip()
+			if p < len(s) && (s[p] == '+' || s[p] == '-') {
+				p++
+				skip()
+				if err := term(); err != nil {
+					return err
+				}
+				continue
+			}
+			p = save
+			return nil
+		}
+	}
+	term = func() error {
+		if err := factor(); err != nil {
+			return err
+		}
+		for {
+			save := p
+			skip()
+			if p < len(s) && (s[p] == '*' || s[p] == '/') {
+				p++
+				skip()
+				if err := factor(); err != nil {
+					return err
+				}
+				continue
+			}
+			p = save
+			return nil
+		}
+	}
+	factor = func() error {
+		switch {
+		case p < len(s) && s[p] == '(':
+			p++
+			skip()
+			if err := expr(); err != nil {
+				return err
+			}
+			skip()
+			if p >= len(s) || s[p] != ')' {
+				return fmt.Errorf("want ) at %d", p)
+			}
+			p++
+			return nil
+		case p < len(s) && s[p] == '-':
+			p++
+			return factor()
+		}
+		st := p
+		for p < len(s) && s[p] >= '0' && s[p] <= '9' {
+			p++
+		}
+		if st == p {
+			return fmt.Errorf("want a number at %d", p)
+		}
+		if p < len(s) && s[p] == '.' {
+			p++
+			st = p
+			for p < len(s) && s[p] >= '0' && s[p] <= '9' {
+				p++
+			}
+			if st == p {
+				return fmt.Errorf("want digits at %d", p)
+			}
+		}
+		return nil
+	}
+	if err := expr(); err != nil {
+		return err
+	}
+	if p != len(s) {
+		return fmt.Errorf("trailing %q", s[p:])
+	}
+	return nil
+}
+
+func TestPropertyGBNFOutputsParse(t *testing.T) {
+	g := mustCompile(t, getSmallVocab(t), KindGBNF, arithGBNF)
+	for seed := range propertySeeds {
+		r := rand.New(rand.NewPCG(uint64(seed), 10))
+		out, _ := walk(t, g, r, 10+r.IntN(40), 2000)
+		if err := parseArith(string(out)); err != nil {
+			t.Fatalf("seed %d: %q: %v", seed, out, err)
+		}
+	}
+}
