@@ -191,7 +191,7 @@ func (s *BrokerService) Chat(req *brokerv1.ChatRequest, stream brokerv1.BrokerSe
 	}
 	tags, thinks := call.gm.ThinkTags()
 	if req.GetEnableThinking() && !thinks {
-		return invalid("model %s does not think (its vocabulary has no <think> and </think> tokens): enable_thinking must be unset or false", req.GetModel())
+		return invalid("model %s does not think (its vocabulary has no <think> and </think> tokens): leave enable_thinking (Ollama's think) unset or false", req.GetModel())
 	}
 	if thinks {
 		call.thinking = make([]*output.Thinking, len(convs))
