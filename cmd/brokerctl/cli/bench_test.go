@@ -81,7 +81,7 @@ func TestBenchCounts(t *testing.T) {
 	}{
 		{name: "single items", args: []string{"--concurrency", "1,4"}, levels: []int{1, 4}, items: 1, connections: 1},
 		{name: "three items per request", args: []string{"--concurrency", "2", "--items-per-request", "3", "--text-bytes", "48"}, levels: []int{2}, items: 3, connections: 1},
-		{name: "warmup is not measured", args: []string{"--concurrency", "2", "--warmup", "150ms"}, levels: []int{2}, items: 1, connections: 1, warmup: true},
+		{name: "warmup is not measured", args: []string{"--concurrency", "2", "--warmup", "500ms"}, levels: []int{2}, items: 1, connections: 1, warmup: true},
 		{name: "failures are counted", args: []string{"--concurrency", "1,4", "--max-failure-rate", "1"}, failEvery: 5, levels: []int{1, 4}, items: 1, connections: 1},
 		{name: "three connections", args: []string{"--concurrency", "3", "--connections", "3"}, levels: []int{3}, items: 1, connections: 3},
 	}
@@ -250,7 +250,9 @@ func TestBenchTable(t *testing.T) {
 
 func TestBenchBaselineJSON(t *testing.T) {
 	ts := startServer(t)
-	r := ts.run(t, nil, "bench", "--json", "--baseline", "--duration", "200ms", "--warmup", "50ms", "--concurrency", "1,3")
+	// A warmup long enough to hold requests however loaded the machine
+	// (each is a millisecond or so in process).
+	r := ts.run(t, nil, "bench", "--json", "--baseline", "--duration", "200ms", "--warmup", "500ms", "--concurrency", "1,3")
 	if r.code != ExitOK {
 		t.Fatalf("got %v", r)
 	}
@@ -349,8 +351,15 @@ func TestBenchInterrupt(t *testing.T) {
 				ts := startServer(t)
 				ctx, cancel := context.WithCancel(t.Context())
 				defer cancel()
-				timer := time.AfterFunc(300*time.Millisecond, cancel)
-				defer timer.Stop()
+				// The interrupt comes once requests flow (in the window, or
+				// in the warmup), not at a time that a loaded machine
+				// could reach before the run starts.
+				go func() {
+					for len(ts.broker.encodeCalls()) < 3 && ctx.Err() == nil {
+						time.Sleep(time.Millisecond)
+					}
+					cancel()
+				}()
 				args := append([]string{"bench", "--duration", "20s", "--concurrency", "2,4"}, tt.args...)
 				if asJSON {
 					args = append(args, "--json")
@@ -384,8 +393,11 @@ func TestBenchInterrupt(t *testing.T) {
 					return
 				}
 				e := rep.Levels[0].Encode
-				if !e.Interrupted || e.WindowSeconds <= 0.1 || e.WindowSeconds >= 2 || e.Requests == 0 {
-					t.Errorf("interrupted level %+v: want a window of about 0.3s with requests", e)
+				// The window ends at the interrupt, long before its 20 s,
+				// and holds the requests that flowed before it.
+				if !e.Interrupted || e.WindowSeconds <= 0 || e.WindowSeconds >= 20 || e.Requests == 0 ||
+					math.Abs(e.RequestsPerSecond-float64(e.Requests)/e.WindowSeconds) > 1e-9*e.RequestsPerSecond {
+					t.Errorf("interrupted level %+v: want a window cut short by the interrupt, with requests", e)
 				}
 				if len(e.Failures) != 0 {
 					t.Errorf("requests aborted by the interrupt counted as failures: %v", e.Failures)
