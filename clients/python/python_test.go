@@ -6,6 +6,7 @@ package python_test
 
 import (
 	"context"
+	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -31,6 +32,7 @@ func TestPythonClient(t *testing.T) {
 	if _, err := modelkit.WriteMLP(filepath.Join(cfg.ModelRepo, "mlp", "1"), modelkit.MLP{In: 4, Hidden: 8, Out: 3, Seed: 5}); err != nil {
 		t.Fatal(err)
 	}
+	labelColumns(t, filepath.Join(cfg.ModelRepo, "mlp", "1", "model.json"), "low", "mid", "high")
 	if _, err := modelkit.WriteLLM(filepath.Join(cfg.ModelRepo, "chat", "1"), modelkit.LLM{Arch: "qwen3", Layers: 1, Hidden: 32, Heads: 2,
 		KVHeads: 1, HeadDim: 16, Intermediate: 64, DType: "f32", TokenizerDir: "../../runtime/models/tokenizer/bpe/testdata/qwen3"}); err != nil {
 		t.Fatal(err)
@@ -46,5 +48,26 @@ func TestPythonClient(t *testing.T) {
 	t.Logf("python3 -m unittest:\n%s", out)
 	if err != nil {
 		t.Fatalf("the Python client's tests failed: %v", err)
+	}
+}
+
+// labelColumns names the output columns of the MLP whose model.json is at
+// path (its "labels"), as a classifier's id2label names its classes.
+func labelColumns(t *testing.T, path string, labels ...string) {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var spec map[string]any
+	if err := json.Unmarshal(b, &spec); err != nil {
+		t.Fatal(err)
+	}
+	spec["labels"] = labels
+	if b, err = json.Marshal(spec); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -28,6 +28,12 @@ class TestClient(unittest.TestCase):
         names = {m.name for m in self.c.models()}
         self.assertTrue({"nbmf-hash-v1", "mlp", "chat"} <= names, names)
 
+    def test_model_labels(self):
+        # A model that names its output columns lists them, in index order.
+        models = {m.name: m for m in self.c.models()}
+        self.assertEqual(list(models["mlp"].labels), ["low", "mid", "high"])
+        self.assertEqual(list(models["chat"].labels), [])
+
     def test_encode_decode_verify(self):
         items = ["the council meets at dawn", "ünïcödé ✓", b"\x00\xffraw bytes"]
         res = self.c.encode(items)
