@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
+
+	"github.com/brokerd/brokerd/runtime/quant"
 )
 
 // ErrOutOfMemory means an allocation would exceed the device's memory budget.
@@ -28,7 +31,79 @@ const (
 	F32  DType = iota + 1
 	BF16       // bfloat16 storage, on devices that support it
 	I32        // indices (embedding gather)
+
+	// Block-quantized weights as GGUF (ggml) stores them: a row of K
+	// elements is K/BlockElems blocks of BlockBytes bytes, rows back to
+	// back. They are only ever a matmul's weight (In[1] with TransB) or a
+	// gather's table, never an activation: see Quantized.
+	Q4_0
+	Q4_1
+	Q5_0
+	Q5_1
+	Q8_0
+	Q4_K
+	Q5_K
+	Q6_K
 )
+
+// quantTypes maps the block types onto ggml's (runtime/quant): elements
+// and bytes per block come from there, so the two cannot disagree.
+var quantTypes = map[DType]quant.Type{
+	Q4_0: quant.Q4_0, Q4_1: quant.Q4_1, Q5_0: quant.Q5_0, Q5_1: quant.Q5_1, Q8_0: quant.Q8_0,
+	Q4_K: quant.Q4_K, Q5_K: quant.Q5_K, Q6_K: quant.Q6_K,
+}
+
+// QuantizedTypes lists the block types, in declaration order.
+func QuantizedTypes() []DType { return []DType{Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K} }
+
+// FromGGML is the block type of a ggml type (false for the float types and
+// types brokerd does not run).
+func FromGGML(t quant.Type) (DType, bool) {
+	for d, q := range quantTypes {
+		if q == t {
+			return d, true
+		}
+	}
+	return 0, false
+}
+
+// GGML is ggml's type for a block type (false for F32, BF16, I32).
+func (t DType) GGML() (quant.Type, bool) {
+	q, ok := quantTypes[t]
+	return q, ok
+}
+
+// Quantized says whether t is a block type.
+func (t DType) Quantized() bool {
+	_, ok := quantTypes[t]
+	return ok
+}
+
+// BlockElems is the number of elements one block holds: 1 for the scalar
+// types.
+func (t DType) BlockElems() int {
+	if q, ok := quantTypes[t]; ok {
+		in, _ := q.Info()
+		return in.BlockElems
+	}
+	return 1
+}
+
+// Bytes is the storage of n elements of type t, or -1 when n is negative
+// or not whole blocks of a block type.
+func (t DType) Bytes(n int64) int64 {
+	if q, ok := quantTypes[t]; ok {
+		b, err := quant.RowBytes(q, n)
+		if err != nil {
+			return -1
+		}
+		return b
+	}
+	if n < 0 || n > math.MaxInt64/int64(t.Size()) {
+		return -1
+	}
+	return n * int64(t.Size())
+}
 
 func (t DType) String() string {
 	switch t {
@@ -39,10 +114,14 @@ func (t DType) String() string {
 	case I32:
 		return "i32"
 	}
+	if q, ok := quantTypes[t]; ok {
+		return q.String()
+	}
 	return fmt.Sprintf("dtype(%d)", uint8(t))
 }
 
-// Size is the size of one element in bytes.
+// Size is the size of one element in bytes, for the scalar types (a block
+// type's elements have no whole size: use Bytes).
 func (t DType) Size() int {
 	switch t {
 	case BF16:
@@ -260,4 +339,22 @@ type Device interface {
 	// MemoryUsed is the bytes allocated (pooled buffers included).
 	MemoryUsed() uint64
 	Close() error
+}
+
+// RawDevice is a device that holds block-quantized weights as they are
+// stored (the oneDNN adapter on the CPU). Matched by method: a model
+// uploads raw bytes where the device is one and Holds the type, and
+// dequantizes on the host to the device's compute type elsewhere (PJRT).
+type RawDevice interface {
+	// Holds says whether Alloc takes dt (a block type).
+	Holds(dt DType) bool
+	// CopyInRaw writes src, stored bytes of dst's type, into dst at byte
+	// offset off (a model's weight may come in pieces: gate then up).
+	CopyInRaw(ctx context.Context, dst Buffer, off int64, src []byte) error
+}
+
+// HoldsQuantized says whether dev keeps block type dt as it is stored.
+func HoldsQuantized(dev Device, dt DType) bool {
+	r, ok := dev.(RawDevice)
+	return ok && r.Holds(dt)
 }

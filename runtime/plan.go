@@ -275,6 +275,17 @@ func inferOp(op Op, in []TensorType) (TensorType, error) {
 		if len(t.Shape) == 0 {
 			return TensorType{}, fmt.Errorf("In[%d] has no dimensions", i)
 		}
+		// Block-quantized values are weights: a matmul's (transposed) In[1]
+		// or a gather's table, whose rows are whole blocks.
+		if t.DType.Quantized() {
+			weight := (op.Kind == OpMatMul && i == 1 && op.TransB) || (op.Kind == OpGather && i == 0)
+			if !weight {
+				return TensorType{}, fmt.Errorf("In[%d] is %s: a block type is only a transposed matmul weight or a gather table", i, t.DType)
+			}
+			if len(t.Shape) != 2 || t.Shape[1]%t.DType.BlockElems() != 0 {
+				return TensorType{}, fmt.Errorf("In[%d] is %s %s: rows must be whole blocks of %d", i, shapeString(t.Shape), t.DType, t.DType.BlockElems())
+			}
+		}
 		for _, d := range t.Shape {
 			if d <= 0 {
 				return TensorType{}, fmt.Errorf("In[%d] has shape %s", i, shapeString(t.Shape))
@@ -310,6 +321,9 @@ func inferOp(op Op, in []TensorType) (TensorType, error) {
 		}
 		if err := matmulTypes(a, w); err != nil {
 			return TensorType{}, err
+		}
+		if w.DType.Quantized() && (op.Act != ActNone || len(in) == 4) {
+			return TensorType{}, fmt.Errorf("a matmul with %s weights takes a bias but no activation or residual", w.DType)
 		}
 		kw, nn := w.Shape[0], w.Shape[1]
 		if op.TransB {
@@ -485,8 +499,10 @@ func inferOp(op Op, in []TensorType) (TensorType, error) {
 
 	case OpGather:
 		table, idx := in[0], in[1]
-		if err := floatType(table); err != nil {
-			return TensorType{}, err
+		if !table.DType.Quantized() {
+			if err := floatType(table); err != nil {
+				return TensorType{}, err
+			}
 		}
 		if len(table.Shape) != 2 {
 			return TensorType{}, fmt.Errorf("table must be 2-D [V,D]")
@@ -494,7 +510,11 @@ func inferOp(op Op, in []TensorType) (TensorType, error) {
 		if idx.DType != I32 {
 			return TensorType{}, fmt.Errorf("indices are %s, want i32", idx.DType)
 		}
-		return TensorType{table.DType, append(slices.Clone(idx.Shape), table.Shape[1])}, nil
+		dt := table.DType
+		if dt.Quantized() {
+			dt = F32 // rows are dequantized as they are gathered
+		}
+		return TensorType{dt, append(slices.Clone(idx.Shape), table.Shape[1])}, nil
 
 	case OpMaskedMeanPool:
 		x := in[0]
@@ -620,10 +640,17 @@ func inferKVWrite(op Op, in []TensorType, cache TensorType) (TensorType, error) 
 	return TensorType{cache.DType, slices.Clone(cache.Shape)}, nil
 }
 
-// matmulTypes allows f32 or bf16 operands, the same type on both sides.
+// matmulTypes allows f32 or bf16 operands, the same type on both sides,
+// or f32 activations against block-quantized weights.
 func matmulTypes(a, w TensorType) error {
 	if a.DType != F32 && a.DType != BF16 {
 		return fmt.Errorf("In[0] is %s, want f32 or bf16", a.DType)
+	}
+	if w.DType.Quantized() {
+		if a.DType != F32 {
+			return fmt.Errorf("In[1] is %s: block-quantized weights take f32 activations, not %s", w.DType, a.DType)
+		}
+		return nil
 	}
 	if w.DType != a.DType {
 		return fmt.Errorf("In[1] is %s and In[0] %s: both must be the same type", w.DType, a.DType)

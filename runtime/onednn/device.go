@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/brokerd/brokerd/runtime"
+	"github.com/brokerd/brokerd/runtime/quant"
 )
 
 // ErrClosed is returned by a Device's methods after Close.
@@ -46,6 +47,10 @@ type Device struct {
 	// unpackable: matmuls whose packed weights layout is larger than the
 	// weights (padded); they read row-major weights. Worker thread only.
 	unpackable map[primKey]bool
+	// qwork is qgemm's scratch for quantized activations, qworkBytes long
+	// (qmatmul.go). Worker thread only.
+	qwork      unsafe.Pointer
+	qworkBytes int64
 	prims      *lru[primKey, *C.bd_prim]
 	// Checked plans by graph address (runtime.Device.Run: a graph does not
 	// change once run); the key keeps the graph alive, so an address is
@@ -187,6 +192,10 @@ func BF16Support() error {
 
 func (d *Device) release() {
 	d.prims.clear()
+	if d.qwork != nil {
+		C.bd_free(d.qwork)
+		d.qwork, d.qworkBytes = nil, 0
+	}
 	C.bd_device_close(d.c)
 	d.c = nil
 	close(d.done)
@@ -285,9 +294,15 @@ func (d *Device) alloc(dt runtime.DType, shape []int) (*buffer, error) {
 			return nil, fmt.Errorf("onednn: alloc %s %s: %w", dt, shapeString(shape), d.bf16Err)
 		}
 	default:
-		return nil, fmt.Errorf("onednn: alloc %s %s: %w", dt, shapeString(shape), runtime.ErrUnsupported)
+		if !d.Holds(dt) {
+			return nil, fmt.Errorf("onednn: alloc %s %s: %w", dt, shapeString(shape), runtime.ErrUnsupported)
+		}
 	}
-	size := (int64(n)*int64(dt.Size()) + alignment - 1) / alignment * alignment
+	raw := dt.Bytes(int64(n))
+	if raw < 0 {
+		return nil, fmt.Errorf("onednn: alloc %s %s: %w: not whole blocks of %d", dt, shapeString(shape), runtime.ErrInvalidGraph, dt.BlockElems())
+	}
+	size := (raw + alignment - 1) / alignment * alignment
 
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -449,6 +464,31 @@ func (d *Device) CopyIn(ctx context.Context, dst runtime.Buffer, src []float32) 
 	return nil
 }
 
+// Holds says whether the device keeps block-quantized type dt as stored:
+// every block type, which qgemm.c multiplies and dequant.c gathers.
+func (d *Device) Holds(dt runtime.DType) bool { return dt.Quantized() }
+
+var _ runtime.RawDevice = (*Device)(nil)
+
+// CopyInRaw writes stored bytes of a block-quantized buffer at byte offset
+// off.
+func (d *Device) CopyInRaw(ctx context.Context, dst runtime.Buffer, off int64, src []byte) error {
+	b, release, err := d.copyTarget(ctx, dst, "copy in")
+	if err != nil {
+		return err
+	}
+	defer release()
+	if !b.dt.Quantized() {
+		return fmt.Errorf("onednn: copy in: %w: stored bytes for a %s buffer (use CopyIn)", runtime.ErrInvalidGraph, b.dt)
+	}
+	size := b.dt.Bytes(int64(b.n))
+	if off < 0 || off > size || int64(len(src)) > size-off {
+		return fmt.Errorf("onednn: copy in: %w: %d bytes at %d for a %s %s buffer of %d", runtime.ErrInvalidGraph, len(src), off, shapeString(b.shape), b.dt, size)
+	}
+	copy(unsafe.Slice((*byte)(b.ptr), size)[off:], src)
+	return nil
+}
+
 // CopyInInt32 writes indices into an I32 buffer.
 func (d *Device) CopyInInt32(ctx context.Context, dst runtime.Buffer, src []int32) error {
 	b, release, err := d.copyTarget(ctx, dst, "copy in")
@@ -490,6 +530,11 @@ func (d *Device) CopyOut(ctx context.Context, dst []float32, src runtime.Buffer)
 	case runtime.I32:
 		for i, v := range unsafe.Slice((*int32)(b.ptr), b.n) {
 			dst[i] = float32(v)
+		}
+	default:
+		q, _ := b.dt.GGML()
+		if err := quant.Dequantize(q, unsafe.Slice((*byte)(b.ptr), b.dt.Bytes(int64(b.n))), dst); err != nil {
+			return fmt.Errorf("onednn: copy out: %w", err)
 		}
 	}
 	return nil

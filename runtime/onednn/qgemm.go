@@ -23,10 +23,9 @@ var errQgemmSize = errors.New("onednn: qgemm: sizes do not fit")
 // qgemm is qgemm.c's bd_qgemm: y[i*ldy+j] = Σ_l x[i*k+l] · W[j][l] for i < m,
 // j < nOut, W being w's nOut rows of k elements of type t in GGUF block
 // layout. threads OpenMP threads share the work; v picks the variant. The
-// engine will call the C function per matmul with its own buffers; this
-// wrapper is for the tests and benchmarks (test files cannot use cgo): it
-// checks the Go slices' lengths, and C checks the sizes against each
-// other. x, w and y are Go memory: C reads and writes them only during the
+// device calls qgemmWork on its own buffers (qmatmul.go); this wrapper is
+// for the tests and benchmarks (test files cannot use cgo): it checks the
+// Go slices' lengths, and C checks the sizes against each other. x, w and y are Go memory: C reads and writes them only during the
 // call.
 func qgemm(t quant.Type, w []byte, nOut, k int, x []float32, m int, y []float32, ldy int, v isa, threads int) error {
 	if m < 0 || k < 0 || nOut < 0 || ldy < 0 ||
@@ -52,11 +51,17 @@ func qgemm(t quant.Type, w []byte, nOut, k int, x []float32, m int, y []float32,
 // hand C sizes that no slice backs and see that it refuses them before
 // touching anything.
 func qgemmC(t quant.Type, w unsafe.Pointer, wBytes, nOut, k int64, x unsafe.Pointer, m int64, y unsafe.Pointer, ldy int64, v isa, threads int) error {
+	return qgemmWork(t, w, wBytes, nOut, k, x, m, y, ldy, v, threads, nil, 0)
+}
+
+// qgemmWork is qgemmC with scratch for the quantized activations (nil: the
+// call allocates its own).
+func qgemmWork(t quant.Type, w unsafe.Pointer, wBytes, nOut, k int64, x unsafe.Pointer, m int64, y unsafe.Pointer, ldy int64, v isa, threads int, work unsafe.Pointer, workBytes int64) error {
 	if uint64(t) > 1<<30 {
 		return fmt.Errorf("onednn: qgemm: %w: %v", quant.ErrUnsupported, t)
 	}
 	rc := C.bd_qgemm(C.int(t), w, C.int64_t(wBytes), C.int64_t(nOut), C.int64_t(k),
-		(*C.float)(x), C.int64_t(m), (*C.float)(y), C.int64_t(ldy), C.int(v), C.int(threads), nil, 0)
+		(*C.float)(x), C.int64_t(m), (*C.float)(y), C.int64_t(ldy), C.int(v), C.int(threads), work, C.int64_t(workBytes))
 	switch rc {
 	case C.BD_QGEMM_OK:
 		return nil

@@ -234,6 +234,13 @@ func (d *Device) runStep(s *runtime.Step, ptrs map[string]unsafe.Pointer, rc *ru
 
 	switch op.Kind {
 	case runtime.OpMatMul:
+		if s.In[1].DType.Quantized() {
+			var bias unsafe.Pointer
+			if len(op.In) >= 3 {
+				bias = in(2)
+			}
+			return d.qmatmul(s, in(0), in(1), bias, out)
+		}
 		a := s.In[0]
 		k := a.Last()
 		w, isWeight := rc.weights[op.In[1]]
@@ -349,6 +356,17 @@ func (d *Device) runStep(s *runtime.Step, ptrs map[string]unsafe.Pointer, rc *ru
 	case runtime.OpGather:
 		table, idx := s.In[0], s.In[1]
 		n := idx.NumElements()
+		if table.DType.Quantized() {
+			pos, err := d.qgather(s, in(0), in(1), out)
+			if err != nil {
+				return err
+			}
+			if pos >= 0 {
+				return fmt.Errorf("%w: %s: index %d at position %d is outside the table's %d rows",
+					runtime.ErrInvalidGraph, s, unsafe.Slice((*int32)(in(1)), n)[pos], pos, table.Shape[0])
+			}
+			return nil
+		}
 		pos := C.bd_gather(dc, in(0), C.int64_t(table.Shape[0]), C.int64_t(table.Shape[1]), C.int64_t(table.DType.Size()),
 			(*C.int32_t)(in(1)), C.int64_t(n), out)
 		if pos >= 0 {

@@ -1,0 +1,195 @@
+package onednn
+
+import (
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/brokerd/brokerd/runtime"
+	"github.com/brokerd/brokerd/runtime/quant"
+)
+
+// TestQuantizedWeightsThroughRun: a matmul whose weights are stored
+// block-quantized (CopyInRaw, in two pieces) runs qgemm.c on them through
+// Device.Run, bit-identical to the kernel called directly (which
+// TestQgemmMatchesFloat64 holds to float64) plus the bias; a gather from a
+// quantized table gives quant.Dequantize's rows; CopyOut dequantizes; the
+// buffer holds the stored bytes, not floats.
+func TestQuantizedWeightsThroughRun(t *testing.T) {
+	dev := openCPU(t, 2)
+	rng := rand.New(rand.NewPCG(7, 21))
+	for _, dt := range runtime.QuantizedTypes() {
+		q, _ := dt.GGML()
+		t.Run(dt.String(), func(t *testing.T) {
+			k := 2 * dt.BlockElems()
+			if k < 256 {
+				k = 256
+			}
+			const n = 24
+			w := randQuantWeights(rng, q, n, k)
+			wb, err := dev.Alloc(dt, n, k)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer dev.Free(wb)
+			if got, want := wb.Bytes(), (int64(len(w))+alignment-1)/alignment*alignment; got != want {
+				t.Errorf("Bytes() = %d, want %d (the stored size)", got, want)
+			}
+			half := len(w) / 2 / (len(w) / n) * (len(w) / n) // whole rows
+			raw := dev.(runtime.RawDevice)
+			if err := raw.CopyInRaw(t.Context(), wb, 0, w[:half]); err != nil {
+				t.Fatal(err)
+			}
+			if err := raw.CopyInRaw(t.Context(), wb, int64(half), w[half:]); err != nil {
+				t.Fatal(err)
+			}
+			bias := make([]float32, n)
+			for i := range bias {
+				bias[i] = float32(rng.NormFloat64())
+			}
+			bb := upload(t, dev, runtime.F32, bias, n)
+			for _, m := range []int{1, 5, 33} {
+				x := randActs(rng, m, k)
+				xb := upload(t, dev, runtime.F32, x, m, k)
+				yb, err := dev.Alloc(runtime.F32, m, n)
+				if err != nil {
+					t.Fatal(err)
+				}
+				g := &runtime.Graph{Ops: []runtime.Op{{Kind: runtime.OpMatMul, In: []string{"x", "w", "b"}, Out: "y", TransB: true}}}
+				if err := dev.Run(t.Context(), g, map[string]runtime.Buffer{"x": xb, "w": wb, "b": bb, "y": yb}); err != nil {
+					t.Fatal(err)
+				}
+				got := make([]float32, m*n)
+				if err := dev.CopyOut(t.Context(), got, yb); err != nil {
+					t.Fatal(err)
+				}
+				want := make([]float32, m*n)
+				if err := qgemm(q, w, n, k, x, m, want, n, isaAuto, dev.(*Device).threads); err != nil {
+					t.Fatal(err)
+				}
+				for i := range want {
+					want[i] += bias[i%n]
+				}
+				if !slices.Equal(got, want) {
+					t.Errorf("m=%d: Run differs from bd_qgemm plus bias", m)
+				}
+				dev.Free(xb)
+				dev.Free(yb)
+			}
+			dev.Free(bb)
+
+			// Gather rows 3, 0 and n-1 of the table.
+			ids := []int32{3, 0, n - 1}
+			ib, err := dev.Alloc(runtime.I32, len(ids))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer dev.Free(ib)
+			if err := dev.CopyInInt32(t.Context(), ib, ids); err != nil {
+				t.Fatal(err)
+			}
+			ob, err := dev.Alloc(runtime.F32, len(ids), k)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer dev.Free(ob)
+			g := &runtime.Graph{Ops: []runtime.Op{{Kind: runtime.OpGather, In: []string{"w", "i"}, Out: "o"}}}
+			if err := dev.Run(t.Context(), g, map[string]runtime.Buffer{"w": wb, "i": ib, "o": ob}); err != nil {
+				t.Fatal(err)
+			}
+			got := make([]float32, len(ids)*k)
+			if err := dev.CopyOut(t.Context(), got, ob); err != nil {
+				t.Fatal(err)
+			}
+			all := make([]float32, n*k)
+			if err := quant.Dequantize(q, w, all); err != nil {
+				t.Fatal(err)
+			}
+			for i, id := range ids {
+				if !slices.Equal(got[i*k:(i+1)*k], all[int(id)*k:(int(id)+1)*k]) {
+					t.Errorf("gathered row %d differs from quant.Dequantize", id)
+				}
+			}
+			whole := make([]float32, n*k)
+			if err := dev.CopyOut(t.Context(), whole, wb); err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(whole, all) {
+				t.Error("CopyOut of the weights differs from quant.Dequantize")
+			}
+			// An index past the table is the caller's mistake, not a crash.
+			if err := dev.CopyInInt32(t.Context(), ib, []int32{0, n, 1}); err != nil {
+				t.Fatal(err)
+			}
+			if err := dev.Run(t.Context(), g, map[string]runtime.Buffer{"w": wb, "i": ib, "o": ob}); err == nil || !strings.Contains(err.Error(), "outside the table") {
+				t.Errorf("gather past the table: err = %v", err)
+			}
+		})
+	}
+}
+
+func openCPU(t *testing.T, threads int) runtime.Device {
+	return openTest(t, runtime.DeviceSpec{ID: "cpu:0", Threads: threads})
+}
+
+// upload allocates a buffer of dt and shape holding v.
+func upload(t *testing.T, dev runtime.Device, dt runtime.DType, v []float32, shape ...int) runtime.Buffer {
+	t.Helper()
+	b, err := dev.Alloc(dt, shape...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := dev.CopyIn(t.Context(), b, v); err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// TestQuantizedRefusals: what a block type cannot be or take.
+func TestQuantizedRefusals(t *testing.T) {
+	dev := openCPU(t, 1)
+	raw := dev.(runtime.RawDevice)
+	if _, err := dev.Alloc(runtime.Q4_K, 4, 100); err == nil {
+		t.Error("Alloc of rows that are not whole blocks succeeded")
+	}
+	wb, err := dev.Alloc(runtime.Q8_0, 2, 32)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dev.Free(wb)
+	for _, c := range []struct {
+		off int64
+		n   int
+	}{{-1, 1}, {0, 69}, {60, 9}, {69, 1}} {
+		if err := raw.CopyInRaw(t.Context(), wb, c.off, make([]byte, c.n)); err == nil {
+			t.Errorf("CopyInRaw of %d bytes at %d into 68 succeeded", c.n, c.off)
+		}
+	}
+	if err := dev.CopyIn(t.Context(), wb, make([]float32, 64)); err == nil {
+		t.Error("CopyIn of floats into a q8_0 buffer succeeded")
+	}
+	fb := upload(t, dev, runtime.F32, make([]float32, 64), 2, 32)
+	defer dev.Free(fb)
+	if err := raw.CopyInRaw(t.Context(), fb, 0, make([]byte, 8)); err == nil {
+		t.Error("CopyInRaw into an f32 buffer succeeded")
+	}
+	xb := upload(t, dev, runtime.F32, make([]float32, 32), 1, 32)
+	defer dev.Free(xb)
+	yb, err := dev.Alloc(runtime.F32, 1, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dev.Free(yb)
+	for name, op := range map[string]runtime.Op{
+		"not transposed": {Kind: runtime.OpMatMul, In: []string{"x", "w"}, Out: "y"},
+		"activation":     {Kind: runtime.OpMatMul, In: []string{"x", "w"}, Out: "y", TransB: true, Act: runtime.ActGELU},
+		"as activations": {Kind: runtime.OpMatMul, In: []string{"w", "f"}, Out: "y", TransB: true},
+		"softmax":        {Kind: runtime.OpSoftmax, In: []string{"w"}, Out: "y"},
+	} {
+		err := dev.Run(t.Context(), &runtime.Graph{Ops: []runtime.Op{op}}, map[string]runtime.Buffer{"x": xb, "w": wb, "f": fb, "y": yb})
+		if err == nil || !strings.Contains(err.Error(), "q8_0") {
+			t.Errorf("%s: err = %v, want a refusal naming q8_0", name, err)
+		}
+	}
+}
