@@ -84,7 +84,7 @@ func (ms *Set) placeGenLocked(ctx context.Context, s *Served, m *llm.Model) erro
 			if err != nil {
 				return err
 			}
-			fixed := m.WeightBytes(od.dtype) + m.StepBytes(od.dtype, genStepTokens, running)
+			fixed := m.WeightBytesOn(od.dev, od.dtype) + m.StepBytes(od.dtype, genStepTokens, running)
 			need := fixed + blocksPerSeq*blockBytes
 			if minNeed == 0 || need < minNeed {
 				minNeed = need
@@ -97,6 +97,12 @@ func (ms *Set) placeGenLocked(ctx context.Context, s *Served, m *llm.Model) erro
 					continue
 				}
 				cache = min(cache, free-fixed)
+			}
+			for _, q := range m.Quantized() {
+				if !runtime.HoldsQuantized(od.dev, q) {
+					ms.log.Info("dequantizing weights for a device that cannot hold them", zap.String("model", s.Info.Name),
+						zap.String("device", e.ID), zap.Stringer("from", q), zap.Stringer("to", od.dtype))
+				}
 			}
 			eng, err := m.NewEngine(ctx, od.dev, llm.EngineOptions{CacheBytes: cache, BlockSize: genBlockSize, MaxStepTokens: genStepTokens, MaxSeqs: running})
 			if err != nil {

@@ -152,7 +152,8 @@ type File struct {
 	r      io.ReaderAt // where tensor data is read from, when not mapped
 	data   []byte      // the file's mapping, when opened with Open
 	unmap  func([]byte) error
-	closer io.Closer // the file, when Open reads it without a mapping
+	advise func([]byte) error // drops the mapping's resident pages
+	closer io.Closer          // the file, when Open reads it without a mapping
 
 	mu     sync.Mutex
 	closed bool
@@ -201,6 +202,19 @@ func (f *File) Close() error {
 		return f.closer.Close()
 	}
 	return nil
+}
+
+// DropPages tells the kernel this process no longer needs the mapping's
+// pages resident: they leave its resident set (they stay in the page
+// cache, and a later read faults them back in). Slices TensorData
+// returned stay valid. It does nothing where the file is not mapped.
+func (f *File) DropPages() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.closed || f.data == nil || f.advise == nil || len(f.data) == 0 {
+		return nil
+	}
+	return f.advise(f.data)
 }
 
 // Tensor returns the tensor of that name.

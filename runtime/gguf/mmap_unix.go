@@ -7,6 +7,8 @@ import (
 	"math"
 	"os"
 	"syscall"
+
+	"golang.org/x/sys/unix"
 )
 
 // Open memory-maps the GGUF file at path read-only and parses its header;
@@ -45,5 +47,6 @@ func Open(path string, lim Limits) (*File, error) {
 	}
 	f.data = data
 	f.unmap = syscall.Munmap
+	f.advise = func(b []byte) error { return unix.Madvise(b, unix.MADV_DONTNEED) }
 	return f, nil
 }

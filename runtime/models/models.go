@@ -11,8 +11,10 @@ package models
 
 import (
 	"context"
+	"fmt"
 
 	"github.com/brokerd/brokerd/runtime"
+	"github.com/brokerd/brokerd/runtime/quant"
 )
 
 // Kind is a model kind of the repository.
@@ -25,12 +27,64 @@ const (
 	KindBERTClassifier Kind = "bert-classifier"
 )
 
-// Tensor is a host tensor of float32 values, row-major. Weights of any stored
-// dtype (F32, F16, BF16) are converted to float32 when loaded; the device
-// converts again if it computes in bf16.
+// Tensor is a host tensor, row-major: float32 values, or a block-quantized
+// weight as its file stores it. Float weights of any stored dtype (F32,
+// F16, BF16) are converted to float32 when loaded; the device converts
+// again if it computes in bf16. Block-quantized weights (GGUF's Q4_K, …)
+// stay as stored: a device that holds them (runtime.RawDevice) gets the
+// bytes, others their values (Float32).
 type Tensor struct {
 	Shape []int
-	Data  []float32
+	Data  []float32 // nil for a block-quantized tensor
+	// Stored is the block type of Raw (0: the tensor is Data).
+	Stored runtime.DType
+	// Raw are the stored bytes in pieces laid end to end, each whole rows
+	// (a fused weight is its parts'); they may lie in a file's mapping.
+	Raw [][]byte
+}
+
+// Quantized says whether t is held in a block type.
+func (t Tensor) Quantized() bool { return t.Stored.Quantized() }
+
+// Elements is the product of t's dimensions.
+func (t Tensor) Elements() int {
+	n := 1
+	for _, d := range t.Shape {
+		n *= d
+	}
+	return n
+}
+
+// RawBytes is the length of Raw's pieces together.
+func (t Tensor) RawBytes() int64 {
+	var n int64
+	for _, p := range t.Raw {
+		n += int64(len(p))
+	}
+	return n
+}
+
+// Float32 is t's values: Data, or Raw dequantized into a new slice.
+func (t Tensor) Float32() ([]float32, error) {
+	if !t.Quantized() {
+		return t.Data, nil
+	}
+	q, _ := t.Stored.GGML()
+	n := t.Elements()
+	if want := t.Stored.Bytes(int64(n)); want != t.RawBytes() {
+		return nil, fmt.Errorf("%w: %d bytes of %s for %v", ErrInvalidWeights, t.RawBytes(), t.Stored, t.Shape)
+	}
+	out := make([]float32, n)
+	at := 0
+	for _, p := range t.Raw {
+		in, _ := q.Info()
+		elems := len(p) / in.BlockBytes * in.BlockElems
+		if err := quant.Dequantize(q, p, out[at:at+elems]); err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrInvalidWeights, err)
+		}
+		at += elems
+	}
+	return out, nil
 }
 
 // TensorSpec describes a model input or output as Infer and KServe see it.

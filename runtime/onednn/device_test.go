@@ -76,7 +76,8 @@ func TestAllocErrors(t *testing.T) {
 		{"zero dimension", runtime.F32, []int{3, 0}, "dimension 1 is 0"},
 		{"negative dimension", runtime.F32, []int{-2}, "dimension 0 is -2"},
 		{"overflow", runtime.F32, []int{1 << 40, 1 << 40}, "too many elements"},
-		{"unknown type", runtime.DType(9), []int{3}, "not supported"},
+		{"unknown type", runtime.DType(99), []int{3}, "not supported"},
+		{"part of a block", runtime.Q4_K, []int{3}, "not whole blocks of 256"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	goruntime "runtime"
+	"runtime/debug"
 	"slices"
 	"sort"
 	"sync"
@@ -71,6 +72,7 @@ type Engine struct {
 	spec    netSpec
 	dev     runtime.Device
 	mmDT    runtime.DType
+	quant   map[string]runtime.DType // resident weights held block-quantized
 	opts    EngineOptions
 	blocks  *blockPool
 	maxBlks int   // block table width: the context length's blocks
@@ -182,34 +184,81 @@ func matmulWeight(name string) bool {
 	return false
 }
 
+// upload copies the weights to the device: block-quantized ones as
+// stored where the device holds their type (runtime.RawDevice), else
+// dequantized on the host to the type a float weight of that name gets.
 func (e *Engine) upload(ctx context.Context, weights map[string]models.Tensor) error {
 	names := make([]string, 0, len(weights))
 	for n := range weights {
 		names = append(names, n)
 	}
 	sort.Strings(names)
+	e.quant = map[string]runtime.DType{}
 	for _, n := range names {
 		t := weights[n]
 		if n == wLMHead && e.spec.Tied {
 			continue // the embedding table, in the same type
 		}
-		dt := runtime.F32
-		if matmulWeight(n) {
-			dt = e.mmDT
-		}
-		buf, err := e.dev.Alloc(dt, t.Shape...)
-		if err != nil {
-			return fmt.Errorf("llm: engine: weight %q on %s: %w", n, e.dev.ID(), err)
-		}
-		e.resident[n] = buf
-		if err := e.dev.CopyIn(ctx, buf, t.Data); err != nil {
+		if err := readMapped(func() error { return e.uploadOne(ctx, n, t) }); err != nil {
 			return fmt.Errorf("llm: engine: weight %q on %s: %w", n, e.dev.ID(), err)
 		}
 	}
 	if _, ok := e.resident[wLMHead]; !ok {
 		e.resident[wLMHead] = e.resident[wEmbed]
+		if dt, ok := e.quant[wEmbed]; ok {
+			e.quant[wLMHead] = dt
+		}
 	}
 	return nil
+}
+
+func (e *Engine) uploadOne(ctx context.Context, n string, t models.Tensor) error {
+	if t.Quantized() && runtime.HoldsQuantized(e.dev, t.Stored) {
+		buf, err := e.dev.Alloc(t.Stored, t.Shape...)
+		if err != nil {
+			return err
+		}
+		e.resident[n] = buf
+		e.quant[n] = t.Stored
+		var off int64
+		for _, p := range t.Raw {
+			if err := e.dev.(runtime.RawDevice).CopyInRaw(ctx, buf, off, p); err != nil {
+				return err
+			}
+			off += int64(len(p))
+		}
+		return nil
+	}
+	data, err := t.Float32()
+	if err != nil {
+		return err
+	}
+	dt := runtime.F32
+	if matmulWeight(n) {
+		dt = e.mmDT
+	}
+	buf, err := e.dev.Alloc(dt, t.Shape...)
+	if err != nil {
+		return err
+	}
+	e.resident[n] = buf
+	return e.dev.CopyIn(ctx, buf, data)
+}
+
+// readMapped runs f, turning a fault on a file's mapping (the weights of a
+// GGUF file stay mapped, and a file truncated after load faults past its
+// new end) into an error instead of the process's end.
+func readMapped(f func() error) (err error) {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		if r := recover(); r != nil {
+			if _, fault := r.(interface{ Addr() uintptr }); !fault {
+				panic(r)
+			}
+			err = fmt.Errorf("%w: the weights' file changed while it was read: %v", models.ErrInvalidWeights, r)
+		}
+	}()
+	return f()
 }
 
 func (e *Engine) free() {
@@ -401,7 +450,7 @@ func (e *Engine) plan(items []StepItem) (*stepPlan, error) {
 func (e *Engine) forward(ctx context.Context, p *stepPlan) ([]float32, error) {
 	g := e.graphs[p.shape]
 	if g == nil {
-		g = stepGraph(e.spec, e.mmDT, p.shape)
+		g = stepGraph(e.spec, e.mmDT, e.quant, p.shape)
 		if len(e.graphs) >= 256 {
 			clear(e.graphs) // bounded: shapes vary with the step on oneDNN
 		}

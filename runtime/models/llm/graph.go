@@ -97,7 +97,11 @@ type graphBuilder struct {
 	ops  []runtime.Op
 	n    int
 	mmDT runtime.DType // matmul operand type
-	conv map[string]string
+	// quant are the weights resident in a block-quantized type: their
+	// matmuls take f32 activations, and a quantized embedding table
+	// gathers f32 rows.
+	quant map[string]runtime.DType
+	conv  map[string]string
 }
 
 func (b *graphBuilder) add(op runtime.Op) string {
@@ -122,13 +126,18 @@ func (b *graphBuilder) operand(x string) string {
 	return c
 }
 
-// linear is x·wᵀ (+bias): w is a PyTorch Linear weight [out,in].
-func (b *graphBuilder) linear(x, w, bias string) string {
-	in := []string{b.operand(x), w}
+// linear is x·wᵀ (+bias) into out ("": a new name): w is a PyTorch
+// Linear weight [out,in].
+func (b *graphBuilder) linear(x, w, bias, out string) string {
+	a := x
+	if !b.quant[w].Quantized() {
+		a = b.operand(x)
+	}
+	in := []string{a, w}
 	if bias != "" {
 		in = append(in, bias)
 	}
-	return b.add(runtime.Op{Kind: runtime.OpMatMul, In: in, TransB: true})
+	return b.add(runtime.Op{Kind: runtime.OpMatMul, In: in, TransB: true, Out: out})
 }
 
 // stepGraph is the forward pass of one flattened step: T rows from S
@@ -136,12 +145,13 @@ func (b *graphBuilder) linear(x, w, bias string) string {
 // Token-wise layers run on [T,·] matrices; attention reads each row's
 // sequence's earlier positions from the paged cache after this step's K
 // and V are written into it; the final norm and lm_head run on the R
-// sampled rows only, gathered first.
-func stepGraph(s netSpec, mmDT runtime.DType, sh stepShape) *runtime.Graph {
-	b := &graphBuilder{mmDT: mmDT, conv: map[string]string{}}
+// sampled rows only, gathered first. quant names the weights resident in
+// block-quantized types.
+func stepGraph(s netSpec, mmDT runtime.DType, quant map[string]runtime.DType, sh stepShape) *runtime.Graph {
+	b := &graphBuilder{mmDT: mmDT, quant: quant, conv: map[string]string{}}
 	d := s.HeadDim
 	x := b.add(runtime.Op{Kind: runtime.OpGather, In: []string{wEmbed, gIDs}}) // [T,H]
-	if mmDT == runtime.BF16 {
+	if mmDT == runtime.BF16 && !quant[wEmbed].Quantized() {
 		// The table is held in bf16: the residual stream is f32.
 		x = b.add(runtime.Op{Kind: runtime.OpConvert, In: []string{x}, DType: runtime.F32})
 	}
@@ -157,9 +167,9 @@ func stepGraph(s netSpec, mmDT runtime.DType, sh stepShape) *runtime.Graph {
 		hn := b.add(runtime.Op{Kind: runtime.OpRMSNorm, In: []string{x, w(lLN1)}, Eps: s.Eps})
 		// Three products rather than one over [q;k;v]: the runtime has no
 		// op to split the columns of a product without copying them.
-		q := b.linear(hn, w(lWQ), bias(lBQ))
-		k := b.linear(hn, w(lWK), bias(lBK))
-		v := b.linear(hn, w(lWV), bias(lBV))
+		q := b.linear(hn, w(lWQ), bias(lBQ), "")
+		k := b.linear(hn, w(lWK), bias(lBK), "")
+		v := b.linear(hn, w(lWV), bias(lBV), "")
 		q = b.add(runtime.Op{Kind: runtime.OpReshape, In: []string{q}, Shape: []int{sh.T, s.Heads, d}})
 		k = b.add(runtime.Op{Kind: runtime.OpReshape, In: []string{k}, Shape: []int{sh.T, s.KVHeads, d}})
 		v = b.add(runtime.Op{Kind: runtime.OpReshape, In: []string{v}, Shape: []int{sh.T, s.KVHeads, d}})
@@ -175,16 +185,16 @@ func stepGraph(s netSpec, mmDT runtime.DType, sh stepShape) *runtime.Graph {
 			In:    []string{q, w(lKCache), w(lVCache), gBlocks, gSeqIdx, gPos},
 			Scale: float32(1 / math.Sqrt(float64(d)))}) // [T,Hq,D]
 		a = b.add(runtime.Op{Kind: runtime.OpReshape, In: []string{a}, Shape: []int{sh.T, s.Heads * d}})
-		o := b.linear(a, w(lWO), "")
+		o := b.linear(a, w(lWO), "", "")
 		x = b.add(runtime.Op{Kind: runtime.OpAdd, In: []string{x, o}})
 		hn = b.add(runtime.Op{Kind: runtime.OpRMSNorm, In: []string{x, w(lLN2)}, Eps: s.Eps})
-		gu := b.linear(hn, w(lGateUp), "")                                 // [T,2I]
+		gu := b.linear(hn, w(lGateUp), "", "")                             // [T,2I]
 		act := b.add(runtime.Op{Kind: runtime.OpSwiGLU, In: []string{gu}}) // [T,I]
-		dn := b.linear(act, w(lDown), "")
+		dn := b.linear(act, w(lDown), "", "")
 		x = b.add(runtime.Op{Kind: runtime.OpAdd, In: []string{x, dn}})
 	}
 	last := b.add(runtime.Op{Kind: runtime.OpGather, In: []string{x, gRows}}) // [R,H]
 	last = b.add(runtime.Op{Kind: runtime.OpRMSNorm, In: []string{last, wNorm}, Eps: s.Eps})
-	b.add(runtime.Op{Kind: runtime.OpMatMul, In: []string{b.operand(last), wLMHead}, TransB: true, Out: gLogits})
+	b.linear(last, wLMHead, "", gLogits)
 	return &runtime.Graph{Ops: b.ops}
 }

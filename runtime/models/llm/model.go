@@ -75,6 +75,11 @@ type ModelOptions struct {
 	// (rope_freqs.weight, computed by llama.cpp's converter), instead of
 	// config.json's rope_scaling.
 	RopeFreqFactors []float32
+	// DropPages, when set, is called after each engine has copied the
+	// weights in: block-quantized weights may lie in a file's mapping,
+	// whose pages it drops from the process's resident set (the device
+	// holds its own copy; a later engine faults them back in).
+	DropPages func()
 	// MaxContext caps the context length below max_position_embeddings
 	// (0: no cap): Llama 3.2's 131072 positions would make placement admit
 	// a KV cache of gigabytes for one full-length sequence.
@@ -311,23 +316,59 @@ func (m *Model) NewSequence(params Sampling, prompt []int32) (*Sequence, error) 
 // compute type) and allocates a KV cache of opts.CacheBytes.
 func (m *Model) NewEngine(ctx context.Context, dev runtime.Device, opts EngineOptions) (*Engine, error) {
 	e, err := newEngine(ctx, dev, m.spec, m.weights, opts)
+	if m.opts.DropPages != nil {
+		m.opts.DropPages()
+	}
 	if err != nil {
 		return nil, fmt.Errorf("llm %q: %w", m.opts.Name, err)
 	}
 	return e, nil
 }
 
+// Quantized lists the block types the model's weights are stored in
+// (none for a float checkpoint).
+func (m *Model) Quantized() []runtime.DType {
+	seen := map[runtime.DType]bool{}
+	for _, t := range m.weights {
+		if t.Quantized() {
+			seen[t.Stored] = true
+		}
+	}
+	out := make([]runtime.DType, 0, len(seen))
+	for _, dt := range runtime.QuantizedTypes() {
+		if seen[dt] {
+			out = append(out, dt)
+		}
+	}
+	return out
+}
+
 // WeightBytes is the device memory of the weights when matmuls run in dt
-// (F32 or BF16): what NewEngine allocates besides the cache.
+// (F32 or BF16) on a device that holds block-quantized weights as stored
+// (the CPU): what NewEngine allocates there besides the cache.
 func (m *Model) WeightBytes(dt runtime.DType) int64 {
+	return m.weightBytes(dt, func(runtime.DType) bool { return true })
+}
+
+// WeightBytesOn is WeightBytes on dev, which may hold none of the block
+// types (PJRT): those weights are counted dequantized to their float type.
+func (m *Model) WeightBytesOn(dev runtime.Device, dt runtime.DType) int64 {
+	return m.weightBytes(dt, func(q runtime.DType) bool { return runtime.HoldsQuantized(dev, q) })
+}
+
+func (m *Model) weightBytes(dt runtime.DType, holds func(runtime.DType) bool) int64 {
 	var n int64
 	for name, t := range m.weights {
+		if name == wLMHead && m.spec.Tied {
+			continue // shares the embedding table's buffer
+		}
+		if t.Quantized() && holds(t.Stored) {
+			n += (t.Stored.Bytes(int64(t.Elements())) + 63) / 64 * 64
+			continue
+		}
 		edt := runtime.F32
 		if matmulWeight(name) {
 			edt = dt
-		}
-		if name == wLMHead && m.spec.Tied {
-			continue // shares the embedding table's buffer
 		}
 		n += alignedBytes(edt, t.Shape)
 	}

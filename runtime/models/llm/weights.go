@@ -61,10 +61,27 @@ func engineWeights(s netSpec, hf map[string]models.Tensor) (map[string]models.Te
 		for _, d := range shape {
 			n *= d
 		}
-		if len(t.Shape) != len(shape) || len(t.Data) != n || !slices.Equal(t.Shape, shape) {
+		if len(t.Shape) != len(shape) || !slices.Equal(t.Shape, shape) {
 			return models.Tensor{}, fmt.Errorf("%w: weight %q is %v, want %v", models.ErrInvalidWeights, name, t.Shape, shape)
 		}
+		if t.Quantized() {
+			if t.RawBytes() != t.Stored.Bytes(int64(n)) {
+				return models.Tensor{}, fmt.Errorf("%w: weight %q holds %d bytes of %s, want %d for %v", models.ErrInvalidWeights, name, t.RawBytes(), t.Stored, t.Stored.Bytes(int64(n)), shape)
+			}
+		} else if len(t.Data) != n {
+			return models.Tensor{}, fmt.Errorf("%w: weight %q has %d values, want %v", models.ErrInvalidWeights, name, len(t.Data), shape)
+		}
 		return t, nil
+	}
+	// Only matmul weights and the embedding table stay block-quantized
+	// (runtime.Plan allows them nowhere else); a file that quantizes a
+	// norm's gain or a bias gets it dequantized.
+	float := func(t models.Tensor) (models.Tensor, error) {
+		if !t.Quantized() {
+			return t, nil
+		}
+		x, err := t.Float32()
+		return models.Tensor{Shape: t.Shape, Data: x}, err
 	}
 	h, d, inter := s.Hidden, s.HeadDim, s.Inter
 	qd, kd := s.Heads*d, s.KVHeads*d
@@ -116,7 +133,10 @@ func engineWeights(s netSpec, hf map[string]models.Tensor) (map[string]models.Te
 				return nil, err
 			}
 			// One product for both halves; OpSwiGLU reads [gate|up].
-			out[lw(l, lGateUp)] = models.Tensor{Shape: []int{2 * inter, h}, Data: append(append(make([]float32, 0, 2*inter*h), g.Data...), u.Data...)}
+			out[lw(l, lGateUp)], err = fuseRows(g, u)
+			if err != nil {
+				return nil, fmt.Errorf("layer %d gate and up: %w", l, err)
+			}
 		}
 	}
 	for _, w := range wants {
@@ -124,7 +144,30 @@ func engineWeights(s netSpec, hf map[string]models.Tensor) (map[string]models.Te
 		if err != nil {
 			return nil, err
 		}
+		if !matmulWeight(w.name) {
+			if t, err = float(t); err != nil {
+				return nil, fmt.Errorf("weight %q: %w", w.hf, err)
+			}
+		}
 		out[w.name] = t
 	}
 	return out, nil
+}
+
+// fuseRows stacks a's rows over b's: their pieces when both are stored in
+// one block type, else their float values.
+func fuseRows(a, b models.Tensor) (models.Tensor, error) {
+	shape := []int{a.Shape[0] + b.Shape[0], a.Shape[1]}
+	if a.Quantized() && a.Stored == b.Stored {
+		return models.Tensor{Shape: shape, Stored: a.Stored, Raw: append(slices.Clip(a.Raw), b.Raw...)}, nil
+	}
+	x, err := a.Float32()
+	if err != nil {
+		return models.Tensor{}, err
+	}
+	y, err := b.Float32()
+	if err != nil {
+		return models.Tensor{}, err
+	}
+	return models.Tensor{Shape: shape, Data: append(append(make([]float32, 0, len(x)+len(y)), x...), y...)}, nil
 }

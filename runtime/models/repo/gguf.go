@@ -16,6 +16,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/brokerd/brokerd/runtime"
 	"github.com/brokerd/brokerd/runtime/gguf"
 	"github.com/brokerd/brokerd/runtime/models"
 	"github.com/brokerd/brokerd/runtime/models/llm"
@@ -325,8 +326,10 @@ func ggufName(name string) (string, bool) {
 	return "model.layers." + m[1] + "." + hf + "." + m[3], true
 }
 
-// loadGGUF reads the tensors of a checked GGUF version, dequantized to
-// float32, under their Hugging Face names.
+// loadGGUF reads the tensors of a checked GGUF version under their Hugging
+// Face names: block-quantized matrices as stored, slices of the file's
+// mapping (the model then owns the file: see loadLLMWith), the rest
+// dequantized to float32.
 func (r *Repo) loadGGUF(ctx context.Context, gp *ggufPlan, name string) (weights map[string]models.Tensor, err error) {
 	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
 	defer faultAsError(gp.path, &err)
@@ -356,24 +359,44 @@ func (r *Repo) loadGGUF(ctx context.Context, gp *ggufPlan, name string) (weights
 		if err != nil {
 			return nil, fmt.Errorf("%w: %s: tensor %s: %w", errInvalidGGUF, gp.path, t.Name, err)
 		}
-		x := make([]float32, n)
-		if err := quant.Dequantize(quant.Type(t.Type), data, x); err != nil {
-			return nil, fmt.Errorf("%w: %s: tensor %s (%s): %w", errInvalidGGUF, gp.path, t.Name, t.Type, err)
-		}
+		// Llama's q and k rows: llama.cpp's converter interleaves their
+		// rotated halves; the engine rotates halves.
+		heads := 0
 		if gp.arch == "llama" {
-			// llama.cpp's converter interleaves the rotated halves of
-			// Llama's q and k rows; the engine rotates halves.
 			switch {
 			case strings.HasSuffix(hf, "q_proj.weight"), strings.HasSuffix(hf, "q_proj.bias"):
-				err = unpermuteRope(x, gp.heads, shape)
+				heads = gp.heads
 			case strings.HasSuffix(hf, "k_proj.weight"), strings.HasSuffix(hf, "k_proj.bias"):
-				err = unpermuteRope(x, gp.kv, shape)
-			}
-			if err != nil {
-				return nil, invalid(models.ErrInvalidWeights, fmt.Errorf("%s: tensor %s: %w", gp.path, t.Name, err))
+				heads = gp.kv
 			}
 		}
-		weights[hf] = models.Tensor{Shape: shape, Data: x}
+		var w models.Tensor
+		if dt, ok := runtime.FromGGML(quant.Type(t.Type)); ok && len(shape) == 2 {
+			// Kept as stored, in the mapping: the device copies it (or
+			// dequantizes it for a device that cannot hold it).
+			if want := dt.Bytes(n); want != int64(len(data)) {
+				return nil, fmt.Errorf("%w: %s: tensor %s (%s) holds %d bytes, want %d", errInvalidGGUF, gp.path, t.Name, t.Type, len(data), want)
+			}
+			if heads > 0 {
+				// Rows move whole: permute a copy of the stored rows.
+				if data, err = unpermuteRope(data, heads, shape[0]); err != nil {
+					return nil, invalid(models.ErrInvalidWeights, fmt.Errorf("%s: tensor %s: %w", gp.path, t.Name, err))
+				}
+			}
+			w = models.Tensor{Shape: shape, Stored: dt, Raw: [][]byte{data}}
+		} else {
+			x := make([]float32, n)
+			if err := quant.Dequantize(quant.Type(t.Type), data, x); err != nil {
+				return nil, fmt.Errorf("%w: %s: tensor %s (%s): %w", errInvalidGGUF, gp.path, t.Name, t.Type, err)
+			}
+			if heads > 0 {
+				if x, err = unpermuteRope(x, heads, shape[0]); err != nil {
+					return nil, invalid(models.ErrInvalidWeights, fmt.Errorf("%s: tensor %s: %w", gp.path, t.Name, err))
+				}
+			}
+			w = models.Tensor{Shape: shape, Data: x}
+		}
+		weights[hf] = w
 		done += t.Size
 		if (i+1)%64 == 0 {
 			r.log.Info("reading GGUF tensors", zap.String("model", name), zap.Int("tensors", i+1),
@@ -394,26 +417,26 @@ func faultAsError(path string, err *error) {
 }
 
 // unpermuteRope undoes convert_hf_to_gguf.py's permute of a Llama q or k
-// projection (rows × cols, or a bias): within each head of d rows, row
-// 2j+half came from row half*d/2+j.
-func unpermuteRope(x []float32, heads int, shape []int) error {
-	rows := shape[0]
-	if heads <= 0 || rows%heads != 0 || (rows/heads)%2 != 0 {
-		return fmt.Errorf("%d rows do not split into %d heads of an even size", rows, heads)
+// projection of rows rows (a matrix of any element type, rows whole, or a
+// bias): within each head of d rows, row 2j+half came from row
+// half*d/2+j. It returns a permuted copy.
+func unpermuteRope[E any](x []E, heads, rows int) ([]E, error) {
+	if heads <= 0 || rows <= 0 || rows%heads != 0 || (rows/heads)%2 != 0 || len(x)%rows != 0 {
+		return nil, fmt.Errorf("%d rows do not split into %d heads of an even size", rows, heads)
 	}
 	cols := len(x) / rows
 	d := rows / heads
-	src := slices.Clone(x)
+	out := make([]E, len(x))
 	for h := range heads {
 		for half := range 2 {
 			for j := range d / 2 {
 				to := (h*d + half*d/2 + j) * cols
 				from := (h*d + 2*j + half) * cols
-				copy(x[to:to+cols], src[from:from+cols])
+				copy(out[to:to+cols], x[from:from+cols])
 			}
 		}
 	}
-	return nil
+	return out, nil
 }
 
 // fileTypeName is general.file_type's name (llama.cpp's llama_ftype), as

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/brokerd/brokerd/bench/modelkit"
+	"github.com/brokerd/brokerd/runtime"
 	"github.com/brokerd/brokerd/runtime/gguf"
 	"github.com/brokerd/brokerd/runtime/models"
 )
@@ -71,6 +72,13 @@ func TestGGUFQ8_0Weights(t *testing.T) {
 				if !ok || !equalShapes(g.Shape, w.Shape) {
 					t.Fatalf("%s: shape %v, want %v", name, g.Shape, w.Shape)
 				}
+				if q := len(w.Shape) == 2; g.Quantized() != q || (q && g.Stored != runtime.Q8_0) {
+					t.Fatalf("%s: stored as %v (quantized %v), want q8_0 for matrices only", name, g.Stored, g.Quantized())
+				}
+				gd, err := g.Float32()
+				if err != nil {
+					t.Fatal(err)
+				}
 				for b := 0; b < len(w.Data); b += 32 {
 					blk := w.Data[b:min(b+32, len(w.Data))]
 					amax := 0.0
@@ -82,8 +90,8 @@ func TestGGUFQ8_0Weights(t *testing.T) {
 						tol = 0 // norms and biases stay f32
 					}
 					for i, v := range blk {
-						if d := math.Abs(float64(g.Data[b+i] - v)); d > tol {
-							t.Fatalf("%s[%d] = %g, checkpoint %g: off by %g, more than %g", name, b+i, g.Data[b+i], v, d, tol)
+						if d := math.Abs(float64(gd[b+i] - v)); d > tol {
+							t.Fatalf("%s[%d] = %g, checkpoint %g: off by %g, more than %g", name, b+i, gd[b+i], v, d, tol)
 						}
 					}
 				}

@@ -70,7 +70,7 @@ func (p *plan) close() {
 	if p.st != nil {
 		_ = p.st.Close()
 	}
-	if p.llm != nil && p.llm.gguf != nil {
+	if p.llm != nil && p.llm.gguf != nil && p.llm.gguf.file != nil {
 		_ = p.llm.gguf.file.Close()
 	}
 }

@@ -6,9 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	goruntime "runtime"
 	"slices"
 	"strings"
 
+	"github.com/brokerd/brokerd/runtime/gguf"
 	"github.com/brokerd/brokerd/runtime/models"
 	"github.com/brokerd/brokerd/runtime/models/llm"
 	"github.com/brokerd/brokerd/runtime/models/tokenizer/bpe"
@@ -230,7 +232,18 @@ func (r *Repo) loadLLMWith(ctx context.Context, p *plan, lp *llmPlan, name strin
 		}
 		opts.Tokenizer, opts.Chat = tok, chat
 	}
+	var file *gguf.File
+	if gp := lp.gguf; gp != nil {
+		// Quantized weights are slices of the file's mapping: the model
+		// keeps it, and each engine drops its pages once copied.
+		file = gp.file
+		opts.DropPages = func() { _ = file.DropPages() }
+	}
 	m, err := llm.NewModel(lp.config, weights, opts)
+	if err == nil && file != nil {
+		lp.gguf.file = nil // the model's now: p.close leaves it
+		goruntime.AddCleanup(m, func(f *gguf.File) { _ = f.Close() }, file)
+	}
 	if err != nil {
 		// The config, the generation config or the weights: the error's
 		// kind says which.

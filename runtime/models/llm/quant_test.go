@@ -1,0 +1,159 @@
+package llm
+
+import (
+	"context"
+	"math"
+	"slices"
+	"testing"
+
+	"github.com/brokerd/brokerd/runtime"
+	"github.com/brokerd/brokerd/runtime/models"
+)
+
+// quantNet is tinyNet with rows of whole Q8_0 blocks (32): hidden 64,
+// q 64 wide, intermediate 96.
+func quantNet(arch string) netSpec {
+	s := tinyNet(arch)
+	s.Hidden, s.Inter, s.Heads, s.KVHeads, s.HeadDim = 64, 96, 4, 2, 16
+	s.InvFreq = ropeFreqs(s.HeadDim, 10000, nil)
+	return s
+}
+
+// toQ8_0 stores x (rows of whole blocks) as Q8_0 blocks the way ggml's
+// reference quantizer does (d = amax/127, q = round(x/d)), the scale
+// truncated to f16: any valid block will do, since the tests compare
+// against the blocks' own dequantized values.
+func toQ8_0(x []float32) []byte {
+	out := make([]byte, 0, len(x)/32*34)
+	for b := 0; b < len(x); b += 32 {
+		amax := 0.0
+		for _, v := range x[b : b+32] {
+			amax = math.Max(amax, math.Abs(float64(v)))
+		}
+		d := amax / 127
+		bits := math.Float32bits(float32(d))
+		h := uint16(bits>>16) & 0x8000
+		if e := int(bits>>23&0xff) - 127 + 15; e > 0 && e < 31 {
+			h |= uint16(e)<<10 | uint16(bits&0x7fffff>>13)
+		}
+		out = append(out, byte(h), byte(h>>8))
+		dh := float64(halfToFloat(h))
+		for _, v := range x[b : b+32] {
+			q := 0.0
+			if dh > 0 {
+				q = math.Round(float64(v) / dh)
+			}
+			out = append(out, byte(int8(max(-127, min(127, q)))))
+		}
+	}
+	return out
+}
+
+func halfToFloat(h uint16) float32 {
+	e := int(h>>10) & 0x1f
+	if e == 0 {
+		return 0
+	}
+	return float32(math.Ldexp(1+float64(h&0x3ff)/1024, e-15))
+}
+
+// quantCheckpoint is w with every matrix stored as Q8_0, and the same
+// checkpoint holding those blocks' values as floats.
+func quantCheckpoint(t *testing.T, w map[string]models.Tensor) (q, deq map[string]models.Tensor) {
+	t.Helper()
+	q, deq = map[string]models.Tensor{}, map[string]models.Tensor{}
+	for name, x := range w {
+		if len(x.Shape) != 2 || x.Shape[1]%32 != 0 {
+			q[name], deq[name] = x, x
+			continue
+		}
+		qt := models.Tensor{Shape: x.Shape, Stored: runtime.Q8_0, Raw: [][]byte{toQ8_0(x.Data)}}
+		v, err := qt.Float32()
+		if err != nil {
+			t.Fatal(err)
+		}
+		q[name], deq[name] = qt, models.Tensor{Shape: x.Shape, Data: v}
+	}
+	return q, deq
+}
+
+// TestQuantizedEngine: a checkpoint whose matrices are Q8_0 runs on the
+// oneDNN CPU device with the blocks held as stored (qgemm.c: its logits
+// within int8 activations' rounding of a float64 forward pass over the
+// blocks' values, in f32 and in bf16 compute), and on a device that
+// cannot hold them (the Go device, standing in for PJRT) dequantized at
+// upload, where they match that forward pass as a float checkpoint does.
+// The device holds the stored bytes: its memory is WeightBytes plus the
+// cache, and WeightBytesOn counts the dequantized copy where it is one.
+func TestQuantizedEngine(t *testing.T) {
+	devices := []struct {
+		name string
+		open func(t *testing.T) runtime.Device
+		raw  bool
+		tol  float64
+	}{
+		{"go", func(*testing.T) runtime.Device { return &goDevice{} }, false, 1e-4},
+		{"onednn", func(t *testing.T) runtime.Device { return openCPU(t, runtime.F32) }, true, 2e-2},
+		{"onednn-bf16", func(t *testing.T) runtime.Device { return openCPU(t, runtime.BF16) }, true, 3e-2},
+	}
+	for _, arch := range []string{"llama", "qwen2", "qwen3"} {
+		for _, d := range devices {
+			t.Run(arch+"/"+d.name, func(t *testing.T) {
+				s := quantNet(arch)
+				qw, deq := quantCheckpoint(t, randomCheckpoint(s, 11))
+				ew, err := engineWeights(s, qw)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !ew[lw(0, lGateUp)].Quantized() || len(ew[lw(0, lGateUp)].Raw) != 2 {
+					t.Fatalf("gate_up is not the two stored pieces: %+v", ew[lw(0, lGateUp)].Stored)
+				}
+				dev := d.open(t)
+				e, err := newEngine(context.Background(), dev, s, ew, EngineOptions{CacheBytes: 1 << 20, BlockSize: 4})
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer e.Close()
+				m := &Model{spec: s, weights: ew}
+				if got := e.resident[lw(1, lDown)].DType(); (got == runtime.Q8_0) != d.raw {
+					t.Fatalf("down_proj held as %v on %s", got, d.name)
+				}
+				if d.raw {
+					var bytes uint64
+					seen := map[runtime.Buffer]bool{}
+					for n, b := range e.resident {
+						if !seen[b] && n != lw(0, lKCache) && n != lw(0, lVCache) && n != lw(1, lKCache) && n != lw(1, lVCache) {
+							bytes += uint64(b.Bytes())
+						}
+						seen[b] = true
+					}
+					if want := m.WeightBytes(e.mmDT); int64(bytes) != want {
+						t.Errorf("weights hold %d bytes on the device, WeightBytes says %d", bytes, want)
+					}
+					if m.WeightBytesOn(&goDevice{}, e.mmDT) <= m.WeightBytes(e.mmDT) {
+						t.Error("WeightBytesOn a device without block types does not count the dequantized copy")
+					}
+				}
+				j := &job{seq: 1, prompt: prompt(13, 3, s.Vocab), gen: 8, chunk: 5}
+				simulate(t, e, []*job{j})
+				full := append(slices.Clone(j.prompt), j.out...)
+				ref := refForward(s, deq, full[:len(full)-1])
+				worst := 0.0
+				for i, got := range j.logits {
+					want := ref[len(j.prompt)-1+i]
+					scale := 0.0
+					for _, v := range want {
+						scale = math.Max(scale, math.Abs(v))
+					}
+					for k, v := range want {
+						worst = math.Max(worst, math.Abs(float64(got[k])-v)/scale)
+					}
+				}
+				t.Logf("worst logit error %.2g of the largest logit over %d positions", worst, len(j.logits))
+				if worst > d.tol {
+					t.Errorf("worst relative logit error %g > %g", worst, d.tol)
+				}
+			})
+		}
+	}
+}
