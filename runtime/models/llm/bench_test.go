@@ -149,3 +149,122 @@ func decodeReadBytes(s netSpec, dt runtime.DType) int64 {
 	perLayer := h*int64(s.Heads)*d*2 + h*int64(s.KVHeads)*d*2 + h*int64(s.Inter)*3
 	return (int64(s.Layers)*perLayer + int64(s.Vocab)*h) * int64(dt.Size())
 }
+
+// llama1024 is a Llama shape whose rows divide by 256, so the K types
+// apply to every matrix (Qwen2.5-0.5B's 896 do not).
+func llama1024() netSpec {
+	return netSpec{Vocab: 32000, Hidden: 1024, Layers: 12, Heads: 16, KVHeads: 4, HeadDim: 64, Inter: 2816,
+		Context: 1024, Eps: 1e-5, InvFreq: ropeFreqs(64, 500000, nil)}
+}
+
+// quantizeFast stores w's matrices in dt as random valid blocks (random
+// quants and sub-block scales, small f16 block scales): the speed of a
+// product does not depend on the values, and quantizing 0.5 G values
+// properly would dominate the benchmark's setup.
+func quantizeFast(w map[string]models.Tensor, dt runtime.DType) map[string]models.Tensor {
+	scales := map[runtime.DType][]int{runtime.Q4_0: {0}, runtime.Q4_1: {0, 2}, runtime.Q5_0: {0}, runtime.Q5_1: {0, 2},
+		runtime.Q8_0: {0}, runtime.Q4_K: {0, 2}, runtime.Q5_K: {0, 2}, runtime.Q6_K: {208}}[dt]
+	q, _ := dt.GGML()
+	in, _ := q.Info()
+	x := uint64(0x9e3779b97f4a7c15)
+	out := map[string]models.Tensor{}
+	for name, t := range w {
+		if len(t.Shape) != 2 || !matmulWeight(name) || t.Shape[1]%in.BlockElems != 0 {
+			out[name] = t
+			continue
+		}
+		raw := make([]byte, dt.Bytes(int64(t.Elements())))
+		for i := range raw {
+			x ^= x << 13
+			x ^= x >> 7
+			x ^= x << 17
+			raw[i] = byte(x >> 56)
+		}
+		for b := 0; b < len(raw); b += in.BlockBytes {
+			for _, o := range scales {
+				raw[b+o], raw[b+o+1] = 0x00, 0x20 // f16 2^-7
+			}
+		}
+		out[name] = models.Tensor{Shape: t.Shape, Stored: dt, Raw: [][]byte{raw}}
+	}
+	return out
+}
+
+// BenchmarkDecodeQuantized is BenchmarkDecode with the matrices held
+// block-quantized (qgemm.c): Q8_0 and Q4_0 on Qwen2.5-0.5B's shape, Q4_K
+// and Q6_K on llama1024's. The bandwidth limit counts the stored bytes.
+func BenchmarkDecodeQuantized(b *testing.B) {
+	for _, c := range []struct {
+		shape string
+		s     netSpec
+		dt    runtime.DType
+	}{
+		{"qwen0.5b", qwen05(), runtime.Q8_0}, {"qwen0.5b", qwen05(), runtime.Q4_0},
+		{"llama1024", llama1024(), runtime.Q4_K}, {"llama1024", llama1024(), runtime.Q6_K},
+	} {
+		b.Run(c.shape+"/"+c.dt.String(), func(b *testing.B) {
+			s := c.s
+			if os.Getenv("LLM_BENCH_SMALL") != "" {
+				s.Layers = 6
+			}
+			dev := openBenchDevice(b, runtime.F32)
+			w := quantizeFast(fastWeights(s), c.dt)
+			e, err := newEngine(context.Background(), dev, s, w, EngineOptions{CacheBytes: 1 << 30, MaxStepTokens: 1024})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer e.Close()
+			var readBytes int64
+			for n, t := range w {
+				if t.Quantized() && n != wEmbed || (n == wEmbed && s.Tied) {
+					readBytes += t.Stored.Bytes(int64(t.Elements()))
+				}
+			}
+			bw := memoryBandwidth()
+			for _, n := range []int{1, 16} {
+				b.Run(fmt.Sprintf("seqs=%d", n), func(b *testing.B) {
+					ctx := context.Background()
+					items := make([]StepItem, n)
+					for i := range items {
+						seq := uint64(100*n + i)
+						if !e.Reserve(seq, s.Context) {
+							b.Fatal("reserve")
+						}
+						items[i] = StepItem{Seq: seq, Tokens: prompt(64, int32(i), s.Vocab), Sample: true}
+						items[i].State, _ = newSequence(Sampling{IgnoreEOS: true}, nil, s.Vocab, nil, nil)
+					}
+					defer func() {
+						for _, it := range items {
+							e.Release(it.Seq)
+						}
+					}()
+					step := func() {
+						res, err := e.Step(ctx, items)
+						if err != nil {
+							b.Fatal(err)
+						}
+						for i := range items {
+							items[i].Pos += len(items[i].Tokens)
+							items[i].Tokens = []int32{res[i].Token}
+						}
+					}
+					step()
+					step()
+					b.ResetTimer()
+					for range b.N {
+						if items[0].Pos+1 >= s.Context {
+							b.Skip("context full")
+						}
+						step()
+					}
+					perStep := b.Elapsed().Seconds() / float64(b.N)
+					b.ReportMetric(float64(n)/perStep, "tokens/s")
+					if n == 1 {
+						b.ReportMetric(float64(readBytes)/1e6, "MB/token")
+						b.ReportMetric((1/perStep)/(bw/float64(readBytes)), "of-bw-limit")
+					}
+				})
+			}
+		})
+	}
+}
