@@ -46,18 +46,23 @@ type tokenSet struct {
 // whether a path just completed the grammar or left the known context.
 type dfa struct {
 	a      *arena
-	states []dstate
-	trans  []*[256]int32
+	states [][]int32 // stack nodes of each state
+	flags  []uint8   // per state: flagEnded, flagExit, flagDead
+	trans  []int32   // state<<8 | byte → state, -1 unknown
+	loop   []uint64  // per state: byte classes whose every byte steps back to it
+	first  []byteSet // per state: bytes some stack can take (others go to state 0)
+	loopOK []bool
 	index  map[string]int32
 	key    []byte
 	buf    []int32
 	max    int
 }
 
-type dstate struct {
-	nodes []int32
-	flags uint8 // 1: ended, 2: exit
-}
+const (
+	flagEnded uint8 = 1 << iota
+	flagExit
+	flagDead // no stack left
+)
 
 func newDFA(a *arena, max int) *dfa {
 	d := &dfa{a: a, index: map[string]int32{}, max: max}
@@ -67,6 +72,9 @@ func newDFA(a *arena, max int) *dfa {
 
 func (d *dfa) intern(nodes []int32, flags uint8) int32 {
 	slices.Sort(nodes)
+	if len(nodes) == 0 {
+		flags |= flagDead
+	}
 	d.key = append(d.key[:0], flags)
 	for _, n := range nodes {
 		d.key = binary.LittleEndian.AppendUint32(d.key, uint32(n))
@@ -75,38 +83,78 @@ func (d *dfa) intern(nodes []int32, flags uint8) int32 {
 		return id
 	}
 	id := int32(len(d.states))
-	d.states = append(d.states, dstate{nodes: slices.Clone(nodes), flags: flags})
-	d.trans = append(d.trans, nil)
+	d.states = append(d.states, slices.Clone(nodes))
+	d.flags = append(d.flags, flags)
+	d.loop = append(d.loop, 0)
+	var first byteSet
+	for _, n := range nodes {
+		if n != 0 {
+			set := &d.a.prog.sets[d.a.prog.elems[d.a.nodes[n].pos].arg]
+			for w := range first {
+				first[w] |= set[w]
+			}
+		}
+	}
+	d.first = append(d.first, first)
+	d.loopOK = append(d.loopOK, false)
+	for range 256 {
+		d.trans = append(d.trans, -1)
+	}
 	d.index[string(d.key)] = id
 	return id
 }
 
 func (d *dfa) step(s int32, b byte) (int32, error) {
-	t := d.trans[s]
-	if t == nil {
-		t = new([256]int32)
-		for i := range t {
-			t[i] = -1
-		}
-		d.trans[s] = t
-	}
-	if r := t[b]; r >= 0 {
+	if r := d.trans[int(s)<<8|int(b)]; r >= 0 {
 		return r, nil
+	}
+	if !d.first[s].has(b) {
+		d.trans[int(s)<<8|int(b)] = 0
+		return 0, nil
 	}
 	if len(d.states) >= d.max {
 		return 0, tooLargef("grammar needs more than %d compile states", d.max)
 	}
-	d.buf = d.a.step(d.states[s].nodes, b, d.buf[:0])
+	d.buf = d.a.step(d.states[s], b, d.buf[:0])
 	var f uint8
 	if d.a.ended {
-		f |= 1
+		f |= flagEnded
 	}
 	if d.a.exit {
-		f |= 2
+		f |= flagExit
 	}
 	r := d.intern(d.buf, f)
-	t[b] = r
+	d.trans[int(s)<<8|int(b)] = r
 	return r, nil
+}
+
+// loopClasses are the byte classes all of whose bytes step s back to s.
+func (d *dfa) loopClasses(s int32) (uint64, error) {
+	if d.loopOK[s] {
+		return d.loop[s], nil
+	}
+	var m uint64
+	for c, bs := range classBytes {
+		if len(bs) == 0 {
+			continue
+		}
+		ok := true
+		for _, b := range bs {
+			r, err := d.step(s, b)
+			if err != nil {
+				return 0, err
+			}
+			if r != s {
+				ok = false
+				break
+			}
+		}
+		if ok {
+			m |= 1 << c
+		}
+	}
+	d.loop[s], d.loopOK[s] = m, true
+	return m, nil
 }
 
 // Compile parses src as kind and compiles it for v. Use a Cache to compile
@@ -162,13 +210,16 @@ func compileGBNF(ctx context.Context, v *Vocab, gbnf string, lim Limits) (*Gramm
 }
 
 type scanner struct {
-	g         *Grammar
-	d         *dfa
-	st        []int32
-	ex        []bool
-	acc, unc  []int32
-	accepted  []uint64
+	g        *Grammar
+	d        *dfa
+	st       []int32
+	ex       []bool
+	acc, unc []int32
+	accepted []uint64
 }
+
+// skipMin: a subtree this large is checked for a self-loop before walking it
+const skipMin = 16
 
 // scan walks the vocabulary trie from the stack [pos] and sorts every
 // token into accepted (consumed within the known context), rejected, or
@@ -189,37 +240,43 @@ func (sc *scanner) scan(pos int32) (*tokenSet, error) {
 			sc.ex = append(sc.ex, make([]bool, dep+1-len(sc.ex))...)
 		}
 		prev := sc.st[dep-1]
-		var s int32
-		if t := d.trans[prev]; t != nil && t[nd.b] >= 0 {
-			s = t[nd.b]
-		} else {
+		s := d.trans[int(prev)<<8|int(nd.b)]
+		if s < 0 {
 			var err error
 			if s, err = d.step(prev, nd.b); err != nil {
 				return nil, err
 			}
 		}
-		ds := &d.states[s]
-		exitHere := ds.flags&2 != 0
+		if s == prev && nd.end-int32(i) >= skipMin {
+			// every byte below may loop back here: all accepted
+			lc, err := d.loopClasses(s)
+			if err != nil {
+				return nil, err
+			}
+			if v.sum[i]&^lc == 0 {
+				sc.acc = append(sc.acc, v.subtreeTokens(i)...)
+				i = int(nd.end)
+				continue
+			}
+		}
+		f := d.flags[s]
+		exitHere := f&flagExit != 0
 		exitPath := sc.ex[dep-1] || exitHere
-		if len(ds.nodes) == 0 {
+		if f&flagDead != 0 {
 			// nothing continues inside the known context
 			if exitPath {
 				// tokens ending here are accepted if a path left the
 				// context exactly here; all longer ones are uncertain
 				if nd.tokN > 0 {
 					ids := v.ids[nd.tokStart : nd.tokStart+nd.tokN]
-					if exitHere || ds.flags&1 != 0 {
+					if exitHere || f&flagEnded != 0 {
 						sc.acc = append(sc.acc, ids...)
 					} else {
 						sc.unc = append(sc.unc, ids...)
 					}
 				}
-				for j := i + 1; j < int(nd.end); j++ {
-					if n := &nodes[j]; n.tokN > 0 {
-						sc.unc = append(sc.unc, v.ids[n.tokStart:n.tokStart+n.tokN]...)
-					}
-				}
-			} else if nd.tokN > 0 && ds.flags&1 != 0 {
+				sc.unc = append(sc.unc, v.subtreeTokens(i)[nd.tokN:]...)
+			} else if nd.tokN > 0 && f&flagEnded != 0 {
 				sc.acc = append(sc.acc, v.ids[nd.tokStart:nd.tokStart+nd.tokN]...)
 			}
 			i = int(nd.end)

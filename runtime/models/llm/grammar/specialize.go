@@ -40,57 +40,50 @@ func specialize(g *irGrammar, lim Limits) {
 			}
 		}
 	}
-	// closure size of r, or maxClosure+1 if larger
-	mark := make([]int, n)
-	stamp := 0
-	closure := func(r int32) int {
-		stamp++
-		if len(mark) < len(g.rules) {
-			mark = append(mark, make([]int, len(g.rules)-len(mark))...)
-		}
+	// size of the tree of copies clone(r) makes (a rule reached again
+	// on the current path is not copied again), or more than maxClosure
+	onPath := map[int32]bool{}
+	var treeSize func(r int32, budget int) int
+	treeSize = func(r int32, budget int) int {
+		onPath[r] = true
+		defer delete(onPath, r)
 		size := 0
-		work := []int32{r}
-		mark[r] = stamp
-		for len(work) > 0 {
-			x := work[len(work)-1]
-			work = work[:len(work)-1]
-			for _, a := range g.rules[x].alts {
-				size += len(a) + 1
-				for _, s := range a {
-					if s.ref >= 0 && int(s.ref) >= len(mark) {
-						mark = append(mark, make([]int, int(s.ref)+1-len(mark))...)
-					}
-					if s.ref >= 0 && mark[s.ref] != stamp {
-						mark[s.ref] = stamp
-						work = append(work, s.ref)
-					}
+		for _, a := range g.rules[r].alts {
+			size += len(a) + 1
+			for _, s := range a {
+				if size > budget {
+					return size
 				}
-			}
-			if size > maxClosure {
-				return size
+				if s.ref >= 0 && !onPath[s.ref] {
+					size += treeSize(s.ref, budget-size)
+				}
 			}
 		}
 		return size
 	}
-	var clone func(r int32, memo map[int32]int32) int32
-	clone = func(r int32, memo map[int32]int32) int32 {
-		if c, ok := memo[r]; ok {
+	// clone copies r and every rule below it, each place a rule is used
+	// getting its own copy; a rule reached again on the current path (a
+	// cycle) refers back to its copy
+	var clone func(r int32, path map[int32]int32) int32
+	clone = func(r int32, path map[int32]int32) int32 {
+		if c, ok := path[r]; ok {
 			return c
 		}
 		c := int32(len(g.rules))
-		memo[r] = c
+		path[r] = c
 		g.rules = append(g.rules, irRule{name: g.rules[r].name, defined: true})
 		alts := make([][]irSym, len(g.rules[r].alts))
 		for i, a := range g.rules[r].alts {
 			na := slices.Clone(a)
 			for j, s := range na {
 				if s.ref >= 0 {
-					na[j].ref = clone(s.ref, memo)
+					na[j].ref = clone(s.ref, path)
 				}
 			}
 			alts[i] = na
 		}
 		g.rules[c].alts = alts
+		delete(path, r)
 		return c
 	}
 	for q := range n { // the original rules only: copies are specialized already
@@ -102,7 +95,7 @@ func specialize(g *irGrammar, lim Limits) {
 				if s.ref < 0 || scc[s.ref] == scc[q] || refs[s.ref] < 2 {
 					continue
 				}
-				size := closure(s.ref)
+				size := treeSize(s.ref, maxClosure)
 				if size > maxClosure || size > budget || len(g.rules)+size > lim.MaxRules {
 					continue
 				}

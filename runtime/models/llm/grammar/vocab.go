@@ -21,17 +21,58 @@ type Vocab struct {
 
 	// the trie of usable tokens in preorder (sorted byte order)
 	nodes []trieNode
-	ids   []int32 // token ids in trie (sorted) order; nodes point into it
-	bytes int64   // approximate memory held
+	ids   []int32  // token ids in trie (sorted) order; nodes point into it
+	sum   []uint64 // per node: the byte classes (byteClass) in its subtree
+	bytes int64    // approximate memory held
 }
 
 type trieNode struct {
 	b        byte
 	depth    uint16 // 1 for a child of the root
 	end      int32  // index one past this node's subtree
-	tokStart int32  // ids[tokStart:tokStart+tokN] end exactly here
+	tokStart int32  // tokens before this node in trie order: ids[tokStart:tokStart+tokN] end exactly here
 	tokN     int32
 }
+
+// byteClass partitions the bytes into 64 classes for the subtree summaries
+// that let a mask precomputation skip a whole subtree whose bytes all loop
+// back to the same parse state (the inside of a string, say).
+var byteClass, classBytes = func() (c [256]uint8, members [64][]byte) {
+	next := uint8(0)
+	assign := func(bs ...byte) {
+		for _, b := range bs {
+			c[b] = next
+			members[next] = append(members[next], b)
+		}
+		next++
+	}
+	rng := func(lo, hi int) []byte {
+		var out []byte
+		for b := lo; b <= hi; b++ {
+			out = append(out, byte(b))
+		}
+		return out
+	}
+	assign(append(append(rng(0, 8), 11, 12), append(rng(14, 31), 127)...)...)
+	assign('\t')
+	assign('\n')
+	assign('\r')
+	assign(rng('0', '9')...)
+	assign(rng('A', 'Z')...)
+	assign(rng('a', 'z')...)
+	for b := 32; b < 127; b++ {
+		if !(b >= '0' && b <= '9' || b >= 'A' && b <= 'Z' || b >= 'a' && b <= 'z') {
+			assign(byte(b))
+		}
+	}
+	assign(rng(0x80, 0xBF)...)
+	assign(rng(0xC0, 0xC1)...)
+	assign(rng(0xC2, 0xDF)...)
+	assign(rng(0xE0, 0xEF)...)
+	assign(rng(0xF0, 0xF4)...)
+	assign(rng(0xF5, 0xFF)...)
+	return c, members
+}()
 
 var vocabSeq atomic.Uint64
 
@@ -88,19 +129,25 @@ func NewVocab(tokens [][]byte, eos []int32) (*Vocab, error) {
 		}
 		for d := l; d < len(t); d++ {
 			path = append(path, int32(len(v.nodes)))
-			v.nodes = append(v.nodes, trieNode{b: t[d], depth: uint16(d + 1), tokStart: -1})
+			v.nodes = append(v.nodes, trieNode{b: t[d], depth: uint16(d + 1), tokStart: int32(k)})
 		}
-		nd := &v.nodes[path[len(path)-1]]
-		if nd.tokN == 0 {
-			nd.tokStart = int32(k)
-		}
-		nd.tokN++
+		v.nodes[path[len(path)-1]].tokN++
 		prev = t
 	}
 	for _, p := range path {
 		v.nodes[p].end = int32(len(v.nodes))
 	}
-	v.bytes = int64(len(v.nodes))*16 + int64(len(v.ids))*4 + int64(v.words)*16
+	// subtree summaries, children before parents
+	v.sum = make([]uint64, len(v.nodes))
+	for i := len(v.nodes) - 1; i >= 0; i-- {
+		nd := &v.nodes[i]
+		s := uint64(1) << byteClass[nd.b]
+		for j := int32(i) + 1; j < nd.end; j = v.nodes[j].end {
+			s |= v.sum[j]
+		}
+		v.sum[i] = s
+	}
+	v.bytes = int64(len(v.nodes))*24 + int64(len(v.ids))*4 + int64(v.words)*16
 	return v, nil
 }
 
@@ -119,6 +166,15 @@ func (v *Vocab) Token(id int32) []byte {
 		return nil
 	}
 	return v.tokens[id]
+}
+
+// subtreeTokens are the tokens ending in node i's subtree.
+func (v *Vocab) subtreeTokens(i int) []int32 {
+	end := len(v.ids)
+	if e := int(v.nodes[i].end); e < len(v.nodes) {
+		end = int(v.nodes[e].tokStart)
+	}
+	return v.ids[v.nodes[i].tokStart:end]
 }
 
 func (v *Vocab) isEOSID(id int32) bool {
