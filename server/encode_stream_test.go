@@ -39,7 +39,7 @@ func TestEncodeStreamLargeAnswer(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer big.Close()
-	whole, err := brokerv1.NewBrokerServiceClient(big).Encode(ctx, req)
+	whole, err := brokerv1.NewBrokerServiceClient(big).Encode(testCtx(t), req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -47,8 +47,11 @@ func TestEncodeStreamLargeAnswer(t *testing.T) {
 		t.Fatalf("the whole answer is %d bytes: not over the 4 MiB default, the test proves nothing", n)
 	}
 
+	// Each phase has a deadline of its own: under -race on a loaded
+	// machine one 4096-item answer takes tens of seconds.
 	for _, limit := range []int32{0, 300 << 10} {
 		t.Run(fmt.Sprint("max_part_bytes=", limit), func(t *testing.T) {
+			ctx := testCtx(t)
 			st, err := c.EncodeStream(ctx, &brokerv1.EncodeStreamRequest{Request: req, MaxPartBytes: limit})
 			if err != nil {
 				t.Fatal(err)
@@ -92,6 +95,7 @@ func TestEncodeStreamLargeAnswer(t *testing.T) {
 	}
 
 	t.Run("errors", func(t *testing.T) {
+		ctx := testCtx(t)
 		st, err := c.EncodeStream(ctx, &brokerv1.EncodeStreamRequest{Request: &brokerv1.EncodeRequest{}})
 		if err == nil {
 			_, err = st.Recv()

@@ -33,8 +33,10 @@ func modelDaemon(t *testing.T, fill func(repo string), edit func(*config.Config)
 	return d, brokerv1.NewBrokerServiceClient(d.conn)
 }
 
+// testCtx bounds a test's calls, far above what they take (seconds; a
+// minute for the heaviest under -race on a loaded machine).
 func testCtx(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), startBound)
 	t.Cleanup(cancel)
 	return ctx
 }
