@@ -2,6 +2,9 @@ package grammar
 
 import (
 	"context"
+	"sync"
+	"sync/atomic"
+	"time"
 	"encoding/binary"
 	"slices"
 	"unsafe"
@@ -17,9 +20,15 @@ type Grammar struct {
 	vocab *Vocab
 	prog  *program
 	lim   Limits
-	cache []*tokenSet // by position; nil for non-terminals
-	size  int64
+	cache []atomic.Pointer[tokenSet] // by terminal position
+	size  atomic.Int64
 	stats CompileStats
+
+	// positions left by Compile are computed on first use, under mu
+	mu      sync.Mutex
+	sc      *scanner // nil once every position is computed
+	left    int
+	counted map[*tokenSet]bool
 }
 
 // CompileStats describe a compilation.
@@ -27,6 +36,7 @@ type CompileStats struct {
 	Rules, Elements, Terminals int
 	States                     int // compile-time DFA states
 	Uncertain                  int // context-dependent (position, token) pairs
+	Deferred                   int // terminal positions left for first use (Limits.Precompute)
 }
 
 const (
@@ -181,13 +191,20 @@ func compileGBNF(ctx context.Context, v *Vocab, gbnf string, lim Limits) (*Gramm
 	if err != nil {
 		return nil, err
 	}
-	g := &Grammar{vocab: v, prog: prog, lim: lim, cache: make([]*tokenSet, len(prog.elems))}
+	g := &Grammar{vocab: v, prog: prog, lim: lim, cache: make([]atomic.Pointer[tokenSet], len(prog.elems)),
+		counted: map[*tokenSet]bool{}}
 	g.stats.Rules, g.stats.Elements = len(prog.ruleAlts), len(prog.elems)
 	a := newArena(prog, true, lim)
 	d := newDFA(a, lim.MaxStates)
-	sc := &scanner{g: g, d: d, accepted: make([]uint64, v.words)}
+	g.sc = &scanner{g: g, d: d, accepted: make([]uint64, v.words), base: map[int32]*tokenSet{}}
+	start := time.Now()
 	for pos, e := range prog.elems {
 		if e.kind != eTerm || !prog.reach[prog.ruleOf[pos]] {
+			continue
+		}
+		g.stats.Terminals++
+		if lim.Precompute >= 0 && time.Since(start) > lim.Precompute {
+			g.left++
 			continue
 		}
 		if pos%16 == 0 {
@@ -195,140 +212,65 @@ func compileGBNF(ctx context.Context, v *Vocab, gbnf string, lim Limits) (*Gramm
 				return nil, err
 			}
 		}
-		ts, err := sc.scan(int32(pos))
+		ts, err := g.sc.position(int32(pos))
 		if err != nil {
 			return nil, err
 		}
-		g.cache[pos] = ts
-		g.stats.Terminals++
-		g.stats.Uncertain += len(ts.uncertain)
-		g.size += int64(len(ts.ids)+len(ts.uncertain))*4 + int64(len(ts.bits))*8 + 64
+		g.store(int32(pos), ts)
 	}
+	g.stats.Deferred = g.left
 	g.stats.States = len(d.states)
-	g.size += int64(len(prog.elems))*12 + int64(len(prog.sets))*32 + int64(len(prog.ruleAlts))*48
+	g.size.Add(int64(len(prog.elems))*12 + int64(len(prog.sets))*32 + int64(len(prog.ruleAlts))*48)
+	if g.left == 0 {
+		g.sc = nil
+	} else {
+		// the compile-time DFA stays for the positions left
+		g.size.Add(int64(len(d.states)) * 1200)
+	}
 	return g, nil
 }
 
-type scanner struct {
-	g        *Grammar
-	d        *dfa
-	st       []int32
-	ex       []bool
-	acc, unc []int32
-	accepted []uint64
+func (g *Grammar) store(pos int32, ts *tokenSet) {
+	g.cache[pos].Store(ts)
+	g.stats.Uncertain += len(ts.uncertain)
+	if !g.counted[ts] {
+		g.counted[ts] = true
+		g.size.Add(int64(len(ts.ids)+len(ts.uncertain))*4 + int64(len(ts.bits))*8 + 64)
+	}
 }
 
-// skipMin: a subtree this large is checked for a self-loop before walking it
-const skipMin = 16
-
-// scan walks the vocabulary trie from the stack [pos] and sorts every
-// token into accepted (consumed within the known context), rejected, or
-// uncertain (it leaves the rule for a caller only known at run time).
-func (sc *scanner) scan(pos int32) (*tokenSet, error) {
-	v := sc.g.vocab
-	d := sc.d
-	s0 := d.intern([]int32{d.a.node(pos, 0)}, 0)
-	sc.st = append(sc.st[:0], s0)
-	sc.ex = append(sc.ex[:0], false)
-	sc.acc, sc.unc = sc.acc[:0], sc.unc[:0]
-	nodes := v.nodes
-	for i := 0; i < len(nodes); {
-		nd := &nodes[i]
-		dep := int(nd.depth)
-		if dep >= len(sc.st) {
-			sc.st = append(sc.st, make([]int32, dep+1-len(sc.st))...)
-			sc.ex = append(sc.ex, make([]bool, dep+1-len(sc.ex))...)
-		}
-		prev := sc.st[dep-1]
-		s := d.trans[int(prev)<<8|int(nd.b)]
-		if s < 0 {
-			var err error
-			if s, err = d.step(prev, nd.b); err != nil {
-				return nil, err
-			}
-		}
-		if s == prev && nd.end-int32(i) >= skipMin {
-			// every byte below may loop back here: all accepted
-			lc, err := d.loopClasses(s)
-			if err != nil {
-				return nil, err
-			}
-			if v.sum[i]&^lc == 0 {
-				sc.acc = append(sc.acc, v.subtreeTokens(i)...)
-				i = int(nd.end)
-				continue
-			}
-		}
-		f := d.flags[s]
-		exitHere := f&flagExit != 0
-		exitPath := sc.ex[dep-1] || exitHere
-		if f&flagDead != 0 {
-			// nothing continues inside the known context
-			if exitPath {
-				// tokens ending here are accepted if a path left the
-				// context exactly here; all longer ones are uncertain
-				if nd.tokN > 0 {
-					ids := v.ids[nd.tokStart : nd.tokStart+nd.tokN]
-					if exitHere || f&flagEnded != 0 {
-						sc.acc = append(sc.acc, ids...)
-					} else {
-						sc.unc = append(sc.unc, ids...)
-					}
-				}
-				sc.unc = append(sc.unc, v.subtreeTokens(i)[nd.tokN:]...)
-			} else if nd.tokN > 0 && f&flagEnded != 0 {
-				sc.acc = append(sc.acc, v.ids[nd.tokStart:nd.tokStart+nd.tokN]...)
-			}
-			i = int(nd.end)
-			continue
-		}
-		sc.st[dep] = s
-		sc.ex[dep] = exitPath
-		if nd.tokN > 0 {
-			sc.acc = append(sc.acc, v.ids[nd.tokStart:nd.tokStart+nd.tokN]...)
-		}
-		i++
+// entry returns the token sets of terminal position pos, computing them on
+// first use if Compile left them.
+func (g *Grammar) entry(pos int32) (*tokenSet, error) {
+	if ts := g.cache[pos].Load(); ts != nil {
+		return ts, nil
 	}
-	ts := &tokenSet{uncertain: slices.Clone(sc.unc)}
-	usable := 0
-	for _, w := range v.usable {
-		usable += popcount(w)
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if ts := g.cache[pos].Load(); ts != nil {
+		return ts, nil
 	}
-	nAcc := len(sc.acc)
-	switch limit := v.words * 2; {
-	case nAcc <= limit:
-		ts.mode = setAccept
-		ts.ids = slices.Clone(sc.acc)
-	case usable-nAcc <= limit:
-		ts.mode = setReject
-		clear(sc.accepted)
-		for _, id := range sc.acc {
-			sc.accepted[id>>6] |= 1 << (id & 63)
-		}
-		ts.ids = make([]int32, 0, usable-nAcc)
-		for w, bitsw := range v.usable {
-			rej := bitsw &^ sc.accepted[w]
-			for rej != 0 {
-				b := trailingZeros(rej)
-				ts.ids = append(ts.ids, int32(w*64+b))
-				rej &= rej - 1
-			}
-		}
-	default:
-		ts.mode = setBits
-		ts.bits = make([]uint64, v.words)
-		for _, id := range sc.acc {
-			ts.bits[id>>6] |= 1 << (id & 63)
-		}
+	ts, err := g.sc.position(pos)
+	if err != nil {
+		return nil, err
+	}
+	g.store(pos, ts)
+	if g.left--; g.left == 0 {
+		g.sc = nil
+		g.counted = nil
 	}
 	return ts, nil
 }
 
 // Stats describe the compilation.
-func (g *Grammar) Stats() CompileStats { return g.stats }
+func (g *Grammar) Stats() CompileStats {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.stats
+}
 
 // SizeBytes approximates the memory the compiled grammar holds.
-func (g *Grammar) SizeBytes() int64 { return g.size }
+func (g *Grammar) SizeBytes() int64 { return g.size.Load() }
 
 // Vocab is the vocabulary the grammar was compiled for.
 func (g *Grammar) Vocab() *Vocab { return g.vocab }

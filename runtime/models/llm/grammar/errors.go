@@ -3,6 +3,7 @@ package grammar
 import (
 	"errors"
 	"fmt"
+	"time"
 )
 
 // Sentinel errors. Every error this package returns for a client's grammar,
@@ -57,6 +58,13 @@ type Limits struct {
 	MaxStacks      int // parse stacks alive after one byte (default 2,048)
 	MaxStepWork    int // stack nodes visited for one byte (default 200,000)
 	MaxStates      int // compile-time DFA states while precomputing masks (default 200,000)
+
+	// Precompute is how long Compile spends precomputing the token sets
+	// of grammar positions (default 40ms); the positions left are computed
+	// the first time a Mask needs them (under the Grammar's lock), so a
+	// rarely used corner of a large grammar costs nothing until used.
+	// Negative: precompute everything.
+	Precompute time.Duration
 }
 
 // DefaultLimits are the bounds used where a Limits field is zero.
@@ -70,6 +78,7 @@ var DefaultLimits = Limits{
 	MaxStacks:      2048,
 	MaxStepWork:    200000,
 	MaxStates:      200000,
+	Precompute:     40 * time.Millisecond,
 }
 
 func (l Limits) withDefaults() Limits {
@@ -88,5 +97,8 @@ func (l Limits) withDefaults() Limits {
 	set(&l.MaxStacks, d.MaxStacks)
 	set(&l.MaxStepWork, d.MaxStepWork)
 	set(&l.MaxStates, d.MaxStates)
+	if l.Precompute == 0 {
+		l.Precompute = d.Precompute
+	}
 	return l
 }

@@ -23,7 +23,8 @@ type irRule struct {
 	name    string
 	alts    [][]irSym
 	defined bool
-	offset  int // where it was first referenced or defined, for errors
+	offset  int   // where it was first referenced or defined, for errors
+	origin  int32 // the rule this one is a copy of (see specialize), or -1
 }
 
 type irGrammar struct {
@@ -125,7 +126,7 @@ func (p *gbnfParser) ruleID(name string, off int) (int32, error) {
 		return 0, tooLargef("more than %d rules", p.lim.MaxRules)
 	}
 	id := int32(len(p.g.rules))
-	p.g.rules = append(p.g.rules, irRule{name: name, offset: off})
+	p.g.rules = append(p.g.rules, irRule{name: name, offset: off, origin: -1})
 	p.g.byName[name] = id
 	return id, nil
 }

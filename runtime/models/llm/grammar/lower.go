@@ -1,6 +1,7 @@
 package grammar
 
 import (
+	"slices"
 	"strings"
 	"unicode/utf8"
 )
@@ -18,6 +19,7 @@ type program struct {
 	ret      []int32 // static return position per rule (retEnd, retMulti, retNone or a position)
 	minFrom  []int32 // fewest bytes that complete the alternative from each position
 	reach    []bool  // rule reachable from root
+	origin   []int32 // the template rule a rule is a copy of, or -1 (see specialize)
 }
 
 const (
@@ -182,12 +184,15 @@ func lower(g *irGrammar, lim Limits) (*program, error) {
 	}
 	// rule bodies as element lists first, then flattened
 	type ruleBody struct {
-		name string
-		alts [][]elem
+		name    string
+		alts    [][]elem
+		origin  int32
+		classes []int32 // the class rules made for this rule's classes, in order
 	}
 	bodies := make([]ruleBody, len(g.rules))
 	for i, r := range g.rules {
 		bodies[i].name = r.name
+		bodies[i].origin = r.origin
 		for _, a := range r.alts {
 			var out []elem
 			for _, s := range a {
@@ -206,6 +211,11 @@ func lower(g *irGrammar, lim Limits) (*program, error) {
 				// a rule per use, not shared, so that its return position
 				// stays known (see specialize)
 				id := int32(len(bodies))
+				classOrigin := int32(-1)
+				if o := r.origin; o >= 0 && len(bodies[o].classes) > len(bodies[i].classes) {
+					classOrigin = bodies[o].classes[len(bodies[i].classes)]
+				}
+				bodies[i].classes = append(bodies[i].classes, id)
 				{
 					var ascii byteSet
 					hasASCII := false
@@ -227,7 +237,7 @@ func lower(g *irGrammar, lim Limits) (*program, error) {
 					if hasASCII {
 						alts = append([][]elem{{term(ascii)}}, alts...)
 					}
-					bodies = append(bodies, ruleBody{name: "class~", alts: alts})
+					bodies = append(bodies, ruleBody{name: "class~", alts: alts, origin: classOrigin})
 				}
 				out = append(out, elem{eRef, id})
 			}
@@ -239,8 +249,10 @@ func lower(g *irGrammar, lim Limits) (*program, error) {
 	}
 	p.ruleAlts = make([][]int32, len(bodies))
 	p.names = make([]string, len(bodies))
+	p.origin = make([]int32, len(bodies))
 	for i, b := range bodies {
 		p.names[i] = b.name
+		p.origin[i] = b.origin
 		for _, a := range b.alts {
 			p.ruleAlts[i] = append(p.ruleAlts[i], int32(len(p.elems)))
 			for _, e := range a {
@@ -294,11 +306,19 @@ func (p *program) analyze() {
 		}
 		return true
 	}
+	// templates (rules others are copies of) get return positions too:
+	// their own rules' precomputed masks are shared by the copies
+	live := slices.Clone(p.reach)
+	for _, o := range p.origin {
+		if o >= 0 {
+			live[o] = true
+		}
+	}
 	p.ret[p.root] = retEnd
 	for changed := true; changed; {
 		changed = false
 		for r := range n {
-			if !p.reach[r] {
+			if !live[r] {
 				continue
 			}
 			for _, s := range p.ruleAlts[r] {

@@ -171,7 +171,10 @@ func (m *Matcher) Mask(dst []uint64) (int, error) {
 		for j < len(m.sorted) && nodes[m.sorted[j]].pos == pos {
 			j++
 		}
-		ts := m.g.cache[pos]
+		ts, err := m.g.entry(pos)
+		if err != nil {
+			return 0, err
+		}
 		switch ts.mode {
 		case setAccept:
 			for _, id := range ts.ids {

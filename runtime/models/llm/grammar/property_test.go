@@ -2,6 +2,9 @@ package grammar
 
 import (
 	"bytes"
+	"context"
+	"slices"
+	"time"
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
@@ -223,6 +226,79 @@ func TestPropertyGBNFOutputsParse(t *testing.T) {
 		out, _ := walk(t, g, r, 10+r.IntN(40), 2000)
 		if err := parseArith(string(out)); err != nil {
 			t.Fatalf("seed %d: %q: %v", seed, out, err)
+		}
+	}
+}
+
+// Positions computed on first use give the same masks as precomputed ones.
+func TestLazyEqualsEager(t *testing.T) {
+	v := getSmallVocab(t)
+	for i, src := range propertySchemas[:4] {
+		eager, err := Compile(context.Background(), v, KindJSONSchema, src, Limits{Precompute: -1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		lazy, err := Compile(context.Background(), v, KindJSONSchema, src, Limits{Precompute: time.Nanosecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if eager.Stats().Deferred != 0 || lazy.Stats().Deferred == 0 {
+			t.Fatalf("deferred: eager %d lazy %d", eager.Stats().Deferred, lazy.Stats().Deferred)
+		}
+		for seed := range 10 {
+			r := rand.New(rand.NewPCG(uint64(seed), uint64(i)))
+			_, ids := walk(t, eager, r, 40, 3000)
+			me, _ := eager.NewMatcher()
+			ml, _ := lazy.NewMatcher()
+			a := make([]uint64, v.MaskWords())
+			b := make([]uint64, v.MaskWords())
+			for step, id := range ids {
+				if _, err := me.Mask(a); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := ml.Mask(b); err != nil {
+					t.Fatal(err)
+				}
+				if !slices.Equal(a, b) {
+					t.Fatalf("schema %d seed %d step %d: masks differ", i, seed, step)
+				}
+				if me.Accept(id) != nil || ml.Accept(id) != nil {
+					t.Fatal("accept")
+				}
+			}
+		}
+	}
+}
+
+// Matchers of one Grammar run concurrently, computing deferred positions.
+func TestConcurrentMatchers(t *testing.T) {
+	v := getSmallVocab(t)
+	g, err := Compile(context.Background(), v, KindJSONSchema, toolSchema, Limits{Precompute: time.Nanosecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	val := compileValidator(t, toolSchema)
+	errs := make(chan error, 4)
+	for w := range 4 {
+		go func() {
+			for seed := range 5 {
+				r := rand.New(rand.NewPCG(uint64(seed), uint64(w)))
+				out, _ := walk(t, g, r, 30, 3000)
+				inst, err := jsonschema.UnmarshalJSON(bytes.NewReader(out))
+				if err == nil {
+					err = val.Validate(inst)
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	for range 4 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
 		}
 	}
 }

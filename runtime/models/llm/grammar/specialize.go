@@ -71,7 +71,11 @@ func specialize(g *irGrammar, lim Limits) {
 		}
 		c := int32(len(g.rules))
 		path[r] = c
-		g.rules = append(g.rules, irRule{name: g.rules[r].name, defined: true})
+		origin := g.rules[r].origin
+		if origin < 0 {
+			origin = r
+		}
+		g.rules = append(g.rules, irRule{name: g.rules[r].name, defined: true, origin: origin})
 		alts := make([][]irSym, len(g.rules[r].alts))
 		for i, a := range g.rules[r].alts {
 			na := slices.Clone(a)
@@ -86,22 +90,40 @@ func specialize(g *irGrammar, lim Limits) {
 		delete(path, r)
 		return c
 	}
+	// a rule is copied at all of its uses or at none, so that the
+	// original, used nowhere, is a template whose precomputed masks every
+	// copy shares (see Compile)
+	copyAll := make([]bool, n)
+	for r := range n {
+		if !reach[r] || refs[r] < 2 {
+			continue
+		}
+		size := treeSize(int32(r), maxClosure)
+		if size > maxClosure || size*refs[r] > budget || len(g.rules)+size*refs[r] > lim.MaxRules {
+			continue
+		}
+		budget -= size * refs[r]
+		copyAll[r] = true
+	}
 	for q := range n { // the original rules only: copies are specialized already
 		if !reach[q] {
 			continue
 		}
 		for _, a := range g.rules[q].alts {
 			for j, s := range a {
-				if s.ref < 0 || scc[s.ref] == scc[q] || refs[s.ref] < 2 {
+				if s.ref < 0 || scc[s.ref] == scc[q] || !copyAll[s.ref] {
 					continue
 				}
-				size := treeSize(s.ref, maxClosure)
-				if size > maxClosure || size > budget || len(g.rules)+size > lim.MaxRules {
-					continue
-				}
-				budget -= size
-				g.nsyms += size
+				before := len(g.rules)
 				a[j].ref = clone(s.ref, map[int32]int32{})
+				for _, r := range g.rules[before:] {
+					for _, x := range r.alts {
+						g.nsyms += len(x) + 1
+					}
+				}
+				if len(g.rules) > lim.MaxRules {
+					return
+				}
 			}
 		}
 	}
