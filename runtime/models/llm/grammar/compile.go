@@ -2,11 +2,11 @@ package grammar
 
 import (
 	"context"
+	"encoding/binary"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
-	"encoding/binary"
-	"slices"
 	"unsafe"
 )
 

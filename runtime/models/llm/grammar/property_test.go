@@ -3,14 +3,14 @@ package grammar
 import (
 	"bytes"
 	"context"
-	"slices"
-	"time"
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/santhosh-tekuri/jsonschema/v6"
 )

@@ -115,7 +115,6 @@ func (sc *scanner) reeval(pos int32, base *tokenSet) (*tokenSet, error) {
 	return ts, nil
 }
 
-
 // skipMin: a subtree this large is checked for a self-loop before walking it
 const skipMin = 16
 
@@ -221,4 +220,3 @@ func (sc *scanner) scan(pos int32) (*tokenSet, error) {
 	}
 	return ts, nil
 }
-
