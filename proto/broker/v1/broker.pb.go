@@ -527,6 +527,9 @@ const (
 	// The call was cancelled (reported in logs and metrics; a cancelled
 	// stream receives nothing more).
 	FinishReason_FINISH_REASON_CANCELLED FinishReason = 4
+	// Chat with tools: the model stopped after calling tools
+	// (GenerationDelta.tool_calls), OpenAI's finish_reason "tool_calls".
+	FinishReason_FINISH_REASON_TOOL_CALLS FinishReason = 5
 )
 
 // Enum value maps for FinishReason.
@@ -537,6 +540,7 @@ var (
 		2: "FINISH_REASON_LENGTH",
 		3: "FINISH_REASON_DEADLINE",
 		4: "FINISH_REASON_CANCELLED",
+		5: "FINISH_REASON_TOOL_CALLS",
 	}
 	FinishReason_value = map[string]int32{
 		"FINISH_REASON_UNSPECIFIED": 0,
@@ -544,6 +548,7 @@ var (
 		"FINISH_REASON_LENGTH":      2,
 		"FINISH_REASON_DEADLINE":    3,
 		"FINISH_REASON_CANCELLED":   4,
+		"FINISH_REASON_TOOL_CALLS":  5,
 	}
 )
 
@@ -572,6 +577,69 @@ func (x FinishReason) Number() protoreflect.EnumNumber {
 // Deprecated: Use FinishReason.Descriptor instead.
 func (FinishReason) EnumDescriptor() ([]byte, []int) {
 	return file_broker_v1_broker_proto_rawDescGZIP(), []int{8}
+}
+
+// ToolChoiceMode is what the model may do with the request's tools.
+type ToolChoiceMode int32
+
+const (
+	// AUTO.
+	ToolChoiceMode_TOOL_CHOICE_MODE_UNSPECIFIED ToolChoiceMode = 0
+	// Call tools or answer, as the model decides (OpenAI's "auto").
+	ToolChoiceMode_TOOL_CHOICE_MODE_AUTO ToolChoiceMode = 1
+	// The tools are shown to the model (its template renders them, as vLLM
+	// does) but its output is not parsed for calls: all of it is text.
+	ToolChoiceMode_TOOL_CHOICE_MODE_NONE ToolChoiceMode = 2
+	// The model must call one or more tools ("required"), or the function
+	// named in ChatRequest.tool_choice_function. Enforcing it needs
+	// constrained decoding: not supported yet (INVALID_ARGUMENT).
+	ToolChoiceMode_TOOL_CHOICE_MODE_REQUIRED ToolChoiceMode = 3
+	ToolChoiceMode_TOOL_CHOICE_MODE_FUNCTION ToolChoiceMode = 4
+)
+
+// Enum value maps for ToolChoiceMode.
+var (
+	ToolChoiceMode_name = map[int32]string{
+		0: "TOOL_CHOICE_MODE_UNSPECIFIED",
+		1: "TOOL_CHOICE_MODE_AUTO",
+		2: "TOOL_CHOICE_MODE_NONE",
+		3: "TOOL_CHOICE_MODE_REQUIRED",
+		4: "TOOL_CHOICE_MODE_FUNCTION",
+	}
+	ToolChoiceMode_value = map[string]int32{
+		"TOOL_CHOICE_MODE_UNSPECIFIED": 0,
+		"TOOL_CHOICE_MODE_AUTO":        1,
+		"TOOL_CHOICE_MODE_NONE":        2,
+		"TOOL_CHOICE_MODE_REQUIRED":    3,
+		"TOOL_CHOICE_MODE_FUNCTION":    4,
+	}
+)
+
+func (x ToolChoiceMode) Enum() *ToolChoiceMode {
+	p := new(ToolChoiceMode)
+	*p = x
+	return p
+}
+
+func (x ToolChoiceMode) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ToolChoiceMode) Descriptor() protoreflect.EnumDescriptor {
+	return file_broker_v1_broker_proto_enumTypes[9].Descriptor()
+}
+
+func (ToolChoiceMode) Type() protoreflect.EnumType {
+	return &file_broker_v1_broker_proto_enumTypes[9]
+}
+
+func (x ToolChoiceMode) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ToolChoiceMode.Descriptor instead.
+func (ToolChoiceMode) EnumDescriptor() ([]byte, []int) {
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{9}
 }
 
 // Device is one detected device and what brokerd knows of it.
@@ -4536,13 +4604,21 @@ func (x *GenerateRequest) GetAddSpecialTokens() bool {
 // ChatMessage is one turn of a conversation.
 type ChatMessage struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// system, user or assistant.
+	// system, user, assistant or tool (a tool's result).
 	Role    string `protobuf:"bytes,1,opt,name=role,proto3" json:"role,omitempty"`
 	Content string `protobuf:"bytes,2,opt,name=content,proto3" json:"content,omitempty"`
 	// An assistant turn's thinking (what GenerationDelta.reasoning carried),
 	// given to the chat template as the message's reasoning_content (Qwen3's
 	// template shows it for the turns after the last user message).
-	Reasoning     string `protobuf:"bytes,3,opt,name=reasoning,proto3" json:"reasoning,omitempty"`
+	Reasoning string `protobuf:"bytes,3,opt,name=reasoning,proto3" json:"reasoning,omitempty"`
+	// An assistant turn's calls of tools (what GenerationDelta.tool_calls
+	// carried), given to the chat template as message.tool_calls in the
+	// shape Hugging Face templates read: [{"id", "type": "function",
+	// "function": {"name", "arguments": a mapping}}].
+	ToolCalls []*ToolCall `protobuf:"bytes,4,rep,name=tool_calls,json=toolCalls,proto3" json:"tool_calls,omitempty"`
+	// A tool turn: the id of the call whose result content is (the
+	// template's message.tool_call_id).
+	ToolCallId    string `protobuf:"bytes,5,opt,name=tool_call_id,json=toolCallId,proto3" json:"tool_call_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4598,6 +4674,159 @@ func (x *ChatMessage) GetReasoning() string {
 	return ""
 }
 
+func (x *ChatMessage) GetToolCalls() []*ToolCall {
+	if x != nil {
+		return x.ToolCalls
+	}
+	return nil
+}
+
+func (x *ChatMessage) GetToolCallId() string {
+	if x != nil {
+		return x.ToolCallId
+	}
+	return ""
+}
+
+// Tool is a function the model may call (OpenAI's {"type": "function",
+// "function": {...}}, Ollama's tools).
+type Tool struct {
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Name        string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Description string                 `protobuf:"bytes,2,opt,name=description,proto3" json:"description,omitempty"`
+	// The arguments' JSON Schema (an object), as JSON text; kept as written,
+	// so that the chat template shows its keys in the caller's order. Empty:
+	// none.
+	Parameters    string `protobuf:"bytes,3,opt,name=parameters,proto3" json:"parameters,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Tool) Reset() {
+	*x = Tool{}
+	mi := &file_broker_v1_broker_proto_msgTypes[49]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Tool) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Tool) ProtoMessage() {}
+
+func (x *Tool) ProtoReflect() protoreflect.Message {
+	mi := &file_broker_v1_broker_proto_msgTypes[49]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Tool.ProtoReflect.Descriptor instead.
+func (*Tool) Descriptor() ([]byte, []int) {
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{49}
+}
+
+func (x *Tool) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *Tool) GetDescription() string {
+	if x != nil {
+		return x.Description
+	}
+	return ""
+}
+
+func (x *Tool) GetParameters() string {
+	if x != nil {
+		return x.Parameters
+	}
+	return ""
+}
+
+// ToolCall is a call of a tool parsed from the model's output.
+type ToolCall struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// "call_" and 24 random characters, as OpenAI's ids (a call brokerd
+	// parsed), or the id the caller gave (a conversation's history).
+	Id string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// The function's name.
+	Name string `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	// The arguments: a JSON object, as text.
+	Arguments string `protobuf:"bytes,3,opt,name=arguments,proto3" json:"arguments,omitempty"`
+	// The call's position among the sequence's calls (0, 1, ...).
+	Index         int32 `protobuf:"varint,4,opt,name=index,proto3" json:"index,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ToolCall) Reset() {
+	*x = ToolCall{}
+	mi := &file_broker_v1_broker_proto_msgTypes[50]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ToolCall) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ToolCall) ProtoMessage() {}
+
+func (x *ToolCall) ProtoReflect() protoreflect.Message {
+	mi := &file_broker_v1_broker_proto_msgTypes[50]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ToolCall.ProtoReflect.Descriptor instead.
+func (*ToolCall) Descriptor() ([]byte, []int) {
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{50}
+}
+
+func (x *ToolCall) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *ToolCall) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *ToolCall) GetArguments() string {
+	if x != nil {
+		return x.Arguments
+	}
+	return ""
+}
+
+func (x *ToolCall) GetIndex() int32 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
 // Conversation is the messages so far; the reply continues it.
 type Conversation struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -4608,7 +4837,7 @@ type Conversation struct {
 
 func (x *Conversation) Reset() {
 	*x = Conversation{}
-	mi := &file_broker_v1_broker_proto_msgTypes[49]
+	mi := &file_broker_v1_broker_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4620,7 +4849,7 @@ func (x *Conversation) String() string {
 func (*Conversation) ProtoMessage() {}
 
 func (x *Conversation) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[49]
+	mi := &file_broker_v1_broker_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4633,7 +4862,7 @@ func (x *Conversation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Conversation.ProtoReflect.Descriptor instead.
 func (*Conversation) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{49}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *Conversation) GetMessages() []*ChatMessage {
@@ -4663,13 +4892,23 @@ type ChatRequest struct {
 	// namesake here. The template's own inputs (messages,
 	// add_generation_prompt, bos_token, eos_token, tools) cannot be set.
 	ChatTemplateKwargs *structpb.Struct `protobuf:"bytes,9,opt,name=chat_template_kwargs,json=chatTemplateKwargs,proto3" json:"chat_template_kwargs,omitempty"`
+	// Functions the model may call: rendered by the model's chat template
+	// (its tools variable), and its output parsed for calls of them
+	// (Qwen's <tool_call>{...}</tool_call>, Llama 3.x's JSON), which come
+	// back in GenerationDelta.tool_calls, never in text. A model whose
+	// vocabulary has neither format's markers (<tool_call> and </tool_call>,
+	// or <|python_tag|>, as tokens of their own) refuses tools.
+	Tools      []*Tool        `protobuf:"bytes,10,rep,name=tools,proto3" json:"tools,omitempty"`
+	ToolChoice ToolChoiceMode `protobuf:"varint,11,opt,name=tool_choice,json=toolChoice,proto3,enum=broker.v1.ToolChoiceMode" json:"tool_choice,omitempty"`
+	// tool_choice TOOL_CHOICE_FUNCTION: the tool's name.
+	ToolChoiceFunction string `protobuf:"bytes,12,opt,name=tool_choice_function,json=toolChoiceFunction,proto3" json:"tool_choice_function,omitempty"`
 	unknownFields      protoimpl.UnknownFields
 	sizeCache          protoimpl.SizeCache
 }
 
 func (x *ChatRequest) Reset() {
 	*x = ChatRequest{}
-	mi := &file_broker_v1_broker_proto_msgTypes[50]
+	mi := &file_broker_v1_broker_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4681,7 +4920,7 @@ func (x *ChatRequest) String() string {
 func (*ChatRequest) ProtoMessage() {}
 
 func (x *ChatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[50]
+	mi := &file_broker_v1_broker_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4694,7 +4933,7 @@ func (x *ChatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChatRequest.ProtoReflect.Descriptor instead.
 func (*ChatRequest) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{50}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *ChatRequest) GetModel() string {
@@ -4760,6 +4999,27 @@ func (x *ChatRequest) GetChatTemplateKwargs() *structpb.Struct {
 	return nil
 }
 
+func (x *ChatRequest) GetTools() []*Tool {
+	if x != nil {
+		return x.Tools
+	}
+	return nil
+}
+
+func (x *ChatRequest) GetToolChoice() ToolChoiceMode {
+	if x != nil {
+		return x.ToolChoice
+	}
+	return ToolChoiceMode_TOOL_CHOICE_MODE_UNSPECIFIED
+}
+
+func (x *ChatRequest) GetToolChoiceFunction() string {
+	if x != nil {
+		return x.ToolChoiceFunction
+	}
+	return ""
+}
+
 // TokenLogprob is a token and its log-probability.
 type TokenLogprob struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
@@ -4777,7 +5037,7 @@ type TokenLogprob struct {
 
 func (x *TokenLogprob) Reset() {
 	*x = TokenLogprob{}
-	mi := &file_broker_v1_broker_proto_msgTypes[51]
+	mi := &file_broker_v1_broker_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4789,7 +5049,7 @@ func (x *TokenLogprob) String() string {
 func (*TokenLogprob) ProtoMessage() {}
 
 func (x *TokenLogprob) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[51]
+	mi := &file_broker_v1_broker_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4802,7 +5062,7 @@ func (x *TokenLogprob) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenLogprob.ProtoReflect.Descriptor instead.
 func (*TokenLogprob) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{51}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *TokenLogprob) GetTokenId() int32 {
@@ -4844,7 +5104,7 @@ type LogprobEntry struct {
 
 func (x *LogprobEntry) Reset() {
 	*x = LogprobEntry{}
-	mi := &file_broker_v1_broker_proto_msgTypes[52]
+	mi := &file_broker_v1_broker_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4856,7 +5116,7 @@ func (x *LogprobEntry) String() string {
 func (*LogprobEntry) ProtoMessage() {}
 
 func (x *LogprobEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[52]
+	mi := &file_broker_v1_broker_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4869,7 +5129,7 @@ func (x *LogprobEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogprobEntry.ProtoReflect.Descriptor instead.
 func (*LogprobEntry) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{52}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *LogprobEntry) GetChosen() *TokenLogprob {
@@ -4900,14 +5160,19 @@ type GenerationDelta struct {
 	// Chat with a thinking model: the thinking text (between <think> and
 	// </think>, tags left out), apart from text. A delta may carry both
 	// when a token ends the thinking.
-	Reasoning     string `protobuf:"bytes,5,opt,name=reasoning,proto3" json:"reasoning,omitempty"`
+	Reasoning string `protobuf:"bytes,5,opt,name=reasoning,proto3" json:"reasoning,omitempty"`
+	// Chat with tools: calls parsed from the output, each whole (its
+	// arguments complete) in the delta where its text ended; that text
+	// is not in text. A call that does not parse (not JSON, no name, or
+	// arguments that are not an object) stays text, as vLLM leaves it.
+	ToolCalls     []*ToolCall `protobuf:"bytes,6,rep,name=tool_calls,json=toolCalls,proto3" json:"tool_calls,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *GenerationDelta) Reset() {
 	*x = GenerationDelta{}
-	mi := &file_broker_v1_broker_proto_msgTypes[53]
+	mi := &file_broker_v1_broker_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4919,7 +5184,7 @@ func (x *GenerationDelta) String() string {
 func (*GenerationDelta) ProtoMessage() {}
 
 func (x *GenerationDelta) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[53]
+	mi := &file_broker_v1_broker_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4932,7 +5197,7 @@ func (x *GenerationDelta) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GenerationDelta.ProtoReflect.Descriptor instead.
 func (*GenerationDelta) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{53}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *GenerationDelta) GetIndex() int32 {
@@ -4970,6 +5235,13 @@ func (x *GenerationDelta) GetReasoning() string {
 	return ""
 }
 
+func (x *GenerationDelta) GetToolCalls() []*ToolCall {
+	if x != nil {
+		return x.ToolCalls
+	}
+	return nil
+}
+
 // Usage counts tokens.
 type Usage struct {
 	state            protoimpl.MessageState `protogen:"open.v1"`
@@ -4981,7 +5253,7 @@ type Usage struct {
 
 func (x *Usage) Reset() {
 	*x = Usage{}
-	mi := &file_broker_v1_broker_proto_msgTypes[54]
+	mi := &file_broker_v1_broker_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4993,7 +5265,7 @@ func (x *Usage) String() string {
 func (*Usage) ProtoMessage() {}
 
 func (x *Usage) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[54]
+	mi := &file_broker_v1_broker_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5006,7 +5278,7 @@ func (x *Usage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Usage.ProtoReflect.Descriptor instead.
 func (*Usage) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{54}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *Usage) GetPromptTokens() int32 {
@@ -5041,7 +5313,7 @@ type GenerationResult struct {
 
 func (x *GenerationResult) Reset() {
 	*x = GenerationResult{}
-	mi := &file_broker_v1_broker_proto_msgTypes[55]
+	mi := &file_broker_v1_broker_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5053,7 +5325,7 @@ func (x *GenerationResult) String() string {
 func (*GenerationResult) ProtoMessage() {}
 
 func (x *GenerationResult) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[55]
+	mi := &file_broker_v1_broker_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5066,7 +5338,7 @@ func (x *GenerationResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GenerationResult.ProtoReflect.Descriptor instead.
 func (*GenerationResult) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{55}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *GenerationResult) GetIndex() int32 {
@@ -5121,7 +5393,7 @@ type GenerateResponse struct {
 
 func (x *GenerateResponse) Reset() {
 	*x = GenerateResponse{}
-	mi := &file_broker_v1_broker_proto_msgTypes[56]
+	mi := &file_broker_v1_broker_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5133,7 +5405,7 @@ func (x *GenerateResponse) String() string {
 func (*GenerateResponse) ProtoMessage() {}
 
 func (x *GenerateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[56]
+	mi := &file_broker_v1_broker_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5146,7 +5418,7 @@ func (x *GenerateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GenerateResponse.ProtoReflect.Descriptor instead.
 func (*GenerateResponse) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{56}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *GenerateResponse) GetDeltas() []*GenerationDelta {
@@ -5173,7 +5445,7 @@ type ChatResponse struct {
 
 func (x *ChatResponse) Reset() {
 	*x = ChatResponse{}
-	mi := &file_broker_v1_broker_proto_msgTypes[57]
+	mi := &file_broker_v1_broker_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5185,7 +5457,7 @@ func (x *ChatResponse) String() string {
 func (*ChatResponse) ProtoMessage() {}
 
 func (x *ChatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[57]
+	mi := &file_broker_v1_broker_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5198,7 +5470,7 @@ func (x *ChatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChatResponse.ProtoReflect.Descriptor instead.
 func (*ChatResponse) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{57}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *ChatResponse) GetDeltas() []*GenerationDelta {
@@ -5594,13 +5866,28 @@ const file_broker_v1_broker_proto_rawDesc = "" +
 	"\tdevice_id\x18\x06 \x01(\tR\bdeviceId\x124\n" +
 	"\bmax_time\x18\a \x01(\v2\x19.google.protobuf.DurationR\amaxTime\x121\n" +
 	"\x12add_special_tokens\x18\b \x01(\bH\x00R\x10addSpecialTokens\x88\x01\x01B\x15\n" +
-	"\x13_add_special_tokens\"Y\n" +
+	"\x13_add_special_tokens\"\xaf\x01\n" +
 	"\vChatMessage\x12\x12\n" +
 	"\x04role\x18\x01 \x01(\tR\x04role\x12\x18\n" +
 	"\acontent\x18\x02 \x01(\tR\acontent\x12\x1c\n" +
-	"\treasoning\x18\x03 \x01(\tR\treasoning\"B\n" +
+	"\treasoning\x18\x03 \x01(\tR\treasoning\x122\n" +
+	"\n" +
+	"tool_calls\x18\x04 \x03(\v2\x13.broker.v1.ToolCallR\ttoolCalls\x12 \n" +
+	"\ftool_call_id\x18\x05 \x01(\tR\n" +
+	"toolCallId\"\\\n" +
+	"\x04Tool\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12 \n" +
+	"\vdescription\x18\x02 \x01(\tR\vdescription\x12\x1e\n" +
+	"\n" +
+	"parameters\x18\x03 \x01(\tR\n" +
+	"parameters\"b\n" +
+	"\bToolCall\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12\x1c\n" +
+	"\targuments\x18\x03 \x01(\tR\targuments\x12\x14\n" +
+	"\x05index\x18\x04 \x01(\x05R\x05index\"B\n" +
 	"\fConversation\x122\n" +
-	"\bmessages\x18\x01 \x03(\v2\x16.broker.v1.ChatMessageR\bmessages\"\xe2\x03\n" +
+	"\bmessages\x18\x01 \x03(\v2\x16.broker.v1.ChatMessageR\bmessages\"\xf7\x04\n" +
 	"\vChatRequest\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12=\n" +
 	"\rconversations\x18\x02 \x03(\v2\x17.broker.v1.ConversationR\rconversations\x125\n" +
@@ -5611,7 +5898,12 @@ const file_broker_v1_broker_proto_rawDesc = "" +
 	"\tdevice_id\x18\x06 \x01(\tR\bdeviceId\x124\n" +
 	"\bmax_time\x18\a \x01(\v2\x19.google.protobuf.DurationR\amaxTime\x12,\n" +
 	"\x0fenable_thinking\x18\b \x01(\bH\x00R\x0eenableThinking\x88\x01\x01\x12I\n" +
-	"\x14chat_template_kwargs\x18\t \x01(\v2\x17.google.protobuf.StructR\x12chatTemplateKwargsB\x12\n" +
+	"\x14chat_template_kwargs\x18\t \x01(\v2\x17.google.protobuf.StructR\x12chatTemplateKwargs\x12%\n" +
+	"\x05tools\x18\n" +
+	" \x03(\v2\x0f.broker.v1.ToolR\x05tools\x12:\n" +
+	"\vtool_choice\x18\v \x01(\x0e2\x19.broker.v1.ToolChoiceModeR\n" +
+	"toolChoice\x120\n" +
+	"\x14tool_choice_function\x18\f \x01(\tR\x12toolChoiceFunctionB\x12\n" +
 	"\x10_enable_thinking\"m\n" +
 	"\fTokenLogprob\x12\x19\n" +
 	"\btoken_id\x18\x01 \x01(\x05R\atokenId\x12\x12\n" +
@@ -5620,13 +5912,15 @@ const file_broker_v1_broker_proto_rawDesc = "" +
 	"\x05bytes\x18\x04 \x01(\fR\x05bytes\"j\n" +
 	"\fLogprobEntry\x12/\n" +
 	"\x06chosen\x18\x01 \x01(\v2\x17.broker.v1.TokenLogprobR\x06chosen\x12)\n" +
-	"\x03top\x18\x02 \x03(\v2\x17.broker.v1.TokenLogprobR\x03top\"\xab\x01\n" +
+	"\x03top\x18\x02 \x03(\v2\x17.broker.v1.TokenLogprobR\x03top\"\xdf\x01\n" +
 	"\x0fGenerationDelta\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\x05R\x05index\x12\x12\n" +
 	"\x04text\x18\x02 \x01(\tR\x04text\x12\x1b\n" +
 	"\ttoken_ids\x18\x03 \x03(\x05R\btokenIds\x123\n" +
 	"\blogprobs\x18\x04 \x03(\v2\x17.broker.v1.LogprobEntryR\blogprobs\x12\x1c\n" +
-	"\treasoning\x18\x05 \x01(\tR\treasoning\"Y\n" +
+	"\treasoning\x18\x05 \x01(\tR\treasoning\x122\n" +
+	"\n" +
+	"tool_calls\x18\x06 \x03(\v2\x13.broker.v1.ToolCallR\ttoolCalls\"Y\n" +
 	"\x05Usage\x12#\n" +
 	"\rprompt_tokens\x18\x01 \x01(\x05R\fpromptTokens\x12+\n" +
 	"\x11completion_tokens\x18\x02 \x01(\x05R\x10completionTokens\"\xb2\x02\n" +
@@ -5697,13 +5991,20 @@ const file_broker_v1_broker_proto_rawDesc = "" +
 	"\x12LOAD_ACTION_LOADED\x10\x01\x12\x18\n" +
 	"\x14LOAD_ACTION_SWITCHED\x10\x02\x12\x18\n" +
 	"\x14LOAD_ACTION_RELOADED\x10\x03\x12\x19\n" +
-	"\x15LOAD_ACTION_UNCHANGED\x10\x04*\x98\x01\n" +
+	"\x15LOAD_ACTION_UNCHANGED\x10\x04*\xb6\x01\n" +
 	"\fFinishReason\x12\x1d\n" +
 	"\x19FINISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12FINISH_REASON_STOP\x10\x01\x12\x18\n" +
 	"\x14FINISH_REASON_LENGTH\x10\x02\x12\x1a\n" +
 	"\x16FINISH_REASON_DEADLINE\x10\x03\x12\x1b\n" +
-	"\x17FINISH_REASON_CANCELLED\x10\x042\x98\t\n" +
+	"\x17FINISH_REASON_CANCELLED\x10\x04\x12\x1c\n" +
+	"\x18FINISH_REASON_TOOL_CALLS\x10\x05*\xa6\x01\n" +
+	"\x0eToolChoiceMode\x12 \n" +
+	"\x1cTOOL_CHOICE_MODE_UNSPECIFIED\x10\x00\x12\x19\n" +
+	"\x15TOOL_CHOICE_MODE_AUTO\x10\x01\x12\x19\n" +
+	"\x15TOOL_CHOICE_MODE_NONE\x10\x02\x12\x1d\n" +
+	"\x19TOOL_CHOICE_MODE_REQUIRED\x10\x03\x12\x1d\n" +
+	"\x19TOOL_CHOICE_MODE_FUNCTION\x10\x042\x98\t\n" +
 	"\rBrokerService\x12=\n" +
 	"\x06Encode\x12\x18.broker.v1.EncodeRequest\x1a\x19.broker.v1.EncodeResponse\x12Q\n" +
 	"\fEncodeStream\x12\x1e.broker.v1.EncodeStreamRequest\x1a\x1f.broker.v1.EncodeStreamResponse0\x01\x12:\n" +
@@ -5735,8 +6036,8 @@ func file_broker_v1_broker_proto_rawDescGZIP() []byte {
 	return file_broker_v1_broker_proto_rawDescData
 }
 
-var file_broker_v1_broker_proto_enumTypes = make([]protoimpl.EnumInfo, 9)
-var file_broker_v1_broker_proto_msgTypes = make([]protoimpl.MessageInfo, 61)
+var file_broker_v1_broker_proto_enumTypes = make([]protoimpl.EnumInfo, 10)
+var file_broker_v1_broker_proto_msgTypes = make([]protoimpl.MessageInfo, 63)
 var file_broker_v1_broker_proto_goTypes = []any{
 	(DeviceType)(0),                // 0: broker.v1.DeviceType
 	(DeviceHealth)(0),              // 1: broker.v1.DeviceHealth
@@ -5747,187 +6048,194 @@ var file_broker_v1_broker_proto_goTypes = []any{
 	(ModelState)(0),                // 6: broker.v1.ModelState
 	(LoadAction)(0),                // 7: broker.v1.LoadAction
 	(FinishReason)(0),              // 8: broker.v1.FinishReason
-	(*Device)(nil),                 // 9: broker.v1.Device
-	(*CpuInfo)(nil),                // 10: broker.v1.CpuInfo
-	(*GpuInfo)(nil),                // 11: broker.v1.GpuInfo
-	(*TpuInfo)(nil),                // 12: broker.v1.TpuInfo
-	(*Telemetry)(nil),              // 13: broker.v1.Telemetry
-	(*BatchPlan)(nil),              // 14: broker.v1.BatchPlan
-	(*Configuration)(nil),          // 15: broker.v1.Configuration
-	(*Runtime)(nil),                // 16: broker.v1.Runtime
-	(*PjrtPlugin)(nil),             // 17: broker.v1.PjrtPlugin
-	(*EncodeItem)(nil),             // 18: broker.v1.EncodeItem
-	(*EncodeResult)(nil),           // 19: broker.v1.EncodeResult
-	(*ExecutionInfo)(nil),          // 20: broker.v1.ExecutionInfo
-	(*EncodeRequest)(nil),          // 21: broker.v1.EncodeRequest
-	(*EncodeResponse)(nil),         // 22: broker.v1.EncodeResponse
-	(*EncodeStreamRequest)(nil),    // 23: broker.v1.EncodeStreamRequest
-	(*EncodeStreamResponse)(nil),   // 24: broker.v1.EncodeStreamResponse
-	(*Tensor)(nil),                 // 25: broker.v1.Tensor
-	(*TensorSpec)(nil),             // 26: broker.v1.TensorSpec
-	(*InferRequest)(nil),           // 27: broker.v1.InferRequest
-	(*InferResponse)(nil),          // 28: broker.v1.InferResponse
-	(*ListDevicesRequest)(nil),     // 29: broker.v1.ListDevicesRequest
-	(*ListDevicesResponse)(nil),    // 30: broker.v1.ListDevicesResponse
-	(*GetDeviceRequest)(nil),       // 31: broker.v1.GetDeviceRequest
-	(*GetDeviceResponse)(nil),      // 32: broker.v1.GetDeviceResponse
-	(*GetReportRequest)(nil),       // 33: broker.v1.GetReportRequest
-	(*GetReportResponse)(nil),      // 34: broker.v1.GetReportResponse
-	(*GetBatchPlanRequest)(nil),    // 35: broker.v1.GetBatchPlanRequest
-	(*GetBatchPlanResponse)(nil),   // 36: broker.v1.GetBatchPlanResponse
-	(*Model)(nil),                  // 37: broker.v1.Model
-	(*ListModelsRequest)(nil),      // 38: broker.v1.ListModelsRequest
-	(*ListModelsResponse)(nil),     // 39: broker.v1.ListModelsResponse
-	(*LoadModelRequest)(nil),       // 40: broker.v1.LoadModelRequest
-	(*LoadModelResponse)(nil),      // 41: broker.v1.LoadModelResponse
-	(*UnloadModelRequest)(nil),     // 42: broker.v1.UnloadModelRequest
-	(*UnloadModelResponse)(nil),    // 43: broker.v1.UnloadModelResponse
-	(*LatencySummary)(nil),         // 44: broker.v1.LatencySummary
-	(*QueueStats)(nil),             // 45: broker.v1.QueueStats
-	(*GenerationStats)(nil),        // 46: broker.v1.GenerationStats
-	(*GetStatsRequest)(nil),        // 47: broker.v1.GetStatsRequest
-	(*GetStatsResponse)(nil),       // 48: broker.v1.GetStatsResponse
-	(*CordonDeviceRequest)(nil),    // 49: broker.v1.CordonDeviceRequest
-	(*CordonDeviceResponse)(nil),   // 50: broker.v1.CordonDeviceResponse
-	(*UncordonDeviceRequest)(nil),  // 51: broker.v1.UncordonDeviceRequest
-	(*UncordonDeviceResponse)(nil), // 52: broker.v1.UncordonDeviceResponse
-	(*DrainRequest)(nil),           // 53: broker.v1.DrainRequest
-	(*DrainResponse)(nil),          // 54: broker.v1.DrainResponse
-	(*SamplingParams)(nil),         // 55: broker.v1.SamplingParams
-	(*GenerateRequest)(nil),        // 56: broker.v1.GenerateRequest
-	(*ChatMessage)(nil),            // 57: broker.v1.ChatMessage
-	(*Conversation)(nil),           // 58: broker.v1.Conversation
-	(*ChatRequest)(nil),            // 59: broker.v1.ChatRequest
-	(*TokenLogprob)(nil),           // 60: broker.v1.TokenLogprob
-	(*LogprobEntry)(nil),           // 61: broker.v1.LogprobEntry
-	(*GenerationDelta)(nil),        // 62: broker.v1.GenerationDelta
-	(*Usage)(nil),                  // 63: broker.v1.Usage
-	(*GenerationResult)(nil),       // 64: broker.v1.GenerationResult
-	(*GenerateResponse)(nil),       // 65: broker.v1.GenerateResponse
-	(*ChatResponse)(nil),           // 66: broker.v1.ChatResponse
-	nil,                            // 67: broker.v1.Device.AttributesEntry
-	nil,                            // 68: broker.v1.Configuration.CostPerHourUsdEntry
-	nil,                            // 69: broker.v1.QueueStats.FailedEntry
-	(*timestamppb.Timestamp)(nil),  // 70: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),    // 71: google.protobuf.Duration
-	(*structpb.Struct)(nil),        // 72: google.protobuf.Struct
+	(ToolChoiceMode)(0),            // 9: broker.v1.ToolChoiceMode
+	(*Device)(nil),                 // 10: broker.v1.Device
+	(*CpuInfo)(nil),                // 11: broker.v1.CpuInfo
+	(*GpuInfo)(nil),                // 12: broker.v1.GpuInfo
+	(*TpuInfo)(nil),                // 13: broker.v1.TpuInfo
+	(*Telemetry)(nil),              // 14: broker.v1.Telemetry
+	(*BatchPlan)(nil),              // 15: broker.v1.BatchPlan
+	(*Configuration)(nil),          // 16: broker.v1.Configuration
+	(*Runtime)(nil),                // 17: broker.v1.Runtime
+	(*PjrtPlugin)(nil),             // 18: broker.v1.PjrtPlugin
+	(*EncodeItem)(nil),             // 19: broker.v1.EncodeItem
+	(*EncodeResult)(nil),           // 20: broker.v1.EncodeResult
+	(*ExecutionInfo)(nil),          // 21: broker.v1.ExecutionInfo
+	(*EncodeRequest)(nil),          // 22: broker.v1.EncodeRequest
+	(*EncodeResponse)(nil),         // 23: broker.v1.EncodeResponse
+	(*EncodeStreamRequest)(nil),    // 24: broker.v1.EncodeStreamRequest
+	(*EncodeStreamResponse)(nil),   // 25: broker.v1.EncodeStreamResponse
+	(*Tensor)(nil),                 // 26: broker.v1.Tensor
+	(*TensorSpec)(nil),             // 27: broker.v1.TensorSpec
+	(*InferRequest)(nil),           // 28: broker.v1.InferRequest
+	(*InferResponse)(nil),          // 29: broker.v1.InferResponse
+	(*ListDevicesRequest)(nil),     // 30: broker.v1.ListDevicesRequest
+	(*ListDevicesResponse)(nil),    // 31: broker.v1.ListDevicesResponse
+	(*GetDeviceRequest)(nil),       // 32: broker.v1.GetDeviceRequest
+	(*GetDeviceResponse)(nil),      // 33: broker.v1.GetDeviceResponse
+	(*GetReportRequest)(nil),       // 34: broker.v1.GetReportRequest
+	(*GetReportResponse)(nil),      // 35: broker.v1.GetReportResponse
+	(*GetBatchPlanRequest)(nil),    // 36: broker.v1.GetBatchPlanRequest
+	(*GetBatchPlanResponse)(nil),   // 37: broker.v1.GetBatchPlanResponse
+	(*Model)(nil),                  // 38: broker.v1.Model
+	(*ListModelsRequest)(nil),      // 39: broker.v1.ListModelsRequest
+	(*ListModelsResponse)(nil),     // 40: broker.v1.ListModelsResponse
+	(*LoadModelRequest)(nil),       // 41: broker.v1.LoadModelRequest
+	(*LoadModelResponse)(nil),      // 42: broker.v1.LoadModelResponse
+	(*UnloadModelRequest)(nil),     // 43: broker.v1.UnloadModelRequest
+	(*UnloadModelResponse)(nil),    // 44: broker.v1.UnloadModelResponse
+	(*LatencySummary)(nil),         // 45: broker.v1.LatencySummary
+	(*QueueStats)(nil),             // 46: broker.v1.QueueStats
+	(*GenerationStats)(nil),        // 47: broker.v1.GenerationStats
+	(*GetStatsRequest)(nil),        // 48: broker.v1.GetStatsRequest
+	(*GetStatsResponse)(nil),       // 49: broker.v1.GetStatsResponse
+	(*CordonDeviceRequest)(nil),    // 50: broker.v1.CordonDeviceRequest
+	(*CordonDeviceResponse)(nil),   // 51: broker.v1.CordonDeviceResponse
+	(*UncordonDeviceRequest)(nil),  // 52: broker.v1.UncordonDeviceRequest
+	(*UncordonDeviceResponse)(nil), // 53: broker.v1.UncordonDeviceResponse
+	(*DrainRequest)(nil),           // 54: broker.v1.DrainRequest
+	(*DrainResponse)(nil),          // 55: broker.v1.DrainResponse
+	(*SamplingParams)(nil),         // 56: broker.v1.SamplingParams
+	(*GenerateRequest)(nil),        // 57: broker.v1.GenerateRequest
+	(*ChatMessage)(nil),            // 58: broker.v1.ChatMessage
+	(*Tool)(nil),                   // 59: broker.v1.Tool
+	(*ToolCall)(nil),               // 60: broker.v1.ToolCall
+	(*Conversation)(nil),           // 61: broker.v1.Conversation
+	(*ChatRequest)(nil),            // 62: broker.v1.ChatRequest
+	(*TokenLogprob)(nil),           // 63: broker.v1.TokenLogprob
+	(*LogprobEntry)(nil),           // 64: broker.v1.LogprobEntry
+	(*GenerationDelta)(nil),        // 65: broker.v1.GenerationDelta
+	(*Usage)(nil),                  // 66: broker.v1.Usage
+	(*GenerationResult)(nil),       // 67: broker.v1.GenerationResult
+	(*GenerateResponse)(nil),       // 68: broker.v1.GenerateResponse
+	(*ChatResponse)(nil),           // 69: broker.v1.ChatResponse
+	nil,                            // 70: broker.v1.Device.AttributesEntry
+	nil,                            // 71: broker.v1.Configuration.CostPerHourUsdEntry
+	nil,                            // 72: broker.v1.QueueStats.FailedEntry
+	(*timestamppb.Timestamp)(nil),  // 73: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),    // 74: google.protobuf.Duration
+	(*structpb.Struct)(nil),        // 75: google.protobuf.Struct
 }
 var file_broker_v1_broker_proto_depIdxs = []int32{
 	0,  // 0: broker.v1.Device.type:type_name -> broker.v1.DeviceType
 	1,  // 1: broker.v1.Device.health:type_name -> broker.v1.DeviceHealth
-	13, // 2: broker.v1.Device.telemetry:type_name -> broker.v1.Telemetry
-	10, // 3: broker.v1.Device.cpu:type_name -> broker.v1.CpuInfo
-	11, // 4: broker.v1.Device.gpu:type_name -> broker.v1.GpuInfo
-	12, // 5: broker.v1.Device.tpu:type_name -> broker.v1.TpuInfo
-	67, // 6: broker.v1.Device.attributes:type_name -> broker.v1.Device.AttributesEntry
-	70, // 7: broker.v1.Telemetry.updated_at:type_name -> google.protobuf.Timestamp
+	14, // 2: broker.v1.Device.telemetry:type_name -> broker.v1.Telemetry
+	11, // 3: broker.v1.Device.cpu:type_name -> broker.v1.CpuInfo
+	12, // 4: broker.v1.Device.gpu:type_name -> broker.v1.GpuInfo
+	13, // 5: broker.v1.Device.tpu:type_name -> broker.v1.TpuInfo
+	70, // 6: broker.v1.Device.attributes:type_name -> broker.v1.Device.AttributesEntry
+	73, // 7: broker.v1.Telemetry.updated_at:type_name -> google.protobuf.Timestamp
 	0,  // 8: broker.v1.BatchPlan.device_type:type_name -> broker.v1.DeviceType
-	68, // 9: broker.v1.Configuration.cost_per_hour_usd:type_name -> broker.v1.Configuration.CostPerHourUsdEntry
+	71, // 9: broker.v1.Configuration.cost_per_hour_usd:type_name -> broker.v1.Configuration.CostPerHourUsdEntry
 	0,  // 10: broker.v1.Runtime.device_types:type_name -> broker.v1.DeviceType
-	17, // 11: broker.v1.Runtime.plugins:type_name -> broker.v1.PjrtPlugin
+	18, // 11: broker.v1.Runtime.plugins:type_name -> broker.v1.PjrtPlugin
 	0,  // 12: broker.v1.ExecutionInfo.device_type:type_name -> broker.v1.DeviceType
-	18, // 13: broker.v1.EncodeRequest.items:type_name -> broker.v1.EncodeItem
+	19, // 13: broker.v1.EncodeRequest.items:type_name -> broker.v1.EncodeItem
 	3,  // 14: broker.v1.EncodeRequest.fidelity:type_name -> broker.v1.Fidelity
 	4,  // 15: broker.v1.EncodeRequest.priority:type_name -> broker.v1.Priority
 	0,  // 16: broker.v1.EncodeRequest.device_type:type_name -> broker.v1.DeviceType
-	19, // 17: broker.v1.EncodeResponse.results:type_name -> broker.v1.EncodeResult
-	20, // 18: broker.v1.EncodeResponse.execution:type_name -> broker.v1.ExecutionInfo
-	21, // 19: broker.v1.EncodeStreamRequest.request:type_name -> broker.v1.EncodeRequest
-	19, // 20: broker.v1.EncodeStreamResponse.results:type_name -> broker.v1.EncodeResult
-	20, // 21: broker.v1.EncodeStreamResponse.execution:type_name -> broker.v1.ExecutionInfo
+	20, // 17: broker.v1.EncodeResponse.results:type_name -> broker.v1.EncodeResult
+	21, // 18: broker.v1.EncodeResponse.execution:type_name -> broker.v1.ExecutionInfo
+	22, // 19: broker.v1.EncodeStreamRequest.request:type_name -> broker.v1.EncodeRequest
+	20, // 20: broker.v1.EncodeStreamResponse.results:type_name -> broker.v1.EncodeResult
+	21, // 21: broker.v1.EncodeStreamResponse.execution:type_name -> broker.v1.ExecutionInfo
 	5,  // 22: broker.v1.Tensor.dtype:type_name -> broker.v1.DataType
 	5,  // 23: broker.v1.TensorSpec.dtype:type_name -> broker.v1.DataType
-	25, // 24: broker.v1.InferRequest.inputs:type_name -> broker.v1.Tensor
+	26, // 24: broker.v1.InferRequest.inputs:type_name -> broker.v1.Tensor
 	4,  // 25: broker.v1.InferRequest.priority:type_name -> broker.v1.Priority
-	71, // 26: broker.v1.InferRequest.timeout:type_name -> google.protobuf.Duration
+	74, // 26: broker.v1.InferRequest.timeout:type_name -> google.protobuf.Duration
 	0,  // 27: broker.v1.InferRequest.device_type:type_name -> broker.v1.DeviceType
-	25, // 28: broker.v1.InferResponse.outputs:type_name -> broker.v1.Tensor
-	20, // 29: broker.v1.InferResponse.execution:type_name -> broker.v1.ExecutionInfo
-	9,  // 30: broker.v1.ListDevicesResponse.devices:type_name -> broker.v1.Device
-	9,  // 31: broker.v1.GetDeviceResponse.device:type_name -> broker.v1.Device
-	9,  // 32: broker.v1.GetReportResponse.current_device:type_name -> broker.v1.Device
-	9,  // 33: broker.v1.GetReportResponse.all_devices:type_name -> broker.v1.Device
-	15, // 34: broker.v1.GetReportResponse.configuration:type_name -> broker.v1.Configuration
-	16, // 35: broker.v1.GetReportResponse.runtimes:type_name -> broker.v1.Runtime
+	26, // 28: broker.v1.InferResponse.outputs:type_name -> broker.v1.Tensor
+	21, // 29: broker.v1.InferResponse.execution:type_name -> broker.v1.ExecutionInfo
+	10, // 30: broker.v1.ListDevicesResponse.devices:type_name -> broker.v1.Device
+	10, // 31: broker.v1.GetDeviceResponse.device:type_name -> broker.v1.Device
+	10, // 32: broker.v1.GetReportResponse.current_device:type_name -> broker.v1.Device
+	10, // 33: broker.v1.GetReportResponse.all_devices:type_name -> broker.v1.Device
+	16, // 34: broker.v1.GetReportResponse.configuration:type_name -> broker.v1.Configuration
+	17, // 35: broker.v1.GetReportResponse.runtimes:type_name -> broker.v1.Runtime
 	2,  // 36: broker.v1.GetReportResponse.routing_mode:type_name -> broker.v1.RoutingMode
-	14, // 37: broker.v1.GetReportResponse.batch_plans:type_name -> broker.v1.BatchPlan
+	15, // 37: broker.v1.GetReportResponse.batch_plans:type_name -> broker.v1.BatchPlan
 	0,  // 38: broker.v1.GetBatchPlanRequest.device_type:type_name -> broker.v1.DeviceType
-	14, // 39: broker.v1.GetBatchPlanResponse.plan:type_name -> broker.v1.BatchPlan
+	15, // 39: broker.v1.GetBatchPlanResponse.plan:type_name -> broker.v1.BatchPlan
 	6,  // 40: broker.v1.Model.state:type_name -> broker.v1.ModelState
-	26, // 41: broker.v1.Model.inputs:type_name -> broker.v1.TensorSpec
-	26, // 42: broker.v1.Model.outputs:type_name -> broker.v1.TensorSpec
-	70, // 43: broker.v1.Model.modified_at:type_name -> google.protobuf.Timestamp
-	37, // 44: broker.v1.ListModelsResponse.models:type_name -> broker.v1.Model
-	37, // 45: broker.v1.LoadModelResponse.model:type_name -> broker.v1.Model
+	27, // 41: broker.v1.Model.inputs:type_name -> broker.v1.TensorSpec
+	27, // 42: broker.v1.Model.outputs:type_name -> broker.v1.TensorSpec
+	73, // 43: broker.v1.Model.modified_at:type_name -> google.protobuf.Timestamp
+	38, // 44: broker.v1.ListModelsResponse.models:type_name -> broker.v1.Model
+	38, // 45: broker.v1.LoadModelResponse.model:type_name -> broker.v1.Model
 	7,  // 46: broker.v1.LoadModelResponse.action:type_name -> broker.v1.LoadAction
-	37, // 47: broker.v1.UnloadModelResponse.model:type_name -> broker.v1.Model
-	69, // 48: broker.v1.QueueStats.failed:type_name -> broker.v1.QueueStats.FailedEntry
-	44, // 49: broker.v1.QueueStats.latency:type_name -> broker.v1.LatencySummary
-	46, // 50: broker.v1.QueueStats.generation:type_name -> broker.v1.GenerationStats
-	44, // 51: broker.v1.GenerationStats.time_to_first_token:type_name -> broker.v1.LatencySummary
-	44, // 52: broker.v1.GenerationStats.inter_token_latency:type_name -> broker.v1.LatencySummary
-	45, // 53: broker.v1.GetStatsResponse.stats:type_name -> broker.v1.QueueStats
-	9,  // 54: broker.v1.CordonDeviceResponse.device:type_name -> broker.v1.Device
-	9,  // 55: broker.v1.UncordonDeviceResponse.device:type_name -> broker.v1.Device
-	55, // 56: broker.v1.GenerateRequest.sampling:type_name -> broker.v1.SamplingParams
+	38, // 47: broker.v1.UnloadModelResponse.model:type_name -> broker.v1.Model
+	72, // 48: broker.v1.QueueStats.failed:type_name -> broker.v1.QueueStats.FailedEntry
+	45, // 49: broker.v1.QueueStats.latency:type_name -> broker.v1.LatencySummary
+	47, // 50: broker.v1.QueueStats.generation:type_name -> broker.v1.GenerationStats
+	45, // 51: broker.v1.GenerationStats.time_to_first_token:type_name -> broker.v1.LatencySummary
+	45, // 52: broker.v1.GenerationStats.inter_token_latency:type_name -> broker.v1.LatencySummary
+	46, // 53: broker.v1.GetStatsResponse.stats:type_name -> broker.v1.QueueStats
+	10, // 54: broker.v1.CordonDeviceResponse.device:type_name -> broker.v1.Device
+	10, // 55: broker.v1.UncordonDeviceResponse.device:type_name -> broker.v1.Device
+	56, // 56: broker.v1.GenerateRequest.sampling:type_name -> broker.v1.SamplingParams
 	4,  // 57: broker.v1.GenerateRequest.priority:type_name -> broker.v1.Priority
 	0,  // 58: broker.v1.GenerateRequest.device_type:type_name -> broker.v1.DeviceType
-	71, // 59: broker.v1.GenerateRequest.max_time:type_name -> google.protobuf.Duration
-	57, // 60: broker.v1.Conversation.messages:type_name -> broker.v1.ChatMessage
-	58, // 61: broker.v1.ChatRequest.conversations:type_name -> broker.v1.Conversation
-	55, // 62: broker.v1.ChatRequest.sampling:type_name -> broker.v1.SamplingParams
-	4,  // 63: broker.v1.ChatRequest.priority:type_name -> broker.v1.Priority
-	0,  // 64: broker.v1.ChatRequest.device_type:type_name -> broker.v1.DeviceType
-	71, // 65: broker.v1.ChatRequest.max_time:type_name -> google.protobuf.Duration
-	72, // 66: broker.v1.ChatRequest.chat_template_kwargs:type_name -> google.protobuf.Struct
-	60, // 67: broker.v1.LogprobEntry.chosen:type_name -> broker.v1.TokenLogprob
-	60, // 68: broker.v1.LogprobEntry.top:type_name -> broker.v1.TokenLogprob
-	61, // 69: broker.v1.GenerationDelta.logprobs:type_name -> broker.v1.LogprobEntry
-	8,  // 70: broker.v1.GenerationResult.finish_reason:type_name -> broker.v1.FinishReason
-	63, // 71: broker.v1.GenerationResult.usage:type_name -> broker.v1.Usage
-	71, // 72: broker.v1.GenerationResult.time_to_first_token:type_name -> google.protobuf.Duration
-	20, // 73: broker.v1.GenerationResult.execution:type_name -> broker.v1.ExecutionInfo
-	62, // 74: broker.v1.GenerateResponse.deltas:type_name -> broker.v1.GenerationDelta
-	64, // 75: broker.v1.GenerateResponse.results:type_name -> broker.v1.GenerationResult
-	62, // 76: broker.v1.ChatResponse.deltas:type_name -> broker.v1.GenerationDelta
-	64, // 77: broker.v1.ChatResponse.results:type_name -> broker.v1.GenerationResult
-	21, // 78: broker.v1.BrokerService.Encode:input_type -> broker.v1.EncodeRequest
-	23, // 79: broker.v1.BrokerService.EncodeStream:input_type -> broker.v1.EncodeStreamRequest
-	27, // 80: broker.v1.BrokerService.Infer:input_type -> broker.v1.InferRequest
-	29, // 81: broker.v1.BrokerService.ListDevices:input_type -> broker.v1.ListDevicesRequest
-	31, // 82: broker.v1.BrokerService.GetDevice:input_type -> broker.v1.GetDeviceRequest
-	33, // 83: broker.v1.BrokerService.GetReport:input_type -> broker.v1.GetReportRequest
-	35, // 84: broker.v1.BrokerService.GetBatchPlan:input_type -> broker.v1.GetBatchPlanRequest
-	38, // 85: broker.v1.BrokerService.ListModels:input_type -> broker.v1.ListModelsRequest
-	40, // 86: broker.v1.BrokerService.LoadModel:input_type -> broker.v1.LoadModelRequest
-	42, // 87: broker.v1.BrokerService.UnloadModel:input_type -> broker.v1.UnloadModelRequest
-	47, // 88: broker.v1.BrokerService.GetStats:input_type -> broker.v1.GetStatsRequest
-	49, // 89: broker.v1.BrokerService.CordonDevice:input_type -> broker.v1.CordonDeviceRequest
-	51, // 90: broker.v1.BrokerService.UncordonDevice:input_type -> broker.v1.UncordonDeviceRequest
-	53, // 91: broker.v1.BrokerService.Drain:input_type -> broker.v1.DrainRequest
-	56, // 92: broker.v1.BrokerService.Generate:input_type -> broker.v1.GenerateRequest
-	59, // 93: broker.v1.BrokerService.Chat:input_type -> broker.v1.ChatRequest
-	22, // 94: broker.v1.BrokerService.Encode:output_type -> broker.v1.EncodeResponse
-	24, // 95: broker.v1.BrokerService.EncodeStream:output_type -> broker.v1.EncodeStreamResponse
-	28, // 96: broker.v1.BrokerService.Infer:output_type -> broker.v1.InferResponse
-	30, // 97: broker.v1.BrokerService.ListDevices:output_type -> broker.v1.ListDevicesResponse
-	32, // 98: broker.v1.BrokerService.GetDevice:output_type -> broker.v1.GetDeviceResponse
-	34, // 99: broker.v1.BrokerService.GetReport:output_type -> broker.v1.GetReportResponse
-	36, // 100: broker.v1.BrokerService.GetBatchPlan:output_type -> broker.v1.GetBatchPlanResponse
-	39, // 101: broker.v1.BrokerService.ListModels:output_type -> broker.v1.ListModelsResponse
-	41, // 102: broker.v1.BrokerService.LoadModel:output_type -> broker.v1.LoadModelResponse
-	43, // 103: broker.v1.BrokerService.UnloadModel:output_type -> broker.v1.UnloadModelResponse
-	48, // 104: broker.v1.BrokerService.GetStats:output_type -> broker.v1.GetStatsResponse
-	50, // 105: broker.v1.BrokerService.CordonDevice:output_type -> broker.v1.CordonDeviceResponse
-	52, // 106: broker.v1.BrokerService.UncordonDevice:output_type -> broker.v1.UncordonDeviceResponse
-	54, // 107: broker.v1.BrokerService.Drain:output_type -> broker.v1.DrainResponse
-	65, // 108: broker.v1.BrokerService.Generate:output_type -> broker.v1.GenerateResponse
-	66, // 109: broker.v1.BrokerService.Chat:output_type -> broker.v1.ChatResponse
-	94, // [94:110] is the sub-list for method output_type
-	78, // [78:94] is the sub-list for method input_type
-	78, // [78:78] is the sub-list for extension type_name
-	78, // [78:78] is the sub-list for extension extendee
-	0,  // [0:78] is the sub-list for field type_name
+	74, // 59: broker.v1.GenerateRequest.max_time:type_name -> google.protobuf.Duration
+	60, // 60: broker.v1.ChatMessage.tool_calls:type_name -> broker.v1.ToolCall
+	58, // 61: broker.v1.Conversation.messages:type_name -> broker.v1.ChatMessage
+	61, // 62: broker.v1.ChatRequest.conversations:type_name -> broker.v1.Conversation
+	56, // 63: broker.v1.ChatRequest.sampling:type_name -> broker.v1.SamplingParams
+	4,  // 64: broker.v1.ChatRequest.priority:type_name -> broker.v1.Priority
+	0,  // 65: broker.v1.ChatRequest.device_type:type_name -> broker.v1.DeviceType
+	74, // 66: broker.v1.ChatRequest.max_time:type_name -> google.protobuf.Duration
+	75, // 67: broker.v1.ChatRequest.chat_template_kwargs:type_name -> google.protobuf.Struct
+	59, // 68: broker.v1.ChatRequest.tools:type_name -> broker.v1.Tool
+	9,  // 69: broker.v1.ChatRequest.tool_choice:type_name -> broker.v1.ToolChoiceMode
+	63, // 70: broker.v1.LogprobEntry.chosen:type_name -> broker.v1.TokenLogprob
+	63, // 71: broker.v1.LogprobEntry.top:type_name -> broker.v1.TokenLogprob
+	64, // 72: broker.v1.GenerationDelta.logprobs:type_name -> broker.v1.LogprobEntry
+	60, // 73: broker.v1.GenerationDelta.tool_calls:type_name -> broker.v1.ToolCall
+	8,  // 74: broker.v1.GenerationResult.finish_reason:type_name -> broker.v1.FinishReason
+	66, // 75: broker.v1.GenerationResult.usage:type_name -> broker.v1.Usage
+	74, // 76: broker.v1.GenerationResult.time_to_first_token:type_name -> google.protobuf.Duration
+	21, // 77: broker.v1.GenerationResult.execution:type_name -> broker.v1.ExecutionInfo
+	65, // 78: broker.v1.GenerateResponse.deltas:type_name -> broker.v1.GenerationDelta
+	67, // 79: broker.v1.GenerateResponse.results:type_name -> broker.v1.GenerationResult
+	65, // 80: broker.v1.ChatResponse.deltas:type_name -> broker.v1.GenerationDelta
+	67, // 81: broker.v1.ChatResponse.results:type_name -> broker.v1.GenerationResult
+	22, // 82: broker.v1.BrokerService.Encode:input_type -> broker.v1.EncodeRequest
+	24, // 83: broker.v1.BrokerService.EncodeStream:input_type -> broker.v1.EncodeStreamRequest
+	28, // 84: broker.v1.BrokerService.Infer:input_type -> broker.v1.InferRequest
+	30, // 85: broker.v1.BrokerService.ListDevices:input_type -> broker.v1.ListDevicesRequest
+	32, // 86: broker.v1.BrokerService.GetDevice:input_type -> broker.v1.GetDeviceRequest
+	34, // 87: broker.v1.BrokerService.GetReport:input_type -> broker.v1.GetReportRequest
+	36, // 88: broker.v1.BrokerService.GetBatchPlan:input_type -> broker.v1.GetBatchPlanRequest
+	39, // 89: broker.v1.BrokerService.ListModels:input_type -> broker.v1.ListModelsRequest
+	41, // 90: broker.v1.BrokerService.LoadModel:input_type -> broker.v1.LoadModelRequest
+	43, // 91: broker.v1.BrokerService.UnloadModel:input_type -> broker.v1.UnloadModelRequest
+	48, // 92: broker.v1.BrokerService.GetStats:input_type -> broker.v1.GetStatsRequest
+	50, // 93: broker.v1.BrokerService.CordonDevice:input_type -> broker.v1.CordonDeviceRequest
+	52, // 94: broker.v1.BrokerService.UncordonDevice:input_type -> broker.v1.UncordonDeviceRequest
+	54, // 95: broker.v1.BrokerService.Drain:input_type -> broker.v1.DrainRequest
+	57, // 96: broker.v1.BrokerService.Generate:input_type -> broker.v1.GenerateRequest
+	62, // 97: broker.v1.BrokerService.Chat:input_type -> broker.v1.ChatRequest
+	23, // 98: broker.v1.BrokerService.Encode:output_type -> broker.v1.EncodeResponse
+	25, // 99: broker.v1.BrokerService.EncodeStream:output_type -> broker.v1.EncodeStreamResponse
+	29, // 100: broker.v1.BrokerService.Infer:output_type -> broker.v1.InferResponse
+	31, // 101: broker.v1.BrokerService.ListDevices:output_type -> broker.v1.ListDevicesResponse
+	33, // 102: broker.v1.BrokerService.GetDevice:output_type -> broker.v1.GetDeviceResponse
+	35, // 103: broker.v1.BrokerService.GetReport:output_type -> broker.v1.GetReportResponse
+	37, // 104: broker.v1.BrokerService.GetBatchPlan:output_type -> broker.v1.GetBatchPlanResponse
+	40, // 105: broker.v1.BrokerService.ListModels:output_type -> broker.v1.ListModelsResponse
+	42, // 106: broker.v1.BrokerService.LoadModel:output_type -> broker.v1.LoadModelResponse
+	44, // 107: broker.v1.BrokerService.UnloadModel:output_type -> broker.v1.UnloadModelResponse
+	49, // 108: broker.v1.BrokerService.GetStats:output_type -> broker.v1.GetStatsResponse
+	51, // 109: broker.v1.BrokerService.CordonDevice:output_type -> broker.v1.CordonDeviceResponse
+	53, // 110: broker.v1.BrokerService.UncordonDevice:output_type -> broker.v1.UncordonDeviceResponse
+	55, // 111: broker.v1.BrokerService.Drain:output_type -> broker.v1.DrainResponse
+	68, // 112: broker.v1.BrokerService.Generate:output_type -> broker.v1.GenerateResponse
+	69, // 113: broker.v1.BrokerService.Chat:output_type -> broker.v1.ChatResponse
+	98, // [98:114] is the sub-list for method output_type
+	82, // [82:98] is the sub-list for method input_type
+	82, // [82:82] is the sub-list for extension type_name
+	82, // [82:82] is the sub-list for extension extendee
+	0,  // [0:82] is the sub-list for field type_name
 }
 
 func init() { file_broker_v1_broker_proto_init() }
@@ -5947,14 +6255,14 @@ func file_broker_v1_broker_proto_init() {
 	}
 	file_broker_v1_broker_proto_msgTypes[46].OneofWrappers = []any{}
 	file_broker_v1_broker_proto_msgTypes[47].OneofWrappers = []any{}
-	file_broker_v1_broker_proto_msgTypes[50].OneofWrappers = []any{}
+	file_broker_v1_broker_proto_msgTypes[52].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_broker_v1_broker_proto_rawDesc), len(file_broker_v1_broker_proto_rawDesc)),
-			NumEnums:      9,
-			NumMessages:   61,
+			NumEnums:      10,
+			NumMessages:   63,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
