@@ -583,7 +583,12 @@ func checkpoint(here string, o options, s modelkit.LLM) (string, string, error) 
 		if err != nil {
 			return "", "", err
 		}
-		if _, err := modelkit.WriteGGUFQuantized(dir, gguf, ftype, lib.Quantize); err != nil {
+		// Written aside and renamed: a run killed while writing leaves no
+		// truncated file for the next run to find.
+		if _, err := modelkit.WriteGGUFQuantized(dir, gguf+".tmp", ftype, lib.Quantize); err != nil {
+			return "", "", err
+		}
+		if err := os.Rename(gguf+".tmp", gguf); err != nil {
 			return "", "", err
 		}
 	}
