@@ -302,3 +302,26 @@ func TestConcurrentMatchers(t *testing.T) {
 		}
 	}
 }
+
+// The same property on the full-size vocabulary, for a few seeds.
+func TestPropertyBigVocab(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the 151,936-token vocabulary")
+	}
+	v := getBigVocab(t)
+	for i, src := range []string{toolSchema20, toolSchema} {
+		g := mustCompile(t, v, KindJSONSchema, src)
+		val := compileValidator(t, src)
+		for seed := range 5 {
+			r := rand.New(rand.NewPCG(uint64(seed), 11))
+			out, _ := walk(t, g, r, 40, 3000)
+			inst, err := jsonschema.UnmarshalJSON(bytes.NewReader(out))
+			if err == nil {
+				err = val.Validate(inst)
+			}
+			if err != nil {
+				t.Fatalf("schema %d seed %d: %q: %v", i, seed, out, err)
+			}
+		}
+	}
+}
