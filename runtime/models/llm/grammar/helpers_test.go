@@ -2,6 +2,7 @@ package grammar
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"sync"
 	"testing"
@@ -51,51 +52,57 @@ func mustCompile(tb testing.TB, v *Vocab, kind Kind, src string) *Grammar {
 }
 
 // walk samples a sentence of g: uniformly among the allowed tokens, EOS
-// whenever allowed with probability pEOS, and after soft tokens, only
+// whenever allowed with probability 1/8, and after soft tokens, only
 // single-byte tokens that bring the end closest. It fails the test on a
 // dead end.
 func walk(tb testing.TB, g *Grammar, r *rand.Rand, soft, hard int) ([]byte, []int32) {
 	tb.Helper()
+	out, ids, err := walkE(g, r, soft, hard)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return out, ids
+}
+
+func walkE(g *Grammar, r *rand.Rand, soft, hard int) ([]byte, []int32, error) {
 	v := g.Vocab()
 	m, err := g.NewMatcher()
 	if err != nil {
-		tb.Fatal(err)
+		return nil, nil, err
 	}
 	mask := make([]uint64, v.MaskWords())
 	var out []byte
 	var ids []int32
 	for step := 0; ; step++ {
 		if step > hard {
-			tb.Fatalf("no end after %d tokens: %q", hard, out)
+			return nil, nil, fmt.Errorf("no end after %d tokens: %q", hard, out)
 		}
 		n, err := m.Mask(mask)
 		if err != nil {
-			tb.Fatal(err)
+			return nil, nil, err
 		}
 		if n == 0 {
-			tb.Fatalf("dead end after %q", out)
+			return nil, nil, fmt.Errorf("dead end after %q", out)
 		}
 		if m.CanEnd() && (step >= soft || r.IntN(8) == 0) {
 			if err := m.Accept(v.eos[0]); err != nil {
-				tb.Fatal(err)
+				return nil, nil, err
 			}
-			return out, ids
+			return out, ids, nil
 		}
 		var id int32
 		if step >= soft {
-			id = closer(tb, m, mask, r)
-		} else {
-			k := r.IntN(n)
-			id = nthSet(mask, k)
-		}
-		if v.isEOSID(id) {
-			if err := m.Accept(id); err != nil {
-				tb.Fatal(err)
+			if id, err = closer(m, mask, r); err != nil {
+				return nil, nil, err
 			}
-			return out, ids
+		} else {
+			id = nthSet(mask, r.IntN(n))
 		}
 		if err := m.Accept(id); err != nil {
-			tb.Fatalf("accept of allowed token %d %q after %q: %v", id, v.tokens[id], out, err)
+			return nil, nil, fmt.Errorf("accept of allowed token %d %q after %q: %v", id, v.tokens[id], out, err)
+		}
+		if v.isEOSID(id) {
+			return out, ids, nil
 		}
 		out = append(out, v.tokens[id]...)
 		ids = append(ids, id)
@@ -104,7 +111,7 @@ func walk(tb testing.TB, g *Grammar, r *rand.Rand, soft, hard int) ([]byte, []in
 
 // closer picks, among allowed single-byte tokens, one that leaves the
 // fewest bytes to the end (ties broken at random).
-func closer(tb testing.TB, m *Matcher, mask []uint64, r *rand.Rand) int32 {
+func closer(m *Matcher, mask []uint64, r *rand.Rand) (int32, error) {
 	v := m.g.vocab
 	best, bestID, ties := -1, int32(-1), 0
 	for id := int32(0); id < int32(len(v.tokens)); id++ {
@@ -112,7 +119,7 @@ func closer(tb testing.TB, m *Matcher, mask []uint64, r *rand.Rand) int32 {
 			continue
 		}
 		if err := m.Accept(id); err != nil {
-			tb.Fatal(err)
+			return 0, err
 		}
 		d := m.remaining()
 		_ = m.Rollback(1)
@@ -128,9 +135,9 @@ func closer(tb testing.TB, m *Matcher, mask []uint64, r *rand.Rand) int32 {
 	}
 	if bestID < 0 {
 		// no single byte allowed: any allowed token
-		return nthSet(mask, 0)
+		return nthSet(mask, 0), nil
 	}
-	return bestID
+	return bestID, nil
 }
 
 func nthSet(mask []uint64, k int) int32 {

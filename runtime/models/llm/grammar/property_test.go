@@ -283,7 +283,11 @@ func TestConcurrentMatchers(t *testing.T) {
 		go func() {
 			for seed := range 5 {
 				r := rand.New(rand.NewPCG(uint64(seed), uint64(w)))
-				out, _ := walk(t, g, r, 30, 3000)
+				out, _, err := walkE(g, r, 30, 3000)
+				if err != nil {
+					errs <- err
+					return
+				}
 				inst, err := jsonschema.UnmarshalJSON(bytes.NewReader(out))
 				if err == nil {
 					err = val.Validate(inst)
