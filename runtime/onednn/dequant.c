@@ -256,3 +256,46 @@ int bd_dequant_row(int type, const void *src, int64_t src_bytes, float *dst, int
     }
     return BD_DEQUANT_OK;
 }
+
+void bd_f32_to_bf16(const float *src, uint16_t *dst, int64_t n); // dnnl_ops.c
+
+static void dequant_isa(int isa, BD_DEQUANT_ARGS) {
+    switch (isa) {
+    case BD_ISA_AVX512: dequant_avx512(type, s, y, n); break;
+    case BD_ISA_AVX2: dequant_avx2(type, s, y, n); break;
+    default: dequant_base(type, s, y, n); break;
+    }
+}
+
+int bd_dequant_rows(int type, const void *w, int64_t rows, int64_t k, void *out, int out_bf16, int nthreads) {
+    const bd_block *b = NULL;
+    for (size_t i = 0; i < sizeof blocks / sizeof blocks[0]; i++)
+        if (blocks[i].type == type) b = &blocks[i];
+    if (!b) return BD_DEQUANT_UNSUPPORTED;
+    if (rows < 0 || k < 0 || k % b->elems != 0 || k / b->elems > INT64_MAX / b->bytes ||
+            (rows > 0 && k > INT64_MAX / rows) || nthreads < 1)
+        return BD_DEQUANT_LENGTH;
+    const int64_t row_bytes = k / b->elems * b->bytes;
+    if (rows > 0 && row_bytes > INT64_MAX / rows) return BD_DEQUANT_LENGTH;
+    if (rows == 0 || k == 0) return BD_DEQUANT_OK;
+    const int isa = bd_dequant_isa();
+    // Chunks of 256 elements (whole blocks of every type) keep a bf16
+    // row's f32 staging on the stack.
+    const int64_t chunk = 256;
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (rows * k >= (1 << 16))
+    for (int64_t r = 0; r < rows; r++) {
+        const uint8_t *src = (const uint8_t *)w + r * row_bytes;
+        if (!out_bf16) {
+            dequant_isa(isa, type, src, (float *)out + r * k, k);
+            continue;
+        }
+        float buf[256];
+        uint16_t *dst = (uint16_t *)out + r * k;
+        for (int64_t c = 0; c < k; c += chunk) {
+            const int64_t n = k - c < chunk ? k - c : chunk;
+            dequant_isa(isa, type, src + c / b->elems * b->bytes, buf, n);
+            bd_f32_to_bf16(buf, dst + c, n);
+        }
+    }
+    return BD_DEQUANT_OK;
+}

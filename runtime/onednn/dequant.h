@@ -31,4 +31,12 @@ int bd_dequant_row(int type, const void *src, int64_t src_bytes, float *dst,
 // bd_dequant_isa is the variant BD_ISA_AUTO runs on this CPU.
 int bd_dequant_isa(void);
 
+// bd_dequant_rows dequantizes rows rows of k elements of type, stored back
+// to back from w (whole blocks), into out, row-major: f32, or bf16 rounded
+// to nearest even when out_bf16. nthreads OpenMP threads share the rows;
+// the widest variant this CPU has runs. Returns BD_DEQUANT_OK,
+// BD_DEQUANT_UNSUPPORTED, or BD_DEQUANT_LENGTH for sizes that are not
+// whole blocks or overflow, before touching memory.
+int bd_dequant_rows(int type, const void *w, int64_t rows, int64_t k, void *out, int out_bf16, int nthreads);
+
 #endif

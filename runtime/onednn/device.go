@@ -51,7 +51,13 @@ type Device struct {
 	// (qmatmul.go). Worker thread only.
 	qwork      unsafe.Pointer
 	qworkBytes int64
-	prims      *lru[primKey, *C.bd_prim]
+	// Prefill products of quantized weights (qmatmul.go): from
+	// qPrefillRows rows on, W is dequantized by slices into qdeq (and x
+	// converted into qx) for oneDNN; qy holds a slice's output.
+	qPrefillRows int
+	qSliceBytes  int64 // the most bytes of W one slice dequantizes
+	qdeq, qx, qy scratchBuf
+	prims        *lru[primKey, *C.bd_prim]
 	// Checked plans by graph address (runtime.Device.Run: a graph does not
 	// change once run); the key keeps the graph alive, so an address is
 	// never reused while cached.
@@ -115,7 +121,7 @@ func openDevice(spec runtime.DeviceSpec, cacheSize int, m *primMetrics) (*Device
 		idle:    map[int64][]unsafe.Pointer{},
 		live:    map[*buffer]struct{}{},
 
-		unpackable: map[primKey]bool{},
+		unpackable: map[primKey]bool{}, qPrefillRows: defaultQPrefillRows, qSliceBytes: defaultQSliceBytes,
 	}
 	// Eviction runs on the worker (the cache is only used there), so an
 	// evicted primitive is never one being executed.
@@ -196,6 +202,9 @@ func (d *Device) release() {
 		C.bd_free(d.qwork)
 		d.qwork, d.qworkBytes = nil, 0
 	}
+	d.qdeq.free()
+	d.qx.free()
+	d.qy.free()
 	C.bd_device_close(d.c)
 	d.c = nil
 	close(d.done)

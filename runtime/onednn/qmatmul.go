@@ -28,6 +28,9 @@ func (d *Device) qmatmul(s *runtime.Step, x, w, bias, y unsafe.Pointer) error {
 	if !ok {
 		return fmt.Errorf("%w: %s: weights of %s", runtime.ErrUnsupported, s, wt.DType)
 	}
+	if m >= d.qPrefillRows && d.qPrefillRows > 0 {
+		return d.qmatmulDequant(s, q, x, w, bias, y)
+	}
 	work, err := d.qgemmScratch(q, int64(k), int64(m))
 	if err != nil {
 		return fmt.Errorf("%s: %w", s, err)
@@ -48,6 +51,122 @@ func (d *Device) qmatmul(s *runtime.Step, x, w, bias, y unsafe.Pointer) error {
 		}
 	}
 	return nil
+}
+
+// Prefill: a product of many rows is compute-bound, and oneDNN's bf16
+// kernels (AMX, AVX512-BF16) run several times qgemm's int8 rate (bench/
+// RESULTS.md: 650-1070 GFLOP/s against 100-200 on an AMX Xeon). So from
+// defaultQPrefillRows rows on, the weights are dequantized a slice of rows
+// at a time into scratch (bf16 where the CPU has it, else f32) and
+// multiplied there; the scratch is bounded, never a dequantized model.
+// BenchmarkQmatmulPaths put the crossing at 16-32 rows for Q8_0 and 64-128
+// for Q4_K on an AMX Xeon (2 cores, shared): 64 sits between.
+const (
+	defaultQPrefillRows = 64
+	defaultQSliceBytes  = 32 << 20 // one slice of dequantized weights
+)
+
+// qmatmulDequant is qmatmul by dequantized slices of W through oneDNN.
+func (d *Device) qmatmulDequant(s *runtime.Step, q quant.Type, x, w, bias, y unsafe.Pointer) error {
+	a, wt := s.In[0], s.In[1]
+	k := a.Last()
+	m, n := a.NumElements()/k, s.Out.Last()
+	ct := runtime.F32
+	if d.bf16Err == nil {
+		ct = runtime.BF16
+	}
+	es := int64(ct.Size())
+	rowBytes := wt.DType.Bytes(int64(k))
+	slice := int(max(1, min(int64(n), d.qSliceBytes/(int64(k)*es))))
+	if slice < n {
+		slice = max(16, slice/16*16) // whole 16-row groups, for the kernels' tiles
+	}
+	xin := x
+	if ct == runtime.BF16 {
+		xb, err := d.scratch(&d.qx, int64(m*k)*2)
+		if err != nil {
+			return fmt.Errorf("%s: %w", s, err)
+		}
+		C.bd_f32_to_bf16((*C.float)(x), (*C.uint16_t)(xb), C.int64_t(m*k))
+		xin = xb
+	}
+	wd, err := d.scratch(&d.qdeq, int64(min(slice, n))*int64(k)*es)
+	if err != nil {
+		return fmt.Errorf("%s: %w", s, err)
+	}
+	var tmp unsafe.Pointer
+	if slice < n {
+		if tmp, err = d.scratch(&d.qy, int64(m*slice)*4); err != nil {
+			return fmt.Errorf("%s: %w", s, err)
+		}
+	}
+	for c0 := 0; c0 < n; c0 += slice {
+		rows := min(slice, n-c0)
+		rc := C.bd_dequant_rows(C.int(q), unsafe.Add(w, int64(c0)*rowBytes), C.int64_t(rows), C.int64_t(k), wd,
+			cbool(ct == runtime.BF16), C.int(d.threads))
+		if rc != C.BD_DEQUANT_OK {
+			return fmt.Errorf("%s: dequantize rows %d..%d: status %d", s, c0, c0+rows, int(rc))
+		}
+		key := primKey{kind: runtime.OpMatMul, dt: ct, outDT: runtime.F32, m: m, k: k, n: rows, transB: true, bias: bias != nil}
+		p, err := d.primitive(s, key, func(o **C.bd_prim, wh **C.char) C.dnnl_status_t {
+			return C.bd_matmul_create(d.c, 0, C.int64_t(key.m), C.int64_t(key.k), C.int64_t(key.n),
+				1, dnnlType(key.dt), C.dnnl_f32, cbool(key.bias), C.dnnl_alg_kind_undef, 1, 0, 0, o, wh)
+		})
+		if err != nil {
+			return err
+		}
+		out := y
+		if tmp != nil {
+			out = tmp
+		}
+		if bias != nil {
+			err = d.exec(s, p, xin, wd, unsafe.Add(bias, c0*4), out)
+		} else {
+			err = d.exec(s, p, xin, wd, out)
+		}
+		if err != nil {
+			return err
+		}
+		if tmp != nil {
+			// The slice's columns into y's rows.
+			ys := unsafe.Slice((*float32)(y), m*n)
+			ts := unsafe.Slice((*float32)(tmp), m*rows)
+			for i := range m {
+				copy(ys[i*n+c0:i*n+c0+rows], ts[i*rows:(i+1)*rows])
+			}
+		}
+	}
+	return nil
+}
+
+// scratch returns *slot grown to hold bytes (C memory reused by every
+// product on the worker thread; freed with the device).
+func (d *Device) scratch(slot *scratchBuf, bytes int64) (unsafe.Pointer, error) {
+	if bytes > slot.bytes {
+		if slot.ptr != nil {
+			C.bd_free(slot.ptr)
+			*slot = scratchBuf{}
+		}
+		p := C.bd_alloc(C.size_t(bytes))
+		if p == nil {
+			return nil, fmt.Errorf("%w: the host has no %d bytes free for dequantized weights", runtime.ErrOutOfMemory, bytes)
+		}
+		*slot = scratchBuf{ptr: p, bytes: bytes}
+	}
+	return slot.ptr, nil
+}
+
+// scratchBuf is C memory one kind of product reuses.
+type scratchBuf struct {
+	ptr   unsafe.Pointer
+	bytes int64
+}
+
+func (b *scratchBuf) free() {
+	if b.ptr != nil {
+		C.bd_free(b.ptr)
+		*b = scratchBuf{}
+	}
 }
 
 // qgemmScratch returns the device's scratch for qgemm's quantized

@@ -1,6 +1,8 @@
 package onednn
 
 import (
+	"fmt"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -12,8 +14,10 @@ import (
 
 // TestQuantizedWeightsThroughRun: a matmul whose weights are stored
 // block-quantized (CopyInRaw, in two pieces) runs qgemm.c on them through
-// Device.Run, bit-identical to the kernel called directly (which
-// TestQgemmMatchesFloat64 holds to float64) plus the bias; a gather from a
+// Device.Run for few rows, bit-identical to the kernel called directly
+// (which TestQgemmMatchesFloat64 holds to float64) plus the bias, and from
+// qPrefillRows rows on dequantizes slices of W for oneDNN (one slice or
+// several), within bf16's rounding of the float64 product; a gather from a
 // quantized table gives quant.Dequantize's rows; CopyOut dequantizes; the
 // buffer holds the stored bytes, not floats.
 func TestQuantizedWeightsThroughRun(t *testing.T) {
@@ -49,7 +53,20 @@ func TestQuantizedWeightsThroughRun(t *testing.T) {
 				bias[i] = float32(rng.NormFloat64())
 			}
 			bb := upload(t, dev, runtime.F32, bias, n)
-			for _, m := range []int{1, 5, 33} {
+			wf := make([]float32, n*k)
+			if err := quant.Dequantize(q, w, wf); err != nil {
+				t.Fatal(err)
+			}
+			d := dev.(*Device)
+			for _, c := range []struct {
+				m, prefillRows int
+				sliceRows      int // 0: the default slices
+			}{{1, defaultQPrefillRows, 0}, {5, defaultQPrefillRows, 0}, {33, defaultQPrefillRows, 0}, {5, 1, 16}, {40, 1, 7}} {
+				m := c.m
+				d.qPrefillRows, d.qSliceBytes = c.prefillRows, defaultQSliceBytes
+				if c.sliceRows > 0 {
+					d.qSliceBytes = int64(c.sliceRows * k * 4)
+				}
 				x := randActs(rng, m, k)
 				xb := upload(t, dev, runtime.F32, x, m, k)
 				yb, err := dev.Alloc(runtime.F32, m, n)
@@ -64,19 +81,45 @@ func TestQuantizedWeightsThroughRun(t *testing.T) {
 				if err := dev.CopyOut(t.Context(), got, yb); err != nil {
 					t.Fatal(err)
 				}
-				want := make([]float32, m*n)
-				if err := qgemm(q, w, n, k, x, m, want, n, isaAuto, dev.(*Device).threads); err != nil {
-					t.Fatal(err)
-				}
-				for i := range want {
-					want[i] += bias[i%n]
-				}
-				if !slices.Equal(got, want) {
-					t.Errorf("m=%d: Run differs from bd_qgemm plus bias", m)
+				if m < c.prefillRows {
+					// qgemm.c itself, whose error TestQgemmMatchesFloat64 bounds.
+					want := make([]float32, m*n)
+					if err := qgemm(q, w, n, k, x, m, want, n, isaAuto, d.threads); err != nil {
+						t.Fatal(err)
+					}
+					for i := range want {
+						want[i] += bias[i%n]
+					}
+					if !slices.Equal(got, want) {
+						t.Errorf("m=%d: Run differs from bd_qgemm plus bias", m)
+					}
+				} else {
+					// Dequantized slices through oneDNN: the float64
+					// product within bf16's rounding of both operands
+					// (2^-8 each) or f32's over k terms.
+					unit := 0x1p-7
+					if d.bf16Err != nil {
+						unit = float64(k) * 0x1p-23
+					}
+					for i := range m {
+						for j := range n {
+							var ref, mag float64
+							for l := range k {
+								p := float64(wf[j*k+l]) * float64(x[i*k+l])
+								ref += p
+								mag += math.Abs(p)
+							}
+							ref += float64(bias[j])
+							if diff := math.Abs(float64(got[i*n+j]) - ref); diff > unit*mag+1e-6 {
+								t.Fatalf("m=%d slices of %d rows: y[%d][%d] = %g, float64 %g (off %g, bound %g)", m, c.sliceRows, i, j, got[i*n+j], ref, diff, unit*mag)
+							}
+						}
+					}
 				}
 				dev.Free(xb)
 				dev.Free(yb)
 			}
+			d.qPrefillRows, d.qSliceBytes = defaultQPrefillRows, defaultQSliceBytes
 			dev.Free(bb)
 
 			// Gather rows 3, 0 and n-1 of the table.
@@ -191,5 +234,55 @@ func TestQuantizedRefusals(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), "q8_0") {
 			t.Errorf("%s: err = %v, want a refusal naming q8_0", name, err)
 		}
+	}
+}
+
+// BenchmarkQmatmulPaths times a quantized matmul through Run both ways,
+// qgemm.c ("qgemm") and dequantized slices through oneDNN ("dequant"), for
+// the row counts where defaultQPrefillRows switches between them.
+func BenchmarkQmatmulPaths(b *testing.B) {
+	dev := openTest(b, runtime.DeviceSpec{ID: "cpu:0"})
+	rng := rand.New(rand.NewPCG(1, 2))
+	for _, c := range []struct {
+		dt   runtime.DType
+		k, n int
+	}{{runtime.Q8_0, 896, 4864}, {runtime.Q4_K, 1024, 2816}} {
+		q, _ := c.dt.GGML()
+		w := randQuantWeights(rng, q, c.n, c.k)
+		wb, err := dev.Alloc(c.dt, c.n, c.k)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := dev.CopyInRaw(b.Context(), wb, 0, w); err != nil {
+			b.Fatal(err)
+		}
+		for _, m := range []int{8, 16, 32, 64, 512} {
+			x := randActs(rng, m, c.k)
+			xb, _ := dev.Alloc(runtime.F32, m, c.k)
+			if err := dev.CopyIn(b.Context(), xb, x); err != nil {
+				b.Fatal(err)
+			}
+			yb, _ := dev.Alloc(runtime.F32, m, c.n)
+			g := &runtime.Graph{Ops: []runtime.Op{{Kind: runtime.OpMatMul, In: []string{"x", "w"}, Out: "y", TransB: true}}}
+			for _, path := range []string{"qgemm", "dequant"} {
+				b.Run(fmt.Sprintf("%v/%dx%d/m=%d/%s", c.dt, c.k, c.n, m, path), func(b *testing.B) {
+					dev.qPrefillRows = 1 << 30
+					if path == "dequant" {
+						dev.qPrefillRows = 1
+					}
+					defer func() { dev.qPrefillRows = defaultQPrefillRows }()
+					bind := map[string]runtime.Buffer{"x": xb, "w": wb, "y": yb}
+					for b.Loop() {
+						if err := dev.Run(b.Context(), g, bind); err != nil {
+							b.Fatal(err)
+						}
+					}
+					b.ReportMetric(2*float64(m*c.k*c.n)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
+				})
+			}
+			dev.Free(xb)
+			dev.Free(yb)
+		}
+		dev.Free(wb)
 	}
 }
