@@ -6,7 +6,7 @@
 //
 //	m, err := llm.NewModel(configJSON, weights, llm.ModelOptions{Name, Version, Tokenizer, Chat, GenerationConfig, BaseBatch, MaxContext})
 //	m.Encode(text, addSpecial) ([]int32, error)
-//	m.RenderChat(ctx, []llm.Message{{Role, Content, Reasoning}}, llm.ChatOptions{AddGenerationPrompt, Vars}) (string, error)
+//	m.RenderChat(ctx, []llm.Message{{Role, Content, Reasoning, ToolCalls, ToolCallID}}, llm.ChatOptions{AddGenerationPrompt, Vars, Tools}) (string, error)
 //	m.NewSequence(llm.Sampling{...}, prompt) (*llm.Sequence, error) // validates; the step's State
 //	m.ContextLength(), m.DefaultSampling(), m.DefaultMaxTokens(), m.EOS(), m.Info() // Kind "llm"
 //	m.WeightBytes(dt), m.CacheBlockBytes(blockSize), m.StepBytes(dt, maxStepTokens, maxSeqs) // placement

@@ -14,11 +14,21 @@ import (
 // KindLLM is the model kind of decoder LLMs in the repository.
 const KindLLM models.Kind = "llm"
 
-// Message is one turn of a conversation: system, user or assistant; an
-// assistant turn may carry its thinking (Reasoning), which thinking
-// models' templates show for the turns after the last user message.
+// Message is one turn of a conversation: system, user, assistant or tool;
+// an assistant turn may carry its thinking (Reasoning), which thinking
+// models' templates show for the turns after the last user message, and
+// its calls of tools (ToolCalls); a tool turn carries a call's result in
+// Content and the call's id in ToolCallID.
 type Message struct {
 	Role, Content, Reasoning string
+	ToolCalls                []ToolCall
+	ToolCallID               string
+}
+
+// ToolCall is an assistant turn's call of a function: its arguments are a
+// JSON object's text (a template sees them as a mapping).
+type ToolCall struct {
+	ID, Name, Arguments string
 }
 
 // ChatOptions are a render's inputs besides the messages.
@@ -29,6 +39,10 @@ type ChatOptions struct {
 	// chat_template_kwargs); the caller keeps them off the template's own
 	// inputs (messages, add_generation_prompt, bos_token, eos_token, tools).
 	Vars map[string]any
+	// Tools are the functions the model may call, each a JSON object as
+	// OpenAI's API has it ({"type": "function", "function": {"name",
+	// "description", "parameters"}}), the template's tools (nil: none).
+	Tools []json.RawMessage
 }
 
 // Tokenizer is what a model needs of its tokenizer: prompts to ids (with

@@ -1,9 +1,12 @@
 package bpe
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"time"
 
 	"github.com/brokerd/brokerd/runtime/models/tokenizer/internal/jinja"
@@ -24,11 +27,24 @@ var ErrTemplateLimit = errors.New("chat template over its limits")
 
 // Message is one turn of a conversation.
 type Message struct {
-	Role    string // system, user, assistant
+	Role    string // system, user, assistant, tool
 	Content string
 	// ReasoningContent is an assistant turn's thinking, the template's
 	// message.reasoning_content (Qwen3's); "" leaves it undefined.
 	ReasoningContent string
+	// ToolCalls are an assistant turn's calls, the template's
+	// message.tool_calls as Hugging Face templates read them:
+	// [{"id", "type": "function", "function": {"name", "arguments"}}]
+	// with arguments a mapping; none leaves it undefined.
+	ToolCalls []ToolCall
+	// ToolCallID is a tool turn's message.tool_call_id ("": undefined).
+	ToolCallID string
+}
+
+// ToolCall is a call of a function; Arguments is a JSON object's text.
+type ToolCall struct {
+	ID, Name  string
+	Arguments json.RawMessage
 }
 
 // ChatOptions are the template's inputs besides the messages.
@@ -39,6 +55,11 @@ type ChatOptions struct {
 	// Vars are extra template variables, e.g. enable_thinking (Qwen3) or
 	// date_string (Llama 3.2); they override the defaults.
 	Vars map[string]any
+	// Tools are the template's tools, each a JSON object ({"type":
+	// "function", "function": {...}}); their keys keep their order, as
+	// Python's dicts do (tojson writes them as given). None: tools is
+	// None, as transformers passes it.
+	Tools []json.RawMessage
 	// Limits bound the render; zero fields take DefaultTemplateLimits'.
 	Limits TemplateLimits
 }
@@ -115,9 +136,9 @@ func (t *Tokenizer) HasChatTemplate() bool { return t.chat != nil }
 
 // ApplyChatTemplate renders the conversation with the model's chat_template
 // (from tokenizer_config.json), as transformers' apply_chat_template does:
-// the template sees messages, add_generation_prompt, bos_token and
-// eos_token; tools are absent. raise_exception and strftime_now come from
-// the Jinja library. The result holds the special tokens as text, so encode
+// the template sees messages, add_generation_prompt, bos_token,
+// eos_token and tools. raise_exception and strftime_now come from the
+// Jinja library. The result holds the special tokens as text, so encode
 // it with Encode(prompt, false).
 //
 // The render runs under opts.Limits and stops when ctx ends (the error
@@ -126,19 +147,32 @@ func (t *Tokenizer) ApplyChatTemplate(ctx context.Context, messages []Message, o
 	if t.chat == nil {
 		return "", ErrNoTemplate
 	}
-	msgs := make([]any, len(messages))
+	msgs := make([]jinja.Value, len(messages))
 	for i, m := range messages {
-		msg := map[string]any{"role": m.Role, "content": m.Content}
-		if m.ReasoningContent != "" {
-			msg["reasoning_content"] = m.ReasoningContent
+		v, err := messageValue(m)
+		if err != nil {
+			return "", fmt.Errorf("%w: messages[%d]: %w", ErrTemplate, i, err)
 		}
-		msgs[i] = msg
+		msgs[i] = v
+	}
+	var tools any // None
+	if len(opts.Tools) > 0 {
+		list := make([]jinja.Value, len(opts.Tools))
+		for i, raw := range opts.Tools {
+			v, err := jsonValue(raw)
+			if err != nil || !v.IsDict() {
+				return "", fmt.Errorf("%w: tools[%d] is not a JSON object", ErrTemplate, i)
+			}
+			list[i] = v
+		}
+		tools = list
 	}
 	data := map[string]any{
 		"messages":              msgs,
 		"add_generation_prompt": opts.AddGenerationPrompt,
 		"bos_token":             t.bosToken,
 		"eos_token":             t.eosToken,
+		"tools":                 tools,
 	}
 	for k, v := range opts.Vars {
 		data[k] = v
@@ -162,6 +196,105 @@ func (t *Tokenizer) ApplyChatTemplate(ctx context.Context, messages []Message, o
 		return "", fmt.Errorf("%w: %w: %w", ErrTemplate, ErrTemplateLimit, err)
 	}
 	return "", fmt.Errorf("%w: %w", ErrTemplate, err)
+}
+
+// messageValue is a message as the template sees it: a dict in the order
+// transformers' messages have (role, content, then what the turn carries).
+func messageValue(m Message) (jinja.Value, error) {
+	msg := jinja.NewDict()
+	d := msg.AsDict()
+	d.Set("role", jinja.NewString(m.Role))
+	d.Set("content", jinja.NewString(m.Content))
+	if m.ReasoningContent != "" {
+		d.Set("reasoning_content", jinja.NewString(m.ReasoningContent))
+	}
+	if len(m.ToolCalls) > 0 {
+		calls := make([]jinja.Value, len(m.ToolCalls))
+		for i, c := range m.ToolCalls {
+			args, err := jsonValue(c.Arguments)
+			if err != nil || !args.IsDict() {
+				return jinja.Value{}, fmt.Errorf("tool_calls[%d].function.arguments is not a JSON object", i)
+			}
+			fn := jinja.NewDict()
+			fn.AsDict().Set("name", jinja.NewString(c.Name))
+			fn.AsDict().Set("arguments", args)
+			call := jinja.NewDict()
+			if c.ID != "" {
+				call.AsDict().Set("id", jinja.NewString(c.ID))
+			}
+			call.AsDict().Set("type", jinja.NewString("function"))
+			call.AsDict().Set("function", fn)
+			calls[i] = call
+		}
+		d.Set("tool_calls", jinja.NewList(calls))
+	}
+	if m.ToolCallID != "" {
+		d.Set("tool_call_id", jinja.NewString(m.ToolCallID))
+	}
+	return msg, nil
+}
+
+// jsonValue decodes JSON text into a template value whose objects keep
+// their keys' order (jinja.FromGoValue sorts a Go map's).
+func jsonValue(raw []byte) (jinja.Value, error) {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.UseNumber()
+	v, err := decodeValue(dec, 0)
+	if err != nil {
+		return jinja.Value{}, err
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return jinja.Value{}, errors.New("more than one JSON value")
+	}
+	return v, nil
+}
+
+// maxJSONDepth bounds the nesting jsonValue decodes (a schema's).
+const maxJSONDepth = 64
+
+func decodeValue(dec *json.Decoder, depth int) (jinja.Value, error) {
+	if depth > maxJSONDepth {
+		return jinja.Value{}, fmt.Errorf("JSON nested over %d levels", maxJSONDepth)
+	}
+	tok, err := dec.Token()
+	if err != nil {
+		return jinja.Value{}, err
+	}
+	switch t := tok.(type) {
+	case json.Delim:
+		switch t {
+		case '{':
+			v := jinja.NewDict()
+			for dec.More() {
+				k, err := dec.Token()
+				if err != nil {
+					return jinja.Value{}, err
+				}
+				e, err := decodeValue(dec, depth+1)
+				if err != nil {
+					return jinja.Value{}, err
+				}
+				v.AsDict().Set(k.(string), e)
+			}
+			_, err := dec.Token() // }
+			return v, err
+		case '[':
+			var items []jinja.Value
+			for dec.More() {
+				e, err := decodeValue(dec, depth+1)
+				if err != nil {
+					return jinja.Value{}, err
+				}
+				items = append(items, e)
+			}
+			_, err := dec.Token() // ]
+			return jinja.NewList(items), err
+		}
+		return jinja.Value{}, fmt.Errorf("unexpected %v", t)
+	}
+	// Strings, json.Number (an integer stays one, as Python's json keeps
+	// it), booleans and null.
+	return jinja.FromGoValue(tok), nil
 }
 
 // trialConversation is what CheckChatTemplate renders: a system prompt, a
