@@ -14,7 +14,8 @@
 # The random checkpoints are written on the GPU host by mkbert and mkllm
 # (the 0.5B-shaped LLM is 1.3 GB: smaller to make than to carry).
 #
-#   bench/gpu_bundle.sh [OUT_DIR]   (default .gpu; env GPU_BUNDLE_COMPRESS=xz|gz, default xz)
+#   bench/gpu_bundle.sh [OUT_DIR]   (default .gpu; env GPU_BUNDLE_COMPRESS=xz|gz, default xz;
+#                                    GPU_BUNDLE_MINIMAL=1: only what GPU_CHECK_CPU=1 runs, for the test)
 #
 # Writes OUT_DIR/bundle.tar.xz (or .tar.gz) and prints its size and the
 # working tree's: the device tool carries both, 64 MiB at most.
@@ -31,10 +32,16 @@ mkdir -p "$stage/libexec" "$stage/bin" "$stage/lib" "$out"
 
 cd "$root"
 echo "== building (stripped) into $stage"
-$GO build -trimpath -ldflags "-s -w -X main.version=$version" -o "$stage/libexec/" \
-  ./cmd/brokerd ./cmd/brokerctl ./bench/mkbert ./bench/mkllm ./bench/gpucheck
-$GO test -c -trimpath -ldflags '-s -w' -o "$stage/libexec/pjrt.test" ./runtime/pjrt
-$GO test -c -trimpath -ldflags '-s -w' -o "$stage/libexec/repo.test" ./runtime/models/repo
+# (No -trimpath: the compile cache is then the one make build and the tests fill.)
+if [ "${GPU_BUNDLE_MINIMAL:-0}" = 1 ]; then
+  $GO build -ldflags "-s -w -X main.version=$version" -o "$stage/libexec/" \
+    ./cmd/brokerd ./cmd/brokerctl ./bench/mkllm ./bench/gpucheck
+else
+  $GO build -ldflags "-s -w -X main.version=$version" -o "$stage/libexec/" \
+    ./cmd/brokerd ./cmd/brokerctl ./bench/mkbert ./bench/mkllm ./bench/gpucheck
+  $GO test -c -ldflags '-s -w' -o "$stage/libexec/pjrt.test" ./runtime/pjrt
+  $GO test -c -ldflags '-s -w' -o "$stage/libexec/repo.test" ./runtime/models/repo
+fi
 
 echo "== shared libraries a stock CUDA image lacks"
 # Copy by soname, following links; everything else ldd names is the host's.
@@ -75,7 +82,8 @@ case "$compress" in
   *) echo "GPU_BUNDLE_COMPRESS=$compress: want xz or gz" >&2; exit 2 ;;
 esac
 bundle=$(stat -c %s "$file")
-tree=$(git -C "$root" ls-files -z --cached --others --exclude-standard | (cd "$root" && xargs -0 stat -c %s 2>/dev/null) | awk '{s += $1} END {print s + 0}')
+tree=$( (git -C "$root" ls-files -z --cached --others --exclude-standard 2>/dev/null || true) |
+  (cd "$root" || exit 0; xargs -0 -r stat -c %s 2>/dev/null || true) | awk '{s += $1} END {print s + 0}')
 mib() { awk -v b="$1" 'BEGIN {printf "%.1f MiB", b / 1048576}'; }
 echo "bundle: $file $(mib "$bundle"); working tree (tracked and untracked, not ignored): $(mib "$tree"); together $(mib $((bundle + tree))) of the 64 MiB the device tool carries"
 if [ $((bundle + tree)) -gt $((60 << 20)) ]; then

@@ -54,7 +54,8 @@ start_brokerd() {
   shift
   SOCK=$GC_WORK/$name.sock
   BMETRICS=127.0.0.1:$((19400 + RANDOM % 500))
-  local dev=(--prefer gpu --pjrt-plugin "cuda=$GC_PLUGIN")
+  local dev=(--prefer gpu)
+  [ -n "$GC_PLUGIN" ] && dev+=(--pjrt-plugin "cuda=$GC_PLUGIN")
   [ "$GC_CPU" = 1 ] && dev=(--prefer cpu)
   echo "+ brokerd --socket $SOCK --state-dir $GC_WORK/$name-state --metrics-listen $BMETRICS ${dev[*]} $*" >&2
   "$GC_BIN/brokerd" --socket "$SOCK" --state-dir "$GC_WORK/$name-state" --metrics-listen "$BMETRICS" \
@@ -76,12 +77,16 @@ start_brokerd() {
   return 1
 }
 
+# brokerd_said is the last lines of the step's brokerd log, on one line.
+brokerd_said() { tail -n 3 "$GC_LOGS/$BNAME-brokerd.log" 2>/dev/null | tr '\n' ' ' | head -c 600; }
+
 # stop_brokerd saves brokerd's devices, models and metrics, then stops it.
 stop_brokerd() {
   [ -n "${BPID:-}" ] || return 0
   "$GC_BIN/brokerctl" --socket "$SOCK" devices --json >"$GC_LOGS/$BNAME-devices.json" 2>&1 || true
   "$GC_BIN/brokerctl" --socket "$SOCK" models >"$GC_LOGS/$BNAME-models.txt" 2>&1 || true
   "$GC_BIN/brokerctl" --socket "$SOCK" stats >"$GC_LOGS/$BNAME-stats.txt" 2>&1 || true
+  "$GC_BIN/brokerctl" --socket "$SOCK" report >"$GC_LOGS/$BNAME-report.txt" 2>&1 || true
   python3 -c 'import sys, urllib.request; sys.stdout.write(urllib.request.urlopen("http://" + sys.argv[1] + "/metrics", timeout=5).read().decode())' \
     "$BMETRICS" >"$GC_LOGS/$BNAME-metrics.txt" 2>&1 || true
   kill "$BPID" 2>/dev/null
@@ -253,7 +258,7 @@ for c in json.load(open(sys.argv[1]))["cases"]:
     if not c["pair"]: print(c["text"])' "$fx/expected.json")
   local typ=gpu
   [ "$GC_CPU" = 1 ] && typ=cpu
-  start_brokerd bert-fixture --model-repo "$fx/repo" --load-models tiny-hf-bert || { key "TestHuggingFaceFixture (CPU) $cpu; brokerd did not start"; exit 1; }
+  start_brokerd bert-fixture --model-repo "$fx/repo" --load-models tiny-hf-bert || { key "TestHuggingFaceFixture (CPU) $cpu; brokerd did not start: $(brokerd_said)"; exit 1; }
   x "$GC_BIN/brokerctl" --socket "$SOCK" encode --model tiny-hf-bert --type "$typ" --no-normalize --json "${texts[@]}" >"$GC_LOGS/bert-fixture-encode.json"
   local rc=$?
   stop_brokerd
@@ -339,7 +344,7 @@ step_llm_greedy() {
   llm_ready
   local typ=gpu torchdev=cuda n=32
   [ "$GC_CPU" = 1 ] && typ=cpu torchdev=cpu n=8
-  start_brokerd llm-greedy --model-repo "$GC_WORK/llm-repo" --load-models qwen2-rand || { key "brokerd did not start with the checkpoint"; exit 1; }
+  start_brokerd llm-greedy --model-repo "$GC_WORK/llm-repo" --load-models qwen2-rand || { key "brokerd did not start with the checkpoint: $(brokerd_said)"; exit 1; }
   x "$GC_BIN/gpucheck" -socket "$SOCK" -model qwen2-rand -dir "$LLM" -type "$typ" -max-tokens "$n" -out "$GC_LOGS/llm-brokerd.json"
   local rc=$?
   stop_brokerd
@@ -347,7 +352,8 @@ step_llm_greedy() {
   got=$(python3 -c '
 import json, sys
 b = json.load(open(sys.argv[1]))
-line = "brokerd on %s: %d prompts x %d tokens in %.2f s" % (b.get("device_id"), len(b["tokens"]), b["max_tokens"], b["seconds"])
+n = sorted({len(t) for t in b["tokens"]})
+line = "brokerd on %s: %d prompts x %s tokens in %.2f s" % (b.get("device_id") or "-", len(b["tokens"]), "/".join(map(str, n)), b["seconds"])
 print(line + ("; problems: %s" % b["problems"] if b["problems"] else ""))' "$GC_LOGS/llm-brokerd.json" 2>&1)
   [ "$rc" = 0 ] || { key "gpucheck failed: ${got:-no answer}"; exit 1; }
   x python3 "$here/peers/hf_generate.py" check "$LLM" --brokerd "$GC_LOGS/llm-brokerd.json" --out "$GC_LOGS/llm-compare.json" --device "$torchdev" | tee "$GC_WORK/hfcheck.txt"
@@ -358,9 +364,17 @@ print(line + ("; problems: %s" % b["problems"] if b["problems"] else ""))' "$GC_
 
 step_llm_throughput() {
   llm_ready
-  local levels=1,16,64 dur=10s warm=5s n=64
+  local levels=1,16,64 dur=8s warm=5s n=64
   [ "$GC_CPU" = 1 ] && levels=1,2 dur=1s warm=1s n=8
-  start_brokerd llm-throughput --model-repo "$GC_WORK/llm-repo" --load-models qwen2-rand || { key "brokerd did not start with the checkpoint"; exit 1; }
+  start_brokerd llm-throughput --model-repo "$GC_WORK/llm-repo" --load-models qwen2-rand || { key "brokerd did not start with the checkpoint: $(brokerd_said)"; exit 1; }
+  # A model that is not on the device type asked for would be measured
+  # where it landed (bench sends no device type): find out first.
+  local typ=gpu
+  [ "$GC_CPU" = 1 ] && typ=cpu
+  if ! x "$GC_BIN/gpucheck" -socket "$SOCK" -model qwen2-rand -dir "$LLM" -type "$typ" -max-tokens 2 -out "$GC_LOGS/llm-probe.json"; then
+    key "a 2-token Generate on $typ failed, nothing measured: $(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["problems"][-1:])' "$GC_LOGS/llm-probe.json" 2>&1 | head -c 600)"
+    exit 1
+  fi
   x "$GC_BIN/brokerctl" --socket "$SOCK" bench --generate --model qwen2-rand --concurrency "$levels" \
     --duration "$dur" --warmup "$warm" --max-tokens "$n" --text-bytes 128 --json >"$GC_LOGS/llm-bench.json"
   local rc=$?
@@ -378,7 +392,7 @@ print(round(sum(l["prompt_tokens"] for l in ls) / r) if r else 32)' "$GC_LOGS/ll
     hf=77
   else
     x python3 "$here/peers/hf_generate.py" bench "$LLM" --batches "$levels" --prompt-tokens "$prompt" --new-tokens "$n" \
-      --seconds 5 --dtype fp32 --device cuda | tee "$GC_LOGS/llm-hf-bench.jsonl"
+      --seconds 4 --dtype fp32 --device cuda | tee "$GC_LOGS/llm-hf-bench.jsonl"
     hf=${PIPESTATUS[0]}
   fi
   python3 - "$GC_LOGS/llm-bench.json" "$GC_LOGS/llm-hf-bench.jsonl" "$GC_KEY" "$prompt" <<'PY'
@@ -459,7 +473,7 @@ cmds = {
     "bert-fixture": "make_fixture.py; repo.test -test.run TestHuggingFaceFixture; brokerctl encode --model tiny-hf-bert --type gpu --no-normalize --json",
     "bert-throughput": "PJRT_GPU_STEPS=encode DURATION=5s bash bench/pjrt_gpu.sh",
     "llm-greedy": "mkllm -arch qwen2 -layers 24 -hidden 896 ...; gpucheck -type gpu -max-tokens 32; hf_generate.py check",
-    "llm-throughput": "brokerctl bench --generate --concurrency 1,16,64 --duration 10s --max-tokens 64; hf_generate.py bench",
+    "llm-throughput": "brokerctl bench --generate --concurrency 1,16,64 --duration 8s --max-tokens 64; hf_generate.py bench",
 }
 with open(sys.argv[2] + "/summary.md", "w") as f:
     f.write(head)

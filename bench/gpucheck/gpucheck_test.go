@@ -68,7 +68,7 @@ func runCheck(t *testing.T, env ...string) (string, checkResults, error) {
 }
 
 // TestCPUMode builds the bundle as make gpu-bundle does (gzip instead of
-// xz, for time) and runs bench/gpu_check.sh with GPU_CHECK_CPU=1: the
+// xz and only the binaries the CPU mode runs, for time) and runs bench/gpu_check.sh with GPU_CHECK_CPU=1: the
 // bundle unpacks and its binaries find their libraries; brokerd, on the
 // CPU adapter, serves a random Qwen2 checkpoint that gpucheck's greedy
 // request and brokerctl bench --generate reach; the GPU steps say SKIP; the
@@ -84,7 +84,7 @@ func TestCPUMode(t *testing.T) {
 	bundleDir := t.TempDir()
 	build := exec.Command("bash", "gpu_bundle.sh", bundleDir)
 	build.Dir = ".."
-	build.Env = append(os.Environ(), "GPU_BUNDLE_COMPRESS=gz", "GO="+goTool)
+	build.Env = append(os.Environ(), "GPU_BUNDLE_COMPRESS=gz", "GPU_BUNDLE_MINIMAL=1", "GO="+goTool)
 	if b, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("gpu_bundle.sh: %v\n%s", err, b)
 	}

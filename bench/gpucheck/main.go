@@ -126,6 +126,7 @@ func run(ctx context.Context, socket, model, dir string, dt brokerv1.DeviceType,
 	}
 	res.Seconds = time.Since(t0).Seconds()
 	if err != nil {
+		res.Problems = append(res.Problems, fmt.Sprintf("Generate: %v", err))
 		return res, err
 	}
 	bad := 0

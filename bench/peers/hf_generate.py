@@ -29,6 +29,9 @@ import time
 
 SKIP = 77
 
+# Hugging Face model types of the architectures bench/modelkit writes.
+MODEL_TYPES = {"Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3", "LlamaForCausalLM": "llama"}
+
 
 def versions():
     out = {"python": sys.version.split()[0]}
@@ -47,8 +50,17 @@ def load_hf(d, device, dtype):
     from transformers import AutoConfig, AutoModelForCausalLM
 
     raw = json.load(open(os.path.join(d, "config.json")))
-    cfg = AutoConfig.from_pretrained(d)
     notes = []
+    if "model_type" in raw:
+        cfg = AutoConfig.from_pretrained(d)
+    else:
+        # bench/modelkit writes no model_type; AutoConfig needs one.
+        arch = (raw.get("architectures") or ["?"])[0]
+        mt = MODEL_TYPES.get(arch)
+        if mt is None:
+            raise SystemExit(f"config.json has no model_type and architecture {arch} is not one of {sorted(MODEL_TYPES)}")
+        notes.append(f"config.json has no model_type: {mt}, from architectures {arch}")
+        cfg = AutoConfig.for_model(mt, **raw)
     # transformers 5 keeps RoPE settings in rope_parameters; make sure the
     # checkpoint's rope_theta arrived there (or in the legacy attribute).
     rp = getattr(cfg, "rope_parameters", None)
