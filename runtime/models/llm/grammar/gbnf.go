@@ -134,7 +134,7 @@ func (p *gbnfParser) ruleID(name string, off int) (int32, error) {
 func (p *gbnfParser) newRule(alts [][]irSym) (int32, error) {
 	p.anon++
 	// names with a character GBNF cannot spell never clash with user rules
-	id, err := p.ruleID(fmt.Sprintf("%s~%d", p.anonBase(), p.anon), p.pos)
+	id, err := p.ruleID(fmt.Sprintf("anon~%d", p.anon), p.pos)
 	if err != nil {
 		return 0, err
 	}
@@ -142,8 +142,6 @@ func (p *gbnfParser) newRule(alts [][]irSym) (int32, error) {
 	p.g.rules[id].defined = true
 	return id, nil
 }
-
-func (p *gbnfParser) anonBase() string { return "anon" }
 
 func (p *gbnfParser) rule() error {
 	start := p.pos

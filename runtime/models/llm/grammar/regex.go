@@ -87,8 +87,6 @@ type regexConv struct {
 	size int
 }
 
-const jsonUnsafe = "\"\\" // plus the control characters
-
 func (c *regexConv) anyChars() string {
 	return `[^"\\\x00-\x1F\x7F]*`
 }

@@ -27,12 +27,12 @@ var jsonPrimitives = map[string]string{
 	"value":         `object | array | string | number | boolean | null`,
 	// value is written out at each place (not a shared rule) so that a
 	// string or number inside knows what follows it (see specialize)
-	"object":        `"{" space ( string space ":" space (object | array | string | number | boolean | null) space ("," space string space ":" space (object | array | string | number | boolean | null) space)* )? "}"`,
-	"array":         `"[" space ( (object | array | string | number | boolean | null) space ("," space (object | array | string | number | boolean | null) space)* )? "]"`,
-	"date":          `[0-9]{4} "-" ( ("0" [13578] | "1" [02]) "-" ("0" [1-9] | [12] [0-9] | "3" [01]) | ("0" [469] | "11") "-" ("0" [1-9] | [12] [0-9] | "30") | "02-" ("0" [1-9] | "1" [0-9] | "2" [0-8]) )`,
-	"time":          `([01] [0-9] | "2" [0-3]) ":" [0-5] [0-9] ":" [0-5] [0-9] ("." [0-9]{1,9})? ("Z" | [+-] ([01] [0-9] | "2" [0-3]) ":" [0-5] [0-9])`,
-	"date-time":     `date "T" time`,
-	"uuid":          `[0-9a-fA-F]{8} "-" [0-9a-fA-F]{4} "-" [0-9a-fA-F]{4} "-" [0-9a-fA-F]{4} "-" [0-9a-fA-F]{12}`,
+	"object":    `"{" space ( string space ":" space (object | array | string | number | boolean | null) space ("," space string space ":" space (object | array | string | number | boolean | null) space)* )? "}"`,
+	"array":     `"[" space ( (object | array | string | number | boolean | null) space ("," space (object | array | string | number | boolean | null) space)* )? "]"`,
+	"date":      `[0-9]{4} "-" ( ("0" [13578] | "1" [02]) "-" ("0" [1-9] | [12] [0-9] | "3" [01]) | ("0" [469] | "11") "-" ("0" [1-9] | [12] [0-9] | "30") | "02-" ("0" [1-9] | "1" [0-9] | "2" [0-8]) )`,
+	"time":      `([01] [0-9] | "2" [0-3]) ":" [0-5] [0-9] ":" [0-5] [0-9] ("." [0-9]{1,9})? ("Z" | [+-] ([01] [0-9] | "2" [0-3]) ":" [0-5] [0-9])`,
+	"date-time": `date "T" time`,
+	"uuid":      `[0-9a-fA-F]{8} "-" [0-9a-fA-F]{4} "-" [0-9a-fA-F]{4} "-" [0-9a-fA-F]{4} "-" [0-9a-fA-F]{12}`,
 }
 
 var primitiveDeps = map[string][]string{

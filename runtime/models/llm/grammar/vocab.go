@@ -23,7 +23,7 @@ type Vocab struct {
 	nodes []trieNode
 	ids   []int32  // token ids in trie (sorted) order; nodes point into it
 	sum   []uint64 // per node: the byte classes (byteClass) in its subtree
-	bytes int64    // approximate memory held
+	bytes int64    // approximate memory held (SizeBytes)
 }
 
 type trieNode struct {
@@ -150,6 +150,9 @@ func NewVocab(tokens [][]byte, eos []int32) (*Vocab, error) {
 	v.bytes = int64(len(v.nodes))*24 + int64(len(v.ids))*4 + int64(v.words)*16
 	return v, nil
 }
+
+// SizeBytes approximates the memory the vocabulary's trie holds.
+func (v *Vocab) SizeBytes() int64 { return v.bytes }
 
 // Size is the number of tokens (the length of the logits row).
 func (v *Vocab) Size() int { return len(v.tokens) }
