@@ -642,6 +642,67 @@ func (ToolChoiceMode) EnumDescriptor() ([]byte, []int) {
 	return file_broker_v1_broker_proto_rawDescGZIP(), []int{9}
 }
 
+type Constraint_Kind int32
+
+const (
+	Constraint_KIND_UNSPECIFIED Constraint_Kind = 0
+	// Any JSON object (Ollama format "json", OpenAI json_object); source
+	// is empty.
+	Constraint_KIND_JSON Constraint_Kind = 1
+	// A JSON Schema (draft 2020-12 keywords; see the README for the
+	// supported ones) as JSON text.
+	Constraint_KIND_JSON_SCHEMA Constraint_Kind = 2
+	// A regular expression (RE2 syntax) the whole output must match.
+	Constraint_KIND_REGEX Constraint_Kind = 3
+	// A grammar in llama.cpp's GBNF, start rule root.
+	Constraint_KIND_GBNF Constraint_Kind = 4
+)
+
+// Enum value maps for Constraint_Kind.
+var (
+	Constraint_Kind_name = map[int32]string{
+		0: "KIND_UNSPECIFIED",
+		1: "KIND_JSON",
+		2: "KIND_JSON_SCHEMA",
+		3: "KIND_REGEX",
+		4: "KIND_GBNF",
+	}
+	Constraint_Kind_value = map[string]int32{
+		"KIND_UNSPECIFIED": 0,
+		"KIND_JSON":        1,
+		"KIND_JSON_SCHEMA": 2,
+		"KIND_REGEX":       3,
+		"KIND_GBNF":        4,
+	}
+)
+
+func (x Constraint_Kind) Enum() *Constraint_Kind {
+	p := new(Constraint_Kind)
+	*p = x
+	return p
+}
+
+func (x Constraint_Kind) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (Constraint_Kind) Descriptor() protoreflect.EnumDescriptor {
+	return file_broker_v1_broker_proto_enumTypes[10].Descriptor()
+}
+
+func (Constraint_Kind) Type() protoreflect.EnumType {
+	return &file_broker_v1_broker_proto_enumTypes[10]
+}
+
+func (x Constraint_Kind) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use Constraint_Kind.Descriptor instead.
+func (Constraint_Kind) EnumDescriptor() ([]byte, []int) {
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{47, 0}
+}
+
 // Device is one detected device and what brokerd knows of it.
 type Device struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -4363,7 +4424,11 @@ type SamplingParams struct {
 	Logprobs    bool  `protobuf:"varint,12,opt,name=logprobs,proto3" json:"logprobs,omitempty"`
 	TopLogprobs int32 `protobuf:"varint,13,opt,name=top_logprobs,json=topLogprobs,proto3" json:"top_logprobs,omitempty"`
 	// Keep generating past end-of-sequence tokens (benchmarks).
-	IgnoreEos     bool `protobuf:"varint,14,opt,name=ignore_eos,json=ignoreEos,proto3" json:"ignore_eos,omitempty"`
+	IgnoreEos bool `protobuf:"varint,14,opt,name=ignore_eos,json=ignoreEos,proto3" json:"ignore_eos,omitempty"`
+	// Keeps the output inside a grammar (structured output): every sampled
+	// token is one the constraint allows, and EOS only where the output is
+	// complete. Unset: free generation.
+	Constraint    *Constraint `protobuf:"bytes,15,opt,name=constraint,proto3" json:"constraint,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4496,6 +4561,67 @@ func (x *SamplingParams) GetIgnoreEos() bool {
 	return false
 }
 
+func (x *SamplingParams) GetConstraint() *Constraint {
+	if x != nil {
+		return x.Constraint
+	}
+	return nil
+}
+
+// A structured-output constraint, compiled once per model and source and
+// cached. A source the engine cannot compile is INVALID_ARGUMENT.
+type Constraint struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Kind          Constraint_Kind        `protobuf:"varint,1,opt,name=kind,proto3,enum=broker.v1.Constraint_Kind" json:"kind,omitempty"`
+	Source        string                 `protobuf:"bytes,2,opt,name=source,proto3" json:"source,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Constraint) Reset() {
+	*x = Constraint{}
+	mi := &file_broker_v1_broker_proto_msgTypes[47]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Constraint) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Constraint) ProtoMessage() {}
+
+func (x *Constraint) ProtoReflect() protoreflect.Message {
+	mi := &file_broker_v1_broker_proto_msgTypes[47]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Constraint.ProtoReflect.Descriptor instead.
+func (*Constraint) Descriptor() ([]byte, []int) {
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{47}
+}
+
+func (x *Constraint) GetKind() Constraint_Kind {
+	if x != nil {
+		return x.Kind
+	}
+	return Constraint_KIND_UNSPECIFIED
+}
+
+func (x *Constraint) GetSource() string {
+	if x != nil {
+		return x.Source
+	}
+	return ""
+}
+
 type GenerateRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Model string                 `protobuf:"bytes,1,opt,name=model,proto3" json:"model,omitempty"`
@@ -4517,7 +4643,7 @@ type GenerateRequest struct {
 
 func (x *GenerateRequest) Reset() {
 	*x = GenerateRequest{}
-	mi := &file_broker_v1_broker_proto_msgTypes[47]
+	mi := &file_broker_v1_broker_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4529,7 +4655,7 @@ func (x *GenerateRequest) String() string {
 func (*GenerateRequest) ProtoMessage() {}
 
 func (x *GenerateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[47]
+	mi := &file_broker_v1_broker_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4542,7 +4668,7 @@ func (x *GenerateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GenerateRequest.ProtoReflect.Descriptor instead.
 func (*GenerateRequest) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{47}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *GenerateRequest) GetModel() string {
@@ -4625,7 +4751,7 @@ type ChatMessage struct {
 
 func (x *ChatMessage) Reset() {
 	*x = ChatMessage{}
-	mi := &file_broker_v1_broker_proto_msgTypes[48]
+	mi := &file_broker_v1_broker_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4637,7 +4763,7 @@ func (x *ChatMessage) String() string {
 func (*ChatMessage) ProtoMessage() {}
 
 func (x *ChatMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[48]
+	mi := &file_broker_v1_broker_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4650,7 +4776,7 @@ func (x *ChatMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChatMessage.ProtoReflect.Descriptor instead.
 func (*ChatMessage) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{48}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *ChatMessage) GetRole() string {
@@ -4704,7 +4830,7 @@ type Tool struct {
 
 func (x *Tool) Reset() {
 	*x = Tool{}
-	mi := &file_broker_v1_broker_proto_msgTypes[49]
+	mi := &file_broker_v1_broker_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4716,7 +4842,7 @@ func (x *Tool) String() string {
 func (*Tool) ProtoMessage() {}
 
 func (x *Tool) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[49]
+	mi := &file_broker_v1_broker_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4729,7 +4855,7 @@ func (x *Tool) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Tool.ProtoReflect.Descriptor instead.
 func (*Tool) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{49}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *Tool) GetName() string {
@@ -4771,7 +4897,7 @@ type ToolCall struct {
 
 func (x *ToolCall) Reset() {
 	*x = ToolCall{}
-	mi := &file_broker_v1_broker_proto_msgTypes[50]
+	mi := &file_broker_v1_broker_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4783,7 +4909,7 @@ func (x *ToolCall) String() string {
 func (*ToolCall) ProtoMessage() {}
 
 func (x *ToolCall) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[50]
+	mi := &file_broker_v1_broker_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4796,7 +4922,7 @@ func (x *ToolCall) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ToolCall.ProtoReflect.Descriptor instead.
 func (*ToolCall) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{50}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *ToolCall) GetId() string {
@@ -4837,7 +4963,7 @@ type Conversation struct {
 
 func (x *Conversation) Reset() {
 	*x = Conversation{}
-	mi := &file_broker_v1_broker_proto_msgTypes[51]
+	mi := &file_broker_v1_broker_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4849,7 +4975,7 @@ func (x *Conversation) String() string {
 func (*Conversation) ProtoMessage() {}
 
 func (x *Conversation) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[51]
+	mi := &file_broker_v1_broker_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4862,7 +4988,7 @@ func (x *Conversation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Conversation.ProtoReflect.Descriptor instead.
 func (*Conversation) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{51}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *Conversation) GetMessages() []*ChatMessage {
@@ -4908,7 +5034,7 @@ type ChatRequest struct {
 
 func (x *ChatRequest) Reset() {
 	*x = ChatRequest{}
-	mi := &file_broker_v1_broker_proto_msgTypes[52]
+	mi := &file_broker_v1_broker_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4920,7 +5046,7 @@ func (x *ChatRequest) String() string {
 func (*ChatRequest) ProtoMessage() {}
 
 func (x *ChatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[52]
+	mi := &file_broker_v1_broker_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4933,7 +5059,7 @@ func (x *ChatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChatRequest.ProtoReflect.Descriptor instead.
 func (*ChatRequest) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{52}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *ChatRequest) GetModel() string {
@@ -5037,7 +5163,7 @@ type TokenLogprob struct {
 
 func (x *TokenLogprob) Reset() {
 	*x = TokenLogprob{}
-	mi := &file_broker_v1_broker_proto_msgTypes[53]
+	mi := &file_broker_v1_broker_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5049,7 +5175,7 @@ func (x *TokenLogprob) String() string {
 func (*TokenLogprob) ProtoMessage() {}
 
 func (x *TokenLogprob) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[53]
+	mi := &file_broker_v1_broker_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5062,7 +5188,7 @@ func (x *TokenLogprob) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenLogprob.ProtoReflect.Descriptor instead.
 func (*TokenLogprob) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{53}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *TokenLogprob) GetTokenId() int32 {
@@ -5104,7 +5230,7 @@ type LogprobEntry struct {
 
 func (x *LogprobEntry) Reset() {
 	*x = LogprobEntry{}
-	mi := &file_broker_v1_broker_proto_msgTypes[54]
+	mi := &file_broker_v1_broker_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5116,7 +5242,7 @@ func (x *LogprobEntry) String() string {
 func (*LogprobEntry) ProtoMessage() {}
 
 func (x *LogprobEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[54]
+	mi := &file_broker_v1_broker_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5129,7 +5255,7 @@ func (x *LogprobEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogprobEntry.ProtoReflect.Descriptor instead.
 func (*LogprobEntry) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{54}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *LogprobEntry) GetChosen() *TokenLogprob {
@@ -5172,7 +5298,7 @@ type GenerationDelta struct {
 
 func (x *GenerationDelta) Reset() {
 	*x = GenerationDelta{}
-	mi := &file_broker_v1_broker_proto_msgTypes[55]
+	mi := &file_broker_v1_broker_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5184,7 +5310,7 @@ func (x *GenerationDelta) String() string {
 func (*GenerationDelta) ProtoMessage() {}
 
 func (x *GenerationDelta) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[55]
+	mi := &file_broker_v1_broker_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5197,7 +5323,7 @@ func (x *GenerationDelta) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GenerationDelta.ProtoReflect.Descriptor instead.
 func (*GenerationDelta) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{55}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *GenerationDelta) GetIndex() int32 {
@@ -5253,7 +5379,7 @@ type Usage struct {
 
 func (x *Usage) Reset() {
 	*x = Usage{}
-	mi := &file_broker_v1_broker_proto_msgTypes[56]
+	mi := &file_broker_v1_broker_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5265,7 +5391,7 @@ func (x *Usage) String() string {
 func (*Usage) ProtoMessage() {}
 
 func (x *Usage) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[56]
+	mi := &file_broker_v1_broker_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5278,7 +5404,7 @@ func (x *Usage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Usage.ProtoReflect.Descriptor instead.
 func (*Usage) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{56}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *Usage) GetPromptTokens() int32 {
@@ -5313,7 +5439,7 @@ type GenerationResult struct {
 
 func (x *GenerationResult) Reset() {
 	*x = GenerationResult{}
-	mi := &file_broker_v1_broker_proto_msgTypes[57]
+	mi := &file_broker_v1_broker_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5325,7 +5451,7 @@ func (x *GenerationResult) String() string {
 func (*GenerationResult) ProtoMessage() {}
 
 func (x *GenerationResult) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[57]
+	mi := &file_broker_v1_broker_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5338,7 +5464,7 @@ func (x *GenerationResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GenerationResult.ProtoReflect.Descriptor instead.
 func (*GenerationResult) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{57}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *GenerationResult) GetIndex() int32 {
@@ -5393,7 +5519,7 @@ type GenerateResponse struct {
 
 func (x *GenerateResponse) Reset() {
 	*x = GenerateResponse{}
-	mi := &file_broker_v1_broker_proto_msgTypes[58]
+	mi := &file_broker_v1_broker_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5405,7 +5531,7 @@ func (x *GenerateResponse) String() string {
 func (*GenerateResponse) ProtoMessage() {}
 
 func (x *GenerateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[58]
+	mi := &file_broker_v1_broker_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5418,7 +5544,7 @@ func (x *GenerateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GenerateResponse.ProtoReflect.Descriptor instead.
 func (*GenerateResponse) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{58}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *GenerateResponse) GetDeltas() []*GenerationDelta {
@@ -5445,7 +5571,7 @@ type ChatResponse struct {
 
 func (x *ChatResponse) Reset() {
 	*x = ChatResponse{}
-	mi := &file_broker_v1_broker_proto_msgTypes[59]
+	mi := &file_broker_v1_broker_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5457,7 +5583,7 @@ func (x *ChatResponse) String() string {
 func (*ChatResponse) ProtoMessage() {}
 
 func (x *ChatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[59]
+	mi := &file_broker_v1_broker_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5470,7 +5596,7 @@ func (x *ChatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChatResponse.ProtoReflect.Descriptor instead.
 func (*ChatResponse) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{59}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *ChatResponse) GetDeltas() []*GenerationDelta {
@@ -5829,7 +5955,7 @@ const file_broker_v1_broker_proto_rawDesc = "" +
 	"\fDrainRequest\x12\x12\n" +
 	"\x04exit\x18\x01 \x01(\bR\x04exit\"-\n" +
 	"\rDrainResponse\x12\x1c\n" +
-	"\tcompleted\x18\x01 \x01(\x03R\tcompleted\"\xe4\x04\n" +
+	"\tcompleted\x18\x01 \x01(\x03R\tcompleted\"\x9b\x05\n" +
 	"\x0eSamplingParams\x12%\n" +
 	"\vtemperature\x18\x01 \x01(\x02H\x00R\vtemperature\x88\x01\x01\x12\x18\n" +
 	"\x05top_p\x18\x02 \x01(\x02H\x01R\x04topP\x88\x01\x01\x12\x18\n" +
@@ -5847,7 +5973,10 @@ const file_broker_v1_broker_proto_rawDesc = "" +
 	"\blogprobs\x18\f \x01(\bR\blogprobs\x12!\n" +
 	"\ftop_logprobs\x18\r \x01(\x05R\vtopLogprobs\x12\x1d\n" +
 	"\n" +
-	"ignore_eos\x18\x0e \x01(\bR\tignoreEosB\x0e\n" +
+	"ignore_eos\x18\x0e \x01(\bR\tignoreEos\x125\n" +
+	"\n" +
+	"constraint\x18\x0f \x01(\v2\x15.broker.v1.ConstraintR\n" +
+	"constraintB\x0e\n" +
 	"\f_temperatureB\b\n" +
 	"\x06_top_pB\b\n" +
 	"\x06_top_kB\b\n" +
@@ -5855,7 +5984,18 @@ const file_broker_v1_broker_proto_rawDesc = "" +
 	"\x13_repetition_penaltyB\x13\n" +
 	"\x11_presence_penaltyB\x14\n" +
 	"\x12_frequency_penaltyB\a\n" +
-	"\x05_seed\"\xfe\x02\n" +
+	"\x05_seed\"\xb6\x01\n" +
+	"\n" +
+	"Constraint\x12.\n" +
+	"\x04kind\x18\x01 \x01(\x0e2\x1a.broker.v1.Constraint.KindR\x04kind\x12\x16\n" +
+	"\x06source\x18\x02 \x01(\tR\x06source\"`\n" +
+	"\x04Kind\x12\x14\n" +
+	"\x10KIND_UNSPECIFIED\x10\x00\x12\r\n" +
+	"\tKIND_JSON\x10\x01\x12\x14\n" +
+	"\x10KIND_JSON_SCHEMA\x10\x02\x12\x0e\n" +
+	"\n" +
+	"KIND_REGEX\x10\x03\x12\r\n" +
+	"\tKIND_GBNF\x10\x04\"\xfe\x02\n" +
 	"\x0fGenerateRequest\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x18\n" +
 	"\aprompts\x18\x02 \x03(\tR\aprompts\x125\n" +
@@ -6036,8 +6176,8 @@ func file_broker_v1_broker_proto_rawDescGZIP() []byte {
 	return file_broker_v1_broker_proto_rawDescData
 }
 
-var file_broker_v1_broker_proto_enumTypes = make([]protoimpl.EnumInfo, 10)
-var file_broker_v1_broker_proto_msgTypes = make([]protoimpl.MessageInfo, 63)
+var file_broker_v1_broker_proto_enumTypes = make([]protoimpl.EnumInfo, 11)
+var file_broker_v1_broker_proto_msgTypes = make([]protoimpl.MessageInfo, 64)
 var file_broker_v1_broker_proto_goTypes = []any{
 	(DeviceType)(0),                // 0: broker.v1.DeviceType
 	(DeviceHealth)(0),              // 1: broker.v1.DeviceHealth
@@ -6049,193 +6189,197 @@ var file_broker_v1_broker_proto_goTypes = []any{
 	(LoadAction)(0),                // 7: broker.v1.LoadAction
 	(FinishReason)(0),              // 8: broker.v1.FinishReason
 	(ToolChoiceMode)(0),            // 9: broker.v1.ToolChoiceMode
-	(*Device)(nil),                 // 10: broker.v1.Device
-	(*CpuInfo)(nil),                // 11: broker.v1.CpuInfo
-	(*GpuInfo)(nil),                // 12: broker.v1.GpuInfo
-	(*TpuInfo)(nil),                // 13: broker.v1.TpuInfo
-	(*Telemetry)(nil),              // 14: broker.v1.Telemetry
-	(*BatchPlan)(nil),              // 15: broker.v1.BatchPlan
-	(*Configuration)(nil),          // 16: broker.v1.Configuration
-	(*Runtime)(nil),                // 17: broker.v1.Runtime
-	(*PjrtPlugin)(nil),             // 18: broker.v1.PjrtPlugin
-	(*EncodeItem)(nil),             // 19: broker.v1.EncodeItem
-	(*EncodeResult)(nil),           // 20: broker.v1.EncodeResult
-	(*ExecutionInfo)(nil),          // 21: broker.v1.ExecutionInfo
-	(*EncodeRequest)(nil),          // 22: broker.v1.EncodeRequest
-	(*EncodeResponse)(nil),         // 23: broker.v1.EncodeResponse
-	(*EncodeStreamRequest)(nil),    // 24: broker.v1.EncodeStreamRequest
-	(*EncodeStreamResponse)(nil),   // 25: broker.v1.EncodeStreamResponse
-	(*Tensor)(nil),                 // 26: broker.v1.Tensor
-	(*TensorSpec)(nil),             // 27: broker.v1.TensorSpec
-	(*InferRequest)(nil),           // 28: broker.v1.InferRequest
-	(*InferResponse)(nil),          // 29: broker.v1.InferResponse
-	(*ListDevicesRequest)(nil),     // 30: broker.v1.ListDevicesRequest
-	(*ListDevicesResponse)(nil),    // 31: broker.v1.ListDevicesResponse
-	(*GetDeviceRequest)(nil),       // 32: broker.v1.GetDeviceRequest
-	(*GetDeviceResponse)(nil),      // 33: broker.v1.GetDeviceResponse
-	(*GetReportRequest)(nil),       // 34: broker.v1.GetReportRequest
-	(*GetReportResponse)(nil),      // 35: broker.v1.GetReportResponse
-	(*GetBatchPlanRequest)(nil),    // 36: broker.v1.GetBatchPlanRequest
-	(*GetBatchPlanResponse)(nil),   // 37: broker.v1.GetBatchPlanResponse
-	(*Model)(nil),                  // 38: broker.v1.Model
-	(*ListModelsRequest)(nil),      // 39: broker.v1.ListModelsRequest
-	(*ListModelsResponse)(nil),     // 40: broker.v1.ListModelsResponse
-	(*LoadModelRequest)(nil),       // 41: broker.v1.LoadModelRequest
-	(*LoadModelResponse)(nil),      // 42: broker.v1.LoadModelResponse
-	(*UnloadModelRequest)(nil),     // 43: broker.v1.UnloadModelRequest
-	(*UnloadModelResponse)(nil),    // 44: broker.v1.UnloadModelResponse
-	(*LatencySummary)(nil),         // 45: broker.v1.LatencySummary
-	(*QueueStats)(nil),             // 46: broker.v1.QueueStats
-	(*GenerationStats)(nil),        // 47: broker.v1.GenerationStats
-	(*GetStatsRequest)(nil),        // 48: broker.v1.GetStatsRequest
-	(*GetStatsResponse)(nil),       // 49: broker.v1.GetStatsResponse
-	(*CordonDeviceRequest)(nil),    // 50: broker.v1.CordonDeviceRequest
-	(*CordonDeviceResponse)(nil),   // 51: broker.v1.CordonDeviceResponse
-	(*UncordonDeviceRequest)(nil),  // 52: broker.v1.UncordonDeviceRequest
-	(*UncordonDeviceResponse)(nil), // 53: broker.v1.UncordonDeviceResponse
-	(*DrainRequest)(nil),           // 54: broker.v1.DrainRequest
-	(*DrainResponse)(nil),          // 55: broker.v1.DrainResponse
-	(*SamplingParams)(nil),         // 56: broker.v1.SamplingParams
-	(*GenerateRequest)(nil),        // 57: broker.v1.GenerateRequest
-	(*ChatMessage)(nil),            // 58: broker.v1.ChatMessage
-	(*Tool)(nil),                   // 59: broker.v1.Tool
-	(*ToolCall)(nil),               // 60: broker.v1.ToolCall
-	(*Conversation)(nil),           // 61: broker.v1.Conversation
-	(*ChatRequest)(nil),            // 62: broker.v1.ChatRequest
-	(*TokenLogprob)(nil),           // 63: broker.v1.TokenLogprob
-	(*LogprobEntry)(nil),           // 64: broker.v1.LogprobEntry
-	(*GenerationDelta)(nil),        // 65: broker.v1.GenerationDelta
-	(*Usage)(nil),                  // 66: broker.v1.Usage
-	(*GenerationResult)(nil),       // 67: broker.v1.GenerationResult
-	(*GenerateResponse)(nil),       // 68: broker.v1.GenerateResponse
-	(*ChatResponse)(nil),           // 69: broker.v1.ChatResponse
-	nil,                            // 70: broker.v1.Device.AttributesEntry
-	nil,                            // 71: broker.v1.Configuration.CostPerHourUsdEntry
-	nil,                            // 72: broker.v1.QueueStats.FailedEntry
-	(*timestamppb.Timestamp)(nil),  // 73: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),    // 74: google.protobuf.Duration
-	(*structpb.Struct)(nil),        // 75: google.protobuf.Struct
+	(Constraint_Kind)(0),           // 10: broker.v1.Constraint.Kind
+	(*Device)(nil),                 // 11: broker.v1.Device
+	(*CpuInfo)(nil),                // 12: broker.v1.CpuInfo
+	(*GpuInfo)(nil),                // 13: broker.v1.GpuInfo
+	(*TpuInfo)(nil),                // 14: broker.v1.TpuInfo
+	(*Telemetry)(nil),              // 15: broker.v1.Telemetry
+	(*BatchPlan)(nil),              // 16: broker.v1.BatchPlan
+	(*Configuration)(nil),          // 17: broker.v1.Configuration
+	(*Runtime)(nil),                // 18: broker.v1.Runtime
+	(*PjrtPlugin)(nil),             // 19: broker.v1.PjrtPlugin
+	(*EncodeItem)(nil),             // 20: broker.v1.EncodeItem
+	(*EncodeResult)(nil),           // 21: broker.v1.EncodeResult
+	(*ExecutionInfo)(nil),          // 22: broker.v1.ExecutionInfo
+	(*EncodeRequest)(nil),          // 23: broker.v1.EncodeRequest
+	(*EncodeResponse)(nil),         // 24: broker.v1.EncodeResponse
+	(*EncodeStreamRequest)(nil),    // 25: broker.v1.EncodeStreamRequest
+	(*EncodeStreamResponse)(nil),   // 26: broker.v1.EncodeStreamResponse
+	(*Tensor)(nil),                 // 27: broker.v1.Tensor
+	(*TensorSpec)(nil),             // 28: broker.v1.TensorSpec
+	(*InferRequest)(nil),           // 29: broker.v1.InferRequest
+	(*InferResponse)(nil),          // 30: broker.v1.InferResponse
+	(*ListDevicesRequest)(nil),     // 31: broker.v1.ListDevicesRequest
+	(*ListDevicesResponse)(nil),    // 32: broker.v1.ListDevicesResponse
+	(*GetDeviceRequest)(nil),       // 33: broker.v1.GetDeviceRequest
+	(*GetDeviceResponse)(nil),      // 34: broker.v1.GetDeviceResponse
+	(*GetReportRequest)(nil),       // 35: broker.v1.GetReportRequest
+	(*GetReportResponse)(nil),      // 36: broker.v1.GetReportResponse
+	(*GetBatchPlanRequest)(nil),    // 37: broker.v1.GetBatchPlanRequest
+	(*GetBatchPlanResponse)(nil),   // 38: broker.v1.GetBatchPlanResponse
+	(*Model)(nil),                  // 39: broker.v1.Model
+	(*ListModelsRequest)(nil),      // 40: broker.v1.ListModelsRequest
+	(*ListModelsResponse)(nil),     // 41: broker.v1.ListModelsResponse
+	(*LoadModelRequest)(nil),       // 42: broker.v1.LoadModelRequest
+	(*LoadModelResponse)(nil),      // 43: broker.v1.LoadModelResponse
+	(*UnloadModelRequest)(nil),     // 44: broker.v1.UnloadModelRequest
+	(*UnloadModelResponse)(nil),    // 45: broker.v1.UnloadModelResponse
+	(*LatencySummary)(nil),         // 46: broker.v1.LatencySummary
+	(*QueueStats)(nil),             // 47: broker.v1.QueueStats
+	(*GenerationStats)(nil),        // 48: broker.v1.GenerationStats
+	(*GetStatsRequest)(nil),        // 49: broker.v1.GetStatsRequest
+	(*GetStatsResponse)(nil),       // 50: broker.v1.GetStatsResponse
+	(*CordonDeviceRequest)(nil),    // 51: broker.v1.CordonDeviceRequest
+	(*CordonDeviceResponse)(nil),   // 52: broker.v1.CordonDeviceResponse
+	(*UncordonDeviceRequest)(nil),  // 53: broker.v1.UncordonDeviceRequest
+	(*UncordonDeviceResponse)(nil), // 54: broker.v1.UncordonDeviceResponse
+	(*DrainRequest)(nil),           // 55: broker.v1.DrainRequest
+	(*DrainResponse)(nil),          // 56: broker.v1.DrainResponse
+	(*SamplingParams)(nil),         // 57: broker.v1.SamplingParams
+	(*Constraint)(nil),             // 58: broker.v1.Constraint
+	(*GenerateRequest)(nil),        // 59: broker.v1.GenerateRequest
+	(*ChatMessage)(nil),            // 60: broker.v1.ChatMessage
+	(*Tool)(nil),                   // 61: broker.v1.Tool
+	(*ToolCall)(nil),               // 62: broker.v1.ToolCall
+	(*Conversation)(nil),           // 63: broker.v1.Conversation
+	(*ChatRequest)(nil),            // 64: broker.v1.ChatRequest
+	(*TokenLogprob)(nil),           // 65: broker.v1.TokenLogprob
+	(*LogprobEntry)(nil),           // 66: broker.v1.LogprobEntry
+	(*GenerationDelta)(nil),        // 67: broker.v1.GenerationDelta
+	(*Usage)(nil),                  // 68: broker.v1.Usage
+	(*GenerationResult)(nil),       // 69: broker.v1.GenerationResult
+	(*GenerateResponse)(nil),       // 70: broker.v1.GenerateResponse
+	(*ChatResponse)(nil),           // 71: broker.v1.ChatResponse
+	nil,                            // 72: broker.v1.Device.AttributesEntry
+	nil,                            // 73: broker.v1.Configuration.CostPerHourUsdEntry
+	nil,                            // 74: broker.v1.QueueStats.FailedEntry
+	(*timestamppb.Timestamp)(nil),  // 75: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),    // 76: google.protobuf.Duration
+	(*structpb.Struct)(nil),        // 77: google.protobuf.Struct
 }
 var file_broker_v1_broker_proto_depIdxs = []int32{
-	0,  // 0: broker.v1.Device.type:type_name -> broker.v1.DeviceType
-	1,  // 1: broker.v1.Device.health:type_name -> broker.v1.DeviceHealth
-	14, // 2: broker.v1.Device.telemetry:type_name -> broker.v1.Telemetry
-	11, // 3: broker.v1.Device.cpu:type_name -> broker.v1.CpuInfo
-	12, // 4: broker.v1.Device.gpu:type_name -> broker.v1.GpuInfo
-	13, // 5: broker.v1.Device.tpu:type_name -> broker.v1.TpuInfo
-	70, // 6: broker.v1.Device.attributes:type_name -> broker.v1.Device.AttributesEntry
-	73, // 7: broker.v1.Telemetry.updated_at:type_name -> google.protobuf.Timestamp
-	0,  // 8: broker.v1.BatchPlan.device_type:type_name -> broker.v1.DeviceType
-	71, // 9: broker.v1.Configuration.cost_per_hour_usd:type_name -> broker.v1.Configuration.CostPerHourUsdEntry
-	0,  // 10: broker.v1.Runtime.device_types:type_name -> broker.v1.DeviceType
-	18, // 11: broker.v1.Runtime.plugins:type_name -> broker.v1.PjrtPlugin
-	0,  // 12: broker.v1.ExecutionInfo.device_type:type_name -> broker.v1.DeviceType
-	19, // 13: broker.v1.EncodeRequest.items:type_name -> broker.v1.EncodeItem
-	3,  // 14: broker.v1.EncodeRequest.fidelity:type_name -> broker.v1.Fidelity
-	4,  // 15: broker.v1.EncodeRequest.priority:type_name -> broker.v1.Priority
-	0,  // 16: broker.v1.EncodeRequest.device_type:type_name -> broker.v1.DeviceType
-	20, // 17: broker.v1.EncodeResponse.results:type_name -> broker.v1.EncodeResult
-	21, // 18: broker.v1.EncodeResponse.execution:type_name -> broker.v1.ExecutionInfo
-	22, // 19: broker.v1.EncodeStreamRequest.request:type_name -> broker.v1.EncodeRequest
-	20, // 20: broker.v1.EncodeStreamResponse.results:type_name -> broker.v1.EncodeResult
-	21, // 21: broker.v1.EncodeStreamResponse.execution:type_name -> broker.v1.ExecutionInfo
-	5,  // 22: broker.v1.Tensor.dtype:type_name -> broker.v1.DataType
-	5,  // 23: broker.v1.TensorSpec.dtype:type_name -> broker.v1.DataType
-	26, // 24: broker.v1.InferRequest.inputs:type_name -> broker.v1.Tensor
-	4,  // 25: broker.v1.InferRequest.priority:type_name -> broker.v1.Priority
-	74, // 26: broker.v1.InferRequest.timeout:type_name -> google.protobuf.Duration
-	0,  // 27: broker.v1.InferRequest.device_type:type_name -> broker.v1.DeviceType
-	26, // 28: broker.v1.InferResponse.outputs:type_name -> broker.v1.Tensor
-	21, // 29: broker.v1.InferResponse.execution:type_name -> broker.v1.ExecutionInfo
-	10, // 30: broker.v1.ListDevicesResponse.devices:type_name -> broker.v1.Device
-	10, // 31: broker.v1.GetDeviceResponse.device:type_name -> broker.v1.Device
-	10, // 32: broker.v1.GetReportResponse.current_device:type_name -> broker.v1.Device
-	10, // 33: broker.v1.GetReportResponse.all_devices:type_name -> broker.v1.Device
-	16, // 34: broker.v1.GetReportResponse.configuration:type_name -> broker.v1.Configuration
-	17, // 35: broker.v1.GetReportResponse.runtimes:type_name -> broker.v1.Runtime
-	2,  // 36: broker.v1.GetReportResponse.routing_mode:type_name -> broker.v1.RoutingMode
-	15, // 37: broker.v1.GetReportResponse.batch_plans:type_name -> broker.v1.BatchPlan
-	0,  // 38: broker.v1.GetBatchPlanRequest.device_type:type_name -> broker.v1.DeviceType
-	15, // 39: broker.v1.GetBatchPlanResponse.plan:type_name -> broker.v1.BatchPlan
-	6,  // 40: broker.v1.Model.state:type_name -> broker.v1.ModelState
-	27, // 41: broker.v1.Model.inputs:type_name -> broker.v1.TensorSpec
-	27, // 42: broker.v1.Model.outputs:type_name -> broker.v1.TensorSpec
-	73, // 43: broker.v1.Model.modified_at:type_name -> google.protobuf.Timestamp
-	38, // 44: broker.v1.ListModelsResponse.models:type_name -> broker.v1.Model
-	38, // 45: broker.v1.LoadModelResponse.model:type_name -> broker.v1.Model
-	7,  // 46: broker.v1.LoadModelResponse.action:type_name -> broker.v1.LoadAction
-	38, // 47: broker.v1.UnloadModelResponse.model:type_name -> broker.v1.Model
-	72, // 48: broker.v1.QueueStats.failed:type_name -> broker.v1.QueueStats.FailedEntry
-	45, // 49: broker.v1.QueueStats.latency:type_name -> broker.v1.LatencySummary
-	47, // 50: broker.v1.QueueStats.generation:type_name -> broker.v1.GenerationStats
-	45, // 51: broker.v1.GenerationStats.time_to_first_token:type_name -> broker.v1.LatencySummary
-	45, // 52: broker.v1.GenerationStats.inter_token_latency:type_name -> broker.v1.LatencySummary
-	46, // 53: broker.v1.GetStatsResponse.stats:type_name -> broker.v1.QueueStats
-	10, // 54: broker.v1.CordonDeviceResponse.device:type_name -> broker.v1.Device
-	10, // 55: broker.v1.UncordonDeviceResponse.device:type_name -> broker.v1.Device
-	56, // 56: broker.v1.GenerateRequest.sampling:type_name -> broker.v1.SamplingParams
-	4,  // 57: broker.v1.GenerateRequest.priority:type_name -> broker.v1.Priority
-	0,  // 58: broker.v1.GenerateRequest.device_type:type_name -> broker.v1.DeviceType
-	74, // 59: broker.v1.GenerateRequest.max_time:type_name -> google.protobuf.Duration
-	60, // 60: broker.v1.ChatMessage.tool_calls:type_name -> broker.v1.ToolCall
-	58, // 61: broker.v1.Conversation.messages:type_name -> broker.v1.ChatMessage
-	61, // 62: broker.v1.ChatRequest.conversations:type_name -> broker.v1.Conversation
-	56, // 63: broker.v1.ChatRequest.sampling:type_name -> broker.v1.SamplingParams
-	4,  // 64: broker.v1.ChatRequest.priority:type_name -> broker.v1.Priority
-	0,  // 65: broker.v1.ChatRequest.device_type:type_name -> broker.v1.DeviceType
-	74, // 66: broker.v1.ChatRequest.max_time:type_name -> google.protobuf.Duration
-	75, // 67: broker.v1.ChatRequest.chat_template_kwargs:type_name -> google.protobuf.Struct
-	59, // 68: broker.v1.ChatRequest.tools:type_name -> broker.v1.Tool
-	9,  // 69: broker.v1.ChatRequest.tool_choice:type_name -> broker.v1.ToolChoiceMode
-	63, // 70: broker.v1.LogprobEntry.chosen:type_name -> broker.v1.TokenLogprob
-	63, // 71: broker.v1.LogprobEntry.top:type_name -> broker.v1.TokenLogprob
-	64, // 72: broker.v1.GenerationDelta.logprobs:type_name -> broker.v1.LogprobEntry
-	60, // 73: broker.v1.GenerationDelta.tool_calls:type_name -> broker.v1.ToolCall
-	8,  // 74: broker.v1.GenerationResult.finish_reason:type_name -> broker.v1.FinishReason
-	66, // 75: broker.v1.GenerationResult.usage:type_name -> broker.v1.Usage
-	74, // 76: broker.v1.GenerationResult.time_to_first_token:type_name -> google.protobuf.Duration
-	21, // 77: broker.v1.GenerationResult.execution:type_name -> broker.v1.ExecutionInfo
-	65, // 78: broker.v1.GenerateResponse.deltas:type_name -> broker.v1.GenerationDelta
-	67, // 79: broker.v1.GenerateResponse.results:type_name -> broker.v1.GenerationResult
-	65, // 80: broker.v1.ChatResponse.deltas:type_name -> broker.v1.GenerationDelta
-	67, // 81: broker.v1.ChatResponse.results:type_name -> broker.v1.GenerationResult
-	22, // 82: broker.v1.BrokerService.Encode:input_type -> broker.v1.EncodeRequest
-	24, // 83: broker.v1.BrokerService.EncodeStream:input_type -> broker.v1.EncodeStreamRequest
-	28, // 84: broker.v1.BrokerService.Infer:input_type -> broker.v1.InferRequest
-	30, // 85: broker.v1.BrokerService.ListDevices:input_type -> broker.v1.ListDevicesRequest
-	32, // 86: broker.v1.BrokerService.GetDevice:input_type -> broker.v1.GetDeviceRequest
-	34, // 87: broker.v1.BrokerService.GetReport:input_type -> broker.v1.GetReportRequest
-	36, // 88: broker.v1.BrokerService.GetBatchPlan:input_type -> broker.v1.GetBatchPlanRequest
-	39, // 89: broker.v1.BrokerService.ListModels:input_type -> broker.v1.ListModelsRequest
-	41, // 90: broker.v1.BrokerService.LoadModel:input_type -> broker.v1.LoadModelRequest
-	43, // 91: broker.v1.BrokerService.UnloadModel:input_type -> broker.v1.UnloadModelRequest
-	48, // 92: broker.v1.BrokerService.GetStats:input_type -> broker.v1.GetStatsRequest
-	50, // 93: broker.v1.BrokerService.CordonDevice:input_type -> broker.v1.CordonDeviceRequest
-	52, // 94: broker.v1.BrokerService.UncordonDevice:input_type -> broker.v1.UncordonDeviceRequest
-	54, // 95: broker.v1.BrokerService.Drain:input_type -> broker.v1.DrainRequest
-	57, // 96: broker.v1.BrokerService.Generate:input_type -> broker.v1.GenerateRequest
-	62, // 97: broker.v1.BrokerService.Chat:input_type -> broker.v1.ChatRequest
-	23, // 98: broker.v1.BrokerService.Encode:output_type -> broker.v1.EncodeResponse
-	25, // 99: broker.v1.BrokerService.EncodeStream:output_type -> broker.v1.EncodeStreamResponse
-	29, // 100: broker.v1.BrokerService.Infer:output_type -> broker.v1.InferResponse
-	31, // 101: broker.v1.BrokerService.ListDevices:output_type -> broker.v1.ListDevicesResponse
-	33, // 102: broker.v1.BrokerService.GetDevice:output_type -> broker.v1.GetDeviceResponse
-	35, // 103: broker.v1.BrokerService.GetReport:output_type -> broker.v1.GetReportResponse
-	37, // 104: broker.v1.BrokerService.GetBatchPlan:output_type -> broker.v1.GetBatchPlanResponse
-	40, // 105: broker.v1.BrokerService.ListModels:output_type -> broker.v1.ListModelsResponse
-	42, // 106: broker.v1.BrokerService.LoadModel:output_type -> broker.v1.LoadModelResponse
-	44, // 107: broker.v1.BrokerService.UnloadModel:output_type -> broker.v1.UnloadModelResponse
-	49, // 108: broker.v1.BrokerService.GetStats:output_type -> broker.v1.GetStatsResponse
-	51, // 109: broker.v1.BrokerService.CordonDevice:output_type -> broker.v1.CordonDeviceResponse
-	53, // 110: broker.v1.BrokerService.UncordonDevice:output_type -> broker.v1.UncordonDeviceResponse
-	55, // 111: broker.v1.BrokerService.Drain:output_type -> broker.v1.DrainResponse
-	68, // 112: broker.v1.BrokerService.Generate:output_type -> broker.v1.GenerateResponse
-	69, // 113: broker.v1.BrokerService.Chat:output_type -> broker.v1.ChatResponse
-	98, // [98:114] is the sub-list for method output_type
-	82, // [82:98] is the sub-list for method input_type
-	82, // [82:82] is the sub-list for extension type_name
-	82, // [82:82] is the sub-list for extension extendee
-	0,  // [0:82] is the sub-list for field type_name
+	0,   // 0: broker.v1.Device.type:type_name -> broker.v1.DeviceType
+	1,   // 1: broker.v1.Device.health:type_name -> broker.v1.DeviceHealth
+	15,  // 2: broker.v1.Device.telemetry:type_name -> broker.v1.Telemetry
+	12,  // 3: broker.v1.Device.cpu:type_name -> broker.v1.CpuInfo
+	13,  // 4: broker.v1.Device.gpu:type_name -> broker.v1.GpuInfo
+	14,  // 5: broker.v1.Device.tpu:type_name -> broker.v1.TpuInfo
+	72,  // 6: broker.v1.Device.attributes:type_name -> broker.v1.Device.AttributesEntry
+	75,  // 7: broker.v1.Telemetry.updated_at:type_name -> google.protobuf.Timestamp
+	0,   // 8: broker.v1.BatchPlan.device_type:type_name -> broker.v1.DeviceType
+	73,  // 9: broker.v1.Configuration.cost_per_hour_usd:type_name -> broker.v1.Configuration.CostPerHourUsdEntry
+	0,   // 10: broker.v1.Runtime.device_types:type_name -> broker.v1.DeviceType
+	19,  // 11: broker.v1.Runtime.plugins:type_name -> broker.v1.PjrtPlugin
+	0,   // 12: broker.v1.ExecutionInfo.device_type:type_name -> broker.v1.DeviceType
+	20,  // 13: broker.v1.EncodeRequest.items:type_name -> broker.v1.EncodeItem
+	3,   // 14: broker.v1.EncodeRequest.fidelity:type_name -> broker.v1.Fidelity
+	4,   // 15: broker.v1.EncodeRequest.priority:type_name -> broker.v1.Priority
+	0,   // 16: broker.v1.EncodeRequest.device_type:type_name -> broker.v1.DeviceType
+	21,  // 17: broker.v1.EncodeResponse.results:type_name -> broker.v1.EncodeResult
+	22,  // 18: broker.v1.EncodeResponse.execution:type_name -> broker.v1.ExecutionInfo
+	23,  // 19: broker.v1.EncodeStreamRequest.request:type_name -> broker.v1.EncodeRequest
+	21,  // 20: broker.v1.EncodeStreamResponse.results:type_name -> broker.v1.EncodeResult
+	22,  // 21: broker.v1.EncodeStreamResponse.execution:type_name -> broker.v1.ExecutionInfo
+	5,   // 22: broker.v1.Tensor.dtype:type_name -> broker.v1.DataType
+	5,   // 23: broker.v1.TensorSpec.dtype:type_name -> broker.v1.DataType
+	27,  // 24: broker.v1.InferRequest.inputs:type_name -> broker.v1.Tensor
+	4,   // 25: broker.v1.InferRequest.priority:type_name -> broker.v1.Priority
+	76,  // 26: broker.v1.InferRequest.timeout:type_name -> google.protobuf.Duration
+	0,   // 27: broker.v1.InferRequest.device_type:type_name -> broker.v1.DeviceType
+	27,  // 28: broker.v1.InferResponse.outputs:type_name -> broker.v1.Tensor
+	22,  // 29: broker.v1.InferResponse.execution:type_name -> broker.v1.ExecutionInfo
+	11,  // 30: broker.v1.ListDevicesResponse.devices:type_name -> broker.v1.Device
+	11,  // 31: broker.v1.GetDeviceResponse.device:type_name -> broker.v1.Device
+	11,  // 32: broker.v1.GetReportResponse.current_device:type_name -> broker.v1.Device
+	11,  // 33: broker.v1.GetReportResponse.all_devices:type_name -> broker.v1.Device
+	17,  // 34: broker.v1.GetReportResponse.configuration:type_name -> broker.v1.Configuration
+	18,  // 35: broker.v1.GetReportResponse.runtimes:type_name -> broker.v1.Runtime
+	2,   // 36: broker.v1.GetReportResponse.routing_mode:type_name -> broker.v1.RoutingMode
+	16,  // 37: broker.v1.GetReportResponse.batch_plans:type_name -> broker.v1.BatchPlan
+	0,   // 38: broker.v1.GetBatchPlanRequest.device_type:type_name -> broker.v1.DeviceType
+	16,  // 39: broker.v1.GetBatchPlanResponse.plan:type_name -> broker.v1.BatchPlan
+	6,   // 40: broker.v1.Model.state:type_name -> broker.v1.ModelState
+	28,  // 41: broker.v1.Model.inputs:type_name -> broker.v1.TensorSpec
+	28,  // 42: broker.v1.Model.outputs:type_name -> broker.v1.TensorSpec
+	75,  // 43: broker.v1.Model.modified_at:type_name -> google.protobuf.Timestamp
+	39,  // 44: broker.v1.ListModelsResponse.models:type_name -> broker.v1.Model
+	39,  // 45: broker.v1.LoadModelResponse.model:type_name -> broker.v1.Model
+	7,   // 46: broker.v1.LoadModelResponse.action:type_name -> broker.v1.LoadAction
+	39,  // 47: broker.v1.UnloadModelResponse.model:type_name -> broker.v1.Model
+	74,  // 48: broker.v1.QueueStats.failed:type_name -> broker.v1.QueueStats.FailedEntry
+	46,  // 49: broker.v1.QueueStats.latency:type_name -> broker.v1.LatencySummary
+	48,  // 50: broker.v1.QueueStats.generation:type_name -> broker.v1.GenerationStats
+	46,  // 51: broker.v1.GenerationStats.time_to_first_token:type_name -> broker.v1.LatencySummary
+	46,  // 52: broker.v1.GenerationStats.inter_token_latency:type_name -> broker.v1.LatencySummary
+	47,  // 53: broker.v1.GetStatsResponse.stats:type_name -> broker.v1.QueueStats
+	11,  // 54: broker.v1.CordonDeviceResponse.device:type_name -> broker.v1.Device
+	11,  // 55: broker.v1.UncordonDeviceResponse.device:type_name -> broker.v1.Device
+	58,  // 56: broker.v1.SamplingParams.constraint:type_name -> broker.v1.Constraint
+	10,  // 57: broker.v1.Constraint.kind:type_name -> broker.v1.Constraint.Kind
+	57,  // 58: broker.v1.GenerateRequest.sampling:type_name -> broker.v1.SamplingParams
+	4,   // 59: broker.v1.GenerateRequest.priority:type_name -> broker.v1.Priority
+	0,   // 60: broker.v1.GenerateRequest.device_type:type_name -> broker.v1.DeviceType
+	76,  // 61: broker.v1.GenerateRequest.max_time:type_name -> google.protobuf.Duration
+	62,  // 62: broker.v1.ChatMessage.tool_calls:type_name -> broker.v1.ToolCall
+	60,  // 63: broker.v1.Conversation.messages:type_name -> broker.v1.ChatMessage
+	63,  // 64: broker.v1.ChatRequest.conversations:type_name -> broker.v1.Conversation
+	57,  // 65: broker.v1.ChatRequest.sampling:type_name -> broker.v1.SamplingParams
+	4,   // 66: broker.v1.ChatRequest.priority:type_name -> broker.v1.Priority
+	0,   // 67: broker.v1.ChatRequest.device_type:type_name -> broker.v1.DeviceType
+	76,  // 68: broker.v1.ChatRequest.max_time:type_name -> google.protobuf.Duration
+	77,  // 69: broker.v1.ChatRequest.chat_template_kwargs:type_name -> google.protobuf.Struct
+	61,  // 70: broker.v1.ChatRequest.tools:type_name -> broker.v1.Tool
+	9,   // 71: broker.v1.ChatRequest.tool_choice:type_name -> broker.v1.ToolChoiceMode
+	65,  // 72: broker.v1.LogprobEntry.chosen:type_name -> broker.v1.TokenLogprob
+	65,  // 73: broker.v1.LogprobEntry.top:type_name -> broker.v1.TokenLogprob
+	66,  // 74: broker.v1.GenerationDelta.logprobs:type_name -> broker.v1.LogprobEntry
+	62,  // 75: broker.v1.GenerationDelta.tool_calls:type_name -> broker.v1.ToolCall
+	8,   // 76: broker.v1.GenerationResult.finish_reason:type_name -> broker.v1.FinishReason
+	68,  // 77: broker.v1.GenerationResult.usage:type_name -> broker.v1.Usage
+	76,  // 78: broker.v1.GenerationResult.time_to_first_token:type_name -> google.protobuf.Duration
+	22,  // 79: broker.v1.GenerationResult.execution:type_name -> broker.v1.ExecutionInfo
+	67,  // 80: broker.v1.GenerateResponse.deltas:type_name -> broker.v1.GenerationDelta
+	69,  // 81: broker.v1.GenerateResponse.results:type_name -> broker.v1.GenerationResult
+	67,  // 82: broker.v1.ChatResponse.deltas:type_name -> broker.v1.GenerationDelta
+	69,  // 83: broker.v1.ChatResponse.results:type_name -> broker.v1.GenerationResult
+	23,  // 84: broker.v1.BrokerService.Encode:input_type -> broker.v1.EncodeRequest
+	25,  // 85: broker.v1.BrokerService.EncodeStream:input_type -> broker.v1.EncodeStreamRequest
+	29,  // 86: broker.v1.BrokerService.Infer:input_type -> broker.v1.InferRequest
+	31,  // 87: broker.v1.BrokerService.ListDevices:input_type -> broker.v1.ListDevicesRequest
+	33,  // 88: broker.v1.BrokerService.GetDevice:input_type -> broker.v1.GetDeviceRequest
+	35,  // 89: broker.v1.BrokerService.GetReport:input_type -> broker.v1.GetReportRequest
+	37,  // 90: broker.v1.BrokerService.GetBatchPlan:input_type -> broker.v1.GetBatchPlanRequest
+	40,  // 91: broker.v1.BrokerService.ListModels:input_type -> broker.v1.ListModelsRequest
+	42,  // 92: broker.v1.BrokerService.LoadModel:input_type -> broker.v1.LoadModelRequest
+	44,  // 93: broker.v1.BrokerService.UnloadModel:input_type -> broker.v1.UnloadModelRequest
+	49,  // 94: broker.v1.BrokerService.GetStats:input_type -> broker.v1.GetStatsRequest
+	51,  // 95: broker.v1.BrokerService.CordonDevice:input_type -> broker.v1.CordonDeviceRequest
+	53,  // 96: broker.v1.BrokerService.UncordonDevice:input_type -> broker.v1.UncordonDeviceRequest
+	55,  // 97: broker.v1.BrokerService.Drain:input_type -> broker.v1.DrainRequest
+	59,  // 98: broker.v1.BrokerService.Generate:input_type -> broker.v1.GenerateRequest
+	64,  // 99: broker.v1.BrokerService.Chat:input_type -> broker.v1.ChatRequest
+	24,  // 100: broker.v1.BrokerService.Encode:output_type -> broker.v1.EncodeResponse
+	26,  // 101: broker.v1.BrokerService.EncodeStream:output_type -> broker.v1.EncodeStreamResponse
+	30,  // 102: broker.v1.BrokerService.Infer:output_type -> broker.v1.InferResponse
+	32,  // 103: broker.v1.BrokerService.ListDevices:output_type -> broker.v1.ListDevicesResponse
+	34,  // 104: broker.v1.BrokerService.GetDevice:output_type -> broker.v1.GetDeviceResponse
+	36,  // 105: broker.v1.BrokerService.GetReport:output_type -> broker.v1.GetReportResponse
+	38,  // 106: broker.v1.BrokerService.GetBatchPlan:output_type -> broker.v1.GetBatchPlanResponse
+	41,  // 107: broker.v1.BrokerService.ListModels:output_type -> broker.v1.ListModelsResponse
+	43,  // 108: broker.v1.BrokerService.LoadModel:output_type -> broker.v1.LoadModelResponse
+	45,  // 109: broker.v1.BrokerService.UnloadModel:output_type -> broker.v1.UnloadModelResponse
+	50,  // 110: broker.v1.BrokerService.GetStats:output_type -> broker.v1.GetStatsResponse
+	52,  // 111: broker.v1.BrokerService.CordonDevice:output_type -> broker.v1.CordonDeviceResponse
+	54,  // 112: broker.v1.BrokerService.UncordonDevice:output_type -> broker.v1.UncordonDeviceResponse
+	56,  // 113: broker.v1.BrokerService.Drain:output_type -> broker.v1.DrainResponse
+	70,  // 114: broker.v1.BrokerService.Generate:output_type -> broker.v1.GenerateResponse
+	71,  // 115: broker.v1.BrokerService.Chat:output_type -> broker.v1.ChatResponse
+	100, // [100:116] is the sub-list for method output_type
+	84,  // [84:100] is the sub-list for method input_type
+	84,  // [84:84] is the sub-list for extension type_name
+	84,  // [84:84] is the sub-list for extension extendee
+	0,   // [0:84] is the sub-list for field type_name
 }
 
 func init() { file_broker_v1_broker_proto_init() }
@@ -6254,15 +6398,15 @@ func file_broker_v1_broker_proto_init() {
 		(*GetBatchPlanRequest_DeviceId)(nil),
 	}
 	file_broker_v1_broker_proto_msgTypes[46].OneofWrappers = []any{}
-	file_broker_v1_broker_proto_msgTypes[47].OneofWrappers = []any{}
-	file_broker_v1_broker_proto_msgTypes[52].OneofWrappers = []any{}
+	file_broker_v1_broker_proto_msgTypes[48].OneofWrappers = []any{}
+	file_broker_v1_broker_proto_msgTypes[53].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_broker_v1_broker_proto_rawDesc), len(file_broker_v1_broker_proto_rawDesc)),
-			NumEnums:      10,
-			NumMessages:   63,
+			NumEnums:      11,
+			NumMessages:   64,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
