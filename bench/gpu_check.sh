@@ -8,7 +8,7 @@
 #
 # Each step runs under its own timeout and the next runs whatever happened
 # (no set -e across steps); all of them share a budget (GPU_CHECK_BUDGET,
-# 450 s), so the whole run stays under 8 minutes. Steps:
+# 420 s), so the whole run, unpacking included, stays under 8 minutes. Steps:
 #   facts            nvidia-smi, OS, glibc, Python packages, the PJRT plugin, ldd
 #   nvidia-compare   brokerd's GPU facts against nvidia-smi (bench/nvidia-compare.sh)
 #   pjrt-devices     brokerd lists the GPU runnable on pjrt (bench/pjrt_gpu.sh);
@@ -436,7 +436,7 @@ run_step() {
   : >"$GC_KEY"
   if [ "$t" -lt 15 ]; then
     status=SKIP
-    key "SKIP: out of the time budget (${GPU_CHECK_BUDGET:-450} s)"
+    key "SKIP: out of the time budget (${GPU_CHECK_BUDGET:-420} s)"
     echo "not run: out of the time budget" >"$GC_LOG"
     rc=-
     t=0
@@ -495,7 +495,7 @@ main() {
   mkdir -p "$out" || exit 1
   export GC_OUT GC_CPU=${GPU_CHECK_CPU:-0} GC_WORK GC_LOGS GC_GPU GC_BIN GC_PLUGIN GC_DEADLINE
   GC_OUT=$(cd "$out" && pwd)
-  local start budget=${GPU_CHECK_BUDGET:-450}
+  local start budget=${GPU_CHECK_BUDGET:-420}
   start=$(date +%s)
   GC_DEADLINE=$((start + budget))
   GC_WORK=$(mktemp -d /tmp/gpu-check.XXXXXX)
