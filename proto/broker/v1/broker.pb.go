@@ -530,6 +530,11 @@ const (
 	// Chat with tools: the model stopped after calling tools
 	// (GenerationDelta.tool_calls), OpenAI's finish_reason "tool_calls".
 	FinishReason_FINISH_REASON_TOOL_CALLS FinishReason = 5
+	// The structured-output constraint (SamplingParams.constraint) cannot
+	// continue: no token of the model's vocabulary continues the output and
+	// the output is not complete, or its parse went past the engine's
+	// run-time bounds. The output so far is returned; it does not parse.
+	FinishReason_FINISH_REASON_CONSTRAINT FinishReason = 6
 )
 
 // Enum value maps for FinishReason.
@@ -541,6 +546,7 @@ var (
 		3: "FINISH_REASON_DEADLINE",
 		4: "FINISH_REASON_CANCELLED",
 		5: "FINISH_REASON_TOOL_CALLS",
+		6: "FINISH_REASON_CONSTRAINT",
 	}
 	FinishReason_value = map[string]int32{
 		"FINISH_REASON_UNSPECIFIED": 0,
@@ -549,6 +555,7 @@ var (
 		"FINISH_REASON_DEADLINE":    3,
 		"FINISH_REASON_CANCELLED":   4,
 		"FINISH_REASON_TOOL_CALLS":  5,
+		"FINISH_REASON_CONSTRAINT":  6,
 	}
 )
 
@@ -6131,14 +6138,15 @@ const file_broker_v1_broker_proto_rawDesc = "" +
 	"\x12LOAD_ACTION_LOADED\x10\x01\x12\x18\n" +
 	"\x14LOAD_ACTION_SWITCHED\x10\x02\x12\x18\n" +
 	"\x14LOAD_ACTION_RELOADED\x10\x03\x12\x19\n" +
-	"\x15LOAD_ACTION_UNCHANGED\x10\x04*\xb6\x01\n" +
+	"\x15LOAD_ACTION_UNCHANGED\x10\x04*\xd4\x01\n" +
 	"\fFinishReason\x12\x1d\n" +
 	"\x19FINISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12FINISH_REASON_STOP\x10\x01\x12\x18\n" +
 	"\x14FINISH_REASON_LENGTH\x10\x02\x12\x1a\n" +
 	"\x16FINISH_REASON_DEADLINE\x10\x03\x12\x1b\n" +
 	"\x17FINISH_REASON_CANCELLED\x10\x04\x12\x1c\n" +
-	"\x18FINISH_REASON_TOOL_CALLS\x10\x05*\xa6\x01\n" +
+	"\x18FINISH_REASON_TOOL_CALLS\x10\x05\x12\x1c\n" +
+	"\x18FINISH_REASON_CONSTRAINT\x10\x06*\xa6\x01\n" +
 	"\x0eToolChoiceMode\x12 \n" +
 	"\x1cTOOL_CHOICE_MODE_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15TOOL_CHOICE_MODE_AUTO\x10\x01\x12\x19\n" +
