@@ -50,7 +50,7 @@ func (x GenExecutor) Step(ctx context.Context, items []scheduler.StepItem) ([]sc
 	}
 	out := make([]scheduler.StepResult, len(res))
 	for i, r := range res {
-		out[i] = scheduler.StepResult{Token: r.Token, Out: r.Out, Stop: r.Stop, Full: r.Full}
+		out[i] = scheduler.StepResult{Token: r.Token, Out: r.Out, Stop: r.Stop, Full: r.Full, End: r.End}
 	}
 	return out, nil
 }

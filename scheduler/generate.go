@@ -77,6 +77,10 @@ type StepResult struct {
 	Out   any  // the executor's payload for the token (text delta, logprobs)
 	Stop  bool // the sequence ends with this token (FinishStop)
 	Full  bool // no room for more tokens (context length): FinishLength
+	// End, when set, ends the sequence at this step without a token, with
+	// End as its finish reason: the executor's own reason (a structured-
+	// output constraint that cannot continue). Token and Out are ignored.
+	End string
 }
 
 // GenExecutor runs decoder steps on one device.
@@ -103,8 +107,9 @@ type GenEvent struct {
 	HasToken bool
 	Token    int32
 	Out      any
-	// Finish is set on the last event: FinishStop, FinishLength or
-	// FinishDeadline (a deadline's last event may carry no token).
+	// Finish is set on the last event: FinishStop, FinishLength,
+	// FinishDeadline or an executor's StepResult.End (a deadline's or an
+	// End's last event may carry no token).
 	Finish string
 	Info   *GenInfo // on the last event
 }
@@ -847,6 +852,11 @@ func (s *Scheduler) applyStepLocked(r *genReplica, items []StepItem, seqs []*gen
 			continue
 		}
 		res := results[i]
+		if res.End != "" {
+			s.finishSeqLocked(seq, nil, res.End, "")
+			s.releaseLocked(r, seq)
+			continue
+		}
 		seq.tokens = append(seq.tokens, res.Token)
 		seq.generated++
 		r.m.generated.Inc()

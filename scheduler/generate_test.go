@@ -37,8 +37,9 @@ type fakeGen struct {
 }
 
 // genState is a sequence's executor state in the tests: it stops after
-// stopAfter tokens (0: never).
-type genState struct{ stopAfter, generated int }
+// stopAfter tokens (0: never), or ends without a token at its endAt-th
+// sampling step (StepResult.End "dead-end"; 0: never).
+type genState struct{ stopAfter, endAt, generated int }
 
 func newFakeGen(blockSize, blocks int) *fakeGen {
 	return &fakeGen{blockSize: blockSize, blocks: blocks, cache: map[uint64][]int32{}, held: map[uint64]int{}}
@@ -125,6 +126,9 @@ func (f *fakeGen) Step(ctx context.Context, items []StepItem) ([]StepResult, err
 			st := it.State.(*genState)
 			st.generated++
 			out[i] = StepResult{Token: nextToken(c), Out: fmt.Sprint("t", nextToken(c)), Stop: st.stopAfter > 0 && st.generated >= st.stopAfter}
+			if st.endAt > 0 && st.generated >= st.endAt {
+				out[i] = StepResult{End: "dead-end"}
+			}
 		}
 	}
 	return out, nil
@@ -631,4 +635,46 @@ func feedSteps(gate chan<- struct{}) (stop func()) {
 		}
 	}()
 	return func() { close(feed) }
+}
+
+// TestGenerateExecutorEnds: an executor's End finishes a sequence at that
+// step without a token (a constraint's dead end), with End as its reason;
+// its blocks are freed and the sequences beside it run on unchanged.
+func TestGenerateExecutorEnds(t *testing.T) {
+	s := newTestScheduler(t, Options{})
+	f := newFakeGen(4, 64)
+	if err := s.AddGenReplica("llm", Device{ID: "cpu:0", Type: "cpu"}, GenOptions{MaxRunning: 4, MaxStepTokens: 64}, f); err != nil {
+		t.Fatal(err)
+	}
+	cs := genCases(3)
+	ends := []int{3, 0, 1}
+	res := make([]genResult, len(cs))
+	var wg sync.WaitGroup
+	for i, c := range cs {
+		c.stopAfter = 0
+		cs[i] = c
+		st, err := s.Generate(context.Background(), GenRequest{Model: "llm", Client: "c", Prompt: c.prompt, MaxNewTokens: c.maxNew,
+			State: &genState{endAt: ends[i]}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		wg.Add(1)
+		go func() { defer wg.Done(); res[i] = collect(st) }()
+	}
+	waitGroup(t, &wg)
+	for i, c := range cs {
+		want, finish := expected(c.prompt, c.maxNew, 0)
+		if ends[i] > 0 {
+			want, finish = want[:ends[i]-1], "dead-end"
+		}
+		r := res[i]
+		if r.err != nil || !slices.Equal(r.tokens, want) || r.finish != finish {
+			t.Errorf("sequence %d: tokens %v finish %q err %v, want %v %q", i, r.tokens, r.finish, r.err, want, finish)
+		}
+		if r.info == nil || r.info.GeneratedTokens != len(want) {
+			t.Errorf("sequence %d: info %+v, want %d generated", i, r.info, len(want))
+		}
+	}
+	f.check(t)
+	waitFor(t, "every block freed", func() bool { return f.blocksUsed() == 0 })
 }

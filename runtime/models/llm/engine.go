@@ -63,6 +63,7 @@ type StepResult struct {
 	Out   any
 	Stop  bool
 	Full  bool
+	End   string // ends the sequence without a token, with this finish reason (FinishConstraint)
 }
 
 // Engine runs a decoder on one device: resident weights, a paged KV cache
