@@ -2,9 +2,13 @@ package server
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
+	"regexp"
+	"strings"
 	"time"
 	"unicode/utf8"
 
@@ -15,6 +19,7 @@ import (
 
 	"github.com/brokerd/brokerd/lifecycle"
 	brokerv1 "github.com/brokerd/brokerd/proto/broker/v1"
+	"github.com/brokerd/brokerd/runtime/models/llm"
 	"github.com/brokerd/brokerd/scheduler"
 	"github.com/brokerd/brokerd/server/internal/output"
 )
@@ -35,11 +40,14 @@ type generatorModel interface {
 	SystemPrompt() string
 	EncodePrompt(text string, addSpecial bool) ([]int32, error)
 	// RenderChat runs the model's chat template under its bounds, with
-	// vars as more template variables; it stops with ctx's error when ctx
-	// ends.
-	RenderChat(ctx context.Context, turns []chatTurn, addGenerationPrompt bool, vars map[string]any) (string, error)
+	// vars as more template variables and tools as its tools (OpenAI's
+	// tool objects; nil: none); it stops with ctx's error when ctx ends.
+	RenderChat(ctx context.Context, turns []chatTurn, addGenerationPrompt bool, vars map[string]any, tools []json.RawMessage) (string, error)
 	// ThinkTags are the markers of the model's thinking, when it thinks.
 	ThinkTags() (output.Tags, bool)
+	// ToolFormat is how the model writes calls of tools
+	// (output.NoToolFormat: in no format brokerd parses).
+	ToolFormat() output.ToolFormat
 	// NewSequence validates p (errors wrap models.ErrInvalidInput) and
 	// returns the state of one sequence.
 	NewSequence(p samplingParams, prompt []int32) (genSequence, error)
@@ -65,8 +73,13 @@ type genDelta struct {
 }
 
 // chatTurn is one message of a conversation (Reasoning: an assistant
-// turn's thinking).
-type chatTurn struct{ Role, Content, Reasoning string }
+// turn's thinking; ToolCalls: its calls; ToolCallID: the call a tool
+// turn's result answers).
+type chatTurn struct {
+	Role, Content, Reasoning string
+	ToolCalls                []llm.ToolCall
+	ToolCallID               string
+}
 
 // samplingParams is SamplingParams with the proto's optional fields as
 // pointers (nil: the model's default).
@@ -92,6 +105,10 @@ const (
 	// maxTemplateKwargs bounds chat_template_kwargs: keys, and bytes.
 	maxTemplateKwargs      = 64
 	maxTemplateKwargsBytes = 64 << 10
+	// maxTools bounds a chat's tools (OpenAI's limit), maxToolCalls an
+	// assistant turn's calls.
+	maxTools     = 128
+	maxToolCalls = 128
 	// maxChatMessages bounds one conversation; chatMessageOverhead is
 	// what each message counts against --max-item-bytes besides its role
 	// and content (about what a chat template adds around it).
@@ -143,6 +160,10 @@ type genCall struct {
 	// thinking, for a chat of a thinking model, splits each sequence's
 	// reasoning from its text (nil: no parsing).
 	thinking []*output.Thinking
+	// tools, for a chat with tools, takes each sequence's calls out of
+	// its text (nil: no parsing); calls counts them.
+	tools []*output.ToolCalls
+	calls []int
 }
 
 // generateSink sends one response; Generate and Chat wrap their stream.
@@ -196,6 +217,14 @@ func (s *BrokerService) Chat(req *brokerv1.ChatRequest, stream brokerv1.BrokerSe
 	if thinks {
 		call.thinking = make([]*output.Thinking, len(convs))
 	}
+	tools, toolsSize, err := chatTools(req, call.gm)
+	if err != nil {
+		return err
+	}
+	if len(tools) > 0 && req.GetToolChoice() != brokerv1.ToolChoiceMode_TOOL_CHOICE_MODE_NONE {
+		call.tools = make([]*output.ToolCalls, len(convs))
+		call.calls = make([]int, len(convs))
+	}
 	toks := make([][]int32, len(convs))
 	for i, c := range convs {
 		msgs := c.GetMessages()
@@ -208,9 +237,12 @@ func (s *BrokerService) Chat(req *brokerv1.ChatRequest, stream brokerv1.BrokerSe
 		if len(msgs) > maxChatMessages {
 			return invalid("conversations[%d] has %d messages; at most %d", i, len(msgs), maxChatMessages)
 		}
-		size := 0
+		size := toolsSize
 		for _, m := range msgs {
-			size += len(m.GetContent()) + len(m.GetReasoning()) + len(m.GetRole()) + chatMessageOverhead
+			size += len(m.GetContent()) + len(m.GetReasoning()) + len(m.GetRole()) + len(m.GetToolCallId()) + chatMessageOverhead
+			for _, tc := range m.GetToolCalls() {
+				size += len(tc.GetId()) + len(tc.GetName()) + len(tc.GetArguments()) + chatMessageOverhead
+			}
 		}
 		if size > s.limits.MaxItemBytes {
 			return invalid("conversations[%d] is %d bytes (%d messages, counting %d bytes of markup each); the limit is %d (--max-item-bytes)",
@@ -220,19 +252,23 @@ func (s *BrokerService) Chat(req *brokerv1.ChatRequest, stream brokerv1.BrokerSe
 		hasSystem := false
 		for j, m := range msgs {
 			switch m.GetRole() {
-			case "system", "user", "assistant":
+			case "system", "user", "assistant", "tool":
 			default:
-				return invalid("conversations[%d].messages[%d].role %q: want system, user or assistant", i, j, m.GetRole())
+				return invalid("conversations[%d].messages[%d].role %q: want system, user, assistant or tool", i, j, m.GetRole())
 			}
 			hasSystem = hasSystem || m.GetRole() == "system"
-			turns = append(turns, chatTurn{Role: m.GetRole(), Content: m.GetContent(), Reasoning: m.GetReasoning()})
+			turn := chatTurn{Role: m.GetRole(), Content: m.GetContent(), Reasoning: m.GetReasoning(), ToolCallID: m.GetToolCallId()}
+			if turn.ToolCalls, err = turnCalls(m); err != nil {
+				return invalid("conversations[%d].messages[%d]: %v", i, j, err)
+			}
+			turns = append(turns, turn)
 		}
 		// The model's own system prompt (an Ollama model's), as Ollama
 		// applies it: when the conversation brings none.
 		if sys := call.gm.SystemPrompt(); sys != "" && !hasSystem {
 			turns = append([]chatTurn{{Role: "system", Content: sys}}, turns...)
 		}
-		text, err := call.gm.RenderChat(ctx, turns, true, vars)
+		text, err := call.gm.RenderChat(ctx, turns, true, vars, tools)
 		if err != nil {
 			if ctx.Err() != nil {
 				return toStatus(s.log, "Chat", ctx.Err())
@@ -244,6 +280,9 @@ func (s *BrokerService) Chat(req *brokerv1.ChatRequest, stream brokerv1.BrokerSe
 			// models): the reply then starts inside it.
 			call.thinking[i] = output.NewThinking(tags, output.PromptOpensBlock(tags, text))
 		}
+		if call.tools != nil {
+			call.tools[i] = output.NewToolCalls(call.gm.ToolFormat())
+		}
 		// The template writes the special tokens itself.
 		if toks[i], err = call.gm.EncodePrompt(text, false); err != nil {
 			return invalid("conversations[%d]: %v", i, err)
@@ -252,6 +291,112 @@ func (s *BrokerService) Chat(req *brokerv1.ChatRequest, stream brokerv1.BrokerSe
 	return call.run(ctx, toks, func(d []*brokerv1.GenerationDelta, r []*brokerv1.GenerationResult) error {
 		return stream.Send(&brokerv1.ChatResponse{Deltas: d, Results: r})
 	})
+}
+
+// toolName is what OpenAI takes as a function's name.
+var toolName = regexp.MustCompile(`^[a-zA-Z0-9_-]{1,64}$`)
+
+// chatTools validates a chat's tools and tool_choice and returns them as
+// the template's tools (OpenAI's tool objects, parameters as written)
+// and their bytes, which count against each conversation's size.
+func chatTools(req *brokerv1.ChatRequest, gm generatorModel) ([]json.RawMessage, int, error) {
+	ts := req.GetTools()
+	choice := req.GetToolChoice()
+	switch choice {
+	case brokerv1.ToolChoiceMode_TOOL_CHOICE_MODE_UNSPECIFIED, brokerv1.ToolChoiceMode_TOOL_CHOICE_MODE_AUTO, brokerv1.ToolChoiceMode_TOOL_CHOICE_MODE_NONE:
+		if req.GetToolChoiceFunction() != "" {
+			return nil, 0, invalid("tool_choice_function %q needs tool_choice TOOL_CHOICE_MODE_FUNCTION", req.GetToolChoiceFunction())
+		}
+	case brokerv1.ToolChoiceMode_TOOL_CHOICE_MODE_REQUIRED, brokerv1.ToolChoiceMode_TOOL_CHOICE_MODE_FUNCTION:
+		if len(ts) == 0 {
+			return nil, 0, invalid("tool_choice %s needs tools", choiceName(req))
+		}
+	default:
+		return nil, 0, invalid("tool_choice %d is not a ToolChoiceMode", choice)
+	}
+	if len(ts) > maxTools {
+		return nil, 0, invalid("%d tools; at most %d", len(ts), maxTools)
+	}
+	out := make([]json.RawMessage, len(ts))
+	size := 0
+	names := map[string]bool{}
+	for i, t := range ts {
+		if !toolName.MatchString(t.GetName()) {
+			return nil, 0, invalid("tools[%d].name %q: want 1 to 64 letters, digits, _ or -", i, t.GetName())
+		}
+		if names[t.GetName()] {
+			return nil, 0, invalid("tools[%d].name %q: two tools have that name", i, t.GetName())
+		}
+		names[t.GetName()] = true
+		name, _ := json.Marshal(t.GetName())
+		fn := append([]byte(`{"name":`), name...)
+		if d := t.GetDescription(); d != "" {
+			b, _ := json.Marshal(d)
+			fn = append(append(fn, `,"description":`...), b...)
+		}
+		if p := t.GetParameters(); p != "" {
+			if !json.Valid([]byte(p)) || !strings.HasPrefix(strings.TrimSpace(p), "{") {
+				return nil, 0, invalid("tools[%d] (%s).parameters is not a JSON object (a JSON Schema)", i, t.GetName())
+			}
+			fn = append(append(fn, `,"parameters":`...), p...)
+		}
+		fn = append(fn, '}')
+		out[i] = json.RawMessage(`{"type":"function","function":` + string(fn) + `}`)
+		size += len(out[i])
+	}
+	if choice == brokerv1.ToolChoiceMode_TOOL_CHOICE_MODE_FUNCTION && !names[req.GetToolChoiceFunction()] {
+		return nil, 0, invalid("tool_choice_function %q is not one of the tools", req.GetToolChoiceFunction())
+	}
+	if choice == brokerv1.ToolChoiceMode_TOOL_CHOICE_MODE_REQUIRED || choice == brokerv1.ToolChoiceMode_TOOL_CHOICE_MODE_FUNCTION {
+		// vLLM enforces these by constraining the output to the tools'
+		// schemas; brokerd's sampler has no constraint yet, and a
+		// prompt that asks nicely is not enforcement.
+		return nil, 0, invalid("tool_choice %s is not supported yet: enforcing it needs constrained decoding, which brokerd's sampler does not have yet; use auto (the default) or none", choiceName(req))
+	}
+	if len(out) > 0 && choice != brokerv1.ToolChoiceMode_TOOL_CHOICE_MODE_NONE && gm.ToolFormat() == output.NoToolFormat {
+		return nil, 0, invalid("model %s writes calls of tools in no format brokerd parses (Qwen's <tool_call> or Llama 3.1's <|python_tag|> as tokens of its vocabulary): leave tools out, or set tool_choice none to show them without parsing", req.GetModel())
+	}
+	return out, size, nil
+}
+
+// choiceName is tool_choice as OpenAI's API writes it.
+func choiceName(req *brokerv1.ChatRequest) string {
+	switch req.GetToolChoice() {
+	case brokerv1.ToolChoiceMode_TOOL_CHOICE_MODE_REQUIRED:
+		return `"required"`
+	case brokerv1.ToolChoiceMode_TOOL_CHOICE_MODE_FUNCTION:
+		return fmt.Sprintf("function %q", req.GetToolChoiceFunction())
+	}
+	return req.GetToolChoice().String()
+}
+
+// turnCalls are a message's calls of tools, as the template gets them.
+func turnCalls(m *brokerv1.ChatMessage) ([]llm.ToolCall, error) {
+	tcs := m.GetToolCalls()
+	if len(tcs) == 0 {
+		return nil, nil
+	}
+	if m.GetRole() != "assistant" {
+		return nil, fmt.Errorf("a %s message has tool_calls: only an assistant's do", m.GetRole())
+	}
+	if len(tcs) > maxToolCalls {
+		return nil, fmt.Errorf("%d tool_calls; at most %d", len(tcs), maxToolCalls)
+	}
+	out := make([]llm.ToolCall, len(tcs))
+	for k, tc := range tcs {
+		if tc.GetName() == "" {
+			return nil, fmt.Errorf("tool_calls[%d] has no name", k)
+		}
+		args := tc.GetArguments()
+		if strings.TrimSpace(args) == "" {
+			args = "{}"
+		}
+		if !json.Valid([]byte(args)) || !strings.HasPrefix(strings.TrimSpace(args), "{") {
+			return nil, fmt.Errorf("tool_calls[%d] (%s).arguments is not a JSON object", k, tc.GetName())
+		}
+		out[k] = llm.ToolCall{ID: tc.GetId(), Name: tc.GetName(), Arguments: args}
+	}
+	return out, nil
 }
 
 // reservedTemplateVars are a chat template's own inputs, which
@@ -509,6 +654,15 @@ func (c *genCall) convert(i int, seq genSequence, ev scheduler.GenEvent) (*broke
 		sp := think.Push(d.Text)
 		d.Text, d.Reasoning = sp.Content, sp.Reasoning
 	}
+	var tools *output.ToolCalls
+	if c.tools != nil {
+		tools = c.tools[i]
+	}
+	if d != nil && tools != nil {
+		p := tools.Push(d.Text)
+		d.Text = p.Content
+		d.ToolCalls = c.toolCalls(i, p.Calls)
+	}
 	if ev.Finish == "" {
 		return d, nil, nil
 	}
@@ -518,20 +672,35 @@ func (c *genCall) convert(i int, seq genSequence, ev scheduler.GenEvent) (*broke
 		end := think.Flush()
 		tail = output.Split{Content: sp.Content + end.Content, Reasoning: sp.Reasoning + end.Reasoning}
 	}
-	if tail != (output.Split{}) {
+	var tailCalls []*brokerv1.ToolCall
+	if tools != nil {
+		p := tools.Push(tail.Content)
+		end := tools.Flush()
+		tail.Content = p.Content + end.Content
+		tailCalls = c.toolCalls(i, append(p.Calls, end.Calls...))
+	}
+	if tail != (output.Split{}) || tailCalls != nil {
 		if d == nil {
 			d = &brokerv1.GenerationDelta{Index: int32(i)}
 		}
 		d.Text += tail.Content
 		d.Reasoning += tail.Reasoning
+		d.ToolCalls = append(d.ToolCalls, tailCalls...)
 	}
 	if d != nil && !(utf8.ValidString(d.Text) && utf8.ValidString(d.Reasoning)) {
 		return nil, nil, fmt.Errorf("sequence %d produced text that is not UTF-8", i)
 	}
 	info := ev.Info
+	finish := finishToProto(ev.Finish)
+	if finish == brokerv1.FinishReason_FINISH_REASON_STOP && c.calls != nil && c.calls[i] > 0 {
+		// The model stopped after calling: the caller runs the tools
+		// (vLLM's and OpenAI's "tool_calls"; a length or deadline cut
+		// stays what it is).
+		finish = brokerv1.FinishReason_FINISH_REASON_TOOL_CALLS
+	}
 	r := &brokerv1.GenerationResult{
 		Index:        int32(i),
-		FinishReason: finishToProto(ev.Finish),
+		FinishReason: finish,
 		Usage:        &brokerv1.Usage{PromptTokens: int32(info.PromptTokens), CompletionTokens: int32(info.GeneratedTokens)},
 		Execution: execInfoToProto(scheduler.ExecInfo{
 			DeviceID: info.DeviceID, DeviceType: info.DeviceType, BatchSize: info.MaxBatch,
@@ -543,6 +712,29 @@ func (c *genCall) convert(i int, seq genSequence, ev scheduler.GenEvent) (*broke
 		r.TimeToFirstToken = durationpb.New(info.TimeToFirstToken)
 	}
 	return d, r, nil
+}
+
+// toolCalls gives sequence i's parsed calls their ids and positions.
+func (c *genCall) toolCalls(i int, calls []output.Call) []*brokerv1.ToolCall {
+	if len(calls) == 0 {
+		return nil
+	}
+	out := make([]*brokerv1.ToolCall, len(calls))
+	for k, tc := range calls {
+		out[k] = &brokerv1.ToolCall{Id: toolCallID(), Name: tc.Name, Arguments: tc.Arguments, Index: int32(c.calls[i])}
+		c.calls[i]++
+	}
+	return out
+}
+
+// toolCallID is "call_" and 24 random letters and digits, as OpenAI's.
+func toolCallID() string {
+	const alphabet = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+	b := []byte("call_------------------------")
+	for k := 5; k < len(b); k++ {
+		b[k] = alphabet[rand.IntN(len(alphabet))]
+	}
+	return string(b)
 }
 
 func finishToProto(f string) brokerv1.FinishReason {

@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -63,7 +64,9 @@ func (m *letterModel) EncodePrompt(text string, addSpecial bool) ([]int32, error
 
 func (m *letterModel) ThinkTags() (output.Tags, bool) { return output.Tags{}, false }
 
-func (m *letterModel) RenderChat(_ context.Context, turns []chatTurn, gen bool, _ map[string]any) (string, error) {
+func (m *letterModel) ToolFormat() output.ToolFormat { return output.NoToolFormat }
+
+func (m *letterModel) RenderChat(_ context.Context, turns []chatTurn, gen bool, _ map[string]any, _ []json.RawMessage) (string, error) {
 	var b strings.Builder
 	for _, t := range turns {
 		fmt.Fprintf(&b, "<%s>%s\n", t.Role, t.Content)
@@ -353,6 +356,21 @@ func TestGenerateRPCValidation(t *testing.T) {
 		{name: "chat: template kwargs replacing the messages", chat: &brokerv1.ChatRequest{Model: "tiny",
 			ChatTemplateKwargs: &structpb.Struct{Fields: map[string]*structpb.Value{"messages": structpb.NewListValue(&structpb.ListValue{})}},
 			Conversations:      []*brokerv1.Conversation{{Messages: []*brokerv1.ChatMessage{{Role: "user", Content: "x"}}}}}, code: codes.InvalidArgument, msg: "messages"},
+		{name: "chat: tools on a model with no call format", chat: toolChat(&brokerv1.ChatRequest{}), code: codes.InvalidArgument, msg: "no format"},
+		{name: "chat: tool_choice required", chat: toolChat(&brokerv1.ChatRequest{ToolChoice: brokerv1.ToolChoiceMode_TOOL_CHOICE_MODE_REQUIRED}), code: codes.InvalidArgument, msg: "not supported yet"},
+		{name: "chat: a named function", chat: toolChat(&brokerv1.ChatRequest{ToolChoice: brokerv1.ToolChoiceMode_TOOL_CHOICE_MODE_FUNCTION, ToolChoiceFunction: "f"}), code: codes.InvalidArgument, msg: "not supported yet"},
+		{name: "chat: a named function not among the tools", chat: toolChat(&brokerv1.ChatRequest{ToolChoice: brokerv1.ToolChoiceMode_TOOL_CHOICE_MODE_FUNCTION, ToolChoiceFunction: "g"}), code: codes.InvalidArgument, msg: "not one of the tools"},
+		{name: "chat: required without tools", chat: toolChat(&brokerv1.ChatRequest{ToolChoice: brokerv1.ToolChoiceMode_TOOL_CHOICE_MODE_REQUIRED, Tools: []*brokerv1.Tool{}}), code: codes.InvalidArgument, msg: "needs tools"},
+		{name: "chat: a function name without FUNCTION", chat: toolChat(&brokerv1.ChatRequest{ToolChoiceFunction: "f"}), code: codes.InvalidArgument, msg: "TOOL_CHOICE_MODE_FUNCTION"},
+		{name: "chat: a bad tool name", chat: toolChat(&brokerv1.ChatRequest{Tools: []*brokerv1.Tool{{Name: "a b"}}}), code: codes.InvalidArgument, msg: "tools[0].name"},
+		{name: "chat: two tools of a name", chat: toolChat(&brokerv1.ChatRequest{Tools: []*brokerv1.Tool{{Name: "f"}, {Name: "f"}}}), code: codes.InvalidArgument, msg: "two tools"},
+		{name: "chat: parameters not an object", chat: toolChat(&brokerv1.ChatRequest{Tools: []*brokerv1.Tool{{Name: "f", Parameters: "[1]"}}}), code: codes.InvalidArgument, msg: "parameters"},
+		{name: "chat: a user's tool calls", chat: toolChat(&brokerv1.ChatRequest{Tools: []*brokerv1.Tool{}},
+			&brokerv1.ChatMessage{Role: "user", ToolCalls: []*brokerv1.ToolCall{{Name: "f", Arguments: "{}"}}}), code: codes.InvalidArgument, msg: "only an assistant's"},
+		{name: "chat: arguments not an object", chat: toolChat(&brokerv1.ChatRequest{Tools: []*brokerv1.Tool{}},
+			&brokerv1.ChatMessage{Role: "assistant", ToolCalls: []*brokerv1.ToolCall{{Name: "f", Arguments: `1`}}}), code: codes.InvalidArgument, msg: "arguments"},
+		{name: "chat: tools count against the size", chat: toolChat(&brokerv1.ChatRequest{ToolChoice: brokerv1.ToolChoiceMode_TOOL_CHOICE_MODE_NONE,
+			Tools: []*brokerv1.Tool{{Name: "f", Description: long}}}), code: codes.InvalidArgument, msg: "--max-item-bytes"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -372,6 +390,46 @@ func TestGenerateRPCValidation(t *testing.T) {
 				t.Errorf("got %v, want %v containing %q", err, tc.code, tc.msg)
 			}
 		})
+	}
+}
+
+// toolChat is req for the letter model with one tool, f, unless req has
+// its own (non-nil) tools, and msgs (none: a user's "x").
+func toolChat(req *brokerv1.ChatRequest, msgs ...*brokerv1.ChatMessage) *brokerv1.ChatRequest {
+	req.Model = "tiny"
+	if req.Tools == nil {
+		req.Tools = []*brokerv1.Tool{{Name: "f"}}
+	}
+	if len(msgs) == 0 {
+		msgs = []*brokerv1.ChatMessage{{Role: "user", Content: "x"}}
+	}
+	req.Conversations = []*brokerv1.Conversation{{Messages: msgs}}
+	return req
+}
+
+// With tool_choice none a model that writes calls in no known format
+// still gets its tools (the template renders them) and a tool turn; all
+// of its output is text.
+func TestChatToolChoiceNone(t *testing.T) {
+	m := &letterModel{ctxLen: 64}
+	cl := genServer(t, m, Limits{MaxItemsPerRequest: 2, MaxItemBytes: 1 << 10})
+	req := toolChat(&brokerv1.ChatRequest{ToolChoice: brokerv1.ToolChoiceMode_TOOL_CHOICE_MODE_NONE, Sampling: &brokerv1.SamplingParams{MaxTokens: 3}},
+		&brokerv1.ChatMessage{Role: "user", Content: "x"},
+		&brokerv1.ChatMessage{Role: "assistant", ToolCalls: []*brokerv1.ToolCall{{Id: "call_1", Name: "f", Arguments: `{"a": 1}`}}},
+		&brokerv1.ChatMessage{Role: "tool", ToolCallId: "call_1", Content: "1"})
+	st, err := cl.Chat(t.Context(), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := readAll(t, 1, func() ([]*brokerv1.GenerationDelta, []*brokerv1.GenerationResult, error) {
+		m, err := st.Recv()
+		return m.GetDeltas(), m.GetResults(), err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := got.results[0]; r.GetFinishReason() != brokerv1.FinishReason_FINISH_REASON_LENGTH || len(got.text[0]) != 3 {
+		t.Errorf("result %v, text %q", r, got.text[0])
 	}
 }
 

@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"strings"
 	"unicode/utf8"
@@ -34,12 +35,33 @@ func (g genModel) EncodePrompt(text string, addSpecial bool) ([]int32, error) {
 	return g.m.Encode(text, addSpecial)
 }
 
-func (g genModel) RenderChat(ctx context.Context, turns []chatTurn, addGenerationPrompt bool, vars map[string]any) (string, error) {
+func (g genModel) RenderChat(ctx context.Context, turns []chatTurn, addGenerationPrompt bool, vars map[string]any, tools []json.RawMessage) (string, error) {
 	msgs := make([]llm.Message, len(turns))
 	for i, t := range turns {
-		msgs[i] = llm.Message{Role: t.Role, Content: t.Content, Reasoning: t.Reasoning}
+		msgs[i] = llm.Message{Role: t.Role, Content: t.Content, Reasoning: t.Reasoning, ToolCalls: t.ToolCalls, ToolCallID: t.ToolCallID}
 	}
-	return g.m.RenderChat(ctx, msgs, llm.ChatOptions{AddGenerationPrompt: addGenerationPrompt, Vars: vars})
+	return g.m.RenderChat(ctx, msgs, llm.ChatOptions{AddGenerationPrompt: addGenerationPrompt, Vars: vars, Tools: tools})
+}
+
+// ToolFormat: Qwen2.5's and Qwen3's vocabularies have <tool_call> and
+// </tool_call> as tokens of their own (Hermes calls); Llama 3.1's and
+// 3.2's have <|python_tag|> (JSON calls).
+func (g genModel) ToolFormat() output.ToolFormat {
+	single := func(tags ...string) bool {
+		for _, tag := range tags {
+			if ids, err := g.m.Encode(tag, false); err != nil || len(ids) != 1 {
+				return false
+			}
+		}
+		return true
+	}
+	switch {
+	case single(output.HermesTags.Open, output.HermesTags.Close):
+		return output.Hermes
+	case single(output.PythonTag):
+		return output.Llama3JSON
+	}
+	return output.NoToolFormat
 }
 
 // ThinkTags: a model thinks when its vocabulary has Qwen3's (and
