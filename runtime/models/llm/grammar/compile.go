@@ -55,17 +55,18 @@ type tokenSet struct {
 // dfa memoizes steps of the static arena: a state is a set of stacks plus
 // whether a path just completed the grammar or left the known context.
 type dfa struct {
-	a      *arena
-	states [][]int32 // stack nodes of each state
-	flags  []uint8   // per state: flagEnded, flagExit, flagDead
-	trans  []int32   // state<<8 | byte → state, -1 unknown
-	loop   []uint64  // per state: byte classes whose every byte steps back to it
-	first  []byteSet // per state: bytes some stack can take (others go to state 0)
-	loopOK []bool
-	index  map[string]int32
-	key    []byte
-	buf    []int32
-	max    int
+	a       *arena
+	states  [][]int32 // stack nodes of each state
+	flags   []uint8   // per state: flagEnded, flagExit, flagDead
+	trans   []int32   // state<<8 | byte → state, -1 unknown
+	loop    []uint64  // per state: byte classes whose every byte steps back to it
+	first   []byteSet // per state: bytes some stack can take (others go to state 0)
+	loopOK  []bool
+	index   map[string]int32
+	key     []byte
+	buf     []int32
+	max     int
+	maxWork int
 }
 
 const (
@@ -126,6 +127,12 @@ func (d *dfa) step(s int32, b byte) (int32, error) {
 		return 0, tooLargef("grammar needs more than %d compile states", d.max)
 	}
 	d.buf = d.a.step(d.states[s], b, d.buf[:0])
+	if d.a.work > d.a.maxWork {
+		return 0, tooLargef("grammar too ambiguous: more than %d parse-stack steps for one byte", d.a.maxWork)
+	}
+	if d.a.total > d.maxWork {
+		return 0, tooLargef("precomputing the grammar's masks takes more than %d parse-stack steps", d.maxWork)
+	}
 	var f uint8
 	if d.a.ended {
 		f |= flagEnded
@@ -196,6 +203,7 @@ func compileGBNF(ctx context.Context, v *Vocab, gbnf string, lim Limits) (*Gramm
 	g.stats.Rules, g.stats.Elements = len(prog.ruleAlts), len(prog.elems)
 	a := newArena(prog, true, lim)
 	d := newDFA(a, lim.MaxStates)
+	d.maxWork = lim.MaxCompileWork
 	g.sc = &scanner{g: g, d: d, accepted: make([]uint64, v.words), base: map[int32]*tokenSet{}}
 	start := time.Now()
 	for pos, e := range prog.elems {

@@ -58,6 +58,8 @@ type Limits struct {
 	MaxStacks      int // parse stacks alive after one byte (default 2,048)
 	MaxStepWork    int // stack nodes visited for one byte (default 200,000)
 	MaxStates      int // compile-time DFA states while precomputing masks (default 200,000)
+	MaxCompileWork int // stack nodes visited while precomputing masks (default 50,000,000)
+	MaxMaskWork    int // stack nodes visited by one Mask or Accept (default 2,000,000)
 
 	// Precompute is how long Compile spends precomputing the token sets
 	// of grammar positions (default 40ms); the positions left are computed
@@ -78,6 +80,8 @@ var DefaultLimits = Limits{
 	MaxStacks:      2048,
 	MaxStepWork:    200000,
 	MaxStates:      200000,
+	MaxCompileWork: 50000000,
+	MaxMaskWork:    2000000,
 	Precompute:     40 * time.Millisecond,
 }
 
@@ -97,6 +101,8 @@ func (l Limits) withDefaults() Limits {
 	set(&l.MaxStacks, d.MaxStacks)
 	set(&l.MaxStepWork, d.MaxStepWork)
 	set(&l.MaxStates, d.MaxStates)
+	set(&l.MaxCompileWork, d.MaxCompileWork)
+	set(&l.MaxMaskWork, d.MaxMaskWork)
 	if l.Precompute == 0 {
 		l.Precompute = d.Precompute
 	}

@@ -10,7 +10,8 @@ import (
 // the sentinels; it never panics, and a compiled one runs within its
 // bounds for a few bytes.
 func checkCompileOutcome(t *testing.T, kind Kind, src string) {
-	lim := Limits{MaxSourceBytes: 4096, MaxRules: 2000, MaxElements: 20000, MaxRepeat: 200, MaxStates: 20000}
+	lim := Limits{MaxSourceBytes: 4096, MaxRules: 2000, MaxElements: 20000, MaxRepeat: 200, MaxStates: 20000,
+		MaxCompileWork: 2000000, MaxMaskWork: 200000, MaxStepWork: 20000}
 	g, err := Compile(context.Background(), getByteVocab(), kind, src, lim)
 	if err != nil {
 		if !errors.Is(err, ErrInvalidGrammar) && !errors.Is(err, ErrUnsupportedSchema) && !errors.Is(err, ErrGrammarTooLarge) {

@@ -17,6 +17,7 @@ type Matcher struct {
 	sorted     []int32
 	states     []int32 // per depth, for checking uncertain tokens
 	tmp        []uint64
+	workStart  int // arena.total when the current Mask or Accept began
 
 	// memo of steps: interned stack sets and their transitions, so that
 	// the steps a Mask takes to check context-dependent tokens are shared
@@ -69,6 +70,9 @@ func (m *Matcher) checkStep(set []int32) error {
 	if m.a.work > m.a.maxWork {
 		return fmt.Errorf("%w: more than %d parse-stack steps for one byte", ErrStackLimit, m.a.maxWork)
 	}
+	if m.a.total-m.workStart > m.g.lim.MaxMaskWork {
+		return fmt.Errorf("%w: more than %d parse-stack steps for one mask", ErrStackLimit, m.g.lim.MaxMaskWork)
+	}
 	if len(set) > m.g.lim.MaxStacks {
 		return fmt.Errorf("%w: %d parse stacks (limit %d): the grammar is too ambiguous", ErrStackLimit, len(set), m.g.lim.MaxStacks)
 	}
@@ -101,6 +105,7 @@ func (m *Matcher) Accept(id int32) error {
 		m.terminated = true
 		return nil
 	}
+	m.workStart = m.a.total
 	t := v.Token(id)
 	if len(t) == 0 {
 		return fmt.Errorf("%w: token %d has no text", ErrTokenRejected, id)
@@ -151,6 +156,7 @@ func (m *Matcher) Mask(dst []uint64) (int, error) {
 	}
 	dst = dst[:v.words]
 	clear(dst)
+	m.workStart = m.a.total
 	if m.terminated {
 		return 0, nil
 	}

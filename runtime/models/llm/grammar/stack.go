@@ -25,7 +25,8 @@ type arena struct {
 	ended    bool // (static) some path completed the grammar
 	exit     bool // (static) some path left the precomputed context
 	overflow bool // some path was cut at maxDepth or maxWork
-	work     int
+	work     int  // nodes visited by the last step
+	total    int  // nodes visited by all steps
 }
 
 func newArena(p *program, static bool, lim Limits) *arena {
@@ -71,6 +72,7 @@ func (a *arena) closure(n int32, out []int32) []int32 {
 	}
 	a.seen[n] = a.gen
 	a.work++
+	a.total++
 	if a.work > a.maxWork {
 		a.overflow = true
 		return out
