@@ -63,6 +63,12 @@ type ollamaMessage struct {
 	// request's history, an earlier answer's).
 	Thinking string   `json:"thinking,omitempty"`
 	Images   []string `json:"images,omitempty"`
+	// ToolCalls are an assistant's calls (arguments an object);
+	// ToolCallID names the call a tool message answers (ToolName is
+	// Ollama's name of the tool, taken and not needed).
+	ToolCalls  []ollamaToolCall `json:"tool_calls,omitempty"`
+	ToolCallID string           `json:"tool_call_id,omitempty"`
+	ToolName   string           `json:"tool_name,omitempty"`
 }
 
 // thinkField is Ollama's think: a bool, or a level ("high", "medium",
@@ -114,7 +120,7 @@ type ollamaChatRequest struct {
 	Messages []ollamaMessage `json:"messages"`
 	Stream   *bool           `json:"stream"`
 	Format   json.RawMessage `json:"format"`
-	Tools    json.RawMessage `json:"tools"`
+	Tools    []apiTool       `json:"tools"`
 	Options  *ollamaOptions  `json:"options"`
 	// KeepAlive is refused when 0 (unload), accepted otherwise.
 	KeepAlive   json.RawMessage `json:"keep_alive"`
@@ -308,9 +314,15 @@ func (h *Handler) ollamaChat(w http.ResponseWriter, r *http.Request) {
 	conv := &brokerv1.Conversation{}
 	for _, m := range req.Messages {
 		images += len(m.Images)
-		conv.Messages = append(conv.Messages, &brokerv1.ChatMessage{Role: m.Role, Content: m.Content, Reasoning: m.Thinking})
+		conv.Messages = append(conv.Messages, &brokerv1.ChatMessage{Role: m.Role, Content: m.Content, Reasoning: m.Thinking,
+			ToolCalls: ollamaHistoryCalls(m.ToolCalls), ToolCallId: m.ToolCallID})
 	}
-	if err := unsupported(req.Format, req.Tools, images); err != nil {
+	if err := unsupported(req.Format, nil, images); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	tools, err := toolsToProto(req.Tools)
+	if err != nil {
 		h.fail(w, r, err)
 		return
 	}
@@ -337,29 +349,34 @@ func (h *Handler) ollamaChat(w http.ResponseWriter, r *http.Request) {
 	}
 	start := time.Now()
 	var text, thinking strings.Builder
+	var calls []*brokerv1.ToolCall
 	var lps []logprobEntry
 	stream := req.Stream == nil || *req.Stream
 	out := &ndjson{w: w}
 	err = h.chat(r.Context(), &brokerv1.ChatRequest{Model: name, Conversations: []*brokerv1.Conversation{conv}, Sampling: sp,
-		EnableThinking: req.Think.ptr()}, func(e event) error {
+		EnableThinking: req.Think.ptr(), Tools: tools}, func(e event) error {
 		if e.delta != nil {
 			d := e.delta
 			if !stream {
 				text.WriteString(d.GetText())
 				thinking.WriteString(d.GetReasoning())
+				calls = append(calls, d.GetToolCalls()...)
 				lps = append(lps, logprobEntries(d.GetLogprobs())...)
 				return nil
 			}
-			if d.GetText() == "" && d.GetReasoning() == "" && len(d.GetLogprobs()) == 0 {
+			if d.GetText() == "" && d.GetReasoning() == "" && len(d.GetLogprobs()) == 0 && len(d.GetToolCalls()) == 0 {
 				return nil
 			}
+			// Ollama streams each call whole, in the chunk where it ended.
 			return out.send(ollamaChatChunk{Model: req.Model, CreatedAt: h.created(),
-				Message:  ollamaMessage{Role: "assistant", Content: d.GetText(), Thinking: d.GetReasoning()},
+				Message:  ollamaMessage{Role: "assistant", Content: d.GetText(), Thinking: d.GetReasoning(), ToolCalls: ollamaToolCalls(d.GetToolCalls())},
 				Logprobs: logprobEntries(d.GetLogprobs())})
 		}
+		// Ollama's done_reason is "stop" after calls too (finishName).
 		last := ollamaChatChunk{Model: req.Model, CreatedAt: h.created(), Message: ollamaMessage{Role: "assistant"}, ollamaDone: doneFields(e.result, time.Since(start))}
 		if !stream {
 			last.Message.Content, last.Message.Thinking, last.Logprobs = text.String(), thinking.String(), lps
+			last.Message.ToolCalls = ollamaToolCalls(calls)
 			writeJSON(w, last)
 			return nil
 		}

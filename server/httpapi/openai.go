@@ -199,12 +199,24 @@ type openaiChatRequest struct {
 		Content json.RawMessage `json:"content"`
 		// ReasoningContent is an earlier answer's thinking (vLLM's field).
 		ReasoningContent string `json:"reasoning_content"`
+		// An assistant's calls, and a tool's answer to one.
+		ToolCalls  []openaiToolCall `json:"tool_calls"`
+		ToolCallID string           `json:"tool_call_id"`
 	} `json:"messages"`
+	// Tools (over openaiSampling's, which the completions route refuses)
+	// and tool_choice; parallel_tool_calls is taken and has no effect
+	// (the model's template and output decide, as in vLLM).
+	Tools             []apiTool       `json:"tools"`
+	ToolChoice        json.RawMessage `json:"tool_choice"`
+	ParallelToolCalls *bool           `json:"parallel_tool_calls"`
 }
 
 // messageText reads a message's content: a string, or a list of parts of
 // which only text parts are supported.
 func messageText(raw json.RawMessage) (string, error) {
+	if len(raw) == 0 { // an assistant's calls without content
+		return "", nil
+	}
 	var s string
 	if err := json.Unmarshal(raw, &s); err == nil {
 		return s, nil
@@ -261,7 +273,23 @@ func (h *Handler) openaiChat(w http.ResponseWriter, r *http.Request) {
 		if role == "developer" { // OpenAI's newer name for system
 			role = "system"
 		}
-		conv.Messages = append(conv.Messages, &brokerv1.ChatMessage{Role: role, Content: text, Reasoning: m.ReasoningContent})
+		calls, err := openaiHistoryCalls(m.ToolCalls)
+		if err != nil {
+			h.fail(w, r, err)
+			return
+		}
+		conv.Messages = append(conv.Messages, &brokerv1.ChatMessage{Role: role, Content: text, Reasoning: m.ReasoningContent,
+			ToolCalls: calls, ToolCallId: m.ToolCallID})
+	}
+	tools, err := toolsToProto(req.Tools)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	choice, choiceFn, err := openaiToolChoice(req.ToolChoice)
+	if err != nil {
+		h.fail(w, r, err)
+		return
 	}
 	var kwargs *structpb.Struct
 	if req.ChatTemplateKwargs != nil {
@@ -273,6 +301,7 @@ func (h *Handler) openaiChat(w http.ResponseWriter, r *http.Request) {
 	id, created := newID("chatcmpl"), h.opts.Now().Unix()
 	out := &sse{w: w}
 	var text, reasoning strings.Builder
+	var calls []*brokerv1.ToolCall
 	var usage openaiUsage
 	first := true
 	// logprobs is the choice's logprobs object: null unless asked for.
@@ -291,20 +320,26 @@ func (h *Handler) openaiChat(w http.ResponseWriter, r *http.Request) {
 			"choices": []any{map[string]any{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": lps}}}
 	}
 	err = h.chat(r.Context(), &brokerv1.ChatRequest{Model: modelName(req.Model), Conversations: []*brokerv1.Conversation{conv}, Sampling: sp,
-		ChatTemplateKwargs: kwargs}, func(e event) error {
+		ChatTemplateKwargs: kwargs, Tools: tools, ToolChoice: choice, ToolChoiceFunction: choiceFn}, func(e event) error {
 		if e.delta != nil {
 			lps := logprobEntries(e.delta.GetLogprobs())
 			if !req.Stream {
 				text.WriteString(e.delta.GetText())
 				reasoning.WriteString(e.delta.GetReasoning())
+				calls = append(calls, e.delta.GetToolCalls()...)
 				allLogprobs = append(allLogprobs, lps...)
 				return nil
 			}
 			// vLLM's shape: a thinking model's reasoning in
-			// reasoning_content, content only when there is some.
+			// reasoning_content, content only when there is some; each
+			// call whole in one delta, with its index, as OpenAI's
+			// clients gather them.
 			delta := map[string]any{}
 			if r := e.delta.GetReasoning(); r != "" {
 				delta["reasoning_content"] = r
+			}
+			if tcs := e.delta.GetToolCalls(); len(tcs) > 0 {
+				delta["tool_calls"] = openaiToolCalls(tcs, true)
 			}
 			if t := e.delta.GetText(); t != "" || len(delta) == 0 {
 				delta["content"] = t
@@ -318,12 +353,15 @@ func (h *Handler) openaiChat(w http.ResponseWriter, r *http.Request) {
 		usage.add(e.result)
 		finish := openaiFinish(e.result.GetFinishReason())
 		if !req.Stream {
+			msg := map[string]any{"role": "assistant", "content": text.String(), "reasoning_content": nullIfEmpty(reasoning.String())}
+			if len(calls) > 0 {
+				// OpenAI's shape: content null when the answer is calls.
+				msg["content"], msg["tool_calls"] = nullIfEmpty(text.String()), openaiToolCalls(calls, false)
+			}
 			writeJSON(w, map[string]any{
 				"id": id, "object": "chat.completion", "created": created, "model": req.Model,
-				"choices": []any{map[string]any{"index": 0, "message": map[string]any{"role": "assistant", "content": text.String(),
-					"reasoning_content": nullIfEmpty(reasoning.String())},
-					"finish_reason": finish, "logprobs": logprobs(allLogprobs)}},
-				"usage": usage,
+				"choices": []any{map[string]any{"index": 0, "message": msg, "finish_reason": finish, "logprobs": logprobs(allLogprobs)}},
+				"usage":   usage,
 			})
 			return nil
 		}
@@ -355,11 +393,14 @@ func nullIfEmpty(s string) any {
 	return s
 }
 
-// openaiFinish maps a finish reason onto OpenAI's: stop or length (a
-// deadline is a length limit of time).
+// openaiFinish maps a finish reason onto OpenAI's: stop, tool_calls or
+// length (a deadline is a length limit of time).
 func openaiFinish(f brokerv1.FinishReason) string {
-	if f == brokerv1.FinishReason_FINISH_REASON_STOP {
+	switch f {
+	case brokerv1.FinishReason_FINISH_REASON_STOP:
 		return "stop"
+	case brokerv1.FinishReason_FINISH_REASON_TOOL_CALLS:
+		return "tool_calls"
 	}
 	return "length"
 }
