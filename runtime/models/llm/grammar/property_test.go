@@ -329,3 +329,100 @@ func TestPropertyBigVocab(t *testing.T) {
 		}
 	}
 }
+
+// The mask is exact: along random walks, a token's bit is set if and only
+// if Accept takes it (checked for every token of a 3,000-token vocabulary).
+func TestMaskExact(t *testing.T) {
+	toks, eos := SyntheticVocab(3000, 5)
+	v, err := NewVocab(toks, eos)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srcs := []struct {
+		kind Kind
+		src  string
+	}{
+		{KindJSONSchema, toolSchema}, {KindJSONSchema, propertySchemas[3]}, {KindJSONSchema, propertySchemas[4]},
+		{KindJSON, ""}, {KindRegex, propertyRegexes[4]}, {KindGBNF, arithGBNF},
+	}
+	for i, c := range srcs {
+		for _, pre := range []time.Duration{-1, time.Nanosecond} {
+			g, err := Compile(context.Background(), v, c.kind, c.src, Limits{Precompute: pre})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for seed := range 3 {
+				r := rand.New(rand.NewPCG(uint64(seed), uint64(i)))
+				_, ids := walk(t, g, r, 25, 3000)
+				m, _ := g.NewMatcher()
+				mask := make([]uint64, v.MaskWords())
+				for step := 0; step <= len(ids); step++ {
+					if _, err := m.Mask(mask); err != nil {
+						t.Fatal(err)
+					}
+					for id := range int32(v.Size()) {
+						if v.isEOSID(id) {
+							if MaskAllows(mask, id) != m.CanEnd() {
+								t.Fatalf("%s %d: EOS bit disagrees with CanEnd", c.kind, i)
+							}
+							continue
+						}
+						err := m.Accept(id)
+						if err == nil {
+							_ = m.Rollback(1)
+						}
+						if MaskAllows(mask, id) != (err == nil) {
+							t.Fatalf("%s %d seed %d step %d: token %q: mask %v, Accept %v", c.kind, i, seed, step, v.Token(id), MaskAllows(mask, id), err)
+						}
+					}
+					if step < len(ids) {
+						if err := m.Accept(ids[step]); err != nil {
+							t.Fatal(err)
+						}
+					}
+				}
+			}
+		}
+	}
+}
+
+// The mask is exact on the full-size vocabulary too, for the first steps
+// of a walk under each kind of constraint.
+func TestMaskExactBigVocab(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the 151,936-token vocabulary")
+	}
+	v := getBigVocab(t)
+	for i, c := range []struct {
+		kind Kind
+		src  string
+	}{{KindJSONSchema, toolSchema20}, {KindJSON, ""}, {KindRegex, propertyRegexes[0]}} {
+		g := mustCompile(t, v, c.kind, c.src)
+		r := rand.New(rand.NewPCG(9, uint64(i)))
+		_, ids := walk(t, g, r, 12, 3000)
+		m, _ := g.NewMatcher()
+		mask := make([]uint64, v.MaskWords())
+		for step := 0; step <= min(len(ids), 12); step++ {
+			if _, err := m.Mask(mask); err != nil {
+				t.Fatal(err)
+			}
+			for id := range int32(v.Size()) {
+				if v.isEOSID(id) {
+					continue
+				}
+				err := m.Accept(id)
+				if err == nil {
+					_ = m.Rollback(1)
+				}
+				if MaskAllows(mask, id) != (err == nil) {
+					t.Fatalf("%s step %d: token %q: mask %v, Accept %v", c.kind, step, v.Token(id), MaskAllows(mask, id), err)
+				}
+			}
+			if step < len(ids) {
+				if err := m.Accept(ids[step]); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+	}
+}
