@@ -164,6 +164,16 @@ func writeScriptedQwen(t *testing.T, repo, name string) {
 	script = append(script, one("</think>"), one("\n\n"))
 	script = append(script, tok.Encode(scriptContent, false)...)
 	script = append(script, int32(eos))
+	writeScript(t, tok, repo, name, v, eos, script)
+}
+
+// writeScript writes a model of Qwen3's vocabulary whose greedy output
+// after script[0] (the prompt's last token) is the rest of script: every
+// layer is zero, so the last position's hidden state is its token's
+// embedding, and the embeddings and lm_head make each token predict the
+// next. A token may come once only (else its successor is ambiguous).
+func writeScript(t *testing.T, tok *bpe.Tokenizer, repo, name string, v, eos int, script []int32) {
+	t.Helper()
 	const h = 32
 	if len(script) > h {
 		t.Fatalf("a script of %d tokens needs a hidden size of as many", len(script))

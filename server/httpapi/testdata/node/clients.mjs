@@ -287,6 +287,118 @@ if (thinker) {
   });
 }
 
+// Tools: TOOL_LLM (Qwen3's template) answers TOOL_CONTENT and then calls
+// get_weather, whose parameters are TOOL_SCHEMA; TOOL_TEXT is the call as
+// the model writes it. A round trip feeds the call and TOOL_RESULT back:
+// the prompt is TOOL_ROUNDTRIP_PROMPT_TOKENS tokens as Qwen3's template
+// renders it.
+const toolLLM = process.env.TOOL_LLM;
+if (toolLLM) {
+  const schema = JSON.parse(process.env.TOOL_SCHEMA);
+  const content = process.env.TOOL_CONTENT;
+  const tools = [{ type: 'function', function: { name: 'get_weather', description: 'Get the weather in a city.', parameters: schema } }];
+  const msgs = [{ role: 'user', content: process.env.TOOL_QUERY }];
+  const roundTripTokens = Number(process.env.TOOL_ROUNDTRIP_PROMPT_TOKENS);
+  // The arguments against the tool's schema: an object with its required
+  // properties, each of its type, and no other.
+  const checkArgs = (args) => {
+    assert.equal(typeof args, 'object');
+    for (const k of schema.required) assert.ok(k in args, `missing ${k} in ${JSON.stringify(args)}`);
+    for (const [k, v] of Object.entries(args)) {
+      assert.ok(k in schema.properties, `unknown argument ${k}`);
+      assert.equal(typeof v, schema.properties[k].type);
+    }
+    assert.equal(args.city, 'Paris');
+  };
+  const checkOpenAICall = (tc) => {
+    assert.match(tc.id, /^call_[A-Za-z0-9]{24}$/);
+    assert.equal(tc.type, 'function');
+    assert.equal(tc.function.name, 'get_weather');
+    checkArgs(JSON.parse(tc.function.arguments));
+  };
+  let openaiAnswer;
+  await check('openai chat tools', async () => {
+    const r = await openai.chat.completions.create({ model: toolLLM, messages: msgs, tools, temperature: 0 });
+    const c = r.choices[0];
+    assert.equal(c.finish_reason, 'tool_calls');
+    assert.equal(c.message.content, content);
+    assert.equal(c.message.tool_calls.length, 1);
+    checkOpenAICall(c.message.tool_calls[0]);
+    openaiAnswer = c.message;
+  });
+  await check('openai chat tools streamed', async () => {
+    const calls = [];
+    let text = '';
+    let finish;
+    const stream = await openai.chat.completions.create({ model: toolLLM, messages: msgs, tools, tool_choice: 'auto', temperature: 0, stream: true });
+    for await (const chunk of stream) {
+      for (const c of chunk.choices) {
+        text += c.delta?.content ?? '';
+        for (const tc of c.delta?.tool_calls ?? []) {
+          // OpenAI's streaming: pieces of a call share its index.
+          const cur = calls[tc.index] ?? (calls[tc.index] = { id: '', type: '', function: { name: '', arguments: '' } });
+          cur.id += tc.id ?? '';
+          cur.type += tc.type ?? '';
+          cur.function.name += tc.function?.name ?? '';
+          cur.function.arguments += tc.function?.arguments ?? '';
+        }
+        finish = c.finish_reason ?? finish;
+      }
+    }
+    assert.equal(text, content);
+    assert.equal(finish, 'tool_calls');
+    assert.equal(calls.length, 1);
+    checkOpenAICall(calls[0]);
+  });
+  await check('openai chat tool result round trip', async () => {
+    const call = openaiAnswer.tool_calls[0];
+    const r = await openai.chat.completions.create({ model: toolLLM, tools, temperature: 0, messages: [...msgs, openaiAnswer,
+      { role: 'tool', tool_call_id: call.id, content: process.env.TOOL_RESULT }] });
+    assert.equal(r.usage.prompt_tokens, roundTripTokens);
+    assert.equal(r.choices[0].finish_reason, 'tool_calls');
+  });
+  await check('openai chat tool_choice none', async () => {
+    const r = await openai.chat.completions.create({ model: toolLLM, messages: msgs, tools, tool_choice: 'none', temperature: 0 });
+    assert.equal(r.choices[0].message.content, content + process.env.TOOL_TEXT);
+    assert.ok(!r.choices[0].message.tool_calls, JSON.stringify(r.choices[0].message));
+    assert.equal(r.choices[0].finish_reason, 'stop');
+  });
+  await check('openai chat tool_choice required is not supported yet', async () => {
+    const e = await rejects(openai.chat.completions.create({ model: toolLLM, messages: msgs, tools, tool_choice: 'required' }), 400);
+    assert.match(e.message, /not supported yet/);
+    await rejects(openai.chat.completions.create({ model: toolLLM, messages: msgs, tools,
+      tool_choice: { type: 'function', function: { name: 'get_weather' } } }), 400);
+  });
+  let ollamaAnswer;
+  await check('ollama chat tools', async () => {
+    const r = await ollama.chat({ model: toolLLM, messages: msgs, tools, stream: false, options: { temperature: 0 } });
+    assert.equal(r.message.content, content);
+    assert.equal(r.message.tool_calls.length, 1);
+    assert.equal(r.message.tool_calls[0].function.name, 'get_weather');
+    checkArgs(r.message.tool_calls[0].function.arguments);
+    assert.equal(r.done_reason, 'stop');
+    ollamaAnswer = r.message;
+  });
+  await check('ollama chat tools streamed', async () => {
+    const calls = [];
+    let text = '';
+    for await (const part of await ollama.chat({ model: toolLLM, messages: msgs, tools, stream: true, options: { temperature: 0 } })) {
+      text += part.message.content;
+      calls.push(...(part.message.tool_calls ?? []));
+    }
+    assert.equal(text, content);
+    assert.equal(calls.length, 1);
+    assert.equal(calls[0].function.name, 'get_weather');
+    checkArgs(calls[0].function.arguments);
+  });
+  await check('ollama chat tool result round trip', async () => {
+    const r = await ollama.chat({ model: toolLLM, tools, stream: false, options: { temperature: 0 },
+      messages: [...msgs, ollamaAnswer, { role: 'tool', content: process.env.TOOL_RESULT }] });
+    assert.equal(r.prompt_eval_count, roundTripTokens);
+    assert.equal(r.message.tool_calls.length, 1);
+  });
+}
+
 if (mode === 'fake') {
   await check('openai error: queue full is 429 with Retry-After', async () => {
     const e = await rejects(openai.chat.completions.create({ model: 'busy', messages: [{ role: 'user', content: 'x' }] }), 429);
