@@ -61,12 +61,18 @@ type delta interface {
 }
 
 // Answer is one prompt's whole answer: its text, a thinking model's
-// reasoning (apart from the text), its token ids, their logprobs (with
-// each token's text and the alternatives asked for by
-// SamplingParams.top_logprobs) when SamplingParams.logprobs is set, and
-// its result (finish reason, usage, timings).
+// reasoning (apart from the text), a chat's calls of its tools (apart
+// from the text, in order; the result's finish reason is
+// FINISH_REASON_TOOL_CALLS when the model stopped after calling), its
+// token ids, their logprobs (with each token's text and the alternatives
+// asked for by SamplingParams.top_logprobs) when SamplingParams.logprobs
+// is set, and its result (finish reason, usage, timings). To feed a
+// tool's result back, append a ChatMessage{Role: "assistant", Content:
+// Text, ToolCalls: ToolCalls} and a ChatMessage{Role: "tool", Content:
+// the result, ToolCallId: the call's id}.
 type Answer struct {
 	Text, Reasoning string
+	ToolCalls       []*brokerv1.ToolCall
 	TokenIDs        []int32
 	Logprobs        []*brokerv1.LogprobEntry
 	Result          *brokerv1.GenerationResult
@@ -96,6 +102,7 @@ func Answers[T delta](seq iter.Seq2[T, error]) ([]Answer, error) {
 			}
 			a.text.WriteString(d.GetText())
 			a.reasoning.WriteString(d.GetReasoning())
+			a.ToolCalls = append(a.ToolCalls, d.GetToolCalls()...)
 			a.TokenIDs = append(a.TokenIDs, d.GetTokenIds()...)
 			a.Logprobs = append(a.Logprobs, d.GetLogprobs()...)
 		}
