@@ -510,11 +510,34 @@ func (e *Engine) forward(ctx context.Context, p *stepPlan) ([]float32, error) {
 // token of every item with Sample set, with that sequence's sampler.
 // Results are one per item; those without Sample are zero.
 func (e *Engine) Step(ctx context.Context, items []StepItem) ([]StepResult, error) {
+	wait := prepareMasks(items)
 	logits, err := e.stepLogits(ctx, items)
+	wait()
 	if err != nil {
 		return nil, err
 	}
 	return e.sample(items, logits)
+}
+
+// prepareMasks computes the grammar masks of the step's constrained
+// sampling sequences, one goroutine each, while the forward runs (a mask
+// depends on the tokens accepted so far, not on the logits); wait returns
+// once they are done. A step without constrained sequences starts nothing.
+func prepareMasks(items []StepItem) (wait func()) {
+	var wg sync.WaitGroup
+	for _, it := range items {
+		if !it.Sample {
+			continue
+		}
+		if s, ok := it.State.(*Sequence); ok && s.con != nil && !s.stopped {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				s.con.prepare()
+			}()
+		}
+	}
+	return wg.Wait
 }
 
 // sample picks the next token of each sampling item from its row of

@@ -62,6 +62,9 @@ func simulate(t *testing.T, e *Engine, jobs []*job) {
 	t.Helper()
 	ctx := context.Background()
 	for _, j := range jobs {
+		if j.state != nil {
+			continue // made by the test (a constrained one)
+		}
 		var err error
 		if j.state, err = newSequence(j.params, j.prompt, e.spec.Vocab, nil, nil); err != nil {
 			t.Fatal(err)
@@ -99,7 +102,9 @@ func simulate(t *testing.T, e *Engine, jobs []*job) {
 		if len(items) == 0 {
 			continue
 		}
+		wait := prepareMasks(items) // constrained sequences' masks, as Step computes them
 		logits, err := e.stepLogits(ctx, items)
+		wait()
 		if err != nil {
 			t.Fatalf("step %d: %v", step, err)
 		}
@@ -115,9 +120,18 @@ func simulate(t *testing.T, e *Engine, jobs []*job) {
 				continue
 			}
 			j.done = len(j.prompt)
+			if res[i].End != "" { // a constraint's dead end: no token
+				j.gen = len(j.out)
+				e.Release(j.seq)
+				r++
+				continue
+			}
 			j.out = append(j.out, res[i].Token)
 			j.logits = append(j.logits, slices.Clone(logits[r*v:(r+1)*v]))
 			r++
+			if res[i].Stop {
+				j.gen = len(j.out)
+			}
 			if len(j.out) >= j.gen {
 				e.Release(j.seq)
 			}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/brokerd/brokerd/runtime"
 	"github.com/brokerd/brokerd/runtime/models"
+	"github.com/brokerd/brokerd/runtime/models/llm/grammar"
 )
 
 // KindLLM is the model kind of decoder LLMs in the repository.
@@ -98,6 +99,11 @@ type ModelOptions struct {
 	// (0: no cap): Llama 3.2's 131072 positions would make placement admit
 	// a KV cache of gigabytes for one full-length sequence.
 	MaxContext int
+	// GrammarCacheBytes bounds the compiled grammars of constrained
+	// sequences kept for reuse (DefaultGrammarCacheBytes when 0), and
+	// GrammarLimits bound each one's cost (grammar.DefaultLimits where 0).
+	GrammarCacheBytes int64
+	GrammarLimits     grammar.Limits
 }
 
 // Model is a decoder LLM loaded on the host: its shape, its weights in the
@@ -112,6 +118,7 @@ type Model struct {
 	defaults Sampling
 	maxNew   int          // generation_config's max_new_tokens (0: none)
 	scratch  *ScratchPool // sampling buffers its sequences borrow per step
+	gram     grammarState // constraints' vocabulary and compiled grammars
 }
 
 // NewModel checks config (config.json) and weights (Hugging Face names:
@@ -296,8 +303,16 @@ func (m *Model) RenderChat(ctx context.Context, messages []Message, opts ChatOpt
 }
 
 // NewSequence validates params and returns the state of one sequence
-// continuing prompt: the StepItem.State of its steps.
+// continuing prompt: the StepItem.State of its steps. A constraint is
+// compiled without a deadline: a request's should use NewSequenceContext.
 func (m *Model) NewSequence(params Sampling, prompt []int32) (*Sequence, error) {
+	return m.NewSequenceContext(context.Background(), params, prompt)
+}
+
+// NewSequenceContext is NewSequence compiling params.Constraint (or
+// taking it from the model's cache) under ctx: its errors wrap
+// grammar.ErrInvalidGrammar, ErrUnsupportedSchema or ErrGrammarTooLarge.
+func (m *Model) NewSequenceContext(ctx context.Context, params Sampling, prompt []int32) (*Sequence, error) {
 	if len(prompt) == 0 {
 		return nil, fmt.Errorf("%w: empty prompt", models.ErrInvalidInput)
 	}
@@ -323,6 +338,11 @@ func (m *Model) NewSequence(params Sampling, prompt []int32) (*Sequence, error) 
 		return nil, err
 	}
 	s.scratch = m.scratch
+	if params.Constraint != nil {
+		if s.con, err = m.compileConstraint(ctx, params.Constraint); err != nil {
+			return nil, err
+		}
+	}
 	return s, nil
 }
 

@@ -10,6 +10,7 @@ import (
 	"sync"
 
 	"github.com/brokerd/brokerd/runtime/models"
+	"github.com/brokerd/brokerd/runtime/models/llm/grammar"
 )
 
 // ErrInvalidSampling means sampling parameters out of range; it wraps
@@ -38,6 +39,10 @@ type Sampling struct {
 	Logprobs                          bool
 	TopLogprobs                       int
 	IgnoreEOS                         bool
+	// Constraint keeps the output inside a grammar (nil: free). EOS is
+	// allowed only where the output is complete, and a sequence whose
+	// grammar accepted EOS stops even with IgnoreEOS.
+	Constraint *Constraint
 }
 
 // Validate checks the values' ranges.
@@ -116,6 +121,7 @@ type Sequence struct {
 	detok   Detokenizer     // nil: no text
 	pending strings.Builder // decoded text not yet emitted: a stop string's possible start
 	stopped bool
+	con     *constraintState // nil: unconstrained
 
 	// scratch lends the buffers of one sampling step ([V] float64 and
 	// int32: 1.8 MB for Qwen's vocabulary). A sequence borrows them per
@@ -212,7 +218,18 @@ func (s *Sequence) next(logits []float32) (StepResult, error) {
 	}
 	sc := s.scratch.get(len(logits))
 	defer s.scratch.put(sc)
-	x := s.penalised(logits, sc.work)
+	// The sampler chain, in llama.cpp's order: the grammar's mask, the
+	// penalties, then the pick (temperature, min-p, top-k, top-p, draw).
+	x := sc.work[:len(logits)]
+	for i, v := range logits {
+		x[i] = float64(v)
+	}
+	if s.con != nil {
+		if err := s.con.apply(x); err != nil {
+			return s.constraintEnd(err)
+		}
+	}
+	s.penalise(x)
 	var d Delta
 	if s.params.Logprobs {
 		d.Logprobs = []Logprob{{}}
@@ -221,10 +238,17 @@ func (s *Sequence) next(logits []float32) (StepResult, error) {
 	if s.params.Logprobs {
 		d.Logprobs[0] = s.logprob(logits, tok)
 	}
+	terminated := false
+	if s.con != nil {
+		if err := s.con.accept(tok); err != nil {
+			return s.constraintEnd(err)
+		}
+		terminated = s.con.m.IsTerminated()
+	}
 	s.counts[tok]++
 	d.TokenIDs = []int32{tok}
 	res := StepResult{Token: tok}
-	if slices.Contains(s.params.StopTokenIDs, tok) || (!s.params.IgnoreEOS && slices.Contains(s.eos, tok)) {
+	if terminated || slices.Contains(s.params.StopTokenIDs, tok) || (!s.params.IgnoreEOS && slices.Contains(s.eos, tok)) {
 		// The stop token's own text is not output; what was held back is.
 		res.Stop = true
 		s.stopped = true
@@ -247,6 +271,16 @@ func (s *Sequence) next(logits []float32) (StepResult, error) {
 	}
 	res.Out = d
 	return res, nil
+}
+
+// constraintEnd ends the sequence without a token: its constraint allows
+// nothing (a dead end) or went past its run-time bounds. Any other error
+// of the grammar is a bug of this package's use of it.
+func (s *Sequence) constraintEnd(err error) (StepResult, error) {
+	if errors.Is(err, errDeadEnd) || errors.Is(err, grammar.ErrStackLimit) {
+		return StepResult{End: FinishConstraint}, nil
+	}
+	return StepResult{}, fmt.Errorf("constraint: %w", err)
 }
 
 // release takes from pending the text that cannot be the start of a stop
@@ -278,13 +312,8 @@ func (s *Sequence) release() (text string, stop bool) {
 	return p[:len(p)-hold], false
 }
 
-// penalised returns the logits with the penalties applied, in float64,
-// in work (at least as long as logits).
-func (s *Sequence) penalised(logits []float32, work []float64) []float64 {
-	x := work[:len(logits)]
-	for i, v := range logits {
-		x[i] = float64(v)
-	}
+// penalise applies the penalties to the logits x in place.
+func (s *Sequence) penalise(x []float64) {
 	if rp := float64(s.params.RepetitionPenalty); rp != 0 && rp != 1 {
 		pen := func(t int32) {
 			if x[t] > 0 {
@@ -308,7 +337,6 @@ func (s *Sequence) penalised(logits []float32, work []float64) []float64 {
 			x[t] -= pp + fp*float64(n)
 		}
 	}
-	return x
 }
 
 // pick chooses a token from penalised logits x (modified in place), with
@@ -332,8 +360,10 @@ func (s *Sequence) pick(x []float64, idx []int32) int32 {
 	for i, v := range x {
 		p := math.Exp((v - m) / t)
 		x[i] = p
-		// min-p: keep tokens at least min_p times as likely as the best.
-		if p >= minP {
+		// min-p: keep tokens at least min_p times as likely as the best;
+		// never one of weight 0 (a grammar's masked token, or an
+		// underflow), which the draw's last resort could otherwise return.
+		if p >= minP && p > 0 {
 			idx = append(idx, int32(i))
 			sum += p
 		}
@@ -441,8 +471,36 @@ func topN(idx []int32, n int, cmp func(a, b int32) int) []int32 {
 }
 
 // logprob is tok's log-softmax under the raw logits, with the top
-// alternatives when asked for.
+// alternatives when asked for. Under a constraint the logits are masked
+// first (vLLM computes logprobs after its grammar bitmask): probabilities
+// are over the allowed tokens, and the alternatives are allowed tokens
+// only (fewer than asked when fewer are allowed).
 func (s *Sequence) logprob(logits []float32, tok int32) Logprob {
+	if s.con != nil {
+		masked := make([]float32, len(logits))
+		inf := float32(math.Inf(-1))
+		for i, v := range logits {
+			if s.con.allows(int32(i)) {
+				masked[i] = v
+			} else {
+				masked[i] = inf
+			}
+		}
+		lp := rawLogprob(masked, tok, s.params.TopLogprobs)
+		for n, a := range lp.Top {
+			if math.IsInf(float64(a.Logprob), -1) {
+				lp.Top = lp.Top[:n]
+				break
+			}
+		}
+		return lp
+	}
+	return rawLogprob(logits, tok, s.params.TopLogprobs)
+}
+
+// rawLogprob is tok's log-softmax under logits and the n most likely
+// alternatives.
+func rawLogprob(logits []float32, tok int32, n int) Logprob {
 	m := float64(slices.Max(logits))
 	var sum float64
 	for _, v := range logits {
@@ -450,7 +508,7 @@ func (s *Sequence) logprob(logits []float32, tok int32) Logprob {
 	}
 	lse := m + math.Log(sum)
 	lp := Logprob{TokenLogprob: TokenLogprob{Token: tok, Logprob: float32(float64(logits[tok]) - lse)}}
-	if n := s.params.TopLogprobs; n > 0 {
+	if n > 0 {
 		top := make([]int32, 0, n+1)
 		for i := range logits {
 			// Keep the n best so far, sorted descending (n ≤ 20).

@@ -72,6 +72,10 @@ func (b bpeTokenizer) NewDetokenizer() llm.Detokenizer {
 
 func (b bpeTokenizer) TokenBytes(id int32) []byte { return b.t.TokenBytes(id) }
 
+// IsSpecial (llm.SpecialTokenizer): special tokens are not text, so a
+// structured-output constraint never allows them.
+func (b bpeTokenizer) IsSpecial(id int32) bool { return b.t.IsSpecial(id) }
+
 type bpeStream struct{ d *bpe.StreamDecoder }
 
 func (s bpeStream) Next(id int32) string { return s.d.Push(id) }

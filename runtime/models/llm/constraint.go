@@ -1,0 +1,178 @@
+package llm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+
+	"github.com/brokerd/brokerd/runtime/models"
+	"github.com/brokerd/brokerd/runtime/models/llm/grammar"
+)
+
+// FinishConstraint is the finish reason (StepResult.End) of a sequence
+// whose constraint cannot continue: nothing the vocabulary has continues
+// its output and the output is not complete (a dead end), or the parse
+// went past the grammar's run-time bounds (grammar.ErrStackLimit). The
+// sequence ends without a token instead of sampling outside its grammar.
+const FinishConstraint = "constraint"
+
+// Constraint keeps a sequence's output inside a grammar (structured
+// output): a kind and its source, compiled once per model and source.
+type Constraint struct {
+	Kind   grammar.Kind // KindJSON (Source unused), KindJSONSchema, KindRegex, KindGBNF
+	Source string
+}
+
+// DefaultGrammarCacheBytes bounds a model's compiled grammars when
+// ModelOptions.GrammarCacheBytes is 0.
+const DefaultGrammarCacheBytes = 128 << 20
+
+// SpecialTokenizer is what a Tokenizer may also say: which ids are special
+// (control) tokens, left out of the detokenised text. A constraint never
+// allows them (their text would not be in the output).
+type SpecialTokenizer interface {
+	IsSpecial(id int32) bool
+}
+
+// grammarState is a model's grammar vocabulary and cache, built on the
+// first constrained sequence (151,936 tokens' trie: tens of milliseconds,
+// a few MB), never for a model that is not asked for one.
+type grammarState struct {
+	once  sync.Once
+	vocab *grammar.Vocab
+	cache *grammar.Cache
+	err   error
+}
+
+func (m *Model) grammar() (*grammar.Vocab, *grammar.Cache, error) {
+	g := &m.gram
+	g.once.Do(func() {
+		tok := m.opts.Tokenizer
+		if tok == nil {
+			g.err = fmt.Errorf("%w: llm %q has no tokenizer: a constraint needs its tokens' text", models.ErrInvalidInput, m.opts.Name)
+			return
+		}
+		special, _ := tok.(SpecialTokenizer)
+		tokens := make([][]byte, m.spec.Vocab)
+		for id := range tokens {
+			if special != nil && special.IsSpecial(int32(id)) {
+				continue
+			}
+			tokens[id] = tok.TokenBytes(int32(id))
+		}
+		v, err := grammar.NewVocab(tokens, m.eos)
+		if err != nil {
+			g.err = fmt.Errorf("llm %q: grammar vocabulary: %w", m.opts.Name, err)
+			return
+		}
+		size := m.opts.GrammarCacheBytes
+		if size <= 0 {
+			size = DefaultGrammarCacheBytes
+		}
+		g.vocab, g.cache = v, grammar.NewCache(size, m.opts.GrammarLimits)
+	})
+	return g.vocab, g.cache, g.err
+}
+
+// GrammarVocab is the model's vocabulary as the grammar engine sees it
+// (built on first use): what a caller compiles against to check a
+// constraint ahead of time.
+func (m *Model) GrammarVocab() (*grammar.Vocab, error) {
+	v, _, err := m.grammar()
+	return v, err
+}
+
+// compileConstraint returns a matcher of c's grammar, compiled under ctx
+// or taken from the model's cache. Errors wrap grammar.ErrInvalidGrammar,
+// ErrUnsupportedSchema or ErrGrammarTooLarge (the client's constraint),
+// ctx's error, or models.ErrInvalidInput.
+func (m *Model) compileConstraint(ctx context.Context, c *Constraint) (*constraintState, error) {
+	switch c.Kind {
+	case grammar.KindJSON, grammar.KindJSONSchema, grammar.KindRegex, grammar.KindGBNF:
+	default:
+		return nil, fmt.Errorf("%w: constraint kind %d", ErrInvalidSampling, c.Kind)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	v, cache, err := m.grammar()
+	if err != nil {
+		return nil, err
+	}
+	g, err := cache.Get(ctx, v, c.Kind, c.Source)
+	if err != nil {
+		return nil, fmt.Errorf("llm %q: %s constraint: %w", m.opts.Name, c.Kind, err)
+	}
+	mt, err := g.NewMatcher()
+	if err != nil {
+		return nil, fmt.Errorf("llm %q: %s constraint: %w", m.opts.Name, c.Kind, err)
+	}
+	return &constraintState{m: mt, mask: make([]uint64, v.MaskWords())}, nil
+}
+
+// constraintState is the grammar link of a sequence's sampler chain: its
+// matcher and the mask of the tokens allowed next. The mask depends on the
+// tokens accepted so far only, not on the logits, so the engine computes
+// it (prepare) while the step's forward runs; apply then sets the logits
+// of the tokens it rejects to -Inf before penalties, temperature and the
+// pick, so probabilities and logprobs are over the allowed tokens (as
+// vLLM applies its grammar bitmask before its sampler).
+type constraintState struct {
+	m     *grammar.Matcher
+	mask  []uint64
+	n     int   // tokens mask allows
+	err   error // the mask's error (grammar.ErrStackLimit...)
+	ready bool  // mask, n and err are for the matcher's current state
+}
+
+// prepare computes the mask of the current state unless it is computed.
+func (c *constraintState) prepare() {
+	if !c.ready {
+		c.n, c.err = c.m.Mask(c.mask)
+		c.ready = true
+	}
+}
+
+// errDeadEnd: the mask allows nothing (finish with FinishConstraint).
+var errDeadEnd = errors.New("no token continues the constraint")
+
+// apply masks x (the step's logits, float64) in place; an error ends the
+// sequence with FinishConstraint.
+func (c *constraintState) apply(x []float64) error {
+	c.prepare()
+	switch {
+	case c.err != nil:
+		return c.err
+	case c.n == 0:
+		return errDeadEnd
+	}
+	inf := math.Inf(-1)
+	for w, bits := range c.mask {
+		if bits == math.MaxUint64 {
+			continue
+		}
+		lo := w * 64
+		hi := min(lo+64, len(x))
+		for i := lo; i < hi; i++ {
+			if bits&(1<<(i-lo)) == 0 {
+				x[i] = inf
+			}
+		}
+	}
+	for i := len(c.mask) * 64; i < len(x); i++ {
+		x[i] = inf // logits past the grammar's vocabulary (none when sizes agree)
+	}
+	return nil
+}
+
+// allows reports whether the current mask allows tok.
+func (c *constraintState) allows(tok int32) bool { return grammar.MaskAllows(c.mask, tok) }
+
+// accept advances the matcher over the picked token; the next step needs
+// a new mask.
+func (c *constraintState) accept(tok int32) error {
+	c.ready = false
+	return c.m.Accept(tok)
+}
