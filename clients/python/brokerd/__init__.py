@@ -11,11 +11,11 @@ brokerd.AsyncClient is the same for asyncio. Errors are brokerd.errors
 classes (NotFound, InvalidArgument, ResourceExhausted with retry_after, ...).
 """
 
-from brokerd._common import Delta, EncodeResult, Encoded, Finished, Logprob, SignatureError, TokenLogprob, verify
+from brokerd._common import Delta, EncodeResult, Encoded, Finished, Logprob, SignatureError, TokenLogprob, ToolCall, verify
 from brokerd.aio import AsyncClient
 from brokerd.client import Client, text
 from brokerd.errors import BrokerdError, retry_delay
 from brokerd import errors
 
-__all__ = ["Client", "AsyncClient", "EncodeResult", "Encoded", "Delta", "Finished", "Logprob", "TokenLogprob", "SignatureError",
+__all__ = ["Client", "AsyncClient", "EncodeResult", "Encoded", "Delta", "Finished", "Logprob", "TokenLogprob", "ToolCall", "SignatureError",
            "verify", "text", "BrokerdError", "retry_delay", "errors"]

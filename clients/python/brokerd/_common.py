@@ -4,10 +4,11 @@ building requests, and turning answers into Python values."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import struct
 from dataclasses import dataclass, field
-from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import zstandard
@@ -200,16 +201,38 @@ class Logprob:
 
 
 @dataclass
+class ToolCall:
+    """A call of one of a chat's tools, parsed from the model's output:
+    `arguments` is a JSON object's text (args() decodes it); `index` its
+    position among the answer's calls; `id` is "call_..."."""
+
+    id: str
+    name: str
+    arguments: str
+    index: int = 0
+
+    def args(self) -> dict:
+        return json.loads(self.arguments)
+
+    def message(self) -> dict:
+        """The call as a history message's tool_calls entry (OpenAI's shape)."""
+        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+
+
+@dataclass
 class Delta:
     """Text of prompt `index` as it is sampled; `reasoning` is a thinking
-    model's thinking (chat), never part of `text`; `logprobs` one entry per
-    token of token_ids when asked for (logprobs=True, top_logprobs=N)."""
+    model's thinking (chat), never part of `text`; `tool_calls` the calls of
+    a chat's tools that ended in this delta (each whole), never part of
+    `text`; `logprobs` one entry per token of token_ids when asked for
+    (logprobs=True, top_logprobs=N)."""
 
     index: int
     text: str
     token_ids: List[int] = field(default_factory=list)
     logprobs: List[Logprob] = field(default_factory=list)
     reasoning: str = ""
+    tool_calls: List[ToolCall] = field(default_factory=list)
 
 
 def _token_logprob(t) -> TokenLogprob:
@@ -221,7 +244,7 @@ class Finished:
     """Prompt `index` is done: why, its token counts, and where it ran."""
 
     index: int
-    finish_reason: str  # stop, length, deadline
+    finish_reason: str  # stop, length, deadline, tool_calls
     prompt_tokens: int
     completion_tokens: int
     time_to_first_token: float
@@ -232,7 +255,8 @@ def events(msg) -> List[Union[Delta, Finished]]:
     out: List[Union[Delta, Finished]] = []
     for d in msg.deltas:
         lps = [Logprob(_token_logprob(e.chosen), [_token_logprob(t) for t in e.top]) for e in d.logprobs]
-        out.append(Delta(d.index, d.text, list(d.token_ids), lps, d.reasoning))
+        calls = [ToolCall(t.id, t.name, t.arguments, t.index) for t in d.tool_calls]
+        out.append(Delta(d.index, d.text, list(d.token_ids), lps, d.reasoning, calls))
     for r in msg.results:
         reason = pb.FinishReason.Name(r.finish_reason).removeprefix("FINISH_REASON_").lower()
         ttft = r.time_to_first_token.seconds + r.time_to_first_token.nanos / 1e9
@@ -247,29 +271,65 @@ def generate_request(model: str, prompts: Union[str, Sequence[str]], max_time: O
     return _generation_options(req, max_time, priority, kw)
 
 
-Message = Mapping[str, str]
+Message = Mapping[str, Any]
+
+_TOOL_CHOICE = {"auto": pb.TOOL_CHOICE_MODE_AUTO, "none": pb.TOOL_CHOICE_MODE_NONE,
+                "required": pb.TOOL_CHOICE_MODE_REQUIRED}
+
+
+def _history_call(i: int, tc) -> pb.ToolCall:
+    """A history message's call: a ToolCall, or OpenAI's dict (arguments a
+    JSON string or a dict)."""
+    if isinstance(tc, ToolCall):
+        return pb.ToolCall(id=tc.id, name=tc.name, arguments=tc.arguments, index=i)
+    fn = tc.get("function", tc)
+    args = fn.get("arguments", {})
+    if not isinstance(args, str):
+        args = json.dumps(args)
+    return pb.ToolCall(id=tc.get("id", ""), name=fn["name"], arguments=args, index=i)
 
 
 def chat_request(model: str, conversations: Union[Sequence[Message], Sequence[Sequence[Message]]],
                  max_time: Optional[float], priority: Optional[str], kw: Mapping) -> pb.ChatRequest:
     """conversations: one conversation (a list of {"role", "content"}, and
-    "reasoning" for an earlier answer's thinking) or several. kw may hold
-    enable_thinking (a thinking model's chat template variable) and
-    chat_template_kwargs (a dict of more variables) besides sampling."""
+    "reasoning" for an earlier answer's thinking, "tool_calls" for its calls,
+    "tool_call_id" for a "tool" message's result) or several. kw may hold
+    enable_thinking (a thinking model's chat template variable),
+    chat_template_kwargs (a dict of more variables), tools (OpenAI's
+    [{"type": "function", "function": {"name", "description",
+    "parameters"}}], or the function dicts alone) and tool_choice ("auto",
+    "none", "required" or {"type": "function", "function": {"name": ...}})
+    besides sampling."""
     if conversations and isinstance(conversations[0], Mapping):
         conversations = [conversations]  # type: ignore[list-item]
     kw = dict(kw)
     thinking = kw.pop("enable_thinking", None)
     template_kwargs = kw.pop("chat_template_kwargs", None)
+    tools = kw.pop("tools", None)
+    tool_choice = kw.pop("tool_choice", None)
     req = pb.ChatRequest(model=model)
     for conv in conversations:
         c = req.conversations.add()
         for m in conv:  # type: ignore[union-attr]
-            c.messages.add(role=m["role"], content=m["content"], reasoning=m.get("reasoning", ""))
+            c.messages.add(role=m["role"], content=m.get("content") or "", reasoning=m.get("reasoning", ""),
+                           tool_calls=[_history_call(i, tc) for i, tc in enumerate(m.get("tool_calls") or [])],
+                           tool_call_id=m.get("tool_call_id", ""))
     if thinking is not None:
         req.enable_thinking = bool(thinking)
     if template_kwargs:
         req.chat_template_kwargs.update(template_kwargs)
+    for t in tools or []:
+        fn = t.get("function", t)
+        params = fn.get("parameters")
+        req.tools.add(name=fn["name"], description=fn.get("description", ""),
+                      parameters="" if params is None else json.dumps(params))
+    if isinstance(tool_choice, str):
+        if tool_choice not in _TOOL_CHOICE:
+            raise ValueError(f"tool_choice {tool_choice!r}: want auto, none, required or a function")
+        req.tool_choice = _TOOL_CHOICE[tool_choice]
+    elif tool_choice is not None:
+        req.tool_choice = pb.TOOL_CHOICE_MODE_FUNCTION
+        req.tool_choice_function = tool_choice.get("function", tool_choice)["name"]
     return _generation_options(req, max_time, priority, kw)
 
 

@@ -150,7 +150,14 @@ class Client:
         or a list of conversations, rendered by the model's chat template.
         enable_thinking=True/False sets a thinking model's (Qwen3's) template
         variable, chat_template_kwargs={...} more of them; the thinking comes
-        in Delta.reasoning, never in Delta.text."""
+        in Delta.reasoning, never in Delta.text. tools=[...] (OpenAI's tool
+        dicts) are rendered by the template and the model's calls of them
+        come in Delta.tool_calls (ToolCall), never in Delta.text, finish
+        reason "tool_calls"; tool_choice="none" leaves them in the text
+        ("required" and a named function are refused: not supported yet).
+        Feed a result back with {"role": "assistant", "content": text,
+        "tool_calls": [call.message()]} and {"role": "tool", "content":
+        result, "tool_call_id": call.id}."""
         req = c.chat_request(model, messages, max_time, priority, sampling)
         return self._stream(self._stub.Chat, req, timeout)
 

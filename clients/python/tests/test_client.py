@@ -153,6 +153,46 @@ class TestClient(unittest.TestCase):
         self.assertEqual(prompt_tokens(chat_template_kwargs={"enable_thinking": False}), default + 4)
         self.assertEqual(prompt_tokens(enable_thinking=True), default)
 
+    def test_tools_reach_the_template(self):
+        # The tools and a tool round trip are rendered into the prompt;
+        # enforcing a call is not supported yet.
+        tools = [{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city.",
+                                                    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
+        conv = [{"role": "user", "content": "Weather in Paris?"}]
+        call = brokerd.ToolCall("call_1", "get_weather", '{"city": "Paris"}')
+        history = conv + [{"role": "assistant", "content": None, "tool_calls": [call.message()]},
+                          {"role": "tool", "content": "21 degrees", "tool_call_id": call.id}]
+
+        def prompt_tokens(messages, **kw):
+            done = [e for e in self.c.chat("chat", messages, max_tokens=1, **kw) if isinstance(e, brokerd.Finished)]
+            return done[0].prompt_tokens
+
+        plain = prompt_tokens(conv)
+        with_tools = prompt_tokens(conv, tools=tools)
+        self.assertGreater(with_tools, plain + 20)
+        self.assertEqual(prompt_tokens(conv, tools=tools, tool_choice="none"), with_tools)
+        # A call as a dict with arguments a mapping renders the same.
+        dict_call = history[:1] + [{"role": "assistant", "tool_calls": [{"function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]}] + history[2:]
+        self.assertGreater(prompt_tokens(history, tools=tools), with_tools + 10)
+        self.assertEqual(prompt_tokens(dict_call, tools=tools), prompt_tokens(history, tools=tools))
+        with self.assertRaises(errors.InvalidArgument) as cm:
+            list(self.c.chat("chat", conv, tools=tools, tool_choice="required"))
+        self.assertIn("not supported yet", str(cm.exception))
+        with self.assertRaises(errors.InvalidArgument):
+            list(self.c.chat("chat", conv, tools=tools, tool_choice={"type": "function", "function": {"name": "get_weather"}}))
+
+    def test_tool_calls_in_deltas(self):
+        from brokerd._common import events
+        from brokerd._gen.broker.v1 import broker_pb2 as pb
+        msg = pb.ChatResponse(deltas=[pb.GenerationDelta(index=0, text="ok", tool_calls=[
+            pb.ToolCall(id="call_x", name="f", arguments='{"a": 1}', index=0)])],
+            results=[pb.GenerationResult(index=0, finish_reason=pb.FINISH_REASON_TOOL_CALLS)])
+        delta, done = events(msg)
+        self.assertEqual(delta.text, "ok")
+        self.assertEqual(delta.tool_calls, [brokerd.ToolCall("call_x", "f", '{"a": 1}', 0)])
+        self.assertEqual(delta.tool_calls[0].args(), {"a": 1})
+        self.assertEqual(done.finish_reason, "tool_calls")
+
     def test_stopping_early_frees_the_sequence(self):
         stream = self.c.generate("chat", "a long answer", max_tokens=3000, ignore_eos=True)
         first = next(stream)
