@@ -305,7 +305,7 @@ step_bert_throughput() {
   need_gpu
   need_plugin
   need_python torch transformers
-  x env BIN="$GC_BIN" PJRT_PLUGIN="$GC_PLUGIN" PJRT_GPU_STEPS=encode DURATION=5s WARMUP=5s TORCH_SECONDS=4 \
+  x env BIN="$GC_BIN" PJRT_PLUGIN="$GC_PLUGIN" PJRT_GPU_STEPS=encode DURATION=5s WARMUP=30s TORCH_SECONDS=4 MODELS=bert-4x256 \
     LOG_DIR="$GC_LOGS/bert-throughput" bash "$here/pjrt_gpu.sh"
   local rc=$?
   key "$(awk '$2 == "fp32" || $2 == "bf16" {printf "%s %s brokerd %s torch %s (batch %s, ratio %s); ", $1, $2, $3, $5, $4, $6}' "$GC_LOG")"
@@ -556,7 +556,7 @@ print(hits[0] if hits else "")' 2>/dev/null)}
   run_step pjrt-devices 60
   run_step against-cpu 100
   run_step bert-fixture 60
-  run_step bert-throughput 70
+  run_step bert-throughput 90
   run_step llm-greedy 100
   run_step llm-throughput 110
 

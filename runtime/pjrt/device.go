@@ -164,6 +164,48 @@ func (b *buffer) swap(nx *xpjrt.Buffer) error {
 	return nil
 }
 
+// written says whether the buffer has device memory (a copy or a run
+// wrote it).
+func (b *buffer) written() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.x != nil || b.freed
+}
+
+// zeros gives b device memory of zeros through a program of no inputs (a
+// broadcast constant, compiled once per type and shape), so no host copy
+// of the buffer's size is made: a KV cache can be gigabytes.
+func (d *Device) zeros(ctx context.Context, b *buffer) error {
+	t := TensorType{DType: b.dt, Shape: b.shape}
+	comp, err := d.c.cache.get(ctx, fmt.Sprintf("zeros %s %v", b.dt, b.shape), func() (*compiled, error) {
+		text, err := zeroProgram(t)
+		if err != nil {
+			return nil, err
+		}
+		exe, err := d.c.x.Compile().WithStableHLO(text).Done()
+		if err != nil {
+			return nil, fmt.Errorf("compile: %w", err)
+		}
+		return &compiled{prog: &Program{Outputs: []string{"zeros"}, Types: map[string]TensorType{"zeros": t}, Aliased: map[int]int{}}, exe: exe}, nil
+	})
+	if err != nil {
+		return err
+	}
+	d.runMu.Lock()
+	outs, err := comp.exe.Execute().OnDevice(d.dev).DonateNone().Done()
+	d.runMu.Unlock()
+	if err != nil {
+		return fmt.Errorf("zeros: execute: %w", err)
+	}
+	if len(outs) != 1 {
+		for _, x := range outs {
+			_ = x.Destroy()
+		}
+		return fmt.Errorf("zeros: %d outputs", len(outs))
+	}
+	return b.swap(outs[0])
+}
+
 // pin returns the buffer's values, kept alive until unpin.
 func (b *buffer) pin() (*xpjrt.Buffer, error) {
 	b.mu.Lock()
@@ -420,6 +462,13 @@ func (d *Device) Run(ctx context.Context, g *runtime.Graph, bind map[string]runt
 		}
 	}()
 	for _, name := range comp.prog.Inputs {
+		if !bufs[name].written() {
+			// Allocated and never written (an LLM's KV cache): it reads
+			// as zeros, made on the device.
+			if err := d.zeros(ctx, bufs[name]); err != nil {
+				return fmt.Errorf("pjrt: %s: input %q: %w", d.id, name, err)
+			}
+		}
 		x, err := bufs[name].pin()
 		if err != nil {
 			return fmt.Errorf("pjrt: %s: input %q: %w: %w", d.id, name, runtime.ErrInvalidGraph, err)

@@ -252,7 +252,11 @@ func opInputs(c loweringCase, rng *rand.Rand) map[string][]float32 {
 			case "slots": // distinct (which of two rows wins a slot is unspecified on XLA), the first skipped
 				v[i] = float32(i - 1)
 			case "table":
-				v[i] = float32(rng.IntN(c.bound["kc"].Shape[0]))
+				if kc, ok := c.bound["kc"]; ok { // paged attention's block table
+					v[i] = float32(rng.IntN(kc.Shape[0]))
+				} else { // a gather's table
+					v[i] = float32(rng.NormFloat64())
+				}
 			case "seq":
 				v[i] = float32(rng.IntN(c.bound["table"].Shape[0]))
 			case "pos":

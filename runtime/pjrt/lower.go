@@ -103,6 +103,31 @@ func Lower(g *runtime.Graph, bound map[string]TensorType, opts LowerOptions) (*P
 	return prog, nil
 }
 
+// zeroProgram is the StableHLO of a program of no inputs whose one output
+// is zeros of type t.
+func zeroProgram(t TensorType) ([]byte, error) {
+	b := stablehlo.New("brokerd_zeros")
+	fn := b.Main()
+	var scalar any = float32(0)
+	if t.DType == runtime.I32 {
+		scalar = int32(0)
+	}
+	z, err := fn.ConstantFromScalar(scalar)
+	if err == nil && t.DType == runtime.BF16 {
+		z, err = stablehlo.Convert(z, xlaType(runtime.BF16))
+	}
+	if err == nil {
+		z, err = stablehlo.BroadcastInDim(z, shapeOf(t), nil)
+	}
+	if err == nil {
+		err = fn.Return(z)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("pjrt: zeros of %v %s: %w", t.Shape, t.DType, err)
+	}
+	return b.Build()
+}
+
 // xlaType maps brokerd's element types to XLA's.
 func xlaType(dt runtime.DType) dtypes.DType {
 	switch dt {
