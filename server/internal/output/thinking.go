@@ -2,9 +2,10 @@
 // in the server: after the engine's sampler has detokenised a token and
 // matched the stop strings, the text passes through parsers that take out
 // what is not the answer. Thinking is the first: a thinking model's
-// reasoning (Qwen3's <think>…</think>) goes apart from its content. A
-// tool-call parser (ToolCalls) follows it on the content. Nothing here runs on the engine's
-// step path: it is per sequence, on the edge's goroutine.
+// reasoning (Qwen3's <think>…</think>) goes apart from its content.
+// ToolCalls follows it on the content: calls of tools go apart too.
+// Nothing here runs on the engine's step path: it is per sequence, on the
+// edge's goroutine.
 package output
 
 import (

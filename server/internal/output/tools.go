@@ -22,6 +22,11 @@ const (
 	// <|python_tag|> token, when the model writes it), or several joined
 	// by ";".
 	Llama3JSON
+	// ForcedJSON is a constrained answer that is calls and nothing else,
+	// as vLLM constrains tool_choice "required" and a named function: a
+	// JSON array of {"name": ..., "parameters": {...}} (required), or the
+	// arguments object of one function (NewForcedCall). Held to the end.
+	ForcedJSON
 )
 
 func (f ToolFormat) String() string {
@@ -30,6 +35,8 @@ func (f ToolFormat) String() string {
 		return "hermes"
 	case Llama3JSON:
 		return "llama3_json"
+	case ForcedJSON:
+		return "forced_json"
 	}
 	return "none"
 }
@@ -64,6 +71,7 @@ const (
 	toolAfter                       // a call closed: whitespace before more is dropped
 	toolLlamaStart                  // Llama: nothing decided yet (whitespace, the python tag)
 	toolLlamaJSON                   // Llama: the answer opened with "{": held to the end
+	toolForced                      // a constrained answer: held to the end
 	toolPlain                       // everything is content
 )
 
@@ -83,6 +91,7 @@ const (
 // is content as it comes, as vLLM's llama3_json parser decides.
 type ToolCalls struct {
 	format  ToolFormat
+	forced  string // ForcedJSON of one function: its name
 	state   toolState
 	held    string // undecided text
 	ws      string // content's trailing whitespace, dropped if a call follows
@@ -103,9 +112,19 @@ func NewToolCalls(format ToolFormat) *ToolCalls {
 		p.state = toolContent
 	case Llama3JSON:
 		p.state = toolLlamaStart
+	case ForcedJSON:
+		p.state = toolForced
 	default:
 		p.state = toolPlain
 	}
+	return p
+}
+
+// NewForcedCall returns a parser of a constrained answer that is the
+// arguments object of the function name (ForcedJSON).
+func NewForcedCall(name string) *ToolCalls {
+	p := NewToolCalls(ForcedJSON)
+	p.forced = name
 	return p
 }
 
@@ -194,7 +213,7 @@ func (p *ToolCalls) Push(text string) Piece {
 			default:
 				p.state = toolPlain
 			}
-		case toolLlamaJSON:
+		case toolLlamaJSON, toolForced:
 			if p.call.Len()+len(s) > p.maxCall {
 				out.Content += p.call.String() + s
 				p.call.Reset()
@@ -259,11 +278,54 @@ func (p *ToolCalls) Flush() Piece {
 		} else {
 			out.Content = text
 		}
+	case toolForced:
+		text := p.call.String()
+		if calls, ok := p.parseForced(text); ok {
+			out.Calls = calls
+		} else {
+			out.Content = text // cut short (length, deadline): not a call
+		}
 	}
 	p.ws = ""
 	p.call.Reset()
 	p.state = toolPlain
 	return out
+}
+
+// parseForced reads a constrained answer: the forced function's
+// arguments, or an array of {"name", "parameters"} (vLLM's required).
+func (p *ToolCalls) parseForced(text string) ([]Call, bool) {
+	if p.forced != "" {
+		c, ok := call(p.forced, json.RawMessage(strings.TrimSpace(text)))
+		if !ok || strictDecode(text, new(json.RawMessage)) != nil {
+			return nil, false
+		}
+		return []Call{c}, true
+	}
+	var list []struct {
+		Name       *string         `json:"name"`
+		Parameters json.RawMessage `json:"parameters"`
+		Arguments  json.RawMessage `json:"arguments"`
+	}
+	if err := strictDecode(text, &list); err != nil || len(list) == 0 {
+		return nil, false
+	}
+	calls := make([]Call, len(list))
+	for i, v := range list {
+		if v.Name == nil || *v.Name == "" {
+			return nil, false
+		}
+		args := v.Parameters
+		if args == nil {
+			args = v.Arguments
+		}
+		c, ok := call(*v.Name, args)
+		if !ok {
+			return nil, false
+		}
+		calls[i] = c
+	}
+	return calls, true
 }
 
 // parseHermes reads {"name": ..., "arguments": {...}} (Qwen writes

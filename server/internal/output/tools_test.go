@@ -151,3 +151,44 @@ func TestToolCallsBound(t *testing.T) {
 		t.Errorf("got %q, %+v", got.Content, got.Calls)
 	}
 }
+
+// A constrained answer (tool_choice required or a named function) is
+// calls only, decided at the end; cut short it is text.
+func TestToolCallsForced(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 8))
+	paris := Call{Name: "get_weather", Arguments: `{"city":"Paris"}`}
+	for _, tc := range []struct {
+		name    string
+		fn      string
+		text    string
+		content string
+		calls   []Call
+	}{
+		{name: "required: one call", text: `[{"name": "get_weather", "parameters": {"city": "Paris"}}]`, calls: []Call{paris}},
+		{name: "required: two calls", text: "[{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}},\n {\"name\": \"now\", \"parameters\": {}}]",
+			calls: []Call{paris, {Name: "now", Arguments: "{}"}}},
+		{name: "required: cut short", text: `[{"name": "get_weather", "parameters": {"ci`, content: `[{"name": "get_weather", "parameters": {"ci`},
+		{name: "required: empty", text: `[]`, content: `[]`},
+		{name: "named", fn: "get_weather", text: ` {"city": "Paris"} `, calls: []Call{paris}},
+		{name: "named: cut short", fn: "get_weather", text: `{"city": "Pa`, content: `{"city": "Pa`},
+		{name: "named: not an object", fn: "get_weather", text: `"Paris"`, content: `"Paris"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for _, pieces := range splits(tc.text, rng) {
+				p := NewToolCalls(ForcedJSON)
+				if tc.fn != "" {
+					p = NewForcedCall(tc.fn)
+				}
+				for _, s := range pieces {
+					if x := p.Push(s); x.Content != "" || x.Calls != nil {
+						t.Fatalf("pieces %q: %+v before the end", pieces, x)
+					}
+				}
+				got := p.Flush()
+				if got.Content != tc.content || !reflect.DeepEqual(got.Calls, tc.calls) {
+					t.Fatalf("pieces %q: content %q calls %+v; want %q and %+v", pieces, got.Content, got.Calls, tc.content, tc.calls)
+				}
+			}
+		})
+	}
+}
