@@ -14,6 +14,7 @@ import (
 	"github.com/brokerd/brokerd/lifecycle"
 	"github.com/brokerd/brokerd/runtime"
 	"github.com/brokerd/brokerd/runtime/models"
+	"github.com/brokerd/brokerd/runtime/models/llm/grammar"
 	"github.com/brokerd/brokerd/runtime/safetensors"
 	"github.com/brokerd/brokerd/scheduler"
 )
@@ -43,6 +44,9 @@ func toStatus(log *zap.Logger, method string, err error) error {
 		code = codes.ResourceExhausted
 	case errors.Is(err, models.ErrInvalidModel), errors.Is(err, safetensors.ErrInvalid), errors.Is(err, models.ErrInvalidInput):
 		// A model's files (every kind: config, tokenizer, weights, layout).
+		code = codes.InvalidArgument
+	case errors.Is(err, grammar.ErrInvalidGrammar), errors.Is(err, grammar.ErrUnsupportedSchema), errors.Is(err, grammar.ErrGrammarTooLarge):
+		// A request's structured-output constraint.
 		code = codes.InvalidArgument
 	case errors.Is(err, scheduler.ErrDraining):
 		code = codes.Unavailable

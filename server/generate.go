@@ -48,9 +48,10 @@ type generatorModel interface {
 	// ToolFormat is how the model writes calls of tools
 	// (output.NoToolFormat: in no format brokerd parses).
 	ToolFormat() output.ToolFormat
-	// NewSequence validates p (errors wrap models.ErrInvalidInput) and
-	// returns the state of one sequence.
-	NewSequence(p samplingParams, prompt []int32) (genSequence, error)
+	// NewSequence validates p (errors wrap models.ErrInvalidInput, or
+	// the grammar package's sentinels for a constraint, compiled under
+	// ctx) and returns the state of one sequence.
+	NewSequence(ctx context.Context, p samplingParams, prompt []int32) (genSequence, error)
 }
 
 // genSequence is one sequence's state, owned by the model's executor.
@@ -94,6 +95,7 @@ type samplingParams struct {
 	Logprobs                          bool
 	TopLogprobs                       int
 	IgnoreEOS                         bool
+	Constraint                        *llm.Constraint // nil: free generation
 }
 
 // Bounds of a generation request besides the model's own.
@@ -125,6 +127,10 @@ func samplingFromProto(p *brokerv1.SamplingParams) (samplingParams, error) {
 		PresencePenalty: p.PresencePenalty, FrequencyPenalty: p.FrequencyPenalty, TopK: p.TopK, Seed: p.Seed,
 		Stop: p.GetStop(), StopTokenIDs: p.GetStopTokenIds(), Logprobs: p.GetLogprobs(), TopLogprobs: int(p.GetTopLogprobs()),
 		IgnoreEOS: p.GetIgnoreEos(),
+	}
+	var err error
+	if sp.Constraint, err = constraintFromProto(p.GetConstraint()); err != nil {
+		return sp, err
 	}
 	switch {
 	case p.GetMaxTokens() < 0:
@@ -537,7 +543,7 @@ func (c *genCall) run(ctx context.Context, prompts [][]int32, send generateSink)
 	}
 	for i, toks := range prompts {
 		maxNew := maxNews[i]
-		seq, err := c.gm.NewSequence(c.params, toks)
+		seq, err := c.gm.NewSequence(ctx, c.params, toks)
 		if err != nil {
 			return toStatus(c.svc.log, c.method, err)
 		}
@@ -745,6 +751,8 @@ func finishToProto(f string) brokerv1.FinishReason {
 		return brokerv1.FinishReason_FINISH_REASON_LENGTH
 	case scheduler.FinishDeadline:
 		return brokerv1.FinishReason_FINISH_REASON_DEADLINE
+	case llm.FinishConstraint:
+		return brokerv1.FinishReason_FINISH_REASON_CONSTRAINT
 	}
 	return brokerv1.FinishReason_FINISH_REASON_UNSPECIFIED
 }

@@ -82,7 +82,7 @@ type letterSeq struct {
 	temp float32
 }
 
-func (m *letterModel) NewSequence(p samplingParams, prompt []int32) (genSequence, error) {
+func (m *letterModel) NewSequence(_ context.Context, p samplingParams, prompt []int32) (genSequence, error) {
 	if p.Temperature != nil && *p.Temperature < 0 {
 		return nil, fmt.Errorf("temperature %v: %w", *p.Temperature, models.ErrInvalidInput)
 	}

@@ -79,7 +79,7 @@ func (g genModel) ThinkTags() (output.Tags, bool) {
 
 // NewSequence applies the request's sampling over the model's defaults
 // (generation_config.json).
-func (g genModel) NewSequence(p samplingParams, prompt []int32) (genSequence, error) {
+func (g genModel) NewSequence(ctx context.Context, p samplingParams, prompt []int32) (genSequence, error) {
 	s := g.m.DefaultSampling()
 	if p.Temperature != nil {
 		s.Temperature = *p.Temperature
@@ -112,10 +112,11 @@ func (g genModel) NewSequence(p samplingParams, prompt []int32) (genSequence, er
 	}
 	s.StopTokenIDs = p.StopTokenIDs
 	s.Logprobs, s.TopLogprobs, s.IgnoreEOS = p.Logprobs, p.TopLogprobs, p.IgnoreEOS
+	s.Constraint = p.Constraint
 	if err := s.Validate(); err != nil {
 		return nil, err
 	}
-	seq, err := g.m.NewSequence(s, prompt)
+	seq, err := g.m.NewSequenceContext(ctx, s, prompt)
 	if err != nil {
 		return nil, err
 	}

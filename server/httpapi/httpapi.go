@@ -488,6 +488,9 @@ func finishName(f brokerv1.FinishReason) string {
 		return "deadline"
 	case brokerv1.FinishReason_FINISH_REASON_CANCELLED:
 		return "cancelled"
+	case brokerv1.FinishReason_FINISH_REASON_CONSTRAINT:
+		// The structured-output constraint could not continue.
+		return "constraint"
 	}
 	return "stop"
 }

@@ -102,7 +102,7 @@ func TestOllamaShapes(t *testing.T) {
 			path, body string
 			code       int
 		}{
-			{"/api/generate", `{"model":"tiny-llm","prompt":"x","format":"json"}`, 400},
+			{"/api/generate", `{"model":"tiny-llm","prompt":"x","format":"yaml"}`, 400},
 			{"/api/chat", `{"model":"tiny-llm","messages":[{"role":"user","content":"x"}],"tools":[{"type":"retrieval"}]}`, 400},
 			{"/api/chat", `{"model":"busy","messages":[{"role":"user","content":"x"}]}`, 429},
 			{"/api/embed", `{"model":"draining","input":"x"}`, 503},

@@ -190,10 +190,7 @@ func (n *ndjson) send(v any) error {
 
 // unsupported refuses request fields brokerd does not implement, rather
 // than ignoring them.
-func unsupported(format, tools json.RawMessage, images int) error {
-	if len(format) > 0 && string(format) != `""` && string(format) != "null" {
-		return status.Error(codes.InvalidArgument, `"format" (JSON mode and schemas) is not supported by brokerd; ask for JSON in the prompt instead`)
-	}
+func unsupported(tools json.RawMessage, images int) error {
 	if len(tools) > 0 && string(tools) != "null" && string(tools) != "[]" {
 		return status.Error(codes.InvalidArgument, `"tools" (function calling) is not supported by brokerd`)
 	}
@@ -220,7 +217,7 @@ func (h *Handler) ollamaGenerate(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	if err := unsupported(req.Format, nil, len(req.Images)); err != nil {
+	if err := unsupported(nil, len(req.Images)); err != nil {
 		h.fail(w, r, err)
 		return
 	}
@@ -231,6 +228,9 @@ func (h *Handler) ollamaGenerate(w http.ResponseWriter, r *http.Request) {
 	sp, err := req.Options.sampling()
 	if err == nil {
 		err = ollamaLogprobs(sp, req.Logprobs, req.TopLogprobs)
+	}
+	if err == nil {
+		sp.Constraint, err = ollamaFormat(req.Format)
 	}
 	if err != nil {
 		h.fail(w, r, err)
@@ -317,7 +317,7 @@ func (h *Handler) ollamaChat(w http.ResponseWriter, r *http.Request) {
 		conv.Messages = append(conv.Messages, &brokerv1.ChatMessage{Role: m.Role, Content: m.Content, Reasoning: m.Thinking,
 			ToolCalls: ollamaHistoryCalls(m.ToolCalls), ToolCallId: m.ToolCallID})
 	}
-	if err := unsupported(req.Format, nil, images); err != nil {
+	if err := unsupported(nil, images); err != nil {
 		h.fail(w, r, err)
 		return
 	}
@@ -333,6 +333,9 @@ func (h *Handler) ollamaChat(w http.ResponseWriter, r *http.Request) {
 	sp, err := req.Options.sampling()
 	if err == nil {
 		err = ollamaLogprobs(sp, req.Logprobs, req.TopLogprobs)
+	}
+	if err == nil {
+		sp.Constraint, err = ollamaFormat(req.Format)
 	}
 	if err != nil {
 		h.fail(w, r, err)

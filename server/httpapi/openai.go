@@ -70,18 +70,17 @@ type openaiSampling struct {
 	StreamOptions *struct {
 		IncludeUsage bool `json:"include_usage"`
 	} `json:"stream_options"`
-	Temperature         *float32  `json:"temperature"`
-	TopP                *float32  `json:"top_p"`
-	MaxTokens           *int32    `json:"max_tokens"`
-	MaxCompletionTokens *int32    `json:"max_completion_tokens"`
-	Stop                stopField `json:"stop"`
-	Seed                *int64    `json:"seed"`
-	N                   *int      `json:"n"`
-	PresencePenalty     *float32  `json:"presence_penalty"`
-	FrequencyPenalty    *float32  `json:"frequency_penalty"`
-	ResponseFormat      *struct {
-		Type string `json:"type"`
-	} `json:"response_format"`
+	Temperature         *float32              `json:"temperature"`
+	TopP                *float32              `json:"top_p"`
+	MaxTokens           *int32                `json:"max_tokens"`
+	MaxCompletionTokens *int32                `json:"max_completion_tokens"`
+	Stop                stopField             `json:"stop"`
+	Seed                *int64                `json:"seed"`
+	N                   *int                  `json:"n"`
+	PresencePenalty     *float32              `json:"presence_penalty"`
+	FrequencyPenalty    *float32              `json:"frequency_penalty"`
+	ResponseFormat      *openaiResponseFormat `json:"response_format"`
+	openaiGuided
 	Tools json.RawMessage `json:"tools"`
 	// Extensions vLLM's server accepts too.
 	TopK              *int32   `json:"top_k"`
@@ -93,10 +92,7 @@ func (o *openaiSampling) params() (*brokerv1.SamplingParams, error) {
 	if o.N != nil && *o.N != 1 {
 		return nil, status.Errorf(codes.InvalidArgument, "n=%d is not supported: one choice per prompt (send several prompts to /v1/completions, or several requests)", *o.N)
 	}
-	if o.ResponseFormat != nil && o.ResponseFormat.Type != "" && o.ResponseFormat.Type != "text" {
-		return nil, status.Errorf(codes.InvalidArgument, "response_format %q is not supported by brokerd", o.ResponseFormat.Type)
-	}
-	if err := unsupported(nil, o.Tools, 0); err != nil {
+	if err := unsupported(o.Tools, 0); err != nil {
 		return nil, err
 	}
 	// OpenAI's range: above 2 its API refuses what brokerd's sampler would
@@ -111,6 +107,10 @@ func (o *openaiSampling) params() (*brokerv1.SamplingParams, error) {
 		Temperature: o.Temperature, TopP: o.TopP, TopK: o.TopK, MinP: o.MinP,
 		PresencePenalty: o.PresencePenalty, FrequencyPenalty: o.FrequencyPenalty, RepetitionPenalty: o.RepetitionPenalty,
 		Stop: o.Stop,
+	}
+	var err error
+	if sp.Constraint, err = o.constraint(); err != nil {
+		return nil, err
 	}
 	switch {
 	case o.MaxCompletionTokens != nil:
@@ -401,6 +401,8 @@ func openaiFinish(f brokerv1.FinishReason) string {
 		return "stop"
 	case brokerv1.FinishReason_FINISH_REASON_TOOL_CALLS:
 		return "tool_calls"
+	case brokerv1.FinishReason_FINISH_REASON_CONSTRAINT:
+		return "constraint"
 	}
 	return "length"
 }

@@ -5,6 +5,7 @@
 // serving nbmf-hash-v1 (and, with LLM set, a generator model of that name).
 // Prints "ok NAME" per check; exits 1 at the first failure.
 import assert from 'node:assert/strict';
+import { writeFileSync } from 'node:fs';
 import { Ollama } from 'ollama';
 import OpenAI from 'openai';
 
@@ -408,8 +409,66 @@ if (mode === 'fake') {
   await check('openai error: draining is 503', async () => {
     await rejects(openai.chat.completions.create({ model: 'draining', messages: [{ role: 'user', content: 'x' }] }), 503);
   });
-  await check('ollama error: format json is refused', async () => {
-    await rejects(ollama.generate({ model: 'tiny-llm', prompt: 'x', format: 'json' }), 400);
+  await check('ollama error: format yaml is refused', async () => {
+    await rejects(ollama.generate({ model: 'tiny-llm', prompt: 'x', format: 'yaml' }), 400);
   });
+  await check('openai error: an unknown response_format is refused', async () => {
+    await rejects(openai.chat.completions.create({ model: 'tiny-llm', messages: [{ role: 'user', content: 'x' }],
+      response_format: { type: 'xml' } }), 400);
+  });
+}
+
+// Structured output against a real brokerd (STRUCT_LLM, a random-weight
+// model at temperature 1): the answers under STRUCT_SCHEMA parse as JSON
+// and are written to STRUCT_OUT for the Go test to validate against it.
+const structLLM = process.env.STRUCT_LLM;
+if (structLLM) {
+  const schema = JSON.parse(process.env.STRUCT_SCHEMA);
+  const outs = [];
+  const messages = [{ role: 'user', content: 'Describe a person as JSON.' }];
+  await check('openai response_format json_schema', async () => {
+    const r = await openai.chat.completions.create({ model: structLLM, messages, temperature: 1, seed: 1, max_tokens: 200,
+      response_format: { type: 'json_schema', json_schema: { name: 'person', strict: true, schema } } });
+    assert.equal(r.choices[0].finish_reason, 'stop');
+    outs.push(JSON.parse(r.choices[0].message.content));
+  });
+  await check('openai response_format json_schema streamed', async () => {
+    const s = await openai.chat.completions.create({ model: structLLM, messages, temperature: 1, seed: 2, max_tokens: 200, stream: true,
+      response_format: { type: 'json_schema', json_schema: { name: 'person', schema } } });
+    let text = '';
+    let finish;
+    for await (const c of s) {
+      text += c.choices[0]?.delta?.content ?? '';
+      finish = c.choices[0]?.finish_reason ?? finish;
+    }
+    assert.equal(finish, 'stop');
+    outs.push(JSON.parse(text));
+  });
+  await check('openai completions response_format json_schema', async () => {
+    const r = await openai.completions.create({ model: structLLM, prompt: 'A person as JSON: ', temperature: 1, seed: 3, max_tokens: 200,
+      response_format: { type: 'json_schema', json_schema: { name: 'person', schema } } });
+    assert.equal(r.choices[0].finish_reason, 'stop');
+    outs.push(JSON.parse(r.choices[0].text));
+  });
+  await check('ollama chat format schema', async () => {
+    const r = await ollama.chat({ model: structLLM, messages, format: schema, stream: false, options: { temperature: 1, seed: 4, num_predict: 200 } });
+    assert.equal(r.done_reason, 'stop');
+    outs.push(JSON.parse(r.message.content));
+  });
+  await check('ollama generate format schema, streamed', async () => {
+    const s = await ollama.generate({ model: structLLM, prompt: 'A person as JSON.', format: schema, stream: true, options: { temperature: 1, seed: 5, num_predict: 200 } });
+    let text = '';
+    let reason;
+    for await (const c of s) {
+      text += c.response;
+      reason = c.done_reason ?? reason;
+    }
+    assert.equal(reason, 'stop');
+    outs.push(JSON.parse(text));
+  });
+  await check('ollama error: an unsupported schema is 400', async () => {
+    await rejects(ollama.chat({ model: structLLM, messages, format: { type: 'object', not: {} }, stream: false }), 400);
+  });
+  writeFileSync(process.env.STRUCT_OUT, JSON.stringify(outs));
 }
 console.log('all ok');

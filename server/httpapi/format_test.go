@@ -1,0 +1,89 @@
+package httpapi
+
+import (
+	"encoding/json"
+	"testing"
+
+	"google.golang.org/protobuf/proto"
+
+	brokerv1 "github.com/brokerd/brokerd/proto/broker/v1"
+)
+
+// TestStructuredOutputFields: Ollama's format, OpenAI's response_format and
+// vLLM's guided_* fields reach the backend as SamplingParams.constraint,
+// on every route that generates; malformed or conflicting ones are 400.
+func TestStructuredOutputFields(t *testing.T) {
+	srv, f, _ := newTestServer(t)
+	schema := `{"type":"object","properties":{"a":{"type":"integer"}},"required":["a"]}`
+	c := func(k brokerv1.Constraint_Kind, src string) *brokerv1.Constraint {
+		return &brokerv1.Constraint{Kind: k, Source: src}
+	}
+	jsonKind, schemaKind := brokerv1.Constraint_KIND_JSON, brokerv1.Constraint_KIND_JSON_SCHEMA
+	chat := `"messages":[{"role":"user","content":"x"}]`
+	for _, tc := range []struct {
+		name, path, body string
+		want             *brokerv1.Constraint // nil: none
+		code             int                  // 0: 200
+	}{
+		{"ollama generate json", "/api/generate", `{"model":"tiny-llm","prompt":"x","stream":false,"format":"json"}`, c(jsonKind, ""), 0},
+		{"ollama generate schema", "/api/generate", `{"model":"tiny-llm","prompt":"x","stream":false,"format":` + schema + `}`, c(schemaKind, schema), 0},
+		{"ollama raw generate schema", "/api/generate", `{"model":"tiny-llm","prompt":"x","raw":true,"stream":false,"format":` + schema + `}`, c(schemaKind, schema), 0},
+		{"ollama chat json", "/api/chat", `{"model":"tiny-llm",` + chat + `,"stream":false,"format":"json"}`, c(jsonKind, ""), 0},
+		{"ollama chat schema", "/api/chat", `{"model":"tiny-llm",` + chat + `,"stream":false,"format":` + schema + `}`, c(schemaKind, schema), 0},
+		{"ollama empty format", "/api/chat", `{"model":"tiny-llm",` + chat + `,"stream":false,"format":""}`, nil, 0},
+		{"ollama null format", "/api/chat", `{"model":"tiny-llm",` + chat + `,"stream":false,"format":null}`, nil, 0},
+		{"ollama format yaml", "/api/chat", `{"model":"tiny-llm",` + chat + `,"format":"yaml"}`, nil, 400},
+		{"ollama format a list", "/api/chat", `{"model":"tiny-llm",` + chat + `,"format":[1]}`, nil, 400},
+		{"openai json_object", "/v1/chat/completions", `{"model":"tiny-llm",` + chat + `,"response_format":{"type":"json_object"}}`, c(jsonKind, ""), 0},
+		{"openai json_schema", "/v1/chat/completions", `{"model":"tiny-llm",` + chat + `,"response_format":{"type":"json_schema","json_schema":{"name":"a","strict":true,"schema":` + schema + `}}}`, c(schemaKind, schema), 0},
+		{"openai text", "/v1/chat/completions", `{"model":"tiny-llm",` + chat + `,"response_format":{"type":"text"}}`, nil, 0},
+		{"completions json_schema", "/v1/completions", `{"model":"tiny-llm","prompt":"x","response_format":{"type":"json_schema","json_schema":{"name":"a","schema":` + schema + `}}}`, c(schemaKind, schema), 0},
+		{"vllm guided_json object", "/v1/completions", `{"model":"tiny-llm","prompt":"x","guided_json":` + schema + `}`, c(schemaKind, schema), 0},
+		{"vllm guided_json string", "/v1/chat/completions", `{"model":"tiny-llm",` + chat + `,"guided_json":` + string(must(json.Marshal(schema))) + `}`, c(schemaKind, schema), 0},
+		{"vllm guided_regex", "/v1/chat/completions", `{"model":"tiny-llm",` + chat + `,"guided_regex":"[0-9]+"}`, c(brokerv1.Constraint_KIND_REGEX, "[0-9]+"), 0},
+		{"vllm guided_grammar", "/v1/completions", `{"model":"tiny-llm","prompt":"x","guided_grammar":"root ::= \"a\""}`, c(brokerv1.Constraint_KIND_GBNF, `root ::= "a"`), 0},
+		{"vllm guided_choice", "/v1/chat/completions", `{"model":"tiny-llm",` + chat + `,"guided_choice":["yes","no \"way\""]}`, c(brokerv1.Constraint_KIND_GBNF, `root ::= "yes" | "no \"way\""`), 0},
+		{"openai unknown type", "/v1/chat/completions", `{"model":"tiny-llm",` + chat + `,"response_format":{"type":"xml"}}`, nil, 400},
+		{"openai json_schema without schema", "/v1/chat/completions", `{"model":"tiny-llm",` + chat + `,"response_format":{"type":"json_schema","json_schema":{"name":"a"}}}`, nil, 400},
+		{"openai schema not an object", "/v1/chat/completions", `{"model":"tiny-llm",` + chat + `,"response_format":{"type":"json_schema","json_schema":{"name":"a","schema":[1]}}}`, nil, 400},
+		{"two constraints", "/v1/chat/completions", `{"model":"tiny-llm",` + chat + `,"response_format":{"type":"json_object"},"guided_regex":"a"}`, nil, 400},
+		{"empty guided_choice", "/v1/chat/completions", `{"model":"tiny-llm",` + chat + `,"guided_choice":[]}`, nil, 400},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f.lastChat, f.lastGenerate = nil, nil
+			resp := post(t, srv.URL+tc.path, tc.body)
+			want := tc.code
+			if want == 0 {
+				want = 200
+			}
+			if resp.StatusCode != want {
+				t.Fatalf("status %d, want %d", resp.StatusCode, want)
+			}
+			if tc.code != 0 {
+				if f.lastChat != nil || f.lastGenerate != nil {
+					t.Error("a refused request reached the backend")
+				}
+				return
+			}
+			var sp *brokerv1.SamplingParams
+			switch {
+			case f.lastChat != nil:
+				sp = f.lastChat.GetSampling()
+			case f.lastGenerate != nil:
+				sp = f.lastGenerate.GetSampling()
+			default:
+				t.Fatal("the backend got nothing")
+			}
+			if got := sp.GetConstraint(); !proto.Equal(got, tc.want) {
+				t.Errorf("constraint %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
+}
