@@ -2,6 +2,7 @@ package client_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"path/filepath"
 	"strings"
@@ -168,6 +169,37 @@ func TestClientAgainstBrokerd(t *testing.T) {
 					t.Errorf("answer %d token %d: %v", i, j, e)
 				}
 			}
+		}
+		// Structured output: a schema's answer parses, at temperature 1
+		// on random weights; a constraint brokerd cannot compile is
+		// INVALID_ARGUMENT.
+		one := float32(1)
+		schema := `{"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}, "ok": {"type": "boolean"}}, "required": ["n", "ok"], "additionalProperties": false}`
+		ans, err = client.Answers(c.Generate(ctx, &brokerv1.GenerateRequest{Model: "chat", Prompts: []string{"one", "two"},
+			Sampling: &brokerv1.SamplingParams{MaxTokens: 100, Temperature: &one, Constraint: client.JSONSchema(schema)}}))
+		if err != nil || len(ans) != 2 {
+			t.Fatalf("Answers under a schema: %v, %v", ans, err)
+		}
+		for i, a := range ans {
+			var v struct {
+				N  *int  `json:"n"`
+				OK *bool `json:"ok"`
+			}
+			if err := json.Unmarshal([]byte(a.Text), &v); err != nil || v.N == nil || v.OK == nil || *v.N > 9 ||
+				a.Result.GetFinishReason() != brokerv1.FinishReason_FINISH_REASON_STOP {
+				t.Errorf("answer %d under a schema: %q (%v), %v", i, a.Text, a.Result.GetFinishReason(), err)
+			}
+		}
+		texts, err = client.Text(c.Generate(ctx, &brokerv1.GenerateRequest{Model: "chat", Prompts: []string{"x"},
+			Sampling: &brokerv1.SamplingParams{MaxTokens: 20, Temperature: &one, Constraint: client.Regex("[0-9]{3}")}}))
+		if err != nil || len(texts) != 1 || len(texts[0]) != 3 || strings.Trim(texts[0], "0123456789") != "" {
+			t.Errorf("a regex answer: %q, %v", texts, err)
+		}
+		if _, err := client.Text(c.Generate(ctx, &brokerv1.GenerateRequest{Model: "chat", Prompts: []string{"x"},
+			Sampling: &brokerv1.SamplingParams{Constraint: client.Grammar(`root ::= undefined`)}})); err == nil {
+			t.Error("an invalid grammar was taken")
+		} else if e, ok := client.AsError(err); !ok || e.Code != codes.InvalidArgument {
+			t.Errorf("an invalid grammar: %v", err)
 		}
 		// Breaking out of the loop ends the call: the next one is served.
 		for _, err := range c.Generate(ctx, &brokerv1.GenerateRequest{Model: "chat", Prompts: []string{"long"},
