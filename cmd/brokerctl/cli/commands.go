@@ -50,8 +50,8 @@ func commands() []command {
 		{name: "load", synopsis: "load NAME [--version V] [--json]", summary: "load (or reload) a repository model onto the devices, admitted against their memory budgets", args: "NAME", nargs: 1, setup: loadCmd},
 		{name: "unload", synopsis: "unload NAME [--json]", summary: "unload a model once its accepted work is done, freeing its memory", args: "NAME", nargs: 1, setup: unloadCmd},
 		{name: "infer", synopsis: "infer MODEL --input NAME=@FILE... [--version V] [--output NAME] [--json]", summary: "run typed tensors (JSON files) through a model and print its outputs", args: "MODEL", nargs: 1, setup: inferCmd},
-		{name: "generate", synopsis: "generate --model M [--max-tokens N] [--temperature T] [--seed S] [--stop S] [--json] PROMPT...", summary: "continue prompts with a generator (LLM) model, streaming the text; several prompts run as one batched round", args: "PROMPT...", nargs: -1, selfBounded: true, setup: generateCmd},
-		{name: "chat", synopsis: "chat --model M [--message ROLE=TEXT...] [--system TEXT] [--json]", summary: "chat with a generator model through its chat template: interactive, or one answer to --message turns", selfBounded: true, setup: chatCmd},
+		{name: "generate", synopsis: "generate --model M [--max-tokens N] [--temperature T] [--seed S] [--stop S] [--json-schema FILE | --grammar FILE | --regex RE | --json-object] [--json] PROMPT...", summary: "continue prompts with a generator (LLM) model, streaming the text; several prompts run as one batched round", args: "PROMPT...", nargs: -1, selfBounded: true, setup: generateCmd},
+		{name: "chat", synopsis: "chat --model M [--message ROLE=TEXT...] [--system TEXT] [--json-schema FILE | --grammar FILE | --regex RE | --json-object] [--json]", summary: "chat with a generator model through its chat template: interactive, or one answer to --message turns", selfBounded: true, setup: chatCmd},
 		{name: "help", synopsis: "help [COMMAND]", summary: "show this list, or one command's flags", args: "[COMMAND]", nargs: -1, setup: helpCmd},
 	}
 }

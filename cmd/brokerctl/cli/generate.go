@@ -8,6 +8,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os"
 	"strings"
 	"time"
 
@@ -30,6 +31,10 @@ type genFlags struct {
 	priority, device, typ               string
 	maxTime                             time.Duration
 	asJSON                              bool
+	// Structured output: at most one of these (read by routing).
+	jsonObject              bool
+	jsonSchema, gbnf, regex string
+	constraint              *brokerv1.Constraint
 }
 
 func (f *genFlags) register(fs *flag.FlagSet) {
@@ -50,6 +55,46 @@ func (f *genFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.typ, "type", "", "run on a device of type `T`: cpu, gpu or tpu")
 	fs.DurationVar(&f.maxTime, "max-time", 0, "end each sequence after `DUR` with what it has (finish reason deadline)")
 	fs.BoolVar(&f.asJSON, "json", false, "print one JSON result per prompt (text, token ids, finish reason, usage, timings) instead of streaming text")
+	fs.BoolVar(&f.jsonObject, "json-object", false, "structured output: the answer is a JSON object (Ollama's format json)")
+	fs.StringVar(&f.jsonSchema, "json-schema", "", "structured output: the answer is JSON that validates against the JSON Schema in `FILE`")
+	fs.StringVar(&f.gbnf, "grammar", "", "structured output: the answer is a sentence of the GBNF grammar (llama.cpp's, start rule root) in `FILE`")
+	fs.StringVar(&f.regex, "regex", "", "structured output: the answer is a full match of the regular expression `RE` (RE2 syntax)")
+}
+
+// readConstraint reads the structured-output flags into f.constraint.
+func (f *genFlags) readConstraint() error {
+	var given []string
+	read := func(flag, path string, kind brokerv1.Constraint_Kind) error {
+		given = append(given, flag)
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return usagef("%s: %v", flag, err)
+		}
+		f.constraint = &brokerv1.Constraint{Kind: kind, Source: string(b)}
+		return nil
+	}
+	if f.jsonObject {
+		given = append(given, "--json-object")
+		f.constraint = &brokerv1.Constraint{Kind: brokerv1.Constraint_KIND_JSON}
+	}
+	if f.jsonSchema != "" {
+		if err := read("--json-schema", f.jsonSchema, brokerv1.Constraint_KIND_JSON_SCHEMA); err != nil {
+			return err
+		}
+	}
+	if f.gbnf != "" {
+		if err := read("--grammar", f.gbnf, brokerv1.Constraint_KIND_GBNF); err != nil {
+			return err
+		}
+	}
+	if f.regex != "" {
+		given = append(given, "--regex")
+		f.constraint = &brokerv1.Constraint{Kind: brokerv1.Constraint_KIND_REGEX, Source: f.regex}
+	}
+	if len(given) > 1 {
+		return usagef("%s: give at most one structured-output constraint", strings.Join(given, ", "))
+	}
+	return nil
 }
 
 // sampling builds the request's parameters; only flags given are sent, so
@@ -85,6 +130,7 @@ func (f *genFlags) sampling(fs *flag.FlagSet) *brokerv1.SamplingParams {
 	if set["logprobs"] && f.logprobs >= 0 {
 		p.Logprobs, p.TopLogprobs = true, int32(f.logprobs)
 	}
+	p.Constraint = f.constraint
 	return p
 }
 
@@ -107,6 +153,9 @@ func (f *genFlags) routing() (brokerv1.Priority, brokerv1.DeviceType, *durationp
 	}
 	if f.maxTokens < 0 {
 		return 0, 0, nil, usagef("--max-tokens %d: want 0 or more", f.maxTokens)
+	}
+	if err := f.readConstraint(); err != nil {
+		return 0, 0, nil, err
 	}
 	var mt *durationpb.Duration
 	if f.maxTime > 0 {

@@ -3,6 +3,8 @@ package cli
 import (
 	"encoding/json"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -89,8 +91,21 @@ func (f *fakeBroker) Chat(req *brokerv1.ChatRequest, s brokerv1.BrokerService_Ch
 	})
 }
 
+const (
+	testSchema  = `{"type": "object", "properties": {"a": {"type": "integer"}}}`
+	testGrammar = `root ::= "yes" | "no"`
+)
+
 func TestGenerateCommand(t *testing.T) {
 	ts := startServer(t)
+	dir := t.TempDir()
+	schemaFile, grammarFile := filepath.Join(dir, "schema.json"), filepath.Join(dir, "answer.gbnf")
+	if err := os.WriteFile(schemaFile, []byte(testSchema), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(grammarFile, []byte(testGrammar), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	tests := []struct {
 		name       string
 		args       []string
@@ -131,6 +146,40 @@ func TestGenerateCommand(t *testing.T) {
 				}
 			},
 		},
+		{
+			name: "json schema", args: []string{"generate", "--model", "tiny-llm", "--json-schema", schemaFile, "x"},
+			checkReq: func(t *testing.T, req *brokerv1.GenerateRequest) {
+				if c := req.GetSampling().GetConstraint(); c.GetKind() != brokerv1.Constraint_KIND_JSON_SCHEMA || c.GetSource() != testSchema {
+					t.Errorf("constraint: %v", c)
+				}
+			},
+		},
+		{
+			name: "grammar", args: []string{"generate", "--model", "tiny-llm", "--grammar", grammarFile, "x"},
+			checkReq: func(t *testing.T, req *brokerv1.GenerateRequest) {
+				if c := req.GetSampling().GetConstraint(); c.GetKind() != brokerv1.Constraint_KIND_GBNF || c.GetSource() != testGrammar {
+					t.Errorf("constraint: %v", c)
+				}
+			},
+		},
+		{
+			name: "regex", args: []string{"generate", "--model", "tiny-llm", "--regex", "[0-9]+", "x"},
+			checkReq: func(t *testing.T, req *brokerv1.GenerateRequest) {
+				if c := req.GetSampling().GetConstraint(); c.GetKind() != brokerv1.Constraint_KIND_REGEX || c.GetSource() != "[0-9]+" {
+					t.Errorf("constraint: %v", c)
+				}
+			},
+		},
+		{
+			name: "json object", args: []string{"generate", "--model", "tiny-llm", "--json-object", "x"},
+			checkReq: func(t *testing.T, req *brokerv1.GenerateRequest) {
+				if c := req.GetSampling().GetConstraint(); c.GetKind() != brokerv1.Constraint_KIND_JSON || c.GetSource() != "" {
+					t.Errorf("constraint: %v", c)
+				}
+			},
+		},
+		{name: "two constraints", args: []string{"generate", "--model", "tiny-llm", "--json-object", "--regex", "a", "x"}, wantCode: ExitUsage, wantErr: "at most one"},
+		{name: "missing schema file", args: []string{"generate", "--model", "tiny-llm", "--json-schema", "/nonexistent/schema.json", "x"}, wantCode: ExitUsage, wantErr: "--json-schema"},
 		{name: "no model", args: []string{"generate", "x"}, wantCode: ExitUsage, wantErr: "--model NAME is required"},
 		{name: "no prompt", args: []string{"generate", "--model", "tiny-llm"}, wantCode: ExitUsage, wantErr: "at least one PROMPT"},
 		{name: "unknown model", args: []string{"generate", "--model", "nope", "x"}, wantCode: ExitError, wantErr: "not found"},
