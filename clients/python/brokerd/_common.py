@@ -162,16 +162,41 @@ _SAMPLING = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "pr
              "frequency_penalty", "seed", "max_tokens", "stop", "stop_token_ids", "logprobs",
              "top_logprobs", "ignore_eos")
 
+# Structured output: at most one of these keeps the answer inside it.
+_CONSTRAINTS = ("json_object", "json_schema", "regex", "grammar")
+
+
+def constraint(kw: Mapping) -> Optional[pb.Constraint]:
+    """The structured-output constraint of json_object=True (any JSON
+    object), json_schema=SCHEMA (a dict or JSON text), regex=RE (a full
+    match, RE2 syntax) or grammar=GBNF (llama.cpp's, start rule root)."""
+    given = [k for k in _CONSTRAINTS if kw.get(k) not in (None, False)]
+    if len(given) > 1:
+        raise ValueError(f"at most one structured-output constraint: {', '.join(given)}")
+    if not given:
+        return None
+    k, v = given[0], kw[given[0]]
+    if k == "json_object":
+        return pb.Constraint(kind=pb.Constraint.KIND_JSON)
+    if k == "json_schema":
+        return pb.Constraint(kind=pb.Constraint.KIND_JSON_SCHEMA, source=v if isinstance(v, str) else json.dumps(v))
+    if k == "regex":
+        return pb.Constraint(kind=pb.Constraint.KIND_REGEX, source=v)
+    return pb.Constraint(kind=pb.Constraint.KIND_GBNF, source=v)
+
 
 def sampling(kw: Mapping) -> Optional[pb.SamplingParams]:
-    unknown = set(kw) - set(_SAMPLING)
+    unknown = set(kw) - set(_SAMPLING) - set(_CONSTRAINTS)
     if unknown:
         raise TypeError(f"unknown sampling parameter(s): {', '.join(sorted(unknown))}")
     if not kw:
         return None
     s = pb.SamplingParams()
+    con = constraint(kw)
+    if con is not None:
+        s.constraint.CopyFrom(con)
     for k, v in kw.items():
-        if v is None:
+        if v is None or k in _CONSTRAINTS:
             continue
         if k in ("stop", "stop_token_ids"):
             getattr(s, k).extend([v] if isinstance(v, (str, int)) else v)
@@ -244,7 +269,7 @@ class Finished:
     """Prompt `index` is done: why, its token counts, and where it ran."""
 
     index: int
-    finish_reason: str  # stop, length, deadline, tool_calls
+    finish_reason: str  # stop, length, deadline, tool_calls, constraint
     prompt_tokens: int
     completion_tokens: int
     time_to_first_token: float

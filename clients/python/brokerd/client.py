@@ -139,7 +139,9 @@ class Client:
         prompt's end. sampling: temperature, top_p, top_k, min_p, seed,
         max_tokens (none: to a stop or the end of the model's context), stop,
         logprobs and top_logprobs (each Delta's logprobs then has an entry per
-        token with its text and the alternatives), ... Closing the iterator (or leaving the loop and dropping it)
+        token with its text and the alternatives), structured output with one
+        of json_object=True, json_schema=dict-or-text, regex=RE, grammar=GBNF
+        (finish reason "constraint" when it cannot go on), ... Closing the iterator (or leaving the loop and dropping it)
         cancels the call, and brokerd frees the sequences."""
         req = c.generate_request(model, prompts, max_time, priority, sampling)
         return self._stream(self._stub.Generate, req, timeout)

@@ -1,5 +1,6 @@
 """The blocking client against a real brokerd (started by python_test.go)."""
 
+import json
 import time
 import unittest
 
@@ -117,6 +118,28 @@ class TestClient(unittest.TestCase):
         self.assertGreater(done[0].prompt_tokens, 10)
         two = brokerd.text(self.c.chat("chat", [conv, conv[1:]], max_tokens=3, ignore_eos=True))
         self.assertEqual(len(two), 2)
+
+    def test_structured_output(self):
+        schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9},
+                                                   "ok": {"type": "boolean"}},
+                  "required": ["n", "ok"], "additionalProperties": False}
+        events = list(self.c.generate("chat", ["one", "two"], max_tokens=100, temperature=1.0, json_schema=schema))
+        texts = brokerd.text(iter(events))
+        for t in texts:
+            v = json.loads(t)
+            self.assertEqual(set(v), {"n", "ok"})
+            self.assertIn(v["n"], range(10))
+            self.assertIsInstance(v["ok"], bool)
+        self.assertTrue(all(e.finish_reason == "stop" for e in events if isinstance(e, brokerd.Finished)))
+        digits = brokerd.text(self.c.chat("chat", [{"role": "user", "content": "x"}], max_tokens=20, temperature=1.0,
+                                          regex="[0-9]{3}"))
+        self.assertRegex(digits[0], r"^[0-9]{3}$")
+        obj = brokerd.text(self.c.generate("chat", "x", max_tokens=60, temperature=0.0, grammar='root ::= "{}" | "[]"'))
+        self.assertIn(obj[0], ("{}", "[]"))
+        with self.assertRaises(errors.InvalidArgument):
+            brokerd.text(self.c.generate("chat", "x", max_tokens=4, json_schema={"type": "object", "not": {}}))
+        with self.assertRaises(ValueError):
+            self.c.generate("chat", "x", regex="a", grammar='root ::= "a"')
 
     def test_logprobs(self):
         deltas = [e for e in self.c.generate("chat", "name a color", max_tokens=6, ignore_eos=True,
