@@ -14,6 +14,8 @@ import (
 type OllamaModel struct {
 	Params   string // the params layer: a JSON object of Ollama options
 	System   string // the system prompt layer
+	Template string // the template layer: Ollama's Go text/template
+	Messages string // the messages layer: a JSON array of {"role", "content"}
 	Family   string // the config blob's model_family
 	FileType string // the config blob's file_type (Q8_0, Q4_K_M, ...)
 }
@@ -51,6 +53,8 @@ func WriteOllamaModel(store, model, tag, gguf string, m OllamaModel) error {
 		{"application/vnd.ollama.image.model", string(raw)},
 		{"application/vnd.ollama.image.params", m.Params},
 		{"application/vnd.ollama.image.system", m.System},
+		{"application/vnd.ollama.image.template", m.Template},
+		{"application/vnd.ollama.image.messages", m.Messages},
 	} {
 		if l.data == "" {
 			continue

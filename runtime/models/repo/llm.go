@@ -103,9 +103,11 @@ type llmPlan struct {
 	shards             []string  // weight files, in order
 	gguf               *ggufPlan // or the GGUF file holding everything
 	// stop and system are an Ollama model's default stop strings and
-	// system prompt.
+	// system prompt; chat, when set, makes its chat template from the
+	// GGUF's (nil: none): its template and messages layers (ollama.go).
 	stop   []string
 	system string
+	chat   func(ctx context.Context, gguf llm.ChatTemplate) (llm.ChatTemplate, error)
 }
 
 // inspectLLM checks an LLM version without reading its weights: the
@@ -220,6 +222,11 @@ func (r *Repo) loadLLMWith(ctx context.Context, p *plan, lp *llmPlan, name strin
 		}
 		if err != nil {
 			return nil, invalid(models.ErrInvalidTokenizer, fmt.Errorf("%s: %w", gp.path, err))
+		}
+		if lp.chat != nil {
+			if opts.Chat, err = lp.chat(ctx, opts.Chat); err != nil {
+				return nil, err
+			}
 		}
 	} else if r.tokenizers != nil && exists(p.dir, FileTokenizer) {
 		tok, chat, err := r.tokenizers(ctx, p.dir, r.readFile)

@@ -13,6 +13,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/brokerd/brokerd/runtime/models/llm"
 	"github.com/brokerd/brokerd/runtime/models/ollama"
 )
 
@@ -25,9 +26,9 @@ import (
 // the context. A repository directory of the same name wins.
 //
 // Its params' stop strings are the default stop strings and its system
-// layer the system prompt of a conversation without one. Not yet: the
-// messages layer, and Ollama's Go template (used only for a GGUF without a
-// Jinja chat template; such a model serves Generate but not Chat).
+// layer the system prompt of a conversation without one; its template
+// layer renders chats when the GGUF has no Jinja chat template, and its
+// messages layer goes before every chat's messages (ollama_chat.go).
 
 // WithOllamaStore serves the models of an Ollama store too.
 func WithOllamaStore(s *ollama.Store) Option { return func(r *Repo) { r.ollama = s } }
@@ -136,6 +137,9 @@ func (r *Repo) loadOllama(ctx context.Context, m ollama.Model, version int64) (*
 		return nil, fmt.Errorf("%w: %s: params: %w", ollama.ErrInvalid, name, err)
 	}
 	lp.stop, lp.system = r.ollamaStops(name, m.Params.Stop), m.System
+	lp.chat = func(ctx context.Context, gguf llm.ChatTemplate) (llm.ChatTemplate, error) {
+		return ollamaChatTemplate(ctx, name, m, gguf)
+	}
 	l, err := r.loadLLMWith(ctx, p, lp, name, 1, ollamaContext(m.Params, r.maxContext))
 	if l != nil {
 		l.Fingerprint = fp
