@@ -176,7 +176,7 @@ func TestFirstModels(t *testing.T) {
 	wants := map[string][]string{
 		"models":    {"bert-mini", "sentiment", "mlp", "qwen-tiny", "available"},
 		"bert-mini": {"128d", "sha256:", "batch 5"},
-		"sentiment": {"logits FP32 [3 2]"},
+		"sentiment": {"logits FP32 [3 2]", "classes of logits (softmax), highest first:", "  [2] "},
 		"mlp ":      {"output FP32 [2 3]"},
 		"qwen-tiny": {"24 tokens"},
 	}
