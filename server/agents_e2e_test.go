@@ -164,7 +164,7 @@ func writeScriptedQwen(t *testing.T, repo, name string) {
 	script = append(script, one("</think>"), one("\n\n"))
 	script = append(script, tok.Encode(scriptContent, false)...)
 	script = append(script, int32(eos))
-	writeScript(t, tok, repo, name, v, eos, script)
+	writeScript(t, tok, repo, name, v, eos, script, nil)
 }
 
 // writeScript writes a model of Qwen3's vocabulary whose greedy output
@@ -172,7 +172,9 @@ func writeScriptedQwen(t *testing.T, repo, name string) {
 // layer is zero, so the last position's hidden state is its token's
 // embedding, and the embeddings and lm_head make each token predict the
 // next. A token may come once only (else its successor is ambiguous).
-func writeScript(t *testing.T, tok *bpe.Tokenizer, repo, name string, v, eos int, script []int32) {
+// more, when not nil, sets more of the embeddings and lm_head (rows of h
+// values) once the script's are in.
+func writeScript(t *testing.T, tok *bpe.Tokenizer, repo, name string, v, eos int, script []int32, more func(embed, head []float32, h int)) {
 	t.Helper()
 	const h = 32
 	if len(script) > h {
@@ -188,6 +190,9 @@ func writeScript(t *testing.T, tok *bpe.Tokenizer, repo, name string, v, eos int
 	for i, id := range script[:len(script)-1] {
 		embed[int(id)*h+i] = 1          // token i of the script is the unit vector i
 		head[int(script[i+1])*h+i] = 10 // which the next token's row reads
+	}
+	if more != nil {
+		more(embed, head, h)
 	}
 	zeros := func(shape ...int) models.Tensor {
 		n := 1

@@ -20,6 +20,7 @@ import (
 	"github.com/brokerd/brokerd/lifecycle"
 	brokerv1 "github.com/brokerd/brokerd/proto/broker/v1"
 	"github.com/brokerd/brokerd/runtime/models/llm"
+	"github.com/brokerd/brokerd/runtime/models/llm/grammar"
 	"github.com/brokerd/brokerd/scheduler"
 	"github.com/brokerd/brokerd/server/internal/output"
 )
@@ -170,6 +171,8 @@ type genCall struct {
 	// its text (nil: no parsing); calls counts them.
 	tools []*output.ToolCalls
 	calls []int
+	// named: tool_choice named a function (its call finishes stop).
+	named bool
 }
 
 // generateSink sends one response; Generate and Chat wrap their stream.
@@ -231,6 +234,17 @@ func (s *BrokerService) Chat(req *brokerv1.ChatRequest, stream brokerv1.BrokerSe
 		call.tools = make([]*output.ToolCalls, len(convs))
 		call.calls = make([]int, len(convs))
 	}
+	forced, err := forcedCalls(req)
+	if err != nil {
+		return err
+	}
+	if forced != nil {
+		if call.params.Constraint != nil {
+			return invalid("tool_choice %s constrains the output to the tools' schemas: it cannot take sampling.constraint (response_format, format) too", choiceName(req))
+		}
+		call.params.Constraint = forced
+		call.named = req.GetToolChoice() == brokerv1.ToolChoiceMode_TOOL_CHOICE_MODE_FUNCTION
+	}
 	toks := make([][]int32, len(convs))
 	for i, c := range convs {
 		msgs := c.GetMessages()
@@ -286,7 +300,12 @@ func (s *BrokerService) Chat(req *brokerv1.ChatRequest, stream brokerv1.BrokerSe
 			// models): the reply then starts inside it.
 			call.thinking[i] = output.NewThinking(tags, output.PromptOpensBlock(tags, text))
 		}
-		if call.tools != nil {
+		switch {
+		case call.named:
+			call.tools[i] = output.NewForcedCall(req.GetToolChoiceFunction())
+		case forced != nil:
+			call.tools[i] = output.NewToolCalls(output.ForcedJSON)
+		case call.tools != nil:
 			call.tools[i] = output.NewToolCalls(call.gm.ToolFormat())
 		}
 		// The template writes the special tokens itself.
@@ -353,16 +372,61 @@ func chatTools(req *brokerv1.ChatRequest, gm generatorModel) ([]json.RawMessage,
 	if choice == brokerv1.ToolChoiceMode_TOOL_CHOICE_MODE_FUNCTION && !names[req.GetToolChoiceFunction()] {
 		return nil, 0, invalid("tool_choice_function %q is not one of the tools", req.GetToolChoiceFunction())
 	}
-	if choice == brokerv1.ToolChoiceMode_TOOL_CHOICE_MODE_REQUIRED || choice == brokerv1.ToolChoiceMode_TOOL_CHOICE_MODE_FUNCTION {
-		// vLLM enforces these by constraining the output to the tools'
-		// schemas; brokerd's sampler has no constraint yet, and a
-		// prompt that asks nicely is not enforcement.
-		return nil, 0, invalid("tool_choice %s is not supported yet: enforcing it needs constrained decoding, which brokerd's sampler does not have yet; use auto (the default) or none", choiceName(req))
-	}
-	if len(out) > 0 && choice != brokerv1.ToolChoiceMode_TOOL_CHOICE_MODE_NONE && gm.ToolFormat() == output.NoToolFormat {
+	if len(out) > 0 && (choice == brokerv1.ToolChoiceMode_TOOL_CHOICE_MODE_UNSPECIFIED || choice == brokerv1.ToolChoiceMode_TOOL_CHOICE_MODE_AUTO) &&
+		gm.ToolFormat() == output.NoToolFormat {
 		return nil, 0, invalid("model %s writes calls of tools in no format brokerd parses (Qwen's <tool_call> or Llama 3.1's <|python_tag|> as tokens of its vocabulary): leave tools out, or set tool_choice none to show them without parsing", req.GetModel())
 	}
 	return out, size, nil
+}
+
+// forcedCalls is the constraint of tool_choice required or a named
+// function (nil for auto and none), as vLLM builds it: the answer is a
+// JSON array of one or more {"name": a tool's, "parameters": its
+// arguments} (required), or the named function's arguments object. The
+// model's own call format is not used: its output is the JSON alone,
+// compiled by the grammar engine and parsed by output.ForcedJSON.
+func forcedCalls(req *brokerv1.ChatRequest) (*llm.Constraint, error) {
+	choice := req.GetToolChoice()
+	if choice != brokerv1.ToolChoiceMode_TOOL_CHOICE_MODE_REQUIRED && choice != brokerv1.ToolChoiceMode_TOOL_CHOICE_MODE_FUNCTION {
+		return nil, nil
+	}
+	params := func(t *brokerv1.Tool) json.RawMessage {
+		if p := strings.TrimSpace(t.GetParameters()); p != "" {
+			return json.RawMessage(p) // an object: chatTools checked it
+		}
+		return json.RawMessage(`{"type": "object", "properties": {}}`)
+	}
+	var schema []byte
+	var err error
+	if choice == brokerv1.ToolChoiceMode_TOOL_CHOICE_MODE_FUNCTION {
+		for _, t := range req.GetTools() {
+			if t.GetName() == req.GetToolChoiceFunction() {
+				schema = params(t)
+			}
+		}
+	} else {
+		alts := make([]any, len(req.GetTools()))
+		for i, t := range req.GetTools() {
+			alts[i] = map[string]any{
+				"type": "object",
+				"properties": map[string]any{
+					"name":       map[string]any{"type": "string", "enum": []string{t.GetName()}},
+					"parameters": params(t),
+				},
+				"required":             []string{"name", "parameters"},
+				"additionalProperties": false,
+			}
+		}
+		items := alts[0]
+		if len(alts) > 1 {
+			items = map[string]any{"anyOf": alts}
+		}
+		schema, err = json.Marshal(map[string]any{"type": "array", "minItems": 1, "items": items})
+		if err != nil {
+			return nil, err
+		}
+	}
+	return &llm.Constraint{Kind: grammar.KindJSONSchema, Source: string(schema)}, nil
 }
 
 // choiceName is tool_choice as OpenAI's API writes it.
@@ -698,10 +762,10 @@ func (c *genCall) convert(i int, seq genSequence, ev scheduler.GenEvent) (*broke
 	}
 	info := ev.Info
 	finish := finishToProto(ev.Finish)
-	if finish == brokerv1.FinishReason_FINISH_REASON_STOP && c.calls != nil && c.calls[i] > 0 {
+	if finish == brokerv1.FinishReason_FINISH_REASON_STOP && c.calls != nil && c.calls[i] > 0 && !c.named {
 		// The model stopped after calling: the caller runs the tools
 		// (vLLM's and OpenAI's "tool_calls"; a length or deadline cut
-		// stays what it is).
+		// stays what it is; a named function stops, as in vLLM).
 		finish = brokerv1.FinishReason_FINISH_REASON_TOOL_CALLS
 	}
 	r := &brokerv1.GenerationResult{

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -26,6 +27,7 @@ import (
 	brokerv1 "github.com/brokerd/brokerd/proto/broker/v1"
 	"github.com/brokerd/brokerd/runtime"
 	"github.com/brokerd/brokerd/runtime/models"
+	"github.com/brokerd/brokerd/runtime/models/llm/grammar"
 	"github.com/brokerd/brokerd/scheduler"
 	"github.com/brokerd/brokerd/server/internal/output"
 )
@@ -357,8 +359,10 @@ func TestGenerateRPCValidation(t *testing.T) {
 			ChatTemplateKwargs: &structpb.Struct{Fields: map[string]*structpb.Value{"messages": structpb.NewListValue(&structpb.ListValue{})}},
 			Conversations:      []*brokerv1.Conversation{{Messages: []*brokerv1.ChatMessage{{Role: "user", Content: "x"}}}}}, code: codes.InvalidArgument, msg: "messages"},
 		{name: "chat: tools on a model with no call format", chat: toolChat(&brokerv1.ChatRequest{}), code: codes.InvalidArgument, msg: "no format"},
-		{name: "chat: tool_choice required", chat: toolChat(&brokerv1.ChatRequest{ToolChoice: brokerv1.ToolChoiceMode_TOOL_CHOICE_MODE_REQUIRED}), code: codes.InvalidArgument, msg: "not supported yet"},
-		{name: "chat: a named function", chat: toolChat(&brokerv1.ChatRequest{ToolChoice: brokerv1.ToolChoiceMode_TOOL_CHOICE_MODE_FUNCTION, ToolChoiceFunction: "f"}), code: codes.InvalidArgument, msg: "not supported yet"},
+		{name: "chat: tool_choice required and a constraint", chat: toolChat(&brokerv1.ChatRequest{ToolChoice: brokerv1.ToolChoiceMode_TOOL_CHOICE_MODE_REQUIRED,
+			Sampling: &brokerv1.SamplingParams{Constraint: &brokerv1.Constraint{Kind: brokerv1.Constraint_KIND_JSON}}}), code: codes.InvalidArgument, msg: "cannot take sampling.constraint"},
+		{name: "chat: a named function and a constraint", chat: toolChat(&brokerv1.ChatRequest{ToolChoice: brokerv1.ToolChoiceMode_TOOL_CHOICE_MODE_FUNCTION, ToolChoiceFunction: "f",
+			Sampling: &brokerv1.SamplingParams{Constraint: &brokerv1.Constraint{Kind: brokerv1.Constraint_KIND_JSON}}}), code: codes.InvalidArgument, msg: "cannot take sampling.constraint"},
 		{name: "chat: a named function not among the tools", chat: toolChat(&brokerv1.ChatRequest{ToolChoice: brokerv1.ToolChoiceMode_TOOL_CHOICE_MODE_FUNCTION, ToolChoiceFunction: "g"}), code: codes.InvalidArgument, msg: "not one of the tools"},
 		{name: "chat: required without tools", chat: toolChat(&brokerv1.ChatRequest{ToolChoice: brokerv1.ToolChoiceMode_TOOL_CHOICE_MODE_REQUIRED, Tools: []*brokerv1.Tool{}}), code: codes.InvalidArgument, msg: "needs tools"},
 		{name: "chat: a function name without FUNCTION", chat: toolChat(&brokerv1.ChatRequest{ToolChoiceFunction: "f"}), code: codes.InvalidArgument, msg: "TOOL_CHOICE_MODE_FUNCTION"},
@@ -405,6 +409,49 @@ func toolChat(req *brokerv1.ChatRequest, msgs ...*brokerv1.ChatMessage) *brokerv
 	}
 	req.Conversations = []*brokerv1.Conversation{{Messages: msgs}}
 	return req
+}
+
+// tool_choice required and a named function constrain the output as
+// vLLM does: an array of {"name", "parameters"} of the tools (anyOf), or
+// the named function's parameters (an empty object schema when it has
+// none).
+func TestForcedCalls(t *testing.T) {
+	const p = `{"type": "object", "properties": {"a": {"type": "integer"}}}`
+	tools := []*brokerv1.Tool{{Name: "f", Parameters: p}, {Name: "g"}}
+	for _, tc := range []struct {
+		name string
+		req  *brokerv1.ChatRequest
+		want string
+	}{
+		{"auto", &brokerv1.ChatRequest{Tools: tools}, ""},
+		{"none", &brokerv1.ChatRequest{Tools: tools, ToolChoice: brokerv1.ToolChoiceMode_TOOL_CHOICE_MODE_NONE}, ""},
+		{"named", &brokerv1.ChatRequest{Tools: tools, ToolChoice: brokerv1.ToolChoiceMode_TOOL_CHOICE_MODE_FUNCTION, ToolChoiceFunction: "f"}, p},
+		{"named without parameters", &brokerv1.ChatRequest{Tools: tools, ToolChoice: brokerv1.ToolChoiceMode_TOOL_CHOICE_MODE_FUNCTION, ToolChoiceFunction: "g"},
+			`{"type": "object", "properties": {}}`},
+		{"required, one tool", &brokerv1.ChatRequest{Tools: tools[:1], ToolChoice: brokerv1.ToolChoiceMode_TOOL_CHOICE_MODE_REQUIRED},
+			`{"items":{"additionalProperties":false,"properties":{"name":{"enum":["f"],"type":"string"},"parameters":` + p + `},"required":["name","parameters"],"type":"object"},"minItems":1,"type":"array"}`},
+		{"required, two tools", &brokerv1.ChatRequest{Tools: tools, ToolChoice: brokerv1.ToolChoiceMode_TOOL_CHOICE_MODE_REQUIRED},
+			`{"items":{"anyOf":[{"additionalProperties":false,"properties":{"name":{"enum":["f"],"type":"string"},"parameters":` + p + `},"required":["name","parameters"],"type":"object"},` +
+				`{"additionalProperties":false,"properties":{"name":{"enum":["g"],"type":"string"},"parameters":{"type": "object", "properties": {}}},"required":["name","parameters"],"type":"object"}]},"minItems":1,"type":"array"}`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := forcedCalls(tc.req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			switch {
+			case tc.want == "" && c != nil:
+				t.Errorf("constraint %+v, want none", c)
+			case tc.want != "" && (c == nil || c.Kind != grammar.KindJSONSchema):
+				t.Errorf("constraint %+v, want a JSON Schema", c)
+			case tc.want != "":
+				var got, want any
+				if json.Unmarshal([]byte(c.Source), &got) != nil || json.Unmarshal([]byte(tc.want), &want) != nil || !reflect.DeepEqual(got, want) {
+					t.Errorf("schema\n%s\nwant\n%s", c.Source, tc.want)
+				}
+			}
+		})
+	}
 }
 
 // With tool_choice none a model that writes calls in no known format

@@ -20,7 +20,7 @@ import (
 const (
 	toolContent   = "Let me check."
 	toolCallText  = `<tool_call>{"name": "get_weather","arguments":{"city":"Paris"}}</tool_call>`
-	toolSchema    = `{"type": "object", "properties": {"city": {"type": "string", "description": "The city."}}, "required": ["city"]}`
+	toolSchema    = `{"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"], "description": "The city."}}, "required": ["city"]}`
 	toolResult    = `{"temp": 21}`
 	toolUserQuery = "Weather in Paris?"
 )
@@ -34,7 +34,25 @@ func writeToolModel(t *testing.T, repo, name string) {
 		t.Fatal("\\n is not one token")
 	}
 	script := append(nl, tok.Encode(toolContent+toolCallText, false)...)
-	writeScript(t, tok, repo, name, v, eos, append(script, int32(eos)))
+	// Under a constraint that bars the script (tool_choice required or a
+	// named function) every allowed token but these scores 0, and greedy
+	// takes the lowest id: the JSON comes a character at a time. After a
+	// "}" the model prefers "]" (else "," would start another call
+	// forever) and then its end (else whitespace up to the grammar's
+	// bound); after "]", its end.
+	one := func(s string) int {
+		ids := tok.Encode(s, false)
+		if len(ids) != 1 {
+			t.Fatalf("%q is %d tokens", s, len(ids))
+		}
+		return int(ids[0])
+	}
+	writeScript(t, tok, repo, name, v, eos, append(script, int32(eos)), func(embed, head []float32, h int) {
+		brace, bracket := one("}"), one("]")
+		embed[brace*h+h-1], embed[bracket*h+h-2] = 1, 1
+		head[bracket*h+h-1], head[eos*h+h-1] = 10, 5
+		head[eos*h+h-2] = 10
+	})
 }
 
 // toolRoundTripPrompt is what Qwen3's template renders for the tools, the
@@ -168,6 +186,26 @@ func TestToolsEndToEnd(t *testing.T) {
 		if a.text != toolContent+toolCallText || len(a.calls) != 0 || a.finish != brokerv1.FinishReason_FINISH_REASON_STOP {
 			t.Errorf("text %q, calls %v, finish %v", a.text, a.calls, a.finish)
 		}
+	})
+	t.Run("tool_choice required", func(t *testing.T) {
+		// The output is constrained to a JSON array of calls (vLLM's):
+		// the script's answer is barred.
+		a := chat(t, &brokerv1.ChatRequest{Tools: tools, ToolChoice: brokerv1.ToolChoiceMode_TOOL_CHOICE_MODE_REQUIRED,
+			Conversations: []*brokerv1.Conversation{{Messages: []*brokerv1.ChatMessage{user}}}})
+		if a.text != "" || len(a.calls) != 1 {
+			t.Fatalf("text %q, calls %v, finish %v", a.text, a.calls, a.finish)
+		}
+		a.text = toolContent // as checkCall wants it: the answer is the call alone
+		checkCall(t, a)
+	})
+	t.Run("a named function", func(t *testing.T) {
+		a := chat(t, &brokerv1.ChatRequest{Tools: tools, ToolChoice: brokerv1.ToolChoiceMode_TOOL_CHOICE_MODE_FUNCTION, ToolChoiceFunction: "get_weather",
+			Conversations: []*brokerv1.Conversation{{Messages: []*brokerv1.ChatMessage{user}}}})
+		if a.text != "" || a.finish != brokerv1.FinishReason_FINISH_REASON_STOP || len(a.calls) != 1 {
+			t.Fatalf("text %q, calls %v, finish %v", a.text, a.calls, a.finish)
+		}
+		a.text, a.finish = toolContent, brokerv1.FinishReason_FINISH_REASON_TOOL_CALLS // as checkCall wants them
+		checkCall(t, a)
 	})
 	t.Run("no tools", func(t *testing.T) {
 		a := chat(t, &brokerv1.ChatRequest{Conversations: []*brokerv1.Conversation{{Messages: []*brokerv1.ChatMessage{user}}}})

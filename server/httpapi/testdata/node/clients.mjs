@@ -364,11 +364,34 @@ if (toolLLM) {
     assert.ok(!r.choices[0].message.tool_calls, JSON.stringify(r.choices[0].message));
     assert.equal(r.choices[0].finish_reason, 'stop');
   });
-  await check('openai chat tool_choice required is not supported yet', async () => {
-    const e = await rejects(openai.chat.completions.create({ model: toolLLM, messages: msgs, tools, tool_choice: 'required' }), 400);
-    assert.match(e.message, /not supported yet/);
+  await check('openai chat tool_choice required', async () => {
+    // Constrained to the tools' schemas: the answer is a call.
+    const r = await openai.chat.completions.create({ model: toolLLM, messages: msgs, tools, tool_choice: 'required', temperature: 0 });
+    const c = r.choices[0];
+    assert.equal(c.finish_reason, 'tool_calls');
+    assert.equal(c.message.content, null);
+    assert.equal(c.message.tool_calls.length, 1);
+    checkOpenAICall(c.message.tool_calls[0]);
+  });
+  await check('openai chat tool_choice a named function, streamed', async () => {
+    const calls = [];
+    let finish;
+    const stream = await openai.chat.completions.create({ model: toolLLM, messages: msgs, tools, temperature: 0, stream: true,
+      tool_choice: { type: 'function', function: { name: 'get_weather' } } });
+    for await (const chunk of stream) {
+      for (const c of chunk.choices) {
+        assert.ok(!c.delta?.content, `content ${c.delta?.content}`);
+        calls.push(...(c.delta?.tool_calls ?? []));
+        finish = c.finish_reason ?? finish;
+      }
+    }
+    assert.equal(finish, 'stop'); // as vLLM and OpenAI answer a named function
+    assert.equal(calls.length, 1);
+    checkOpenAICall(calls[0]);
+  });
+  await check('openai chat tool_choice a function that is not a tool', async () => {
     await rejects(openai.chat.completions.create({ model: toolLLM, messages: msgs, tools,
-      tool_choice: { type: 'function', function: { name: 'get_weather' } } }), 400);
+      tool_choice: { type: 'function', function: { name: 'get_time' } } }), 400);
   });
   let ollamaAnswer;
   await check('ollama chat tools', async () => {
