@@ -155,8 +155,9 @@ class Client:
         in Delta.reasoning, never in Delta.text. tools=[...] (OpenAI's tool
         dicts) are rendered by the template and the model's calls of them
         come in Delta.tool_calls (ToolCall), never in Delta.text, finish
-        reason "tool_calls"; tool_choice="none" leaves them in the text
-        ("required" and a named function are refused: not supported yet).
+        reason "tool_calls"; tool_choice="none" leaves them in the text,
+        "required" or {"type": "function", "function": {"name": ...}}
+        constrain the output to calls (the tools' schemas).
         Feed a result back with {"role": "assistant", "content": text,
         "tool_calls": [call.message()]} and {"role": "tool", "content":
         result, "tool_call_id": call.id}."""

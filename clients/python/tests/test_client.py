@@ -177,8 +177,7 @@ class TestClient(unittest.TestCase):
         self.assertEqual(prompt_tokens(enable_thinking=True), default)
 
     def test_tools_reach_the_template(self):
-        # The tools and a tool round trip are rendered into the prompt;
-        # enforcing a call is not supported yet.
+        # The tools and a tool round trip are rendered into the prompt.
         tools = [{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city.",
                                                     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
         conv = [{"role": "user", "content": "Weather in Paris?"}]
@@ -198,11 +197,11 @@ class TestClient(unittest.TestCase):
         dict_call = history[:1] + [{"role": "assistant", "tool_calls": [{"function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]}] + history[2:]
         self.assertGreater(prompt_tokens(history, tools=tools), with_tools + 10)
         self.assertEqual(prompt_tokens(dict_call, tools=tools), prompt_tokens(history, tools=tools))
-        with self.assertRaises(errors.InvalidArgument) as cm:
-            list(self.c.chat("chat", conv, tools=tools, tool_choice="required"))
-        self.assertIn("not supported yet", str(cm.exception))
+        # required and a named function constrain the output, not the prompt.
+        self.assertEqual(prompt_tokens(conv, tools=tools, tool_choice="required"), with_tools)
+        self.assertEqual(prompt_tokens(conv, tools=tools, tool_choice={"type": "function", "function": {"name": "get_weather"}}), with_tools)
         with self.assertRaises(errors.InvalidArgument):
-            list(self.c.chat("chat", conv, tools=tools, tool_choice={"type": "function", "function": {"name": "get_weather"}}))
+            list(self.c.chat("chat", conv, tools=tools, tool_choice={"type": "function", "function": {"name": "get_time"}}))
 
     def test_tool_calls_in_deltas(self):
         from brokerd._common import events
