@@ -598,8 +598,11 @@ const (
 	// does) but its output is not parsed for calls: all of it is text.
 	ToolChoiceMode_TOOL_CHOICE_MODE_NONE ToolChoiceMode = 2
 	// The model must call one or more tools ("required"), or the function
-	// named in ChatRequest.tool_choice_function. Enforcing it needs
-	// constrained decoding: not supported yet (INVALID_ARGUMENT).
+	// named in ChatRequest.tool_choice_function: as vLLM does, the output is
+	// constrained to a JSON array of {"name", "parameters"} of the tools,
+	// or to the function's parameters, and returned as calls (required
+	// finishes FINISH_REASON_TOOL_CALLS, a named function STOP). Neither
+	// takes SamplingParams.constraint too.
 	ToolChoiceMode_TOOL_CHOICE_MODE_REQUIRED ToolChoiceMode = 3
 	ToolChoiceMode_TOOL_CHOICE_MODE_FUNCTION ToolChoiceMode = 4
 )
