@@ -41,14 +41,40 @@ func constraintFromProto(c *brokerv1.Constraint) (*llm.Constraint, error) {
 
 // ToolCallSchema is the JSON Schema of one call of one of tools: an object
 // {"name": <a tool's name>, "arguments": <that tool's parameters>}, an
-// anyOf over the tools (one tool: its schema alone). It is the constraint
-// (KIND_JSON_SCHEMA) of a chat whose tool_choice is required (all the
-// tools) or a named function (that one): the call's JSON, which the
-// model's call format wraps (Hermes: "<tool_call>\n" … "\n</tool_call>").
-// A tool without parameters takes any JSON object.
+// anyOf over the tools (one tool: its schema alone), for a constraint
+// (KIND_JSON_SCHEMA) of the call's JSON that the model's call format
+// wraps (Hermes: "<tool_call>\n" … "\n</tool_call>"). A tool without
+// parameters takes any JSON object.
 func ToolCallSchema(tools []*brokerv1.Tool) (string, error) {
+	alts, err := toolAlternatives(tools, "arguments")
+	if err != nil {
+		return "", err
+	}
+	if len(alts) == 1 {
+		return string(alts[0]), nil
+	}
+	b, err := json.Marshal(map[string]any{"anyOf": alts})
+	return string(b), err
+}
+
+// RequiredToolsSchema is vLLM's constraint of tool_choice "required": a
+// JSON array of one call or more, each {"name": <a tool's name>,
+// "parameters": <that tool's parameters>}. (A named function's is that
+// function's parameters schema itself.)
+func RequiredToolsSchema(tools []*brokerv1.Tool) (string, error) {
+	alts, err := toolAlternatives(tools, "parameters")
+	if err != nil {
+		return "", err
+	}
+	b, err := json.Marshal(map[string]any{"type": "array", "minItems": 1, "items": map[string]any{"anyOf": alts}})
+	return string(b), err
+}
+
+// toolAlternatives are the object schemas {"name": const, args: params},
+// one per tool.
+func toolAlternatives(tools []*brokerv1.Tool, args string) ([]json.RawMessage, error) {
 	if len(tools) == 0 {
-		return "", invalid("a tool-call constraint needs tools")
+		return nil, invalid("a tool-call constraint needs tools")
 	}
 	alts := make([]json.RawMessage, 0, len(tools))
 	for i, t := range tools {
@@ -56,21 +82,17 @@ func ToolCallSchema(tools []*brokerv1.Tool) (string, error) {
 		if p := strings.TrimSpace(t.GetParameters()); p != "" {
 			var obj map[string]json.RawMessage
 			if err := json.Unmarshal([]byte(p), &obj); err != nil {
-				return "", invalid("tools[%d].parameters is not a JSON object: %v", i, err)
+				return nil, invalid("tools[%d].parameters is not a JSON object: %v", i, err)
 			}
 			params = json.RawMessage(p)
 		}
 		name, err := json.Marshal(t.GetName())
 		if err != nil {
-			return "", err
+			return nil, err
 		}
 		alts = append(alts, json.RawMessage(fmt.Sprintf(
-			`{"type": "object", "properties": {"name": {"const": %s}, "arguments": %s}, "required": ["name", "arguments"], "additionalProperties": false}`,
-			name, params)))
+			`{"type": "object", "properties": {"name": {"const": %s}, %q: %s}, "required": ["name", %q], "additionalProperties": false}`,
+			name, args, params, args)))
 	}
-	if len(alts) == 1 {
-		return string(alts[0]), nil
-	}
-	b, err := json.Marshal(map[string]any{"anyOf": alts})
-	return string(b), err
+	return alts, nil
 }

@@ -281,4 +281,24 @@ func TestToolCallSchema(t *testing.T) {
 	if _, err := ToolCallSchema([]*brokerv1.Tool{{Name: "f", Parameters: "[1]"}}); status.Code(err) != codes.InvalidArgument {
 		t.Errorf("parameters not an object: %v", err)
 	}
+	// vLLM's shape for tool_choice required: an array of calls.
+	src, err = RequiredToolsSchema(tools)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := grammar.SchemaToGBNF([]byte(src), grammar.Limits{}); err != nil {
+		t.Fatalf("%s: %v", src, err)
+	}
+	s = compileSchema(t, src)
+	for calls, ok := range map[string]bool{
+		`[{"name": "get_weather", "parameters": {"city": "Paris"}}, {"name": "now", "parameters": {}}]`: true,
+		`[{"name": "now", "parameters": {}}]`: true,
+		`[]`:                                  false,
+		`[{"name": "now", "arguments": {}}]`:  false,
+		`[{"name": "get_weather", "parameters": {}}]`: false,
+	} {
+		if err := validateJSON(s, calls); (err == nil) != ok {
+			t.Errorf("%s: %v", calls, err)
+		}
+	}
 }
