@@ -8,6 +8,7 @@
 //	m.Encode(text, addSpecial) ([]int32, error)
 //	m.RenderChat(ctx, []llm.Message{{Role, Content, Reasoning, ToolCalls, ToolCallID}}, llm.ChatOptions{AddGenerationPrompt, Vars, Tools}) (string, error)
 //	m.NewSequence(llm.Sampling{...}, prompt) (*llm.Sequence, error) // validates; the step's State
+//	m.NewSequenceContext(ctx, llm.Sampling{Constraint: &llm.Constraint{Kind, Source}}, prompt) // compiles a constraint under ctx (cached per model)
 //	m.ContextLength(), m.DefaultSampling(), m.DefaultMaxTokens(), m.EOS(), m.Info() // Kind "llm"
 //	m.WeightBytes(dt), m.CacheBlockBytes(blockSize), m.StepBytes(dt, maxStepTokens, maxSeqs) // placement
 //	seq.Flush() llm.Delta // text held back when the scheduler ends a sequence (length, deadline)
@@ -28,7 +29,15 @@
 // StepResult.Out is an llm.Delta{Text, TokenIDs, Logprobs}: Text is whole
 // UTF-8 and never part of a stop string; Stop is set on an EOS or stop id
 // or a completed stop string; Full when the sampled token takes the
-// context's last position.
+// context's last position; End (FinishConstraint, no token) when the
+// sequence's constraint cannot continue.
+//
+// Sampling is a chain per sequence, llama.cpp's order: a constrained
+// sequence's grammar mask (computed by Step in a goroutine per constrained
+// sequence while the forward runs; rejected logits become -Inf), the
+// penalties, then temperature, min-p, top-k, top-p and the draw; the
+// picked token is accepted by the grammar. Unconstrained sequences run
+// exactly as before and start no goroutine.
 //
 // One step is one graph over T rows (prefill chunks and decode tokens of S
 // sequences, flattened): embedding gather, then per layer RMSNorm, the q, k
