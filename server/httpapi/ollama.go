@@ -192,7 +192,7 @@ func (n *ndjson) send(v any) error {
 // than ignoring them.
 func unsupported(tools json.RawMessage, images int) error {
 	if len(tools) > 0 && string(tools) != "null" && string(tools) != "[]" {
-		return status.Error(codes.InvalidArgument, `"tools" (function calling) is not supported by brokerd`)
+		return status.Error(codes.InvalidArgument, `"tools" (function calling) are a chat's: send them to /v1/chat/completions or /api/chat`)
 	}
 	if images > 0 {
 		return status.Error(codes.InvalidArgument, `"images" are not supported: brokerd serves text models`)
