@@ -364,7 +364,9 @@ print(line + ("; problems: %s" % b["problems"] if b["problems"] else ""))' "$GC_
 
 step_llm_throughput() {
   llm_ready
-  local levels=1,16,64 dur=8s warm=5s n=64
+  # LLM_WARMUP: XLA compiles each new step shape on first use (seconds
+  # each), so the first levels' windows need room for it.
+  local levels=1,16,64 dur=8s warm=${LLM_WARMUP:-5s} n=64
   [ "$GC_CPU" = 1 ] && levels=1,2 dur=1s warm=1s n=8
   start_brokerd llm-throughput --model-repo "$GC_WORK/llm-repo" --load-models qwen2-rand || { key "brokerd did not start with the checkpoint: $(brokerd_said)"; exit 1; }
   # A model that is not on the device type asked for would be measured
@@ -551,14 +553,15 @@ print(hits[0] if hits else "")' 2>/dev/null)}
     touch "$GC_WORK/llm.failed"
   fi
 
-  run_step facts 30
-  run_step nvidia-compare 30
-  run_step pjrt-devices 60
-  run_step against-cpu 100
-  run_step bert-fixture 60
-  run_step bert-throughput 90
-  run_step llm-greedy 100
-  run_step llm-throughput 110
+  # GPU_CHECK_STEPS="against-cpu llm-throughput" runs only those (a rerun
+  # of what failed, in the minutes a lease has left).
+  local steps=${GPU_CHECK_STEPS:-facts nvidia-compare pjrt-devices against-cpu bert-fixture bert-throughput llm-greedy llm-throughput}
+  local step limit
+  for step in facts:30 nvidia-compare:30 pjrt-devices:60 against-cpu:100 bert-fixture:60 bert-throughput:90 llm-greedy:100 llm-throughput:110; do
+    limit=${step#*:} step=${step%%:*}
+    [ "$step" = llm-throughput ] && limit=${LLM_STEP_SECONDS:-$limit}
+    case " $steps " in *" $step "*) run_step "$step" "$limit" ;; esac
+  done
 
   [ -z "$mk" ] || kill "$mk" 2>/dev/null
   wait 2>/dev/null

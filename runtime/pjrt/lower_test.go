@@ -91,8 +91,8 @@ func loweringCases() []loweringCase {
 		},
 		{
 			name:  "gather from a bf16 table",
-			op:    op(runtime.OpGather, "t", "i"),
-			bound: map[string]TensorType{"t": bf16(10, 4), "i": {DType: runtime.I32, Shape: []int{2, 3}}, "y": bf16(2, 3, 4)},
+			op:    op(runtime.OpGather, "table", "ids"), // the names TestAgainstCPU's inputs know
+			bound: map[string]TensorType{"table": bf16(10, 4), "ids": {DType: runtime.I32, Shape: []int{2, 3}}, "y": bf16(2, 3, 4)},
 			want:  []string{"stablehlo.gather", "-> tensor<2x3x4xbf16>"},
 		},
 		{
