@@ -295,9 +295,11 @@ func (s *BrokerService) Chat(req *brokerv1.ChatRequest, stream brokerv1.BrokerSe
 			}
 			return invalid("conversations[%d]: %v", i, err)
 		}
-		if thinks {
+		if thinks && forced == nil {
 			// A template may open the block itself (thinking-only
-			// models): the reply then starts inside it.
+			// models): the reply then starts inside it. (Calls forced
+			// by a constraint are JSON from the first token: no
+			// thinking to split.)
 			call.thinking[i] = output.NewThinking(tags, output.PromptOpensBlock(tags, text))
 		}
 		switch {
