@@ -1,6 +1,8 @@
 package server
 
 import (
+	"bytes"
+	"encoding/json"
 	"errors"
 	"io"
 	"os"
@@ -9,9 +11,12 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/klauspost/compress/zstd"
 	"github.com/santhosh-tekuri/jsonschema/v6"
 
 	brokerv1 "github.com/brokerd/brokerd/proto/broker/v1"
+	"github.com/brokerd/brokerd/runtime/models/tokenizer/bpe"
+	"github.com/brokerd/brokerd/server/internal/output"
 )
 
 // Tools end to end: a model of Qwen3's real tokenizer and chat template
@@ -217,4 +222,156 @@ func TestToolsEndToEnd(t *testing.T) {
 	runClients(t, "http://"+d.addrs.HTTP, "k-tools", "daemon", "TOOL_LLM=qwen-tools",
 		"TOOL_CONTENT="+toolContent, "TOOL_TEXT="+toolCallText, "TOOL_SCHEMA="+toolSchema, "TOOL_RESULT="+toolResult,
 		"TOOL_QUERY="+toolUserQuery, "TOOL_ROUNDTRIP_PROMPT_TOKENS="+strconv.Itoa(want))
+}
+
+// llama31Dir writes Llama 3.1's tokenizer into repo/name/1: the Llama 3
+// test copy with the two special tokens 3.1 names (<|eom_id|>,
+// <|python_tag|>, reserved tokens 4 and 5 in 3.0) and 3.1's published
+// chat template, whose tools go in the first user message. It returns
+// the tokenizer, its vocabulary size and <|eot_id|>.
+func llama31Dir(t *testing.T, repo, name string) (*bpe.Tokenizer, int, int) {
+	t.Helper()
+	src := "../runtime/models/tokenizer/bpe/testdata"
+	f, err := os.Open(filepath.Join(src, "llama3", "tokenizer.json.zst"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	d, err := zstd.NewReader(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	raw, err := io.ReadAll(d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	renamed := map[float64]string{128008: "<|eom_id|>", 128010: output.PythonTag}
+	var tj map[string]any
+	if err := json.Unmarshal(raw, &tj); err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, a := range tj["added_tokens"].([]any) {
+		if s, ok := renamed[a.(map[string]any)["id"].(float64)]; ok {
+			a.(map[string]any)["content"] = s
+			n++
+		}
+	}
+	if n != len(renamed) {
+		t.Fatalf("renamed %d added tokens", n)
+	}
+	rawCfg, err := os.ReadFile(filepath.Join(src, "llama3", "tokenizer_config.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cfg map[string]any
+	if err := json.Unmarshal(rawCfg, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	for id, s := range renamed {
+		cfg["added_tokens_decoder"].(map[string]any)[strconv.Itoa(int(id))].(map[string]any)["content"] = s
+	}
+	tmpl, err := os.ReadFile(filepath.Join(src, "llama3_1_chat_template.jinja"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg["chat_template"], cfg["eos_token"] = string(tmpl), "<|eot_id|>"
+	dir := versionDir(t, repo, name, 1)
+	tjOut, _ := json.Marshal(tj)
+	cfgOut, _ := json.Marshal(cfg)
+	for file, b := range map[string][]byte{"tokenizer.json": tjOut, "tokenizer_config.json": cfgOut} {
+		if err := os.WriteFile(filepath.Join(dir, file), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tok, err := bpe.Parse(tjOut, cfgOut, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eot := tok.Encode("<|eot_id|>", false)
+	if len(eot) != 1 {
+		t.Fatal("<|eot_id|> is not one token")
+	}
+	return tok, tok.VocabSize(), int(eot[0])
+}
+
+// llamaCall is the call as the scripted Llama writes it, after
+// <|python_tag|> (each token once: see writeScript).
+const llamaCall = `{"name": "get_weather","parameters":{"city":"Paris"}}`
+
+// TestToolsLlama31 serves a model of Llama 3.1's tokenizer and template
+// whose weights call get_weather in Llama's JSON after <|python_tag|>
+// (a special token: not in the text): the call comes back in tool_calls,
+// and the tools and a round trip render as Llama 3.1's template does
+// (tools in the first user message, the result as an ipython turn).
+func TestToolsLlama31(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.ModelRepo = t.TempDir()
+	cfg.LoadModels = "llama-tools"
+	tok, v, eot := llama31Dir(t, cfg.ModelRepo, "llama-tools")
+	nl := tok.Encode("\n\n", false)
+	tag := tok.Encode(output.PythonTag, false)
+	if len(nl) != 1 || len(tag) != 1 {
+		t.Fatalf("\\n\\n is %v, the python tag %v", nl, tag)
+	}
+	script := append(append(nl, tag...), tok.Encode(llamaCall, false)...)
+	writeScript(t, tok, cfg.ModelRepo, "llama-tools", v, eot, append(script, int32(eot)), nil)
+	d := startDaemon(t, cfg)
+	c := brokerv1.NewBrokerServiceClient(d.conn)
+	ctx := testCtx(t)
+	tools := []*brokerv1.Tool{{Name: "get_weather", Description: "Get the weather in a city.", Parameters: toolSchema}}
+	user := &brokerv1.ChatMessage{Role: "user", Content: toolUserQuery}
+	chat := func(t *testing.T, msgs ...*brokerv1.ChatMessage) (string, []*brokerv1.ToolCall, *brokerv1.GenerationResult) {
+		t.Helper()
+		st, err := c.Chat(ctx, &brokerv1.ChatRequest{Model: "llama-tools", Tools: tools, Sampling: &brokerv1.SamplingParams{Temperature: new(float32)},
+			Conversations: []*brokerv1.Conversation{{Messages: msgs}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var text string
+		var calls []*brokerv1.ToolCall
+		var res *brokerv1.GenerationResult
+		for {
+			m, err := st.Recv()
+			if errors.Is(err, io.EOF) {
+				return text, calls, res
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, dl := range m.GetDeltas() {
+				text += dl.GetText()
+				calls = append(calls, dl.GetToolCalls()...)
+			}
+			if rs := m.GetResults(); len(rs) > 0 {
+				res = rs[0]
+			}
+		}
+	}
+	text, calls, res := chat(t, user)
+	if text != "" || len(calls) != 1 || calls[0].GetName() != "get_weather" || calls[0].GetArguments() != `{"city":"Paris"}` ||
+		res.GetFinishReason() != brokerv1.FinishReason_FINISH_REASON_TOOL_CALLS {
+		t.Fatalf("text %q, calls %v, result %v", text, calls, res)
+	}
+	// The round trip, as the template renders it (tojson(indent=4) of the
+	// tool; the result a JSON string, as Llama 3.1's template writes a
+	// tool's content).
+	var tool bytes.Buffer
+	if err := json.Indent(&tool, []byte(`{"type": "function", "function": {"name": "get_weather", "description": "Get the weather in a city.", "parameters": `+toolSchema+`}}`), "", "    "); err != nil {
+		t.Fatal(err)
+	}
+	result, _ := json.Marshal(toolResult)
+	want := "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nEnvironment: ipython\nCutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n<|eot_id|>" +
+		"<|start_header_id|>user<|end_header_id|>\n\nGiven the following functions, please respond with a JSON for a function call with its proper arguments that best answers the given prompt.\n\n" +
+		"Respond in the format {\"name\": function name, \"parameters\": dictionary of argument name and its value}.Do not use variables.\n\n" +
+		tool.String() + "\n\n" + toolUserQuery + "<|eot_id|>" +
+		"<|start_header_id|>assistant<|end_header_id|>\n\n{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}<|eot_id|>" +
+		"<|start_header_id|>ipython<|end_header_id|>\n\n" + string(result) + "<|eot_id|>" +
+		"<|start_header_id|>assistant<|end_header_id|>\n\n"
+	_, calls2, res := chat(t, user, &brokerv1.ChatMessage{Role: "assistant", ToolCalls: calls},
+		&brokerv1.ChatMessage{Role: "tool", Content: toolResult, ToolCallId: calls[0].GetId()})
+	if n := len(tok.Encode(want, false)); int(res.GetUsage().GetPromptTokens()) != n || len(calls2) != 1 {
+		t.Errorf("the round trip's prompt is %d tokens (calls %v); Llama 3.1's template renders %d", res.GetUsage().GetPromptTokens(), calls2, n)
+	}
 }
