@@ -5033,7 +5033,8 @@ type ChatRequest struct {
 	// (Qwen's <tool_call>{...}</tool_call>, Llama 3.x's JSON), which come
 	// back in GenerationDelta.tool_calls, never in text. A model whose
 	// vocabulary has neither format's markers (<tool_call> and </tool_call>,
-	// or <|python_tag|>, as tokens of their own) refuses tools.
+	// or <|python_tag|>, as tokens of their own) refuses tools with
+	// tool_choice auto (its calls could not be parsed).
 	Tools      []*Tool        `protobuf:"bytes,10,rep,name=tools,proto3" json:"tools,omitempty"`
 	ToolChoice ToolChoiceMode `protobuf:"varint,11,opt,name=tool_choice,json=toolChoice,proto3,enum=broker.v1.ToolChoiceMode" json:"tool_choice,omitempty"`
 	// tool_choice TOOL_CHOICE_FUNCTION: the tool's name.
