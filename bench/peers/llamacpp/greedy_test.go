@@ -12,6 +12,7 @@ import (
 	"github.com/brokerd/brokerd/bench/benchkit"
 	"github.com/brokerd/brokerd/bench/modelkit"
 	"github.com/brokerd/brokerd/runtime"
+	"github.com/brokerd/brokerd/runtime/gguf"
 	"github.com/brokerd/brokerd/runtime/models/llm"
 	"github.com/brokerd/brokerd/runtime/models/repo"
 	"github.com/brokerd/brokerd/runtime/onednn"
@@ -29,8 +30,8 @@ import (
 // the rest of that sequence then follows another token and is not
 // compared. Where both agree with the same runner-up, the two engines'
 // gaps (brokerd's from its top-2 logprobs) are within tieGap of each
-// other. Three models: Llama with rows of 256 (Q4_K and Q6_K
-// throughout), Qwen2 with rows of 384 (Q4_K_M falls back to Q5_0 and
+// other. Three models of 4 layers: Llama with rows of 256 (Q4_K and
+// Q6_K throughout), Qwen2 with rows of 384 (Q4_K_M falls back to Q5_0 and
 // Q8_0 as in Qwen2.5-0.5B's file), and the Llama one in Q8_0.
 func TestGreedyAgainstLlamaCpp(t *testing.T) {
 	lib := ggmlref.Find(t) // skips when BROKERD_SKIP_GGML=1
@@ -50,10 +51,14 @@ func TestGreedyAgainstLlamaCpp(t *testing.T) {
 	cases := []struct {
 		name, ftype string
 		shape       modelkit.LLM
+		types       []gguf.Type // the tensor types the file must hold
 	}{
-		{"llama-q4km", "q4_k_m", modelkit.LLM{Arch: "llama", Layers: 8, Hidden: 256, Heads: 4, KVHeads: 2, Intermediate: 512}},
-		{"qwen2-q4km", "q4_k_m", modelkit.LLM{Arch: "qwen2", Layers: 8, Hidden: 384, Heads: 6, KVHeads: 2, Intermediate: 1024}},
-		{"llama-q8", "q8_0", modelkit.LLM{Arch: "llama", Layers: 8, Hidden: 256, Heads: 4, KVHeads: 2, Intermediate: 512}},
+		{"llama-q4km", "q4_k_m", modelkit.LLM{Arch: "llama", Layers: 4, Hidden: 256, Heads: 4, KVHeads: 2, Intermediate: 512},
+			[]gguf.Type{gguf.F32, gguf.Q4_K, gguf.Q6_K}},
+		{"qwen2-q4km", "q4_k_m", modelkit.LLM{Arch: "qwen2", Layers: 4, Hidden: 384, Heads: 6, KVHeads: 2, Intermediate: 1024},
+			[]gguf.Type{gguf.F32, gguf.Q5_0, gguf.Q8_0, gguf.Q4_K, gguf.Q6_K}},
+		{"llama-q8", "q8_0", modelkit.LLM{Arch: "llama", Layers: 4, Hidden: 256, Heads: 4, KVHeads: 2, Intermediate: 512},
+			[]gguf.Type{gguf.F32, gguf.Q8_0}},
 	}
 	for i, c := range cases {
 		src := filepath.Join(t.TempDir(), c.name)
@@ -66,8 +71,25 @@ func TestGreedyAgainstLlamaCpp(t *testing.T) {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := modelkit.WriteGGUFQuantized(src, filepath.Join(dir, c.name+".gguf"), c.ftype, lib.Quantize); err != nil {
+		path := filepath.Join(dir, c.name+".gguf")
+		if _, err := modelkit.WriteGGUFQuantized(src, path, c.ftype, lib.Quantize); err != nil {
 			t.Fatal(err)
+		}
+		f, err := gguf.Open(path, gguf.Limits{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var have []gguf.Type
+		for _, tt := range f.Tensors {
+			if !slices.Contains(have, tt.Type) {
+				have = append(have, tt.Type)
+			}
+		}
+		_ = f.Close()
+		slices.Sort(have)
+		slices.Sort(c.types)
+		if !slices.Equal(have, c.types) {
+			t.Fatalf("%s holds tensors of types %v, want %v", c.name, have, c.types)
 		}
 	}
 	r, err := repo.Open(root, nil)

@@ -30,11 +30,14 @@ import (
 // read the same quantized weights but multiply differently: llama.cpp
 // rounds the activations to 8 bits per block of 32 or 256 (Q8_0 / Q8_K)
 // for its integer dot products, brokerd (today) multiplies the dequantized
-// weights in float32; through 8 random layers that moves the gaps by up to
-// 0.05 (Q8_0) and 0.08 (Q4_K_M) in TestGreedyAgainstLlamaCpp (which logs
-// it). A wrong weight, row or block moves logits by their whole spread,
-// far past 0.15.
-const tieGap = 0.15
+// weights in float32. On TestGreedyAgainstLlamaCpp's models that moves the
+// gaps by up to 0.06 (Q8_0) and 0.10 (Q4_K_M; the test logs it); 0.25
+// leaves room for the quantized engine's own rounding of the activations.
+// The logits of these random models are flat (top-2 gaps of 0.01 to 0.3
+// are common), so what catches a wrong weight, row or block is mostly the
+// second condition, that brokerd's token is llama.cpp's runner-up: another
+// file's weights fail every prompt at its first token.
+const tieGap = 0.25
 
 // repoFor lays out a model repository holding the GGUF file (hard-linked,
 // or copied across file systems) as version 1 of a model named after it,
