@@ -219,3 +219,43 @@ func TestTemplateHostile(t *testing.T) {
 		t.Errorf("a failing template: %v", err)
 	}
 }
+
+// FuzzTemplate: any template text either fails to parse or renders the
+// trial conversations under small limits with an error or a prompt, never
+// a panic or a render past its bounds.
+func FuzzTemplate(f *testing.F) {
+	for _, name := range []string{"llama3.2.gotmpl", "qwen2.5.gotmpl"} {
+		b, err := os.ReadFile(filepath.Join("testdata", "templates", name))
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(string(b))
+	}
+	for _, s := range []string{
+		"{{ .System }} {{ .Prompt }}", "{{ if .System }}{{ .Response }}{{ else }}x{{ end }}y",
+		`{{ define "a" }}{{ template "b" . }}{{ end }}{{ define "b" }}{{ .Prompt }}{{ end }}{{ template "a" . }}`,
+		`{{ range $i := 1000000 }}{{ $.System }}{{ end }}`, `{{ with .Messages }}{{ range . }}{{ json . }}{{ end }}{{ else with .Prompt }}{{ . }}{{ end }}`,
+		`{{ $x := "ab" }}{{ range 30 }}{{ $x = printf "%s%s" $x $x }}{{ end }}`, `{{ range .Tools }}{{ .Function }}{{ break }}{{ end }}{{ .Response }}tail`,
+	} {
+		f.Add(s)
+	}
+	lim := TemplateLimits{MaxSteps: 20_000, MaxOutputBytes: 64 << 10, MaxAllocBytes: 256 << 10, MaxTime: time.Minute}
+	f.Fuzz(func(t *testing.T, src string) {
+		tm, err := ParseTemplate(src)
+		if err != nil {
+			if !errors.Is(err, ErrTemplate) {
+				t.Fatalf("a parse error that is not ErrTemplate: %v", err)
+			}
+			return
+		}
+		for _, trial := range trialConversations {
+			out, err := tm.Render(context.Background(), trial.msgs, RenderOptions{Tools: trial.tools, Limits: lim})
+			if err != nil && !errors.Is(err, ErrTemplate) {
+				t.Fatalf("a render error that is not ErrTemplate: %v", err)
+			}
+			if int64(len(out)) > lim.MaxOutputBytes {
+				t.Fatalf("%d bytes rendered, over the limit", len(out))
+			}
+		}
+	})
+}
