@@ -107,7 +107,9 @@ func (m *Model) compileConstraint(ctx context.Context, c *Constraint) (*constrai
 	}
 	mt, err := g.NewMatcher()
 	if err != nil {
-		return nil, fmt.Errorf("llm %q: %s constraint: %w", m.opts.Name, c.Kind, err)
+		// Its start already passes the run-time bounds (ErrStackLimit: too
+		// ambiguous): the client's grammar, not a fault of brokerd's.
+		return nil, fmt.Errorf("%w: llm %q: %s constraint: %w", ErrInvalidSampling, m.opts.Name, c.Kind, err)
 	}
 	return &constraintState{m: mt, mask: make([]uint64, v.MaskWords())}, nil
 }

@@ -352,6 +352,20 @@ func TestConstraintDeadEnd(t *testing.T) {
 			t.Errorf("%s %q: %v", c.Kind, c.Source, err)
 		}
 	}
+	// Past the run-time bounds (parse stacks): at the start, refused as
+	// invalid; later, the sequence ends with FinishConstraint.
+	tight, te := constrainedModel(t, ModelOptions{GrammarLimits: grammar.Limits{MaxStacks: 2}})
+	if _, err := tight.NewSequenceContext(context.Background(), Sampling{Constraint: &Constraint{Kind: grammar.KindGBNF,
+		Source: `root ::= "x" "1" | "x" "2" | "x" "3"`}}, prompt); !errors.Is(err, models.ErrInvalidInput) || !errors.Is(err, grammar.ErrStackLimit) {
+		t.Errorf("a grammar too ambiguous at its start: %v", err)
+	}
+	res = generate(t, tight, te, []Sampling{{Temperature: 1, Seed: 1, Seeded: true, Constraint: &Constraint{Kind: grammar.KindGBNF,
+		Source: `root ::= "q" ("x" "1" | "x" "2" | "x" "3")`}}}, prompt, 20)
+	// (The mask's check of "q" already meets three stacks: it ends before
+	// writing it.)
+	if r := res[0]; r.finish != FinishConstraint || (r.text != "" && r.text != "q") {
+		t.Errorf("past the parse-stack bound: finished %q with %q", r.finish, r.text)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	if _, err := m.NewSequenceContext(ctx, Sampling{Constraint: &Constraint{Kind: grammar.KindRegex, Source: `[0-9]{3}x`}}, prompt); !errors.Is(err, context.Canceled) {
