@@ -10,7 +10,6 @@ import (
 	"sync"
 
 	"github.com/brokerd/brokerd/runtime/models"
-	"github.com/brokerd/brokerd/runtime/models/llm/grammar"
 )
 
 // ErrInvalidSampling means sampling parameters out of range; it wraps
@@ -274,13 +273,12 @@ func (s *Sequence) next(logits []float32) (StepResult, error) {
 }
 
 // constraintEnd ends the sequence without a token: its constraint allows
-// nothing (a dead end) or went past its run-time bounds. Any other error
-// of the grammar is a bug of this package's use of it.
-func (s *Sequence) constraintEnd(err error) (StepResult, error) {
-	if errors.Is(err, errDeadEnd) || errors.Is(err, grammar.ErrStackLimit) {
-		return StepResult{End: FinishConstraint}, nil
-	}
-	return StepResult{}, fmt.Errorf("constraint: %w", err)
+// nothing (a dead end) or went past its run-time bounds
+// (grammar.ErrStackLimit, or a position computed on first use past the
+// compile bounds). Whatever the grammar's error, only this sequence ends:
+// a step's other sequences never fail for it.
+func (s *Sequence) constraintEnd(error) (StepResult, error) {
+	return StepResult{End: FinishConstraint}, nil
 }
 
 // release takes from pending the text that cannot be the start of a stop
