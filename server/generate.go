@@ -697,14 +697,21 @@ const (
 	seqTokenBytes    = 16
 	seqLogprobBytes  = 64
 	promptTokenBytes = 4
+	// A constrained sequence's matcher: its mask (19 KiB over Qwen's
+	// vocabulary) and parse state, and per token its history.
+	constraintSeqBytes   = 64 << 10
+	constraintTokenBytes = 64
 )
 
 func (c *genCall) seqCost(promptTokens, maxNew int) int64 {
-	perToken := int64(seqTokenBytes)
+	base, perToken := int64(seqBaseBytes), int64(seqTokenBytes)
 	if c.params.Logprobs {
 		perToken += seqLogprobBytes * int64(1+c.params.TopLogprobs)
 	}
-	return seqBaseBytes + promptTokenBytes*int64(promptTokens) + perToken*int64(maxNew)
+	if c.params.Constraint != nil {
+		base, perToken = base+constraintSeqBytes, perToken+constraintTokenBytes
+	}
+	return base + promptTokenBytes*int64(promptTokens) + perToken*int64(maxNew)
 }
 
 // convert turns one scheduler event into a delta and, on the last event,
