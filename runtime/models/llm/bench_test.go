@@ -268,3 +268,40 @@ func BenchmarkDecodeQuantized(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkPrefill512 is one 512-token prefill step of llama1024 with its
+// matrices in Q4_K (dequantized slices through oneDNN), against the same
+// shape in bf16 and f32 weights.
+func BenchmarkPrefill512(b *testing.B) {
+	s := llama1024()
+	for _, c := range []struct {
+		name string
+		dt   runtime.DType // device compute type
+		q    runtime.DType // 0: float weights
+	}{{"q4_K", runtime.F32, runtime.Q4_K}, {"bf16", runtime.BF16, 0}, {"f32", runtime.F32, 0}} {
+		b.Run(c.name, func(b *testing.B) {
+			dev := openBenchDevice(b, c.dt)
+			w := fastWeights(s)
+			if c.q != 0 {
+				w = quantizeFast(w, c.q)
+			}
+			e, err := newEngine(context.Background(), dev, s, w, EngineOptions{CacheBytes: 1 << 29, MaxStepTokens: 1024})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer e.Close()
+			ctx := context.Background()
+			for i := 0; b.Loop(); i++ {
+				seq := uint64(i + 1)
+				if !e.Reserve(seq, 512) {
+					b.Fatal("reserve")
+				}
+				st, _ := newSequence(Sampling{IgnoreEOS: true}, nil, s.Vocab, nil, nil)
+				if _, err := e.Step(ctx, []StepItem{{Seq: seq, Tokens: prompt(512, int32(i), s.Vocab), Sample: true, State: st}}); err != nil {
+					b.Fatal(err)
+				}
+				e.Release(seq)
+			}
+		})
+	}
+}
