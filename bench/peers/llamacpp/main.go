@@ -257,7 +257,7 @@ func run(ctx context.Context, o options) error {
 	fileType := strings.ToUpper(o.dtype)
 	if o.quant != "" {
 		fileType = strings.ToUpper(o.quant)
-		fmt.Printf("file: %s, %.1f MiB; brokerd loads it through its repository (%s compute; weights dequantized at load today)\n", gguf, float64(fileBytes)/(1<<20), dt)
+		fmt.Printf("file: %s, %.1f MiB; brokerd loads it through its repository (%s compute for activations; block-quantized matrices stay as stored)\n", gguf, float64(fileBytes)/(1<<20), dt)
 	}
 	fmt.Printf("brokerd resident memory: %.0f MiB before the load, %.0f after it (+%.0f), %.0f with the engine (+%.0f in all; %.2f× the file's %.0f MiB; KV cache reserved %.0f MiB)\n",
 		mib(rssBefore), mib(rssLoaded), mib(rssLoaded-rssBefore), mib(rssEngine), mib(rssEngine-rssBefore),
