@@ -3,14 +3,12 @@ package server
 import (
 	"errors"
 	"io"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 	"unicode/utf8"
 
-	"github.com/klauspost/compress/zstd"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
 
@@ -24,25 +22,7 @@ import (
 // qwenTokenizer is Qwen3's real tokenizer (the test copy qwenDir writes).
 func qwenTokenizer(t *testing.T) *bpe.Tokenizer {
 	t.Helper()
-	src := "../runtime/models/tokenizer/bpe/testdata/qwen3"
-	f, err := os.Open(filepath.Join(src, "tokenizer.json.zst"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	d, err := zstd.NewReader(f)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Close()
-	tj, err := io.ReadAll(d)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg, err := os.ReadFile(filepath.Join(src, "tokenizer_config.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	tj, cfg := qwenTokenizerFiles(t)
 	tok, err := bpe.Parse(tj, cfg, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -238,15 +218,7 @@ func writeScript(t *testing.T, tok *bpe.Tokenizer, repo, name string, v, eos int
 // and openai (chat_template_kwargs, reasoning_content) npm clients get the
 // same through the HTTP APIs.
 func TestThinkingEndToEnd(t *testing.T) {
-	cfg := testConfig(t)
-	cfg.ModelRepo = t.TempDir()
-	cfg.LoadModels = "qwen-think"
-	cfg.HTTPListen = "127.0.0.1:0"
-	keys := filepath.Join(t.TempDir(), "keys")
-	if err := os.WriteFile(keys, []byte("k-think\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	cfg.APIKeysFile = keys
+	cfg := llmHTTPConfig(t, "qwen-think", "k-think")
 	writeScriptedQwen(t, cfg.ModelRepo, "qwen-think")
 	d := startDaemon(t, cfg)
 	c := brokerv1.NewBrokerServiceClient(d.conn)

@@ -95,15 +95,7 @@ func generateTexts(t *testing.T, c brokerv1.BrokerServiceClient, req *brokerv1.G
 // compile with INVALID_ARGUMENT, and the official npm clients get valid
 // JSON back through response_format json_schema and Ollama's format.
 func TestConstrainedEndToEnd(t *testing.T) {
-	cfg := testConfig(t)
-	cfg.ModelRepo = t.TempDir()
-	cfg.LoadModels = "qwen-tiny"
-	cfg.HTTPListen = "127.0.0.1:0"
-	keys := filepath.Join(t.TempDir(), "keys")
-	if err := os.WriteFile(keys, []byte("k-struct\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	cfg.APIKeysFile = keys
+	cfg := llmHTTPConfig(t, "qwen-tiny", "k-struct")
 	v, eos := qwenDir(t, cfg.ModelRepo, "qwen-tiny")
 	writeTinyLlamaVocab(t, cfg.ModelRepo, "qwen-tiny", v, eos)
 	d := startDaemon(t, cfg)
@@ -202,15 +194,7 @@ func (noZTokenizer) TokenBytes(id int32) []byte {
 // what it wrote, over gRPC and as finish_reason / done_reason "constraint"
 // over HTTP, instead of looping or sampling outside the grammar.
 func TestConstraintDeadEndEndToEnd(t *testing.T) {
-	cfg := testConfig(t)
-	cfg.ModelRepo = t.TempDir()
-	cfg.LoadModels = "tiny-llm"
-	cfg.HTTPListen = "127.0.0.1:0"
-	keys := filepath.Join(t.TempDir(), "keys")
-	if err := os.WriteFile(keys, []byte("k-dead\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	cfg.APIKeysFile = keys
+	cfg := llmHTTPConfig(t, "tiny-llm", "k-dead")
 	writeTinyLlama(t, cfg.ModelRepo, "tiny-llm")
 	d := startDaemonWith(t, Options{Config: cfg, Tokenizers: func(context.Context, string, func(string, int64) ([]byte, error)) (llm.Tokenizer, llm.ChatTemplate, error) {
 		return noZTokenizer{}, byteTokenizer{}, nil

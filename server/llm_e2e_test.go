@@ -13,12 +13,12 @@ import (
 
 	brokerv1 "github.com/brokerd/brokerd/proto/broker/v1"
 	"github.com/brokerd/brokerd/runtime/models/tokenizer/bpe"
+	"github.com/brokerd/brokerd/server/config"
 )
 
-// qwenDir writes a version directory holding Qwen3's real tokenizer files
-// (runtime/models/tokenizer/bpe's test copies) and returns it with the
-// vocabulary size and the EOS id.
-func qwenDir(t *testing.T, repo, name string) (int, int) {
+// qwenTokenizerFiles returns Qwen3's real tokenizer.json and
+// tokenizer_config.json (runtime/models/tokenizer/bpe's test copies).
+func qwenTokenizerFiles(t *testing.T) (tokenizerJSON, tokenizerConfig []byte) {
 	t.Helper()
 	src := "../runtime/models/tokenizer/bpe/testdata/qwen3"
 	f, err := os.Open(filepath.Join(src, "tokenizer.json.zst"))
@@ -39,6 +39,31 @@ func qwenDir(t *testing.T, repo, name string) (int, int) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return tj, cfg
+}
+
+// llmHTTPConfig is testConfig with an empty repository that loads model,
+// the HTTP APIs on a free port and key as their one API key.
+func llmHTTPConfig(t *testing.T, model, key string) config.Config {
+	t.Helper()
+	cfg := testConfig(t)
+	cfg.ModelRepo = t.TempDir()
+	cfg.LoadModels = model
+	cfg.HTTPListen = "127.0.0.1:0"
+	keys := filepath.Join(t.TempDir(), "keys")
+	if err := os.WriteFile(keys, []byte(key+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg.APIKeysFile = keys
+	return cfg
+}
+
+// qwenDir writes a version directory holding Qwen3's real tokenizer files
+// (runtime/models/tokenizer/bpe's test copies) and returns it with the
+// vocabulary size and the EOS id.
+func qwenDir(t *testing.T, repo, name string) (int, int) {
+	t.Helper()
+	tj, cfg := qwenTokenizerFiles(t)
 	dir := versionDir(t, repo, name, 1)
 	if err := os.WriteFile(filepath.Join(dir, "tokenizer.json"), tj, 0o644); err != nil {
 		t.Fatal(err)
@@ -62,15 +87,7 @@ func qwenDir(t *testing.T, repo, name string) (int, int) {
 // chat over gRPC renders the template and streams whole UTF-8 text, and the
 // official ollama and openai npm clients generate and chat against it.
 func TestLLMWithRealTokenizer(t *testing.T) {
-	cfg := testConfig(t)
-	cfg.ModelRepo = t.TempDir()
-	cfg.LoadModels = "qwen-tiny"
-	cfg.HTTPListen = "127.0.0.1:0"
-	keys := filepath.Join(t.TempDir(), "keys")
-	if err := os.WriteFile(keys, []byte("k-llm\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	cfg.APIKeysFile = keys
+	cfg := llmHTTPConfig(t, "qwen-tiny", "k-llm")
 	v, eos := qwenDir(t, cfg.ModelRepo, "qwen-tiny")
 	writeTinyLlamaVocab(t, cfg.ModelRepo, "qwen-tiny", v, eos)
 	d := startDaemon(t, cfg)

@@ -81,19 +81,12 @@ func toolRoundTripPrompt() string {
 // schema), never in text, and the sequence finishes TOOL_CALLS; the
 // answer fed back with the tool's result renders as Qwen3's template
 // renders it (the prompt's token count); tool_choice none leaves the call
-// in the text; required is refused as not supported yet. Then the
+// in the text; required and a named function are held to the tools'
+// schemas by the grammar even though the script says otherwise. Then the
 // official openai and ollama npm clients do the same over HTTP, streamed
 // and not.
 func TestToolsEndToEnd(t *testing.T) {
-	cfg := testConfig(t)
-	cfg.ModelRepo = t.TempDir()
-	cfg.LoadModels = "qwen-tools"
-	cfg.HTTPListen = "127.0.0.1:0"
-	keys := filepath.Join(t.TempDir(), "keys")
-	if err := os.WriteFile(keys, []byte("k-tools\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	cfg.APIKeysFile = keys
+	cfg := llmHTTPConfig(t, "qwen-tools", "k-tools")
 	writeToolModel(t, cfg.ModelRepo, "qwen-tools")
 	d := startDaemon(t, cfg)
 	c := brokerv1.NewBrokerServiceClient(d.conn)

@@ -47,10 +47,9 @@ type Device struct {
 	// unpackable: matmuls whose packed weights layout is larger than the
 	// weights (padded); they read row-major weights. Worker thread only.
 	unpackable map[primKey]bool
-	// qwork is qgemm's scratch for quantized activations, qworkBytes long
-	// (qmatmul.go). Worker thread only.
-	qwork      unsafe.Pointer
-	qworkBytes int64
+	// qwork is qgemm's scratch for quantized activations (qmatmul.go).
+	// Worker thread only, as the scratch below.
+	qwork scratchBuf
 	// Prefill products of quantized weights (qmatmul.go): from
 	// qPrefillRows rows on, W is dequantized by slices into qdeq (and x
 	// converted into qx) for oneDNN; qy holds a slice's output.
@@ -198,10 +197,7 @@ func BF16Support() error {
 
 func (d *Device) release() {
 	d.prims.clear()
-	if d.qwork != nil {
-		C.bd_free(d.qwork)
-		d.qwork, d.qworkBytes = nil, 0
-	}
+	d.qwork.free()
 	d.qdeq.free()
 	d.qx.free()
 	d.qy.free()

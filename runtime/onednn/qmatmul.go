@@ -36,7 +36,7 @@ func (d *Device) qmatmul(s *runtime.Step, x, w, bias, y unsafe.Pointer) error {
 		return fmt.Errorf("%s: %w", s, err)
 	}
 	err = qgemmWork(q, w, wt.DType.Bytes(int64(wt.NumElements())), int64(n), int64(k), x, int64(m), y, int64(n),
-		isaAuto, d.threads, work, d.qworkBytes)
+		isaAuto, d.threads, work, d.qwork.bytes)
 	if err != nil {
 		return fmt.Errorf("%s: %w", s, err)
 	}
@@ -178,18 +178,7 @@ func (d *Device) qgemmScratch(q quant.Type, k, m int64) (unsafe.Pointer, error) 
 	if need < 0 {
 		return nil, fmt.Errorf("%w: %d rows of %d against %v", errQgemmSize, m, k, q)
 	}
-	if need > d.qworkBytes {
-		if d.qwork != nil {
-			C.bd_free(d.qwork)
-			d.qwork, d.qworkBytes = nil, 0
-		}
-		p := C.bd_alloc(C.size_t(need))
-		if p == nil {
-			return nil, fmt.Errorf("%w: the host has no %d bytes free for quantized activations", runtime.ErrOutOfMemory, need)
-		}
-		d.qwork, d.qworkBytes = p, need
-	}
-	return d.qwork, nil
+	return d.scratch(&d.qwork, need)
 }
 
 // qgather is an OpGather from a block-quantized table: each index's row

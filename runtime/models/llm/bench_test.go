@@ -93,41 +93,7 @@ func BenchmarkDecode(b *testing.B) {
 			bw := memoryBandwidth()
 			for _, n := range []int{1, 4, 16} {
 				b.Run(fmt.Sprintf("seqs=%d", n), func(b *testing.B) {
-					ctx := context.Background()
-					items := make([]StepItem, n)
-					for i := range items {
-						seq := uint64(100*n + i)
-						if !e.Reserve(seq, s.Context) {
-							b.Fatal("reserve")
-						}
-						items[i] = StepItem{Seq: seq, Tokens: prompt(64, int32(i), s.Vocab), Sample: true}
-						items[i].State, _ = newSequence(Sampling{IgnoreEOS: true}, nil, s.Vocab, nil, nil)
-					}
-					defer func() {
-						for _, it := range items {
-							e.Release(it.Seq)
-						}
-					}()
-					step := func() {
-						res, err := e.Step(ctx, items)
-						if err != nil {
-							b.Fatal(err)
-						}
-						for i := range items {
-							items[i].Pos += len(items[i].Tokens)
-							items[i].Tokens = []int32{res[i].Token}
-						}
-					}
-					step() // the prompts' prefill
-					step() // the first decode creates the primitives
-					b.ResetTimer()
-					for range b.N {
-						if items[0].Pos+1 >= s.Context {
-							b.Skip("context full")
-						}
-						step()
-					}
-					perStep := b.Elapsed().Seconds() / float64(b.N)
+					perStep := decodeSteps(b, e, s, n)
 					b.ReportMetric(float64(n)/perStep, "tokens/s")
 					if n == 1 {
 						limit := bw / float64(readBytes)
@@ -139,6 +105,47 @@ func BenchmarkDecode(b *testing.B) {
 			}
 		})
 	}
+}
+
+// decodeSteps times decode steps of n sequences, each 64 tokens into its
+// context (prefilled first, and one decode step to create the primitives,
+// both untimed), and returns the seconds per step.
+func decodeSteps(b *testing.B, e *Engine, s netSpec, n int) float64 {
+	ctx := context.Background()
+	items := make([]StepItem, n)
+	for i := range items {
+		seq := uint64(100*n + i)
+		if !e.Reserve(seq, s.Context) {
+			b.Fatal("reserve")
+		}
+		items[i] = StepItem{Seq: seq, Tokens: prompt(64, int32(i), s.Vocab), Sample: true}
+		items[i].State, _ = newSequence(Sampling{IgnoreEOS: true}, nil, s.Vocab, nil, nil)
+	}
+	defer func() {
+		for _, it := range items {
+			e.Release(it.Seq)
+		}
+	}()
+	step := func() {
+		res, err := e.Step(ctx, items)
+		if err != nil {
+			b.Fatal(err)
+		}
+		for i := range items {
+			items[i].Pos += len(items[i].Tokens)
+			items[i].Tokens = []int32{res[i].Token}
+		}
+	}
+	step() // the prompts' prefill
+	step() // the first decode creates the primitives
+	b.ResetTimer()
+	for range b.N {
+		if items[0].Pos+1 >= s.Context {
+			b.Skip("context full")
+		}
+		step()
+	}
+	return b.Elapsed().Seconds() / float64(b.N)
 }
 
 // decodeReadBytes is what one decode step must read of the weights: every
@@ -223,41 +230,7 @@ func BenchmarkDecodeQuantized(b *testing.B) {
 			bw := memoryBandwidth()
 			for _, n := range []int{1, 16} {
 				b.Run(fmt.Sprintf("seqs=%d", n), func(b *testing.B) {
-					ctx := context.Background()
-					items := make([]StepItem, n)
-					for i := range items {
-						seq := uint64(100*n + i)
-						if !e.Reserve(seq, s.Context) {
-							b.Fatal("reserve")
-						}
-						items[i] = StepItem{Seq: seq, Tokens: prompt(64, int32(i), s.Vocab), Sample: true}
-						items[i].State, _ = newSequence(Sampling{IgnoreEOS: true}, nil, s.Vocab, nil, nil)
-					}
-					defer func() {
-						for _, it := range items {
-							e.Release(it.Seq)
-						}
-					}()
-					step := func() {
-						res, err := e.Step(ctx, items)
-						if err != nil {
-							b.Fatal(err)
-						}
-						for i := range items {
-							items[i].Pos += len(items[i].Tokens)
-							items[i].Tokens = []int32{res[i].Token}
-						}
-					}
-					step()
-					step()
-					b.ResetTimer()
-					for range b.N {
-						if items[0].Pos+1 >= s.Context {
-							b.Skip("context full")
-						}
-						step()
-					}
-					perStep := b.Elapsed().Seconds() / float64(b.N)
+					perStep := decodeSteps(b, e, s, n)
 					b.ReportMetric(float64(n)/perStep, "tokens/s")
 					if n == 1 {
 						b.ReportMetric(float64(readBytes)/1e6, "MB/token")

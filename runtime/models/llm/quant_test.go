@@ -8,6 +8,7 @@ import (
 
 	"github.com/brokerd/brokerd/runtime"
 	"github.com/brokerd/brokerd/runtime/models"
+	"github.com/brokerd/brokerd/runtime/quant"
 )
 
 // quantNet is tinyNet with rows of whole Q8_0 blocks (32): hidden 64,
@@ -37,7 +38,7 @@ func toQ8_0(x []float32) []byte {
 			h |= uint16(e)<<10 | uint16(bits&0x7fffff>>13)
 		}
 		out = append(out, byte(h), byte(h>>8))
-		dh := float64(halfToFloat(h))
+		dh := float64(quant.F16ToF32(h))
 		for _, v := range x[b : b+32] {
 			q := 0.0
 			if dh > 0 {
@@ -47,14 +48,6 @@ func toQ8_0(x []float32) []byte {
 		}
 	}
 	return out
-}
-
-func halfToFloat(h uint16) float32 {
-	e := int(h>>10) & 0x1f
-	if e == 0 {
-		return 0
-	}
-	return float32(math.Ldexp(1+float64(h&0x3ff)/1024, e-15))
 }
 
 // quantCheckpoint is w with every matrix stored as Q8_0, and the same
