@@ -11,8 +11,46 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/brokerd/brokerd/runtime/models"
+	"github.com/brokerd/brokerd/runtime/models/llm"
 	"github.com/brokerd/brokerd/runtime/models/repo"
 )
+
+// Repository is what model management needs of the model repository
+// (runtime/models/repo): what it holds, and a loaded model of it.
+type Repository interface {
+	// List describes every model directory, loadable or not.
+	List() ([]RepoEntry, error)
+	// Load reads one version of a model (0: the highest loadable one).
+	Load(ctx context.Context, name string, version int64) (Loaded, error)
+	// Fingerprint identifies a version's files as they are on disk now,
+	// without reading them: a change means a reload must read them again.
+	Fingerprint(name string, version int64) (string, error)
+	// Canonical is the name a model is served under: an Ollama store's
+	// model answers to several (qwen2.5, qwen2.5:latest,
+	// library/qwen2.5:latest); other names are their own.
+	Canonical(name string) string
+}
+
+// Loaded is a model read from the repository and the version it is:
+// a batch model, or a decoder LLM.
+type Loaded struct {
+	Model       models.Model
+	LLM         *llm.Model
+	Version     int64
+	Fingerprint string // of the files it was read from (Repository.Fingerprint)
+}
+
+// RepoEntry is one model of the repository.
+type RepoEntry struct {
+	Name     string
+	Kind     string
+	Versions []int64 // loadable versions, ascending
+	Err      string  // why the model (or its newest version) cannot load
+	// Details describe the newest loadable version's files (format, size,
+	// parameters, quantization).
+	Details repo.Details
+}
 
 // repository adapts the model repository (runtime/models/repo) to what
 // model management needs.

@@ -7,7 +7,6 @@ import (
 	"slices"
 	"sync"
 	"testing"
-	"time"
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
@@ -17,103 +16,6 @@ import (
 	"github.com/brokerd/brokerd/runtime"
 	"github.com/brokerd/brokerd/runtime/onednn"
 )
-
-func TestGate(t *testing.T) {
-	t.Run("retire with nothing in flight", func(t *testing.T) {
-		g := newGate()
-		select {
-		case <-g.retire():
-		default:
-			t.Fatal("an idle gate did not close at once")
-		}
-		if g.enter() {
-			t.Error("a retired gate let a request in")
-		}
-	})
-	t.Run("retire waits for the requests inside", func(t *testing.T) {
-		g := newGate()
-		if !g.enter() || !g.enter() {
-			t.Fatal("an open gate refused a request")
-		}
-		idle := g.retire()
-		if g.enter() {
-			t.Error("a retired gate let a request in")
-		}
-		g.leave()
-		select {
-		case <-idle:
-			t.Fatal("closed with a request still inside")
-		case <-time.After(10 * time.Millisecond):
-		}
-		g.leave()
-		select {
-		case <-idle:
-		case <-time.After(time.Second):
-			t.Fatal("not closed after the last request left")
-		}
-	})
-	t.Run("concurrent", func(t *testing.T) {
-		// Every request admitted before the gate closed has left when it
-		// closes; none is admitted after.
-		g := newGate()
-		var (
-			mu     sync.Mutex
-			inside int
-			closed bool
-			wg     sync.WaitGroup
-		)
-		for range 16 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for range 2000 {
-					if !g.enter() {
-						return
-					}
-					mu.Lock()
-					if closed {
-						t.Error("a request entered after the gate closed")
-					}
-					inside++
-					mu.Unlock()
-					mu.Lock()
-					inside--
-					mu.Unlock()
-					g.leave()
-				}
-			}()
-		}
-		time.Sleep(time.Millisecond)
-		<-g.retire()
-		mu.Lock()
-		closed = true
-		if inside != 0 {
-			t.Errorf("%d requests inside when the gate closed", inside)
-		}
-		mu.Unlock()
-		wg.Wait()
-	})
-}
-
-func TestPlacementOrder(t *testing.T) {
-	tests := []struct {
-		policy detect.Policy
-		want   []detect.Type
-	}{
-		{detect.Policy{Prefer: detect.PreferAuto, AllowTPU: true}, []detect.Type{detect.TypeTPU, detect.TypeGPU, detect.TypeCPU}},
-		{detect.Policy{Prefer: detect.PreferAuto}, []detect.Type{detect.TypeGPU, detect.TypeCPU}},
-		{detect.Policy{Prefer: detect.PreferCPU, AllowTPU: true}, []detect.Type{detect.TypeCPU, detect.TypeTPU, detect.TypeGPU}},
-		{detect.Policy{Prefer: detect.PreferGPU, AllowTPU: true}, []detect.Type{detect.TypeGPU, detect.TypeCPU, detect.TypeTPU}},
-		{detect.Policy{Prefer: detect.PreferTPU, AllowTPU: true}, []detect.Type{detect.TypeTPU, detect.TypeGPU, detect.TypeCPU}},
-	}
-	for _, tt := range tests {
-		t.Run(string(tt.policy.Prefer), func(t *testing.T) {
-			if got := placementOrder(tt.policy); !slices.Equal(got, tt.want) {
-				t.Errorf("order = %v, want %v", got, tt.want)
-			}
-		})
-	}
-}
 
 // dtypeAdapter opens fake devices, recording each spec, and refuses any
 // compute type but f32 with refuse when set.

@@ -1,0 +1,133 @@
+package lifecycle
+
+import (
+	"maps"
+	"sort"
+	"strings"
+)
+
+// catalog is an immutable view of what is Served, swapped atomically so the
+// request path never takes a lock.
+type catalog struct {
+	byName map[string]*Served
+}
+
+// Catalog is a snapshot of what is served, what the repository holds and
+// the loads in progress, for listings.
+type Catalog struct {
+	Served  map[string]*Served // by name
+	Repo    []RepoEntry        // nil without a repository
+	Pending map[string]string  // name → "loading" or "unloading"
+	LastErr map[string]string  // name → why its last load failed
+}
+
+// Catalog returns the current snapshot.
+func (ms *Set) Catalog() (Catalog, error) {
+	var c Catalog
+	if ms.repo != nil {
+		var err error
+		if c.Repo, err = ms.repo.List(); err != nil {
+			return c, err
+		}
+	}
+	ms.stMu.Lock()
+	c.Pending, c.LastErr = maps.Clone(ms.pending), maps.Clone(ms.lastErr)
+	ms.stMu.Unlock()
+	c.Served = ms.cat.Load().byName // immutable once published
+	return c, nil
+}
+
+// publishLocked makes s serve name (nil: name is Served no more).
+func (ms *Set) publishLocked(name string, s *Served) {
+	old := ms.cat.Load()
+	next := &catalog{byName: make(map[string]*Served, len(old.byName)+1)}
+	for k, v := range old.byName {
+		next.byName[k] = v
+	}
+	if s == nil {
+		delete(next.byName, name)
+	} else {
+		next.byName[name] = s
+	}
+	ms.cat.Store(next)
+}
+
+// Builtin returns the built-in encoder Encode serves under name.
+func (ms *Set) Builtin(name string) (Encoder, bool) {
+	s := ms.cat.Load().byName[name]
+	if s == nil || s.Builtin == nil {
+		return nil, false
+	}
+	return s.Builtin, true
+}
+
+// Lookup returns what serves name, without entering its gate.
+func (ms *Set) Lookup(name string) *Served {
+	return ms.cat.Load().byName[name]
+}
+
+// LookupLabel returns the version whose Label (NAME@VERSION, as Stats rows
+// and the metrics name it) is label, while it serves.
+func (ms *Set) LookupLabel(label string) *Served {
+	for _, s := range ms.cat.Load().byName {
+		if s.Label == label {
+			return s
+		}
+	}
+	return nil
+}
+
+// names lists the Served names for error messages.
+func (ms *Set) Names() string {
+	var n []string
+	for k := range ms.cat.Load().byName {
+		n = append(n, k)
+	}
+	sort.Strings(n)
+	return strings.Join(n, ", ")
+}
+
+// Acquire returns the version serving name (version 0: whichever does) with
+// its gate entered; the caller calls release when its work is done.
+func (ms *Set) Acquire(name string, version int64) (*Served, error) {
+	for {
+		s := ms.cat.Load().byName[name]
+		if s == nil {
+			if version != 0 {
+				return nil, ms.versionMissing(name, version, 0)
+			}
+			return nil, ms.Missing(name)
+		}
+		if version != 0 && version != s.Info.Version {
+			return nil, ms.versionMissing(name, version, s.Info.Version)
+		}
+		if s.gate.enter() {
+			return s, nil
+		}
+		// A reload or unload retired s after it was looked up; the catalog
+		// already shows what replaced it.
+	}
+}
+
+// Release ends a request's hold on s (Acquire's).
+func (ms *Set) Release(s *Served) { s.gate.leave() }
+
+func (ms *Set) setPending(name, state string) {
+	ms.stMu.Lock()
+	defer ms.stMu.Unlock()
+	if state == "" {
+		delete(ms.pending, name)
+	} else {
+		ms.pending[name] = state
+	}
+}
+
+func (ms *Set) setLastErr(name string, err error) {
+	ms.stMu.Lock()
+	defer ms.stMu.Unlock()
+	if err == nil {
+		delete(ms.lastErr, name)
+	} else {
+		ms.lastErr[name] = err.Error()
+	}
+}

@@ -1,0 +1,224 @@
+package lifecycle
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"go.uber.org/zap"
+
+	"github.com/brokerd/brokerd/runtime/models"
+	"github.com/brokerd/brokerd/scheduler"
+)
+
+// Action says what a Load did.
+type Action int
+
+const (
+	// ActionLoaded: the model was not served and now is.
+	ActionLoaded Action = iota + 1
+	// ActionSwitched: another version replaced the one served.
+	ActionSwitched
+	// ActionReloaded: the served version's files changed on disk, and an
+	// instance read from them replaced the one serving.
+	ActionReloaded
+	// ActionUnchanged: the version asked for is served from the files on disk
+	// as they are: nothing was done.
+	ActionUnchanged
+)
+
+func (a Action) String() string {
+	switch a {
+	case ActionLoaded:
+		return "loaded"
+	case ActionSwitched:
+		return "switched"
+	case ActionReloaded:
+		return "reloaded"
+	case ActionUnchanged:
+		return "unchanged"
+	}
+	return "unknown"
+}
+
+// Load loads a version of a repository model (0: the highest loadable),
+// places it and makes it serve name. Asked for the version already
+// serving, it compares the files' fingerprint: unchanged files are a
+// no-op, changed ones are read again. A switch or reload never drops a
+// request: the new instance's replicas join the scheduler first (admitted
+// against what the devices have free while the old instance still holds
+// its memory), the name switches to them, and the old instance's replicas
+// go once the requests that entered its gate are done.
+func (ms *Set) Load(ctx context.Context, name string, version int64) (*Served, Action, error) {
+	if s := ms.Lookup(name); s != nil && s.Builtin != nil {
+		return s, ActionUnchanged, nil
+	}
+	if ms.repo == nil {
+		return nil, 0, notFound("model %q not found: brokerd has no model repository (--model-repo)", name)
+	}
+	ms.mu.Lock()
+	defer ms.mu.Unlock()
+	if ms.closed {
+		return nil, 0, fmt.Errorf("model %s: brokerd is stopping: %w", name, scheduler.ErrDraining)
+	}
+	ms.setPending(name, "loading")
+	defer ms.setPending(name, "")
+	s, act, err := ms.loadLocked(ctx, name, version)
+	ms.setLastErr(name, err)
+	return s, act, err
+}
+
+// unchangedLocked reports whether cur serves version of name (0: the
+// highest loadable) from the files on disk as they are now.
+func (ms *Set) unchangedLocked(cur *Served, name string, version int64) bool {
+	if version == 0 {
+		entries, err := ms.repo.List()
+		if err != nil {
+			return false
+		}
+		for _, e := range entries {
+			if e.Name == name && len(e.Versions) > 0 {
+				version = e.Versions[len(e.Versions)-1]
+			}
+		}
+	}
+	if version != cur.Info.Version || cur.fingerprint == "" {
+		return false
+	}
+	fp, err := ms.repo.Fingerprint(name, version)
+	return err == nil && fp == cur.fingerprint
+}
+
+func (ms *Set) loadLocked(ctx context.Context, name string, version int64) (*Served, Action, error) {
+	cur := ms.Lookup(name)
+	if cur != nil && ms.unchangedLocked(cur, name, version) {
+		ms.log.Info("model unchanged: this version is served from these files already", zap.String("model", name), zap.Int64("version", cur.Info.Version))
+		return cur, ActionUnchanged, nil
+	}
+	l, err := ms.repo.Load(ctx, name, version)
+	if errors.Is(err, ErrModelNotFound) {
+		return nil, 0, err // the repository's message names the model and says "not found"
+	}
+	if err != nil {
+		return nil, 0, fmt.Errorf("model %s: %w", name, err)
+	}
+	var info models.Info
+	if l.LLM != nil {
+		info = l.LLM.Info()
+	} else {
+		info = l.Model.Info()
+	}
+	// The repository's name and version directory are the model's identity.
+	info.Name, info.Version = name, l.Version
+	act := ActionLoaded
+	label := fmt.Sprintf("%s@%d", name, info.Version)
+	key := label
+	if cur != nil {
+		act = ActionSwitched
+		if cur.Info.Version == info.Version {
+			if cur.fingerprint != "" && cur.fingerprint == l.Fingerprint {
+				return cur, ActionUnchanged, nil
+			}
+			// Both instances are in the scheduler while requests move
+			// over: the new one queues under a key of its own.
+			act = ActionReloaded
+			ms.reloads++
+			key = fmt.Sprintf("%s@%d.r%d", name, info.Version, ms.reloads)
+		}
+	}
+	s := &Served{Info: info, Key: key, Label: label, Model: l.Model, LLM: l.LLM, fingerprint: l.Fingerprint, gate: newGate()}
+	place := func() error { return ms.placeLocked(ctx, s) }
+	if l.LLM != nil {
+		place = func() error { return ms.placeGenLocked(ctx, s, l.LLM) }
+	}
+	if err := place(); err != nil {
+		ms.removeReplicasLocked(context.WithoutCancel(ctx), s)
+		return nil, 0, err
+	}
+	ms.publishLocked(name, s)
+	if cur != nil {
+		ms.log.Info("model "+act.String(), zap.String("model", name), zap.Int64("from", cur.Info.Version), zap.Int64("to", info.Version),
+			zap.String("queue", key))
+		ms.retireLocked(ctx, cur)
+	}
+	return s, act, nil
+}
+
+// retireLocked waits until the requests that entered s's gate are done,
+// then removes its replicas. It goes on when ctx ends: s no longer serves,
+// so its memory must come back.
+func (ms *Set) retireLocked(ctx context.Context, s *Served) {
+	<-s.gate.retire()
+	ms.removeReplicasLocked(context.WithoutCancel(ctx), s)
+}
+
+func (ms *Set) removeReplicasLocked(ctx context.Context, s *Served) {
+	for _, p := range s.replicas {
+		remove := ms.sched.RemoveReplica
+		if p.gen {
+			remove = ms.sched.RemoveGenReplica
+		}
+		if err := remove(ctx, s.Key, p.deviceID); err != nil {
+			ms.log.Warn("removing a Replica", zap.String("model", s.Key), zap.String("device", p.deviceID), zap.Error(err))
+		}
+		if err := p.r.Close(); err != nil {
+			ms.log.Warn("closing a Replica", zap.String("model", s.Key), zap.String("device", p.deviceID), zap.Error(err))
+		}
+		ms.reserved[p.deviceID] -= p.bytes
+	}
+}
+
+// Unload stops serving name once the work it accepted is done, and frees
+// its replicas.
+func (ms *Set) Unload(ctx context.Context, name string) (*Served, error) {
+	ms.mu.Lock()
+	defer ms.mu.Unlock()
+	s := ms.Lookup(name)
+	if s == nil {
+		return nil, ms.Missing(name)
+	}
+	if s.Builtin != nil {
+		return nil, fmt.Errorf("model %s is built in and always Served: %w", name, ErrBuiltinModel)
+	}
+	ms.setPending(name, "unloading")
+	defer ms.setPending(name, "")
+	ms.publishLocked(name, nil)
+	ms.retireLocked(ctx, s)
+	ms.log.Info("model unloaded", zap.String("model", name), zap.Int64("version", s.Info.Version))
+	return s, nil
+}
+
+// LoadAtStart loads the models of --load-models: names, or "all" of the
+// repository. Named models must load; with "all" a model that cannot load
+// is logged and skipped.
+func (ms *Set) LoadAtStart(ctx context.Context, spec string) error {
+	spec = strings.TrimSpace(spec)
+	if spec == "" {
+		return nil
+	}
+	if spec == "all" {
+		if ms.repo == nil {
+			return nil
+		}
+		entries, err := ms.repo.List()
+		if err != nil {
+			return fmt.Errorf("load-models: listing the repository: %w", err)
+		}
+		for _, e := range entries {
+			if _, _, err := ms.Load(ctx, e.Name, 0); err != nil {
+				ms.log.Warn("model not loaded at start", zap.String("model", e.Name), zap.Error(err))
+			}
+		}
+		return nil
+	}
+	for _, name := range strings.Split(spec, ",") {
+		if name = strings.TrimSpace(name); name == "" {
+			continue
+		}
+		if _, _, err := ms.Load(ctx, name, 0); err != nil {
+			return fmt.Errorf("load-models: %w", err)
+		}
+	}
+	return nil
+}
