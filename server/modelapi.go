@@ -136,6 +136,10 @@ func setDetails(m *brokerv1.Model, e lifecycle.RepoEntry) {
 	if !d.ModTime.IsZero() {
 		m.ModifiedAt = timestamppb.New(d.ModTime)
 	}
+	m.Template, m.System, m.ModelFile = d.ChatTemplate, d.System, d.File
+	for _, p := range d.Params {
+		m.Parameters = append(m.Parameters, &brokerv1.ModelParameter{Name: p.Name, Value: p.Value})
+	}
 }
 
 func specsToProto(specs []models.TensorSpec) []*brokerv1.TensorSpec {

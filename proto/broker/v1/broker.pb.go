@@ -710,7 +710,7 @@ func (x Constraint_Kind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Constraint_Kind.Descriptor instead.
 func (Constraint_Kind) EnumDescriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{47, 0}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{48, 0}
 }
 
 // Device is one detected device and what brokerd knows of it.
@@ -3220,7 +3220,19 @@ type Model struct {
 	ModifiedAt *timestamppb.Timestamp `protobuf:"bytes,19,opt,name=modified_at,json=modifiedAt,proto3" json:"modified_at,omitempty"`
 	// A classifier's output columns by index (config.json id2label), when
 	// the model names them; empty otherwise.
-	Labels        []string `protobuf:"bytes,20,rep,name=labels,proto3" json:"labels,omitempty"`
+	Labels []string `protobuf:"bytes,20,rep,name=labels,proto3" json:"labels,omitempty"`
+	// What the newest loadable version's chats default to, where the
+	// repository says (Ollama's /api/show): the chat template brokerd
+	// renders (a GGUF's Jinja tokenizer.chat_template; for an Ollama store
+	// model without one, its template layer, a Go text/template); the system
+	// prompt of a conversation that brings none (a store model's system
+	// layer); the default options (a store model's params layer), one entry
+	// per value; the weights' file, relative as errors name files (a GGUF
+	// under the model repository, a store model's blobs/sha256-<hex>).
+	Template      string            `protobuf:"bytes,21,opt,name=template,proto3" json:"template,omitempty"`
+	System        string            `protobuf:"bytes,22,opt,name=system,proto3" json:"system,omitempty"`
+	Parameters    []*ModelParameter `protobuf:"bytes,23,rep,name=parameters,proto3" json:"parameters,omitempty"`
+	ModelFile     string            `protobuf:"bytes,24,opt,name=model_file,json=modelFile,proto3" json:"model_file,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3395,6 +3407,89 @@ func (x *Model) GetLabels() []string {
 	return nil
 }
 
+func (x *Model) GetTemplate() string {
+	if x != nil {
+		return x.Template
+	}
+	return ""
+}
+
+func (x *Model) GetSystem() string {
+	if x != nil {
+		return x.System
+	}
+	return ""
+}
+
+func (x *Model) GetParameters() []*ModelParameter {
+	if x != nil {
+		return x.Parameters
+	}
+	return nil
+}
+
+func (x *Model) GetModelFile() string {
+	if x != nil {
+		return x.ModelFile
+	}
+	return ""
+}
+
+// ModelParameter is one default option of a model: its name (stop,
+// temperature, num_ctx, ...) and value as JSON ("\"<|im_end|>\"", 0.7).
+// A list (stop) is one entry per element.
+type ModelParameter struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Value         string                 `protobuf:"bytes,2,opt,name=value,proto3" json:"value,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ModelParameter) Reset() {
+	*x = ModelParameter{}
+	mi := &file_broker_v1_broker_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ModelParameter) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ModelParameter) ProtoMessage() {}
+
+func (x *ModelParameter) ProtoReflect() protoreflect.Message {
+	mi := &file_broker_v1_broker_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ModelParameter.ProtoReflect.Descriptor instead.
+func (*ModelParameter) Descriptor() ([]byte, []int) {
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *ModelParameter) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *ModelParameter) GetValue() string {
+	if x != nil {
+		return x.Value
+	}
+	return ""
+}
+
 type ListModelsRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -3403,7 +3498,7 @@ type ListModelsRequest struct {
 
 func (x *ListModelsRequest) Reset() {
 	*x = ListModelsRequest{}
-	mi := &file_broker_v1_broker_proto_msgTypes[29]
+	mi := &file_broker_v1_broker_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3415,7 +3510,7 @@ func (x *ListModelsRequest) String() string {
 func (*ListModelsRequest) ProtoMessage() {}
 
 func (x *ListModelsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[29]
+	mi := &file_broker_v1_broker_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3428,7 +3523,7 @@ func (x *ListModelsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListModelsRequest.ProtoReflect.Descriptor instead.
 func (*ListModelsRequest) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{29}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{30}
 }
 
 type ListModelsResponse struct {
@@ -3440,7 +3535,7 @@ type ListModelsResponse struct {
 
 func (x *ListModelsResponse) Reset() {
 	*x = ListModelsResponse{}
-	mi := &file_broker_v1_broker_proto_msgTypes[30]
+	mi := &file_broker_v1_broker_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3452,7 +3547,7 @@ func (x *ListModelsResponse) String() string {
 func (*ListModelsResponse) ProtoMessage() {}
 
 func (x *ListModelsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[30]
+	mi := &file_broker_v1_broker_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3465,7 +3560,7 @@ func (x *ListModelsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListModelsResponse.ProtoReflect.Descriptor instead.
 func (*ListModelsResponse) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{30}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ListModelsResponse) GetModels() []*Model {
@@ -3486,7 +3581,7 @@ type LoadModelRequest struct {
 
 func (x *LoadModelRequest) Reset() {
 	*x = LoadModelRequest{}
-	mi := &file_broker_v1_broker_proto_msgTypes[31]
+	mi := &file_broker_v1_broker_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3498,7 +3593,7 @@ func (x *LoadModelRequest) String() string {
 func (*LoadModelRequest) ProtoMessage() {}
 
 func (x *LoadModelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[31]
+	mi := &file_broker_v1_broker_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3511,7 +3606,7 @@ func (x *LoadModelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoadModelRequest.ProtoReflect.Descriptor instead.
 func (*LoadModelRequest) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{31}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *LoadModelRequest) GetName() string {
@@ -3540,7 +3635,7 @@ type LoadModelResponse struct {
 
 func (x *LoadModelResponse) Reset() {
 	*x = LoadModelResponse{}
-	mi := &file_broker_v1_broker_proto_msgTypes[32]
+	mi := &file_broker_v1_broker_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3552,7 +3647,7 @@ func (x *LoadModelResponse) String() string {
 func (*LoadModelResponse) ProtoMessage() {}
 
 func (x *LoadModelResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[32]
+	mi := &file_broker_v1_broker_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3565,7 +3660,7 @@ func (x *LoadModelResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoadModelResponse.ProtoReflect.Descriptor instead.
 func (*LoadModelResponse) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{32}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *LoadModelResponse) GetModel() *Model {
@@ -3591,7 +3686,7 @@ type UnloadModelRequest struct {
 
 func (x *UnloadModelRequest) Reset() {
 	*x = UnloadModelRequest{}
-	mi := &file_broker_v1_broker_proto_msgTypes[33]
+	mi := &file_broker_v1_broker_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3603,7 +3698,7 @@ func (x *UnloadModelRequest) String() string {
 func (*UnloadModelRequest) ProtoMessage() {}
 
 func (x *UnloadModelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[33]
+	mi := &file_broker_v1_broker_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3616,7 +3711,7 @@ func (x *UnloadModelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnloadModelRequest.ProtoReflect.Descriptor instead.
 func (*UnloadModelRequest) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{33}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *UnloadModelRequest) GetName() string {
@@ -3635,7 +3730,7 @@ type UnloadModelResponse struct {
 
 func (x *UnloadModelResponse) Reset() {
 	*x = UnloadModelResponse{}
-	mi := &file_broker_v1_broker_proto_msgTypes[34]
+	mi := &file_broker_v1_broker_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3647,7 +3742,7 @@ func (x *UnloadModelResponse) String() string {
 func (*UnloadModelResponse) ProtoMessage() {}
 
 func (x *UnloadModelResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[34]
+	mi := &file_broker_v1_broker_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3660,7 +3755,7 @@ func (x *UnloadModelResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnloadModelResponse.ProtoReflect.Descriptor instead.
 func (*UnloadModelResponse) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{34}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *UnloadModelResponse) GetModel() *Model {
@@ -3683,7 +3778,7 @@ type LatencySummary struct {
 
 func (x *LatencySummary) Reset() {
 	*x = LatencySummary{}
-	mi := &file_broker_v1_broker_proto_msgTypes[35]
+	mi := &file_broker_v1_broker_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3695,7 +3790,7 @@ func (x *LatencySummary) String() string {
 func (*LatencySummary) ProtoMessage() {}
 
 func (x *LatencySummary) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[35]
+	mi := &file_broker_v1_broker_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3708,7 +3803,7 @@ func (x *LatencySummary) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LatencySummary.ProtoReflect.Descriptor instead.
 func (*LatencySummary) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{35}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *LatencySummary) GetMeanSeconds() float64 {
@@ -3781,7 +3876,7 @@ type QueueStats struct {
 
 func (x *QueueStats) Reset() {
 	*x = QueueStats{}
-	mi := &file_broker_v1_broker_proto_msgTypes[36]
+	mi := &file_broker_v1_broker_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3793,7 +3888,7 @@ func (x *QueueStats) String() string {
 func (*QueueStats) ProtoMessage() {}
 
 func (x *QueueStats) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[36]
+	mi := &file_broker_v1_broker_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3806,7 +3901,7 @@ func (x *QueueStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QueueStats.ProtoReflect.Descriptor instead.
 func (*QueueStats) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{36}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *QueueStats) GetModel() string {
@@ -3944,7 +4039,7 @@ type GenerationStats struct {
 
 func (x *GenerationStats) Reset() {
 	*x = GenerationStats{}
-	mi := &file_broker_v1_broker_proto_msgTypes[37]
+	mi := &file_broker_v1_broker_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3956,7 +4051,7 @@ func (x *GenerationStats) String() string {
 func (*GenerationStats) ProtoMessage() {}
 
 func (x *GenerationStats) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[37]
+	mi := &file_broker_v1_broker_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3969,7 +4064,7 @@ func (x *GenerationStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GenerationStats.ProtoReflect.Descriptor instead.
 func (*GenerationStats) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{37}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *GenerationStats) GetPromptTokensPerSecond() float64 {
@@ -4045,7 +4140,7 @@ type GetStatsRequest struct {
 
 func (x *GetStatsRequest) Reset() {
 	*x = GetStatsRequest{}
-	mi := &file_broker_v1_broker_proto_msgTypes[38]
+	mi := &file_broker_v1_broker_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4057,7 +4152,7 @@ func (x *GetStatsRequest) String() string {
 func (*GetStatsRequest) ProtoMessage() {}
 
 func (x *GetStatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[38]
+	mi := &file_broker_v1_broker_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4070,7 +4165,7 @@ func (x *GetStatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetStatsRequest.ProtoReflect.Descriptor instead.
 func (*GetStatsRequest) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{38}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *GetStatsRequest) GetModel() string {
@@ -4089,7 +4184,7 @@ type GetStatsResponse struct {
 
 func (x *GetStatsResponse) Reset() {
 	*x = GetStatsResponse{}
-	mi := &file_broker_v1_broker_proto_msgTypes[39]
+	mi := &file_broker_v1_broker_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4101,7 +4196,7 @@ func (x *GetStatsResponse) String() string {
 func (*GetStatsResponse) ProtoMessage() {}
 
 func (x *GetStatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[39]
+	mi := &file_broker_v1_broker_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4114,7 +4209,7 @@ func (x *GetStatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetStatsResponse.ProtoReflect.Descriptor instead.
 func (*GetStatsResponse) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{39}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *GetStatsResponse) GetStats() []*QueueStats {
@@ -4134,7 +4229,7 @@ type CordonDeviceRequest struct {
 
 func (x *CordonDeviceRequest) Reset() {
 	*x = CordonDeviceRequest{}
-	mi := &file_broker_v1_broker_proto_msgTypes[40]
+	mi := &file_broker_v1_broker_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4146,7 +4241,7 @@ func (x *CordonDeviceRequest) String() string {
 func (*CordonDeviceRequest) ProtoMessage() {}
 
 func (x *CordonDeviceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[40]
+	mi := &file_broker_v1_broker_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4159,7 +4254,7 @@ func (x *CordonDeviceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CordonDeviceRequest.ProtoReflect.Descriptor instead.
 func (*CordonDeviceRequest) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{40}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *CordonDeviceRequest) GetId() string {
@@ -4185,7 +4280,7 @@ type CordonDeviceResponse struct {
 
 func (x *CordonDeviceResponse) Reset() {
 	*x = CordonDeviceResponse{}
-	mi := &file_broker_v1_broker_proto_msgTypes[41]
+	mi := &file_broker_v1_broker_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4197,7 +4292,7 @@ func (x *CordonDeviceResponse) String() string {
 func (*CordonDeviceResponse) ProtoMessage() {}
 
 func (x *CordonDeviceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[41]
+	mi := &file_broker_v1_broker_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4210,7 +4305,7 @@ func (x *CordonDeviceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CordonDeviceResponse.ProtoReflect.Descriptor instead.
 func (*CordonDeviceResponse) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{41}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *CordonDeviceResponse) GetDevice() *Device {
@@ -4229,7 +4324,7 @@ type UncordonDeviceRequest struct {
 
 func (x *UncordonDeviceRequest) Reset() {
 	*x = UncordonDeviceRequest{}
-	mi := &file_broker_v1_broker_proto_msgTypes[42]
+	mi := &file_broker_v1_broker_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4241,7 +4336,7 @@ func (x *UncordonDeviceRequest) String() string {
 func (*UncordonDeviceRequest) ProtoMessage() {}
 
 func (x *UncordonDeviceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[42]
+	mi := &file_broker_v1_broker_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4254,7 +4349,7 @@ func (x *UncordonDeviceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UncordonDeviceRequest.ProtoReflect.Descriptor instead.
 func (*UncordonDeviceRequest) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{42}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *UncordonDeviceRequest) GetId() string {
@@ -4273,7 +4368,7 @@ type UncordonDeviceResponse struct {
 
 func (x *UncordonDeviceResponse) Reset() {
 	*x = UncordonDeviceResponse{}
-	mi := &file_broker_v1_broker_proto_msgTypes[43]
+	mi := &file_broker_v1_broker_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4285,7 +4380,7 @@ func (x *UncordonDeviceResponse) String() string {
 func (*UncordonDeviceResponse) ProtoMessage() {}
 
 func (x *UncordonDeviceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[43]
+	mi := &file_broker_v1_broker_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4298,7 +4393,7 @@ func (x *UncordonDeviceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UncordonDeviceResponse.ProtoReflect.Descriptor instead.
 func (*UncordonDeviceResponse) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{43}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *UncordonDeviceResponse) GetDevice() *Device {
@@ -4318,7 +4413,7 @@ type DrainRequest struct {
 
 func (x *DrainRequest) Reset() {
 	*x = DrainRequest{}
-	mi := &file_broker_v1_broker_proto_msgTypes[44]
+	mi := &file_broker_v1_broker_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4330,7 +4425,7 @@ func (x *DrainRequest) String() string {
 func (*DrainRequest) ProtoMessage() {}
 
 func (x *DrainRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[44]
+	mi := &file_broker_v1_broker_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4343,7 +4438,7 @@ func (x *DrainRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainRequest.ProtoReflect.Descriptor instead.
 func (*DrainRequest) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{44}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *DrainRequest) GetExit() bool {
@@ -4363,7 +4458,7 @@ type DrainResponse struct {
 
 func (x *DrainResponse) Reset() {
 	*x = DrainResponse{}
-	mi := &file_broker_v1_broker_proto_msgTypes[45]
+	mi := &file_broker_v1_broker_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4375,7 +4470,7 @@ func (x *DrainResponse) String() string {
 func (*DrainResponse) ProtoMessage() {}
 
 func (x *DrainResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[45]
+	mi := &file_broker_v1_broker_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4388,7 +4483,7 @@ func (x *DrainResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainResponse.ProtoReflect.Descriptor instead.
 func (*DrainResponse) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{45}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *DrainResponse) GetCompleted() int64 {
@@ -4445,7 +4540,7 @@ type SamplingParams struct {
 
 func (x *SamplingParams) Reset() {
 	*x = SamplingParams{}
-	mi := &file_broker_v1_broker_proto_msgTypes[46]
+	mi := &file_broker_v1_broker_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4457,7 +4552,7 @@ func (x *SamplingParams) String() string {
 func (*SamplingParams) ProtoMessage() {}
 
 func (x *SamplingParams) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[46]
+	mi := &file_broker_v1_broker_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4470,7 +4565,7 @@ func (x *SamplingParams) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SamplingParams.ProtoReflect.Descriptor instead.
 func (*SamplingParams) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{46}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *SamplingParams) GetTemperature() float32 {
@@ -4590,7 +4685,7 @@ type Constraint struct {
 
 func (x *Constraint) Reset() {
 	*x = Constraint{}
-	mi := &file_broker_v1_broker_proto_msgTypes[47]
+	mi := &file_broker_v1_broker_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4602,7 +4697,7 @@ func (x *Constraint) String() string {
 func (*Constraint) ProtoMessage() {}
 
 func (x *Constraint) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[47]
+	mi := &file_broker_v1_broker_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4615,7 +4710,7 @@ func (x *Constraint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Constraint.ProtoReflect.Descriptor instead.
 func (*Constraint) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{47}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *Constraint) GetKind() Constraint_Kind {
@@ -4653,7 +4748,7 @@ type GenerateRequest struct {
 
 func (x *GenerateRequest) Reset() {
 	*x = GenerateRequest{}
-	mi := &file_broker_v1_broker_proto_msgTypes[48]
+	mi := &file_broker_v1_broker_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4665,7 +4760,7 @@ func (x *GenerateRequest) String() string {
 func (*GenerateRequest) ProtoMessage() {}
 
 func (x *GenerateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[48]
+	mi := &file_broker_v1_broker_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4678,7 +4773,7 @@ func (x *GenerateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GenerateRequest.ProtoReflect.Descriptor instead.
 func (*GenerateRequest) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{48}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *GenerateRequest) GetModel() string {
@@ -4761,7 +4856,7 @@ type ChatMessage struct {
 
 func (x *ChatMessage) Reset() {
 	*x = ChatMessage{}
-	mi := &file_broker_v1_broker_proto_msgTypes[49]
+	mi := &file_broker_v1_broker_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4773,7 +4868,7 @@ func (x *ChatMessage) String() string {
 func (*ChatMessage) ProtoMessage() {}
 
 func (x *ChatMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[49]
+	mi := &file_broker_v1_broker_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4786,7 +4881,7 @@ func (x *ChatMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChatMessage.ProtoReflect.Descriptor instead.
 func (*ChatMessage) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{49}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *ChatMessage) GetRole() string {
@@ -4840,7 +4935,7 @@ type Tool struct {
 
 func (x *Tool) Reset() {
 	*x = Tool{}
-	mi := &file_broker_v1_broker_proto_msgTypes[50]
+	mi := &file_broker_v1_broker_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4852,7 +4947,7 @@ func (x *Tool) String() string {
 func (*Tool) ProtoMessage() {}
 
 func (x *Tool) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[50]
+	mi := &file_broker_v1_broker_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4865,7 +4960,7 @@ func (x *Tool) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Tool.ProtoReflect.Descriptor instead.
 func (*Tool) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{50}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *Tool) GetName() string {
@@ -4907,7 +5002,7 @@ type ToolCall struct {
 
 func (x *ToolCall) Reset() {
 	*x = ToolCall{}
-	mi := &file_broker_v1_broker_proto_msgTypes[51]
+	mi := &file_broker_v1_broker_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4919,7 +5014,7 @@ func (x *ToolCall) String() string {
 func (*ToolCall) ProtoMessage() {}
 
 func (x *ToolCall) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[51]
+	mi := &file_broker_v1_broker_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4932,7 +5027,7 @@ func (x *ToolCall) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ToolCall.ProtoReflect.Descriptor instead.
 func (*ToolCall) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{51}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *ToolCall) GetId() string {
@@ -4973,7 +5068,7 @@ type Conversation struct {
 
 func (x *Conversation) Reset() {
 	*x = Conversation{}
-	mi := &file_broker_v1_broker_proto_msgTypes[52]
+	mi := &file_broker_v1_broker_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4985,7 +5080,7 @@ func (x *Conversation) String() string {
 func (*Conversation) ProtoMessage() {}
 
 func (x *Conversation) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[52]
+	mi := &file_broker_v1_broker_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4998,7 +5093,7 @@ func (x *Conversation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Conversation.ProtoReflect.Descriptor instead.
 func (*Conversation) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{52}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *Conversation) GetMessages() []*ChatMessage {
@@ -5045,7 +5140,7 @@ type ChatRequest struct {
 
 func (x *ChatRequest) Reset() {
 	*x = ChatRequest{}
-	mi := &file_broker_v1_broker_proto_msgTypes[53]
+	mi := &file_broker_v1_broker_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5057,7 +5152,7 @@ func (x *ChatRequest) String() string {
 func (*ChatRequest) ProtoMessage() {}
 
 func (x *ChatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[53]
+	mi := &file_broker_v1_broker_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5070,7 +5165,7 @@ func (x *ChatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChatRequest.ProtoReflect.Descriptor instead.
 func (*ChatRequest) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{53}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *ChatRequest) GetModel() string {
@@ -5174,7 +5269,7 @@ type TokenLogprob struct {
 
 func (x *TokenLogprob) Reset() {
 	*x = TokenLogprob{}
-	mi := &file_broker_v1_broker_proto_msgTypes[54]
+	mi := &file_broker_v1_broker_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5186,7 +5281,7 @@ func (x *TokenLogprob) String() string {
 func (*TokenLogprob) ProtoMessage() {}
 
 func (x *TokenLogprob) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[54]
+	mi := &file_broker_v1_broker_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5199,7 +5294,7 @@ func (x *TokenLogprob) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenLogprob.ProtoReflect.Descriptor instead.
 func (*TokenLogprob) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{54}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *TokenLogprob) GetTokenId() int32 {
@@ -5241,7 +5336,7 @@ type LogprobEntry struct {
 
 func (x *LogprobEntry) Reset() {
 	*x = LogprobEntry{}
-	mi := &file_broker_v1_broker_proto_msgTypes[55]
+	mi := &file_broker_v1_broker_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5253,7 +5348,7 @@ func (x *LogprobEntry) String() string {
 func (*LogprobEntry) ProtoMessage() {}
 
 func (x *LogprobEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[55]
+	mi := &file_broker_v1_broker_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5266,7 +5361,7 @@ func (x *LogprobEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogprobEntry.ProtoReflect.Descriptor instead.
 func (*LogprobEntry) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{55}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *LogprobEntry) GetChosen() *TokenLogprob {
@@ -5309,7 +5404,7 @@ type GenerationDelta struct {
 
 func (x *GenerationDelta) Reset() {
 	*x = GenerationDelta{}
-	mi := &file_broker_v1_broker_proto_msgTypes[56]
+	mi := &file_broker_v1_broker_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5321,7 +5416,7 @@ func (x *GenerationDelta) String() string {
 func (*GenerationDelta) ProtoMessage() {}
 
 func (x *GenerationDelta) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[56]
+	mi := &file_broker_v1_broker_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5334,7 +5429,7 @@ func (x *GenerationDelta) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GenerationDelta.ProtoReflect.Descriptor instead.
 func (*GenerationDelta) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{56}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *GenerationDelta) GetIndex() int32 {
@@ -5390,7 +5485,7 @@ type Usage struct {
 
 func (x *Usage) Reset() {
 	*x = Usage{}
-	mi := &file_broker_v1_broker_proto_msgTypes[57]
+	mi := &file_broker_v1_broker_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5402,7 +5497,7 @@ func (x *Usage) String() string {
 func (*Usage) ProtoMessage() {}
 
 func (x *Usage) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[57]
+	mi := &file_broker_v1_broker_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5415,7 +5510,7 @@ func (x *Usage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Usage.ProtoReflect.Descriptor instead.
 func (*Usage) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{57}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *Usage) GetPromptTokens() int32 {
@@ -5450,7 +5545,7 @@ type GenerationResult struct {
 
 func (x *GenerationResult) Reset() {
 	*x = GenerationResult{}
-	mi := &file_broker_v1_broker_proto_msgTypes[58]
+	mi := &file_broker_v1_broker_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5462,7 +5557,7 @@ func (x *GenerationResult) String() string {
 func (*GenerationResult) ProtoMessage() {}
 
 func (x *GenerationResult) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[58]
+	mi := &file_broker_v1_broker_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5475,7 +5570,7 @@ func (x *GenerationResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GenerationResult.ProtoReflect.Descriptor instead.
 func (*GenerationResult) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{58}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *GenerationResult) GetIndex() int32 {
@@ -5530,7 +5625,7 @@ type GenerateResponse struct {
 
 func (x *GenerateResponse) Reset() {
 	*x = GenerateResponse{}
-	mi := &file_broker_v1_broker_proto_msgTypes[59]
+	mi := &file_broker_v1_broker_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5542,7 +5637,7 @@ func (x *GenerateResponse) String() string {
 func (*GenerateResponse) ProtoMessage() {}
 
 func (x *GenerateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[59]
+	mi := &file_broker_v1_broker_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5555,7 +5650,7 @@ func (x *GenerateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GenerateResponse.ProtoReflect.Descriptor instead.
 func (*GenerateResponse) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{59}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *GenerateResponse) GetDeltas() []*GenerationDelta {
@@ -5582,7 +5677,7 @@ type ChatResponse struct {
 
 func (x *ChatResponse) Reset() {
 	*x = ChatResponse{}
-	mi := &file_broker_v1_broker_proto_msgTypes[60]
+	mi := &file_broker_v1_broker_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5594,7 +5689,7 @@ func (x *ChatResponse) String() string {
 func (*ChatResponse) ProtoMessage() {}
 
 func (x *ChatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[60]
+	mi := &file_broker_v1_broker_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5607,7 +5702,7 @@ func (x *ChatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChatResponse.ProtoReflect.Descriptor instead.
 func (*ChatResponse) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{60}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *ChatResponse) GetDeltas() []*GenerationDelta {
@@ -5868,7 +5963,7 @@ const file_broker_v1_broker_proto_rawDesc = "" +
 	"\tdevice_id\x18\x03 \x01(\tH\x00R\bdeviceIdB\b\n" +
 	"\x06target\"@\n" +
 	"\x14GetBatchPlanResponse\x12(\n" +
-	"\x04plan\x18\x01 \x01(\v2\x14.broker.v1.BatchPlanR\x04plan\"\xbb\x05\n" +
+	"\x04plan\x18\x01 \x01(\v2\x14.broker.v1.BatchPlanR\x04plan\"\xc9\x06\n" +
 	"\x05Model\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\x03R\aversion\x12\x12\n" +
@@ -5894,7 +5989,17 @@ const file_broker_v1_broker_proto_rawDesc = "" +
 	"\x0econtext_length\x18\x12 \x01(\x03R\rcontextLength\x12;\n" +
 	"\vmodified_at\x18\x13 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"modifiedAt\x12\x16\n" +
-	"\x06labels\x18\x14 \x03(\tR\x06labels\"\x13\n" +
+	"\x06labels\x18\x14 \x03(\tR\x06labels\x12\x1a\n" +
+	"\btemplate\x18\x15 \x01(\tR\btemplate\x12\x16\n" +
+	"\x06system\x18\x16 \x01(\tR\x06system\x129\n" +
+	"\n" +
+	"parameters\x18\x17 \x03(\v2\x19.broker.v1.ModelParameterR\n" +
+	"parameters\x12\x1d\n" +
+	"\n" +
+	"model_file\x18\x18 \x01(\tR\tmodelFile\":\n" +
+	"\x0eModelParameter\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value\"\x13\n" +
 	"\x11ListModelsRequest\">\n" +
 	"\x12ListModelsResponse\x12(\n" +
 	"\x06models\x18\x01 \x03(\v2\x10.broker.v1.ModelR\x06models\"@\n" +
@@ -6189,7 +6294,7 @@ func file_broker_v1_broker_proto_rawDescGZIP() []byte {
 }
 
 var file_broker_v1_broker_proto_enumTypes = make([]protoimpl.EnumInfo, 11)
-var file_broker_v1_broker_proto_msgTypes = make([]protoimpl.MessageInfo, 64)
+var file_broker_v1_broker_proto_msgTypes = make([]protoimpl.MessageInfo, 65)
 var file_broker_v1_broker_proto_goTypes = []any{
 	(DeviceType)(0),                // 0: broker.v1.DeviceType
 	(DeviceHealth)(0),              // 1: broker.v1.DeviceHealth
@@ -6231,44 +6336,45 @@ var file_broker_v1_broker_proto_goTypes = []any{
 	(*GetBatchPlanRequest)(nil),    // 37: broker.v1.GetBatchPlanRequest
 	(*GetBatchPlanResponse)(nil),   // 38: broker.v1.GetBatchPlanResponse
 	(*Model)(nil),                  // 39: broker.v1.Model
-	(*ListModelsRequest)(nil),      // 40: broker.v1.ListModelsRequest
-	(*ListModelsResponse)(nil),     // 41: broker.v1.ListModelsResponse
-	(*LoadModelRequest)(nil),       // 42: broker.v1.LoadModelRequest
-	(*LoadModelResponse)(nil),      // 43: broker.v1.LoadModelResponse
-	(*UnloadModelRequest)(nil),     // 44: broker.v1.UnloadModelRequest
-	(*UnloadModelResponse)(nil),    // 45: broker.v1.UnloadModelResponse
-	(*LatencySummary)(nil),         // 46: broker.v1.LatencySummary
-	(*QueueStats)(nil),             // 47: broker.v1.QueueStats
-	(*GenerationStats)(nil),        // 48: broker.v1.GenerationStats
-	(*GetStatsRequest)(nil),        // 49: broker.v1.GetStatsRequest
-	(*GetStatsResponse)(nil),       // 50: broker.v1.GetStatsResponse
-	(*CordonDeviceRequest)(nil),    // 51: broker.v1.CordonDeviceRequest
-	(*CordonDeviceResponse)(nil),   // 52: broker.v1.CordonDeviceResponse
-	(*UncordonDeviceRequest)(nil),  // 53: broker.v1.UncordonDeviceRequest
-	(*UncordonDeviceResponse)(nil), // 54: broker.v1.UncordonDeviceResponse
-	(*DrainRequest)(nil),           // 55: broker.v1.DrainRequest
-	(*DrainResponse)(nil),          // 56: broker.v1.DrainResponse
-	(*SamplingParams)(nil),         // 57: broker.v1.SamplingParams
-	(*Constraint)(nil),             // 58: broker.v1.Constraint
-	(*GenerateRequest)(nil),        // 59: broker.v1.GenerateRequest
-	(*ChatMessage)(nil),            // 60: broker.v1.ChatMessage
-	(*Tool)(nil),                   // 61: broker.v1.Tool
-	(*ToolCall)(nil),               // 62: broker.v1.ToolCall
-	(*Conversation)(nil),           // 63: broker.v1.Conversation
-	(*ChatRequest)(nil),            // 64: broker.v1.ChatRequest
-	(*TokenLogprob)(nil),           // 65: broker.v1.TokenLogprob
-	(*LogprobEntry)(nil),           // 66: broker.v1.LogprobEntry
-	(*GenerationDelta)(nil),        // 67: broker.v1.GenerationDelta
-	(*Usage)(nil),                  // 68: broker.v1.Usage
-	(*GenerationResult)(nil),       // 69: broker.v1.GenerationResult
-	(*GenerateResponse)(nil),       // 70: broker.v1.GenerateResponse
-	(*ChatResponse)(nil),           // 71: broker.v1.ChatResponse
-	nil,                            // 72: broker.v1.Device.AttributesEntry
-	nil,                            // 73: broker.v1.Configuration.CostPerHourUsdEntry
-	nil,                            // 74: broker.v1.QueueStats.FailedEntry
-	(*timestamppb.Timestamp)(nil),  // 75: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),    // 76: google.protobuf.Duration
-	(*structpb.Struct)(nil),        // 77: google.protobuf.Struct
+	(*ModelParameter)(nil),         // 40: broker.v1.ModelParameter
+	(*ListModelsRequest)(nil),      // 41: broker.v1.ListModelsRequest
+	(*ListModelsResponse)(nil),     // 42: broker.v1.ListModelsResponse
+	(*LoadModelRequest)(nil),       // 43: broker.v1.LoadModelRequest
+	(*LoadModelResponse)(nil),      // 44: broker.v1.LoadModelResponse
+	(*UnloadModelRequest)(nil),     // 45: broker.v1.UnloadModelRequest
+	(*UnloadModelResponse)(nil),    // 46: broker.v1.UnloadModelResponse
+	(*LatencySummary)(nil),         // 47: broker.v1.LatencySummary
+	(*QueueStats)(nil),             // 48: broker.v1.QueueStats
+	(*GenerationStats)(nil),        // 49: broker.v1.GenerationStats
+	(*GetStatsRequest)(nil),        // 50: broker.v1.GetStatsRequest
+	(*GetStatsResponse)(nil),       // 51: broker.v1.GetStatsResponse
+	(*CordonDeviceRequest)(nil),    // 52: broker.v1.CordonDeviceRequest
+	(*CordonDeviceResponse)(nil),   // 53: broker.v1.CordonDeviceResponse
+	(*UncordonDeviceRequest)(nil),  // 54: broker.v1.UncordonDeviceRequest
+	(*UncordonDeviceResponse)(nil), // 55: broker.v1.UncordonDeviceResponse
+	(*DrainRequest)(nil),           // 56: broker.v1.DrainRequest
+	(*DrainResponse)(nil),          // 57: broker.v1.DrainResponse
+	(*SamplingParams)(nil),         // 58: broker.v1.SamplingParams
+	(*Constraint)(nil),             // 59: broker.v1.Constraint
+	(*GenerateRequest)(nil),        // 60: broker.v1.GenerateRequest
+	(*ChatMessage)(nil),            // 61: broker.v1.ChatMessage
+	(*Tool)(nil),                   // 62: broker.v1.Tool
+	(*ToolCall)(nil),               // 63: broker.v1.ToolCall
+	(*Conversation)(nil),           // 64: broker.v1.Conversation
+	(*ChatRequest)(nil),            // 65: broker.v1.ChatRequest
+	(*TokenLogprob)(nil),           // 66: broker.v1.TokenLogprob
+	(*LogprobEntry)(nil),           // 67: broker.v1.LogprobEntry
+	(*GenerationDelta)(nil),        // 68: broker.v1.GenerationDelta
+	(*Usage)(nil),                  // 69: broker.v1.Usage
+	(*GenerationResult)(nil),       // 70: broker.v1.GenerationResult
+	(*GenerateResponse)(nil),       // 71: broker.v1.GenerateResponse
+	(*ChatResponse)(nil),           // 72: broker.v1.ChatResponse
+	nil,                            // 73: broker.v1.Device.AttributesEntry
+	nil,                            // 74: broker.v1.Configuration.CostPerHourUsdEntry
+	nil,                            // 75: broker.v1.QueueStats.FailedEntry
+	(*timestamppb.Timestamp)(nil),  // 76: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),    // 77: google.protobuf.Duration
+	(*structpb.Struct)(nil),        // 78: google.protobuf.Struct
 }
 var file_broker_v1_broker_proto_depIdxs = []int32{
 	0,   // 0: broker.v1.Device.type:type_name -> broker.v1.DeviceType
@@ -6277,10 +6383,10 @@ var file_broker_v1_broker_proto_depIdxs = []int32{
 	12,  // 3: broker.v1.Device.cpu:type_name -> broker.v1.CpuInfo
 	13,  // 4: broker.v1.Device.gpu:type_name -> broker.v1.GpuInfo
 	14,  // 5: broker.v1.Device.tpu:type_name -> broker.v1.TpuInfo
-	72,  // 6: broker.v1.Device.attributes:type_name -> broker.v1.Device.AttributesEntry
-	75,  // 7: broker.v1.Telemetry.updated_at:type_name -> google.protobuf.Timestamp
+	73,  // 6: broker.v1.Device.attributes:type_name -> broker.v1.Device.AttributesEntry
+	76,  // 7: broker.v1.Telemetry.updated_at:type_name -> google.protobuf.Timestamp
 	0,   // 8: broker.v1.BatchPlan.device_type:type_name -> broker.v1.DeviceType
-	73,  // 9: broker.v1.Configuration.cost_per_hour_usd:type_name -> broker.v1.Configuration.CostPerHourUsdEntry
+	74,  // 9: broker.v1.Configuration.cost_per_hour_usd:type_name -> broker.v1.Configuration.CostPerHourUsdEntry
 	0,   // 10: broker.v1.Runtime.device_types:type_name -> broker.v1.DeviceType
 	19,  // 11: broker.v1.Runtime.plugins:type_name -> broker.v1.PjrtPlugin
 	0,   // 12: broker.v1.ExecutionInfo.device_type:type_name -> broker.v1.DeviceType
@@ -6297,7 +6403,7 @@ var file_broker_v1_broker_proto_depIdxs = []int32{
 	5,   // 23: broker.v1.TensorSpec.dtype:type_name -> broker.v1.DataType
 	27,  // 24: broker.v1.InferRequest.inputs:type_name -> broker.v1.Tensor
 	4,   // 25: broker.v1.InferRequest.priority:type_name -> broker.v1.Priority
-	76,  // 26: broker.v1.InferRequest.timeout:type_name -> google.protobuf.Duration
+	77,  // 26: broker.v1.InferRequest.timeout:type_name -> google.protobuf.Duration
 	0,   // 27: broker.v1.InferRequest.device_type:type_name -> broker.v1.DeviceType
 	27,  // 28: broker.v1.InferResponse.outputs:type_name -> broker.v1.Tensor
 	22,  // 29: broker.v1.InferResponse.execution:type_name -> broker.v1.ExecutionInfo
@@ -6314,84 +6420,85 @@ var file_broker_v1_broker_proto_depIdxs = []int32{
 	6,   // 40: broker.v1.Model.state:type_name -> broker.v1.ModelState
 	28,  // 41: broker.v1.Model.inputs:type_name -> broker.v1.TensorSpec
 	28,  // 42: broker.v1.Model.outputs:type_name -> broker.v1.TensorSpec
-	75,  // 43: broker.v1.Model.modified_at:type_name -> google.protobuf.Timestamp
-	39,  // 44: broker.v1.ListModelsResponse.models:type_name -> broker.v1.Model
-	39,  // 45: broker.v1.LoadModelResponse.model:type_name -> broker.v1.Model
-	7,   // 46: broker.v1.LoadModelResponse.action:type_name -> broker.v1.LoadAction
-	39,  // 47: broker.v1.UnloadModelResponse.model:type_name -> broker.v1.Model
-	74,  // 48: broker.v1.QueueStats.failed:type_name -> broker.v1.QueueStats.FailedEntry
-	46,  // 49: broker.v1.QueueStats.latency:type_name -> broker.v1.LatencySummary
-	48,  // 50: broker.v1.QueueStats.generation:type_name -> broker.v1.GenerationStats
-	46,  // 51: broker.v1.GenerationStats.time_to_first_token:type_name -> broker.v1.LatencySummary
-	46,  // 52: broker.v1.GenerationStats.inter_token_latency:type_name -> broker.v1.LatencySummary
-	47,  // 53: broker.v1.GetStatsResponse.stats:type_name -> broker.v1.QueueStats
-	11,  // 54: broker.v1.CordonDeviceResponse.device:type_name -> broker.v1.Device
-	11,  // 55: broker.v1.UncordonDeviceResponse.device:type_name -> broker.v1.Device
-	58,  // 56: broker.v1.SamplingParams.constraint:type_name -> broker.v1.Constraint
-	10,  // 57: broker.v1.Constraint.kind:type_name -> broker.v1.Constraint.Kind
-	57,  // 58: broker.v1.GenerateRequest.sampling:type_name -> broker.v1.SamplingParams
-	4,   // 59: broker.v1.GenerateRequest.priority:type_name -> broker.v1.Priority
-	0,   // 60: broker.v1.GenerateRequest.device_type:type_name -> broker.v1.DeviceType
-	76,  // 61: broker.v1.GenerateRequest.max_time:type_name -> google.protobuf.Duration
-	62,  // 62: broker.v1.ChatMessage.tool_calls:type_name -> broker.v1.ToolCall
-	60,  // 63: broker.v1.Conversation.messages:type_name -> broker.v1.ChatMessage
-	63,  // 64: broker.v1.ChatRequest.conversations:type_name -> broker.v1.Conversation
-	57,  // 65: broker.v1.ChatRequest.sampling:type_name -> broker.v1.SamplingParams
-	4,   // 66: broker.v1.ChatRequest.priority:type_name -> broker.v1.Priority
-	0,   // 67: broker.v1.ChatRequest.device_type:type_name -> broker.v1.DeviceType
-	76,  // 68: broker.v1.ChatRequest.max_time:type_name -> google.protobuf.Duration
-	77,  // 69: broker.v1.ChatRequest.chat_template_kwargs:type_name -> google.protobuf.Struct
-	61,  // 70: broker.v1.ChatRequest.tools:type_name -> broker.v1.Tool
-	9,   // 71: broker.v1.ChatRequest.tool_choice:type_name -> broker.v1.ToolChoiceMode
-	65,  // 72: broker.v1.LogprobEntry.chosen:type_name -> broker.v1.TokenLogprob
-	65,  // 73: broker.v1.LogprobEntry.top:type_name -> broker.v1.TokenLogprob
-	66,  // 74: broker.v1.GenerationDelta.logprobs:type_name -> broker.v1.LogprobEntry
-	62,  // 75: broker.v1.GenerationDelta.tool_calls:type_name -> broker.v1.ToolCall
-	8,   // 76: broker.v1.GenerationResult.finish_reason:type_name -> broker.v1.FinishReason
-	68,  // 77: broker.v1.GenerationResult.usage:type_name -> broker.v1.Usage
-	76,  // 78: broker.v1.GenerationResult.time_to_first_token:type_name -> google.protobuf.Duration
-	22,  // 79: broker.v1.GenerationResult.execution:type_name -> broker.v1.ExecutionInfo
-	67,  // 80: broker.v1.GenerateResponse.deltas:type_name -> broker.v1.GenerationDelta
-	69,  // 81: broker.v1.GenerateResponse.results:type_name -> broker.v1.GenerationResult
-	67,  // 82: broker.v1.ChatResponse.deltas:type_name -> broker.v1.GenerationDelta
-	69,  // 83: broker.v1.ChatResponse.results:type_name -> broker.v1.GenerationResult
-	23,  // 84: broker.v1.BrokerService.Encode:input_type -> broker.v1.EncodeRequest
-	25,  // 85: broker.v1.BrokerService.EncodeStream:input_type -> broker.v1.EncodeStreamRequest
-	29,  // 86: broker.v1.BrokerService.Infer:input_type -> broker.v1.InferRequest
-	31,  // 87: broker.v1.BrokerService.ListDevices:input_type -> broker.v1.ListDevicesRequest
-	33,  // 88: broker.v1.BrokerService.GetDevice:input_type -> broker.v1.GetDeviceRequest
-	35,  // 89: broker.v1.BrokerService.GetReport:input_type -> broker.v1.GetReportRequest
-	37,  // 90: broker.v1.BrokerService.GetBatchPlan:input_type -> broker.v1.GetBatchPlanRequest
-	40,  // 91: broker.v1.BrokerService.ListModels:input_type -> broker.v1.ListModelsRequest
-	42,  // 92: broker.v1.BrokerService.LoadModel:input_type -> broker.v1.LoadModelRequest
-	44,  // 93: broker.v1.BrokerService.UnloadModel:input_type -> broker.v1.UnloadModelRequest
-	49,  // 94: broker.v1.BrokerService.GetStats:input_type -> broker.v1.GetStatsRequest
-	51,  // 95: broker.v1.BrokerService.CordonDevice:input_type -> broker.v1.CordonDeviceRequest
-	53,  // 96: broker.v1.BrokerService.UncordonDevice:input_type -> broker.v1.UncordonDeviceRequest
-	55,  // 97: broker.v1.BrokerService.Drain:input_type -> broker.v1.DrainRequest
-	59,  // 98: broker.v1.BrokerService.Generate:input_type -> broker.v1.GenerateRequest
-	64,  // 99: broker.v1.BrokerService.Chat:input_type -> broker.v1.ChatRequest
-	24,  // 100: broker.v1.BrokerService.Encode:output_type -> broker.v1.EncodeResponse
-	26,  // 101: broker.v1.BrokerService.EncodeStream:output_type -> broker.v1.EncodeStreamResponse
-	30,  // 102: broker.v1.BrokerService.Infer:output_type -> broker.v1.InferResponse
-	32,  // 103: broker.v1.BrokerService.ListDevices:output_type -> broker.v1.ListDevicesResponse
-	34,  // 104: broker.v1.BrokerService.GetDevice:output_type -> broker.v1.GetDeviceResponse
-	36,  // 105: broker.v1.BrokerService.GetReport:output_type -> broker.v1.GetReportResponse
-	38,  // 106: broker.v1.BrokerService.GetBatchPlan:output_type -> broker.v1.GetBatchPlanResponse
-	41,  // 107: broker.v1.BrokerService.ListModels:output_type -> broker.v1.ListModelsResponse
-	43,  // 108: broker.v1.BrokerService.LoadModel:output_type -> broker.v1.LoadModelResponse
-	45,  // 109: broker.v1.BrokerService.UnloadModel:output_type -> broker.v1.UnloadModelResponse
-	50,  // 110: broker.v1.BrokerService.GetStats:output_type -> broker.v1.GetStatsResponse
-	52,  // 111: broker.v1.BrokerService.CordonDevice:output_type -> broker.v1.CordonDeviceResponse
-	54,  // 112: broker.v1.BrokerService.UncordonDevice:output_type -> broker.v1.UncordonDeviceResponse
-	56,  // 113: broker.v1.BrokerService.Drain:output_type -> broker.v1.DrainResponse
-	70,  // 114: broker.v1.BrokerService.Generate:output_type -> broker.v1.GenerateResponse
-	71,  // 115: broker.v1.BrokerService.Chat:output_type -> broker.v1.ChatResponse
-	100, // [100:116] is the sub-list for method output_type
-	84,  // [84:100] is the sub-list for method input_type
-	84,  // [84:84] is the sub-list for extension type_name
-	84,  // [84:84] is the sub-list for extension extendee
-	0,   // [0:84] is the sub-list for field type_name
+	76,  // 43: broker.v1.Model.modified_at:type_name -> google.protobuf.Timestamp
+	40,  // 44: broker.v1.Model.parameters:type_name -> broker.v1.ModelParameter
+	39,  // 45: broker.v1.ListModelsResponse.models:type_name -> broker.v1.Model
+	39,  // 46: broker.v1.LoadModelResponse.model:type_name -> broker.v1.Model
+	7,   // 47: broker.v1.LoadModelResponse.action:type_name -> broker.v1.LoadAction
+	39,  // 48: broker.v1.UnloadModelResponse.model:type_name -> broker.v1.Model
+	75,  // 49: broker.v1.QueueStats.failed:type_name -> broker.v1.QueueStats.FailedEntry
+	47,  // 50: broker.v1.QueueStats.latency:type_name -> broker.v1.LatencySummary
+	49,  // 51: broker.v1.QueueStats.generation:type_name -> broker.v1.GenerationStats
+	47,  // 52: broker.v1.GenerationStats.time_to_first_token:type_name -> broker.v1.LatencySummary
+	47,  // 53: broker.v1.GenerationStats.inter_token_latency:type_name -> broker.v1.LatencySummary
+	48,  // 54: broker.v1.GetStatsResponse.stats:type_name -> broker.v1.QueueStats
+	11,  // 55: broker.v1.CordonDeviceResponse.device:type_name -> broker.v1.Device
+	11,  // 56: broker.v1.UncordonDeviceResponse.device:type_name -> broker.v1.Device
+	59,  // 57: broker.v1.SamplingParams.constraint:type_name -> broker.v1.Constraint
+	10,  // 58: broker.v1.Constraint.kind:type_name -> broker.v1.Constraint.Kind
+	58,  // 59: broker.v1.GenerateRequest.sampling:type_name -> broker.v1.SamplingParams
+	4,   // 60: broker.v1.GenerateRequest.priority:type_name -> broker.v1.Priority
+	0,   // 61: broker.v1.GenerateRequest.device_type:type_name -> broker.v1.DeviceType
+	77,  // 62: broker.v1.GenerateRequest.max_time:type_name -> google.protobuf.Duration
+	63,  // 63: broker.v1.ChatMessage.tool_calls:type_name -> broker.v1.ToolCall
+	61,  // 64: broker.v1.Conversation.messages:type_name -> broker.v1.ChatMessage
+	64,  // 65: broker.v1.ChatRequest.conversations:type_name -> broker.v1.Conversation
+	58,  // 66: broker.v1.ChatRequest.sampling:type_name -> broker.v1.SamplingParams
+	4,   // 67: broker.v1.ChatRequest.priority:type_name -> broker.v1.Priority
+	0,   // 68: broker.v1.ChatRequest.device_type:type_name -> broker.v1.DeviceType
+	77,  // 69: broker.v1.ChatRequest.max_time:type_name -> google.protobuf.Duration
+	78,  // 70: broker.v1.ChatRequest.chat_template_kwargs:type_name -> google.protobuf.Struct
+	62,  // 71: broker.v1.ChatRequest.tools:type_name -> broker.v1.Tool
+	9,   // 72: broker.v1.ChatRequest.tool_choice:type_name -> broker.v1.ToolChoiceMode
+	66,  // 73: broker.v1.LogprobEntry.chosen:type_name -> broker.v1.TokenLogprob
+	66,  // 74: broker.v1.LogprobEntry.top:type_name -> broker.v1.TokenLogprob
+	67,  // 75: broker.v1.GenerationDelta.logprobs:type_name -> broker.v1.LogprobEntry
+	63,  // 76: broker.v1.GenerationDelta.tool_calls:type_name -> broker.v1.ToolCall
+	8,   // 77: broker.v1.GenerationResult.finish_reason:type_name -> broker.v1.FinishReason
+	69,  // 78: broker.v1.GenerationResult.usage:type_name -> broker.v1.Usage
+	77,  // 79: broker.v1.GenerationResult.time_to_first_token:type_name -> google.protobuf.Duration
+	22,  // 80: broker.v1.GenerationResult.execution:type_name -> broker.v1.ExecutionInfo
+	68,  // 81: broker.v1.GenerateResponse.deltas:type_name -> broker.v1.GenerationDelta
+	70,  // 82: broker.v1.GenerateResponse.results:type_name -> broker.v1.GenerationResult
+	68,  // 83: broker.v1.ChatResponse.deltas:type_name -> broker.v1.GenerationDelta
+	70,  // 84: broker.v1.ChatResponse.results:type_name -> broker.v1.GenerationResult
+	23,  // 85: broker.v1.BrokerService.Encode:input_type -> broker.v1.EncodeRequest
+	25,  // 86: broker.v1.BrokerService.EncodeStream:input_type -> broker.v1.EncodeStreamRequest
+	29,  // 87: broker.v1.BrokerService.Infer:input_type -> broker.v1.InferRequest
+	31,  // 88: broker.v1.BrokerService.ListDevices:input_type -> broker.v1.ListDevicesRequest
+	33,  // 89: broker.v1.BrokerService.GetDevice:input_type -> broker.v1.GetDeviceRequest
+	35,  // 90: broker.v1.BrokerService.GetReport:input_type -> broker.v1.GetReportRequest
+	37,  // 91: broker.v1.BrokerService.GetBatchPlan:input_type -> broker.v1.GetBatchPlanRequest
+	41,  // 92: broker.v1.BrokerService.ListModels:input_type -> broker.v1.ListModelsRequest
+	43,  // 93: broker.v1.BrokerService.LoadModel:input_type -> broker.v1.LoadModelRequest
+	45,  // 94: broker.v1.BrokerService.UnloadModel:input_type -> broker.v1.UnloadModelRequest
+	50,  // 95: broker.v1.BrokerService.GetStats:input_type -> broker.v1.GetStatsRequest
+	52,  // 96: broker.v1.BrokerService.CordonDevice:input_type -> broker.v1.CordonDeviceRequest
+	54,  // 97: broker.v1.BrokerService.UncordonDevice:input_type -> broker.v1.UncordonDeviceRequest
+	56,  // 98: broker.v1.BrokerService.Drain:input_type -> broker.v1.DrainRequest
+	60,  // 99: broker.v1.BrokerService.Generate:input_type -> broker.v1.GenerateRequest
+	65,  // 100: broker.v1.BrokerService.Chat:input_type -> broker.v1.ChatRequest
+	24,  // 101: broker.v1.BrokerService.Encode:output_type -> broker.v1.EncodeResponse
+	26,  // 102: broker.v1.BrokerService.EncodeStream:output_type -> broker.v1.EncodeStreamResponse
+	30,  // 103: broker.v1.BrokerService.Infer:output_type -> broker.v1.InferResponse
+	32,  // 104: broker.v1.BrokerService.ListDevices:output_type -> broker.v1.ListDevicesResponse
+	34,  // 105: broker.v1.BrokerService.GetDevice:output_type -> broker.v1.GetDeviceResponse
+	36,  // 106: broker.v1.BrokerService.GetReport:output_type -> broker.v1.GetReportResponse
+	38,  // 107: broker.v1.BrokerService.GetBatchPlan:output_type -> broker.v1.GetBatchPlanResponse
+	42,  // 108: broker.v1.BrokerService.ListModels:output_type -> broker.v1.ListModelsResponse
+	44,  // 109: broker.v1.BrokerService.LoadModel:output_type -> broker.v1.LoadModelResponse
+	46,  // 110: broker.v1.BrokerService.UnloadModel:output_type -> broker.v1.UnloadModelResponse
+	51,  // 111: broker.v1.BrokerService.GetStats:output_type -> broker.v1.GetStatsResponse
+	53,  // 112: broker.v1.BrokerService.CordonDevice:output_type -> broker.v1.CordonDeviceResponse
+	55,  // 113: broker.v1.BrokerService.UncordonDevice:output_type -> broker.v1.UncordonDeviceResponse
+	57,  // 114: broker.v1.BrokerService.Drain:output_type -> broker.v1.DrainResponse
+	71,  // 115: broker.v1.BrokerService.Generate:output_type -> broker.v1.GenerateResponse
+	72,  // 116: broker.v1.BrokerService.Chat:output_type -> broker.v1.ChatResponse
+	101, // [101:117] is the sub-list for method output_type
+	85,  // [85:101] is the sub-list for method input_type
+	85,  // [85:85] is the sub-list for extension type_name
+	85,  // [85:85] is the sub-list for extension extendee
+	0,   // [0:85] is the sub-list for field type_name
 }
 
 func init() { file_broker_v1_broker_proto_init() }
@@ -6409,16 +6516,16 @@ func file_broker_v1_broker_proto_init() {
 		(*GetBatchPlanRequest_DeviceType)(nil),
 		(*GetBatchPlanRequest_DeviceId)(nil),
 	}
-	file_broker_v1_broker_proto_msgTypes[46].OneofWrappers = []any{}
-	file_broker_v1_broker_proto_msgTypes[48].OneofWrappers = []any{}
-	file_broker_v1_broker_proto_msgTypes[53].OneofWrappers = []any{}
+	file_broker_v1_broker_proto_msgTypes[47].OneofWrappers = []any{}
+	file_broker_v1_broker_proto_msgTypes[49].OneofWrappers = []any{}
+	file_broker_v1_broker_proto_msgTypes[54].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_broker_v1_broker_proto_rawDesc), len(file_broker_v1_broker_proto_rawDesc)),
 			NumEnums:      11,
-			NumMessages:   64,
+			NumMessages:   65,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -8,11 +8,13 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"strconv"
 	"strings"
 
 	"go.uber.org/zap"
 
+	"github.com/brokerd/brokerd/runtime/gguf"
 	"github.com/brokerd/brokerd/runtime/models/llm"
 	"github.com/brokerd/brokerd/runtime/models/ollama"
 )
@@ -73,9 +75,13 @@ func (r *Repo) ollamaEntries(taken map[string]bool) []Entry {
 		e := Entry{Name: name, Kind: "llm", Versions: []int64{1}, Details: Details{
 			Format: m.Details.Format, Family: m.Details.Family, ParameterSize: m.Details.ParameterSize,
 			Quantization: m.Details.QuantizationLevel, FileBytes: m.Size, ModTime: m.ModTime,
+			ChatTemplate: r.ollamaTemplate(m), System: m.System, Params: ollamaParams(m.Params),
 		}}
 		if m.Params.NumCtx != nil {
 			e.Details.ContextLength = *m.Params.NumCtx
+		}
+		if m.Digest != "" {
+			e.Details.File = "blobs/" + strings.Replace(m.Digest, ":", "-", 1)
 		}
 		if m.Err != nil {
 			e.Errs = map[int64]error{1: m.Err}
@@ -83,6 +89,114 @@ func (r *Repo) ollamaEntries(taken map[string]bool) []Entry {
 		out = append(out, e)
 	}
 	return out
+}
+
+// ollamaTemplate is the chat template store model m renders (see
+// ollamaChatTemplate): its GGUF's Jinja tokenizer.chat_template, else its
+// template layer, else Ollama's default. The GGUF's is read from the
+// blob's header once per blob as it is (a header holds the vocabulary:
+// megabytes); a blob that cannot be read shows its template layer, and
+// its load says why.
+func (r *Repo) ollamaTemplate(m ollama.Model) string {
+	tmpl := m.Template
+	if tmpl == "" {
+		tmpl = ollama.DefaultTemplate
+	}
+	if m.Err != nil || m.Path == "" {
+		return tmpl
+	}
+	st, err := os.Stat(m.Path)
+	if err != nil {
+		return tmpl
+	}
+	key := m.Path + "\x00" + strconv.FormatInt(st.Size(), 10) + "\x00" + st.ModTime().String()
+	r.ggufTemplatesMu.Lock()
+	jinja, ok := r.ggufTemplates[key]
+	r.ggufTemplatesMu.Unlock()
+	if !ok {
+		jinja = ggufChatTemplate(m.Path)
+		r.ggufTemplatesMu.Lock()
+		if r.ggufTemplates == nil {
+			r.ggufTemplates = map[string]string{}
+		}
+		// A blob replaced leaves its old key behind: the store's blobs
+		// bound the map only while they stay, so start over past them.
+		if len(r.ggufTemplates) >= maxGGUFTemplates {
+			clear(r.ggufTemplates)
+		}
+		r.ggufTemplates[key] = jinja
+		r.ggufTemplatesMu.Unlock()
+	}
+	if jinja != "" {
+		return jinja
+	}
+	return tmpl
+}
+
+// maxGGUFTemplates bounds the store blobs whose chat template is
+// remembered.
+const maxGGUFTemplates = 1024
+
+// ggufChatTemplate is a GGUF file's tokenizer.chat_template ("" when it
+// has none or cannot be read).
+func ggufChatTemplate(path string) (tmpl string) {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	var err error
+	defer faultAsError(path, &err)
+	f, err := gguf.Open(path, gguf.Limits{})
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	tmpl, _ = f.String("tokenizer.chat_template")
+	return tmpl
+}
+
+// ollamaParams lists a params layer's options by name, each value as
+// JSON, a stop string per entry: what /api/show's parameters and a
+// Modelfile's PARAMETER lines print. Options Ollama ignores are left out.
+func ollamaParams(p ollama.Params) []Param {
+	var out []Param
+	for _, s := range p.Stop {
+		out = append(out, param("stop", s))
+	}
+	out = optParam(out, "temperature", p.Temperature)
+	out = optParam(out, "top_k", p.TopK)
+	out = optParam(out, "top_p", p.TopP)
+	out = optParam(out, "min_p", p.MinP)
+	out = optParam(out, "typical_p", p.TypicalP)
+	out = optParam(out, "repeat_penalty", p.RepeatPenalty)
+	out = optParam(out, "repeat_last_n", p.RepeatLastN)
+	out = optParam(out, "presence_penalty", p.PresencePenalty)
+	out = optParam(out, "frequency_penalty", p.FrequencyPenalty)
+	out = optParam(out, "seed", p.Seed)
+	out = optParam(out, "num_predict", p.NumPredict)
+	out = optParam(out, "num_keep", p.NumKeep)
+	out = optParam(out, "num_ctx", p.NumCtx)
+	out = optParam(out, "num_batch", p.NumBatch)
+	out = optParam(out, "num_gpu", p.NumGPU)
+	out = optParam(out, "main_gpu", p.MainGPU)
+	out = optParam(out, "num_thread", p.NumThread)
+	out = optParam(out, "use_mmap", p.UseMMap)
+	return optParam(out, "draft_num_predict", p.DraftNumPredict)
+}
+
+// optParam appends a set option.
+func optParam[T any](out []Param, name string, v *T) []Param {
+	if v == nil {
+		return out
+	}
+	return append(out, param(name, *v))
+}
+
+// param writes a value as JSON, with <, > and & as they are (stop strings
+// are full of them).
+func param(name string, v any) Param {
+	var b strings.Builder
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	_ = enc.Encode(v) // strings, finite numbers and booleans always encode
+	return Param{Name: name, Value: strings.TrimSuffix(b.String(), "\n")}
 }
 
 // ollamaFingerprint identifies a store model as it is now: its manifest

@@ -16,6 +16,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"go.uber.org/zap"
@@ -60,6 +61,9 @@ type Repo struct {
 	tokenizers TokenizerLoader // LLM tokenizers; nil: LLMs load without one
 	maxContext int             // caps LLMs' context below max_position_embeddings; 0: none
 	ollama     *ollama.Store   // Ollama's store, served beside the repository (nil: none)
+
+	ggufTemplatesMu sync.Mutex
+	ggufTemplates   map[string]string // store blobs' chat templates (ollamaTemplate)
 }
 
 // WithMaxContext caps decoder LLMs' context length (tokens): Llama 3.2
@@ -136,11 +140,26 @@ type Details struct {
 	FileBytes int64
 	// ContextLength is the positions the model states.
 	ContextLength int
-	// ChatTemplate is a GGUF's tokenizer.chat_template ("" otherwise).
+	// ChatTemplate is the chat template the model renders: a GGUF's Jinja
+	// tokenizer.chat_template; for an Ollama store model without one, its
+	// template layer (a Go text/template; "" for other models).
 	ChatTemplate string
+	// System is a store model's system layer, Params its params layer
+	// (Ollama's /api/show and Modelfile print them).
+	System string
+	Params []Param
+	// File is the weights' file a Modelfile's FROM names, relative as
+	// errors name files (data-plane clients see it): a GGUF version's file
+	// under the repository, a store model's blob under the store
+	// (blobs/sha256-<hex>); "" otherwise.
+	File string
 	// ModTime is when the version's files last changed.
 	ModTime time.Time
 }
+
+// Param is one default option of a model: a name (stop, temperature,
+// ...) and its value as JSON.
+type Param struct{ Name, Value string }
 
 // parameterSize writes a count as Ollama does (its format.HumanNumber).
 func parameterSize(n int64) string {
@@ -171,6 +190,9 @@ func (p *plan) details() Details {
 	}
 	if gp := lp.gguf; gp != nil {
 		d.Format, d.Quantization, d.FileBytes, d.ChatTemplate = "gguf", gp.fileType, gp.file.Size, gp.vocab.ChatTemplate
+		if rel, err := filepath.Rel(p.r.dir, gp.path); err == nil && filepath.IsLocal(rel) {
+			d.File = rel
+		}
 		d.Parameters = 0
 		for i := range gp.file.Tensors {
 			d.Parameters += gp.file.Tensors[i].Elements()
