@@ -37,9 +37,10 @@ func TestOllamaStoreTemplateLayer(t *testing.T) {
 	if _, err := modelkit.WriteGGUF(st, gguf, "q8_0"); err != nil {
 		t.Fatal(err)
 	}
+	const tmpl = `{{ range .Messages }}[{{ .Role }}]{{ .Content }}{{ end }}{{ if .Tools }}[tools]{{ range .Tools }}{{ .Function.Name }}{{ end }}{{ end }}`
 	if err := modelkit.WriteOllamaModel(store, "tmpl", "latest", gguf, modelkit.OllamaModel{
-		Params: `{"temperature": 0, "num_ctx": 256}`, System: "Be brief.", Family: "qwen2", FileType: "Q8_0",
-		Template: `{{ range .Messages }}[{{ .Role }}]{{ .Content }}{{ end }}{{ if .Tools }}[tools]{{ range .Tools }}{{ .Function.Name }}{{ end }}{{ end }}`,
+		Params: `{"temperature": 0.7, "num_ctx": 256, "stop": ["<|im_end|>", "[user]"]}`, System: "Be brief.", Family: "qwen2", FileType: "Q8_0",
+		Template: tmpl,
 		Messages: `[{"role": "user", "content": "Who?"}, {"role": "assistant", "content": "Me."}]`,
 	}); err != nil {
 		t.Fatal(err)
@@ -106,5 +107,21 @@ func TestOllamaStoreTemplateLayer(t *testing.T) {
 	}
 	if want := len("[system]Be brief.[user]Who?[assistant]Me.[user]hi"); out.PromptEvalCount != want {
 		t.Errorf("/api/chat's prompt_eval_count %d, want %d", out.PromptEvalCount, want)
+	}
+
+	// /api/show gives the template layer (the GGUF has no Jinja one), the
+	// system layer and the params a line each, as Ollama prints them.
+	show := apiShow(t, "http://"+d.addrs.HTTP, "tmpl")
+	if show.Template != tmpl || show.System != "Be brief." {
+		t.Errorf("/api/show tmpl: template %q system %q; want the template and system layers", show.Template, show.System)
+	}
+	if want := `stop                           "<|im_end|>"` + "\n" + `stop                           "[user]"` + "\n" +
+		"temperature                    0.7\nnum_ctx                        256"; show.Parameters != want {
+		t.Errorf("/api/show tmpl parameters:\n%s\nwant\n%s", show.Parameters, want)
+	}
+	for _, line := range []string{"\nTEMPLATE " + tmpl + "\n", "\nSYSTEM Be brief.\n", "\nPARAMETER stop <|im_end|>\nPARAMETER stop [user]\nPARAMETER temperature 0.7\nPARAMETER num_ctx 256\n"} {
+		if !strings.Contains(show.Modelfile, line) {
+			t.Errorf("/api/show tmpl modelfile lacks %q:\n%s", line, show.Modelfile)
+		}
 	}
 }
