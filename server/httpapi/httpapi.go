@@ -5,8 +5,9 @@
 // It is a translation, not a second implementation: every endpoint calls
 // the broker.v1 service in process (Encode, Generate, Chat, ListModels), so
 // validation, limits, scheduling and metrics are those of gRPC; errors keep
-// their gRPC status and are mapped to HTTP codes here (a full queue is 429
-// with Retry-After, a draining brokerd 503).
+// their gRPC status and take their HTTP code from the error table that
+// made it (server/internal/errtable: a full queue is 429 with Retry-After,
+// a draining brokerd 503).
 package httpapi
 
 import (
@@ -32,6 +33,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	brokerv1 "github.com/brokerd/brokerd/proto/broker/v1"
+	"github.com/brokerd/brokerd/server/internal/errtable"
 )
 
 // Backend is the part of broker.v1 the HTTP APIs translate onto (the
@@ -351,33 +353,6 @@ func decode(r *http.Request, v any) error {
 	return nil
 }
 
-// httpCode maps a gRPC status to the HTTP code the APIs use.
-func httpCode(c codes.Code) int {
-	switch c {
-	case codes.OK:
-		return http.StatusOK
-	case codes.InvalidArgument, codes.FailedPrecondition, codes.OutOfRange:
-		return http.StatusBadRequest
-	case codes.Unauthenticated:
-		return http.StatusUnauthorized
-	case codes.PermissionDenied:
-		return http.StatusForbidden
-	case codes.NotFound:
-		return http.StatusNotFound
-	case codes.ResourceExhausted:
-		return http.StatusTooManyRequests
-	case codes.Unavailable:
-		return http.StatusServiceUnavailable
-	case codes.DeadlineExceeded:
-		return http.StatusGatewayTimeout
-	case codes.Canceled:
-		return 499 // the client closed the request
-	case codes.Unimplemented:
-		return http.StatusNotImplemented
-	}
-	return http.StatusInternalServerError
-}
-
 // retryAfter is a RESOURCE_EXHAUSTED status's RetryInfo delay in whole
 // seconds (at least 1), or 0.
 func retryAfter(st *status.Status) int {
@@ -393,7 +368,7 @@ func retryAfter(st *status.Status) int {
 // under /v1, Ollama's {"error": ...} elsewhere).
 func (h *Handler) fail(w http.ResponseWriter, r *http.Request, err error) {
 	st := status.Convert(err)
-	code := httpCode(st.Code())
+	code := errtable.HTTPStatus(st.Code())
 	if he := (*httpError)(nil); errors.As(err, &he) && he.code != 0 {
 		code = he.code
 	}

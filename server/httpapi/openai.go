@@ -16,6 +16,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	brokerv1 "github.com/brokerd/brokerd/proto/broker/v1"
+	"github.com/brokerd/brokerd/server/internal/errtable"
 )
 
 // The OpenAI API (chat completions, completions, embeddings, models) as
@@ -182,7 +183,7 @@ func (h *Handler) endSSE(w http.ResponseWriter, r *http.Request, out *sse, err e
 		return
 	}
 	st := status.Convert(err)
-	if out.send(map[string]any{"error": openaiError{Message: st.Message(), Type: openaiErrorType(httpCode(st.Code())), Param: openaiParam(err), Code: openaiCode(err, st)}}) == nil {
+	if out.send(map[string]any{"error": openaiError{Message: st.Message(), Type: openaiErrorType(errtable.HTTPStatus(st.Code())), Param: openaiParam(err), Code: openaiCode(err, st)}}) == nil {
 		out.done()
 	}
 }
