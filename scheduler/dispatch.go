@@ -22,8 +22,8 @@ const (
 // maxInFlight batches at a time (one each); all other fields are guarded by
 // Scheduler.mu.
 type replica struct {
+	replicaCore
 	mq             *modelQueue
-	dev            Device
 	idKey, typeKey string // pin classes it serves besides ""
 	maxBatch       int
 	maxCost        int // summed Request.Costs per batch; 0 = no limit
@@ -32,15 +32,11 @@ type replica struct {
 
 	work       chan *batch // capacity maxInFlight: a batch is sent only below it
 	workClosed bool
-	exited     chan struct{} // closed when every worker has returned
 
 	running      []*batch // in flight, oldest first
 	runningItems int      // items of the batches in flight
-	removing     bool
 
 	throughput float64 // EWMA of items per compute second; 0 = unmeasured
-
-	replicaHealth
 
 	stats rowStats
 	m     replicaMetrics
@@ -49,18 +45,16 @@ type replica struct {
 func newReplica(mq *modelQueue, dev Device, maxBatch, maxInFlight int, exec Executor, m *metrics) *replica {
 	maxInFlight = max(maxInFlight, 1)
 	return &replica{
-		mq:            mq,
-		dev:           dev,
-		idKey:         pinKey(dev.ID, ""),
-		typeKey:       pinKey("", dev.Type),
-		maxBatch:      maxBatch,
-		maxInFlight:   maxInFlight,
-		exec:          exec,
-		work:          make(chan *batch, maxInFlight),
-		exited:        make(chan struct{}),
-		replicaHealth: replicaHealth{healthy: true},
-		stats:         newRowStats(),
-		m:             m.forReplica(mq.label, dev.ID),
+		replicaCore: newReplicaCore(dev),
+		mq:          mq,
+		idKey:       pinKey(dev.ID, ""),
+		typeKey:     pinKey("", dev.Type),
+		maxBatch:    maxBatch,
+		maxInFlight: maxInFlight,
+		exec:        exec,
+		work:        make(chan *batch, maxInFlight),
+		stats:       newRowStats(),
+		m:           m.forReplica(mq.label, dev.ID),
 	}
 }
 
@@ -113,11 +107,6 @@ type batch struct {
 	abandoned bool               // it overran BatchTimeout; see abandon
 }
 
-// usableLocked reports whether r may be given a batch now.
-func (s *Scheduler) usableLocked(r *replica, now time.Time) bool {
-	return !r.removing && !s.cordoned[r.dev.ID] && (r.healthy || !now.Before(r.probeAt))
-}
-
 // dispatchLocked hands batches to idle replicas of mq while there is work
 // they may take, and arms a timer for the next moment that could change
 // (the queue delay of a partial batch, an unhealthy replica's probe).
@@ -140,7 +129,7 @@ func (s *Scheduler) dispatchLocked(mq *modelQueue) {
 	for {
 		cands := make([]cand, 0, len(mq.replicas))
 		for _, r := range mq.replicas {
-			if !r.canTake() || !s.usableLocked(r, now) {
+			if !r.canTake() || !s.usableLocked(&r.replicaCore, now) {
 				continue
 			}
 			n, oldest := mq.eligible(r, now, delay)
@@ -213,7 +202,7 @@ func (s *Scheduler) fasterElsewhereLocked(mq *modelQueue, r *replica, n int, min
 		return false, time.Time{} // r is unmeasured: it is tried first
 	}
 	for _, o := range mq.replicas {
-		if o == r || o.throughput == 0 || !s.usableLocked(o, now) {
+		if o == r || o.throughput == 0 || !s.usableLocked(&o.replicaCore, now) {
 			continue
 		}
 		if on, _ := mq.eligible(o, now, 0); on < n {
@@ -431,9 +420,7 @@ func (s *Scheduler) succeedLocked(r *replica, run []itemRef, outs []any, compute
 			r.throughput += ewmaWeight * (rate - r.throughput)
 		}
 	}
-	if r.succeeded() {
-		s.log.Info("replica healthy again", zap.String("model", mq.name), zap.String("device", r.dev.ID))
-	}
+	s.succeededLocked(&r.replicaCore, mq.name)
 	batchCost := r.dev.CostPerHour / 3600 * secs
 	now := s.now()
 	r.stats.addBatch(n, compute, now)
@@ -477,10 +464,7 @@ func (s *Scheduler) succeedLocked(r *replica, run []itemRef, outs []any, compute
 func (s *Scheduler) failLocked(r *replica, run []itemRef, execErr error, now time.Time) {
 	mq := r.mq
 	r.stats.failed[ReasonBackend] += int64(len(run))
-	if r.failed(execErr, now, s.opts) {
-		s.log.Warn("replica unhealthy", zap.String("model", mq.name), zap.String("device", r.dev.ID),
-			zap.Int("failures_in_a_row", r.consecFails), zap.Error(execErr))
-	}
+	s.failedLocked(&r.replicaCore, mq.name, execErr, now)
 	for _, it := range run {
 		rq := it.rq
 		if rq.finished {

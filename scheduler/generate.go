@@ -239,17 +239,14 @@ func (gq *genQueue) replica(deviceID string) *genReplica {
 
 // genReplica is one device serving one generator model.
 type genReplica struct {
+	replicaCore
 	gq      *genQueue
-	dev     Device
 	opts    GenOptions
 	exec    GenExecutor
 	running []*genSeq // admission order: the last is the newest
 	kick    chan struct{}
-	exited  chan struct{}
 
-	removing   bool
 	tokensPerS float64 // EWMA of step tokens per second
-	replicaHealth
 
 	// kv is the executor's KV cache as last sampled (between steps, by
 	// the replica's loop); zero when the executor does not report it.
@@ -307,8 +304,9 @@ func (s *Scheduler) AddGenReplica(model string, dev Device, opts GenOptions, exe
 		return fmt.Errorf("scheduler: add generator replica of %q on %s: %w: already served", model, dev.ID, ErrInvalidArgument)
 	}
 	r := &genReplica{
-		gq: gq, dev: dev, opts: opts, exec: exec,
-		kick: make(chan struct{}, 1), exited: make(chan struct{}), replicaHealth: replicaHealth{healthy: true},
+		replicaCore: newReplicaCore(dev),
+		gq:          gq, opts: opts, exec: exec,
+		kick:  make(chan struct{}, 1),
 		stats: newGenRowStats(),
 		m:     s.metrics.gen.forReplica(gq.label, dev.ID),
 	}
@@ -321,43 +319,28 @@ func (s *Scheduler) AddGenReplica(model string, dev Device, opts GenOptions, exe
 	return nil
 }
 
-// RemoveGenReplica stops admitting sequences on the replica, lets its
-// running ones finish (or ctx end), and removes it. Waiting sequences no
-// replica left can serve fail with ErrNoDevice.
-func (s *Scheduler) RemoveGenReplica(ctx context.Context, model, deviceID string) error {
-	s.mu.Lock()
-	gq := s.gens[model]
-	if gq == nil {
-		s.mu.Unlock()
-		return fmt.Errorf("scheduler: remove generator replica of %q: %w", model, ErrUnknownModel)
-	}
+// detachGenLocked is RemoveReplica's part for a generator: r admits no
+// new sequence and its loop ends once its running ones finish; it leaves
+// gq (and gq the scheduler, with its last replica), and the waiting
+// sequences no replica left can serve fail with ErrNoDevice.
+func (s *Scheduler) detachGenLocked(gq *genQueue, deviceID string) (*replicaCore, string, error) {
 	i := slices.IndexFunc(gq.replicas, func(r *genReplica) bool { return r.dev.ID == deviceID })
 	if i < 0 {
-		s.mu.Unlock()
-		return fmt.Errorf("scheduler: remove generator replica of %q on %s: %w", model, deviceID, ErrDeviceNotFound)
+		return nil, "", fmt.Errorf("scheduler: remove generator replica of %q on %s: %w", gq.name, deviceID, ErrDeviceNotFound)
 	}
 	r := gq.replicas[i]
 	r.removing = true
-	label := gq.label
 	gq.replicas = slices.Delete(gq.replicas, i, i+1)
 	if len(gq.replicas) == 0 {
-		delete(s.gens, model)
+		delete(s.gens, gq.name)
 	}
 	for _, seq := range slices.Clone(gq.waiting) {
 		if !slices.ContainsFunc(gq.replicas, seq.matches) {
-			s.finishSeqLocked(seq, fmt.Errorf("scheduler: %q: %w: its replicas were removed", model, ErrNoDevice), "", ReasonRejected)
+			s.finishSeqLocked(seq, fmt.Errorf("scheduler: %q: %w: its replicas were removed", gq.name, ErrNoDevice), "", ReasonRejected)
 		}
 	}
 	r.wake()
-	s.mu.Unlock()
-	var err error
-	select {
-	case <-r.exited:
-	case <-ctx.Done():
-		err = fmt.Errorf("scheduler: remove generator replica of %q on %s: waiting for its sequences: %w", model, deviceID, ctx.Err())
-	}
-	s.forgetSeries(label, deviceID)
-	return err
+	return &r.replicaCore, gq.label, nil
 }
 
 // Generate queues a sequence and returns its stream at once. It fails fast
@@ -399,7 +382,7 @@ func (s *Scheduler) Generate(ctx context.Context, req GenRequest) (*GenStream, e
 	for _, r := range gq.replicas {
 		if probe.matches(r) {
 			matched = true
-			usable = usable || s.genUsableLocked(r, now, true)
+			usable = usable || s.usableLocked(&r.replicaCore, now)
 		}
 	}
 	if !matched {
@@ -464,12 +447,6 @@ func (s *Scheduler) genReject(gq *genQueue, reason string) {
 	gq.stats.totals.Failed++ // refused at once: no time spent
 	gq.stats.failed[reason]++
 	s.metrics.failed(gq.label, reason)
-}
-
-// genUsableLocked reports whether r may admit sequences now (probe: an
-// unhealthy replica whose rest is over counts, for its probe).
-func (s *Scheduler) genUsableLocked(r *genReplica, now time.Time, probe bool) bool {
-	return !r.removing && !s.cordoned[r.dev.ID] && (r.healthy || (probe && !now.Before(r.probeAt)))
 }
 
 // genRetryAfterLocked estimates when a waiting slot frees: the time the
@@ -711,7 +688,7 @@ func (s *Scheduler) planStepLocked(r *genReplica, now time.Time) ([]StepItem, []
 		add(seq, take)
 		i++
 	}
-	if !s.genUsableLocked(r, now, true) || (!r.healthy && len(r.running) > 0) {
+	if !s.usableLocked(&r.replicaCore, now) || (!r.healthy && len(r.running) > 0) {
 		return items, seqs
 	}
 	for len(r.running) < r.opts.MaxRunning && budget > 0 {
@@ -786,10 +763,7 @@ func (s *Scheduler) applyStepLocked(r *genReplica, items []StepItem, seqs []*gen
 		return
 	}
 	if err != nil {
-		if r.failed(err, end, s.opts) {
-			s.log.Warn("generator replica unhealthy", zap.String("model", gq.name), zap.String("device", r.dev.ID),
-				zap.Int("failures_in_a_row", r.consecFails), zap.Error(err))
-		}
+		s.failedLocked(&r.replicaCore, gq.name, err, end)
 		for _, seq := range seqs {
 			if seq.r != r {
 				continue
@@ -811,9 +785,7 @@ func (s *Scheduler) applyStepLocked(r *genReplica, items []StepItem, seqs []*gen
 		}
 		return
 	}
-	if r.succeeded() {
-		s.log.Info("generator replica healthy again", zap.String("model", gq.name), zap.String("device", r.dev.ID))
-	}
+	s.succeededLocked(&r.replicaCore, gq.name)
 	gq.stats.step(len(items), took)
 	r.stats.step(len(items), took)
 	stepTokens := 0

@@ -1,36 +1,61 @@
 package scheduler
 
-import "time"
+import (
+	"context"
+	"fmt"
+	"time"
 
-// replicaHealth is a replica's health as its failures mark it, batch and
-// generator replicas alike: UnhealthyAfter failures in a row make it
-// unhealthy until a probe (one batch, or one sequence) succeeds after its
-// ProbeInterval rest.
-type replicaHealth struct {
+	"go.uber.org/zap"
+)
+
+// replicaCore is what batch and generator replicas share: the device, the
+// removal, and the health as failures mark it: UnhealthyAfter failures in
+// a row make a replica unhealthy until a probe (one batch, or one sequence)
+// succeeds after its ProbeInterval rest. Its fields are guarded by
+// Scheduler.mu.
+type replicaCore struct {
+	dev      Device
+	removing bool          // RemoveReplica was called: it takes no new work
+	exited   chan struct{} // closed when its workers (or loop) have returned
+
 	healthy     bool
 	consecFails int
 	lastErr     string
 	probeAt     time.Time // when an unhealthy replica may take its probe
 }
 
-// failed counts a failure at now; true when it made the replica unhealthy.
-func (h *replicaHealth) failed(err error, now time.Time, opts Options) (turned bool) {
-	h.consecFails++
-	h.lastErr = err.Error()
-	if h.consecFails < opts.UnhealthyAfter {
-		return false
-	}
-	turned = h.healthy
-	h.healthy = false
-	h.probeAt = now.Add(opts.ProbeInterval)
-	return turned
+func newReplicaCore(dev Device) replicaCore {
+	return replicaCore{dev: dev, exited: make(chan struct{}), healthy: true}
 }
 
-// succeeded clears the failures; true when the replica was unhealthy.
-func (h *replicaHealth) succeeded() (recovered bool) {
-	recovered = !h.healthy
-	h.healthy, h.consecFails, h.lastErr = true, 0, ""
-	return recovered
+// usableLocked reports whether r may be given work now: not being removed,
+// not cordoned, and healthy or due for its probe.
+func (s *Scheduler) usableLocked(r *replicaCore, now time.Time) bool {
+	return !r.removing && !s.cordoned[r.dev.ID] && (r.healthy || !now.Before(r.probeAt))
+}
+
+// failedLocked counts a failure of r (a replica of model) at now, and logs
+// the failure that makes it unhealthy.
+func (s *Scheduler) failedLocked(r *replicaCore, model string, err error, now time.Time) {
+	r.consecFails++
+	r.lastErr = err.Error()
+	if r.consecFails < s.opts.UnhealthyAfter {
+		return
+	}
+	if r.healthy {
+		s.log.Warn("replica unhealthy", zap.String("model", model), zap.String("device", r.dev.ID),
+			zap.Int("failures_in_a_row", r.consecFails), zap.Error(err))
+	}
+	r.healthy = false
+	r.probeAt = now.Add(s.opts.ProbeInterval)
+}
+
+// succeededLocked clears r's failures, and logs its recovery.
+func (s *Scheduler) succeededLocked(r *replicaCore, model string) {
+	if !r.healthy {
+		s.log.Info("replica healthy again", zap.String("model", model), zap.String("device", r.dev.ID))
+	}
+	r.healthy, r.consecFails, r.lastErr = true, 0, ""
 }
 
 // Health is the state of a device as the scheduler sees it, over all the
@@ -44,7 +69,7 @@ type Health struct {
 	ProbeAt             time.Time // when an unhealthy replica is tried again
 }
 
-func (h *Health) add(r *replicaHealth) {
+func (h *Health) add(r *replicaCore) {
 	h.Known = true
 	if !r.healthy {
 		h.Healthy = false
@@ -66,13 +91,50 @@ func (s *Scheduler) Health(deviceID string) Health {
 	h := Health{Healthy: true, Cordoned: s.cordoned[deviceID]}
 	for _, mq := range s.models {
 		if r := mq.replica(deviceID); r != nil {
-			h.add(&r.replicaHealth)
+			h.add(&r.replicaCore)
 		}
 	}
 	for _, gq := range s.gens {
 		if r := gq.replica(deviceID); r != nil {
-			h.add(&r.replicaHealth)
+			h.add(&r.replicaCore)
 		}
 	}
 	return h
+}
+
+// RemoveReplica stops giving work to the replica of model on deviceID,
+// batch or generator alike, waits for what it runs to finish (or ctx to
+// end), and removes it. Queued work that no remaining replica can serve
+// fails with ErrNoDevice.
+func (s *Scheduler) RemoveReplica(ctx context.Context, model, deviceID string) error {
+	s.mu.Lock()
+	var r *replicaCore
+	var label string
+	var err error
+	if gq := s.gens[model]; gq != nil {
+		r, label, err = s.detachGenLocked(gq, deviceID)
+	} else {
+		r, label, err = s.detachLocked(model, deviceID)
+	}
+	if err == nil {
+		s.log.Info("replica removed", zap.String("model", model), zap.String("device", deviceID))
+	}
+	s.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	select {
+	case <-r.exited:
+	case <-ctx.Done():
+		err = fmt.Errorf("scheduler: remove replica of %q on %s: waiting for its work: %w", model, deviceID, ctx.Err())
+	}
+	s.forgetSeries(label, deviceID)
+	return err
+}
+
+// RemoveGenReplica is RemoveReplica, which removes generator replicas too.
+//
+// Deprecated: use RemoveReplica.
+func (s *Scheduler) RemoveGenReplica(ctx context.Context, model, deviceID string) error {
+	return s.RemoveReplica(ctx, model, deviceID)
 }

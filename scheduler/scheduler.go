@@ -339,23 +339,19 @@ func (s *Scheduler) AddReplica(model string, dev Device, maxBatch int, exec Exec
 	return nil
 }
 
-// RemoveReplica stops giving batches to the replica of model on deviceID,
-// waits for its running batch to finish (or ctx to end), and removes it.
-// Queued items that no remaining replica can serve fail with ErrNoDevice.
-func (s *Scheduler) RemoveReplica(ctx context.Context, model, deviceID string) error {
-	s.mu.Lock()
+// detachLocked is RemoveReplica's part for a batch model: r takes no new
+// batch, closes its work once its running ones finish, and leaves its
+// queue (and the queue the scheduler, with its last replica).
+func (s *Scheduler) detachLocked(model, deviceID string) (*replicaCore, string, error) {
 	mq := s.models[model]
 	if mq == nil {
-		s.mu.Unlock()
-		return fmt.Errorf("scheduler: remove replica of %q: %w", model, ErrUnknownModel)
+		return nil, "", fmt.Errorf("scheduler: remove replica of %q: %w", model, ErrUnknownModel)
 	}
 	r := mq.replica(deviceID)
 	if r == nil {
-		s.mu.Unlock()
-		return fmt.Errorf("scheduler: remove replica of %q on %s: %w", model, deviceID, ErrDeviceNotFound)
+		return nil, "", fmt.Errorf("scheduler: remove replica of %q on %s: %w", model, deviceID, ErrDeviceNotFound)
 	}
 	r.removing = true
-	label := mq.label
 	mq.dropReplica(r)
 	if !r.busy() {
 		r.closeWork()
@@ -368,17 +364,7 @@ func (s *Scheduler) RemoveReplica(ctx context.Context, model, deviceID string) e
 	}
 	s.failUnservableLocked(mq)
 	s.dispatchLocked(mq)
-	s.log.Info("replica removed", zap.String("model", model), zap.String("device", deviceID))
-	s.mu.Unlock()
-
-	var err error
-	select {
-	case <-r.exited:
-	case <-ctx.Done():
-		err = fmt.Errorf("scheduler: remove replica of %q on %s: waiting for its batch: %w", model, deviceID, ctx.Err())
-	}
-	s.forgetSeries(label, deviceID)
-	return err
+	return &r.replicaCore, mq.label, nil
 }
 
 // forgetSeries removes the metric series of a removed replica, and its
@@ -513,7 +499,7 @@ func (s *Scheduler) enqueueLocked(ctx context.Context, req Request) (*request, e
 			continue
 		}
 		matched = true
-		if s.usableLocked(r, now) {
+		if s.usableLocked(&r.replicaCore, now) {
 			usable = true
 			break
 		}

@@ -161,7 +161,7 @@ func (s *Scheduler) batchRowsLocked(out []QueueStats, mq *modelQueue, now time.T
 			ItemsPerSecond: r.throughput,
 			Cordoned:       s.cordoned[r.dev.ID],
 		}
-		r.replicaHealth.fill(&rr)
+		r.replicaCore.fill(&rr)
 		r.stats.fill(&rr, now)
 		row.Running += rr.Running
 		row.ItemsPerSecond += rr.ItemsPerSecond
@@ -193,7 +193,7 @@ func (s *Scheduler) genRowsLocked(out []QueueStats, gq *genQueue, now time.Time)
 			Running:    int64(len(r.running)),
 			Cordoned:   s.cordoned[r.dev.ID],
 		}
-		r.replicaHealth.fill(&rr)
+		r.replicaCore.fill(&rr)
 		r.stats.fill(&rr, now)
 		rr.Gen.KV = r.kv
 		row.Running += rr.Running
@@ -206,7 +206,7 @@ func (s *Scheduler) genRowsLocked(out []QueueStats, gq *genQueue, now time.Time)
 	return append(append(out, row), rows...)
 }
 
-func (h *replicaHealth) fill(q *QueueStats) {
+func (h *replicaCore) fill(q *QueueStats) {
 	q.Healthy, q.ConsecutiveFailures, q.LastError = h.healthy, h.consecFails, h.lastErr
 }
 
