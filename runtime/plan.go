@@ -710,7 +710,7 @@ func resolveShape(shape []int, t TensorType) ([]int, error) {
 // sameCount checks that shape is a view of t: at least one dimension, all
 // positive, the same element count.
 func sameCount(shape []int, t TensorType) error {
-	n, err := elements(shape)
+	n, err := Elements(shape)
 	if err != nil {
 		return fmt.Errorf("Shape %v: %w", shape, err)
 	}
@@ -720,9 +720,10 @@ func sameCount(shape []int, t TensorType) error {
 	return nil
 }
 
-// elements is the element count of shape, refusing no dimensions, a
-// dimension that is not positive and a count that would overflow.
-func elements(shape []int) (int, error) {
+// Elements is the element count of shape, refusing no dimensions, a
+// dimension that is not positive and a count that would overflow: the
+// planner's check of a reshape, and the adapters' of an allocation.
+func Elements(shape []int) (int, error) {
 	if len(shape) == 0 {
 		return 0, errors.New("no dimensions")
 	}

@@ -95,9 +95,8 @@ type modelCatalog interface {
 }
 
 // BrokerService implements broker.v1.BrokerService over local interfaces.
-// The model-management and Infer RPCs belong to later work; until then the
-// embedded UnimplementedBrokerServiceServer answers them with
-// codes.Unimplemented.
+// It embeds UnimplementedBrokerServiceServer, as gRPC asks, so that an RPC
+// added to the proto before it is served here answers codes.Unimplemented.
 type BrokerService struct {
 	brokerv1.UnimplementedBrokerServiceServer
 	inv    Inventory

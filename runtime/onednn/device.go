@@ -288,7 +288,7 @@ func (d *Device) Alloc(dt runtime.DType, shape ...int) (runtime.Buffer, error) {
 }
 
 func (d *Device) alloc(dt runtime.DType, shape []int) (*buffer, error) {
-	n, err := elements(shape)
+	n, err := runtime.Elements(shape)
 	if err != nil {
 		return nil, fmt.Errorf("onednn: alloc %s %s: %w", dt, shapeString(shape), err)
 	}
@@ -370,23 +370,6 @@ func shapeString(shape []int) string {
 }
 
 func clone(s []int) []int { return append([]int(nil), s...) }
-
-func elements(shape []int) (int, error) {
-	if len(shape) == 0 {
-		return 0, errors.New("no dimensions")
-	}
-	n := 1
-	for i, s := range shape {
-		if s <= 0 {
-			return 0, fmt.Errorf("dimension %d is %d", i, s)
-		}
-		if n > (1<<62)/s {
-			return 0, errors.New("too many elements")
-		}
-		n *= s
-	}
-	return n, nil
-}
 
 // Free returns b to the pool; its bytes still count as used. Freeing a buffer
 // twice, or after Close, does nothing.
