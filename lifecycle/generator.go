@@ -27,22 +27,22 @@ const (
 	genBlockSize  = llm.DefaultBlockSize
 )
 
-// GenExecutor adapts an LLM engine to the scheduler's GenExecutor, as
+// EngineExecutor adapts an LLM engine to the scheduler's GenExecutor, as
 // generator replicas run; the benchmarks drive engines through it too.
-type GenExecutor struct{ Engine *llm.Engine }
+type EngineExecutor struct{ Engine *llm.Engine }
 
-func (x GenExecutor) Reserve(seq uint64, tokens int) bool { return x.Engine.Reserve(seq, tokens) }
-func (x GenExecutor) Release(seq uint64)                  { x.Engine.Release(seq) }
-func (x GenExecutor) Close() error                        { return x.Engine.Close() }
+func (x EngineExecutor) Reserve(seq uint64, tokens int) bool { return x.Engine.Reserve(seq, tokens) }
+func (x EngineExecutor) Release(seq uint64)                  { x.Engine.Release(seq) }
+func (x EngineExecutor) Close() error                        { return x.Engine.Close() }
 
 // CacheBlocks reports the engine's KV-cache blocks to the scheduler
 // (scheduler.KVCacheReporter): Stats rows and the KV gauges.
-func (x GenExecutor) CacheBlocks() (used, total int) { return x.Engine.CacheBlocks() }
+func (x EngineExecutor) CacheBlocks() (used, total int) { return x.Engine.CacheBlocks() }
 
-func (x GenExecutor) Step(ctx context.Context, items []scheduler.StepItem) ([]scheduler.StepResult, error) {
-	in := make([]llm.StepItem, len(items))
+func (x EngineExecutor) Step(ctx context.Context, items []scheduler.StepItem) ([]scheduler.StepResult, error) {
+	in := make([]llm.SeqStep, len(items))
 	for i, it := range items {
-		in[i] = llm.StepItem{Seq: it.Seq, State: it.State, Tokens: it.Tokens, Pos: it.Pos, Sample: it.Sample}
+		in[i] = llm.SeqStep{Seq: it.Seq, State: it.State, Tokens: it.Tokens, Pos: it.Pos, Sample: it.Sample}
 	}
 	res, err := x.Engine.Step(ctx, in)
 	if err != nil {
@@ -113,7 +113,7 @@ func (ms *Set) placeGenLocked(ctx context.Context, s *Served, m *llm.Model) erro
 				}
 				continue
 			}
-			x := GenExecutor{eng}
+			x := EngineExecutor{eng}
 			dev := scheduler.Device{ID: e.ID, Type: string(e.Type), CostPerHour: e.CostPerHour}
 			if err := ms.sched.AddGenReplica(s.Key, dev, scheduler.GenOptions{MaxRunning: running, MaxStepTokens: max(genStepTokens, running), MaxChunk: genChunk}, x,
 				scheduler.WithName(s.Label)); err != nil {

@@ -133,7 +133,7 @@ type GenInfo struct {
 // GenStream delivers a sequence's tokens.
 type GenStream struct {
 	s   *Scheduler
-	seq *genSeq
+	seq *sequence
 }
 
 // Seq is the sequence's ID, as the executor sees it.
@@ -166,8 +166,9 @@ func (g *GenStream) Recv() (GenEvent, error) {
 	}
 }
 
-// genSeq is one accepted sequence. Its fields are guarded by Scheduler.mu.
-type genSeq struct {
+// sequence is one accepted sequence of Generate, as request is one of
+// Submit. Its fields are guarded by Scheduler.mu.
+type sequence struct {
 	id                uint64
 	gq                *genQueue
 	client            string
@@ -203,14 +204,14 @@ type genSeq struct {
 	notify   chan struct{} // capacity 1: something to Recv
 }
 
-func (seq *genSeq) wake() {
+func (seq *sequence) wake() {
 	select {
 	case seq.notify <- struct{}{}:
 	default:
 	}
 }
 
-func (seq *genSeq) matches(r *genReplica) bool {
+func (seq *sequence) matches(r *genReplica) bool {
 	return (seq.deviceID == "" || seq.deviceID == r.dev.ID) && (seq.devType == "" || seq.devType == r.dev.Type)
 }
 
@@ -219,7 +220,7 @@ type genQueue struct {
 	name     string // the queue's key
 	label    string // its name in Stats and the metrics (WithName)
 	replicas []*genReplica
-	waiting  []*genSeq // arrival order; preempted and retried ones are put first
+	waiting  []*sequence // arrival order; preempted and retried ones are put first
 	// served counts the tokens each client had run (prompt and generated):
 	// admission picks the client that had least (virtual token counters),
 	// so fairness between clients is in tokens, not requests.
@@ -243,7 +244,7 @@ type genReplica struct {
 	gq      *genQueue
 	opts    GenOptions
 	exec    GenExecutor
-	running []*genSeq // admission order: the last is the newest
+	running []*sequence // admission order: the last is the newest
 	kick    chan struct{}
 
 	tokensPerS float64 // EWMA of step tokens per second
@@ -372,7 +373,7 @@ func (s *Scheduler) Generate(ctx context.Context, req GenRequest) (*GenStream, e
 		s.genReject(gq, reasonOf(err))
 		return nil, fmt.Errorf("scheduler: %q: before queueing: %w", req.Model, err)
 	}
-	probe := &genSeq{deviceID: req.DeviceID, devType: req.DeviceType}
+	probe := &sequence{deviceID: req.DeviceID, devType: req.DeviceType}
 	if req.DeviceID != "" && !slices.ContainsFunc(gq.replicas, func(r *genReplica) bool { return r.dev.ID == req.DeviceID }) {
 		s.genReject(gq, ReasonRejected)
 		return nil, fmt.Errorf("scheduler: %q on %s: %w", req.Model, req.DeviceID, ErrDeviceNotFound)
@@ -398,7 +399,7 @@ func (s *Scheduler) Generate(ctx context.Context, req GenRequest) (*GenStream, e
 		return nil, &QueueFullError{RetryAfter: s.genRetryAfterLocked(gq), Queued: s.queued, Requested: 1, Limit: s.opts.MaxQueueItems}
 	}
 	s.nextSeq++
-	seq := &genSeq{
+	seq := &sequence{
 		id: s.nextSeq, gq: gq, client: req.Client, priority: req.Priority,
 		deviceID: req.DeviceID, devType: req.DeviceType, state: req.State,
 		tokens: slices.Clone(req.Prompt), promptLen: len(req.Prompt), maxNew: req.MaxNewTokens,
@@ -467,7 +468,7 @@ func (s *Scheduler) genRetryAfterLocked(gq *genQueue) time.Duration {
 // event is added when the last token did not carry it). The cache is freed
 // by the replica's loop at its next step boundary, or here when the
 // sequence is not running.
-func (s *Scheduler) finishSeqLocked(seq *genSeq, err error, finish, reason string) {
+func (s *Scheduler) finishSeqLocked(seq *sequence, err error, finish, reason string) {
 	if seq.finished {
 		return
 	}
@@ -482,7 +483,7 @@ func (s *Scheduler) finishSeqLocked(seq *genSeq, err error, finish, reason strin
 	}
 	if seq.waiting {
 		seq.waiting = false
-		gq.waiting = slices.DeleteFunc(gq.waiting, func(x *genSeq) bool { return x == seq })
+		gq.waiting = slices.DeleteFunc(gq.waiting, func(x *sequence) bool { return x == seq })
 		s.queued--
 	}
 	if seq.r != nil {
@@ -515,7 +516,7 @@ func (s *Scheduler) finishSeqLocked(seq *genSeq, err error, finish, reason strin
 	s.checkDrainedLocked()
 }
 
-func (s *Scheduler) genInfo(seq *genSeq) *GenInfo {
+func (s *Scheduler) genInfo(seq *sequence) *GenInfo {
 	info := &GenInfo{
 		DeviceID: seq.lastDev, DeviceType: seq.lastDevType,
 		PromptTokens: seq.promptLen, GeneratedTokens: seq.generated,
@@ -614,9 +615,9 @@ func (s *Scheduler) step(r *genReplica, items []StepItem) (res []StepResult, err
 
 // releaseLocked frees seq's cache on its replica and takes it out of the
 // running set.
-func (s *Scheduler) releaseLocked(r *genReplica, seq *genSeq) {
+func (s *Scheduler) releaseLocked(r *genReplica, seq *sequence) {
 	r.exec.Release(seq.id)
-	r.running = slices.DeleteFunc(r.running, func(x *genSeq) bool { return x == seq })
+	r.running = slices.DeleteFunc(r.running, func(x *sequence) bool { return x == seq })
 	seq.r = nil
 	seq.computed = 0
 }
@@ -629,7 +630,7 @@ func (s *Scheduler) releaseAllLocked(r *genReplica) {
 }
 
 // requeueLocked puts seq back at the front of the waiting sequences.
-func (s *Scheduler) requeueLocked(seq *genSeq) {
+func (s *Scheduler) requeueLocked(seq *sequence) {
 	gq := seq.gq
 	seq.waiting = true
 	gq.waiting = slices.Insert(gq.waiting, 0, seq)
@@ -645,7 +646,7 @@ func (s *Scheduler) requeueLocked(seq *genSeq) {
 // (each its next token or prompt chunk, preempting the newest when the
 // cache is full), then waiting sequences while the running set and the
 // token budget have room.
-func (s *Scheduler) planStepLocked(r *genReplica, now time.Time) ([]StepItem, []*genSeq) {
+func (s *Scheduler) planStepLocked(r *genReplica, now time.Time) ([]StepItem, []*sequence) {
 	// Sequences answered since the last step leave now, freeing their cache.
 	for _, seq := range slices.Clone(r.running) {
 		if seq.finished {
@@ -654,8 +655,8 @@ func (s *Scheduler) planStepLocked(r *genReplica, now time.Time) ([]StepItem, []
 	}
 	budget := r.opts.MaxStepTokens
 	var items []StepItem
-	var seqs []*genSeq
-	add := func(seq *genSeq, take int) {
+	var seqs []*sequence
+	add := func(seq *sequence, take int) {
 		pos := seq.computed
 		items = append(items, StepItem{
 			Seq: seq.id, State: seq.state, Tokens: seq.tokens[pos : pos+take], Pos: pos,
@@ -702,7 +703,7 @@ func (s *Scheduler) planStepLocked(r *genReplica, now time.Time) ([]StepItem, []
 		}
 		gq := r.gq
 		seq.waiting = false
-		gq.waiting = slices.DeleteFunc(gq.waiting, func(x *genSeq) bool { return x == seq })
+		gq.waiting = slices.DeleteFunc(gq.waiting, func(x *sequence) bool { return x == seq })
 		s.queued--
 		seq.r = r
 		seq.computed = 0
@@ -720,7 +721,7 @@ func (s *Scheduler) planStepLocked(r *genReplica, now time.Time) ([]StepItem, []
 
 // preemptLocked frees seq's cache and sends it back to wait; its tokens are
 // recomputed when it runs again.
-func (s *Scheduler) preemptLocked(r *genReplica, seq *genSeq) {
+func (s *Scheduler) preemptLocked(r *genReplica, seq *sequence) {
 	s.releaseLocked(r, seq)
 	seq.preempted++
 	r.gq.stats.preemptions++
@@ -732,9 +733,9 @@ func (s *Scheduler) preemptLocked(r *genReplica, seq *genSeq) {
 // nextWaitingLocked picks the waiting sequence r admits next: the highest
 // priority; inside it, the client that had the fewest tokens served; that
 // client's oldest sequence (preempted and retried ones are at the front).
-func (s *Scheduler) nextWaitingLocked(r *genReplica) *genSeq {
+func (s *Scheduler) nextWaitingLocked(r *genReplica) *sequence {
 	gq := r.gq
-	var best *genSeq
+	var best *sequence
 	for _, seq := range gq.waiting {
 		if !seq.matches(r) || (seq.exclude == r && len(gq.replicas) > 1) {
 			continue
@@ -748,7 +749,7 @@ func (s *Scheduler) nextWaitingLocked(r *genReplica) *genSeq {
 }
 
 // applyStepLocked delivers a step's tokens, or handles its failure.
-func (s *Scheduler) applyStepLocked(r *genReplica, items []StepItem, seqs []*genSeq, results []StepResult, err error, start, end time.Time) {
+func (s *Scheduler) applyStepLocked(r *genReplica, items []StepItem, seqs []*sequence, results []StepResult, err error, start, end time.Time) {
 	gq := r.gq
 	took := end.Sub(start)
 	if err != nil && s.closed {

@@ -37,7 +37,7 @@ func Round(ctx context.Context, m *llm.Model, eng *llm.Engine, jobs []Job, runni
 	defer s.Close()
 	opts := eng.Options()
 	if err := s.AddGenReplica("m", scheduler.Device{ID: "cpu:0", Type: "cpu"},
-		scheduler.GenOptions{MaxRunning: running, MaxStepTokens: opts.MaxStepTokens, MaxChunk: chunk}, lifecycle.GenExecutor{Engine: eng}); err != nil {
+		scheduler.GenOptions{MaxRunning: running, MaxStepTokens: opts.MaxStepTokens, MaxChunk: chunk}, lifecycle.EngineExecutor{Engine: eng}); err != nil {
 		return RoundResult{}, err
 	}
 	res := RoundResult{TTFT: make([]time.Duration, len(jobs)), End: make([]time.Duration, len(jobs)), Tokens: make([][]int32, len(jobs))}

@@ -295,7 +295,7 @@ func greedyWithGaps(ctx context.Context, m *llm.Model, eng *llm.Engine, jobs []b
 	defer s.Close()
 	opts := eng.Options()
 	if err := s.AddGenReplica("m", scheduler.Device{ID: "cpu:0", Type: "cpu"},
-		scheduler.GenOptions{MaxRunning: len(jobs), MaxStepTokens: opts.MaxStepTokens, MaxChunk: opts.MaxStepTokens}, lifecycle.GenExecutor{Engine: eng}); err != nil {
+		scheduler.GenOptions{MaxRunning: len(jobs), MaxStepTokens: opts.MaxStepTokens, MaxChunk: opts.MaxStepTokens}, lifecycle.EngineExecutor{Engine: eng}); err != nil {
 		return greedyRun{}, err
 	}
 	n := len(jobs)

@@ -112,13 +112,13 @@ func BenchmarkDecode(b *testing.B) {
 // both untimed), and returns the seconds per step.
 func decodeSteps(b *testing.B, e *Engine, s netSpec, n int) float64 {
 	ctx := context.Background()
-	items := make([]StepItem, n)
+	items := make([]SeqStep, n)
 	for i := range items {
 		seq := uint64(100*n + i)
 		if !e.Reserve(seq, s.Context) {
 			b.Fatal("reserve")
 		}
-		items[i] = StepItem{Seq: seq, Tokens: prompt(64, int32(i), s.Vocab), Sample: true}
+		items[i] = SeqStep{Seq: seq, Tokens: prompt(64, int32(i), s.Vocab), Sample: true}
 		items[i].State, _ = newSequence(Sampling{IgnoreEOS: true}, nil, s.Vocab, nil, nil)
 	}
 	defer func() {
@@ -270,7 +270,7 @@ func BenchmarkPrefill512(b *testing.B) {
 					b.Fatal("reserve")
 				}
 				st, _ := newSequence(Sampling{IgnoreEOS: true}, nil, s.Vocab, nil, nil)
-				if _, err := e.Step(ctx, []StepItem{{Seq: seq, Tokens: prompt(512, int32(i), s.Vocab), Sample: true, State: st}}); err != nil {
+				if _, err := e.Step(ctx, []SeqStep{{Seq: seq, Tokens: prompt(512, int32(i), s.Vocab), Sample: true, State: st}}); err != nil {
 					b.Fatal(err)
 				}
 				e.Release(seq)

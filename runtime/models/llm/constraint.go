@@ -11,7 +11,7 @@ import (
 	"github.com/brokerd/brokerd/runtime/models/llm/grammar"
 )
 
-// FinishConstraint is the finish reason (StepResult.End) of a sequence
+// FinishConstraint is the finish reason (SeqResult.End) of a sequence
 // whose constraint cannot continue: nothing the vocabulary has continues
 // its output and the output is not complete (a dead end), or the parse
 // went past the grammar's run-time bounds (grammar.ErrStackLimit). The

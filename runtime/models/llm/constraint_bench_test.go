@@ -114,7 +114,7 @@ func BenchmarkConstrainedDecode(b *testing.B) {
 	eos := v.EOS()
 	free := make([]*Sequence, n)
 	constrained := make([]*Sequence, n)
-	items := make([]StepItem, n)
+	items := make([]SeqStep, n)
 	for i := range n {
 		p := Sampling{Temperature: 1, Seed: uint64(i), Seeded: true, IgnoreEOS: true}
 		free[i], _ = newSequence(p, nil, s.Vocab, eos, nil)
@@ -125,7 +125,7 @@ func BenchmarkConstrainedDecode(b *testing.B) {
 			b.Fatal(err)
 		}
 		constrained[i].con = &constraintState{m: m, mask: make([]uint64, v.MaskWords())}
-		items[i] = StepItem{Seq: uint64(i + 1), Tokens: prompt(16, int32(i), s.Vocab), Sample: true, State: free[i]}
+		items[i] = SeqStep{Seq: uint64(i + 1), Tokens: prompt(16, int32(i), s.Vocab), Sample: true, State: free[i]}
 		if !e.Reserve(items[i].Seq, s.Context) {
 			b.Fatal("reserve")
 		}

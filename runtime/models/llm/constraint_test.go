@@ -150,13 +150,13 @@ func generate(t *testing.T, m *Model, e *Engine, params []Sampling, prompt []int
 	}
 	res := make([]genResult, len(params))
 	for step := 0; ; step++ {
-		var items []StepItem
+		var items []SeqStep
 		var owners []int
 		for i, l := range seqs {
 			if l.done {
 				continue
 			}
-			it := StepItem{Seq: uint64(i + 1), State: l.seq, Sample: true}
+			it := SeqStep{Seq: uint64(i + 1), State: l.seq, Sample: true}
 			if len(l.out) == 0 {
 				it.Tokens = prompt
 			} else {
@@ -424,7 +424,7 @@ func generateLogprobs(t *testing.T, m *Model, e *Engine, p Sampling, prompt []in
 		if !e.Reserve(1, pos+len(toks)) {
 			t.Fatal("no cache")
 		}
-		res, err := e.Step(context.Background(), []StepItem{{Seq: 1, State: s, Tokens: toks, Pos: pos, Sample: true}})
+		res, err := e.Step(context.Background(), []SeqStep{{Seq: 1, State: s, Tokens: toks, Pos: pos, Sample: true}})
 		if err != nil {
 			t.Fatal(err)
 		}

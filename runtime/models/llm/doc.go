@@ -18,15 +18,16 @@
 //	e, err := m.NewEngine(ctx, dev, llm.EngineOptions{CacheBytes, BlockSize, MaxStepTokens, MaxSeqs, DisablePrefixCache})
 //	e.Reserve(seq, tokens) bool // KV blocks for tokens positions in all; false when they do not fit now
 //	e.Release(seq)              // frees them (finished, cancelled, preempted)
-//	e.Step(ctx, []llm.StepItem) ([]llm.StepResult, error)
+//	e.Step(ctx, []llm.SeqStep) ([]llm.SeqResult, error)
 //	e.CacheBlocks() (used, total int) // held by sequences; idle cached blocks count as free
 //	e.Stats() llm.EngineStats         // ComputedTokens, CachedTokens (prefix cache hits)
 //	e.Options() llm.EngineOptions     // defaults filled: MaxSeqs ≥ running set, MaxStepTokens ≥ step budget
 //	e.Close() error
 //
-// StepItem and StepResult have the scheduler's fields exactly, so the
-// adapter to scheduler.GenExecutor converts them with a type conversion.
-// StepResult.Out is an llm.Delta{Text, TokenIDs, Logprobs}: Text is whole
+// SeqStep and SeqResult have the fields of the scheduler's StepItem and
+// StepResult (runtime does not import the scheduler); the adapter to
+// scheduler.GenExecutor, lifecycle.EngineExecutor, copies them.
+// SeqResult.Out is an llm.Delta{Text, TokenIDs, Logprobs}: Text is whole
 // UTF-8 and never part of a stop string; Stop is set on an EOS or stop id
 // or a completed stop string; Full when the sampled token takes the
 // context's last position; End (FinishConstraint, no token) when the

@@ -47,9 +47,9 @@ type EngineOptions struct {
 	DisablePrefixCache bool
 }
 
-// StepItem is one sequence's part of a step; the fields mirror the
+// SeqStep is one sequence's part of a step, with the fields of the
 // scheduler's StepItem (runtime does not import scheduler).
-type StepItem struct {
+type SeqStep struct {
 	Seq    uint64
 	State  any // a *Sequence when Sample is set
 	Tokens []int32
@@ -57,8 +57,9 @@ type StepItem struct {
 	Sample bool
 }
 
-// StepResult mirrors the scheduler's StepResult. Out is a Delta.
-type StepResult struct {
+// SeqResult is a SeqStep's outcome, with the fields of the scheduler's
+// StepResult. Out is a Delta.
+type SeqResult struct {
 	Token int32
 	Out   any
 	Stop  bool
@@ -322,7 +323,7 @@ func (e *Engine) pad(n int) int {
 // needs), and the step's longest sequence rounded up to a power of two on
 // devices that compile per shape, whose attention gathers the table's
 // whole window for every row (runtime/pjrt).
-func (e *Engine) tableWidth(items []StepItem) int {
+func (e *Engine) tableWidth(items []SeqStep) int {
 	if e.bucket == nil {
 		return e.maxBlks
 	}
@@ -357,7 +358,7 @@ type commit struct {
 	tokens []int32
 }
 
-func (e *Engine) plan(items []StepItem) (*stepPlan, error) {
+func (e *Engine) plan(items []SeqStep) (*stepPlan, error) {
 	if len(items) == 0 {
 		return nil, fmt.Errorf("%w: no items", ErrInvalidStep)
 	}
@@ -509,7 +510,7 @@ func (e *Engine) forward(ctx context.Context, p *stepPlan) ([]float32, error) {
 // of distinct sequences, each continuing its cache) and samples the next
 // token of every item with Sample set, with that sequence's sampler.
 // Results are one per item; those without Sample are zero.
-func (e *Engine) Step(ctx context.Context, items []StepItem) ([]StepResult, error) {
+func (e *Engine) Step(ctx context.Context, items []SeqStep) ([]SeqResult, error) {
 	wait := prepareMasks(items)
 	logits, err := e.stepLogits(ctx, items)
 	wait()
@@ -523,7 +524,7 @@ func (e *Engine) Step(ctx context.Context, items []StepItem) ([]StepResult, erro
 // sampling sequences, one goroutine each, while the forward runs (a mask
 // depends on the tokens accepted so far, not on the logits); wait returns
 // once they are done. A step without constrained sequences starts nothing.
-func prepareMasks(items []StepItem) (wait func()) {
+func prepareMasks(items []SeqStep) (wait func()) {
 	var wg sync.WaitGroup
 	for _, it := range items {
 		if !it.Sample {
@@ -544,7 +545,7 @@ func prepareMasks(items []StepItem) (wait func()) {
 // logits (item order) with the item's sequence. Sequences are independent
 // (each has its own RNG), so they sample in parallel: at a 150k vocabulary
 // a token costs up to a few milliseconds of host time per sequence.
-func (e *Engine) sample(items []StepItem, logits []float32) ([]StepResult, error) {
+func (e *Engine) sample(items []SeqStep, logits []float32) ([]SeqResult, error) {
 	type job struct{ item, row int }
 	var jobs []job
 	for i, it := range items {
@@ -552,7 +553,7 @@ func (e *Engine) sample(items []StepItem, logits []float32) ([]StepResult, error
 			jobs = append(jobs, job{i, len(jobs)})
 		}
 	}
-	out := make([]StepResult, len(items))
+	out := make([]SeqResult, len(items))
 	errs := make([]error, len(items))
 	v := e.spec.Vocab
 	next := make(chan job)
@@ -585,7 +586,7 @@ func (e *Engine) sample(items []StepItem, logits []float32) ([]StepResult, error
 
 // stepLogits runs a step and returns the sampled rows' logits in item
 // order, [R·V].
-func (e *Engine) stepLogits(ctx context.Context, items []StepItem) ([]float32, error) {
+func (e *Engine) stepLogits(ctx context.Context, items []SeqStep) ([]float32, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}

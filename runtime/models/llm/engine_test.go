@@ -71,7 +71,7 @@ func simulate(t *testing.T, e *Engine, jobs []*job) {
 		}
 	}
 	for step := 0; ; step++ {
-		var items []StepItem
+		var items []SeqStep
 		var owners []*job
 		left := false
 		for _, j := range jobs {
@@ -82,7 +82,7 @@ func simulate(t *testing.T, e *Engine, jobs []*job) {
 			if step < j.join {
 				continue
 			}
-			it := StepItem{Seq: j.seq, State: j.state}
+			it := SeqStep{Seq: j.seq, State: j.state}
 			if j.done < len(j.prompt) {
 				n := min(j.chunk, len(j.prompt)-j.done)
 				it.Tokens, it.Pos = j.prompt[j.done:j.done+n], j.done

@@ -303,7 +303,7 @@ func (m *Model) RenderChat(ctx context.Context, messages []Message, opts ChatOpt
 }
 
 // NewSequence validates params and returns the state of one sequence
-// continuing prompt: the StepItem.State of its steps. A constraint is
+// continuing prompt: the SeqStep.State of its steps. A constraint is
 // compiled without a deadline: a request's should use NewSequenceContext.
 func (m *Model) NewSequence(params Sampling, prompt []int32) (*Sequence, error) {
 	return m.NewSequenceContext(context.Background(), params, prompt)

@@ -210,7 +210,7 @@ func TestModel(t *testing.T) {
 			t.Fatal("reserve")
 		}
 		seq, _ := mm.NewSequence(Sampling{}, prompt(6, 1, s.Vocab))
-		res, err := e.Step(ctx, []StepItem{{Seq: 1, State: seq, Tokens: prompt(6, 1, s.Vocab), Sample: true}})
+		res, err := e.Step(ctx, []SeqStep{{Seq: 1, State: seq, Tokens: prompt(6, 1, s.Vocab), Sample: true}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -239,7 +239,7 @@ func TestModel(t *testing.T) {
 		t.Error("reservations past the capped context")
 	}
 	cs, _ := capped.NewSequence(Sampling{}, prompt(19, 1, s.Vocab))
-	res, err := ce.Step(ctx, []StepItem{{Seq: 1, State: cs, Tokens: prompt(19, 1, s.Vocab), Sample: true}})
+	res, err := ce.Step(ctx, []SeqStep{{Seq: 1, State: cs, Tokens: prompt(19, 1, s.Vocab), Sample: true}})
 	if err != nil || !res[0].Full {
 		t.Errorf("token at the capped context's last position: %+v, %v", res, err)
 	}

@@ -26,9 +26,9 @@ func (g genExecutor) Step(ctx context.Context, items []scheduler.StepItem) ([]sc
 	if g.gate != nil {
 		<-g.gate
 	}
-	in := make([]StepItem, len(items))
+	in := make([]SeqStep, len(items))
 	for i, it := range items {
-		in[i] = StepItem(it)
+		in[i] = SeqStep(it)
 	}
 	res, err := g.e.Step(ctx, in)
 	if err != nil {

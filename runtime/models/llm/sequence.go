@@ -106,7 +106,7 @@ type Detokenizer interface {
 	Flush() string
 }
 
-// Sequence is one generation's host state, the StepItem.State the engine
+// Sequence is one generation's host state, the SeqStep.State the engine
 // samples with: the sampling parameters, its own seeded RNG, the token
 // counts of the penalties, the streaming detokeniser and the stop-string
 // matcher. It is used by one step at a time.
@@ -208,12 +208,12 @@ func (s *Sequence) Flush() Delta {
 
 // next picks the token that follows logits [V] and returns it with its
 // delta; Stop when it ends the sequence.
-func (s *Sequence) next(logits []float32) (StepResult, error) {
+func (s *Sequence) next(logits []float32) (SeqResult, error) {
 	if len(logits) != s.vocab {
-		return StepResult{}, fmt.Errorf("%d logits for a vocabulary of %d", len(logits), s.vocab)
+		return SeqResult{}, fmt.Errorf("%d logits for a vocabulary of %d", len(logits), s.vocab)
 	}
 	if s.stopped {
-		return StepResult{}, errors.New("sampling after the sequence stopped")
+		return SeqResult{}, errors.New("sampling after the sequence stopped")
 	}
 	sc := s.scratch.get(len(logits))
 	defer s.scratch.put(sc)
@@ -246,7 +246,7 @@ func (s *Sequence) next(logits []float32) (StepResult, error) {
 	}
 	s.counts[tok]++
 	d.TokenIDs = []int32{tok}
-	res := StepResult{Token: tok}
+	res := SeqResult{Token: tok}
 	if terminated || slices.Contains(s.params.StopTokenIDs, tok) || (!s.params.IgnoreEOS && slices.Contains(s.eos, tok)) {
 		// The stop token's own text is not output; what was held back is.
 		res.Stop = true
@@ -277,8 +277,8 @@ func (s *Sequence) next(logits []float32) (StepResult, error) {
 // (grammar.ErrStackLimit, or a position computed on first use past the
 // compile bounds). Whatever the grammar's error, only this sequence ends:
 // a step's other sequences never fail for it.
-func (s *Sequence) constraintEnd(error) (StepResult, error) {
-	return StepResult{End: FinishConstraint}, nil
+func (s *Sequence) constraintEnd(error) (SeqResult, error) {
+	return SeqResult{End: FinishConstraint}, nil
 }
 
 // release takes from pending the text that cannot be the start of a stop

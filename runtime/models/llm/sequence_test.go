@@ -208,10 +208,10 @@ func TestStepResults(t *testing.T) {
 	// A cancelled step fails and leaves the cache where it was.
 	cancelled, cancel := context.WithCancel(ctx)
 	cancel()
-	if _, err := e.Step(cancelled, []StepItem{{Seq: 1, State: seq, Tokens: p, Pos: 0, Sample: true}}); !errors.Is(err, context.Canceled) {
+	if _, err := e.Step(cancelled, []SeqStep{{Seq: 1, State: seq, Tokens: p, Pos: 0, Sample: true}}); !errors.Is(err, context.Canceled) {
 		t.Fatalf("cancelled step: %v", err)
 	}
-	res, err := e.Step(ctx, []StepItem{{Seq: 1, State: seq, Tokens: p, Pos: 0, Sample: true}})
+	res, err := e.Step(ctx, []SeqStep{{Seq: 1, State: seq, Tokens: p, Pos: 0, Sample: true}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -220,15 +220,15 @@ func TestStepResults(t *testing.T) {
 	}
 	bad := []struct {
 		name  string
-		items []StepItem
+		items []SeqStep
 	}{
-		{"not reserved", []StepItem{{Seq: 2, State: seq, Tokens: []int32{1}, Sample: true}}},
-		{"position gap", []StepItem{{Seq: 1, State: seq, Tokens: []int32{1}, Pos: len(p) + 1, Sample: true}}},
-		{"past the reservation", []StepItem{{Seq: 1, State: seq, Tokens: []int32{1, 2}, Pos: len(p), Sample: true}}},
-		{"twice", []StepItem{{Seq: 1, Tokens: []int32{1}, Pos: len(p)}, {Seq: 1, Tokens: []int32{1}, Pos: len(p)}}},
-		{"outside the vocabulary", []StepItem{{Seq: 1, Tokens: []int32{int32(s.Vocab)}, Pos: len(p)}}},
-		{"no tokens", []StepItem{{Seq: 1, Pos: len(p)}}},
-		{"no state", []StepItem{{Seq: 1, Tokens: []int32{1}, Pos: len(p), Sample: true}}},
+		{"not reserved", []SeqStep{{Seq: 2, State: seq, Tokens: []int32{1}, Sample: true}}},
+		{"position gap", []SeqStep{{Seq: 1, State: seq, Tokens: []int32{1}, Pos: len(p) + 1, Sample: true}}},
+		{"past the reservation", []SeqStep{{Seq: 1, State: seq, Tokens: []int32{1, 2}, Pos: len(p), Sample: true}}},
+		{"twice", []SeqStep{{Seq: 1, Tokens: []int32{1}, Pos: len(p)}, {Seq: 1, Tokens: []int32{1}, Pos: len(p)}}},
+		{"outside the vocabulary", []SeqStep{{Seq: 1, Tokens: []int32{int32(s.Vocab)}, Pos: len(p)}}},
+		{"no tokens", []SeqStep{{Seq: 1, Pos: len(p)}}},
+		{"no state", []SeqStep{{Seq: 1, Tokens: []int32{1}, Pos: len(p), Sample: true}}},
 		{"empty", nil},
 	}
 	for _, b := range bad {
@@ -237,7 +237,7 @@ func TestStepResults(t *testing.T) {
 		}
 	}
 	e.Close()
-	if _, err := e.Step(ctx, []StepItem{{Seq: 1, Tokens: []int32{1}, Pos: len(p)}}); !errors.Is(err, ErrClosed) {
+	if _, err := e.Step(ctx, []SeqStep{{Seq: 1, Tokens: []int32{1}, Pos: len(p)}}); !errors.Is(err, ErrClosed) {
 		t.Errorf("after Close: %v", err)
 	}
 }
