@@ -13,15 +13,15 @@ import (
 
 	"github.com/brokerd/brokerd/bench/modelkit"
 	"github.com/brokerd/brokerd/client"
+	"github.com/brokerd/brokerd/daemon/daemontest"
 	brokerv1 "github.com/brokerd/brokerd/proto/broker/v1"
-	"github.com/brokerd/brokerd/server/servertest"
 )
 
 // startBrokerd runs a real brokerd in-process on a Unix socket, with a model
 // repository holding an MLP and a small chat model, and returns its socket.
 func startBrokerd(t *testing.T) string {
 	t.Helper()
-	cfg := servertest.Config(t.TempDir())
+	cfg := daemontest.Config(t.TempDir())
 	if _, err := modelkit.WriteMLP(filepath.Join(cfg.ModelRepo, "mlp", "1"), modelkit.MLP{In: 4, Hidden: 8, Out: 3}); err != nil {
 		t.Fatal(err)
 	}
@@ -29,7 +29,7 @@ func startBrokerd(t *testing.T) string {
 		KVHeads: 1, HeadDim: 16, Intermediate: 64, Tied: true, DType: "f32", TokenizerDir: "../runtime/models/tokenizer/bpe/testdata/qwen3"}); err != nil {
 		t.Fatal(err)
 	}
-	return servertest.Start(t, cfg).Socket
+	return daemontest.Start(t, cfg).Socket
 }
 
 // testCtx bounds a whole test's calls: far above what they take (seconds;

@@ -24,8 +24,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/brokerd/brokerd/daemon"
 	brokerv1 "github.com/brokerd/brokerd/proto/broker/v1"
-	"github.com/brokerd/brokerd/server"
 	"github.com/brokerd/brokerd/server/config"
 )
 
@@ -277,7 +277,7 @@ func scrapeLiveBrokerd(t *testing.T) map[string]*dto.MetricFamily {
 	cfg.ShutdownGrace = config.Duration(5 * time.Second)
 
 	ctx, cancel := context.WithCancel(context.Background())
-	ready := make(chan server.Addresses, 1)
+	ready := make(chan daemon.Addresses, 1)
 	done := make(chan error, 1)
 	getenv := func(k string) string {
 		if k == "HOME" {
@@ -286,10 +286,10 @@ func scrapeLiveBrokerd(t *testing.T) map[string]*dto.MetricFamily {
 		return ""
 	}
 	go func() {
-		done <- server.Run(ctx, server.Options{Config: cfg, Version: "test", Getenv: getenv, NVML: mockH100s(),
-			Ready: func(a server.Addresses) { ready <- a }}, zap.NewNop())
+		done <- daemon.Run(ctx, daemon.Options{Config: cfg, Version: "test", Getenv: getenv, NVML: mockH100s(),
+			Ready: func(a daemon.Addresses) { ready <- a }}, zap.NewNop())
 	}()
-	var addrs server.Addresses
+	var addrs daemon.Addresses
 	select {
 	case addrs = <-ready:
 	case err := <-done:

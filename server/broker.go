@@ -1,6 +1,7 @@
-// Package server is brokerd's edge: listeners, the gRPC services (broker.v1,
-// health, reflection), interceptors, metrics, and the translation of errors
-// from the packages below into gRPC status codes.
+// Package server is brokerd's edge: the gRPC services (broker.v1, KServe
+// v2, health, reflection) and the HTTP APIs' wiring, interceptors, metrics
+// of RPCs, and the translation of errors from the packages below into gRPC
+// status codes. NewEdge builds its servers; package daemon serves them.
 package server
 
 import (
@@ -212,7 +213,7 @@ func (s *BrokerService) GetReport(ctx context.Context, req *brokerv1.GetReportRe
 		Notes:           s.inv.Notes(),
 		Version:         s.policy.Version,
 		Hostname:        s.policy.Hostname,
-		Recommendations: detect.Recommendations(entries, sel, s.policy.Select, s.policy.Memory, runtimeStatuses(s.policy.Runtimes)),
+		Recommendations: detect.Recommendations(entries, sel, s.policy.Select, s.policy.Memory, RuntimeStatuses(s.policy.Runtimes)),
 	}
 	if sel.Mode == "manual" {
 		resp.RoutingMode = brokerv1.RoutingMode_ROUTING_MODE_MANUAL

@@ -152,11 +152,11 @@ func runtimeToProto(rt runtime.Info) *brokerv1.Runtime {
 	return out
 }
 
-// runtimeStatuses turns the probe's findings into what the inventory needs:
+// RuntimeStatuses turns the probe's findings into what the inventory needs:
 // for each device type, the adapter that would drive it and whether it can.
 // PJRT covers GPUs and TPUs only through a loaded plugin for that platform,
 // so a TPU with only a CUDA plugin loaded gets a reason of its own.
-func runtimeStatuses(infos []runtime.Info) []detect.RuntimeStatus {
+func RuntimeStatuses(infos []runtime.Info) []detect.RuntimeStatus {
 	var out []detect.RuntimeStatus
 	for _, rt := range infos {
 		var types []detect.Type

@@ -2,13 +2,10 @@ package server
 
 import (
 	"context"
-	"fmt"
-	"runtime/debug"
 	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"go.uber.org/zap"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -24,8 +21,8 @@ import (
 // exceed the budget is refused at once with RESOURCE_EXHAUSTED and a retry
 // hint, so brokerd keeps working at its limit instead of being killed.
 
-// requestOverhead is charged to every call besides its bytes.
-const requestOverhead = 4 << 10
+// RequestOverhead is charged to every call besides its bytes.
+const RequestOverhead = 4 << 10
 
 // budgetRetry is the RetryInfo delay of a refusal: requests finish in
 // milliseconds, so a short wait finds room.
@@ -62,9 +59,9 @@ func newByteBudget(max int64, reg prometheus.Registerer) *byteBudget {
 // cost is what a request is charged.
 func cost(req any) int64 {
 	if m, ok := req.(proto.Message); ok {
-		return 2*int64(proto.Size(m)) + requestOverhead
+		return 2*int64(proto.Size(m)) + RequestOverhead
 	}
-	return requestOverhead
+	return RequestOverhead
 }
 
 // acquire charges n bytes; release gives them back.
@@ -142,37 +139,4 @@ func (s *budgetStream) release() {
 	for _, r := range s.releases {
 		r()
 	}
-}
-
-// memoryLimits are the Go runtime's memory limit and the in-flight byte
-// budget: the settings, or derived from the memory brokerd may use (the
-// cgroup limit or the host's memory): the Go heap gets three quarters
-// (the rest is oneDNN's and the devices'), requests a quarter of that,
-// and at least two of the largest messages.
-func memoryLimits(goLimit, inflight int64, memTotal uint64, maxMessage int) (int64, int64) {
-	if goLimit == 0 && memTotal > 0 {
-		goLimit = int64(memTotal / 4 * 3)
-	}
-	if inflight <= 0 {
-		base := goLimit
-		if base <= 0 {
-			base = int64(memTotal)
-		}
-		inflight = max(base/4, 2*int64(maxMessage)+requestOverhead)
-	}
-	return goLimit, inflight
-}
-
-// setGoMemoryLimit applies limit (bytes; ≤ 0 leaves the runtime's), unless
-// GOMEMLIMIT is set in the environment, which wins.
-func setGoMemoryLimit(limit int64, getenv func(string) string, log *zap.Logger) {
-	if getenv("GOMEMLIMIT") != "" {
-		log.Info("Go memory limit from GOMEMLIMIT", zap.String("GOMEMLIMIT", getenv("GOMEMLIMIT")))
-		return
-	}
-	if limit <= 0 {
-		return
-	}
-	debug.SetMemoryLimit(limit)
-	log.Info("Go memory limit set", zap.String("limit", fmt.Sprintf("%d MiB", limit>>20)))
 }

@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/brokerd/brokerd/bench/modelkit"
-	"github.com/brokerd/brokerd/server/servertest"
+	"github.com/brokerd/brokerd/daemon/daemontest"
 )
 
 // python is Debian's interpreter, whose packages the client targets (a
@@ -27,7 +27,7 @@ func python() string {
 }
 
 func TestPythonClient(t *testing.T) {
-	cfg := servertest.Config(t.TempDir())
+	cfg := daemontest.Config(t.TempDir())
 	cfg.MetricsListen = "127.0.0.1:0"
 	if _, err := modelkit.WriteMLP(filepath.Join(cfg.ModelRepo, "mlp", "1"), modelkit.MLP{In: 4, Hidden: 8, Out: 3, Seed: 5}); err != nil {
 		t.Fatal(err)
@@ -37,7 +37,7 @@ func TestPythonClient(t *testing.T) {
 		KVHeads: 1, HeadDim: 16, Intermediate: 64, DType: "f32", TokenizerDir: "../../runtime/models/tokenizer/bpe/testdata/qwen3"}); err != nil {
 		t.Fatal(err)
 	}
-	addrs := servertest.Start(t, cfg)
+	addrs := daemontest.Start(t, cfg)
 
 	tctx, tcancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer tcancel()

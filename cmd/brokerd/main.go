@@ -12,6 +12,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/brokerd/brokerd/daemon"
 	"github.com/brokerd/brokerd/runtime/onednn"
 	"github.com/brokerd/brokerd/server"
 	"github.com/brokerd/brokerd/server/config"
@@ -42,7 +43,7 @@ func main() {
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	if err := server.Run(ctx, server.Options{Config: cfg, Version: version, LogLevel: level}, log); err != nil {
+	if err := daemon.Run(ctx, daemon.Options{Config: cfg, Version: version, LogLevel: level}, log); err != nil {
 		// One line per error: a bad setting as Load's are (exit 2), a
 		// failure while running in the log's format (exit 1).
 		var invalid *config.InvalidError

@@ -1,0 +1,264 @@
+package daemon
+
+import (
+	"errors"
+	"io"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"unicode/utf8"
+
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	brokerv1 "github.com/brokerd/brokerd/proto/broker/v1"
+	"github.com/brokerd/brokerd/runtime/models"
+	"github.com/brokerd/brokerd/runtime/models/llm"
+	"github.com/brokerd/brokerd/runtime/models/tokenizer/bpe"
+	"github.com/brokerd/brokerd/runtime/safetensors"
+)
+
+// qwenTokenizer is Qwen3's real tokenizer (the test copy qwenDir writes).
+func qwenTokenizer(t *testing.T) *bpe.Tokenizer {
+	t.Helper()
+	tj, cfg := qwenTokenizerFiles(t)
+	tok, err := bpe.Parse(tj, cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tok
+}
+
+// TestLogprobsText: over gRPC every logprob entry, the chosen token and
+// each of top_logprobs alternatives, carries the token's bytes as Qwen3's
+// tokenizer has them and its text (the bytes when UTF-8, else vLLM's
+// "bytes:\xNN" form), on a random-weight model served by a real brokerd.
+func TestLogprobsText(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.ModelRepo = t.TempDir()
+	cfg.LoadModels = "qwen-tiny"
+	v, eos := qwenDir(t, cfg.ModelRepo, "qwen-tiny")
+	writeTinyLlamaVocab(t, cfg.ModelRepo, "qwen-tiny", v, eos)
+	tok := qwenTokenizer(t)
+	d := startDaemon(t, cfg)
+	c := brokerv1.NewBrokerServiceClient(d.conn)
+	const n, top = 24, 5
+	st, err := c.Generate(testCtx(t), &brokerv1.GenerateRequest{Model: "qwen-tiny", Prompts: []string{"Name a color 🎨 and a fruit"},
+		Sampling: &brokerv1.SamplingParams{MaxTokens: n, IgnoreEos: true, Temperature: new(float32), Logprobs: true, TopLogprobs: top}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	entries := 0
+	var ids []int32
+	check := func(what string, lp *brokerv1.TokenLogprob) {
+		want := tok.TokenBytes(lp.GetTokenId())
+		if string(lp.GetBytes()) != string(want) || len(want) == 0 {
+			t.Errorf("%s: token %d bytes %q, want %q", what, lp.GetTokenId(), lp.GetBytes(), want)
+		}
+		switch {
+		case utf8.Valid(want) && lp.GetText() != string(want):
+			t.Errorf("%s: token %d text %q, want %q", what, lp.GetTokenId(), lp.GetText(), want)
+		case !utf8.Valid(want) && !strings.HasPrefix(lp.GetText(), `bytes:\x`):
+			t.Errorf("%s: token %d of partial UTF-8 %q has text %q", what, lp.GetTokenId(), want, lp.GetText())
+		}
+	}
+	for {
+		m, err := st.Recv()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, dl := range m.GetDeltas() {
+			ids = append(ids, dl.GetTokenIds()...)
+			for i, e := range dl.GetLogprobs() {
+				entries++
+				check("chosen", e.GetChosen())
+				if e.GetChosen().GetTokenId() != dl.GetTokenIds()[i] {
+					t.Errorf("chosen token %d, delta's %d", e.GetChosen().GetTokenId(), dl.GetTokenIds()[i])
+				}
+				if len(e.GetTop()) != top {
+					t.Errorf("%d alternatives, want %d", len(e.GetTop()), top)
+				}
+				for _, a := range e.GetTop() {
+					check("alternative", a)
+				}
+				// Greedy: the chosen token is the most likely one.
+				if e.GetTop()[0].GetTokenId() != e.GetChosen().GetTokenId() {
+					t.Errorf("greedy chose %d, the likeliest is %d", e.GetChosen().GetTokenId(), e.GetTop()[0].GetTokenId())
+				}
+			}
+		}
+	}
+	if entries != n || len(ids) != n {
+		t.Errorf("%d logprob entries and %d ids for %d tokens", entries, len(ids), n)
+	}
+}
+
+// Thinking end to end: a model with Qwen3's real tokenizer and chat
+// template whose weights are made to say one thing. Every layer is zero,
+// so the last position's hidden state is its token's embedding, and the
+// embeddings and lm_head make each token of a script predict the next
+// (greedy): after the generation prompt's "\n" it thinks, then answers;
+// after the empty think block Qwen3's template writes when thinking is
+// off ("</think>\n\n"), it answers at once.
+const (
+	scriptReasoning = "hmm red or blue"
+	scriptContent   = "Blue."
+)
+
+// writeScriptedQwen writes the model and returns the ids of its script.
+func writeScriptedQwen(t *testing.T, repo, name string) {
+	t.Helper()
+	v, eos := qwenDir(t, repo, name)
+	tok := qwenTokenizer(t)
+	one := func(s string) int32 {
+		ids := tok.Encode(s, false)
+		if len(ids) != 1 {
+			t.Fatalf("%q is %d tokens", s, len(ids))
+		}
+		return ids[0]
+	}
+	// What the model writes, token by token, after the prompt's "\n".
+	script := []int32{one("\n"), one("<think>")}
+	script = append(script, tok.Encode(scriptReasoning, false)...)
+	script = append(script, one("</think>"), one("\n\n"))
+	script = append(script, tok.Encode(scriptContent, false)...)
+	script = append(script, int32(eos))
+	writeScript(t, tok, repo, name, v, eos, script, nil)
+}
+
+// writeScript writes a model of Qwen3's vocabulary whose greedy output
+// after script[0] (the prompt's last token) is the rest of script: every
+// layer is zero, so the last position's hidden state is its token's
+// embedding, and the embeddings and lm_head make each token predict the
+// next. A token may come once only (else its successor is ambiguous).
+// more, when not nil, sets more of the embeddings and lm_head (rows of h
+// values) once the script's are in.
+func writeScript(t *testing.T, tok *bpe.Tokenizer, repo, name string, v, eos int, script []int32, more func(embed, head []float32, h int)) {
+	t.Helper()
+	const h = 32
+	if len(script) > h {
+		t.Fatalf("a script of %d tokens needs a hidden size of as many", len(script))
+	}
+	for i, id := range script[:len(script)-1] {
+		if slices.Contains(script[:i], id) {
+			t.Fatalf("token %d (%q) comes twice in the script: the next token would be ambiguous", id, tok.Decode([]int32{id}, false))
+		}
+	}
+	embed := make([]float32, v*h)
+	head := make([]float32, v*h)
+	for i, id := range script[:len(script)-1] {
+		embed[int(id)*h+i] = 1          // token i of the script is the unit vector i
+		head[int(script[i+1])*h+i] = 10 // which the next token's row reads
+	}
+	if more != nil {
+		more(embed, head, h)
+	}
+	zeros := func(shape ...int) models.Tensor {
+		n := 1
+		for _, d := range shape {
+			n *= d
+		}
+		return models.Tensor{Shape: shape, Data: make([]float32, n)}
+	}
+	ones := func(n int) models.Tensor {
+		d := make([]float32, n)
+		for i := range d {
+			d[i] = 1
+		}
+		return models.Tensor{Shape: []int{n}, Data: d}
+	}
+	const heads, kv, inter = 2, 1, 32
+	d := h / heads
+	w := map[string]models.Tensor{
+		"model.embed_tokens.weight": {Shape: []int{v, h}, Data: embed},
+		"lm_head.weight":            {Shape: []int{v, h}, Data: head},
+		"model.norm.weight":         ones(h),
+	}
+	p := "model.layers.0."
+	w[p+"self_attn.q_proj.weight"], w[p+"self_attn.k_proj.weight"] = zeros(heads*d, h), zeros(kv*d, h)
+	w[p+"self_attn.v_proj.weight"], w[p+"self_attn.o_proj.weight"] = zeros(kv*d, h), zeros(h, heads*d)
+	w[p+"mlp.gate_proj.weight"], w[p+"mlp.up_proj.weight"], w[p+"mlp.down_proj.weight"] = zeros(inter, h), zeros(inter, h), zeros(h, inter)
+	w[p+"input_layernorm.weight"], w[p+"post_attention_layernorm.weight"] = ones(h), ones(h)
+	dir := filepath.Join(repo, name, "1")
+	writeJSON(t, filepath.Join(dir, "config.json"), map[string]any{
+		"architectures": []string{llm.ArchLlama}, "vocab_size": v, "hidden_size": h, "num_hidden_layers": 1,
+		"num_attention_heads": heads, "num_key_value_heads": kv, "intermediate_size": inter,
+		"max_position_embeddings": 512, "rms_norm_eps": 1e-6, "tie_word_embeddings": false, "eos_token_id": eos,
+	})
+	if err := safetensors.Write(filepath.Join(dir, "model.safetensors"), w, "F32"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestThinkingEndToEnd: a thinking model's reasoning comes apart from its
+// answer over gRPC (GenerationDelta.reasoning), never in the text, streamed
+// in pieces; with thinking off (enable_thinking or chat_template_kwargs)
+// the template's empty block leaks nothing; and the official ollama (think)
+// and openai (chat_template_kwargs, reasoning_content) npm clients get the
+// same through the HTTP APIs.
+func TestThinkingEndToEnd(t *testing.T) {
+	cfg := llmHTTPConfig(t, "qwen-think", "k-think")
+	writeScriptedQwen(t, cfg.ModelRepo, "qwen-think")
+	d := startDaemon(t, cfg)
+	c := brokerv1.NewBrokerServiceClient(d.conn)
+	ctx := testCtx(t)
+	chat := func(req *brokerv1.ChatRequest) (text, reasoning string, deltas int) {
+		t.Helper()
+		req.Model = "qwen-think"
+		req.Conversations = []*brokerv1.Conversation{{Messages: []*brokerv1.ChatMessage{{Role: "user", Content: "Red or blue?"}}}}
+		req.Sampling = &brokerv1.SamplingParams{Temperature: new(float32)}
+		st, err := c.Chat(ctx, req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for {
+			m, err := st.Recv()
+			if errors.Is(err, io.EOF) {
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, dl := range m.GetDeltas() {
+				deltas++
+				if strings.Contains(dl.GetText()+dl.GetReasoning(), "think>") {
+					t.Errorf("a tag leaked: %v", dl)
+				}
+				text += dl.GetText()
+				reasoning += dl.GetReasoning()
+			}
+		}
+	}
+	for _, tc := range []struct {
+		name      string
+		req       *brokerv1.ChatRequest
+		reasoning string
+	}{
+		{name: "the template's default (Qwen3 thinks)", req: &brokerv1.ChatRequest{}, reasoning: scriptReasoning},
+		{name: "enable_thinking true", req: &brokerv1.ChatRequest{EnableThinking: proto.Bool(true)}, reasoning: scriptReasoning},
+		{name: "enable_thinking false", req: &brokerv1.ChatRequest{EnableThinking: proto.Bool(false)}},
+		{name: "chat_template_kwargs", req: &brokerv1.ChatRequest{ChatTemplateKwargs: mustStruct(t, map[string]any{"enable_thinking": false})}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			text, reasoning, deltas := chat(tc.req)
+			if text != scriptContent || reasoning != tc.reasoning {
+				t.Errorf("text %q reasoning %q over %d deltas; want %q and %q", text, reasoning, deltas, scriptContent, tc.reasoning)
+			}
+		})
+	}
+	runClients(t, "http://"+d.addrs.HTTP, "k-think", "daemon", "THINK_LLM=qwen-think",
+		"THINK_REASONING="+scriptReasoning, "THINK_CONTENT="+scriptContent)
+}
+
+func mustStruct(t *testing.T, m map[string]any) *structpb.Struct {
+	t.Helper()
+	s, err := structpb.NewStruct(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}

@@ -1,0 +1,164 @@
+package daemon
+
+import (
+	"net"
+	"strconv"
+	"sync"
+	"syscall"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+)
+
+// Connections are bounded per listener, in all and per client (the peer's
+// uid on the Unix socket, its IP on TCP), so idle connections cannot take
+// every descriptor: the metrics and health listeners keep theirs, and one
+// client cannot starve the others. A connection over a limit is closed at
+// once, before any TLS or HTTP/2 work.
+
+// connMetrics count open and refused connections per listener.
+type connMetrics struct {
+	open    *prometheus.GaugeVec
+	refused *prometheus.CounterVec
+}
+
+func newConnMetrics(reg prometheus.Registerer) *connMetrics {
+	m := &connMetrics{
+		open: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: "brokerd", Name: "connections_open", Help: "Open client connections per listener.",
+		}, []string{"listener"}),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "brokerd", Name: "connections_refused_total", Help: "Connections closed at accept: over the total or the per-client limit.",
+		}, []string{"listener", "limit"}),
+	}
+	reg.MustRegister(m.open, m.refused)
+	return m
+}
+
+// limitListener enforces the limits on accepted connections.
+type limitListener struct {
+	net.Listener
+	name             string
+	total, perClient int
+	m                *connMetrics
+	log              *zap.Logger
+
+	mu     sync.Mutex
+	open   int
+	byPeer map[string]int
+}
+
+func newLimitListener(l net.Listener, name string, total, perClient int, m *connMetrics, log *zap.Logger) *limitListener {
+	return &limitListener{Listener: l, name: name, total: total, perClient: perClient, m: m, log: log, byPeer: map[string]int{}}
+}
+
+// peerKey identifies a connection's client for the per-client limit.
+func peerKey(c net.Conn) string {
+	if uc, ok := c.(*net.UnixConn); ok { // as accepted: no wrapper yet
+		if raw, err := uc.SyscallConn(); err == nil {
+			var cred *syscall.Ucred
+			_ = raw.Control(func(fd uintptr) {
+				cred, _ = syscall.GetsockoptUcred(int(fd), syscall.SOL_SOCKET, syscall.SO_PEERCRED)
+			})
+			if cred != nil {
+				return "uid:" + strconv.Itoa(int(cred.Uid))
+			}
+		}
+		return "unix"
+	}
+	if host, _, err := net.SplitHostPort(c.RemoteAddr().String()); err == nil {
+		return "ip:" + host
+	}
+	return c.RemoteAddr().String()
+}
+
+func (l *limitListener) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		key := peerKey(c)
+		l.mu.Lock()
+		limit := ""
+		switch {
+		case l.total > 0 && l.open >= l.total:
+			limit = "total"
+		case l.perClient > 0 && l.byPeer[key] >= l.perClient:
+			limit = "per_client"
+		}
+		if limit == "" {
+			l.open++
+			l.byPeer[key]++
+		}
+		l.mu.Unlock()
+		if limit != "" {
+			l.m.refused.WithLabelValues(l.name, limit).Inc()
+			l.log.Debug("connection refused", zap.String("listener", l.name), zap.String("client", key), zap.String("limit", limit))
+			c.Close()
+			continue
+		}
+		l.m.open.WithLabelValues(l.name).Inc()
+		return &countedConn{Conn: c, l: l, key: key}, nil
+	}
+}
+
+func (l *limitListener) release(key string) {
+	l.mu.Lock()
+	l.open--
+	if l.byPeer[key]--; l.byPeer[key] <= 0 {
+		delete(l.byPeer, key)
+	}
+	l.mu.Unlock()
+	l.m.open.WithLabelValues(l.name).Dec()
+}
+
+// countedConn gives its slot back once, when closed.
+type countedConn struct {
+	net.Conn
+	l    *limitListener
+	key  string
+	once sync.Once
+}
+
+func (c *countedConn) Close() error {
+	err := c.Conn.Close()
+	c.once.Do(func() { c.l.release(c.key) })
+	return err
+}
+
+// Unwrap lets the peer-credential handshake reach the Unix connection.
+func (c *countedConn) Unwrap() net.Conn { return c.Conn }
+
+// raiseFileLimit lifts the soft descriptor limit to the hard one and
+// returns the result: the room connections get.
+func raiseFileLimit() uint64 {
+	var r syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &r); err != nil {
+		return 1024
+	}
+	if r.Cur < r.Max {
+		r.Cur = r.Max
+		_ = syscall.Setrlimit(syscall.RLIMIT_NOFILE, &r)
+		_ = syscall.Getrlimit(syscall.RLIMIT_NOFILE, &r)
+	}
+	return r.Cur
+}
+
+// Descriptors kept out of the connection limits: model files, devices,
+// the metrics and health listeners' connections, logs.
+const fdReserve = 256
+
+// connectionLimits are the effective limits: the settings, or derived from
+// the descriptor limit (total: what the reserve leaves; per client: a
+// quarter of it, so four clients are needed to fill it).
+func connectionLimits(maxConns, perClient int, nofile uint64) (int, int) {
+	if maxConns <= 0 {
+		maxConns = int(min(nofile, 1<<20)) - fdReserve
+		maxConns = max(maxConns, 16)
+	}
+	if perClient <= 0 {
+		perClient = max(maxConns/4, 1)
+	}
+	return maxConns, perClient
+}

@@ -1,0 +1,104 @@
+package daemon
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/brokerd/brokerd/runtime/models/llm"
+)
+
+// TestHTTPEdgesEndToEnd: the HTTP APIs' edges on a real brokerd (a
+// generator loaded, an MLP in the repository): wrong-kind models, unknown
+// models and too-long prompts answered with OpenAI's codes and without the
+// gRPC API's words, temperature over 2 refused, /v1/models without the MLP,
+// Ollama's store routes and keep_alive 0 refused with what to do, a
+// semantic version, and CORS from --http-cors-origins.
+func TestHTTPEdgesEndToEnd(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.ModelRepo = t.TempDir()
+	cfg.LoadModels = "tiny-llm"
+	cfg.MaxContext = 64
+	cfg.HTTPListen = "127.0.0.1:0"
+	cfg.HTTPAllowUnauthenticated = true
+	cfg.HTTPCORSOrigins = []string{"https://app.example.com"}
+	writeTinyLlama(t, cfg.ModelRepo, "tiny-llm")
+	writeMLP(t, cfg.ModelRepo, "mlp", 1, 1, 4, 8, 2)
+	d := startDaemonWith(t, Options{Config: cfg, Tokenizers: func(context.Context, string, func(string, int64) ([]byte, error)) (llm.Tokenizer, llm.ChatTemplate, error) {
+		return byteTokenizer{}, byteTokenizer{}, nil
+	}})
+	base := "http://" + d.addrs.HTTP
+	long := strings.Repeat("x", 200)
+	for _, tc := range []struct {
+		name, method, path, body string
+		hdr                      map[string]string
+		code                     int
+		want                     []string // in the body
+		not                      []string
+	}{
+		{"an LLM asked for embeddings", "POST", "/v1/embeddings", `{"model":"tiny-llm","input":"x"}`, nil, 400,
+			[]string{"generator (LLM) and gives no embeddings", "/v1/chat/completions"}, []string{"Infer", "Encode"}},
+		{"an LLM asked for embeddings, Ollama", "POST", "/api/embed", `{"model":"tiny-llm","input":"x"}`, nil, 400,
+			[]string{"gives no embeddings", "/api/generate"}, []string{"Infer", "Encode"}},
+		{"an MLP asked to chat", "POST", "/v1/chat/completions", `{"model":"mlp","messages":[{"role":"user","content":"x"}]}`, nil, 400,
+			[]string{"takes tensors"}, []string{"Generate", "Chat serves"}},
+		{"unknown model", "POST", "/v1/chat/completions", `{"model":"nope","messages":[{"role":"user","content":"x"}]}`, nil, 404,
+			[]string{`"code":"model_not_found"`}, nil},
+		{"too long a prompt", "POST", "/v1/completions", `{"model":"tiny-llm","prompt":"` + long + `"}`, nil, 400,
+			[]string{`"code":"context_length_exceeded"`}, nil},
+		{"temperature over 2", "POST", "/v1/chat/completions", `{"model":"tiny-llm","temperature":2.5,"messages":[{"role":"user","content":"x"}]}`, nil, 400,
+			[]string{`"param":"temperature"`, "decimal_above_max_value"}, nil},
+		{"models", "GET", "/v1/models", "", nil, 200, []string{`"id":"tiny-llm"`}, []string{`"id":"mlp"`}},
+		{"pull", "POST", "/api/pull", `{"model":"qwen2.5:0.5b"}`, nil, 501, []string{"brokerctl load"}, nil},
+		{"unknown route", "POST", "/v1/responses", `{}`, nil, 404, []string{"unknown_url"}, nil},
+		{"keep_alive 0", "POST", "/api/generate", `{"model":"tiny-llm","keep_alive":0}`, nil, 400, []string{"brokerctl unload tiny-llm"}, nil},
+		{"version", "GET", "/api/version", "", nil, 200, []string{`"version":"0.0.0-dev+test"`}, nil},
+		{"preflight, configured origin", "OPTIONS", "/v1/chat/completions", "",
+			map[string]string{"Origin": "https://app.example.com", "Access-Control-Request-Method": "POST"}, 204, nil, nil},
+		{"preflight, loopback origin", "OPTIONS", "/api/chat", "",
+			map[string]string{"Origin": "http://localhost:3000", "Access-Control-Request-Method": "POST"}, 204, nil, nil},
+		{"foreign origin", "GET", "/api/tags", "", map[string]string{"Origin": "https://evil.example.com"}, 403, []string{"--http-cors-origins"}, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var rd io.Reader
+			if tc.body != "" {
+				rd = strings.NewReader(tc.body)
+			}
+			req, err := http.NewRequest(tc.method, base+tc.path, rd)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for k, v := range tc.hdr {
+				req.Header.Set(k, v)
+			}
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != tc.code {
+				t.Fatalf("status %d, want %d: %s", resp.StatusCode, tc.code, b)
+			}
+			if len(b) > 0 && !json.Valid(b) {
+				t.Errorf("not JSON: %s", b)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(string(b), w) {
+					t.Errorf("body lacks %q: %s", w, b)
+				}
+			}
+			for _, w := range tc.not {
+				if strings.Contains(string(b), w) {
+					t.Errorf("body has %q: %s", w, b)
+				}
+			}
+			if o := tc.hdr["Origin"]; o != "" && tc.code != 403 && resp.Header.Get("Access-Control-Allow-Origin") != o {
+				t.Errorf("Access-Control-Allow-Origin %q, want %q", resp.Header.Get("Access-Control-Allow-Origin"), o)
+			}
+		})
+	}
+}
