@@ -8,8 +8,8 @@
 // INTERNAL is for bugs only: every exported Err* of detect, lifecycle,
 // runtime/... and scheduler is either a row of the table or named in
 // internalOnPurpose with the reason it can only reach a client through a
-// bug. The package's test parses those packages and fails on a sentinel in
-// neither.
+// bug, and every exported error type of them has a row. The package's test
+// parses those packages and fails on one that is neither.
 package errtable
 
 import (

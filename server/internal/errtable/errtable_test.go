@@ -116,13 +116,21 @@ var sentinels = map[string]error{
 	"scheduler.ErrBatchTimeout":      scheduler.ErrBatchTimeout,
 }
 
+// errorTypes holds a value of every exported error type below the edge
+// (a type with an Error method), by the name parseSentinels gives it.
+var errorTypes = map[string]error{
+	"lifecycle.AdmissionError":        &lifecycle.AdmissionError{Model: "m"},
+	"runtime/models.InvalidModelKind": models.InvalidModelKind("invalid model thing"),
+	"scheduler.QueueFullError":        &scheduler.QueueFullError{RetryAfter: time.Second},
+}
+
 // parseSentinels reads the non-test Go files under below and returns every
 // exported package-level variable whose name starts with Err, as
-// "dir.ErrName" (dir relative to the module root, slash-separated).
-func parseSentinels(t *testing.T) []string {
+// "dir.ErrName" (dir relative to the module root, slash-separated), and
+// every exported type with an Error method, as "dir.Type".
+func parseSentinels(t *testing.T) (sentinels, types []string) {
 	t.Helper()
 	root := filepath.Join("..", "..", "..")
-	var names []string
 	fset := token.NewFileSet()
 	for _, top := range below {
 		err := filepath.WalkDir(filepath.Join(root, top), func(path string, d fs.DirEntry, err error) error {
@@ -147,6 +155,16 @@ func parseSentinels(t *testing.T) []string {
 				return err
 			}
 			for _, decl := range f.Decls {
+				if fn, ok := decl.(*ast.FuncDecl); ok && fn.Name.Name == "Error" && fn.Recv != nil && len(fn.Recv.List) == 1 {
+					recv := fn.Recv.List[0].Type
+					if star, ok := recv.(*ast.StarExpr); ok {
+						recv = star.X
+					}
+					if id, ok := recv.(*ast.Ident); ok && id.IsExported() {
+						types = append(types, filepath.ToSlash(dir)+"."+id.Name)
+					}
+					continue
+				}
 				g, ok := decl.(*ast.GenDecl)
 				if !ok || g.Tok != token.VAR {
 					continue
@@ -154,7 +172,7 @@ func parseSentinels(t *testing.T) []string {
 				for _, spec := range g.Specs {
 					for _, n := range spec.(*ast.ValueSpec).Names {
 						if n.IsExported() && strings.HasPrefix(n.Name, "Err") {
-							names = append(names, filepath.ToSlash(dir)+"."+n.Name)
+							sentinels = append(sentinels, filepath.ToSlash(dir)+"."+n.Name)
 						}
 					}
 				}
@@ -165,16 +183,17 @@ func parseSentinels(t *testing.T) []string {
 			t.Fatal(err)
 		}
 	}
-	slices.Sort(names)
-	return names
+	slices.Sort(sentinels)
+	slices.Sort(types)
+	return sentinels, types
 }
 
-// TestEverySentinelMapped walks the sentinels of the packages below the
-// edge: each must reach a client with a code other than INTERNAL, or be
-// named in internalOnPurpose, so that a new sentinel cannot surface as
-// INTERNAL unnoticed.
+// TestEverySentinelMapped walks the sentinels and error types of the
+// packages below the edge: each must reach a client with a code other than
+// INTERNAL, or be named in internalOnPurpose, so that a new one cannot
+// surface as INTERNAL unnoticed.
 func TestEverySentinelMapped(t *testing.T) {
-	parsed := parseSentinels(t)
+	parsed, types := parseSentinels(t)
 	if len(parsed) < len(sentinels) {
 		t.Fatalf("parsed %d sentinels, fewer than the %d known: is the walk reading the packages?", len(parsed), len(sentinels))
 	}
@@ -211,6 +230,21 @@ func TestEverySentinelMapped(t *testing.T) {
 	for name := range internalOnPurpose {
 		if !slices.Contains(parsed, name) {
 			t.Errorf("%s: in internalOnPurpose but not found in the source: renamed or removed?", name)
+		}
+	}
+	// The exported error types, which errors.As matches.
+	for _, name := range types {
+		err, known := errorTypes[name]
+		switch {
+		case !known:
+			t.Errorf("%s: an error type not in errorTypes (this test): give it a row of the table and list it here", name)
+		case Code(fmt.Errorf("op: %w", err)) == codes.Internal:
+			t.Errorf("%s surfaces as INTERNAL: give it a row of the table", name)
+		}
+	}
+	for name := range errorTypes {
+		if !slices.Contains(types, name) {
+			t.Errorf("%s: in errorTypes but not found in the source: renamed or removed?", name)
 		}
 	}
 }
