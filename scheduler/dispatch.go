@@ -84,10 +84,6 @@ func (r *replica) backlog(now time.Time) (secs float64, overdue time.Time) {
 	return max(0, expected-now.Sub(start).Seconds()), overdue
 }
 
-func (r *replica) matches(deviceID, devType string) bool {
-	return (deviceID == "" || deviceID == r.dev.ID) && (devType == "" || devType == r.dev.Type)
-}
-
 func (r *replica) closeWork() {
 	if !r.workClosed {
 		r.workClosed = true

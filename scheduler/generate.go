@@ -211,9 +211,7 @@ func (seq *sequence) wake() {
 	}
 }
 
-func (seq *sequence) matches(r *genReplica) bool {
-	return (seq.deviceID == "" || seq.deviceID == r.dev.ID) && (seq.devType == "" || seq.devType == r.dev.Type)
-}
+func (seq *sequence) matches(r *genReplica) bool { return r.matches(seq.deviceID, seq.devType) }
 
 // genQueue is one generator model: its waiting sequences and replicas.
 type genQueue struct {
@@ -373,26 +371,10 @@ func (s *Scheduler) Generate(ctx context.Context, req GenRequest) (*GenStream, e
 		s.genReject(gq, reasonOf(err))
 		return nil, fmt.Errorf("scheduler: %q: before queueing: %w", req.Model, err)
 	}
-	probe := &sequence{deviceID: req.DeviceID, devType: req.DeviceType}
-	if req.DeviceID != "" && !slices.ContainsFunc(gq.replicas, func(r *genReplica) bool { return r.dev.ID == req.DeviceID }) {
-		s.genReject(gq, ReasonRejected)
-		return nil, fmt.Errorf("scheduler: %q on %s: %w", req.Model, req.DeviceID, ErrDeviceNotFound)
-	}
 	now := s.now()
-	usable, matched := false, false
-	for _, r := range gq.replicas {
-		if probe.matches(r) {
-			matched = true
-			usable = usable || s.usableLocked(&r.replicaCore, now)
-		}
-	}
-	if !matched {
+	if err := checkPinsLocked(s, req.Model, gq.replicas, req.DeviceID, req.DeviceType, now); err != nil {
 		s.genReject(gq, ReasonRejected)
-		return nil, fmt.Errorf("scheduler: %q: %w (device %q, type %q)", req.Model, ErrNoMatchingReplica, req.DeviceID, req.DeviceType)
-	}
-	if !usable {
-		s.genReject(gq, ReasonRejected)
-		return nil, fmt.Errorf("scheduler: %q: %w: every matching replica is cordoned or unhealthy", req.Model, ErrNoDevice)
+		return nil, err
 	}
 	if s.queued+1 > s.opts.MaxQueueItems {
 		s.genReject(gq, ReasonRejected)

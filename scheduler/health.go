@@ -3,6 +3,7 @@ package scheduler
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"go.uber.org/zap"
@@ -26,6 +27,38 @@ type replicaCore struct {
 
 func newReplicaCore(dev Device) replicaCore {
 	return replicaCore{dev: dev, exited: make(chan struct{}), healthy: true}
+}
+
+func (r *replicaCore) core() *replicaCore { return r }
+
+// matches reports whether r serves work pinned to deviceID and devType
+// ("" for either: any).
+func (r *replicaCore) matches(deviceID, devType string) bool {
+	return (deviceID == "" || deviceID == r.dev.ID) && (devType == "" || devType == r.dev.Type)
+}
+
+// checkPinsLocked is Submit's and Generate's check of a request's device
+// pins against its model's replicas: ErrDeviceNotFound for a device no
+// replica runs on, ErrNoMatchingReplica when none matches the pins,
+// ErrNoDevice when every matching one is cordoned, unhealthy (and not due
+// for its probe) or being removed.
+func checkPinsLocked[R interface{ core() *replicaCore }](s *Scheduler, model string, replicas []R, deviceID, devType string, now time.Time) error {
+	if deviceID != "" && !slices.ContainsFunc(replicas, func(r R) bool { return r.core().dev.ID == deviceID }) {
+		return fmt.Errorf("scheduler: %q on %s: %w", model, deviceID, ErrDeviceNotFound)
+	}
+	matched := false
+	for _, r := range replicas {
+		if c := r.core(); c.matches(deviceID, devType) {
+			if s.usableLocked(c, now) {
+				return nil
+			}
+			matched = true
+		}
+	}
+	if !matched {
+		return fmt.Errorf("scheduler: %q: %w (device %q, type %q)", model, ErrNoMatchingReplica, deviceID, devType)
+	}
+	return fmt.Errorf("scheduler: %q: %w: every matching replica is cordoned or unhealthy", model, ErrNoDevice)
 }
 
 // usableLocked reports whether r may be given work now: not being removed,

@@ -488,29 +488,10 @@ func (s *Scheduler) enqueueLocked(ctx context.Context, req Request) (*request, e
 		mq.reject(reasonOf(err))
 		return nil, fmt.Errorf("scheduler: %q: before queueing: %w", req.Model, err)
 	}
-	if req.DeviceID != "" && mq.replica(req.DeviceID) == nil {
-		mq.reject(ReasonRejected)
-		return nil, fmt.Errorf("scheduler: %q on %s: %w", req.Model, req.DeviceID, ErrDeviceNotFound)
-	}
 	now := s.now()
-	usable, matched := false, false
-	for _, r := range mq.replicas {
-		if !r.matches(req.DeviceID, req.DeviceType) {
-			continue
-		}
-		matched = true
-		if s.usableLocked(&r.replicaCore, now) {
-			usable = true
-			break
-		}
-	}
-	if !matched {
+	if err := checkPinsLocked(s, req.Model, mq.replicas, req.DeviceID, req.DeviceType, now); err != nil {
 		mq.reject(ReasonRejected)
-		return nil, fmt.Errorf("scheduler: %q: %w (device %q, type %q)", req.Model, ErrNoMatchingReplica, req.DeviceID, req.DeviceType)
-	}
-	if !usable {
-		mq.reject(ReasonRejected)
-		return nil, fmt.Errorf("scheduler: %q: %w: every matching replica is cordoned or unhealthy", req.Model, ErrNoDevice)
+		return nil, err
 	}
 	n := len(req.Inputs)
 	if n > s.opts.MaxQueueItems {
