@@ -899,6 +899,14 @@ static void attend_base(BD_ATTEND_ARGS) { attend_body(BD_ATTEND_CALL); }
 
 typedef void (*attend_fn)(BD_ATTEND_ARGS);
 
+// attend_avx512.c
+#define BD_FA_MAXDIM 256
+#define BD_FA_MINROWS 8
+void bd_attend_rows_avx512(const void *q, int q_bf16, const void *kc, const void *vc,
+        int kv_bf16, const int32_t *row, const int32_t *pos, int64_t t0, int64_t tn,
+        int64_t h0, int64_t hc, int64_t g, int64_t hq, int64_t hkv, int64_t dim, int64_t bs,
+        float scale, void *out);
+
 static attend_fn attend_pick(void) {
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
@@ -925,9 +933,47 @@ int64_t bd_paged_attention(const bd_device *d, const void *q, int q_bf16,
     int64_t group = hq / hkv;
     int64_t work = 0;
     for (int64_t ti = 0; ti < t; ti++) work += ((int64_t)pos[ti] + 1) * hq * dim;
-    int64_t tasks = t * hkv;
     attend_fn attend = attend_pick();
     omp_set_num_threads(d->nthreads);
+    if (attend == attend_avx512 && dim % 16 == 0 && dim <= BD_FA_MAXDIM) {
+        // Blocks of up to 16 query rows (consecutive tokens of one sequence
+        // × query heads of one kv head) for the row kernel; a block of one
+        // token with fewer than BD_FA_MINROWS heads (a decode step with a
+        // small group) keeps attend_body, which wastes no vector lanes.
+        int64_t hc = group < 16 ? group : 16, tb = 16 / hc;
+        int64_t chunks = (group + hc - 1) / hc;
+        int64_t *start = malloc((size_t)(t + 1) * sizeof *start);
+        if (start != NULL) {
+            int64_t nb = 0;
+            for (int64_t ti = 0; ti < t;) {
+                int64_t e = ti + 1;
+                while (e < t && e - ti < tb && seq[e] == seq[ti]) e++;
+                start[nb++] = ti;
+                ti = e;
+            }
+            start[nb] = t;
+            int64_t tasks = nb * hkv * chunks;
+            // Largest first: a prefill's last blocks see the most keys.
+#pragma omp parallel for schedule(dynamic, 1) if (work >= BD_PAR_MIN && tasks > 1)
+            for (int64_t i = tasks - 1; i >= 0; i--) {
+                int64_t b = i / (hkv * chunks), g = i / chunks % hkv, c = i % chunks;
+                int64_t t0 = start[b], tn = start[b + 1] - t0;
+                int64_t h0 = g * group + c * hc, hn = group - c * hc < hc ? group - c * hc : hc;
+                const int32_t *row = table + (int64_t)seq[t0] * maxb;
+                if (tn * hn < BD_FA_MINROWS && chunks == 1) {
+                    for (int64_t ti = t0; ti < t0 + tn; ti++)
+                        attend(q, q_bf16, kc, vc, kv_bf16, row, (int64_t)pos[ti] + 1, ti, g, hq, hkv, dim, bs,
+                                group, scale, out);
+                    continue;
+                }
+                bd_attend_rows_avx512(q, q_bf16, kc, vc, kv_bf16, row, pos, t0, tn, h0, hn, g, hq, hkv,
+                        dim, bs, scale, out);
+            }
+            free(start);
+            return -1;
+        }
+    }
+    int64_t tasks = t * hkv;
 #pragma omp parallel for schedule(dynamic, 1) if (work >= BD_PAR_MIN && tasks > 1)
     for (int64_t task = 0; task < tasks; task++) {
         int64_t ti = task / hkv;

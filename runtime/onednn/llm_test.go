@@ -417,6 +417,11 @@ func TestPagedAttention(t *testing.T) {
 		{"odd block size gqa2", attnCase{hq: 8, hkv: 4, d: 32, bs: 3, ctx: []int{10, 2}, add: []int{4, 9}}, 0},
 		{"gqa7 one kv head long", attnCase{hq: 7, hkv: 1, d: 128, bs: 16, ctx: []int{300}, add: []int{2}}, 0},
 		{"group above the kernel's 16", attnCase{hq: 20, hkv: 1, d: 8, bs: 16, ctx: []int{17}, add: []int{3}}, 0},
+		// The row kernel (AVX-512, head dims in 16s): many keys tiles,
+		// causal tails, blocks cut at sequence ends and at 16 rows.
+		{"long prefill gqa4", attnCase{hq: 8, hkv: 2, d: 64, bs: 16, ctx: []int{0, 37}, add: []int{150, 41}}, 0},
+		{"prefill mha bs4", attnCase{hq: 2, hkv: 2, d: 16, bs: 4, ctx: []int{3, 0}, add: []int{40, 1}, pad: 2}, 0},
+		{"prefill group 24", attnCase{hq: 24, hkv: 1, d: 32, bs: 16, ctx: []int{20}, add: []int{5}}, 0.5},
 	}
 	for _, dt := range floatTypes {
 		for _, tc := range tests {
@@ -482,7 +487,7 @@ func TestPagedAttentionBadIndices(t *testing.T) {
 	}
 }
 
-var benchThreads = flag.Int("onednn.threads", 0, "BenchmarkPagedAttentionDecode's device threads; 0 means the adapter's choice")
+var benchThreads = flag.Int("onednn.threads", 0, "the attention benchmarks' device threads; 0 means the adapter's choice")
 
 // BenchmarkPagedAttentionDecode is one decode step of 16 sequences with 512
 // cached positions each, at Qwen2.5-0.5B's heads (14 query, 2 kv, D 64),
@@ -491,33 +496,50 @@ var benchThreads = flag.Int("onednn.threads", 0, "BenchmarkPagedAttentionDecode'
 // how close to the limit it runs. Blocks are shuffled, as a long-running
 // server's are.
 func BenchmarkPagedAttentionDecode(b *testing.B) {
+	benchAttention(b, attnBench{seqs: 16, tokens: 1, ctx: 512, hq: 14, hkv: 2, dim: 64})
+}
+
+// BenchmarkPagedAttentionPrefill is one 512-token prefill of one sequence
+// at llama1024's heads (16 query, 4 kv, D 64) and at Qwen2.5-0.5B's: the
+// causal attention of a prompt, bound by arithmetic, not by the cache read.
+func BenchmarkPagedAttentionPrefill(b *testing.B) {
+	b.Run("gqa4", func(b *testing.B) { benchAttention(b, attnBench{seqs: 1, tokens: 512, ctx: 512, hq: 16, hkv: 4, dim: 64}) })
+	b.Run("gqa7", func(b *testing.B) { benchAttention(b, attnBench{seqs: 1, tokens: 512, ctx: 512, hq: 14, hkv: 2, dim: 64}) })
+}
+
+// attnBench is a step of seqs sequences of ctx positions each, of which
+// the last tokens are the step's queries.
+type attnBench struct{ seqs, tokens, ctx, hq, hkv, dim int }
+
+func benchAttention(b *testing.B, c attnBench) {
 	for _, dt := range floatTypes {
 		b.Run(dt.String(), func(b *testing.B) {
 			d := openTest(b, runtime.DeviceSpec{Threads: *benchThreads})
 			if dt == runtime.BF16 && d.BF16() != nil {
 				b.Skipf("bf16 unsupported: %v", d.BF16())
 			}
-			const seqs, ctx, hq, hkv, dim, bs = 16, 512, 14, 2, 64, 16
+			const bs = 16
 			r := rand.New(rand.NewPCG(1, 2))
-			maxb := ctx / bs
-			nblocks := seqs * maxb
+			maxb := (c.ctx + bs - 1) / bs
+			nblocks := c.seqs * maxb
 			perm := r.Perm(nblocks)
-			table, seq, pos := make([]int32, nblocks), make([]int32, seqs), make([]int32, seqs)
+			t := c.seqs * c.tokens
+			table, seq, pos := make([]int32, nblocks), make([]int32, t), make([]int32, t)
 			for i := range table {
 				table[i] = int32(perm[i])
 			}
 			for i := range seq {
-				seq[i], pos[i] = int32(i), ctx-1
+				seq[i], pos[i] = int32(i/c.tokens), int32(c.ctx-c.tokens+i%c.tokens)
 			}
-			cache := []int{nblocks, bs, hkv, dim}
+			cache := []int{nblocks, bs, c.hkv, c.dim}
 			ins := []input{
-				{name: "q", dt: dt, shape: []int{seqs, hq, dim}, f: randVec(r, seqs*hq*dim)},
+				{name: "q", dt: dt, shape: []int{t, c.hq, c.dim}, f: randVec(r, t*c.hq*c.dim)},
 				{name: "kc", dt: dt, shape: cache, f: randVec(r, prod(cache))},
 				{name: "vc", dt: dt, shape: cache, f: randVec(r, prod(cache))},
-				{name: "table", dt: runtime.I32, shape: []int{seqs, maxb}, i: table},
-				{name: "seq", dt: runtime.I32, shape: []int{seqs}, i: seq},
-				{name: "pos", dt: runtime.I32, shape: []int{seqs}, i: pos},
-				{name: "y", dt: dt, shape: []int{seqs, hq, dim}, f: make([]float32, seqs*hq*dim)},
+				{name: "table", dt: runtime.I32, shape: []int{c.seqs, maxb}, i: table},
+				{name: "seq", dt: runtime.I32, shape: []int{t}, i: seq},
+				{name: "pos", dt: runtime.I32, shape: []int{t}, i: pos},
+				{name: "y", dt: dt, shape: []int{t, c.hq, c.dim}, f: make([]float32, t*c.hq*c.dim)},
 			}
 			bind := map[string]runtime.Buffer{}
 			for _, in := range ins {
@@ -536,7 +558,7 @@ func BenchmarkPagedAttentionDecode(b *testing.B) {
 				}
 			}
 			g := &runtime.Graph{Ops: []runtime.Op{{Kind: runtime.OpPagedAttention, In: []string{"q", "kc", "vc", "table", "seq", "pos"}, Out: "y"}}}
-			bytes := float64(2 * seqs * ctx * hkv * dim * dt.Size()) // K and V rows read once per step
+			bytes := float64(2 * c.seqs * c.ctx * c.hkv * c.dim * dt.Size()) // K and V rows read once per step
 			b.SetBytes(int64(bytes))
 			b.ResetTimer()
 			for b.Loop() {
@@ -544,7 +566,16 @@ func BenchmarkPagedAttentionDecode(b *testing.B) {
 					b.Fatal(err)
 				}
 			}
-			b.ReportMetric(bytes*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
+			if c.tokens == 1 {
+				b.ReportMetric(bytes*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
+			} else {
+				// Causal QKᵀ and PV: 4·D flops per (query head, key seen).
+				var flops float64
+				for _, p := range pos {
+					flops += 4 * float64(c.hq*c.dim) * float64(p+1)
+				}
+				b.ReportMetric(flops*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
+			}
 		})
 	}
 }

@@ -1,0 +1,204 @@
+// Paged attention for many query rows at once (prefill), AVX-512.
+//
+// bd_paged_attention (dnnl_ops.c) hands this kernel up to 16 query rows
+// (query tokens of one sequence × query heads of one kv head) and it runs
+// FlashAttention's loop over tiles of 16 cache positions with the rows in
+// the vector lanes: the scores of one key are S[k] = Σ_d K[k][d]·Qᵀ[d]
+// (a broadcast of the key times 16 rows of Q), so the online softmax's max,
+// exp and sums are all lane-wise, and PV accumulates Oᵀ[d] += V[k][d]·P[k]
+// the same way. Each key and value is read once per 16 rows, where the
+// per-row loop of attend_body reads it once per token. The exp is a
+// Cephes-style polynomial (about 2 ulp), vectorised; expf was a tenth of a
+// prefill step.
+
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#define BD_AVX512 __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma")))
+#define BD_FA_KEYS 16
+#define BD_FA_MAXDIM 256
+
+BD_AVX512 static inline __m512 bd_exp512(__m512 x) {
+    // exp(x) = 2^n · e^r, n = round(x·log2 e), |r| <= ln2/2; below -104
+    // the result is 0 (scalef flushes it), above 88.72 it would overflow.
+    x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));
+    x = _mm512_min_ps(x, _mm512_set1_ps(88.7228391f));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+            _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    return _mm512_scalef_ps(p, n);
+}
+
+// bd_exp_avx512 is exp over n floats in place (swiglu, decode attention).
+BD_AVX512 void bd_exp_avx512(float *x, int64_t n) {
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(x + i, bd_exp512(_mm512_loadu_ps(x + i)));
+    if (i < n) {
+        __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
+        _mm512_mask_storeu_ps(x + i, m, bd_exp512(_mm512_maskz_loadu_ps(m, x + i)));
+    }
+}
+
+BD_AVX512 static inline void bf16_row(const uint16_t *src, float *dst, int64_t n) {
+    for (int64_t i = 0; i < n; i += 16) {
+        __m512i v = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(src + i)));
+        _mm512_storeu_ps(dst + i, _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)));
+    }
+}
+
+// bd_attend_rows_avx512 computes rows = tn·hc query rows: tokens t0..t0+tn-1
+// (all of one sequence, whose block-table row is row) × query heads
+// h0..h0+hc-1 (all of kv head g); tn·hc <= 16, dim % 16 == 0 and
+// dim <= BD_FA_MAXDIM. pos[t] is token t's position: it sees cache
+// positions 0..pos[t]. It uses 64 KiB of stack at dim 256.
+BD_AVX512 void bd_attend_rows_avx512(const void *q, int q_bf16, const void *kc, const void *vc,
+        int kv_bf16, const int32_t *row, const int32_t *pos, int64_t t0, int64_t tn,
+        int64_t h0, int64_t hc, int64_t g, int64_t hq, int64_t hkv, int64_t dim, int64_t bs,
+        float scale, void *out) {
+    const int64_t rows = tn * hc, kvrow = hkv * dim;
+    float qt[BD_FA_MAXDIM * 16] __attribute__((aligned(64)));  // Qᵀ·scale: [d][row]
+    float acc[BD_FA_MAXDIM * 16] __attribute__((aligned(64))); // Oᵀ: [d][row]
+    float kf[BD_FA_KEYS * BD_FA_MAXDIM] __attribute__((aligned(64)));
+    float vf[BD_FA_KEYS * BD_FA_MAXDIM] __attribute__((aligned(64)));
+    int32_t nv[16] __attribute__((aligned(64)));
+    int64_t nmax = 0;
+    memset(qt, 0, (size_t)dim * 16 * sizeof(float));
+    for (int64_t r = 0; r < 16; r++) {
+        nv[r] = 0; // unused lanes see no key
+        if (r >= rows) continue;
+        int64_t t = t0 + r / hc, h = h0 + r % hc;
+        nv[r] = pos[t] + 1;
+        if (nv[r] > nmax) nmax = nv[r];
+        int64_t off = (t * hq + h) * dim;
+        for (int64_t d = 0; d < dim; d++) {
+            float v;
+            if (q_bf16) {
+                uint32_t u = (uint32_t)((const uint16_t *)q)[off + d] << 16;
+                memcpy(&v, &u, sizeof v);
+            } else {
+                v = ((const float *)q)[off + d];
+            }
+            qt[d * 16 + r] = v * scale;
+        }
+    }
+    for (int64_t d = 0; d < dim; d++) _mm512_store_ps(acc + d * 16, _mm512_setzero_ps());
+    const __m512i n = _mm512_load_si512(nv);
+    const __m512 ninf = _mm512_set1_ps(-INFINITY);
+    __m512 m = ninf, l = _mm512_setzero_ps();
+    for (int64_t p0 = 0; p0 < nmax; p0 += BD_FA_KEYS) {
+        const float *kp[BD_FA_KEYS], *vp[BD_FA_KEYS];
+        for (int64_t k = 0; k < BD_FA_KEYS; k++) {
+            // Past the last key, point at the first: read, then masked.
+            int64_t p = p0 + k < nmax ? p0 + k : p0;
+            int64_t off = ((int64_t)row[p / bs] * bs + p % bs) * kvrow + g * dim;
+            if (kv_bf16) {
+                bf16_row((const uint16_t *)kc + off, kf + k * dim, dim);
+                bf16_row((const uint16_t *)vc + off, vf + k * dim, dim);
+                kp[k] = kf + k * dim;
+                vp[k] = vf + k * dim;
+            } else {
+                kp[k] = (const float *)kc + off;
+                vp[k] = (const float *)vc + off;
+            }
+        }
+        // Scores, 8 keys at a time: 8 independent FMA chains.
+        __m512 s[BD_FA_KEYS];
+        for (int64_t k0 = 0; k0 < BD_FA_KEYS; k0 += 8) {
+            __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+            const float *k_0 = kp[k0], *k_1 = kp[k0 + 1], *k_2 = kp[k0 + 2], *k_3 = kp[k0 + 3];
+            const float *k_4 = kp[k0 + 4], *k_5 = kp[k0 + 5], *k_6 = kp[k0 + 6], *k_7 = kp[k0 + 7];
+            for (int64_t d = 0; d < dim; d++) {
+                __m512 x = _mm512_load_ps(qt + d * 16);
+                a0 = _mm512_fmadd_ps(_mm512_set1_ps(k_0[d]), x, a0);
+                a1 = _mm512_fmadd_ps(_mm512_set1_ps(k_1[d]), x, a1);
+                a2 = _mm512_fmadd_ps(_mm512_set1_ps(k_2[d]), x, a2);
+                a3 = _mm512_fmadd_ps(_mm512_set1_ps(k_3[d]), x, a3);
+                a4 = _mm512_fmadd_ps(_mm512_set1_ps(k_4[d]), x, a4);
+                a5 = _mm512_fmadd_ps(_mm512_set1_ps(k_5[d]), x, a5);
+                a6 = _mm512_fmadd_ps(_mm512_set1_ps(k_6[d]), x, a6);
+                a7 = _mm512_fmadd_ps(_mm512_set1_ps(k_7[d]), x, a7);
+            }
+            s[k0] = a0, s[k0 + 1] = a1, s[k0 + 2] = a2, s[k0 + 3] = a3;
+            s[k0 + 4] = a4, s[k0 + 5] = a5, s[k0 + 6] = a6, s[k0 + 7] = a7;
+        }
+        // Causal mask (and the tile's tail, and unused lanes): key p0+k is
+        // seen by the rows with p0+k < n.
+        __mmask16 valid[BD_FA_KEYS];
+        __m512 mt = m;
+        for (int64_t k = 0; k < BD_FA_KEYS; k++) {
+            valid[k] = _mm512_cmplt_epi32_mask(_mm512_set1_epi32((int32_t)(p0 + k)), n);
+            s[k] = _mm512_mask_blend_ps(valid[k], ninf, s[k]);
+            mt = _mm512_max_ps(mt, s[k]);
+        }
+        // Rows that have seen no key yet keep m = -inf; their c must not be
+        // exp(-inf - -inf) = NaN.
+        __mmask16 live = _mm512_cmp_ps_mask(mt, ninf, _CMP_NEQ_OQ);
+        __m512 c = _mm512_mask_blend_ps(live, _mm512_set1_ps(1.0f), bd_exp512(_mm512_sub_ps(m, mt)));
+        l = _mm512_mul_ps(l, c);
+        for (int64_t k = 0; k < BD_FA_KEYS; k++) {
+            s[k] = _mm512_maskz_mov_ps(valid[k], bd_exp512(_mm512_sub_ps(s[k], mt)));
+            l = _mm512_add_ps(l, s[k]);
+        }
+        m = mt;
+        // Oᵀ[d] = Oᵀ[d]·c + Σ_k V[k][d]·P[k], 8 dims at a time.
+        for (int64_t d = 0; d < dim; d += 8) {
+            __m512 o0 = _mm512_mul_ps(_mm512_load_ps(acc + (d + 0) * 16), c);
+            __m512 o1 = _mm512_mul_ps(_mm512_load_ps(acc + (d + 1) * 16), c);
+            __m512 o2 = _mm512_mul_ps(_mm512_load_ps(acc + (d + 2) * 16), c);
+            __m512 o3 = _mm512_mul_ps(_mm512_load_ps(acc + (d + 3) * 16), c);
+            __m512 o4 = _mm512_mul_ps(_mm512_load_ps(acc + (d + 4) * 16), c);
+            __m512 o5 = _mm512_mul_ps(_mm512_load_ps(acc + (d + 5) * 16), c);
+            __m512 o6 = _mm512_mul_ps(_mm512_load_ps(acc + (d + 6) * 16), c);
+            __m512 o7 = _mm512_mul_ps(_mm512_load_ps(acc + (d + 7) * 16), c);
+            for (int64_t k = 0; k < BD_FA_KEYS; k++) {
+                const float *v = vp[k] + d;
+                o0 = _mm512_fmadd_ps(_mm512_set1_ps(v[0]), s[k], o0);
+                o1 = _mm512_fmadd_ps(_mm512_set1_ps(v[1]), s[k], o1);
+                o2 = _mm512_fmadd_ps(_mm512_set1_ps(v[2]), s[k], o2);
+                o3 = _mm512_fmadd_ps(_mm512_set1_ps(v[3]), s[k], o3);
+                o4 = _mm512_fmadd_ps(_mm512_set1_ps(v[4]), s[k], o4);
+                o5 = _mm512_fmadd_ps(_mm512_set1_ps(v[5]), s[k], o5);
+                o6 = _mm512_fmadd_ps(_mm512_set1_ps(v[6]), s[k], o6);
+                o7 = _mm512_fmadd_ps(_mm512_set1_ps(v[7]), s[k], o7);
+            }
+            _mm512_store_ps(acc + (d + 0) * 16, o0);
+            _mm512_store_ps(acc + (d + 1) * 16, o1);
+            _mm512_store_ps(acc + (d + 2) * 16, o2);
+            _mm512_store_ps(acc + (d + 3) * 16, o3);
+            _mm512_store_ps(acc + (d + 4) * 16, o4);
+            _mm512_store_ps(acc + (d + 5) * 16, o5);
+            _mm512_store_ps(acc + (d + 6) * 16, o6);
+            _mm512_store_ps(acc + (d + 7) * 16, o7);
+        }
+    }
+    // Every used row saw at least key 0, so l > 0 there.
+    float inv[16] __attribute__((aligned(64)));
+    _mm512_store_ps(inv, _mm512_div_ps(_mm512_set1_ps(1.0f), _mm512_mask_blend_ps(
+            _mm512_cmp_ps_mask(l, _mm512_setzero_ps(), _CMP_GT_OQ), _mm512_set1_ps(1.0f), l)));
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t t = t0 + r / hc, h = h0 + r % hc;
+        int64_t off = (t * hq + h) * dim;
+        for (int64_t d = 0; d < dim; d++) {
+            float v = acc[d * 16 + r] * inv[r];
+            if (q_bf16) {
+                uint32_t u;
+                memcpy(&u, &v, sizeof u);
+                uint16_t b = (u & 0x7fffffffu) > 0x7f800000u ? (uint16_t)((u >> 16) | 0x40u)
+                                                             : (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+                ((uint16_t *)out)[off + d] = b;
+            } else {
+                ((float *)out)[off + d] = v;
+            }
+        }
+    }
+}
