@@ -503,8 +503,12 @@ func BenchmarkPagedAttentionDecode(b *testing.B) {
 // at llama1024's heads (16 query, 4 kv, D 64) and at Qwen2.5-0.5B's: the
 // causal attention of a prompt, bound by arithmetic, not by the cache read.
 func BenchmarkPagedAttentionPrefill(b *testing.B) {
-	b.Run("gqa4", func(b *testing.B) { benchAttention(b, attnBench{seqs: 1, tokens: 512, ctx: 512, hq: 16, hkv: 4, dim: 64}) })
-	b.Run("gqa7", func(b *testing.B) { benchAttention(b, attnBench{seqs: 1, tokens: 512, ctx: 512, hq: 14, hkv: 2, dim: 64}) })
+	b.Run("gqa4", func(b *testing.B) {
+		benchAttention(b, attnBench{seqs: 1, tokens: 512, ctx: 512, hq: 16, hkv: 4, dim: 64})
+	})
+	b.Run("gqa7", func(b *testing.B) {
+		benchAttention(b, attnBench{seqs: 1, tokens: 512, ctx: 512, hq: 14, hkv: 2, dim: 64})
+	})
 }
 
 // attnBench is a step of seqs sequences of ctx positions each, of which
