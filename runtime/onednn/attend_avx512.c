@@ -7,47 +7,16 @@
 // (a broadcast of the key times 16 rows of Q), so the online softmax's max,
 // exp and sums are all lane-wise, and PV accumulates Oᵀ[d] += V[k][d]·P[k]
 // the same way. Each key and value is read once per 16 rows, where the
-// per-row loop of attend_body reads it once per token. The exp is a
-// Cephes-style polynomial (about 2 ulp), vectorised; expf was a tenth of a
-// prefill step.
+// per-row loop of attend_body reads it once per token. The exp is
+// vec_avx512.h's; expf was a tenth of a prefill step.
 
-#include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
 
-#define BD_AVX512 __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma")))
+#include "vec_avx512.h"
 #define BD_FA_KEYS 16
 #define BD_FA_MAXDIM 256
-
-BD_AVX512 static inline __m512 bd_exp512(__m512 x) {
-    // exp(x) = 2^n · e^r, n = round(x·log2 e), |r| <= ln2/2; below -104
-    // the result is 0 (scalef flushes it), above 88.72 it would overflow.
-    x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));
-    x = _mm512_min_ps(x, _mm512_set1_ps(88.7228391f));
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-            _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    return _mm512_scalef_ps(p, n);
-}
-
-// bd_exp_avx512 is exp over n floats in place (swiglu, decode attention).
-BD_AVX512 void bd_exp_avx512(float *x, int64_t n) {
-    int64_t i = 0;
-    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(x + i, bd_exp512(_mm512_loadu_ps(x + i)));
-    if (i < n) {
-        __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
-        _mm512_mask_storeu_ps(x + i, m, bd_exp512(_mm512_maskz_loadu_ps(m, x + i)));
-    }
-}
 
 BD_AVX512 static inline void bf16_row(const uint16_t *src, float *dst, int64_t n) {
     for (int64_t i = 0; i < n; i += 16) {

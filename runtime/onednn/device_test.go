@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/brokerd/brokerd/runtime"
+	"github.com/brokerd/brokerd/runtime/safetensors"
 )
 
 func TestOpen(t *testing.T) {
@@ -629,6 +630,30 @@ func TestBF16Conversion(t *testing.T) {
 		fromBF16(back[:], got[:])
 		if !math.IsNaN(float64(back[0])) {
 			t.Fatalf("NaN became %#04x", got[0])
+		}
+	})
+	// Arrays go through the AVX-512 loop where the CPU has it, with a
+	// masked tail: every bit pattern class, bit for bit as the scalar rule.
+	t.Run("random bits by length", func(t *testing.T) {
+		r := newRand(t)
+		for _, n := range []int{15, 16, 17, 33, 1000} {
+			src := make([]float32, n)
+			for i := range src {
+				src[i] = math.Float32frombits(r.Uint32())
+				switch i % 7 {
+				case 1:
+					src[i] = math.Float32frombits(0x7f800000 | r.Uint32()&0x807fffff) // NaN or Inf
+				case 2:
+					src[i] = math.Float32frombits(r.Uint32()&0xffff0000 | 0x8000) // a tie
+				}
+			}
+			got := make([]uint16, n)
+			toBF16(got, src)
+			for i, f := range src {
+				if want := safetensors.Float32ToBF16(f); got[i] != want {
+					t.Fatalf("n=%d: toBF16(%#x) = %#04x, want %#04x", n, math.Float32bits(f), got[i], want)
+				}
+			}
 		}
 	})
 	t.Run("random round trip", func(t *testing.T) {

@@ -1,4 +1,5 @@
 #include "dnnl_ops.h"
+#include "vec_avx512.h"
 
 #include <float.h>
 #include <math.h>
@@ -518,6 +519,10 @@ void bd_l2_normalize(const bd_device *d, const float *x, int64_t rows,
 }
 
 void bd_f32_to_bf16(const float *src, uint16_t *dst, int64_t n) {
+    if (bd_have_avx512()) {
+        bd_f32_to_bf16_avx512(src, dst, n);
+        return;
+    }
     for (int64_t i = 0; i < n; i++) {
         uint32_t u;
         memcpy(&u, &src[i], sizeof u);
@@ -726,6 +731,7 @@ void bd_rms_norm(const bd_device *d, const void *x, int bf16, const float *w,
 
 void bd_swiglu(const bd_device *d, const void *x, int bf16, int64_t rows,
         int64_t inter, void *out) {
+    int avx512 = bd_have_avx512();
     omp_set_num_threads(d->nthreads);
 #pragma omp parallel for if (rows * inter >= BD_PAR_MIN / 4)
     for (int64_t r = 0; r < rows; r++) {
@@ -734,9 +740,16 @@ void bd_swiglu(const bd_device *d, const void *x, int bf16, int64_t rows,
             int64_t len = inter - c < BD_CHUNK ? inter - c : BD_CHUNK;
             load(x, bf16, r * 2 * inter + c, len, g);
             load(x, bf16, r * 2 * inter + inter + c, len, u);
+            if (avx512) {
+                bd_silu_mul_avx512(g, u, len);
+            } else {
 #pragma omp simd
-            for (int64_t j = 0; j < len; j++) g[j] = g[j] / (1.0f + expf(-g[j])) * u[j];
-            store(out, bf16, r * inter + c, len, g);
+                for (int64_t j = 0; j < len; j++) g[j] = g[j] / (1.0f + expf(-g[j])) * u[j];
+            }
+            if (bf16 && avx512)
+                bd_f32_to_bf16_avx512(g, (uint16_t *)out + r * inter + c, len);
+            else
+                store(out, bf16, r * inter + c, len, g);
         }
     }
 }
@@ -824,7 +837,7 @@ static inline __attribute__((always_inline)) void axpy_bf16(float *restrict y, f
 BD_INLINE void attend_body(const void *q, int q_bf16, const void *kc, const void *vc,
         int kv_bf16, const int32_t *row, int64_t n, int64_t ti, int64_t g,
         int64_t hq, int64_t hkv, int64_t dim, int64_t bs, int64_t group,
-        float scale, void *out) {
+        float scale, void *out, int fastexp) {
     int64_t kvrow = hkv * dim; // elements of one cache position
     for (int64_t g0 = 0; g0 < group; g0 += BD_ATT_MAXG) {
         int64_t gn = group - g0 < BD_ATT_MAXG ? group - g0 : BD_ATT_MAXG;
@@ -859,10 +872,13 @@ BD_INLINE void attend_body(const void *q, int q_bf16, const void *kc, const void
                     for (int64_t i = 0; i < dim; i++) acc[j * dim + i] *= c;
                 }
                 mx[j] = m;
-                for (int64_t k = 0; k < pn; k++) {
-                    sc[j][k] = expf(sc[j][k] - m);
-                    sum[j] += sc[j][k];
+                if (fastexp) {
+                    for (int64_t k = 0; k < pn; k++) sc[j][k] -= m;
+                    bd_exp_avx512(sc[j], pn);
+                } else {
+                    for (int64_t k = 0; k < pn; k++) sc[j][k] = expf(sc[j][k] - m);
                 }
+                for (int64_t k = 0; k < pn; k++) sum[j] += sc[j][k];
             }
             for (int64_t k = 0; k < pn; k++) {
                 int64_t p = p0 + k;
@@ -890,12 +906,12 @@ BD_INLINE void attend_body(const void *q, int q_bf16, const void *kc, const void
 #define BD_ATTEND_CALL q, q_bf16, kc, vc, kv_bf16, row, n, ti, g, hq, hkv, dim, bs, group, scale, out
 
 __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma")))
-static void attend_avx512(BD_ATTEND_ARGS) { attend_body(BD_ATTEND_CALL); }
+static void attend_avx512(BD_ATTEND_ARGS) { attend_body(BD_ATTEND_CALL, 1); }
 
 __attribute__((target("avx2,fma")))
-static void attend_avx2(BD_ATTEND_ARGS) { attend_body(BD_ATTEND_CALL); }
+static void attend_avx2(BD_ATTEND_ARGS) { attend_body(BD_ATTEND_CALL, 0); }
 
-static void attend_base(BD_ATTEND_ARGS) { attend_body(BD_ATTEND_CALL); }
+static void attend_base(BD_ATTEND_ARGS) { attend_body(BD_ATTEND_CALL, 0); }
 
 typedef void (*attend_fn)(BD_ATTEND_ARGS);
 

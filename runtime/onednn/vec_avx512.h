@@ -1,0 +1,38 @@
+// AVX-512 vector helpers shared by the kernels that run when the CPU has
+// AVX-512 (each function carries its target, as the files' default target
+// is baseline x86-64).
+#ifndef BD_VEC_AVX512_H
+#define BD_VEC_AVX512_H
+
+#include <immintrin.h>
+#include <stdint.h>
+
+#define BD_AVX512 __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma")))
+
+// bd_exp512 is a Cephes-style exp (about 2 ulp against expf).
+BD_AVX512 static inline __m512 bd_exp512(__m512 x) {
+    // exp(x) = 2^n · e^r, n = round(x·log2 e), |r| <= ln2/2; below -104
+    // the result is 0 (scalef flushes it), above 88.72 it would overflow.
+    x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));
+    x = _mm512_min_ps(x, _mm512_set1_ps(88.7228391f));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+            _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    return _mm512_scalef_ps(p, n);
+}
+
+// vec_avx512.c
+void bd_exp_avx512(float *x, int64_t n);
+void bd_f32_to_bf16_avx512(const float *src, uint16_t *dst, int64_t n);
+void bd_silu_mul_avx512(float *g, const float *u, int64_t n);
+int bd_have_avx512(void);
+
+#endif
