@@ -56,7 +56,12 @@ type Device struct {
 	qPrefillRows int
 	qSliceBytes  int64 // the most bytes of W one slice dequantizes
 	qdeq, qx, qy scratchBuf
-	prims        *lru[primKey, *C.bd_prim]
+	// Products of a few rows by bf16 weights run on bd_qgemm below
+	// gemv16Rows rows (gemv16.go); gx and gy hold their f32 activations
+	// and output.
+	gemv16Rows int
+	gx, gy     scratchBuf
+	prims      *lru[primKey, *C.bd_prim]
 	// Checked plans by graph address (runtime.Device.Run: a graph does not
 	// change once run); the key keeps the graph alive, so an address is
 	// never reused while cached.
@@ -120,7 +125,7 @@ func openDevice(spec runtime.DeviceSpec, cacheSize int, m *primMetrics) (*Device
 		idle:    map[int64][]unsafe.Pointer{},
 		live:    map[*buffer]struct{}{},
 
-		unpackable: map[primKey]bool{}, qPrefillRows: defaultQPrefillRows, qSliceBytes: defaultQSliceBytes,
+		unpackable: map[primKey]bool{}, qPrefillRows: defaultQPrefillRows, qSliceBytes: defaultQSliceBytes, gemv16Rows: defaultGemv16Rows,
 	}
 	// Eviction runs on the worker (the cache is only used there), so an
 	// evicted primitive is never one being executed.
@@ -201,6 +206,8 @@ func (d *Device) release() {
 	d.qdeq.free()
 	d.qx.free()
 	d.qy.free()
+	d.gx.free()
+	d.gy.free()
 	C.bd_device_close(d.c)
 	d.c = nil
 	close(d.done)

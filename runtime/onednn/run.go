@@ -244,8 +244,16 @@ func (d *Device) runStep(s *runtime.Step, ptrs map[string]unsafe.Pointer, rc *ru
 		a := s.In[0]
 		k := a.Last()
 		w, isWeight := rc.weights[op.In[1]]
+		if d.gemv16(s) {
+			if isWeight {
+				if err := d.unpack(w); err != nil {
+					return fmt.Errorf("%s: %w", s, err)
+				}
+			}
+			return d.runGemv16(s, in, out)
+		}
 		key := primKey{kind: op.Kind, dt: a.DType, outDT: s.Out.DType, m: a.NumElements() / k, k: k, n: s.Out.Last(),
-			transB: op.TransB, bias: len(op.In) >= 3, res: len(op.In) == 4, act: op.Act, pack: isWeight}
+			transB: op.TransB, bias: len(op.In) >= 3, res: len(op.In) == 4, act: op.Act, pack: isWeight && !d.gemv16Weights(s)}
 		if key.pack && d.unpackable[key] {
 			key.pack = false
 		}

@@ -3,6 +3,7 @@ package llm
 import (
 	"context"
 	"errors"
+	"flag"
 	"math"
 	"slices"
 	"testing"
@@ -327,8 +328,10 @@ func TestCacheExhaustion(t *testing.T) {
 	}
 }
 
+var benchThreads = flag.Int("llm.threads", 0, "the benchmarks' device threads; 0 means the adapter's choice")
+
 func openBenchDevice(b *testing.B, dt runtime.DType) runtime.Device {
-	dev, err := onednn.New(onednn.Options{}).Open(context.Background(), runtime.DeviceSpec{ID: "cpu:0", DType: dt})
+	dev, err := onednn.New(onednn.Options{}).Open(context.Background(), runtime.DeviceSpec{ID: "cpu:0", DType: dt, Threads: *benchThreads})
 	if err != nil {
 		b.Skipf("oneDNN %s: %v", dt, err)
 	}

@@ -1,0 +1,114 @@
+package onednn
+
+/*
+#include "dnnl_ops.h"
+*/
+import "C"
+
+import (
+	"fmt"
+	"unsafe"
+
+	"github.com/brokerd/brokerd/runtime"
+	"github.com/brokerd/brokerd/runtime/quant"
+)
+
+// Decode steps of a bf16 model: a product of a few rows by bf16 weights
+// reads every weight once, so it runs at the memory's read rate or below.
+// oneDNN 2.6's bf16 brgemm streamed the weights at 0.59 of that rate
+// (issue 21); bd_qgemm's BF16 kernel (weights widened in registers, f32
+// FMAs) streams them as fast as its quantized kernels. Those matmuls'
+// weights therefore stay row-major for good (never packed for oneDNN),
+// and oneDNN multiplies them row-major from gemv16Rows rows on, as it does
+// the dequantized slices of a quantized prefill.
+const defaultGemv16Rows = 17
+
+// gemv16 reports whether s (an OpMatMul) runs on bd_qgemm: bf16 weights
+// with TransB, no fused activation, f32 or bf16 activations and output,
+// fewer than d.gemv16Rows rows.
+func (d *Device) gemv16(s *runtime.Step) bool {
+	op := s.Op
+	if d.gemv16Rows <= 0 || s.In[1].DType != runtime.BF16 || !op.TransB || op.Act != runtime.ActNone {
+		return false
+	}
+	for _, t := range append([]runtime.TensorType{s.In[0], s.Out}, s.In[2:]...) {
+		if t.DType != runtime.F32 && t.DType != runtime.BF16 {
+			return false
+		}
+	}
+	k := s.In[0].Last()
+	return k > 0 && s.In[0].NumElements()/k < d.gemv16Rows
+}
+
+// gemv16Weights reports whether a matmul's bf16 weights stay row-major:
+// every TransB one while gemv16 is on, whatever its row count, so decode
+// and prefill steps never relayout them back and forth.
+func (d *Device) gemv16Weights(s *runtime.Step) bool {
+	return d.gemv16Rows > 0 && s.In[1].DType == runtime.BF16 && s.Op.TransB
+}
+
+// runGemv16 is s on bd_qgemm: y = x·Wᵀ (+ bias) (+ residual), the
+// activations widened to f32 and the output rounded to its type.
+func (d *Device) runGemv16(s *runtime.Step, in func(int) unsafe.Pointer, out unsafe.Pointer) error {
+	a := s.In[0]
+	k := a.Last()
+	m, n := a.NumElements()/k, s.Out.Last()
+	x := in(0)
+	if a.DType == runtime.BF16 {
+		xf, err := d.scratch(&d.gx, int64(m*k)*4)
+		if err != nil {
+			return fmt.Errorf("%s: %w", s, err)
+		}
+		fromBF16(unsafe.Slice((*float32)(xf), m*k), unsafe.Slice((*uint16)(x), m*k))
+		x = xf
+	}
+	y := out
+	direct := s.Out.DType == runtime.F32 && len(s.Op.In) == 2
+	if !direct {
+		yf, err := d.scratch(&d.gy, int64(m*n)*4)
+		if err != nil {
+			return fmt.Errorf("%s: %w", s, err)
+		}
+		y = yf
+	}
+	err := qgemmWork(quant.BF16, in(1), int64(n)*int64(k)*2, int64(n), int64(k), x, int64(m), y, int64(n),
+		isaAuto, d.threads, nil, 0)
+	if err != nil {
+		return fmt.Errorf("%s: %w", s, err)
+	}
+	if direct {
+		return nil
+	}
+	ys := unsafe.Slice((*float32)(y), m*n)
+	if len(s.Op.In) >= 3 { // bias, one row of n
+		b := floats(in(2), s.In[2].DType, n)
+		for i := range m {
+			row := ys[i*n : (i+1)*n]
+			for j := range row {
+				row[j] += b[j]
+			}
+		}
+	}
+	if len(s.Op.In) == 4 { // residual, m rows of n
+		r := floats(in(3), s.In[3].DType, m*n)
+		for i := range ys {
+			ys[i] += r[i]
+		}
+	}
+	if s.Out.DType == runtime.BF16 {
+		toBF16(unsafe.Slice((*uint16)(out), m*n), ys)
+	} else {
+		copy(unsafe.Slice((*float32)(out), m*n), ys)
+	}
+	return nil
+}
+
+// floats is n elements at p (f32 or bf16) as f32.
+func floats(p unsafe.Pointer, dt runtime.DType, n int) []float32 {
+	if dt == runtime.F32 {
+		return unsafe.Slice((*float32)(p), n)
+	}
+	f := make([]float32, n)
+	fromBF16(f, unsafe.Slice((*uint16)(p), n))
+	return f
+}
