@@ -20,8 +20,12 @@ import (
 // FMAs) streams them as fast as its quantized kernels. Those matmuls'
 // weights therefore stay row-major for good (never packed for oneDNN),
 // and oneDNN multiplies them row-major from gemv16Rows rows on, as it does
-// the dequantized slices of a quantized prefill.
-const defaultGemv16Rows = 17
+// the dequantized slices of a quantized prefill. bd_qgemm's f32 FMAs cost
+// about 15% of a one-row step per further row where oneDNN's AMX adds 2%:
+// on Qwen2.5-0.5B's shape one row took 0.7 of oneDNN's CPU time and 16
+// rows 1.8 times it (BenchmarkDecode -llm.threads=1, cpu-ms/step), so the
+// crossing is near 4 rows.
+const defaultGemv16Rows = 5
 
 // gemv16 reports whether s (an OpMatMul) runs on bd_qgemm: bf16 weights
 // with TransB, no fused activation, f32 or bf16 activations and output,

@@ -21,7 +21,7 @@ func TestGemv16(t *testing.T) {
 	// The planner's rules: bf16 weights take bf16 activations; a residual
 	// is f32 and so is the output then.
 	for _, out := range floatTypes {
-		for _, m := range []int{1, 5, d.gemv16Rows - 1, d.gemv16Rows, 40} {
+		for _, m := range []int{1, 3, d.gemv16Rows - 1, d.gemv16Rows, 17, 40} {
 			for _, ins := range [][]string{{"a", "w"}, {"a", "w", "b"}, {"a", "w", "b", "r"}} {
 				if len(ins) == 4 && out == runtime.BF16 {
 					continue
