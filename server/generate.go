@@ -36,23 +36,25 @@ type generatorModel interface {
 	// (generation_config.json's max_new_tokens); 0: none, a sequence runs
 	// to a stop or to the end of its context.
 	DefaultMaxTokens() int
+	// DefaultSampling is the sampling of a request that sets none
+	// (generation_config.json's, an Ollama model's params).
+	DefaultSampling() llm.Sampling
 	// SystemPrompt is the system message a conversation without one
 	// starts with ("": none).
 	SystemPrompt() string
 	EncodePrompt(text string, addSpecial bool) ([]int32, error)
-	// RenderChat runs the model's chat template under its bounds, with
-	// vars as more template variables and tools as its tools (OpenAI's
-	// tool objects; nil: none); it stops with ctx's error when ctx ends.
-	RenderChat(ctx context.Context, turns []chatTurn, addGenerationPrompt bool, vars map[string]any, tools []json.RawMessage) (string, error)
+	// RenderChat runs the model's chat template under its bounds; it
+	// stops with ctx's error when ctx ends.
+	RenderChat(ctx context.Context, msgs []llm.Message, opts llm.ChatOptions) (string, error)
 	// ThinkTags are the markers of the model's thinking, when it thinks.
 	ThinkTags() (output.Tags, bool)
 	// ToolFormat is how the model writes calls of tools
 	// (output.NoToolFormat: in no format brokerd parses).
 	ToolFormat() output.ToolFormat
-	// NewSequence validates p (errors wrap models.ErrInvalidInput, or
-	// the grammar package's sentinels for a constraint, compiled under
-	// ctx) and returns the state of one sequence.
-	NewSequence(ctx context.Context, p samplingParams, prompt []int32) (genSequence, error)
+	// NewSequence returns the state of one sequence sampling with p
+	// (errors wrap models.ErrInvalidInput, or the grammar package's
+	// sentinels for a constraint, compiled under ctx).
+	NewSequence(ctx context.Context, p llm.Sampling, prompt []int32) (genSequence, error)
 }
 
 // genSequence is one sequence's state, owned by the model's executor.
@@ -74,37 +76,9 @@ type genDelta struct {
 	Logprobs []*brokerv1.LogprobEntry
 }
 
-// chatTurn is one message of a conversation (Reasoning: an assistant
-// turn's thinking; ToolCalls: its calls; ToolCallID: the call a tool
-// turn's result answers).
-type chatTurn struct {
-	Role, Content, Reasoning string
-	ToolCalls                []llm.ToolCall
-	ToolCallID               string
-}
-
-// samplingParams is SamplingParams with the proto's optional fields as
-// pointers (nil: the model's default).
-type samplingParams struct {
-	Temperature, TopP, MinP           *float32
-	RepetitionPenalty                 *float32
-	PresencePenalty, FrequencyPenalty *float32
-	TopK                              *int32
-	Seed                              *uint64
-	Stop                              []string
-	StopTokenIDs                      []int32
-	Logprobs                          bool
-	TopLogprobs                       int
-	IgnoreEOS                         bool
-	Constraint                        *llm.Constraint // nil: free generation
-}
-
 // Bounds of a generation request besides the model's own.
 const (
-	maxStopStrings  = 16
-	maxStopBytes    = 256
-	maxTopLogprobs  = 20
-	maxStopTokenIDs = 64
+	// (Sampling's own are llm.Sampling.Validate's.)
 	// maxTemplateKwargs bounds chat_template_kwargs: keys, and bytes.
 	maxTemplateKwargs      = 64
 	maxTemplateKwargsBytes = 64 << 10
@@ -119,38 +93,49 @@ const (
 	chatMessageOverhead = 16
 )
 
-func samplingFromProto(p *brokerv1.SamplingParams) (samplingParams, error) {
+// samplingFromProto is a request's sampling as the engine takes it: the
+// fields the request sets over the model's defaults d, validated. It is
+// the one place they are merged: a request's stop strings replace the
+// model's (an Ollama model's params), as Ollama's options do.
+func samplingFromProto(p *brokerv1.SamplingParams, d llm.Sampling) (llm.Sampling, error) {
 	if p == nil {
 		p = &brokerv1.SamplingParams{}
 	}
-	sp := samplingParams{
-		Temperature: p.Temperature, TopP: p.TopP, MinP: p.MinP, RepetitionPenalty: p.RepetitionPenalty,
-		PresencePenalty: p.PresencePenalty, FrequencyPenalty: p.FrequencyPenalty, TopK: p.TopK, Seed: p.Seed,
-		Stop: p.GetStop(), StopTokenIDs: p.GetStopTokenIds(), Logprobs: p.GetLogprobs(), TopLogprobs: int(p.GetTopLogprobs()),
-		IgnoreEOS: p.GetIgnoreEos(),
+	s := d
+	if p.Temperature != nil {
+		s.Temperature = p.GetTemperature()
 	}
+	if p.TopP != nil {
+		s.TopP = p.GetTopP()
+	}
+	if p.TopK != nil {
+		s.TopK = int(p.GetTopK())
+	}
+	if p.MinP != nil {
+		s.MinP = p.GetMinP()
+	}
+	if p.RepetitionPenalty != nil {
+		s.RepetitionPenalty = p.GetRepetitionPenalty()
+	}
+	if p.PresencePenalty != nil {
+		s.PresencePenalty = p.GetPresencePenalty()
+	}
+	if p.FrequencyPenalty != nil {
+		s.FrequencyPenalty = p.GetFrequencyPenalty()
+	}
+	if p.Seed != nil {
+		s.Seed, s.Seeded = p.GetSeed(), true
+	}
+	if len(p.GetStop()) > 0 {
+		s.Stop = p.GetStop()
+	}
+	s.StopTokenIDs = p.GetStopTokenIds()
+	s.Logprobs, s.TopLogprobs, s.IgnoreEOS = p.GetLogprobs(), int(p.GetTopLogprobs()), p.GetIgnoreEos()
 	var err error
-	if sp.Constraint, err = constraintFromProto(p.GetConstraint()); err != nil {
-		return sp, err
+	if s.Constraint, err = constraintFromProto(p.GetConstraint()); err != nil {
+		return s, err
 	}
-	switch {
-	case p.GetMaxTokens() < 0:
-		return sp, invalid("sampling.max_tokens %d is invalid: 0 (the default) or more", p.GetMaxTokens())
-	case len(sp.Stop) > maxStopStrings:
-		return sp, invalid("sampling.stop has %d strings; at most %d", len(sp.Stop), maxStopStrings)
-	case len(sp.StopTokenIDs) > maxStopTokenIDs:
-		return sp, invalid("sampling.stop_token_ids has %d ids; at most %d", len(sp.StopTokenIDs), maxStopTokenIDs)
-	case sp.TopLogprobs < 0 || sp.TopLogprobs > maxTopLogprobs:
-		return sp, invalid("sampling.top_logprobs %d is invalid: 0 to %d", sp.TopLogprobs, maxTopLogprobs)
-	case sp.TopLogprobs > 0 && !sp.Logprobs:
-		return sp, invalid("sampling.top_logprobs needs sampling.logprobs")
-	}
-	for i, s := range sp.Stop {
-		if s == "" || len(s) > maxStopBytes {
-			return sp, invalid("sampling.stop[%d] is %d bytes: 1 to %d", i, len(s), maxStopBytes)
-		}
-	}
-	return sp, nil
+	return s, s.Validate()
 }
 
 // genCall is one Generate or Chat call: its prompts' sequences, merged into
@@ -160,7 +145,7 @@ type genCall struct {
 	method  string
 	sv      *lifecycle.Served
 	gm      generatorModel
-	params  samplingParams
+	params  llm.Sampling
 	maxNew  int // 0: per prompt, the model's default or else the rest of the context
 	sched   scheduler.GenRequest
 	maxTime time.Duration
@@ -268,7 +253,7 @@ func (s *BrokerService) Chat(req *brokerv1.ChatRequest, stream brokerv1.BrokerSe
 			return invalid("conversations[%d] is %d bytes (%d messages, counting %d bytes of markup each); the limit is %d (--max-item-bytes)",
 				i, size, len(msgs), chatMessageOverhead, s.limits.MaxItemBytes)
 		}
-		turns := make([]chatTurn, 0, len(msgs)+1)
+		turns := make([]llm.Message, 0, len(msgs)+1)
 		hasSystem := false
 		for j, m := range msgs {
 			switch m.GetRole() {
@@ -277,7 +262,7 @@ func (s *BrokerService) Chat(req *brokerv1.ChatRequest, stream brokerv1.BrokerSe
 				return invalid("conversations[%d].messages[%d].role %q: want system, user, assistant or tool", i, j, m.GetRole())
 			}
 			hasSystem = hasSystem || m.GetRole() == "system"
-			turn := chatTurn{Role: m.GetRole(), Content: m.GetContent(), Reasoning: m.GetReasoning(), ToolCallID: m.GetToolCallId()}
+			turn := llm.Message{Role: m.GetRole(), Content: m.GetContent(), Reasoning: m.GetReasoning(), ToolCallID: m.GetToolCallId()}
 			if turn.ToolCalls, err = turnCalls(m); err != nil {
 				return invalid("conversations[%d].messages[%d]: %v", i, j, err)
 			}
@@ -286,9 +271,9 @@ func (s *BrokerService) Chat(req *brokerv1.ChatRequest, stream brokerv1.BrokerSe
 		// The model's own system prompt (an Ollama model's), as Ollama
 		// applies it: when the conversation brings none.
 		if sys := call.gm.SystemPrompt(); sys != "" && !hasSystem {
-			turns = append([]chatTurn{{Role: "system", Content: sys}}, turns...)
+			turns = append([]llm.Message{{Role: "system", Content: sys}}, turns...)
 		}
-		text, err := call.gm.RenderChat(ctx, turns, true, vars, tools)
+		text, err := call.gm.RenderChat(ctx, turns, llm.ChatOptions{AddGenerationPrompt: true, Vars: vars, Tools: tools})
 		if err != nil {
 			if ctx.Err() != nil {
 				return toStatus(s.log, "Chat", ctx.Err())
@@ -519,9 +504,8 @@ func (s *BrokerService) newGenCall(ctx context.Context, method, model string, n 
 	if n > s.limits.MaxItemsPerRequest {
 		return nil, nil, invalid("%d prompts; the limit is %d (--max-items-per-request)", n, s.limits.MaxItemsPerRequest)
 	}
-	params, err := samplingFromProto(sp)
-	if err != nil {
-		return nil, nil, err
+	if sp.GetMaxTokens() < 0 {
+		return nil, nil, invalid("sampling.max_tokens %d is invalid: 0 (the default) or more", sp.GetMaxTokens())
 	}
 	priority, err := priorityFromProto(prio)
 	if err != nil {
@@ -547,6 +531,11 @@ func (s *BrokerService) newGenCall(ctx context.Context, method, model string, n 
 	if gm == nil {
 		s.models.Release(sv)
 		return nil, nil, invalid("model %s is a %s model: %s serves generator (LLM) models", model, sv.Info.Kind, method)
+	}
+	params, err := samplingFromProto(sp, gm.DefaultSampling())
+	if err != nil {
+		s.models.Release(sv)
+		return nil, nil, toStatus(s.log, method, err)
 	}
 	call := &genCall{
 		svc: s, method: method, sv: sv, gm: gm, params: params, maxNew: int(sp.GetMaxTokens()),

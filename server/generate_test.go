@@ -27,6 +27,7 @@ import (
 	brokerv1 "github.com/brokerd/brokerd/proto/broker/v1"
 	"github.com/brokerd/brokerd/runtime"
 	"github.com/brokerd/brokerd/runtime/models"
+	"github.com/brokerd/brokerd/runtime/models/llm"
 	"github.com/brokerd/brokerd/runtime/models/llm/grammar"
 	"github.com/brokerd/brokerd/scheduler"
 	"github.com/brokerd/brokerd/server/internal/output"
@@ -68,12 +69,14 @@ func (m *letterModel) ThinkTags() (output.Tags, bool) { return output.Tags{}, fa
 
 func (m *letterModel) ToolFormat() output.ToolFormat { return output.NoToolFormat }
 
-func (m *letterModel) RenderChat(_ context.Context, turns []chatTurn, gen bool, _ map[string]any, _ []json.RawMessage) (string, error) {
+func (m *letterModel) DefaultSampling() llm.Sampling { return llm.Sampling{} }
+
+func (m *letterModel) RenderChat(_ context.Context, msgs []llm.Message, opts llm.ChatOptions) (string, error) {
 	var b strings.Builder
-	for _, t := range turns {
+	for _, t := range msgs {
 		fmt.Fprintf(&b, "<%s>%s\n", t.Role, t.Content)
 	}
-	if gen {
+	if opts.AddGenerationPrompt {
 		b.WriteString("<assistant>")
 	}
 	return b.String(), nil
@@ -84,9 +87,9 @@ type letterSeq struct {
 	temp float32
 }
 
-func (m *letterModel) NewSequence(_ context.Context, p samplingParams, prompt []int32) (genSequence, error) {
-	if p.Temperature != nil && *p.Temperature < 0 {
-		return nil, fmt.Errorf("temperature %v: %w", *p.Temperature, models.ErrInvalidInput)
+func (m *letterModel) NewSequence(_ context.Context, p llm.Sampling, prompt []int32) (genSequence, error) {
+	if p.Temperature < 0 {
+		return nil, fmt.Errorf("temperature %v: %w", p.Temperature, models.ErrInvalidInput)
 	}
 	return &letterSeq{}, nil
 }

@@ -2,7 +2,6 @@ package server
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"strings"
 	"unicode/utf8"
@@ -35,12 +34,10 @@ func (g genModel) EncodePrompt(text string, addSpecial bool) ([]int32, error) {
 	return g.m.Encode(text, addSpecial)
 }
 
-func (g genModel) RenderChat(ctx context.Context, turns []chatTurn, addGenerationPrompt bool, vars map[string]any, tools []json.RawMessage) (string, error) {
-	msgs := make([]llm.Message, len(turns))
-	for i, t := range turns {
-		msgs[i] = llm.Message{Role: t.Role, Content: t.Content, Reasoning: t.Reasoning, ToolCalls: t.ToolCalls, ToolCallID: t.ToolCallID}
-	}
-	return g.m.RenderChat(ctx, msgs, llm.ChatOptions{AddGenerationPrompt: addGenerationPrompt, Vars: vars, Tools: tools})
+func (g genModel) DefaultSampling() llm.Sampling { return g.m.DefaultSampling() }
+
+func (g genModel) RenderChat(ctx context.Context, msgs []llm.Message, opts llm.ChatOptions) (string, error) {
+	return g.m.RenderChat(ctx, msgs, opts)
 }
 
 // ToolFormat: Qwen2.5's and Qwen3's vocabularies have <tool_call> and
@@ -77,46 +74,10 @@ func (g genModel) ThinkTags() (output.Tags, bool) {
 	return tags, true
 }
 
-// NewSequence applies the request's sampling over the model's defaults
-// (generation_config.json).
-func (g genModel) NewSequence(ctx context.Context, p samplingParams, prompt []int32) (genSequence, error) {
-	s := g.m.DefaultSampling()
-	if p.Temperature != nil {
-		s.Temperature = *p.Temperature
-	}
-	if p.TopP != nil {
-		s.TopP = *p.TopP
-	}
-	if p.TopK != nil {
-		s.TopK = int(*p.TopK)
-	}
-	if p.MinP != nil {
-		s.MinP = *p.MinP
-	}
-	if p.RepetitionPenalty != nil {
-		s.RepetitionPenalty = *p.RepetitionPenalty
-	}
-	if p.PresencePenalty != nil {
-		s.PresencePenalty = *p.PresencePenalty
-	}
-	if p.FrequencyPenalty != nil {
-		s.FrequencyPenalty = *p.FrequencyPenalty
-	}
-	if p.Seed != nil {
-		s.Seed, s.Seeded = *p.Seed, true
-	}
-	// A request's stop strings replace the model's (an Ollama model's
-	// params), as Ollama's options do.
-	if len(p.Stop) > 0 {
-		s.Stop = p.Stop
-	}
-	s.StopTokenIDs = p.StopTokenIDs
-	s.Logprobs, s.TopLogprobs, s.IgnoreEOS = p.Logprobs, p.TopLogprobs, p.IgnoreEOS
-	s.Constraint = p.Constraint
-	if err := s.Validate(); err != nil {
-		return nil, err
-	}
-	seq, err := g.m.NewSequenceContext(ctx, s, prompt)
+// NewSequence: p is the request's sampling over the model's defaults,
+// validated by the edge (samplingFromProto).
+func (g genModel) NewSequence(ctx context.Context, p llm.Sampling, prompt []int32) (genSequence, error) {
+	seq, err := g.m.NewSequenceContext(ctx, p, prompt)
 	if err != nil {
 		return nil, err
 	}

@@ -10,27 +10,23 @@ import (
 	"github.com/brokerd/brokerd/runtime"
 	"github.com/brokerd/brokerd/runtime/models"
 	"github.com/brokerd/brokerd/runtime/models/llm/grammar"
+	"github.com/brokerd/brokerd/runtime/models/tokenizer/bpe"
 )
 
 // KindLLM is the model kind of decoder LLMs in the repository.
 const KindLLM models.Kind = "llm"
 
 // Message is one turn of a conversation: system, user, assistant or tool;
-// an assistant turn may carry its thinking (Reasoning), which thinking
-// models' templates show for the turns after the last user message, and
-// its calls of tools (ToolCalls); a tool turn carries a call's result in
-// Content and the call's id in ToolCallID.
-type Message struct {
-	Role, Content, Reasoning string
-	ToolCalls                []ToolCall
-	ToolCallID               string
-}
+// an assistant turn may carry its thinking (Reasoning) and its calls of
+// tools (ToolCalls); a tool turn carries a call's result in Content and
+// the call's id in ToolCallID. It is the template's own type (the
+// tokenizer package is the lower one: it imports nothing of the engine),
+// so a conversation goes from the edge to the template without a copy.
+type Message = bpe.Message
 
 // ToolCall is an assistant turn's call of a function: its arguments are a
 // JSON object's text (a template sees them as a mapping).
-type ToolCall struct {
-	ID, Name, Arguments string
-}
+type ToolCall = bpe.ToolCall
 
 // ChatOptions are a render's inputs besides the messages.
 type ChatOptions struct {

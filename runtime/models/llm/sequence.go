@@ -16,8 +16,17 @@ import (
 // models.ErrInvalidInput (INVALID_ARGUMENT at the edge).
 var ErrInvalidSampling = fmt.Errorf("%w: sampling parameters", models.ErrInvalidInput)
 
-// MaxTopLogprobs is the most alternatives a token's logprob entry carries.
-const MaxTopLogprobs = 20
+// Bounds of a sequence's sampling, the API's as well: the edge validates a
+// request's sampling with Validate.
+const (
+	// MaxTopLogprobs is the most alternatives a token's logprob entry carries.
+	MaxTopLogprobs = 20
+	// MaxStopStrings bounds Stop, and MaxStopBytes each stop string.
+	MaxStopStrings = 16
+	MaxStopBytes   = 256
+	// MaxStopTokenIDs bounds StopTokenIDs.
+	MaxStopTokenIDs = 64
+)
 
 // Sampling is how a sequence picks its tokens (the API's SamplingParams).
 type Sampling struct {
@@ -65,12 +74,16 @@ func (s Sampling) Validate() error {
 		return bad("frequency_penalty %g: want -2 to 2", s.FrequencyPenalty)
 	case s.TopLogprobs < 0 || s.TopLogprobs > MaxTopLogprobs:
 		return bad("top_logprobs %d: want 0 to %d", s.TopLogprobs, MaxTopLogprobs)
-	case len(s.Stop) > 16:
-		return bad("%d stop strings, at most 16", len(s.Stop))
+	case s.TopLogprobs > 0 && !s.Logprobs:
+		return bad("top_logprobs needs logprobs")
+	case len(s.Stop) > MaxStopStrings:
+		return bad("%d stop strings, at most %d", len(s.Stop), MaxStopStrings)
+	case len(s.StopTokenIDs) > MaxStopTokenIDs:
+		return bad("%d stop token ids, at most %d", len(s.StopTokenIDs), MaxStopTokenIDs)
 	}
-	for _, st := range s.Stop {
-		if st == "" {
-			return bad("empty stop string")
+	for i, st := range s.Stop {
+		if st == "" || len(st) > MaxStopBytes {
+			return bad("stop string %d is %d bytes: want 1 to %d", i, len(st), MaxStopBytes)
 		}
 	}
 	return nil

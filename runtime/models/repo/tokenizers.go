@@ -2,7 +2,6 @@ package repo
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"io/fs"
 	"path/filepath"
@@ -84,12 +83,5 @@ func (s bpeStream) Flush() string        { return s.d.Flush() }
 type bpeChat struct{ t *bpe.Tokenizer }
 
 func (c bpeChat) Render(ctx context.Context, messages []llm.Message, opts llm.ChatOptions) (string, error) {
-	msgs := make([]bpe.Message, len(messages))
-	for i, m := range messages {
-		msgs[i] = bpe.Message{Role: m.Role, Content: m.Content, ReasoningContent: m.Reasoning, ToolCallID: m.ToolCallID}
-		for _, tc := range m.ToolCalls {
-			msgs[i].ToolCalls = append(msgs[i].ToolCalls, bpe.ToolCall{ID: tc.ID, Name: tc.Name, Arguments: json.RawMessage(tc.Arguments)})
-		}
-	}
-	return c.t.ApplyChatTemplate(ctx, msgs, bpe.ChatOptions{AddGenerationPrompt: opts.AddGenerationPrompt, Vars: opts.Vars, Tools: opts.Tools, Limits: bpe.DefaultTemplateLimits})
+	return c.t.ApplyChatTemplate(ctx, messages, bpe.ChatOptions{AddGenerationPrompt: opts.AddGenerationPrompt, Vars: opts.Vars, Tools: opts.Tools, Limits: bpe.DefaultTemplateLimits})
 }

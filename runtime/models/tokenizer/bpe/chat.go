@@ -25,26 +25,31 @@ var ErrTemplate = errors.New("chat template")
 // when the trial render at load finds it.
 var ErrTemplateLimit = errors.New("chat template over its limits")
 
-// Message is one turn of a conversation.
+// Message is one turn of a conversation: brokerd's one message type from
+// the edge to the template (runtime/models/llm aliases it; the type lives
+// here, with its lowest consumer, so that the tokenizer needs nothing of
+// the engine).
 type Message struct {
 	Role    string // system, user, assistant, tool
 	Content string
-	// ReasoningContent is an assistant turn's thinking, the template's
-	// message.reasoning_content (Qwen3's); "" leaves it undefined.
-	ReasoningContent string
+	// Reasoning is an assistant turn's thinking, the template's
+	// message.reasoning_content (Qwen3's), which thinking models' templates
+	// show for the turns after the last user message; "" leaves it
+	// undefined.
+	Reasoning string
 	// ToolCalls are an assistant turn's calls, the template's
 	// message.tool_calls as Hugging Face templates read them:
 	// [{"id", "type": "function", "function": {"name", "arguments"}}]
 	// with arguments a mapping; none leaves it undefined.
 	ToolCalls []ToolCall
-	// ToolCallID is a tool turn's message.tool_call_id ("": undefined).
+	// ToolCallID is a tool turn's message.tool_call_id, the call whose
+	// result its Content is ("": undefined).
 	ToolCallID string
 }
 
 // ToolCall is a call of a function; Arguments is a JSON object's text.
 type ToolCall struct {
-	ID, Name  string
-	Arguments json.RawMessage
+	ID, Name, Arguments string
 }
 
 // ChatOptions are the template's inputs besides the messages.
@@ -205,13 +210,13 @@ func messageValue(m Message) (jinja.Value, error) {
 	d := msg.AsDict()
 	d.Set("role", jinja.NewString(m.Role))
 	d.Set("content", jinja.NewString(m.Content))
-	if m.ReasoningContent != "" {
-		d.Set("reasoning_content", jinja.NewString(m.ReasoningContent))
+	if m.Reasoning != "" {
+		d.Set("reasoning_content", jinja.NewString(m.Reasoning))
 	}
 	if len(m.ToolCalls) > 0 {
 		calls := make([]jinja.Value, len(m.ToolCalls))
 		for i, c := range m.ToolCalls {
-			args, err := jsonValue(c.Arguments)
+			args, err := jsonValue([]byte(c.Arguments))
 			if err != nil || !args.IsDict() {
 				return jinja.Value{}, fmt.Errorf("tool_calls[%d].function.arguments is not a JSON object", i)
 			}

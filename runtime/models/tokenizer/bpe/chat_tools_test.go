@@ -60,7 +60,7 @@ func TestChatTemplateTools(t *testing.T) {
 			for i, m := range tc.Messages {
 				msgs[i] = Message{Role: m.Role, Content: m.Content, ToolCallID: m.ToolCallID}
 				for _, c := range m.ToolCalls {
-					msgs[i].ToolCalls = append(msgs[i].ToolCalls, ToolCall{ID: c.ID, Name: c.Function.Name, Arguments: c.Function.Arguments})
+					msgs[i].ToolCalls = append(msgs[i].ToolCalls, ToolCall{ID: c.ID, Name: c.Function.Name, Arguments: string(c.Function.Arguments)})
 				}
 			}
 			got, err := tok.ApplyChatTemplate(context.Background(), msgs, ChatOptions{AddGenerationPrompt: true, Tools: tc.Tools})
@@ -98,9 +98,9 @@ func TestChatTemplateToolsInvalid(t *testing.T) {
 		msgs  []Message
 		tools []json.RawMessage
 	}{
-		{"arguments a string", []Message{{Role: "assistant", ToolCalls: []ToolCall{{Name: "f", Arguments: json.RawMessage(`"{}"`)}}}}, nil},
-		{"arguments not JSON", []Message{{Role: "assistant", ToolCalls: []ToolCall{{Name: "f", Arguments: json.RawMessage(`{"a":`)}}}}, nil},
-		{"arguments two values", []Message{{Role: "assistant", ToolCalls: []ToolCall{{Name: "f", Arguments: json.RawMessage(`{} {}`)}}}}, nil},
+		{"arguments a string", []Message{{Role: "assistant", ToolCalls: []ToolCall{{Name: "f", Arguments: `"{}"`}}}}, nil},
+		{"arguments not JSON", []Message{{Role: "assistant", ToolCalls: []ToolCall{{Name: "f", Arguments: `{"a":`}}}}, nil},
+		{"arguments two values", []Message{{Role: "assistant", ToolCalls: []ToolCall{{Name: "f", Arguments: `{} {}`}}}}, nil},
 		{"a tool a list", sysUser, []json.RawMessage{json.RawMessage(`[]`)}},
 		{"a tool nested too deep", sysUser, []json.RawMessage{json.RawMessage(`{"a":` + strings.Repeat("[", 100) + strings.Repeat("]", 100) + `}`)}},
 	} {
