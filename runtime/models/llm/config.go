@@ -9,9 +9,11 @@ import (
 	"github.com/brokerd/brokerd/runtime/models"
 )
 
-// hfConfig is the part of a Hugging Face config.json of LlamaForCausalLM,
-// Qwen2ForCausalLM or Qwen3ForCausalLM the engine needs.
-type hfConfig struct {
+// Config is the part of a Hugging Face config.json of LlamaForCausalLM,
+// Qwen2ForCausalLM or Qwen3ForCausalLM the engine needs. It is decoded
+// once: the repository bounds its sizes before anything uses them, then
+// Check and NewModelFromConfig take it.
+type Config struct {
 	Architectures         []string        `json:"architectures"`
 	VocabSize             int             `json:"vocab_size"`
 	HiddenSize            int             `json:"hidden_size"`
@@ -23,7 +25,7 @@ type hfConfig struct {
 	MaxPositionEmbeddings int             `json:"max_position_embeddings"`
 	RMSNormEps            float64         `json:"rms_norm_eps"`
 	RopeTheta             float64         `json:"rope_theta"`
-	RopeScaling           *hfRopeScaling  `json:"rope_scaling"`
+	RopeScaling           *RopeScaling    `json:"rope_scaling"`
 	TieWordEmbeddings     bool            `json:"tie_word_embeddings"`
 	HiddenAct             string          `json:"hidden_act"`
 	AttentionBias         *bool           `json:"attention_bias"`
@@ -35,7 +37,8 @@ type hfConfig struct {
 	QuantizationConfig json.RawMessage `json:"quantization_config"`
 }
 
-type hfRopeScaling struct {
+// RopeScaling is config.json's rope_scaling.
+type RopeScaling struct {
 	RopeType                      string  `json:"rope_type"`
 	Type                          string  `json:"type"` // older spelling
 	Factor                        float64 `json:"factor"`
@@ -62,20 +65,35 @@ const (
 	ArchQwen3 = "Qwen3ForCausalLM"
 )
 
-// CheckConfig reports whether config.json describes a model the engine
-// runs, naming the field that does not (errors wrap models.ErrInvalidConfig).
-func CheckConfig(raw []byte) error {
-	_, _, _, err := parseConfig(raw)
+// DecodeConfig decodes config.json (errors wrap models.ErrInvalidConfig).
+func DecodeConfig(raw []byte) (Config, error) {
+	var c Config
+	if err := json.Unmarshal(raw, &c); err != nil {
+		return Config{}, fmt.Errorf("%w: config.json: %w", models.ErrInvalidConfig, err)
+	}
+	return c, nil
+}
+
+// Check reports whether c describes a model the engine runs, naming the
+// field that does not (errors wrap models.ErrInvalidConfig).
+func (c Config) Check() error {
+	_, _, _, err := c.spec()
 	return err
 }
 
 // parseConfig reads config.json into the engine's spec and the EOS ids it
 // names. Errors wrap models.ErrInvalidConfig and name the field.
 func parseConfig(raw []byte) (netSpec, []int32, string, error) {
-	var c hfConfig
-	if err := json.Unmarshal(raw, &c); err != nil {
-		return netSpec{}, nil, "", fmt.Errorf("%w: config.json: %w", models.ErrInvalidConfig, err)
+	c, err := DecodeConfig(raw)
+	if err != nil {
+		return netSpec{}, nil, "", err
 	}
+	return c.spec()
+}
+
+// spec is c as the engine's spec, the EOS ids it names and its
+// architecture.
+func (c Config) spec() (netSpec, []int32, string, error) {
 	bad := func(f string, a ...any) error {
 		return fmt.Errorf("%w: config.json: %s", models.ErrInvalidConfig, fmt.Sprintf(f, a...))
 	}

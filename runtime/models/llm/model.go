@@ -121,7 +121,16 @@ type Model struct {
 // model.embed_tokens.weight, model.layers.N.self_attn.q_proj.weight, ...;
 // gate_proj and up_proj, or gate_up_proj fused) and returns the model.
 func NewModel(config []byte, weights map[string]models.Tensor, opts ModelOptions) (*Model, error) {
-	spec, eos, arch, err := parseConfig(config)
+	c, err := DecodeConfig(config)
+	if err != nil {
+		return nil, fmt.Errorf("llm %q: %w", opts.Name, err)
+	}
+	return NewModelFromConfig(c, weights, opts)
+}
+
+// NewModelFromConfig is NewModel over a decoded config.json.
+func NewModelFromConfig(c Config, weights map[string]models.Tensor, opts ModelOptions) (*Model, error) {
+	spec, eos, arch, err := c.spec()
 	if err != nil {
 		return nil, fmt.Errorf("llm %q: %w", opts.Name, err)
 	}

@@ -109,16 +109,16 @@ func (p *plan) inspectGGUFAt(path, real string) (lp *llmPlan, err error) {
 		f.Close()
 		return nil, err
 	}
-	lp = &llmPlan{config: raw, gguf: gp}
-	if err := json.Unmarshal(raw, &lp.sizes); err != nil {
+	lp = &llmPlan{gguf: gp}
+	if err := json.Unmarshal(raw, &lp.config); err != nil {
 		f.Close()
 		return nil, err
 	}
-	if err := lp.sizes.check(path); err != nil {
+	if err := checkSizes(lp.config, path); err != nil {
 		f.Close()
 		return nil, err
 	}
-	if err := llm.CheckConfig(raw); err != nil {
+	if err := lp.config.Check(); err != nil {
 		f.Close()
 		return nil, invalid(models.ErrInvalidConfig, fmt.Errorf("%s: %w", path, err))
 	}

@@ -47,22 +47,9 @@ func isLLM(archs []string) bool {
 	return false
 }
 
-// llmSizes are config.json's sizes, bounded before anything uses them.
-type llmSizes struct {
-	Architectures         []string `json:"architectures"`
-	VocabSize             int      `json:"vocab_size"`
-	HiddenSize            int      `json:"hidden_size"`
-	NumHiddenLayers       int      `json:"num_hidden_layers"`
-	NumAttentionHeads     int      `json:"num_attention_heads"`
-	NumKeyValueHeads      int      `json:"num_key_value_heads"`
-	HeadDim               int      `json:"head_dim"`
-	IntermediateSize      int      `json:"intermediate_size"`
-	MaxPositionEmbeddings int      `json:"max_position_embeddings"`
-	TieWordEmbeddings     bool     `json:"tie_word_embeddings"`
-}
-
-// params is the parameter count the sizes imply (a lower bound: norms left out).
-func (c llmSizes) params() int64 {
+// configParams is the parameter count config.json's sizes imply (a lower
+// bound: norms left out).
+func configParams(c llm.Config) int64 {
 	h, l, inter, v := int64(c.HiddenSize), int64(c.NumHiddenLayers), int64(c.IntermediateSize), int64(c.VocabSize)
 	hd := int64(c.HeadDim)
 	if hd == 0 && c.NumAttentionHeads > 0 {
@@ -77,7 +64,8 @@ func (c llmSizes) params() int64 {
 	return p
 }
 
-func (c llmSizes) check(path string) error {
+// checkSizes bounds config.json's sizes before anything uses them.
+func checkSizes(c llm.Config, path string) error {
 	for _, f := range []struct {
 		key    string
 		v, max int
@@ -98,10 +86,10 @@ func (c llmSizes) check(path string) error {
 
 // llmPlan is a checked LLM version: its config and its weight files.
 type llmPlan struct {
-	config, generation []byte
-	sizes              llmSizes
-	shards             []string  // weight files, in order
-	gguf               *ggufPlan // or the GGUF file holding everything
+	config     llm.Config // decoded once; its sizes bounded (checkSizes)
+	generation []byte
+	shards     []string  // weight files, in order
+	gguf       *ggufPlan // or the GGUF file holding everything
 	// stop and system are an Ollama model's default stop strings and
 	// system prompt; chat, when set, makes its chat template from the
 	// GGUF's (nil: none): its template and messages layers (ollama.go).
@@ -119,14 +107,14 @@ func (p *plan) inspectLLM() (*llmPlan, error) {
 	if err != nil {
 		return nil, err
 	}
-	lp := &llmPlan{config: raw}
-	if err := json.Unmarshal(raw, &lp.sizes); err != nil {
+	lp := &llmPlan{}
+	if err := json.Unmarshal(raw, &lp.config); err != nil {
 		return nil, fmt.Errorf("%w: %s: %v", models.ErrInvalidConfig, cfgPath, err)
 	}
-	if err := lp.sizes.check(cfgPath); err != nil {
+	if err := checkSizes(lp.config, cfgPath); err != nil {
 		return nil, err
 	}
-	if err := llm.CheckConfig(raw); err != nil { // its messages name config.json
+	if err := lp.config.Check(); err != nil { // its messages name config.json
 		return nil, invalid(models.ErrInvalidConfig, fmt.Errorf("%s: %w", p.dir, err))
 	}
 	if exists(p.dir, FileGenerationConfig) {
@@ -152,9 +140,9 @@ func (p *plan) inspectLLM() (*llmPlan, error) {
 		}
 		total += n
 	}
-	if need := lp.sizes.params() * minParamBytes; need > total {
+	if need := configParams(lp.config) * minParamBytes; need > total {
 		return nil, fmt.Errorf("%w: %s: its sizes imply %d parameters, at least %d bytes, but the weights are %d bytes",
-			models.ErrInvalidConfig, cfgPath, lp.sizes.params(), need, total)
+			models.ErrInvalidConfig, cfgPath, configParams(lp.config), need, total)
 	}
 	return lp, nil
 }
@@ -246,7 +234,7 @@ func (r *Repo) loadLLMWith(ctx context.Context, p *plan, lp *llmPlan, name strin
 		file = gp.file
 		opts.DropPages = func() { _ = file.DropPages() }
 	}
-	m, err := llm.NewModel(lp.config, weights, opts)
+	m, err := llm.NewModelFromConfig(lp.config, weights, opts)
 	if err == nil && file != nil {
 		lp.gguf.file = nil // the model's now: p.close leaves it
 		goruntime.AddCleanup(m, func(f *gguf.File) { _ = f.Close() }, file)

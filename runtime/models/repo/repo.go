@@ -180,10 +180,10 @@ func (p *plan) details() Details {
 		return Details{ModTime: newestFile(p.dir)}
 	}
 	lp := p.llm
-	d := Details{Format: "safetensors", ContextLength: lp.sizes.MaxPositionEmbeddings, Parameters: lp.sizes.params()}
-	if len(lp.sizes.Architectures) == 1 {
+	d := Details{Format: "safetensors", ContextLength: lp.config.MaxPositionEmbeddings, Parameters: configParams(lp.config)}
+	if len(lp.config.Architectures) == 1 {
 		for g, hf := range ggufArchitectures {
-			if hf == lp.sizes.Architectures[0] {
+			if hf == lp.config.Architectures[0] {
 				d.Family = g
 			}
 		}
