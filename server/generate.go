@@ -160,12 +160,33 @@ type genCall struct {
 	named bool
 }
 
-// generateSink sends one response; Generate and Chat wrap their stream.
-type generateSink func(deltas []*brokerv1.GenerationDelta, results []*brokerv1.GenerationResult) error
+// generateSink takes one response's deltas and results: the ones ready
+// together, in order (a sequence's result after its last delta).
+type generateSink = func(deltas []*brokerv1.GenerationDelta, results []*brokerv1.GenerationResult) error
 
-// Generate continues each prompt in the model's running set.
+// Generate continues each prompt in the model's running set: the gRPC
+// adapter of RunGenerate.
 func (s *BrokerService) Generate(req *brokerv1.GenerateRequest, stream brokerv1.BrokerService_GenerateServer) error {
-	ctx := stream.Context()
+	return s.RunGenerate(stream.Context(), req, func(d []*brokerv1.GenerationDelta, r []*brokerv1.GenerationResult) error {
+		return stream.Send(&brokerv1.GenerateResponse{Deltas: d, Results: r})
+	})
+}
+
+// Chat renders each conversation through the model's chat template and
+// generates the assistant's reply: the gRPC adapter of RunChat.
+func (s *BrokerService) Chat(req *brokerv1.ChatRequest, stream brokerv1.BrokerService_ChatServer) error {
+	return s.RunChat(stream.Context(), req, func(d []*brokerv1.GenerationDelta, r []*brokerv1.GenerationResult) error {
+		return stream.Send(&brokerv1.ChatResponse{Deltas: d, Results: r})
+	})
+}
+
+// RunGenerate and RunChat are the generation API without a transport: the
+// gRPC handlers and the HTTP edge (httpapi.Backend) call them. send gets
+// the deltas and results as they are ready; ctx ending cancels the call's
+// sequences. Errors are gRPC statuses, which each edge maps.
+
+// RunGenerate continues each prompt of req.
+func (s *BrokerService) RunGenerate(ctx context.Context, req *brokerv1.GenerateRequest, send generateSink) error {
 	prompts := req.GetPrompts()
 	call, release, err := s.newGenCall(ctx, "Generate", req.GetModel(), len(prompts), req.GetSampling(), req.GetPriority(), req.GetDeviceType(), req.GetDeviceId(), req.GetMaxTime())
 	if err != nil {
@@ -185,15 +206,12 @@ func (s *BrokerService) Generate(req *brokerv1.GenerateRequest, stream brokerv1.
 			return invalid("prompts[%d]: %v", i, err)
 		}
 	}
-	return call.run(ctx, toks, func(d []*brokerv1.GenerationDelta, r []*brokerv1.GenerationResult) error {
-		return stream.Send(&brokerv1.GenerateResponse{Deltas: d, Results: r})
-	})
+	return call.run(ctx, toks, send)
 }
 
-// Chat renders each conversation through the model's chat template and
-// generates the assistant's reply.
-func (s *BrokerService) Chat(req *brokerv1.ChatRequest, stream brokerv1.BrokerService_ChatServer) error {
-	ctx := stream.Context()
+// RunChat renders each conversation of req through the model's chat
+// template and generates the assistant's reply.
+func (s *BrokerService) RunChat(ctx context.Context, req *brokerv1.ChatRequest, send generateSink) error {
 	convs := req.GetConversations()
 	call, release, err := s.newGenCall(ctx, "Chat", req.GetModel(), len(convs), req.GetSampling(), req.GetPriority(), req.GetDeviceType(), req.GetDeviceId(), req.GetMaxTime())
 	if err != nil {
@@ -300,9 +318,7 @@ func (s *BrokerService) Chat(req *brokerv1.ChatRequest, stream brokerv1.BrokerSe
 			return invalid("conversations[%d]: %v", i, err)
 		}
 	}
-	return call.run(ctx, toks, func(d []*brokerv1.GenerationDelta, r []*brokerv1.GenerationResult) error {
-		return stream.Send(&brokerv1.ChatResponse{Deltas: d, Results: r})
-	})
+	return call.run(ctx, toks, send)
 }
 
 // toolName is what OpenAI takes as a function's name.

@@ -120,7 +120,7 @@ func reply(replies []string, prompt []int32, finish brokerv1.FinishReason, send 
 	return nil
 }
 
-func (f *fakeBackend) Generate(req *brokerv1.GenerateRequest, s brokerv1.BrokerService_GenerateServer) error {
+func (f *fakeBackend) RunGenerate(_ context.Context, req *brokerv1.GenerateRequest, s func([]*brokerv1.GenerationDelta, []*brokerv1.GenerationResult) error) error {
 	f.lastGenerate = req
 	if err := f.check(req.GetModel()); err != nil {
 		return err
@@ -146,11 +146,11 @@ func (f *fakeBackend) Generate(req *brokerv1.GenerateRequest, s brokerv1.BrokerS
 		if r != nil {
 			m.Results = append(m.Results, r)
 		}
-		return s.Send(m)
+		return s(m.Deltas, m.Results)
 	}))
 }
 
-func (f *fakeBackend) Chat(req *brokerv1.ChatRequest, s brokerv1.BrokerService_ChatServer) error {
+func (f *fakeBackend) RunChat(_ context.Context, req *brokerv1.ChatRequest, s func([]*brokerv1.GenerationDelta, []*brokerv1.GenerationResult) error) error {
 	f.lastChat = req
 	if err := f.check(req.GetModel()); err != nil {
 		return err
@@ -176,7 +176,7 @@ func (f *fakeBackend) Chat(req *brokerv1.ChatRequest, s brokerv1.BrokerService_C
 		if r != nil {
 			m.Results = append(m.Results, r)
 		}
-		return s.Send(m)
+		return s(m.Deltas, m.Results)
 	})
 	if thinks(req) {
 		// A thinking model's reasoning comes first, apart from the text.

@@ -3,11 +3,12 @@
 // their base URL.
 //
 // It is a translation, not a second implementation: every endpoint calls
-// the broker.v1 service in process (Encode, Generate, Chat, ListModels), so
-// validation, limits, scheduling and metrics are those of gRPC; errors keep
-// their gRPC status and take their HTTP code from the error table that
-// made it (server/internal/errtable: a full queue is 429 with Retry-After,
-// a draining brokerd 503).
+// the broker.v1 service in process (Encode, ListModels, and generation's
+// transport-neutral RunGenerate and RunChat), so validation, limits,
+// scheduling and metrics are those of gRPC; errors keep their gRPC status
+// and take their HTTP code from the error table that made it
+// (server/internal/errtable: a full queue is 429 with Retry-After, a
+// draining brokerd 503).
 package httpapi
 
 import (
@@ -27,9 +28,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	brokerv1 "github.com/brokerd/brokerd/proto/broker/v1"
@@ -37,11 +36,14 @@ import (
 )
 
 // Backend is the part of broker.v1 the HTTP APIs translate onto (the
-// server's BrokerService).
+// server's BrokerService). Generation is its transport-neutral API:
+// RunGenerate and RunChat hand send each response's deltas and results
+// as they are ready, and stop the call's sequences when ctx ends (a
+// client that disconnects).
 type Backend interface {
 	Encode(ctx context.Context, req *brokerv1.EncodeRequest) (*brokerv1.EncodeResponse, error)
-	Generate(req *brokerv1.GenerateRequest, stream brokerv1.BrokerService_GenerateServer) error
-	Chat(req *brokerv1.ChatRequest, stream brokerv1.BrokerService_ChatServer) error
+	RunGenerate(ctx context.Context, req *brokerv1.GenerateRequest, send func([]*brokerv1.GenerationDelta, []*brokerv1.GenerationResult) error) error
+	RunChat(ctx context.Context, req *brokerv1.ChatRequest, send func([]*brokerv1.GenerationDelta, []*brokerv1.GenerationResult) error) error
 	ListModels(ctx context.Context, req *brokerv1.ListModelsRequest) (*brokerv1.ListModelsResponse, error)
 }
 
@@ -400,56 +402,37 @@ func modelName(s string) string {
 	return strings.TrimSuffix(s, ":latest")
 }
 
-// sink is an in-process server stream: Send hands each response to fn. It
-// carries the HTTP request's context, so a client that disconnects cancels
-// its sequences.
-type sink[T any] struct {
-	grpc.ServerStream
-	ctx context.Context
-	fn  func(*T) error
-}
-
-func (s *sink[T]) Send(m *T) error          { return s.fn(m) }
-func (s *sink[T]) Context() context.Context { return s.ctx }
-func (s *sink[T]) SetHeader(metadata.MD) error {
-	return nil
-}
-func (s *sink[T]) SendHeader(metadata.MD) error { return nil }
-func (s *sink[T]) SetTrailer(metadata.MD)       {}
-func (s *sink[T]) SendMsg(any) error            { return errors.New("httpapi: SendMsg is not used") }
-func (s *sink[T]) RecvMsg(any) error            { return errors.New("httpapi: RecvMsg is not used") }
-
 // event is one prompt's delta or result, in the order the stream gave them.
 type event struct {
 	delta  *brokerv1.GenerationDelta
 	result *brokerv1.GenerationResult
 }
 
-// generation runs Generate or Chat and calls on for each delta and result.
+// generate runs Generate and calls on for each delta and result.
 func (h *Handler) generate(ctx context.Context, req *brokerv1.GenerateRequest, on func(event) error) error {
-	return h.b.Generate(req, &sink[brokerv1.GenerateResponse]{ctx: ctx, fn: func(m *brokerv1.GenerateResponse) error {
-		return forward(m.GetDeltas(), m.GetResults(), on)
-	}})
+	return h.b.RunGenerate(ctx, req, forward(on))
 }
 
+// chat runs Chat and calls on for each delta and result.
 func (h *Handler) chat(ctx context.Context, req *brokerv1.ChatRequest, on func(event) error) error {
-	return h.b.Chat(req, &sink[brokerv1.ChatResponse]{ctx: ctx, fn: func(m *brokerv1.ChatResponse) error {
-		return forward(m.GetDeltas(), m.GetResults(), on)
-	}})
+	return h.b.RunChat(ctx, req, forward(on))
 }
 
-func forward(ds []*brokerv1.GenerationDelta, rs []*brokerv1.GenerationResult, on func(event) error) error {
-	for _, d := range ds {
-		if err := on(event{delta: d}); err != nil {
-			return err
+// forward hands on a response's deltas, then its results.
+func forward(on func(event) error) func([]*brokerv1.GenerationDelta, []*brokerv1.GenerationResult) error {
+	return func(ds []*brokerv1.GenerationDelta, rs []*brokerv1.GenerationResult) error {
+		for _, d := range ds {
+			if err := on(event{delta: d}); err != nil {
+				return err
+			}
 		}
-	}
-	for _, r := range rs {
-		if err := on(event{result: r}); err != nil {
-			return err
+		for _, r := range rs {
+			if err := on(event{result: r}); err != nil {
+				return err
+			}
 		}
+		return nil
 	}
-	return nil
 }
 
 // finishName is a FinishReason as both APIs spell it.
