@@ -435,7 +435,8 @@ func forward(on func(event) error) func([]*brokerv1.GenerationDelta, []*brokerv1
 	}
 }
 
-// finishName is a FinishReason as both APIs spell it.
+// finishName is a FinishReason as both APIs spell it. (A cancelled
+// sequence ends its call with an error, never with a result.)
 func finishName(f brokerv1.FinishReason) string {
 	switch f {
 	case brokerv1.FinishReason_FINISH_REASON_STOP:
@@ -444,8 +445,6 @@ func finishName(f brokerv1.FinishReason) string {
 		return "length"
 	case brokerv1.FinishReason_FINISH_REASON_DEADLINE:
 		return "deadline"
-	case brokerv1.FinishReason_FINISH_REASON_CANCELLED:
-		return "cancelled"
 	case brokerv1.FinishReason_FINISH_REASON_CONSTRAINT:
 		// The structured-output constraint could not continue.
 		return "constraint"

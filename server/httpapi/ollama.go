@@ -227,13 +227,7 @@ func (h *Handler) ollamaGenerate(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	sp, err := req.Options.sampling()
-	if err == nil {
-		err = ollamaLogprobs(sp, req.Logprobs, req.TopLogprobs)
-	}
-	if err == nil {
-		sp.Constraint, err = ollamaFormat(req.Format)
-	}
+	sp, err := ollamaSampling(req.Options, req.Logprobs, req.TopLogprobs, req.Format)
 	if err != nil {
 		h.fail(w, r, err)
 		return
@@ -248,34 +242,10 @@ func (h *Handler) ollamaGenerate(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, ollamaGenerateChunk{Model: req.Model, CreatedAt: h.created(), ollamaDone: ollamaDone{Done: true, DoneReason: "load"}})
 		return
 	}
-	start := time.Now()
-	var text, thinking strings.Builder
-	var lps []logprobEntry
-	stream := req.Stream == nil || *req.Stream
 	out := &ndjson{w: w}
-	on := func(e event) error {
-		if e.delta != nil {
-			d := e.delta
-			if !stream {
-				text.WriteString(d.GetText())
-				thinking.WriteString(d.GetReasoning())
-				lps = append(lps, logprobEntries(d.GetLogprobs())...)
-				return nil
-			}
-			if d.GetText() == "" && d.GetReasoning() == "" && len(d.GetLogprobs()) == 0 {
-				return nil
-			}
-			return out.send(ollamaGenerateChunk{Model: req.Model, CreatedAt: h.created(), Response: d.GetText(), Thinking: d.GetReasoning(),
-				Logprobs: logprobEntries(d.GetLogprobs())})
-		}
-		last := ollamaGenerateChunk{Model: req.Model, CreatedAt: h.created(), ollamaDone: doneFields(e.result, time.Since(start))}
-		if !stream {
-			last.Response, last.Thinking, last.Logprobs = text.String(), thinking.String(), lps
-			writeJSON(w, last)
-			return nil
-		}
-		return out.send(last)
-	}
+	on := h.ollamaReply(w, out, req.Stream, func(p ollamaPiece) any {
+		return ollamaGenerateChunk{Model: req.Model, CreatedAt: h.created(), Response: p.text, Thinking: p.thinking, ollamaDone: p.done, Logprobs: p.logprobs}
+	})
 	if req.Raw {
 		err = h.generate(r.Context(), &brokerv1.GenerateRequest{Model: name, Prompts: []string{req.Prompt}, Sampling: sp}, on)
 	} else {
@@ -291,6 +261,63 @@ func (h *Handler) ollamaGenerate(w http.ResponseWriter, r *http.Request) {
 		err = h.explainKind(r.Context(), err, name, wantGenerator, false)
 	}
 	h.endStream(w, r, out, err)
+}
+
+// ollamaSampling is the sampling of an Ollama generate or chat: its
+// options, logprobs and format.
+func ollamaSampling(o *ollamaOptions, logprobs bool, topLogprobs int, format json.RawMessage) (*brokerv1.SamplingParams, error) {
+	sp, err := o.sampling()
+	if err == nil {
+		err = ollamaLogprobs(sp, logprobs, topLogprobs)
+	}
+	if err == nil {
+		sp.Constraint, err = ollamaFormat(format)
+	}
+	return sp, err
+}
+
+// ollamaPiece is what one object of an Ollama generate's or chat's answer
+// carries: a delta's, or (done set) the last one's, which gathers the
+// whole answer when it is not streamed.
+type ollamaPiece struct {
+	text, thinking string
+	calls          []*brokerv1.ToolCall
+	logprobs       []logprobEntry
+	done           ollamaDone
+}
+
+// ollamaReply is the handler of an Ollama generate's or chat's events:
+// each delta that carries something streamed as the object chunk makes
+// of it, then the last object; or, when stream is false, one object of
+// everything.
+func (h *Handler) ollamaReply(w http.ResponseWriter, out *ndjson, stream *bool, chunk func(ollamaPiece) any) func(event) error {
+	start := time.Now()
+	streamed := stream == nil || *stream
+	var text, thinking strings.Builder
+	var all ollamaPiece
+	return func(e event) error {
+		if d := e.delta; d != nil {
+			lps := logprobEntries(d.GetLogprobs())
+			if !streamed {
+				text.WriteString(d.GetText())
+				thinking.WriteString(d.GetReasoning())
+				all.calls = append(all.calls, d.GetToolCalls()...)
+				all.logprobs = append(all.logprobs, lps...)
+				return nil
+			}
+			if d.GetText() == "" && d.GetReasoning() == "" && len(d.GetLogprobs()) == 0 && len(d.GetToolCalls()) == 0 {
+				return nil
+			}
+			return out.send(chunk(ollamaPiece{text: d.GetText(), thinking: d.GetReasoning(), calls: d.GetToolCalls(), logprobs: lps}))
+		}
+		done := doneFields(e.result, time.Since(start))
+		if !streamed {
+			all.text, all.thinking, all.done = text.String(), thinking.String(), done
+			writeJSON(w, chunk(all))
+			return nil
+		}
+		return out.send(chunk(ollamaPiece{done: done}))
+	}
 }
 
 // endStream reports an error: as a status before anything was written, as
@@ -332,13 +359,7 @@ func (h *Handler) ollamaChat(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	sp, err := req.Options.sampling()
-	if err == nil {
-		err = ollamaLogprobs(sp, req.Logprobs, req.TopLogprobs)
-	}
-	if err == nil {
-		sp.Constraint, err = ollamaFormat(req.Format)
-	}
+	sp, err := ollamaSampling(req.Options, req.Logprobs, req.TopLogprobs, req.Format)
 	if err != nil {
 		h.fail(w, r, err)
 		return
@@ -352,41 +373,15 @@ func (h *Handler) ollamaChat(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, ollamaChatChunk{Model: req.Model, CreatedAt: h.created(), Message: ollamaMessage{Role: "assistant"}, ollamaDone: ollamaDone{Done: true, DoneReason: "load"}})
 		return
 	}
-	start := time.Now()
-	var text, thinking strings.Builder
-	var calls []*brokerv1.ToolCall
-	var lps []logprobEntry
-	stream := req.Stream == nil || *req.Stream
 	out := &ndjson{w: w}
 	err = h.chat(r.Context(), &brokerv1.ChatRequest{Model: name, Conversations: []*brokerv1.Conversation{conv}, Sampling: sp,
-		EnableThinking: req.Think.ptr(), Tools: tools}, func(e event) error {
-		if e.delta != nil {
-			d := e.delta
-			if !stream {
-				text.WriteString(d.GetText())
-				thinking.WriteString(d.GetReasoning())
-				calls = append(calls, d.GetToolCalls()...)
-				lps = append(lps, logprobEntries(d.GetLogprobs())...)
-				return nil
-			}
-			if d.GetText() == "" && d.GetReasoning() == "" && len(d.GetLogprobs()) == 0 && len(d.GetToolCalls()) == 0 {
-				return nil
-			}
-			// Ollama streams each call whole, in the chunk where it ended.
-			return out.send(ollamaChatChunk{Model: req.Model, CreatedAt: h.created(),
-				Message:  ollamaMessage{Role: "assistant", Content: d.GetText(), Thinking: d.GetReasoning(), ToolCalls: ollamaToolCalls(d.GetToolCalls())},
-				Logprobs: logprobEntries(d.GetLogprobs())})
-		}
-		// Ollama's done_reason is "stop" after calls too (finishName).
-		last := ollamaChatChunk{Model: req.Model, CreatedAt: h.created(), Message: ollamaMessage{Role: "assistant"}, ollamaDone: doneFields(e.result, time.Since(start))}
-		if !stream {
-			last.Message.Content, last.Message.Thinking, last.Logprobs = text.String(), thinking.String(), lps
-			last.Message.ToolCalls = ollamaToolCalls(calls)
-			writeJSON(w, last)
-			return nil
-		}
-		return out.send(last)
-	})
+		EnableThinking: req.Think.ptr(), Tools: tools}, h.ollamaReply(w, out, req.Stream, func(p ollamaPiece) any {
+		// Ollama streams each call whole, in the chunk where it ended;
+		// its done_reason is "stop" after calls too (finishName).
+		return ollamaChatChunk{Model: req.Model, CreatedAt: h.created(),
+			Message:    ollamaMessage{Role: "assistant", Content: p.text, Thinking: p.thinking, ToolCalls: ollamaToolCalls(p.calls)},
+			ollamaDone: p.done, Logprobs: p.logprobs}
+	}))
 	if err != nil && !out.started {
 		err = h.explainKind(r.Context(), err, name, wantGenerator, false)
 	}
@@ -482,16 +477,8 @@ func (h *Handler) ollamaEmbeddings(w http.ResponseWriter, r *http.Request) {
 // modelExists is NOT_FOUND when name is neither served nor in the
 // repository.
 func (h *Handler) modelExists(ctx context.Context, name string) error {
-	ms, err := h.b.ListModels(ctx, &brokerv1.ListModelsRequest{})
-	if err != nil {
-		return err
-	}
-	for _, m := range ms.GetModels() {
-		if m.GetName() == name {
-			return nil
-		}
-	}
-	return status.Errorf(codes.NotFound, "model %q not found", name)
+	_, err := h.findModel(ctx, name)
+	return err
 }
 
 type ollamaModelDetails struct {
@@ -532,27 +519,54 @@ func tagged(name string) string {
 	return name + ":latest"
 }
 
-func (h *Handler) ollamaTags(w http.ResponseWriter, r *http.Request) {
+// ollamaListed is a model as /api/tags (every model that did not fail:
+// modified_at, and the size of its files) and /api/ps (the loaded ones:
+// expires_at, the size of its memory and the part of it on accelerators)
+// list it.
+type ollamaListed struct {
+	Name       string             `json:"name"`
+	Model      string             `json:"model"`
+	ModifiedAt string             `json:"modified_at,omitempty"`
+	Size       uint64             `json:"size"`
+	Digest     string             `json:"digest"`
+	Details    ollamaModelDetails `json:"details"`
+	ExpiresAt  string             `json:"expires_at,omitempty"`
+	SizeVRAM   *uint64            `json:"size_vram,omitempty"`
+}
+
+func (h *Handler) ollamaTags(w http.ResponseWriter, r *http.Request) { h.ollamaList(w, r, false) }
+
+func (h *Handler) ollamaPS(w http.ResponseWriter, r *http.Request) { h.ollamaList(w, r, true) }
+
+// ollamaList answers /api/tags, or /api/ps when loaded.
+func (h *Handler) ollamaList(w http.ResponseWriter, r *http.Request, loaded bool) {
 	ms, err := h.b.ListModels(r.Context(), &brokerv1.ListModelsRequest{})
 	if err != nil {
 		h.fail(w, r, err)
 		return
 	}
-	type tag struct {
-		Name       string             `json:"name"`
-		Model      string             `json:"model"`
-		ModifiedAt string             `json:"modified_at"`
-		Size       uint64             `json:"size"`
-		Digest     string             `json:"digest"`
-		Details    ollamaModelDetails `json:"details"`
-	}
-	out := []tag{}
+	out := []ollamaListed{}
 	for _, m := range ms.GetModels() {
-		if m.GetState() == brokerv1.ModelState_MODEL_STATE_FAILED {
+		e := ollamaListed{Name: tagged(m.GetName()), Model: tagged(m.GetName()), Details: details(m)}
+		switch {
+		case !loaded:
+			if m.GetState() == brokerv1.ModelState_MODEL_STATE_FAILED {
+				continue
+			}
+			e.ModifiedAt, e.Size = h.modified(m), fileSize(m)
+		case m.GetState() != brokerv1.ModelState_MODEL_STATE_READY:
 			continue
+		default:
+			vram := uint64(0)
+			for _, d := range m.GetDeviceIds() {
+				if !strings.HasPrefix(d, "cpu:") {
+					vram = m.GetMemoryBytes()
+				}
+			}
+			// Loaded models stay until unloaded: no expiry.
+			e.Size, e.ExpiresAt, e.SizeVRAM = m.GetMemoryBytes(), "0001-01-01T00:00:00Z", &vram
 		}
-		out = append(out, tag{Name: tagged(m.GetName()), Model: tagged(m.GetName()), ModifiedAt: h.modified(m),
-			Size: fileSize(m), Digest: "", Details: details(m)})
+		out = append(out, e)
 	}
 	writeJSON(w, map[string]any{"models": out})
 }
@@ -662,39 +676,6 @@ func modelfileQuote(s string) string {
 		return `"""` + s + `"""`
 	}
 	return `"` + s + `"`
-}
-
-func (h *Handler) ollamaPS(w http.ResponseWriter, r *http.Request) {
-	ms, err := h.b.ListModels(r.Context(), &brokerv1.ListModelsRequest{})
-	if err != nil {
-		h.fail(w, r, err)
-		return
-	}
-	type running struct {
-		Name      string             `json:"name"`
-		Model     string             `json:"model"`
-		Size      uint64             `json:"size"`
-		Digest    string             `json:"digest"`
-		Details   ollamaModelDetails `json:"details"`
-		ExpiresAt string             `json:"expires_at"`
-		SizeVRAM  uint64             `json:"size_vram"`
-	}
-	out := []running{}
-	for _, m := range ms.GetModels() {
-		if m.GetState() != brokerv1.ModelState_MODEL_STATE_READY {
-			continue
-		}
-		vram := uint64(0)
-		for _, d := range m.GetDeviceIds() {
-			if !strings.HasPrefix(d, "cpu:") {
-				vram = m.GetMemoryBytes()
-			}
-		}
-		// Loaded models stay until unloaded: no expiry.
-		out = append(out, running{Name: tagged(m.GetName()), Model: tagged(m.GetName()), Size: m.GetMemoryBytes(),
-			Details: details(m), ExpiresAt: "0001-01-01T00:00:00Z", SizeVRAM: vram})
-	}
-	writeJSON(w, map[string]any{"models": out})
 }
 
 func (h *Handler) ollamaVersion(w http.ResponseWriter, _ *http.Request) {

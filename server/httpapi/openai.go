@@ -174,12 +174,29 @@ func (s *sse) done() {
 
 func newID(prefix string) string { return fmt.Sprintf("%s-%016x", prefix, rand.Uint64()) }
 
-// endSSE reports an error: as a status before the stream started, as an
-// error event after (what OpenAI's clients raise), then data: [DONE], so
-// the stream ends as streams do and is not taken for a network fault.
-func (h *Handler) endSSE(w http.ResponseWriter, r *http.Request, out *sse, err error) {
+// endStream ends a completion's stream: the usage chunk when
+// stream_options asks for it, then data: [DONE].
+func (o *openaiSampling) endStream(out *sse, id, object string, created int64, usage openaiUsage) error {
+	if o.StreamOptions != nil && o.StreamOptions.IncludeUsage {
+		if err := out.send(map[string]any{"id": id, "object": object, "created": created, "model": o.Model,
+			"choices": []any{}, "usage": usage}); err != nil {
+			return err
+		}
+	}
+	out.done()
+	return nil
+}
+
+// endSSE reports a completion's error (none: nothing): as a status before
+// the stream started (saying what model's kind is when that is why), as
+// an error event after (what OpenAI's clients raise), then data: [DONE],
+// so the stream ends as streams do and is not taken for a network fault.
+func (h *Handler) endSSE(w http.ResponseWriter, r *http.Request, out *sse, model string, err error) {
+	if err == nil {
+		return
+	}
 	if !out.started {
-		h.fail(w, r, err)
+		h.fail(w, r, h.explainKind(r.Context(), err, modelName(model), wantGenerator, true))
 		return
 	}
 	st := status.Convert(err)
@@ -369,21 +386,9 @@ func (h *Handler) openaiChat(w http.ResponseWriter, r *http.Request) {
 		if err := out.send(chunk(map[string]any{}, &finish, nil)); err != nil {
 			return err
 		}
-		if req.StreamOptions != nil && req.StreamOptions.IncludeUsage {
-			if err := out.send(map[string]any{"id": id, "object": "chat.completion.chunk", "created": created, "model": req.Model,
-				"choices": []any{}, "usage": usage}); err != nil {
-				return err
-			}
-		}
-		out.done()
-		return nil
+		return req.endStream(out, id, "chat.completion.chunk", created, usage)
 	})
-	if err != nil {
-		if !out.started {
-			err = h.explainKind(r.Context(), err, modelName(req.Model), wantGenerator, true)
-		}
-		h.endSSE(w, r, out, err)
-	}
+	h.endSSE(w, r, out, req.Model, err)
 }
 
 // nullIfEmpty is s, or JSON null for "".
@@ -508,21 +513,9 @@ func (h *Handler) openaiCompletions(w http.ResponseWriter, r *http.Request) {
 				"choices": choices, "usage": usage})
 			return nil
 		}
-		if req.StreamOptions != nil && req.StreamOptions.IncludeUsage {
-			if err := out.send(map[string]any{"id": id, "object": "text_completion", "created": created, "model": req.Model,
-				"choices": []any{}, "usage": usage}); err != nil {
-				return err
-			}
-		}
-		out.done()
-		return nil
+		return req.endStream(out, id, "text_completion", created, usage)
 	})
-	if err != nil {
-		if !out.started {
-			err = h.explainKind(r.Context(), err, modelName(req.Model), wantGenerator, true)
-		}
-		h.endSSE(w, r, out, err)
-	}
+	h.endSSE(w, r, out, req.Model, err)
 }
 
 func (h *Handler) openaiEmbeddings(w http.ResponseWriter, r *http.Request) {
