@@ -67,9 +67,9 @@ type DataPlane struct {
 	OnDrained func()
 	// Draining is called when a drain starts, so health can go NOT_SERVING.
 	Draining func()
-	// generators replaces the decoder LLMs of the models (unit tests of
+	// testGenerator replaces the decoder LLMs of the models (unit tests of
 	// the edge generate with fakes); nil: each model's own.
-	generators func(*lifecycle.Served) generatorModel
+	testGenerator func(*lifecycle.Served) generator
 	// budget is the in-flight byte budget generation calls are charged
 	// to for what their sequences hold (nil: not charged).
 	budget *byteBudget

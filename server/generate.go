@@ -25,11 +25,11 @@ import (
 	"github.com/brokerd/brokerd/server/internal/output"
 )
 
-// generatorModel is what Generate and Chat need of a loaded decoder LLM:
+// generator is what Generate and Chat need of a loaded decoder LLM:
 // its tokenizer and chat template, and the per-sequence state (sampler,
-// stop strings, detokeniser) its steps carry. The model lifecycle adapts
-// runtime/models/llm to it.
-type generatorModel interface {
+// stop strings, detokeniser) its steps carry. llmGenerator adapts
+// runtime/models/llm to it; DataPlane.generator finds a model's.
+type generator interface {
 	// ContextLength is the most tokens a sequence (prompt and output) holds.
 	ContextLength() int
 	// DefaultMaxTokens is the output bound of a request that sets none
@@ -144,7 +144,7 @@ type genCall struct {
 	svc     *BrokerService
 	method  string
 	sv      *lifecycle.Served
-	gm      generatorModel
+	gm      generator
 	params  llm.Sampling
 	maxNew  int // 0: per prompt, the model's default or else the rest of the context
 	sched   scheduler.GenRequest
@@ -327,7 +327,7 @@ var toolName = regexp.MustCompile(`^[a-zA-Z0-9_-]{1,64}$`)
 // chatTools validates a chat's tools and tool_choice and returns them as
 // the template's tools (OpenAI's tool objects, parameters as written)
 // and their bytes, which count against each conversation's size.
-func chatTools(req *brokerv1.ChatRequest, gm generatorModel) ([]json.RawMessage, int, error) {
+func chatTools(req *brokerv1.ChatRequest, gm generator) ([]json.RawMessage, int, error) {
 	ts := req.GetTools()
 	choice := req.GetToolChoice()
 	switch choice {

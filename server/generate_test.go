@@ -202,13 +202,13 @@ func genServer(t *testing.T, m *letterModel, limits Limits) brokerv1.BrokerServi
 	}
 	tiny := &lifecycle.Served{Info: models.Info{Name: "tiny", Version: 1, Kind: "llm"}, Key: "tiny@1"}
 	ms := fixedModels{"tiny": tiny, "enc": {Info: models.Info{Name: "enc", Version: 1, Kind: models.KindBERT}, Key: "enc@1"}}
-	gens := func(sv *lifecycle.Served) generatorModel {
+	gens := func(sv *lifecycle.Served) generator {
 		if sv == tiny {
 			return m
 		}
 		return nil
 	}
-	svc := NewBrokerService(nil, Policy{}, DataPlane{Sched: sched, models: ms, Limits: limits, generators: gens}, zap.NewNop())
+	svc := NewBrokerService(nil, Policy{}, DataPlane{Sched: sched, models: ms, Limits: limits, testGenerator: gens}, zap.NewNop())
 	sock := filepath.Join(t.TempDir(), "b.sock")
 	lis, err := net.Listen("unix", sock)
 	if err != nil {

@@ -14,36 +14,36 @@ import (
 
 // generator is what Generate and Chat run for sv: its decoder LLM, nil for
 // other models.
-func (d DataPlane) generator(sv *lifecycle.Served) generatorModel {
-	if d.generators != nil {
-		return d.generators(sv)
+func (d DataPlane) generator(sv *lifecycle.Served) generator {
+	if d.testGenerator != nil {
+		return d.testGenerator(sv)
 	}
 	if sv.LLM == nil {
 		return nil
 	}
-	return genModel{sv.LLM}
+	return llmGenerator{sv.LLM}
 }
 
-// genModel adapts *llm.Model to what Generate and Chat need.
-type genModel struct{ m *llm.Model }
+// llmGenerator adapts *llm.Model to what Generate and Chat need.
+type llmGenerator struct{ m *llm.Model }
 
-func (g genModel) ContextLength() int    { return g.m.ContextLength() }
-func (g genModel) SystemPrompt() string  { return g.m.SystemPrompt() }
-func (g genModel) DefaultMaxTokens() int { return g.m.DefaultMaxTokens() }
-func (g genModel) EncodePrompt(text string, addSpecial bool) ([]int32, error) {
+func (g llmGenerator) ContextLength() int    { return g.m.ContextLength() }
+func (g llmGenerator) SystemPrompt() string  { return g.m.SystemPrompt() }
+func (g llmGenerator) DefaultMaxTokens() int { return g.m.DefaultMaxTokens() }
+func (g llmGenerator) EncodePrompt(text string, addSpecial bool) ([]int32, error) {
 	return g.m.Encode(text, addSpecial)
 }
 
-func (g genModel) DefaultSampling() llm.Sampling { return g.m.DefaultSampling() }
+func (g llmGenerator) DefaultSampling() llm.Sampling { return g.m.DefaultSampling() }
 
-func (g genModel) RenderChat(ctx context.Context, msgs []llm.Message, opts llm.ChatOptions) (string, error) {
+func (g llmGenerator) RenderChat(ctx context.Context, msgs []llm.Message, opts llm.ChatOptions) (string, error) {
 	return g.m.RenderChat(ctx, msgs, opts)
 }
 
 // ToolFormat: Qwen2.5's and Qwen3's vocabularies have <tool_call> and
 // </tool_call> as tokens of their own (Hermes calls); Llama 3.1's and
 // 3.2's have <|python_tag|> (JSON calls).
-func (g genModel) ToolFormat() output.ToolFormat {
+func (g llmGenerator) ToolFormat() output.ToolFormat {
 	single := func(tags ...string) bool {
 		for _, tag := range tags {
 			if ids, err := g.m.Encode(tag, false); err != nil || len(ids) != 1 {
@@ -64,7 +64,7 @@ func (g genModel) ToolFormat() output.ToolFormat {
 // ThinkTags: a model thinks when its vocabulary has Qwen3's (and
 // DeepSeek-R1's) thinking markers as tokens of their own, as Qwen3's
 // tokenizer adds them; Qwen2.5's and Llama 3's split them into pieces.
-func (g genModel) ThinkTags() (output.Tags, bool) {
+func (g llmGenerator) ThinkTags() (output.Tags, bool) {
 	tags := output.Qwen3Tags
 	for _, tag := range []string{tags.Open, tags.Close} {
 		if ids, err := g.m.Encode(tag, false); err != nil || len(ids) != 1 {
@@ -76,23 +76,23 @@ func (g genModel) ThinkTags() (output.Tags, bool) {
 
 // NewSequence: p is the request's sampling over the model's defaults,
 // validated by the edge (samplingFromProto).
-func (g genModel) NewSequence(ctx context.Context, p llm.Sampling, prompt []int32) (genSequence, error) {
+func (g llmGenerator) NewSequence(ctx context.Context, p llm.Sampling, prompt []int32) (genSequence, error) {
 	seq, err := g.m.NewSequenceContext(ctx, p, prompt)
 	if err != nil {
 		return nil, err
 	}
-	return genSeq{s: seq, m: g.m}, nil
+	return llmSequence{s: seq, m: g.m}, nil
 }
 
-// genSeq adapts *llm.Sequence.
-type genSeq struct {
+// llmSequence adapts *llm.Sequence.
+type llmSequence struct {
 	s *llm.Sequence
 	m *llm.Model // the tokens' text of logprobs
 }
 
-func (q genSeq) State() any    { return q.s }
-func (q genSeq) Flush() string { return q.s.Flush().Text }
-func (q genSeq) Delta(out any) (genDelta, error) {
+func (q llmSequence) State() any    { return q.s }
+func (q llmSequence) Flush() string { return q.s.Flush().Text }
+func (q llmSequence) Delta(out any) (genDelta, error) {
 	d, ok := out.(llm.Delta)
 	if !ok {
 		return genDelta{}, fmt.Errorf("a generation step returned %T, want llm.Delta", out)
@@ -108,7 +108,7 @@ func (q genSeq) Delta(out any) (genDelta, error) {
 	return gd, nil
 }
 
-func (q genSeq) tokenLogprob(t llm.TokenLogprob) *brokerv1.TokenLogprob {
+func (q llmSequence) tokenLogprob(t llm.TokenLogprob) *brokerv1.TokenLogprob {
 	b := q.m.TokenBytes(t.Token)
 	return &brokerv1.TokenLogprob{TokenId: t.Token, Logprob: t.Logprob, Text: tokenText(b), Bytes: b}
 }
