@@ -76,9 +76,9 @@ type genDelta struct {
 	Logprobs []*brokerv1.LogprobEntry
 }
 
-// Bounds of a generation request besides the model's own.
+// Bounds of a generation request besides the model's own and its
+// sampling's (llm.Sampling.Validate's).
 const (
-	// (Sampling's own are llm.Sampling.Validate's.)
 	// maxTemplateKwargs bounds chat_template_kwargs: keys, and bytes.
 	maxTemplateKwargs      = 64
 	maxTemplateKwargsBytes = 64 << 10
