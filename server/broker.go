@@ -56,17 +56,18 @@ type Scheduler interface {
 	Health(deviceID string) scheduler.Health
 }
 
-// DataPlane is what Encode, GetStats and Drain run on. A zero DataPlane
-// serves the admin RPCs only.
+// DataPlane is what the data-plane RPCs (Encode, Infer, Generate, Chat,
+// the model RPCs, GetStats and Drain) run on; BrokerService embeds it. A
+// zero DataPlane serves the admin RPCs only.
 type DataPlane struct {
-	Sched  Scheduler
+	sched  Scheduler
 	models modelCatalog
-	Limits Limits
-	// OnDrained is called once a Drain RPC asking brokerd to exit has
+	limits Limits
+	// onDrained is called once a Drain RPC asking brokerd to exit has
 	// drained everything (the daemon stops then).
-	OnDrained func()
-	// Draining is called when a drain starts, so health can go NOT_SERVING.
-	Draining func()
+	onDrained func()
+	// draining is called when a drain starts, so health can go NOT_SERVING.
+	draining func()
 	// testGenerator replaces the decoder LLMs of the models (unit tests of
 	// the edge generate with fakes); nil: each model's own.
 	testGenerator func(*lifecycle.Served) generator
@@ -103,18 +104,13 @@ type BrokerService struct {
 	inv    Inventory
 	policy Policy
 	log    *zap.Logger
-
-	sched  Scheduler
-	models modelCatalog
-	limits Limits
-	budget *byteBudget // nil: generation calls are not charged (unit tests)
 	zstd   *zstd.Encoder
-	dp     DataPlane
+	DataPlane
 }
 
 // NewBrokerService returns the service over inv and the data plane.
 func NewBrokerService(inv Inventory, p Policy, dp DataPlane, log *zap.Logger) *BrokerService {
-	return &BrokerService{inv: inv, policy: p, log: log, sched: dp.Sched, models: dp.models, limits: dp.Limits, budget: dp.budget, zstd: newZstd(), dp: dp}
+	return &BrokerService{inv: inv, policy: p, log: log, zstd: newZstd(), DataPlane: dp}
 }
 
 // ListDevices lists every detected device, runnable or not.

@@ -90,8 +90,8 @@ func (s *BrokerService) Drain(ctx context.Context, req *brokerv1.DrainRequest) (
 		return nil, status.Error(codes.FailedPrecondition, "no data plane to drain")
 	}
 	before := s.completed()
-	if s.dp.Draining != nil {
-		s.dp.Draining()
+	if s.draining != nil {
+		s.draining()
 	}
 	s.log.Info("draining", zap.Bool("exit", req.GetExit()))
 	if err := s.sched.Drain(ctx); err != nil {
@@ -99,8 +99,8 @@ func (s *BrokerService) Drain(ctx context.Context, req *brokerv1.DrainRequest) (
 	}
 	done := s.completed() - before
 	s.log.Info("drained", zap.Int64("completed_while_draining", done))
-	if req.GetExit() && s.dp.OnDrained != nil {
-		s.dp.OnDrained()
+	if req.GetExit() && s.onDrained != nil {
+		s.onDrained()
 	}
 	return &brokerv1.DrainResponse{Completed: done}, nil
 }

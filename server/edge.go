@@ -88,10 +88,10 @@ func NewEdge(opts EdgeOptions, log *zap.Logger) (*Edge, error) {
 		return nil, err
 	}
 	broker := NewBrokerService(opts.Inventory, opts.Policy, DataPlane{
-		Sched: opts.Sched, models: opts.Models, budget: budget,
-		Limits:    Limits{MaxItemsPerRequest: cfg.MaxItemsPerRequest, MaxItemBytes: cfg.MaxItemBytes},
-		Draining:  e.StopServing,
-		OnDrained: opts.OnDrained,
+		sched: opts.Sched, models: opts.Models, budget: budget,
+		limits:    Limits{MaxItemsPerRequest: cfg.MaxItemsPerRequest, MaxItemBytes: cfg.MaxItemBytes},
+		draining:  e.StopServing,
+		onDrained: opts.OnDrained,
 	}, log)
 	// KServe's ServerReady and ModelReady turn false once a drain starts.
 	kserve := NewInferenceService(broker, func() bool { return !e.draining.Load() },

@@ -543,7 +543,7 @@ func (s *BrokerService) newGenCall(ctx context.Context, method, model string, n 
 	if err != nil {
 		return nil, nil, toStatus(s.log, method, err)
 	}
-	gm := s.dp.generator(sv)
+	gm := s.generator(sv)
 	if gm == nil {
 		s.models.Release(sv)
 		return nil, nil, invalid("model %s is a %s model: %s serves generator (LLM) models", model, sv.Info.Kind, method)

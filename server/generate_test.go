@@ -208,7 +208,7 @@ func genServer(t *testing.T, m *letterModel, limits Limits) brokerv1.BrokerServi
 		}
 		return nil
 	}
-	svc := NewBrokerService(nil, Policy{}, DataPlane{Sched: sched, models: ms, Limits: limits, testGenerator: gens}, zap.NewNop())
+	svc := NewBrokerService(nil, Policy{}, DataPlane{sched: sched, models: ms, limits: limits, testGenerator: gens}, zap.NewNop())
 	sock := filepath.Join(t.TempDir(), "b.sock")
 	lis, err := net.Listen("unix", sock)
 	if err != nil {

@@ -565,7 +565,7 @@ func (k *InferenceService) lookupGenerator(name string) *lifecycle.Served {
 	if k.b.models == nil {
 		return nil
 	}
-	if sv := k.b.models.Lookup(name); sv != nil && k.b.dp.generator(sv) != nil {
+	if sv := k.b.models.Lookup(name); sv != nil && k.b.generator(sv) != nil {
 		return sv
 	}
 	return nil

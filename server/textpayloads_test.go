@@ -14,7 +14,7 @@ import (
 // TestTokenisingStopsWhenTheCallerLeaves: host work on a request stops
 // between items once its caller is gone.
 func TestTokenisingStopsWhenTheCallerLeaves(t *testing.T) {
-	s := &BrokerService{log: zap.NewNop(), limits: Limits{MaxItemsPerRequest: 100, MaxItemBytes: 1 << 20}}
+	s := &BrokerService{log: zap.NewNop(), DataPlane: DataPlane{limits: Limits{MaxItemsPerRequest: 100, MaxItemBytes: 1 << 20}}}
 	tm := &countingText{}
 	sv := &lifecycle.Served{Info: models.Info{Name: "m"}, Model: tm}
 	texts := make([]string, 50)
