@@ -59,7 +59,7 @@ type Options struct {
 	// Tokenizers reads decoder LLMs' tokenizers and chat templates from
 	// the model repository; nil: byte-level BPE (runtime/models/tokenizer/bpe).
 	Tokenizers modelrepo.TokenizerLoader
-	// LogLevel is the logger's level (NewLoggerLevel's), which Triton's
+	// LogLevel is the logger's level (server.NewLoggerLevel's), which Triton's
 	// LogSettings may change; nil: it is fixed.
 	LogLevel *zap.AtomicLevel
 }
