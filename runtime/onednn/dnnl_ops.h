@@ -177,6 +177,12 @@ int64_t bd_paged_attention(const bd_device *d, const void *q, int q_bf16,
 
 // bf16 <-> f32 conversion (round to nearest even, NaN kept quiet).
 void bd_f32_to_bf16(const float *src, uint16_t *dst, int64_t n);
+
+// gemv_bf16.c: bf16 x bf16 products of a few rows (decode) with
+// AVX512-BF16; y[i*n + j] = Σ_l x[i*k + l]·w[j*k + l].
+int bd_have_avx512bf16(void);
+void bd_gemv_bf16(const uint16_t *w, int64_t n, int64_t k, const uint16_t *x, int64_t m,
+        float *y, int nthreads);
 void bd_bf16_to_f32(const uint16_t *src, float *dst, int64_t n);
 
 // Host memory aligned to 64 bytes (4 KiB from 64 KiB up); size must be a

@@ -13,19 +13,19 @@ import (
 	"github.com/brokerd/brokerd/runtime/quant"
 )
 
-// Decode steps of a bf16 model: a product of a few rows by bf16 weights
-// reads every weight once, so it runs at the memory's read rate or below.
+// Decode steps of a bf16 model: a product of one row by bf16 weights reads
+// every weight once, so it runs at the memory's read rate or below.
 // oneDNN 2.6's bf16 brgemm streamed the weights at 0.59 of that rate
-// (issue 21); bd_qgemm's BF16 kernel (weights widened in registers, f32
-// FMAs) streams them as fast as its quantized kernels. Those matmuls'
-// weights therefore stay row-major for good (never packed for oneDNN),
-// and oneDNN multiplies them row-major from gemv16Rows rows on, as it does
-// the dequantized slices of a quantized prefill. bd_qgemm's f32 FMAs cost
-// about 15% of a one-row step per further row where oneDNN's AMX adds 2%:
-// on Qwen2.5-0.5B's shape one row took 0.7 of oneDNN's CPU time and 16
-// rows 1.8 times it (BenchmarkDecode -llm.threads=1, cpu-ms/step), so the
-// crossing is near 4 rows.
-const defaultGemv16Rows = 5
+// (issue 21). One row therefore runs here: with bf16 activations on a CPU
+// with AVX512-BF16, gemv_bf16.c's vdpbf16ps multiplies them as they are;
+// else bd_qgemm widens both to f32. On Qwen2.5-0.5B's shape one row took
+// 0.8 of oneDNN's CPU time, and 4 rows 1.15 times it, as AMX adds little
+// per further row (BenchmarkDecode -llm.threads=1, cpu-ms/step, beside a
+// busy tenant): from 2 rows on, oneDNN. Those matmuls' weights stay
+// row-major for good (never packed for oneDNN), so decode and prefill
+// steps never relayout them back and forth; oneDNN multiplies them
+// row-major, as it does the dequantized slices of a quantized prefill.
+const defaultGemv16Rows = 2
 
 // gemv16 reports whether s (an OpMatMul) runs on bd_qgemm: bf16 weights
 // with TransB, no fused activation, f32 or bf16 activations and output,
@@ -45,8 +45,7 @@ func (d *Device) gemv16(s *runtime.Step) bool {
 }
 
 // gemv16Weights reports whether a matmul's bf16 weights stay row-major:
-// every TransB one while gemv16 is on, whatever its row count, so decode
-// and prefill steps never relayout them back and forth.
+// every TransB one while gemv16 is on, whatever its row count.
 func (d *Device) gemv16Weights(s *runtime.Step) bool {
 	return d.gemv16Rows > 0 && s.In[1].DType == runtime.BF16 && s.Op.TransB
 }
@@ -58,7 +57,8 @@ func (d *Device) runGemv16(s *runtime.Step, in func(int) unsafe.Pointer, out uns
 	k := a.Last()
 	m, n := a.NumElements()/k, s.Out.Last()
 	x := in(0)
-	if a.DType == runtime.BF16 {
+	dot := a.DType == runtime.BF16 && C.bd_have_avx512bf16() != 0
+	if a.DType == runtime.BF16 && !dot {
 		xf, err := d.scratch(&d.gx, int64(m*k)*4)
 		if err != nil {
 			return fmt.Errorf("%s: %w", s, err)
@@ -75,9 +75,11 @@ func (d *Device) runGemv16(s *runtime.Step, in func(int) unsafe.Pointer, out uns
 		}
 		y = yf
 	}
-	err := qgemmWork(quant.BF16, in(1), int64(n)*int64(k)*2, int64(n), int64(k), x, int64(m), y, int64(n),
-		isaAuto, d.threads, nil, 0)
-	if err != nil {
+	if dot {
+		C.bd_gemv_bf16((*C.uint16_t)(in(1)), C.int64_t(n), C.int64_t(k), (*C.uint16_t)(x), C.int64_t(m),
+			(*C.float)(y), C.int(d.threads))
+	} else if err := qgemmWork(quant.BF16, in(1), int64(n)*int64(k)*2, int64(n), int64(k), x, int64(m), y, int64(n),
+		isaAuto, d.threads, nil, 0); err != nil {
 		return fmt.Errorf("%s: %w", s, err)
 	}
 	if direct {

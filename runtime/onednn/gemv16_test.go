@@ -7,10 +7,11 @@ import (
 	"github.com/brokerd/brokerd/runtime"
 )
 
-// TestGemv16 checks bf16-weight products on both sides of gemv16Rows (few
-// rows on bd_qgemm, more on oneDNN with row-major weights) with f32 and
-// bf16 activations, a bias and a residual, against float64 on the
-// operands as the device holds them.
+// TestGemv16 checks bf16-weight products on both sides of gemv16Rows (one
+// row on gemv_bf16.c or bd_qgemm, more on oneDNN with row-major weights),
+// and with the bound raised every row count of the row kernels (1 to 8,
+// and groups of 8 after), with f32 and bf16 outputs, a bias and a
+// residual, against float64 on the operands as the device holds them.
 func TestGemv16(t *testing.T) {
 	d := openTest(t, runtime.DeviceSpec{})
 	if reason := d.BF16(); reason != nil {
@@ -18,43 +19,46 @@ func TestGemv16(t *testing.T) {
 	}
 	r := newRand(t)
 	const k, n = 70, 37
-	// The planner's rules: bf16 weights take bf16 activations; a residual
-	// is f32 and so is the output then.
-	for _, out := range floatTypes {
-		for _, m := range []int{1, 3, d.gemv16Rows - 1, d.gemv16Rows, 17, 40} {
-			for _, ins := range [][]string{{"a", "w"}, {"a", "w", "b"}, {"a", "w", "b", "r"}} {
-				if len(ins) == 4 && out == runtime.BF16 {
-					continue
-				}
-				t.Run(fmt.Sprintf("out=%s/m=%d/%d-inputs", out, m, len(ins)), func(t *testing.T) {
-					a, w, b, res := randVec(r, m*k), randVec(r, n*k), randVec(r, n), randVec(r, m*n)
-					op := runtime.Op{Kind: runtime.OpMatMul, In: ins, Out: "y", TransB: true}
-					if out == runtime.BF16 {
-						op.DType = runtime.BF16
+	for _, bound := range []int{defaultGemv16Rows, 18} {
+		d.gemv16Rows = bound
+		// The planner's rules: bf16 weights take bf16 activations; a residual
+		// is f32 and so is the output then.
+		for _, out := range floatTypes {
+			for _, m := range []int{1, 2, 3, 4, 5, 8, 9, 16, 17, 40} {
+				for _, ins := range [][]string{{"a", "w"}, {"a", "w", "b"}, {"a", "w", "b", "r"}} {
+					if len(ins) == 4 && out == runtime.BF16 {
+						continue
 					}
-					inputs := []input{
-						{name: "a", dt: runtime.BF16, shape: []int{m, k}, f: a},
-						{name: "w", dt: runtime.BF16, shape: []int{n, k}, f: w},
-						f32In("b", b, n),
-						f32In("r", res, m, n),
-					}[:len(ins)]
-					got := runTyped(t, d, &runtime.Graph{Ops: []runtime.Op{op}}, inputs, out, "y", []int{m, n})
-					var bias []float64
-					if len(ins) >= 3 {
-						bias = to64(b)
-					}
-					want := refMatMul(roundBF16(a), m, k, roundBF16(w), n, true, bias, runtime.ActNone)
-					if len(ins) == 4 {
-						for i, v := range res {
-							want[i] += float64(v)
+					t.Run(fmt.Sprintf("bound=%d/out=%s/m=%d/%d-inputs", bound, out, m, len(ins)), func(t *testing.T) {
+						a, w, b, res := randVec(r, m*k), randVec(r, n*k), randVec(r, n), randVec(r, m*n)
+						op := runtime.Op{Kind: runtime.OpMatMul, In: ins, Out: "y", TransB: true}
+						if out == runtime.BF16 {
+							op.DType = runtime.BF16
 						}
-					}
-					tol := 1e-5
-					if out == runtime.BF16 {
-						tol = tolBF16
-					}
-					checkClose(t, got, want, tol)
-				})
+						inputs := []input{
+							{name: "a", dt: runtime.BF16, shape: []int{m, k}, f: a},
+							{name: "w", dt: runtime.BF16, shape: []int{n, k}, f: w},
+							f32In("b", b, n),
+							f32In("r", res, m, n),
+						}[:len(ins)]
+						got := runTyped(t, d, &runtime.Graph{Ops: []runtime.Op{op}}, inputs, out, "y", []int{m, n})
+						var bias []float64
+						if len(ins) >= 3 {
+							bias = to64(b)
+						}
+						want := refMatMul(roundBF16(a), m, k, roundBF16(w), n, true, bias, runtime.ActNone)
+						if len(ins) == 4 {
+							for i, v := range res {
+								want[i] += float64(v)
+							}
+						}
+						tol := 1e-5
+						if out == runtime.BF16 {
+							tol = tolBF16
+						}
+						checkClose(t, got, want, tol)
+					})
+				}
 			}
 		}
 	}
