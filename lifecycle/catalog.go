@@ -55,10 +55,10 @@ func (ms *Set) publishLocked(name string, s *Served) {
 // Builtin returns the built-in encoder Encode serves under name.
 func (ms *Set) Builtin(name string) (Encoder, bool) {
 	s := ms.cat.Load().byName[name]
-	if s == nil || s.Builtin == nil {
+	if s == nil || s.Builtin() == nil {
 		return nil, false
 	}
-	return s.Builtin, true
+	return s.Builtin(), true
 }
 
 // Lookup returns what serves name, without entering its gate.

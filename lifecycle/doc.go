@@ -4,6 +4,8 @@
 // engines) on them within each device's memory budget, registers them with
 // the scheduler, and loads, reloads and unloads versions without dropping
 // a request (a gate per served version counts the requests holding it).
+// Each kind of model is a servable (servable.go, generator.go), and one
+// placement loop (place.go) places any of them.
 //
 // The gRPC and HTTP edge (package server) asks a Set what serves a name
 // (Acquire/Release around each request, Lookup for metadata) and forwards

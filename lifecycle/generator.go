@@ -2,20 +2,14 @@ package lifecycle
 
 import (
 	"context"
-	"errors"
-	"fmt"
 
 	"go.uber.org/zap"
 
-	"github.com/brokerd/brokerd/detect"
 	"github.com/brokerd/brokerd/runtime"
+	"github.com/brokerd/brokerd/runtime/models"
 	"github.com/brokerd/brokerd/runtime/models/llm"
 	"github.com/brokerd/brokerd/scheduler"
 )
-
-// Decoder LLMs in the model lifecycle: a generator model is placed as one
-// engine per device (weights, KV cache) behind a generation replica of the
-// scheduler, sized by the device's batch plan and memory budget.
 
 // Step sizes of generation replicas: a step carries every running
 // sequence's next token plus prompt chunks up to genStepTokens, each
@@ -55,88 +49,71 @@ func (x EngineExecutor) Step(ctx context.Context, items []scheduler.StepItem) ([
 	return out, nil
 }
 
-// placeGenLocked gives a generator a replica on every usable device of the
-// most preferred type that admits its weights, one step's workspace and a
-// KV cache for at least one full-length sequence. The cache gets what the
-// budget has left, up to enough for the whole running set at full length.
-func (ms *Set) placeGenLocked(ctx context.Context, s *Served, m *llm.Model) error {
-	current := map[string]detect.Entry{}
-	if ms.opts.Entries != nil {
-		for _, e := range ms.opts.Entries() {
-			current[e.ID] = e
-		}
-	}
-	var refusals []string
-	var failures []error
-	var minNeed int64
-	blockBytes := m.CacheBlockBytes(genBlockSize)
-	blocksPerSeq := int64((m.ContextLength() + genBlockSize - 1) / genBlockSize)
-	for _, t := range placementOrder(ms.opts.Select) {
-		for _, od := range ms.devices {
-			e := od.entry
-			if e.Type != t {
-				continue
-			}
-			if c, ok := current[e.ID]; ok && (c.Cordoned || c.Health == detect.Unhealthy) {
-				continue
-			}
-			running, err := ms.maxBatch(s.Info, t)
-			if err != nil {
-				return err
-			}
-			fixed := m.WeightBytesOn(od.dev, od.dtype) + m.StepBytes(od.dtype, genStepTokens, running)
-			need := fixed + blocksPerSeq*blockBytes
-			if minNeed == 0 || need < minNeed {
-				minNeed = need
-			}
-			cache := int64(running) * blocksPerSeq * blockBytes
-			if e.Budget > 0 {
-				free := ms.freeLocked(od)
-				if need > free {
-					refusals = append(refusals, fmt.Sprintf("%s has %d bytes free of its %d-byte budget (needs %d: weights, a step, and one full-length sequence's cache)", e.ID, free, e.Budget, need))
-					continue
-				}
-				cache = min(cache, free-fixed)
-			}
-			for _, q := range m.Quantized() {
-				if !runtime.HoldsQuantized(od.dev, q) {
-					ms.log.Info("dequantizing weights for a device that cannot hold them", zap.String("model", s.Info.Name),
-						zap.String("device", e.ID), zap.Stringer("from", q), zap.Stringer("to", od.dtype))
-				}
-			}
-			eng, err := m.NewEngine(ctx, od.dev, llm.EngineOptions{CacheBytes: cache, BlockSize: genBlockSize, MaxStepTokens: genStepTokens, MaxSeqs: running})
-			if err != nil {
-				if errors.Is(err, runtime.ErrOutOfMemory) {
-					refusals = append(refusals, fmt.Sprintf("%s: %v", e.ID, err))
-				} else {
-					failures = append(failures, fmt.Errorf("engine on %s: %w", e.ID, err))
-				}
-				continue
-			}
-			x := EngineExecutor{eng}
-			dev := scheduler.Device{ID: e.ID, Type: string(e.Type), CostPerHour: e.CostPerHour}
-			if err := ms.sched.AddGenReplica(s.Key, dev, scheduler.GenOptions{MaxRunning: running, MaxStepTokens: max(genStepTokens, running), MaxChunk: genChunk}, x,
-				scheduler.WithName(s.Label)); err != nil {
-				x.Close()
-				return fmt.Errorf("generator replica of %s on %s: %w", s.Key, e.ID, err)
-			}
-			bytes := fixed + cache
-			s.replicas = append(s.replicas, placed{deviceID: e.ID, r: x, bytes: bytes, maxBatch: running, gen: true})
-			ms.reserved[e.ID] += bytes
-			used, total := eng.CacheBlocks()
-			ms.log.Info("generator placed", zap.String("model", s.Info.Name), zap.Int64("version", s.Info.Version), zap.String("device", e.ID),
-				zap.Int("max_running", running), zap.Int("cache_blocks", total-used), zap.Int("block_tokens", genBlockSize),
-				zap.Int64("memory_bytes", bytes))
-		}
-		if len(s.replicas) > 0 {
-			return nil
-		}
-	}
-	switch {
-	case len(failures) > 0:
-		return fmt.Errorf("model %s version %d: %w", s.Info.Name, s.Info.Version, errors.Join(failures...))
-	case len(refusals) > 0:
-		return &AdmissionError{Model: s.Info.Name, Version: s.Info.Version, Need: minNeed, Devices: refusals}
-	}
-	return fmt.Errorf("model %s version %d: no open device can take a replica: %w", s.Info.Name, s.Info.Version, scheduler.ErrNoDevice)
+// llmServable is a decoder LLM as a servable: one engine per device
+// (weights, KV cache) behind a generation replica of the scheduler. A
+// replica is admitted where the budget takes its weights, one step's
+// workspace and a KV cache for at least one full-length sequence; the
+// cache gets what the budget has left, up to enough for the whole running
+// set at full length.
+type llmServable struct {
+	m   *llm.Model
+	log *zap.Logger // with the served model's name
 }
+
+func (g llmServable) info() models.Info { return g.m.Info() }
+
+// fixed is what a replica running maxRunning sequences needs besides its
+// KV cache.
+func (g llmServable) fixed(od openDevice, maxRunning int) int64 {
+	return g.m.WeightBytesOn(od.dev, od.dtype) + g.m.StepBytes(od.dtype, genStepTokens, maxRunning)
+}
+
+// seqCacheBytes is one full-length sequence's KV cache.
+func (g llmServable) seqCacheBytes() int64 {
+	return int64((g.m.ContextLength()+genBlockSize-1)/genBlockSize) * g.m.CacheBlockBytes(genBlockSize)
+}
+
+func (g llmServable) need(od openDevice, maxRunning int) int64 {
+	return g.fixed(od, maxRunning) + g.seqCacheBytes()
+}
+func (llmServable) needs() string { return ": weights, a step, and one full-length sequence's cache" }
+func (llmServable) unit() string  { return "generator replica" }
+
+func (g llmServable) start(ctx context.Context, od openDevice, maxRunning int, free int64) (instance, int64, error) {
+	fixed := g.fixed(od, maxRunning)
+	cache := int64(maxRunning) * g.seqCacheBytes()
+	if free >= 0 {
+		cache = min(cache, free-fixed)
+	}
+	for _, q := range g.m.Quantized() {
+		if !runtime.HoldsQuantized(od.dev, q) {
+			g.log.Info("dequantizing weights for a device that cannot hold them", zap.String("device", od.entry.ID), zap.Stringer("from", q), zap.Stringer("to", od.dtype))
+		}
+	}
+	eng, err := g.m.NewEngine(ctx, od.dev, llm.EngineOptions{CacheBytes: cache, BlockSize: genBlockSize, MaxStepTokens: genStepTokens, MaxSeqs: maxRunning})
+	if err != nil {
+		return nil, 0, err
+	}
+	return engineInstance{EngineExecutor{eng}, maxRunning}, fixed + cache, nil
+}
+
+func (llmServable) remove(ctx context.Context, h Host, key, deviceID string) error {
+	return h.RemoveGenReplica(ctx, key, deviceID)
+}
+
+// engineInstance is an engine with the running set the scheduler gives it.
+type engineInstance struct {
+	x          EngineExecutor
+	maxRunning int
+}
+
+func (r engineInstance) join(h Host, key string, dev scheduler.Device, opts ...scheduler.ReplicaOption) error {
+	return h.AddGenReplica(key, dev, scheduler.GenOptions{MaxRunning: r.maxRunning, MaxStepTokens: max(genStepTokens, r.maxRunning), MaxChunk: genChunk}, r.x, opts...)
+}
+
+func (r engineInstance) placed() (string, []zap.Field) {
+	used, total := r.x.CacheBlocks()
+	return "generator placed", []zap.Field{zap.Int("max_running", r.maxRunning), zap.Int("cache_blocks", total-used), zap.Int("block_tokens", genBlockSize)}
+}
+
+func (r engineInstance) Close() error { return r.x.Close() }

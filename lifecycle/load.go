@@ -8,7 +8,6 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/brokerd/brokerd/runtime/models"
 	"github.com/brokerd/brokerd/scheduler"
 )
 
@@ -51,7 +50,7 @@ func (a Action) String() string {
 // its memory), the name switches to them, and the old instance's replicas
 // go once the requests that entered its gate are done.
 func (ms *Set) Load(ctx context.Context, name string, version int64) (*Served, Action, error) {
-	if s := ms.Lookup(name); s != nil && s.Builtin != nil {
+	if s := ms.Lookup(name); s != nil && s.Builtin() != nil {
 		return s, ActionUnchanged, nil
 	}
 	if ms.repo == nil {
@@ -103,12 +102,8 @@ func (ms *Set) loadLocked(ctx context.Context, name string, version int64) (*Ser
 	if err != nil {
 		return nil, 0, fmt.Errorf("model %s: %w", name, err)
 	}
-	var info models.Info
-	if l.LLM != nil {
-		info = l.LLM.Info()
-	} else {
-		info = l.Model.Info()
-	}
+	kind := ms.servableOf(name, l)
+	info := kind.info()
 	// The repository's name and version directory are the model's identity.
 	info.Name, info.Version = name, l.Version
 	act := ActionLoaded
@@ -127,12 +122,12 @@ func (ms *Set) loadLocked(ctx context.Context, name string, version int64) (*Ser
 			key = fmt.Sprintf("%s@%d.r%d", name, info.Version, ms.reloads)
 		}
 	}
-	s := &Served{Info: info, Key: key, Label: label, Model: l.Model, LLM: l.LLM, fingerprint: l.Fingerprint, gate: newGate()}
-	place := func() error { return ms.placeLocked(ctx, s) }
-	if l.LLM != nil {
-		place = func() error { return ms.placeGenLocked(ctx, s, l.LLM) }
+	s := &Served{Info: info, Key: key, Label: label, kind: kind, fingerprint: l.Fingerprint, gate: newGate()}
+	p, err := ms.placeLocked(ctx, s, ms.tiersLocked())
+	if err == nil && len(s.replicas) == 0 {
+		err = p.err(s)
 	}
-	if err := place(); err != nil {
+	if err != nil {
 		ms.removeReplicasLocked(context.WithoutCancel(ctx), s)
 		return nil, 0, err
 	}
@@ -145,6 +140,14 @@ func (ms *Set) loadLocked(ctx context.Context, name string, version int64) (*Ser
 	return s, act, nil
 }
 
+// servableOf is the kind of model a repository load is.
+func (ms *Set) servableOf(name string, l Loaded) servable {
+	if l.LLM != nil {
+		return llmServable{m: l.LLM, log: ms.log.With(zap.String("model", name))}
+	}
+	return batchServable{m: l.Model, maxTokens: ms.maxTokens(l.Model.Info())}
+}
+
 // retireLocked waits until the requests that entered s's gate are done,
 // then removes its replicas. It goes on when ctx ends: s no longer serves,
 // so its memory must come back.
@@ -155,11 +158,7 @@ func (ms *Set) retireLocked(ctx context.Context, s *Served) {
 
 func (ms *Set) removeReplicasLocked(ctx context.Context, s *Served) {
 	for _, p := range s.replicas {
-		remove := ms.sched.RemoveReplica
-		if p.gen {
-			remove = ms.sched.RemoveGenReplica
-		}
-		if err := remove(ctx, s.Key, p.deviceID); err != nil {
+		if err := s.kind.remove(ctx, ms.sched, s.Key, p.deviceID); err != nil {
 			ms.log.Warn("removing a Replica", zap.String("model", s.Key), zap.String("device", p.deviceID), zap.Error(err))
 		}
 		if err := p.r.Close(); err != nil {
@@ -178,7 +177,7 @@ func (ms *Set) Unload(ctx context.Context, name string) (*Served, error) {
 	if s == nil {
 		return nil, ms.Missing(name)
 	}
-	if s.Builtin != nil {
+	if s.Builtin() != nil {
 		return nil, fmt.Errorf("model %s is built in and always Served: %w", name, ErrBuiltinModel)
 	}
 	ms.setPending(name, "unloading")

@@ -48,31 +48,6 @@ func (ms *Set) maxTokens(info models.Info) int {
 	return ms.opts.MaxBatchTokens
 }
 
-func (ms *Set) addReplicaLocked(s *Served, od openDevice, maxBatch int, need int64, r Replica) error {
-	e := od.entry
-	opts := []scheduler.ReplicaOption{scheduler.WithName(s.Label)}
-	if tokens := ms.maxTokens(s.Info); tokens > 0 {
-		// Items cost their tokens (Served.costs): a batch stays within the budget.
-		opts = append(opts, scheduler.WithMaxBatchCost(tokens))
-	}
-	inFlight := 1
-	if s.Builtin == nil && od.inFlight > 1 {
-		// The next batch is copied in while this one runs. (The built-in
-		// hash encoder's budget counts one batch, so it keeps to one.)
-		inFlight = od.inFlight
-		opts = append(opts, scheduler.WithMaxInFlight(inFlight))
-	}
-	if err := ms.sched.AddReplica(s.Key, scheduler.Device{ID: e.ID, Type: string(e.Type), CostPerHour: e.CostPerHour}, maxBatch, r, opts...); err != nil {
-		r.Close()
-		return fmt.Errorf("Replica of %s on %s: %w", s.Key, e.ID, err)
-	}
-	s.replicas = append(s.replicas, placed{deviceID: e.ID, r: r, bytes: need, maxBatch: maxBatch})
-	ms.reserved[e.ID] += need
-	ms.log.Info("model placed", zap.String("model", s.Info.Name), zap.Int64("version", s.Info.Version), zap.String("device", e.ID),
-		zap.Int("max_batch", maxBatch), zap.Int("batches_in_flight", inFlight), zap.Int64("memory_bytes", need))
-	return nil
-}
-
 // placementOrder is the device types a repository model may go to, most
 // preferred first: the selection chain of the preference, then the rest, so
 // a preference never leaves a model without a device while another could run it.
@@ -95,66 +70,98 @@ func placementOrder(p detect.Policy) []detect.Type {
 	return order
 }
 
-// placeLocked gives s a Replica on every usable device of the most preferred
-// type where at least one device's budget admits it.
-func (ms *Set) placeLocked(ctx context.Context, s *Served) error {
+// tiersLocked are the devices a repository model may be placed on, a tier
+// per device type in placementOrder, less those cordoned or unhealthy now.
+func (ms *Set) tiersLocked() [][]openDevice {
 	current := map[string]detect.Entry{}
 	if ms.opts.Entries != nil {
 		for _, e := range ms.opts.Entries() {
 			current[e.ID] = e
 		}
 	}
-	var (
-		refusals []string
-		failures []error
-		minNeed  int64
-	)
+	var tiers [][]openDevice
 	for _, t := range placementOrder(ms.opts.Select) {
+		var tier []openDevice
 		for _, od := range ms.devices {
+			if od.entry.Type != t {
+				continue
+			}
+			if c, ok := current[od.entry.ID]; ok && (c.Cordoned || c.Health == detect.Unhealthy) {
+				continue
+			}
+			tier = append(tier, od)
+		}
+		tiers = append(tiers, tier)
+	}
+	return tiers
+}
+
+// placement is what placeLocked met on the devices it did not place on.
+type placement struct {
+	refusals []string // budgets (or device memory) too small for a replica
+	failures []error  // replicas that could not start
+	minNeed  int64    // the smallest need of the devices tried
+}
+
+// err says why a servable got no replica.
+func (p placement) err(s *Served) error {
+	switch {
+	case len(p.failures) > 0:
+		return fmt.Errorf("model %s version %d: %w", s.Info.Name, s.Info.Version, errors.Join(p.failures...))
+	case len(p.refusals) > 0:
+		return &AdmissionError{Model: s.Info.Name, Version: s.Info.Version, Need: p.minNeed, Devices: p.refusals}
+	}
+	return fmt.Errorf("model %s version %d: no open device can take a %s: %w", s.Info.Name, s.Info.Version, s.kind.unit(), scheduler.ErrNoDevice)
+}
+
+// placeLocked gives s a replica on every device of the first tier where at
+// least one device's budget admits one, and registers each with the
+// scheduler; it is the one placement loop of every servable. An error is
+// one that ends the placement (a batch plan, the scheduler refusing a
+// replica); devices that could not take a replica are in the placement.
+func (ms *Set) placeLocked(ctx context.Context, s *Served, tiers [][]openDevice) (placement, error) {
+	var p placement
+	for _, tier := range tiers {
+		for _, od := range tier {
 			e := od.entry
-			if e.Type != t {
-				continue
-			}
-			if c, ok := current[e.ID]; ok && (c.Cordoned || c.Health == detect.Unhealthy) {
-				continue
-			}
-			maxBatch, err := ms.maxBatch(s.Info, t)
+			maxBatch, err := ms.maxBatch(s.Info, e.Type)
 			if err != nil {
-				return err
+				return p, err
 			}
-			// Each batch in flight holds its own buffers: a pipelined
-			// Replica needs about that many batches' workspace.
-			need := s.Model.MemoryBytes(od.dtype, maxBatch*od.inFlight)
-			if minNeed == 0 || need < minNeed {
-				minNeed = need
+			need := s.kind.need(od, maxBatch)
+			if p.minNeed == 0 || need < p.minNeed {
+				p.minNeed = need
 			}
-			free := ms.freeLocked(od)
-			if e.Budget > 0 && need > free {
-				refusals = append(refusals, fmt.Sprintf("%s has %d bytes free of its %d-byte budget (needs %d)", e.ID, free, e.Budget, need))
-				continue
+			free := int64(-1)
+			if e.Budget > 0 {
+				if free = ms.freeLocked(od); need > free {
+					p.refusals = append(p.refusals, fmt.Sprintf("%s has %d bytes free of its %d-byte budget (needs %d%s)", e.ID, free, e.Budget, need, s.kind.needs()))
+					continue
+				}
 			}
-			r, err := s.Model.NewReplica(ctx, od.dev, maxBatch)
+			r, bytes, err := s.kind.start(ctx, od, maxBatch, free)
 			if err != nil {
 				if errors.Is(err, runtime.ErrOutOfMemory) {
-					refusals = append(refusals, fmt.Sprintf("%s: %v", e.ID, err))
+					p.refusals = append(p.refusals, fmt.Sprintf("%s: %v", e.ID, err))
 				} else {
-					failures = append(failures, fmt.Errorf("Replica on %s: %w", e.ID, err))
+					p.failures = append(p.failures, fmt.Errorf("%s on %s: %w", s.kind.unit(), e.ID, err))
 				}
 				continue
 			}
-			if err := ms.addReplicaLocked(s, od, maxBatch, need, r); err != nil {
-				return err
+			dev := scheduler.Device{ID: e.ID, Type: string(e.Type), CostPerHour: e.CostPerHour}
+			if err := r.join(ms.sched, s.Key, dev, scheduler.WithName(s.Label)); err != nil {
+				r.Close()
+				return p, fmt.Errorf("%s of %s on %s: %w", s.kind.unit(), s.Key, e.ID, err)
 			}
+			s.replicas = append(s.replicas, placed{deviceID: e.ID, r: r, bytes: bytes, maxBatch: maxBatch})
+			ms.reserved[e.ID] += bytes
+			msg, fields := r.placed()
+			ms.log.Info(msg, slices.Concat([]zap.Field{zap.String("model", s.Info.Name), zap.Int64("version", s.Info.Version), zap.String("device", e.ID)},
+				fields, []zap.Field{zap.Int64("memory_bytes", bytes)})...)
 		}
 		if len(s.replicas) > 0 {
-			return nil
+			return p, nil
 		}
 	}
-	switch {
-	case len(failures) > 0:
-		return fmt.Errorf("model %s version %d: %w", s.Info.Name, s.Info.Version, errors.Join(failures...))
-	case len(refusals) > 0:
-		return &AdmissionError{Model: s.Info.Name, Version: s.Info.Version, Need: minNeed, Devices: refusals}
-	}
-	return fmt.Errorf("model %s version %d: no open device can take a Replica: %w", s.Info.Name, s.Info.Version, scheduler.ErrNoDevice)
+	return p, nil
 }

@@ -8,9 +8,8 @@ import (
 // placed is one Replica of a Served version.
 type placed struct {
 	deviceID string
-	r        interface{ Close() error } // a batch Replica, or a generator's engine
-	gen      bool                       // a generation Replica of the scheduler
-	bytes    int64                      // reserved against the device's budget
+	r        instance
+	bytes    int64 // reserved against the device's budget
 	maxBatch int
 }
 
@@ -26,24 +25,55 @@ type Served struct {
 	// model label show it: NAME@VERSION for a repository model (a hot
 	// reload's instance too: its queue key differs, its label does not),
 	// the name alone for a built-in.
-	Label   string
-	Builtin Encoder      // the built-in encoder; nil for repository models
-	Model   models.Model // a repository model; nil for the built-in
-	LLM     *llm.Model   // a decoder LLM (served through Generate and Chat); nil otherwise
+	Label string
 
-	fingerprint string // of the repository files it was read from
+	kind        servable // what it is: Builtin, Model or LLM says which
+	fingerprint string   // of the repository files it was read from
 	replicas    []placed
 	gate        *gate
 }
 
+// ServedModel is a repository batch model's Served outside any Set (no
+// replicas, no gate), for tests of what reads a Served.
+func ServedModel(info models.Info, m models.Model) *Served {
+	return &Served{Info: info, kind: batchServable{m: m}}
+}
+
+// Builtin is the built-in encoder it is; nil for repository models.
+func (s *Served) Builtin() Encoder {
+	if b, ok := s.kind.(builtinServable); ok {
+		return b.e
+	}
+	return nil
+}
+
+// Model is the repository batch model it is (served through Infer, and
+// Encode for encoders); nil for built-ins and generators.
+func (s *Served) Model() models.Model {
+	if b, ok := s.kind.(batchServable); ok {
+		return b.m
+	}
+	return nil
+}
+
+// LLM is the decoder LLM it is (served through Generate and Chat); nil
+// for other models.
+func (s *Served) LLM() *llm.Model {
+	if g, ok := s.kind.(llmServable); ok {
+		return g.m
+	}
+	return nil
+}
+
 // Costs are the items' shares of a batch's token budget (nil: 1 each).
 func (s *Served) Costs(payloads []any) []int {
-	if s.Model == nil || s.Info.MaxSeqLen <= 0 {
+	m := s.Model()
+	if m == nil || s.Info.MaxSeqLen <= 0 {
 		return nil
 	}
 	c := make([]int, len(payloads))
 	for i, p := range payloads {
-		c[i] = s.Model.Cost(p)
+		c[i] = m.Cost(p)
 	}
 	return c
 }

@@ -10,7 +10,6 @@ import (
 
 	"github.com/brokerd/brokerd/detect"
 	"github.com/brokerd/brokerd/runtime"
-	"github.com/brokerd/brokerd/runtime/models"
 )
 
 // Options are the inputs of model placement.
@@ -73,30 +72,19 @@ func Open(ctx context.Context, entries []detect.Entry, builtins []Encoder, sched
 	ms.mu.Lock()
 	defer ms.mu.Unlock()
 	for _, m := range builtins {
-		s := &Served{
-			Info: models.Info{Name: m.Name(), Version: m.Version(), Kind: models.Kind(m.Kind()), BaseBatch: m.BaseBatch()},
-			Key:  m.Name(), Label: m.Name(), Builtin: m, gate: newGate(),
+		kind := builtinServable{m}
+		s := &Served{Info: kind.info(), Key: m.Name(), Label: m.Name(), kind: kind, gate: newGate()}
+		// Every open device is one tier: a built-in goes wherever its
+		// budget admits it, not only on the preferred type.
+		p, err := ms.placeLocked(ctx, s, [][]openDevice{ms.devices})
+		if err != nil {
+			return ms, err
 		}
-		for _, od := range ms.devices {
-			e := od.entry
-			maxBatch, err := ms.maxBatch(s.Info, e.Type)
-			if err != nil {
-				return ms, err
-			}
-			need := m.MemoryBytes()
-			if free := ms.freeLocked(od); e.Budget > 0 && need > free {
-				log.Warn("model not placed: device budget too small", zap.String("model", m.Name()), zap.String("device", e.ID),
-					zap.Int64("need_bytes", need), zap.Int64("free_budget_bytes", free))
-				continue
-			}
-			r, err := m.NewReplica(ctx, od.dev)
-			if err != nil {
-				log.Warn("model Replica failed", zap.String("model", m.Name()), zap.String("device", e.ID), zap.Error(err))
-				continue
-			}
-			if err := ms.addReplicaLocked(s, od, maxBatch, need, r); err != nil {
-				return ms, err
-			}
+		for _, r := range p.refusals {
+			log.Warn("model not placed: device budget too small", zap.String("model", m.Name()), zap.String("refusal", r))
+		}
+		for _, err := range p.failures {
+			log.Warn("model Replica failed", zap.String("model", m.Name()), zap.Error(err))
 		}
 		ms.publishLocked(s.Info.Name, s)
 	}

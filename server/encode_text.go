@@ -23,7 +23,7 @@ func (s *BrokerService) encodeModel(ctx context.Context, req *brokerv1.EncodeReq
 		return nil, toStatus(s.log, "Encode", err)
 	}
 	defer s.models.Release(sv)
-	tm, ok := sv.Model.(textModel)
+	tm, ok := sv.Model().(textModel)
 	if sv.Info.Kind != models.KindBERT || !ok {
 		return nil, invalid("model %s is a %s model: Encode serves encoders (bert); use Infer", name, sv.Info.Kind)
 	}

@@ -56,10 +56,10 @@ type inferOptions struct {
 // the scheduler and assembles the outputs; Infer and ModelInfer share it.
 func (s *BrokerService) infer(ctx context.Context, sv *lifecycle.Served, inputs []tensor, opts inferOptions) ([]tensor, scheduler.ExecInfo, error) {
 	var none scheduler.ExecInfo
-	if sv.LLM != nil {
+	if sv.LLM() != nil {
 		return nil, none, invalid("model %s is a generator (LLM): use Generate or Chat", sv.Info.Name)
 	}
-	if sv.Model == nil {
+	if sv.Model() == nil {
 		return nil, none, invalid("model %s serves Encode only; Infer runs the models of the repository", sv.Info.Name)
 	}
 	given, err := s.checkInputs(sv.Info, inputs)
@@ -207,7 +207,7 @@ func (s *BrokerService) rowPayloads(info models.Info, t *tensor) ([]any, error) 
 
 // textPayloads tokenises the texts (and pairs) of a text model.
 func (s *BrokerService) textPayloads(ctx context.Context, sv *lifecycle.Served, text, pair *tensor, opts inferOptions) ([]any, error) {
-	tm, ok := sv.Model.(textModel)
+	tm, ok := sv.Model().(textModel)
 	if !ok {
 		return nil, toStatus(s.log, "Infer", fmt.Errorf("model %s of kind %s has no tokenizer", sv.Key, sv.Info.Kind))
 	}

@@ -176,7 +176,7 @@ func (k *InferenceService) ModelConfig(ctx context.Context, req *inference.Model
 	for _, t := range order {
 		cfg.InstanceGroup = append(cfg.InstanceGroup, groups[t])
 	}
-	if sv.LLM != nil {
+	if sv.LLM() != nil {
 		// Generators take Triton's text generation convention on
 		// ModelStreamInfer (one sequence per request), decoupled: a
 		// request gets a response per streamed delta.

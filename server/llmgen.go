@@ -18,10 +18,10 @@ func (d DataPlane) generator(sv *lifecycle.Served) generator {
 	if d.testGenerator != nil {
 		return d.testGenerator(sv)
 	}
-	if sv.LLM == nil {
+	if sv.LLM() == nil {
 		return nil
 	}
-	return llmGenerator{sv.LLM}
+	return llmGenerator{sv.LLM()}
 }
 
 // llmGenerator adapts *llm.Model to what Generate and Chat need.

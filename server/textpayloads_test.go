@@ -16,7 +16,7 @@ import (
 func TestTokenisingStopsWhenTheCallerLeaves(t *testing.T) {
 	s := &BrokerService{log: zap.NewNop(), DataPlane: DataPlane{limits: Limits{MaxItemsPerRequest: 100, MaxItemBytes: 1 << 20}}}
 	tm := &countingText{}
-	sv := &lifecycle.Served{Info: models.Info{Name: "m"}, Model: tm}
+	sv := lifecycle.ServedModel(models.Info{Name: "m"}, tm)
 	texts := make([]string, 50)
 	for i := range texts {
 		texts[i] = "some text"
