@@ -6,9 +6,10 @@ import (
 	"strings"
 )
 
-// catalog is an immutable view of what is Served, swapped atomically so the
-// request path never takes a lock.
-type catalog struct {
+// nameTable maps each served name to what serves it. It is immutable,
+// swapped atomically so the request path never takes a lock (Catalog is the
+// listings' snapshot, which includes it).
+type nameTable struct {
 	byName map[string]*Served
 }
 
@@ -33,14 +34,14 @@ func (ms *Set) Catalog() (Catalog, error) {
 	ms.stMu.Lock()
 	c.Pending, c.LastErr = maps.Clone(ms.pending), maps.Clone(ms.lastErr)
 	ms.stMu.Unlock()
-	c.Served = ms.cat.Load().byName // immutable once published
+	c.Served = ms.table.Load().byName // immutable once published
 	return c, nil
 }
 
 // publishLocked makes s serve name (nil: name is Served no more).
 func (ms *Set) publishLocked(name string, s *Served) {
-	old := ms.cat.Load()
-	next := &catalog{byName: make(map[string]*Served, len(old.byName)+1)}
+	old := ms.table.Load()
+	next := &nameTable{byName: make(map[string]*Served, len(old.byName)+1)}
 	for k, v := range old.byName {
 		next.byName[k] = v
 	}
@@ -49,12 +50,12 @@ func (ms *Set) publishLocked(name string, s *Served) {
 	} else {
 		next.byName[name] = s
 	}
-	ms.cat.Store(next)
+	ms.table.Store(next)
 }
 
 // Builtin returns the built-in encoder Encode serves under name.
 func (ms *Set) Builtin(name string) (Encoder, bool) {
-	s := ms.cat.Load().byName[name]
+	s := ms.table.Load().byName[name]
 	if s == nil || s.Builtin() == nil {
 		return nil, false
 	}
@@ -63,13 +64,13 @@ func (ms *Set) Builtin(name string) (Encoder, bool) {
 
 // Lookup returns what serves name, without entering its gate.
 func (ms *Set) Lookup(name string) *Served {
-	return ms.cat.Load().byName[name]
+	return ms.table.Load().byName[name]
 }
 
 // LookupLabel returns the version whose Label (NAME@VERSION, as Stats rows
 // and the metrics name it) is label, while it serves.
 func (ms *Set) LookupLabel(label string) *Served {
-	for _, s := range ms.cat.Load().byName {
+	for _, s := range ms.table.Load().byName {
 		if s.Label == label {
 			return s
 		}
@@ -77,10 +78,10 @@ func (ms *Set) LookupLabel(label string) *Served {
 	return nil
 }
 
-// names lists the Served names for error messages.
+// Names lists the Served names for error messages.
 func (ms *Set) Names() string {
 	var n []string
-	for k := range ms.cat.Load().byName {
+	for k := range ms.table.Load().byName {
 		n = append(n, k)
 	}
 	sort.Strings(n)
@@ -91,7 +92,7 @@ func (ms *Set) Names() string {
 // its gate entered; the caller calls release when its work is done.
 func (ms *Set) Acquire(name string, version int64) (*Served, error) {
 	for {
-		s := ms.cat.Load().byName[name]
+		s := ms.table.Load().byName[name]
 		if s == nil {
 			if version != 0 {
 				return nil, ms.versionMissing(name, version, 0)
@@ -104,7 +105,7 @@ func (ms *Set) Acquire(name string, version int64) (*Served, error) {
 		if s.gate.enter() {
 			return s, nil
 		}
-		// A reload or unload retired s after it was looked up; the catalog
+		// A reload or unload retired s after it was looked up; the table
 		// already shows what replaced it.
 	}
 }

@@ -36,7 +36,7 @@ type Options struct {
 // repository models, the devices they run on, and their replicas.
 type Set struct {
 	defaultModel string
-	cat          atomic.Pointer[catalog]
+	table        atomic.Pointer[nameTable]
 	repo         Repository // nil: the built-in encoder only
 	sched        Host
 	opts         Options
@@ -97,12 +97,12 @@ func (ms *Set) Close() error {
 	defer ms.mu.Unlock()
 	ms.closed = true
 	var errs []error
-	for _, s := range ms.cat.Load().byName {
+	for _, s := range ms.table.Load().byName {
 		for _, p := range s.replicas {
 			errs = append(errs, p.r.Close())
 		}
 	}
-	ms.cat.Store(&catalog{byName: map[string]*Served{}})
+	ms.table.Store(&nameTable{byName: map[string]*Served{}})
 	for _, od := range ms.devices {
 		errs = append(errs, od.dev.Close())
 	}
