@@ -97,10 +97,6 @@ func (g llmServable) start(ctx context.Context, od openDevice, maxRunning int, f
 	return engineInstance{EngineExecutor{eng}, maxRunning}, fixed + cache, nil
 }
 
-func (llmServable) remove(ctx context.Context, h Host, key, deviceID string) error {
-	return h.RemoveGenReplica(ctx, key, deviceID)
-}
-
 // engineInstance is an engine with the running set the scheduler gives it.
 type engineInstance struct {
 	x          EngineExecutor

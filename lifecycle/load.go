@@ -156,9 +156,12 @@ func (ms *Set) retireLocked(ctx context.Context, s *Served) {
 	ms.removeReplicasLocked(context.WithoutCancel(ctx), s)
 }
 
+// removeReplicasLocked takes s's replicas out of the scheduler (whose
+// RemoveReplica removes either kind), closes them and returns their memory
+// to the devices' budgets.
 func (ms *Set) removeReplicasLocked(ctx context.Context, s *Served) {
 	for _, p := range s.replicas {
-		if err := s.kind.remove(ctx, ms.sched, s.Key, p.deviceID); err != nil {
+		if err := ms.sched.RemoveReplica(ctx, s.Key, p.deviceID); err != nil {
 			ms.log.Warn("removing a Replica", zap.String("model", s.Key), zap.String("device", p.deviceID), zap.Error(err))
 		}
 		if err := p.r.Close(); err != nil {

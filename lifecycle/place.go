@@ -19,7 +19,6 @@ type Host interface {
 	AddReplica(model string, dev scheduler.Device, maxBatch int, exec scheduler.Executor, opts ...scheduler.ReplicaOption) error
 	RemoveReplica(ctx context.Context, model, deviceID string) error
 	AddGenReplica(model string, dev scheduler.Device, opts scheduler.GenOptions, exec scheduler.GenExecutor, ropts ...scheduler.ReplicaOption) error
-	RemoveGenReplica(ctx context.Context, model, deviceID string) error
 }
 
 // maxBatch is a model's batch limit in items on a device type: the plan's,

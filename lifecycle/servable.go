@@ -11,7 +11,7 @@ import (
 
 // A servable is one kind of model as placement sees it, as a backend is to
 // Triton's model lifecycle: what a replica needs of a device's budget, how
-// to start one there, and how the scheduler lets go of it. The built-in
+// to start one there and have the scheduler run it. The built-in
 // encoders, the repository's batch models (encoders, MLPs) and its
 // generators (decoder LLMs, generator.go) are the three kinds; placeLocked
 // places any of them, and a Served's kind is its servable's.
@@ -25,8 +25,6 @@ type servable interface {
 	// start makes a replica on od. free is what od's budget leaves (-1:
 	// od has no budget); bytes is what the replica reserves of it.
 	start(ctx context.Context, od openDevice, maxBatch int, free int64) (r instance, bytes int64, err error)
-	// remove takes key's replica on deviceID out of the scheduler.
-	remove(ctx context.Context, h Host, key, deviceID string) error
 	// unit names a replica in messages.
 	unit() string
 }
@@ -58,9 +56,6 @@ func (b builtinServable) start(ctx context.Context, od openDevice, maxBatch int,
 	}
 	return batchInstance{Replica: r, maxBatch: maxBatch, inFlight: 1}, b.e.MemoryBytes(), nil
 }
-func (builtinServable) remove(ctx context.Context, h Host, key, deviceID string) error {
-	return h.RemoveReplica(ctx, key, deviceID)
-}
 
 // batchServable is a repository model served through Infer (and Encode for
 // encoders): batches of items.
@@ -84,9 +79,6 @@ func (b batchServable) start(ctx context.Context, od openDevice, maxBatch int, _
 		return nil, 0, err
 	}
 	return batchInstance{Replica: r, maxBatch: maxBatch, inFlight: od.inFlight, maxTokens: b.maxTokens}, b.need(od, maxBatch), nil
-}
-func (batchServable) remove(ctx context.Context, h Host, key, deviceID string) error {
-	return h.RemoveReplica(ctx, key, deviceID)
 }
 
 // batchInstance is a batch Replica with what the scheduler needs to run it.
