@@ -181,7 +181,9 @@ func TestFirstModels(t *testing.T) {
 		"qwen-tiny": {"24 tokens"},
 	}
 	for _, c := range commands {
-		sh := exec.Command("sh", "-c", strings.ReplaceAll(c, "bin/brokerctl", filepath.Join(binDir, "brokerctl")))
+		// As printed, but with a deadline far from the work's: brokerctl's
+		// default 10 s was once too short for a load beside a busy tenant.
+		sh := exec.Command("sh", "-c", strings.ReplaceAll(c, "bin/brokerctl", filepath.Join(binDir, "brokerctl")+" --timeout 5m"))
 		sh.Dir = root
 		sh.Env = hostEnv("BROKERD_SOCKET=" + b.socket)
 		got, err := sh.CombinedOutput()
