@@ -100,7 +100,7 @@ func TestRemovedReplicasLeaveNoSeries(t *testing.T) {
 		!slices.Contains(got, "brokerd_generation_waiting_sequences{}") {
 		t.Fatalf("generator series: %v", got)
 	}
-	if err := s.RemoveGenReplica(ctx, "llm@1", "cpu:0"); err != nil {
+	if err := s.RemoveReplica(ctx, "llm@1", "cpu:0"); err != nil {
 		t.Fatal(err)
 	}
 	if got := seriesOf(t, reg, "llm@1"); len(got) != 0 {

@@ -286,7 +286,7 @@ func TestInstancesShareTheirName(t *testing.T) {
 		t.Errorf("KV blocks of both instances = %v, want 96", got)
 	}
 	for _, key := range []string{"g@1", "g@1.r1"} {
-		if err := s.RemoveGenReplica(ctx, key, "cpu:0"); err != nil {
+		if err := s.RemoveReplica(ctx, key, "cpu:0"); err != nil {
 			t.Fatal(err)
 		}
 	}

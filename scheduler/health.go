@@ -165,9 +165,3 @@ func (s *Scheduler) RemoveReplica(ctx context.Context, model, deviceID string) e
 	return err
 }
 
-// RemoveGenReplica is RemoveReplica, which removes generator replicas too.
-//
-// Deprecated: use RemoveReplica.
-func (s *Scheduler) RemoveGenReplica(ctx context.Context, model, deviceID string) error {
-	return s.RemoveReplica(ctx, model, deviceID)
-}
