@@ -164,4 +164,3 @@ func (s *Scheduler) RemoveReplica(ctx context.Context, model, deviceID string) e
 	s.forgetSeries(label, deviceID)
 	return err
 }
-
