@@ -455,6 +455,32 @@ func TestPagedAttention(t *testing.T) {
 	}
 }
 
+// TestPagedAttentionNaN: a NaN in one token's query makes that token's
+// output NaN and leaves the others finite, on the prefill kernel (a
+// 20-token chunk, blocks of rows) and the decode one (one token a
+// sequence): the vector exp keeps NaN as expf does.
+func TestPagedAttentionNaN(t *testing.T) {
+	d := openTest(t, runtime.DeviceSpec{})
+	r := newRand(t)
+	p := newAttnProblem(r, attnCase{hq: 8, hkv: 2, d: 64, bs: 16, ctx: []int{0, 30}, add: []int{20, 1}})
+	bad := 5 // a token of the prefill chunk
+	for i := range p.d {
+		p.q[(bad*p.hq+1)*p.d+i] = float32(math.NaN())
+	}
+	y, _, _, err := attnRun(t, d, attnGraph(0), p, runtime.F32)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for ti := range p.t {
+		for h := range p.hq {
+			v := y[(ti*p.hq+h)*p.d]
+			if want := ti == bad && h == 1; math.IsNaN(float64(v)) != want {
+				t.Errorf("token %d head %d: output %g, want NaN %v", ti, h, v, want)
+			}
+		}
+	}
+}
+
 // TestPagedAttentionBadIndices checks that out-of-range slots, sequence
 // indices, positions and block ids fail the run with ErrInvalidGraph.
 func TestPagedAttentionBadIndices(t *testing.T) {

@@ -16,6 +16,8 @@ BD_AVX512 static inline __m512 bd_exp512(__m512 x) {
     // cost a microcode assist in every later multiply (there is no DAZ
     // under Go). Above 88.72 it would overflow.
     __mmask16 normal = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.3f), _CMP_GE_OQ);
+    __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q); // kept NaN, as expf keeps it
+    const __m512 x0 = x;
     x = _mm512_max_ps(x, _mm512_set1_ps(-87.3f));
     x = _mm512_min_ps(x, _mm512_set1_ps(88.7228391f));
     __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
@@ -29,7 +31,7 @@ BD_AVX512 static inline __m512 bd_exp512(__m512 x) {
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
     p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    return _mm512_maskz_mov_ps(normal, _mm512_scalef_ps(p, n));
+    return _mm512_mask_mov_ps(_mm512_maskz_mov_ps(normal, _mm512_scalef_ps(p, n)), nan, x0);
 }
 
 // vec_avx512.c
