@@ -27,16 +27,20 @@ import (
 // row-major, as it does the dequantized slices of a quantized prefill.
 const defaultGemv16Rows = 2
 
-// gemv16 reports whether s (an OpMatMul) runs on bd_qgemm: bf16 weights
-// with TransB, no fused activation, f32 or bf16 activations and output,
-// fewer than d.gemv16Rows rows.
+// gemv16 reports whether s (an OpMatMul) runs here rather than on oneDNN:
+// bf16 weights with TransB, no fused activation, f32 or bf16 activations
+// and output, fewer than d.gemv16Rows rows.
 func (d *Device) gemv16(s *runtime.Step) bool {
 	op := s.Op
 	if d.gemv16Rows <= 0 || s.In[1].DType != runtime.BF16 || !op.TransB || op.Act != runtime.ActNone {
 		return false
 	}
-	for _, t := range append([]runtime.TensorType{s.In[0], s.Out}, s.In[2:]...) {
-		if t.DType != runtime.F32 && t.DType != runtime.BF16 {
+	float := func(t runtime.TensorType) bool { return t.DType == runtime.F32 || t.DType == runtime.BF16 }
+	if !float(s.In[0]) || !float(s.Out) {
+		return false
+	}
+	for _, t := range s.In[2:] {
+		if !float(t) {
 			return false
 		}
 	}
@@ -50,8 +54,9 @@ func (d *Device) gemv16Weights(s *runtime.Step) bool {
 	return d.gemv16Rows > 0 && s.In[1].DType == runtime.BF16 && s.Op.TransB
 }
 
-// runGemv16 is s on bd_qgemm: y = x·Wᵀ (+ bias) (+ residual), the
-// activations widened to f32 and the output rounded to its type.
+// runGemv16 is s on gemv_bf16.c (bf16 activations, AVX512-BF16) or on
+// bd_qgemm (the activations widened to f32): y = x·Wᵀ (+ bias)
+// (+ residual), the output rounded to its type.
 func (d *Device) runGemv16(s *runtime.Step, in func(int) unsafe.Pointer, out unsafe.Pointer) error {
 	a := s.In[0]
 	k := a.Last()
