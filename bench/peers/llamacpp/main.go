@@ -678,6 +678,20 @@ type peerRun struct {
 	Gaps    [][]float64
 	Second  [][]int32
 	Context [][]int32
+	// Near: per sequence and step, llama.cpp's best four tokens as
+	// [token, its logit's gap to the best].
+	Near [][][][2]float64
+}
+
+// nearGap is llama.cpp's gap from its best logit to token tok's at one
+// step, when tok is among the best four it reported.
+func nearGap(near [][2]float64, tok int32) (float64, bool) {
+	for _, e := range near {
+		if int32(e[0]) == tok {
+			return e[1], true
+		}
+	}
+	return 0, false
 }
 
 func startWorker(here string) (*worker, error) {
@@ -742,7 +756,8 @@ func (w *worker) runMeta(jobs []benchkit.Job, meta bool) (peerRun, error) {
 		if err == nil && len(r.Tokens[i]) != jobs[i].Out {
 			err = fmt.Errorf("llama.cpp worker: sequence %d stopped after %d of %d tokens", i, len(r.Tokens[i]), jobs[i].Out)
 		}
-		if err == nil && meta && (len(r.Gaps) != len(jobs) || len(r.Gaps[i]) != jobs[i].Out || len(r.Second[i]) != jobs[i].Out) {
+		if err == nil && meta && (len(r.Gaps) != len(jobs) || len(r.Gaps[i]) != jobs[i].Out || len(r.Second[i]) != jobs[i].Out ||
+			len(r.Near) != len(jobs) || len(r.Near[i]) != jobs[i].Out) {
 			err = fmt.Errorf("llama.cpp worker: sequence %d: no gap for every token", i)
 		}
 	}

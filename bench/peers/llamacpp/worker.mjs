@@ -11,7 +11,9 @@
 //     node-llama-cpp returns: a softmax of the raw logits under the
 //     greedy sampler, so ln(p1/p2) is the logit gap), and the tokens the
 //     sequence holds at the end (its prompt, no BOS, and what it fed
-//     back: the check that nothing was added).
+//     back: the check that nothing was added); "near": per step its best
+//     four tokens as [token, ln(p1/p)] (the logit gap to the best), so a
+//     check can tell a three-way near tie from a disagreement.
 //
 // A run evaluates every prompt in its own sequence of the one context at
 // once, greedy, each for exactly its count of tokens, so node-llama-cpp
@@ -61,7 +63,8 @@ async function run(req) {
                 out.gaps ??= [];
                 out.second ??= [];
                 out.context ??= [];
-                const gaps = [], second = [];
+                out.near ??= [];
+                const gaps = [], second = [], near = [];
                 for await (const r of seqs[i].evaluateWithMetadata(prompt, {probabilities: true}, opts)) {
                     if (toks.length === 0) out.ttft[i] = since();
                     toks.push(r.token);
@@ -73,10 +76,13 @@ async function run(req) {
                     if (t1 !== r.token) throw new Error(`greedy token ${r.token} is not the most probable ${t1}`);
                     gaps.push(p2 > 0 ? Math.log(p1 / p2) : 1e9);
                     second.push(t2);
+                    const top = [...r.probabilities].filter(([, p]) => p > 0).sort((a, b) => b[1] - a[1]).slice(0, 4);
+                    near.push(top.map(([tok, p]) => [tok, Math.log(p1 / p)]));
                     if (toks.length >= req.n[i]) break;
                 }
                 out.gaps[i] = gaps;
                 out.second[i] = second;
+                out.near[i] = near;
                 out.context[i] = Array.from(seqs[i].contextTokens);
             } else if (req.n[i] > 0) {
                 for await (const t of seqs[i].evaluate(prompt, opts)) {
