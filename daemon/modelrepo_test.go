@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"testing"
 
+	"github.com/brokerd/brokerd/bench/modelkit"
 	"github.com/brokerd/brokerd/runtime/models"
 	"github.com/brokerd/brokerd/runtime/safetensors"
 )
@@ -61,27 +62,10 @@ func versionDir(t testing.TB, repo, name string, version int64) string {
 // writeMLP writes a random MLP with the given widths as NAME/VERSION.
 func writeMLP(t testing.TB, repo, name string, version int64, seed uint64, in, hidden, out int) *mlpRef {
 	t.Helper()
-	r := rand.New(rand.NewPCG(seed, 7))
-	dir := versionDir(t, repo, name, version)
-	w := map[string]models.Tensor{
-		"fc1.weight": randTensor(r, 1/math.Sqrt(float64(in)), hidden, in),
-		"fc1.bias":   randTensor(r, 0.1, hidden),
-		"fc2.weight": randTensor(r, 1/math.Sqrt(float64(hidden)), out, hidden),
-		"fc2.bias":   randTensor(r, 0.1, out),
-	}
-	if err := safetensors.Write(filepath.Join(dir, "model.safetensors"), w, "F32"); err != nil {
+	w, err := modelkit.WriteMLP(versionDir(t, repo, name, version), modelkit.MLP{In: in, Hidden: hidden, Out: out, Seed: seed})
+	if err != nil {
 		t.Fatal(err)
 	}
-	writeJSON(t, filepath.Join(dir, "model.json"), map[string]any{
-		"kind":    "mlp",
-		"inputs":  []any{map[string]any{"name": "input", "dims": []int{in}}},
-		"outputs": []any{map[string]any{"name": "output"}},
-		"layers": []any{
-			map[string]any{"type": "linear", "weight": "fc1.weight", "bias": "fc1.bias"},
-			map[string]any{"type": "relu"},
-			map[string]any{"type": "linear", "weight": "fc2.weight", "bias": "fc2.bias"},
-		},
-	})
 	return &mlpRef{in: in, hidden: hidden, out: out,
 		w1: w["fc1.weight"].Data, b1: w["fc1.bias"].Data, w2: w["fc2.weight"].Data, b2: w["fc2.bias"].Data}
 }

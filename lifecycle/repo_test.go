@@ -1,49 +1,23 @@
 package lifecycle
 
 import (
-	"encoding/json"
 	"math"
-	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"strconv"
 	"testing"
 
-	"github.com/brokerd/brokerd/runtime/models"
-	"github.com/brokerd/brokerd/runtime/safetensors"
+	"github.com/brokerd/brokerd/bench/modelkit"
 )
 
-// A model repository made by the tests (DIR/NAME/VERSION/), as server's
-// tests make it.
+// A model repository made by the tests (DIR/NAME/VERSION/), with
+// bench/modelkit's writers as the daemon's tests make it.
 
 // mlpRef is an MLP written to the repository, kept for the reference
 // forward pass: linear → relu → linear.
 type mlpRef struct {
 	in, hidden, out int
 	w1, b1, w2, b2  []float32 // PyTorch Linear layout: w [out, in]
-}
-
-func randTensor(r *rand.Rand, scale float64, shape ...int) models.Tensor {
-	n := 1
-	for _, d := range shape {
-		n *= d
-	}
-	v := make([]float32, n)
-	for i := range v {
-		v[i] = float32(r.NormFloat64() * scale)
-	}
-	return models.Tensor{Shape: shape, Data: v}
-}
-
-func writeJSON(t testing.TB, path string, v any) {
-	t.Helper()
-	b, err := json.MarshalIndent(v, "", "  ")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(path, b, 0o644); err != nil {
-		t.Fatal(err)
-	}
 }
 
 func versionDir(t testing.TB, repo, name string, version int64) string {
@@ -58,27 +32,10 @@ func versionDir(t testing.TB, repo, name string, version int64) string {
 // writeMLP writes a random MLP with the given widths as NAME/VERSION.
 func writeMLP(t testing.TB, repo, name string, version int64, seed uint64, in, hidden, out int) *mlpRef {
 	t.Helper()
-	r := rand.New(rand.NewPCG(seed, 7))
-	dir := versionDir(t, repo, name, version)
-	w := map[string]models.Tensor{
-		"fc1.weight": randTensor(r, 1/math.Sqrt(float64(in)), hidden, in),
-		"fc1.bias":   randTensor(r, 0.1, hidden),
-		"fc2.weight": randTensor(r, 1/math.Sqrt(float64(hidden)), out, hidden),
-		"fc2.bias":   randTensor(r, 0.1, out),
-	}
-	if err := safetensors.Write(filepath.Join(dir, "model.safetensors"), w, "F32"); err != nil {
+	w, err := modelkit.WriteMLP(versionDir(t, repo, name, version), modelkit.MLP{In: in, Hidden: hidden, Out: out, Seed: seed})
+	if err != nil {
 		t.Fatal(err)
 	}
-	writeJSON(t, filepath.Join(dir, "model.json"), map[string]any{
-		"kind":    "mlp",
-		"inputs":  []any{map[string]any{"name": "input", "dims": []int{in}}},
-		"outputs": []any{map[string]any{"name": "output"}},
-		"layers": []any{
-			map[string]any{"type": "linear", "weight": "fc1.weight", "bias": "fc1.bias"},
-			map[string]any{"type": "relu"},
-			map[string]any{"type": "linear", "weight": "fc2.weight", "bias": "fc2.bias"},
-		},
-	})
 	return &mlpRef{in: in, hidden: hidden, out: out,
 		w1: w["fc1.weight"].Data, b1: w["fc1.bias"].Data, w2: w["fc2.weight"].Data, b2: w["fc2.bias"].Data}
 }
