@@ -16,12 +16,11 @@ import (
 	"github.com/brokerd/brokerd/server/config"
 )
 
-// qwenTokenizerFiles returns Qwen3's real tokenizer.json and
-// tokenizer_config.json (runtime/models/tokenizer/bpe's test copies).
-func qwenTokenizerFiles(t *testing.T) (tokenizerJSON, tokenizerConfig []byte) {
+// readZstd is the decompressed contents of a zstd file (the tokenizers'
+// test copies are compressed).
+func readZstd(t *testing.T, path string) []byte {
 	t.Helper()
-	src := "../runtime/models/tokenizer/bpe/testdata/qwen3"
-	f, err := os.Open(filepath.Join(src, "tokenizer.json.zst"))
+	f, err := os.Open(path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -31,10 +30,19 @@ func qwenTokenizerFiles(t *testing.T) (tokenizerJSON, tokenizerConfig []byte) {
 		t.Fatal(err)
 	}
 	defer d.Close()
-	tj, err := io.ReadAll(d)
+	b, err := io.ReadAll(d)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return b
+}
+
+// qwenTokenizerFiles returns Qwen3's real tokenizer.json and
+// tokenizer_config.json (runtime/models/tokenizer/bpe's test copies).
+func qwenTokenizerFiles(t *testing.T) (tokenizerJSON, tokenizerConfig []byte) {
+	t.Helper()
+	src := "../runtime/models/tokenizer/bpe/testdata/qwen3"
+	tj := readZstd(t, filepath.Join(src, "tokenizer.json.zst"))
 	cfg, err := os.ReadFile(filepath.Join(src, "tokenizer_config.json"))
 	if err != nil {
 		t.Fatal(err)

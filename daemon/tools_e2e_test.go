@@ -11,7 +11,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/klauspost/compress/zstd"
 	"github.com/santhosh-tekuri/jsonschema/v6"
 
 	brokerv1 "github.com/brokerd/brokerd/proto/broker/v1"
@@ -227,20 +226,7 @@ func TestToolsEndToEnd(t *testing.T) {
 func llama31Dir(t *testing.T, repo, name string) (*bpe.Tokenizer, int, int) {
 	t.Helper()
 	src := "../runtime/models/tokenizer/bpe/testdata"
-	f, err := os.Open(filepath.Join(src, "llama3", "tokenizer.json.zst"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	d, err := zstd.NewReader(f)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Close()
-	raw, err := io.ReadAll(d)
-	if err != nil {
-		t.Fatal(err)
-	}
+	raw := readZstd(t, filepath.Join(src, "llama3", "tokenizer.json.zst"))
 	renamed := map[float64]string{128008: "<|eom_id|>", 128010: pythonTag}
 	var tj map[string]any
 	if err := json.Unmarshal(raw, &tj); err != nil {
