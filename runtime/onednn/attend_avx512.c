@@ -29,7 +29,7 @@ BD_AVX512 static inline void bf16_row(const uint16_t *src, float *dst, int64_t n
 // (all of one sequence, whose block-table row is row) × query heads
 // h0..h0+hc-1 (all of kv head g); tn·hc <= 16, dim % 16 == 0 and
 // dim <= BD_FA_MAXDIM. pos[t] is token t's position: it sees cache
-// positions 0..pos[t]. It uses 64 KiB of stack at dim 256.
+// positions 0..pos[t]. It uses 65 KiB of stack at dim 256.
 BD_AVX512 void bd_attend_rows_avx512(const void *q, int q_bf16, const void *kc, const void *vc,
         int kv_bf16, const int32_t *row, const int32_t *pos, int64_t t0, int64_t tn,
         int64_t h0, int64_t hc, int64_t g, int64_t hq, int64_t hkv, int64_t dim, int64_t bs,
@@ -40,6 +40,7 @@ BD_AVX512 void bd_attend_rows_avx512(const void *q, int q_bf16, const void *kc, 
     float kf[BD_FA_KEYS * BD_FA_MAXDIM] __attribute__((aligned(64)));
     float vf[BD_FA_KEYS * BD_FA_MAXDIM] __attribute__((aligned(64)));
     int32_t nv[16] __attribute__((aligned(64)));
+    float row_f[BD_FA_MAXDIM] __attribute__((aligned(64))); // one row in f32
     int64_t nmax = 0;
     memset(qt, 0, (size_t)dim * 16 * sizeof(float));
     for (int64_t r = 0; r < 16; r++) {
@@ -49,16 +50,12 @@ BD_AVX512 void bd_attend_rows_avx512(const void *q, int q_bf16, const void *kc, 
         nv[r] = pos[t] + 1;
         if (nv[r] > nmax) nmax = nv[r];
         int64_t off = (t * hq + h) * dim;
-        for (int64_t d = 0; d < dim; d++) {
-            float v;
-            if (q_bf16) {
-                uint32_t u = (uint32_t)((const uint16_t *)q)[off + d] << 16;
-                memcpy(&v, &u, sizeof v);
-            } else {
-                v = ((const float *)q)[off + d];
-            }
-            qt[d * 16 + r] = v * scale;
+        const float *qr = (const float *)q + off;
+        if (q_bf16) {
+            bf16_row((const uint16_t *)q + off, row_f, dim);
+            qr = row_f;
         }
+        for (int64_t d = 0; d < dim; d++) qt[d * 16 + r] = qr[d] * scale;
     }
     for (int64_t d = 0; d < dim; d++) _mm512_store_ps(acc + d * 16, _mm512_setzero_ps());
     const __m512i n = _mm512_load_si512(nv);
@@ -157,17 +154,8 @@ BD_AVX512 void bd_attend_rows_avx512(const void *q, int q_bf16, const void *kc, 
     for (int64_t r = 0; r < rows; r++) {
         int64_t t = t0 + r / hc, h = h0 + r % hc;
         int64_t off = (t * hq + h) * dim;
-        for (int64_t d = 0; d < dim; d++) {
-            float v = acc[d * 16 + r] * inv[r];
-            if (q_bf16) {
-                uint32_t u;
-                memcpy(&u, &v, sizeof u);
-                uint16_t b = (u & 0x7fffffffu) > 0x7f800000u ? (uint16_t)((u >> 16) | 0x40u)
-                                                             : (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-                ((uint16_t *)out)[off + d] = b;
-            } else {
-                ((float *)out)[off + d] = v;
-            }
-        }
+        float *o = q_bf16 ? row_f : (float *)out + off;
+        for (int64_t d = 0; d < dim; d++) o[d] = acc[d * 16 + r] * inv[r];
+        if (q_bf16) bd_f32_to_bf16_avx512(row_f, (uint16_t *)out + off, dim);
     }
 }

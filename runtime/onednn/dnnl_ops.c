@@ -924,11 +924,8 @@ void bd_attend_rows_avx512(const void *q, int q_bf16, const void *kc, const void
         float scale, void *out);
 
 static attend_fn attend_pick(void) {
+    if (bd_have_avx512()) return attend_avx512;
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
-            __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
-            __builtin_cpu_supports("fma"))
-        return attend_avx512;
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return attend_avx2;
     return attend_base;
 }

@@ -28,21 +28,13 @@ import (
 const defaultGemv16Rows = 2
 
 // gemv16 reports whether s (an OpMatMul) runs here rather than on oneDNN:
-// bf16 weights with TransB, no fused activation, f32 or bf16 activations
-// and output, fewer than d.gemv16Rows rows.
+// bf16 weights with TransB, no fused activation, fewer than d.gemv16Rows
+// rows. The planner has the rest: the activations are bf16 as the
+// weights, the output f32 or bf16, a bias and a residual f32.
 func (d *Device) gemv16(s *runtime.Step) bool {
 	op := s.Op
 	if d.gemv16Rows <= 0 || s.In[1].DType != runtime.BF16 || !op.TransB || op.Act != runtime.ActNone {
 		return false
-	}
-	float := func(t runtime.TensorType) bool { return t.DType == runtime.F32 || t.DType == runtime.BF16 }
-	if !float(s.In[0]) || !float(s.Out) {
-		return false
-	}
-	for _, t := range s.In[2:] {
-		if !float(t) {
-			return false
-		}
 	}
 	k := s.In[0].Last()
 	return k > 0 && s.In[0].NumElements()/k < d.gemv16Rows
@@ -54,16 +46,16 @@ func (d *Device) gemv16Weights(s *runtime.Step) bool {
 	return d.gemv16Rows > 0 && s.In[1].DType == runtime.BF16 && s.Op.TransB
 }
 
-// runGemv16 is s on gemv_bf16.c (bf16 activations, AVX512-BF16) or on
-// bd_qgemm (the activations widened to f32): y = x·Wᵀ (+ bias)
+// runGemv16 is s on gemv_bf16.c (AVX512-BF16, the activations as they are)
+// or on bd_qgemm (the activations widened to f32): y = x·Wᵀ (+ bias)
 // (+ residual), the output rounded to its type.
 func (d *Device) runGemv16(s *runtime.Step, in func(int) unsafe.Pointer, out unsafe.Pointer) error {
 	a := s.In[0]
 	k := a.Last()
 	m, n := a.NumElements()/k, s.Out.Last()
 	x := in(0)
-	dot := a.DType == runtime.BF16 && C.bd_have_avx512bf16() != 0
-	if a.DType == runtime.BF16 && !dot {
+	dot := C.bd_have_avx512bf16() != 0
+	if !dot {
 		xf, err := d.scratch(&d.gx, int64(m*k)*4)
 		if err != nil {
 			return fmt.Errorf("%s: %w", s, err)
@@ -71,9 +63,8 @@ func (d *Device) runGemv16(s *runtime.Step, in func(int) unsafe.Pointer, out uns
 		fromBF16(unsafe.Slice((*float32)(xf), m*k), unsafe.Slice((*uint16)(x), m*k))
 		x = xf
 	}
-	y := out
-	direct := s.Out.DType == runtime.F32 && len(s.Op.In) == 2
-	if !direct {
+	y := out // f32 output: the product, bias and residual in place
+	if s.Out.DType == runtime.BF16 {
 		yf, err := d.scratch(&d.gy, int64(m*n)*4)
 		if err != nil {
 			return fmt.Errorf("%s: %w", s, err)
@@ -87,12 +78,9 @@ func (d *Device) runGemv16(s *runtime.Step, in func(int) unsafe.Pointer, out uns
 		isaAuto, d.threads, nil, 0); err != nil {
 		return fmt.Errorf("%s: %w", s, err)
 	}
-	if direct {
-		return nil
-	}
 	ys := unsafe.Slice((*float32)(y), m*n)
 	if len(s.Op.In) >= 3 { // bias, one row of n
-		b := floats(in(2), s.In[2].DType, n)
+		b := unsafe.Slice((*float32)(in(2)), n)
 		for i := range m {
 			row := ys[i*n : (i+1)*n]
 			for j := range row {
@@ -101,25 +89,12 @@ func (d *Device) runGemv16(s *runtime.Step, in func(int) unsafe.Pointer, out uns
 		}
 	}
 	if len(s.Op.In) == 4 { // residual, m rows of n
-		r := floats(in(3), s.In[3].DType, m*n)
-		for i := range ys {
-			ys[i] += r[i]
+		for i, r := range unsafe.Slice((*float32)(in(3)), m*n) {
+			ys[i] += r
 		}
 	}
 	if s.Out.DType == runtime.BF16 {
 		toBF16(unsafe.Slice((*uint16)(out), m*n), ys)
-	} else {
-		copy(unsafe.Slice((*float32)(out), m*n), ys)
 	}
 	return nil
-}
-
-// floats is n elements at p (f32 or bf16) as f32.
-func floats(p unsafe.Pointer, dt runtime.DType, n int) []float32 {
-	if dt == runtime.F32 {
-		return unsafe.Slice((*float32)(p), n)
-	}
-	f := make([]float32, n)
-	fromBF16(f, unsafe.Slice((*uint16)(p), n))
-	return f
 }

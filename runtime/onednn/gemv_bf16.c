@@ -10,16 +10,12 @@
 #include <stdint.h>
 
 #include "dnnl_ops.h"
+#include "vec_avx512.h"
 
 #define GB_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma")))
 #define GB_TILE_BYTES (512 << 10)
 
-int bd_have_avx512bf16(void) {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-           __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("fma");
-}
+int bd_have_avx512bf16(void) { return bd_have_avx512() && __builtin_cpu_supports("avx512bf16"); }
 
 // R rows of x (stride ldx) against one weight row w of k: out[r]. NA sets
 // of accumulators, so a row of few x rows still has several independent
