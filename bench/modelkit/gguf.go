@@ -193,43 +193,17 @@ func WriteGGUFQuantized(dir, path, ftype string, q Quantizer) (int64, error) {
 		cols     int
 	}
 	var ts []tensor
-	add := func(hf, name string, matrix bool, permute int) {
-		info, ok := st.Info(hf)
+	for _, n := range ggufNames(arch, cfg.Layers, cfg.Heads, cfg.KVHeads, cfg.Tied) {
+		info, ok := st.Info(n.hf)
 		if !ok {
-			return
+			continue
 		}
-		t := tensor{hf: hf, name: name, typ: ggmlF32, permute: permute, cols: info.Shape[len(info.Shape)-1]}
+		t := tensor{hf: n.hf, name: n.name, typ: ggmlF32, permute: n.permute, cols: info.Shape[len(info.Shape)-1]}
 		t.rows = int(info.NumElements()) / max(t.cols, 1)
-		if matrix {
+		if n.matrix {
 			t.typ = mix.def
 		}
 		ts = append(ts, t)
-	}
-	permQ, permK := 0, 0
-	if arch == "llama" {
-		permQ, permK = cfg.Heads, cfg.KVHeads
-	}
-	add("model.embed_tokens.weight", "token_embd.weight", true, 0)
-	for l := range cfg.Layers {
-		hp, gp := fmt.Sprintf("model.layers.%d.", l), fmt.Sprintf("blk.%d.", l)
-		add(hp+"input_layernorm.weight", gp+"attn_norm.weight", false, 0)
-		add(hp+"self_attn.q_proj.weight", gp+"attn_q.weight", true, permQ)
-		add(hp+"self_attn.q_proj.bias", gp+"attn_q.bias", false, permQ)
-		add(hp+"self_attn.k_proj.weight", gp+"attn_k.weight", true, permK)
-		add(hp+"self_attn.k_proj.bias", gp+"attn_k.bias", false, permK)
-		add(hp+"self_attn.v_proj.weight", gp+"attn_v.weight", true, 0)
-		add(hp+"self_attn.v_proj.bias", gp+"attn_v.bias", false, 0)
-		add(hp+"self_attn.q_norm.weight", gp+"attn_q_norm.weight", false, 0)
-		add(hp+"self_attn.k_norm.weight", gp+"attn_k_norm.weight", false, 0)
-		add(hp+"self_attn.o_proj.weight", gp+"attn_output.weight", true, 0)
-		add(hp+"post_attention_layernorm.weight", gp+"ffn_norm.weight", false, 0)
-		add(hp+"mlp.gate_proj.weight", gp+"ffn_gate.weight", true, 0)
-		add(hp+"mlp.up_proj.weight", gp+"ffn_up.weight", true, 0)
-		add(hp+"mlp.down_proj.weight", gp+"ffn_down.weight", true, 0)
-	}
-	add("model.norm.weight", "output_norm.weight", false, 0)
-	if !cfg.Tied {
-		add("lm_head.weight", "output.weight", true, 0)
 	}
 	if want := len(st.Names()); len(ts) != want {
 		return 0, fmt.Errorf("gguf: mapped %d of the checkpoint's %d tensors", len(ts), want)
@@ -294,6 +268,48 @@ func WriteGGUFQuantized(dir, path, ftype string, q Quantizer) (int64, error) {
 		return 0, err
 	}
 	return cw.n, nil
+}
+
+// ggufName is one checkpoint tensor's llama.cpp name.
+type ggufName struct {
+	hf, name string
+	matrix   bool // quantized with the file type (norms and biases stay f32)
+	permute  int  // heads whose q/k rows llama.cpp orders differently (Llama), 0: none
+}
+
+// ggufNames maps the Hugging Face names a checkpoint of arch (llama.cpp's
+// name) may have to llama.cpp's, in llama.cpp's order; a checkpoint has a
+// subset (biases only in Qwen2, q/k norms only in Qwen3).
+func ggufNames(arch string, layers, heads, kvHeads int, tied bool) []ggufName {
+	permQ, permK := 0, 0
+	if arch == "llama" {
+		permQ, permK = heads, kvHeads
+	}
+	ns := []ggufName{{"model.embed_tokens.weight", "token_embd.weight", true, 0}}
+	for l := range layers {
+		hp, gp := fmt.Sprintf("model.layers.%d.", l), fmt.Sprintf("blk.%d.", l)
+		ns = append(ns,
+			ggufName{hp + "input_layernorm.weight", gp + "attn_norm.weight", false, 0},
+			ggufName{hp + "self_attn.q_proj.weight", gp + "attn_q.weight", true, permQ},
+			ggufName{hp + "self_attn.q_proj.bias", gp + "attn_q.bias", false, permQ},
+			ggufName{hp + "self_attn.k_proj.weight", gp + "attn_k.weight", true, permK},
+			ggufName{hp + "self_attn.k_proj.bias", gp + "attn_k.bias", false, permK},
+			ggufName{hp + "self_attn.v_proj.weight", gp + "attn_v.weight", true, 0},
+			ggufName{hp + "self_attn.v_proj.bias", gp + "attn_v.bias", false, 0},
+			ggufName{hp + "self_attn.q_norm.weight", gp + "attn_q_norm.weight", false, 0},
+			ggufName{hp + "self_attn.k_norm.weight", gp + "attn_k_norm.weight", false, 0},
+			ggufName{hp + "self_attn.o_proj.weight", gp + "attn_output.weight", true, 0},
+			ggufName{hp + "post_attention_layernorm.weight", gp + "ffn_norm.weight", false, 0},
+			ggufName{hp + "mlp.gate_proj.weight", gp + "ffn_gate.weight", true, 0},
+			ggufName{hp + "mlp.up_proj.weight", gp + "ffn_up.weight", true, 0},
+			ggufName{hp + "mlp.down_proj.weight", gp + "ffn_down.weight", true, 0},
+		)
+	}
+	ns = append(ns, ggufName{"model.norm.weight", "output_norm.weight", false, 0})
+	if !tied {
+		ns = append(ns, ggufName{"lm_head.weight", "output.weight", true, 0})
+	}
+	return ns
 }
 
 // permuteRope reorders the rows of a q or k projection (rows × cols, or a
