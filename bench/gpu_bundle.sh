@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds, on this CPU machine, everything bench/gpu_check.sh needs on a GPU
 # host that has no Go and no network, as one compressed file (make gpu-bundle):
-#   libexec/  stripped brokerd, brokerctl, mkbert, mkllm, gpucheck
+#   libexec/  stripped brokerd, brokerctl, mkbert, mkllm, mkgguf, gpucheck
 #             (bench/gpucheck) and the test binaries pjrt.test
 #             (TestAgainstCPU) and repo.test (TestHuggingFaceFixture);
 #   bin/      one wrapper per binary that puts lib/ first on
@@ -9,9 +9,10 @@
 #             own libraries);
 #   lib/      the shared libraries of the binaries that a stock CUDA image
 #             lacks: Debian's oneDNN (libdnnl.so.2), libOpenCL.so.1 and
-#             libgomp.so.1 (glibc, libstdc++ and libgcc_s are the host's);
+#             libgomp.so.1 (glibc, libstdc++ and libgcc_s are the host's),
+#             and llama.cpp's libggml-base.so, which mkgguf opens to quantize;
 #   MANIFEST  version, Go, build host, sizes and sha256 of every file.
-# The random checkpoints are written on the GPU host by mkbert and mkllm
+# The random checkpoints are written on the GPU host by mkbert, mkllm and mkgguf
 # (the 0.5B-shaped LLM is 1.3 GB: smaller to make than to carry).
 #
 #   bench/gpu_bundle.sh [OUT_DIR]   (default .gpu; env GPU_BUNDLE_COMPRESS=xz|gz, default xz;
@@ -35,10 +36,10 @@ echo "== building (stripped) into $stage"
 # (No -trimpath: the compile cache is then the one make build and the tests fill.)
 if [ "${GPU_BUNDLE_MINIMAL:-0}" = 1 ]; then
   $GO build -ldflags "-s -w -X main.version=$version" -o "$stage/libexec/" \
-    ./cmd/brokerd ./cmd/brokerctl ./bench/mkllm ./bench/gpucheck
+    ./cmd/brokerd ./cmd/brokerctl ./bench/mkllm ./bench/mkgguf ./bench/gpucheck
 else
   $GO build -ldflags "-s -w -X main.version=$version" -o "$stage/libexec/" \
-    ./cmd/brokerd ./cmd/brokerctl ./bench/mkbert ./bench/mkllm ./bench/gpucheck
+    ./cmd/brokerd ./cmd/brokerctl ./bench/mkbert ./bench/mkllm ./bench/mkgguf ./bench/gpucheck
   $GO test -c -ldflags '-s -w' -o "$stage/libexec/pjrt.test" ./runtime/pjrt
   $GO test -c -ldflags '-s -w' -o "$stage/libexec/repo.test" ./runtime/models/repo
 fi
@@ -55,6 +56,26 @@ ldd "$stage"/libexec/* 2>/dev/null | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3
     esac
   done
 [ -e "$stage/lib/libdnnl.so.2" ] || { echo "libdnnl.so.2 not found by ldd (make deps)" >&2; exit 1; }
+
+# llama.cpp's libggml-base.so, which mkgguf opens (dlopen, by path) to
+# quantize as llama-quantize does: node-llama-cpp's copy, as
+# runtime/quant/ggmlref's tests use it. Without it gpu_check.sh's
+# gguf-greedy step says SKIP, so only the minimal (test) bundle may lack it.
+ggml=
+for f in "${BROKERD_GGML_LIB:-}" "$root/bench/peers/llamacpp/node_modules/@node-llama-cpp/linux-x64/bins/linux-x64/libggml-base.so" \
+  "$root/runtime/quant/ggmlref/testdata/npm/node_modules/@node-llama-cpp/linux-x64/bins/linux-x64/libggml-base.so"; do
+  if [ -n "$f" ] && [ -e "$f" ]; then
+    ggml=$f
+    break
+  fi
+done
+if [ -n "$ggml" ]; then
+  cp -L "$ggml" "$stage/lib/libggml-base.so"
+  echo "libggml-base.so <- $ggml"
+elif [ "${GPU_BUNDLE_MINIMAL:-0}" != 1 ]; then
+  echo "no libggml-base.so (npm ci in bench/peers/llamacpp, or BROKERD_GGML_LIB=PATH)" >&2
+  exit 1
+fi
 
 for f in "$stage"/libexec/*; do
   n=$(basename "$f")

@@ -21,6 +21,11 @@
 #   llm-greedy       a random Qwen2.5-0.5B-shaped checkpoint (mkllm): brokerd's greedy
 #                    tokens on the GPU (bench/gpucheck) vs transformers generate
 #                    (bench/peers/hf_generate.py), float32, same prompt ids
+#   gguf-greedy      that checkpoint as a Q4_K_M GGUF (bench/mkgguf, llama.cpp's own
+#                    quantizer): brokerd must log dequantizing it onto the GPU, its greedy
+#                    tokens there vs transformers on the file's dequantized float32
+#                    weights, then the CPU adapter's tokens from the same file (quantized
+#                    kernels) counted against the GPU's (informational)
 #   llm-throughput   decode tokens/s through brokerd (brokerctl bench --generate) at
 #                    1, 16 and 64 sequences vs transformers generate at batch 1, 16, 64
 # DIR gets summary.md (one line per step, rewritten as each step ends, so a
@@ -56,7 +61,7 @@ start_brokerd() {
   BMETRICS=127.0.0.1:$((19400 + RANDOM % 500))
   local dev=(--prefer gpu)
   [ -n "$GC_PLUGIN" ] && dev+=(--pjrt-plugin "cuda=$GC_PLUGIN")
-  [ "$GC_CPU" = 1 ] && dev=(--prefer cpu)
+  [ "$GC_CPU" = 1 ] || [ "${PREFER_CPU:-}" = 1 ] && dev=(--prefer cpu)
   echo "+ brokerd --socket $SOCK --state-dir $GC_WORK/$name-state --metrics-listen $BMETRICS ${dev[*]} $*" >&2
   "$GC_BIN/brokerd" --socket "$SOCK" --state-dir "$GC_WORK/$name-state" --metrics-listen "$BMETRICS" \
     --log-level info "${dev[@]}" "$@" 2>"$GC_LOGS/$name-brokerd.log" &
@@ -323,6 +328,25 @@ make_llm() {
     touch "$GC_WORK/llm.done"
   else
     touch "$GC_WORK/llm.failed"
+    return
+  fi
+  make_gguf
+}
+
+# make_gguf writes the generation checkpoint again as a Q4_K_M GGUF model
+# (llama.cpp's own quantizer, the bundle's lib/libggml-base.so, through
+# bench/mkgguf) and the file's weights dequantized to float32 (brokerd's
+# runtime/quant) as a checkpoint for transformers.
+make_gguf() {
+  local lib=$GC_GPU/lib/libggml-base.so
+  if ! [ -e "$lib" ]; then
+    echo "no libggml-base.so in the bundle's lib/" >"$GC_LOGS/mkgguf.log"
+    touch "$GC_WORK/gguf.nolib"
+  elif "$GC_BIN/mkgguf" -from "$GC_WORK/llm-repo/qwen2-rand/1" -type q4_k_m -repo "$GC_WORK/gguf-repo" -name qwen2-q4km \
+    -ggml-lib "$lib" -dequantized "$GC_WORK/gguf-f32" >"$GC_LOGS/mkgguf.log" 2>&1; then
+    touch "$GC_WORK/gguf.done"
+  else
+    touch "$GC_WORK/gguf.failed"
   fi
 }
 
@@ -359,6 +383,131 @@ print(line + ("; problems: %s" % b["problems"] if b["problems"] else ""))' "$GC_
   x python3 "$here/peers/hf_generate.py" check "$LLM" --brokerd "$GC_LOGS/llm-brokerd.json" --out "$GC_LOGS/llm-compare.json" --device "$torchdev" | tee "$GC_WORK/hfcheck.txt"
   rc=${PIPESTATUS[0]}
   key "$got; $(grep -E '^(PASS|FAIL|SKIP)' "$GC_WORK/hfcheck.txt" | tail -1)"
+  return "$rc"
+}
+
+# gguf-greedy: the quantized path. brokerd loads the Q4_K_M file onto the
+# GPU, which cannot hold the blocks, so it dequantizes them at load (its log
+# must say so; on the CPU it must not); its greedy tokens against
+# transformers on the very weights it dequantized (float32, TF32 off); then
+# the same file on the CPU adapter's quantized kernels, whose agreement
+# with the first run is reported, not judged (the CPU quantizes
+# activations to int8: after a near tie the tokens may part).
+step_gguf_greedy() {
+  llm_ready
+  local _
+  for _ in $(seq 1 600); do
+    [ -e "$GC_WORK/gguf.done" ] || [ -e "$GC_WORK/gguf.failed" ] || [ -e "$GC_WORK/gguf.nolib" ] && break
+    sleep 0.2
+  done
+  cat "$GC_LOGS/mkgguf.log"
+  if [ -e "$GC_WORK/gguf.nolib" ]; then
+    key "SKIP: no libggml-base.so in the bundle (make gpu-bundle copies node-llama-cpp's)"
+    exit 77
+  fi
+  if ! [ -e "$GC_WORK/gguf.done" ]; then
+    key "mkgguf did not write the GGUF model: $(tail -n 2 "$GC_LOGS/mkgguf.log" 2>/dev/null | tr '\n' ' ')"
+    exit 1
+  fi
+  local deq=$GC_WORK/gguf-f32 typ=gpu n=32 want=yes
+  [ "$GC_CPU" = 1 ] && typ=cpu n=8 want=no
+  local made
+  made="Q4_K_M GGUF of $(grep -o 'q4_k_m, [0-9.]* MiB' "$GC_LOGS/mkgguf.log" | head -1 | sed 's/^q4_k_m, //') ($(grep -o 'tensors ([^)]*)' "$GC_LOGS/mkgguf.log" | head -1 | sed 's/^tensors (//; s/)$//'))"
+  start_brokerd gguf-greedy --model-repo "$GC_WORK/gguf-repo" --load-models qwen2-q4km || { key "$made; brokerd did not start with it: $(brokerd_said)"; exit 1; }
+  x "$GC_BIN/gpucheck" -socket "$SOCK" -model qwen2-q4km -dir "$deq" -type "$typ" -max-tokens "$n" -out "$GC_LOGS/gguf-brokerd.json"
+  local rc=$?
+  x "$GC_BIN/brokerctl" --socket "$SOCK" models
+  stop_brokerd
+  local got
+  got=$(python3 - "$GC_LOGS/gguf-brokerd.json" "$GC_LOGS/gguf-greedy-brokerd.log" "$want" <<'PY' 2>&1
+import json, sys
+b = json.load(open(sys.argv[1]))
+n = sorted({len(t) for t in b["tokens"]})
+dq, placed = set(), []
+for line in open(sys.argv[2]):
+    try:
+        r = json.loads(line)
+    except ValueError:
+        continue
+    if r.get("msg") == "dequantizing weights for a device that cannot hold them":
+        dq.add((r.get("device"), r.get("from"), r.get("to")))
+    if r.get("msg") == "generator placed" and r.get("model") == "qwen2-q4km":
+        placed.append("%.0f MiB (weights, step, KV cache) on %s" % (r.get("memory_bytes", 0) / 2**20, r.get("device")))
+devs = sorted({d for d, _, _ in dq})
+line = "brokerd on %s: %d prompts x %s tokens in %.2f s" % (b.get("device_id") or "-", len(b["tokens"]), "/".join(map(str, n)), b["seconds"])
+if dq:
+    line += "; dequantized at load on %s (%s to %s)" % (",".join(devs), ",".join(sorted({f for _, f, _ in dq})), ",".join(sorted({t for _, _, t in dq})))
+else:
+    line += "; kept quantized (no dequantizing at load)"
+if (bool(dq) != (sys.argv[3] == "yes")):
+    line += " — WRONG: want %s" % ("dequantizing on the GPU" if sys.argv[3] == "yes" else "no dequantizing on the CPU")
+line += "; placed: " + ("; ".join(placed) or "not logged")
+print(line + ("; problems: %s" % b["problems"] if b["problems"] else ""))
+PY
+)
+  [ "$rc" = 0 ] || { key "$made; gpucheck failed: ${got:-no answer}"; exit 1; }
+  local bad=0
+  case $got in *WRONG*) bad=1 ;; esac
+  key "$made; $got"
+  local hf
+  if [ "$GC_CPU" = 1 ]; then
+    # The CPU adapter runs the blocks themselves (int8 activations), not
+    # the float32 weights transformers would run: nothing to compare.
+    hf="SKIP: CPU mode (transformers runs the dequantized weights, the CPU adapter the blocks)"
+    rc=77
+  else
+    x python3 "$here/peers/hf_generate.py" check "$deq" --brokerd "$GC_LOGS/gguf-brokerd.json" --out "$GC_LOGS/gguf-compare.json" --device cuda | tee "$GC_WORK/gguf-hfcheck.txt"
+    rc=${PIPESTATUS[0]}
+    hf=$(grep -E '^(PASS|FAIL|SKIP)' "$GC_WORK/gguf-hfcheck.txt" | tail -1)
+  fi
+  key "$made; $got; ${hf:-hf_generate.py said nothing (rc $rc)}"
+
+  # The CPU adapter on the same file, within what the step has left.
+  local left=$((${GC_STEP_END:-0} - $(date +%s) - 5)) cpu
+  if [ "$left" -lt 20 ]; then
+    cpu="CPU adapter not run: ${left} s left of the step"
+  elif PREFER_CPU=1 start_brokerd gguf-cpu --model-repo "$GC_WORK/gguf-repo" --load-models qwen2-q4km; then
+    x timeout "$((left - 5))" "$GC_BIN/gpucheck" -socket "$SOCK" -model qwen2-q4km -dir "$deq" -type cpu -max-tokens "$n" -out "$GC_LOGS/gguf-cpu.json"
+    local crc=$?
+    stop_brokerd
+    cpu=$(python3 - "$GC_LOGS/gguf-brokerd.json" "$GC_LOGS/gguf-cpu.json" "$GC_LOGS/gguf-cpu-brokerd.log" "$crc" <<'PY' 2>&1
+import json, sys
+a = json.load(open(sys.argv[1]))
+try:
+    c = json.load(open(sys.argv[2]))
+except (OSError, ValueError) as e:
+    print("CPU adapter: gpucheck wrote nothing (rc %s: %s)" % (sys.argv[4], e))
+    sys.exit()
+dq = sum('"dequantizing weights for a device that cannot hold them"' in l for l in open(sys.argv[3]))
+placed = []
+for line in open(sys.argv[3]):
+    try:
+        r = json.loads(line)
+    except ValueError:
+        continue
+    if r.get("msg") == "generator placed" and r.get("model") == "qwen2-q4km":
+        placed.append("%.0f MiB" % (r.get("memory_bytes", 0) / 2**20))
+same, parts = 0, []
+for i, (x, y) in enumerate(zip(a["tokens"], c["tokens"])):
+    if x == y:
+        same += 1
+        continue
+    k = next((j for j, (p, q) in enumerate(zip(x, y)) if p != q), min(len(x), len(y)))
+    g = c.get("gaps") or []
+    gap = g[i][k] if i < len(g) and k < len(g[i]) else None
+    parts.append("prompt %d parts at token %d%s" % (i, k, " (CPU top-1/top-2 gap %.3g)" % gap if gap is not None and gap >= 0 else ""))
+print("CPU adapter (%s, %s, %s) on %s: %d/%d prompts' tokens agree with %s%s%s" % (
+    "quantized kernels" if dq == 0 else "DEQUANTIZED at load", "placed " + ("/".join(placed) or "?"), "%.2f s" % c["seconds"],
+    c.get("device_id") or "-", same, len(a["tokens"]), a.get("device_id") or "-",
+    ": " + "; ".join(parts) if parts else "", " (gpucheck rc %s: %s)" % (sys.argv[4], c["problems"]) if sys.argv[4] != "0" else ""))
+PY
+)
+  else
+    cpu="CPU adapter: brokerd did not start: $(brokerd_said)"
+  fi
+  echo "$cpu"
+  key "$made; $got; ${hf:-hf_generate.py said nothing (rc $rc)}; $cpu"
+  [ "$bad" = 0 ] || exit 1
   return "$rc"
 }
 
@@ -434,7 +583,7 @@ run_step() {
   now=$(date +%s)
   left=$((GC_DEADLINE - now - 5))
   t=$((cap < left ? cap : left))
-  export GC_KEY=$GC_LOGS/$name.key GC_LOG=$GC_LOGS/$name.log
+  export GC_KEY=$GC_LOGS/$name.key GC_LOG=$GC_LOGS/$name.log GC_STEP_END=$((now + t))
   : >"$GC_KEY"
   if [ "$t" -lt 15 ]; then
     status=SKIP
@@ -475,6 +624,7 @@ cmds = {
     "bert-fixture": "make_fixture.py; repo.test -test.run TestHuggingFaceFixture; brokerctl encode --model tiny-hf-bert --type gpu --no-normalize --json",
     "bert-throughput": "PJRT_GPU_STEPS=encode DURATION=5s bash bench/pjrt_gpu.sh",
     "llm-greedy": "mkllm -arch qwen2 -layers 24 -hidden 896 ...; gpucheck -type gpu -max-tokens 32; hf_generate.py check",
+    "gguf-greedy": "mkgguf -type q4_k_m -dequantized DIR; brokerd (GPU) gpucheck -type gpu; hf_generate.py check DIR; brokerd --prefer cpu gpucheck -type cpu",
     "llm-throughput": "brokerctl bench --generate --concurrency 1,16,64 --duration 8s --max-tokens 64; hf_generate.py bench",
 }
 with open(sys.argv[2] + "/summary.md", "w") as f:
@@ -555,11 +705,12 @@ print(hits[0] if hits else "")' 2>/dev/null)}
 
   # GPU_CHECK_STEPS="against-cpu llm-throughput" runs only those (a rerun
   # of what failed, in the minutes a lease has left).
-  local steps=${GPU_CHECK_STEPS:-facts nvidia-compare pjrt-devices against-cpu bert-fixture bert-throughput llm-greedy llm-throughput}
+  local steps=${GPU_CHECK_STEPS:-facts nvidia-compare pjrt-devices against-cpu bert-fixture bert-throughput llm-greedy gguf-greedy llm-throughput}
   local step limit
-  for step in facts:30 nvidia-compare:30 pjrt-devices:60 against-cpu:100 bert-fixture:60 bert-throughput:90 llm-greedy:100 llm-throughput:110; do
+  for step in facts:30 nvidia-compare:30 pjrt-devices:60 against-cpu:100 bert-fixture:60 bert-throughput:90 llm-greedy:100 gguf-greedy:100 llm-throughput:110; do
     limit=${step#*:} step=${step%%:*}
     [ "$step" = llm-throughput ] && limit=${LLM_STEP_SECONDS:-$limit}
+    [ "$step" = gguf-greedy ] && limit=${GGUF_STEP_SECONDS:-$limit}
     case " $steps " in *" $step "*) run_step "$step" "$limit" ;; esac
   done
 

@@ -15,7 +15,7 @@ import (
 )
 
 // steps are bench/gpu_check.sh's steps, in order.
-var steps = []string{"facts", "nvidia-compare", "pjrt-devices", "against-cpu", "bert-fixture", "bert-throughput", "llm-greedy", "llm-throughput"}
+var steps = []string{"facts", "nvidia-compare", "pjrt-devices", "against-cpu", "bert-fixture", "bert-throughput", "llm-greedy", "gguf-greedy", "llm-throughput"}
 
 type checkResults struct {
 	CPUMode bool `json:"cpu_mode"`
@@ -71,7 +71,8 @@ func runCheck(t *testing.T, env ...string) (string, checkResults, error) {
 // xz and only the binaries the CPU mode runs, for time) and runs bench/gpu_check.sh with GPU_CHECK_CPU=1: the
 // bundle unpacks and its binaries find their libraries; brokerd, on the
 // CPU adapter, serves a random Qwen2 checkpoint that gpucheck's greedy
-// request and brokerctl bench --generate reach; the GPU steps say SKIP; the
+// request and brokerctl bench --generate reach, and its Q4_K_M GGUF
+// (kept quantized); the GPU steps say SKIP; the
 // summary, results.json and logs.tar.gz have their shape. Where torch is
 // installed, brokerd's greedy tokens must also match bench/peers/
 // llm_torch.py's (transformers's where that is installed too).
@@ -93,6 +94,7 @@ func TestCPUMode(t *testing.T) {
 		t.Errorf("gpu_check.sh in CPU mode: %v (a step failed)", err)
 	}
 	torch := exec.Command("python3", "-c", "import torch").Run() == nil
+	ggml := haveGGML()
 	for _, s := range res.Steps {
 		want := "SKIP"
 		switch s.Name {
@@ -104,6 +106,19 @@ func TestCPUMode(t *testing.T) {
 			}
 			if !strings.Contains(s.Key, "brokerd on cpu:0: 4 prompts x 8 tokens") {
 				t.Errorf("llm-greedy key %q: want brokerd's tokens on cpu:0", s.Key)
+			}
+		case "gguf-greedy":
+			// SKIP in CPU mode (no transformers comparison); the key says
+			// what brokerd did with the quantized file, or that the
+			// bundle has no libggml-base.so to write it with.
+			wants := []string{"Q4_K_M GGUF of", "brokerd on cpu:0: 4 prompts x 8 tokens", "kept quantized", "CPU adapter (quantized kernels", "4/4 prompts' tokens agree"}
+			if !ggml {
+				wants = []string{"no libggml-base.so"}
+			}
+			for _, w := range wants {
+				if !strings.Contains(s.Key, w) {
+					t.Errorf("gguf-greedy key %q lacks %q", s.Key, w)
+				}
 			}
 		case "llm-throughput":
 			for _, w := range []string{"1 seq: brokerd", "2 seq: brokerd"} {
@@ -168,6 +183,24 @@ func TestOutOfBudget(t *testing.T) {
 			t.Errorf("step %s: %s %q, want SKIP for the budget", s.Name, s.Status, s.Key)
 		}
 	}
+}
+
+// haveGGML says whether gpu_bundle.sh finds a libggml-base.so to carry
+// (it looks where this does).
+func haveGGML() bool {
+	for _, p := range []string{
+		os.Getenv("BROKERD_GGML_LIB"),
+		"../peers/llamacpp/node_modules/@node-llama-cpp/linux-x64/bins/linux-x64/libggml-base.so",
+		"../../runtime/quant/ggmlref/testdata/npm/node_modules/@node-llama-cpp/linux-x64/bins/linux-x64/libggml-base.so",
+	} {
+		if p == "" {
+			continue
+		}
+		if _, err := os.Stat(p); err == nil {
+			return true
+		}
+	}
+	return false
 }
 
 func needTools(t *testing.T) {
