@@ -56,6 +56,12 @@ type Device struct {
 	qPrefillRows int
 	qSliceBytes  int64 // the most bytes of W one slice dequantizes
 	qdeq, qx, qy scratchBuf
+	// Where the CPU has AMX, products of quantized weights from a few rows
+	// on (qamxFromRows, or qAMXRows when positive; 0 turns it off) run
+	// qamx.c instead of either path above: 16-row panels dequantized into
+	// tiles. qamxWork is its scratch.
+	qAMXRows int
+	qamxWork scratchBuf
 	// Products of a few rows by bf16 weights run on bd_qgemm below
 	// gemv16Rows rows (gemv16.go); gx and gy hold their f32 activations
 	// and output.
@@ -126,6 +132,7 @@ func openDevice(spec runtime.DeviceSpec, cacheSize int, m *primMetrics) (*Device
 		live:    map[*buffer]struct{}{},
 
 		unpackable: map[primKey]bool{}, qPrefillRows: defaultQPrefillRows, qSliceBytes: defaultQSliceBytes, gemv16Rows: defaultGemv16Rows,
+		qAMXRows: defaultQAMXRows(),
 	}
 	// Eviction runs on the worker (the cache is only used there), so an
 	// evicted primitive is never one being executed.
@@ -206,6 +213,7 @@ func (d *Device) release() {
 	d.qdeq.free()
 	d.qx.free()
 	d.qy.free()
+	d.qamxWork.free()
 	d.gx.free()
 	d.gy.free()
 	C.bd_device_close(d.c)

@@ -28,7 +28,24 @@ func (d *Device) qmatmul(s *runtime.Step, x, w, bias, y unsafe.Pointer) error {
 	if !ok {
 		return fmt.Errorf("%w: %s: weights of %s", runtime.ErrUnsupported, s, wt.DType)
 	}
-	if m >= d.qPrefillRows && d.qPrefillRows > 0 {
+	switch {
+	case d.useAMX(q, m) && k%32 == 0:
+		need := qamxWorkBytes(q, int64(k), int64(m), d.threads)
+		if need < 0 {
+			return fmt.Errorf("%s: %w: %d rows of %d against %v", s, errQgemmSize, m, k, q)
+		}
+		work, err := d.scratch(&d.qamxWork, need)
+		if err != nil {
+			return fmt.Errorf("%s: %w", s, err)
+		}
+		err = qamx(q, w, wt.DType.Bytes(int64(wt.NumElements())), int64(n), int64(k), x, int64(m), y, int64(n),
+			d.threads, work, need)
+		if err != nil {
+			return fmt.Errorf("%s: %w", s, err)
+		}
+		addBias(y, bias, m, n)
+		return nil
+	case m >= d.qPrefillRows && d.qPrefillRows > 0:
 		return d.qmatmulDequant(s, q, x, w, bias, y)
 	}
 	work, err := d.qgemmScratch(q, int64(k), int64(m))
@@ -40,17 +57,23 @@ func (d *Device) qmatmul(s *runtime.Step, x, w, bias, y unsafe.Pointer) error {
 	if err != nil {
 		return fmt.Errorf("%s: %w", s, err)
 	}
-	if bias != nil {
-		ys := unsafe.Slice((*float32)(y), m*n)
-		bs := unsafe.Slice((*float32)(bias), n)
-		for i := 0; i < m; i++ {
-			row := ys[i*n : (i+1)*n]
-			for j, b := range bs {
-				row[j] += b
-			}
+	addBias(y, bias, m, n)
+	return nil
+}
+
+// addBias adds bias (n f32, or nil) to each of y's m rows of n.
+func addBias(y, bias unsafe.Pointer, m, n int) {
+	if bias == nil {
+		return
+	}
+	ys := unsafe.Slice((*float32)(y), m*n)
+	bs := unsafe.Slice((*float32)(bias), n)
+	for i := 0; i < m; i++ {
+		row := ys[i*n : (i+1)*n]
+		for j, b := range bs {
+			row[j] += b
 		}
 	}
-	return nil
 }
 
 // Prefill: a product of many rows is compute-bound, and oneDNN's bf16
@@ -65,6 +88,46 @@ const (
 	defaultQPrefillRows = 64
 	defaultQSliceBytes  = 32 << 20 // one slice of dequantized weights
 )
+
+// qamxAuto as Device.qAMXRows picks qamx's crossing by weight type
+// (qamxFromRows); 0 turns qamx off; a positive number is the crossing for
+// every type (the tests and benchmarks).
+const qamxAuto = -1
+
+func defaultQAMXRows() int {
+	if !qamxAvailable() {
+		return 0
+	}
+	return qamxAuto
+}
+
+// qamxFromRows is where qamx overtakes qgemm. qamx costs about the same
+// for 1 to 16 rows (decoding the panel dominates), qgemm grows with the
+// rows: single-thread CPU time on an AMX Xeon (Q4_K 2816x1024, Q5_K, Q6_K
+// 1024x2816, Q8_0 4864x896) put the crossing between 4 and 8 rows for
+// Q8_0, 8 and 16 for the K types, whose qgemm kernels do more per byte.
+// The float types keep their own paths (gemv16, oneDNN).
+func qamxFromRows(q quant.Type) int {
+	switch q {
+	case quant.Q8_0, quant.Q4_0, quant.Q4_1, quant.Q5_0, quant.Q5_1:
+		return 6
+	case quant.Q4_K, quant.Q5_K, quant.Q6_K:
+		return 12
+	}
+	return 0
+}
+
+// useAMX says whether a product of m rows by weights of q runs on qamx.
+func (d *Device) useAMX(q quant.Type, m int) bool {
+	switch {
+	case d.qAMXRows == 0:
+		return false
+	case d.qAMXRows > 0:
+		return m >= d.qAMXRows && qamxSupports(q)
+	}
+	from := qamxFromRows(q)
+	return from > 0 && m >= from
+}
 
 // qmatmulDequant is qmatmul by dequantized slices of W through oneDNN.
 func (d *Device) qmatmulDequant(s *runtime.Step, q quant.Type, x, w, bias, y unsafe.Pointer) error {

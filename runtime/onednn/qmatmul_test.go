@@ -17,7 +17,8 @@ import (
 // Device.Run for few rows, bit-identical to the kernel called directly
 // (which TestQgemmMatchesFloat64 holds to float64) plus the bias, and from
 // qPrefillRows rows on dequantizes slices of W for oneDNN (one slice or
-// several), within bf16's rounding of the float64 product; a gather from a
+// several), within bf16's rounding of the float64 product, as qamx.c's
+// panels are (where the CPU has AMX); a gather from a
 // quantized table gives quant.Dequantize's rows; CopyOut dequantizes; the
 // buffer holds the stored bytes, not floats.
 func TestQuantizedWeightsThroughRun(t *testing.T) {
@@ -60,10 +61,18 @@ func TestQuantizedWeightsThroughRun(t *testing.T) {
 			d := dev.(*Device)
 			for _, c := range []struct {
 				m, prefillRows int
-				sliceRows      int // 0: the default slices
-			}{{1, defaultQPrefillRows, 0}, {5, defaultQPrefillRows, 0}, {33, defaultQPrefillRows, 0}, {5, 1, 16}, {40, 1, 7}} {
+				sliceRows      int  // 0: the default slices
+				amx            bool // qamx.c (on a CPU with AMX)
+			}{{1, defaultQPrefillRows, 0, false}, {5, defaultQPrefillRows, 0, false}, {33, defaultQPrefillRows, 0, false},
+				{5, 1, 16, false}, {40, 1, 7, false}, {3, defaultQPrefillRows, 0, true}, {70, defaultQPrefillRows, 0, true}} {
+				if c.amx && !qamxAvailable() {
+					continue
+				}
 				m := c.m
-				d.qPrefillRows, d.qSliceBytes = c.prefillRows, defaultQSliceBytes
+				d.qPrefillRows, d.qSliceBytes, d.qAMXRows = c.prefillRows, defaultQSliceBytes, 0
+				if c.amx {
+					d.qAMXRows = 1
+				}
 				if c.sliceRows > 0 {
 					d.qSliceBytes = int64(c.sliceRows * k * 4)
 				}
@@ -81,7 +90,7 @@ func TestQuantizedWeightsThroughRun(t *testing.T) {
 				if err := dev.CopyOut(t.Context(), got, yb); err != nil {
 					t.Fatal(err)
 				}
-				if m < c.prefillRows {
+				if m < c.prefillRows && !c.amx {
 					// qgemm.c itself, whose error TestQgemmMatchesFloat64 bounds.
 					want := make([]float32, m*n)
 					if err := qgemm(q, w, n, k, x, m, want, n, isaAuto, d.threads); err != nil {
@@ -94,11 +103,14 @@ func TestQuantizedWeightsThroughRun(t *testing.T) {
 						t.Errorf("m=%d: Run differs from bd_qgemm plus bias", m)
 					}
 				} else {
-					// Dequantized slices through oneDNN: the float64
-					// product within bf16's rounding of both operands
-					// (2^-8 each) or f32's over k terms.
+					// Dequantized slices through oneDNN, or qamx's
+					// panels: the float64 product within bf16's
+					// rounding of both operands (2^-8 each) or f32's
+					// over k terms.
 					unit := 0x1p-7
-					if d.bf16Err != nil {
+					if c.amx {
+						unit = qamxGamma(k)
+					} else if d.bf16Err != nil {
 						unit = float64(k) * 0x1p-23
 					}
 					for i := range m {
@@ -119,7 +131,7 @@ func TestQuantizedWeightsThroughRun(t *testing.T) {
 				dev.Free(xb)
 				dev.Free(yb)
 			}
-			d.qPrefillRows, d.qSliceBytes = defaultQPrefillRows, defaultQSliceBytes
+			d.qPrefillRows, d.qSliceBytes, d.qAMXRows = defaultQPrefillRows, defaultQSliceBytes, defaultQAMXRows()
 			dev.Free(bb)
 
 			// Gather rows 3, 0 and n-1 of the table.
@@ -246,7 +258,7 @@ func BenchmarkQmatmulPaths(b *testing.B) {
 	for _, c := range []struct {
 		dt   runtime.DType
 		k, n int
-	}{{runtime.Q8_0, 896, 4864}, {runtime.Q4_K, 1024, 2816}} {
+	}{{runtime.Q8_0, 896, 4864}, {runtime.Q4_K, 1024, 2816}, {runtime.Q6_K, 2816, 1024}, {runtime.Q5_K, 1024, 2816}} {
 		q, _ := c.dt.GGML()
 		w := randQuantWeights(rng, q, c.n, c.k)
 		wb, err := dev.Alloc(c.dt, c.n, c.k)
@@ -256,7 +268,7 @@ func BenchmarkQmatmulPaths(b *testing.B) {
 		if err := dev.CopyInRaw(b.Context(), wb, 0, w); err != nil {
 			b.Fatal(err)
 		}
-		for _, m := range []int{8, 16, 32, 64, 512} {
+		for _, m := range []int{1, 2, 4, 8, 16, 32, 64, 512} {
 			x := randActs(rng, m, c.k)
 			xb, _ := dev.Alloc(runtime.F32, m, c.k)
 			if err := dev.CopyIn(b.Context(), xb, x); err != nil {
@@ -264,13 +276,19 @@ func BenchmarkQmatmulPaths(b *testing.B) {
 			}
 			yb, _ := dev.Alloc(runtime.F32, m, c.n)
 			g := &runtime.Graph{Ops: []runtime.Op{{Kind: runtime.OpMatMul, In: []string{"x", "w"}, Out: "y", TransB: true}}}
-			for _, path := range []string{"qgemm", "dequant"} {
+			for _, path := range []string{"qgemm", "dequant", "amx"} {
+				if path == "amx" && !qamxAvailable() {
+					continue
+				}
 				b.Run(fmt.Sprintf("%v/%dx%d/m=%d/%s", c.dt, c.k, c.n, m, path), func(b *testing.B) {
-					dev.qPrefillRows = 1 << 30
-					if path == "dequant" {
+					dev.qPrefillRows, dev.qAMXRows = 1<<30, 0
+					switch path {
+					case "dequant":
 						dev.qPrefillRows = 1
+					case "amx":
+						dev.qAMXRows = 1
 					}
-					defer func() { dev.qPrefillRows = defaultQPrefillRows }()
+					defer func() { dev.qPrefillRows, dev.qAMXRows = defaultQPrefillRows, defaultQAMXRows() }()
 					bind := map[string]runtime.Buffer{"x": xb, "w": wb, "y": yb}
 					for b.Loop() {
 						if err := dev.Run(b.Context(), g, bind); err != nil {

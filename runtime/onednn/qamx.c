@@ -1,0 +1,438 @@
+// Quantized products on AMX tiles; see qamx.h.
+//
+// Tiles (palette 1, each 16 rows of 64 bytes):
+//   tmm0-3  C: f32 [16 weight rows][16 activation rows], one per 16 rows of
+//           an m-block of up to 64 activation rows
+//   tmm4    A: bf16 [16 weight rows][32 k], a strip of the panel
+//   tmm5-6  B: bf16 pairs [16 k pairs][16 activation rows][2], from xb
+// So C = W·Xᵀ for 16 weight rows at a time: the weights are the A operand,
+// read from the panel row-major as dequantized, and the activations, whose
+// pair-interleaved layout the tile unit wants, are laid out once per call.
+//
+// Scratch (64-byte aligned): xb, the activations as bf16 tiles
+// [m tiles][k/32][16 pairs][16 rows][2], zeros past m; then per thread a
+// panel bf16 [16][k], an f32 row [k] for the types decoded through
+// dequant.c, and a C tile's f32 [16][16].
+
+#include "qamx.h"
+
+#include <immintrin.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "dequant.h"
+#include "qgemm.h"
+
+#define QA_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,f16c,fma,amx-tile,amx-bf16")))
+#define QA_INLINE static inline __attribute__((always_inline))
+
+#define ARCH_REQ_XCOMP_PERM 0x1023
+#define XFEATURE_XTILEDATA 18
+
+// -1 unknown, 0 no, 1 yes.
+static int qa_state = -1;
+
+static void qa_cpuid(unsigned leaf, unsigned sub, unsigned r[4]) {
+    __asm__ volatile("cpuid" : "=a"(r[0]), "=b"(r[1]), "=c"(r[2]), "=d"(r[3]) : "a"(leaf), "c"(sub));
+}
+
+int bd_qamx_available(void) {
+    int s = __atomic_load_n(&qa_state, __ATOMIC_ACQUIRE);
+    if (s >= 0) return s;
+    int ok = 0;
+    unsigned r[4];
+    qa_cpuid(0, 0, r);
+    if (r[0] >= 7) {
+        qa_cpuid(7, 0, r);
+        const unsigned edx = r[3], ebx = r[1];
+        const int tile = edx >> 24 & 1, bf16 = edx >> 22 & 1;
+        const int f = ebx >> 16 & 1, dq = ebx >> 17 & 1, bw = ebx >> 30 & 1, vl = ebx >> 31 & 1;
+        qa_cpuid(7, 1, r);
+        const int avx512bf16 = r[0] >> 5 & 1;
+        __builtin_cpu_init();
+        ok = tile && bf16 && f && dq && bw && vl && avx512bf16 && __builtin_cpu_supports("fma") &&
+             __builtin_cpu_supports("f16c");
+    }
+    // The kernel hands out tile data per process on request (oneDNN asks
+    // the same way; asking twice is harmless).
+    if (ok && syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) != 0) ok = 0;
+    __atomic_store_n(&qa_state, ok, __ATOMIC_RELEASE);
+    return ok;
+}
+
+// ggml's types: elements and bytes per block.
+static int qa_block(int t, int *elems, int *bytes) {
+    switch (t) {
+    case 1: *elems = 1, *bytes = 2; return 1;     // F16
+    case 30: *elems = 1, *bytes = 2; return 1;    // BF16
+    case 2: *elems = 32, *bytes = 18; return 1;   // Q4_0
+    case 3: *elems = 32, *bytes = 20; return 1;   // Q4_1
+    case 6: *elems = 32, *bytes = 22; return 1;   // Q5_0
+    case 7: *elems = 32, *bytes = 24; return 1;   // Q5_1
+    case 8: *elems = 32, *bytes = 34; return 1;   // Q8_0
+    case 12: *elems = 256, *bytes = 144; return 1; // Q4_K
+    case 13: *elems = 256, *bytes = 176; return 1; // Q5_K
+    case 14: *elems = 256, *bytes = 210; return 1; // Q6_K
+    }
+    return 0;
+}
+
+int bd_qamx_supports(int wtype) {
+    int e, b;
+    return qa_block(wtype, &e, &b);
+}
+
+#define QA_MB 64 // activation rows one pass over a panel carries (4 C tiles)
+
+static int64_t qa_xb_bytes(int64_t k, int64_t m) { return (m + 15) / 16 * 16 * k * 2; }
+static int64_t qa_thread_bytes(int64_t k) { return 16 * k * 2 + k * 4 + 4096; }
+
+int64_t bd_qamx_work_bytes(int wtype, int64_t k, int64_t m, int nthreads) {
+    int elems, bytes;
+    if (!qa_block(wtype, &elems, &bytes)) return BD_QGEMM_UNSUPPORTED;
+    if (k <= 0 || m <= 0 || nthreads < 1 || nthreads > 1024 || k > BD_QGEMM_MAX / 64 || m > BD_QGEMM_MAX / 64 ||
+            k % elems != 0 || k % 32 != 0)
+        return BD_QGEMM_SIZE;
+    const int64_t xb = (qa_xb_bytes(k, m) + 63) & ~(int64_t)63, th = (qa_thread_bytes(k) + 63) & ~(int64_t)63;
+    if (xb > BD_QGEMM_MAX || th > BD_QGEMM_MAX / nthreads) return BD_QGEMM_SIZE;
+    return xb + th * nthreads;
+}
+
+// ---- Panel decoders: one weight row of k elements to bf16. ----
+
+QA_INLINE QA_TARGET float qa_h2f(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
+
+// 32 f32 (lo: elements 0-15, hi: 16-31) to 32 bf16 at out.
+QA_INLINE QA_TARGET void qa_store32(uint16_t *out, __m512 lo, __m512 hi) {
+    _mm512_storeu_si512((void *)out, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+}
+
+// 16 unsigned bytes to f32.
+QA_INLINE QA_TARGET __m512 qa_u8(__m128i v) { return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(v)); }
+// 16 signed bytes to f32.
+QA_INLINE QA_TARGET __m512 qa_i8(__m128i v) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(v)); }
+
+// The 6-bit scales and mins of a Q4_K/Q5_K block (qgemm.c's bd_k4_scales).
+QA_INLINE void qa_k4_scales(const uint8_t *s12, uint8_t sc[8], uint8_t mn[8]) {
+    uint32_t u[4];
+    memcpy(u, s12, 12);
+    u[3] = ((u[2] >> 4) & 0x0f0f0f0fu) | (((u[1] >> 6) & 0x03030303u) << 4);
+    const uint32_t mins = u[1] & 0x3f3f3f3fu;
+    u[1] = (u[2] & 0x0f0f0f0fu) | (((u[0] >> 6) & 0x03030303u) << 4);
+    u[2] = mins;
+    u[0] &= 0x3f3f3f3fu;
+    memcpy(sc, u, 8);
+    memcpy(mn, u + 2, 8);
+}
+
+// Q4_K and Q5_K by table: sub-block 2i is the low nibbles of
+// qs[32i..32i+31] and 2i+1 the high ones (Q5_K adds bit 2i, 2i+1 of qh[l]
+// as 16). A sub-block's weights take only 16 (32) values, d·sc·v − dmin·m,
+// so each pair of sub-blocks gets its values as one table of bf16 and
+// vpermw (vpermt2w for Q5_K's 64) looks the 64 weights up: fewer
+// conversions than decoding each weight through f32.
+// A K block's d·sc and −dmin·m for its eight sub-blocks, in memory, so the
+// tables below broadcast them from a load (port 5, which the lookups and
+// conversions use, stays free of broadcasts from registers).
+QA_INLINE QA_TARGET void qa_k4_factors(const uint8_t *w, float ds[8], float dm[8]) {
+    uint8_t sc[8], mn[8];
+    qa_k4_scales(w + 4, sc, mn);
+    const __m256 d = _mm256_set1_ps(qa_h2f(w)), dmin = _mm256_set1_ps(-qa_h2f(w + 2));
+    _mm256_store_ps(ds, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)sc)))));
+    _mm256_store_ps(dm, _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)mn)))));
+}
+
+QA_INLINE QA_TARGET void qa_row_q4_K(const uint8_t *w, int64_t nb, uint16_t *out) {
+    const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512i m4 = _mm512_set1_epi16(0x0f), hi16 = _mm512_set1_epi16(0x10);
+    float ds[8] __attribute__((aligned(32))), dm[8] __attribute__((aligned(32)));
+    for (int64_t b = 0; b < nb; b++, w += 144, out += 256) {
+        qa_k4_factors(w, ds, dm);
+        for (int i = 0; i < 4; i++) {
+            const __m512 ta = _mm512_fmadd_ps(iota, _mm512_set1_ps(ds[2 * i]), _mm512_set1_ps(dm[2 * i]));
+            const __m512 tb = _mm512_fmadd_ps(iota, _mm512_set1_ps(ds[2 * i + 1]), _mm512_set1_ps(dm[2 * i + 1]));
+            const __m512i tab = (__m512i)_mm512_cvtne2ps_pbh(tb, ta); // words 0-15: sub-block 2i, 16-31: 2i+1
+            const __m512i q = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(w + 16 + 32 * i)));
+            const __m512i lo = _mm512_and_si512(q, m4), hi = _mm512_or_si512(_mm512_srli_epi16(q, 4), hi16);
+            _mm512_storeu_si512((void *)(out + 64 * i), _mm512_permutexvar_epi16(lo, tab));
+            _mm512_storeu_si512((void *)(out + 64 * i + 32), _mm512_permutexvar_epi16(hi, tab));
+        }
+    }
+}
+
+QA_INLINE QA_TARGET void qa_row_q5_K(const uint8_t *w, int64_t nb, uint16_t *out) {
+    const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512 iota16 = _mm512_add_ps(iota, _mm512_set1_ps(16));
+    const __m512i m4 = _mm512_set1_epi16(0x0f), b16 = _mm512_set1_epi16(0x10), b32 = _mm512_set1_epi16(0x20);
+    float ds[8] __attribute__((aligned(32))), dm[8] __attribute__((aligned(32)));
+    for (int64_t b = 0; b < nb; b++, w += 176, out += 256) {
+        qa_k4_factors(w, ds, dm);
+        // qh as words, shifted so bit 2i (2i+1) of each byte lands on bit 4
+        // as i steps (bit 4 is 16 in the table index).
+        __m512i qh = _mm512_slli_epi16(_mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(w + 16))), 4);
+        for (int i = 0; i < 4; i++, qh = _mm512_srli_epi16(qh, 2)) {
+            const __m512 da = _mm512_set1_ps(ds[2 * i]), ma = _mm512_set1_ps(dm[2 * i]);
+            const __m512 db = _mm512_set1_ps(ds[2 * i + 1]), mb = _mm512_set1_ps(dm[2 * i + 1]);
+            const __m512i ta = (__m512i)_mm512_cvtne2ps_pbh(_mm512_fmadd_ps(iota16, da, ma), _mm512_fmadd_ps(iota, da, ma));
+            const __m512i tb = (__m512i)_mm512_cvtne2ps_pbh(_mm512_fmadd_ps(iota16, db, mb), _mm512_fmadd_ps(iota, db, mb));
+            const __m512i q = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(w + 48 + 32 * i)));
+            // index: the nibble, its fifth bit as 16, and 32 for the high sub-block (tb)
+            const __m512i lo = _mm512_or_si512(_mm512_and_si512(q, m4), _mm512_and_si512(qh, b16));
+            const __m512i hi = _mm512_or_si512(_mm512_or_si512(_mm512_srli_epi16(q, 4), _mm512_and_si512(_mm512_srli_epi16(qh, 1), b16)), b32);
+            _mm512_storeu_si512((void *)(out + 64 * i), _mm512_permutex2var_epi16(ta, lo, tb));
+            _mm512_storeu_si512((void *)(out + 64 * i + 32), _mm512_permutex2var_epi16(ta, hi, tb));
+        }
+    }
+}
+
+// Q6_K: per half of 128, q1..q4 from ql[l], ql[l+32] and qh[l]'s bit pairs;
+// each 16 elements have their own int8 scale.
+QA_INLINE QA_TARGET void qa_row_q6_K(const uint8_t *w, int64_t nb, uint16_t *out) {
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m3 = _mm256_set1_epi8(0x03), c32 = _mm256_set1_epi8(32);
+    for (int64_t b = 0; b < nb; b++, w += 210, out += 256) {
+        const float d = qa_h2f(w + 208);
+        const int8_t *sc = (const int8_t *)(w + 192);
+        for (int h = 0; h < 2; h++) {
+            const uint8_t *ql = w + 64 * h, *qhp = w + 128 + 32 * h;
+            const __m256i l0 = _mm256_loadu_si256((const __m256i *)ql), l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
+            const __m256i qh = _mm256_loadu_si256((const __m256i *)qhp);
+            __m256i q[4];
+            q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(qh, m3), 4));
+            q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
+                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m3), 4));
+            q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m3), 4));
+            q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m3), 4));
+            for (int t = 0; t < 4; t++) {
+                const __m256i v = _mm256_sub_epi8(q[t], c32);
+                const __m512 a = _mm512_set1_ps(d * sc[8 * h + 2 * t]), c = _mm512_set1_ps(d * sc[8 * h + 2 * t + 1]);
+                qa_store32(out + 128 * h + 32 * t, _mm512_mul_ps(qa_i8(_mm256_castsi256_si128(v)), a),
+                        _mm512_mul_ps(qa_i8(_mm256_extracti128_si256(v, 1)), c));
+            }
+        }
+    }
+}
+
+// Q8_0: d (f16) and 32 int8.
+QA_INLINE QA_TARGET void qa_row_q8_0(const uint8_t *w, int64_t nb, uint16_t *out) {
+    for (int64_t b = 0; b < nb; b++, w += 34, out += 32) {
+        const __m512 d = _mm512_set1_ps(qa_h2f(w));
+        const __m256i q = _mm256_loadu_si256((const __m256i *)(w + 2));
+        qa_store32(out, _mm512_mul_ps(qa_i8(_mm256_castsi256_si128(q)), d),
+                _mm512_mul_ps(qa_i8(_mm256_extracti128_si256(q, 1)), d));
+    }
+}
+
+// Q4_0 (d, 16 bytes: element l low nibble, l+16 high; value q-8) and Q5_0
+// (d, qh u32, 16 bytes: bit l of qh is element l's fifth bit; value q-16).
+QA_INLINE QA_TARGET void qa_row_q450(const uint8_t *w, int64_t nb, uint16_t *out, const int Q5) {
+    const __m128i m4 = _mm_set1_epi8(0x0f);
+    const __m128i off = _mm_set1_epi8(Q5 ? 16 : 8), s16 = _mm_set1_epi8(0x10);
+    for (int64_t b = 0; b < nb; b++, w += Q5 ? 22 : 18, out += 32) {
+        const __m512 d = _mm512_set1_ps(qa_h2f(w));
+        const __m128i q = _mm_loadu_si128((const __m128i *)(w + (Q5 ? 6 : 2)));
+        __m128i lo = _mm_and_si128(q, m4), hi = _mm_and_si128(_mm_srli_epi16(q, 4), m4);
+        if (Q5) {
+            uint32_t qh;
+            memcpy(&qh, w + 2, 4);
+            lo = _mm_mask_add_epi8(lo, (__mmask16)(qh & 0xffff), lo, s16);
+            hi = _mm_mask_add_epi8(hi, (__mmask16)(qh >> 16), hi, s16);
+        }
+        qa_store32(out, _mm512_mul_ps(qa_i8(_mm_sub_epi8(lo, off)), d), _mm512_mul_ps(qa_i8(_mm_sub_epi8(hi, off)), d));
+    }
+}
+
+// The other types through dequant.c's row decoder (f32 into tmp), then
+// rounded to bf16.
+QA_INLINE QA_TARGET void qa_row_generic(int t, const uint8_t *w, int64_t rowb, int64_t k, float *tmp, uint16_t *out) {
+    bd_dequant_row(t, w, rowb, tmp, k, BD_ISA_AUTO);
+    for (int64_t e = 0; e < k; e += 32) qa_store32(out + e, _mm512_loadu_ps(tmp + e), _mm512_loadu_ps(tmp + e + 16));
+}
+
+static QA_TARGET void qa_row(int t, const uint8_t *w, int64_t rowb, int64_t k, float *tmp, uint16_t *out) {
+    switch (t) {
+    case 12: qa_row_q4_K(w, k / 256, out); break;
+    case 13: qa_row_q5_K(w, k / 256, out); break;
+    case 14: qa_row_q6_K(w, k / 256, out); break;
+    case 8: qa_row_q8_0(w, k / 32, out); break;
+    case 2: qa_row_q450(w, k / 32, out, 0); break;
+    case 6: qa_row_q450(w, k / 32, out, 1); break;
+    default: qa_row_generic(t, w, rowb, k, tmp, out); break;
+    }
+}
+
+// ---- The activations as B tiles. ----
+
+// xb[mt][kc][p][r][2] = x[16mt + r][32kc + 2p + e], zeros for rows >= m.
+static QA_TARGET void qa_layout_x(const float *x, int64_t m, int64_t k, uint16_t *xb, int64_t mt0, int64_t mt1) {
+    const int64_t nkc = k / 32;
+    for (int64_t mt = mt0; mt < mt1; mt++) {
+        for (int r = 0; r < 16; r++) {
+            const int64_t row = 16 * mt + r;
+            uint16_t *dst = xb + mt * nkc * 512 + 2 * r;
+            if (row >= m) {
+                for (int64_t kc = 0; kc < nkc; kc++)
+                    for (int p = 0; p < 16; p++) dst[kc * 512 + 32 * p] = dst[kc * 512 + 32 * p + 1] = 0;
+                continue;
+            }
+            const float *src = x + row * k;
+            for (int64_t kc = 0; kc < nkc; kc++) {
+                // 32 values to bf16, then each pair (one u32) to its row of
+                // the tile: 16 u32 scattered at a 64-byte stride.
+                const __m512i v = (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(src + 32 * kc + 16), _mm512_loadu_ps(src + 32 * kc));
+                _mm512_i32scatter_epi32((void *)(dst + kc * 512), _mm512_setr_epi32(0, 16, 32, 48, 64, 80, 96, 112, 128,
+                        144, 160, 176, 192, 208, 224, 240), v, 4);
+            }
+        }
+    }
+}
+
+// ---- The product. ----
+
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} __attribute__((packed)) qa_tilecfg;
+
+// TDPBF16PS takes about 16 cycles a tile but its result comes some 50
+// later, so a pass keeps four products in flight: with one m tile the
+// four C tiles take every fourth strip of k, with two each m tile has two
+// C tiles (even and odd strips), and with three or four one each.
+#define QA_DP(c, t, xk)                                   \
+    do {                                                  \
+        _tile_loadd(5, (xk) + (t) * xstride, 64);         \
+        _tile_dpbf16ps(c, 4, 5);                          \
+    } while (0)
+
+static QA_TARGET void qa_panels(int t, const uint8_t *w, int64_t rowb, int64_t n_out, int64_t k, const uint16_t *xb,
+        int64_t m, float *y, int64_t ldy, int64_t p0, int64_t p1, uint8_t *mine) {
+    uint16_t *panel = (uint16_t *)mine;
+    float *tmp = (float *)(mine + 16 * k * 2);
+    float *cbuf = (float *)(mine + 16 * k * 2 + k * 4); // 4 tiles of f32 [16][16]
+    const int64_t nkc = k / 32, xstride = nkc * 1024; // bytes between m tiles of one strip
+    qa_tilecfg cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int i = 0; i < 8; i++) cfg.rows[i] = 16, cfg.colsb[i] = 64;
+    _tile_loadconfig(&cfg);
+    for (int64_t p = p0; p < p1; p++) {
+        const int64_t n0 = 16 * p;
+        const int nr = (int)(n_out - n0 < 16 ? n_out - n0 : 16);
+        for (int i = 0; i < nr; i++) {
+            // Prefetch the next row while this one decodes.
+            const uint8_t *wr = w + (n0 + i) * rowb;
+            for (int64_t o = 0; o < rowb; o += 64) _mm_prefetch((const char *)(wr + rowb + o), _MM_HINT_T0);
+            qa_row(t, wr, rowb, k, tmp, panel + i * k);
+        }
+        if (nr < 16) memset(panel + nr * k, 0, (size_t)((16 - nr) * k * 2));
+        for (int64_t m0 = 0; m0 < m; m0 += QA_MB) {
+            const int mt = (int)((m - m0 + 15) / 16 < 4 ? (m - m0 + 15) / 16 : 4);
+            const uint8_t *xm = (const uint8_t *)xb + (m0 / 16) * xstride;
+            _tile_zero(0);
+            _tile_zero(1);
+            _tile_zero(2);
+            _tile_zero(3);
+            int64_t kc = 0;
+            if (mt == 1) {
+                for (; kc + 4 <= nkc; kc += 4) {
+                    const uint8_t *xk = xm + kc * 1024;
+                    _tile_loadd(4, panel + 32 * kc, k * 2);
+                    _tile_loadd(6, xk, 64);
+                    _tile_dpbf16ps(0, 4, 6);
+                    _tile_loadd(5, panel + 32 * (kc + 1), k * 2);
+                    _tile_loadd(7, xk + 1024, 64);
+                    _tile_dpbf16ps(1, 5, 7);
+                    _tile_loadd(4, panel + 32 * (kc + 2), k * 2);
+                    _tile_loadd(6, xk + 2048, 64);
+                    _tile_dpbf16ps(2, 4, 6);
+                    _tile_loadd(5, panel + 32 * (kc + 3), k * 2);
+                    _tile_loadd(7, xk + 3072, 64);
+                    _tile_dpbf16ps(3, 5, 7);
+                }
+            } else if (mt == 2) {
+                for (; kc + 2 <= nkc; kc += 2) {
+                    const uint8_t *xk = xm + kc * 1024;
+                    _tile_loadd(4, panel + 32 * kc, k * 2);
+                    QA_DP(0, 0, xk);
+                    QA_DP(1, 1, xk);
+                    _tile_loadd(4, panel + 32 * (kc + 1), k * 2);
+                    QA_DP(2, 0, xk + 1024);
+                    QA_DP(3, 1, xk + 1024);
+                }
+            }
+            for (; kc < nkc; kc++) { // mt 3 and 4, and the strips left over
+                const uint8_t *xk = xm + kc * 1024;
+                _tile_loadd(4, panel + 32 * kc, k * 2);
+                QA_DP(0, 0, xk);
+                if (mt > 1) QA_DP(1, 1, xk);
+                if (mt > 2) QA_DP(2, 2, xk);
+                if (mt > 3) QA_DP(3, 3, xk);
+            }
+            _tile_stored(0, cbuf, 64);
+            _tile_stored(1, cbuf + 256, 64);
+            _tile_stored(2, cbuf + 512, 64);
+            _tile_stored(3, cbuf + 768, 64);
+            // C tile c holds m tile c, or (mt 1) strips c mod 4, or (mt 2)
+            // m tile c mod 2 for even strips and c-2 for odd ones.
+            for (int tt = 0; tt < mt; tt++) {
+                float *c = cbuf + 256 * tt;
+                if (mt == 1) {
+                    for (int i = 0; i < 256; i += 16)
+                        _mm512_storeu_ps(c + i, _mm512_add_ps(_mm512_add_ps(_mm512_loadu_ps(cbuf + i), _mm512_loadu_ps(cbuf + 256 + i)),
+                                _mm512_add_ps(_mm512_loadu_ps(cbuf + 512 + i), _mm512_loadu_ps(cbuf + 768 + i))));
+                } else if (mt == 2) {
+                    for (int i = 0; i < 256; i += 16)
+                        _mm512_storeu_ps(c + i, _mm512_add_ps(_mm512_loadu_ps(c + i), _mm512_loadu_ps(c + 512 + i)));
+                }
+                const int64_t r0 = m0 + 16 * tt;
+                const int rr = (int)(m - r0 < 16 ? m - r0 : 16);
+                for (int r = 0; r < rr; r++)
+                    for (int n = 0; n < nr; n++) y[(r0 + r) * ldy + n0 + n] = c[n * 16 + r];
+            }
+        }
+    }
+    _tile_release();
+}
+
+int bd_qamx(int wtype, const void *w, int64_t w_bytes, int64_t n_out, int64_t k, const float *x, int64_t m, float *y,
+        int64_t ldy, int nthreads, void *work, int64_t work_bytes) {
+    const int64_t need = bd_qamx_work_bytes(wtype, k, m, nthreads);
+    if (need < 0) return (int)need;
+    int elems, bytes;
+    qa_block(wtype, &elems, &bytes);
+    if (n_out <= 0 || n_out > BD_QGEMM_MAX || ldy < n_out || ldy > BD_QGEMM_MAX) return BD_QGEMM_SIZE;
+    const int64_t rowb = k / elems * bytes;
+    if (rowb > BD_QGEMM_MAX / n_out || w_bytes != rowb * n_out) return BD_QGEMM_SIZE;
+    if (m - 1 > (BD_QGEMM_MAX - n_out) / ldy) return BD_QGEMM_SIZE;
+    if (work && work_bytes < need) return BD_QGEMM_SIZE;
+    if (!bd_qamx_available()) return BD_QAMX_NO_AMX;
+    uint8_t *ws = work;
+    if (!ws) {
+        ws = aligned_alloc(64, (size_t)need);
+        if (!ws) return BD_QGEMM_NOMEM;
+    }
+    const int64_t xbb = (qa_xb_bytes(k, m) + 63) & ~(int64_t)63, th = (qa_thread_bytes(k) + 63) & ~(int64_t)63;
+    uint16_t *xb = (uint16_t *)ws;
+    const int64_t panels = (n_out + 15) / 16, mts = (m + 15) / 16;
+    int nt = nthreads;
+    if (nt > panels) nt = (int)panels;
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+        const int me = omp_get_thread_num(), all = omp_get_num_threads();
+        qa_layout_x(x, m, k, xb, mts * me / all, mts * (me + 1) / all);
+#pragma omp barrier
+        qa_panels(wtype, w, rowb, n_out, k, xb, m, y, ldy, panels * me / all, panels * (me + 1) / all,
+                ws + xbb + th * me);
+    }
+    if (!work) free(ws);
+    return BD_QGEMM_OK;
+}
