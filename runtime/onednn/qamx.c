@@ -96,8 +96,9 @@ int64_t bd_qamx_work_bytes(int wtype, int64_t k, int64_t m, int nthreads) {
     if (k <= 0 || m <= 0 || nthreads < 1 || nthreads > 1024 || k > BD_QGEMM_MAX / 64 || m > BD_QGEMM_MAX / 64 ||
             k % elems != 0 || k % 32 != 0)
         return BD_QGEMM_SIZE;
+    if (k > BD_QGEMM_MAX / 2 / ((m + 15) / 16 * 16)) return BD_QGEMM_SIZE; // xb's bytes, and m*k
     const int64_t xb = (qa_xb_bytes(k, m) + 63) & ~(int64_t)63, th = (qa_thread_bytes(k) + 63) & ~(int64_t)63;
-    if (xb > BD_QGEMM_MAX || th > BD_QGEMM_MAX / nthreads) return BD_QGEMM_SIZE;
+    if (th > BD_QGEMM_MAX / nthreads) return BD_QGEMM_SIZE;
     return xb + th * nthreads;
 }
 

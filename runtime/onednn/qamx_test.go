@@ -150,6 +150,7 @@ func TestQamxRefuses(t *testing.T) {
 		{"m = 0", quant.Q8_0, 34, 1, 32, 0, 1, 1},
 		{"huge m", quant.Q8_0, 34, 1, 32, 1 << 50, 1, 1},
 		{"huge k", quant.Q8_0, 34, 1, 1 << 50, 1, 1, 1},
+		{"m times k past the limit", quant.Q8_0, 34, 1, 1 << 32, 1 << 32, 1, 1},
 		{"overflowing ldy", quant.Q8_0, 34, 1, 32, 1 << 30, 1 << 40, 1},
 		{"no threads", quant.Q8_0, 34, 1, 32, 1, 1, 0},
 		{"unknown type", quant.Type(99), 34, 1, 32, 1, 1, 1},
@@ -158,5 +159,13 @@ func TestQamxRefuses(t *testing.T) {
 		if err == nil {
 			t.Errorf("%s: accepted", c.name)
 		}
+	}
+	for _, c := range [][3]int64{{1 << 32, 1 << 32, 1}, {1 << 40, 1, 1}, {32, 1 << 40, 1}, {32, 1, 0}, {33, 1, 1}} {
+		if got := qamxWorkBytes(quant.Q8_0, c[0], c[1], int(c[2])); got >= 0 {
+			t.Errorf("work bytes for k=%d m=%d threads=%d: %d, want a refusal", c[0], c[1], c[2], got)
+		}
+	}
+	if got := qamxWorkBytes(quant.Q4_K, 1024, 16, 2); got < 16*1024*2 {
+		t.Errorf("work bytes for 16 rows of 1024: %d", got)
 	}
 }
