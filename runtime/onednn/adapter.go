@@ -29,6 +29,10 @@ type Options struct {
 	// (brokerd_onednn_primitive_cache_lookups_total and
 	// brokerd_onednn_primitive_create_seconds) when non-nil.
 	Registerer prometheus.Registerer
+	// NoAMX keeps products of quantized weights off the AMX tiles (qamx.c)
+	// on a CPU that has them: qgemm and oneDNN's dequantized slices run as
+	// on a CPU without AMX (comparisons, troubleshooting).
+	NoAMX bool
 }
 
 // Adapter opens CPU devices on oneDNN. It implements runtime.Adapter.
@@ -86,6 +90,9 @@ func (a *Adapter) Open(ctx context.Context, spec runtime.DeviceSpec) (runtime.De
 	d, err := openDevice(spec, a.opts.CacheSize, a.metrics)
 	if err != nil {
 		return nil, err
+	}
+	if a.opts.NoAMX {
+		d.qAMXRows = 0 // before any Run hands the worker work
 	}
 	if spec.DType == runtime.BF16 && d.bf16Err != nil {
 		d.Close()

@@ -330,8 +330,10 @@ func TestCacheExhaustion(t *testing.T) {
 
 var benchThreads = flag.Int("llm.threads", 0, "the benchmarks' device threads; 0 means the adapter's choice")
 
+var benchNoAMX = flag.Bool("llm.noamx", false, "the benchmarks' device keeps quantized products off the AMX tiles (onednn.Options.NoAMX)")
+
 func openBenchDevice(b *testing.B, dt runtime.DType) runtime.Device {
-	dev, err := onednn.New(onednn.Options{}).Open(context.Background(), runtime.DeviceSpec{ID: "cpu:0", DType: dt, Threads: *benchThreads})
+	dev, err := onednn.New(onednn.Options{NoAMX: *benchNoAMX}).Open(context.Background(), runtime.DeviceSpec{ID: "cpu:0", DType: dt, Threads: *benchThreads})
 	if err != nil {
 		b.Skipf("oneDNN %s: %v", dt, err)
 	}
