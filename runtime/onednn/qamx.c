@@ -363,7 +363,7 @@ static QA_TARGET void qa_panels(int t, const uint8_t *w, int64_t rowb, int64_t n
     // more than the overlap gave (Q6_K, k 2816: 1.3x slower), so a panel
     // decodes whole before its products.
     const int overlap = 2 * 16 * k * 2 <= 64 << 10;
-    qa_fill f;
+    qa_fill f = {0};
     if (overlap && p0 < p1) {
         qa_fill_start(&f, t, w, rowb, n_out, k, tmp, panels[0], p0);
         qa_fill_to(&f, 16);
