@@ -455,7 +455,7 @@ int bd_qamx(int wtype, const void *w, int64_t w_bytes, int64_t n_out, int64_t k,
         int64_t ldy, int nthreads, void *work, int64_t work_bytes) {
     const int64_t need = bd_qamx_work_bytes(wtype, k, m, nthreads);
     if (need < 0) return (int)need;
-    int elems, bytes;
+    int elems = 1, bytes = 1; // set by qa_block, which bd_qamx_work_bytes has accepted
     qa_block(wtype, &elems, &bytes);
     if (n_out <= 0 || n_out > BD_QGEMM_MAX || ldy < n_out || ldy > BD_QGEMM_MAX) return BD_QGEMM_SIZE;
     const int64_t rowb = k / elems * bytes;
