@@ -357,11 +357,11 @@ static QA_TARGET void qa_panels(int t, const uint8_t *w, int64_t rowb, int64_t n
     cfg.palette = 1;
     for (int i = 0; i < 8; i++) cfg.rows[i] = 16, cfg.colsb[i] = 64;
     _tile_loadconfig(&cfg);
-    // With two panels in L1 (k up to 1024), the next panel decodes into
-    // the other buffer as this one's strips go to the tile unit; with
-    // longer rows the second buffer pushed the first out of L1 and cost
-    // more than the overlap gave (Q6_K, k 2816: 1.3x slower), so a panel
-    // decodes whole before its products.
+    // With panels of up to 32 KiB (k up to 1024) the next panel decodes
+    // into the other buffer as this one's strips go to the tile unit; with
+    // longer rows the second buffer pushed the first further out of the
+    // caches and cost more than the overlap gave (Q6_K, k 2816: 1.3x
+    // slower), so a panel decodes whole before its products.
     const int overlap = 2 * 16 * k * 2 <= 64 << 10;
     qa_fill f = {0};
     if (overlap && p0 < p1) {
