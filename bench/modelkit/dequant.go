@@ -79,7 +79,7 @@ func WriteDequantized(path, from, out string) (map[string]int, error) {
 			return nil, fmt.Errorf("%s: %s: %w", path, n.name, err)
 		}
 		if n.permute > 0 {
-			unpermuteRope(x, n.permute, len(x)/info.Shape[0])
+			permuteRope(x, n.permute, len(x)/info.Shape[0], true)
 		}
 		w[n.hf] = models.Tensor{Shape: slices.Clone(info.Shape), Data: x}
 		types[quant.Type(t.Type).String()]++
@@ -115,21 +115,4 @@ func WriteDequantized(path, from, out string) (map[string]int, error) {
 		return nil, err
 	}
 	return types, nil
-}
-
-// unpermuteRope undoes permuteRope: llama.cpp's interleaved q/k rows back
-// to Hugging Face's rotate-half order.
-func unpermuteRope(x []float32, heads, cols int) {
-	rows := len(x) / cols
-	d := rows / heads
-	src := slices.Clone(x)
-	for h := range heads {
-		for half := range 2 {
-			for j := range d / 2 {
-				to := (h*d + half*d/2 + j) * cols
-				from := (h*d + 2*j + half) * cols
-				copy(x[to:to+cols], src[from:from+cols])
-			}
-		}
-	}
 }

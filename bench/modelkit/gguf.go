@@ -255,7 +255,7 @@ func WriteGGUFQuantized(dir, path, ftype string, q Quantizer) (int64, error) {
 			return fail(err)
 		}
 		if t.permute > 0 {
-			permuteRope(x.Data, t.permute, len(x.Data)/x.Shape[0])
+			permuteRope(x.Data, t.permute, len(x.Data)/x.Shape[0], false)
 		}
 		if err := writeData(cw, x.Data, t.typ, t.rows, t.cols, q); err != nil {
 			return fail(fmt.Errorf("%s: %w", t.name, err))
@@ -315,17 +315,20 @@ func ggufNames(arch string, layers, heads, kvHeads int, tied bool) []ggufName {
 // permuteRope reorders the rows of a q or k projection (rows × cols, or a
 // bias with cols 1) from Hugging Face's rotate-half order to the
 // interleaved pairs llama.cpp's Llama rope expects: within each head, row
-// half*D/2+j moves to 2j+half (convert_hf_to_gguf.py's permute).
-func permuteRope(x []float32, heads, cols int) {
+// half*D/2+j moves to 2j+half (convert_hf_to_gguf.py's permute). With
+// undo, the other way.
+func permuteRope(x []float32, heads, cols int, undo bool) {
 	rows := len(x) / cols
 	d := rows / heads
 	src := slices.Clone(x)
 	for h := range heads {
 		for half := range 2 {
 			for j := range d / 2 {
-				from := (h*d + half*d/2 + j) * cols
-				to := (h*d + 2*j + half) * cols
-				copy(x[to:to+cols], src[from:from+cols])
+				hf, gg := (h*d+half*d/2+j)*cols, (h*d+2*j+half)*cols
+				if undo {
+					hf, gg = gg, hf
+				}
+				copy(x[gg:gg+cols], src[hf:hf+cols])
 			}
 		}
 	}
