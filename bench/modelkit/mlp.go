@@ -59,3 +59,27 @@ func WriteMLP(dir string, m MLP) (map[string]models.Tensor, error) {
 		},
 	})
 }
+
+// Forward is the float64 reference of one input row through the MLP whose
+// weights WriteMLP returned (w): linear → ReLU → linear, in plain loops,
+// for tests to hold the served outputs to.
+func (m MLP) Forward(w map[string]models.Tensor, x []float32) []float64 {
+	w1, b1, w2, b2 := w["fc1.weight"].Data, w["fc1.bias"].Data, w["fc2.weight"].Data, w["fc2.bias"].Data
+	h := make([]float64, m.Hidden)
+	for o := range m.Hidden {
+		s := float64(b1[o])
+		for i := range m.In {
+			s += float64(w1[o*m.In+i]) * float64(x[i])
+		}
+		h[o] = math.Max(s, 0)
+	}
+	y := make([]float64, m.Out)
+	for o := range m.Out {
+		s := float64(b2[o])
+		for i := range m.Hidden {
+			s += float64(w2[o*m.Hidden+i]) * h[i]
+		}
+		y[o] = s
+	}
+	return y
+}
