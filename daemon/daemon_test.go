@@ -51,6 +51,24 @@ func testConfig(t testing.TB) config.Config {
 	return cfg
 }
 
+// httpTestConfig is testConfig with a model repository of its own and the
+// HTTP APIs on a free loopback port, open without credentials: what the
+// generation tests over Ollama's and OpenAI's APIs start from.
+func httpTestConfig(t testing.TB) config.Config {
+	cfg := testConfig(t)
+	cfg.ModelRepo = t.TempDir()
+	cfg.HTTPListen = "127.0.0.1:0"
+	cfg.HTTPAllowUnauthenticated = true
+	return cfg
+}
+
+// chatMLTemplate is a ChatML chat template (Qwen's form) for the test
+// tokenizers.
+const chatMLTemplate = `{% for m in messages %}<|im_start|>{{ m.role }}
+{{ m.content }}<|im_end|>
+{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant
+{% endif %}`
+
 // hermeticEnv simulates a TPU VM's environment and keeps the PJRT search
 // away from this machine's Python installs.
 func hermeticEnv(k string) string {

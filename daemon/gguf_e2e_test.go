@@ -23,15 +23,9 @@ import (
 // tokens with logprobs within 1e-5, and the GGUF one chats through its
 // own chat template over HTTP.
 func TestGGUFEqualsSafetensors(t *testing.T) {
-	cfg := testConfig(t)
-	cfg.ModelRepo = t.TempDir()
-	cfg.HTTPListen = "127.0.0.1:0"
-	cfg.HTTPAllowUnauthenticated = true
+	cfg := httpTestConfig(t)
 	tokDir := t.TempDir()
-	writeByteTokenizer(t, tokDir, `{% for m in messages %}<|im_start|>{{ m.role }}
-{{ m.content }}<|im_end|>
-{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant
-{% endif %}`)
+	writeByteTokenizer(t, tokDir, chatMLTemplate)
 	type pair struct{ st, gg string }
 	var pairs []pair
 	for _, c := range []struct{ arch, dtype string }{{"llama", "f32"}, {"qwen3", "bf16"}, {"llama", "f16"}} {

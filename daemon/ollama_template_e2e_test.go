@@ -19,10 +19,7 @@ import (
 // layer. Each byte of the byte-level tokenizer is a token, so the prompt's
 // token count says which text the template rendered.
 func TestOllamaStoreTemplateLayer(t *testing.T) {
-	cfg := testConfig(t)
-	cfg.ModelRepo = t.TempDir()
-	cfg.HTTPListen = "127.0.0.1:0"
-	cfg.HTTPAllowUnauthenticated = true
+	cfg := httpTestConfig(t)
 	store := t.TempDir()
 	cfg.OllamaModels = store
 	tok, st := t.TempDir(), t.TempDir()

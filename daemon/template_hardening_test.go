@@ -54,10 +54,7 @@ func TestHostileChatTemplates(t *testing.T) {
 		"parentheses":  {"{{ " + strings.Repeat("(", 10<<20) + " }}", "bytes, over"},
 		"nested-ifs":   {strings.Repeat("{% if x %}", 14<<20/10), "bytes, over"},
 	}
-	cfg := testConfig(t)
-	cfg.ModelRepo = t.TempDir()
-	cfg.HTTPListen = "127.0.0.1:0"
-	cfg.HTTPAllowUnauthenticated = true
+	cfg := httpTestConfig(t)
 	for name, h := range hostile {
 		byteTokenizerDir(t, cfg.ModelRepo, name, h.tmpl, 258)
 	}
