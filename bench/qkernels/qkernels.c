@@ -1,0 +1,80 @@
+// qkernels times runtime/onednn's quantized products on one thread, in CPU
+// time (CLOCK_THREAD_CPUTIME_ID), so another tenant's load moves it less
+// than wall time: bd_qamx (AMX tiles) and bd_qgemm (int8 dot products) on
+// the same random weights, each the minimum over 15 batches of ITERS calls.
+// Built and run by run.sh; the figures are in bench/RESULTS.md.
+//
+//	qkernels TYPE N K M ITERS   (TYPE: ggml's number, 8 Q8_0, 12 Q4_K, 13 Q5_K, 14 Q6_K)
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "qamx.h"
+#include "qgemm.h"
+
+static double cpu_now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+int main(int argc, char **argv) {
+    if (argc != 6) {
+        fprintf(stderr, "usage: qkernels TYPE N K M ITERS (TYPE 8 Q8_0, 12 Q4_K, 13 Q5_K, 14 Q6_K)\n");
+        return 2;
+    }
+    const int type = atoi(argv[1]), iters = atoi(argv[5]);
+    const long n = atol(argv[2]), k = atol(argv[3]), m = atol(argv[4]);
+    if (type != 8 && (type < 12 || type > 14)) {
+        fprintf(stderr, "TYPE: 8, 12, 13 or 14\n");
+        return 2;
+    }
+    const int eb = type == 12 ? 144 : type == 13 ? 176 : type == 14 ? 210 : 34, ee = type >= 12 ? 256 : 32;
+    if (n <= 0 || k <= 0 || m <= 0 || iters <= 0 || k % ee != 0) {
+        fprintf(stderr, "N, K, M, ITERS positive; K whole blocks of %d\n", ee);
+        return 2;
+    }
+    // Random quants and scales fixed at 2^-7 (d, and dmin for the K types),
+    // so the products stay finite.
+    const long wb = n * (k / ee) * eb;
+    uint8_t *w = malloc(wb);
+    srand(1);
+    for (long i = 0; i < wb; i++) w[i] = (uint8_t)rand();
+    for (long b = 0; b < wb; b += eb) {
+        uint8_t *d = w + b + (type == 14 ? 208 : 0);
+        d[0] = 0, d[1] = 0x20;
+        if (type == 12 || type == 13) w[b + 2] = 0, w[b + 3] = 0x20;
+    }
+    float *x = malloc(m * k * 4), *y = malloc(m * n * 4);
+    for (long i = 0; i < m * k; i++) x[i] = rand() / (float)RAND_MAX;
+
+    double best_amx = -1;
+    const long na = bd_qamx_work_bytes(type, k, m, 1);
+    if (na > 0 && bd_qamx_available()) {
+        void *wa = aligned_alloc(64, (na + 63) & ~63L);
+        bd_qamx(type, w, wb, n, k, x, m, y, n, 1, wa, na);
+        for (int r = 0; r < 15; r++) {
+            const double t0 = cpu_now();
+            for (int i = 0; i < iters; i++) bd_qamx(type, w, wb, n, k, x, m, y, n, 1, wa, na);
+            const double t = (cpu_now() - t0) / iters;
+            if (best_amx < 0 || t < best_amx) best_amx = t;
+        }
+    }
+    double best_q = -1;
+    const long nq = bd_qgemm_work_bytes(type, k, m);
+    void *wq = aligned_alloc(64, (nq + 63) & ~63L);
+    for (int r = 0; r < 15; r++) {
+        const double t0 = cpu_now();
+        for (int i = 0; i < iters; i++) bd_qgemm(type, w, wb, n, k, x, m, y, n, BD_ISA_AUTO, 1, wq, nq);
+        const double t = (cpu_now() - t0) / iters;
+        if (best_q < 0 || t < best_q) best_q = t;
+    }
+    printf("type %d, %ld x %ld weights, %ld rows, one thread: qgemm %.1f us", type, n, k, m, best_q * 1e6);
+    if (best_amx >= 0)
+        printf(", qamx %.1f us (%.3f ns a weight)\n", best_amx * 1e6, best_amx * 1e9 / (n * k));
+    else
+        printf(", qamx not available here\n");
+    return 0;
+}

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Builds bench/qkernels/qkernels.c against runtime/onednn's kernel sources
+# (gcc, -O3 -fopenmp, as cgo builds them; libdnnl for dnnl_ops.c) into a
+# temporary directory and runs it with the arguments given:
+#
+#   bash bench/qkernels/run.sh TYPE N K M ITERS
+#   e.g. bash bench/qkernels/run.sh 12 2816 1024 16 20   (Q4_K, 16 rows)
+set -euo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+src=$root/runtime/onednn
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+gcc -O3 -fopenmp -I"$src" "$root/bench/qkernels/qkernels.c" "$src/qamx.c" "$src/qgemm.c" "$src/dequant.c" \
+  "$src/dnnl_ops.c" "$src/vec_avx512.c" "$src/attend_avx512.c" "$src/gemv_bf16.c" -o "$out/qkernels" -ldnnl -lm
+"$out/qkernels" "$@"
