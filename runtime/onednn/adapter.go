@@ -33,6 +33,9 @@ type Options struct {
 	// on a CPU that has them: qgemm and oneDNN's dequantized slices run as
 	// on a CPU without AMX (comparisons, troubleshooting).
 	NoAMX bool
+	// NoAMXInt8 keeps Q8_0's products of up to 16 rows on qamx's bf16
+	// panels where they would run on AMX-INT8 (comparisons).
+	NoAMXInt8 bool
 }
 
 // Adapter opens CPU devices on oneDNN. It implements runtime.Adapter.
@@ -93,6 +96,9 @@ func (a *Adapter) Open(ctx context.Context, spec runtime.DeviceSpec) (runtime.De
 	}
 	if a.opts.NoAMX {
 		d.qAMXRows = 0 // before any Run hands the worker work
+	}
+	if a.opts.NoAMXInt8 {
+		d.qamxFlags = qamxNoInt8
 	}
 	if spec.DType == runtime.BF16 && d.bf16Err != nil {
 		d.Close()

@@ -61,7 +61,10 @@ type Device struct {
 	// qamx.c instead of either path above: 16-row panels dequantized into
 	// tiles. qamxWork is its scratch.
 	qAMXRows int
-	qamxWork scratchBuf
+	// qamxFlags are bd_qamx's flags: BD_QAMX_NO_INT8 keeps Q8_0's
+	// products of up to 16 rows on bf16 panels (Options.NoAMXInt8).
+	qamxFlags int
+	qamxWork  scratchBuf
 	// Products of a few rows by bf16 weights run on bd_qgemm below
 	// gemv16Rows rows (gemv16.go); gx and gy hold their f32 activations
 	// and output.

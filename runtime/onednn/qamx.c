@@ -16,7 +16,9 @@
 
 #include "qamx.h"
 
+#include <float.h>
 #include <immintrin.h>
+#include <math.h>
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,13 +29,15 @@
 #include "qgemm.h"
 
 #define QA_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,f16c,fma,amx-tile,amx-bf16")))
+#define QA_TARGET_I8 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,f16c,fma,amx-tile,amx-bf16,amx-int8")))
 #define QA_INLINE static inline __attribute__((always_inline))
 
 #define ARCH_REQ_XCOMP_PERM 0x1023
 #define XFEATURE_XTILEDATA 18
 
-// -1 unknown, 0 no, 1 yes.
+// -1 unknown, 0 no, 1 yes; qa_int8_ok (AMX-INT8 as well) is set before qa_state.
 static int qa_state = -1;
+static int qa_int8_ok = 0;
 
 static void qa_cpuid(unsigned leaf, unsigned sub, unsigned r[4]) {
     __asm__ volatile("cpuid" : "=a"(r[0]), "=b"(r[1]), "=c"(r[2]), "=d"(r[3]) : "a"(leaf), "c"(sub));
@@ -42,23 +46,25 @@ static void qa_cpuid(unsigned leaf, unsigned sub, unsigned r[4]) {
 int bd_qamx_available(void) {
     int s = __atomic_load_n(&qa_state, __ATOMIC_ACQUIRE);
     if (s >= 0) return s;
-    int ok = 0;
+    int ok = 0, int8 = 0;
     unsigned r[4];
     qa_cpuid(0, 0, r);
     if (r[0] >= 7) {
         qa_cpuid(7, 0, r);
         const unsigned edx = r[3], ebx = r[1];
-        const int tile = edx >> 24 & 1, bf16 = edx >> 22 & 1;
+        const int tile = edx >> 24 & 1, bf16 = edx >> 22 & 1, i8 = edx >> 25 & 1;
         const int f = ebx >> 16 & 1, dq = ebx >> 17 & 1, bw = ebx >> 30 & 1, vl = ebx >> 31 & 1;
         qa_cpuid(7, 1, r);
         const int avx512bf16 = r[0] >> 5 & 1;
         __builtin_cpu_init();
         ok = tile && bf16 && f && dq && bw && vl && avx512bf16 && __builtin_cpu_supports("fma") &&
              __builtin_cpu_supports("f16c");
+        int8 = i8;
     }
     // The kernel hands out tile data per process on request (oneDNN asks
     // the same way; asking twice is harmless).
     if (ok && syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) != 0) ok = 0;
+    __atomic_store_n(&qa_int8_ok, ok && int8, __ATOMIC_RELAXED);
     __atomic_store_n(&qa_state, ok, __ATOMIC_RELEASE);
     return ok;
 }
@@ -88,7 +94,12 @@ int bd_qamx_supports(int wtype) {
 #define QA_MB 64 // activation rows one pass over a panel carries (4 C tiles)
 
 static int64_t qa_xb_bytes(int64_t k, int64_t m) { return (m + 15) / 16 * 16 * k * 2; }
-static int64_t qa_thread_bytes(int64_t k) { return 32 * k * 2 + k * 4 + 4096; }
+// Per thread: bf16 panels two panels, an f32 row and a C tile's f32 (68k
+// + 1 KiB); AMX-INT8 (Q8_0) eight C tiles and a panel of 17k bytes.
+static int64_t qa_thread_bytes(int64_t k) {
+    const int64_t bf16 = 32 * k * 2 + k * 4 + 4096, i8 = 8192 + 16 * (k / 32 * 34);
+    return bf16 > i8 ? bf16 : i8;
+}
 
 int64_t bd_qamx_work_bytes(int wtype, int64_t k, int64_t m, int nthreads) {
     int elems, bytes;
@@ -451,8 +462,181 @@ static QA_TARGET void qa_panels(int t, const uint8_t *w, int64_t rowb, int64_t n
     _tile_release();
 }
 
+
+// ---- Q8_0 on AMX-INT8: the weights' own int8, no decoding. ----
+//
+// Tiles (palette 1):
+//   tmm0-3  C: int32 [16 weight rows][16 activation rows], one 32-block each
+//   tmm4-5  A: int8 [16 weight rows][32], one block of the panel
+//   tmm6-7  B: int8 [8 quads][16 activation rows][4], the same block of X
+// A block's integer sums are scaled by its weight scale (per row) and
+// activation scale (per column) into f32 accumulators that stay in
+// registers for a 16×16 output, so TDPBSSD runs at K = 32, half its
+// width, and the scaling costs three vector operations a row a block. In
+// exchange the weights are only copied (34 bytes → 32 and a scale) rather
+// than converted per weight to bf16, and the panel is half the size.
+//
+// The activations are quantized as ggml's quantize_row_q8_0 does (d =
+// amax/127, q = round(x/d)), f32 scales, as qgemm does for its int8 dot
+// products: the error bound is qgemm's (qgemm.c).
+//
+// Scratch: xq int8 [m tiles][nb][8][16][4], sx f32 [m tiles][nb][16]
+// (zeros past m: 18k bytes an m tile, within the bf16 path's 32k); per
+// thread two sets of four C tiles and a copy of the last, partial panel
+// padded with zero rows (qa_thread_bytes).
+
+static QA_TARGET_I8 void qa_quant_x(const float *x, int64_t m, int64_t k, int8_t *xq, float *sx, int64_t mt0, int64_t mt1) {
+    const int64_t nb = k / 32;
+    const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+    for (int64_t mt = mt0; mt < mt1; mt++) {
+        for (int r = 0; r < 16; r++) {
+            const int64_t row = 16 * mt + r;
+            int8_t *dq = xq + mt * nb * 512 + 4 * r;
+            float *ds = sx + mt * nb * 16 + r;
+            if (row >= m) {
+                for (int64_t b = 0; b < nb; b++) {
+                    for (int i = 0; i < 8; i++) memset(dq + b * 512 + 64 * i, 0, 4);
+                    ds[16 * b] = 0.0f;
+                }
+                continue;
+            }
+            const float *src = x + row * k;
+            for (int64_t b = 0; b < nb; b++) {
+                const __m512 lo = _mm512_loadu_ps(src + 32 * b), hi = _mm512_loadu_ps(src + 32 * b + 16);
+                const __m512 alo = _mm512_and_ps(lo, absmask), ahi = _mm512_and_ps(hi, absmask);
+                const float amax = _mm512_reduce_max_ps(_mm512_max_ps(alo, ahi));
+                // vmaxps drops NaNs, so they are looked for apart.
+                const __m512 big = _mm512_set1_ps(FLT_MAX);
+                const __mmask16 bad = _mm512_cmp_ps_mask(alo, big, _CMP_NLE_UQ) | _mm512_cmp_ps_mask(ahi, big, _CMP_NLE_UQ);
+                __m128i q0 = _mm_setzero_si128(), q1 = _mm_setzero_si128();
+                float d;
+                if (bad) {
+                    d = NAN; // a non-finite activation: NaN in its column
+                } else {
+                    d = amax / 127.0f;
+                    const __m512 id = _mm512_set1_ps(amax != 0.0f ? 127.0f / amax : 0.0f);
+                    q0 = _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(lo, id)));
+                    q1 = _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(hi, id)));
+                }
+                // Element 4i..4i+3 is quad i of this row.
+                int8_t *o = dq + b * 512;
+                for (int i = 0; i < 4; i++) {
+                    const int32_t a = _mm_extract_epi32(q0, 0), c = _mm_extract_epi32(q1, 0);
+                    memcpy(o + 64 * i, &a, 4);
+                    memcpy(o + 64 * (i + 4), &c, 4);
+                    q0 = _mm_srli_si128(q0, 4), q1 = _mm_srli_si128(q1, 4);
+                }
+                ds[16 * b] = d;
+            }
+        }
+    }
+}
+
+// Four blocks' products, b0..b0+3, into C tiles 0-3. A is read straight
+// from the weights: a block's 32 quants of 16 rows, rowb apart.
+#define QA_I8_DP(c, a, bt, blk)                                   \
+    do {                                                          \
+        _tile_zero(c);                                            \
+        _tile_loadd(a, wp + (blk) * 34 + 2, rowb);                \
+        _tile_loadd(bt, xqm + (blk) * 512, 64);                   \
+        _tile_dpbssd(c, a, bt);                                   \
+    } while (0)
+#define QA_I8_DP4(b0)                  \
+    do {                               \
+        QA_I8_DP(0, 4, 6, (b0));       \
+        QA_I8_DP(1, 5, 7, (b0) + 1);   \
+        QA_I8_DP(2, 4, 6, (b0) + 2);   \
+        QA_I8_DP(3, 5, 7, (b0) + 3);   \
+    } while (0)
+
+// acc[r] += (C[r] · sx) · sw[r] for block blk's C tile at cbuf, sw being
+// the 16 rows' f16 scales gathered from the weights.
+#define QA_I8_SCALE(cbuf, blk)                                                                                  \
+    do {                                                                                                        \
+        const __m512 s_ = _mm512_load_ps(sxm + (blk) * 16);                                                     \
+        float w_[16] __attribute__((aligned(64)));                                                              \
+        _mm512_store_ps(w_, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_i32gather_epi32(sidx, wp + (blk) * 34, 1)))); \
+        for (int r_ = 0; r_ < 16; r_++)                                                                         \
+            acc[r_] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_load_si512((cbuf) + 16 * r_)), s_),  \
+                    _mm512_set1_ps(w_[r_]), acc[r_]);                                                           \
+    } while (0)
+
+static QA_TARGET_I8 void qa_panels_q8(const uint8_t *w, int64_t rowb, int64_t n_out, int64_t k, const int8_t *xq,
+        const float *sx, int64_t m, float *y, int64_t ldy, int64_t p0, int64_t p1, uint8_t *mine) {
+    const int64_t nb = k / 32, ng = nb / 4;
+    int32_t *cb = (int32_t *)mine;       // two sets of four C tiles, 8 KiB
+    uint8_t *part = mine + 8192;         // the last panel's rows, zero-padded to 16
+    qa_tilecfg cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int i = 0; i < 4; i++) cfg.rows[i] = 16, cfg.colsb[i] = 64;
+    cfg.rows[4] = cfg.rows[5] = 16, cfg.colsb[4] = cfg.colsb[5] = 32;
+    cfg.rows[6] = cfg.rows[7] = 8, cfg.colsb[6] = cfg.colsb[7] = 64;
+    _tile_loadconfig(&cfg);
+    const __m512i gidx = _mm512_setr_epi32(0, 16, 32, 48, 64, 80, 96, 112, 128, 144, 160, 176, 192, 208, 224, 240);
+    const __m512i sidx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+            _mm512_set1_epi32((int)rowb));
+    // The next panel is prefetched a slice per group of four blocks.
+    const int64_t lines = (16 * rowb + 63) / 64, per = ng ? (lines + ng - 1) / ng : lines;
+    for (int64_t p = p0; p < p1; p++) {
+        const int64_t n0 = 16 * p;
+        const int nr = (int)(n_out - n0 < 16 ? n_out - n0 : 16);
+        const uint8_t *wp = w + n0 * rowb;
+        const char *next = (const char *)(wp + 16 * rowb); // prefetches do not fault past W
+        if (nr < 16) {
+            memcpy(part, wp, (size_t)(nr * rowb));
+            memset(part + nr * rowb, 0, (size_t)((16 - nr) * rowb));
+            wp = part;
+        }
+        if (!ng)
+            for (int64_t l = 0; l < lines; l++) _mm_prefetch(next + 64 * l, _MM_HINT_T0);
+        for (int64_t mt = 0; mt * 16 < m; mt++) {
+            const int8_t *xqm = xq + mt * nb * 512;
+            const float *sxm = sx + mt * nb * 16;
+            __m512 acc[16];
+            for (int r = 0; r < 16; r++) acc[r] = _mm512_setzero_ps();
+            // Software-pipelined: group g+1's products are issued before
+            // group g's C tiles are scaled, so the tile unit and the
+            // vector units work at once.
+            if (ng) QA_I8_DP4(0);
+            for (int64_t g = 0; g < ng; g++) {
+                int32_t *c = cb + (g & 1) * 1024;
+                _tile_stored(0, c, 64);
+                _tile_stored(1, c + 256, 64);
+                _tile_stored(2, c + 512, 64);
+                _tile_stored(3, c + 768, 64);
+                if (g + 1 < ng) QA_I8_DP4(4 * (g + 1));
+                if (mt == 0)
+                    for (int64_t l = g * per; l < (g + 1) * per && l < lines; l++) _mm_prefetch(next + 64 * l, _MM_HINT_T0);
+                QA_I8_SCALE(c, 4 * g);
+                QA_I8_SCALE(c + 256, 4 * g + 1);
+                QA_I8_SCALE(c + 512, 4 * g + 2);
+                QA_I8_SCALE(c + 768, 4 * g + 3);
+            }
+            for (int64_t b = 4 * ng; b < nb; b++) {
+                QA_I8_DP(0, 4, 6, b);
+                _tile_stored(0, cb, 64);
+                QA_I8_SCALE(cb, b);
+            }
+            // acc[r] is weight row n0+r against activation rows 16mt..+15;
+            // y wants it transposed.
+            float *t = (float *)cb;
+            for (int r = 0; r < 16; r++) _mm512_store_ps(t + 16 * r, acc[r]);
+            const int rr = (int)(m - 16 * mt < 16 ? m - 16 * mt : 16);
+            const __mmask16 keep = (__mmask16)((1u << nr) - 1);
+            for (int c = 0; c < rr; c++)
+                _mm512_mask_storeu_ps(y + (16 * mt + c) * ldy + n0, keep, _mm512_i32gather_ps(gidx, t + c, 4));
+        }
+    }
+    _tile_release();
+}
+
+int bd_qamx_int8(int wtype, int64_t m) {
+    return wtype == 8 && m >= 1 && m <= 16 && bd_qamx_available() && __atomic_load_n(&qa_int8_ok, __ATOMIC_RELAXED);
+}
+
 int bd_qamx(int wtype, const void *w, int64_t w_bytes, int64_t n_out, int64_t k, const float *x, int64_t m, float *y,
-        int64_t ldy, int nthreads, void *work, int64_t work_bytes) {
+        int64_t ldy, int nthreads, int flags, void *work, int64_t work_bytes) {
     const int64_t need = bd_qamx_work_bytes(wtype, k, m, nthreads);
     if (need < 0) return (int)need;
     int elems = 1, bytes = 1; // set by qa_block, which bd_qamx_work_bytes has accepted
@@ -473,6 +657,20 @@ int bd_qamx(int wtype, const void *w, int64_t w_bytes, int64_t n_out, int64_t k,
     const int64_t panels = (n_out + 15) / 16, mts = (m + 15) / 16;
     int nt = nthreads;
     if (nt > panels) nt = (int)panels;
+    if (!(flags & BD_QAMX_NO_INT8) && bd_qamx_int8(wtype, m)) {
+        int8_t *xq = (int8_t *)ws;
+        float *sx = (float *)(ws + mts * 16 * k);
+#pragma omp parallel num_threads(nt) if (nt > 1)
+        {
+            const int me = omp_get_thread_num(), all = omp_get_num_threads();
+            qa_quant_x(x, m, k, xq, sx, mts * me / all, mts * (me + 1) / all);
+#pragma omp barrier
+            qa_panels_q8(w, rowb, n_out, k, xq, sx, m, y, ldy, panels * me / all, panels * (me + 1) / all,
+                    ws + xbb + th * me);
+        }
+        if (!work) free(ws);
+        return BD_QGEMM_OK;
+    }
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
         const int me = omp_get_thread_num(), all = omp_get_num_threads();

@@ -34,14 +34,23 @@ func qamxWorkBytes(t quant.Type, k, m int64, threads int) int64 {
 	return int64(C.bd_qamx_work_bytes(C.int(t), C.int64_t(k), C.int64_t(m), C.int(threads)))
 }
 
+// qamxInt8 says whether qamx runs m rows by weights of type t on AMX-INT8
+// (Q8_0, up to 16 rows, a CPU with AMX-INT8) unless told qamxNoInt8.
+func qamxInt8(t quant.Type, m int64) bool {
+	return uint64(t) <= 1<<30 && C.bd_qamx_int8(C.int(t), C.int64_t(m)) == 1
+}
+
+// qamxNoInt8 is BD_QAMX_NO_INT8, the flag that keeps qamx on bf16 panels.
+const qamxNoInt8 = int(C.BD_QAMX_NO_INT8)
+
 // qamx is qamx.c's bd_qamx on device memory or, for the tests (which cannot
 // use cgo), Go memory that C uses only during the call. work may be nil.
-func qamx(t quant.Type, w unsafe.Pointer, wBytes, nOut, k int64, x unsafe.Pointer, m int64, y unsafe.Pointer, ldy int64, threads int, work unsafe.Pointer, workBytes int64) error {
+func qamx(t quant.Type, w unsafe.Pointer, wBytes, nOut, k int64, x unsafe.Pointer, m int64, y unsafe.Pointer, ldy int64, threads, flags int, work unsafe.Pointer, workBytes int64) error {
 	if uint64(t) > 1<<30 {
 		return fmt.Errorf("onednn: qamx: %w: %v", quant.ErrUnsupported, t)
 	}
 	rc := C.bd_qamx(C.int(t), w, C.int64_t(wBytes), C.int64_t(nOut), C.int64_t(k), (*C.float)(x), C.int64_t(m),
-		(*C.float)(y), C.int64_t(ldy), C.int(threads), work, C.int64_t(workBytes))
+		(*C.float)(y), C.int64_t(ldy), C.int(threads), C.int(flags), work, C.int64_t(workBytes))
 	switch rc {
 	case C.BD_QGEMM_OK:
 		return nil
@@ -60,11 +69,11 @@ func qamx(t quant.Type, w unsafe.Pointer, wBytes, nOut, k int64, x unsafe.Pointe
 }
 
 // qamxSlices is qamx on Go slices, checked, for the tests and benchmarks.
-func qamxSlices(t quant.Type, w []byte, nOut, k int, x []float32, m int, y []float32, ldy int, threads int) error {
+func qamxSlices(t quant.Type, w []byte, nOut, k int, x []float32, m int, y []float32, ldy int, threads, flags int) error {
 	if m <= 0 || k <= 0 || nOut <= 0 || ldy < nOut || len(x) < m*k || len(y) < (m-1)*ldy+nOut || len(w) == 0 {
 		return fmt.Errorf("%w: qamx: %d x %d activations in %d, %d x %d outputs (stride %d) in %d",
 			errQgemmSize, m, k, len(x), m, nOut, ldy, len(y))
 	}
 	return qamx(t, unsafe.Pointer(&w[0]), int64(len(w)), int64(nOut), int64(k), unsafe.Pointer(&x[0]), int64(m),
-		unsafe.Pointer(&y[0]), int64(ldy), threads, nil, 0)
+		unsafe.Pointer(&y[0]), int64(ldy), threads, flags, nil, 0)
 }

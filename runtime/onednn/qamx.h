@@ -34,13 +34,24 @@ int bd_qamx_supports(int wtype);
 // sizes it refuses (k must be whole blocks of the type and a multiple of 32).
 int64_t bd_qamx_work_bytes(int wtype, int64_t k, int64_t m, int nthreads);
 
+// bd_qamx_int8 says whether a product of m rows by weights of wtype runs
+// on AMX-INT8 rather than bf16 panels (flags 0): Q8_0 with at most 16
+// rows on a CPU that has AMX-INT8 too. There the weights' own int8 are
+// the tiles' A operand, with no decoding, and the activations are
+// quantized to int8 per 32-block as bd_qgemm quantizes them, so the
+// results are within bd_qgemm's bound (qgemm.c) rather than the bf16 one.
+int bd_qamx_int8(int wtype, int64_t m);
+
+#define BD_QAMX_NO_INT8 1 // flag: bf16 panels even where bd_qamx_int8 holds
+
 // bd_qamx computes y[i*ldy + j] = Σ_l x[i*k + l] · W[j][l] for i < m,
 // j < n_out, W being w_bytes bytes of n_out rows of k elements of wtype,
-// with nthreads OpenMP threads sharing the panels of W. work (work_bytes >=
-// bd_qamx_work_bytes, 64-byte aligned) is its scratch; NULL allocates.
-// Every size is checked before memory is touched. A non-finite activation
-// or weight gives a non-finite result in its row or column.
+// with nthreads OpenMP threads sharing the panels of W; flags: 0 or
+// BD_QAMX_NO_INT8. work (work_bytes >= bd_qamx_work_bytes, 64-byte
+// aligned) is its scratch; NULL allocates. Every size is checked before
+// memory is touched. A non-finite activation or weight gives a non-finite
+// result in its row or column.
 int bd_qamx(int wtype, const void *w, int64_t w_bytes, int64_t n_out, int64_t k,
-        const float *x, int64_t m, float *y, int64_t ldy, int nthreads, void *work, int64_t work_bytes);
+        const float *x, int64_t m, float *y, int64_t ldy, int nthreads, int flags, void *work, int64_t work_bytes);
 
 #endif

@@ -39,7 +39,7 @@ func (d *Device) qmatmul(s *runtime.Step, x, w, bias, y unsafe.Pointer) error {
 			return fmt.Errorf("%s: %w", s, err)
 		}
 		err = qamx(q, w, wt.DType.Bytes(int64(wt.NumElements())), int64(n), int64(k), x, int64(m), y, int64(n),
-			d.threads, work, need)
+			d.threads, d.qamxFlags, work, need)
 		if err != nil {
 			return fmt.Errorf("%s: %w", s, err)
 		}

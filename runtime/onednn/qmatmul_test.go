@@ -90,17 +90,25 @@ func TestQuantizedWeightsThroughRun(t *testing.T) {
 				if err := dev.CopyOut(t.Context(), got, yb); err != nil {
 					t.Fatal(err)
 				}
-				if m < c.prefillRows && !c.amx {
-					// qgemm.c itself, whose error TestQgemmMatchesFloat64 bounds.
+				if m < c.prefillRows && !c.amx || c.amx && qamxInt8(q, int64(m)) {
+					// qgemm.c or qamx's AMX-INT8 itself, whose error
+					// TestQgemmMatchesFloat64 or TestQamxInt8MatchesFloat64
+					// bounds.
 					want := make([]float32, m*n)
-					if err := qgemm(q, w, n, k, x, m, want, n, isaAuto, d.threads); err != nil {
+					var err error
+					if c.amx {
+						err = qamxSlices(q, w, n, k, x, m, want, n, d.threads, 0)
+					} else {
+						err = qgemm(q, w, n, k, x, m, want, n, isaAuto, d.threads)
+					}
+					if err != nil {
 						t.Fatal(err)
 					}
 					for i := range want {
 						want[i] += bias[i%n]
 					}
 					if !slices.Equal(got, want) {
-						t.Errorf("m=%d: Run differs from bd_qgemm plus bias", m)
+						t.Errorf("m=%d (amx %v): Run differs from the kernel plus bias", m, c.amx)
 					}
 				} else {
 					// Dequantized slices through oneDNN, or qamx's
