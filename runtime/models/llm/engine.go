@@ -84,6 +84,10 @@ type Engine struct {
 	closed   bool
 	resident map[string]runtime.Buffer // weights and caches, bound every step
 	graphs   map[stepShape]*runtime.Graph
+	// logits lends the host buffers steps copy their logits into (8 MB
+	// for 16 rows of a 128k vocabulary): a fresh one each step cost its
+	// clearing and page faults every step.
+	logits sync.Pool
 	// Counters read without the step's lock (a metrics scrape must not
 	// wait for a step).
 	computed, cached atomic.Int64
@@ -499,11 +503,21 @@ func (e *Engine) forward(ctx context.Context, p *stepPlan) ([]float32, error) {
 	if err := e.dev.Run(ctx, g, bind); err != nil {
 		return nil, fmt.Errorf("llm: step on %s: %w", e.dev.ID(), err)
 	}
-	logits := make([]float32, sh.R*e.spec.Vocab)
+	logits := e.logitsBuf(sh.R * e.spec.Vocab)
 	if err := e.dev.CopyOut(ctx, logits, out); err != nil {
+		e.logits.Put(&logits)
 		return nil, fmt.Errorf("llm: step logits from %s: %w", e.dev.ID(), err)
 	}
 	return logits, nil
+}
+
+// logitsBuf returns a buffer of n float32 from e.logits, or a new one; the
+// caller hands it back with e.logits.Put once nothing reads it.
+func (e *Engine) logitsBuf(n int) []float32 {
+	if p, ok := e.logits.Get().(*[]float32); ok && cap(*p) >= n {
+		return (*p)[:n]
+	}
+	return make([]float32, n)
 }
 
 // Step runs one forward pass over items (prefill chunks and decode tokens
@@ -517,6 +531,7 @@ func (e *Engine) Step(ctx context.Context, items []SeqStep) ([]SeqResult, error)
 	if err != nil {
 		return nil, err
 	}
+	defer e.logits.Put(&logits) // sampling keeps no reference to the logits
 	return e.sample(items, logits)
 }
 

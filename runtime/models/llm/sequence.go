@@ -228,25 +228,33 @@ func (s *Sequence) next(logits []float32) (SeqResult, error) {
 	if s.stopped {
 		return SeqResult{}, errors.New("sampling after the sequence stopped")
 	}
-	sc := s.scratch.get(len(logits))
-	defer s.scratch.put(sc)
-	// The sampler chain, in llama.cpp's order: the grammar's mask, the
-	// penalties, then the pick (temperature, min-p, top-k, top-p, draw).
-	x := sc.work[:len(logits)]
-	for i, v := range logits {
-		x[i] = float64(v)
-	}
-	if s.con != nil {
-		if err := s.con.apply(x); err != nil {
-			return s.constraintEnd(err)
-		}
-	}
-	s.penalise(x)
 	var d Delta
 	if s.params.Logprobs {
 		d.Logprobs = []Logprob{{}}
 	}
-	tok := s.pick(x, sc.idx)
+	var tok int32
+	if s.plainGreedy() {
+		// Nothing to mask, penalise or draw: the pick is the first
+		// largest logit, as pick finds it in float64 (the conversion
+		// keeps the order), without a copy of the vocabulary.
+		tok = argmax32(logits)
+	} else {
+		sc := s.scratch.get(len(logits))
+		defer s.scratch.put(sc)
+		// The sampler chain, in llama.cpp's order: the grammar's mask, the
+		// penalties, then the pick (temperature, min-p, top-k, top-p, draw).
+		x := sc.work[:len(logits)]
+		for i, v := range logits {
+			x[i] = float64(v)
+		}
+		if s.con != nil {
+			if err := s.con.apply(x); err != nil {
+				return s.constraintEnd(err)
+			}
+		}
+		s.penalise(x)
+		tok = s.pick(x, sc.idx)
+	}
 	if s.params.Logprobs {
 		d.Logprobs[0] = s.logprob(logits, tok)
 	}
@@ -321,6 +329,26 @@ func (s *Sequence) release() (text string, stop bool) {
 	s.pending.Reset()
 	s.pending.WriteString(p[len(p)-hold:])
 	return p[:len(p)-hold], false
+}
+
+// plainGreedy says whether the next token is the logits' argmax as they
+// are: greedy, with no constraint and no penalty.
+func (s *Sequence) plainGreedy() bool {
+	p := s.params
+	return p.Temperature == 0 && s.con == nil && (p.RepetitionPenalty == 0 || p.RepetitionPenalty == 1) &&
+		p.PresencePenalty == 0 && p.FrequencyPenalty == 0
+}
+
+// argmax32 is pick's greedy choice on float32 logits: the first index of
+// the largest value (a NaN never wins; ties go to the lowest id).
+func argmax32(x []float32) int32 {
+	best, bv := 0, x[0]
+	for i, v := range x {
+		if v > bv {
+			best, bv = i, v
+		}
+	}
+	return int32(best)
 }
 
 // penalise applies the penalties to the logits x in place.

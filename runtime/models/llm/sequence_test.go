@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math"
+	"math/rand/v2"
 	"runtime"
 	"slices"
 	"strings"
@@ -146,7 +147,7 @@ func TestSequenceSampling(t *testing.T) {
 	if len(distinct) < 3 {
 		t.Fatalf("temperature 1 drew only %v", distinct)
 	}
-	best := argmax32(logits)
+	best := refArgmax(logits)
 	for _, tok := range draw(Sampling{Temperature: 1, TopK: 1, Seed: 1, Seeded: true}, 20) {
 		if tok != best {
 			t.Fatalf("top_k 1 drew %d, want %d", tok, best)
@@ -242,7 +243,7 @@ func TestStepResults(t *testing.T) {
 	}
 }
 
-func argmax32(x []float32) int32 {
+func refArgmax(x []float32) int32 {
 	b := 0
 	for i, v := range x {
 		if v > x[b] {
@@ -379,4 +380,45 @@ func TestSequencesHoldNoSamplerBuffers(t *testing.T) {
 			n, held>>20, perSeq>>10, (v*12)>>10)
 	}
 	runtime.KeepAlive(seqs)
+}
+
+// TestPlainGreedyMatchesPick: the greedy path without a float64 copy picks
+// what pick picks from the converted logits, ties (the lowest id) and NaNs
+// included; a penalty or a temperature leaves the plain path.
+func TestPlainGreedyMatchesPick(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	nan := float32(math.NaN())
+	cases := [][]float32{{1, 3, 3, 2}, {nan, 1, 2}, {1, nan, 5, 5}, {-1, -1, -1}, {float32(math.Inf(1)), 2, float32(math.Inf(1))}}
+	for range 20 {
+		x := make([]float32, 1000)
+		for i := range x {
+			x[i] = float32(math.Round(rng.NormFloat64()*8) / 4) // ties
+		}
+		cases = append(cases, x)
+	}
+	for _, x := range cases {
+		s, err := newSequence(Sampling{}, nil, len(x), nil, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !s.plainGreedy() {
+			t.Fatal("greedy sampling is not plain")
+		}
+		xf := make([]float64, len(x))
+		for i, v := range x {
+			xf[i] = float64(v)
+		}
+		if got, want := argmax32(x), s.pick(xf, make([]int32, len(x))); got != want {
+			t.Errorf("%v: argmax32 %d, pick %d", x[:min(len(x), 5)], got, want)
+		}
+	}
+	for _, p := range []Sampling{{Temperature: 0.7}, {RepetitionPenalty: 1.1}, {PresencePenalty: 0.5}, {FrequencyPenalty: 0.5}} {
+		s, err := newSequence(p, nil, 10, nil, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s.plainGreedy() {
+			t.Errorf("%+v: taken as plain greedy", p)
+		}
+	}
 }
