@@ -94,8 +94,9 @@ int bd_qamx_supports(int wtype) {
 #define QA_MB 64 // activation rows one pass over a panel carries (4 C tiles)
 
 static int64_t qa_xb_bytes(int64_t k, int64_t m) { return (m + 15) / 16 * 16 * k * 2; }
-// Per thread: bf16 panels two panels, an f32 row and a C tile's f32 (68k
-// + 1 KiB); AMX-INT8 (Q8_0) eight C tiles and a panel of 17k bytes.
+// Per thread: the bf16 path's two panels, an f32 row and four C tiles of
+// f32 (68k bytes + 4 KiB); AMX-INT8's (Q8_0) eight C tiles and a copy of a
+// partial panel, 17k bytes.
 static int64_t qa_thread_bytes(int64_t k) {
     const int64_t bf16 = 32 * k * 2 + k * 4 + 4096, i8 = 8192 + 16 * (k / 32 * 34);
     return bf16 > i8 ? bf16 : i8;
@@ -462,19 +463,19 @@ static QA_TARGET void qa_panels(int t, const uint8_t *w, int64_t rowb, int64_t n
     _tile_release();
 }
 
-
 // ---- Q8_0 on AMX-INT8: the weights' own int8, no decoding. ----
 //
 // Tiles (palette 1):
 //   tmm0-3  C: int32 [16 weight rows][16 activation rows], one 32-block each
-//   tmm4-5  A: int8 [16 weight rows][32], one block of the panel
+//   tmm4-5  A: int8 [16 weight rows][32], one block of 16 rows, loaded from
+//           the weights as they are (the row stride skips each next
+//           block's scale)
 //   tmm6-7  B: int8 [8 quads][16 activation rows][4], the same block of X
 // A block's integer sums are scaled by its weight scale (per row) and
 // activation scale (per column) into f32 accumulators that stay in
 // registers for a 16×16 output, so TDPBSSD runs at K = 32, half its
 // width, and the scaling costs three vector operations a row a block. In
-// exchange the weights are only copied (34 bytes → 32 and a scale) rather
-// than converted per weight to bf16, and the panel is half the size.
+// exchange nothing is decoded: the bf16 path converts every weight.
 //
 // The activations are quantized as ggml's quantize_row_q8_0 does (d =
 // amax/127, q = round(x/d)), f32 scales, as qgemm does for its int8 dot
@@ -657,7 +658,8 @@ int bd_qamx(int wtype, const void *w, int64_t w_bytes, int64_t n_out, int64_t k,
     const int64_t panels = (n_out + 15) / 16, mts = (m + 15) / 16;
     int nt = nthreads;
     if (nt > panels) nt = (int)panels;
-    if (!(flags & BD_QAMX_NO_INT8) && bd_qamx_int8(wtype, m)) {
+    // (The scales' gather indexes rows by int32 offsets: 15 rows must fit.)
+    if (!(flags & BD_QAMX_NO_INT8) && bd_qamx_int8(wtype, m) && rowb <= INT32_MAX / 16) {
         int8_t *xq = (int8_t *)ws;
         float *sx = (float *)(ws + mts * 16 * k);
 #pragma omp parallel num_threads(nt) if (nt > 1)
