@@ -17,6 +17,8 @@
 #include "vec_avx512.h"
 #define BD_FA_KEYS 16
 #define BD_FA_MAXDIM 256
+#define BD_FA_GROUP 8       // bd_attend_group_avx512's most query heads
+#define BD_FA_GROUPDIM 128  // and head dimension
 
 BD_AVX512 static inline void bf16_row(const uint16_t *src, float *dst, int64_t n) {
     for (int64_t i = 0; i < n; i += 16) {
@@ -157,5 +159,119 @@ BD_AVX512 void bd_attend_rows_avx512(const void *q, int q_bf16, const void *kc, 
         float *o = q_bf16 ? row_f : (float *)out + off;
         for (int64_t d = 0; d < dim; d++) o[d] = acc[d * 16 + r] * inv[r];
         if (q_bf16) bd_f32_to_bf16_avx512(row_f, (uint16_t *)out + off, dim);
+    }
+}
+
+// reduce16 returns the vector whose lane i is the sum of v[i]'s 16 lanes:
+// pairs, then quads within each 128-bit lane, then across the four lanes.
+BD_AVX512 static inline __m512 reduce16(const __m512 v[16]) {
+    __m512 a[8], b[4];
+    for (int i = 0; i < 8; i++)
+        a[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+    for (int i = 0; i < 4; i++) {
+        const __m512d x = _mm512_castps_pd(a[2 * i]), y = _mm512_castps_pd(a[2 * i + 1]);
+        b[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+    }
+    // b[i]'s 128-bit lane L: partial sums (over lane L) of v[4i..4i+3].
+    const __m512 d0 = _mm512_add_ps(_mm512_shuffle_f32x4(b[0], b[1], _MM_SHUFFLE(2, 0, 2, 0)),
+            _mm512_shuffle_f32x4(b[0], b[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    const __m512 d1 = _mm512_add_ps(_mm512_shuffle_f32x4(b[2], b[3], _MM_SHUFFLE(2, 0, 2, 0)),
+            _mm512_shuffle_f32x4(b[2], b[3], _MM_SHUFFLE(3, 1, 3, 1)));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(d0, d1, _MM_SHUFFLE(2, 0, 2, 0)),
+            _mm512_shuffle_f32x4(d0, d1, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+// bd_attend_group_avx512 is attend_body's decode case with the head
+// dimension in the lanes: token ti's group query heads (at most
+// BD_FA_GROUP) of kv head g over the n cache positions its block-table row
+// maps, dim % 16 == 0 and dim <= BD_FA_GROUPDIM. Per tile of 16 keys each
+// head's 16 dot products are 16 vectors of partial sums reduced together
+// (reduce16), the online softmax runs once per tile with the keys in the
+// lanes, and each value row is read once for the group. The row kernel
+// above would leave 16 - group of its lanes idle on a decode step, and
+// attend_body reduces every dot product on its own.
+BD_AVX512 void bd_attend_group_avx512(const void *q, int q_bf16, const void *kc, const void *vc,
+        int kv_bf16, const int32_t *row, int64_t n, int64_t ti, int64_t g, int64_t hq, int64_t hkv,
+        int64_t dim, int64_t bs, int64_t group, float scale, void *out) {
+    const int64_t kvrow = hkv * dim, nc = dim / 16, h0 = g * group;
+    float qs[BD_FA_GROUP * BD_FA_GROUPDIM] __attribute__((aligned(64)));  // Q·scale, [head][d]
+    float acc[BD_FA_GROUP * BD_FA_GROUPDIM] __attribute__((aligned(64))); // O, [head][d]
+    float kf[BD_FA_KEYS * BD_FA_GROUPDIM] __attribute__((aligned(64)));
+    float vf[BD_FA_KEYS * BD_FA_GROUPDIM] __attribute__((aligned(64)));
+    float pr[BD_FA_GROUP][BD_FA_KEYS] __attribute__((aligned(64))); // a tile's weights
+    float mx[BD_FA_GROUP], l[BD_FA_GROUP];
+    for (int64_t j = 0; j < group; j++) {
+        const int64_t off = (ti * hq + h0 + j) * dim;
+        if (q_bf16)
+            bf16_row((const uint16_t *)q + off, qs + j * dim, dim);
+        else
+            memcpy(qs + j * dim, (const float *)q + off, (size_t)dim * sizeof(float));
+        for (int64_t d = 0; d < dim; d += 16)
+            _mm512_store_ps(qs + j * dim + d, _mm512_mul_ps(_mm512_load_ps(qs + j * dim + d), _mm512_set1_ps(scale)));
+        mx[j] = -INFINITY, l[j] = 0.0f;
+    }
+    memset(acc, 0, (size_t)(group * dim) * sizeof(float));
+    const __m512 ninf = _mm512_set1_ps(-INFINITY);
+    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    for (int64_t p0 = 0; p0 < n; p0 += BD_FA_KEYS) {
+        const int64_t pn = n - p0 < BD_FA_KEYS ? n - p0 : BD_FA_KEYS;
+        const __mmask16 valid = _mm512_cmplt_epi32_mask(lane, _mm512_set1_epi32((int32_t)pn));
+        const float *kp[BD_FA_KEYS], *vp[BD_FA_KEYS];
+        for (int64_t k = 0; k < BD_FA_KEYS; k++) {
+            // Past the last key, point at the tile's first: read, then masked.
+            const int64_t p = p0 + (k < pn ? k : 0);
+            const int64_t off = ((int64_t)row[p / bs] * bs + p % bs) * kvrow + g * dim;
+            if (kv_bf16) {
+                if (k < pn) {
+                    bf16_row((const uint16_t *)kc + off, kf + k * dim, dim);
+                    bf16_row((const uint16_t *)vc + off, vf + k * dim, dim);
+                }
+                kp[k] = kf + (k < pn ? k : 0) * dim;
+                vp[k] = vf + (k < pn ? k : 0) * dim;
+            } else {
+                kp[k] = (const float *)kc + off;
+                vp[k] = (const float *)vc + off;
+            }
+        }
+        for (int64_t j = 0; j < group; j++) {
+            __m512 t[BD_FA_KEYS];
+            for (int k = 0; k < BD_FA_KEYS; k++) t[k] = _mm512_setzero_ps();
+            for (int64_t c = 0; c < nc; c++) {
+                const __m512 qv = _mm512_load_ps(qs + j * dim + 16 * c);
+                for (int k = 0; k < BD_FA_KEYS; k++) t[k] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(kp[k] + 16 * c), t[k]);
+            }
+            const __m512 s = _mm512_mask_blend_ps(valid, ninf, reduce16(t));
+            const float m = fmaxf(mx[j], _mm512_reduce_max_ps(s)); // finite: key p0 is valid
+            // exp through bd_exp512, which flushes what would be subnormal.
+            float cf[16] __attribute__((aligned(64)));
+            _mm512_store_ps(cf, bd_exp512(_mm512_set1_ps(mx[j] - m))); // 0 on the first tile
+            const __m512 p = _mm512_maskz_mov_ps(valid, bd_exp512(_mm512_sub_ps(s, _mm512_set1_ps(m))));
+            l[j] = l[j] * cf[0] + _mm512_reduce_add_ps(p);
+            mx[j] = m;
+            _mm512_store_ps(pr[j], p);
+            const __m512 c = _mm512_set1_ps(cf[0]);
+            for (int64_t d = 0; d < dim; d += 16)
+                _mm512_store_ps(acc + j * dim + d, _mm512_mul_ps(_mm512_load_ps(acc + j * dim + d), c));
+        }
+        // O[j] += Σ_k P[j][k]·V[k], each value row once for the group.
+        for (int64_t c = 0; c < nc; c++) {
+            __m512 o[BD_FA_GROUP];
+            for (int64_t j = 0; j < group; j++) o[j] = _mm512_load_ps(acc + j * dim + 16 * c);
+            for (int64_t k = 0; k < pn; k++) {
+                const __m512 v = _mm512_loadu_ps(vp[k] + 16 * c);
+                for (int64_t j = 0; j < group; j++) o[j] = _mm512_fmadd_ps(_mm512_set1_ps(pr[j][k]), v, o[j]);
+            }
+            for (int64_t j = 0; j < group; j++) _mm512_store_ps(acc + j * dim + 16 * c, o[j]);
+        }
+    }
+    for (int64_t j = 0; j < group; j++) {
+        const int64_t off = (ti * hq + h0 + j) * dim;
+        const __m512 inv = _mm512_set1_ps(1.0f / l[j]); // l >= 1: the max key weighs 1
+        for (int64_t d = 0; d < dim; d += 16)
+            _mm512_store_ps(acc + j * dim + d, _mm512_mul_ps(_mm512_load_ps(acc + j * dim + d), inv));
+        if (q_bf16)
+            bd_f32_to_bf16_avx512(acc + j * dim, (uint16_t *)out + off, dim);
+        else
+            memcpy((float *)out + off, acc + j * dim, (size_t)dim * sizeof(float));
     }
 }

@@ -922,6 +922,9 @@ void bd_attend_rows_avx512(const void *q, int q_bf16, const void *kc, const void
         int kv_bf16, const int32_t *row, const int32_t *pos, int64_t t0, int64_t tn,
         int64_t h0, int64_t hc, int64_t g, int64_t hq, int64_t hkv, int64_t dim, int64_t bs,
         float scale, void *out);
+#define BD_FA_GROUP 8
+#define BD_FA_GROUPDIM 128
+void bd_attend_group_avx512(BD_ATTEND_ARGS);
 
 static attend_fn attend_pick(void) {
     if (bd_have_avx512()) return attend_avx512;
@@ -952,7 +955,9 @@ int64_t bd_paged_attention(const bd_device *d, const void *q, int q_bf16,
         // Blocks of up to 16 query rows (consecutive tokens of one sequence
         // × query heads of one kv head) for the row kernel; a block of one
         // token with fewer than BD_FA_MINROWS heads (a decode step with a
-        // small group) keeps attend_body, which wastes no vector lanes.
+        // small group) takes the group kernel (head dims up to
+        // BD_FA_GROUPDIM) or attend_body, which waste no vector lanes.
+        attend_fn one = dim <= BD_FA_GROUPDIM ? bd_attend_group_avx512 : attend;
         int64_t hc = group < 16 ? group : 16, tb = 16 / hc;
         int64_t chunks = (group + hc - 1) / hc;
         int64_t *start = malloc((size_t)(t + 1) * sizeof *start);
@@ -975,7 +980,7 @@ int64_t bd_paged_attention(const bd_device *d, const void *q, int q_bf16,
                 const int32_t *row = table + (int64_t)seq[t0] * maxb;
                 if (tn * hn < BD_FA_MINROWS && chunks == 1) {
                     for (int64_t ti = t0; ti < t0 + tn; ti++)
-                        attend(q, q_bf16, kc, vc, kv_bf16, row, (int64_t)pos[ti] + 1, ti, g, hq, hkv, dim, bs,
+                        one(q, q_bf16, kc, vc, kv_bf16, row, (int64_t)pos[ti] + 1, ti, g, hq, hkv, dim, bs,
                                 group, scale, out);
                     continue;
                 }

@@ -416,6 +416,11 @@ func TestPagedAttention(t *testing.T) {
 		{"bs1 mha ragged", attnCase{hq: 3, hkv: 3, d: 8, bs: 1, ctx: []int{5, 0, 9}, add: []int{2, 7, 1}, pad: 1}, 0.3},
 		{"odd block size gqa2", attnCase{hq: 8, hkv: 4, d: 32, bs: 3, ctx: []int{10, 2}, add: []int{4, 9}}, 0},
 		{"gqa7 one kv head long", attnCase{hq: 7, hkv: 1, d: 128, bs: 16, ctx: []int{300}, add: []int{2}}, 0},
+		// The group kernel (AVX-512, decode steps of groups under 8, head
+		// dims in 16s up to 128): partial and whole key tiles, llama's heads.
+		{"decodes gqa4 d64", attnCase{hq: 16, hkv: 4, d: 64, bs: 16, ctx: []int{0, 15, 16, 47, 130}, add: []int{1, 1, 1, 1, 1}}, 0},
+		{"decodes gqa4 d128 bs5", attnCase{hq: 8, hkv: 2, d: 128, bs: 5, ctx: []int{33, 64}, add: []int{1, 1}}, 0},
+		{"decodes gqa1 d32", attnCase{hq: 3, hkv: 3, d: 32, bs: 16, ctx: []int{17, 2}, add: []int{1, 1}}, 0},
 		{"group above the kernel's 16", attnCase{hq: 20, hkv: 1, d: 8, bs: 16, ctx: []int{17}, add: []int{3}}, 0},
 		// The row kernel (AVX-512, head dims in 16s): many keys tiles,
 		// causal tails, blocks cut at sequence ends and at 16 rows.
@@ -522,7 +527,12 @@ var benchThreads = flag.Int("onednn.threads", 0, "the attention benchmarks' devi
 // how close to the limit it runs. Blocks are shuffled, as a long-running
 // server's are.
 func BenchmarkPagedAttentionDecode(b *testing.B) {
-	benchAttention(b, attnBench{seqs: 16, tokens: 1, ctx: 512, hq: 14, hkv: 2, dim: 64})
+	b.Run("gqa7", func(b *testing.B) {
+		benchAttention(b, attnBench{seqs: 16, tokens: 1, ctx: 512, hq: 14, hkv: 2, dim: 64})
+	})
+	b.Run("gqa4", func(b *testing.B) {
+		benchAttention(b, attnBench{seqs: 16, tokens: 1, ctx: 512, hq: 16, hkv: 4, dim: 64})
+	})
 }
 
 // BenchmarkPagedAttentionPrefill is one 512-token prefill of one sequence
