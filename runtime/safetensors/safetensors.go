@@ -150,6 +150,12 @@ func (f *File) Bytes(name string) ([]byte, error) {
 	// Validated at open: the range lies inside the file, so this allocation is
 	// bounded by the file's size.
 	buf := make([]byte, ti.Offsets[1]-ti.Offsets[0])
+	if len(buf) == 0 {
+		// An empty tensor reads nothing: a ReadAt at the end of the file
+		// (where a header-only file's data starts) answers io.EOF even for
+		// no bytes.
+		return buf, nil
+	}
 	if _, err := f.r.ReadAt(buf, f.dataBase+ti.Offsets[0]); err != nil {
 		return nil, fmt.Errorf("%s: reading tensor %q: %w", f.name, name, err)
 	}
