@@ -37,8 +37,8 @@ int64_t bd_qamx_work_bytes(int wtype, int64_t k, int64_t m, int nthreads);
 // bd_qamx_int8 says whether a product of m rows by weights of wtype runs
 // on AMX-INT8 rather than bf16 panels (flags 0): Q8_0 with at most 16
 // rows on a CPU that has AMX-INT8 too (bd_qamx keeps the bf16 panels for
-// weight rows of 128 MiB or more, which no model has). There the weights' own int8 are
-// the tiles' A operand, with no decoding, and the activations are
+// weight rows of 128 MiB or more, which no model has). There the weights'
+// own int8 are the tiles' A operand, with no decoding, and the activations are
 // quantized to int8 per 32-block as bd_qgemm quantizes them, so the
 // results are within bd_qgemm's bound (qgemm.c) rather than the bf16 one.
 int bd_qamx_int8(int wtype, int64_t m);
