@@ -243,13 +243,11 @@ BD_AVX512 void bd_attend_group_avx512(const void *q, int q_bf16, const void *kc,
             const __m512 s = _mm512_mask_blend_ps(valid, ninf, reduce16(t));
             const float m = fmaxf(mx[j], _mm512_reduce_max_ps(s)); // finite: key p0 is valid
             // exp through bd_exp512, which flushes what would be subnormal.
-            float cf[16] __attribute__((aligned(64)));
-            _mm512_store_ps(cf, bd_exp512(_mm512_set1_ps(mx[j] - m))); // 0 on the first tile
+            const __m512 c = bd_exp512(_mm512_set1_ps(mx[j] - m)); // 0 on the first tile
             const __m512 p = _mm512_maskz_mov_ps(valid, bd_exp512(_mm512_sub_ps(s, _mm512_set1_ps(m))));
-            l[j] = l[j] * cf[0] + _mm512_reduce_add_ps(p);
+            l[j] = l[j] * _mm512_cvtss_f32(c) + _mm512_reduce_add_ps(p);
             mx[j] = m;
             _mm512_store_ps(pr[j], p);
-            const __m512 c = _mm512_set1_ps(cf[0]);
             for (int64_t d = 0; d < dim; d += 16)
                 _mm512_store_ps(acc + j * dim + d, _mm512_mul_ps(_mm512_load_ps(acc + j * dim + d), c));
         }

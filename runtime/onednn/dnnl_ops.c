@@ -957,7 +957,8 @@ int64_t bd_paged_attention(const bd_device *d, const void *q, int q_bf16,
         // token with fewer than BD_FA_MINROWS heads (a decode step with a
         // small group) takes the group kernel (head dims up to
         // BD_FA_GROUPDIM) or attend_body, which waste no vector lanes.
-        attend_fn one = dim <= BD_FA_GROUPDIM ? bd_attend_group_avx512 : attend;
+        // (This branch's groups are under BD_FA_MINROWS <= BD_FA_GROUP.)
+        attend_fn one = dim <= BD_FA_GROUPDIM && group <= BD_FA_GROUP ? bd_attend_group_avx512 : attend;
         int64_t hc = group < 16 ? group : 16, tb = 16 / hc;
         int64_t chunks = (group + hc - 1) / hc;
         int64_t *start = malloc((size_t)(t + 1) * sizeof *start);

@@ -52,14 +52,14 @@ int bd_qamx_available(void) {
     if (r[0] >= 7) {
         qa_cpuid(7, 0, r);
         const unsigned edx = r[3], ebx = r[1];
-        const int tile = edx >> 24 & 1, bf16 = edx >> 22 & 1, i8 = edx >> 25 & 1;
+        const int tile = edx >> 24 & 1, bf16 = edx >> 22 & 1;
         const int f = ebx >> 16 & 1, dq = ebx >> 17 & 1, bw = ebx >> 30 & 1, vl = ebx >> 31 & 1;
         qa_cpuid(7, 1, r);
         const int avx512bf16 = r[0] >> 5 & 1;
         __builtin_cpu_init();
         ok = tile && bf16 && f && dq && bw && vl && avx512bf16 && __builtin_cpu_supports("fma") &&
              __builtin_cpu_supports("f16c");
-        int8 = i8;
+        int8 = edx >> 25 & 1; // AMX-INT8
     }
     // The kernel hands out tile data per process on request (oneDNN asks
     // the same way; asking twice is harmless).

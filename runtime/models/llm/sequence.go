@@ -351,7 +351,8 @@ func argmax32(x []float32) int32 {
 	return int32(best)
 }
 
-// penalise applies the penalties to the logits x in place.
+// penalise applies the penalties to the logits x in place (plainGreedy
+// skips it when none is set: a new penalty belongs in both).
 func (s *Sequence) penalise(x []float64) {
 	if rp := float64(s.params.RepetitionPenalty); rp != 0 && rp != 1 {
 		pen := func(t int32) {
