@@ -94,11 +94,12 @@ int bd_qamx_supports(int wtype) {
 #define QA_MB 64 // activation rows one pass over a panel carries (4 C tiles)
 
 static int64_t qa_xb_bytes(int64_t k, int64_t m) { return (m + 15) / 16 * 16 * k * 2; }
-// Per thread: the bf16 path's two panels, an f32 row and four C tiles of
+// Per thread: the bf16 path's panels (qa_group), an f32 row and four C tiles of
 // f32 (68k bytes + 4 KiB); AMX-INT8's (Q8_0) eight C tiles and a copy of a
 // partial panel, 17k bytes.
+static int64_t qa_group(int64_t k);
 static int64_t qa_thread_bytes(int64_t k) {
-    const int64_t bf16 = 32 * k * 2 + k * 4 + 4096, i8 = 8192 + 16 * (k / 32 * 34);
+    const int64_t bf16 = qa_group(k) * 16 * k * 2 + k * 4 + 4096, i8 = 8192 + 16 * (k / 32 * 34);
     return bf16 > i8 ? bf16 : i8;
 }
 
@@ -383,107 +384,152 @@ static void qa_fill_start(qa_fill *f, int t, const uint8_t *w, int64_t rowb, int
     if (f->rows < 16) memset(panel + f->rows * k, 0, (size_t)((16 - f->rows) * k * 2));
 }
 
+// One pass of up to QA_MB activation rows (mt m tiles from xm) over a
+// decoded panel: the products over the whole k, their C tiles combined
+// into cbuf (m tile c at cbuf + 256c, f32 [16 weight rows][16 rows]).
+// With f, the next panel decodes between the strips.
+static QA_TARGET void qa_pass(const uint16_t *panel, int64_t k, const uint8_t *xm, int64_t xstride, int mt,
+        qa_fill *f, float *cbuf) {
+    const int64_t nkc = k / 32;
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    int64_t kc = 0;
+    if (mt == 1) {
+        for (; kc + 4 <= nkc; kc += 4) {
+            const uint8_t *xk = xm + kc * 1024;
+            _tile_loadd(4, panel + 32 * kc, k * 2);
+            _tile_loadd(6, xk, 64);
+            _tile_dpbf16ps(0, 4, 6);
+            _tile_loadd(5, panel + 32 * (kc + 1), k * 2);
+            _tile_loadd(7, xk + 1024, 64);
+            _tile_dpbf16ps(1, 5, 7);
+            _tile_loadd(4, panel + 32 * (kc + 2), k * 2);
+            _tile_loadd(6, xk + 2048, 64);
+            _tile_dpbf16ps(2, 4, 6);
+            _tile_loadd(5, panel + 32 * (kc + 3), k * 2);
+            _tile_loadd(7, xk + 3072, 64);
+            _tile_dpbf16ps(3, 5, 7);
+            if (f) qa_fill_to(f, (int)((kc + 4) * 16 / nkc));
+        }
+    } else if (mt == 2) {
+        for (; kc + 2 <= nkc; kc += 2) {
+            const uint8_t *xk = xm + kc * 1024;
+            _tile_loadd(4, panel + 32 * kc, k * 2);
+            QA_DP(0, 0, xk);
+            QA_DP(1, 1, xk);
+            _tile_loadd(4, panel + 32 * (kc + 1), k * 2);
+            QA_DP(2, 0, xk + 1024);
+            QA_DP(3, 1, xk + 1024);
+            if (f) qa_fill_to(f, (int)((kc + 2) * 16 / nkc));
+        }
+    }
+    for (; kc < nkc; kc++) { // mt 3 and 4, and the strips left over
+        const uint8_t *xk = xm + kc * 1024;
+        _tile_loadd(4, panel + 32 * kc, k * 2);
+        QA_DP(0, 0, xk);
+        if (mt > 1) QA_DP(1, 1, xk);
+        if (mt > 2) QA_DP(2, 2, xk);
+        if (mt > 3) QA_DP(3, 3, xk);
+        if (f) qa_fill_to(f, (int)((kc + 1) * 16 / nkc));
+    }
+    _tile_stored(0, cbuf, 64);
+    _tile_stored(1, cbuf + 256, 64);
+    _tile_stored(2, cbuf + 512, 64);
+    _tile_stored(3, cbuf + 768, 64);
+    // C tile c holds m tile c, or (mt 1) strips c mod 4, or (mt 2) m tile
+    // c mod 2 for even strips and c-2 for odd ones.
+    if (mt == 1) {
+        for (int i = 0; i < 256; i += 16)
+            _mm512_storeu_ps(cbuf + i, _mm512_add_ps(_mm512_add_ps(_mm512_loadu_ps(cbuf + i), _mm512_loadu_ps(cbuf + 256 + i)),
+                    _mm512_add_ps(_mm512_loadu_ps(cbuf + 512 + i), _mm512_loadu_ps(cbuf + 768 + i))));
+    } else if (mt == 2) {
+        for (int tt = 0; tt < 2; tt++)
+            for (int i = 0; i < 256; i += 16)
+                _mm512_storeu_ps(cbuf + 256 * tt + i,
+                        _mm512_add_ps(_mm512_loadu_ps(cbuf + 256 * tt + i), _mm512_loadu_ps(cbuf + 512 + 256 * tt + i)));
+    }
+}
+
+// cbuf's m tiles (a pass from row m0) into y's columns n0..n0+nr.
+static void qa_out(const float *cbuf, int mt, int64_t m0, int64_t m, float *y, int64_t ldy, int64_t n0, int nr) {
+    for (int tt = 0; tt < mt; tt++) {
+        const float *c = cbuf + 256 * tt;
+        const int64_t r0 = m0 + 16 * tt;
+        const int rr = (int)(m - r0 < 16 ? m - r0 : 16);
+        for (int r = 0; r < rr; r++)
+            for (int n = 0; n < nr; n++) y[(r0 + r) * ldy + n0 + n] = c[n * 16 + r];
+    }
+}
+
+// Panels a thread decodes before its passes: two (one decoding while the
+// other's products run) for rows of up to 1024, else as many as fit in
+// about 1 MiB, up to 8. With long rows a pass's activations (64 rows x k
+// bf16: 608 KiB at k 4864) no longer stay in the L2 from one panel to the
+// next, so each pass runs over a group of decoded panels instead of one:
+// the activations are read from further out once a group, not once a
+// panel (Q8_0 896x4864 at 512 rows, one thread: 3.1 ns a weight with one
+// panel a pass, against 1.7 at 1024x1024).
+static int64_t qa_group(int64_t k) {
+    if (2 * 16 * k * 2 <= 64 << 10) return 2;
+    const int64_t g = (1 << 20) / (16 * k * 2);
+    return g < 1 ? 1 : g > 8 ? 8 : g;
+}
+
 static QA_TARGET void qa_panels(int t, const uint8_t *w, int64_t rowb, int64_t n_out, int64_t k, const uint16_t *xb,
         int64_t m, float *y, int64_t ldy, int64_t p0, int64_t p1, uint8_t *mine) {
-    uint16_t *panels[2] = {(uint16_t *)mine, (uint16_t *)(mine + 16 * k * 2)};
-    float *tmp = (float *)(mine + 32 * k * 2);
-    float *cbuf = (float *)(mine + 32 * k * 2 + k * 4); // 4 tiles of f32 [16][16]
-    const int64_t nkc = k / 32, xstride = nkc * 1024; // bytes between m tiles of one strip
+    const int64_t G = qa_group(k);
+    uint16_t *panels = (uint16_t *)mine; // G panels of bf16 [16][k]
+    float *tmp = (float *)(mine + G * 16 * k * 2);
+    float *cbuf = (float *)(mine + G * 16 * k * 2 + k * 4); // 4 tiles of f32 [16][16]
+    const int64_t nkc = k / 32, xstride = nkc * 1024;       // bytes between m tiles of one strip
     qa_tilecfg cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.palette = 1;
     for (int i = 0; i < 8; i++) cfg.rows[i] = 16, cfg.colsb[i] = 64;
     _tile_loadconfig(&cfg);
-    // With panels of up to 32 KiB (k up to 1024) the next panel decodes
-    // into the other buffer as this one's strips go to the tile unit; with
-    // longer rows the second buffer pushed the first further out of the
-    // caches and cost more than the overlap gave (Q6_K, k 2816: 1.3x
-    // slower), so a panel decodes whole before its products.
-    const int overlap = 2 * 16 * k * 2 <= 64 << 10;
     qa_fill f = {0};
-    if (overlap && p0 < p1) {
-        qa_fill_start(&f, t, w, rowb, n_out, k, tmp, panels[0], p0);
-        qa_fill_to(&f, 16);
-    }
-    for (int64_t p = p0; p < p1; p++) {
-        const int64_t n0 = 16 * p;
-        const int nr = (int)(n_out - n0 < 16 ? n_out - n0 : 16);
-        uint16_t *panel = panels[overlap ? (p - p0) & 1 : 0];
-        if (!overlap) {
-            qa_fill_start(&f, t, w, rowb, n_out, k, tmp, panel, p);
+    // With panels of up to 32 KiB (k up to 1024) the next panel decodes
+    // into the other buffer as this one's strips go to the tile unit.
+    if (2 * 16 * k * 2 <= 64 << 10) {
+        if (p0 < p1) {
+            qa_fill_start(&f, t, w, rowb, n_out, k, tmp, panels, p0);
             qa_fill_to(&f, 16);
         }
-        const int more = overlap && p + 1 < p1;
-        if (more) qa_fill_start(&f, t, w, rowb, n_out, k, tmp, panels[(p - p0 + 1) & 1], p + 1);
-        for (int64_t m0 = 0; m0 < m; m0 += QA_MB) {
-            const int mt = (int)((m - m0 + 15) / 16 < 4 ? (m - m0 + 15) / 16 : 4);
-            const uint8_t *xm = (const uint8_t *)xb + (m0 / 16) * xstride;
-            _tile_zero(0);
-            _tile_zero(1);
-            _tile_zero(2);
-            _tile_zero(3);
-            int64_t kc = 0;
-            if (mt == 1) {
-                for (; kc + 4 <= nkc; kc += 4) {
-                    const uint8_t *xk = xm + kc * 1024;
-                    _tile_loadd(4, panel + 32 * kc, k * 2);
-                    _tile_loadd(6, xk, 64);
-                    _tile_dpbf16ps(0, 4, 6);
-                    _tile_loadd(5, panel + 32 * (kc + 1), k * 2);
-                    _tile_loadd(7, xk + 1024, 64);
-                    _tile_dpbf16ps(1, 5, 7);
-                    _tile_loadd(4, panel + 32 * (kc + 2), k * 2);
-                    _tile_loadd(6, xk + 2048, 64);
-                    _tile_dpbf16ps(2, 4, 6);
-                    _tile_loadd(5, panel + 32 * (kc + 3), k * 2);
-                    _tile_loadd(7, xk + 3072, 64);
-                    _tile_dpbf16ps(3, 5, 7);
-                    if (more) qa_fill_to(&f, (int)((kc + 4) * 16 / nkc));
-                }
-            } else if (mt == 2) {
-                for (; kc + 2 <= nkc; kc += 2) {
-                    const uint8_t *xk = xm + kc * 1024;
-                    _tile_loadd(4, panel + 32 * kc, k * 2);
-                    QA_DP(0, 0, xk);
-                    QA_DP(1, 1, xk);
-                    _tile_loadd(4, panel + 32 * (kc + 1), k * 2);
-                    QA_DP(2, 0, xk + 1024);
-                    QA_DP(3, 1, xk + 1024);
-                    if (more) qa_fill_to(&f, (int)((kc + 2) * 16 / nkc));
-                }
+        for (int64_t p = p0; p < p1; p++) {
+            const int64_t n0 = 16 * p;
+            const int nr = (int)(n_out - n0 < 16 ? n_out - n0 : 16);
+            uint16_t *panel = panels + ((p - p0) & 1) * 16 * k;
+            const int more = p + 1 < p1;
+            if (more) qa_fill_start(&f, t, w, rowb, n_out, k, tmp, panels + ((p - p0 + 1) & 1) * 16 * k, p + 1);
+            for (int64_t m0 = 0; m0 < m; m0 += QA_MB) {
+                const int mt = (int)((m - m0 + 15) / 16 < 4 ? (m - m0 + 15) / 16 : 4);
+                qa_pass(panel, k, (const uint8_t *)xb + (m0 / 16) * xstride, xstride, mt, more ? &f : NULL, cbuf);
+                qa_out(cbuf, mt, m0, m, y, ldy, n0, nr);
             }
-            for (; kc < nkc; kc++) { // mt 3 and 4, and the strips left over
-                const uint8_t *xk = xm + kc * 1024;
-                _tile_loadd(4, panel + 32 * kc, k * 2);
-                QA_DP(0, 0, xk);
-                if (mt > 1) QA_DP(1, 1, xk);
-                if (mt > 2) QA_DP(2, 2, xk);
-                if (mt > 3) QA_DP(3, 3, xk);
-                if (more) qa_fill_to(&f, (int)((kc + 1) * 16 / nkc));
+            if (more) qa_fill_to(&f, 16);
+        }
+    } else {
+        // Longer rows: a group of panels decoded whole, then each pass over
+        // all of them (a second buffer decoding alongside pushed the first
+        // further out of the caches and cost more than the overlap gave:
+        // Q6_K, k 2816, 1.3x slower).
+        for (int64_t g0 = p0; g0 < p1; g0 += G) {
+            const int np = (int)(p1 - g0 < G ? p1 - g0 : G);
+            for (int j = 0; j < np; j++) {
+                qa_fill_start(&f, t, w, rowb, n_out, k, tmp, panels + j * 16 * k, g0 + j);
+                qa_fill_to(&f, 16);
             }
-            _tile_stored(0, cbuf, 64);
-            _tile_stored(1, cbuf + 256, 64);
-            _tile_stored(2, cbuf + 512, 64);
-            _tile_stored(3, cbuf + 768, 64);
-            // C tile c holds m tile c, or (mt 1) strips c mod 4, or (mt 2)
-            // m tile c mod 2 for even strips and c-2 for odd ones.
-            for (int tt = 0; tt < mt; tt++) {
-                float *c = cbuf + 256 * tt;
-                if (mt == 1) {
-                    for (int i = 0; i < 256; i += 16)
-                        _mm512_storeu_ps(c + i, _mm512_add_ps(_mm512_add_ps(_mm512_loadu_ps(cbuf + i), _mm512_loadu_ps(cbuf + 256 + i)),
-                                _mm512_add_ps(_mm512_loadu_ps(cbuf + 512 + i), _mm512_loadu_ps(cbuf + 768 + i))));
-                } else if (mt == 2) {
-                    for (int i = 0; i < 256; i += 16)
-                        _mm512_storeu_ps(c + i, _mm512_add_ps(_mm512_loadu_ps(c + i), _mm512_loadu_ps(c + 512 + i)));
+            for (int64_t m0 = 0; m0 < m; m0 += QA_MB) {
+                const int mt = (int)((m - m0 + 15) / 16 < 4 ? (m - m0 + 15) / 16 : 4);
+                for (int j = 0; j < np; j++) {
+                    const int64_t n0 = 16 * (g0 + j);
+                    qa_pass(panels + j * 16 * k, k, (const uint8_t *)xb + (m0 / 16) * xstride, xstride, mt, NULL, cbuf);
+                    qa_out(cbuf, mt, m0, m, y, ldy, n0, (int)(n_out - n0 < 16 ? n_out - n0 : 16));
                 }
-                const int64_t r0 = m0 + 16 * tt;
-                const int rr = (int)(m - r0 < 16 ? m - r0 : 16);
-                for (int r = 0; r < rr; r++)
-                    for (int n = 0; n < nr; n++) y[(r0 + r) * ldy + n0 + n] = c[n * 16 + r];
             }
         }
-        if (more) qa_fill_to(&f, 16);
     }
     _tile_release();
 }
