@@ -750,13 +750,29 @@ int bd_qamx(int wtype, const void *w, int64_t w_bytes, int64_t n_out, int64_t k,
         if (!work) free(ws);
         return BD_QGEMM_OK;
     }
+    // Panels are handed out in chunks as threads ask: a prefill's product
+    // runs for milliseconds, and on a shared host one core is often slowed
+    // by another tenant, which left the other waiting at the barrier under
+    // a static split. A chunk is a whole number of decode groups, about
+    // eight a thread.
+    const int64_t grp = qa_group(k) > 2 ? qa_group(k) : 1;
+    int64_t chunk = panels / (8 * (int64_t)nt);
+    chunk = chunk < grp ? grp : chunk / grp * grp;
+    int64_t next = 0;
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
         const int me = omp_get_thread_num(), all = omp_get_num_threads();
         qa_layout_x(x, m, k, xb, mts * me / all, mts * (me + 1) / all);
 #pragma omp barrier
-        qa_panels(wtype, w, rowb, n_out, k, xb, m, y, ldy, panels * me / all, panels * (me + 1) / all,
-                ws + xbb + th * me);
+        for (;;) {
+            int64_t c;
+#pragma omp atomic capture
+            c = next++;
+            const int64_t p0 = c * chunk;
+            if (p0 >= panels) break;
+            qa_panels(wtype, w, rowb, n_out, k, xb, m, y, ldy, p0, p0 + chunk < panels ? p0 + chunk : panels,
+                    ws + xbb + th * me);
+        }
     }
     if (!work) free(ws);
     return BD_QGEMM_OK;
