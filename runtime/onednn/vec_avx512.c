@@ -40,19 +40,20 @@ BD_AVX512 void bd_f32_to_bf16_avx512(const float *src, uint16_t *dst, int64_t n)
     }
 }
 
-// bd_silu_mul_avx512 is g[i] = g[i]·u[i] / (1 + exp(-g[i])), SwiGLU's gate.
-BD_AVX512 void bd_silu_mul_avx512(float *g, const float *u, int64_t n) {
+// bd_silu_mul_avx512 is out[i] = g[i]·u[i] / (1 + exp(-g[i])), SwiGLU's
+// gate; out may be g.
+BD_AVX512 void bd_silu_mul_avx512(const float *g, const float *u, float *out, int64_t n) {
     const __m512 one = _mm512_set1_ps(1.0f);
     int64_t i = 0;
     for (; i + 16 <= n; i += 16) {
         __m512 x = _mm512_loadu_ps(g + i);
         __m512 e = bd_exp512(_mm512_sub_ps(_mm512_setzero_ps(), x));
-        _mm512_storeu_ps(g + i, _mm512_mul_ps(_mm512_div_ps(x, _mm512_add_ps(one, e)), _mm512_loadu_ps(u + i)));
+        _mm512_storeu_ps(out + i, _mm512_mul_ps(_mm512_div_ps(x, _mm512_add_ps(one, e)), _mm512_loadu_ps(u + i)));
     }
     if (i < n) {
         __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
         __m512 x = _mm512_maskz_loadu_ps(m, g + i);
         __m512 e = bd_exp512(_mm512_sub_ps(_mm512_setzero_ps(), x));
-        _mm512_mask_storeu_ps(g + i, m, _mm512_mul_ps(_mm512_div_ps(x, _mm512_add_ps(one, e)), _mm512_maskz_loadu_ps(m, u + i)));
+        _mm512_mask_storeu_ps(out + i, m, _mm512_mul_ps(_mm512_div_ps(x, _mm512_add_ps(one, e)), _mm512_maskz_loadu_ps(m, u + i)));
     }
 }

@@ -37,7 +37,7 @@ BD_AVX512 static inline __m512 bd_exp512(__m512 x) {
 // vec_avx512.c
 void bd_exp_avx512(float *x, int64_t n);
 void bd_f32_to_bf16_avx512(const float *src, uint16_t *dst, int64_t n);
-void bd_silu_mul_avx512(float *g, const float *u, int64_t n);
+void bd_silu_mul_avx512(const float *g, const float *u, float *out, int64_t n);
 int bd_have_avx512(void);
 
 #endif
