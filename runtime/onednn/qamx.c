@@ -99,7 +99,7 @@ static int64_t qa_xb_bytes(int64_t k, int64_t m) { return (m + 15) / 16 * 16 * k
 // partial panel, 17k bytes.
 static int64_t qa_group(int64_t k);
 static int64_t qa_thread_bytes(int64_t k) {
-    const int64_t bf16 = qa_group(k) * 16 * k * 2 + k * 4 + 4096, i8 = 8192 + 16 * (k / 32 * 34);
+    const int64_t bf16 = qa_group(k) * 16 * k * 2 + k * 4 + 8 * 4096, i8 = 8192 + 16 * (k / 32 * 34);
     return bf16 > i8 ? bf16 : i8;
 }
 
@@ -381,7 +381,7 @@ static void qa_fill_start(qa_fill *f, int t, const uint8_t *w, int64_t rowb, int
     const int64_t n0 = 16 * p;
     f->t = t, f->w = w + n0 * rowb, f->rowb = rowb, f->k = k, f->tmp = tmp, f->panel = panel, f->next = 0;
     f->rows = (int)(n_out - n0 < 16 ? n_out - n0 : 16);
-    if (f->rows < 16) memset(panel + f->rows * k, 0, (size_t)((16 - f->rows) * k * 2));
+    if (f->rows > 0 && f->rows < 16) memset(panel + f->rows * k, 0, (size_t)((16 - f->rows) * k * 2));
 }
 
 // One pass of up to QA_MB activation rows (mt m tiles from xm) over a
@@ -469,26 +469,81 @@ static QA_TARGET void qa_out(const float *cbuf, int mt, int64_t m0, int64_t m, f
     }
 }
 
-// Panels a thread decodes before its passes: two (one decoding while the
-// other's products run) for rows of up to 1024, else as many as fit in
-// about 1 MiB, up to 8. With long rows a pass's activations (64 rows x k
-// bf16: 608 KiB at k 4864) no longer stay in the L2 from one panel to the
-// next, so each pass runs over a group of decoded panels instead of one:
-// the activations are read from further out once a group, not once a
-// panel (Q8_0 896x4864 at 512 rows, one thread: 3.1 ns a weight with one
-// panel a pass, against 1.7 at 1024x1024).
+// Panels a group holds (qa_pass_group): as many as fit in about 1 MiB,
+// from 2 to 8. A 64-row pass's activations (64 rows x k bf16: 608 KiB at
+// k 4864) do not stay in the L2 from one panel to the next, so a pass runs
+// over a group of decoded panels: the activations are read from further
+// out once a group, not once a panel (Q8_0 896x4864 at 512 rows, one
+// thread: 3.1 ns a weight with one panel a pass, 2.7 with groups).
 static int64_t qa_group(int64_t k) {
-    if (2 * 16 * k * 2 <= 64 << 10) return 2;
     const int64_t g = (1 << 20) / (16 * k * 2);
-    return g < 1 ? 1 : g > 8 ? 8 : g;
+    return g < 2 ? 2 : g > 8 ? 8 : g;
+}
+
+// Whether a thread's panels decode one at a time, each while the one
+// before runs its products (qa_pass with a fill), or a group at a time
+// before the group's passes (qa_pass_group). Overlapping pays where the
+// decoding is a large part of the work: fewer than 64 rows, and rows of
+// up to 1024 (two panels in 64 KiB; with longer rows the second buffer
+// pushed the first further out of the caches and cost more than the
+// overlap gave: Q6_K, k 2816, 1.3x slower). From 64 rows the chunked
+// group passes win: Q8_0 at 512 rows, one thread, 1024x1024 1.70 -> 1.43
+// ns a weight, 9728x896 1.79 -> 1.47 (bench/qkernels, min of 3).
+static int qa_overlap(int64_t k, int64_t m) { return k <= 1024 && m < QA_MB; }
+
+// A pass of four m tiles (64 rows from xm) over np decoded panels, a chunk
+// of QA_KCH strips at a time: the chunk's B tiles (32 KiB) stay in the L1
+// while every panel of the group takes them, and each panel's C tiles are
+// kept in cg between chunks. Run whole over k, a pass read its B tiles
+// from the L2 once a panel: five tile loads for four products, more than
+// the L2 gives at the tile unit's rate.
+#define QA_KCH 8
+static QA_TARGET void qa_pass_group(const uint16_t *panels, int np, int64_t k, const uint8_t *xm, int64_t xstride,
+        float *cg) {
+    const int64_t nkc = k / 32;
+    for (int64_t kc0 = 0; kc0 < nkc; kc0 += QA_KCH) {
+        const int64_t kc1 = kc0 + QA_KCH < nkc ? kc0 + QA_KCH : nkc;
+        for (int j = 0; j < np; j++) {
+            const uint16_t *panel = panels + j * 16 * k;
+            float *c = cg + j * 1024;
+            if (kc0 == 0) {
+                _tile_zero(0);
+                _tile_zero(1);
+                _tile_zero(2);
+                _tile_zero(3);
+            } else {
+                _tile_loadd(0, c, 64);
+                _tile_loadd(1, c + 256, 64);
+                _tile_loadd(2, c + 512, 64);
+                _tile_loadd(3, c + 768, 64);
+            }
+            for (int64_t kc = kc0; kc < kc1; kc++) {
+                const uint8_t *xk = xm + kc * 1024;
+                _tile_loadd(4, panel + 32 * kc, k * 2);
+                _tile_loadd(5, xk, 64);
+                _tile_dpbf16ps(0, 4, 5);
+                _tile_loadd(6, xk + xstride, 64);
+                _tile_dpbf16ps(1, 4, 6);
+                _tile_loadd(7, xk + 2 * xstride, 64);
+                _tile_dpbf16ps(2, 4, 7);
+                _tile_loadd(5, xk + 3 * xstride, 64);
+                _tile_dpbf16ps(3, 4, 5);
+            }
+            _tile_stored(0, c, 64);
+            _tile_stored(1, c + 256, 64);
+            _tile_stored(2, c + 512, 64);
+            _tile_stored(3, c + 768, 64);
+        }
+    }
 }
 
 static QA_TARGET void qa_panels(int t, const uint8_t *w, int64_t rowb, int64_t n_out, int64_t k, const uint16_t *xb,
         int64_t m, float *y, int64_t ldy, int64_t p0, int64_t p1, uint8_t *mine) {
-    const int64_t G = qa_group(k);
+    const int overlap = qa_overlap(k, m);
+    const int64_t G = overlap ? 2 : qa_group(k);
     uint16_t *panels = (uint16_t *)mine; // G panels of bf16 [16][k]
     float *tmp = (float *)(mine + G * 16 * k * 2);
-    float *cbuf = (float *)(mine + G * 16 * k * 2 + k * 4); // 4 tiles of f32 [16][16]
+    float *cbuf = (float *)(mine + G * 16 * k * 2 + k * 4); // 4 tiles of f32 [16][16] (8 panels' in qa_pass_group)
     const int64_t nkc = k / 32, xstride = nkc * 1024;       // bytes between m tiles of one strip
     qa_tilecfg cfg;
     memset(&cfg, 0, sizeof cfg);
@@ -498,7 +553,7 @@ static QA_TARGET void qa_panels(int t, const uint8_t *w, int64_t rowb, int64_t n
     qa_fill f = {0};
     // With panels of up to 32 KiB (k up to 1024) the next panel decodes
     // into the other buffer as this one's strips go to the tile unit.
-    if (2 * 16 * k * 2 <= 64 << 10) {
+    if (overlap) {
         if (p0 < p1) {
             qa_fill_start(&f, t, w, rowb, n_out, k, tmp, panels, p0);
             qa_fill_to(&f, 16);
@@ -517,10 +572,7 @@ static QA_TARGET void qa_panels(int t, const uint8_t *w, int64_t rowb, int64_t n
             if (more) qa_fill_to(&f, 16);
         }
     } else {
-        // Longer rows: a group of panels decoded whole, then each pass over
-        // all of them (a second buffer decoding alongside pushed the first
-        // further out of the caches and cost more than the overlap gave:
-        // Q6_K, k 2816, 1.3x slower).
+        // A group of panels decoded whole, then each pass over all of them.
         for (int64_t g0 = p0; g0 < p1; g0 += G) {
             const int np = (int)(p1 - g0 < G ? p1 - g0 : G);
             for (int j = 0; j < np; j++) {
@@ -529,10 +581,12 @@ static QA_TARGET void qa_panels(int t, const uint8_t *w, int64_t rowb, int64_t n
             }
             for (int64_t m0 = 0; m0 < m; m0 += QA_MB) {
                 const int mt = (int)((m - m0 + 15) / 16 < 4 ? (m - m0 + 15) / 16 : 4);
+                const uint8_t *xm = (const uint8_t *)xb + (m0 / 16) * xstride;
+                if (mt == 4) qa_pass_group(panels, np, k, xm, xstride, cbuf);
                 for (int j = 0; j < np; j++) {
                     const int64_t n0 = 16 * (g0 + j);
-                    qa_pass(panels + j * 16 * k, k, (const uint8_t *)xb + (m0 / 16) * xstride, xstride, mt, NULL, cbuf);
-                    qa_out(cbuf, mt, m0, m, y, ldy, n0, (int)(n_out - n0 < 16 ? n_out - n0 : 16));
+                    if (mt < 4) qa_pass(panels + j * 16 * k, k, xm, xstride, mt, NULL, cbuf);
+                    qa_out(mt < 4 ? cbuf : cbuf + j * 1024, mt, m0, m, y, ldy, n0, (int)(n_out - n0 < 16 ? n_out - n0 : 16));
                 }
             }
         }
@@ -755,7 +809,7 @@ int bd_qamx(int wtype, const void *w, int64_t w_bytes, int64_t n_out, int64_t k,
     // by another tenant, which left the other waiting at the barrier under
     // a static split. A chunk is a whole number of decode groups, about
     // eight a thread.
-    const int64_t grp = qa_group(k) > 2 ? qa_group(k) : 1;
+    const int64_t grp = qa_overlap(k, m) ? 1 : qa_group(k);
     int64_t chunk = panels / (8 * (int64_t)nt);
     chunk = chunk < grp ? grp : chunk / grp * grp;
     int64_t next = 0;

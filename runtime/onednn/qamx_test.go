@@ -105,6 +105,44 @@ func TestQamxMatchesFloat64(t *testing.T) {
 	}
 }
 
+// TestQamxGroups runs the bf16 path where a thread's panels come in
+// several chunks and groups (qa_pass_group: 20 panels, groups of up to 8,
+// k in chunks of 8 strips with a partial last one), against float64.
+func TestQamxGroups(t *testing.T) {
+	needAMX(t)
+	for _, c := range []struct {
+		typ quant.Type
+		k   int
+	}{{quant.Q8_0, 1056}, {quant.Q4_K, 2304}} {
+		rng := rand.New(rand.NewPCG(uint64(c.typ), uint64(c.k)))
+		const n, m = 16*19 + 3, 67
+		w := randQuantWeights(rng, c.typ, n, c.k)
+		wf := make([]float32, n*c.k)
+		if err := quant.Dequantize(c.typ, w, wf); err != nil {
+			t.Fatal(err)
+		}
+		x := randActs(rng, m, c.k)
+		for _, threads := range []int{1, 2, 3} {
+			y := make([]float32, m*n)
+			qamxGuarded(t, c.typ, w, n, c.k, x, m, y, threads, qamxNoInt8)
+			for i := range m {
+				for j := range n {
+					var f, mag float64
+					for l := range c.k {
+						p := float64(wf[j*c.k+l]) * float64(x[i*c.k+l])
+						f += p
+						mag += math.Abs(p)
+					}
+					if d, tol := math.Abs(float64(y[i*n+j])-f), qamxGamma(c.k)*mag+1e-30; !(d <= tol) {
+						t.Fatalf("%v k=%d threads=%d: y[%d][%d] = %g, want %g (off %g, bound %g)",
+							c.typ, c.k, threads, i, j, y[i*n+j], f, d, tol)
+					}
+				}
+			}
+		}
+	}
+}
+
 // TestQamxStride: rows of y past n_out are left as they were, on bf16
 // panels (Q4_K) and on AMX-INT8 (Q8_0 with 13 rows, where the CPU has it).
 func TestQamxStride(t *testing.T) {
