@@ -6,12 +6,20 @@
 // Built and run by run.sh; the figures are in bench/RESULTS.md.
 //
 //	qkernels TYPE N K M ITERS   (TYPE: ggml's number, 8 Q8_0, 12 Q4_K, 13 Q5_K, 14 Q6_K)
+//
+// and, for a one-stream decode's bandwidth, in wall time on THREADS
+// threads: a Q8_0 matrix x one row by bd_qgemm (as the daemon runs it)
+// against bd_qgemm_read_sum reading the same bytes, each the best of ITERS
+// calls taken alternately, so both see the same caches and neighbours:
+//
+//	qkernels stream N K THREADS ITERS
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "dequant.h"
 #include "qamx.h"
 #include "qgemm.h"
 
@@ -21,9 +29,50 @@ static double cpu_now(void) {
     return t.tv_sec + t.tv_nsec * 1e-9;
 }
 
+static double wall_now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+static int stream(long n, long k, int threads, int iters) {
+    if (n <= 0 || k <= 0 || k % 32 != 0 || threads < 1 || iters < 1) {
+        fprintf(stderr, "stream: N, K, THREADS, ITERS positive; K whole blocks of 32\n");
+        return 2;
+    }
+    const long wb = n * (k / 32) * 34, rb = (wb + 127) / 128 * 128;
+    uint8_t *w = aligned_alloc(4096, (rb + 4095) / 4096 * 4096);
+    srand(1);
+    for (long i = 0; i < rb; i++) w[i] = (uint8_t)rand();
+    for (long b = 0; b < wb; b += 34) w[b] = 0, w[b + 1] = 0x20;
+    float *x = malloc(k * 4), *y = malloc(n * 4);
+    for (long i = 0; i < k; i++) x[i] = rand() / (float)RAND_MAX;
+    const long nq = bd_qgemm_work_bytes(8, k, 1);
+    void *wq = aligned_alloc(64, (nq + 63) & ~63L);
+    double best_q = 1e9, best_r = 1e9;
+    volatile uint64_t sink = 0;
+    for (int i = 0; i < iters; i++) {
+        double t0 = wall_now();
+        if (bd_qgemm(8, w, wb, n, k, x, 1, y, n, BD_ISA_AUTO, threads, wq, nq) != 0) return 1;
+        double t = wall_now() - t0;
+        if (t < best_q) best_q = t;
+        t0 = wall_now();
+        sink += bd_qgemm_read_sum(w, rb, threads);
+        t = wall_now() - t0;
+        if (t < best_r) best_r = t;
+    }
+    printf("Q8_0 %ld x %ld (%.1f MB), one row, %d threads, best of %d: qgemm %.3f ms (%.1f GB/s), "
+           "reading the same bytes %.3f ms (%.1f GB/s): %.2f of the read\n",
+            n, k, wb / 1e6, threads, iters, best_q * 1e3, wb / best_q / 1e9, best_r * 1e3, rb / best_r / 1e9,
+            (wb / best_q) / (rb / best_r));
+    return 0;
+}
+
 int main(int argc, char **argv) {
+    if (argc == 6 && !strcmp(argv[1], "stream")) return stream(atol(argv[2]), atol(argv[3]), atoi(argv[4]), atoi(argv[5]));
     if (argc != 6) {
-        fprintf(stderr, "usage: qkernels TYPE N K M ITERS (TYPE 8 Q8_0, 12 Q4_K, 13 Q5_K, 14 Q6_K)\n");
+        fprintf(stderr, "usage: qkernels TYPE N K M ITERS (TYPE 8 Q8_0, 12 Q4_K, 13 Q5_K, 14 Q6_K)\n"
+                        "       qkernels stream N K THREADS ITERS\n");
         return 2;
     }
     const int type = atoi(argv[1]), iters = atoi(argv[5]);

@@ -5,6 +5,8 @@
 #
 #   bash bench/qkernels/run.sh TYPE N K M ITERS
 #   e.g. bash bench/qkernels/run.sh 12 2816 1024 16 20   (Q4_K, 16 rows)
+#   bash bench/qkernels/run.sh stream N K THREADS ITERS
+#   e.g. bash bench/qkernels/run.sh stream 128256 1024 2 20   (a Q8_0 lm_head, one row)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 src=$root/runtime/onednn
