@@ -807,11 +807,12 @@ int bd_qamx(int wtype, const void *w, int64_t w_bytes, int64_t n_out, int64_t k,
     // Panels are handed out in chunks as threads ask: a prefill's product
     // runs for milliseconds, and on a shared host one core is often slowed
     // by another tenant, which left the other waiting at the barrier under
-    // a static split. A chunk is a whole number of decode groups, about
-    // eight a thread.
-    const int64_t grp = qa_overlap(k, m) ? 1 : qa_group(k);
-    int64_t chunk = panels / (8 * (int64_t)nt);
-    chunk = chunk < grp ? grp : chunk / grp * grp;
+    // a static split. About four chunks a thread, at most a decode group
+    // each (whole groups of 8 on 16 threads left 176 panels in 22 chunks:
+    // two rounds for six threads, one for ten).
+    const int64_t grp = qa_overlap(k, m) ? panels : qa_group(k);
+    int64_t chunk = (panels + 4 * (int64_t)nt - 1) / (4 * (int64_t)nt);
+    if (chunk > grp) chunk = grp;
     int64_t next = 0;
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
