@@ -4,15 +4,17 @@
 //   tmm0-3  C: f32 [16 weight rows][16 activation rows], one per 16 rows of
 //           an m-block of up to 64 activation rows
 //   tmm4    A: bf16 [16 weight rows][32 k], a strip of the panel
-//   tmm5-6  B: bf16 pairs [16 k pairs][16 activation rows][2], from xb
+//           (tmm4-5 with one m tile)
+//   tmm5-7  B: bf16 pairs [16 k pairs][16 activation rows][2], from xb
 // So C = W·Xᵀ for 16 weight rows at a time: the weights are the A operand,
 // read from the panel row-major as dequantized, and the activations, whose
 // pair-interleaved layout the tile unit wants, are laid out once per call.
 //
 // Scratch (64-byte aligned): xb, the activations as bf16 tiles
-// [m tiles][k/32][16 pairs][16 rows][2], zeros past m; then per thread a
-// panel bf16 [16][k], an f32 row [k] for the types decoded through
-// dequant.c, and a C tile's f32 [16][16].
+// [m tiles][k/32][16 pairs][16 rows][2], zeros past m; then per thread
+// up to 8 panels bf16 [16][k] (qa_group), an f32 row [k] for the types
+// decoded through dequant.c, and the C tiles f32 [16][16] of four m tiles
+// for each panel of a group.
 
 #include "qamx.h"
 
