@@ -1,6 +1,7 @@
 package onednn
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"testing"
@@ -81,28 +82,37 @@ func TestQamxMatchesFloat64(t *testing.T) {
 				for _, threads := range []int{1, 2, 3} {
 					y := make([]float32, m*n)
 					qamxGuarded(t, typ, w, n, k, x, m, y, threads, qamxNoInt8)
-					for i := range m {
-						for j := range n {
-							var f, mag float64
-							for l := range k {
-								p := float64(wf[j*k+l]) * float64(x[i*k+l])
-								f += p
-								mag += math.Abs(p)
-							}
-							tol := qamxGamma(k)*mag + 1e-30
-							if d := math.Abs(float64(y[i*n+j]) - f); !(d <= tol) {
-								t.Fatalf("%v k=%d m=%d threads=%d: y[%d][%d] = %g, want %g (off %g, bound %g)",
-									typ, k, m, threads, i, j, y[i*n+j], f, d, tol)
-							} else if tol > 0 {
-								worst = max(worst, d/tol)
-							}
-						}
-					}
+					worst = max(worst, qamxWithinBound(t, fmt.Sprintf("%v k=%d m=%d threads=%d", typ, k, m, threads), wf, x, y, m, n, k))
 				}
 			}
 		}
 		t.Logf("%v: worst output used %.3g of the bound", typ, worst)
 	}
+}
+
+// qamxWithinBound fails the test unless every y[i][j] is within
+// qamxGamma(k) of the float64 product of row i of x and row j of the
+// dequantized weights wf, and returns the largest share of the bound used.
+func qamxWithinBound(t *testing.T, what string, wf, x, y []float32, m, n, k int) float64 {
+	t.Helper()
+	worst := 0.0
+	for i := range m {
+		for j := range n {
+			var f, mag float64
+			for l := range k {
+				p := float64(wf[j*k+l]) * float64(x[i*k+l])
+				f += p
+				mag += math.Abs(p)
+			}
+			tol := qamxGamma(k)*mag + 1e-30
+			if d := math.Abs(float64(y[i*n+j]) - f); !(d <= tol) {
+				t.Fatalf("%s: y[%d][%d] = %g, want %g (off %g, bound %g)", what, i, j, y[i*n+j], f, d, tol)
+			} else if tol > 0 {
+				worst = max(worst, d/tol)
+			}
+		}
+	}
+	return worst
 }
 
 // TestQamxGroups runs the bf16 path where a thread's panels come in
@@ -125,20 +135,7 @@ func TestQamxGroups(t *testing.T) {
 		for _, threads := range []int{1, 2, 3} {
 			y := make([]float32, m*n)
 			qamxGuarded(t, c.typ, w, n, c.k, x, m, y, threads, qamxNoInt8)
-			for i := range m {
-				for j := range n {
-					var f, mag float64
-					for l := range c.k {
-						p := float64(wf[j*c.k+l]) * float64(x[i*c.k+l])
-						f += p
-						mag += math.Abs(p)
-					}
-					if d, tol := math.Abs(float64(y[i*n+j])-f), qamxGamma(c.k)*mag+1e-30; !(d <= tol) {
-						t.Fatalf("%v k=%d threads=%d: y[%d][%d] = %g, want %g (off %g, bound %g)",
-							c.typ, c.k, threads, i, j, y[i*n+j], f, d, tol)
-					}
-				}
-			}
+			qamxWithinBound(t, fmt.Sprintf("%v k=%d threads=%d", c.typ, c.k, threads), wf, x, y, m, n, c.k)
 		}
 	}
 }
