@@ -19,6 +19,9 @@
     } while (0)
 
 // Work below this many elements is not worth waking OpenMP threads for.
+// Such work runs outside any OpenMP region: a region with
+// if(0) still builds a team, a malloc and a free in libgomp, and a decode
+// step runs a few hundred of these small ops.
 #define BD_PAR_MIN (1 << 15)
 
 // Ops below about this much work (flops, or elements × 8) run on one thread:
@@ -441,13 +444,35 @@ void bd_mask_fill(const bd_device *d, const float *x, const void *mask,
     }
 }
 
-// Copies and conversions below this many bytes run on one thread.
 #define BD_PAR_BYTES (1 << 18)
+
+void bd_add(const bd_device *d, const float *a, const float *b, int64_t n, float *out) {
+    int64_t chunks = (n * 4 + BD_PAR_BYTES - 1) / BD_PAR_BYTES;
+    if (chunks <= 1) {
+#pragma omp simd
+        for (int64_t i = 0; i < n; i++) out[i] = a[i] + b[i];
+        return;
+    }
+    const int64_t per = BD_PAR_BYTES / 4;
+    omp_set_num_threads(d->nthreads);
+#pragma omp parallel for
+    for (int64_t c = 0; c < chunks; c++) {
+        const int64_t i1 = (c + 1) * per < n ? (c + 1) * per : n;
+#pragma omp simd
+        for (int64_t i = c * per; i < i1; i++) out[i] = a[i] + b[i];
+    }
+}
+
+// Copies and conversions below BD_PAR_BYTES run on one thread.
 
 void bd_copy(const bd_device *d, const void *src, void *dst, int64_t bytes) {
     int64_t chunks = (bytes + BD_PAR_BYTES - 1) / BD_PAR_BYTES;
+    if (chunks <= 1) {
+        memcpy(dst, src, (size_t)bytes);
+        return;
+    }
     omp_set_num_threads(d->nthreads);
-#pragma omp parallel for if (chunks > 1)
+#pragma omp parallel for
     for (int64_t c = 0; c < chunks; c++) {
         int64_t off = c * BD_PAR_BYTES;
         int64_t len = bytes - off < BD_PAR_BYTES ? bytes - off : BD_PAR_BYTES;
@@ -461,8 +486,13 @@ int64_t bd_gather(const bd_device *d, const void *table, int64_t v,
     for (int64_t i = 0; i < n; i++)
         if (idx[i] < 0 || (int64_t)idx[i] >= v) return i;
     const size_t row = (size_t)(dim * elem);
+    if (n * dim < BD_PAR_MIN) {
+        for (int64_t i = 0; i < n; i++)
+            memcpy((char *)out + i * row, (const char *)table + (int64_t)idx[i] * row, row);
+        return -1;
+    }
     omp_set_num_threads(d->nthreads);
-#pragma omp parallel for if (n * dim >= BD_PAR_MIN)
+#pragma omp parallel for
     for (int64_t i = 0; i < n; i++)
         memcpy((char *)out + i * row, (const char *)table + (int64_t)idx[i] * row, row);
     return -1;
@@ -705,90 +735,111 @@ static inline __attribute__((always_inline)) void store(void *p, int bf16, int64
 // elements at a time, so bf16 and f32 share one vectorisable loop.
 #define BD_CHUNK 1024
 
+static inline __attribute__((always_inline)) void rms_row(const void *x, int bf16, const float *w,
+        int64_t r, int64_t n, float eps, void *out) {
+    float buf[BD_CHUNK];
+    float ss = 0.0f;
+    for (int64_t c = 0; c < n; c += BD_CHUNK) {
+        int64_t len = n - c < BD_CHUNK ? n - c : BD_CHUNK;
+        load(x, bf16, r * n + c, len, buf);
+#pragma omp simd reduction(+ : ss)
+        for (int64_t j = 0; j < len; j++) ss += buf[j] * buf[j];
+    }
+    float inv = 1.0f / sqrtf(ss / (float)n + eps);
+    for (int64_t c = 0; c < n; c += BD_CHUNK) {
+        int64_t len = n - c < BD_CHUNK ? n - c : BD_CHUNK;
+        load(x, bf16, r * n + c, len, buf);
+#pragma omp simd
+        for (int64_t j = 0; j < len; j++) buf[j] = buf[j] * inv * w[c + j];
+        store(out, bf16, r * n + c, len, buf);
+    }
+}
+
 void bd_rms_norm(const bd_device *d, const void *x, int bf16, const float *w,
         int64_t rows, int64_t n, float eps, void *out) {
+    if (rows * n < BD_PAR_MIN) { // outside any OpenMP region: see BD_PAR_MIN
+        for (int64_t r = 0; r < rows; r++) rms_row(x, bf16, w, r, n, eps, out);
+        return;
+    }
     omp_set_num_threads(d->nthreads);
-#pragma omp parallel for if (rows * n >= BD_PAR_MIN)
-    for (int64_t r = 0; r < rows; r++) {
-        float buf[BD_CHUNK];
-        float ss = 0.0f;
-        for (int64_t c = 0; c < n; c += BD_CHUNK) {
-            int64_t len = n - c < BD_CHUNK ? n - c : BD_CHUNK;
-            load(x, bf16, r * n + c, len, buf);
-#pragma omp simd reduction(+ : ss)
-            for (int64_t j = 0; j < len; j++) ss += buf[j] * buf[j];
-        }
-        float inv = 1.0f / sqrtf(ss / (float)n + eps);
-        for (int64_t c = 0; c < n; c += BD_CHUNK) {
-            int64_t len = n - c < BD_CHUNK ? n - c : BD_CHUNK;
-            load(x, bf16, r * n + c, len, buf);
+#pragma omp parallel for
+    for (int64_t r = 0; r < rows; r++) rms_row(x, bf16, w, r, n, eps, out);
+}
+
+static inline __attribute__((always_inline)) void swiglu_row(const void *x, int bf16, int64_t r,
+        int64_t inter, void *out, int avx512) {
+    if (!bf16 && avx512) {
+        // f32 in place: no stack copies (they were half the op's time
+        // at a 512-token prefill, whose rows are past the L2).
+        const float *xr = (const float *)x + r * 2 * inter;
+        bd_silu_mul_avx512(xr, xr + inter, (float *)out + r * inter, inter);
+        return;
+    }
+    float g[BD_CHUNK], u[BD_CHUNK];
+    for (int64_t c = 0; c < inter; c += BD_CHUNK) {
+        int64_t len = inter - c < BD_CHUNK ? inter - c : BD_CHUNK;
+        load(x, bf16, r * 2 * inter + c, len, g);
+        load(x, bf16, r * 2 * inter + inter + c, len, u);
+        if (avx512) {
+            bd_silu_mul_avx512(g, u, g, len);
+        } else {
 #pragma omp simd
-            for (int64_t j = 0; j < len; j++) buf[j] = buf[j] * inv * w[c + j];
-            store(out, bf16, r * n + c, len, buf);
+            for (int64_t j = 0; j < len; j++) g[j] = g[j] / (1.0f + expf(-g[j])) * u[j];
         }
+        if (bf16 && avx512)
+            bd_f32_to_bf16_avx512(g, (uint16_t *)out + r * inter + c, len);
+        else
+            store(out, bf16, r * inter + c, len, g);
     }
 }
 
 void bd_swiglu(const bd_device *d, const void *x, int bf16, int64_t rows,
         int64_t inter, void *out) {
     int avx512 = bd_have_avx512();
+    if (rows * inter < BD_PAR_MIN / 4) {
+        for (int64_t r = 0; r < rows; r++) swiglu_row(x, bf16, r, inter, out, avx512);
+        return;
+    }
     omp_set_num_threads(d->nthreads);
-#pragma omp parallel for if (rows * inter >= BD_PAR_MIN / 4)
-    for (int64_t r = 0; r < rows; r++) {
-        if (!bf16 && avx512) {
-            // f32 in place: no stack copies (they were half the op's time
-            // at a 512-token prefill, whose rows are past the L2).
-            const float *xr = (const float *)x + r * 2 * inter;
-            bd_silu_mul_avx512(xr, xr + inter, (float *)out + r * inter, inter);
-            continue;
-        }
-        float g[BD_CHUNK], u[BD_CHUNK];
-        for (int64_t c = 0; c < inter; c += BD_CHUNK) {
-            int64_t len = inter - c < BD_CHUNK ? inter - c : BD_CHUNK;
-            load(x, bf16, r * 2 * inter + c, len, g);
-            load(x, bf16, r * 2 * inter + inter + c, len, u);
-            if (avx512) {
-                bd_silu_mul_avx512(g, u, g, len);
-            } else {
+#pragma omp parallel for
+    for (int64_t r = 0; r < rows; r++) swiglu_row(x, bf16, r, inter, out, avx512);
+}
+
+static inline __attribute__((always_inline)) void rope_row(const void *x, int bf16, const int32_t *pos,
+        const float *inv_freq, int64_t ti, int64_t h, int64_t dim, int64_t half, void *out) {
+    // dim <= runtime.MaxHeadDim (1024): the tables fit the stack.
+    float cs[512], sn[512], a[512], b[512];
+    float p = (float)pos[ti];
+    for (int64_t i = 0; i < half; i++) {
+        float ang = p * inv_freq[i]; // f32, as HF computes it
+        cs[i] = cosf(ang);
+        sn[i] = sinf(ang);
+    }
+    for (int64_t hi = 0; hi < h; hi++) {
+        int64_t off = (ti * h + hi) * dim;
+        load(x, bf16, off, half, a);
+        load(x, bf16, off + half, half, b);
+        float ra[512], rb[512];
 #pragma omp simd
-                for (int64_t j = 0; j < len; j++) g[j] = g[j] / (1.0f + expf(-g[j])) * u[j];
-            }
-            if (bf16 && avx512)
-                bd_f32_to_bf16_avx512(g, (uint16_t *)out + r * inter + c, len);
-            else
-                store(out, bf16, r * inter + c, len, g);
+        for (int64_t i = 0; i < half; i++) {
+            ra[i] = a[i] * cs[i] - b[i] * sn[i];
+            rb[i] = b[i] * cs[i] + a[i] * sn[i];
         }
+        store(out, bf16, off, half, ra);
+        store(out, bf16, off + half, half, rb);
     }
 }
 
 void bd_rope(const bd_device *d, const void *x, int bf16, const int32_t *pos,
         const float *inv_freq, int64_t t, int64_t h, int64_t dim, void *out) {
     int64_t half = dim / 2;
-    omp_set_num_threads(d->nthreads);
-#pragma omp parallel for if (t * h * dim >= BD_PAR_MIN)
-    for (int64_t ti = 0; ti < t; ti++) {
-        // dim <= runtime.MaxHeadDim (1024): the tables fit the stack.
-        float cs[512], sn[512], a[512], b[512];
-        float p = (float)pos[ti];
-        for (int64_t i = 0; i < half; i++) {
-            float ang = p * inv_freq[i]; // f32, as HF computes it
-            cs[i] = cosf(ang);
-            sn[i] = sinf(ang);
-        }
-        for (int64_t hi = 0; hi < h; hi++) {
-            int64_t off = (ti * h + hi) * dim;
-            load(x, bf16, off, half, a);
-            load(x, bf16, off + half, half, b);
-            float ra[512], rb[512];
-#pragma omp simd
-            for (int64_t i = 0; i < half; i++) {
-                ra[i] = a[i] * cs[i] - b[i] * sn[i];
-                rb[i] = b[i] * cs[i] + a[i] * sn[i];
-            }
-            store(out, bf16, off, half, ra);
-            store(out, bf16, off + half, half, rb);
-        }
+    if (t * h * dim < BD_PAR_MIN) {
+        for (int64_t ti = 0; ti < t; ti++) rope_row(x, bf16, pos, inv_freq, ti, h, dim, half, out);
+        return;
     }
+    omp_set_num_threads(d->nthreads);
+#pragma omp parallel for
+    for (int64_t ti = 0; ti < t; ti++) rope_row(x, bf16, pos, inv_freq, ti, h, dim, half, out);
 }
 
 int64_t bd_kv_write(const bd_device *d, const void *x, const int32_t *slots,

@@ -140,6 +140,9 @@ void bd_l2_normalize(const bd_device *d, const float *x, int64_t rows,
 void bd_mask_fill(const bd_device *d, const float *x, const void *mask,
         int mask_i32, int64_t b, int64_t rows, int64_t n, float *out);
 
+// bd_add: out = a + b, n f32 each (the same shape: a residual).
+void bd_add(const bd_device *d, const float *a, const float *b, int64_t n, float *out);
+
 // bd_copy copies bytes from src to dst with the device's threads.
 void bd_copy(const bd_device *d, const void *src, void *dst, int64_t bytes);
 

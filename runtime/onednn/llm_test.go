@@ -195,6 +195,7 @@ func TestRMSNorm(t *testing.T) {
 		{[]int{5, 896}, 1e-6},
 		{[]int{2, 1500}, 1e-6},  // longer than the kernel's chunk
 		{[]int{4, 3, 64}, 1e-6}, // Qwen3's per-head q/k norm: [T,H,D], weight [D]
+		{[]int{40, 1024}, 1e-6}, // rows on the device's threads
 		{[]int{2, 8}, 0},
 	}
 	for _, dt := range floatTypes {
@@ -264,7 +265,7 @@ func invFreq(d int, theta float64) []float32 {
 func TestRoPE(t *testing.T) {
 	d := openTest(t, runtime.DeviceSpec{})
 	r := newRand(t)
-	tests := []struct{ t, h, d int }{{1, 1, 2}, {3, 2, 8}, {7, 14, 64}, {5, 2, 128}}
+	tests := []struct{ t, h, d int }{{1, 1, 2}, {3, 2, 8}, {7, 14, 64}, {5, 2, 128}, {40, 16, 64}}
 	for _, dt := range floatTypes {
 		for _, tc := range tests {
 			t.Run(fmt.Sprintf("%s/%dx%dx%d", dt, tc.t, tc.h, tc.d), func(t *testing.T) {

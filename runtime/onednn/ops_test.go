@@ -263,6 +263,7 @@ func TestAdd(t *testing.T) {
 		{[]int{64, 100}, true},
 		{[]int{2, 5, 17}, false},
 		{[]int{2, 5, 17}, true},
+		{[]int{300, 1001}, false}, // bd_add in chunks on the device's threads, the last one short
 	}
 	for _, tt := range tests {
 		t.Run(fmt.Sprintf("%v/bcast=%v", tt.shape, tt.bcast), func(t *testing.T) {
@@ -603,6 +604,36 @@ func TestReshape(t *testing.T) {
 			}
 			checkClose(t, got, to64(x), 0)
 		})
+	}
+}
+
+// TestReshapeIntermediate reshapes intermediates: t1, read again later,
+// is copied (were its buffer taken over, t2's release after op 2 would
+// hand it to t4, which overwrites t1 before op 5 reads it); t3, read by
+// nothing after its reshape, has its buffer taken over.
+func TestReshapeIntermediate(t *testing.T) {
+	d := openTest(t, runtime.DeviceSpec{})
+	x := randVec(newRand(t), 4*6)
+	g := &runtime.Graph{Ops: []runtime.Op{
+		{Kind: runtime.OpReLU, In: []string{"x"}, Out: "t1"},
+		{Kind: runtime.OpReshape, In: []string{"t1"}, Out: "t2", Shape: []int{24}},
+		{Kind: runtime.OpTanh, In: []string{"t2"}, Out: "t3"},
+		{Kind: runtime.OpTanh, In: []string{"x"}, Out: "t4"},
+		{Kind: runtime.OpReshape, In: []string{"t3"}, Out: "t5", Shape: []int{4, 6}},
+		{Kind: runtime.OpAdd, In: []string{"t1", "t5"}, Out: "t6"},
+		{Kind: runtime.OpAdd, In: []string{"t6", "t4"}, Out: "y"},
+	}}
+	want := make([]float64, len(x))
+	for i, v := range x {
+		r := math.Max(float64(v), 0)
+		want[i] = r + math.Tanh(r) + math.Tanh(float64(v))
+	}
+	for range 3 { // later runs reuse pooled buffers
+		got, err := runGraph(t, d, g, []input{f32In("x", x, 4, 6)}, "y", []int{4, 6})
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkClose(t, got, want, tolF32)
 	}
 }
 
