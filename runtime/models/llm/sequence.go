@@ -340,15 +340,61 @@ func (s *Sequence) plainGreedy() bool {
 }
 
 // argmax32 is pick's greedy choice on float32 logits: the first index of
-// the largest value (a NaN never wins; ties go to the lowest id).
+// the largest value (a NaN never wins; ties go to the lowest id; as in
+// pick, nothing compares above a NaN first logit, so that one stays).
+// The largest value is found first on eight independent running maxima
+// (one running max is a chain of dependent compares: 4 cycles a logit,
+// 0.2 ms a token at a 150k vocabulary), then its first index.
 func argmax32(x []float32) int32 {
-	best, bv := 0, x[0]
-	for i, v := range x {
-		if v > bv {
-			best, bv = i, v
+	m := x[0]
+	if m != m {
+		return 0
+	}
+	m0, m1, m2, m3, m4, m5, m6, m7 := m, m, m, m, m, m, m, m
+	i := 0
+	for ; i+8 <= len(x); i += 8 {
+		c := x[i : i+8 : i+8]
+		if c[0] > m0 {
+			m0 = c[0]
+		}
+		if c[1] > m1 {
+			m1 = c[1]
+		}
+		if c[2] > m2 {
+			m2 = c[2]
+		}
+		if c[3] > m3 {
+			m3 = c[3]
+		}
+		if c[4] > m4 {
+			m4 = c[4]
+		}
+		if c[5] > m5 {
+			m5 = c[5]
+		}
+		if c[6] > m6 {
+			m6 = c[6]
+		}
+		if c[7] > m7 {
+			m7 = c[7]
 		}
 	}
-	return int32(best)
+	for _, v := range x[i:] {
+		if v > m0 {
+			m0 = v
+		}
+	}
+	for _, v := range [...]float32{m1, m2, m3, m4, m5, m6, m7} {
+		if v > m0 {
+			m0 = v
+		}
+	}
+	for i, v := range x {
+		if v == m0 {
+			return int32(i)
+		}
+	}
+	return 0 // not reached: m0 is one of x's values
 }
 
 // penalise applies the penalties to the logits x in place (plainGreedy

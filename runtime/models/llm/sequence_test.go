@@ -389,11 +389,19 @@ func TestPlainGreedyMatchesPick(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 4))
 	nan := float32(math.NaN())
 	cases := [][]float32{{1, 3, 3, 2}, {nan, 1, 2}, {1, nan, 5, 5}, {-1, -1, -1}, {float32(math.Inf(1)), 2, float32(math.Inf(1))}}
-	for range 20 {
-		x := make([]float32, 1000)
+	for i := range 20 {
+		x := make([]float32, 1000+i%9) // argmax32 runs 8 lanes, then the rest
 		for i := range x {
 			x[i] = float32(math.Round(rng.NormFloat64()*8) / 4) // ties
 		}
+		cases = append(cases, x)
+	}
+	tail := make([]float32, 13) // the largest past the last whole 8, after a NaN
+	tail[3], tail[12] = nan, 1
+	cases = append(cases, tail, []float32{2, nan, 2, 9, 9, 1, 1, 1, 1, 9})
+	for lane := range 8 { // the largest in one lane only
+		x := make([]float32, 16)
+		x[8+lane] = 5
 		cases = append(cases, x)
 	}
 	for _, x := range cases {
