@@ -13,6 +13,15 @@
 // calls taken alternately, so both see the same caches and neighbours:
 //
 //	qkernels stream N K THREADS ITERS
+//
+// and a whole decode token's products: one row through every Q8_0 matrix of
+// a llama-style decoder (per layer q, k, v, o, gate and up as one, down;
+// then the output head), each its own allocation as the engine holds them,
+// in the engine's order, against one plain read of all those bytes: the
+// time a token's weights cost with nothing else in the step.
+//
+//	qkernels token LAYERS HIDDEN KVDIM INTER VOCAB THREADS ITERS
+//	e.g. qkernels token 12 1024 256 2816 128256 2 10   (llama-12x1024)
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -68,11 +77,72 @@ static int stream(long n, long k, int threads, int iters) {
     return 0;
 }
 
+// A Q8_0 matrix of random quants, every block's scale 2^-7.
+static uint8_t *q8_matrix(long n, long k, long *bytes) {
+    *bytes = n * (k / 32) * 34;
+    uint8_t *w = aligned_alloc(4096, (*bytes + 4095) / 4096 * 4096);
+    if (!w) return NULL;
+    for (long i = 0; i < *bytes; i++) w[i] = (uint8_t)rand();
+    for (long b = 0; b < *bytes; b += 34) w[b] = 0, w[b + 1] = 0x20;
+    return w;
+}
+
+static int token(long layers, long hidden, long kvdim, long inter, long vocab, int threads, int iters) {
+    if (layers <= 0 || layers > 256 || hidden <= 0 || hidden % 32 || kvdim <= 0 || inter <= 0 || inter % 32 ||
+            vocab <= 0 || threads < 1 || iters < 1) {
+        fprintf(stderr, "token: sizes positive, HIDDEN and INTER whole blocks of 32, LAYERS at most 256\n");
+        return 2;
+    }
+    // Per layer: q, k, v, o, gate and up, down (rows x k); then the head.
+    const long per = 6, nm = layers * per + 1;
+    const long rows[6] = {hidden, kvdim, kvdim, hidden, 2 * inter, hidden}, ks[6] = {hidden, hidden, hidden, hidden, hidden, inter};
+    long *n = malloc(nm * sizeof(long)), *k = malloc(nm * sizeof(long)), *wb = malloc(nm * sizeof(long));
+    uint8_t **w = malloc(nm * sizeof(uint8_t *));
+    if (!n || !k || !wb || !w) return 1;
+    srand(1);
+    long total = 0, most = 0;
+    for (long i = 0; i < nm; i++) {
+        n[i] = i == nm - 1 ? vocab : rows[i % per];
+        k[i] = i == nm - 1 ? hidden : ks[i % per];
+        if (!(w[i] = q8_matrix(n[i], k[i], &wb[i]))) return 1;
+        total += wb[i];
+        if (n[i] > most) most = n[i];
+    }
+    const long widest = inter > hidden ? inter : hidden;
+    float *x = malloc(widest * 4), *y = malloc(most * 4);
+    for (long i = 0; i < widest; i++) x[i] = rand() / (float)RAND_MAX;
+    const long nq = bd_qgemm_work_bytes(8, widest, 1);
+    void *wq = aligned_alloc(64, (nq + 63) & ~63L);
+    double best_t = 1e9, best_r = 1e9;
+    volatile uint64_t sink = 0;
+    for (int it = 0; it < iters; it++) {
+        double t0 = wall_now();
+        for (long i = 0; i < nm; i++)
+            if (bd_qgemm(8, w[i], wb[i], n[i], k[i], x, 1, y, n[i], BD_ISA_AUTO, threads, wq, nq) != 0) return 1;
+        double t = wall_now() - t0;
+        if (t < best_t) best_t = t;
+        t0 = wall_now();
+        for (long i = 0; i < nm; i++) sink += bd_qgemm_read_sum(w[i], wb[i] / 128 * 128, threads);
+        t = wall_now() - t0;
+        if (t < best_r) best_r = t;
+    }
+    printf("Q8_0 token, %ld layers (hidden %ld, kv %ld, intermediate %ld) and a %ld-row head, %.1f MB, one row, "
+           "%d threads, best of %d: the products %.3f ms (%.1f GB/s, %.1f tokens/s at most), reading the same "
+           "bytes %.3f ms (%.1f GB/s): %.2f of the read\n",
+            layers, hidden, kvdim, inter, vocab, total / 1e6, threads, iters, best_t * 1e3, total / best_t / 1e9,
+            1 / best_t, best_r * 1e3, total / best_r / 1e9, best_r / best_t);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if (argc == 6 && !strcmp(argv[1], "stream")) return stream(atol(argv[2]), atol(argv[3]), atoi(argv[4]), atoi(argv[5]));
+    if (argc == 9 && !strcmp(argv[1], "token"))
+        return token(atol(argv[2]), atol(argv[3]), atol(argv[4]), atol(argv[5]), atol(argv[6]), atoi(argv[7]),
+                atoi(argv[8]));
     if (argc != 6) {
         fprintf(stderr, "usage: qkernels TYPE N K M ITERS (TYPE 8 Q8_0, 12 Q4_K, 13 Q5_K, 14 Q6_K)\n"
-                        "       qkernels stream N K THREADS ITERS\n");
+                        "       qkernels stream N K THREADS ITERS\n"
+                        "       qkernels token LAYERS HIDDEN KVDIM INTER VOCAB THREADS ITERS\n");
         return 2;
     }
     const int type = atoi(argv[1]), iters = atoi(argv[5]);
