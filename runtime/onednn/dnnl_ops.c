@@ -444,6 +444,7 @@ void bd_mask_fill(const bd_device *d, const float *x, const void *mask,
     }
 }
 
+// Copies, conversions and adds below this many bytes run on one thread.
 #define BD_PAR_BYTES (1 << 18)
 
 void bd_add(const bd_device *d, const float *a, const float *b, int64_t n, float *out) {
@@ -462,8 +463,6 @@ void bd_add(const bd_device *d, const float *a, const float *b, int64_t n, float
         for (int64_t i = c * per; i < i1; i++) out[i] = a[i] + b[i];
     }
 }
-
-// Copies and conversions below BD_PAR_BYTES run on one thread.
 
 void bd_copy(const bd_device *d, const void *src, void *dst, int64_t bytes) {
     int64_t chunks = (bytes + BD_PAR_BYTES - 1) / BD_PAR_BYTES;
