@@ -464,6 +464,24 @@ void bd_add(const bd_device *d, const float *a, const float *b, int64_t n, float
     }
 }
 
+void bd_add_bias(const bd_device *d, float *y, const float *bias, int64_t rows, int64_t n) {
+    if (rows * n < BD_PAR_MIN) {
+        for (int64_t r = 0; r < rows; r++) {
+            float *yr = y + r * n;
+#pragma omp simd
+            for (int64_t j = 0; j < n; j++) yr[j] += bias[j];
+        }
+        return;
+    }
+    omp_set_num_threads(d->nthreads);
+#pragma omp parallel for
+    for (int64_t r = 0; r < rows; r++) {
+        float *yr = y + r * n;
+#pragma omp simd
+        for (int64_t j = 0; j < n; j++) yr[j] += bias[j];
+    }
+}
+
 void bd_copy(const bd_device *d, const void *src, void *dst, int64_t bytes) {
     int64_t chunks = (bytes + BD_PAR_BYTES - 1) / BD_PAR_BYTES;
     if (chunks <= 1) {

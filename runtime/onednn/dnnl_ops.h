@@ -143,6 +143,9 @@ void bd_mask_fill(const bd_device *d, const float *x, const void *mask,
 // bd_add: out = a + b, n f32 each (the same shape: a residual).
 void bd_add(const bd_device *d, const float *a, const float *b, int64_t n, float *out);
 
+// bd_add_bias adds bias [n] to each of y's rows [rows,n] in place (f32).
+void bd_add_bias(const bd_device *d, float *y, const float *bias, int64_t rows, int64_t n);
+
 // bd_copy copies bytes from src to dst with the device's threads.
 void bd_copy(const bd_device *d, const void *src, void *dst, int64_t bytes);
 

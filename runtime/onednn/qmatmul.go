@@ -43,7 +43,7 @@ func (d *Device) qmatmul(s *runtime.Step, x, w, bias, y unsafe.Pointer) error {
 		if err != nil {
 			return fmt.Errorf("%s: %w", s, err)
 		}
-		addBias(y, bias, m, n)
+		d.addBias(y, bias, m, n)
 		return nil
 	case m >= d.qPrefillRows && d.qPrefillRows > 0:
 		return d.qmatmulDequant(s, q, x, w, bias, y)
@@ -57,23 +57,18 @@ func (d *Device) qmatmul(s *runtime.Step, x, w, bias, y unsafe.Pointer) error {
 	if err != nil {
 		return fmt.Errorf("%s: %w", s, err)
 	}
-	addBias(y, bias, m, n)
+	d.addBias(y, bias, m, n)
 	return nil
 }
 
-// addBias adds bias (n f32, or nil) to each of y's m rows of n.
-func addBias(y, bias unsafe.Pointer, m, n int) {
+// addBias adds bias (n f32, or nil) to each of y's m rows of n (in C: a
+// Go loop took about 10 ms of a 512-token Qwen2.5-0.5B prefill's q, k
+// and v biases).
+func (d *Device) addBias(y, bias unsafe.Pointer, m, n int) {
 	if bias == nil {
 		return
 	}
-	ys := unsafe.Slice((*float32)(y), m*n)
-	bs := unsafe.Slice((*float32)(bias), n)
-	for i := 0; i < m; i++ {
-		row := ys[i*n : (i+1)*n]
-		for j, b := range bs {
-			row[j] += b
-		}
-	}
+	C.bd_add_bias(d.c, (*C.float)(y), (*C.float)(bias), C.int64_t(m), C.int64_t(n))
 }
 
 // Prefill: a product of many rows is compute-bound, and oneDNN's bf16

@@ -64,7 +64,8 @@ func TestQuantizedWeightsThroughRun(t *testing.T) {
 				sliceRows      int  // 0: the default slices
 				amx            bool // qamx.c (on a CPU with AMX)
 			}{{1, defaultQPrefillRows, 0, false}, {5, defaultQPrefillRows, 0, false}, {33, defaultQPrefillRows, 0, false},
-				{5, 1, 16, false}, {40, 1, 7, false}, {3, defaultQPrefillRows, 0, true}, {70, defaultQPrefillRows, 0, true}} {
+				{5, 1, 16, false}, {40, 1, 7, false}, {3, defaultQPrefillRows, 0, true}, {70, defaultQPrefillRows, 0, true},
+				{1400, 1 << 20, 0, false}} { // qgemm with the bias added on the device's threads
 				if c.amx && !qamxAvailable() {
 					continue
 				}
