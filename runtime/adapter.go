@@ -148,6 +148,12 @@ const (
 	ActReLU
 	ActGELU // erf form, as BERT uses
 	ActTanh
+	// ActSwiGLU is not pointwise: the product's columns are [gate | up],
+	// and the op's output is silu(gate)·up, half as wide ([M,N/2]). Only
+	// for a matmul with block-quantized weights and no bias, where it
+	// saves writing the product and reading it back (a gated MLP's
+	// largest output).
+	ActSwiGLU
 )
 
 // OpKind names an op of the op graph.

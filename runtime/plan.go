@@ -254,7 +254,7 @@ func inferOp(op Op, in []TensorType) (TensorType, error) {
 	switch {
 	case op.Act != ActNone && op.Kind != OpMatMul:
 		return TensorType{}, fmt.Errorf("Act is only for matmul")
-	case op.Act > ActTanh:
+	case op.Act > ActSwiGLU:
 		return TensorType{}, fmt.Errorf("unknown activation %d", uint8(op.Act))
 	case op.TransB && op.Kind != OpMatMul && op.Kind != OpBatchMatMul:
 		return TensorType{}, fmt.Errorf("TransB is only for matmul and batch-matmul")
@@ -322,8 +322,11 @@ func inferOp(op Op, in []TensorType) (TensorType, error) {
 		if err := matmulTypes(a, w); err != nil {
 			return TensorType{}, err
 		}
-		if w.DType.Quantized() && (op.Act != ActNone || len(in) == 4) {
-			return TensorType{}, fmt.Errorf("a matmul with %s weights takes a bias but no activation or residual", w.DType)
+		if w.DType.Quantized() && (op.Act != ActNone && op.Act != ActSwiGLU || len(in) == 4) {
+			return TensorType{}, fmt.Errorf("a matmul with %s weights takes a bias or SwiGLU but no other activation or residual", w.DType)
+		}
+		if op.Act == ActSwiGLU && (!w.DType.Quantized() || len(in) != 2) {
+			return TensorType{}, fmt.Errorf("SwiGLU is only for a matmul with block-quantized weights and no bias")
 		}
 		kw, nn := w.Shape[0], w.Shape[1]
 		if op.TransB {
@@ -343,6 +346,12 @@ func inferOp(op Op, in []TensorType) (TensorType, error) {
 		dt, err := productType(op, a)
 		if err != nil {
 			return TensorType{}, err
+		}
+		if op.Act == ActSwiGLU {
+			if nn%2 != 0 {
+				return TensorType{}, fmt.Errorf("SwiGLU needs an even number of columns, not %d", nn)
+			}
+			nn /= 2
 		}
 		out := append(slices.Clone(a.Shape[:len(a.Shape)-1]), nn)
 		if len(in) == 4 {

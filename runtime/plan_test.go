@@ -19,6 +19,7 @@ func TestPlanGraphErrors(t *testing.T) {
 		"y": f32(4, 3), "y_wrong": f32(3, 4), "v": f32(8), "x3": f32(2, 4, 8), "i": f32(5),
 		"idx": i32(5), "idx2": i32(4, 8), "b16": {DType: BF16, Shape: []int{4, 8}}, "zero": f32(4, 0),
 		"b16w": {DType: BF16, Shape: []int{8, 3}},
+		"a32":  f32(4, 32), "q8": {DType: Q8_0, Shape: []int{6, 32}}, "q8odd": {DType: Q8_0, Shape: []int{3, 32}}, "bias6": f32(6),
 	}
 	mm := func(in ...string) Op { return Op{Kind: OpMatMul, In: in, Out: "y"} }
 	tests := []struct {
@@ -48,6 +49,11 @@ func TestPlanGraphErrors(t *testing.T) {
 		{"batch-matmul K", []Op{{Kind: OpBatchMatMul, In: []string{"x3", "x3"}, Out: "t"}}, "inner dimensions differ: In[0] has K=8, In[1] has K=4"},
 		{"activation on add", []Op{{Kind: OpAdd, In: []string{"a", "a"}, Out: "t", Act: ActReLU}}, "Act is only for matmul"},
 		{"unknown activation", []Op{{Kind: OpMatMul, In: []string{"a", "w"}, Out: "y", Act: 9}}, "unknown activation 9"},
+		{"GELU on quantized weights", []Op{{Kind: OpMatMul, In: []string{"a32", "q8"}, Out: "t", TransB: true, Act: ActGELU}}, "takes a bias or SwiGLU but no other activation or residual"},
+		{"SwiGLU on float weights", []Op{{Kind: OpMatMul, In: []string{"a", "wt"}, Out: "t", TransB: true, Act: ActSwiGLU}}, "SwiGLU is only for a matmul with block-quantized weights and no bias"},
+		{"SwiGLU with a bias", []Op{{Kind: OpMatMul, In: []string{"a32", "q8", "bias6"}, Out: "t", TransB: true, Act: ActSwiGLU}}, "SwiGLU is only for a matmul with block-quantized weights and no bias"},
+		{"SwiGLU on odd columns", []Op{{Kind: OpMatMul, In: []string{"a32", "q8odd"}, Out: "t", TransB: true, Act: ActSwiGLU}}, "SwiGLU needs an even number of columns, not 3"},
+		{"SwiGLU's output", []Op{{Kind: OpMatMul, In: []string{"a32", "q8"}, Out: "y_wrong", TransB: true, Act: ActSwiGLU}}, `output "y_wrong" is bound to [3,4] f32, want [4,3] f32`},
 		{"transB on add", []Op{{Kind: OpAdd, In: []string{"a", "a"}, Out: "t", TransB: true}}, "TransB is only for matmul and batch-matmul"},
 		{"scale on matmul", []Op{{Kind: OpMatMul, In: []string{"a", "w"}, Out: "y", Scale: 2}}, "Scale is only for batch-matmul"},
 		{"eps on softmax", []Op{{Kind: OpSoftmax, In: []string{"a"}, Out: "t", Eps: 1e-5}}, "Eps is only for layer-norm"},

@@ -65,6 +65,9 @@ type Device struct {
 	// products of up to 16 rows on bf16 panels (Options.NoAMXInt8).
 	qamxFlags int
 	qamxWork  scratchBuf
+	// swigluWork holds a SwiGLU matmul's product where qamx.c cannot
+	// apply SwiGLU itself (qmatmulSwiGLU).
+	swigluWork scratchBuf
 	// Products of a few rows by bf16 weights run on bd_qgemm below
 	// gemv16Rows rows (gemv16.go); gx and gy hold their f32 activations
 	// and output.
@@ -217,6 +220,7 @@ func (d *Device) release() {
 	d.qx.free()
 	d.qy.free()
 	d.qamxWork.free()
+	d.swigluWork.free()
 	d.gx.free()
 	d.gy.free()
 	C.bd_device_close(d.c)

@@ -29,6 +29,7 @@
 
 #include "dequant.h"
 #include "qgemm.h"
+#include "vec_avx512.h"
 
 #define QA_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,f16c,fma,amx-tile,amx-bf16")))
 #define QA_TARGET_I8 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,f16c,fma,amx-tile,amx-bf16,amx-int8")))
@@ -471,6 +472,27 @@ static QA_TARGET void qa_out(const float *cbuf, int mt, int64_t m0, int64_t m, f
     }
 }
 
+// qa_out's SwiGLU form: the C tiles of a gate panel (cg) and of its up
+// panel (cu), 16 columns, to y as silu(gate)·up by bd_silu_mul_avx512,
+// bd_swiglu's own kernel.
+static QA_TARGET void qa_out_swiglu(const float *cg, const float *cu, int mt, int64_t m0, int64_t m, float *y,
+        int64_t ldy, int64_t n0) {
+    float g[256] __attribute__((aligned(64))), u[256] __attribute__((aligned(64)));
+    for (int tt = 0; tt < mt; tt++) {
+        const int64_t r0 = m0 + 16 * tt;
+        const int rr = (int)(m - r0 < 16 ? m - r0 : 16);
+        __m512i v[16];
+        for (int n = 0; n < 16; n++) v[n] = _mm512_loadu_si512((const void *)(cg + 256 * tt + 16 * n));
+        qa_transpose16(v);
+        for (int r = 0; r < 16; r++) _mm512_store_si512((void *)(g + 16 * r), v[r]);
+        for (int n = 0; n < 16; n++) v[n] = _mm512_loadu_si512((const void *)(cu + 256 * tt + 16 * n));
+        qa_transpose16(v);
+        for (int r = 0; r < 16; r++) _mm512_store_si512((void *)(u + 16 * r), v[r]);
+        bd_silu_mul_avx512(g, u, g, 16 * rr);
+        for (int r = 0; r < rr; r++) _mm512_storeu_ps(y + (r0 + r) * ldy + n0, _mm512_load_ps(g + 16 * r));
+    }
+}
+
 // Panels a group holds (qa_pass_group): as many as fit in about 1 MiB,
 // from 2 to 8. A 64-row pass's activations (64 rows x k bf16: 608 KiB at
 // k 4864) do not stay in the L2 from one panel to the next, so a pass runs
@@ -539,8 +561,11 @@ static QA_TARGET void qa_pass_group(const uint16_t *panels, int np, int64_t k, c
     }
 }
 
+// qa_panels runs panels [p0,p1) of W; with swiglu, pairs [p0,p1): pair j
+// is gate panel j and up panel j + n_out/32, decoded side by side in a
+// group, and y gets silu(gate)·up (m >= QA_MB: the group passes only).
 static QA_TARGET void qa_panels(int t, const uint8_t *w, int64_t rowb, int64_t n_out, int64_t k, const uint16_t *xb,
-        int64_t m, float *y, int64_t ldy, int64_t p0, int64_t p1, uint8_t *mine) {
+        int64_t m, float *y, int64_t ldy, int64_t p0, int64_t p1, uint8_t *mine, int swiglu) {
     const int overlap = qa_overlap(k, m);
     const int64_t G = overlap ? 2 : qa_group(k);
     uint16_t *panels = (uint16_t *)mine; // G panels of bf16 [16][k]
@@ -572,6 +597,30 @@ static QA_TARGET void qa_panels(int t, const uint8_t *w, int64_t rowb, int64_t n
                 qa_out(cbuf, mt, m0, m, y, ldy, n0, nr);
             }
             if (more) qa_fill_to(&f, 16);
+        }
+    } else if (swiglu) {
+        // As below, a group holding G/2 pairs of gate and up panels.
+        const int64_t half = n_out / 32, GP = G / 2;
+        for (int64_t g0 = p0; g0 < p1; g0 += GP) {
+            const int np = (int)(p1 - g0 < GP ? p1 - g0 : GP);
+            for (int j = 0; j < 2 * np; j++) {
+                qa_fill_start(&f, t, w, rowb, n_out, k, tmp, panels + j * 16 * k, g0 + j / 2 + (j & 1) * half);
+                qa_fill_to(&f, 16);
+            }
+            for (int64_t m0 = 0; m0 < m; m0 += QA_MB) {
+                const int mt = (int)((m - m0 + 15) / 16 < 4 ? (m - m0 + 15) / 16 : 4);
+                const uint8_t *xm = (const uint8_t *)xb + (m0 / 16) * xstride;
+                if (mt == 4) qa_pass_group(panels, 2 * np, k, xm, xstride, cbuf);
+                for (int j = 0; j < np; j++) {
+                    const float *cg = cbuf + 2 * j * 1024, *cu = cg + 1024;
+                    if (mt < 4) {
+                        qa_pass(panels + 2 * j * 16 * k, k, xm, xstride, mt, NULL, cbuf);
+                        qa_pass(panels + (2 * j + 1) * 16 * k, k, xm, xstride, mt, NULL, cbuf + 1024);
+                        cg = cbuf, cu = cbuf + 1024;
+                    }
+                    qa_out_swiglu(cg, cu, mt, m0, m, y, ldy, 16 * (g0 + j));
+                }
+            }
         }
     } else {
         // A group of panels decoded whole, then each pass over all of them.
@@ -775,10 +824,14 @@ int bd_qamx(int wtype, const void *w, int64_t w_bytes, int64_t n_out, int64_t k,
     if (need < 0) return (int)need;
     int elems = 1, bytes = 1; // set by qa_block, which bd_qamx_work_bytes has accepted
     qa_block(wtype, &elems, &bytes);
-    if (n_out <= 0 || n_out > BD_QGEMM_MAX || ldy < n_out || ldy > BD_QGEMM_MAX) return BD_QGEMM_SIZE;
+    const int swiglu = flags & BD_QAMX_SWIGLU;
+    // With swiglu, y has n_out/2 columns, and the group passes must run.
+    const int64_t ny = swiglu ? n_out / 2 : n_out;
+    if (swiglu && (n_out % 32 != 0 || m < QA_MB)) return BD_QGEMM_SIZE;
+    if (n_out <= 0 || n_out > BD_QGEMM_MAX || ldy < ny || ldy > BD_QGEMM_MAX) return BD_QGEMM_SIZE;
     const int64_t rowb = k / elems * bytes;
     if (rowb > BD_QGEMM_MAX / n_out || w_bytes != rowb * n_out) return BD_QGEMM_SIZE;
-    if (m - 1 > (BD_QGEMM_MAX - n_out) / ldy) return BD_QGEMM_SIZE;
+    if (m - 1 > (BD_QGEMM_MAX - ny) / ldy) return BD_QGEMM_SIZE;
     if (work && work_bytes < need) return BD_QGEMM_SIZE;
     if (!bd_qamx_available()) return BD_QAMX_NO_AMX;
     uint8_t *ws = work;
@@ -788,11 +841,13 @@ int bd_qamx(int wtype, const void *w, int64_t w_bytes, int64_t n_out, int64_t k,
     }
     const int64_t xbb = (qa_xb_bytes(k, m) + 63) & ~(int64_t)63, th = (qa_thread_bytes(k) + 63) & ~(int64_t)63;
     uint16_t *xb = (uint16_t *)ws;
-    const int64_t panels = (n_out + 15) / 16, mts = (m + 15) / 16;
+    // The units handed out: panels of 16 rows, or pairs of them (swiglu).
+    const int64_t panels = swiglu ? n_out / 32 : (n_out + 15) / 16, mts = (m + 15) / 16;
     int nt = nthreads;
     if (nt > panels) nt = (int)panels;
-    // (The scales' gather indexes rows by int32 offsets: 15 rows must fit.)
-    if (!(flags & BD_QAMX_NO_INT8) && bd_qamx_int8(wtype, m) && rowb <= INT32_MAX / 16) {
+    // (The scales' gather indexes rows by int32 offsets: 15 rows must fit.
+    // AMX-INT8 runs up to 16 rows, below swiglu's 64.)
+    if (!(flags & BD_QAMX_NO_INT8) && !swiglu && bd_qamx_int8(wtype, m) && rowb <= INT32_MAX / 16) {
         int8_t *xq = (int8_t *)ws;
         float *sx = (float *)(ws + mts * 16 * k);
 #pragma omp parallel num_threads(nt) if (nt > 1)
@@ -812,7 +867,7 @@ int bd_qamx(int wtype, const void *w, int64_t w_bytes, int64_t n_out, int64_t k,
     // a static split. About four chunks a thread, at most a decode group
     // each (whole groups of 8 on 16 threads left 176 panels in 22 chunks:
     // two rounds for six threads, one for ten).
-    const int64_t grp = qa_overlap(k, m) ? panels : qa_group(k);
+    const int64_t grp = qa_overlap(k, m) ? panels : swiglu ? qa_group(k) / 2 : qa_group(k);
     int64_t chunk = (panels + 4 * (int64_t)nt - 1) / (4 * (int64_t)nt);
     if (chunk > grp) chunk = grp;
     int64_t next = 0;
@@ -828,7 +883,7 @@ int bd_qamx(int wtype, const void *w, int64_t w_bytes, int64_t n_out, int64_t k,
             const int64_t p0 = c * chunk;
             if (p0 >= panels) break;
             qa_panels(wtype, w, rowb, n_out, k, xb, m, y, ldy, p0, p0 + chunk < panels ? p0 + chunk : panels,
-                    ws + xbb + th * me);
+                    ws + xbb + th * me, swiglu);
         }
     }
     if (!work) free(ws);

@@ -43,6 +43,13 @@ func qamxInt8(t quant.Type, m int64) bool {
 // qamxNoInt8 is BD_QAMX_NO_INT8, the flag that keeps qamx on bf16 panels.
 const qamxNoInt8 = int(C.BD_QAMX_NO_INT8)
 
+// qamxSwiGLU is BD_QAMX_SWIGLU: W's rows are [gate | up] and y gets
+// silu(gate)·up, half as wide; from qamxSwiGLURows rows of activations.
+const (
+	qamxSwiGLU     = int(C.BD_QAMX_SWIGLU)
+	qamxSwiGLURows = 64
+)
+
 // qamx is qamx.c's bd_qamx on device memory or, for the tests (which cannot
 // use cgo), Go memory that C uses only during the call. work may be nil.
 func qamx(t quant.Type, w unsafe.Pointer, wBytes, nOut, k int64, x unsafe.Pointer, m int64, y unsafe.Pointer, ldy int64, threads, flags int, work unsafe.Pointer, workBytes int64) error {

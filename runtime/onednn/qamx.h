@@ -44,14 +44,20 @@ int64_t bd_qamx_work_bytes(int wtype, int64_t k, int64_t m, int nthreads);
 int bd_qamx_int8(int wtype, int64_t m);
 
 #define BD_QAMX_NO_INT8 1 // flag: bf16 panels even where bd_qamx_int8 holds
+// flag: W's rows are [gate | up] (n_out a multiple of 32) and y gets
+// silu(gate)·up, n_out/2 columns: y[i*ldy + j] = silu(P[i][j])·P[i][j +
+// n_out/2] for the product P, computed as bd_swiglu computes it from P.
+// For m >= 64 only (the group passes, which hold a gate panel's and its up
+// panel's C tiles at once).
+#define BD_QAMX_SWIGLU 2
 
 // bd_qamx computes y[i*ldy + j] = Σ_l x[i*k + l] · W[j][l] for i < m,
 // j < n_out, W being w_bytes bytes of n_out rows of k elements of wtype,
-// with nthreads OpenMP threads sharing the panels of W; flags: 0 or
-// BD_QAMX_NO_INT8. work (work_bytes >= bd_qamx_work_bytes, 64-byte
-// aligned) is its scratch; NULL allocates. Every size is checked before
-// memory is touched. A non-finite activation or weight gives a non-finite
-// result in its row or column.
+// with nthreads OpenMP threads sharing the panels of W; flags: 0,
+// BD_QAMX_NO_INT8 or BD_QAMX_SWIGLU. work (work_bytes >=
+// bd_qamx_work_bytes, 64-byte aligned) is its scratch; NULL allocates.
+// Every size is checked before memory is touched. A non-finite activation
+// or weight gives a non-finite result in its row or column.
 int bd_qamx(int wtype, const void *w, int64_t w_bytes, int64_t n_out, int64_t k,
         const float *x, int64_t m, float *y, int64_t ldy, int nthreads, int flags, void *work, int64_t work_bytes);
 

@@ -19,15 +19,58 @@ import (
 // stored, and a gather dequantizes only the rows it reads.
 
 // qmatmul is s (an OpMatMul with TransB and a block-quantized In[1]) on
-// the worker thread: y = x·Wᵀ (+ bias).
+// the worker thread: y = x·Wᵀ (+ bias), or with ActSwiGLU silu(gate)·up
+// of that product's two halves.
 func (d *Device) qmatmul(s *runtime.Step, x, w, bias, y unsafe.Pointer) error {
-	a, wt := s.In[0], s.In[1]
-	k := a.Last()
-	m, n := a.NumElements()/k, s.Out.Last()
+	wt := s.In[1] // [N,K] (TransB)
 	q, ok := wt.DType.GGML()
 	if !ok {
 		return fmt.Errorf("%w: %s: weights of %s", runtime.ErrUnsupported, s, wt.DType)
 	}
+	if s.Op.Act == runtime.ActSwiGLU {
+		return d.qmatmulSwiGLU(s, q, x, w, y)
+	}
+	return d.qmatmulInto(s, q, x, w, bias, y)
+}
+
+// qmatmulSwiGLU is qmatmul with ActSwiGLU: y [M,N/2] = silu(gate)·up of
+// the product's halves. qamx.c does it in its group passes, writing only
+// y; other paths write the product to scratch for bd_swiglu.
+func (d *Device) qmatmulSwiGLU(s *runtime.Step, q quant.Type, x, w, y unsafe.Pointer) error {
+	a, wt := s.In[0], s.In[1]
+	k := a.Last()
+	m, n := a.NumElements()/k, wt.Shape[0]
+	if d.useAMX(q, m) && k%32 == 0 && m >= qamxSwiGLURows && n%32 == 0 {
+		need := qamxWorkBytes(q, int64(k), int64(m), d.threads)
+		if need < 0 {
+			return fmt.Errorf("%s: %w: %d rows of %d against %v", s, errQgemmSize, m, k, q)
+		}
+		work, err := d.scratch(&d.qamxWork, need)
+		if err != nil {
+			return fmt.Errorf("%s: %w", s, err)
+		}
+		if err := qamx(q, w, wt.DType.Bytes(int64(wt.NumElements())), int64(n), int64(k), x, int64(m), y, int64(n/2),
+			d.threads, d.qamxFlags|qamxSwiGLU, work, need); err != nil {
+			return fmt.Errorf("%s: %w", s, err)
+		}
+		return nil
+	}
+	p, err := d.scratch(&d.swigluWork, int64(m)*int64(n)*4)
+	if err != nil {
+		return fmt.Errorf("%s: %w", s, err)
+	}
+	if err := d.qmatmulInto(s, q, x, w, nil, p); err != nil {
+		return err
+	}
+	C.bd_swiglu(d.c, p, 0, C.int64_t(m), C.int64_t(n/2), y)
+	return nil
+}
+
+// qmatmulInto is qmatmul's product (+ bias) into y [M,N].
+func (d *Device) qmatmulInto(s *runtime.Step, q quant.Type, x, w, bias, y unsafe.Pointer) error {
+	a, wt := s.In[0], s.In[1]
+	k := a.Last()
+	m, n := a.NumElements()/k, wt.Shape[0]
 	switch {
 	case d.useAMX(q, m) && k%32 == 0:
 		need := qamxWorkBytes(q, int64(k), int64(m), d.threads)
@@ -128,7 +171,7 @@ func (d *Device) useAMX(q quant.Type, m int) bool {
 func (d *Device) qmatmulDequant(s *runtime.Step, q quant.Type, x, w, bias, y unsafe.Pointer) error {
 	a, wt := s.In[0], s.In[1]
 	k := a.Last()
-	m, n := a.NumElements()/k, s.Out.Last()
+	m, n := a.NumElements()/k, wt.Shape[0]
 	ct := runtime.F32
 	if d.bf16Err == nil {
 		ct = runtime.BF16

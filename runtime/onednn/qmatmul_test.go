@@ -313,3 +313,80 @@ func BenchmarkQmatmulPaths(b *testing.B) {
 		dev.Free(wb)
 	}
 }
+
+// TestQmatmulSwiGLU: a quantized matmul with ActSwiGLU gives, bit for bit,
+// the plain product followed by OpSwiGLU: in qamx.c's group passes (from
+// qamxSwiGLURows rows, N a multiple of 32: several pairs a group and a
+// group a thread, a partial last m tile) and through the scratch product
+// elsewhere (fewer rows, N not a multiple of 32, no AMX).
+func TestQmatmulSwiGLU(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 11))
+	for _, threads := range []int{1, 3} {
+		dev := openCPU(t, threads)
+		d := dev.(*Device)
+		for _, dt := range []runtime.DType{runtime.Q8_0, runtime.Q4_K, runtime.Q6_K} {
+			q, _ := dt.GGML()
+			k := 2 * 256
+			for _, c := range []struct {
+				m, inter int
+				amxRows  int // d.qAMXRows: 1 puts every product on qamx.c, 0 none
+			}{{70, 48, 1}, {130, 176, 1}, {64, 16, 1}, {70, 40, 1}, {5, 48, 1}, {70, 48, 0}} {
+				if c.amxRows > 0 && !qamxAvailable() {
+					continue
+				}
+				t.Run(fmt.Sprintf("%d-threads/%s/m=%d/inter=%d/amx=%d", threads, dt, c.m, c.inter, c.amxRows), func(t *testing.T) {
+					d.qAMXRows = c.amxRows
+					defer func() { d.qAMXRows = defaultQAMXRows() }()
+					n := 2 * c.inter
+					w := randQuantWeights(rng, q, n, k)
+					wb, err := dev.Alloc(dt, n, k)
+					if err != nil {
+						t.Fatal(err)
+					}
+					defer dev.Free(wb)
+					if err := dev.(runtime.RawDevice).CopyInRaw(t.Context(), wb, 0, w); err != nil {
+						t.Fatal(err)
+					}
+					xb := upload(t, dev, runtime.F32, randActs(rng, c.m, k), c.m, k)
+					defer dev.Free(xb)
+					run := func(g *runtime.Graph) []float32 {
+						yb, err := dev.Alloc(runtime.F32, c.m, c.inter)
+						if err != nil {
+							t.Fatal(err)
+						}
+						defer dev.Free(yb)
+						if err := dev.Run(t.Context(), g, map[string]runtime.Buffer{"x": xb, "w": wb, "y": yb}); err != nil {
+							t.Fatal(err)
+						}
+						got := make([]float32, c.m*c.inter)
+						if err := dev.CopyOut(t.Context(), got, yb); err != nil {
+							t.Fatal(err)
+						}
+						return got
+					}
+					fused := run(&runtime.Graph{Ops: []runtime.Op{
+						{Kind: runtime.OpMatMul, In: []string{"x", "w"}, Out: "y", TransB: true, Act: runtime.ActSwiGLU}}})
+					plain := run(&runtime.Graph{Ops: []runtime.Op{
+						{Kind: runtime.OpMatMul, In: []string{"x", "w"}, Out: "p", TransB: true},
+						{Kind: runtime.OpSwiGLU, In: []string{"p"}, Out: "y"}}})
+					if !slices.Equal(fused, plain) {
+						bad := 0
+						for i := range fused {
+							if fused[i] != plain[i] {
+								bad = i
+								break
+							}
+						}
+						t.Errorf("fused differs from the product and OpSwiGLU: first at row %d column %d: %g, want %g",
+							bad/c.inter, bad%c.inter, fused[bad], plain[bad])
+					}
+					for _, v := range fused {
+						if v != v {
+							t.Fatal("NaN in the output")
+						}
+					}
+				})
+			}
+		}
+	}
+}

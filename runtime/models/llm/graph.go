@@ -188,8 +188,15 @@ func stepGraph(s netSpec, mmDT runtime.DType, quant map[string]runtime.DType, sh
 		o := b.linear(a, w(lWO), "", "")
 		x = b.add(runtime.Op{Kind: runtime.OpAdd, In: []string{x, o}})
 		hn = b.add(runtime.Op{Kind: runtime.OpRMSNorm, In: []string{x, w(lLN2)}, Eps: s.Eps})
-		gu := b.linear(hn, w(lGateUp), "", "")                             // [T,2I]
-		act := b.add(runtime.Op{Kind: runtime.OpSwiGLU, In: []string{gu}}) // [T,I]
+		var act string // [T,I]
+		if b.quant[w(lGateUp)].Quantized() {
+			// One op: the device need not write the [T,2I] product out
+			// and read it back (qamx.c applies SwiGLU to its C tiles).
+			act = b.add(runtime.Op{Kind: runtime.OpMatMul, In: []string{hn, w(lGateUp)}, TransB: true, Act: runtime.ActSwiGLU})
+		} else {
+			gu := b.linear(hn, w(lGateUp), "", "") // [T,2I]
+			act = b.add(runtime.Op{Kind: runtime.OpSwiGLU, In: []string{gu}})
+		}
 		dn := b.linear(act, w(lDown), "", "")
 		x = b.add(runtime.Op{Kind: runtime.OpAdd, In: []string{x, dn}})
 	}
