@@ -44,16 +44,28 @@ static double wall_now(void) {
     return t.tv_sec + t.tv_nsec * 1e-9;
 }
 
+// A Q8_0 matrix of random quants, every block's scale 2^-7, in whole pages
+// (the bytes past the matrix random too: the plain read may round up).
+static uint8_t *q8_matrix(long n, long k, long *bytes) {
+    *bytes = n * (k / 32) * 34;
+    const long alloc = (*bytes + 4095) / 4096 * 4096;
+    uint8_t *w = aligned_alloc(4096, alloc);
+    if (!w) return NULL;
+    for (long i = 0; i < alloc; i++) w[i] = (uint8_t)rand();
+    for (long b = 0; b < *bytes; b += 34) w[b] = 0, w[b + 1] = 0x20;
+    return w;
+}
+
 static int stream(long n, long k, int threads, int iters) {
     if (n <= 0 || k <= 0 || k % 32 != 0 || threads < 1 || iters < 1) {
         fprintf(stderr, "stream: N, K, THREADS, ITERS positive; K whole blocks of 32\n");
         return 2;
     }
-    const long wb = n * (k / 32) * 34, rb = (wb + 127) / 128 * 128;
-    uint8_t *w = aligned_alloc(4096, (rb + 4095) / 4096 * 4096);
     srand(1);
-    for (long i = 0; i < rb; i++) w[i] = (uint8_t)rand();
-    for (long b = 0; b < wb; b += 34) w[b] = 0, w[b + 1] = 0x20;
+    long wb;
+    uint8_t *w = q8_matrix(n, k, &wb);
+    if (!w) return 1;
+    const long rb = (wb + 127) / 128 * 128;
     float *x = malloc(k * 4), *y = malloc(n * 4);
     for (long i = 0; i < k; i++) x[i] = rand() / (float)RAND_MAX;
     const long nq = bd_qgemm_work_bytes(8, k, 1);
@@ -75,16 +87,6 @@ static int stream(long n, long k, int threads, int iters) {
             n, k, wb / 1e6, threads, iters, best_q * 1e3, wb / best_q / 1e9, best_r * 1e3, rb / best_r / 1e9,
             (wb / best_q) / (rb / best_r));
     return 0;
-}
-
-// A Q8_0 matrix of random quants, every block's scale 2^-7.
-static uint8_t *q8_matrix(long n, long k, long *bytes) {
-    *bytes = n * (k / 32) * 34;
-    uint8_t *w = aligned_alloc(4096, (*bytes + 4095) / 4096 * 4096);
-    if (!w) return NULL;
-    for (long i = 0; i < *bytes; i++) w[i] = (uint8_t)rand();
-    for (long b = 0; b < *bytes; b += 34) w[b] = 0, w[b + 1] = 0x20;
-    return w;
 }
 
 static int token(long layers, long hidden, long kvdim, long inter, long vocab, int threads, int iters) {

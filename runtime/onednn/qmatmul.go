@@ -41,19 +41,7 @@ func (d *Device) qmatmulSwiGLU(s *runtime.Step, q quant.Type, x, w, y unsafe.Poi
 	k := a.Last()
 	m, n := a.NumElements()/k, wt.Shape[0]
 	if d.useAMX(q, m) && k%32 == 0 && m >= qamxSwiGLURows && n%32 == 0 {
-		need := qamxWorkBytes(q, int64(k), int64(m), d.threads)
-		if need < 0 {
-			return fmt.Errorf("%s: %w: %d rows of %d against %v", s, errQgemmSize, m, k, q)
-		}
-		work, err := d.scratch(&d.qamxWork, need)
-		if err != nil {
-			return fmt.Errorf("%s: %w", s, err)
-		}
-		if err := qamx(q, w, wt.DType.Bytes(int64(wt.NumElements())), int64(n), int64(k), x, int64(m), y, int64(n/2),
-			d.threads, d.qamxFlags|qamxSwiGLU, work, need); err != nil {
-			return fmt.Errorf("%s: %w", s, err)
-		}
-		return nil
+		return d.runQamx(s, q, x, w, y, n/2, d.qamxFlags|qamxSwiGLU)
 	}
 	p, err := d.scratch(&d.swigluWork, int64(m)*int64(n)*4)
 	if err != nil {
@@ -66,6 +54,27 @@ func (d *Device) qmatmulSwiGLU(s *runtime.Step, q quant.Type, x, w, y unsafe.Poi
 	return nil
 }
 
+// runQamx is s's product on qamx.c into y (row stride ldy) with flags,
+// in the device's qamx scratch.
+func (d *Device) runQamx(s *runtime.Step, q quant.Type, x, w, y unsafe.Pointer, ldy, flags int) error {
+	a, wt := s.In[0], s.In[1]
+	k := a.Last()
+	m, n := a.NumElements()/k, wt.Shape[0]
+	need := qamxWorkBytes(q, int64(k), int64(m), d.threads)
+	if need < 0 {
+		return fmt.Errorf("%s: %w: %d rows of %d against %v", s, errQgemmSize, m, k, q)
+	}
+	work, err := d.scratch(&d.qamxWork, need)
+	if err != nil {
+		return fmt.Errorf("%s: %w", s, err)
+	}
+	if err := qamx(q, w, wt.DType.Bytes(int64(wt.NumElements())), int64(n), int64(k), x, int64(m), y, int64(ldy),
+		d.threads, flags, work, need); err != nil {
+		return fmt.Errorf("%s: %w", s, err)
+	}
+	return nil
+}
+
 // qmatmulInto is qmatmul's product (+ bias) into y [M,N].
 func (d *Device) qmatmulInto(s *runtime.Step, q quant.Type, x, w, bias, y unsafe.Pointer) error {
 	a, wt := s.In[0], s.In[1]
@@ -73,18 +82,8 @@ func (d *Device) qmatmulInto(s *runtime.Step, q quant.Type, x, w, bias, y unsafe
 	m, n := a.NumElements()/k, wt.Shape[0]
 	switch {
 	case d.useAMX(q, m) && k%32 == 0:
-		need := qamxWorkBytes(q, int64(k), int64(m), d.threads)
-		if need < 0 {
-			return fmt.Errorf("%s: %w: %d rows of %d against %v", s, errQgemmSize, m, k, q)
-		}
-		work, err := d.scratch(&d.qamxWork, need)
-		if err != nil {
-			return fmt.Errorf("%s: %w", s, err)
-		}
-		err = qamx(q, w, wt.DType.Bytes(int64(wt.NumElements())), int64(n), int64(k), x, int64(m), y, int64(n),
-			d.threads, d.qamxFlags, work, need)
-		if err != nil {
-			return fmt.Errorf("%s: %w", s, err)
+		if err := d.runQamx(s, q, x, w, y, n, d.qamxFlags); err != nil {
+			return err
 		}
 		d.addBias(y, bias, m, n)
 		return nil

@@ -148,6 +148,19 @@ func prompt(n int, seed int32, vocab int) []int32 {
 	return p
 }
 
+// logitError is the largest difference between got and want relative to
+// want's largest magnitude.
+func logitError(got []float32, want []float64) float64 {
+	scale, worst := 0.0, 0.0
+	for _, v := range want {
+		scale = math.Max(scale, math.Abs(v))
+	}
+	for k, v := range want {
+		worst = math.Max(worst, math.Abs(float64(got[k])-v)/scale)
+	}
+	return worst
+}
+
 func argmax(x []float64) int32 {
 	b := 0
 	for i, v := range x {
@@ -186,13 +199,7 @@ func TestEngineMatchesReference(t *testing.T) {
 				worst := 0.0
 				for i, got := range j.logits {
 					want := ref[len(j.prompt)-1+i]
-					scale := 0.0
-					for _, v := range want {
-						scale = math.Max(scale, math.Abs(v))
-					}
-					for k, v := range want {
-						worst = math.Max(worst, math.Abs(float64(got[k])-v)/scale)
-					}
+					worst = math.Max(worst, logitError(got, want))
 					if tok := argmax(want); tok != j.out[i] && d.tol <= 1e-4 {
 						t.Errorf("token %d: engine %d, reference %d", i, j.out[i], tok)
 					}

@@ -136,14 +136,7 @@ func TestQuantizedEngine(t *testing.T) {
 					ref := refForward(s, deq, full[:len(full)-1])
 					worst := 0.0
 					for i, got := range j.logits {
-						want := ref[len(j.prompt)-1+i]
-						scale := 0.0
-						for _, v := range want {
-							scale = math.Max(scale, math.Abs(v))
-						}
-						for k, v := range want {
-							worst = math.Max(worst, math.Abs(float64(got[k])-v)/scale)
-						}
+						worst = math.Max(worst, logitError(got, ref[len(j.prompt)-1+i]))
 					}
 					t.Logf("%d-token prompt in chunks of %d: worst logit error %.2g of the largest logit over %d positions",
 						len(j.prompt), j.chunk, worst, len(j.logits))
