@@ -64,6 +64,28 @@ func TestGemv16(t *testing.T) {
 	}
 }
 
+// TestGemv16Threads runs bd_gemv_bf16's threaded split with more threads
+// than W's rows give work to (37 rows: two parts of at least 16): the idle
+// threads must write nothing, the others every row.
+func TestGemv16Threads(t *testing.T) {
+	for _, threads := range []int{2, 3, 8} {
+		d := openTest(t, runtime.DeviceSpec{Threads: threads})
+		if reason := d.BF16(); reason != nil {
+			t.Skipf("bf16 unsupported on this CPU: %v", reason)
+		}
+		r := newRand(t)
+		const k, n, m = 256, 37, 40 // m·n·k past bd_gemv_bf16's threshold for threads
+		d.gemv16Rows = m + 1
+		a, w := randVec(r, m*k), randVec(r, n*k)
+		op := runtime.Op{Kind: runtime.OpMatMul, In: []string{"a", "w"}, Out: "y", TransB: true}
+		got := runTyped(t, d, &runtime.Graph{Ops: []runtime.Op{op}}, []input{
+			{name: "a", dt: runtime.BF16, shape: []int{m, k}, f: a},
+			{name: "w", dt: runtime.BF16, shape: []int{n, k}, f: w},
+		}, runtime.F32, "y", []int{m, n})
+		checkClose(t, got, refMatMul(roundBF16(a), m, k, roundBF16(w), n, true, nil, runtime.ActNone), 1e-5)
+	}
+}
+
 // TestGemv16WeightsStayRowMajor runs one bound bf16 weight buffer through
 // a prefill-sized product, a decode-sized one and the prefill again: the
 // weights must read the same each time (oneDNN must not have packed them

@@ -69,11 +69,16 @@ void bd_gemv_bf16(const uint16_t *w, int64_t n, int64_t k, const uint16_t *x, in
     int64_t tile = GB_TILE_BYTES / (2 * k);
     if (tile < 8) tile = 8;
     int nt = (double)m * (double)n * (double)k < (double)(1 << 18) ? 1 : nthreads;
-    if (n / 16 < nt) nt = n / 16 < 1 ? 1 : (int)(n / 16);
+    // nt threads split W's rows, at least 16 each; the team is the whole
+    // pool all the same, threads past nt idle (qamx.c, bd_qamx: a smaller
+    // team would make libgomp end threads and create them again).
+    int T = nt;
+    if (n / 16 < T) T = n / 16 < 1 ? 1 : (int)(n / 16);
+    if (T == 1) nt = 1;
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
-        int t = omp_get_thread_num(), T = omp_get_num_threads();
-        int64_t n0 = n * t / T, n1 = n * (t + 1) / T;
+        const int t = omp_get_thread_num();
+        const int64_t n0 = t < T ? n * t / T : n, n1 = t < T ? n * (t + 1) / T : n;
         float out[8];
         for (int64_t t0 = n0; t0 < n1; t0 += tile) {
             int64_t t1 = t0 + tile < n1 ? t0 + tile : n1;

@@ -843,8 +843,13 @@ int bd_qamx(int wtype, const void *w, int64_t w_bytes, int64_t n_out, int64_t k,
     uint16_t *xb = (uint16_t *)ws;
     // The units handed out: panels of 16 rows, or pairs of them (swiglu).
     const int64_t panels = swiglu ? n_out / 32 : (n_out + 15) / 16, mts = (m + 15) / 16;
-    int nt = nthreads;
-    if (nt > panels) nt = (int)panels;
+    // The team is always the device's nthreads (threads past the work get
+    // none): libgomp ends a pool's surplus threads when a smaller team
+    // starts and creates them again for the next full one, which cost
+    // 0.1-0.4 ms an op on a 16-core host (a Qwen decode step's k and v
+    // projections have 8 panels between products of 56).
+    const int nt = nthreads;
+    const int64_t workers = panels < nt ? panels : nt;
     // (The scales' gather indexes rows by int32 offsets: 15 rows must fit.
     // AMX-INT8 runs up to 16 rows, below swiglu's 64.)
     if (!(flags & BD_QAMX_NO_INT8) && !swiglu && bd_qamx_int8(wtype, m) && rowb <= INT32_MAX / 16) {
@@ -868,7 +873,7 @@ int bd_qamx(int wtype, const void *w, int64_t w_bytes, int64_t n_out, int64_t k,
     // each (whole groups of 8 on 16 threads left 176 panels in 22 chunks:
     // two rounds for six threads, one for ten).
     const int64_t grp = qa_overlap(k, m) ? panels : swiglu ? qa_group(k) / 2 : qa_group(k);
-    int64_t chunk = (panels + 4 * (int64_t)nt - 1) / (4 * (int64_t)nt);
+    int64_t chunk = (panels + 4 * workers - 1) / (4 * workers);
     if (chunk > grp) chunk = grp;
     int64_t next = 0;
 #pragma omp parallel num_threads(nt) if (nt > 1)

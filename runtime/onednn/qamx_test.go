@@ -55,7 +55,8 @@ func qamxGuarded(t *testing.T, typ quant.Type, w []byte, n, k int, x []float32, 
 // TestQamxMatchesFloat64: every weight type on bf16 panels (AMX-INT8 has
 // its own test below), k of one to several blocks,
 // m across the 16-row tiles and the 64-row passes (1, 5, 16, 17, 67, 130),
-// 37 weight rows (a partial panel), 1 to 3 threads: Y within qamxGamma of
+// 37 weight rows (a partial panel), 1, 2, 3 and 8 threads (8: more than the
+// three panels, so some threads get none): Y within qamxGamma of
 // the float64 product of quant.Dequantize's weights and the activations.
 func TestQamxMatchesFloat64(t *testing.T) {
 	needAMX(t)
@@ -79,7 +80,7 @@ func TestQamxMatchesFloat64(t *testing.T) {
 			}
 			for _, m := range []int{1, 5, 16, 17, 67, 130} {
 				x := randActs(rng, m, k)
-				for _, threads := range []int{1, 2, 3} {
+				for _, threads := range []int{1, 2, 3, 8} {
 					y := make([]float32, m*n)
 					qamxGuarded(t, typ, w, n, k, x, m, y, threads, qamxNoInt8)
 					worst = max(worst, qamxWithinBound(t, fmt.Sprintf("%v k=%d m=%d threads=%d", typ, k, m, threads), wf, x, y, m, n, k))
@@ -132,7 +133,7 @@ func TestQamxGroups(t *testing.T) {
 			t.Fatal(err)
 		}
 		x := randActs(rng, m, c.k)
-		for _, threads := range []int{1, 2, 3} {
+		for _, threads := range []int{1, 2, 3, 8} {
 			y := make([]float32, m*n)
 			qamxGuarded(t, c.typ, w, n, c.k, x, m, y, threads, qamxNoInt8)
 			qamxWithinBound(t, fmt.Sprintf("%v k=%d threads=%d", c.typ, c.k, threads), wf, x, y, m, n, c.k)
@@ -177,7 +178,7 @@ func TestQamxStride(t *testing.T) {
 
 // TestQamxInt8MatchesFloat64: Q8_0 on AMX-INT8, k from one block to 32
 // (the four-block groups and the blocks left over), 16 and 37 weight rows
-// (a whole and a partial panel), m up to 16, 1 to 3 threads. The
+// (a whole and a partial panel), m up to 16, 1 to 3 and 8 threads. The
 // activations are quantized as bd_qgemm quantizes them, so the bounds are
 // TestQgemmMatchesFloat64's: within qgemmGamma·mag of the float64 product
 // with the quantized activations, and within that plus qerr of the
@@ -203,7 +204,7 @@ func TestQamxInt8MatchesFloat64(t *testing.T) {
 			for _, m := range []int{1, 5, 13, 16} {
 				x := randActs(rng, m, k)
 				ref := newQgemmRef(t, quant.Q8_0, w, n, k, x, m)
-				for _, threads := range []int{1, 2, 3} {
+				for _, threads := range []int{1, 2, 3, 8} {
 					y := make([]float32, m*n)
 					qamxGuarded(t, quant.Q8_0, w, n, k, x, m, y, threads, 0)
 					g := qgemmGamma(quant.Q8_0, k)

@@ -463,7 +463,10 @@ int bd_qgemm(int wtype, const void *w, int64_t w_bytes, int64_t n_out,
     int64_t tm = (nt + tn - 1) / tn;
     if (tm > groups) tm = groups;
     const int64_t tasks = tn * tm;
-    if (tasks < nt) nt = (int)tasks;
+    // One task runs on the calling thread; otherwise the team is the whole
+    // pool, threads past the tasks idle (qamx.c, bd_qamx: a smaller team
+    // would make libgomp end threads and create them again).
+    if (tasks == 1) nt = 1;
 
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {

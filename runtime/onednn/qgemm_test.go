@@ -222,7 +222,7 @@ func qgemmGamma(t quant.Type, k int) float64 {
 }
 
 // TestQgemmMatchesFloat64: every weight type, every variant this CPU has,
-// m in {1, 3, 16, 67}, 1 to 3 threads, random blocks (randQuantWeights):
+// m in {1, 3, 16, 67}, 1 to 3 and 8 threads (more than its tasks), random blocks (randQuantWeights):
 // Y is within qgemmGamma·mag of the float64 product of quant.Dequantize's
 // weights and the activations quantized as bd_qgemm quantizes them (so
 // the integer sums and scales are exact up to f32 rounding), and within
@@ -252,7 +252,7 @@ func TestQgemmMatchesFloat64(t *testing.T) {
 				x := randActs(rng, m, k)
 				ref := newQgemmRef(t, typ, w, n, k, x, m)
 				for _, v := range append(qgemmISAsHere(), isaAuto) {
-					for _, threads := range []int{1, 2, 3} {
+					for _, threads := range []int{1, 2, 3, 8} {
 						y := make([]float32, m*n)
 						if err := qgemm(typ, w, n, k, x, m, y, n, v, threads); err != nil {
 							t.Fatalf("%v k=%d m=%d %v: %v", typ, k, m, v, err)

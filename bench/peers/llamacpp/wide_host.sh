@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# The llama.cpp comparison (this directory's main.go) on another x86-64 host
+# that has neither Go nor network, such as a GPU host lent for minutes with
+# many more cores than the build machine. Two steps:
+#
+#   bash bench/peers/llamacpp/wide_host.sh bundle [FILE]
+#       on the build machine (after npm ci here, which main.go does on its
+#       first run): the harness, brokerd and brokerctl built stripped, the
+#       libraries a stock image lacks (libdnnl, libgomp, libOpenCL), this
+#       machine's node, and node_modules without node-llama-cpp's 34 MB git
+#       bundle of llama.cpp's source, into one xz file
+#       (default .devbench/bundle.tar.xz; about 52 MiB).
+#   bash bench/peers/llamacpp/wide_host.sh run [FILE]
+#       on the other host, from the repository root: unpacks it and runs
+#       main.go's comparison, with -daemon, for each JOBS entry
+#       shape:quant:seconds (default "llama-12x1024:q8_0:150
+#       qwen2.5-0.5b:q8_0:200"), each under its own timeout and all within
+#       BUDGET seconds (default 450); ROUNDS (3) interleaved rounds, DD (8s)
+#       each daemon window. Outputs go to $OUT (default /tmp/wide-host):
+#       facts.txt (lscpu, memory, node) and SHAPE-QUANT.txt.
+set -u
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../../.." && pwd)
+cmd=${1:-}
+file=${2:-$root/.devbench/bundle.tar.xz}
+
+case "$cmd" in
+bundle)
+  set -e
+  [ -e "$here/node_modules/@node-llama-cpp/linux-x64/bins/linux-x64/libggml-base.so" ] ||
+    { echo "node-llama-cpp is not installed in $here: run the harness once (it runs npm ci)" >&2; exit 1; }
+  stage=$(mktemp -d)
+  trap 'rm -rf "$stage"' EXIT
+  mkdir -p "$stage/bin" "$stage/lib" "$(dirname "$file")"
+  (cd "$root" && go build -ldflags '-s -w' -o "$stage/bin/" ./cmd/brokerd ./cmd/brokerctl ./bench/peers/llamacpp)
+  for l in $(ldd "$stage/bin/llamacpp" | awk '$3 ~ /^\// {print $3}'); do
+    case $(basename "$l") in libdnnl.so.* | libgomp.so.* | libOpenCL.so.*) cp -L "$l" "$stage/lib/" ;; esac
+  done
+  cp "$(command -v node)" "$stage/bin/node"
+  tar -C "$here" -cf "$stage/nm.tar" --exclude='node_modules/node-llama-cpp/llama/gitRelease.bundle' node_modules
+  tar -C "$stage" -cf - bin lib nm.tar | xz -T0 -6 >"$file"
+  echo "bundle: $file, $(($(stat -c %s "$file") >> 20)) MiB"
+  ;;
+run)
+  OUT=${OUT:-/tmp/wide-host}
+  mkdir -p "$OUT"
+  t0=$(date +%s)
+  el() { echo $(($(date +%s) - t0)); }
+  db=$(mktemp -d)
+  tar -C "$db" -xJf "$file" || { echo "cannot unpack $file" >&2; exit 1; }
+  tar -C "$here" -xf "$db/nm.tar" || exit 1
+  export PATH=$db/bin:$PATH LD_LIBRARY_PATH=$db/lib
+  { lscpu; free -g; node --version; } >"$OUT/facts.txt" 2>&1
+  cd "$root" || exit 1
+  for job in ${JOBS:-llama-12x1024:q8_0:150 qwen2.5-0.5b:q8_0:200}; do
+    IFS=: read -r s q lim <<<"$job"
+    left=$((${BUDGET:-450} - $(el)))
+    [ "$lim" -gt "$left" ] && lim=$left
+    [ "$lim" -gt 60 ] || { echo "== $s $q: skipped, $left s of the budget left"; continue; }
+    echo "== $s $q at $(el) s"
+    timeout "$lim" "$db/bin/llamacpp" -shape "$s" -quant "$q" -rounds "${ROUNDS:-3}" -gen-tokens 32 \
+      -concurrency 1,16 -council=false -torch=false -daemon -daemon-duration "${DD:-8s}" -bin "$db/bin" \
+      -work "$db/work" >"$OUT/$s-$q.txt" 2>&1
+    echo "rc $? at $(el) s"
+    tail -n 14 "$OUT/$s-$q.txt"
+  done
+  ;;
+*)
+  echo "usage: $0 bundle|run [FILE]" >&2
+  exit 2
+  ;;
+esac
