@@ -23,6 +23,7 @@
 //	qkernels token LAYERS HIDDEN KVDIM INTER VOCAB THREADS ITERS
 //	e.g. qkernels token 12 1024 256 2816 128256 2 10   (llama-12x1024)
 #include <stdint.h>
+#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -136,7 +137,50 @@ static int token(long layers, long hidden, long kvdim, long inter, long vocab, i
     return 0;
 }
 
+// threads_mode: bd_qamx on THREADS threads as the daemon calls it (with
+// swiglu: N/2 outputs of silu(gate)*up), wall time, best of 15 runs of ITERS.
+static int threads_mode(int type, long n, long k, long m, int threads, int iters, int swiglu) {
+    const int eb = type == 12 ? 144 : type == 13 ? 176 : type == 14 ? 210 : 34, ee = type >= 12 ? 256 : 32;
+    if ((type != 8 && (type < 12 || type > 14)) || n <= 0 || k <= 0 || m <= 0 || threads < 1 || iters < 1 ||
+            k % ee != 0 || (swiglu && (n % 32 != 0 || m < 64))) {
+        fprintf(stderr, "threads: TYPE 8, 12, 13 or 14; sizes positive, K whole blocks; swiglu: N a multiple of 32, M >= 64\n");
+        return 2;
+    }
+    if (!bd_qamx_available()) {
+        fprintf(stderr, "threads: no AMX here\n");
+        return 1;
+    }
+    const long wb = n * (k / ee) * eb, ny = swiglu ? n / 2 : n;
+    uint8_t *w = malloc(wb);
+    srand(1);
+    for (long i = 0; i < wb; i++) w[i] = (uint8_t)rand();
+    for (long b = 0; b < wb; b += eb) {
+        uint8_t *d = w + b + (type == 14 ? 208 : 0);
+        d[0] = 0, d[1] = 0x20;
+        if (type == 12 || type == 13) w[b + 2] = 0, w[b + 3] = 0x20;
+    }
+    float *x = malloc(m * k * 4), *y = malloc(m * ny * 4);
+    for (long i = 0; i < m * k; i++) x[i] = rand() / (float)RAND_MAX;
+    const long na = bd_qamx_work_bytes(type, k, m, threads);
+    void *wa = aligned_alloc(64, (na + 63) & ~63L);
+    const int flags = swiglu ? BD_QAMX_SWIGLU : 0;
+    double best = -1;
+    for (int r = 0; r < 15; r++) {
+        const double t0 = omp_get_wtime();
+        for (int i = 0; i < iters; i++)
+            if (bd_qamx(type, w, wb, n, k, x, m, y, ny, threads, flags, wa, na) != 0) return 1;
+        const double t = (omp_get_wtime() - t0) / iters;
+        if (best < 0 || t < best) best = t;
+    }
+    printf("type %d, %ld x %ld weights%s, %ld rows, %d threads, wall, best of 15: qamx %.1f us (%.0f GFLOP/s)\n", type, n, k,
+            swiglu ? " (swiglu)" : "", m, threads, best * 1e6, 2.0 * n * k * m / best / 1e9);
+    return 0;
+}
+
 int main(int argc, char **argv) {
+    if ((argc == 8 || argc == 9) && !strcmp(argv[1], "threads"))
+        return threads_mode(atoi(argv[2]), atol(argv[3]), atol(argv[4]), atol(argv[5]), atoi(argv[6]), atoi(argv[7]),
+                argc == 9 && !strcmp(argv[8], "swiglu"));
     if (argc == 6 && !strcmp(argv[1], "stream")) return stream(atol(argv[2]), atol(argv[3]), atoi(argv[4]), atoi(argv[5]));
     if (argc == 9 && !strcmp(argv[1], "token"))
         return token(atol(argv[2]), atol(argv[3]), atol(argv[4]), atol(argv[5]), atol(argv[6]), atoi(argv[7]),
@@ -144,7 +188,8 @@ int main(int argc, char **argv) {
     if (argc != 6) {
         fprintf(stderr, "usage: qkernels TYPE N K M ITERS (TYPE 8 Q8_0, 12 Q4_K, 13 Q5_K, 14 Q6_K)\n"
                         "       qkernels stream N K THREADS ITERS\n"
-                        "       qkernels token LAYERS HIDDEN KVDIM INTER VOCAB THREADS ITERS\n");
+                        "       qkernels token LAYERS HIDDEN KVDIM INTER VOCAB THREADS ITERS\n"
+                        "       qkernels threads TYPE N K M THREADS ITERS [swiglu]\n");
         return 2;
     }
     const int type = atoi(argv[1]), iters = atoi(argv[5]);

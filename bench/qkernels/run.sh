@@ -9,6 +9,8 @@
 #   e.g. bash bench/qkernels/run.sh stream 128256 1024 2 20   (a Q8_0 lm_head, one row)
 #   bash bench/qkernels/run.sh token LAYERS HIDDEN KVDIM INTER VOCAB THREADS ITERS
 #   e.g. bash bench/qkernels/run.sh token 12 1024 256 2816 128256 2 10   (llama-12x1024's Q8_0 token)
+#   bash bench/qkernels/run.sh threads TYPE N K M THREADS ITERS [swiglu]
+#   e.g. bash bench/qkernels/run.sh threads 8 896 4864 512 16 4   (qamx on 16 threads, wall time)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 src=$root/runtime/onednn

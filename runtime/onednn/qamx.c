@@ -95,6 +95,10 @@ int bd_qamx_supports(int wtype) {
 }
 
 #define QA_MB 64 // activation rows one pass over a panel carries (4 C tiles)
+// X (bf16) larger than this does not stay in a 2 MiB L2 beside a group of
+// decoded panels; bd_qamx then gives threads slices of about QA_X_SLICE.
+#define QA_X_L2 (1280 << 10)
+#define QA_X_SLICE (640 << 10)
 
 static int64_t qa_xb_bytes(int64_t k, int64_t m) { return (m + 15) / 16 * 16 * k * 2; }
 // Per thread: the bf16 path's panels (qa_group), an f32 row and four C tiles of
@@ -872,9 +876,27 @@ int bd_qamx(int wtype, const void *w, int64_t w_bytes, int64_t n_out, int64_t k,
     // a static split. About four chunks a thread, at most a decode group
     // each (whole groups of 8 on 16 threads left 176 panels in 22 chunks:
     // two rounds for six threads, one for ten).
-    const int64_t grp = qa_overlap(k, m) ? panels : swiglu ? qa_group(k) / 2 : qa_group(k);
+    const int overlap = qa_overlap(k, m);
+    const int64_t grp = overlap ? panels : swiglu ? qa_group(k) / 2 : qa_group(k);
     int64_t chunk = (panels + 4 * workers - 1) / (4 * workers);
     if (chunk > grp) chunk = grp;
+    // A task is a chunk of panels over all of X's rows, unless that leaves
+    // a thread less than a whole group while X is larger than the L2 holds
+    // beside it: then each pass over one panel reads X from the L3, which
+    // 16 threads share (Qwen2.5-0.5B's down projection at 512 rows: 56
+    // panels, 5 MiB of X). Such tasks are whole groups over slices of X's
+    // rows that stay in the L2; a group is decoded once a slice instead of
+    // once, which costs less than X's reads saved.
+    int64_t rows = m;
+    if (!overlap && chunk < grp && 2 * k * m > QA_X_L2) {
+        chunk = grp;
+        rows = QA_X_SLICE / (2 * k) / QA_MB * QA_MB;
+        if (rows < QA_MB) rows = QA_MB;
+    }
+    // Slices of whole passes; the last one takes the rest (swiglu's group
+    // passes need at least QA_MB rows).
+    const int64_t pcs = (panels + chunk - 1) / chunk, slices = m / rows, tasks = pcs * slices;
+    const int64_t xstride = k / 32 * 1024;
     int64_t next = 0;
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
@@ -882,13 +904,16 @@ int bd_qamx(int wtype, const void *w, int64_t w_bytes, int64_t n_out, int64_t k,
         qa_layout_x(x, m, k, xb, mts * me / all, mts * (me + 1) / all);
 #pragma omp barrier
         for (;;) {
-            int64_t c;
+            int64_t t;
 #pragma omp atomic capture
-            c = next++;
-            const int64_t p0 = c * chunk;
-            if (p0 >= panels) break;
-            qa_panels(wtype, w, rowb, n_out, k, xb, m, y, ldy, p0, p0 + chunk < panels ? p0 + chunk : panels,
-                    ws + xbb + th * me, swiglu);
+            t = next++;
+            if (t >= tasks) break;
+            // Consecutive tasks share a slice: the threads running at once
+            // read the same rows of X.
+            const int64_t s = t / pcs, p0 = t % pcs * chunk, m0 = s * rows;
+            const int64_t mr = s == slices - 1 ? m - m0 : rows;
+            qa_panels(wtype, w, rowb, n_out, k, (const uint16_t *)((const uint8_t *)xb + m0 / 16 * xstride), mr,
+                    y + m0 * ldy, ldy, p0, p0 + chunk < panels ? p0 + chunk : panels, ws + xbb + th * me, swiglu);
         }
     }
     if (!work) free(ws);

@@ -118,15 +118,21 @@ func qamxWithinBound(t *testing.T, what string, wf, x, y []float32, m, n, k int)
 
 // TestQamxGroups runs the bf16 path where a thread's panels come in
 // several chunks and groups (qa_pass_group: 20 panels, groups of up to 8,
-// k in chunks of 8 strips with a partial last one), against float64.
+// k in chunks of 8 strips with a partial last one), and where tasks are
+// groups over slices of X's rows, against float64.
 func TestQamxGroups(t *testing.T) {
 	needAMX(t)
 	for _, c := range []struct {
-		typ quant.Type
-		k   int
-	}{{quant.Q8_0, 1056}, {quant.Q4_K, 2304}} {
+		typ     quant.Type
+		k, n, m int
+	}{
+		{quant.Q8_0, 1056, 16*19 + 3, 67}, {quant.Q4_K, 2304, 16*19 + 3, 67},
+		// X past QA_X_L2 and too few panels for a group a thread: slices
+		// of 64 rows, the last one 86.
+		{quant.Q8_0, 4864, 37, 150}, {quant.Q4_K, 4864, 37, 150},
+	} {
 		rng := rand.New(rand.NewPCG(uint64(c.typ), uint64(c.k)))
-		const n, m = 16*19 + 3, 67
+		n, m := c.n, c.m
 		w := randQuantWeights(rng, c.typ, n, c.k)
 		wf := make([]float32, n*c.k)
 		if err := quant.Dequantize(c.typ, w, wf); err != nil {

@@ -326,15 +326,17 @@ func TestQmatmulSwiGLU(t *testing.T) {
 		d := dev.(*Device)
 		for _, dt := range []runtime.DType{runtime.Q8_0, runtime.Q4_K, runtime.Q6_K} {
 			q, _ := dt.GGML()
-			k := 2 * 256
 			for _, c := range []struct {
 				m, inter int
 				amxRows  int // d.qAMXRows: 1 puts every product on qamx.c, 0 none
-			}{{70, 48, 1}, {130, 176, 1}, {64, 16, 1}, {70, 40, 1}, {5, 48, 1}, {70, 48, 0}} {
+				k        int
+			}{{70, 48, 1, 512}, {130, 176, 1, 512}, {64, 16, 1, 512}, {70, 40, 1, 512}, {5, 48, 1, 512}, {70, 48, 0, 512},
+				{150, 48, 1, 4864}} { // (the last: X in slices of rows, qamx.c's QA_X_SLICE)
+				k := c.k
 				if c.amxRows > 0 && !qamxAvailable() {
 					continue
 				}
-				t.Run(fmt.Sprintf("%d-threads/%s/m=%d/inter=%d/amx=%d", threads, dt, c.m, c.inter, c.amxRows), func(t *testing.T) {
+				t.Run(fmt.Sprintf("%d-threads/%s/m=%d/k=%d/inter=%d/amx=%d", threads, dt, c.m, c.k, c.inter, c.amxRows), func(t *testing.T) {
 					d.qAMXRows = c.amxRows
 					defer func() { d.qAMXRows = defaultQAMXRows() }()
 					n := 2 * c.inter
