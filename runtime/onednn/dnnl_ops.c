@@ -863,12 +863,27 @@ int64_t bd_kv_write(const bd_device *d, const void *x, const int32_t *slots,
         int64_t t, int64_t row, int64_t elem, void *cache, int64_t nslots) {
     for (int64_t i = 0; i < t; i++)
         if ((int64_t)slots[i] >= nslots) return i;
-    size_t bytes = (size_t)(row * elem);
-    // Sequential: two rows may name one slot, and the later must win.
-    (void)d;
-    for (int64_t i = 0; i < t; i++)
-        if (slots[i] >= 0)
-            memcpy((char *)cache + (int64_t)slots[i] * bytes, (const char *)x + i * bytes, bytes);
+    const size_t bytes = (size_t)(row * elem);
+    if ((int64_t)bytes * t < BD_PAR_BYTES) {
+        for (int64_t i = 0; i < t; i++)
+            if (slots[i] >= 0)
+                memcpy((char *)cache + (int64_t)slots[i] * bytes, (const char *)x + i * bytes, bytes);
+        return -1;
+    }
+    // Two rows may name one slot, and the later must win: a thread takes
+    // the rows whose slots fall in its runs of about a page, in order, so
+    // rows of one slot stay on one thread. (A prompt's rows land on fresh
+    // cache pages, whose first-touch faults made this serial copy 6% of a
+    // 512-token prefill on 16 threads.)
+    const int64_t run = bytes >= 4096 ? 1 : (int64_t)(4096 / bytes);
+    omp_set_num_threads(d->nthreads);
+#pragma omp parallel
+    {
+        const int me = omp_get_thread_num(), all = omp_get_num_threads();
+        for (int64_t i = 0; i < t; i++)
+            if (slots[i] >= 0 && (int64_t)slots[i] / run % all == me)
+                memcpy((char *)cache + (int64_t)slots[i] * bytes, (const char *)x + i * bytes, bytes);
+    }
     return -1;
 }
 

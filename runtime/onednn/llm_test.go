@@ -691,3 +691,73 @@ func TestKVCachePersistsAcrossRuns(t *testing.T) {
 		checkClose(t, got, want, tolF32)
 	}
 }
+
+// TestKVWrite writes rows into a cache by slot, negative slots skipped, on
+// one and three threads, below and above bd_kv_write's threshold for
+// threads (256 KiB of rows), with rows that name one slot twice or three
+// times: the last of them must be what the cache holds, as a serial loop
+// leaves it.
+func TestKVWrite(t *testing.T) {
+	for _, threads := range []int{1, 3} {
+		d := openTest(t, runtime.DeviceSpec{Threads: threads})
+		for _, c := range []struct {
+			rows, hkv, dim, slots int
+		}{{9, 2, 8, 40}, {700, 2, 64, 1000}, {600, 1, 1024, 700}} {
+			t.Run(fmt.Sprintf("threads=%d/rows=%d/row=%d", threads, c.rows, c.hkv*c.dim), func(t *testing.T) {
+				r := newRand(t)
+				row := c.hkv * c.dim
+				x, cache := randVec(r, c.rows*row), randVec(r, c.slots*row)
+				slots := make([]int32, c.rows)
+				for i := range slots {
+					slots[i] = int32(r.IntN(c.slots)) // many repeats
+				}
+				slots[0], slots[c.rows/2], slots[c.rows-1] = -1, slots[1], slots[1]
+				want := slices.Clone(cache)
+				for i, s := range slots {
+					if s >= 0 {
+						copy(want[int(s)*row:], x[i*row:(i+1)*row])
+					}
+				}
+				ctx := t.Context()
+				bufs := map[string]runtime.Buffer{}
+				for name, v := range map[string][]float32{"x": x, "kc": cache} {
+					shape := []int{c.rows, c.hkv, c.dim}
+					if name == "kc" {
+						shape = []int{c.slots, 1, c.hkv, c.dim}
+					}
+					b, err := d.Alloc(runtime.F32, shape...)
+					if err != nil {
+						t.Fatal(err)
+					}
+					defer d.Free(b)
+					if err := d.CopyIn(ctx, b, v); err != nil {
+						t.Fatal(err)
+					}
+					bufs[name] = b
+				}
+				sb, err := d.Alloc(runtime.I32, c.rows)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer d.Free(sb)
+				if err := d.CopyInInt32(ctx, sb, slots); err != nil {
+					t.Fatal(err)
+				}
+				bufs["slots"] = sb
+				g := &runtime.Graph{Ops: []runtime.Op{{Kind: runtime.OpKVWrite, In: []string{"x", "slots"}, Out: "kc"}}}
+				if err := d.Run(ctx, g, bufs); err != nil {
+					t.Fatal(err)
+				}
+				got := make([]float32, len(cache))
+				if err := d.CopyOut(ctx, got, bufs["kc"]); err != nil {
+					t.Fatal(err)
+				}
+				for i := range got {
+					if got[i] != want[i] {
+						t.Fatalf("slot %d element %d: %g, want %g", i/row, i%row, got[i], want[i])
+					}
+				}
+			})
+		}
+	}
+}

@@ -9,14 +9,15 @@
 #       libraries a stock image lacks (libdnnl, libgomp, libOpenCL), this
 #       machine's node, and node_modules without node-llama-cpp's 34 MB git
 #       bundle of llama.cpp's source, into one xz file
-#       (default .devbench/bundle.tar.xz; about 52 MiB).
+#       (default .devbench/bundle.tar.xz; about 52 MiB; with DAEMON=0
+#       without brokerd and brokerctl, about 42 MiB).
 #   bash bench/peers/llamacpp/wide_host.sh run [FILE]
 #       on the other host, from the repository root: unpacks it and runs
 #       main.go's comparison, with -daemon, for each JOBS entry
 #       shape:quant:seconds (default "llama-12x1024:q8_0:150
 #       qwen2.5-0.5b:q8_0:200"), each under its own timeout and all within
 #       BUDGET seconds (default 450); ROUNDS (3) interleaved rounds, DD (8s)
-#       each daemon window. Outputs go to $OUT (default /tmp/wide-host):
+#       each daemon window (DAEMON=0: in process only). Outputs go to $OUT (default /tmp/wide-host):
 #       facts.txt (lscpu, memory, node) and SHAPE-QUANT.txt.
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
@@ -32,7 +33,9 @@ bundle)
   stage=$(mktemp -d)
   trap 'rm -rf "$stage"' EXIT
   mkdir -p "$stage/bin" "$stage/lib" "$(dirname "$file")"
-  (cd "$root" && go build -ldflags '-s -w' -o "$stage/bin/" ./cmd/brokerd ./cmd/brokerctl ./bench/peers/llamacpp)
+  pkgs=(./bench/peers/llamacpp)
+  [ "${DAEMON:-1}" = 0 ] || pkgs+=(./cmd/brokerd ./cmd/brokerctl)
+  (cd "$root" && go build -ldflags '-s -w' -o "$stage/bin/" "${pkgs[@]}")
   for l in $(ldd "$stage/bin/llamacpp" | awk '$3 ~ /^\// {print $3}'); do
     case $(basename "$l") in libdnnl.so.* | libgomp.so.* | libOpenCL.so.*) cp -L "$l" "$stage/lib/" ;; esac
   done
@@ -58,9 +61,10 @@ run)
     [ "$lim" -gt "$left" ] && lim=$left
     [ "$lim" -gt 60 ] || { echo "== $s $q: skipped, $left s of the budget left"; continue; }
     echo "== $s $q at $(el) s"
+    daemon=(-daemon -daemon-duration "${DD:-8s}" -bin "$db/bin")
+    [ "${DAEMON:-1}" = 0 ] && daemon=()
     timeout "$lim" "$db/bin/llamacpp" -shape "$s" -quant "$q" -rounds "${ROUNDS:-3}" -gen-tokens 32 \
-      -concurrency 1,16 -council=false -torch=false -daemon -daemon-duration "${DD:-8s}" -bin "$db/bin" \
-      -work "$db/work" >"$OUT/$s-$q.txt" 2>&1
+      -concurrency 1,16 -council=false -torch=false "${daemon[@]}" -work "$db/work" >"$OUT/$s-$q.txt" 2>&1
     echo "rc $? at $(el) s"
     tail -n 14 "$OUT/$s-$q.txt"
   done
