@@ -892,6 +892,7 @@ int bd_qamx(int wtype, const void *w, int64_t w_bytes, int64_t n_out, int64_t k,
         chunk = grp;
         rows = QA_X_SLICE / (2 * k) / QA_MB * QA_MB;
         if (rows < QA_MB) rows = QA_MB;
+        if (rows > m) rows = m; // (k past 10k: X outgrows the L2 below 64 rows)
     }
     // Slices of whole passes; the last one takes the rest (swiglu's group
     // passes need at least QA_MB rows).

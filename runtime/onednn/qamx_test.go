@@ -130,6 +130,8 @@ func TestQamxGroups(t *testing.T) {
 		// X past QA_X_L2 and too few panels for a group a thread: slices
 		// of 64 rows, the last one 86.
 		{quant.Q8_0, 4864, 37, 150}, {quant.Q4_K, 4864, 37, 150},
+		// X past QA_X_L2 with fewer rows than a slice: one slice of all.
+		{quant.Q8_0, 16384, 37, 48},
 	} {
 		rng := rand.New(rand.NewPCG(uint64(c.typ), uint64(c.k)))
 		n, m := c.n, c.m
