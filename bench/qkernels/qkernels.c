@@ -22,8 +22,13 @@
 //
 //	qkernels token LAYERS HIDDEN KVDIM INTER VOCAB THREADS ITERS
 //	e.g. qkernels token 12 1024 256 2816 128256 2 10   (llama-12x1024)
+//
+// and bd_qamx on THREADS threads as the daemon calls it, in wall time, the
+// best of 15 batches of ITERS calls (swiglu: gate and up with SwiGLU, N/2
+// outputs):
+//
+//	qkernels threads TYPE N K M THREADS ITERS [swiglu]
 #include <stdint.h>
-#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -55,6 +60,33 @@ static uint8_t *q8_matrix(long n, long k, long *bytes) {
     for (long i = 0; i < alloc; i++) w[i] = (uint8_t)rand();
     for (long b = 0; b < *bytes; b += 34) w[b] = 0, w[b + 1] = 0x20;
     return w;
+}
+
+// qtype_block sets TYPE's block bytes and elements (8 Q8_0, 12 Q4_K,
+// 13 Q5_K, 14 Q6_K) and says whether it is one of those.
+static int qtype_block(int type, int *eb, int *ee) {
+    *eb = type == 12 ? 144 : type == 13 ? 176 : type == 14 ? 210 : 34;
+    *ee = type >= 12 ? 256 : 32;
+    return type == 8 || (type >= 12 && type <= 14);
+}
+
+// rand_problem seeds rand with 1 and makes N x K weights of TYPE (random
+// quants, scales fixed at 2^-7: d, and dmin for the K types, so the
+// products stay finite) and M x K activations in [0, 1].
+static void rand_problem(int type, long n, long k, long m, uint8_t **w, long *wb, float **x) {
+    int eb, ee;
+    qtype_block(type, &eb, &ee);
+    *wb = n * (k / ee) * eb;
+    *w = malloc(*wb);
+    srand(1);
+    for (long i = 0; i < *wb; i++) (*w)[i] = (uint8_t)rand();
+    for (long b = 0; b < *wb; b += eb) {
+        uint8_t *d = *w + b + (type == 14 ? 208 : 0);
+        d[0] = 0, d[1] = 0x20;
+        if (type == 12 || type == 13) (*w)[b + 2] = 0, (*w)[b + 3] = 0x20;
+    }
+    *x = malloc(m * k * 4);
+    for (long i = 0; i < m * k; i++) (*x)[i] = rand() / (float)RAND_MAX;
 }
 
 static int stream(long n, long k, int threads, int iters) {
@@ -140,8 +172,8 @@ static int token(long layers, long hidden, long kvdim, long inter, long vocab, i
 // threads_mode: bd_qamx on THREADS threads as the daemon calls it (with
 // swiglu: N/2 outputs of silu(gate)*up), wall time, best of 15 runs of ITERS.
 static int threads_mode(int type, long n, long k, long m, int threads, int iters, int swiglu) {
-    const int eb = type == 12 ? 144 : type == 13 ? 176 : type == 14 ? 210 : 34, ee = type >= 12 ? 256 : 32;
-    if ((type != 8 && (type < 12 || type > 14)) || n <= 0 || k <= 0 || m <= 0 || threads < 1 || iters < 1 ||
+    int eb, ee;
+    if (!qtype_block(type, &eb, &ee) || n <= 0 || k <= 0 || m <= 0 || threads < 1 || iters < 1 ||
             k % ee != 0 || (swiglu && (n % 32 != 0 || m < 64))) {
         fprintf(stderr, "threads: TYPE 8, 12, 13 or 14; sizes positive, K whole blocks; swiglu: N a multiple of 32, M >= 64\n");
         return 2;
@@ -150,26 +182,20 @@ static int threads_mode(int type, long n, long k, long m, int threads, int iters
         fprintf(stderr, "threads: no AMX here\n");
         return 1;
     }
-    const long wb = n * (k / ee) * eb, ny = swiglu ? n / 2 : n;
-    uint8_t *w = malloc(wb);
-    srand(1);
-    for (long i = 0; i < wb; i++) w[i] = (uint8_t)rand();
-    for (long b = 0; b < wb; b += eb) {
-        uint8_t *d = w + b + (type == 14 ? 208 : 0);
-        d[0] = 0, d[1] = 0x20;
-        if (type == 12 || type == 13) w[b + 2] = 0, w[b + 3] = 0x20;
-    }
-    float *x = malloc(m * k * 4), *y = malloc(m * ny * 4);
-    for (long i = 0; i < m * k; i++) x[i] = rand() / (float)RAND_MAX;
+    const long ny = swiglu ? n / 2 : n;
+    uint8_t *w;
+    long wb;
+    float *x, *y = malloc(m * ny * 4);
+    rand_problem(type, n, k, m, &w, &wb, &x);
     const long na = bd_qamx_work_bytes(type, k, m, threads);
     void *wa = aligned_alloc(64, (na + 63) & ~63L);
     const int flags = swiglu ? BD_QAMX_SWIGLU : 0;
     double best = -1;
     for (int r = 0; r < 15; r++) {
-        const double t0 = omp_get_wtime();
+        const double t0 = wall_now();
         for (int i = 0; i < iters; i++)
             if (bd_qamx(type, w, wb, n, k, x, m, y, ny, threads, flags, wa, na) != 0) return 1;
-        const double t = (omp_get_wtime() - t0) / iters;
+        const double t = (wall_now() - t0) / iters;
         if (best < 0 || t < best) best = t;
     }
     printf("type %d, %ld x %ld weights%s, %ld rows, %d threads, wall, best of 15: qamx %.1f us (%.0f GFLOP/s)\n", type, n, k,
@@ -194,28 +220,19 @@ int main(int argc, char **argv) {
     }
     const int type = atoi(argv[1]), iters = atoi(argv[5]);
     const long n = atol(argv[2]), k = atol(argv[3]), m = atol(argv[4]);
-    if (type != 8 && (type < 12 || type > 14)) {
+    int eb, ee;
+    if (!qtype_block(type, &eb, &ee)) {
         fprintf(stderr, "TYPE: 8, 12, 13 or 14\n");
         return 2;
     }
-    const int eb = type == 12 ? 144 : type == 13 ? 176 : type == 14 ? 210 : 34, ee = type >= 12 ? 256 : 32;
     if (n <= 0 || k <= 0 || m <= 0 || iters <= 0 || k % ee != 0) {
         fprintf(stderr, "N, K, M, ITERS positive; K whole blocks of %d\n", ee);
         return 2;
     }
-    // Random quants and scales fixed at 2^-7 (d, and dmin for the K types),
-    // so the products stay finite.
-    const long wb = n * (k / ee) * eb;
-    uint8_t *w = malloc(wb);
-    srand(1);
-    for (long i = 0; i < wb; i++) w[i] = (uint8_t)rand();
-    for (long b = 0; b < wb; b += eb) {
-        uint8_t *d = w + b + (type == 14 ? 208 : 0);
-        d[0] = 0, d[1] = 0x20;
-        if (type == 12 || type == 13) w[b + 2] = 0, w[b + 3] = 0x20;
-    }
-    float *x = malloc(m * k * 4), *y = malloc(m * n * 4);
-    for (long i = 0; i < m * k; i++) x[i] = rand() / (float)RAND_MAX;
+    uint8_t *w;
+    long wb;
+    float *x, *y = malloc(m * n * 4);
+    rand_problem(type, n, k, m, &w, &wb, &x);
 
     // qamx as the daemon calls it (flags 0), and, where that is AMX-INT8
     // (Q8_0, up to 16 rows), on bf16 panels as well.
