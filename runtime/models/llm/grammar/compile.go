@@ -186,6 +186,11 @@ func Compile(ctx context.Context, v *Vocab, kind Kind, src string, lim Limits) (
 }
 
 func compileGBNF(ctx context.Context, v *Vocab, gbnf string, lim Limits) (*Grammar, error) {
+	// Checked first as well: the loop below checks only every 16th terminal
+	// it precomputes, and a slow host can pass lim.Precompute before one.
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
 	ir, err := parseGBNF(gbnf, lim)
 	if err != nil {
 		return nil, err

@@ -255,11 +255,16 @@ func TestDeadEnd(t *testing.T) {
 	}
 }
 
+// TestCompileCanceled: a cancelled context fails the compile, also when
+// the precompute budget runs out before the loop's first check of it (a
+// slow host under the race detector did that with the default 40 ms).
 func TestCompileCanceled(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	_, err := Compile(ctx, getSmallVocab(t), KindJSON, "", Limits{})
-	if !errors.Is(err, context.Canceled) {
-		t.Fatalf("got %v", err)
+	for _, lim := range []Limits{{}, {Precompute: 1}} {
+		_, err := Compile(ctx, getSmallVocab(t), KindJSON, "", lim)
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("precompute %v: got %v", lim.Precompute, err)
+		}
 	}
 }
