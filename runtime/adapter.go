@@ -288,6 +288,12 @@ type Op struct {
 	Perm   []int      // OpPermute
 	Shape  []int      // OpPermute (input view), OpReshape (output shape)
 	Heads  int        // OpAttention
+	// BF16Products (OpPagedAttention only) lets the adapter round Q, K, the
+	// softmax's probabilities and V to bf16 for its two products, which
+	// still accumulate in f32 (the softmax stays f32): for models whose
+	// weights are block-quantized, whose error is far above bf16's
+	// rounding. An adapter without such a kernel computes as without it.
+	BF16Products bool
 	// DType is OpConvert's output type, and OpMatMul's and OpBatchMatMul's:
 	// 0 or F32, or BF16 for bf16 operands (the product still accumulates in
 	// f32 and is rounded once), so a product that only feeds other bf16

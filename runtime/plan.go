@@ -268,6 +268,8 @@ func inferOp(op Op, in []TensorType) (TensorType, error) {
 		return TensorType{}, fmt.Errorf("Perm is only for permute")
 	case op.Shape != nil && op.Kind != OpPermute && op.Kind != OpReshape:
 		return TensorType{}, fmt.Errorf("Shape is only for permute and reshape")
+	case op.BF16Products && op.Kind != OpPagedAttention:
+		return TensorType{}, fmt.Errorf("BF16Products is only for paged-attention")
 	case op.DType != 0 && op.Kind != OpConvert && op.Kind != OpMatMul && op.Kind != OpBatchMatMul && op.Kind != OpAttention:
 		return TensorType{}, fmt.Errorf("DType is only for convert, matmul, batch-matmul and attention")
 	}

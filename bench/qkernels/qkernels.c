@@ -28,6 +28,15 @@
 // outputs):
 //
 //	qkernels threads TYPE N K M THREADS ITERS [swiglu]
+//
+// and a TOKENS-token prefill's attention over one sequence on one thread, in
+// CPU time, the minimum over 15 batches of ITERS: the f32 row kernel
+// (attend_avx512.c, blocks of 16 query rows) against the AMX one
+// (attend_amx.c, blocks of up to 64), with their largest difference:
+//
+//	qkernels attend HQ HKV DIM TOKENS ITERS
+//	e.g. qkernels attend 14 2 64 512 5   (Qwen2.5-0.5B's heads)
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -203,7 +212,75 @@ static int threads_mode(int type, long n, long k, long m, int threads, int iters
     return 0;
 }
 
+// attend_amx.c and attend_avx512.c
+int64_t bd_attend_amx_bytes(int64_t dim);
+void bd_attend_amx_begin(void);
+void bd_attend_amx_end(void);
+void bd_attend_amx(const void *q, int q_bf16, const void *kc, const void *vc, int kv_bf16, const int32_t *row,
+        const int32_t *pos, int64_t t0, int64_t tn, int64_t g, int64_t hq, int64_t hkv, int64_t dim, int64_t bs,
+        float scale, void *out, void *work);
+void bd_attend_rows_avx512(const void *q, int q_bf16, const void *kc, const void *vc, int kv_bf16,
+        const int32_t *row, const int32_t *pos, int64_t t0, int64_t tn, int64_t h0, int64_t hc, int64_t g,
+        int64_t hq, int64_t hkv, int64_t dim, int64_t bs, float scale, void *out);
+
+static float frand(void) { return (float)rand() / RAND_MAX * 2 - 1; }
+
+static int attend_mode(long hq, long hkv, long dim, long tokens, int iters) {
+    const long group = hkv > 0 ? hq / hkv : 0, bs = 16;
+    if (hq <= 0 || hkv <= 0 || hq % hkv || dim % 32 || dim > 256 || group > 64 || tokens <= 0 || iters <= 0) {
+        fprintf(stderr, "HQ a multiple of HKV, at most 64 times; DIM a multiple of 32 up to 256\n");
+        return 2;
+    }
+    if (!bd_qamx_available()) {
+        fprintf(stderr, "no AMX here\n");
+        return 1;
+    }
+    const long nb = (tokens + bs - 1) / bs, kvn = nb * bs * hkv * dim;
+    float *q = malloc(tokens * hq * dim * 4), *kc = malloc(kvn * 4), *vc = malloc(kvn * 4);
+    float *y[2] = {malloc(tokens * hq * dim * 4), malloc(tokens * hq * dim * 4)};
+    int32_t *row = malloc(nb * 4), *pos = malloc(tokens * 4);
+    for (long i = 0; i < tokens * hq * dim; i++) q[i] = 3 * frand();
+    for (long i = 0; i < kvn; i++) kc[i] = frand(), vc[i] = frand();
+    for (long i = 0; i < nb; i++) row[i] = (int32_t)(nb - 1 - i); // blocks in reverse, as a server's are not in order
+    for (long i = 0; i < tokens; i++) pos[i] = (int32_t)i;
+    void *work = aligned_alloc(64, (bd_attend_amx_bytes(dim) + 63) & ~63L);
+    const float scale = 1 / sqrtf((float)dim);
+    double flops = 0;
+    for (long i = 0; i < tokens; i++) flops += 4.0 * hq * dim * (i + 1);
+    double best[2] = {1e30, 1e30};
+    for (int r = 0; r < 15; r++) {
+        for (int v = 0; v < 2; v++) {
+            const long tb = v ? 64 / group : (group < 16 ? 16 / group : 1);
+            const double t0 = cpu_now();
+            if (v) bd_attend_amx_begin();
+            for (int it = 0; it < iters; it++)
+                for (long t = 0; t < tokens; t += tb)
+                    for (long g = 0; g < hkv; g++) {
+                        const long tn = tokens - t < tb ? tokens - t : tb;
+                        if (v)
+                            bd_attend_amx(q, 0, kc, vc, 0, row, pos, t, tn, g, hq, hkv, dim, bs, scale, y[1], work);
+                        else
+                            for (long h = 0; h < group; h += 16)
+                                bd_attend_rows_avx512(q, 0, kc, vc, 0, row, pos, t, tn, g * group + h,
+                                        group - h < 16 ? group - h : 16, g, hq, hkv, dim, bs, scale, y[0]);
+                    }
+            if (v) bd_attend_amx_end();
+            const double dt = (cpu_now() - t0) / iters;
+            if (dt < best[v]) best[v] = dt;
+        }
+    }
+    double diff = 0;
+    for (long i = 0; i < tokens * hq * dim; i++) diff = fmax(diff, fabs(y[0][i] - y[1][i]));
+    printf("attention, %ld tokens, %ld query and %ld kv heads of %ld, one thread, best of 15x%d: "
+           "f32 rows %.3f ms (%.1f GFLOP/s), AMX %.3f ms (%.1f GFLOP/s), %.2fx; largest difference %.2g\n",
+            tokens, hq, hkv, dim, iters, best[0] * 1e3, flops / best[0] / 1e9, best[1] * 1e3, flops / best[1] / 1e9,
+            best[0] / best[1], diff);
+    return 0;
+}
+
 int main(int argc, char **argv) {
+    if (argc == 7 && !strcmp(argv[1], "attend"))
+        return attend_mode(atol(argv[2]), atol(argv[3]), atol(argv[4]), atol(argv[5]), atoi(argv[6]));
     if ((argc == 8 || argc == 9) && !strcmp(argv[1], "threads"))
         return threads_mode(atoi(argv[2]), atol(argv[3]), atol(argv[4]), atol(argv[5]), atoi(argv[6]), atoi(argv[7]),
                 argc == 9 && !strcmp(argv[8], "swiglu"));
@@ -215,7 +292,8 @@ int main(int argc, char **argv) {
         fprintf(stderr, "usage: qkernels TYPE N K M ITERS (TYPE 8 Q8_0, 12 Q4_K, 13 Q5_K, 14 Q6_K)\n"
                         "       qkernels stream N K THREADS ITERS\n"
                         "       qkernels token LAYERS HIDDEN KVDIM INTER VOCAB THREADS ITERS\n"
-                        "       qkernels threads TYPE N K M THREADS ITERS [swiglu]\n");
+                        "       qkernels threads TYPE N K M THREADS ITERS [swiglu]\n"
+                        "       qkernels attend HQ HKV DIM TOKENS ITERS\n");
         return 2;
     }
     const int type = atoi(argv[1]), iters = atoi(argv[5]);

@@ -11,11 +11,13 @@
 #   e.g. bash bench/qkernels/run.sh token 12 1024 256 2816 128256 2 10   (llama-12x1024's Q8_0 token)
 #   bash bench/qkernels/run.sh threads TYPE N K M THREADS ITERS [swiglu]
 #   e.g. bash bench/qkernels/run.sh threads 8 896 4864 512 16 4   (qamx on 16 threads, wall time)
+#   bash bench/qkernels/run.sh attend HQ HKV DIM TOKENS ITERS
+#   e.g. bash bench/qkernels/run.sh attend 14 2 64 512 5   (a prefill's attention, f32 rows against AMX)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 src=$root/runtime/onednn
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 gcc -O3 -fopenmp -I"$src" "$root/bench/qkernels/qkernels.c" "$src/qamx.c" "$src/qgemm.c" "$src/dequant.c" \
-  "$src/dnnl_ops.c" "$src/vec_avx512.c" "$src/attend_avx512.c" "$src/gemv_bf16.c" -o "$out/qkernels" -ldnnl -lm
+  "$src/dnnl_ops.c" "$src/vec_avx512.c" "$src/attend_avx512.c" "$src/attend_amx.c" "$src/gemv_bf16.c" -o "$out/qkernels" -ldnnl -lm
 "$out/qkernels" "$@"

@@ -1016,6 +1016,77 @@ void bd_attend_rows_avx512(const void *q, int q_bf16, const void *kc, const void
 #define BD_FA_GROUPDIM 128
 void bd_attend_group_avx512(BD_ATTEND_ARGS);
 
+// attend_amx.c
+#define BD_AMX_ROWS 64
+int64_t bd_attend_amx_bytes(int64_t dim);
+void bd_attend_amx_begin(void);
+void bd_attend_amx_end(void);
+void bd_attend_amx(const void *q, int q_bf16, const void *kc, const void *vc, int kv_bf16,
+        const int32_t *row, const int32_t *pos, int64_t t0, int64_t tn, int64_t g, int64_t hq, int64_t hkv,
+        int64_t dim, int64_t bs, float scale, void *out, void *work);
+
+// paged_attention_amx runs bd_paged_attention's checked work with the
+// blocks of at least 16 query rows (prefill chunks) on AMX tiles
+// (attend_amx.c) and the rest (decode steps) on the AVX-512 kernels, as
+// the caller would. A block is up to BD_AMX_ROWS rows (tokens of one
+// sequence × a kv head's query heads); blocks shrink, down to 16 rows,
+// while there would be fewer than two a thread. Returns -1 (nothing
+// written) when it cannot allocate its scratch.
+static int paged_attention_amx(const bd_device *d, const void *q, int q_bf16, const void *kc, const void *vc,
+        int kv_bf16, const int32_t *table, const int32_t *seq, const int32_t *pos, int64_t t, int64_t hq,
+        int64_t hkv, int64_t dim, int64_t bs, int64_t maxb, float scale, int64_t work, void *out) {
+    const int64_t group = hq / hkv, minb = (16 + group - 1) / group;
+    int64_t *start = malloc((size_t)(t + 1) * sizeof *start);
+    if (start == NULL) return -1;
+    int64_t nb = 0;
+    for (int64_t tb = BD_AMX_ROWS / group;; tb = tb / 2 > minb ? tb / 2 : minb) {
+        nb = 0;
+        for (int64_t ti = 0; ti < t;) {
+            int64_t e = ti + 1;
+            while (e < t && e - ti < tb && seq[e] == seq[ti]) e++;
+            start[nb++] = ti;
+            ti = e;
+        }
+        if (tb <= minb || nb * hkv >= 2 * d->nthreads) break;
+    }
+    start[nb] = t;
+    const int64_t tasks = nb * hkv, wbytes = (bd_attend_amx_bytes(dim) + 63) & ~(int64_t)63;
+    const attend_fn one = dim <= BD_FA_GROUPDIM && group <= BD_FA_GROUP ? bd_attend_group_avx512 : attend_avx512;
+    int failed = 0;
+#pragma omp parallel if (work >= BD_PAR_MIN && tasks > 1)
+    {
+        void *mine = aligned_alloc(64, (size_t)wbytes);
+        if (mine == NULL) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp barrier
+        if (!failed) {
+            bd_attend_amx_begin();
+            // Largest first: a prefill's last blocks see the most keys.
+#pragma omp for schedule(dynamic, 1)
+            for (int64_t i = tasks - 1; i >= 0; i--) {
+                const int64_t b = i / hkv, g = i % hkv, t0 = start[b], tn = start[b + 1] - t0;
+                const int32_t *row = table + (int64_t)seq[t0] * maxb;
+                if (tn * group >= 16) {
+                    bd_attend_amx(q, q_bf16, kc, vc, kv_bf16, row, pos, t0, tn, g, hq, hkv, dim, bs, scale, out, mine);
+                } else if (tn * group < BD_FA_MINROWS) {
+                    for (int64_t ti = t0; ti < t0 + tn; ti++)
+                        one(q, q_bf16, kc, vc, kv_bf16, row, (int64_t)pos[ti] + 1, ti, g, hq, hkv, dim, bs, group,
+                                scale, out);
+                } else {
+                    bd_attend_rows_avx512(q, q_bf16, kc, vc, kv_bf16, row, pos, t0, tn, g * group, group, g, hq, hkv,
+                            dim, bs, scale, out);
+                }
+            }
+            bd_attend_amx_end();
+        }
+        free(mine);
+    }
+    free(start);
+    return failed ? -1 : 0;
+}
+
 static attend_fn attend_pick(void) {
     if (bd_have_avx512()) return attend_avx512;
     __builtin_cpu_init();
@@ -1027,7 +1098,7 @@ int64_t bd_paged_attention(const bd_device *d, const void *q, int q_bf16,
         const void *kc, const void *vc, int kv_bf16, const int32_t *table,
         const int32_t *seq, const int32_t *pos, int64_t t, int64_t hq,
         int64_t hkv, int64_t dim, int64_t nblocks, int64_t bs, int64_t s,
-        int64_t maxb, float scale, void *out, int *why) {
+        int64_t maxb, float scale, int amx, void *out, int *why) {
     // Check every index first, so a bad one leaves out untouched.
     for (int64_t ti = 0; ti < t; ti++) {
         if (seq[ti] < 0 || seq[ti] >= s) { *why = 1; return ti; }
@@ -1041,6 +1112,10 @@ int64_t bd_paged_attention(const bd_device *d, const void *q, int q_bf16,
     for (int64_t ti = 0; ti < t; ti++) work += ((int64_t)pos[ti] + 1) * hq * dim;
     attend_fn attend = attend_pick();
     omp_set_num_threads(d->nthreads);
+    if (amx && attend == attend_avx512 && dim % 32 == 0 && dim <= BD_FA_MAXDIM && group <= BD_AMX_ROWS &&
+            paged_attention_amx(d, q, q_bf16, kc, vc, kv_bf16, table, seq, pos, t, hq, hkv, dim, bs, maxb, scale,
+                    work, out) == 0)
+        return -1;
     if (attend == attend_avx512 && dim % 16 == 0 && dim <= BD_FA_MAXDIM) {
         // Blocks of up to 16 query rows (consecutive tokens of one sequence
         // × query heads of one kv head) for the row kernel; a block of one

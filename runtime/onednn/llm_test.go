@@ -461,6 +461,64 @@ func TestPagedAttention(t *testing.T) {
 	}
 }
 
+// TestPagedAttentionBF16Products runs the op with BF16Products, which on
+// a CPU with AMX sends blocks of 16 to 64 query rows (prefill chunks) to
+// attend_amx.c with bf16 products and the rest (decode steps, heads the
+// tiles cannot take) to the f32 kernels, against the float64 reference:
+// head dims 32 to 256, groups 1 to 64, block sizes that split the
+// 32-position passes, decode steps and padding in the same step, and a
+// thread count that shrinks the blocks. Where the AMX kernel runs, its
+// output must differ from the f32 op's (bf16 rounding), which says it ran.
+func TestPagedAttentionBF16Products(t *testing.T) {
+	tests := []struct {
+		name    string
+		threads int
+		attnCase
+		amx bool // the case has a block the tiles take
+	}{
+		{"qwen heads prefill and decodes", 0, attnCase{hq: 14, hkv: 2, d: 64, bs: 16, ctx: []int{0, 70, 15, 33}, add: []int{100, 1, 5, 1}, pad: 3}, true},
+		{"llama heads long prefill", 0, attnCase{hq: 16, hkv: 4, d: 64, bs: 16, ctx: []int{0}, add: []int{150}}, true},
+		{"d128 bs5 chunk after context", 0, attnCase{hq: 8, hkv: 2, d: 128, bs: 5, ctx: []int{37}, add: []int{40}}, true},
+		{"mha d32 bs3", 0, attnCase{hq: 3, hkv: 3, d: 32, bs: 3, ctx: []int{0, 4}, add: []int{50, 1}}, true},
+		{"d256 group 2", 0, attnCase{hq: 4, hkv: 2, d: 256, bs: 16, ctx: []int{10}, add: []int{33}}, true},
+		{"group 64 one token a block", 0, attnCase{hq: 64, hkv: 1, d: 32, bs: 16, ctx: []int{5}, add: []int{3}}, true},
+		{"group 20", 0, attnCase{hq: 20, hkv: 1, d: 64, bs: 16, ctx: []int{17}, add: []int{7}}, true},
+		{"seven threads shrink the blocks", 7, attnCase{hq: 14, hkv: 2, d: 64, bs: 16, ctx: []int{0, 3}, add: []int{60, 30}}, true},
+		{"decodes only", 0, attnCase{hq: 14, hkv: 2, d: 64, bs: 16, ctx: []int{40, 3}, add: []int{1, 1}}, false},
+		{"d48 stays f32", 0, attnCase{hq: 4, hkv: 1, d: 48, bs: 16, ctx: []int{0}, add: []int{20}}, false},
+	}
+	devs := map[int]*Device{}
+	for _, tc := range tests {
+		if devs[tc.threads] == nil {
+			devs[tc.threads] = openTest(t, runtime.DeviceSpec{Threads: tc.threads})
+		}
+	}
+	for _, dt := range floatTypes {
+		for _, tc := range tests {
+			t.Run(fmt.Sprintf("%s/%s", dt, tc.name), func(t *testing.T) {
+				d := devs[tc.threads]
+				needBF16(t, d, dt)
+				p := newAttnProblem(newRand(t), tc.attnCase)
+				g := attnGraph(0)
+				g.Ops[2].BF16Products = true
+				y, kc, vc, err := attnRun(t, d, g, p, dt)
+				if err != nil {
+					t.Fatal(err)
+				}
+				scale := 1 / math.Sqrt(float64(p.d))
+				checkClose(t, y, refPagedAttention(operands(p.q, dt), to64(kc), to64(vc), p.paged, scale), tolBF16)
+				plain, _, _, err := attnRun(t, d, attnGraph(0), p, dt)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if same := slices.Equal(y, plain); same == (tc.amx && qamxAvailable()) {
+					t.Errorf("output equal to the f32 op's: %v; want %v (AMX here: %v)", same, !(tc.amx && qamxAvailable()), qamxAvailable())
+				}
+			})
+		}
+	}
+}
+
 // TestPagedAttentionNaN: a NaN in one token's query makes that token's
 // output NaN and leaves the others finite, on the prefill kernel (a
 // 20-token chunk, blocks of rows) and the decode one (one token a
@@ -473,15 +531,19 @@ func TestPagedAttentionNaN(t *testing.T) {
 	for i := range p.d {
 		p.q[(bad*p.hq+1)*p.d+i] = float32(math.NaN())
 	}
-	y, _, _, err := attnRun(t, d, attnGraph(0), p, runtime.F32)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for ti := range p.t {
-		for h := range p.hq {
-			v := y[(ti*p.hq+h)*p.d]
-			if want := ti == bad && h == 1; math.IsNaN(float64(v)) != want {
-				t.Errorf("token %d head %d: output %g, want NaN %v", ti, h, v, want)
+	for _, bf16 := range []bool{false, true} { // with bf16, the chunk's blocks run on AMX tiles where the CPU has them
+		g := attnGraph(0)
+		g.Ops[2].BF16Products = bf16
+		y, _, _, err := attnRun(t, d, g, p, runtime.F32)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for ti := range p.t {
+			for h := range p.hq {
+				v := y[(ti*p.hq+h)*p.d]
+				if want := ti == bad && h == 1; math.IsNaN(float64(v)) != want {
+					t.Errorf("BF16Products %v: token %d head %d: output %g, want NaN %v", bf16, ti, h, v, want)
+				}
 			}
 		}
 	}
@@ -546,11 +608,21 @@ func BenchmarkPagedAttentionPrefill(b *testing.B) {
 	b.Run("gqa7", func(b *testing.B) {
 		benchAttention(b, attnBench{seqs: 1, tokens: 512, ctx: 512, hq: 14, hkv: 2, dim: 64})
 	})
+	// BF16Products: AMX tiles where the CPU has them (attend_amx.c).
+	b.Run("gqa4-bf16products", func(b *testing.B) {
+		benchAttention(b, attnBench{seqs: 1, tokens: 512, ctx: 512, hq: 16, hkv: 4, dim: 64, bf16Products: true})
+	})
+	b.Run("gqa7-bf16products", func(b *testing.B) {
+		benchAttention(b, attnBench{seqs: 1, tokens: 512, ctx: 512, hq: 14, hkv: 2, dim: 64, bf16Products: true})
+	})
 }
 
 // attnBench is a step of seqs sequences of ctx positions each, of which
 // the last tokens are the step's queries.
-type attnBench struct{ seqs, tokens, ctx, hq, hkv, dim int }
+type attnBench struct {
+	seqs, tokens, ctx, hq, hkv, dim int
+	bf16Products                    bool
+}
 
 func benchAttention(b *testing.B, c attnBench) {
 	for _, dt := range floatTypes {
@@ -598,7 +670,8 @@ func benchAttention(b *testing.B, c attnBench) {
 					b.Fatal(err)
 				}
 			}
-			g := &runtime.Graph{Ops: []runtime.Op{{Kind: runtime.OpPagedAttention, In: []string{"q", "kc", "vc", "table", "seq", "pos"}, Out: "y"}}}
+			g := &runtime.Graph{Ops: []runtime.Op{{Kind: runtime.OpPagedAttention, In: []string{"q", "kc", "vc", "table", "seq", "pos"}, Out: "y",
+				BF16Products: c.bf16Products}}}
 			bytes := float64(2 * c.seqs * c.ctx * c.hkv * c.dim * dt.Size()) // K and V rows read once per step
 			b.SetBytes(int64(bytes))
 			b.ResetTimer()
