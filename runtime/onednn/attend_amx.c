@@ -38,14 +38,18 @@ typedef struct {
 //   ot  f32  [AA_TILES][dim][16 rows]                  Oᵀ
 //   kb  bf16 [AA_KEYS][dim]                            the pass's keys
 //   vt  bf16 [dim/16][16 d][AA_KEYS]                   the pass's values, transposed
-//   sb  f32  [AA_KEYS][16]; pb bf16 [16][32]; tb f32 [16][16]
+//   sb  f32  [AA_KEYS][16 rows]                        a tile's Sᵀ for the pass
+//   pb  bf16 [16 key pairs][16 rows][2]                its P
+//   tb  f32  [dim][16 rows]                            its Vᵀ·P
 static int64_t aa_qb(int64_t dim) { return AA_TILES * dim * 16 * 2; }
 static int64_t aa_ot(int64_t dim) { return AA_TILES * dim * 16 * 4; }
 static int64_t aa_kb(int64_t dim) { return AA_KEYS * dim * 2; }
 static int64_t aa_vt(int64_t dim) { return dim * AA_KEYS * 2; }
+static int64_t aa_sb(void) { return AA_KEYS * 16 * 4; }
+static int64_t aa_pb(void) { return AA_KEYS * 16 * 2; }
 
 int64_t bd_attend_amx_bytes(int64_t dim) {
-    return aa_qb(dim) + aa_ot(dim) + aa_kb(dim) + aa_vt(dim) + AA_KEYS * 64 + 1024 + 1024;
+    return aa_qb(dim) + aa_ot(dim) + aa_kb(dim) + aa_vt(dim) + aa_sb() + aa_pb() + dim * 16 * 4;
 }
 
 // bd_attend_amx_begin and _end bracket a thread's calls: the tile
@@ -123,30 +127,35 @@ AA_TARGET void bd_attend_amx(const void *q, int q_bf16, const void *kc, const vo
     const int64_t group = hq / hkv, rows = tn * group, kvrow = hkv * dim, ds = dim / 32, nt = (rows + 15) / 16;
     uint8_t *w = work;
     uint16_t *qb = (uint16_t *)w;
-    float *ot = (float *)(w + aa_qb(dim));
-    uint16_t *kb = (uint16_t *)(w + aa_qb(dim) + aa_ot(dim));
-    uint16_t *vt = (uint16_t *)((uint8_t *)kb + aa_kb(dim));
-    float *sb = (float *)((uint8_t *)vt + aa_vt(dim));
-    uint16_t *pb = (uint16_t *)((uint8_t *)sb + AA_KEYS * 64);
-    float *tb = (float *)((uint8_t *)pb + 1024);
+    float *ot = (float *)(w += aa_qb(dim));
+    uint16_t *kb = (uint16_t *)(w += aa_ot(dim));
+    uint16_t *vt = (uint16_t *)(w += aa_kb(dim));
+    float *sb = (float *)(w += aa_vt(dim));
+    uint16_t *pb = (uint16_t *)(w += aa_sb());
+    float *tb = (float *)(w += aa_pb());
 
-    // Qᵀ·scale in B-tile pairs, zeros for the rows past the task's: per
-    // tile and 32 dims, the 16 rows' bf16 pairs as a 16×16 block of 32-bit
-    // values, transposed so each pair index is a tile row.
+    // Qᵀ·scale in B-tile pairs: per tile and 32 dims, the 16 rows' bf16
+    // pairs as a 16×16 block of 32-bit values, transposed so each pair
+    // index is a tile row. Lanes past the task's rows hold zeros and the
+    // tile's largest position: their scores are 0, finite, and unused.
     int32_t nv[AA_TILES * 16] __attribute__((aligned(64)));
-    int64_t tmax[AA_TILES] = {0}, nmax = 0;
+    int64_t tmin[AA_TILES], tmax[AA_TILES], nmax = 0;
     const __m512 vscale = _mm512_set1_ps(scale);
     for (int64_t i = 0; i < nt; i++) {
         int64_t off[16];
+        tmin[i] = INT64_MAX, tmax[i] = 0;
         for (int64_t r = 0; r < 16; r++) {
             const int64_t rr = i * 16 + r;
-            nv[rr] = 0, off[r] = -1; // unused lanes see no key
+            off[r] = -1;
             if (rr >= rows) continue;
             const int64_t t = t0 + rr / group, h = g * group + rr % group;
             off[r] = (t * hq + h) * dim;
             nv[rr] = pos[t] + 1;
-            if (nv[rr] > tmax[i]) tmax[i] = nv[rr];
+            tmin[i] = nv[rr] < tmin[i] ? nv[rr] : tmin[i];
+            tmax[i] = nv[rr] > tmax[i] ? nv[rr] : tmax[i];
         }
+        for (int64_t r = 0; r < 16; r++)
+            if (off[r] < 0) nv[i * 16 + r] = (int32_t)tmax[i];
         for (int64_t j = 0; j < ds; j++) {
             __m512 v[16];
             for (int64_t r = 0; r < 16; r++) {
@@ -161,11 +170,11 @@ AA_TARGET void bd_attend_amx(const void *q, int q_bf16, const void *kc, const vo
             uint16_t *dst = qb + (i * ds + j) * 512;
             for (int64_t p = 0; p < 16; p++) _mm512_store_ps((float *)(dst + 32 * p), v[p]);
         }
+        nmax = tmax[i] > nmax ? tmax[i] : nmax;
     }
-    for (int64_t i = 0; i < nt; i++) nmax = tmax[i] > nmax ? tmax[i] : nmax;
     memset(ot, 0, (size_t)(nt * dim * 16 * 4));
     const __m512 ninf = _mm512_set1_ps(-INFINITY);
-    __m512 m[AA_TILES], l[AA_TILES];
+    __m512 m[AA_TILES], l[AA_TILES], c[AA_TILES];
     for (int64_t i = 0; i < AA_TILES; i++) m[i] = ninf, l[i] = _mm512_setzero_ps();
     // P's two key vectors (lanes = rows) interleaved into pairs.
     const __m512i pairs = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
@@ -203,8 +212,11 @@ AA_TARGET void bd_attend_amx(const void *q, int q_bf16, const void *kc, const vo
             for (int64_t d = 0; d < 16; d++)
                 _mm512_store_si512((void *)(dst + d * AA_KEYS), (__m512i)_mm512_cvtne2ps_pbh(hi[d], lo[d]));
         }
-        for (int64_t i = 0; i < nt; i++) {
-            if (p0 >= tmax[i]) continue; // every row of this tile sees fewer keys
+        // The tiles whose rows see any of these keys: i0..nt-1 (a block's
+        // later rows see more).
+        int64_t i0 = 0;
+        while (i0 < nt && p0 >= tmax[i0]) i0++;
+        for (int64_t i = i0; i < nt; i++) {
             _tile_zero(0);
             _tile_zero(1);
             for (int64_t j = 0; j < ds; j++) {
@@ -216,43 +228,73 @@ AA_TARGET void bd_attend_amx(const void *q, int q_bf16, const void *kc, const vo
             }
             _tile_stored(0, sb, 64);
             _tile_stored(1, sb + 256, 64);
-            // Causal mask (and the pass's tail, and unused lanes): key p0+k
-            // is seen by the rows with p0+k < n.
-            const __m512i n = _mm512_load_si512(nv + 16 * i);
+            // The online softmax, rows in the lanes.
+            const float *si = sb;
             __m512 s[AA_KEYS];
+            for (int64_t k = 0; k < AA_KEYS; k++) s[k] = _mm512_load_ps(si + 16 * k);
+            // A pass below every row's position needs no mask.
+            const int full = p0 + AA_KEYS <= tmin[i];
             __mmask16 valid[AA_KEYS];
-            __m512 mt = m[i];
-            for (int64_t k = 0; k < AA_KEYS; k++) {
-                valid[k] = _mm512_cmplt_epi32_mask(_mm512_set1_epi32((int32_t)(p0 + k)), n);
-                s[k] = _mm512_mask_blend_ps(valid[k], ninf, _mm512_load_ps(sb + 16 * k));
-                mt = _mm512_max_ps(mt, s[k]);
-            }
-            // Rows that have seen no key yet keep m = -inf; their c must not
-            // be exp(-inf - -inf) = NaN.
-            const __mmask16 live = _mm512_cmp_ps_mask(mt, ninf, _CMP_NEQ_OQ);
-            const __m512 c = _mm512_mask_blend_ps(live, _mm512_set1_ps(1.0f), aa_exp(_mm512_sub_ps(m[i], mt)));
-            __m512 li = _mm512_mul_ps(l[i], c);
-            for (int64_t k = 0; k < AA_KEYS; k++) {
-                s[k] = _mm512_maskz_mov_ps(valid[k], aa_exp(_mm512_sub_ps(s[k], mt)));
-                li = _mm512_add_ps(li, s[k]);
-            }
-            l[i] = li;
-            m[i] = mt;
-            for (int64_t k = 0; k < AA_KEYS; k += 2)
-                _mm512_store_si512((void *)(pb + k * 16),
-                        _mm512_permutexvar_epi16(pairs, (__m512i)_mm512_cvtne2ps_pbh(s[k + 1], s[k])));
-            _tile_loadd(7, pb, 64);
-            float *o = ot + i * dim * 16;
-            for (int64_t d0 = 0; d0 < dim; d0 += 16) {
-                _tile_zero(5);
-                _tile_loadd(6, vt + d0 * AA_KEYS, 64);
-                _tile_dpbf16ps(5, 6, 7);
-                _tile_stored(5, tb, 64);
-                for (int64_t d = 0; d < 16; d++) {
-                    float *od = o + (d0 + d) * 16;
-                    _mm512_store_ps(od, _mm512_fmadd_ps(_mm512_load_ps(od), c, _mm512_load_ps(tb + 16 * d)));
+            if (!full) {
+                // Causal mask (and the pass's tail): key p0+k is seen by the
+                // rows with p0+k < n.
+                const __m512i n = _mm512_load_si512(nv + 16 * i);
+                for (int64_t k = 0; k < AA_KEYS; k++) {
+                    valid[k] = _mm512_cmplt_epi32_mask(_mm512_set1_epi32((int32_t)(p0 + k)), n);
+                    s[k] = _mm512_mask_blend_ps(valid[k], ninf, s[k]);
                 }
             }
+            __m512 mx[AA_KEYS / 2];
+            for (int64_t k = 0; k < AA_KEYS / 2; k++) mx[k] = _mm512_max_ps(s[2 * k], s[2 * k + 1]);
+            for (int64_t w2 = AA_KEYS / 4; w2 >= 1; w2 /= 2)
+                for (int64_t k = 0; k < w2; k++) mx[k] = _mm512_max_ps(mx[2 * k], mx[2 * k + 1]);
+            const __m512 mt = _mm512_max_ps(m[i], mx[0]);
+            // Rows that have seen no key yet keep m = -inf; their c must not
+            // be exp(-inf - -inf) = NaN. (A NaN score makes mt NaN: its row
+            // is NaN from here, as in the f32 kernels.)
+            const __mmask16 live = _mm512_cmp_ps_mask(mt, ninf, _CMP_NEQ_OQ);
+            c[i] = _mm512_mask_blend_ps(live, _mm512_set1_ps(1.0f), aa_exp(_mm512_sub_ps(m[i], mt)));
+            m[i] = mt;
+            for (int64_t k = 0; k < AA_KEYS; k++) {
+                s[k] = aa_exp(_mm512_sub_ps(s[k], mt));
+                if (!full) s[k] = _mm512_maskz_mov_ps(valid[k], s[k]);
+            }
+            uint16_t *pi = pb;
+            for (int64_t k = 0; k < AA_KEYS; k += 2) {
+                _mm512_store_si512((void *)(pi + k * 16),
+                        _mm512_permutexvar_epi16(pairs, (__m512i)_mm512_cvtne2ps_pbh(s[k + 1], s[k])));
+                mx[k / 2] = _mm512_add_ps(s[k], s[k + 1]);
+            }
+            for (int64_t w2 = AA_KEYS / 4; w2 >= 1; w2 /= 2)
+                for (int64_t k = 0; k < w2; k++) mx[k] = _mm512_add_ps(mx[2 * k], mx[2 * k + 1]);
+            l[i] = _mm512_fmadd_ps(l[i], c[i], mx[0]);
+            // Vᵀ·P, four 16-dim tiles at a time (tmm0-3; Vᵀ in tmm4-6).
+            _tile_loadd(7, pb, 64);
+            float *ti = tb;
+            for (int64_t d0 = 0; d0 < dim; d0 += 64) {
+                _tile_zero(0);
+                _tile_zero(1);
+                _tile_loadd(4, vt + d0 * AA_KEYS, 64);
+                _tile_dpbf16ps(0, 4, 7);
+                _tile_loadd(5, vt + (d0 + 16) * AA_KEYS, 64);
+                _tile_dpbf16ps(1, 5, 7);
+                if (d0 + 64 <= dim) {
+                    _tile_zero(2);
+                    _tile_zero(3);
+                    _tile_loadd(6, vt + (d0 + 32) * AA_KEYS, 64);
+                    _tile_dpbf16ps(2, 6, 7);
+                    _tile_loadd(4, vt + (d0 + 48) * AA_KEYS, 64);
+                    _tile_dpbf16ps(3, 4, 7);
+                    _tile_stored(2, ti + (d0 + 32) * 16, 64);
+                    _tile_stored(3, ti + (d0 + 48) * 16, 64);
+                }
+                _tile_stored(0, ti + d0 * 16, 64);
+                _tile_stored(1, ti + (d0 + 16) * 16, 64);
+            }
+            // Oᵀ = Oᵀ·c + Vᵀ·P.
+            float *o = ot + i * dim * 16;
+            for (int64_t d = 0; d < dim; d++)
+                _mm512_store_ps(o + d * 16, _mm512_fmadd_ps(_mm512_load_ps(o + d * 16), c[i], _mm512_load_ps(ti + d * 16)));
         }
     }
     // Oᵀ/l back to rows, 16 dims at a time. Every used row saw at least
