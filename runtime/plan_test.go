@@ -83,6 +83,7 @@ func TestPlanGraphErrors(t *testing.T) {
 		{"masked softmax 1-D", []Op{{Kind: OpMaskedSoftmax, In: []string{"v", "v"}, Out: "t"}}, "In[0] must have at least 2 dimensions [B,...,N]"},
 		{"convert to i32", []Op{{Kind: OpConvert, In: []string{"a"}, Out: "t", DType: I32}}, "DType i32: want f32 or bf16"},
 		{"dtype on add", []Op{{Kind: OpAdd, In: []string{"a", "a"}, Out: "t", DType: F32}}, "DType is only for convert, matmul, batch-matmul and attention"},
+		{"bf16 products on attention", []Op{{Kind: OpAttention, In: []string{"a", "a"}, Out: "t", BF16Products: true}}, "BF16Products is only for paged-attention"},
 		{"bf16 product of f32", []Op{{Kind: OpMatMul, In: []string{"a", "w"}, Out: "t", DType: BF16}}, "a bf16 product needs bf16 operands, not f32"},
 		{"i32 product", []Op{{Kind: OpMatMul, In: []string{"b16", "b16w"}, Out: "t", DType: I32}}, "DType i32: a product is f32 or bf16"},
 		{"gather i32 table", []Op{{Kind: OpGather, In: []string{"idx2", "idx"}, Out: "t"}}, "In[0] is i32, want f32 or bf16"},

@@ -185,7 +185,8 @@ func stepGraph(s netSpec, mmDT runtime.DType, quant map[string]runtime.DType, sh
 			In:    []string{q, w(lKCache), w(lVCache), gBlocks, gSeqIdx, gPos},
 			Scale: float32(1 / math.Sqrt(float64(d))),
 			// Quantized weights: bf16's rounding of the products is far
-			// below theirs, and AMX runs a prefill's attention 3-4× faster.
+			// below theirs, and AMX runs a prefill's attention 2.3-2.5×
+			// faster than the f32 kernel (bench/RESULTS.md).
 			BF16Products: b.quant[w(lWQ)].Quantized()}) // [T,Hq,D]
 		a = b.add(runtime.Op{Kind: runtime.OpReshape, In: []string{a}, Shape: []int{sh.T, s.Heads * d}})
 		o := b.linear(a, w(lWO), "", "")
