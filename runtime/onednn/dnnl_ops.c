@@ -822,16 +822,39 @@ void bd_swiglu(const bd_device *d, const void *x, int bf16, int64_t rows,
     for (int64_t r = 0; r < rows; r++) swiglu_row(x, bf16, r, inter, out, avx512);
 }
 
-static inline __attribute__((always_inline)) void rope_row(const void *x, int bf16, const int32_t *pos,
-        const float *inv_freq, int64_t ti, int64_t h, int64_t dim, int64_t half, void *out) {
-    // dim <= runtime.MaxHeadDim (1024): the tables fit the stack.
-    float cs[512], sn[512], a[512], b[512];
-    float p = (float)pos[ti];
-    for (int64_t i = 0; i < half; i++) {
-        float ang = p * inv_freq[i]; // f32, as HF computes it
-        cs[i] = cosf(ang);
-        sn[i] = sinf(ang);
+void bd_rope_table(const bd_device *d, const int32_t *pos, const float *inv_freq, int64_t t, int64_t half,
+        float *tab) {
+    omp_set_num_threads(d->nthreads);
+#pragma omp parallel for if (t * half >= BD_PAR_MIN / 16)
+    for (int64_t ti = 0; ti < t; ti++) {
+        const float p = (float)pos[ti];
+        float *cs = tab + ti * 2 * half, *sn = cs + half;
+        for (int64_t i = 0; i < half; i++) {
+            const float ang = p * inv_freq[i]; // f32, as HF computes it
+            cs[i] = cosf(ang);
+            sn[i] = sinf(ang);
+        }
     }
+}
+
+static inline __attribute__((always_inline)) void rope_row(const void *x, int bf16, const float *tab, int64_t ti,
+        int64_t h, int64_t dim, int64_t half, void *out) {
+    // dim <= runtime.MaxHeadDim (1024): the rows fit the stack.
+    const float *cs = tab + ti * 2 * half, *sn = cs + half;
+    if (!bf16) { // in place or not: each pair is read before it is written
+        for (int64_t hi = 0; hi < h; hi++) {
+            const float *xa = (const float *)x + (ti * h + hi) * dim, *xb = xa + half;
+            float *oa = (float *)out + (ti * h + hi) * dim, *ob = oa + half;
+#pragma omp simd
+            for (int64_t i = 0; i < half; i++) {
+                const float a = xa[i], b = xb[i];
+                oa[i] = a * cs[i] - b * sn[i];
+                ob[i] = b * cs[i] + a * sn[i];
+            }
+        }
+        return;
+    }
+    float a[512], b[512];
     for (int64_t hi = 0; hi < h; hi++) {
         int64_t off = (ti * h + hi) * dim;
         load(x, bf16, off, half, a);
@@ -847,16 +870,16 @@ static inline __attribute__((always_inline)) void rope_row(const void *x, int bf
     }
 }
 
-void bd_rope(const bd_device *d, const void *x, int bf16, const int32_t *pos,
-        const float *inv_freq, int64_t t, int64_t h, int64_t dim, void *out) {
+void bd_rope(const bd_device *d, const void *x, int bf16, const float *tab, int64_t t, int64_t h, int64_t dim,
+        void *out) {
     int64_t half = dim / 2;
     if (t * h * dim < BD_PAR_MIN) {
-        for (int64_t ti = 0; ti < t; ti++) rope_row(x, bf16, pos, inv_freq, ti, h, dim, half, out);
+        for (int64_t ti = 0; ti < t; ti++) rope_row(x, bf16, tab, ti, h, dim, half, out);
         return;
     }
     omp_set_num_threads(d->nthreads);
 #pragma omp parallel for
-    for (int64_t ti = 0; ti < t; ti++) rope_row(x, bf16, pos, inv_freq, ti, h, dim, half, out);
+    for (int64_t ti = 0; ti < t; ti++) rope_row(x, bf16, tab, ti, h, dim, half, out);
 }
 
 int64_t bd_kv_write(const bd_device *d, const void *x, const int32_t *slots,

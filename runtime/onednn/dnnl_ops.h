@@ -161,9 +161,15 @@ void bd_rms_norm(const bd_device *d, const void *x, int bf16, const float *w,
 void bd_swiglu(const bd_device *d, const void *x, int bf16, int64_t rows,
         int64_t inter, void *out);
 
-// bd_rope rotates x [t,h,dim] by pos [t] * inv_freq [dim/2] (rotate-half).
-void bd_rope(const bd_device *d, const void *x, int bf16, const int32_t *pos,
-        const float *inv_freq, int64_t t, int64_t h, int64_t dim, void *out);
+// bd_rope_table writes the rotation table of positions pos [t] and
+// inv_freq [half]: for token i, cos then sin of pos[i]·inv_freq, [t][2][half].
+void bd_rope_table(const bd_device *d, const int32_t *pos, const float *inv_freq, int64_t t, int64_t half,
+        float *tab);
+
+// bd_rope rotates x [t,h,dim] by bd_rope_table's table for dim/2
+// (rotate-half).
+void bd_rope(const bd_device *d, const void *x, int bf16, const float *tab, int64_t t, int64_t h, int64_t dim,
+        void *out);
 
 // bd_kv_write copies row i of x [t, row elements of elem bytes] to slot
 // slots[i] of cache [nslots, row]; negative slots are skipped. It returns the

@@ -288,6 +288,99 @@ func TestRoPE(t *testing.T) {
 	}
 }
 
+// TestRoPETables: a run computes each rotation table once and reuses it
+// for every OpRoPE of the same positions and frequencies (a decoder's q
+// and k in every layer), keeps tables of other frequencies apart, and
+// takes frequencies an earlier op computed. The four rotations are
+// summed, each against its own reference.
+func TestRoPETables(t *testing.T) {
+	d := openTest(t, runtime.DeviceSpec{})
+	r := newRand(t)
+	const tn, h, dim = 9, 3, 16
+	shape := []int{tn, h, dim}
+	x, x2 := randVec(r, tn*h*dim), randVec(r, tn*h*dim)
+	pos := make([]int32, tn)
+	for i := range pos {
+		pos[i] = int32(r.IntN(5000))
+	}
+	f, g := invFreq(dim, 1e4), invFreq(dim, 5e5)
+	graph := &runtime.Graph{Ops: []runtime.Op{
+		{Kind: runtime.OpRoPE, In: []string{"x", "pos", "f"}, Out: "y1"},
+		{Kind: runtime.OpRoPE, In: []string{"x2", "pos", "f"}, Out: "y2"},
+		{Kind: runtime.OpRoPE, In: []string{"x", "pos", "g"}, Out: "y3"},
+		{Kind: runtime.OpAdd, In: []string{"f", "f"}, Out: "f2"},
+		{Kind: runtime.OpRoPE, In: []string{"x", "pos", "f2"}, Out: "y4"},
+		{Kind: runtime.OpAdd, In: []string{"y1", "y2"}, Out: "s12"},
+		{Kind: runtime.OpAdd, In: []string{"y3", "y4"}, Out: "s34"},
+		{Kind: runtime.OpAdd, In: []string{"s12", "s34"}, Out: "y"},
+	}}
+	ins := []input{{name: "x", dt: runtime.F32, shape: shape, f: x}, {name: "x2", dt: runtime.F32, shape: shape, f: x2},
+		{name: "pos", dt: runtime.I32, shape: shape[:1], i: pos}, f32In("f", f, dim/2), f32In("g", g, dim/2)}
+	got := runTyped(t, d, graph, ins, runtime.F32, "y", shape)
+	f2 := make([]float32, len(f))
+	for i := range f {
+		f2[i] = f[i] + f[i]
+	}
+	want := make([]float64, len(x))
+	for _, part := range [][]float64{refRoPE(to64(x), tn, h, dim, pos, f), refRoPE(to64(x2), tn, h, dim, pos, f),
+		refRoPE(to64(x), tn, h, dim, pos, g), refRoPE(to64(x), tn, h, dim, pos, f2)} {
+		for i, v := range part {
+			want[i] += v
+		}
+	}
+	checkClose(t, got, want, tolF32)
+}
+
+// BenchmarkRoPEPrefill is the 48 RoPE ops of a 512-token prefill step at
+// Qwen2.5-0.5B's heads (14 query and 2 kv heads of 64, 24 layers) in one
+// run, as the decoder's graph has them: one rotation table serves all.
+func BenchmarkRoPEPrefill(b *testing.B) {
+	d := openTest(b, runtime.DeviceSpec{Threads: *benchThreads})
+	const tn, dim = 512, 64
+	var ops []runtime.Op
+	var ins []input
+	for l := range 24 {
+		for _, c := range []struct {
+			name string
+			h    int
+		}{{"q", 14}, {"k", 2}} {
+			out := fmt.Sprintf("%s%d", c.name, l)
+			ops = append(ops, runtime.Op{Kind: runtime.OpRoPE, In: []string{c.name, "pos", "f"}, Out: out})
+			ins = append(ins, input{name: out, dt: runtime.F32, shape: []int{tn, c.h, dim}, f: make([]float32, tn*c.h*dim)})
+		}
+	}
+	r := rand.New(rand.NewPCG(1, 2))
+	pos := make([]int32, tn)
+	for i := range pos {
+		pos[i] = int32(i)
+	}
+	ins = append(ins, input{name: "q", dt: runtime.F32, shape: []int{tn, 14, dim}, f: randVec(r, tn*14*dim)},
+		input{name: "k", dt: runtime.F32, shape: []int{tn, 2, dim}, f: randVec(r, tn*2*dim)},
+		input{name: "pos", dt: runtime.I32, shape: []int{tn}, i: pos}, f32In("f", invFreq(dim, 1e6), dim/2))
+	bind := map[string]runtime.Buffer{}
+	for _, in := range ins {
+		buf, err := d.Alloc(in.dt, in.shape...)
+		if err != nil {
+			b.Fatal(err)
+		}
+		bind[in.name] = buf
+		if in.dt == runtime.I32 {
+			err = d.CopyInInt32(b.Context(), buf, in.i)
+		} else {
+			err = d.CopyIn(b.Context(), buf, in.f)
+		}
+		if err != nil {
+			b.Fatal(err)
+		}
+	}
+	g := &runtime.Graph{Ops: ops}
+	for b.Loop() {
+		if err := d.Run(b.Context(), g, bind); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
 // attnCase is one step of a paged cache: S sequences, each with ctx[s]
 // positions already cached and add[s] new tokens this step (1 is a decode
 // step, more a prefill chunk), flattened into T tokens plus pad padding

@@ -116,7 +116,12 @@ func (d *Device) execute(ctx context.Context, pe *planned, bufs map[string]*buff
 	// Weights: bound buffers the run reads only as a matmul's right
 	// operand, which that matmul may pack in place. Any other use needs
 	// row-major contents.
-	rc := &runContext{weights: map[string]*buffer{}}
+	rc := &runContext{weights: map[string]*buffer{}, rope: map[ropeKey]*buffer{}}
+	defer func() {
+		for _, b := range rc.rope {
+			d.Free(b)
+		}
+	}()
 	var unpack []string // packed by an earlier run, used otherwise in this one
 	d.mu.Lock()
 	for i := range p.Steps {
@@ -234,6 +239,19 @@ func (d *Device) exec(s *runtime.Step, p *C.bd_prim, args ...unsafe.Pointer) err
 // runContext is what runStep knows of the whole run.
 type runContext struct {
 	weights map[string]*buffer // bound buffers the run reads only as matmul weights
+	// rope holds the RoPE tables of the run: a decoder's every layer
+	// rotates q and k by the same positions, and computing their sines
+	// and cosines in every op was a quarter of OpRoPE's time
+	// (BenchmarkRoPEPrefill).
+	rope map[ropeKey]*buffer
+}
+
+// ropeKey names a RoPE table by its operands' names: the planner lets no
+// op write a buffer that an earlier op reads, so once a RoPE has read
+// them they stay as they are for the rest of the run.
+type ropeKey struct {
+	pos, invFreq string
+	t, half      int
 }
 
 // runStep runs one op: a cached oneDNN primitive, or a C kernel for the ops
@@ -493,8 +511,19 @@ func (d *Device) runStep(s *runtime.Step, ptrs map[string]unsafe.Pointer, rc *ru
 
 	case runtime.OpRoPE:
 		x := s.In[0]
-		C.bd_rope(dc, in(0), cbool(x.DType == runtime.BF16), (*C.int32_t)(in(1)), (*C.float)(in(2)),
-			C.int64_t(x.Shape[0]), C.int64_t(x.Shape[1]), C.int64_t(x.Shape[2]), out)
+		t, half := x.Shape[0], x.Shape[2]/2
+		key := ropeKey{op.In[1], op.In[2], t, half}
+		tab := rc.rope[key]
+		if tab == nil {
+			var err error
+			if tab, err = d.alloc(runtime.F32, []int{t, 2 * half}); err != nil {
+				return fmt.Errorf("%s: rotation table: %w", s, err)
+			}
+			C.bd_rope_table(dc, (*C.int32_t)(in(1)), (*C.float)(in(2)), C.int64_t(t), C.int64_t(half), (*C.float)(tab.ptr))
+			rc.rope[key] = tab
+		}
+		C.bd_rope(dc, in(0), cbool(x.DType == runtime.BF16), (*C.float)(tab.ptr),
+			C.int64_t(t), C.int64_t(x.Shape[1]), C.int64_t(x.Shape[2]), out)
 		return nil
 
 	case runtime.OpKVWrite:
