@@ -754,6 +754,19 @@ static inline __attribute__((always_inline)) void store(void *p, int bf16, int64
 
 static inline __attribute__((always_inline)) void rms_row(const void *x, int bf16, const float *w,
         int64_t r, int64_t n, float eps, void *out) {
+    if (!bf16) { // f32 in place, as below without the stack copies
+        const float *xr = (const float *)x + r * n;
+        float *o = (float *)out + r * n, ss = 0.0f;
+        for (int64_t c = 0; c < n; c += BD_CHUNK) {
+            int64_t len = n - c < BD_CHUNK ? n - c : BD_CHUNK;
+#pragma omp simd reduction(+ : ss)
+            for (int64_t j = 0; j < len; j++) ss += xr[c + j] * xr[c + j];
+        }
+        float inv = 1.0f / sqrtf(ss / (float)n + eps);
+#pragma omp simd
+        for (int64_t j = 0; j < n; j++) o[j] = xr[j] * inv * w[j];
+        return;
+    }
     float buf[BD_CHUNK];
     float ss = 0.0f;
     for (int64_t c = 0; c < n; c += BD_CHUNK) {

@@ -381,6 +381,39 @@ func BenchmarkRoPEPrefill(b *testing.B) {
 	}
 }
 
+// BenchmarkRMSNormPrefill is the 49 RMSNorm ops of a 512-token prefill
+// step at Qwen2.5-0.5B's width (896, 24 layers and the final norm) in one
+// run.
+func BenchmarkRMSNormPrefill(b *testing.B) {
+	d := openTest(b, runtime.DeviceSpec{Threads: *benchThreads})
+	const tn, n = 512, 896
+	r := rand.New(rand.NewPCG(1, 2))
+	ins := []input{{name: "x", dt: runtime.F32, shape: []int{tn, n}, f: randVec(r, tn*n)}, f32In("w", randVec(r, n), n)}
+	var ops []runtime.Op
+	for l := range 49 {
+		out := fmt.Sprintf("y%d", l)
+		ops = append(ops, runtime.Op{Kind: runtime.OpRMSNorm, In: []string{"x", "w"}, Out: out, Eps: 1e-6})
+		ins = append(ins, input{name: out, dt: runtime.F32, shape: []int{tn, n}, f: make([]float32, tn*n)})
+	}
+	bind := map[string]runtime.Buffer{}
+	for _, in := range ins {
+		buf, err := d.Alloc(in.dt, in.shape...)
+		if err != nil {
+			b.Fatal(err)
+		}
+		bind[in.name] = buf
+		if err := d.CopyIn(b.Context(), buf, in.f); err != nil {
+			b.Fatal(err)
+		}
+	}
+	g := &runtime.Graph{Ops: ops}
+	for b.Loop() {
+		if err := d.Run(b.Context(), g, bind); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
 // attnCase is one step of a paged cache: S sequences, each with ctx[s]
 // positions already cached and add[s] new tokens this step (1 is a decode
 // step, more a prefill chunk), flattened into T tokens plus pad padding
