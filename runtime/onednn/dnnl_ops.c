@@ -1061,6 +1061,37 @@ void bd_attend_amx(const void *q, int q_bf16, const void *kc, const void *vc, in
         const int32_t *row, const int32_t *pos, int64_t t0, int64_t tn, int64_t g, int64_t hq, int64_t hkv,
         int64_t dim, int64_t bs, float scale, void *out, void *work);
 
+// split_blocks cuts t tokens into blocks of up to tb consecutive tokens of
+// one sequence: block b is tokens start[b]..start[b+1]-1. Returns the
+// number of blocks.
+static int64_t split_blocks(const int32_t *seq, int64_t t, int64_t tb, int64_t *start) {
+    int64_t nb = 0;
+    for (int64_t ti = 0; ti < t;) {
+        int64_t e = ti + 1;
+        while (e < t && e - ti < tb && seq[e] == seq[ti]) e++;
+        start[nb++] = ti;
+        ti = e;
+    }
+    start[nb] = t;
+    return nb;
+}
+
+// attend_block_avx512 runs one block (tokens t0..t0+tn-1 × query heads
+// h0..h0+hn-1 of kv head g, at most 16 rows) on the AVX-512 kernels: a
+// block of fewer than BD_FA_MINROWS rows that holds the whole group (a
+// decode step with a small group) takes one a token (the group kernel or
+// attend_body, which waste no vector lanes), any other the row kernel.
+static void attend_block_avx512(attend_fn one, int whole, const void *q, int q_bf16, const void *kc,
+        const void *vc, int kv_bf16, const int32_t *row, const int32_t *pos, int64_t t0, int64_t tn, int64_t h0,
+        int64_t hn, int64_t g, int64_t hq, int64_t hkv, int64_t dim, int64_t bs, float scale, void *out) {
+    if (tn * hn < BD_FA_MINROWS && whole) {
+        for (int64_t ti = t0; ti < t0 + tn; ti++)
+            one(q, q_bf16, kc, vc, kv_bf16, row, (int64_t)pos[ti] + 1, ti, g, hq, hkv, dim, bs, hq / hkv, scale, out);
+        return;
+    }
+    bd_attend_rows_avx512(q, q_bf16, kc, vc, kv_bf16, row, pos, t0, tn, h0, hn, g, hq, hkv, dim, bs, scale, out);
+}
+
 // paged_attention_amx runs bd_paged_attention's checked work with the
 // blocks of at least 16 query rows (prefill chunks) on AMX tiles
 // (attend_amx.c) and the rest (decode steps) on the AVX-512 kernels, as
@@ -1076,16 +1107,9 @@ static int paged_attention_amx(const bd_device *d, const void *q, int q_bf16, co
     if (start == NULL) return -1;
     int64_t nb = 0;
     for (int64_t tb = BD_AMX_ROWS / group;; tb = tb / 2 > minb ? tb / 2 : minb) {
-        nb = 0;
-        for (int64_t ti = 0; ti < t;) {
-            int64_t e = ti + 1;
-            while (e < t && e - ti < tb && seq[e] == seq[ti]) e++;
-            start[nb++] = ti;
-            ti = e;
-        }
+        nb = split_blocks(seq, t, tb, start);
         if (tb <= minb || nb * hkv >= 2 * d->nthreads) break;
     }
-    start[nb] = t;
     const int64_t tasks = nb * hkv, wbytes = (bd_attend_amx_bytes(dim) + 63) & ~(int64_t)63;
     const attend_fn one = dim <= BD_FA_GROUPDIM && group <= BD_FA_GROUP ? bd_attend_group_avx512 : attend_avx512;
     int failed = 0;
@@ -1104,16 +1128,11 @@ static int paged_attention_amx(const bd_device *d, const void *q, int q_bf16, co
             for (int64_t i = tasks - 1; i >= 0; i--) {
                 const int64_t b = i / hkv, g = i % hkv, t0 = start[b], tn = start[b + 1] - t0;
                 const int32_t *row = table + (int64_t)seq[t0] * maxb;
-                if (tn * group >= 16) {
+                if (tn * group >= 16)
                     bd_attend_amx(q, q_bf16, kc, vc, kv_bf16, row, pos, t0, tn, g, hq, hkv, dim, bs, scale, out, mine);
-                } else if (tn * group < BD_FA_MINROWS) {
-                    for (int64_t ti = t0; ti < t0 + tn; ti++)
-                        one(q, q_bf16, kc, vc, kv_bf16, row, (int64_t)pos[ti] + 1, ti, g, hq, hkv, dim, bs, group,
-                                scale, out);
-                } else {
-                    bd_attend_rows_avx512(q, q_bf16, kc, vc, kv_bf16, row, pos, t0, tn, g * group, group, g, hq, hkv,
-                            dim, bs, scale, out);
-                }
+                else
+                    attend_block_avx512(one, 1, q, q_bf16, kc, vc, kv_bf16, row, pos, t0, tn, g * group, group, g, hq,
+                            hkv, dim, bs, scale, out);
             }
             bd_attend_amx_end();
         }
@@ -1164,14 +1183,7 @@ int64_t bd_paged_attention(const bd_device *d, const void *q, int q_bf16,
         int64_t chunks = (group + hc - 1) / hc;
         int64_t *start = malloc((size_t)(t + 1) * sizeof *start);
         if (start != NULL) {
-            int64_t nb = 0;
-            for (int64_t ti = 0; ti < t;) {
-                int64_t e = ti + 1;
-                while (e < t && e - ti < tb && seq[e] == seq[ti]) e++;
-                start[nb++] = ti;
-                ti = e;
-            }
-            start[nb] = t;
+            int64_t nb = split_blocks(seq, t, tb, start);
             int64_t tasks = nb * hkv * chunks;
             // Largest first: a prefill's last blocks see the most keys.
 #pragma omp parallel for schedule(dynamic, 1) if (work >= BD_PAR_MIN && tasks > 1)
@@ -1179,15 +1191,8 @@ int64_t bd_paged_attention(const bd_device *d, const void *q, int q_bf16,
                 int64_t b = i / (hkv * chunks), g = i / chunks % hkv, c = i % chunks;
                 int64_t t0 = start[b], tn = start[b + 1] - t0;
                 int64_t h0 = g * group + c * hc, hn = group - c * hc < hc ? group - c * hc : hc;
-                const int32_t *row = table + (int64_t)seq[t0] * maxb;
-                if (tn * hn < BD_FA_MINROWS && chunks == 1) {
-                    for (int64_t ti = t0; ti < t0 + tn; ti++)
-                        one(q, q_bf16, kc, vc, kv_bf16, row, (int64_t)pos[ti] + 1, ti, g, hq, hkv, dim, bs,
-                                group, scale, out);
-                    continue;
-                }
-                bd_attend_rows_avx512(q, q_bf16, kc, vc, kv_bf16, row, pos, t0, tn, h0, hn, g, hq, hkv,
-                        dim, bs, scale, out);
+                attend_block_avx512(one, chunks == 1, q, q_bf16, kc, vc, kv_bf16, table + (int64_t)seq[t0] * maxb,
+                        pos, t0, tn, h0, hn, g, hq, hkv, dim, bs, scale, out);
             }
             free(start);
             return -1;

@@ -357,28 +357,7 @@ func BenchmarkRoPEPrefill(b *testing.B) {
 	ins = append(ins, input{name: "q", dt: runtime.F32, shape: []int{tn, 14, dim}, f: randVec(r, tn*14*dim)},
 		input{name: "k", dt: runtime.F32, shape: []int{tn, 2, dim}, f: randVec(r, tn*2*dim)},
 		input{name: "pos", dt: runtime.I32, shape: []int{tn}, i: pos}, f32In("f", invFreq(dim, 1e6), dim/2))
-	bind := map[string]runtime.Buffer{}
-	for _, in := range ins {
-		buf, err := d.Alloc(in.dt, in.shape...)
-		if err != nil {
-			b.Fatal(err)
-		}
-		bind[in.name] = buf
-		if in.dt == runtime.I32 {
-			err = d.CopyInInt32(b.Context(), buf, in.i)
-		} else {
-			err = d.CopyIn(b.Context(), buf, in.f)
-		}
-		if err != nil {
-			b.Fatal(err)
-		}
-	}
-	g := &runtime.Graph{Ops: ops}
-	for b.Loop() {
-		if err := d.Run(b.Context(), g, bind); err != nil {
-			b.Fatal(err)
-		}
-	}
+	benchRun(b, d, ops, ins)
 }
 
 // BenchmarkRMSNormPrefill is the 49 RMSNorm ops of a 512-token prefill
@@ -395,23 +374,7 @@ func BenchmarkRMSNormPrefill(b *testing.B) {
 		ops = append(ops, runtime.Op{Kind: runtime.OpRMSNorm, In: []string{"x", "w"}, Out: out, Eps: 1e-6})
 		ins = append(ins, input{name: out, dt: runtime.F32, shape: []int{tn, n}, f: make([]float32, tn*n)})
 	}
-	bind := map[string]runtime.Buffer{}
-	for _, in := range ins {
-		buf, err := d.Alloc(in.dt, in.shape...)
-		if err != nil {
-			b.Fatal(err)
-		}
-		bind[in.name] = buf
-		if err := d.CopyIn(b.Context(), buf, in.f); err != nil {
-			b.Fatal(err)
-		}
-	}
-	g := &runtime.Graph{Ops: ops}
-	for b.Loop() {
-		if err := d.Run(b.Context(), g, bind); err != nil {
-			b.Fatal(err)
-		}
-	}
+	benchRun(b, d, ops, ins)
 }
 
 // attnCase is one step of a paged cache: S sequences, each with ctx[s]
@@ -503,20 +466,8 @@ func attnRun(t *testing.T, d *Device, g *runtime.Graph, p attnProblem, dt runtim
 			d.Free(b)
 		}
 	}()
-	for _, in := range ins {
-		b, err := d.Alloc(in.dt, in.shape...)
-		if err != nil {
-			t.Fatalf("alloc %q: %v", in.name, err)
-		}
-		bind[in.name] = b
-		if in.dt == runtime.I32 {
-			err = d.CopyInInt32(ctx, b, in.i)
-		} else {
-			err = d.CopyIn(ctx, b, in.f)
-		}
-		if err != nil {
-			t.Fatalf("copy in %q: %v", in.name, err)
-		}
+	if err := bindInputs(ctx, d, ins, bind); err != nil {
+		t.Fatal(err)
 	}
 	err = d.Run(ctx, g, bind)
 	out := func(name string) []float32 {
@@ -781,20 +732,8 @@ func benchAttention(b *testing.B, c attnBench) {
 				{name: "y", dt: dt, shape: []int{t, c.hq, c.dim}, f: make([]float32, t*c.hq*c.dim)},
 			}
 			bind := map[string]runtime.Buffer{}
-			for _, in := range ins {
-				buf, err := d.Alloc(in.dt, in.shape...)
-				if err != nil {
-					b.Fatal(err)
-				}
-				bind[in.name] = buf
-				if in.dt == runtime.I32 {
-					err = d.CopyInInt32(b.Context(), buf, in.i)
-				} else {
-					err = d.CopyIn(b.Context(), buf, in.f)
-				}
-				if err != nil {
-					b.Fatal(err)
-				}
+			if err := bindInputs(b.Context(), d, ins, bind); err != nil {
+				b.Fatal(err)
 			}
 			g := &runtime.Graph{Ops: []runtime.Op{{Kind: runtime.OpPagedAttention, In: []string{"q", "kc", "vc", "table", "seq", "pos"}, Out: "y",
 				BF16Products: c.bf16Products}}}

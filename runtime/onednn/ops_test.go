@@ -1,6 +1,7 @@
 package onednn
 
 import (
+	"context"
 	"errors"
 	"flag"
 	"fmt"
@@ -92,20 +93,8 @@ func runGraph(t testing.TB, d *Device, g *runtime.Graph, ins []input, out string
 			d.Free(b)
 		}
 	}()
-	for _, in := range ins {
-		b, err := d.Alloc(in.dt, in.shape...)
-		if err != nil {
-			return nil, err
-		}
-		bind[in.name] = b
-		if in.dt == runtime.I32 {
-			err = d.CopyInInt32(ctx, b, in.i)
-		} else {
-			err = d.CopyIn(ctx, b, in.f)
-		}
-		if err != nil {
-			return nil, fmt.Errorf("copy in %q: %w", in.name, err)
-		}
+	if err := bindInputs(ctx, d, ins, bind); err != nil {
+		return nil, err
 	}
 	ob, err := d.Alloc(runtime.F32, outShape...)
 	if err != nil {
@@ -120,6 +109,41 @@ func runGraph(t testing.TB, d *Device, g *runtime.Graph, ins []input, out string
 		return nil, fmt.Errorf("copy out: %w", err)
 	}
 	return got, nil
+}
+
+// bindInputs allocates ins on d and copies their values in, adding them
+// to bind (the caller frees them, also after an error).
+func bindInputs(ctx context.Context, d *Device, ins []input, bind map[string]runtime.Buffer) error {
+	for _, in := range ins {
+		b, err := d.Alloc(in.dt, in.shape...)
+		if err != nil {
+			return fmt.Errorf("alloc %q: %w", in.name, err)
+		}
+		bind[in.name] = b
+		if in.dt == runtime.I32 {
+			err = d.CopyInInt32(ctx, b, in.i)
+		} else {
+			err = d.CopyIn(ctx, b, in.f)
+		}
+		if err != nil {
+			return fmt.Errorf("copy in %q: %w", in.name, err)
+		}
+	}
+	return nil
+}
+
+// benchRun binds ins and runs a graph of ops on d once a benchmark loop.
+func benchRun(b *testing.B, d *Device, ops []runtime.Op, ins []input) {
+	bind := map[string]runtime.Buffer{}
+	if err := bindInputs(b.Context(), d, ins, bind); err != nil {
+		b.Fatal(err)
+	}
+	g := &runtime.Graph{Ops: ops}
+	for b.Loop() {
+		if err := d.Run(b.Context(), g, bind); err != nil {
+			b.Fatal(err)
+		}
+	}
 }
 
 func checkClose(t testing.TB, got []float32, want []float64, tol float64) {
