@@ -119,7 +119,8 @@ func qamxWithinBound(t *testing.T, what string, wf, x, y []float32, m, n, k int)
 // TestQamxGroups runs the bf16 path where a thread's panels come in
 // several chunks and groups (qa_pass_group: 20 panels, groups of up to 8,
 // k in chunks of 8 strips with a partial last one), and where tasks are
-// groups over slices of X's rows, against float64.
+// groups over slices of X's rows (X past the L2, or too few panels for
+// more than one a task), against float64.
 func TestQamxGroups(t *testing.T) {
 	needAMX(t)
 	for _, c := range []struct {
@@ -132,6 +133,10 @@ func TestQamxGroups(t *testing.T) {
 		{quant.Q8_0, 4864, 37, 150}, {quant.Q4_K, 4864, 37, 150},
 		// X past QA_X_L2 with fewer rows than a slice: one slice of all.
 		{quant.Q8_0, 16384, 37, 48},
+		// One panel a chunk from 2 threads (8 panels, the last partial):
+		// chunks of four panels over slices of 64 rows, the last 108; at
+		// 128 rows and 8 threads, chunks of two.
+		{quant.Q8_0, 896, 16*7 + 5, 300}, {quant.Q4_K, 1024, 16*7 + 5, 128},
 	} {
 		rng := rand.New(rand.NewPCG(uint64(c.typ), uint64(c.k)))
 		n, m := c.n, c.m
