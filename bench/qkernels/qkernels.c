@@ -194,7 +194,9 @@ static int threads_mode(int type, long n, long k, long m, int threads, int iters
     const long ny = swiglu ? n / 2 : n;
     uint8_t *w;
     long wb;
-    float *x, *y = malloc(m * ny * 4);
+    // y 64-byte aligned as the daemon's buffers are (page-aligned): malloc's
+    // 16-byte alignment split each 16-float row store over two lines.
+    float *x, *y = aligned_alloc(64, (m * ny * 4 + 63) & ~63L);
     rand_problem(type, n, k, m, &w, &wb, &x);
     const long na = bd_qamx_work_bytes(type, k, m, threads);
     void *wa = aligned_alloc(64, (na + 63) & ~63L);
@@ -309,7 +311,7 @@ int main(int argc, char **argv) {
     }
     uint8_t *w;
     long wb;
-    float *x, *y = malloc(m * n * 4);
+    float *x, *y = aligned_alloc(64, (m * n * 4 + 63) & ~63L); // as in threads_mode
     rand_problem(type, n, k, m, &w, &wb, &x);
 
     // qamx as the daemon calls it (flags 0), and, where that is AMX-INT8
