@@ -773,7 +773,24 @@ func (d *decoder) tensorBytes(t *Tensor) (int64, error) {
 	if row%block != 0 {
 		return 0, d.errf("dims %v: rows of %d elements are not a whole number of %d-element %s blocks", t.Dims, row, block, t.Type)
 	}
+	// A tensor with no elements still has dims its readers size: its row's
+	// bytes and the product of its other dims must count in an int64 (ggml
+	// checks the same), or a reader sizing a row of [2^61, 0] overflows.
 	if slices.Contains(t.Dims, 0) {
+		if _, err := t.Type.RowBytes(row); err != nil {
+			return 0, d.errf("dims %v: rows of %d %s elements overflow a byte count", t.Dims, row, t.Type)
+		}
+		n := uint64(1)
+		for _, x := range t.Dims {
+			if x == 0 {
+				continue
+			}
+			hi, lo := bits.Mul64(n, uint64(x))
+			if hi != 0 || lo > math.MaxInt64 {
+				return 0, d.errf("dims %v: more elements than an int64 counts, leaving out the zero", t.Dims)
+			}
+			n = lo
+		}
 		return 0, nil
 	}
 	// blocks per row × bytes per block × the other dims, each product

@@ -444,6 +444,8 @@ func TestHostile(t *testing.T) {
 		{"dims overflow", withData(header(3, 1, 0).tinfo("w", []uint64{1 << 32, 1 << 32, 1 << 32, 1 << 32}, 0, 0), 32), Limits{}, "need more bytes than the", nil},
 		{"dims bigger than the file", withData(header(3, 1, 0).tinfo("w", []uint64{1 << 20, 1 << 20}, 0, 0), 32), Limits{}, "need more bytes than the", nil},
 		{"row of 2^62 F32", withData(header(3, 1, 0).tinfo("w", []uint64{1 << 62}, 0, 0), 32), Limits{}, "dims [4611686018427387904] of F32 need more bytes than the", nil},
+		{"empty tensor with a row of 2^62 F32", withData(header(3, 1, 0).tinfo("w", []uint64{1 << 62, 0}, 0, 0), 32), Limits{}, "dims [4611686018427387904 0]: rows of 4611686018427387904 F32 elements overflow a byte count", nil},
+		{"empty tensor with 2^64 elements besides", withData(header(3, 1, 0).tinfo("w", []uint64{1 << 32, 0, 1 << 32}, 0, 0), 32), Limits{}, "more elements than an int64 counts", nil},
 		{"row not whole blocks", withData(header(3, 1, 0).tinfo("w", []uint64{100, 2}, uint32(Q4_K), 0), 1024), Limits{}, "rows of 100 elements are not a whole number of 256-element Q4_K blocks", nil},
 		{"scalar of a block type", withData(header(3, 1, 0).tinfo("w", nil, uint32(Q8_0), 0), 64), Limits{}, "rows of 1 elements", nil},
 		{"unknown type", withData(header(3, 1, 0).tinfo("w", []uint64{32}, 99, 0), 64), Limits{}, `tensor "w": unknown ggml type 99`, ErrUnsupportedType},
