@@ -415,8 +415,13 @@ static void qgemm_task(const bd_qtype *t, int isa, bd_rowsfn rows, const uint8_t
     }
 }
 
-// Work (multiply-adds) below which one thread runs the call.
-#define BD_QGEMM_PAR_MIN ((int64_t)1 << 18)
+// Work (multiply-adds) below which one thread runs the call. A decode
+// step's product streams its weights from memory, and one thread decodes
+// Q8_0 at about 11 GB/s: Qwen2.5-0.5B's k and v projections (128x896,
+// 115k multiply-adds) took 10-14 us on one thread against 7-9 on two on
+// a 2-core host, and 14 us on one thread of a 16-core host (as long as
+// the 800 KB q projection on all 16), so they now run on the team.
+#define BD_QGEMM_PAR_MIN ((int64_t)1 << 16)
 
 int bd_qgemm(int wtype, const void *w, int64_t w_bytes, int64_t n_out,
         int64_t k, const float *x, int64_t m, float *y, int64_t ldy,
