@@ -14,6 +14,12 @@
 //
 //	qkernels stream N K THREADS ITERS
 //
+// and one row through COUNT separate N x K Q8_0 matrices (weights from
+// memory once they outgrow the L3), wall time a call:
+//
+//	qkernels many N K COUNT THREADS
+//	e.g. qkernels many 128 896 3000 2   (Qwen2.5-0.5B's k projection)
+//
 // and a whole decode token's products: one row through every Q8_0 matrix of
 // a llama-style decoder (per layer q, k, v, o, gate and up as one, down;
 // then the output head), each its own allocation as the engine holds them,
@@ -96,6 +102,37 @@ static void rand_problem(int type, long n, long k, long m, uint8_t **w, long *wb
     }
     *x = malloc(m * k * 4);
     for (long i = 0; i < m * k; i++) (*x)[i] = rand() / (float)RAND_MAX;
+}
+
+// many: one row through COUNT separate Q8_0 matrices of N x K by
+// bd_qgemm, in order, as a decode step meets its small products: their
+// weights come from memory, not the caches, once COUNT of them outgrow
+// the L3. Wall time a call, best of 7 passes.
+static int many(long n, long k, long count, int threads) {
+    if (n <= 0 || k <= 0 || k % 32 != 0 || count < 1 || threads < 1) {
+        fprintf(stderr, "many: N, K, COUNT, THREADS positive; K whole blocks of 32\n");
+        return 2;
+    }
+    srand(1);
+    uint8_t **w = malloc(count * sizeof *w);
+    long wb = 0;
+    for (long i = 0; i < count; i++)
+        if (!(w[i] = q8_matrix(n, k, &wb))) return 1;
+    float *x = malloc(k * 4), *y = malloc(n * 4);
+    for (long i = 0; i < k; i++) x[i] = rand() / (float)RAND_MAX;
+    const long nq = bd_qgemm_work_bytes(8, k, 1);
+    void *wq = aligned_alloc(64, (nq + 63) & ~63L);
+    double best = 1e9;
+    for (int pass = 0; pass < 7; pass++) {
+        const double t0 = wall_now();
+        for (long i = 0; i < count; i++)
+            if (bd_qgemm(8, w[i], wb, n, k, x, 1, y, n, BD_ISA_AUTO, threads, wq, nq) != 0) return 1;
+        const double t = (wall_now() - t0) / count;
+        if (t < best) best = t;
+    }
+    printf("Q8_0 %ld x %ld (%.0f KB), one row through %ld of them, %d threads, best of 7: %.2f us a call (%.1f GB/s)\n",
+            n, k, wb / 1e3, count, threads, best * 1e6, wb / best / 1e9);
+    return 0;
 }
 
 static int stream(long n, long k, int threads, int iters) {
@@ -287,12 +324,14 @@ int main(int argc, char **argv) {
         return threads_mode(atoi(argv[2]), atol(argv[3]), atol(argv[4]), atol(argv[5]), atoi(argv[6]), atoi(argv[7]),
                 argc == 9 && !strcmp(argv[8], "swiglu"));
     if (argc == 6 && !strcmp(argv[1], "stream")) return stream(atol(argv[2]), atol(argv[3]), atoi(argv[4]), atoi(argv[5]));
+    if (argc == 6 && !strcmp(argv[1], "many")) return many(atol(argv[2]), atol(argv[3]), atol(argv[4]), atoi(argv[5]));
     if (argc == 9 && !strcmp(argv[1], "token"))
         return token(atol(argv[2]), atol(argv[3]), atol(argv[4]), atol(argv[5]), atol(argv[6]), atoi(argv[7]),
                 atoi(argv[8]));
     if (argc != 6) {
         fprintf(stderr, "usage: qkernels TYPE N K M ITERS (TYPE 8 Q8_0, 12 Q4_K, 13 Q5_K, 14 Q6_K)\n"
                         "       qkernels stream N K THREADS ITERS\n"
+                        "       qkernels many N K COUNT THREADS\n"
                         "       qkernels token LAYERS HIDDEN KVDIM INTER VOCAB THREADS ITERS\n"
                         "       qkernels threads TYPE N K M THREADS ITERS [swiglu]\n"
                         "       qkernels attend HQ HKV DIM TOKENS ITERS\n");

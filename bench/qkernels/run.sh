@@ -7,6 +7,8 @@
 #   e.g. bash bench/qkernels/run.sh 12 2816 1024 16 20   (Q4_K, 16 rows)
 #   bash bench/qkernels/run.sh stream N K THREADS ITERS
 #   e.g. bash bench/qkernels/run.sh stream 128256 1024 2 20   (a Q8_0 lm_head, one row)
+#   bash bench/qkernels/run.sh many N K COUNT THREADS
+#   e.g. bash bench/qkernels/run.sh many 128 896 3000 2   (one row through 3000 k projections, from memory)
 #   bash bench/qkernels/run.sh token LAYERS HIDDEN KVDIM INTER VOCAB THREADS ITERS
 #   e.g. bash bench/qkernels/run.sh token 12 1024 256 2816 128256 2 10   (llama-12x1024's Q8_0 token)
 #   bash bench/qkernels/run.sh threads TYPE N K M THREADS ITERS [swiglu]
