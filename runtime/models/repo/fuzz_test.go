@@ -7,6 +7,9 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+
+	"github.com/brokerd/brokerd/bench/modelkit"
+	"github.com/brokerd/brokerd/runtime/gguf"
 )
 
 // FuzzConfigJSON inspects and loads a model whose config.json is arbitrary
@@ -53,6 +56,62 @@ func FuzzConfigJSON(f *testing.F) {
 		}
 		if _, err := r.Load(context.Background(), name, 1); err != nil && !errors.Is(err, ErrInvalid) {
 			t.Fatalf("Load: an error that is not ErrInvalid: %v", err)
+		}
+	})
+}
+
+// FuzzGGUFModel inspects and loads a version directory whose one .gguf
+// file is arbitrary bytes, seeded with a valid tiny Qwen3 in F16 and in
+// Q8_0 (so the fuzzer mutates real metadata: heads, lengths, the
+// tokenizer's arrays, the chat template, tensor dims): every outcome is a
+// model or an ErrInvalid or gguf error, never a panic.
+func FuzzGGUFModel(f *testing.F) {
+	root := f.TempDir()
+	tok := filepath.Join(root, "tok")
+	st := filepath.Join(root, "st", "1")
+	gg := filepath.Join(root, "gg", "1")
+	for _, d := range []string{tok, st, gg} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			f.Fatal(err)
+		}
+	}
+	if err := modelkit.WriteByteTokenizer(tok, "{% for m in messages %}{{ m.content }}{% endfor %}"); err != nil {
+		f.Fatal(err)
+	}
+	if _, err := modelkit.WriteLLM(st, modelkit.LLM{Arch: "qwen3", Layers: 1, Hidden: 32, Heads: 2, KVHeads: 1,
+		Intermediate: 32, MaxPositions: 64, DType: "f32", Seed: 3, TokenizerDir: tok}); err != nil {
+		f.Fatal(err)
+	}
+	for _, dt := range []string{"f16", "q8_0"} {
+		p := filepath.Join(root, dt+".gguf")
+		if _, err := modelkit.WriteGGUF(st, p, dt); err != nil {
+			f.Fatal(err)
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b)
+	}
+	r, err := Open(root, nil)
+	if err != nil {
+		f.Fatal(err)
+	}
+	file := filepath.Join(gg, "model.gguf")
+	if err := os.Rename(filepath.Join(root, "q8_0.gguf"), file); err != nil {
+		f.Fatal(err)
+	}
+	if l, err := r.Load(context.Background(), "gg", 1); err != nil || l.LLM == nil {
+		f.Fatalf("the seed does not load as an LLM: %v", err)
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		if err := os.WriteFile(file, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		// (A loaded model's mapping is released when it is collected.)
+		_, err := r.Load(context.Background(), "gg", 1)
+		if err != nil && !errors.Is(err, ErrInvalid) && !errors.Is(err, gguf.ErrInvalid) && !errors.Is(err, gguf.ErrUnsupportedType) {
+			t.Fatalf("Load: an error that is neither ErrInvalid nor a gguf refusal: %v", err)
 		}
 	})
 }
