@@ -49,6 +49,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "attend.h"
 #include "dequant.h"
 #include "qamx.h"
 #include "qgemm.h"
@@ -250,17 +251,6 @@ static int threads_mode(int type, long n, long k, long m, int threads, int iters
             swiglu ? " (swiglu)" : "", m, threads, best * 1e6, 2.0 * n * k * m / best / 1e9);
     return 0;
 }
-
-// attend_amx.c and attend_avx512.c
-int64_t bd_attend_amx_bytes(int64_t dim);
-void bd_attend_amx_begin(void);
-void bd_attend_amx_end(void);
-void bd_attend_amx(const void *q, int q_bf16, const void *kc, const void *vc, int kv_bf16, const int32_t *row,
-        const int32_t *pos, int64_t t0, int64_t tn, int64_t g, int64_t hq, int64_t hkv, int64_t dim, int64_t bs,
-        float scale, void *out, void *work);
-void bd_attend_rows_avx512(const void *q, int q_bf16, const void *kc, const void *vc, int kv_bf16,
-        const int32_t *row, const int32_t *pos, int64_t t0, int64_t tn, int64_t h0, int64_t hc, int64_t g,
-        int64_t hq, int64_t hkv, int64_t dim, int64_t bs, float scale, void *out);
 
 static float frand(void) { return (float)rand() / RAND_MAX * 2 - 1; }
 

@@ -21,10 +21,11 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "attend.h"
 #include "vec_avx512.h"
 
 #define AA_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma,amx-tile,amx-bf16")))
-#define AA_TILES 4 // row tiles a task holds
+#define AA_TILES (BD_AMX_ROWS / 16) // row tiles a task holds
 #define AA_KEYS 32 // cache positions a pass
 
 typedef struct {

@@ -14,11 +14,9 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "attend.h"
 #include "vec_avx512.h"
 #define BD_FA_KEYS 16
-#define BD_FA_MAXDIM 256
-#define BD_FA_GROUP 8       // bd_attend_group_avx512's most query heads
-#define BD_FA_GROUPDIM 128  // and head dimension
 
 BD_AVX512 static inline void bf16_row(const uint16_t *src, float *dst, int64_t n) {
     for (int64_t i = 0; i < n; i += 16) {

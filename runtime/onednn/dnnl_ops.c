@@ -1,4 +1,5 @@
 #include "dnnl_ops.h"
+#include "attend.h"
 #include "vec_avx512.h"
 
 #include <float.h>
@@ -1040,26 +1041,6 @@ static void attend_avx2(BD_ATTEND_ARGS) { attend_body(BD_ATTEND_CALL, 0); }
 static void attend_base(BD_ATTEND_ARGS) { attend_body(BD_ATTEND_CALL, 0); }
 
 typedef void (*attend_fn)(BD_ATTEND_ARGS);
-
-// attend_avx512.c
-#define BD_FA_MAXDIM 256
-#define BD_FA_MINROWS 8
-void bd_attend_rows_avx512(const void *q, int q_bf16, const void *kc, const void *vc,
-        int kv_bf16, const int32_t *row, const int32_t *pos, int64_t t0, int64_t tn,
-        int64_t h0, int64_t hc, int64_t g, int64_t hq, int64_t hkv, int64_t dim, int64_t bs,
-        float scale, void *out);
-#define BD_FA_GROUP 8
-#define BD_FA_GROUPDIM 128
-void bd_attend_group_avx512(BD_ATTEND_ARGS);
-
-// attend_amx.c
-#define BD_AMX_ROWS 64
-int64_t bd_attend_amx_bytes(int64_t dim);
-void bd_attend_amx_begin(void);
-void bd_attend_amx_end(void);
-void bd_attend_amx(const void *q, int q_bf16, const void *kc, const void *vc, int kv_bf16,
-        const int32_t *row, const int32_t *pos, int64_t t0, int64_t tn, int64_t g, int64_t hq, int64_t hkv,
-        int64_t dim, int64_t bs, float scale, void *out, void *work);
 
 // split_blocks cuts t tokens into blocks of up to tb consecutive tokens of
 // one sequence: block b is tokens start[b]..start[b+1]-1. Returns the

@@ -1,0 +1,30 @@
+// The paged-attention kernels that bd_paged_attention (dnnl_ops.c) hands
+// blocks of query rows to, and their limits; bench/qkernels calls them too.
+#ifndef BD_ATTEND_H
+#define BD_ATTEND_H
+
+#include <stdint.h>
+
+// attend_avx512.c
+#define BD_FA_MAXDIM 256    // bd_attend_rows_avx512's largest head dimension
+#define BD_FA_MINROWS 8     // fewer rows than this that hold a whole group go to the group kernel
+#define BD_FA_GROUP 8       // bd_attend_group_avx512's most query heads
+#define BD_FA_GROUPDIM 128  // and head dimension
+void bd_attend_rows_avx512(const void *q, int q_bf16, const void *kc, const void *vc,
+        int kv_bf16, const int32_t *row, const int32_t *pos, int64_t t0, int64_t tn,
+        int64_t h0, int64_t hc, int64_t g, int64_t hq, int64_t hkv, int64_t dim, int64_t bs,
+        float scale, void *out);
+void bd_attend_group_avx512(const void *q, int q_bf16, const void *kc, const void *vc,
+        int kv_bf16, const int32_t *row, int64_t n, int64_t ti, int64_t g, int64_t hq, int64_t hkv,
+        int64_t dim, int64_t bs, int64_t group, float scale, void *out);
+
+// attend_amx.c
+#define BD_AMX_ROWS 64 // query rows a task holds: four tiles of 16
+int64_t bd_attend_amx_bytes(int64_t dim);
+void bd_attend_amx_begin(void);
+void bd_attend_amx_end(void);
+void bd_attend_amx(const void *q, int q_bf16, const void *kc, const void *vc, int kv_bf16,
+        const int32_t *row, const int32_t *pos, int64_t t0, int64_t tn, int64_t g, int64_t hq, int64_t hkv,
+        int64_t dim, int64_t bs, float scale, void *out, void *work);
+
+#endif
