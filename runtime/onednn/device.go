@@ -310,56 +310,99 @@ func (d *Device) Alloc(dt runtime.DType, shape ...int) (runtime.Buffer, error) {
 }
 
 func (d *Device) alloc(dt runtime.DType, shape []int) (*buffer, error) {
-	n, err := runtime.Elements(shape)
+	n, size, err := d.allocSize(dt, shape)
 	if err != nil {
-		return nil, fmt.Errorf("onednn: alloc %s %s: %w", dt, shapeString(shape), err)
+		return nil, err
 	}
-	switch dt {
-	case runtime.F32, runtime.I32:
-	case runtime.BF16:
-		if d.bf16Err != nil {
-			return nil, fmt.Errorf("onednn: alloc %s %s: %w", dt, shapeString(shape), d.bf16Err)
-		}
-	default:
-		if !d.Holds(dt) {
-			return nil, fmt.Errorf("onednn: alloc %s %s: %w", dt, shapeString(shape), runtime.ErrUnsupported)
-		}
-	}
-	raw := dt.Bytes(int64(n))
-	if raw < 0 {
-		return nil, fmt.Errorf("onednn: alloc %s %s: %w: not whole blocks of %d", dt, shapeString(shape), runtime.ErrInvalidGraph, dt.BlockElems())
-	}
-	size := (raw + alignment - 1) / alignment * alignment
-
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.closed {
 		return nil, ErrClosed
 	}
-	var ptr unsafe.Pointer
-	if free := d.idle[size]; len(free) > 0 {
-		ptr = free[len(free)-1]
-		d.idle[size] = free[:len(free)-1]
-		d.pooled -= uint64(size)
-	} else {
-		if d.budget > 0 && d.used+uint64(size) > d.budget {
-			// Release pooled memory only when that makes room.
-			if d.used-d.pooled+uint64(size) > d.budget {
-				return nil, fmt.Errorf("onednn: alloc %s %s on %s: %w: need %d bytes, %d of %d in use",
-					dt, shapeString(shape), d.id, runtime.ErrOutOfMemory, size, d.used, d.budget)
-			}
-			d.trimLocked(uint64(size))
-		}
-		ptr = C.bd_alloc(C.size_t(size))
-		if ptr == nil {
-			return nil, fmt.Errorf("onednn: alloc %s %s on %s: %w: the host has no %d bytes free",
-				dt, shapeString(shape), d.id, runtime.ErrOutOfMemory, size)
-		}
-		d.used += uint64(size)
+	ptr, err := d.takeLocked(size)
+	if err != nil {
+		return nil, fmt.Errorf("onednn: alloc %s %s on %s: %w", dt, shapeString(shape), d.id, err)
 	}
 	b := &buffer{dev: d, ptr: ptr, dt: dt, shape: clone(shape), n: n, bytes: size}
 	d.live[b] = struct{}{}
 	return b, nil
+}
+
+// allocSize is the element count and the allocation in bytes of a buffer
+// of dt and shape, or why the device cannot hold one.
+func (d *Device) allocSize(dt runtime.DType, shape []int) (int, int64, error) {
+	n, err := runtime.Elements(shape)
+	if err != nil {
+		return 0, 0, fmt.Errorf("onednn: alloc %s %s: %w", dt, shapeString(shape), err)
+	}
+	switch dt {
+	case runtime.F32, runtime.I32:
+	case runtime.BF16:
+		if d.bf16Err != nil {
+			return 0, 0, fmt.Errorf("onednn: alloc %s %s: %w", dt, shapeString(shape), d.bf16Err)
+		}
+	default:
+		if !d.Holds(dt) {
+			return 0, 0, fmt.Errorf("onednn: alloc %s %s: %w", dt, shapeString(shape), runtime.ErrUnsupported)
+		}
+	}
+	raw := dt.Bytes(int64(n))
+	if raw < 0 {
+		return 0, 0, fmt.Errorf("onednn: alloc %s %s: %w: not whole blocks of %d", dt, shapeString(shape), runtime.ErrInvalidGraph, dt.BlockElems())
+	}
+	return n, (raw + alignment - 1) / alignment * alignment, nil
+}
+
+// takeLocked returns a pooled allocation of size bytes (a multiple of
+// alignment), or a new one within the budget.
+func (d *Device) takeLocked(size int64) (unsafe.Pointer, error) {
+	if free := d.idle[size]; len(free) > 0 {
+		ptr := free[len(free)-1]
+		d.idle[size] = free[:len(free)-1]
+		d.pooled -= uint64(size)
+		return ptr, nil
+	}
+	if d.budget > 0 && d.used+uint64(size) > d.budget {
+		// Release pooled memory only when that makes room.
+		if d.used-d.pooled+uint64(size) > d.budget {
+			return nil, fmt.Errorf("%w: need %d bytes, %d of %d in use", runtime.ErrOutOfMemory, size, d.used, d.budget)
+		}
+		d.trimLocked(uint64(size))
+	}
+	ptr := C.bd_alloc(C.size_t(size))
+	if ptr == nil {
+		return nil, fmt.Errorf("%w: the host has no %d bytes free", runtime.ErrOutOfMemory, size)
+	}
+	d.used += uint64(size)
+	return ptr, nil
+}
+
+// allocTemp and freeTemp are alloc and Free for a run's intermediates,
+// which need only memory: no Buffer, no entry among the live buffers (a
+// decode step allocates a few hundred). Close cannot run meanwhile:
+// execute holds d.life.
+func (d *Device) allocTemp(dt runtime.DType, shape []int) (unsafe.Pointer, int64, error) {
+	_, size, err := d.allocSize(dt, shape)
+	if err != nil {
+		return nil, 0, err
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return nil, 0, ErrClosed
+	}
+	ptr, err := d.takeLocked(size)
+	if err != nil {
+		return nil, 0, fmt.Errorf("onednn: alloc %s %s on %s: %w", dt, shapeString(shape), d.id, err)
+	}
+	return ptr, size, nil
+}
+
+func (d *Device) freeTemp(ptr unsafe.Pointer, size int64) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.idle[size] = append(d.idle[size], ptr)
+	d.pooled += uint64(size)
 }
 
 // trimLocked releases pooled allocations until need more bytes fit the

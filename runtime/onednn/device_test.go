@@ -154,10 +154,10 @@ func TestBudget(t *testing.T) {
 		t.Fatalf("Run err = %v, want ErrOutOfMemory", err)
 	}
 	d.mu.Lock()
-	live := len(d.live)
+	live, inUse := len(d.live), d.used-d.pooled
 	d.mu.Unlock()
-	if live != 2 {
-		t.Errorf("%d live buffers after a failed run, want 2 (x and y)", live)
+	if live != 2 || inUse != 2*1280 {
+		t.Errorf("%d live buffers of %d bytes outside the pool after a failed run, want 2 (x and y) of 2560", live, inUse)
 	}
 	if got := d.MemoryUsed(); got > budget {
 		t.Errorf("MemoryUsed = %d, over the budget %d", got, budget)

@@ -1079,7 +1079,10 @@ static void attend_block_avx512(attend_fn one, int whole, const void *q, int q_b
 // the caller would. A block is up to BD_AMX_ROWS rows (tokens of one
 // sequence × a kv head's query heads); blocks shrink, down to 16 rows,
 // while there would be fewer than two a thread. Returns -1 (nothing
-// written) when it cannot allocate its scratch.
+// written) when it cannot allocate its scratch, 1 (nothing written) when
+// no block has 16 rows: a decode step's blocks are one token each, and
+// building the AMX team, its scratch and its tile state for them cost a
+// decode step's every layer a few microseconds.
 static int paged_attention_amx(const bd_device *d, const void *q, int q_bf16, const void *kc, const void *vc,
         int kv_bf16, const int32_t *table, const int32_t *seq, const int32_t *pos, int64_t t, int64_t hq,
         int64_t hkv, int64_t dim, int64_t bs, int64_t maxb, float scale, int64_t work, void *out) {
@@ -1090,6 +1093,12 @@ static int paged_attention_amx(const bd_device *d, const void *q, int q_bf16, co
     for (int64_t tb = BD_AMX_ROWS / group;; tb = tb / 2 > minb ? tb / 2 : minb) {
         nb = split_blocks(seq, t, tb, start);
         if (tb <= minb || nb * hkv >= 2 * d->nthreads) break;
+    }
+    int64_t b16 = 0;
+    while (b16 < nb && (start[b16 + 1] - start[b16]) * group < 16) b16++;
+    if (b16 == nb) {
+        free(start);
+        return 1;
     }
     const int64_t tasks = nb * hkv, wbytes = (bd_attend_amx_bytes(dim) + 63) & ~(int64_t)63;
     const attend_fn one = dim <= BD_FA_GROUPDIM && group <= BD_FA_GROUP ? bd_attend_group_avx512 : attend_avx512;

@@ -673,6 +673,11 @@ func BenchmarkPagedAttentionDecode(b *testing.B) {
 	b.Run("gqa4", func(b *testing.B) {
 		benchAttention(b, attnBench{seqs: 16, tokens: 1, ctx: 512, hq: 16, hkv: 4, dim: 64})
 	})
+	// One stream, as a quantized model's graph asks for it (BF16Products:
+	// AMX for the blocks of 16 rows a decode step does not have).
+	b.Run("gqa7-1seq-bf16products", func(b *testing.B) {
+		benchAttention(b, attnBench{seqs: 1, tokens: 1, ctx: 512, hq: 14, hkv: 2, dim: 64, bf16Products: true})
+	})
 }
 
 // BenchmarkPagedAttentionPrefill is one 512-token prefill of one sequence

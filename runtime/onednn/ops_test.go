@@ -900,14 +900,19 @@ func TestFusedAttention(t *testing.T) {
 }
 
 // TestPlanCache: a graph run again reuses its checked plan, and the same
-// graph bound to other shapes is planned for them, not run on the old plan.
+// graph bound to other shapes, or to other names, is planned for them, not
+// run on the old plan.
 func TestPlanCache(t *testing.T) {
 	d := openTest(t, runtime.DeviceSpec{})
 	r := newRand(t)
 	g := &runtime.Graph{Ops: []runtime.Op{{Kind: runtime.OpAdd, In: []string{"a", "b"}, Out: "y"}}}
-	for _, rows := range []int{2, 2, 5, 2} {
+	for i, rows := range []int{2, 2, 5, 2, 2} {
 		a, b := randVec(r, rows*3), randVec(r, rows*3)
-		got, err := runGraph(t, d, g, []input{f32In("a", a, rows, 3), f32In("b", b, rows, 3)}, "y", []int{rows, 3})
+		ins := []input{f32In("a", a, rows, 3), f32In("b", b, rows, 3)}
+		if i == 4 { // a binding the graph does not read: planned aside
+			ins = append(ins, f32In("c", a[:1], 1, 1))
+		}
+		got, err := runGraph(t, d, g, ins, "y", []int{rows, 3})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -917,8 +922,8 @@ func TestPlanCache(t *testing.T) {
 		}
 		checkClose(t, got, want, 1e-7)
 	}
-	if n, hits, _ := d.plans.stats(); n != 1 || hits != 3 {
-		t.Fatalf("plan cache: %d entries, %d hits; want 1 entry and 3 hits (the 5-row run planned aside)", n, hits)
+	if n, hits, _ := d.plans.stats(); n != 1 || hits != 4 {
+		t.Fatalf("plan cache: %d entries, %d hits; want 1 entry and 4 hits (the 5-row run and the extra binding planned aside)", n, hits)
 	}
 }
 

@@ -7,7 +7,9 @@ import "C"
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"slices"
 	"time"
@@ -20,53 +22,123 @@ import (
 // worker. Intermediates are allocated from the pool when their op runs and
 // returned to it after their last reader. Runs on one device are serialised;
 // ctx is honoured while waiting and between ops.
+//
+// A decode step runs a few hundred small ops, so what a run does per name
+// is done once per graph: the plan numbers every name (planned.slot), and
+// a run keeps its buffers and pointers in slices by that number rather
+// than in maps built each time.
 func (d *Device) Run(ctx context.Context, g *runtime.Graph, bind map[string]runtime.Buffer) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
 	d.life.RLock()
 	defer d.life.RUnlock()
-	bound := make(map[string]runtime.TensorType, len(bind))
-	bufs := make(map[string]*buffer, len(bind))
-	for name, b := range bind {
-		bb, err := d.own(b)
-		if err != nil {
-			return fmt.Errorf("onednn: run on %s: bind %q: %w", d.id, name, err)
-		}
-		bound[name] = runtime.TensorType{DType: bb.dt, Shape: bb.shape}
-		bufs[name] = bb
+	pe, err := d.plans.get(g, func() (*planned, error) { return d.planBound(g, bind) })
+	if err != nil {
+		return fmt.Errorf("onednn: run on %s: %w", d.id, err)
 	}
-	pe, err := d.plans.get(g, func() (*planned, error) { return plan(g, bound) })
-	if err == nil && !sameTypes(pe.bound, bound) {
-		pe, err = plan(g, bound) // the same graph bound to other shapes: not cached
+	bufs, err := d.bindSlots(pe, bind)
+	if errors.Is(err, errRebound) {
+		// The same graph bound to other shapes: planned again, not cached.
+		if pe, err = d.planBound(g, bind); err == nil {
+			bufs, err = d.bindSlots(pe, bind)
+		}
 	}
 	if err != nil {
 		return fmt.Errorf("onednn: run on %s: %w", d.id, err)
 	}
-	p := pe.plan
 	// oneDNN's matmul and the C kernels cannot write over their own input.
-	for i := range p.Steps {
-		s := &p.Steps[i]
-		out, ok := bufs[s.Op.Out]
-		if !ok {
+	for i, ss := range pe.steps {
+		out := bufs[ss.out]
+		if out == nil {
 			continue
 		}
-		for _, name := range s.Op.In {
-			if bufs[name] == out {
+		for j, id := range ss.in {
+			if bufs[id] == out {
+				s := &pe.plan.Steps[i]
 				return fmt.Errorf("onednn: run on %s: %w: %s writes %q into the buffer it reads as %q",
-					d.id, runtime.ErrInvalidGraph, s, s.Op.Out, name)
+					d.id, runtime.ErrInvalidGraph, s, s.Op.Out, s.Op.In[j])
 			}
 		}
 	}
 	return d.do(ctx, func() error { return d.execute(ctx, pe, bufs) })
 }
 
+// errRebound says a run's bindings differ from those its cached plan was
+// checked against.
+var errRebound = errors.New("bindings differ from the plan's")
+
+// planBound checks that every binding is a live buffer of d, then plans g
+// against their types.
+func (d *Device) planBound(g *runtime.Graph, bind map[string]runtime.Buffer) (*planned, error) {
+	bound := make(map[string]runtime.TensorType, len(bind))
+	for name, b := range bind {
+		bb, err := d.own(b)
+		if err != nil {
+			return nil, fmt.Errorf("bind %q: %w", name, err)
+		}
+		bound[name] = runtime.TensorType{DType: bb.dt, Shape: bb.shape}
+	}
+	return plan(g, bound)
+}
+
+// bindSlots returns bind's buffers by pe's slots, checking that each is a
+// live buffer of d; errRebound when the names or types are not those pe
+// was planned with.
+func (d *Device) bindSlots(pe *planned, bind map[string]runtime.Buffer) ([]*buffer, error) {
+	if len(bind) != pe.nBound {
+		return nil, errRebound
+	}
+	bufs := make([]*buffer, len(pe.names))
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return nil, ErrClosed
+	}
+	for name, b := range bind {
+		bb, ok := b.(*buffer)
+		switch {
+		case !ok || bb == nil:
+			return nil, fmt.Errorf("bind %q: %w: buffer %T is not a oneDNN buffer", name, runtime.ErrInvalidGraph, b)
+		case bb.dev != d:
+			return nil, fmt.Errorf("bind %q: %w: buffer belongs to device %s, not %s", name, runtime.ErrInvalidGraph, bb.dev.id, d.id)
+		case bb.freed:
+			return nil, fmt.Errorf("bind %q: %w: buffer %s %s was freed", name, runtime.ErrInvalidGraph, bb.dt, shapeString(bb.shape))
+		}
+		id, ok := pe.slot[name]
+		if !ok || !pe.isBound[id] {
+			return nil, errRebound
+		}
+		if t := pe.bound[id]; t.DType != bb.dt || !slices.Equal(t.Shape, bb.shape) {
+			return nil, errRebound
+		}
+		bufs[id] = bb
+	}
+	return bufs, nil
+}
+
 // planned is a checked graph and what execute derives from its plan alone.
 type planned struct {
-	bound    map[string]runtime.TensorType // the bindings it was checked against
-	plan     *runtime.Plan
-	lastUse  map[string]int  // the last step reading each name
-	otherUse map[string]bool // names read other than as a matmul's weights, or written
+	plan *runtime.Plan
+	// slot numbers every name the graph reads or writes, and every
+	// binding; names is its inverse. The tables below, and a run's
+	// buffers and pointers, are indexed by it.
+	slot    map[string]int
+	names   []string
+	bound   []runtime.TensorType // the bindings' types it was checked against
+	isBound []bool
+	nBound  int
+	steps   []stepSlots // by step
+	// lastUse is the last step reading each name (-1: none); otherUse
+	// says a name is read other than as a matmul's weights, or written.
+	lastUse  []int
+	otherUse []bool
+}
+
+// stepSlots are a step's operands and output by slot.
+type stepSlots struct {
+	in  []int
+	out int
 }
 
 func plan(g *runtime.Graph, bound map[string]runtime.TensorType) (*planned, error) {
@@ -74,108 +146,129 @@ func plan(g *runtime.Graph, bound map[string]runtime.TensorType) (*planned, erro
 	if err != nil {
 		return nil, err
 	}
-	pe := &planned{bound: bound, plan: p, lastUse: map[string]int{}, otherUse: map[string]bool{}}
+	pe := &planned{plan: p, slot: map[string]int{}, nBound: len(bound), steps: make([]stepSlots, len(p.Steps))}
+	id := func(name string) int {
+		i, ok := pe.slot[name]
+		if !ok {
+			i = len(pe.names)
+			pe.slot[name] = i
+			pe.names = append(pe.names, name)
+			pe.bound = append(pe.bound, runtime.TensorType{})
+			pe.isBound = append(pe.isBound, false)
+			pe.lastUse = append(pe.lastUse, -1)
+			pe.otherUse = append(pe.otherUse, false)
+		}
+		return i
+	}
+	// Slots in a fixed order (the graph's, then the sorted bindings), so a
+	// plan's numbering does not depend on map iteration.
 	for i, s := range p.Steps {
-		pe.otherUse[s.Op.Out] = true
+		ss := &pe.steps[i]
+		ss.in = make([]int, len(s.Op.In))
 		for j, name := range s.Op.In {
-			pe.lastUse[name] = i
+			ss.in[j] = id(name)
+		}
+		ss.out = id(s.Op.Out)
+	}
+	for _, name := range slices.Sorted(maps.Keys(bound)) {
+		i := id(name)
+		pe.bound[i], pe.isBound[i] = bound[name], true
+	}
+	for i, s := range p.Steps {
+		ss := pe.steps[i]
+		pe.otherUse[ss.out] = true
+		for j, in := range ss.in {
+			pe.lastUse[in] = i
 			if s.Op.Kind != runtime.OpMatMul || j != 1 {
-				pe.otherUse[name] = true
+				pe.otherUse[in] = true
 			}
 		}
 	}
 	return pe, nil
 }
 
-func sameTypes(a, b map[string]runtime.TensorType) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for name, t := range a {
-		u, ok := b[name]
-		if !ok || t.DType != u.DType || !slices.Equal(t.Shape, u.Shape) {
-			return false
-		}
-	}
-	return true
-}
-
-// execute runs a plan on the worker thread.
-func (d *Device) execute(ctx context.Context, pe *planned, bufs map[string]*buffer) error {
-	p, lastUse, otherUse := pe.plan, pe.lastUse, pe.otherUse
-	temps := map[string]*buffer{}
+// execute runs a plan on the worker thread; bufs are the bound buffers by
+// slot (nil for intermediates).
+func (d *Device) execute(ctx context.Context, pe *planned, bufs []*buffer) error {
+	p := pe.plan
+	// The live intermediates' memory and sizes by slot.
+	temps, sizes := make([]unsafe.Pointer, len(pe.names)), make([]int64, len(pe.names))
 	defer func() {
-		for _, b := range temps {
-			d.Free(b)
+		for i, t := range temps {
+			if t != nil {
+				d.freeTemp(t, sizes[i])
+			}
 		}
 	}()
-	ptrs := make(map[string]unsafe.Pointer, len(bufs)+len(p.Temps))
-	for name, b := range bufs {
-		ptrs[name] = b.ptr
+	ptrs := make([]unsafe.Pointer, len(pe.names))
+	for i, b := range bufs {
+		if b != nil {
+			ptrs[i] = b.ptr
+		}
 	}
 	// Weights: bound buffers the run reads only as a matmul's right
 	// operand, which that matmul may pack in place. Any other use needs
 	// row-major contents.
-	rc := &runContext{weights: map[string]*buffer{}, rope: map[ropeKey]*buffer{}}
+	rc := &runContext{weights: make([]*buffer, len(pe.names)), rope: map[ropeKey]*buffer{}}
 	defer func() {
 		for _, b := range rc.rope {
 			d.Free(b)
 		}
 	}()
-	var unpack []string // packed by an earlier run, used otherwise in this one
+	var unpack []int // packed by an earlier run, used otherwise in this one
 	d.mu.Lock()
 	for i := range p.Steps {
-		if s := &p.Steps[i]; s.Op.Kind == runtime.OpMatMul {
-			if b, ok := bufs[s.Op.In[1]]; ok && !otherUse[s.Op.In[1]] && !b.rowMajorOnly {
-				rc.weights[s.Op.In[1]] = b
+		if p.Steps[i].Op.Kind == runtime.OpMatMul {
+			w := pe.steps[i].in[1]
+			if b := bufs[w]; b != nil && !pe.otherUse[w] && !b.rowMajorOnly {
+				rc.weights[w] = b
 			}
 		}
 	}
-	for name, b := range bufs {
-		if otherUse[name] && b.packed != nil {
-			unpack = append(unpack, name)
+	for i, b := range bufs {
+		if b != nil && pe.otherUse[i] && b.packed != nil {
+			unpack = append(unpack, i)
 		}
 	}
 	d.mu.Unlock()
-	for _, name := range unpack {
-		if err := d.unpack(bufs[name]); err != nil {
-			return fmt.Errorf("onednn: run on %s: %q back to row-major: %w", d.id, name, err)
+	for _, id := range unpack {
+		if err := d.unpack(bufs[id]); err != nil {
+			return fmt.Errorf("onednn: run on %s: %q back to row-major: %w", d.id, pe.names[id], err)
 		}
 	}
 	for i := range p.Steps {
-		s := &p.Steps[i]
+		s, ss := &p.Steps[i], &pe.steps[i]
 		if err := ctx.Err(); err != nil {
 			return fmt.Errorf("onednn: run on %s: before %s: %w", d.id, s, err)
 		}
 		if s.Op.Kind == runtime.OpReshape {
 			// A reshape of an intermediate read by nothing later takes
 			// its buffer over rather than copying it.
-			if b, ok := temps[s.Op.In[0]]; ok && lastUse[s.Op.In[0]] == i {
-				if _, bound := bufs[s.Op.Out]; !bound {
-					delete(temps, s.Op.In[0])
-					temps[s.Op.Out] = b
-					ptrs[s.Op.Out] = b.ptr
-					continue
-				}
+			from := ss.in[0]
+			if t := temps[from]; t != nil && pe.lastUse[from] == i && bufs[ss.out] == nil {
+				temps[ss.out], sizes[ss.out] = t, sizes[from]
+				temps[from] = nil
+				ptrs[ss.out] = t
+				continue
 			}
 		}
-		if _, bound := bufs[s.Op.Out]; !bound {
-			b, err := d.alloc(s.Out.DType, s.Out.Shape)
+		if bufs[ss.out] == nil {
+			t, size, err := d.allocTemp(s.Out.DType, s.Out.Shape)
 			if err != nil {
 				return fmt.Errorf("onednn: run on %s: intermediate %q of %s: %w", d.id, s.Op.Out, s, err)
 			}
-			temps[s.Op.Out] = b
-			ptrs[s.Op.Out] = b.ptr
+			temps[ss.out], sizes[ss.out] = t, size
+			ptrs[ss.out] = t
 		}
-		if err := d.runStep(s, ptrs, rc); err != nil {
+		if err := d.runStep(s, ss, ptrs, rc); err != nil {
 			return fmt.Errorf("onednn: run on %s: %w", d.id, err)
 		}
 		// Return intermediates no later op reads, so the next op's output
 		// can reuse their memory.
-		for _, name := range s.Op.In {
-			if b, ok := temps[name]; ok && lastUse[name] == i {
-				d.Free(b)
-				delete(temps, name)
+		for _, id := range ss.in {
+			if t := temps[id]; t != nil && pe.lastUse[id] == i {
+				d.freeTemp(t, sizes[id])
+				temps[id] = nil
 			}
 		}
 	}
@@ -238,7 +331,7 @@ func (d *Device) exec(s *runtime.Step, p *C.bd_prim, args ...unsafe.Pointer) err
 
 // runContext is what runStep knows of the whole run.
 type runContext struct {
-	weights map[string]*buffer // bound buffers the run reads only as matmul weights
+	weights []*buffer // by slot: bound buffers the run reads only as matmul weights
 	// rope holds the RoPE tables of the run: a decoder's every layer
 	// rotates q and k by the same positions, and computing their sines
 	// and cosines in every op was a quarter of OpRoPE's time
@@ -256,10 +349,10 @@ type ropeKey struct {
 
 // runStep runs one op: a cached oneDNN primitive, or a C kernel for the ops
 // oneDNN has none for.
-func (d *Device) runStep(s *runtime.Step, ptrs map[string]unsafe.Pointer, rc *runContext) error {
+func (d *Device) runStep(s *runtime.Step, ss *stepSlots, ptrs []unsafe.Pointer, rc *runContext) error {
 	op := s.Op
-	in := func(i int) unsafe.Pointer { return ptrs[op.In[i]] }
-	out := ptrs[op.Out]
+	in := func(i int) unsafe.Pointer { return ptrs[ss.in[i]] }
+	out := ptrs[ss.out]
 	dc := d.c
 
 	switch op.Kind {
@@ -273,7 +366,8 @@ func (d *Device) runStep(s *runtime.Step, ptrs map[string]unsafe.Pointer, rc *ru
 		}
 		a := s.In[0]
 		k := a.Last()
-		w, isWeight := rc.weights[op.In[1]]
+		w := rc.weights[ss.in[1]]
+		isWeight := w != nil
 		if d.gemv16(s) {
 			if isWeight {
 				if err := d.unpack(w); err != nil {

@@ -263,6 +263,27 @@ func BenchmarkDecodeQuantized(b *testing.B) {
 	}
 }
 
+// BenchmarkDecodeFixedCost is a decode step of one sequence on a model of
+// Qwen2.5-0.5B's depth and op sequence (24 layers, q/k/v biases, Q8_0
+// matrices) with tiny matrices and heads, so that what the step costs
+// beyond its arithmetic shows: the graph's few hundred op launches, their
+// buffers, the hand-off to the device. On a wide host, where a real
+// model's decode step takes a few milliseconds, these costs are a share of
+// the single stream's rate (bench/RESULTS.md).
+func BenchmarkDecodeFixedCost(b *testing.B) {
+	s := netSpec{Vocab: 256, Hidden: 64, Layers: 24, Heads: 2, KVHeads: 1, HeadDim: 32, Inter: 64,
+		Context: 1024, Eps: 1e-6, QKVBias: true, Tied: true, InvFreq: ropeFreqs(32, 1000000, nil)}
+	dev := openBenchDevice(b, runtime.F32)
+	e, err := newEngine(context.Background(), dev, s, quantizeFast(fastWeights(s), runtime.Q8_0),
+		EngineOptions{CacheBytes: 1 << 28, MaxStepTokens: 1024})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer e.Close()
+	perStep := decodeSteps(b, e, s, 1)
+	b.ReportMetric(perStep*1e6, "us/step")
+}
+
 // BenchmarkPrefill512 is one 512-token prefill step of llama1024 with its
 // matrices in Q4_K and Q8_0 (qamx.c on a CPU with AMX, else dequantized
 // slices through oneDNN; -llm.noamx for the latter), against the same

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	goruntime "runtime"
 	"runtime/debug"
 	"slices"
@@ -83,7 +84,11 @@ type Engine struct {
 	mu       sync.Mutex // Step, Close
 	closed   bool
 	resident map[string]runtime.Buffer // weights and caches, bound every step
-	graphs   map[stepShape]*runtime.Graph
+	// bind is resident plus the step's inputs and logits, which each
+	// step rebinds: copying a few hundred resident names into a new map
+	// every step was a visible share of a small model's decode step.
+	bind   map[string]runtime.Buffer
+	graphs map[stepShape]*runtime.Graph
 	// logits lends the host buffers steps copy their logits into (8 MB
 	// for 16 rows of a 128k vocabulary): a fresh one each step cost its
 	// clearing and page faults every step.
@@ -275,7 +280,7 @@ func (e *Engine) free() {
 			e.dev.Free(b)
 		}
 	}
-	e.resident = nil
+	e.resident, e.bind = nil, nil
 }
 
 // Close frees the weights and the cache. Steps after it fail with ErrClosed.
@@ -462,10 +467,10 @@ func (e *Engine) forward(ctx context.Context, p *stepPlan) ([]float32, error) {
 		}
 		e.graphs[p.shape] = g
 	}
-	bind := make(map[string]runtime.Buffer, len(e.resident)+7)
-	for k, v := range e.resident {
-		bind[k] = v
+	if e.bind == nil {
+		e.bind = maps.Clone(e.resident)
 	}
+	bind := e.bind
 	var allocated []runtime.Buffer
 	defer func() {
 		for _, b := range allocated {
