@@ -389,7 +389,7 @@ int64_t bd_qgemm_work_bytes(int wtype, int64_t k, int64_t m) {
 // One task: rows [n0,n1) of W against groups [g0,g1) of X.
 static void qgemm_task(const bd_qtype *t, int isa, bd_rowsfn rows, const uint8_t *w,
         int64_t rowb, int64_t nb, const uint8_t *xq, int64_t gb, int64_t G, int64_t m,
-        int64_t n0, int64_t n1, int64_t g0, int64_t g1, float *y, int64_t ldy) {
+        int64_t n0, int64_t n1, int64_t g0, int64_t g1, float *y, int64_t ldy, const float *bias) {
     int64_t tile = BD_QGEMM_TILE_BYTES / rowb;
     if (tile < 8) tile = 8;
     float out[8];
@@ -409,7 +409,10 @@ static void qgemm_task(const bd_qtype *t, int isa, bd_rowsfn rows, const uint8_t
                 } else {
                     rows(wr, nb, xg, G, R, out);
                 }
-                for (int r = 0; r < R; r++) yg[r * ldy + n] = out[r];
+                if (bias)
+                    for (int r = 0; r < R; r++) yg[r * ldy + n] = out[r] + bias[n];
+                else
+                    for (int r = 0; r < R; r++) yg[r * ldy + n] = out[r];
             }
         }
     }
@@ -426,16 +429,28 @@ static void qgemm_task(const bd_qtype *t, int isa, bd_rowsfn rows, const uint8_t
 int bd_qgemm(int wtype, const void *w, int64_t w_bytes, int64_t n_out,
         int64_t k, const float *x, int64_t m, float *y, int64_t ldy,
         int isa, int nthreads, void *work, int64_t work_bytes) {
+    const bd_qgemm_part part = {.w = w, .w_bytes = w_bytes, .n_out = n_out, .y = y, .ldy = ldy};
+    return bd_qgemm_multi(wtype, &part, 1, k, x, m, isa, nthreads, work, work_bytes);
+}
+
+int bd_qgemm_multi(int wtype, const bd_qgemm_part *parts, int count, int64_t k, const float *x, int64_t m,
+        int isa, int nthreads, void *work, int64_t work_bytes) {
     const bd_qtype *t = qtype_of(wtype);
     if (!t) return BD_QGEMM_UNSUPPORTED;
     const int64_t most = bd_qgemm_work_bytes(wtype, k, m);
     if (most < 0) return (int)most;
-    if (n_out <= 0 || n_out > BD_QGEMM_MAX || ldy < n_out || ldy > BD_QGEMM_MAX || nthreads < 1)
-        return BD_QGEMM_SIZE;
+    if (count < 1 || count > BD_QGEMM_PARTS || nthreads < 1) return BD_QGEMM_SIZE;
     const int64_t nb = k / t->elems, rowb = nb * t->bytes;
-    if (rowb > BD_QGEMM_MAX / n_out || w_bytes != rowb * n_out) return BD_QGEMM_SIZE;
-    if (m - 1 > (BD_QGEMM_MAX - n_out) / ldy) return BD_QGEMM_SIZE; // (m-1)*ldy + n_out
-    if (k > BD_QGEMM_MAX / m) return BD_QGEMM_SIZE;                  // m*k
+    int64_t n_all = 0; // the parts' rows together
+    for (int p = 0; p < count; p++) {
+        const int64_t n_out = parts[p].n_out, ldy = parts[p].ldy;
+        if (n_out <= 0 || n_out > BD_QGEMM_MAX || ldy < n_out || ldy > BD_QGEMM_MAX) return BD_QGEMM_SIZE;
+        if (rowb > BD_QGEMM_MAX / n_out || parts[p].w_bytes != rowb * n_out) return BD_QGEMM_SIZE;
+        if (m - 1 > (BD_QGEMM_MAX - n_out) / ldy) return BD_QGEMM_SIZE; // (m-1)*ldy + n_out
+        n_all += n_out;
+        if (n_all > BD_QGEMM_MAX) return BD_QGEMM_SIZE;
+    }
+    if (k > BD_QGEMM_MAX / m) return BD_QGEMM_SIZE; // m*k
     const int have = bd_qgemm_isa();
     if (isa == BD_ISA_AUTO) isa = have;
     if (isa < BD_ISA_BASE || isa > have) return BD_QGEMM_NO_ISA;
@@ -461,9 +476,9 @@ int bd_qgemm(int wtype, const void *w, int64_t w_bytes, int64_t n_out,
     // Tasks: rows of W split between threads; groups of X's rows too when
     // W has too few rows (fewer than 16 a thread) to keep every thread busy.
     const int64_t groups = (m + G - 1) / G;
-    const double macs = (double)m * (double)n_out * (double)k;
+    const double macs = (double)m * (double)n_all * (double)k;
     int nt = macs < (double)BD_QGEMM_PAR_MIN ? 1 : nthreads;
-    int64_t tn = n_out / 16 < nt ? n_out / 16 : nt;
+    int64_t tn = n_all / 16 < nt ? n_all / 16 : nt;
     if (tn < 1) tn = 1;
     int64_t tm = (nt + tn - 1) / tn;
     if (tm > groups) tm = groups;
@@ -485,9 +500,16 @@ int bd_qgemm(int wtype, const void *w, int64_t w_bytes, int64_t n_out,
 #pragma omp for schedule(static)
         for (int64_t task = 0; task < tasks; task++) {
             const int64_t in = task % tn, im = task / tn;
-            qgemm_task(t, isa, rows, w, rowb, nb, xq, gbx, G, m,
-                    n_out * in / tn, n_out * (in + 1) / tn,
-                    groups * im / tm, groups * (im + 1) / tm, y, ldy);
+            // The task's rows of the parts laid end to end.
+            const int64_t v0 = n_all * in / tn, v1 = n_all * (in + 1) / tn;
+            int64_t base = 0;
+            for (int p = 0; p < count && base < v1; base += parts[p].n_out, p++) {
+                const int64_t a = v0 > base ? v0 - base : 0;
+                const int64_t b = v1 - base < parts[p].n_out ? v1 - base : parts[p].n_out;
+                if (a < b)
+                    qgemm_task(t, isa, rows, parts[p].w, rowb, nb, xq, gbx, G, m, a, b,
+                            groups * im / tm, groups * (im + 1) / tm, parts[p].y, parts[p].ldy, parts[p].bias);
+            }
         }
     }
     if (!work && t->k != 2) free(xq);

@@ -8,6 +8,7 @@ import "C"
 import (
 	"errors"
 	"fmt"
+	goruntime "runtime"
 	"unsafe"
 
 	"github.com/brokerd/brokerd/runtime/quant"
@@ -57,19 +58,53 @@ func qgemmC(t quant.Type, w unsafe.Pointer, wBytes, nOut, k int64, x unsafe.Poin
 // qgemmWork is qgemmC with scratch for the quantized activations (nil: the
 // call allocates its own).
 func qgemmWork(t quant.Type, w unsafe.Pointer, wBytes, nOut, k int64, x unsafe.Pointer, m int64, y unsafe.Pointer, ldy int64, v isa, threads int, work unsafe.Pointer, workBytes int64) error {
+	return qgemmParts(t, []qpart{{w: w, wBytes: wBytes, n: nOut, y: y, ldy: ldy}}, k, x, m, v, threads, work, workBytes)
+}
+
+// qpart is one product of qgemmParts: n rows of W (wBytes) into y (row
+// stride ldy), plus bias (n f32) unless it is nil.
+type qpart struct {
+	w         unsafe.Pointer
+	wBytes, n int64
+	bias, y   unsafe.Pointer
+	ldy       int64
+}
+
+// qgemmParts is bd_qgemm_multi: the products of several matrices of type t
+// by one x [m,k], x quantized once and their rows shared among threads.
+func qgemmParts(t quant.Type, parts []qpart, k int64, x unsafe.Pointer, m int64, v isa, threads int, work unsafe.Pointer, workBytes int64) error {
 	if uint64(t) > 1<<30 {
 		return fmt.Errorf("onednn: qgemm: %w: %v", quant.ErrUnsupported, t)
 	}
-	rc := C.bd_qgemm(C.int(t), w, C.int64_t(wBytes), C.int64_t(nOut), C.int64_t(k),
-		(*C.float)(x), C.int64_t(m), (*C.float)(y), C.int64_t(ldy), C.int(v), C.int(threads), work, C.int64_t(workBytes))
+	if len(parts) == 0 || len(parts) > C.BD_QGEMM_PARTS {
+		return fmt.Errorf("%w: %d products in one call", errQgemmSize, len(parts))
+	}
+	// The parts array is Go memory holding the pointers: the tests' are
+	// Go slices, which cgo allows inside it only pinned (a device's
+	// buffers are C memory, which Pin leaves alone).
+	var pin goruntime.Pinner
+	defer pin.Unpin()
+	var cp [C.BD_QGEMM_PARTS]C.bd_qgemm_part
+	for i, p := range parts {
+		for _, ptr := range []unsafe.Pointer{p.w, p.bias, p.y} {
+			if ptr != nil {
+				pin.Pin(ptr)
+			}
+		}
+		cp[i] = C.bd_qgemm_part{w: p.w, w_bytes: C.int64_t(p.wBytes), n_out: C.int64_t(p.n),
+			bias: (*C.float)(p.bias), y: (*C.float)(p.y), ldy: C.int64_t(p.ldy)}
+	}
+	rc := C.bd_qgemm_multi(C.int(t), &cp[0], C.int(len(parts)), C.int64_t(k), (*C.float)(x), C.int64_t(m),
+		C.int(v), C.int(threads), work, C.int64_t(workBytes))
 	switch rc {
 	case C.BD_QGEMM_OK:
 		return nil
 	case C.BD_QGEMM_UNSUPPORTED:
 		return fmt.Errorf("onednn: qgemm: %w: %v", quant.ErrUnsupported, t)
 	case C.BD_QGEMM_SIZE:
-		return fmt.Errorf("%w: %v, %d bytes for %d rows of %d, %d rows of activations, output stride %d, %d threads",
-			errQgemmSize, t, wBytes, nOut, k, m, ldy, threads)
+		p := parts[0]
+		return fmt.Errorf("%w: %v, %d bytes for %d rows of %d (%d products), %d rows of activations, output stride %d, %d threads",
+			errQgemmSize, t, p.wBytes, p.n, k, len(parts), m, p.ldy, threads)
 	case C.BD_QGEMM_NO_ISA:
 		return fmt.Errorf("onednn: qgemm: this CPU has no %v (it has %v)", v, qgemmISA())
 	case C.BD_QGEMM_NOMEM:

@@ -45,7 +45,7 @@
 // f32 sums.
 //
 // nthreads (>= 1) OpenMP threads share the rows of W (and the rows of X
-// when W has few rows); work below about 2^18 multiply-adds runs on one.
+// when W has few rows); work below about 2^16 multiply-adds runs on one.
 // The call does not change the calling thread's OpenMP settings.
 //
 // work, when not NULL, is scratch of work_bytes >= bd_qgemm_work_bytes()
@@ -59,6 +59,28 @@
 // (the float types propagate them as arithmetic does).
 int bd_qgemm(int wtype, const void *w, int64_t w_bytes, int64_t n_out,
         int64_t k, const float *x, int64_t m, float *y, int64_t ldy,
+        int isa, int nthreads, void *work, int64_t work_bytes);
+
+// bd_qgemm_part is one product of bd_qgemm_multi: n_out rows of W
+// (w_bytes bytes) into y (row stride ldy), plus bias (n_out f32) when it is
+// not NULL.
+typedef struct {
+    const void *w;
+    int64_t w_bytes, n_out;
+    const float *bias;
+    float *y;
+    int64_t ldy;
+} bd_qgemm_part;
+
+// bd_qgemm_multi is bd_qgemm for up to BD_QGEMM_PARTS products of one
+// weight type by the same x, as one call: x is quantized once and the
+// parts' rows are shared among the threads as if they were one matrix's
+// (a decoder's q, k and v projections: k and v alone are too small to
+// keep a wide host's threads busy). Each part's bias is added to its
+// outputs as they are written. Sizes are checked as bd_qgemm checks them,
+// every part's before anything is touched.
+#define BD_QGEMM_PARTS 8
+int bd_qgemm_multi(int wtype, const bd_qgemm_part *parts, int count, int64_t k, const float *x, int64_t m,
         int isa, int nthreads, void *work, int64_t work_bytes);
 
 // bd_qgemm_work_bytes is the scratch bd_qgemm needs for m rows of k

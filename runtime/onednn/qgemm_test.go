@@ -5,8 +5,10 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/brokerd/brokerd/runtime"
 	"github.com/brokerd/brokerd/runtime/quant"
@@ -480,6 +482,89 @@ func TestQgemmRefuses(t *testing.T) {
 		if !errors.Is(err, quant.ErrUnsupported) {
 			t.Errorf("%v: %v, want ErrUnsupported", typ, err)
 		}
+	}
+}
+
+// TestQgemmMulti: bd_qgemm_multi's products of several matrices by one x
+// (x quantized once, their rows shared among the threads as one matrix's,
+// each part into its own y with its own stride and bias) are
+// bit-identical to separate bd_qgemm calls with the bias added after, for
+// every type, variant and thread count; columns past a part's n are not
+// written. A call with one bad part is refused before anything is
+// written.
+func TestQgemmMulti(t *testing.T) {
+	for _, typ := range qgemmTypes {
+		in, _ := typ.Info()
+		k := max(2*in.BlockElems, 64)
+		rng := rand.New(rand.NewPCG(5, uint64(typ)))
+		ns := []int{37, 16, 5} // rows that do not split evenly between threads
+		ws := make([][]byte, len(ns))
+		biases := make([][]float32, len(ns))
+		for i, n := range ns {
+			ws[i] = randQuantWeights(rng, typ, n, k)
+			if i != 1 { // the middle part has no bias
+				biases[i] = randActs(rng, 1, n)
+			}
+		}
+		for _, m := range []int{1, 3, 16} {
+			x := randActs(rng, m, k)
+			for _, v := range append(qgemmISAsHere(), isaAuto) {
+				for _, threads := range []int{1, 2, 3, 8} {
+					var parts []qpart
+					ys := make([][]float32, len(ns))
+					for i, n := range ns {
+						ldy := n + 3
+						ys[i] = slices.Repeat([]float32{42}, m*ldy)
+						p := qpart{w: unsafe.Pointer(&ws[i][0]), wBytes: int64(len(ws[i])), n: int64(n), y: unsafe.Pointer(&ys[i][0]), ldy: int64(ldy)}
+						if biases[i] != nil {
+							p.bias = unsafe.Pointer(&biases[i][0])
+						}
+						parts = append(parts, p)
+					}
+					if err := qgemmParts(typ, parts, int64(k), unsafe.Pointer(&x[0]), int64(m), v, threads, nil, 0); err != nil {
+						t.Fatalf("%v m=%d %v threads=%d: %v", typ, m, v, threads, err)
+					}
+					for i, n := range ns {
+						want := make([]float32, m*n)
+						if err := qgemm(typ, ws[i], n, k, x, m, want, n, v, threads); err != nil {
+							t.Fatal(err)
+						}
+						ldy := n + 3
+						for r := range m {
+							for j := range ldy {
+								got := ys[i][r*ldy+j]
+								w := float32(42)
+								if j < n {
+									w = want[r*n+j]
+									if biases[i] != nil {
+										w += biases[i][j]
+									}
+								}
+								if math.Float32bits(got) != math.Float32bits(w) {
+									t.Fatalf("%v m=%d %v threads=%d: part %d y[%d][%d] = %g, want %g", typ, m, v, threads, i, r, j, got, w)
+								}
+							}
+						}
+					}
+				}
+			}
+		}
+		// One part a byte short: nothing written to any part.
+		x := randActs(rng, 1, k)
+		y0, y1 := slices.Repeat([]float32{42}, ns[0]), slices.Repeat([]float32{42}, ns[1])
+		parts := []qpart{
+			{w: unsafe.Pointer(&ws[0][0]), wBytes: int64(len(ws[0])), n: int64(ns[0]), y: unsafe.Pointer(&y0[0]), ldy: int64(ns[0])},
+			{w: unsafe.Pointer(&ws[1][0]), wBytes: int64(len(ws[1])) - 1, n: int64(ns[1]), y: unsafe.Pointer(&y1[0]), ldy: int64(ns[1])},
+		}
+		if err := qgemmParts(typ, parts, int64(k), unsafe.Pointer(&x[0]), 1, isaAuto, 2, nil, 0); !errors.Is(err, errQgemmSize) {
+			t.Errorf("%v: a short part: %v, want a size error", typ, err)
+		}
+		if slices.ContainsFunc(append(y0, y1...), func(v float32) bool { return v != 42 }) {
+			t.Errorf("%v: a refused call wrote an output", typ)
+		}
+	}
+	if err := qgemmParts(quant.Q8_0, make([]qpart, 9), 32, nil, 1, isaAuto, 1, nil, 0); !errors.Is(err, errQgemmSize) {
+		t.Errorf("9 parts: %v, want a size error", err)
 	}
 }
 

@@ -94,13 +94,43 @@ func (d *Device) qmatmulInto(s *runtime.Step, q quant.Type, x, w, bias, y unsafe
 	if err != nil {
 		return fmt.Errorf("%s: %w", s, err)
 	}
-	err = qgemmWork(q, w, wt.DType.Bytes(int64(wt.NumElements())), int64(n), int64(k), x, int64(m), y, int64(n),
-		isaAuto, d.threads, work, d.qwork.bytes)
-	if err != nil {
+	part := []qpart{{w: w, wBytes: wt.DType.Bytes(int64(wt.NumElements())), n: int64(n), bias: bias, y: y, ldy: int64(n)}}
+	if err := qgemmParts(q, part, int64(k), x, int64(m), isaAuto, d.threads, work, d.qwork.bytes); err != nil {
 		return fmt.Errorf("%s: %w", s, err)
 	}
-	d.addBias(y, bias, m, n)
 	return nil
+}
+
+// qmatmulGroup runs steps, matmuls of one activation x by quantized
+// weights of one type (a decoder's q, k and v projections), as one
+// bd_qgemm_multi call when their rows take qgemm's path: x is quantized
+// once and one team of threads shares all their rows. It reports false,
+// having run nothing, for products that take another path (qamx, the
+// dequantized slices of prefill). ws, biases (nil for none) and ys are by
+// step.
+func (d *Device) qmatmulGroup(steps []*runtime.Step, x unsafe.Pointer, ws, biases, ys []unsafe.Pointer) (bool, error) {
+	s := steps[0]
+	a, wt := s.In[0], s.In[1]
+	q, ok := wt.DType.GGML()
+	k := a.Last()
+	m := a.NumElements() / k
+	if !ok || d.useAMX(q, m) || m >= d.qPrefillRows && d.qPrefillRows > 0 {
+		return false, nil
+	}
+	parts := make([]qpart, len(steps))
+	for i, st := range steps {
+		w := st.In[1]
+		n := w.Shape[0]
+		parts[i] = qpart{w: ws[i], wBytes: w.DType.Bytes(int64(w.NumElements())), n: int64(n), bias: biases[i], y: ys[i], ldy: int64(n)}
+	}
+	work, err := d.qgemmScratch(q, int64(k), int64(m))
+	if err == nil {
+		err = qgemmParts(q, parts, int64(k), x, int64(m), isaAuto, d.threads, work, d.qwork.bytes)
+	}
+	if err != nil {
+		return false, fmt.Errorf("%s and %d more: %w", s, len(steps)-1, err)
+	}
+	return true, nil
 }
 
 // addBias adds bias (n f32, or nil) to each of y's m rows of n (in C: a

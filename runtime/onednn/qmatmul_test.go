@@ -197,6 +197,84 @@ func openCPU(t *testing.T, threads int) runtime.Device {
 	return openTest(t, runtime.DeviceSpec{ID: "cpu:0", Threads: threads})
 }
 
+// TestQuantizedGroup: consecutive matmuls by quantized weights of one
+// type over the same activations (a decoder's q, k and v with their
+// biases) are planned as one group, and a fourth of another type is not;
+// the run's outputs are bit-identical to each matmul run alone, whether
+// the group runs as one qgemm call (a few rows) or falls back to its
+// products one by one (prefill rows).
+func TestQuantizedGroup(t *testing.T) {
+	dev := openCPU(t, 2)
+	d := dev.(*Device)
+	rng := rand.New(rand.NewPCG(3, 9))
+	const k = 256
+	type mm struct {
+		name string
+		dt   runtime.DType
+		n    int
+	}
+	mms := []mm{{"q", runtime.Q8_0, 64}, {"k", runtime.Q8_0, 16}, {"v", runtime.Q8_0, 16}, {"o", runtime.Q4_0, 32}}
+	bind := map[string]runtime.Buffer{}
+	var g runtime.Graph
+	for _, c := range mms {
+		q, _ := c.dt.GGML()
+		wb, err := dev.Alloc(c.dt, c.n, k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := dev.(runtime.RawDevice).CopyInRaw(t.Context(), wb, 0, randQuantWeights(rng, q, c.n, k)); err != nil {
+			t.Fatal(err)
+		}
+		bind["w"+c.name] = wb
+		bind["b"+c.name] = upload(t, dev, runtime.F32, randActs(rng, 1, c.n), c.n)
+		g.Ops = append(g.Ops, runtime.Op{Kind: runtime.OpMatMul, In: []string{"x", "w" + c.name, "b" + c.name}, Out: "y" + c.name, TransB: true})
+	}
+	for _, m := range []int{1, 3, defaultQPrefillRows + 6} {
+		x := upload(t, dev, runtime.F32, randActs(rng, m, k), m, k)
+		bind["x"] = x
+		for _, c := range mms {
+			y, err := dev.Alloc(runtime.F32, m, c.n)
+			if err != nil {
+				t.Fatal(err)
+			}
+			bind["y"+c.name] = y
+		}
+		if err := dev.Run(t.Context(), &g, bind); err != nil {
+			t.Fatal(err)
+		}
+		pe, _ := d.plans.get(&g, func() (*planned, error) { t.Fatal("the graph's plan is not cached"); return nil, nil })
+		if want := map[int][]int{0: {0, 1, 2}}; fmt.Sprint(pe.groups) != fmt.Sprint(want) {
+			t.Fatalf("groups %v, want %v", pe.groups, want)
+		}
+		for i, c := range mms {
+			got := make([]float32, m*c.n)
+			if err := dev.CopyOut(t.Context(), got, bind["y"+c.name]); err != nil {
+				t.Fatal(err)
+			}
+			alone := &runtime.Graph{Ops: []runtime.Op{g.Ops[i]}}
+			y, err := dev.Alloc(runtime.F32, m, c.n)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := dev.Run(t.Context(), alone, map[string]runtime.Buffer{"x": x, "w" + c.name: bind["w"+c.name], "b" + c.name: bind["b"+c.name], "y" + c.name: y}); err != nil {
+				t.Fatal(err)
+			}
+			want := make([]float32, m*c.n)
+			if err := dev.CopyOut(t.Context(), want, y); err != nil {
+				t.Fatal(err)
+			}
+			for j := range want {
+				if math.Float32bits(got[j]) != math.Float32bits(want[j]) {
+					t.Fatalf("%d rows: y%s[%d] = %g in the group, %g alone", m, c.name, j, got[j], want[j])
+				}
+			}
+			dev.Free(y)
+			dev.Free(bind["y"+c.name])
+		}
+		dev.Free(x)
+	}
+}
+
 // upload allocates a buffer of dt and shape holding v.
 func upload(t *testing.T, dev runtime.Device, dt runtime.DType, v []float32, shape ...int) runtime.Buffer {
 	t.Helper()

@@ -133,6 +133,21 @@ type planned struct {
 	// says a name is read other than as a matmul's weights, or written.
 	lastUse  []int
 	otherUse []bool
+	// groups lists, by the step that starts it, each run of consecutive
+	// matmuls by quantized weights of one type over the same activations
+	// (a decoder's q, k and v projections), which execute may run as one
+	// product (qmatmulGroup).
+	groups map[int][]int
+}
+
+// maxGroup bounds a group's products (bd_qgemm_multi's BD_QGEMM_PARTS).
+const maxGroup = 8
+
+// groupable says whether step s may join a group of quantized products
+// over x: no activation, no residual, TransB weights of type dt.
+func groupable(s *runtime.Step, ss *stepSlots, x int, dt runtime.DType) bool {
+	return s.Op.Kind == runtime.OpMatMul && s.Op.TransB && s.Op.Act == runtime.ActNone && len(s.In) <= 3 &&
+		s.In[1].DType.Quantized() && s.In[1].DType == dt && ss.in[0] == x
 }
 
 // stepSlots are a step's operands and output by slot.
@@ -173,6 +188,29 @@ func plan(g *runtime.Graph, bound map[string]runtime.TensorType) (*planned, erro
 	for _, name := range slices.Sorted(maps.Keys(bound)) {
 		i := id(name)
 		pe.bound[i], pe.isBound[i] = bound[name], true
+	}
+	for i := 0; i < len(p.Steps); {
+		s, ss := &p.Steps[i], &pe.steps[i]
+		j := i + 1
+		if s.Op.Kind == runtime.OpMatMul {
+			x, dt := ss.in[0], s.In[1].DType
+			written := map[int]bool{ss.out: true}
+			for groupable(s, ss, x, dt) && j < len(p.Steps) && j-i < maxGroup &&
+				groupable(&p.Steps[j], &pe.steps[j], x, dt) && !written[pe.steps[j].in[1]] &&
+				(len(pe.steps[j].in) < 3 || !written[pe.steps[j].in[2]]) {
+				written[pe.steps[j].out] = true
+				j++
+			}
+		}
+		if j-i > 1 {
+			if pe.groups == nil {
+				pe.groups = map[int][]int{}
+			}
+			for k := i; k < j; k++ {
+				pe.groups[i] = append(pe.groups[i], k)
+			}
+		}
+		i = j
 	}
 	for i, s := range p.Steps {
 		ss := pe.steps[i]
@@ -236,10 +274,18 @@ func (d *Device) execute(ctx context.Context, pe *planned, bufs []*buffer) error
 			return fmt.Errorf("onednn: run on %s: %q back to row-major: %w", d.id, pe.names[id], err)
 		}
 	}
+	var done []bool // steps a group has run
+	if pe.groups != nil {
+		done = make([]bool, len(p.Steps))
+	}
 	for i := range p.Steps {
 		s, ss := &p.Steps[i], &pe.steps[i]
 		if err := ctx.Err(); err != nil {
 			return fmt.Errorf("onednn: run on %s: before %s: %w", d.id, s, err)
+		}
+		if done != nil && done[i] {
+			d.freeAfter(pe, i, temps, sizes)
+			continue
 		}
 		if s.Op.Kind == runtime.OpReshape {
 			// A reshape of an intermediate read by nothing later takes
@@ -252,27 +298,68 @@ func (d *Device) execute(ctx context.Context, pe *planned, bufs []*buffer) error
 				continue
 			}
 		}
-		if bufs[ss.out] == nil {
+		group := pe.groups[i]
+		if group == nil {
+			group = []int{i}
+		}
+		for _, j := range group { // a group's outputs are all written at its first step
+			s, out := &p.Steps[j], pe.steps[j].out
+			if bufs[out] != nil || temps[out] != nil {
+				continue
+			}
 			t, size, err := d.allocTemp(s.Out.DType, s.Out.Shape)
 			if err != nil {
 				return fmt.Errorf("onednn: run on %s: intermediate %q of %s: %w", d.id, s.Op.Out, s, err)
 			}
-			temps[ss.out], sizes[ss.out] = t, size
-			ptrs[ss.out] = t
+			temps[out], sizes[out] = t, size
+			ptrs[out] = t
+		}
+		if len(group) > 1 {
+			ran, err := d.runGroup(p, pe, group, ptrs)
+			if err != nil {
+				return fmt.Errorf("onednn: run on %s: %w", d.id, err)
+			}
+			if ran {
+				for _, j := range group {
+					done[j] = true
+				}
+				d.freeAfter(pe, i, temps, sizes)
+				continue
+			}
 		}
 		if err := d.runStep(s, ss, ptrs, rc); err != nil {
 			return fmt.Errorf("onednn: run on %s: %w", d.id, err)
 		}
-		// Return intermediates no later op reads, so the next op's output
-		// can reuse their memory.
-		for _, id := range ss.in {
-			if t := temps[id]; t != nil && pe.lastUse[id] == i {
-				d.freeTemp(t, sizes[id])
-				temps[id] = nil
-			}
-		}
+		d.freeAfter(pe, i, temps, sizes)
 	}
 	return nil
+}
+
+// freeAfter returns the intermediates no step after step i reads, so the
+// next op's output can reuse their memory.
+func (d *Device) freeAfter(pe *planned, i int, temps []unsafe.Pointer, sizes []int64) {
+	for _, id := range pe.steps[i].in {
+		if t := temps[id]; t != nil && pe.lastUse[id] == i {
+			d.freeTemp(t, sizes[id])
+			temps[id] = nil
+		}
+	}
+}
+
+// runGroup runs a group of quantized products as one call where
+// qmatmulGroup can, reporting whether it did.
+func (d *Device) runGroup(p *runtime.Plan, pe *planned, group []int, ptrs []unsafe.Pointer) (bool, error) {
+	steps := make([]*runtime.Step, len(group))
+	ws, biases, ys := make([]unsafe.Pointer, len(group)), make([]unsafe.Pointer, len(group)), make([]unsafe.Pointer, len(group))
+	for k, j := range group {
+		steps[k] = &p.Steps[j]
+		ss := &pe.steps[j]
+		ws[k], ys[k] = ptrs[ss.in[1]], ptrs[ss.out]
+		if len(ss.in) == 3 {
+			biases[k] = ptrs[ss.in[2]]
+		}
+	}
+	return d.qmatmulGroup(steps, ptrs[pe.steps[group[0]].in[0]], ws, biases, ys)
 }
 
 // eltwiseAlg maps an activation to oneDNN's eltwise algorithm; GELU is the
