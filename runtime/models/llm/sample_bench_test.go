@@ -6,7 +6,8 @@ import (
 )
 
 // BenchmarkSample is one token's sampling over Qwen's vocabulary, per
-// sampling mode: it runs on the step's path once per sequence.
+// sampling mode: it runs on the step's path once per sequence. The
+// sequence borrows its buffers from a pool, as a Model's do.
 func BenchmarkSample(b *testing.B) {
 	const v = 151936
 	logits := make([]float32, v)
@@ -28,6 +29,7 @@ func BenchmarkSample(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
+			s.scratch = NewScratchPool(v)
 			for range b.N {
 				s.counts = map[int32]int{} // keep the penalties' state from growing
 				if _, err := s.next(logits); err != nil {

@@ -267,15 +267,56 @@ func TestTopN(t *testing.T) {
 		}
 		return int(a - b)
 	}
+	x[3], x[499] = math.NaN(), math.NaN() // left out
 	for _, n := range []int{1, 2, 7, 64} {
-		idx := make([]int32, len(x))
-		for i := range idx {
-			idx[i] = int32(i)
+		var want []int32
+		for i := range x {
+			if !math.IsNaN(x[i]) {
+				want = append(want, int32(i))
+			}
 		}
-		want := slices.Clone(idx)
 		slices.SortFunc(want, cmp)
-		if got := topN(idx, n, cmp); !slices.Equal(got, want[:n]) {
+		if got := topN(x, n, cmp, make([]int32, len(x))); !slices.Equal(got, want[:n]) {
 			t.Fatalf("n=%d: %v, want %v", n, got, want[:n])
+		}
+	}
+}
+
+// TestNonFiniteLogits: a broken model's logits (NaN, infinite: a file's
+// weights can make them so) give every sampler a token, never a panic:
+// +Inf tokens are drawn uniformly (the softmax's limit), NaN ones never,
+// and with every logit NaN or -Inf the greedy rule's token stands.
+func TestNonFiniteLogits(t *testing.T) {
+	nan, inf := float32(math.NaN()), float32(math.Inf(1))
+	samplers := []Sampling{{}, {Temperature: 0.8}, {Temperature: 0.8, TopK: 2}, {Temperature: 0.8, TopK: 100},
+		{Temperature: 0.8, TopP: 0.5}, {Temperature: 0.8, MinP: 0.5}, {Temperature: 0.8, Logprobs: true, TopLogprobs: 2}}
+	for _, c := range []struct {
+		logits []float32
+		want   []int32 // the tokens a draw may give
+	}{
+		{[]float32{nan, nan, nan}, []int32{0}},
+		{[]float32{float32(math.Inf(-1)), float32(math.Inf(-1))}, []int32{0}},
+		{[]float32{inf, 1, 2}, []int32{0}},
+		{[]float32{1, inf, nan, inf}, []int32{1, 3}},
+		{[]float32{nan, 1, 30, nan}, []int32{2}},
+		{[]float32{2, nan, 30, nan, 1}, []int32{2}},
+	} {
+		for _, p := range samplers {
+			p.Seeded = true
+			s, err := newSequence(p, nil, len(c.logits), nil, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for range 8 {
+				res, err := s.next(c.logits)
+				if err != nil {
+					t.Fatalf("%v %+v: %v", c.logits, p, err)
+				}
+				if !slices.Contains(c.want, res.Token) && !(p.Temperature == 0 && res.Token == int32(refArgmax(c.logits))) {
+					t.Fatalf("%v %+v: token %d, want one of %v", c.logits, p, res.Token, c.want)
+				}
+				s.counts = map[int32]int{}
+			}
 		}
 	}
 }
