@@ -347,7 +347,11 @@ func (d *Device) freeAfter(pe *planned, i int, temps []unsafe.Pointer, sizes []i
 }
 
 // runGroup runs a group of quantized products as one call where
-// qmatmulGroup can, reporting whether it did.
+// qmatmulGroup can, reporting whether it did. Running them at once is
+// the same as one by one: no product reads another's output (plan), and
+// no output can share a bound buffer with what another reads, as a
+// buffer has one type and shape (f32 [M,N] against the shared x, which
+// Run refuses to see written, block-quantized weights and [N] biases).
 func (d *Device) runGroup(p *runtime.Plan, pe *planned, group []int, ptrs []unsafe.Pointer) (bool, error) {
 	steps := make([]*runtime.Step, len(group))
 	ws, biases, ys := make([]unsafe.Pointer, len(group)), make([]unsafe.Pointer, len(group)), make([]unsafe.Pointer, len(group))
