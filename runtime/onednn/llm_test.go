@@ -499,6 +499,11 @@ func TestPagedAttention(t *testing.T) {
 		{"decodes gqa4 d64", attnCase{hq: 16, hkv: 4, d: 64, bs: 16, ctx: []int{0, 15, 16, 47, 130}, add: []int{1, 1, 1, 1, 1}}, 0},
 		{"decodes gqa4 d128 bs5", attnCase{hq: 8, hkv: 2, d: 128, bs: 5, ctx: []int{33, 64}, add: []int{1, 1}}, 0},
 		{"decodes gqa1 d32", attnCase{hq: 3, hkv: 3, d: 32, bs: 16, ctx: []int{17, 2}, add: []int{1, 1}}, 0},
+		// The group kernel is compiled once per group size.
+		{"decodes group 3 d32", attnCase{hq: 6, hkv: 2, d: 32, bs: 16, ctx: []int{40, 0}, add: []int{1, 1}}, 0},
+		{"decodes group 5 d64", attnCase{hq: 10, hkv: 2, d: 64, bs: 16, ctx: []int{33, 17}, add: []int{1, 1}}, 0},
+		{"decodes group 6 d128", attnCase{hq: 6, hkv: 1, d: 128, bs: 16, ctx: []int{50}, add: []int{1}}, 0},
+		{"decodes group 8 d64", attnCase{hq: 16, hkv: 2, d: 64, bs: 16, ctx: []int{70, 5}, add: []int{1, 1}}, 0},
 		{"group above the kernel's 16", attnCase{hq: 20, hkv: 1, d: 8, bs: 16, ctx: []int{17}, add: []int{3}}, 0},
 		// The row kernel (AVX-512, head dims in 16s): many keys tiles,
 		// causal tails, blocks cut at sequence ends and at 16 rows.
