@@ -17,6 +17,16 @@ void bd_attend_rows_avx512(const void *q, int q_bf16, const void *kc, const void
 void bd_attend_group_avx512(const void *q, int q_bf16, const void *kc, const void *vc,
         int kv_bf16, const int32_t *row, int64_t n, int64_t ti, int64_t g, int64_t hq, int64_t hkv,
         int64_t dim, int64_t bs, int64_t group, float scale, void *out);
+// A decode token's positions go through the group kernel in parts of
+// BD_FA_PART, whose states merge in order (flash-decoding): a long
+// context's parts can run on different threads with the same result.
+#define BD_FA_PART 512
+void bd_attend_group_part_avx512(const void *q, int q_bf16, const void *kc, const void *vc,
+        int kv_bf16, const int32_t *row, int64_t p_begin, int64_t p_end, int64_t ti, int64_t g, int64_t hq,
+        int64_t hkv, int64_t dim, int64_t bs, int64_t group, float scale, float *st);
+void bd_attend_group_merge(float *st, const float *part, int64_t group, int64_t dim);
+void bd_attend_group_finish(const float *st, int q_bf16, int64_t ti, int64_t g, int64_t hq, int64_t dim,
+        int64_t group, void *out);
 
 // attend_amx.c
 #define BD_AMX_ROWS 64 // query rows a task holds: four tiles of 16

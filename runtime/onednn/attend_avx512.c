@@ -196,9 +196,9 @@ BD_AVX512 static inline __m512 reduce16(const __m512 v[16]) {
 // unroll with the outputs in registers. One thread, one token over 512
 // positions: 57 -> 37 ns a key per kv head at Qwen2.5-0.5B's heads (14/2
 // × 64), 37 -> 27 at Llama 3.2 1B's (bench/RESULTS.md).
-BD_AVX512 static inline __attribute__((always_inline)) void attend_group_body(const void *q, int q_bf16, const void *kc, const void *vc,
-        int kv_bf16, const int32_t *row, int64_t n, int64_t ti, int64_t g, int64_t hq, int64_t hkv,
-        int64_t dim, int64_t bs, int64_t group, float scale, void *out) {
+BD_AVX512 static inline __attribute__((always_inline)) void attend_group_part(const void *q, int q_bf16, const void *kc, const void *vc,
+        int kv_bf16, const int32_t *row, int64_t p_begin, int64_t p_end, int64_t ti, int64_t g, int64_t hq,
+        int64_t hkv, int64_t dim, int64_t bs, int64_t group, float scale, float *st) {
     const int64_t kvrow = hkv * dim, nc = dim / 16, h0 = g * group;
     float qs[BD_FA_GROUP * BD_FA_GROUPDIM] __attribute__((aligned(64)));  // Q·scale, [head][d]
     float acc[BD_FA_GROUP * BD_FA_GROUPDIM] __attribute__((aligned(64))); // O, [head][d]
@@ -219,8 +219,8 @@ BD_AVX512 static inline __attribute__((always_inline)) void attend_group_body(co
     memset(acc, 0, (size_t)(group * dim) * sizeof(float));
     const __m512 ninf = _mm512_set1_ps(-INFINITY);
     const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    for (int64_t p0 = 0; p0 < n; p0 += BD_FA_KEYS) {
-        const int64_t pn = n - p0 < BD_FA_KEYS ? n - p0 : BD_FA_KEYS;
+    for (int64_t p0 = p_begin; p0 < p_end; p0 += BD_FA_KEYS) {
+        const int64_t pn = p_end - p0 < BD_FA_KEYS ? p_end - p0 : BD_FA_KEYS;
         const __mmask16 valid = _mm512_cmplt_epi32_mask(lane, _mm512_set1_epi32((int32_t)pn));
         const float *kp[BD_FA_KEYS], *vp[BD_FA_KEYS];
         for (int64_t k = 0; k < BD_FA_KEYS; k++) {
@@ -274,27 +274,84 @@ BD_AVX512 static inline __attribute__((always_inline)) void attend_group_body(co
             for (int64_t j = 0; j < group; j++) _mm512_store_ps(acc + j * dim + 16 * c, o[j]);
         }
     }
+    // The state: each head's unnormalised output, then its max and sum.
+    const int64_t sw = dim + 2;
     for (int64_t j = 0; j < group; j++) {
-        const int64_t off = (ti * hq + h0 + j) * dim;
-        const __m512 inv = _mm512_set1_ps(1.0f / l[j]); // l >= 1: the max key weighs 1
-        for (int64_t d = 0; d < dim; d += 16)
-            _mm512_store_ps(acc + j * dim + d, _mm512_mul_ps(_mm512_load_ps(acc + j * dim + d), inv));
-        if (q_bf16)
-            bd_f32_to_bf16_avx512(acc + j * dim, (uint16_t *)out + off, dim);
-        else
-            memcpy((float *)out + off, acc + j * dim, (size_t)dim * sizeof(float));
+        memcpy(st + j * sw, acc + j * dim, (size_t)dim * sizeof(float));
+        st[j * sw + dim] = mx[j], st[j * sw + dim + 1] = l[j];
     }
 }
 
-BD_AVX512 void bd_attend_group_avx512(const void *q, int q_bf16, const void *kc, const void *vc,
-        int kv_bf16, const int32_t *row, int64_t n, int64_t ti, int64_t g, int64_t hq, int64_t hkv,
-        int64_t dim, int64_t bs, int64_t group, float scale, void *out) {
-#define BD_G(G) \
-    case G: attend_group_body(q, q_bf16, kc, vc, kv_bf16, row, n, ti, g, hq, hkv, dim, bs, G, scale, out); return;
+// bd_attend_group_part_avx512 is the group kernel over cache positions
+// p_begin..p_end-1 of token ti (at least one), leaving the online
+// softmax's state in st ([group][dim + 2]: each head's unnormalised
+// output, its running max and its sum) for bd_attend_group_merge and
+// _finish.
+BD_AVX512 void bd_attend_group_part_avx512(const void *q, int q_bf16, const void *kc, const void *vc,
+        int kv_bf16, const int32_t *row, int64_t p_begin, int64_t p_end, int64_t ti, int64_t g, int64_t hq,
+        int64_t hkv, int64_t dim, int64_t bs, int64_t group, float scale, float *st) {
+#define BD_G(G)                                                                                                \
+    case G:                                                                                                    \
+        attend_group_part(q, q_bf16, kc, vc, kv_bf16, row, p_begin, p_end, ti, g, hq, hkv, dim, bs, G, scale, st); \
+        return;
     switch (group) {
         BD_G(1) BD_G(2) BD_G(3) BD_G(4) BD_G(5) BD_G(6) BD_G(7) BD_G(8)
     default: // not a group the callers pass (at most BD_FA_GROUP)
-        attend_group_body(q, q_bf16, kc, vc, kv_bf16, row, n, ti, g, hq, hkv, dim, bs, group, scale, out);
+        attend_group_part(q, q_bf16, kc, vc, kv_bf16, row, p_begin, p_end, ti, g, hq, hkv, dim, bs, group, scale, st);
     }
 #undef BD_G
+}
+
+// bd_attend_group_merge folds the state of the next part into st, as
+// the online softmax folds a tile: max, then both sides rescaled to it.
+BD_AVX512 void bd_attend_group_merge(float *st, const float *part, int64_t group, int64_t dim) {
+    const int64_t sw = dim + 2;
+    for (int64_t j = 0; j < group; j++) {
+        float *s = st + j * sw;
+        const float *p = part + j * sw;
+        const float m = s[dim] > p[dim] ? s[dim] : p[dim];
+        const __m512 e = bd_exp512(_mm512_setr_ps(s[dim] - m, p[dim] - m, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0));
+        float ab[16] __attribute__((aligned(64)));
+        _mm512_store_ps(ab, e);
+        const __m512 a = _mm512_set1_ps(ab[0]), b = _mm512_set1_ps(ab[1]);
+        for (int64_t d = 0; d < dim; d += 16)
+            _mm512_storeu_ps(s + d, _mm512_fmadd_ps(_mm512_loadu_ps(p + d), b, _mm512_mul_ps(_mm512_loadu_ps(s + d), a)));
+        s[dim] = m, s[dim + 1] = s[dim + 1] * ab[0] + p[dim + 1] * ab[1];
+    }
+}
+
+// bd_attend_group_finish writes the heads' outputs from a state: each
+// divided by its sum (at least 1: the max key weighs 1).
+BD_AVX512 void bd_attend_group_finish(const float *st, int q_bf16, int64_t ti, int64_t g, int64_t hq, int64_t dim,
+        int64_t group, void *out) {
+    const int64_t sw = dim + 2, h0 = g * group;
+    float o[BD_FA_GROUPDIM] __attribute__((aligned(64)));
+    for (int64_t j = 0; j < group; j++) {
+        const int64_t off = (ti * hq + h0 + j) * dim;
+        const __m512 inv = _mm512_set1_ps(1.0f / st[j * sw + dim + 1]);
+        for (int64_t d = 0; d < dim; d += 16) _mm512_store_ps(o + d, _mm512_mul_ps(_mm512_loadu_ps(st + j * sw + d), inv));
+        if (q_bf16)
+            bd_f32_to_bf16_avx512(o, (uint16_t *)out + off, dim);
+        else
+            memcpy((float *)out + off, o, (size_t)dim * sizeof(float));
+    }
+}
+
+// bd_attend_group_avx512 is the whole decode token: its n positions in
+// parts of BD_FA_PART, each merged into the state of those before it in
+// order, as bd_paged_attention merges them when it spreads a long
+// context's parts over threads, so a token's result does not depend on
+// how its step was split.
+BD_AVX512 void bd_attend_group_avx512(const void *q, int q_bf16, const void *kc, const void *vc,
+        int kv_bf16, const int32_t *row, int64_t n, int64_t ti, int64_t g, int64_t hq, int64_t hkv,
+        int64_t dim, int64_t bs, int64_t group, float scale, void *out) {
+    float st[BD_FA_GROUP * (BD_FA_GROUPDIM + 2)], part[BD_FA_GROUP * (BD_FA_GROUPDIM + 2)];
+    bd_attend_group_part_avx512(q, q_bf16, kc, vc, kv_bf16, row, 0, n < BD_FA_PART ? n : BD_FA_PART, ti, g, hq, hkv,
+            dim, bs, group, scale, st);
+    for (int64_t p = BD_FA_PART; p < n; p += BD_FA_PART) {
+        bd_attend_group_part_avx512(q, q_bf16, kc, vc, kv_bf16, row, p, n - p < BD_FA_PART ? n : p + BD_FA_PART, ti, g,
+                hq, hkv, dim, bs, group, scale, part);
+        bd_attend_group_merge(st, part, group, dim);
+    }
+    bd_attend_group_finish(st, q_bf16, ti, g, hq, dim, group, out);
 }

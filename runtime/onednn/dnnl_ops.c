@@ -1132,6 +1132,55 @@ static int paged_attention_amx(const bd_device *d, const void *q, int q_bf16, co
     return failed ? -1 : 0;
 }
 
+// decode_parts runs a decode step of few tokens (one a sequence, groups
+// for the group kernel) whose tasks, a token's kv head each, would leave
+// threads idle, by parts of BD_FA_PART cache positions: each part's
+// softmax state on any thread, then each token's parts merged in order, as
+// bd_attend_group_avx512 merges them on one thread, so the result is the
+// same. A single long context then runs on every thread instead of one a
+// kv head (2 for Qwen2.5). Returns 1, having written nothing, when no
+// context is longer than one part or it cannot allocate its scratch.
+static int decode_parts(const bd_device *d, const void *q, int q_bf16, const void *kc, const void *vc,
+        int kv_bf16, const int32_t *table, const int32_t *seq, const int32_t *pos, int64_t t, int64_t hq,
+        int64_t hkv, int64_t dim, int64_t bs, int64_t maxb, float scale, void *out) {
+    const int64_t group = hq / hkv, sw = group * (dim + 2);
+    int64_t items = 0;
+    for (int64_t ti = 0; ti < t; ti++) items += hkv * (((int64_t)pos[ti] + BD_FA_PART) / BD_FA_PART);
+    if (items == t * hkv) return 1;
+    int64_t *first = malloc((size_t)(t + 1) * sizeof *first); // token ti's first item
+    float *st = malloc((size_t)(items * sw) * sizeof *st);
+    if (!first || !st) {
+        free(first);
+        free(st);
+        return 1;
+    }
+    first[0] = 0;
+    for (int64_t ti = 0; ti < t; ti++) first[ti + 1] = first[ti] + hkv * (((int64_t)pos[ti] + BD_FA_PART) / BD_FA_PART);
+    omp_set_num_threads(d->nthreads);
+#pragma omp parallel
+    {
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t i = 0; i < items; i++) {
+            int64_t ti = 0;
+            while (first[ti + 1] <= i) ti++;
+            const int64_t parts = (first[ti + 1] - first[ti]) / hkv, g = (i - first[ti]) / parts,
+                          s = (i - first[ti]) % parts, n = (int64_t)pos[ti] + 1, p0 = s * BD_FA_PART;
+            bd_attend_group_part_avx512(q, q_bf16, kc, vc, kv_bf16, table + (int64_t)seq[ti] * maxb, p0,
+                    n - p0 < BD_FA_PART ? n : p0 + BD_FA_PART, ti, g, hq, hkv, dim, bs, group, scale, st + i * sw);
+        }
+#pragma omp for schedule(static)
+        for (int64_t i = 0; i < t * hkv; i++) {
+            const int64_t ti = i / hkv, g = i % hkv, parts = (first[ti + 1] - first[ti]) / hkv;
+            float *base = st + (first[ti] + g * parts) * sw;
+            for (int64_t s = 1; s < parts; s++) bd_attend_group_merge(base, base + s * sw, group, dim);
+            bd_attend_group_finish(base, q_bf16, ti, g, hq, dim, group, out);
+        }
+    }
+    free(first);
+    free(st);
+    return 0;
+}
+
 static attend_fn attend_pick(void) {
     if (bd_have_avx512()) return attend_avx512;
     __builtin_cpu_init();
@@ -1175,6 +1224,12 @@ int64_t bd_paged_attention(const bd_device *d, const void *q, int q_bf16,
         if (start != NULL) {
             int64_t nb = split_blocks(seq, t, tb, start);
             int64_t tasks = nb * hkv * chunks;
+            if (one == bd_attend_group_avx512 && group < BD_FA_MINROWS && nb == t && tasks < 2 * d->nthreads &&
+                    work >= BD_PAR_MIN && decode_parts(d, q, q_bf16, kc, vc, kv_bf16, table, seq, pos, t, hq, hkv, dim,
+                            bs, maxb, scale, out) == 0) {
+                free(start);
+                return -1;
+            }
             // Largest first: a prefill's last blocks see the most keys.
 #pragma omp parallel for schedule(dynamic, 1) if (work >= BD_PAR_MIN && tasks > 1)
             for (int64_t i = tasks - 1; i >= 0; i--) {

@@ -504,6 +504,9 @@ func TestPagedAttention(t *testing.T) {
 		{"decodes group 5 d64", attnCase{hq: 10, hkv: 2, d: 64, bs: 16, ctx: []int{33, 17}, add: []int{1, 1}}, 0},
 		{"decodes group 6 d128", attnCase{hq: 6, hkv: 1, d: 128, bs: 16, ctx: []int{50}, add: []int{1}}, 0},
 		{"decodes group 8 d64", attnCase{hq: 16, hkv: 2, d: 64, bs: 16, ctx: []int{70, 5}, add: []int{1, 1}}, 0},
+		// Contexts past a part (BD_FA_PART, 512 positions): merged parts.
+		{"decode long context gqa7", attnCase{hq: 14, hkv: 2, d: 64, bs: 16, ctx: []int{1300}, add: []int{1}}, 0},
+		{"decodes at the part boundaries", attnCase{hq: 4, hkv: 1, d: 32, bs: 16, ctx: []int{511, 512, 1023}, add: []int{1, 1, 1}}, 0},
 		{"group above the kernel's 16", attnCase{hq: 20, hkv: 1, d: 8, bs: 16, ctx: []int{17}, add: []int{3}}, 0},
 		// The row kernel (AVX-512, head dims in 16s): many keys tiles,
 		// causal tails, blocks cut at sequence ends and at 16 rows.
@@ -539,6 +542,40 @@ func TestPagedAttention(t *testing.T) {
 				}
 				checkClose(t, y, refPagedAttention(operands(p.q, dt), wantK, wantV, p.paged, scale), tolFor(dt))
 			})
+		}
+	}
+}
+
+// TestPagedAttentionDecodeParts: a decode step of few tokens with long
+// contexts runs their parts on several threads (decode_parts in
+// dnnl_ops.c) and merges them in order; the outputs are bit-identical to
+// one thread's, which runs each token's parts one after another, so a
+// token's result does not depend on its step's other tokens.
+func TestPagedAttentionDecodeParts(t *testing.T) {
+	r := newRand(t)
+	one := openTest(t, runtime.DeviceSpec{Threads: 1})
+	four := openTest(t, runtime.DeviceSpec{Threads: 4})
+	for _, c := range []attnCase{
+		{hq: 14, hkv: 2, d: 64, bs: 16, ctx: []int{1300}, add: []int{1}},
+		{hq: 4, hkv: 1, d: 32, bs: 16, ctx: []int{600, 2000, 40}, add: []int{1, 1, 1}},
+		{hq: 8, hkv: 2, d: 128, bs: 5, ctx: []int{1024}, add: []int{1}},
+	} {
+		p := newAttnProblem(r, c)
+		for _, dt := range floatTypes {
+			needBF16(t, one, dt)
+			y1, _, _, err := attnRun(t, one, attnGraph(0), p, dt)
+			if err != nil {
+				t.Fatal(err)
+			}
+			y4, _, _, err := attnRun(t, four, attnGraph(0), p, dt)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i := range y1 {
+				if math.Float32bits(y1[i]) != math.Float32bits(y4[i]) {
+					t.Fatalf("%+v %s: y[%d] = %g on four threads, %g on one", c, dt, i, y4[i], y1[i])
+				}
+			}
 		}
 	}
 }
@@ -682,6 +719,14 @@ func BenchmarkPagedAttentionDecode(b *testing.B) {
 	// AMX for the blocks of 16 rows a decode step does not have).
 	b.Run("gqa7-1seq-bf16products", func(b *testing.B) {
 		benchAttention(b, attnBench{seqs: 1, tokens: 1, ctx: 512, hq: 14, hkv: 2, dim: 64, bf16Products: true})
+	})
+	// A long context: its parts of 512 positions spread over the threads
+	// where the kv heads alone would not use them all.
+	b.Run("gqa7-1seq-4096", func(b *testing.B) {
+		benchAttention(b, attnBench{seqs: 1, tokens: 1, ctx: 4096, hq: 14, hkv: 2, dim: 64})
+	})
+	b.Run("mqa4-1seq-4096", func(b *testing.B) {
+		benchAttention(b, attnBench{seqs: 1, tokens: 1, ctx: 4096, hq: 4, hkv: 1, dim: 64})
 	})
 }
 
