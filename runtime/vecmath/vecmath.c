@@ -5,17 +5,26 @@
 
 #define BD_AVX2 __attribute__((target("avx2,fma")))
 
-static int have = -1;
+#define BD_AVX512 __attribute__((target("avx512f,avx512dq,avx512vl,avx2,fma")))
 
-static int have_avx2(void) {
-    if (have < 0) {
+// level is the forms the CPU runs: 0 portable, 1 AVX2 + FMA, 2 AVX-512
+// (F, DQ, VL) as well; -1 until first asked.
+static int level = -1;
+
+static int isa_level(void) {
+    if (level < 0) {
         __builtin_cpu_init();
-        have = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+        level = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+        if (level && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+                __builtin_cpu_supports("avx512vl"))
+            level = 2;
     }
-    return have;
+    return level;
 }
 
-void bd_vm_force_scalar(int on) { have = on ? 0 : -1; }
+static int have_avx2(void) { return isa_level() >= 1; }
+
+void bd_vm_force_level(int l) { level = l; }
 
 // exp4 is exp of four doubles within 3 ulp of libm's: n = round(x·log2 e),
 // r = x - n·ln 2 in two parts (|r| <= ln2/2), e^r by its Taylor series to
@@ -45,6 +54,28 @@ BD_AVX2 static inline __m256d exp4(__m256d x) {
     p = _mm256_mul_pd(_mm256_mul_pd(p, _mm256_castsi256_pd(e1)), _mm256_castsi256_pd(e2));
     const __m256d nan = _mm256_cmp_pd(x0, x0, _CMP_UNORD_Q);
     return _mm256_blendv_pd(p, x0, nan);
+}
+
+// exp8 is exp4 on eight doubles: the same steps, with scalef for 2^n
+// (exact into the subnormals, 0 below them).
+BD_AVX512 static inline __m512d exp8(__m512d x) {
+    const __m512d x0 = x;
+    x = _mm512_max_pd(x, _mm512_set1_pd(-746.0));
+    x = _mm512_min_pd(x, _mm512_set1_pd(709.8));
+    const __m512d n = _mm512_roundscale_pd(_mm512_mul_pd(x, _mm512_set1_pd(1.4426950408889634)),
+            _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512d r = _mm512_fnmadd_pd(n, _mm512_set1_pd(6.93147180369123816490e-01), x);
+    r = _mm512_fnmadd_pd(n, _mm512_set1_pd(1.90821492927058770002e-10), r);
+    static const double c[13] = {1.0 / 479001600, 1.0 / 39916800, 1.0 / 3628800, 1.0 / 362880, 1.0 / 40320,
+            1.0 / 5040, 1.0 / 720, 1.0 / 120, 1.0 / 24, 1.0 / 6, 0.5, 1.0, 1.0};
+    __m512d p = _mm512_set1_pd(c[0]);
+    for (int i = 1; i < 13; i++) p = _mm512_fmadd_pd(p, r, _mm512_set1_pd(c[i]));
+    // 2^n in two factors, as exp4 does, so the rounding into the
+    // subnormals is the same.
+    const __m512d n1 = _mm512_roundscale_pd(_mm512_mul_pd(n, _mm512_set1_pd(0.5)), _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    p = _mm512_scalef_pd(_mm512_scalef_pd(p, n1), _mm512_sub_pd(n, n1));
+    const __mmask8 nan = _mm512_cmp_pd_mask(x0, x0, _CMP_UNORD_Q);
+    return _mm512_mask_mov_pd(p, nan, x0);
 }
 
 // The scalar scan's answer from the first index of the largest non-NaN
@@ -159,6 +190,34 @@ BD_AVX2 static double exp_weights_avx2(double *x, int64_t n, double m, double t,
     return sum;
 }
 
+BD_AVX512 static double exp_weights_avx512(double *x, int64_t n, double m, double t, double min_p, int32_t *idx,
+        int64_t *count) {
+    const __m512d mv = _mm512_set1_pd(m), tv = _mm512_set1_pd(t), pv = _mm512_set1_pd(min_p), zero = _mm512_setzero_pd();
+    const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    __m512d s0 = zero;
+    int64_t c = 0, i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m512d p = exp8(_mm512_div_pd(_mm512_sub_pd(_mm512_loadu_pd(x + i), mv), tv));
+        _mm512_storeu_pd(x + i, p);
+        const __mmask8 keep = _mm512_cmp_pd_mask(p, pv, _CMP_GE_OQ) & _mm512_cmp_pd_mask(p, zero, _CMP_GT_OQ);
+        s0 = _mm512_mask_add_pd(s0, keep, s0, p);
+        _mm256_mask_compressstoreu_epi32(idx + c, keep, _mm256_add_epi32(_mm256_set1_epi32((int32_t)i), iota));
+        c += __builtin_popcount(keep);
+    }
+    double sum = _mm512_reduce_add_pd(s0);
+    if (i < n) {
+        const __mmask8 tail = (__mmask8)((1u << (n - i)) - 1);
+        const __m512d p = exp8(_mm512_div_pd(_mm512_sub_pd(_mm512_maskz_loadu_pd(tail, x + i), mv), tv));
+        _mm512_mask_storeu_pd(x + i, tail, p);
+        const __mmask8 keep = tail & _mm512_cmp_pd_mask(p, pv, _CMP_GE_OQ) & _mm512_cmp_pd_mask(p, zero, _CMP_GT_OQ);
+        sum += _mm512_reduce_add_pd(_mm512_maskz_mov_pd(keep, p));
+        _mm256_mask_compressstoreu_epi32(idx + c, keep, _mm256_add_epi32(_mm256_set1_epi32((int32_t)i), iota));
+        c += __builtin_popcount(keep);
+    }
+    *count = c;
+    return sum;
+}
+
 static double exp_weights_scalar(double *x, int64_t n, double m, double t, double min_p, int32_t *idx,
         int64_t *count) {
     double sum = 0;
@@ -176,8 +235,11 @@ static double exp_weights_scalar(double *x, int64_t n, double m, double t, doubl
 }
 
 double bd_vm_exp_weights(double *x, int64_t n, double m, double t, double min_p, int32_t *idx, int64_t *count) {
-    return have_avx2() ? exp_weights_avx2(x, n, m, t, min_p, idx, count)
-                       : exp_weights_scalar(x, n, m, t, min_p, idx, count);
+    switch (isa_level()) {
+    case 2: return exp_weights_avx512(x, n, m, t, min_p, idx, count);
+    case 1: return exp_weights_avx2(x, n, m, t, min_p, idx, count);
+    }
+    return exp_weights_scalar(x, n, m, t, min_p, idx, count);
 }
 
 BD_AVX2 static double logsumexp_f32_avx2(const float *x, int64_t n) {
@@ -217,6 +279,39 @@ BD_AVX2 static double logsumexp_f32_avx2(const float *x, int64_t n) {
     return (double)m + log(sum);
 }
 
+BD_AVX512 static double logsumexp_f32_avx512(const float *x, int64_t n) {
+    __m512 mx = _mm512_set1_ps(-INFINITY);
+    __mmask16 bad = 0;
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m512 v = _mm512_loadu_ps(x + i);
+        mx = _mm512_max_ps(v, mx);
+        bad |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    }
+    if (i < n) {
+        const __mmask16 tail = (__mmask16)((1u << (n - i)) - 1);
+        const __m512 v = _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), tail, x + i);
+        mx = _mm512_max_ps(v, mx);
+        bad |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    }
+    if (bad) return NAN;
+    const float m = _mm512_reduce_max_ps(mx);
+    const __m512d mv = _mm512_set1_pd((double)m);
+    __m512d s0 = _mm512_setzero_pd(), s1 = s0;
+    for (i = 0; i + 16 <= n; i += 16) {
+        const __m512 v = _mm512_loadu_ps(x + i);
+        s0 = _mm512_add_pd(s0, exp8(_mm512_sub_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(v)), mv)));
+        s1 = _mm512_add_pd(s1, exp8(_mm512_sub_pd(_mm512_cvtps_pd(_mm512_extractf32x8_ps(v, 1)), mv)));
+    }
+    double sum = _mm512_reduce_add_pd(_mm512_add_pd(s0, s1));
+    for (; i < n; i++) {
+        double z[8] = {(double)x[i] - m, 0, 0, 0, 0, 0, 0, 0}, p[8];
+        _mm512_storeu_pd(p, exp8(_mm512_loadu_pd(z)));
+        sum += p[0];
+    }
+    return (double)m + log(sum);
+}
+
 static double logsumexp_f32_scalar(const float *x, int64_t n) {
     float m = x[0];
     for (int64_t i = 0; i < n; i++) {
@@ -229,5 +324,11 @@ static double logsumexp_f32_scalar(const float *x, int64_t n) {
 }
 
 double bd_vm_logsumexp_f32(const float *x, int64_t n) {
-    return have_avx2() ? logsumexp_f32_avx2(x, n) : logsumexp_f32_scalar(x, n);
+    switch (isa_level()) {
+    case 2: return logsumexp_f32_avx512(x, n);
+    case 1: return logsumexp_f32_avx2(x, n);
+    }
+    return logsumexp_f32_scalar(x, n);
 }
+
+int bd_vm_level(void) { return isa_level(); }

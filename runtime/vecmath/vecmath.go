@@ -3,7 +3,8 @@
 // vocabulary's logits (150k values for Qwen, every token of every
 // sequence). In Go, with math.Exp, a temperature draw or a token's
 // logprob cost 3-4 ms a token at that vocabulary, as much as a 0.5B
-// model's whole decode step on a wide host; here (AVX2) about 0.1 ms.
+// model's whole decode step on a wide host; here (AVX-512, or AVX2) a
+// few tenths of a millisecond.
 // The exp is within 3 ulp of math.Exp (equal to it for 83% of a million
 // random arguments, within one ulp for 99.4%), so the weights and sums
 // are those of the Go loops it replaces but for such rounding and the
@@ -67,13 +68,11 @@ func LogSumExpF32(x []float32) float64 {
 	return float64(C.bd_vm_logsumexp_f32((*C.float)(unsafe.Pointer(&x[0])), C.int64_t(len(x))))
 }
 
-// forceScalar makes the calls use their portable C forms (as on a CPU
-// without AVX2 and FMA) while on is set: for the tests, not concurrent
-// with other calls.
-func forceScalar(on bool) {
-	v := 0
-	if on {
-		v = 1
-	}
-	C.bd_vm_force_scalar(C.int(v))
-}
+// forceLevel makes the calls use their portable forms (0), the AVX2 ones
+// (1) or the AVX-512 ones (2), or the CPU's choice again (-1): for the
+// tests, not concurrent with other calls. A level the CPU lacks is the
+// caller's to avoid.
+func forceLevel(l int) { C.bd_vm_force_level(C.int(l)) }
+
+// cpuLevel is the forms the CPU runs (see forceLevel).
+func cpuLevel() int { return int(C.bd_vm_level()) }

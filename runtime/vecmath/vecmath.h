@@ -21,8 +21,10 @@ double bd_vm_exp_weights(double *x, int64_t n, double m, double t, double min_p,
 // of x's n (>= 1) values; NaN when any value is NaN.
 double bd_vm_logsumexp_f32(const float *x, int64_t n);
 
-// bd_vm_force_scalar(1) makes the calls use their portable C forms (as
-// on a CPU without AVX2 and FMA), for the tests; 0 restores the choice.
-void bd_vm_force_scalar(int on);
+// bd_vm_force_level makes the calls use their portable forms (0), the
+// AVX2 ones (1) or the AVX-512 ones (2, where the CPU has them), for the
+// tests; -1 restores the CPU's choice.
+void bd_vm_force_level(int level);
+int bd_vm_level(void);
 
 #endif
