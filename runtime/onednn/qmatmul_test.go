@@ -243,7 +243,7 @@ func TestQuantizedGroup(t *testing.T) {
 			t.Fatal(err)
 		}
 		pe, _ := d.plans.get(&g, func() (*planned, error) { t.Fatal("the graph's plan is not cached"); return nil, nil })
-		if want := map[int][]int{0: {0, 1, 2}}; fmt.Sprint(pe.groups) != fmt.Sprint(want) {
+		if want := [][]int{{0, 1, 2}, nil, nil, nil}; fmt.Sprint(pe.groups) != fmt.Sprint(want) {
 			t.Fatalf("groups %v, want %v", pe.groups, want)
 		}
 		for i, c := range mms {

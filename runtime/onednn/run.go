@@ -133,11 +133,12 @@ type planned struct {
 	// says a name is read other than as a matmul's weights, or written.
 	lastUse  []int
 	otherUse []bool
-	// groups lists, by the step that starts it, each run of consecutive
-	// matmuls by quantized weights of one type over the same activations
-	// (a decoder's q, k and v projections), which execute may run as one
-	// product (qmatmulGroup).
-	groups map[int][]int
+	// groups is, by step, the steps of the group that step starts (nil
+	// for the others): a run of consecutive matmuls by quantized weights
+	// of one type over the same activations (a decoder's q, k and v
+	// projections), which execute may run as one product (qmatmulGroup).
+	// The slice is nil when the plan has no group.
+	groups [][]int
 }
 
 // maxGroup bounds a group's products (bd_qgemm_multi's BD_QGEMM_PARTS).
@@ -204,7 +205,7 @@ func plan(g *runtime.Graph, bound map[string]runtime.TensorType) (*planned, erro
 		}
 		if j-i > 1 {
 			if pe.groups == nil {
-				pe.groups = map[int][]int{}
+				pe.groups = make([][]int, len(p.Steps))
 			}
 			for k := i; k < j; k++ {
 				pe.groups[i] = append(pe.groups[i], k)
@@ -298,9 +299,9 @@ func (d *Device) execute(ctx context.Context, pe *planned, bufs []*buffer) error
 				continue
 			}
 		}
-		group := pe.groups[i]
-		if group == nil {
-			group = []int{i}
+		group := []int{i}
+		if pe.groups != nil && pe.groups[i] != nil {
+			group = pe.groups[i]
 		}
 		for _, j := range group { // a group's outputs are all written at its first step
 			s, out := &p.Steps[j], pe.steps[j].out

@@ -26,6 +26,16 @@ static int have_avx2(void) { return isa_level() >= 1; }
 
 void bd_vm_force_level(int l) { level = l; }
 
+// exp4's and exp8's constants: the clamp, log2 e, ln 2 in two parts, and
+// the Taylor coefficients of e^r from r^12 down.
+#define EXP_LO -746.0
+#define EXP_HI 709.8
+#define EXP_LOG2E 1.4426950408889634
+#define EXP_LN2_HI 6.93147180369123816490e-01
+#define EXP_LN2_LO 1.90821492927058770002e-10
+static const double exp_taylor[13] = {1.0 / 479001600, 1.0 / 39916800, 1.0 / 3628800, 1.0 / 362880, 1.0 / 40320,
+        1.0 / 5040, 1.0 / 720, 1.0 / 120, 1.0 / 24, 1.0 / 6, 0.5, 1.0, 1.0};
+
 // exp4 is exp of four doubles within 3 ulp of libm's: n = round(x·log2 e),
 // r = x - n·ln 2 in two parts (|r| <= ln2/2), e^r by its Taylor series to
 // r^12 (the next term is below 2^-52 of the sum), times 2^n in two factors
@@ -33,16 +43,14 @@ void bd_vm_force_level(int l) { level = l; }
 // -746 it is 0, above 709.8 infinity; NaN stays NaN.
 BD_AVX2 static inline __m256d exp4(__m256d x) {
     const __m256d x0 = x;
-    x = _mm256_max_pd(x, _mm256_set1_pd(-746.0));
-    x = _mm256_min_pd(x, _mm256_set1_pd(709.8));
-    const __m256d n = _mm256_round_pd(_mm256_mul_pd(x, _mm256_set1_pd(1.4426950408889634)),
+    x = _mm256_max_pd(x, _mm256_set1_pd(EXP_LO));
+    x = _mm256_min_pd(x, _mm256_set1_pd(EXP_HI));
+    const __m256d n = _mm256_round_pd(_mm256_mul_pd(x, _mm256_set1_pd(EXP_LOG2E)),
             _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256d r = _mm256_fnmadd_pd(n, _mm256_set1_pd(6.93147180369123816490e-01), x);
-    r = _mm256_fnmadd_pd(n, _mm256_set1_pd(1.90821492927058770002e-10), r);
-    static const double c[13] = {1.0 / 479001600, 1.0 / 39916800, 1.0 / 3628800, 1.0 / 362880, 1.0 / 40320,
-            1.0 / 5040, 1.0 / 720, 1.0 / 120, 1.0 / 24, 1.0 / 6, 0.5, 1.0, 1.0};
-    __m256d p = _mm256_set1_pd(c[0]);
-    for (int i = 1; i < 13; i++) p = _mm256_fmadd_pd(p, r, _mm256_set1_pd(c[i]));
+    __m256d r = _mm256_fnmadd_pd(n, _mm256_set1_pd(EXP_LN2_HI), x);
+    r = _mm256_fnmadd_pd(n, _mm256_set1_pd(EXP_LN2_LO), r);
+    __m256d p = _mm256_set1_pd(exp_taylor[0]);
+    for (int i = 1; i < 13; i++) p = _mm256_fmadd_pd(p, r, _mm256_set1_pd(exp_taylor[i]));
     // 2^n as 2^n1 · 2^n2, n1 = floor(n/2): each factor is a normal double.
     const __m256d n1 = _mm256_floor_pd(_mm256_mul_pd(n, _mm256_set1_pd(0.5))), n2 = _mm256_sub_pd(n, n1);
     const __m256d magic = _mm256_set1_pd(6755399441055744.0); // 2^52 + 2^51: its low bits hold an integer added to it
@@ -60,16 +68,14 @@ BD_AVX2 static inline __m256d exp4(__m256d x) {
 // (exact into the subnormals, 0 below them).
 BD_AVX512 static inline __m512d exp8(__m512d x) {
     const __m512d x0 = x;
-    x = _mm512_max_pd(x, _mm512_set1_pd(-746.0));
-    x = _mm512_min_pd(x, _mm512_set1_pd(709.8));
-    const __m512d n = _mm512_roundscale_pd(_mm512_mul_pd(x, _mm512_set1_pd(1.4426950408889634)),
+    x = _mm512_max_pd(x, _mm512_set1_pd(EXP_LO));
+    x = _mm512_min_pd(x, _mm512_set1_pd(EXP_HI));
+    const __m512d n = _mm512_roundscale_pd(_mm512_mul_pd(x, _mm512_set1_pd(EXP_LOG2E)),
             _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512d r = _mm512_fnmadd_pd(n, _mm512_set1_pd(6.93147180369123816490e-01), x);
-    r = _mm512_fnmadd_pd(n, _mm512_set1_pd(1.90821492927058770002e-10), r);
-    static const double c[13] = {1.0 / 479001600, 1.0 / 39916800, 1.0 / 3628800, 1.0 / 362880, 1.0 / 40320,
-            1.0 / 5040, 1.0 / 720, 1.0 / 120, 1.0 / 24, 1.0 / 6, 0.5, 1.0, 1.0};
-    __m512d p = _mm512_set1_pd(c[0]);
-    for (int i = 1; i < 13; i++) p = _mm512_fmadd_pd(p, r, _mm512_set1_pd(c[i]));
+    __m512d r = _mm512_fnmadd_pd(n, _mm512_set1_pd(EXP_LN2_HI), x);
+    r = _mm512_fnmadd_pd(n, _mm512_set1_pd(EXP_LN2_LO), r);
+    __m512d p = _mm512_set1_pd(exp_taylor[0]);
+    for (int i = 1; i < 13; i++) p = _mm512_fmadd_pd(p, r, _mm512_set1_pd(exp_taylor[i]));
     // 2^n in two factors, as exp4 does, so the rounding into the
     // subnormals is the same.
     const __m512d n1 = _mm512_roundscale_pd(_mm512_mul_pd(n, _mm512_set1_pd(0.5)), _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
