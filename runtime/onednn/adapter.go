@@ -36,6 +36,10 @@ type Options struct {
 	// NoAMXInt8 keeps Q8_0's products of up to 16 rows on qamx's bf16
 	// panels where they would run on AMX-INT8 (comparisons).
 	NoAMXInt8 bool
+	// NoX16 keeps Q8_0 weights in GGUF's layout, multiplied by qgemm's
+	// row kernel, where they would be relaid by 16 rows for its VNNI
+	// kernel (comparisons).
+	NoX16 bool
 }
 
 // Adapter opens CPU devices on oneDNN. It implements runtime.Adapter.
@@ -96,6 +100,9 @@ func (a *Adapter) Open(ctx context.Context, spec runtime.DeviceSpec) (runtime.De
 	}
 	if a.opts.NoAMX {
 		d.qAMXRows = 0 // before any Run hands the worker work
+	}
+	if a.opts.NoX16 {
+		d.x16 = false
 	}
 	if a.opts.NoAMXInt8 {
 		d.qamxFlags = qamxNoInt8

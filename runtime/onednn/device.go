@@ -65,6 +65,11 @@ type Device struct {
 	// products of up to 16 rows on bf16 panels (Options.NoAMXInt8).
 	qamxFlags int
 	qamxWork  scratchBuf
+	// x16: Q8_0 matmul weights are relaid by 16 rows for qgemm's VNNI
+	// kernel on first use (qx16.go): on by default where qgemm runs
+	// AVX-512 VNNI, off with Options.NoX16. Used only while qAMXRows is 0,
+	// so no weight changes layout between decode and AMX steps.
+	x16 bool
 	// swigluWork holds a SwiGLU matmul's product where qamx.c cannot
 	// apply SwiGLU itself (qmatmulSwiGLU).
 	swigluWork scratchBuf
@@ -138,6 +143,7 @@ func openDevice(spec runtime.DeviceSpec, cacheSize int, m *primMetrics) (*Device
 		live:    map[*buffer]struct{}{},
 
 		unpackable: map[primKey]bool{}, qPrefillRows: defaultQPrefillRows, qSliceBytes: defaultQSliceBytes, gemv16Rows: defaultGemv16Rows,
+		x16: qgemmISA() == isaAVX512,
 		qAMXRows: defaultQAMXRows(),
 	}
 	// Eviction runs on the worker (the cache is only used there), so an
@@ -295,6 +301,9 @@ type buffer struct {
 	// than being rewritten back and forth (an LLM's embedding table is both a
 	// gather table and, tied, the lm_head's weights). Guarded by dev.mu.
 	rowMajorOnly bool
+	// x16, when set, says the contents are Q8_0 weights relaid by 16 rows
+	// for the VNNI kernel (q8x16, qx16.go). Guarded by dev.mu.
+	x16 bool
 }
 
 func (b *buffer) DType() runtime.DType { return b.dt }
@@ -534,6 +543,10 @@ func (d *Device) CopyInRaw(ctx context.Context, dst runtime.Buffer, off int64, s
 	if !b.dt.Quantized() {
 		return fmt.Errorf("onednn: copy in: %w: stored bytes for a %s buffer (use CopyIn)", runtime.ErrInvalidGraph, b.dt)
 	}
+	// The bytes are GGUF's layout: a relaid weight goes back first.
+	if err := d.rowMajor(ctx, b); err != nil {
+		return fmt.Errorf("onednn: copy in: %w", err)
+	}
 	size := b.dt.Bytes(int64(b.n))
 	if off < 0 || off > size || int64(len(src)) > size-off {
 		return fmt.Errorf("onednn: copy in: %w: %d bytes at %d for a %s %s buffer of %d", runtime.ErrInvalidGraph, len(src), off, shapeString(b.shape), b.dt, size)
@@ -657,7 +670,7 @@ func fromBF16(dst []float32, src []uint16) {
 // rowMajor puts b's contents back in row-major order if a matmul packed them.
 func (d *Device) rowMajor(ctx context.Context, b *buffer) error {
 	d.mu.Lock()
-	packed := b.packed != nil
+	packed := b.packed != nil || b.x16
 	d.mu.Unlock()
 	if !packed {
 		return nil

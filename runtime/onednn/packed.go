@@ -59,11 +59,14 @@ func (d *Device) packWeights(s *runtime.Step, p *C.bd_prim, w *buffer) (bool, er
 // good. Runs on the worker thread.
 func (d *Device) unpack(w *buffer) error {
 	d.mu.Lock()
-	l := w.packed
-	if l != nil {
+	l, x16 := w.packed, w.x16
+	if l != nil || x16 {
 		w.rowMajorOnly = true
 	}
 	d.mu.Unlock()
+	if x16 {
+		return d.relayoutX16(w, false)
+	}
 	if l == nil {
 		return nil
 	}

@@ -73,6 +73,14 @@ static inline __attribute__((always_inline)) void bd_prefetch(const uint8_t *p, 
 #define AK_BR(G) (256 * (int64_t)(G) + 32 + 256)
 // index in bs (int16) of row r's sum over the 16 elements g16*16…
 #define AK_BSI(g16, r) ((g16) / 2 * 16 + 2 * (r) + ((g16) & 1))
+// x16 (BD_Q8_0_X16's activations): int8 q[G][k] row by row | f32 d[G][nb]
+// | int32 c[G][nb], c = -128·Σq of the block (the weights' quants are
+// stored plus 128, so dpbusd's sum starts from c). The offsets of row r's
+// d and c.
+#define X16_D(k, nb, r, G) ((G) * (k) + (r) * (nb) * 4)
+#define X16_C(k, nb, r, G) ((G) * (k) + ((G) + (r)) * (nb) * 4)
+// Bytes of one block of 16 weight rows in BD_Q8_0_X16.
+#define X16_BLOCK 544
 
 // The 6-bit scales and mins of a Q4_K/Q5_K block (ggml's get_scale_min_k4
 // for all eight at once): u holds the block's 12 scale bytes and becomes
@@ -87,7 +95,8 @@ static inline __attribute__((always_inline)) void bd_k4_scales(uint32_t u[4]) {
 
 // The weight types: ggml's number, elements and bytes per block, and the
 // activations' form: 0 the a32 layout, 1 the ak layout, 2 X itself (the
-// float types, whose weights are converted to f32 in registers).
+// float types, whose weights are converted to f32 in registers), 3 the x16
+// layout (BD_Q8_0_X16).
 typedef struct {
     int type, elems, bytes, k;
 } bd_qtype;
@@ -103,6 +112,7 @@ static const bd_qtype qtypes[] = {
     {14, 256, 210, 1}, // Q6_K
     {1, 1, 2, 2},      // F16
     {30, 1, 2, 2},     // BF16
+    {BD_Q8_0_X16, 32, 34, 3},
 };
 
 static const bd_qtype *qtype_of(int type) {
@@ -114,7 +124,12 @@ static const bd_qtype *qtype_of(int type) {
 // Bytes of one group of G rows of k activations.
 static int64_t group_bytes(const bd_qtype *t, int64_t k, int64_t G) {
     const int64_t nb = k / t->elems;
-    return t->k == 2 ? 0 : t->k ? nb * AK_BYTES(G) : A32_QBYTES(nb, G) + 2 * G * A32_NBP(nb) * 4;
+    switch (t->k) {
+    case 0: return A32_QBYTES(nb, G) + 2 * G * A32_NBP(nb) * 4;
+    case 1: return nb * AK_BYTES(G);
+    case 3: return G * k + 2 * G * nb * 4;
+    }
+    return 0;
 }
 
 // ---- The portable variant: the same integers and scales in plain C. ----
@@ -294,6 +309,42 @@ static float dotf_base(int type, const uint8_t *w, int64_t k, const float *x) {
     return acc;
 }
 
+// R rows into a group of the x16 layout with G rows.
+static void quant_x16_base(const float *x, int64_t k, int64_t nb, int R, int64_t G, uint8_t *xg) {
+    for (int r = 0; r < R; r++) {
+        float *dd = (float *)(xg + X16_D(k, nb, r, G));
+        int32_t *cc = (int32_t *)(xg + X16_C(k, nb, r, G));
+        for (int64_t b = 0; b < nb; b++) {
+            int8_t *q = (int8_t *)(xg + r * k + 32 * b);
+            dd[b] = quant_block_base(x + r * k + 32 * b, 32, q);
+            int32_t sum = 0;
+            for (int i = 0; i < 32; i++) sum += q[i];
+            cc[b] = -128 * sum;
+        }
+    }
+}
+
+// R rows of the group at xg against one tile of 16 BD_Q8_0_X16 rows into
+// out[r*16 + j].
+static void x16_base(const uint8_t *w, int64_t nb, const uint8_t *xg, int64_t G, int R, float *out) {
+    const int64_t k = 32 * nb;
+    for (int r = 0; r < R; r++) {
+        const int8_t *q = (const int8_t *)(xg + r * k);
+        const float *dx = (const float *)(xg + X16_D(k, nb, r, G));
+        const int32_t *cx = (const int32_t *)(xg + X16_C(k, nb, r, G));
+        for (int j = 0; j < 16; j++) {
+            float acc = 0.0f;
+            for (int64_t b = 0; b < nb; b++) {
+                const uint8_t *wb = w + b * X16_BLOCK;
+                int32_t s = cx[b];
+                for (int e = 0; e < 32; e++) s += (int32_t)wb[32 + 64 * (e / 4) + 4 * j + e % 4] * q[32 * b + e];
+                acc += h2f(wb + 2 * j) * dx[b] * (float)s;
+            }
+            out[r * 16 + j] = acc;
+        }
+    }
+}
+
 // ---- The x86 variants: qgemm_x86.h compiled twice. ----
 
 #pragma GCC push_options
@@ -355,11 +406,14 @@ int bd_qgemm_isa(void) {
     return BD_ISA_BASE;
 }
 
-// The most rows of X one pass over a weight row carries.
-static int64_t rmax_of(int isa) { return isa == BD_ISA_AVX2 ? 4 : 8; }
+// The most rows of X one pass over a weight row carries (a tile of 16
+// rows, for x16: its accumulators are one vector a row).
+static int64_t rmax_of(const bd_qtype *t, int isa) { return t->k == 3 ? 16 : isa == BD_ISA_AVX2 ? 4 : 8; }
 
 // The group size for m rows: the variant's rmax, or m when smaller.
-static int64_t group_of(int isa, int64_t m) { return m < rmax_of(isa) ? m : rmax_of(isa); }
+static int64_t group_of(const bd_qtype *t, int isa, int64_t m) {
+    return m < rmax_of(t, isa) ? m : rmax_of(t, isa);
+}
 
 // The scratch for m rows with groups of G.
 static int64_t work_for(const bd_qtype *t, int64_t k, int64_t m, int64_t G) {
@@ -371,9 +425,10 @@ int64_t bd_qgemm_work_bytes(int wtype, int64_t k, int64_t m) {
     if (!t) return BD_QGEMM_UNSUPPORTED;
     if (k <= 0 || m <= 0 || k > BD_QGEMM_MAX || m > BD_QGEMM_MAX || k % t->elems != 0)
         return BD_QGEMM_SIZE;
-    // The most any variant takes: groups of min(m, 4) or min(m, 8).
+    // The most any variant takes: groups of min(m, 4) or min(m, 8) (x16:
+    // min(m, 16)).
     int64_t most = 0;
-    for (int64_t r = 4; r <= 8; r += 4) {
+    for (int64_t r = t->k == 3 ? 16 : 4; r <= (t->k == 3 ? 16 : 8); r += 4) {
         const int64_t G = m < r ? m : r, gb = group_bytes(t, k, G); // gb < 2.2·k·8
         if (gb > BD_QGEMM_MAX / ((m + G - 1) / G)) return BD_QGEMM_SIZE;
         const int64_t w = (m + G - 1) / G * gb;
@@ -386,10 +441,42 @@ int64_t bd_qgemm_work_bytes(int wtype, int64_t k, int64_t m) {
 // every group of X's rows passes over it.
 #define BD_QGEMM_TILE_BYTES (512 << 10)
 
+// One task of BD_Q8_0_X16: rows [n0,n1) (multiples of 16) of W against
+// groups [g0,g1) of X, as qgemm_task.
+static void x16_task(int isa, const uint8_t *w, int64_t rowb, int64_t nb, const uint8_t *xq, int64_t gb,
+        int64_t G, int64_t m, int64_t n0, int64_t n1, int64_t g0, int64_t g1, float *y, int64_t ldy,
+        const float *bias) {
+    int64_t tile = BD_QGEMM_TILE_BYTES / (16 * rowb);
+    if (tile < 1) tile = 1;
+    float out[16 * 16] __attribute__((aligned(64)));
+    for (int64_t t0 = n0 / 16; t0 < n1 / 16; t0 += tile) {
+        const int64_t t1 = t0 + tile < n1 / 16 ? t0 + tile : n1 / 16;
+        for (int64_t g = g0; g < g1; g++) {
+            const int R = (int)(m - g * G < G ? m - g * G : G);
+            const uint8_t *xg = xq + g * gb;
+            float *yg = y + g * G * ldy;
+            for (int64_t tt = t0; tt < t1; tt++) {
+                const uint8_t *wt = w + tt * 16 * rowb;
+                if (isa == BD_ISA_AVX512)
+                    rows_x16_vnni(wt, nb, xg, G, R, out);
+                else
+                    x16_base(wt, nb, xg, G, R, out);
+                for (int r = 0; r < R; r++)
+                    for (int j = 0; j < 16; j++)
+                        yg[r * ldy + 16 * tt + j] = out[r * 16 + j] + (bias ? bias[16 * tt + j] : 0.0f);
+            }
+        }
+    }
+}
+
 // One task: rows [n0,n1) of W against groups [g0,g1) of X.
 static void qgemm_task(const bd_qtype *t, int isa, bd_rowsfn rows, const uint8_t *w,
         int64_t rowb, int64_t nb, const uint8_t *xq, int64_t gb, int64_t G, int64_t m,
         int64_t n0, int64_t n1, int64_t g0, int64_t g1, float *y, int64_t ldy, const float *bias) {
+    if (t->k == 3) {
+        x16_task(isa, w, rowb, nb, xq, gb, G, m, n0, n1, g0, g1, y, ldy, bias);
+        return;
+    }
     int64_t tile = BD_QGEMM_TILE_BYTES / rowb;
     if (tile < 8) tile = 8;
     float out[8];
@@ -440,11 +527,12 @@ int bd_qgemm_multi(int wtype, const bd_qgemm_part *parts, int count, int64_t k, 
     const int64_t most = bd_qgemm_work_bytes(wtype, k, m);
     if (most < 0) return (int)most;
     if (count < 1 || count > BD_QGEMM_PARTS || nthreads < 1) return BD_QGEMM_SIZE;
+    const int64_t unit = t->k == 3 ? 16 : 1; // rows a task's bounds are multiples of
     const int64_t nb = k / t->elems, rowb = nb * t->bytes;
     int64_t n_all = 0; // the parts' rows together
     for (int p = 0; p < count; p++) {
         const int64_t n_out = parts[p].n_out, ldy = parts[p].ldy;
-        if (n_out <= 0 || n_out > BD_QGEMM_MAX || ldy < n_out || ldy > BD_QGEMM_MAX) return BD_QGEMM_SIZE;
+        if (n_out <= 0 || n_out > BD_QGEMM_MAX || ldy < n_out || ldy > BD_QGEMM_MAX || n_out % unit) return BD_QGEMM_SIZE;
         if (rowb > BD_QGEMM_MAX / n_out || parts[p].w_bytes != rowb * n_out) return BD_QGEMM_SIZE;
         if (m - 1 > (BD_QGEMM_MAX - n_out) / ldy) return BD_QGEMM_SIZE; // (m-1)*ldy + n_out
         n_all += n_out;
@@ -454,7 +542,7 @@ int bd_qgemm_multi(int wtype, const bd_qgemm_part *parts, int count, int64_t k, 
     const int have = bd_qgemm_isa();
     if (isa == BD_ISA_AUTO) isa = have;
     if (isa < BD_ISA_BASE || isa > have) return BD_QGEMM_NO_ISA;
-    const int64_t G = group_of(isa, m), gb = group_bytes(t, k, G), need = work_for(t, k, m, G);
+    const int64_t G = group_of(t, isa, m), gb = group_bytes(t, k, G), need = work_for(t, k, m, G);
     if (work && work_bytes < need) return BD_QGEMM_SIZE;
 
     // The float types read X where it is: a group is G rows of k f32.
@@ -470,6 +558,7 @@ int bd_qgemm_multi(int wtype, const bd_qgemm_part *parts, int count, int64_t k, 
     case BD_ISA_AVX2: quant = t->k ? quant_ak_avx2 : quant_a32_avx2; break;
     default: quant = t->k ? quant_ak_base : quant_a32_base; break;
     }
+    if (t->k == 3) quant = isa == BD_ISA_BASE ? quant_x16_base : isa == BD_ISA_AVX2 ? quant_x16_avx2 : quant_x16_vnni;
     if (t->k == 2) quant = NULL;
     const bd_rowsfn rows = isa == BD_ISA_BASE ? NULL : rows_for(wtype, isa);
 
@@ -508,7 +597,7 @@ int bd_qgemm_multi(int wtype, const bd_qgemm_part *parts, int count, int64_t k, 
         for (int64_t task = 0; task < tasks; task++) {
             const int64_t in = task % tn, im = task / tn;
             // The task's rows of the parts laid end to end.
-            const int64_t v0 = n_all * in / tn, v1 = n_all * (in + 1) / tn;
+            const int64_t v0 = n_all / unit * in / tn * unit, v1 = n_all / unit * (in + 1) / tn * unit;
             int64_t base = 0;
             for (int p = 0; p < count && base < v1; base += parts[p].n_out, p++) {
                 const int64_t a = v0 > base ? v0 - base : 0;
@@ -521,6 +610,44 @@ int bd_qgemm_multi(int wtype, const bd_qgemm_part *parts, int count, int64_t k, 
     }
     if (!work && t->k != 2) free(xq);
     return BD_QGEMM_OK;
+}
+
+int bd_q8x16_relayout(void *w, int64_t n, int64_t k, int to_x16, int nthreads) {
+    if (n <= 0 || k <= 0 || n % 16 || k % 32 || n > BD_QGEMM_MAX || k > BD_QGEMM_MAX || nthreads < 1)
+        return BD_QGEMM_SIZE;
+    const int64_t nb = k / 32, rowb = nb * 34;
+    if (rowb > BD_QGEMM_MAX / n) return BD_QGEMM_SIZE;
+    const int64_t tb = 16 * rowb, tiles = n / 16;
+    int failed = 0;
+#pragma omp parallel num_threads(nthreads) if (nthreads > 1 && tiles > 1)
+    {
+        uint8_t *tmp = malloc((size_t)tb);
+        if (!tmp) {
+#pragma omp atomic
+            failed++;
+        }
+#pragma omp barrier
+        if (!failed) { // every thread reads the same count after the barrier
+#pragma omp for schedule(static)
+            for (int64_t tt = 0; tt < tiles; tt++) {
+                uint8_t *p = (uint8_t *)w + tt * tb;
+                memcpy(tmp, p, (size_t)tb);
+                for (int64_t b = 0; b < nb; b++)
+                    for (int j = 0; j < 16; j++) {
+                        uint8_t *xb = (to_x16 ? p : tmp) + b * X16_BLOCK, *rb = (to_x16 ? tmp : p) + j * rowb + b * 34;
+                        if (to_x16) {
+                            memcpy(xb + 2 * j, rb, 2);
+                            for (int e = 0; e < 32; e++) xb[32 + 64 * (e / 4) + 4 * j + e % 4] = rb[2 + e] ^ 0x80;
+                        } else {
+                            memcpy(rb, xb + 2 * j, 2);
+                            for (int e = 0; e < 32; e++) rb[2 + e] = xb[32 + 64 * (e / 4) + 4 * j + e % 4] ^ 0x80;
+                        }
+                    }
+            }
+        }
+        free(tmp);
+    }
+    return failed ? BD_QGEMM_NOMEM : BD_QGEMM_OK;
 }
 
 // bd_qgemm_read_sum reads bytes (a multiple of 128) at p with nthreads

@@ -114,6 +114,31 @@ func qgemmParts(t quant.Type, parts []qpart, k int64, x unsafe.Pointer, m int64,
 	}
 }
 
+// q8x16 is BD_Q8_0_X16 as qgemm's and bd_dequant_rows's weight type: Q8_0
+// relaid in place by 16 rows for the AVX-512 VNNI kernel (qgemm.h). Not a
+// GGUF type: only this package's buffers hold it, and only while
+// buffer.x16 says so.
+const q8x16 = quant.Type(C.BD_Q8_0_X16)
+
+// q8x16Relayout is bd_q8x16_relayout: n rows of k Q8_0 weights at w into
+// q8x16's layout (toX16) or back, in place.
+func q8x16Relayout(w unsafe.Pointer, n, k int64, toX16 bool, threads int) error {
+	to := C.int(0)
+	if toX16 {
+		to = 1
+	}
+	switch rc := C.bd_q8x16_relayout(w, C.int64_t(n), C.int64_t(k), to, C.int(threads)); rc {
+	case C.BD_QGEMM_OK:
+		return nil
+	case C.BD_QGEMM_SIZE:
+		return fmt.Errorf("%w: %d rows of %d as Q8_0 by 16 rows", errQgemmSize, n, k)
+	case C.BD_QGEMM_NOMEM:
+		return errors.New("onednn: Q8_0 relayout: out of memory for a tile's copy")
+	default:
+		return fmt.Errorf("onednn: Q8_0 relayout: status %d", int(rc))
+	}
+}
+
 // qgemmWorkBytes is bd_qgemm_work_bytes: the scratch bd_qgemm takes for m
 // rows of k activations against weights of type t, or a negative
 // BD_QGEMM_* code for sizes it refuses.

@@ -88,6 +88,26 @@ int bd_qgemm_multi(int wtype, const bd_qgemm_part *parts, int count, int64_t k, 
 // bd_qgemm would refuse those sizes.
 int64_t bd_qgemm_work_bytes(int wtype, int64_t k, int64_t m);
 
+// BD_Q8_0_X16 is Q8_0 weights relaid for the VNNI kernel (not a ggml
+// type): per tile of 16 rows, per block, the 16 rows' f16 scales (32 bytes)
+// then their quants as 8 vectors of 64 bytes, vector c holding each row's
+// elements 4c..4c+3 in turn, XORed with 0x80 (unsigned, for dpbusd). The
+// same 34 bytes a block as Q8_0, so bd_q8x16_relayout rewrites a matrix
+// in place. One dpbusd then adds four of a block's products for 16 outputs
+// with no sums across lanes, where the row layout takes a dpbusd, a
+// conversion and an FMA per 64 products of one output. bd_qgemm takes it
+// as wtype with n_out a multiple of 16; its products are Q8_0's with the
+// block's integers summed whole before the f32 steps (as the portable
+// variant sums them).
+#define BD_Q8_0_X16 1008
+
+// bd_q8x16_relayout rewrites n rows of k Q8_0 weights at w between ggml's
+// layout and BD_Q8_0_X16's (to_x16 nonzero: into it), in place, with
+// nthreads threads. n must be a multiple of 16 and k of 32 (BD_QGEMM_SIZE
+// otherwise); BD_QGEMM_NOMEM if its per-thread tile copy cannot be had,
+// with w unchanged.
+int bd_q8x16_relayout(void *w, int64_t n, int64_t k, int to_x16, int nthreads);
+
 // bd_qgemm_isa is the variant BD_ISA_AUTO runs on this CPU: BD_ISA_AVX512
 // needs AVX512-VNNI besides F/BW/VL/DQ (a Skylake-SP without it runs AVX2).
 int bd_qgemm_isa(void);

@@ -313,6 +313,50 @@ ZI void kz_bf16(const uint8_t *w, int64_t k, const uint8_t *xg, int64_t G, const
     kz_fx(w, k, xg, G, R, out, 1);
 }
 
+// BD_Q8_0_X16: R rows against a tile of 16 weight rows, out[r*16 + j].
+// Per block the tile's 8 vectors are loaded once; a row's block is then 8
+// dpbusd of the 16 rows' (quants + 128) against 4 of its int8 at a time
+// (broadcast), starting from c = -128·Σq, so each lane ends with one
+// output's whole integer sum: one conversion and one FMA a block and row.
+ZI void kz_x16(const uint8_t *w, int64_t nb, const uint8_t *xg, int64_t G, const int R, float *out) {
+    const int64_t k = 32 * nb;
+    const float *dx = (const float *)(xg + X16_D(k, nb, 0, G));
+    const int32_t *cx = (const int32_t *)(xg + X16_C(k, nb, 0, G));
+    __m512 acc[16];
+    for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *wb = w + b * X16_BLOCK;
+        bd_prefetch(wb + BD_PREFETCH, X16_BLOCK);
+        const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)wb));
+        __m512i wv[8];
+        for (int c = 0; c < 8; c++) wv[c] = _mm512_loadu_si512((const void *)(wb + 32 + 64 * c));
+        _Pragma("GCC unroll 16") for (int r = 0; r < R; r++) {
+            const uint8_t *xr = xg + r * k + 32 * b;
+            // Two chains when few rows give the core little else to overlap.
+            __m512i s = _mm512_set1_epi32(cx[r * nb + b]), s2 = _mm512_setzero_si512();
+            _Pragma("GCC unroll 8") for (int c = 0; c < 8; c++) {
+                const __m512i xv = _mm512_set1_epi32((int32_t)le32(xr + 4 * c));
+                if (R <= 2 && (c & 1))
+                    s2 = _mm512_dpbusd_epi32(s2, wv[c], xv);
+                else
+                    s = _mm512_dpbusd_epi32(s, wv[c], xv);
+            }
+            if (R <= 2) s = _mm512_add_epi32(s, s2);
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw, _mm512_set1_ps(dx[r * nb + b])), acc[r]);
+        }
+    }
+    for (int r = 0; r < R; r++) _mm512_store_ps(out + 16 * r, acc[r]);
+}
+
+static void rows_x16_vnni(const uint8_t *w, int64_t nb, const uint8_t *xg, int64_t G, int R, float *out) {
+    switch (R) {
+#define Z_X16(n) case n: kz_x16(w, nb, xg, G, n, out); break;
+    Z_X16(1) Z_X16(2) Z_X16(3) Z_X16(4) Z_X16(5) Z_X16(6) Z_X16(7) Z_X16(8)
+    Z_X16(9) Z_X16(10) Z_X16(11) Z_X16(12) Z_X16(13) Z_X16(14) Z_X16(15) Z_X16(16)
+#undef Z_X16
+    }
+}
+
 // The row functions qgemm.c calls for the AVX-512 variant.
 #define Z_ROWFN(n)                                                                         \
     static void rows_##n##_vnni(const uint8_t *w, int64_t nb, const uint8_t *xg, int64_t G, \

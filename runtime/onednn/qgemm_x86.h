@@ -121,6 +121,19 @@ static void QV(quant_a32)(const float *x, int64_t k, int64_t nb, int R, int64_t 
     }
 }
 
+// The same into the x16 layout (BD_Q8_0_X16's activations).
+static void QV(quant_x16)(const float *x, int64_t k, int64_t nb, int R, int64_t G, uint8_t *xg) {
+    for (int r = 0; r < R; r++) {
+        float *dd = (float *)(xg + X16_D(k, nb, r, G));
+        int32_t *cc = (int32_t *)(xg + X16_C(k, nb, r, G));
+        for (int64_t b = 0; b < nb; b++) {
+            int32_t sum;
+            dd[b] = QV(quant32)(x + r * k + 32 * b, (int8_t *)(xg + r * k + 32 * b), &sum);
+            cc[b] = -128 * sum;
+        }
+    }
+}
+
 // The same into the ak layout: blocks of 256 with one d, sums per 16.
 static void QV(quant_ak)(const float *x, int64_t k, int64_t nb, int R, int64_t G, uint8_t *xg) {
     const int64_t bb = AK_BYTES(G);

@@ -21,11 +21,17 @@ import (
 // qmatmul is s (an OpMatMul with TransB and a block-quantized In[1]) on
 // the worker thread: y = x·Wᵀ (+ bias), or with ActSwiGLU silu(gate)·up
 // of that product's two halves.
-func (d *Device) qmatmul(s *runtime.Step, x, w, bias, y unsafe.Pointer) error {
+// wb is W's buffer when it is a weight only matmuls read (run.go's
+// rc.weights), which may be relaid for the kernel (qx16.go); nil otherwise.
+func (d *Device) qmatmul(s *runtime.Step, x, w unsafe.Pointer, wb *buffer, bias, y unsafe.Pointer) error {
 	wt := s.In[1] // [N,K] (TransB)
 	q, ok := wt.DType.GGML()
 	if !ok {
 		return fmt.Errorf("%w: %s: weights of %s", runtime.ErrUnsupported, s, wt.DType)
+	}
+	q, err := d.layoutFor(s, q, wb)
+	if err != nil {
+		return err
 	}
 	if s.Op.Act == runtime.ActSwiGLU {
 		return d.qmatmulSwiGLU(s, q, x, w, y)
@@ -108,7 +114,7 @@ func (d *Device) qmatmulInto(s *runtime.Step, q quant.Type, x, w, bias, y unsafe
 // having run nothing, for products that take another path (qamx, the
 // dequantized slices of prefill). ws, biases (nil for none) and ys are by
 // step.
-func (d *Device) qmatmulGroup(steps []*runtime.Step, x unsafe.Pointer, ws, biases, ys []unsafe.Pointer) (bool, error) {
+func (d *Device) qmatmulGroup(steps []*runtime.Step, x unsafe.Pointer, ws []unsafe.Pointer, wbs []*buffer, biases, ys []unsafe.Pointer) (bool, error) {
 	s := steps[0]
 	a, wt := s.In[0], s.In[1]
 	q, ok := wt.DType.GGML()
@@ -117,6 +123,25 @@ func (d *Device) qmatmulGroup(steps []*runtime.Step, x unsafe.Pointer, ws, biase
 	if !ok || d.useAMX(q, m) || m >= d.qPrefillRows && d.qPrefillRows > 0 {
 		return false, nil
 	}
+	// One layout for all: weights that take q8x16 alone run so in a group
+	// of such; a mix runs one by one, each in its own layout.
+	x16 := 0
+	for i, st := range steps {
+		if d.x16Eligible(st, q, wbs[i]) {
+			x16++
+		}
+	}
+	if x16 != 0 && x16 != len(steps) {
+		return false, nil
+	}
+	lq := q
+	for i, st := range steps {
+		var err error
+		if lq, err = d.layoutFor(st, q, wbs[i]); err != nil {
+			return false, err
+		}
+	}
+	q = lq
 	parts := make([]qpart, len(steps))
 	for i, st := range steps {
 		w := st.In[1]

@@ -265,7 +265,7 @@ func (d *Device) execute(ctx context.Context, pe *planned, bufs []*buffer) error
 		}
 	}
 	for i, b := range bufs {
-		if b != nil && pe.otherUse[i] && b.packed != nil {
+		if b != nil && pe.otherUse[i] && (b.packed != nil || b.x16) {
 			unpack = append(unpack, i)
 		}
 	}
@@ -316,7 +316,7 @@ func (d *Device) execute(ctx context.Context, pe *planned, bufs []*buffer) error
 			ptrs[out] = t
 		}
 		if len(group) > 1 {
-			ran, err := d.runGroup(p, pe, group, ptrs)
+			ran, err := d.runGroup(p, pe, group, ptrs, rc)
 			if err != nil {
 				return fmt.Errorf("onednn: run on %s: %w", d.id, err)
 			}
@@ -353,18 +353,19 @@ func (d *Device) freeAfter(pe *planned, i int, temps []unsafe.Pointer, sizes []i
 // no output can share a bound buffer with what another reads, as a
 // buffer has one type and shape (f32 [M,N] against the shared x, which
 // Run refuses to see written, block-quantized weights and [N] biases).
-func (d *Device) runGroup(p *runtime.Plan, pe *planned, group []int, ptrs []unsafe.Pointer) (bool, error) {
+func (d *Device) runGroup(p *runtime.Plan, pe *planned, group []int, ptrs []unsafe.Pointer, rc *runContext) (bool, error) {
 	steps := make([]*runtime.Step, len(group))
 	ws, biases, ys := make([]unsafe.Pointer, len(group)), make([]unsafe.Pointer, len(group)), make([]unsafe.Pointer, len(group))
+	wbs := make([]*buffer, len(group))
 	for k, j := range group {
 		steps[k] = &p.Steps[j]
 		ss := &pe.steps[j]
-		ws[k], ys[k] = ptrs[ss.in[1]], ptrs[ss.out]
+		ws[k], ys[k], wbs[k] = ptrs[ss.in[1]], ptrs[ss.out], rc.weights[ss.in[1]]
 		if len(ss.in) == 3 {
 			biases[k] = ptrs[ss.in[2]]
 		}
 	}
-	return d.qmatmulGroup(steps, ptrs[pe.steps[group[0]].in[0]], ws, biases, ys)
+	return d.qmatmulGroup(steps, ptrs[pe.steps[group[0]].in[0]], ws, wbs, biases, ys)
 }
 
 // eltwiseAlg maps an activation to oneDNN's eltwise algorithm; GELU is the
@@ -454,7 +455,7 @@ func (d *Device) runStep(s *runtime.Step, ss *stepSlots, ptrs []unsafe.Pointer, 
 			if len(op.In) >= 3 {
 				bias = in(2)
 			}
-			return d.qmatmul(s, in(0), in(1), bias, out)
+			return d.qmatmul(s, in(0), in(1), rc.weights[ss.in[1]], bias, out)
 		}
 		a := s.In[0]
 		k := a.Last()

@@ -26,6 +26,12 @@ import (
 // padding every product to whole 16-row tiles still differs at M=80, from
 // the threads' split of K). So on AMX hosts bf16 batches are not
 // bit-invariant, and the bf16 half is skipped there.
+//
+// Nor does it hold between one bf16 row and more: one row runs the
+// adapter's own kernel (gemv16.go: vdpbf16ps, or qgemm's widening kernel),
+// which sums in another order than oneDNN. So bf16 checks M = 3, 16 and 67
+// against each other (it failed on every host with avx512_bf16 and no AMX,
+// e.g. AMD Zen 4, once gemv16 came in).
 func TestMatMulRowInvariance(t *testing.T) {
 	ctx := context.Background()
 	for _, dt := range []runtime.DType{runtime.F32, runtime.BF16} {
@@ -60,7 +66,11 @@ func TestMatMulRowInvariance(t *testing.T) {
 				// Row i computed in products of M = 1, 3, 16, 67 rows
 				// starting at different offsets.
 				var ref [][]float32
-				for _, m := range []int{1, 3, 16, 67} {
+				ms := []int{1, 3, 16, 67}
+				if dt == runtime.BF16 {
+					ms = ms[1:]
+				}
+				for _, m := range ms {
 					for start := 0; start+m <= rows; start += m {
 						got := matmulRows(t, dev, dt, wb, x[start*k:(start+m)*k], m, k, n)
 						for i := range m {
@@ -71,7 +81,7 @@ func TestMatMulRowInvariance(t *testing.T) {
 							}
 							for j, v := range row {
 								if math.Float32bits(v) != math.Float32bits(ref[start+i][j]) {
-									t.Fatalf("row %d col %d: %g with M=%d, %g with M=1", start+i, j, v, m, ref[start+i][j])
+									t.Fatalf("row %d col %d: %g with M=%d, %g with M=%d", start+i, j, v, m, ref[start+i][j], ms[0])
 								}
 							}
 						}
