@@ -143,7 +143,7 @@ func openDevice(spec runtime.DeviceSpec, cacheSize int, m *primMetrics) (*Device
 		live:    map[*buffer]struct{}{},
 
 		unpackable: map[primKey]bool{}, qPrefillRows: defaultQPrefillRows, qSliceBytes: defaultQSliceBytes, gemv16Rows: defaultGemv16Rows,
-		x16: qgemmISA() == isaAVX512,
+		x16:      qgemmISA() == isaAVX512,
 		qAMXRows: defaultQAMXRows(),
 	}
 	// Eviction runs on the worker (the cache is only used there), so an
