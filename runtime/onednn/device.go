@@ -543,9 +543,15 @@ func (d *Device) CopyInRaw(ctx context.Context, dst runtime.Buffer, off int64, s
 	if !b.dt.Quantized() {
 		return fmt.Errorf("onednn: copy in: %w: stored bytes for a %s buffer (use CopyIn)", runtime.ErrInvalidGraph, b.dt)
 	}
-	// The bytes are GGUF's layout: a relaid weight goes back first.
-	if err := d.rowMajor(ctx, b); err != nil {
-		return fmt.Errorf("onednn: copy in: %w", err)
+	// The bytes are GGUF's layout: a relaid weight goes back first (and may
+	// be relaid again by its next product).
+	d.mu.Lock()
+	x16 := b.x16
+	d.mu.Unlock()
+	if x16 {
+		if err := d.do(ctx, func() error { return d.relayoutX16(b, false) }); err != nil {
+			return fmt.Errorf("onednn: copy in: %w", err)
+		}
 	}
 	size := b.dt.Bytes(int64(b.n))
 	if off < 0 || off > size || int64(len(src)) > size-off {

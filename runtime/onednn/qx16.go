@@ -1,13 +1,7 @@
 package onednn
 
-/*
-#include "dequant.h"
-*/
-import "C"
-
 import (
 	"fmt"
-	"unsafe"
 
 	"github.com/brokerd/brokerd/runtime"
 	"github.com/brokerd/brokerd/runtime/quant"
@@ -19,10 +13,14 @@ import (
 // scales; relaid, one dpbusd adds four products to each of 16 outputs, and
 // a block's conversion and FMA are shared by its 32: Qwen2.5-0.5B's
 // 4864x896 product ran 3.6-5x faster on one thread at 1 to 16 rows
-// (bench/RESULTS.md). The relayout is in place (the same 34 bytes a block),
-// on a weight's first product, as packed.go packs f32 weights; a buffer
-// read otherwise (a gather of a tied embedding, CopyOut) goes back to
-// GGUF's layout first and stays there.
+// (bench/RESULTS.md). At 16 rows a thread's products run at about 290
+// GFLOP/s, more than oneDNN's bf16 on dequantized slices, so relaid
+// weights take this kernel for prefill's rows too: a 512-token llama1024
+// prefill 358-363 ms against 472-494 (BenchmarkPrefill512/q8_0,
+// -llm.nox16 alternating, 2 Zen 4 cores). The relayout is in place (the
+// same 34 bytes a block), on a weight's first product, as packed.go packs
+// f32 weights; a buffer read otherwise (a gather of a tied embedding,
+// CopyOut) goes back to GGUF's layout first and stays there.
 
 // x16Eligible says whether s's weights wb (nil: not a weight only
 // matmuls read) take q8x16 on this device: Q8_0, rows by 16, and no AMX
@@ -69,17 +67,5 @@ func (d *Device) relayoutX16(w *buffer, toX16 bool) error {
 	d.mu.Lock()
 	w.x16 = toX16
 	d.mu.Unlock()
-	return nil
-}
-
-// dequantRows is bd_dequant_rows into f32 for the tests (test files
-// cannot use cgo): rows rows of k elements of type t at w.
-func dequantRows(t quant.Type, w []byte, rows, k int, out []float32, threads int) error {
-	if len(out) < rows*k || len(w) == 0 || len(out) == 0 {
-		return fmt.Errorf("onednn: dequantize rows: %d rows of %d into %d", rows, k, len(out))
-	}
-	if rc := C.bd_dequant_rows(C.int(t), unsafe.Pointer(&w[0]), C.int64_t(rows), C.int64_t(k), unsafe.Pointer(&out[0]), 0, C.int(threads)); rc != C.BD_DEQUANT_OK {
-		return fmt.Errorf("onednn: dequantize rows: status %d", int(rc))
-	}
 	return nil
 }

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"unsafe"
 
+	"github.com/brokerd/brokerd/runtime"
 	"github.com/brokerd/brokerd/runtime/quant"
 )
 
@@ -23,9 +24,8 @@ func relaid(t *testing.T, w []byte, n, k int) []byte {
 }
 
 // TestQ8x16Relayout: the relayout moves every byte (a changed layout), back
-// gives the weights bit for bit, bd_dequant_rows reads the relaid form as
-// ggml reads the original, and sizes that are not whole tiles or blocks
-// are refused with the weights untouched.
+// gives the weights bit for bit, and sizes that are not whole tiles or
+// blocks are refused with the weights untouched.
 func TestQ8x16Relayout(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 16))
 	for _, c := range []struct{ n, k int }{{16, 32}, {48, 96}, {32, 1024}} {
@@ -46,19 +46,6 @@ func TestQ8x16Relayout(t *testing.T) {
 		if !bytes.Equal(back, w) {
 			t.Fatalf("%dx%d: relaid and back differs from the weights", c.n, c.k)
 		}
-		want := make([]float32, c.n*c.k)
-		if err := quant.Dequantize(quant.Q8_0, w, want); err != nil {
-			t.Fatal(err)
-		}
-		got := make([]float32, c.n*c.k)
-		if err := dequantRows(q8x16, p, c.n, c.k, got, 2); err != nil {
-			t.Fatal(err)
-		}
-		for i := range want {
-			if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
-				t.Fatalf("%dx%d: dequantized relaid [%d] = %g, ggml's %g", c.n, c.k, i, got[i], want[i])
-			}
-		}
 	}
 	w := randQuantWeights(rng, quant.Q8_0, 24, 64)
 	orig := bytes.Clone(w)
@@ -69,9 +56,6 @@ func TestQ8x16Relayout(t *testing.T) {
 	}
 	if !bytes.Equal(w, orig) {
 		t.Error("a refused relayout changed the weights")
-	}
-	if err := dequantRows(q8x16, w, 8, 64, make([]float32, 8*64), 1); err == nil {
-		t.Error("dequantizing 8 relaid rows (not a tile) was not refused")
 	}
 }
 
@@ -171,5 +155,167 @@ func TestQgemmX16(t *testing.T) {
 	}
 	if slices.ContainsFunc(y, func(v float32) bool { return v != 42 }) {
 		t.Error("a refused call wrote an output")
+	}
+}
+
+// TestX16ThroughRun: on a CPU with AVX-512 VNNI, a Q8_0 matmul weight of
+// whole tiles is relaid on its first product and multiplied as q8x16
+// (bit-identical to the kernel on the relaid bytes, plus the bias), for
+// prefill's rows as for decode's; CopyOut,
+// a gather and CopyInRaw each see GGUF's layout again, and a weight read
+// otherwise stays in it; Options.NoX16 keeps every weight as stored.
+func TestX16ThroughRun(t *testing.T) {
+	d := openTest(t, runtime.DeviceSpec{ID: "cpu:0", Threads: 2})
+	if !d.x16 {
+		t.Skipf("qgemm runs %v here: q8x16 is for AVX-512 VNNI (TestQgemmX16 covers its portable kernel)", qgemmISA())
+	}
+	rng := rand.New(rand.NewPCG(16, 3))
+	const n, k = 48, 256
+	newWeight := func(dev runtime.Device) (runtime.Buffer, []byte) {
+		w := randQuantWeights(rng, quant.Q8_0, n, k)
+		wb, err := dev.Alloc(runtime.Q8_0, n, k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := dev.(runtime.RawDevice).CopyInRaw(t.Context(), wb, 0, w); err != nil {
+			t.Fatal(err)
+		}
+		return wb, w
+	}
+	bias := randActs(rng, 1, n)
+	bb := upload(t, d, runtime.F32, bias, n)
+	// product runs y = x·Wᵀ + bias on dev for m rows and returns y and x.
+	product := func(dev runtime.Device, wb runtime.Buffer, m int) ([]float32, []float32) {
+		x := randActs(rng, m, k)
+		xb := upload(t, dev, runtime.F32, x, m, k)
+		defer dev.Free(xb)
+		bb := upload(t, dev, runtime.F32, bias, n)
+		defer dev.Free(bb)
+		yb, err := dev.Alloc(runtime.F32, m, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer dev.Free(yb)
+		g := &runtime.Graph{Ops: []runtime.Op{{Kind: runtime.OpMatMul, In: []string{"x", "w", "b"}, Out: "y", TransB: true}}}
+		if err := dev.Run(t.Context(), g, map[string]runtime.Buffer{"x": xb, "w": wb, "b": bb, "y": yb}); err != nil {
+			t.Fatal(err)
+		}
+		y := make([]float32, m*n)
+		if err := dev.CopyOut(t.Context(), y, yb); err != nil {
+			t.Fatal(err)
+		}
+		return y, x
+	}
+	// kernel is the product by qgemm on w as type q, plus the bias.
+	kernel := func(q quant.Type, w []byte, x []float32, m int) []float32 {
+		y := make([]float32, m*n)
+		if err := qgemm(q, w, n, k, x, m, y, n, isaAuto, d.threads); err != nil {
+			t.Fatal(err)
+		}
+		for i := range y {
+			y[i] += bias[i%n]
+		}
+		return y
+	}
+	isX16 := func(b runtime.Buffer) bool {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		return b.(*buffer).x16
+	}
+
+	wb, w := newWeight(d)
+	for _, m := range []int{1, 3, 16, 20} {
+		y, x := product(d, wb, m)
+		if !isX16(wb) {
+			t.Fatalf("m=%d: the weight was not relaid", m)
+		}
+		if !slices.Equal(y, kernel(q8x16, relaid(t, w, n, k), x, m)) {
+			t.Fatalf("m=%d: Run differs from the q8x16 kernel plus the bias", m)
+		}
+	}
+	// Prefill's rows take the same kernel (no dequantized slices).
+	d.qPrefillRows = 4
+	const m = 5
+	y, x := product(d, wb, m)
+	d.qPrefillRows = defaultQPrefillRows
+	if !slices.Equal(y, kernel(q8x16, relaid(t, w, n, k), x, m)) {
+		t.Fatal("prefill rows: Run differs from the q8x16 kernel plus the bias")
+	}
+	wf := make([]float32, n*k)
+	if err := quant.Dequantize(quant.Q8_0, w, wf); err != nil {
+		t.Fatal(err)
+	}
+	// CopyOut dequantizes GGUF's layout, and the weight stays in it.
+	got := make([]float32, n*k)
+	if err := d.CopyOut(t.Context(), got, wb); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(got, wf) {
+		t.Fatal("CopyOut of a relaid weight differs from its dequantized bytes")
+	}
+	if y, x := product(d, wb, 1); isX16(wb) || !slices.Equal(y, kernel(quant.Q8_0, w, x, 1)) {
+		t.Fatalf("after CopyOut: relaid %v, or the product differs from Q8_0's kernel", isX16(wb))
+	}
+
+	// A gather from a relaid table reads GGUF's rows.
+	wb2, w2 := newWeight(d)
+	product(d, wb2, 1)
+	if !isX16(wb2) {
+		t.Fatal("the second weight was not relaid")
+	}
+	idx, err := d.Alloc(runtime.I32, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.CopyInInt32(t.Context(), idx, []int32{17, 2}); err != nil {
+		t.Fatal(err)
+	}
+	ob, err := d.Alloc(runtime.F32, 2, k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := &runtime.Graph{Ops: []runtime.Op{{Kind: runtime.OpGather, In: []string{"w", "i"}, Out: "o"}}}
+	if err := d.Run(t.Context(), g, map[string]runtime.Buffer{"w": wb2, "i": idx, "o": ob}); err != nil {
+		t.Fatal(err)
+	}
+	rows := make([]float32, 2*k)
+	if err := d.CopyOut(t.Context(), rows, ob); err != nil {
+		t.Fatal(err)
+	}
+	wf2 := make([]float32, n*k)
+	if err := quant.Dequantize(quant.Q8_0, w2, wf2); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(rows, append(slices.Clone(wf2[17*k:18*k]), wf2[2*k:3*k]...)) {
+		t.Fatal("a gather from a relaid table differs from its dequantized rows")
+	}
+
+	// CopyInRaw over a relaid weight: later products use the new bytes.
+	wb3, _ := newWeight(d)
+	product(d, wb3, 1)
+	w3 := randQuantWeights(rng, quant.Q8_0, n, k)
+	if err := d.CopyInRaw(t.Context(), wb3, 0, w3[:len(w3)/2]); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.CopyInRaw(t.Context(), wb3, int64(len(w3)/2), w3[len(w3)/2:]); err != nil {
+		t.Fatal(err)
+	}
+	if y, x := product(d, wb3, 2); !slices.Equal(y, kernel(q8x16, relaid(t, w3, n, k), x, 2)) {
+		t.Fatal("after CopyInRaw: the product differs from the kernel on the new bytes")
+	}
+	for _, b := range []runtime.Buffer{wb, wb2, wb3, bb, idx, ob} {
+		d.Free(b)
+	}
+
+	// NoX16: the weight stays as stored.
+	dev, err := New(Options{NoX16: true}).Open(t.Context(), runtime.DeviceSpec{ID: "cpu:0", Threads: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dev.Close()
+	wb4, w4 := newWeight(dev)
+	y4, x4 := product(dev, wb4, 3)
+	if isX16(wb4) || !slices.Equal(y4, kernel(quant.Q8_0, w4, x4, 3)) {
+		t.Fatal("with NoX16: the weight was relaid, or the product differs from Q8_0's kernel")
 	}
 }

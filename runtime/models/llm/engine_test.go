@@ -339,10 +339,12 @@ var benchThreads = flag.Int("llm.threads", 0, "the benchmarks' device threads; 0
 
 var benchNoAMX = flag.Bool("llm.noamx", false, "the benchmarks' device keeps quantized products off the AMX tiles (onednn.Options.NoAMX)")
 
+var benchNoX16 = flag.Bool("llm.nox16", false, "the benchmarks' device keeps Q8_0 weights in GGUF's layout rather than relaid by 16 rows for the VNNI kernel (onednn.Options.NoX16)")
+
 var benchNoAMXInt8 = flag.Bool("llm.noamxint8", false, "the benchmarks' device keeps Q8_0's products of up to 16 rows on bf16 panels rather than AMX-INT8 (onednn.Options.NoAMXInt8)")
 
 func openBenchDevice(b *testing.B, dt runtime.DType) runtime.Device {
-	dev, err := onednn.New(onednn.Options{NoAMX: *benchNoAMX, NoAMXInt8: *benchNoAMXInt8}).Open(context.Background(), runtime.DeviceSpec{ID: "cpu:0", DType: dt, Threads: *benchThreads})
+	dev, err := onednn.New(onednn.Options{NoAMX: *benchNoAMX, NoAMXInt8: *benchNoAMXInt8, NoX16: *benchNoX16}).Open(context.Background(), runtime.DeviceSpec{ID: "cpu:0", DType: dt, Threads: *benchThreads})
 	if err != nil {
 		b.Skipf("oneDNN %s: %v", dt, err)
 	}
