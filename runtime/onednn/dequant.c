@@ -8,7 +8,6 @@
 #pragma GCC optimize("fp-contract=off")
 
 #include "dequant.h"
-#include "qgemm.h" // BD_Q8_0_X16
 
 #include <string.h>
 
@@ -268,26 +267,7 @@ static void dequant_isa(int isa, BD_DEQUANT_ARGS) {
     }
 }
 
-// Row r of a BD_Q8_0_X16 matrix (qgemm.h), blocks [b0, b0+nb), back into
-// Q8_0's layout at q.
-static void x16_row(const uint8_t *w, int64_t k, int64_t r, int64_t b0, int64_t nb, uint8_t *q) {
-    const uint8_t *tile = w + r / 16 * 16 * (k / 32 * 34);
-    const int j = (int)(r % 16);
-    for (int64_t b = 0; b < nb; b++, q += 34) {
-        const uint8_t *xb = tile + (b0 + b) * 544;
-        memcpy(q, xb + 2 * j, 2);
-        for (int e = 0; e < 32; e++) q[2 + e] = xb[32 + 64 * (e / 4) + 4 * j + e % 4] ^ 0x80;
-    }
-}
-
 int bd_dequant_rows(int type, const void *w, int64_t rows, int64_t k, void *out, int out_bf16, int nthreads) {
-    // BD_Q8_0_X16 is Q8_0 relaid by 16 rows: decoded as Q8_0 a chunk at a
-    // time, so its values are ggml's.
-    const int x16 = type == BD_Q8_0_X16;
-    if (x16) {
-        if (rows % 16) return BD_DEQUANT_LENGTH;
-        type = 8;
-    }
     const bd_block *b = NULL;
     for (size_t i = 0; i < sizeof blocks / sizeof blocks[0]; i++)
         if (blocks[i].type == type) b = &blocks[i];
@@ -305,25 +285,16 @@ int bd_dequant_rows(int type, const void *w, int64_t rows, int64_t k, void *out,
 #pragma omp parallel for num_threads(nthreads) schedule(static) if (rows * k >= (1 << 16))
     for (int64_t r = 0; r < rows; r++) {
         const uint8_t *src = (const uint8_t *)w + r * row_bytes;
-        uint8_t q8[8 * 34]; // a chunk of an x16 row in Q8_0's layout
-        if (!out_bf16 && !x16) {
+        if (!out_bf16) {
             dequant_isa(isa, type, src, (float *)out + r * k, k);
             continue;
         }
         float buf[256];
+        uint16_t *dst = (uint16_t *)out + r * k;
         for (int64_t c = 0; c < k; c += chunk) {
             const int64_t n = k - c < chunk ? k - c : chunk;
-            const uint8_t *cs = src + c / b->elems * b->bytes;
-            if (x16) {
-                x16_row(w, k, r, c / 32, n / 32, q8);
-                cs = q8;
-            }
-            if (!out_bf16) {
-                dequant_isa(isa, type, cs, (float *)out + r * k + c, n);
-                continue;
-            }
-            dequant_isa(isa, type, cs, buf, n);
-            bd_f32_to_bf16(buf, (uint16_t *)out + r * k + c, n);
+            dequant_isa(isa, type, src + c / b->elems * b->bytes, buf, n);
+            bd_f32_to_bf16(buf, dst + c, n);
         }
     }
     return BD_DEQUANT_OK;

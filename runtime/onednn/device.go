@@ -302,7 +302,7 @@ type buffer struct {
 	// gather table and, tied, the lm_head's weights). Guarded by dev.mu.
 	rowMajorOnly bool
 	// x16, when set, says the contents are Q8_0 weights relaid by 16 rows
-	// for the VNNI kernel (q8x16, qx16.go). Guarded by dev.mu.
+	// for the VNNI kernel (x16Type, qx16.go). Guarded by dev.mu.
 	x16 bool
 }
 

@@ -73,14 +73,21 @@ static inline __attribute__((always_inline)) void bd_prefetch(const uint8_t *p, 
 #define AK_BR(G) (256 * (int64_t)(G) + 32 + 256)
 // index in bs (int16) of row r's sum over the 16 elements g16*16…
 #define AK_BSI(g16, r) ((g16) / 2 * 16 + 2 * (r) + ((g16) & 1))
-// x16 (BD_Q8_0_X16's activations): int8 q[G][k] row by row | f32 d[G][nb]
-// | int32 c[G][nb], c = -128·Σq of the block (the weights' quants are
-// stored plus 128, so dpbusd's sum starts from c). The offsets of row r's
-// d and c.
+// x16 (BD_X16's activations): int8 q[G][k] row by row | f32 d[G][nb] |
+// int32 c[G][nb] = Σq of the block | f32 s[G][nb] = d*Σq. The offsets of
+// row r's d, c and s.
 #define X16_D(k, nb, r, G) ((G) * (k) + (r) * (nb) * 4)
 #define X16_C(k, nb, r, G) ((G) * (k) + ((G) + (r)) * (nb) * 4)
-// Bytes of one block of 16 weight rows in BD_Q8_0_X16.
-#define X16_BLOCK 544
+#define X16_S(k, nb, r, G) ((G) * (k) + (2 * (G) + (r)) * (nb) * 4)
+// A BD_X16 tile's block of ggml type t (2, 3, 6, 7, 8): its bytes, and the
+// offsets of the mins, the fifth bits' masks and the quants in it.
+#define X16_BLOCK(t) ((t) == 8 ? 544 : (t) == 2 ? 288 : (t) == 3 ? 320 : (t) == 6 ? 352 : 384)
+#define X16_MIN 32
+#define X16_QH(t) ((t) == 6 ? 32 : 64)
+#define X16_QS(t) ((t) == 8 || (t) == 2 ? 32 : (t) == 3 ? 64 : (t) == 6 ? 96 : 128)
+// The offset the quants carry as stored there (w = a*(v - off), or a*v + m
+// for Q4_1 and Q5_1): Q8_0's signed values XORed with 0x80 are q + 128.
+#define X16_OFF(t) ((t) == 8 ? 128 : (t) == 2 ? 8 : (t) == 6 ? 16 : 0)
 
 // The 6-bit scales and mins of a Q4_K/Q5_K block (ggml's get_scale_min_k4
 // for all eight at once): u holds the block's 12 scale bytes and becomes
@@ -96,7 +103,7 @@ static inline __attribute__((always_inline)) void bd_k4_scales(uint32_t u[4]) {
 // The weight types: ggml's number, elements and bytes per block, and the
 // activations' form: 0 the a32 layout, 1 the ak layout, 2 X itself (the
 // float types, whose weights are converted to f32 in registers), 3 the x16
-// layout (BD_Q8_0_X16).
+// layout (BD_X16 types).
 typedef struct {
     int type, elems, bytes, k;
 } bd_qtype;
@@ -112,7 +119,11 @@ static const bd_qtype qtypes[] = {
     {14, 256, 210, 1}, // Q6_K
     {1, 1, 2, 2},      // F16
     {30, 1, 2, 2},     // BF16
-    {BD_Q8_0_X16, 32, 34, 3},
+    {BD_X16(2), 32, 18, 3},
+    {BD_X16(3), 32, 20, 3},
+    {BD_X16(6), 32, 22, 3},
+    {BD_X16(7), 32, 24, 3},
+    {BD_X16(8), 32, 34, 3},
 };
 
 static const bd_qtype *qtype_of(int type) {
@@ -127,7 +138,7 @@ static int64_t group_bytes(const bd_qtype *t, int64_t k, int64_t G) {
     switch (t->k) {
     case 0: return A32_QBYTES(nb, G) + 2 * G * A32_NBP(nb) * 4;
     case 1: return nb * AK_BYTES(G);
-    case 3: return G * k + 2 * G * nb * 4;
+    case 3: return G * k + 3 * G * nb * 4;
     }
     return 0;
 }
@@ -312,35 +323,77 @@ static float dotf_base(int type, const uint8_t *w, int64_t k, const float *x) {
 // R rows into a group of the x16 layout with G rows.
 static void quant_x16_base(const float *x, int64_t k, int64_t nb, int R, int64_t G, uint8_t *xg) {
     for (int r = 0; r < R; r++) {
-        float *dd = (float *)(xg + X16_D(k, nb, r, G));
+        float *dd = (float *)(xg + X16_D(k, nb, r, G)), *ss = (float *)(xg + X16_S(k, nb, r, G));
         int32_t *cc = (int32_t *)(xg + X16_C(k, nb, r, G));
         for (int64_t b = 0; b < nb; b++) {
             int8_t *q = (int8_t *)(xg + r * k + 32 * b);
             dd[b] = quant_block_base(x + r * k + 32 * b, 32, q);
             int32_t sum = 0;
             for (int i = 0; i < 32; i++) sum += q[i];
-            cc[b] = -128 * sum;
+            cc[b] = sum;
+            ss[b] = dd[b] * (float)sum;
         }
     }
 }
 
-// R rows of the group at xg against one tile of 16 BD_Q8_0_X16 rows into
-// out[r*16 + j].
-static void x16_base(const uint8_t *w, int64_t nb, const uint8_t *xg, int64_t G, int R, float *out) {
+// Row j's block at xb of a BD_X16(t) tile, back into ggml's layout at rb
+// (t's bytes); x16_put is the reverse (the tile's fifth-bit masks must
+// start zeroed: it ORs row j's bits into them).
+static void x16_get(int t, const uint8_t *xb, int j, uint8_t *rb) {
+    memcpy(rb, xb + 2 * j, 2);
+    if (t == 8) {
+        for (int e = 0; e < 32; e++) rb[2 + e] = xb[32 + 64 * (e / 4) + 4 * j + e % 4] ^ 0x80;
+        return;
+    }
+    uint8_t *q = rb + 2;
+    if (t == 3 || t == 7) memcpy(q, xb + X16_MIN + 2 * j, 2), q += 2;
+    if (t == 6 || t == 7) {
+        uint32_t qh = 0;
+        for (int e = 0; e < 32; e++) qh |= (uint32_t)(xb[X16_QH(t) + 8 * (e / 4) + j / 2] >> (4 * (j & 1) + e % 4) & 1) << e;
+        memcpy(q, &qh, 4), q += 4; // little-endian, as ggml's qh
+    }
+    for (int l = 0; l < 16; l++) q[l] = xb[X16_QS(t) + 64 * (l / 4) + 4 * j + l % 4];
+}
+
+static void x16_put(int t, uint8_t *xb, int j, const uint8_t *rb) {
+    memcpy(xb + 2 * j, rb, 2);
+    if (t == 8) {
+        for (int e = 0; e < 32; e++) xb[32 + 64 * (e / 4) + 4 * j + e % 4] = rb[2 + e] ^ 0x80;
+        return;
+    }
+    const uint8_t *q = rb + 2;
+    if (t == 3 || t == 7) memcpy(xb + X16_MIN + 2 * j, q, 2), q += 2;
+    if (t == 6 || t == 7) {
+        const uint32_t qh = le32(q);
+        for (int e = 0; e < 32; e++)
+            xb[X16_QH(t) + 8 * (e / 4) + j / 2] |= (uint8_t)((qh >> e & 1) << (4 * (j & 1) + e % 4));
+        q += 4;
+    }
+    for (int l = 0; l < 16; l++) xb[X16_QS(t) + 64 * (l / 4) + 4 * j + l % 4] = q[l];
+}
+
+// R rows of the group at xg against one tile of 16 BD_X16(t) rows into
+// out[r*16 + j]: each row's block back in ggml's layout, then dot32_base's
+// sums.
+static void x16_base(int t, const uint8_t *w, int64_t nb, const uint8_t *xg, int64_t G, int R, float *out) {
     const int64_t k = 32 * nb;
     for (int r = 0; r < R; r++) {
         const int8_t *q = (const int8_t *)(xg + r * k);
-        const float *dx = (const float *)(xg + X16_D(k, nb, r, G));
-        const int32_t *cx = (const int32_t *)(xg + X16_C(k, nb, r, G));
+        const float *dx = (const float *)(xg + X16_D(k, nb, r, G)), *sx = (const float *)(xg + X16_S(k, nb, r, G));
         for (int j = 0; j < 16; j++) {
-            float acc = 0.0f;
+            float acc = 0.0f, off = 0.0f;
             for (int64_t b = 0; b < nb; b++) {
-                const uint8_t *wb = w + b * X16_BLOCK;
-                int32_t s = cx[b];
-                for (int e = 0; e < 32; e++) s += (int32_t)wb[32 + 64 * (e / 4) + 4 * j + e % 4] * q[32 * b + e];
-                acc += h2f(wb + 2 * j) * dx[b] * (float)s;
+                uint8_t rb[34];
+                int16_t v[32];
+                float a, o;
+                x16_get(t, w + b * X16_BLOCK(t), j, rb);
+                decode32_base(t, rb, v, &a, &o);
+                int32_t s = 0;
+                for (int e = 0; e < 32; e++) s += v[e] * q[32 * b + e];
+                acc += a * dx[b] * (float)s;
+                off += o * sx[b];
             }
-            out[r * 16 + j] = acc;
+            out[r * 16 + j] = acc + off;
         }
     }
 }
@@ -441,9 +494,9 @@ int64_t bd_qgemm_work_bytes(int wtype, int64_t k, int64_t m) {
 // every group of X's rows passes over it.
 #define BD_QGEMM_TILE_BYTES (512 << 10)
 
-// One task of BD_Q8_0_X16: rows [n0,n1) (multiples of 16) of W against
+// One task of BD_X16(wt): rows [n0,n1) (multiples of 16) of W against
 // groups [g0,g1) of X, as qgemm_task.
-static void x16_task(int isa, const uint8_t *w, int64_t rowb, int64_t nb, const uint8_t *xq, int64_t gb,
+static void x16_task(int wt, int isa, const uint8_t *w, int64_t rowb, int64_t nb, const uint8_t *xq, int64_t gb,
         int64_t G, int64_t m, int64_t n0, int64_t n1, int64_t g0, int64_t g1, float *y, int64_t ldy,
         const float *bias) {
     int64_t tile = BD_QGEMM_TILE_BYTES / (16 * rowb);
@@ -456,11 +509,11 @@ static void x16_task(int isa, const uint8_t *w, int64_t rowb, int64_t nb, const 
             const uint8_t *xg = xq + g * gb;
             float *yg = y + g * G * ldy;
             for (int64_t tt = t0; tt < t1; tt++) {
-                const uint8_t *wt = w + tt * 16 * rowb;
+                const uint8_t *wp = w + tt * 16 * rowb;
                 if (isa == BD_ISA_AVX512)
-                    rows_x16_vnni(wt, nb, xg, G, R, out);
+                    rows_x16_vnni(wt, wp, nb, xg, G, R, out);
                 else
-                    x16_base(wt, nb, xg, G, R, out);
+                    x16_base(wt, wp, nb, xg, G, R, out);
                 for (int r = 0; r < R; r++)
                     for (int j = 0; j < 16; j++)
                         yg[r * ldy + 16 * tt + j] = out[r * 16 + j] + (bias ? bias[16 * tt + j] : 0.0f);
@@ -474,7 +527,7 @@ static void qgemm_task(const bd_qtype *t, int isa, bd_rowsfn rows, const uint8_t
         int64_t rowb, int64_t nb, const uint8_t *xq, int64_t gb, int64_t G, int64_t m,
         int64_t n0, int64_t n1, int64_t g0, int64_t g1, float *y, int64_t ldy, const float *bias) {
     if (t->k == 3) {
-        x16_task(isa, w, rowb, nb, xq, gb, G, m, n0, n1, g0, g1, y, ldy, bias);
+        x16_task(t->type - BD_X16(0), isa, w, rowb, nb, xq, gb, G, m, n0, n1, g0, g1, y, ldy, bias);
         return;
     }
     int64_t tile = BD_QGEMM_TILE_BYTES / rowb;
@@ -612,10 +665,11 @@ int bd_qgemm_multi(int wtype, const bd_qgemm_part *parts, int count, int64_t k, 
     return BD_QGEMM_OK;
 }
 
-int bd_q8x16_relayout(void *w, int64_t n, int64_t k, int to_x16, int nthreads) {
+int bd_x16_relayout(int t, void *w, int64_t n, int64_t k, int to_x16, int nthreads) {
+    if (t != 2 && t != 3 && t != 6 && t != 7 && t != 8) return BD_QGEMM_UNSUPPORTED;
     if (n <= 0 || k <= 0 || n % 16 || k % 32 || n > BD_QGEMM_MAX || k > BD_QGEMM_MAX || nthreads < 1)
         return BD_QGEMM_SIZE;
-    const int64_t nb = k / 32, rowb = nb * 34;
+    const int64_t nb = k / 32, bytes = qtype_of(t)->bytes, rowb = nb * bytes;
     if (rowb > BD_QGEMM_MAX / n) return BD_QGEMM_SIZE;
     const int64_t tb = 16 * rowb, tiles = n / 16;
     int failed = 0;
@@ -632,16 +686,13 @@ int bd_q8x16_relayout(void *w, int64_t n, int64_t k, int to_x16, int nthreads) {
             for (int64_t tt = 0; tt < tiles; tt++) {
                 uint8_t *p = (uint8_t *)w + tt * tb;
                 memcpy(tmp, p, (size_t)tb);
+                if (to_x16) memset(p, 0, (size_t)tb); // x16_put ORs the fifth bits in
                 for (int64_t b = 0; b < nb; b++)
                     for (int j = 0; j < 16; j++) {
-                        uint8_t *xb = (to_x16 ? p : tmp) + b * X16_BLOCK, *rb = (to_x16 ? tmp : p) + j * rowb + b * 34;
-                        if (to_x16) {
-                            memcpy(xb + 2 * j, rb, 2);
-                            for (int e = 0; e < 32; e++) xb[32 + 64 * (e / 4) + 4 * j + e % 4] = rb[2 + e] ^ 0x80;
-                        } else {
-                            memcpy(rb, xb + 2 * j, 2);
-                            for (int e = 0; e < 32; e++) rb[2 + e] = xb[32 + 64 * (e / 4) + 4 * j + e % 4] ^ 0x80;
-                        }
+                        if (to_x16)
+                            x16_put(t, p + b * 16 * bytes, j, tmp + j * rowb + b * bytes);
+                        else
+                            x16_get(t, tmp + b * 16 * bytes, j, p + j * rowb + b * bytes);
                     }
             }
         }

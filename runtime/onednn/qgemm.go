@@ -114,28 +114,33 @@ func qgemmParts(t quant.Type, parts []qpart, k int64, x unsafe.Pointer, m int64,
 	}
 }
 
-// q8x16 is BD_Q8_0_X16 as qgemm's and bd_dequant_rows's weight type: Q8_0
-// relaid in place by 16 rows for the AVX-512 VNNI kernel (qgemm.h). Not a
-// GGUF type: only this package's buffers hold it, and only while
-// buffer.x16 says so.
-const q8x16 = quant.Type(C.BD_Q8_0_X16)
+// x16Type is BD_X16(t) as qgemm's weight type: ggml type t (Q4_0, Q4_1,
+// Q5_0, Q5_1, Q8_0) relaid in place by 16 rows for the AVX-512 VNNI
+// kernel (qgemm.h). Not a GGUF type: only this package's buffers hold it,
+// and only while buffer.x16 says so.
+func x16Type(t quant.Type) quant.Type { return t + quant.Type(C.BD_X16_BASE) }
 
-// q8x16Relayout is bd_q8x16_relayout: n rows of k Q8_0 weights at w into
-// q8x16's layout (toX16) or back, in place.
-func q8x16Relayout(w unsafe.Pointer, n, k int64, toX16 bool, threads int) error {
+// x16Types are the types x16Type relays.
+var x16Types = []quant.Type{quant.Q4_0, quant.Q4_1, quant.Q5_0, quant.Q5_1, quant.Q8_0}
+
+// x16Relayout is bd_x16_relayout: n rows of k weights of type t at w into
+// x16Type(t)'s layout (toX16) or back, in place.
+func x16Relayout(t quant.Type, w unsafe.Pointer, n, k int64, toX16 bool, threads int) error {
 	to := C.int(0)
 	if toX16 {
 		to = 1
 	}
-	switch rc := C.bd_q8x16_relayout(w, C.int64_t(n), C.int64_t(k), to, C.int(threads)); rc {
+	switch rc := C.bd_x16_relayout(C.int(t), w, C.int64_t(n), C.int64_t(k), to, C.int(threads)); rc {
 	case C.BD_QGEMM_OK:
 		return nil
+	case C.BD_QGEMM_UNSUPPORTED:
+		return fmt.Errorf("onednn: relayout by 16 rows: %w: %v", quant.ErrUnsupported, t)
 	case C.BD_QGEMM_SIZE:
-		return fmt.Errorf("%w: %d rows of %d as Q8_0 by 16 rows", errQgemmSize, n, k)
+		return fmt.Errorf("%w: %d rows of %d as %v by 16 rows", errQgemmSize, n, k, t)
 	case C.BD_QGEMM_NOMEM:
-		return errors.New("onednn: Q8_0 relayout: out of memory for a tile's copy")
+		return errors.New("onednn: relayout by 16 rows: out of memory for a tile's copy")
 	default:
-		return fmt.Errorf("onednn: Q8_0 relayout: status %d", int(rc))
+		return fmt.Errorf("onednn: relayout by 16 rows: status %d", int(rc))
 	}
 }
 

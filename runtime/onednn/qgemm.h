@@ -88,25 +88,32 @@ int bd_qgemm_multi(int wtype, const bd_qgemm_part *parts, int count, int64_t k, 
 // bd_qgemm would refuse those sizes.
 int64_t bd_qgemm_work_bytes(int wtype, int64_t k, int64_t m);
 
-// BD_Q8_0_X16 is Q8_0 weights relaid for the VNNI kernel (not a ggml
-// type): per tile of 16 rows, per block, the 16 rows' f16 scales (32 bytes)
-// then their quants as 8 vectors of 64 bytes, vector c holding each row's
-// elements 4c..4c+3 in turn, XORed with 0x80 (unsigned, for dpbusd). The
-// same 34 bytes a block as Q8_0, so bd_q8x16_relayout rewrites a matrix
-// in place. One dpbusd then adds four of a block's products for 16 outputs
+// BD_X16(t) is ggml type t (Q4_0 2, Q4_1 3, Q5_0 6, Q5_1 7, Q8_0 8) relaid
+// by 16 rows for the VNNI kernel (not a ggml type). Per tile of 16 rows,
+// per block: the 16 rows' f16 scales (32 bytes), for Q4_1 and Q5_1 their
+// f16 mins (32), for Q5_0 and Q5_1 their fifth bits as 8 masks of 64 bits
+// (mask c bit 4j+i: row j's element 4c+i), then the quants as 8 vectors of
+// 64 bytes, vector c holding each row's elements 4c..4c+3 in turn: Q8_0's
+// bytes XORed with 0x80 (unsigned, for dpbusd); the 4-bit types' as 4
+// vectors whose low nibbles are vectors 0-3 and high nibbles 4-7 (byte
+// 4j+i of vector L is row j's qs[4L+i], as ggml stores it). The same bytes
+// a block as the ggml type, so bd_x16_relayout rewrites a matrix in
+// place. One dpbusd then adds four of a block's products for 16 outputs
 // with no sums across lanes, where the row layout takes a dpbusd, a
 // conversion and an FMA per 64 products of one output. bd_qgemm takes it
-// as wtype with n_out a multiple of 16; its products are Q8_0's with the
-// block's integers summed whole before the f32 steps (as the portable
-// variant sums them).
-#define BD_Q8_0_X16 1008
+// as wtype with n_out a multiple of 16; its products are the ggml type's
+// with the block's integers summed whole before the f32 steps (as the
+// portable variant sums them).
+#define BD_X16_BASE 1000
+#define BD_X16(t) (BD_X16_BASE + (t))
 
-// bd_q8x16_relayout rewrites n rows of k Q8_0 weights at w between ggml's
-// layout and BD_Q8_0_X16's (to_x16 nonzero: into it), in place, with
-// nthreads threads. n must be a multiple of 16 and k of 32 (BD_QGEMM_SIZE
-// otherwise); BD_QGEMM_NOMEM if its per-thread tile copy cannot be had,
-// with w unchanged.
-int bd_q8x16_relayout(void *w, int64_t n, int64_t k, int to_x16, int nthreads);
+// bd_x16_relayout rewrites n rows of k weights of ggml type t (one of
+// BD_X16's) at w between ggml's layout and BD_X16(t)'s (to_x16 nonzero:
+// into it), in place, with nthreads threads. n must be a multiple of 16
+// and k of 32 (BD_QGEMM_SIZE otherwise; BD_QGEMM_UNSUPPORTED for another
+// type); BD_QGEMM_NOMEM if its per-thread tile copy cannot be had, with w
+// unchanged.
+int bd_x16_relayout(int t, void *w, int64_t n, int64_t k, int to_x16, int nthreads);
 
 // bd_qgemm_isa is the variant BD_ISA_AUTO runs on this CPU: BD_ISA_AVX512
 // needs AVX512-VNNI besides F/BW/VL/DQ (a Skylake-SP without it runs AVX2).

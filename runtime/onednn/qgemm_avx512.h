@@ -313,27 +313,46 @@ ZI void kz_bf16(const uint8_t *w, int64_t k, const uint8_t *xg, int64_t G, const
     kz_fx(w, k, xg, G, R, out, 1);
 }
 
-// BD_Q8_0_X16: R rows against a tile of 16 weight rows, out[r*16 + j].
-// Per block the tile's 8 vectors are loaded once; a row's block is then 8
-// dpbusd of the 16 rows' (quants + 128) against 4 of its int8 at a time
-// (broadcast), starting from c = -128·Σq, so each lane ends with one
-// output's whole integer sum: one conversion and one FMA a block and row.
-ZI void kz_x16(const uint8_t *w, int64_t nb, const uint8_t *xg, int64_t G, const int R, float *out) {
-    const int64_t k = 32 * nb;
-    const float *dx = (const float *)(xg + X16_D(k, nb, 0, G));
+// BD_X16(T): R rows against a tile of 16 weight rows, out[r*16 + j]. Per
+// block the tile's 8 quant vectors are loaded (and for the 4-bit types
+// split into nibbles, the fifth bits added as 16s) once; a row's block is
+// then 8 dpbusd of the 16 rows' unsigned quants against 4 of its int8 at a
+// time (broadcast), starting from -off·Σq, so each lane ends with one
+// output's whole integer sum: one conversion and one FMA a block and row
+// (and one more FMA for Q4_1's and Q5_1's mins against d·Σq).
+ZI void kz_x16(const uint8_t *w, int64_t nb, const uint8_t *xg, int64_t G, const int R, float *out, const int T) {
+    const int64_t k = 32 * nb, bb = X16_BLOCK(T);
+    const int off = X16_OFF(T), mins = T == 3 || T == 7;
+    const float *dx = (const float *)(xg + X16_D(k, nb, 0, G)), *sx = (const float *)(xg + X16_S(k, nb, 0, G));
     const int32_t *cx = (const int32_t *)(xg + X16_C(k, nb, 0, G));
+    const __m512i m4 = _mm512_set1_epi8(0x0f), h16 = _mm512_set1_epi8(0x10);
     __m512 acc[16];
     for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *wb = w + b * X16_BLOCK;
-        bd_prefetch(wb + BD_PREFETCH, X16_BLOCK);
+        const uint8_t *wb = w + b * bb;
+        bd_prefetch(wb + BD_PREFETCH, bb);
         const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)wb));
+        const __m512 mw = mins ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wb + X16_MIN))) : dw;
         __m512i wv[8];
-        for (int c = 0; c < 8; c++) wv[c] = _mm512_loadu_si512((const void *)(wb + 32 + 64 * c));
+        if (T == 8) {
+            for (int c = 0; c < 8; c++) wv[c] = _mm512_loadu_si512((const void *)(wb + 32 + 64 * c));
+        } else {
+            for (int l = 0; l < 4; l++) {
+                const __m512i v = _mm512_loadu_si512((const void *)(wb + X16_QS(T) + 64 * l));
+                wv[l] = _mm512_and_si512(v, m4);
+                wv[l + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+            }
+            if (T == 6 || T == 7)
+                for (int c = 0; c < 8; c++) {
+                    uint64_t hm;
+                    memcpy(&hm, wb + X16_QH(T) + 8 * c, 8);
+                    wv[c] = _mm512_mask_add_epi8(wv[c], (__mmask64)hm, wv[c], h16);
+                }
+        }
         _Pragma("GCC unroll 16") for (int r = 0; r < R; r++) {
             const uint8_t *xr = xg + r * k + 32 * b;
             // Two chains when few rows give the core little else to overlap.
-            __m512i s = _mm512_set1_epi32(cx[r * nb + b]), s2 = _mm512_setzero_si512();
+            __m512i s = _mm512_set1_epi32(-off * cx[r * nb + b]), s2 = _mm512_setzero_si512();
             _Pragma("GCC unroll 8") for (int c = 0; c < 8; c++) {
                 const __m512i xv = _mm512_set1_epi32((int32_t)le32(xr + 4 * c));
                 if (R <= 2 && (c & 1))
@@ -343,17 +362,48 @@ ZI void kz_x16(const uint8_t *w, int64_t nb, const uint8_t *xg, int64_t G, const
             }
             if (R <= 2) s = _mm512_add_epi32(s, s2);
             acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw, _mm512_set1_ps(dx[r * nb + b])), acc[r]);
+            if (mins) acc[r] = _mm512_fmadd_ps(mw, _mm512_set1_ps(sx[r * nb + b]), acc[r]);
         }
     }
     for (int r = 0; r < R; r++) _mm512_store_ps(out + 16 * r, acc[r]);
 }
 
-static void rows_x16_vnni(const uint8_t *w, int64_t nb, const uint8_t *xg, int64_t G, int R, float *out) {
-    switch (R) {
-#define Z_X16(n) case n: kz_x16(w, nb, xg, G, n, out); break;
-    Z_X16(1) Z_X16(2) Z_X16(3) Z_X16(4) Z_X16(5) Z_X16(6) Z_X16(7) Z_X16(8)
-    Z_X16(9) Z_X16(10) Z_X16(11) Z_X16(12) Z_X16(13) Z_X16(14) Z_X16(15) Z_X16(16)
-#undef Z_X16
+#define Z_X16T(T)                                                                          \
+    static void rows_x16_##T(const uint8_t *w, int64_t nb, const uint8_t *xg, int64_t G, int R, float *out) { \
+        switch (R) {                                                                       \
+        case 1: kz_x16(w, nb, xg, G, 1, out, T); break;                                    \
+        case 2: kz_x16(w, nb, xg, G, 2, out, T); break;                                    \
+        case 3: kz_x16(w, nb, xg, G, 3, out, T); break;                                    \
+        case 4: kz_x16(w, nb, xg, G, 4, out, T); break;                                    \
+        case 5: kz_x16(w, nb, xg, G, 5, out, T); break;                                    \
+        case 6: kz_x16(w, nb, xg, G, 6, out, T); break;                                    \
+        case 7: kz_x16(w, nb, xg, G, 7, out, T); break;                                    \
+        case 8: kz_x16(w, nb, xg, G, 8, out, T); break;                                    \
+        case 9: kz_x16(w, nb, xg, G, 9, out, T); break;                                    \
+        case 10: kz_x16(w, nb, xg, G, 10, out, T); break;                                  \
+        case 11: kz_x16(w, nb, xg, G, 11, out, T); break;                                  \
+        case 12: kz_x16(w, nb, xg, G, 12, out, T); break;                                  \
+        case 13: kz_x16(w, nb, xg, G, 13, out, T); break;                                  \
+        case 14: kz_x16(w, nb, xg, G, 14, out, T); break;                                  \
+        case 15: kz_x16(w, nb, xg, G, 15, out, T); break;                                  \
+        case 16: kz_x16(w, nb, xg, G, 16, out, T); break;                                  \
+        }                                                                                  \
+    }
+Z_X16T(2)
+Z_X16T(3)
+Z_X16T(6)
+Z_X16T(7)
+Z_X16T(8)
+#undef Z_X16T
+
+// BD_X16(t)'s tile function.
+static void rows_x16_vnni(int t, const uint8_t *w, int64_t nb, const uint8_t *xg, int64_t G, int R, float *out) {
+    switch (t) {
+    case 2: rows_x16_2(w, nb, xg, G, R, out); break;
+    case 3: rows_x16_3(w, nb, xg, G, R, out); break;
+    case 6: rows_x16_6(w, nb, xg, G, R, out); break;
+    case 7: rows_x16_7(w, nb, xg, G, R, out); break;
+    default: rows_x16_8(w, nb, xg, G, R, out); break;
     }
 }
 

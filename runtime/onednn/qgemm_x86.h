@@ -121,15 +121,16 @@ static void QV(quant_a32)(const float *x, int64_t k, int64_t nb, int R, int64_t 
     }
 }
 
-// The same into the x16 layout (BD_Q8_0_X16's activations).
+// The same into the x16 layout (BD_X16's activations).
 static void QV(quant_x16)(const float *x, int64_t k, int64_t nb, int R, int64_t G, uint8_t *xg) {
     for (int r = 0; r < R; r++) {
-        float *dd = (float *)(xg + X16_D(k, nb, r, G));
+        float *dd = (float *)(xg + X16_D(k, nb, r, G)), *ss = (float *)(xg + X16_S(k, nb, r, G));
         int32_t *cc = (int32_t *)(xg + X16_C(k, nb, r, G));
         for (int64_t b = 0; b < nb; b++) {
             int32_t sum;
             dd[b] = QV(quant32)(x + r * k + 32 * b, (int8_t *)(xg + r * k + 32 * b), &sum);
-            cc[b] = -128 * sum;
+            cc[b] = sum;
+            ss[b] = dd[b] * (float)sum;
         }
     }
 }

@@ -93,7 +93,7 @@ func (d *Device) qmatmulInto(s *runtime.Step, q quant.Type, x, w, bias, y unsafe
 		}
 		d.addBias(y, bias, m, n)
 		return nil
-	case m >= d.qPrefillRows && d.qPrefillRows > 0 && q != q8x16: // q8x16: its kernel at every row count (qx16.go)
+	case m >= d.qPrefillRows && d.qPrefillRows > 0 && !isX16(q): // relaid weights: their kernel at every row count (qx16.go)
 		return d.qmatmulDequant(s, q, x, w, bias, y)
 	}
 	work, err := d.qgemmScratch(q, int64(k), int64(m))
@@ -123,7 +123,7 @@ func (d *Device) qmatmulGroup(steps []*runtime.Step, x unsafe.Pointer, ws []unsa
 	if !ok || d.useAMX(q, m) {
 		return false, nil
 	}
-	// One layout for all: weights that take q8x16 alone run so in a group
+	// One layout for all: weights that take x16Type alone run so in a group
 	// of such; a mix runs one by one, each in its own layout.
 	x16 := 0
 	for i, st := range steps {
@@ -132,7 +132,8 @@ func (d *Device) qmatmulGroup(steps []*runtime.Step, x unsafe.Pointer, ws []unsa
 		}
 	}
 	if x16 != 0 && x16 != len(steps) || x16 == 0 && m >= d.qPrefillRows && d.qPrefillRows > 0 {
-		// (q8x16 runs its kernel for prefill rows too, so those still group)
+		// (relaid weights run their kernel for prefill rows too, so those
+		// still group)
 		return false, nil
 	}
 	lq := q
@@ -176,8 +177,8 @@ func (d *Device) addBias(y, bias unsafe.Pointer, m, n int) {
 // at a time into scratch (bf16 where the CPU has it, else f32) and
 // multiplied there; the scratch is bounded, never a dequantized model.
 // BenchmarkQmatmulPaths put the crossing at 16-32 rows for Q8_0 and 64-128
-// for Q4_K on an AMX Xeon (2 cores, shared): 64 sits between. Q8_0
-// relaid by 16 rows is the exception: its kernel outruns the slices
+// for Q4_K on an AMX Xeon (2 cores, shared): 64 sits between. Weights
+// relaid by 16 rows are the exception: their kernel outruns the slices
 // (qx16.go).
 const (
 	defaultQPrefillRows = 64

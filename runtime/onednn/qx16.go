@@ -2,17 +2,19 @@ package onednn
 
 import (
 	"fmt"
+	"slices"
 
 	"github.com/brokerd/brokerd/runtime"
 	"github.com/brokerd/brokerd/runtime/quant"
 )
 
-// Q8_0 weights relaid by 16 rows (q8x16, qgemm.h's BD_Q8_0_X16). In GGUF's
-// layout qgemm's VNNI kernel spends a dpbusd, a conversion and an FMA on
-// every 64 products of one output, and a few shuffles more for the
-// scales; relaid, one dpbusd adds four products to each of 16 outputs, and
-// a block's conversion and FMA are shared by its 32: Qwen2.5-0.5B's
-// 4864x896 product ran 3.6-5x faster on one thread at 1 to 16 rows
+// Weights of the 32-element block types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0)
+// relaid by 16 rows (x16Type, qgemm.h's BD_X16). In GGUF's layout qgemm's
+// VNNI kernel spends a dpbusd, a conversion and an FMA on every 64
+// products of one output, and a few shuffles more for the scales;
+// relaid, one dpbusd adds four products to each of 16 outputs, and a
+// block's conversion and FMA are shared by its 32: Qwen2.5-0.5B's
+// 4864x896 Q8_0 product ran 3.6-5x faster on one thread at 1 to 16 rows
 // (bench/RESULTS.md). At 16 rows a thread's products run at about 290
 // GFLOP/s, more than oneDNN's bf16 on dequantized slices, so relaid
 // weights take this kernel for prefill's rows too: a 512-token llama1024
@@ -23,10 +25,11 @@ import (
 // CopyOut) goes back to GGUF's layout first and stays there.
 
 // x16Eligible says whether s's weights wb (nil: not a weight only
-// matmuls read) take q8x16 on this device: Q8_0, rows by 16, and no AMX
-// path that would read them in GGUF's layout on other steps.
+// matmuls read) take x16Type on this device: a type it relays, rows by
+// 16, and no AMX path that would read them in GGUF's layout on other
+// steps.
 func (d *Device) x16Eligible(s *runtime.Step, q quant.Type, wb *buffer) bool {
-	if wb == nil || !d.x16 || d.qAMXRows != 0 || q != quant.Q8_0 {
+	if wb == nil || !d.x16 || d.qAMXRows != 0 || !slices.Contains(x16Types, q) {
 		return false
 	}
 	wt := s.In[1]
@@ -34,7 +37,7 @@ func (d *Device) x16Eligible(s *runtime.Step, q quant.Type, wb *buffer) bool {
 }
 
 // layoutFor puts wb in the layout s's product reads and returns the weight
-// type to multiply it as: q8x16 for an eligible Q8_0 weight, else q with
+// type to multiply it as: x16Type(q) for an eligible weight, else q with
 // wb in GGUF's layout. Runs on the worker thread.
 func (d *Device) layoutFor(s *runtime.Step, q quant.Type, wb *buffer) (quant.Type, error) {
 	want := d.x16Eligible(s, q, wb)
@@ -50,18 +53,19 @@ func (d *Device) layoutFor(s *runtime.Step, q quant.Type, wb *buffer) (quant.Typ
 		}
 	}
 	if want {
-		return q8x16, nil
+		return x16Type(q), nil
 	}
 	return q, nil
 }
 
-// relayoutX16 rewrites w's Q8_0 contents into q8x16's layout (toX16) or
+// relayoutX16 rewrites w's contents into x16Type's layout (toX16) or
 // back. Runs on the worker thread.
 func (d *Device) relayoutX16(w *buffer, toX16 bool) error {
-	if len(w.shape) != 2 {
-		return fmt.Errorf("onednn: Q8_0 relayout of a %s buffer", shapeString(w.shape))
+	q, ok := w.dt.GGML()
+	if !ok || len(w.shape) != 2 {
+		return fmt.Errorf("onednn: relayout by 16 rows of a %s %s buffer", shapeString(w.shape), w.dt)
 	}
-	if err := q8x16Relayout(w.ptr, int64(w.shape[0]), int64(w.shape[1]), toX16, d.threads); err != nil {
+	if err := x16Relayout(q, w.ptr, int64(w.shape[0]), int64(w.shape[1]), toX16, d.threads); err != nil {
 		return err
 	}
 	d.mu.Lock()
@@ -69,3 +73,6 @@ func (d *Device) relayoutX16(w *buffer, toX16 bool) error {
 	d.mu.Unlock()
 	return nil
 }
+
+// isX16 says whether weight type t is one of x16Type's.
+func isX16(t quant.Type) bool { return t > x16Type(0) && t <= x16Type(quant.Q8_0) }

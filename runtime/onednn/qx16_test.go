@@ -13,81 +13,90 @@ import (
 	"github.com/brokerd/brokerd/runtime/quant"
 )
 
-// relaid is a copy of Q8_0 weights (n rows of k) in q8x16's layout.
-func relaid(t *testing.T, w []byte, n, k int) []byte {
+// relaid is a copy of weights of type q (n rows of k) in x16Type's layout.
+func relaid(t *testing.T, q quant.Type, w []byte, n, k int) []byte {
 	t.Helper()
 	p := bytes.Clone(w)
-	if err := q8x16Relayout(unsafe.Pointer(&p[0]), int64(n), int64(k), true, 3); err != nil {
+	if err := x16Relayout(q, unsafe.Pointer(&p[0]), int64(n), int64(k), true, 3); err != nil {
 		t.Fatal(err)
 	}
 	return p
 }
 
-// TestQ8x16Relayout: the relayout moves every byte (a changed layout), back
+// TestX16Relayout: for each type, the relayout moves the bytes (a changed layout), back
 // gives the weights bit for bit, and sizes that are not whole tiles or
 // blocks are refused with the weights untouched.
-func TestQ8x16Relayout(t *testing.T) {
+func TestX16Relayout(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 16))
-	for _, c := range []struct{ n, k int }{{16, 32}, {48, 96}, {32, 1024}} {
-		w := randQuantWeights(rng, quant.Q8_0, c.n, c.k)
-		p := relaid(t, w, c.n, c.k)
-		if bytes.Equal(p, w) {
-			t.Fatalf("%dx%d: the relayout changed nothing", c.n, c.k)
+	for _, q := range x16Types {
+		in, _ := q.Info()
+		for _, c := range []struct{ n, k int }{{16, 32}, {48, 96}, {32, 1024}} {
+			w := randQuantWeights(rng, q, c.n, c.k)
+			p := relaid(t, q, w, c.n, c.k)
+			if bytes.Equal(p, w) {
+				t.Fatalf("%v %dx%d: the relayout changed nothing", q, c.n, c.k)
+			}
+			// Block 0 of row 1: its scale after row 0's.
+			if p[2] != w[c.k/32*in.BlockBytes] {
+				t.Fatalf("%v %dx%d: row 1's first scale is not where the layout puts it", q, c.n, c.k)
+			}
+			back := bytes.Clone(p)
+			if err := x16Relayout(q, unsafe.Pointer(&back[0]), int64(c.n), int64(c.k), false, 2); err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(back, w) {
+				t.Fatalf("%v %dx%d: relaid and back differs from the weights", q, c.n, c.k)
+			}
 		}
-		// Block 0 of row 1: its scale after row 0's, its first four quants
-		// (XOR 0x80) after row 0's four.
-		if p[2] != w[c.k/32*34] || p[32+4] != w[c.k/32*34+2]^0x80 {
-			t.Fatalf("%dx%d: row 1's first block is not where the layout puts it", c.n, c.k)
+		w := randQuantWeights(rng, q, 24, 64)
+		orig := bytes.Clone(w)
+		for _, c := range []struct{ n, k int }{{24, 64}, {16, 48}, {0, 64}, {16, 0}, {-16, 64}} {
+			if err := x16Relayout(q, unsafe.Pointer(&w[0]), int64(c.n), int64(c.k), true, 2); !errors.Is(err, errQgemmSize) {
+				t.Errorf("%v %d rows of %d: %v, want a size error", q, c.n, c.k, err)
+			}
 		}
-		back := bytes.Clone(p)
-		if err := q8x16Relayout(unsafe.Pointer(&back[0]), int64(c.n), int64(c.k), false, 2); err != nil {
-			t.Fatal(err)
-		}
-		if !bytes.Equal(back, w) {
-			t.Fatalf("%dx%d: relaid and back differs from the weights", c.n, c.k)
+		if !bytes.Equal(w, orig) {
+			t.Errorf("%v: a refused relayout changed the weights", q)
 		}
 	}
-	w := randQuantWeights(rng, quant.Q8_0, 24, 64)
-	orig := bytes.Clone(w)
-	for _, c := range []struct{ n, k int }{{24, 64}, {16, 48}, {0, 64}, {16, 0}, {-16, 64}} {
-		if err := q8x16Relayout(unsafe.Pointer(&w[0]), int64(c.n), int64(c.k), true, 2); !errors.Is(err, errQgemmSize) {
-			t.Errorf("%d rows of %d: %v, want a size error", c.n, c.k, err)
-		}
-	}
-	if !bytes.Equal(w, orig) {
-		t.Error("a refused relayout changed the weights")
+	w := randQuantWeights(rng, quant.Q4_K, 16, 256)
+	if err := x16Relayout(quant.Q4_K, unsafe.Pointer(&w[0]), 16, 256, true, 1); !errors.Is(err, quant.ErrUnsupported) {
+		t.Errorf("Q4_K: %v, want unsupported", err)
 	}
 }
 
-// TestQgemmX16: products by relaid Q8_0 weights, every variant this CPU
-// has, 1 to 33 rows (every row count of the VNNI kernel's tile, and
+// TestQgemmX16: products by relaid weights of each type, every variant
+// this CPU has, 1 to 33 rows (every row count of the VNNI kernel's tile, and
 // several groups), 1 to 8 threads, within TestQgemmMatchesFloat64's bounds
 // of the float64 products by the original weights; one call's parts as
-// the single calls bit for bit, with biases and strides; rows that are not
+// the single calls bit for bit, with biases and strides (Q5_1: fifth bits
+// and mins); rows that are not
 // whole tiles refused.
 func TestQgemmX16(t *testing.T) {
-	for _, k := range []int{32, 288, 1024} {
-		rng := rand.New(rand.NewPCG(16, uint64(k)))
-		const n = 48
-		w := randQuantWeights(rng, quant.Q8_0, n, k)
-		p := relaid(t, w, n, k)
-		for _, m := range []int{1, 2, 3, 5, 8, 15, 16, 17, 33} {
-			x := randActs(rng, m, k)
-			ref := newQgemmRef(t, quant.Q8_0, w, n, k, x, m)
-			for _, v := range append(qgemmISAsHere(), isaAuto) {
-				for _, threads := range []int{1, 2, 3, 8} {
-					y := make([]float32, m*n)
-					if err := qgemm(q8x16, p, n, k, x, m, y, n, v, threads); err != nil {
-						t.Fatalf("k=%d m=%d %v: %v", k, m, v, err)
-					}
-					for i, got := range y {
-						g := float64(got)
-						tolE := qgemmGamma(quant.Q8_0, k) * ref.mag[i]
-						tolF := tolE + ref.qerr[i]
-						de, df := math.Abs(g-ref.exact[i]), math.Abs(g-ref.float[i])
-						if !(de <= tolE) || !(df <= tolF) {
-							t.Fatalf("k=%d m=%d %v threads=%d: y[%d][%d] = %g; Σw·xhat = %g (off %g, bound %g), Σw·x = %g (off %g, bound %g)",
-								k, m, v, threads, i/n, i%n, g, ref.exact[i], de, tolE, ref.float[i], df, tolF)
+	for _, q := range x16Types {
+		for _, k := range []int{32, 288, 1024} {
+			rng := rand.New(rand.NewPCG(16, uint64(k)+uint64(q)<<16))
+			const n = 48
+			w := randQuantWeights(rng, q, n, k)
+			p := relaid(t, q, w, n, k)
+			for _, m := range []int{1, 2, 3, 5, 8, 15, 16, 17, 33} {
+				x := randActs(rng, m, k)
+				ref := newQgemmRef(t, q, w, n, k, x, m)
+				for _, v := range append(qgemmISAsHere(), isaAuto) {
+					for _, threads := range []int{1, 3, 8} {
+						y := make([]float32, m*n)
+						if err := qgemm(x16Type(q), p, n, k, x, m, y, n, v, threads); err != nil {
+							t.Fatalf("%v k=%d m=%d %v: %v", q, k, m, v, err)
+						}
+						for i, got := range y {
+							g := float64(got)
+							tolE := qgemmGamma(q, k) * ref.mag[i]
+							tolF := tolE + ref.qerr[i]
+							de, df := math.Abs(g-ref.exact[i]), math.Abs(g-ref.float[i])
+							if !(de <= tolE) || !(df <= tolF) {
+								t.Fatalf("%v k=%d m=%d %v threads=%d: y[%d][%d] = %g; Σw·xhat = %g (off %g, bound %g), Σw·x = %g (off %g, bound %g)",
+									q, k, m, v, threads, i/n, i%n, g, ref.exact[i], de, tolE, ref.float[i], df, tolF)
+							}
 						}
 					}
 				}
@@ -101,7 +110,7 @@ func TestQgemmX16(t *testing.T) {
 	ws := make([][]byte, len(ns))
 	biases := make([][]float32, len(ns))
 	for i, n := range ns {
-		ws[i] = relaid(t, randQuantWeights(rng, quant.Q8_0, n, k), n, k)
+		ws[i] = relaid(t, quant.Q5_1, randQuantWeights(rng, quant.Q5_1, n, k), n, k)
 		if i != 1 {
 			biases[i] = randActs(rng, 1, n)
 		}
@@ -121,12 +130,12 @@ func TestQgemmX16(t *testing.T) {
 					}
 					parts = append(parts, pt)
 				}
-				if err := qgemmParts(q8x16, parts, k, unsafe.Pointer(&x[0]), int64(m), v, threads, nil, 0); err != nil {
+				if err := qgemmParts(x16Type(quant.Q5_1), parts, k, unsafe.Pointer(&x[0]), int64(m), v, threads, nil, 0); err != nil {
 					t.Fatalf("m=%d %v threads=%d: %v", m, v, threads, err)
 				}
 				for i, n := range ns {
 					want := make([]float32, m*n)
-					if err := qgemm(q8x16, ws[i], n, k, x, m, want, n, v, 1); err != nil {
+					if err := qgemm(x16Type(quant.Q5_1), ws[i], n, k, x, m, want, n, v, 1); err != nil {
 						t.Fatal(err)
 					}
 					ldy := n + 3
@@ -150,7 +159,7 @@ func TestQgemmX16(t *testing.T) {
 	}
 	w := randQuantWeights(rng, quant.Q8_0, 24, k)
 	y := slices.Repeat([]float32{42}, 24)
-	if err := qgemm(q8x16, w, 24, k, make([]float32, k), 1, y, 24, isaAuto, 1); !errors.Is(err, errQgemmSize) {
+	if err := qgemm(x16Type(quant.Q8_0), w, 24, k, make([]float32, k), 1, y, 24, isaAuto, 1); !errors.Is(err, errQgemmSize) {
 		t.Errorf("24 relaid rows: %v, want a size error", err)
 	}
 	if slices.ContainsFunc(y, func(v float32) bool { return v != 42 }) {
@@ -159,7 +168,7 @@ func TestQgemmX16(t *testing.T) {
 }
 
 // TestX16ThroughRun: on a CPU with AVX-512 VNNI, a Q8_0 matmul weight of
-// whole tiles is relaid on its first product and multiplied as q8x16
+// whole tiles is relaid on its first product and multiplied as x16Type's
 // (bit-identical to the kernel on the relaid bytes, plus the bias), for
 // prefill's rows as for decode's; CopyOut,
 // a gather and CopyInRaw each see GGUF's layout again, and a weight read
@@ -167,7 +176,7 @@ func TestQgemmX16(t *testing.T) {
 func TestX16ThroughRun(t *testing.T) {
 	d := openTest(t, runtime.DeviceSpec{ID: "cpu:0", Threads: 2})
 	if !d.x16 {
-		t.Skipf("qgemm runs %v here: q8x16 is for AVX-512 VNNI (TestQgemmX16 covers its portable kernel)", qgemmISA())
+		t.Skipf("qgemm runs %v here: the relayout is for AVX-512 VNNI (TestQgemmX16 covers its portable kernel)", qgemmISA())
 	}
 	rng := rand.New(rand.NewPCG(16, 3))
 	const n, k = 48, 256
@@ -229,8 +238,8 @@ func TestX16ThroughRun(t *testing.T) {
 		if !isX16(wb) {
 			t.Fatalf("m=%d: the weight was not relaid", m)
 		}
-		if !slices.Equal(y, kernel(q8x16, relaid(t, w, n, k), x, m)) {
-			t.Fatalf("m=%d: Run differs from the q8x16 kernel plus the bias", m)
+		if !slices.Equal(y, kernel(x16Type(quant.Q8_0), relaid(t, quant.Q8_0, w, n, k), x, m)) {
+			t.Fatalf("m=%d: Run differs from the relaid kernel plus the bias", m)
 		}
 	}
 	// Prefill's rows take the same kernel (no dequantized slices).
@@ -238,8 +247,8 @@ func TestX16ThroughRun(t *testing.T) {
 	const m = 5
 	y, x := product(d, wb, m)
 	d.qPrefillRows = defaultQPrefillRows
-	if !slices.Equal(y, kernel(q8x16, relaid(t, w, n, k), x, m)) {
-		t.Fatal("prefill rows: Run differs from the q8x16 kernel plus the bias")
+	if !slices.Equal(y, kernel(x16Type(quant.Q8_0), relaid(t, quant.Q8_0, w, n, k), x, m)) {
+		t.Fatal("prefill rows: Run differs from the relaid kernel plus the bias")
 	}
 	wf := make([]float32, n*k)
 	if err := quant.Dequantize(quant.Q8_0, w, wf); err != nil {
@@ -300,7 +309,7 @@ func TestX16ThroughRun(t *testing.T) {
 	if err := d.CopyInRaw(t.Context(), wb3, int64(len(w3)/2), w3[len(w3)/2:]); err != nil {
 		t.Fatal(err)
 	}
-	if y, x := product(d, wb3, 2); !slices.Equal(y, kernel(q8x16, relaid(t, w3, n, k), x, 2)) {
+	if y, x := product(d, wb3, 2); !slices.Equal(y, kernel(x16Type(quant.Q8_0), relaid(t, quant.Q8_0, w3, n, k), x, 2)) {
 		t.Fatal("after CopyInRaw: the product differs from the kernel on the new bytes")
 	}
 	for _, b := range []runtime.Buffer{wb, wb2, wb3, bb, idx, ob} {
