@@ -79,9 +79,21 @@ static inline __attribute__((always_inline)) void bd_prefetch(const uint8_t *p, 
 #define X16_D(k, nb, r, G) ((G) * (k) + (r) * (nb) * 4)
 #define X16_C(k, nb, r, G) ((G) * (k) + ((G) + (r)) * (nb) * 4)
 #define X16_S(k, nb, r, G) ((G) * (k) + (2 * (G) + (r)) * (nb) * 4)
-// A BD_X16 tile's block of ggml type t (2, 3, 6, 7, 8): its bytes, and the
-// offsets of the mins, the fifth bits' masks and the quants in it.
-#define X16_BLOCK(t) ((t) == 8 ? 544 : (t) == 2 ? 288 : (t) == 3 ? 320 : (t) == 6 ? 352 : 384)
+// k16 (BD_X16(12)'s activations, blocks of 256 as the ak layout): int8
+// q[G][k] row by row | f32 d[G][nb] | int32 s[G][nb][4], s[p] = the sums of
+// q over the block's elements 64p..64p+31 and 64p+32..64p+63 as two int16
+// (low, high): sub-blocks 2p and 2p+1, against a pair of Q4_K's mins.
+#define K16_D(k, nb, r, G) ((G) * (k) + (r) * (nb) * 4)
+#define K16_S(k, nb, r, G) ((G) * (k) + (G) * (nb) * 4 + (r) * (nb) * 16)
+// A BD_X16 tile's block of ggml type t (2, 3, 6, 7, 8, 12): its bytes, and
+// the offsets of the mins, the fifth bits' masks and the quants in it.
+// Q4_K's: d[16] | dmin[16] (f16) | its 12 scale bytes as three planes of
+// 16 dwords (K16_SC) | quants (K16_QS): per pair p of sub-blocks, 8
+// vectors whose byte 4j+i is row j's qs[32p+4c+i] (sub-block 2p's element
+// 4c+i in the low nibble, 2p+1's in the high).
+#define X16_BLOCK(t) ((t) == 8 ? 544 : (t) == 2 ? 288 : (t) == 3 ? 320 : (t) == 6 ? 352 : (t) == 12 ? 2304 : 384)
+#define K16_SC 64
+#define K16_QS 256
 #define X16_MIN 32
 #define X16_QH(t) ((t) == 6 ? 32 : 64)
 #define X16_QS(t) ((t) == 8 || (t) == 2 ? 32 : (t) == 3 ? 64 : (t) == 6 ? 96 : 128)
@@ -124,6 +136,7 @@ static const bd_qtype qtypes[] = {
     {BD_X16(6), 32, 22, 3},
     {BD_X16(7), 32, 24, 3},
     {BD_X16(8), 32, 34, 3},
+    {BD_X16(12), 256, 144, 4},
 };
 
 static const bd_qtype *qtype_of(int type) {
@@ -139,6 +152,7 @@ static int64_t group_bytes(const bd_qtype *t, int64_t k, int64_t G) {
     case 0: return A32_QBYTES(nb, G) + 2 * G * A32_NBP(nb) * 4;
     case 1: return nb * AK_BYTES(G);
     case 3: return G * k + 3 * G * nb * 4;
+    case 4: return G * k + G * nb * 4 + G * nb * 16;
     }
     return 0;
 }
@@ -341,6 +355,12 @@ static void quant_x16_base(const float *x, int64_t k, int64_t nb, int R, int64_t
 // start zeroed: it ORs row j's bits into them).
 static void x16_get(int t, const uint8_t *xb, int j, uint8_t *rb) {
     memcpy(rb, xb + 2 * j, 2);
+    if (t == 12) {
+        memcpy(rb + 2, xb + X16_MIN + 2 * j, 2);
+        for (int p = 0; p < 3; p++) memcpy(rb + 4 + 4 * p, xb + K16_SC + 64 * p + 4 * j, 4);
+        for (int l = 0; l < 128; l++) rb[16 + l] = xb[K16_QS + 512 * (l / 32) + 64 * (l % 32 / 4) + 4 * j + l % 4];
+        return;
+    }
     if (t == 8) {
         for (int e = 0; e < 32; e++) rb[2 + e] = xb[32 + 64 * (e / 4) + 4 * j + e % 4] ^ 0x80;
         return;
@@ -357,6 +377,12 @@ static void x16_get(int t, const uint8_t *xb, int j, uint8_t *rb) {
 
 static void x16_put(int t, uint8_t *xb, int j, const uint8_t *rb) {
     memcpy(xb + 2 * j, rb, 2);
+    if (t == 12) {
+        memcpy(xb + X16_MIN + 2 * j, rb + 2, 2);
+        for (int p = 0; p < 3; p++) memcpy(xb + K16_SC + 64 * p + 4 * j, rb + 4 + 4 * p, 4);
+        for (int l = 0; l < 128; l++) xb[K16_QS + 512 * (l / 32) + 64 * (l % 32 / 4) + 4 * j + l % 4] = rb[16 + l];
+        return;
+    }
     if (t == 8) {
         for (int e = 0; e < 32; e++) xb[32 + 64 * (e / 4) + 4 * j + e % 4] = rb[2 + e] ^ 0x80;
         return;
@@ -392,6 +418,65 @@ static void x16_base(int t, const uint8_t *w, int64_t nb, const uint8_t *xg, int
                 for (int e = 0; e < 32; e++) s += v[e] * q[32 * b + e];
                 acc += a * dx[b] * (float)s;
                 off += o * sx[b];
+            }
+            out[r * 16 + j] = acc + off;
+        }
+    }
+}
+
+// Fills row r's block b of a k16 group from the ak layout of that block
+// alone (G = 1, at a).
+static void k16_from_ak(const uint8_t *a, int64_t k, int64_t nb, int r, int64_t b, int64_t G, uint8_t *xg) {
+    memcpy(xg + r * k + 256 * b, a, 256);
+    ((float *)(xg + K16_D(k, nb, r, G)))[b] = ((const float *)(a + AK_D(1)))[0];
+    const int16_t *br = (const int16_t *)(a + AK_BR(1));
+    int32_t *s = (int32_t *)(xg + K16_S(k, nb, r, G)) + 4 * b;
+    for (int p = 0; p < 4; p++)
+        s[p] = (int32_t)((uint32_t)(uint16_t)(br[4 * p] + br[4 * p + 1]) |
+                (uint32_t)(uint16_t)(br[4 * p + 2] + br[4 * p + 3]) << 16);
+}
+
+// R rows into a group of the k16 layout with G rows: each block quantized
+// as the ak layout quantizes it (so every variant gets the same int8).
+static void quant_k16_base(const float *x, int64_t k, int64_t nb, int R, int64_t G, uint8_t *xg) {
+    uint8_t a[AK_BYTES(1)] __attribute__((aligned(64)));
+    for (int r = 0; r < R; r++)
+        for (int64_t b = 0; b < nb; b++) {
+            quant_ak_base(x + r * k + 256 * b, 256, 1, 1, 1, a);
+            k16_from_ak(a, k, nb, r, b, G, xg);
+        }
+}
+
+// R rows of the group at xg against one tile of 16 BD_X16(12) rows into
+// out[r*16 + j]: each row's block back in Q4_K's layout, then dotk_base's
+// sums.
+static void k16_base(const uint8_t *w, int64_t nb, const uint8_t *xg, int64_t G, int R, float *out) {
+    const int64_t k = 256 * nb;
+    for (int r = 0; r < R; r++) {
+        const int8_t *q = (const int8_t *)(xg + r * k);
+        const float *dx = (const float *)(xg + K16_D(k, nb, r, G));
+        const int32_t *sx = (const int32_t *)(xg + K16_S(k, nb, r, G));
+        for (int j = 0; j < 16; j++) {
+            float acc = 0.0f, off = 0.0f;
+            for (int64_t b = 0; b < nb; b++) {
+                uint8_t rb[144];
+                x16_get(12, w + b * 2304, j, rb);
+                uint32_t u[4];
+                memcpy(u, rb + 4, 12);
+                bd_k4_scales(u);
+                const uint8_t *sc = (const uint8_t *)u, *mn = sc + 8;
+                int32_t isum = 0, ms = 0;
+                for (int e = 0; e < 256; e++) {
+                    const int jj = e / 32, l = e % 32;
+                    const int v = jj & 1 ? rb[16 + 32 * (jj / 2) + l] >> 4 : rb[16 + 32 * (jj / 2) + l] & 0x0f;
+                    isum += sc[jj] * v * q[256 * b + e];
+                }
+                for (int p = 0; p < 4; p++) {
+                    const uint32_t sp = (uint32_t)sx[4 * b + p];
+                    ms += mn[2 * p] * (int16_t)(sp & 0xffff) + mn[2 * p + 1] * (int16_t)(sp >> 16);
+                }
+                acc += h2f(rb) * dx[b] * (float)isum;
+                off -= h2f(rb + 2) * dx[b] * (float)ms;
             }
             out[r * 16 + j] = acc + off;
         }
@@ -461,7 +546,7 @@ int bd_qgemm_isa(void) {
 
 // The most rows of X one pass over a weight row carries (a tile of 16
 // rows, for x16: its accumulators are one vector a row).
-static int64_t rmax_of(const bd_qtype *t, int isa) { return t->k == 3 ? 16 : isa == BD_ISA_AVX2 ? 4 : 8; }
+static int64_t rmax_of(const bd_qtype *t, int isa) { return t->k == 3 ? 16 : t->k == 4 || isa != BD_ISA_AVX2 ? 8 : 4; }
 
 // The group size for m rows: the variant's rmax, or m when smaller.
 static int64_t group_of(const bd_qtype *t, int isa, int64_t m) {
@@ -481,7 +566,7 @@ int64_t bd_qgemm_work_bytes(int wtype, int64_t k, int64_t m) {
     // The most any variant takes: groups of min(m, 4) or min(m, 8) (x16:
     // min(m, 16)).
     int64_t most = 0;
-    for (int64_t r = t->k == 3 ? 16 : 4; r <= (t->k == 3 ? 16 : 8); r += 4) {
+    for (int64_t r = t->k == 3 ? 16 : t->k == 4 ? 8 : 4; r <= (t->k == 3 ? 16 : 8); r += 4) {
         const int64_t G = m < r ? m : r, gb = group_bytes(t, k, G); // gb < 2.2·k·8
         if (gb > BD_QGEMM_MAX / ((m + G - 1) / G)) return BD_QGEMM_SIZE;
         const int64_t w = (m + G - 1) / G * gb;
@@ -510,7 +595,9 @@ static void x16_task(int wt, int isa, const uint8_t *w, int64_t rowb, int64_t nb
             float *yg = y + g * G * ldy;
             for (int64_t tt = t0; tt < t1; tt++) {
                 const uint8_t *wp = w + tt * 16 * rowb;
-                if (isa == BD_ISA_AVX512)
+                if (wt == 12)
+                    (isa == BD_ISA_AVX512 ? rows_k16_vnni : k16_base)(wp, nb, xg, G, R, out);
+                else if (isa == BD_ISA_AVX512)
                     rows_x16_vnni(wt, wp, nb, xg, G, R, out);
                 else
                     x16_base(wt, wp, nb, xg, G, R, out);
@@ -526,7 +613,7 @@ static void x16_task(int wt, int isa, const uint8_t *w, int64_t rowb, int64_t nb
 static void qgemm_task(const bd_qtype *t, int isa, bd_rowsfn rows, const uint8_t *w,
         int64_t rowb, int64_t nb, const uint8_t *xq, int64_t gb, int64_t G, int64_t m,
         int64_t n0, int64_t n1, int64_t g0, int64_t g1, float *y, int64_t ldy, const float *bias) {
-    if (t->k == 3) {
+    if (t->k >= 3) {
         x16_task(t->type - BD_X16(0), isa, w, rowb, nb, xq, gb, G, m, n0, n1, g0, g1, y, ldy, bias);
         return;
     }
@@ -580,7 +667,7 @@ int bd_qgemm_multi(int wtype, const bd_qgemm_part *parts, int count, int64_t k, 
     const int64_t most = bd_qgemm_work_bytes(wtype, k, m);
     if (most < 0) return (int)most;
     if (count < 1 || count > BD_QGEMM_PARTS || nthreads < 1) return BD_QGEMM_SIZE;
-    const int64_t unit = t->k == 3 ? 16 : 1; // rows a task's bounds are multiples of
+    const int64_t unit = t->k >= 3 ? 16 : 1; // rows a task's bounds are multiples of
     const int64_t nb = k / t->elems, rowb = nb * t->bytes;
     int64_t n_all = 0; // the parts' rows together
     for (int p = 0; p < count; p++) {
@@ -612,6 +699,7 @@ int bd_qgemm_multi(int wtype, const bd_qgemm_part *parts, int count, int64_t k, 
     default: quant = t->k ? quant_ak_base : quant_a32_base; break;
     }
     if (t->k == 3) quant = isa == BD_ISA_BASE ? quant_x16_base : isa == BD_ISA_AVX2 ? quant_x16_avx2 : quant_x16_vnni;
+    if (t->k == 4) quant = isa == BD_ISA_BASE ? quant_k16_base : isa == BD_ISA_AVX2 ? quant_k16_avx2 : quant_k16_vnni;
     if (t->k == 2) quant = NULL;
     const bd_rowsfn rows = isa == BD_ISA_BASE ? NULL : rows_for(wtype, isa);
 
@@ -666,10 +754,10 @@ int bd_qgemm_multi(int wtype, const bd_qgemm_part *parts, int count, int64_t k, 
 }
 
 int bd_x16_relayout(int t, void *w, int64_t n, int64_t k, int to_x16, int nthreads) {
-    if (t != 2 && t != 3 && t != 6 && t != 7 && t != 8) return BD_QGEMM_UNSUPPORTED;
-    if (n <= 0 || k <= 0 || n % 16 || k % 32 || n > BD_QGEMM_MAX || k > BD_QGEMM_MAX || nthreads < 1)
+    if (t != 2 && t != 3 && t != 6 && t != 7 && t != 8 && t != 12) return BD_QGEMM_UNSUPPORTED;
+    if (n <= 0 || k <= 0 || n % 16 || k % (t == 12 ? 256 : 32) || n > BD_QGEMM_MAX || k > BD_QGEMM_MAX || nthreads < 1)
         return BD_QGEMM_SIZE;
-    const int64_t nb = k / 32, bytes = qtype_of(t)->bytes, rowb = nb * bytes;
+    const int64_t nb = k / qtype_of(t)->elems, bytes = qtype_of(t)->bytes, rowb = nb * bytes;
     if (rowb > BD_QGEMM_MAX / n) return BD_QGEMM_SIZE;
     const int64_t tb = 16 * rowb, tiles = n / 16;
     int failed = 0;

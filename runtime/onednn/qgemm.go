@@ -115,13 +115,13 @@ func qgemmParts(t quant.Type, parts []qpart, k int64, x unsafe.Pointer, m int64,
 }
 
 // x16Type is BD_X16(t) as qgemm's weight type: ggml type t (Q4_0, Q4_1,
-// Q5_0, Q5_1, Q8_0) relaid in place by 16 rows for the AVX-512 VNNI
+// Q5_0, Q5_1, Q8_0, Q4_K) relaid in place by 16 rows for the AVX-512 VNNI
 // kernel (qgemm.h). Not a GGUF type: only this package's buffers hold it,
 // and only while buffer.x16 says so.
 func x16Type(t quant.Type) quant.Type { return t + quant.Type(C.BD_X16_BASE) }
 
 // x16Types are the types x16Type relays.
-var x16Types = []quant.Type{quant.Q4_0, quant.Q4_1, quant.Q5_0, quant.Q5_1, quant.Q8_0}
+var x16Types = []quant.Type{quant.Q4_0, quant.Q4_1, quant.Q5_0, quant.Q5_1, quant.Q8_0, quant.Q4_K}
 
 // x16Relayout is bd_x16_relayout: n rows of k weights of type t at w into
 // x16Type(t)'s layout (toX16) or back, in place.

@@ -407,6 +407,97 @@ static void rows_x16_vnni(int t, const uint8_t *w, int64_t nb, const uint8_t *xg
     }
 }
 
+// BD_X16(12) (Q4_K): R rows (up to 8) against a tile of 16 weight rows,
+// out[r*16 + j]. Per block the 16 rows' scales and mins are unpacked
+// into lanes once; per sub-block its 8 quant vectors (one nibble of a
+// pair's) are split once, and a row's sub-block is 8 dpbusd against 4 of
+// its int8 at a time, times the lanes' scale (vpmulld) into an int32 sum
+// for the block; the mins meet the rows' sums per sub-block in 4 dpwssd.
+// Then two conversions and two FMAs a block and row, where the row layout
+// pays one of each per 64 products.
+ZI void kz_k16(const uint8_t *w, int64_t nb, const uint8_t *xg, int64_t G, const int R, float *out) {
+    const int64_t k = 256 * nb;
+    const float *dx = (const float *)(xg + K16_D(k, nb, 0, G));
+    const int32_t *sx = (const int32_t *)(xg + K16_S(k, nb, 0, G));
+    const __m512i m4 = _mm512_set1_epi8(0x0f), m6 = _mm512_set1_epi32(0x3f3f3f3f), m0f = _mm512_set1_epi32(0x0f0f0f0f),
+                  m03 = _mm512_set1_epi32(0x03030303), mff = _mm512_set1_epi32(0xff),
+                  lohalf = _mm512_set1_epi32(0x000000ff), hibyte = _mm512_set1_epi32(0x00ff0000);
+    __m512 acc[8];
+    for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *wb = w + b * 2304;
+        bd_prefetch(wb + BD_PREFETCH, 2304);
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)wb));
+        const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wb + X16_MIN)));
+        const __m512i u0 = _mm512_loadu_si512((const void *)(wb + K16_SC)),
+                      u1 = _mm512_loadu_si512((const void *)(wb + K16_SC + 64)),
+                      u2 = _mm512_loadu_si512((const void *)(wb + K16_SC + 128));
+        // bd_k4_scales lane by lane: scales 0-3, 4-7 and mins 0-3, 4-7 as bytes.
+        const __m512i sc03 = _mm512_and_si512(u0, m6);
+        const __m512i sc47 = _mm512_or_si512(_mm512_and_si512(u2, m0f),
+                _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(u0, 6), m03), 4));
+        const __m512i mn03 = _mm512_and_si512(u1, m6);
+        const __m512i mn47 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(u2, 4), m0f),
+                _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(u1, 6), m03), 4));
+        // Mins in int16 pairs: pair p is sub-blocks 2p (low) and 2p+1 (high).
+        __m512i mp[4];
+        for (int h = 0; h < 2; h++) {
+            const __m512i mn = h ? mn47 : mn03;
+            mp[2 * h] = _mm512_or_si512(_mm512_and_si512(mn, lohalf), _mm512_and_si512(_mm512_slli_epi32(mn, 8), hibyte));
+            mp[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(mn, 16), lohalf),
+                    _mm512_and_si512(_mm512_srli_epi32(mn, 8), hibyte));
+        }
+        __m512i tot[8];
+        for (int r = 0; r < R; r++) tot[r] = _mm512_setzero_si512();
+        for (int sb = 0; sb < 8; sb++) {
+            const __m512i scs = _mm512_and_si512(_mm512_srli_epi32(sb < 4 ? sc03 : sc47, 8 * (sb & 3)), mff);
+            const uint8_t *qp = wb + K16_QS + 512 * (sb / 2);
+            __m512i wv[8];
+            for (int c = 0; c < 8; c++) {
+                const __m512i v = _mm512_loadu_si512((const void *)(qp + 64 * c));
+                wv[c] = _mm512_and_si512((sb & 1) ? _mm512_srli_epi16(v, 4) : v, m4);
+            }
+            _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) {
+                const uint8_t *xr = xg + r * k + 256 * b + 32 * sb;
+                __m512i s = _mm512_setzero_si512(), s2 = _mm512_setzero_si512();
+                _Pragma("GCC unroll 8") for (int c = 0; c < 8; c++) {
+                    const __m512i xv = _mm512_set1_epi32((int32_t)le32(xr + 4 * c));
+                    if (R <= 2 && (c & 1))
+                        s2 = _mm512_dpbusd_epi32(s2, wv[c], xv);
+                    else
+                        s = _mm512_dpbusd_epi32(s, wv[c], xv);
+                }
+                if (R <= 2) s = _mm512_add_epi32(s, s2);
+                tot[r] = _mm512_add_epi32(tot[r], _mm512_mullo_epi32(s, scs));
+            }
+        }
+        _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) {
+            const int32_t *sp = sx + (r * nb + b) * 4;
+            __m512i mins = _mm512_dpwssd_epi32(_mm512_setzero_si512(), mp[0], _mm512_set1_epi32(sp[0]));
+            mins = _mm512_dpwssd_epi32(mins, mp[1], _mm512_set1_epi32(sp[1]));
+            mins = _mm512_dpwssd_epi32(mins, mp[2], _mm512_set1_epi32(sp[2]));
+            mins = _mm512_dpwssd_epi32(mins, mp[3], _mm512_set1_epi32(sp[3]));
+            const __m512 dxr = _mm512_set1_ps(dx[r * nb + b]);
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(tot[r]), _mm512_mul_ps(d, dxr), acc[r]);
+            acc[r] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(mins), _mm512_mul_ps(dmin, dxr), acc[r]);
+        }
+    }
+    for (int r = 0; r < R; r++) _mm512_store_ps(out + 16 * r, acc[r]);
+}
+
+static void rows_k16_vnni(const uint8_t *w, int64_t nb, const uint8_t *xg, int64_t G, int R, float *out) {
+    switch (R) {
+    case 1: kz_k16(w, nb, xg, G, 1, out); break;
+    case 2: kz_k16(w, nb, xg, G, 2, out); break;
+    case 3: kz_k16(w, nb, xg, G, 3, out); break;
+    case 4: kz_k16(w, nb, xg, G, 4, out); break;
+    case 5: kz_k16(w, nb, xg, G, 5, out); break;
+    case 6: kz_k16(w, nb, xg, G, 6, out); break;
+    case 7: kz_k16(w, nb, xg, G, 7, out); break;
+    case 8: kz_k16(w, nb, xg, G, 8, out); break;
+    }
+}
+
 // The row functions qgemm.c calls for the AVX-512 variant.
 #define Z_ROWFN(n)                                                                         \
     static void rows_##n##_vnni(const uint8_t *w, int64_t nb, const uint8_t *xg, int64_t G, \

@@ -33,7 +33,8 @@ func (d *Device) x16Eligible(s *runtime.Step, q quant.Type, wb *buffer) bool {
 		return false
 	}
 	wt := s.In[1]
-	return len(wt.Shape) == 2 && wt.Shape[0]%16 == 0 && wt.Shape[1]%32 == 0
+	in, _ := q.Info()
+	return len(wt.Shape) == 2 && wt.Shape[0]%16 == 0 && wt.Shape[1]%in.BlockElems == 0
 }
 
 // layoutFor puts wb in the layout s's product reads and returns the weight
@@ -75,4 +76,4 @@ func (d *Device) relayoutX16(w *buffer, toX16 bool) error {
 }
 
 // isX16 says whether weight type t is one of x16Type's.
-func isX16(t quant.Type) bool { return t > x16Type(0) && t <= x16Type(quant.Q8_0) }
+func isX16(t quant.Type) bool { return slices.Contains(x16Types, t-x16Type(0)) }

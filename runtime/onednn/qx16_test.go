@@ -30,14 +30,15 @@ func TestX16Relayout(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 16))
 	for _, q := range x16Types {
 		in, _ := q.Info()
-		for _, c := range []struct{ n, k int }{{16, 32}, {48, 96}, {32, 1024}} {
+		bk := in.BlockElems
+		for _, c := range []struct{ n, k int }{{16, bk}, {48, 3 * bk}, {32, 1024}} {
 			w := randQuantWeights(rng, q, c.n, c.k)
 			p := relaid(t, q, w, c.n, c.k)
 			if bytes.Equal(p, w) {
 				t.Fatalf("%v %dx%d: the relayout changed nothing", q, c.n, c.k)
 			}
 			// Block 0 of row 1: its scale after row 0's.
-			if p[2] != w[c.k/32*in.BlockBytes] {
+			if p[2] != w[c.k/bk*in.BlockBytes] {
 				t.Fatalf("%v %dx%d: row 1's first scale is not where the layout puts it", q, c.n, c.k)
 			}
 			back := bytes.Clone(p)
@@ -48,9 +49,9 @@ func TestX16Relayout(t *testing.T) {
 				t.Fatalf("%v %dx%d: relaid and back differs from the weights", q, c.n, c.k)
 			}
 		}
-		w := randQuantWeights(rng, q, 24, 64)
+		w := randQuantWeights(rng, q, 24, 2*bk)
 		orig := bytes.Clone(w)
-		for _, c := range []struct{ n, k int }{{24, 64}, {16, 48}, {0, 64}, {16, 0}, {-16, 64}} {
+		for _, c := range []struct{ n, k int }{{24, 2 * bk}, {16, bk / 2}, {16, 3 * bk / 2}, {0, 2 * bk}, {16, 0}, {-16, 2 * bk}} {
 			if err := x16Relayout(q, unsafe.Pointer(&w[0]), int64(c.n), int64(c.k), true, 2); !errors.Is(err, errQgemmSize) {
 				t.Errorf("%v %d rows of %d: %v, want a size error", q, c.n, c.k, err)
 			}
@@ -59,9 +60,9 @@ func TestX16Relayout(t *testing.T) {
 			t.Errorf("%v: a refused relayout changed the weights", q)
 		}
 	}
-	w := randQuantWeights(rng, quant.Q4_K, 16, 256)
-	if err := x16Relayout(quant.Q4_K, unsafe.Pointer(&w[0]), 16, 256, true, 1); !errors.Is(err, quant.ErrUnsupported) {
-		t.Errorf("Q4_K: %v, want unsupported", err)
+	w := randQuantWeights(rng, quant.Q6_K, 16, 256)
+	if err := x16Relayout(quant.Q6_K, unsafe.Pointer(&w[0]), 16, 256, true, 1); !errors.Is(err, quant.ErrUnsupported) {
+		t.Errorf("Q6_K: %v, want unsupported", err)
 	}
 }
 
@@ -74,7 +75,11 @@ func TestX16Relayout(t *testing.T) {
 // whole tiles refused.
 func TestQgemmX16(t *testing.T) {
 	for _, q := range x16Types {
-		for _, k := range []int{32, 288, 1024} {
+		ks := []int{32, 288, 1024}
+		if q == quant.Q4_K {
+			ks = []int{256, 768}
+		}
+		for _, k := range ks {
 			rng := rand.New(rand.NewPCG(16, uint64(k)+uint64(q)<<16))
 			const n = 48
 			w := randQuantWeights(rng, q, n, k)
