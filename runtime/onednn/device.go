@@ -65,8 +65,8 @@ type Device struct {
 	// products of up to 16 rows on bf16 panels (Options.NoAMXInt8).
 	qamxFlags int
 	qamxWork  scratchBuf
-	// x16: Q8_0 matmul weights are relaid by 16 rows for qgemm's VNNI
-	// kernel on first use (qx16.go): on by default where qgemm runs
+	// x16: matmul weights of x16Types are relaid by 16 rows for qgemm's
+	// VNNI kernels on first use (qx16.go): on by default where qgemm runs
 	// AVX-512 VNNI, off with Options.NoX16. Used only while qAMXRows is 0,
 	// so no weight changes layout between decode and AMX steps.
 	x16 bool
@@ -301,8 +301,8 @@ type buffer struct {
 	// than being rewritten back and forth (an LLM's embedding table is both a
 	// gather table and, tied, the lm_head's weights). Guarded by dev.mu.
 	rowMajorOnly bool
-	// x16, when set, says the contents are Q8_0 weights relaid by 16 rows
-	// for the VNNI kernel (x16Type, qx16.go). Guarded by dev.mu.
+	// x16, when set, says the contents are block-quantized weights relaid
+	// by 16 rows for the VNNI kernels (x16Type, qx16.go). Guarded by dev.mu.
 	x16 bool
 }
 

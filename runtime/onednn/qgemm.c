@@ -115,7 +115,7 @@ static inline __attribute__((always_inline)) void bd_k4_scales(uint32_t u[4]) {
 // The weight types: ggml's number, elements and bytes per block, and the
 // activations' form: 0 the a32 layout, 1 the ak layout, 2 X itself (the
 // float types, whose weights are converted to f32 in registers), 3 the x16
-// layout (BD_X16 types).
+// layout (BD_X16 of the 32-element types), 4 the k16 layout (BD_X16(12)).
 typedef struct {
     int type, elems, bytes, k;
 } bd_qtype;
@@ -544,8 +544,9 @@ int bd_qgemm_isa(void) {
     return BD_ISA_BASE;
 }
 
-// The most rows of X one pass over a weight row carries (a tile of 16
-// rows, for x16: its accumulators are one vector a row).
+// The most rows of X one pass over a weight row carries (for x16 16, a
+// vector of 16 outputs a row; for k16 8, which also keeps a block's int32
+// sums in registers).
 static int64_t rmax_of(const bd_qtype *t, int isa) { return t->k == 3 ? 16 : t->k == 4 || isa != BD_ISA_AVX2 ? 8 : 4; }
 
 // The group size for m rows: the variant's rmax, or m when smaller.
@@ -564,7 +565,7 @@ int64_t bd_qgemm_work_bytes(int wtype, int64_t k, int64_t m) {
     if (k <= 0 || m <= 0 || k > BD_QGEMM_MAX || m > BD_QGEMM_MAX || k % t->elems != 0)
         return BD_QGEMM_SIZE;
     // The most any variant takes: groups of min(m, 4) or min(m, 8) (x16:
-    // min(m, 16)).
+    // min(m, 16); k16: min(m, 8)).
     int64_t most = 0;
     for (int64_t r = t->k == 3 ? 16 : t->k == 4 ? 8 : 4; r <= (t->k == 3 ? 16 : 8); r += 4) {
         const int64_t G = m < r ? m : r, gb = group_bytes(t, k, G); // gb < 2.2·k·8
