@@ -358,21 +358,24 @@ static void x16_get(int t, const uint8_t *xb, int j, uint8_t *rb) {
     if (t == 12) {
         memcpy(rb + 2, xb + X16_MIN + 2 * j, 2);
         for (int p = 0; p < 3; p++) memcpy(rb + 4 + 4 * p, xb + K16_SC + 64 * p + 4 * j, 4);
-        for (int l = 0; l < 128; l++) rb[16 + l] = xb[K16_QS + 512 * (l / 32) + 64 * (l % 32 / 4) + 4 * j + l % 4];
+        for (int l = 0; l < 128; l += 4) memcpy(rb + 16 + l, xb + K16_QS + 512 * (l / 32) + 64 * (l % 32 / 4) + 4 * j, 4);
         return;
     }
     if (t == 8) {
-        for (int e = 0; e < 32; e++) rb[2 + e] = xb[32 + 64 * (e / 4) + 4 * j + e % 4] ^ 0x80;
+        for (int c = 0; c < 8; c++) {
+            const uint32_t v = le32(xb + 32 + 64 * c + 4 * j) ^ 0x80808080u;
+            memcpy(rb + 2 + 4 * c, &v, 4); // little-endian, as le32 read it
+        }
         return;
     }
     uint8_t *q = rb + 2;
     if (t == 3 || t == 7) memcpy(q, xb + X16_MIN + 2 * j, 2), q += 2;
     if (t == 6 || t == 7) {
         uint32_t qh = 0;
-        for (int e = 0; e < 32; e++) qh |= (uint32_t)(xb[X16_QH(t) + 8 * (e / 4) + j / 2] >> (4 * (j & 1) + e % 4) & 1) << e;
+        for (int c = 0; c < 8; c++) qh |= (uint32_t)(xb[X16_QH(t) + 8 * c + j / 2] >> (4 * (j & 1)) & 0x0f) << (4 * c);
         memcpy(q, &qh, 4), q += 4; // little-endian, as ggml's qh
     }
-    for (int l = 0; l < 16; l++) q[l] = xb[X16_QS(t) + 64 * (l / 4) + 4 * j + l % 4];
+    for (int l = 0; l < 16; l += 4) memcpy(q + l, xb + X16_QS(t) + 64 * (l / 4) + 4 * j, 4);
 }
 
 static void x16_put(int t, uint8_t *xb, int j, const uint8_t *rb) {
@@ -380,22 +383,25 @@ static void x16_put(int t, uint8_t *xb, int j, const uint8_t *rb) {
     if (t == 12) {
         memcpy(xb + X16_MIN + 2 * j, rb + 2, 2);
         for (int p = 0; p < 3; p++) memcpy(xb + K16_SC + 64 * p + 4 * j, rb + 4 + 4 * p, 4);
-        for (int l = 0; l < 128; l++) xb[K16_QS + 512 * (l / 32) + 64 * (l % 32 / 4) + 4 * j + l % 4] = rb[16 + l];
+        for (int l = 0; l < 128; l += 4) memcpy(xb + K16_QS + 512 * (l / 32) + 64 * (l % 32 / 4) + 4 * j, rb + 16 + l, 4);
         return;
     }
     if (t == 8) {
-        for (int e = 0; e < 32; e++) xb[32 + 64 * (e / 4) + 4 * j + e % 4] = rb[2 + e] ^ 0x80;
+        for (int c = 0; c < 8; c++) {
+            const uint32_t v = le32(rb + 2 + 4 * c) ^ 0x80808080u;
+            memcpy(xb + 32 + 64 * c + 4 * j, &v, 4);
+        }
         return;
     }
     const uint8_t *q = rb + 2;
     if (t == 3 || t == 7) memcpy(xb + X16_MIN + 2 * j, q, 2), q += 2;
     if (t == 6 || t == 7) {
         const uint32_t qh = le32(q);
-        for (int e = 0; e < 32; e++)
-            xb[X16_QH(t) + 8 * (e / 4) + j / 2] |= (uint8_t)((qh >> e & 1) << (4 * (j & 1) + e % 4));
+        // Mask c's bits 4j..4j+3 are qh's bits 4c..4c+3: a nibble of byte j/2.
+        for (int c = 0; c < 8; c++) xb[X16_QH(t) + 8 * c + j / 2] |= (uint8_t)((qh >> (4 * c) & 0x0f) << (4 * (j & 1)));
         q += 4;
     }
-    for (int l = 0; l < 16; l++) xb[X16_QS(t) + 64 * (l / 4) + 4 * j + l % 4] = q[l];
+    for (int l = 0; l < 16; l += 4) memcpy(xb + X16_QS(t) + 64 * (l / 4) + 4 * j, q + l, 4);
 }
 
 // R rows of the group at xg against one tile of 16 BD_X16(t) rows into
