@@ -79,17 +79,20 @@ static uint8_t *q8_matrix(long n, long k, long *bytes) {
 }
 
 // qtype_block sets TYPE's block bytes and elements (8 Q8_0, 12 Q4_K,
-// 13 Q5_K, 14 Q6_K) and says whether it is one of those.
+// 13 Q5_K, 14 Q6_K, and BD_X16 of 8 and 12: 1008, 1012, the weights relaid
+// by 16 rows) and says whether it is one of those.
 static int qtype_block(int type, int *eb, int *ee) {
-    *eb = type == 12 ? 144 : type == 13 ? 176 : type == 14 ? 210 : 34;
-    *ee = type >= 12 ? 256 : 32;
-    return type == 8 || (type >= 12 && type <= 14);
+    const int t = type == BD_X16(8) || type == BD_X16(12) ? type - BD_X16(0) : type;
+    *eb = t == 12 ? 144 : t == 13 ? 176 : t == 14 ? 210 : 34;
+    *ee = t >= 12 ? 256 : 32;
+    return t == 8 || (t >= 12 && t <= 14);
 }
 
 // rand_problem seeds rand with 1 and makes N x K weights of TYPE (random
 // quants, scales fixed at 2^-7: d, and dmin for the K types, so the
 // products stay finite) and M x K activations in [0, 1].
 static void rand_problem(int type, long n, long k, long m, uint8_t **w, long *wb, float **x) {
+    if (type >= BD_X16(0)) type -= BD_X16(0); // made in ggml's layout, relaid by the caller
     int eb, ee;
     qtype_block(type, &eb, &ee);
     *wb = n * (k / ee) * eb;
@@ -331,7 +334,7 @@ int main(int argc, char **argv) {
     const long n = atol(argv[2]), k = atol(argv[3]), m = atol(argv[4]);
     int eb, ee;
     if (!qtype_block(type, &eb, &ee)) {
-        fprintf(stderr, "TYPE: 8, 12, 13 or 14\n");
+        fprintf(stderr, "TYPE: 8, 12, 13, 14, 1008 or 1012\n");
         return 2;
     }
     if (n <= 0 || k <= 0 || m <= 0 || iters <= 0 || k % ee != 0) {
@@ -342,6 +345,10 @@ int main(int argc, char **argv) {
     long wb;
     float *x, *y = aligned_alloc(64, (m * n * 4 + 63) & ~63L); // as in threads_mode
     rand_problem(type, n, k, m, &w, &wb, &x);
+    if (type >= BD_X16(0) && bd_x16_relayout(type - BD_X16(0), w, n, k, 1, 1) != BD_QGEMM_OK) {
+        fprintf(stderr, "relaid types need N a multiple of 16\n");
+        return 2;
+    }
 
     // qamx as the daemon calls it (flags 0), and, where that is AMX-INT8
     // (Q8_0, up to 16 rows), on bf16 panels as well.
