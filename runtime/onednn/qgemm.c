@@ -796,6 +796,22 @@ int bd_x16_relayout(int t, void *w, int64_t n, int64_t k, int to_x16, int nthrea
     return failed ? BD_QGEMM_NOMEM : BD_QGEMM_OK;
 }
 
+int bd_x16_row(int t, const void *w, int64_t n, int64_t k, int64_t id, float *out) {
+    if (t != 2 && t != 3 && t != 6 && t != 7 && t != 8 && t != 12) return BD_QGEMM_UNSUPPORTED;
+    const bd_qtype *q = qtype_of(t);
+    if (n <= 0 || k <= 0 || n % 16 || k % q->elems || n > BD_QGEMM_MAX || k > BD_QGEMM_MAX || id < 0 || id >= n)
+        return BD_QGEMM_SIZE;
+    const int64_t nb = k / q->elems, rowb = nb * q->bytes;
+    if (rowb > BD_QGEMM_MAX / n) return BD_QGEMM_SIZE;
+    const uint8_t *tile = (const uint8_t *)w + id / 16 * 16 * rowb;
+    uint8_t rb[144]; // a block of t in ggml's layout
+    for (int64_t b = 0; b < nb; b++) {
+        x16_get(t, tile + b * 16 * q->bytes, (int)(id % 16), rb);
+        if (bd_dequant_row(t, rb, q->bytes, out + b * q->elems, q->elems, BD_ISA_AUTO) != BD_DEQUANT_OK) return BD_QGEMM_SIZE;
+    }
+    return BD_QGEMM_OK;
+}
+
 // bd_qgemm_read_sum reads bytes (a multiple of 128) at p with nthreads
 // OpenMP threads in 256-bit loads, as the kernels stream weights, and
 // returns a sum of it: the benchmarks' reference for the host's read

@@ -144,6 +144,19 @@ func x16Relayout(t quant.Type, w unsafe.Pointer, n, k int64, toX16 bool, threads
 	}
 }
 
+// x16Row is bd_x16_row: row id of an x16Type(t) matrix of n rows of k at
+// w, dequantized into out (k f32).
+func x16Row(t quant.Type, w unsafe.Pointer, n, k, id int64, out unsafe.Pointer) error {
+	switch rc := C.bd_x16_row(C.int(t), w, C.int64_t(n), C.int64_t(k), C.int64_t(id), (*C.float)(out)); rc {
+	case C.BD_QGEMM_OK:
+		return nil
+	case C.BD_QGEMM_UNSUPPORTED:
+		return fmt.Errorf("onednn: a row of %v relaid by 16 rows: %w", t, quant.ErrUnsupported)
+	default:
+		return fmt.Errorf("%w: row %d of %d rows of %d as %v by 16 rows", errQgemmSize, id, n, k, t)
+	}
+}
+
 // qgemmWorkBytes is bd_qgemm_work_bytes: the scratch bd_qgemm takes for m
 // rows of k activations against weights of type t, or a negative
 // BD_QGEMM_* code for sizes it refuses.

@@ -116,6 +116,12 @@ int64_t bd_qgemm_work_bytes(int wtype, int64_t k, int64_t m);
 // unchanged.
 int bd_x16_relayout(int t, void *w, int64_t n, int64_t k, int to_x16, int nthreads);
 
+// bd_x16_row dequantizes row id of a BD_X16(t) matrix of n rows of k at w
+// into out (k f32), as ggml dequantizes that row in t's layout (a gather
+// from a relaid table). Returns BD_QGEMM_OK, BD_QGEMM_UNSUPPORTED, or
+// BD_QGEMM_SIZE for sizes bd_x16_relayout refuses or id outside [0, n).
+int bd_x16_row(int t, const void *w, int64_t n, int64_t k, int64_t id, float *out);
+
 // bd_qgemm_isa is the variant BD_ISA_AUTO runs on this CPU: BD_ISA_AVX512
 // needs AVX512-VNNI besides F/BW/VL/DQ (a Skylake-SP without it runs AVX2).
 int bd_qgemm_isa(void);

@@ -340,22 +340,35 @@ func (d *Device) qgemmScratch(q quant.Type, k, m int64) (unsafe.Pointer, error) 
 	return d.scratch(&d.qwork, need)
 }
 
-// qgather is an OpGather from a block-quantized table: each index's row
-// dequantized to f32. It returns the position of an index outside the
-// table, or -1.
-func (d *Device) qgather(s *runtime.Step, table, idx, out unsafe.Pointer) (int, error) {
+// qgather is an OpGather from a block-quantized table (tb its bound
+// buffer, or nil): each index's row dequantized to f32, read from the
+// table's tiles where a matmul relaid it. It returns the position of an
+// index outside the table, or -1.
+func (d *Device) qgather(s *runtime.Step, table unsafe.Pointer, tb *buffer, idx, out unsafe.Pointer) (int, error) {
 	tt := s.In[0]
 	rows, cols := tt.Shape[0], tt.Shape[1]
 	q, _ := tt.DType.GGML()
 	rowBytes := tt.DType.Bytes(int64(cols))
+	x16 := false // the table relaid by 16 rows (qx16.go): its rows are read from their tiles
+	if tb != nil {
+		d.mu.Lock()
+		x16 = tb.x16
+		d.mu.Unlock()
+	}
 	ids := unsafe.Slice((*int32)(idx), s.In[1].NumElements())
 	for i, id := range ids {
 		if id < 0 || int(id) >= rows {
 			return i, nil
 		}
+		dst := unsafe.Add(out, i*cols*4)
+		if x16 {
+			if err := x16Row(q, table, int64(rows), int64(cols), int64(id), dst); err != nil {
+				return -1, fmt.Errorf("%s: row %d: %w", s, id, err)
+			}
+			continue
+		}
 		src := unsafe.Add(table, int64(id)*rowBytes)
-		dst := (*C.float)(unsafe.Add(out, i*cols*4))
-		if rc := C.bd_dequant_row(C.int(q), src, C.int64_t(rowBytes), dst, C.int64_t(cols), C.int(isaAuto)); rc != C.BD_DEQUANT_OK {
+		if rc := C.bd_dequant_row(C.int(q), src, C.int64_t(rowBytes), (*C.float)(dst), C.int64_t(cols), C.int(isaAuto)); rc != C.BD_DEQUANT_OK {
 			return -1, fmt.Errorf("%s: dequantize row %d: status %d", s, id, int(rc))
 		}
 	}

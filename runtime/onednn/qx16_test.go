@@ -24,8 +24,9 @@ func relaid(t *testing.T, q quant.Type, w []byte, n, k int) []byte {
 }
 
 // TestX16Relayout: for each type, the relayout moves the bytes (a changed layout), back
-// gives the weights bit for bit, and sizes that are not whole tiles or
-// blocks are refused with the weights untouched.
+// gives the weights bit for bit, a row read from the tiles is ggml's
+// dequantized row, and sizes that are not whole tiles or blocks (or rows
+// outside the table) are refused with the weights untouched.
 func TestX16Relayout(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 16))
 	for _, q := range x16Types {
@@ -40,6 +41,28 @@ func TestX16Relayout(t *testing.T) {
 			// Block 0 of row 1: its scale after row 0's.
 			if p[2] != w[c.k/bk*in.BlockBytes] {
 				t.Fatalf("%v %dx%d: row 1's first scale is not where the layout puts it", q, c.n, c.k)
+			}
+			// Each row read from the tiles is ggml's row (a gather from a
+			// relaid table).
+			want := make([]float32, c.n*c.k)
+			if err := quant.Dequantize(q, w, want); err != nil {
+				t.Fatal(err)
+			}
+			row := make([]float32, c.k)
+			for id := range c.n {
+				if err := x16Row(q, unsafe.Pointer(&p[0]), int64(c.n), int64(c.k), int64(id), unsafe.Pointer(&row[0])); err != nil {
+					t.Fatal(err)
+				}
+				for e, v := range row {
+					if math.Float32bits(v) != math.Float32bits(want[id*c.k+e]) {
+						t.Fatalf("%v %dx%d: row %d [%d] read relaid = %g, ggml's %g", q, c.n, c.k, id, e, v, want[id*c.k+e])
+					}
+				}
+			}
+			for _, id := range []int64{-1, int64(c.n)} {
+				if err := x16Row(q, unsafe.Pointer(&p[0]), int64(c.n), int64(c.k), id, unsafe.Pointer(&row[0])); !errors.Is(err, errQgemmSize) {
+					t.Errorf("%v: row %d of %d: %v, want a size error", q, id, c.n, err)
+				}
 			}
 			back := bytes.Clone(p)
 			if err := x16Relayout(q, unsafe.Pointer(&back[0]), int64(c.n), int64(c.k), false, 2); err != nil {
@@ -175,9 +198,10 @@ func TestQgemmX16(t *testing.T) {
 // TestX16ThroughRun: on a CPU with AVX-512 VNNI, a Q8_0 matmul weight of
 // whole tiles is relaid on its first product and multiplied as x16Type's
 // (bit-identical to the kernel on the relaid bytes, plus the bias), for
-// prefill's rows as for decode's; CopyOut,
-// a gather and CopyInRaw each see GGUF's layout again, and a weight read
-// otherwise stays in it; Options.NoX16 keeps every weight as stored.
+// prefill's rows as for decode's; a gather reads a relaid table (alone,
+// and tied to a matmul in one graph) and leaves it relaid; CopyOut and
+// CopyInRaw see GGUF's layout again, and after CopyOut the weight stays in
+// it; Options.NoX16 keeps every weight as stored.
 func TestX16ThroughRun(t *testing.T) {
 	d := openTest(t, runtime.DeviceSpec{ID: "cpu:0", Threads: 2})
 	if !d.x16 {
@@ -271,11 +295,17 @@ func TestX16ThroughRun(t *testing.T) {
 		t.Fatalf("after CopyOut: relaid %v, or the product differs from Q8_0's kernel", isX16(wb))
 	}
 
-	// A gather from a relaid table reads GGUF's rows.
+	// A gather reads a relaid table from its tiles, and the table stays
+	// relaid: alone, and in one graph with the matmul it feeds (a tied
+	// embedding: the gathered rows times the table).
 	wb2, w2 := newWeight(d)
 	product(d, wb2, 1)
 	if !isX16(wb2) {
 		t.Fatal("the second weight was not relaid")
+	}
+	wf2 := make([]float32, n*k)
+	if err := quant.Dequantize(quant.Q8_0, w2, wf2); err != nil {
+		t.Fatal(err)
 	}
 	idx, err := d.Alloc(runtime.I32, 2)
 	if err != nil {
@@ -288,20 +318,46 @@ func TestX16ThroughRun(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	g := &runtime.Graph{Ops: []runtime.Op{{Kind: runtime.OpGather, In: []string{"w", "i"}, Out: "o"}}}
-	if err := d.Run(t.Context(), g, map[string]runtime.Buffer{"w": wb2, "i": idx, "o": ob}); err != nil {
+	lb, err := d.Alloc(runtime.F32, 2, n)
+	if err != nil {
 		t.Fatal(err)
 	}
-	rows := make([]float32, 2*k)
-	if err := d.CopyOut(t.Context(), rows, ob); err != nil {
-		t.Fatal(err)
-	}
-	wf2 := make([]float32, n*k)
-	if err := quant.Dequantize(quant.Q8_0, w2, wf2); err != nil {
-		t.Fatal(err)
-	}
-	if !slices.Equal(rows, append(slices.Clone(wf2[17*k:18*k]), wf2[2*k:3*k]...)) {
-		t.Fatal("a gather from a relaid table differs from its dequantized rows")
+	wantRows := append(slices.Clone(wf2[17*k:18*k]), wf2[2*k:3*k]...)
+	gather := runtime.Op{Kind: runtime.OpGather, In: []string{"w", "i"}, Out: "o"}
+	for _, g := range []*runtime.Graph{
+		{Ops: []runtime.Op{gather}},
+		{Ops: []runtime.Op{gather, {Kind: runtime.OpMatMul, In: []string{"o", "w"}, Out: "l", TransB: true}}},
+	} {
+		bind := map[string]runtime.Buffer{"w": wb2, "i": idx, "o": ob}
+		if len(g.Ops) == 2 {
+			bind["l"] = lb
+		}
+		if err := d.Run(t.Context(), g, bind); err != nil {
+			t.Fatal(err)
+		}
+		if !isX16(wb2) {
+			t.Fatalf("%d ops: the gather put the table back in GGUF's layout", len(g.Ops))
+		}
+		rows := make([]float32, 2*k)
+		if err := d.CopyOut(t.Context(), rows, ob); err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(rows, wantRows) {
+			t.Fatalf("%d ops: a gather from a relaid table differs from its dequantized rows", len(g.Ops))
+		}
+		if len(g.Ops) == 2 {
+			logits := make([]float32, 2*n)
+			if err := d.CopyOut(t.Context(), logits, lb); err != nil {
+				t.Fatal(err)
+			}
+			want := make([]float32, 2*n)
+			if err := qgemm(x16Type(quant.Q8_0), relaid(t, quant.Q8_0, w2, n, k), n, k, rows, 2, want, n, isaAuto, d.threads); err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(logits, want) {
+				t.Fatal("the tied matmul differs from the relaid kernel on the gathered rows")
+			}
+		}
 	}
 
 	// CopyInRaw over a relaid weight: later products use the new bytes.
@@ -317,7 +373,7 @@ func TestX16ThroughRun(t *testing.T) {
 	if y, x := product(d, wb3, 2); !slices.Equal(y, kernel(x16Type(quant.Q8_0), relaid(t, quant.Q8_0, w3, n, k), x, 2)) {
 		t.Fatal("after CopyInRaw: the product differs from the kernel on the new bytes")
 	}
-	for _, b := range []runtime.Buffer{wb, wb2, wb3, bb, idx, ob} {
+	for _, b := range []runtime.Buffer{wb, wb2, wb3, bb, idx, ob, lb} {
 		d.Free(b)
 	}
 

@@ -218,7 +218,9 @@ func plan(g *runtime.Graph, bound map[string]runtime.TensorType) (*planned, erro
 		pe.otherUse[ss.out] = true
 		for j, in := range ss.in {
 			pe.lastUse[in] = i
-			if s.Op.Kind != runtime.OpMatMul || j != 1 {
+			// A block-quantized gather table is read in either layout
+			// (qgather), so a tied embedding stays relaid for its matmul.
+			if (s.Op.Kind != runtime.OpMatMul || j != 1) && !(s.Op.Kind == runtime.OpGather && j == 0 && s.In[0].DType.Quantized()) {
 				pe.otherUse[in] = true
 			}
 		}
@@ -248,7 +250,7 @@ func (d *Device) execute(ctx context.Context, pe *planned, bufs []*buffer) error
 	// Weights: bound buffers the run reads only as a matmul's right
 	// operand, which that matmul may pack in place. Any other use needs
 	// row-major contents.
-	rc := &runContext{weights: make([]*buffer, len(pe.names)), rope: map[ropeKey]*buffer{}}
+	rc := &runContext{weights: make([]*buffer, len(pe.names)), bound: bufs, rope: map[ropeKey]*buffer{}}
 	defer func() {
 		for _, b := range rc.rope {
 			d.Free(b)
@@ -425,6 +427,8 @@ func (d *Device) exec(s *runtime.Step, p *C.bd_prim, args ...unsafe.Pointer) err
 // runContext is what runStep knows of the whole run.
 type runContext struct {
 	weights []*buffer // by slot: bound buffers the run reads only as matmul weights
+	// (or, block-quantized, as gather tables)
+	bound []*buffer // by slot: the bound buffers (nil for intermediates)
 	// rope holds the RoPE tables of the run: a decoder's every layer
 	// rotates q and k by the same positions, and computing their sines
 	// and cosines in every op was a quarter of OpRoPE's time
@@ -587,7 +591,7 @@ func (d *Device) runStep(s *runtime.Step, ss *stepSlots, ptrs []unsafe.Pointer, 
 		table, idx := s.In[0], s.In[1]
 		n := idx.NumElements()
 		if table.DType.Quantized() {
-			pos, err := d.qgather(s, in(0), in(1), out)
+			pos, err := d.qgather(s, in(0), rc.bound[ss.in[0]], in(1), out)
 			if err != nil {
 				return err
 			}
