@@ -21,8 +21,9 @@ import (
 // prefill 358-363 ms against 472-494 (BenchmarkPrefill512/q8_0,
 // -llm.nox16 alternating, 2 Zen 4 cores). The relayout is in place (the
 // same 34 bytes a block), on a weight's first product, as packed.go packs
-// f32 weights; a buffer read otherwise (a gather of a tied embedding,
-// CopyOut) goes back to GGUF's layout first and stays there. Q4_K's
+// f32 weights. A gather reads a relaid table from its tiles (qgather), so
+// a tied embedding stays relaid; a buffer read otherwise (CopyOut) goes
+// back to GGUF's layout first and stays there. Q4_K's
 // kernel sums a sub-block's products in int32 times the lanes' scales
 // (qgemm_avx512.h's kz_k16): llama1024's 16 streams 1.3x and its prefill
 // 1.2x faster relaid. Q5_K and Q6_K keep the row layout.
