@@ -760,8 +760,11 @@ int bd_qgemm_multi(int wtype, const bd_qgemm_part *parts, int count, int64_t k, 
     return BD_QGEMM_OK;
 }
 
+// Whether ggml type t has a BD_X16 form.
+static int x16_type(int t) { return t == 2 || t == 3 || t == 6 || t == 7 || t == 8 || t == 12; }
+
 int bd_x16_relayout(int t, void *w, int64_t n, int64_t k, int to_x16, int nthreads) {
-    if (t != 2 && t != 3 && t != 6 && t != 7 && t != 8 && t != 12) return BD_QGEMM_UNSUPPORTED;
+    if (!x16_type(t)) return BD_QGEMM_UNSUPPORTED;
     if (n <= 0 || k <= 0 || n % 16 || k % (t == 12 ? 256 : 32) || n > BD_QGEMM_MAX || k > BD_QGEMM_MAX || nthreads < 1)
         return BD_QGEMM_SIZE;
     const int64_t nb = k / qtype_of(t)->elems, bytes = qtype_of(t)->bytes, rowb = nb * bytes;
@@ -797,7 +800,7 @@ int bd_x16_relayout(int t, void *w, int64_t n, int64_t k, int to_x16, int nthrea
 }
 
 int bd_x16_row(int t, const void *w, int64_t n, int64_t k, int64_t id, float *out) {
-    if (t != 2 && t != 3 && t != 6 && t != 7 && t != 8 && t != 12) return BD_QGEMM_UNSUPPORTED;
+    if (!x16_type(t)) return BD_QGEMM_UNSUPPORTED;
     const bd_qtype *q = qtype_of(t);
     if (n <= 0 || k <= 0 || n % 16 || k % q->elems || n > BD_QGEMM_MAX || k > BD_QGEMM_MAX || id < 0 || id >= n)
         return BD_QGEMM_SIZE;

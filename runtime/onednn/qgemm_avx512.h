@@ -485,18 +485,6 @@ ZI void kz_k16(const uint8_t *w, int64_t nb, const uint8_t *xg, int64_t G, const
     for (int r = 0; r < R; r++) _mm512_store_ps(out + 16 * r, acc[r]);
 }
 
-static void rows_k16_vnni(const uint8_t *w, int64_t nb, const uint8_t *xg, int64_t G, int R, float *out) {
-    switch (R) {
-    case 1: kz_k16(w, nb, xg, G, 1, out); break;
-    case 2: kz_k16(w, nb, xg, G, 2, out); break;
-    case 3: kz_k16(w, nb, xg, G, 3, out); break;
-    case 4: kz_k16(w, nb, xg, G, 4, out); break;
-    case 5: kz_k16(w, nb, xg, G, 5, out); break;
-    case 6: kz_k16(w, nb, xg, G, 6, out); break;
-    case 7: kz_k16(w, nb, xg, G, 7, out); break;
-    case 8: kz_k16(w, nb, xg, G, 8, out); break;
-    }
-}
 
 // The row functions qgemm.c calls for the AVX-512 variant.
 #define Z_ROWFN(n)                                                                         \
@@ -524,6 +512,7 @@ Z_ROWFN(q5_K)
 Z_ROWFN(q6_K)
 Z_ROWFN(f16)
 Z_ROWFN(bf16)
+Z_ROWFN(k16) // BD_X16(12)'s tiles: R rows against 16 weight rows
 
 #undef Z_ROWFN
 #undef Z_KERNEL32

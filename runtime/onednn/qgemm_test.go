@@ -157,6 +157,15 @@ type qgemmRef struct {
 	exact, float, mag, qerr []float64
 }
 
+// bounds is output i's distance from the float64 product with the
+// activations as quantized (de) and as given (df), and their bounds.
+func (r qgemmRef) bounds(typ quant.Type, k, i int, got float32) (de, tolE, df, tolF float64) {
+	g := float64(got)
+	tolE = qgemmGamma(typ, k) * r.mag[i]
+	tolF = tolE + r.qerr[i]
+	return math.Abs(g - r.exact[i]), tolE, math.Abs(g - r.float[i]), tolF
+}
+
 func newQgemmRef(t *testing.T, typ quant.Type, w []byte, n, k int, x []float32, m int) qgemmRef {
 	t.Helper()
 	in, _ := typ.Info()
@@ -260,13 +269,10 @@ func TestQgemmMatchesFloat64(t *testing.T) {
 							t.Fatalf("%v k=%d m=%d %v: %v", typ, k, m, v, err)
 						}
 						for i, got := range y {
-							g := float64(got)
-							tolE := qgemmGamma(typ, k) * ref.mag[i]
-							tolF := tolE + ref.qerr[i]
-							de, df := math.Abs(g-ref.exact[i]), math.Abs(g-ref.float[i])
+							de, tolE, df, tolF := ref.bounds(typ, k, i, got)
 							if !(de <= tolE) || !(df <= tolF) {
 								t.Fatalf("%v k=%d m=%d %v threads=%d: y[%d][%d] = %g; Σw·xhat = %g (off %g, bound %g), Σw·x = %g (off %g, bound %g)",
-									typ, k, m, v, threads, i/n, i%n, g, ref.exact[i], de, tolE, ref.float[i], df, tolF)
+									typ, k, m, v, threads, i/n, i%n, got, ref.exact[i], de, tolE, ref.float[i], df, tolF)
 							}
 							if tolE > 0 {
 								worstExact = max(worstExact, de/tolE)

@@ -117,13 +117,9 @@ func TestQgemmX16(t *testing.T) {
 							t.Fatalf("%v k=%d m=%d %v: %v", q, k, m, v, err)
 						}
 						for i, got := range y {
-							g := float64(got)
-							tolE := qgemmGamma(q, k) * ref.mag[i]
-							tolF := tolE + ref.qerr[i]
-							de, df := math.Abs(g-ref.exact[i]), math.Abs(g-ref.float[i])
-							if !(de <= tolE) || !(df <= tolF) {
+							if de, tolE, df, tolF := ref.bounds(q, k, i, got); !(de <= tolE) || !(df <= tolF) {
 								t.Fatalf("%v k=%d m=%d %v threads=%d: y[%d][%d] = %g; Σw·xhat = %g (off %g, bound %g), Σw·x = %g (off %g, bound %g)",
-									q, k, m, v, threads, i/n, i%n, g, ref.exact[i], de, tolE, ref.float[i], df, tolF)
+									q, k, m, v, threads, i/n, i%n, got, ref.exact[i], de, tolE, ref.float[i], df, tolF)
 							}
 						}
 					}
