@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -45,11 +47,27 @@ func TestGeneratorStatsEndToEnd(t *testing.T) {
 	cfg.ModelRepo = t.TempDir()
 	cfg.LoadModels = "tiny-llm"
 	writeTinyLlama(t, cfg.ModelRepo, "tiny-llm")
-	d := startDaemonWith(t, Options{Config: cfg, Tokenizers: func(context.Context, string, func(string, int64) ([]byte, error)) (llm.Tokenizer, llm.ChatTemplate, error) {
+	core, logs := observer.New(zap.InfoLevel)
+	d := startDaemonLog(t, Options{Config: cfg, Tokenizers: func(context.Context, string, func(string, int64) ([]byte, error)) (llm.Tokenizer, llm.ChatTemplate, error) {
 		return byteTokenizer{}, byteTokenizer{}, nil
-	}})
+	}}, zap.New(core))
 	c := brokerv1.NewBrokerServiceClient(d.conn)
 	ctx := testCtx(t)
+	// The load's warm-up step put the weights in their kernels' layouts
+	// (logged, and counted in the relayout series): requests relay none.
+	if n := logs.FilterMessage("generator warmed up").Len(); n != 1 {
+		t.Errorf("%d warm-up lines, want 1: %v", n, logs.All())
+	}
+	relaid := func() (sum float64) {
+		for _, l := range []string{"packed", "relaid16", "row-major"} {
+			sum += sample(scrape(t, d.addrs.Metrics), `brokerd_onednn_weight_relayout_bytes_total{device="cpu:0",layout="`+l+`"}`)
+		}
+		return sum
+	}
+	relaidAtLoad := relaid()
+	if relaidAtLoad <= 0 {
+		t.Errorf("no weight relaid at load: %v", relaidAtLoad)
+	}
 
 	const n, maxTokens = 8, 20
 	prompts := make([]string, n)
@@ -76,6 +94,9 @@ func TestGeneratorStatsEndToEnd(t *testing.T) {
 	}
 	if results != n {
 		t.Fatalf("%d results, want %d", results, n)
+	}
+	if got := relaid(); got != relaidAtLoad {
+		t.Errorf("weights relaid during requests: %v bytes in all after them, %v after the load", got, relaidAtLoad)
 	}
 
 	for _, name := range []string{"tiny-llm", "tiny-llm@1"} {

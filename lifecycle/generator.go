@@ -2,6 +2,7 @@ package lifecycle
 
 import (
 	"context"
+	"time"
 
 	"go.uber.org/zap"
 
@@ -94,6 +95,14 @@ func (g llmServable) start(ctx context.Context, od openDevice, maxRunning int, f
 	if err != nil {
 		return nil, 0, err
 	}
+	// The first step puts the weights in their kernels' layouts (seconds
+	// for a large model): at load, not in a client's first request.
+	began := time.Now()
+	if err := eng.WarmUp(ctx); err != nil {
+		eng.Close()
+		return nil, 0, err
+	}
+	g.log.Info("generator warmed up", zap.String("device", od.entry.ID), zap.Duration("took", time.Since(began)))
 	return engineInstance{EngineExecutor{eng}, maxRunning}, fixed + cache, nil
 }
 

@@ -27,7 +27,9 @@ type Options struct {
 	CacheSize int
 	// Registerer receives the primitive cache metrics
 	// (brokerd_onednn_primitive_cache_lookups_total and
-	// brokerd_onednn_primitive_create_seconds) when non-nil.
+	// brokerd_onednn_primitive_create_seconds) and the weight relayouts'
+	// (brokerd_onednn_weight_relayout_bytes_total and _seconds_total) when
+	// non-nil.
 	Registerer prometheus.Registerer
 	// NoAMX keeps products of quantized weights off the AMX tiles (qamx.c)
 	// on a CPU that has them: qgemm and oneDNN's dequantized slices run as
@@ -36,9 +38,9 @@ type Options struct {
 	// NoAMXInt8 keeps Q8_0's products of up to 16 rows on qamx's bf16
 	// panels where they would run on AMX-INT8 (comparisons).
 	NoAMXInt8 bool
-	// NoX16 keeps Q8_0 weights in GGUF's layout, multiplied by qgemm's
-	// row kernel, where they would be relaid by 16 rows for its VNNI
-	// kernel (comparisons).
+	// NoX16 keeps block-quantized weights in GGUF's layout, multiplied by
+	// qgemm's row kernel, where they would be relaid by 16 rows for its
+	// VNNI kernels (comparisons).
 	NoX16 bool
 }
 

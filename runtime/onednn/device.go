@@ -86,6 +86,9 @@ type Device struct {
 	// Primitive cache metrics, this device's series.
 	hit, miss prometheus.Counter
 	create    prometheus.Observer
+	// Weight relayout metrics: bytes by layout, and time.
+	relayBytes   map[string]prometheus.Counter
+	relaySeconds prometheus.Counter
 
 	work      chan func()
 	quit      chan struct{}
@@ -129,18 +132,24 @@ func openDevice(spec runtime.DeviceSpec, cacheSize int, m *primMetrics) (*Device
 		m, _ = newPrimMetrics(nil) // unregistered: never fails
 	}
 	d := &Device{
-		hit:     m.lookups.WithLabelValues(spec.ID, "hit"),
-		miss:    m.lookups.WithLabelValues(spec.ID, "miss"),
-		create:  m.create.WithLabelValues(spec.ID),
-		id:      spec.ID,
-		threads: spec.Threads,
-		compute: spec.DType,
-		budget:  spec.Budget,
-		work:    make(chan func()),
-		quit:    make(chan struct{}),
-		done:    make(chan struct{}),
-		idle:    map[int64][]unsafe.Pointer{},
-		live:    map[*buffer]struct{}{},
+		hit:    m.lookups.WithLabelValues(spec.ID, "hit"),
+		miss:   m.lookups.WithLabelValues(spec.ID, "miss"),
+		create: m.create.WithLabelValues(spec.ID),
+		relayBytes: map[string]prometheus.Counter{
+			layoutPacked:   m.relaid.WithLabelValues(spec.ID, layoutPacked),
+			layoutRelaid16: m.relaid.WithLabelValues(spec.ID, layoutRelaid16),
+			layoutRowMajor: m.relaid.WithLabelValues(spec.ID, layoutRowMajor),
+		},
+		relaySeconds: m.relaySeconds.WithLabelValues(spec.ID),
+		id:           spec.ID,
+		threads:      spec.Threads,
+		compute:      spec.DType,
+		budget:       spec.Budget,
+		work:         make(chan func()),
+		quit:         make(chan struct{}),
+		done:         make(chan struct{}),
+		idle:         map[int64][]unsafe.Pointer{},
+		live:         map[*buffer]struct{}{},
 
 		unpackable: map[primKey]bool{}, qPrefillRows: defaultQPrefillRows, qSliceBytes: defaultQSliceBytes, gemv16Rows: defaultGemv16Rows,
 		x16:      qgemmISA() == isaAVX512,

@@ -7,6 +7,7 @@ import "C"
 
 import (
 	"fmt"
+	"time"
 
 	"github.com/brokerd/brokerd/runtime"
 )
@@ -45,10 +46,12 @@ func (d *Device) packWeights(s *runtime.Step, p *C.bd_prim, w *buffer) (bool, er
 	if int64(C.dnnl_memory_desc_get_size(&p.wpacked)) > w.bytes {
 		return false, nil
 	}
+	began := time.Now()
 	var where *C.char
 	if st := C.bd_relayout(d.c, &p.wplain, &p.wpacked, w.ptr, &where); st != C.dnnl_success {
 		return false, fmt.Errorf("%s: %w", s, statusError(where, st))
 	}
+	d.relaid(layoutPacked, w.bytes, began)
 	d.mu.Lock()
 	w.packed = &packedLayout{plain: p.wplain, packed: p.wpacked}
 	d.mu.Unlock()
@@ -70,10 +73,12 @@ func (d *Device) unpack(w *buffer) error {
 	if l == nil {
 		return nil
 	}
+	began := time.Now()
 	var where *C.char
 	if st := C.bd_relayout(d.c, &l.packed, &l.plain, w.ptr, &where); st != C.dnnl_success {
 		return statusError(where, st)
 	}
+	d.relaid(layoutRowMajor, w.bytes, began)
 	d.mu.Lock()
 	w.packed = nil
 	d.mu.Unlock()

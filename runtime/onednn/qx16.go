@@ -3,6 +3,7 @@ package onednn
 import (
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/brokerd/brokerd/runtime"
 	"github.com/brokerd/brokerd/runtime/quant"
@@ -70,9 +71,15 @@ func (d *Device) relayoutX16(w *buffer, toX16 bool) error {
 	if !ok || len(w.shape) != 2 {
 		return fmt.Errorf("onednn: relayout by 16 rows of a %s %s buffer", shapeString(w.shape), w.dt)
 	}
+	began := time.Now()
 	if err := x16Relayout(q, w.ptr, int64(w.shape[0]), int64(w.shape[1]), toX16, d.threads); err != nil {
 		return err
 	}
+	layout := layoutRowMajor
+	if toX16 {
+		layout = layoutRelaid16
+	}
+	d.relaid(layout, w.bytes, began)
 	d.mu.Lock()
 	w.x16 = toX16
 	d.mu.Unlock()

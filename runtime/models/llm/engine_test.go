@@ -339,7 +339,7 @@ var benchThreads = flag.Int("llm.threads", 0, "the benchmarks' device threads; 0
 
 var benchNoAMX = flag.Bool("llm.noamx", false, "the benchmarks' device keeps quantized products off the AMX tiles (onednn.Options.NoAMX)")
 
-var benchNoX16 = flag.Bool("llm.nox16", false, "the benchmarks' device keeps Q8_0 weights in GGUF's layout rather than relaid by 16 rows for the VNNI kernel (onednn.Options.NoX16)")
+var benchNoX16 = flag.Bool("llm.nox16", false, "the benchmarks' device keeps block-quantized weights in GGUF's layout rather than relaid by 16 rows for the VNNI kernels (onednn.Options.NoX16)")
 
 var benchNoAMXInt8 = flag.Bool("llm.noamxint8", false, "the benchmarks' device keeps Q8_0's products of up to 16 rows on bf16 panels rather than AMX-INT8 (onednn.Options.NoAMXInt8)")
 
