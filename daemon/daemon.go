@@ -172,7 +172,7 @@ func Run(ctx context.Context, opts Options, log *zap.Logger) error {
 		return err
 	}
 	models, err := lifecycle.Open(ctx, inv.Devices(), []lifecycle.Encoder{lifecycle.NewHashEncoder()}, sched, repo, lifecycle.Options{
-		Adapters: map[string]runtime.Adapter{onednn.Name: onednn.New(onednn.Options{Registerer: reg}),
+		Adapters: map[string]runtime.Adapter{onednn.Name: onednn.New(onednn.Options{Registerer: reg, AMXRelaid: cfg.CPUAMXRelaid}),
 			pjrt.Name: pjrt.New(pjrt.AdapterOptions{Discovery: pol.pjrt, Registerer: reg,
 				Identify: func(id string) (string, string) { e, _ := inv.Device(id); return e.PCIBusID, e.UUID }})},
 		Factors:        pol.Factors,

@@ -42,6 +42,13 @@ type Options struct {
 	// qgemm's row kernel, where they would be relaid by 16 rows for its
 	// VNNI kernels (comparisons).
 	NoX16 bool
+	// AMXRelaid relays those weights on a CPU with AMX too, where they
+	// otherwise keep GGUF's layout for qamx.c: products of fewer than
+	// qamxX16Rows rows then run qgemm's VNNI kernel on the relaid tiles,
+	// and larger ones qamx, which decodes its panels from them
+	// (bd_qamx_panel's test holds those panels to GGUF's bit for bit).
+	// Off by default until measured on AMX hosts (comparisons).
+	AMXRelaid bool
 }
 
 // Adapter opens CPU devices on oneDNN. It implements runtime.Adapter.
@@ -106,6 +113,7 @@ func (a *Adapter) Open(ctx context.Context, spec runtime.DeviceSpec) (runtime.De
 	if a.opts.NoX16 {
 		d.x16 = false
 	}
+	d.amxX16 = a.opts.AMXRelaid
 	if a.opts.NoAMXInt8 {
 		d.qamxFlags = qamxNoInt8
 	}

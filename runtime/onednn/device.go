@@ -67,9 +67,10 @@ type Device struct {
 	qamxWork  scratchBuf
 	// x16: matmul weights of x16Types are relaid by 16 rows for qgemm's
 	// VNNI kernels on first use (qx16.go): on by default where qgemm runs
-	// AVX-512 VNNI, off with Options.NoX16. Used only while qAMXRows is 0,
+	// AVX-512 VNNI, off with Options.NoX16. Used only while qAMXRows is 0
+	// unless amxX16 (Options.AMXRelaid) says qamx reads them relaid too,
 	// so no weight changes layout between decode and AMX steps.
-	x16 bool
+	x16, amxX16 bool
 	// swigluWork holds a SwiGLU matmul's product where qamx.c cannot
 	// apply SwiGLU itself (qmatmulSwiGLU).
 	swigluWork scratchBuf

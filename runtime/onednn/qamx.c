@@ -29,6 +29,7 @@
 
 #include "dequant.h"
 #include "qgemm.h"
+#include "qx16.h"
 #include "vec_avx512.h"
 
 #define QA_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,f16c,fma,amx-tile,amx-bf16")))
@@ -85,6 +86,17 @@ static int qa_block(int t, int *elems, int *bytes) {
     case 12: *elems = 256, *bytes = 144; return 1; // Q4_K
     case 13: *elems = 256, *bytes = 176; return 1; // Q5_K
     case 14: *elems = 256, *bytes = 210; return 1; // Q6_K
+    case BD_X16(2): case BD_X16(3): case BD_X16(6): case BD_X16(7): case BD_X16(8): case BD_X16(12):
+        return qa_block(t - BD_X16_BASE, elems, bytes); // relaid by 16 rows: the same blocks' bytes
+    }
+    return 0;
+}
+
+// The ggml type of a BD_X16 type (qgemm.h), else 0.
+static int qa_x16(int t) {
+    switch (t) {
+    case BD_X16(2): case BD_X16(3): case BD_X16(6): case BD_X16(7): case BD_X16(8): case BD_X16(12):
+        return t - BD_X16_BASE;
     }
     return 0;
 }
@@ -341,6 +353,136 @@ static QA_TARGET void qa_layout_x(const float *x, int64_t m, int64_t k, uint16_t
     }
 }
 
+// ---- Panels of weights relaid by 16 rows (BD_X16, qx16.h). ----
+//
+// A relaid matrix's panel is one tile. It decodes a unit at a time, 64
+// elements of each of its rows: two 32-element blocks, or a pair of a Q4_K
+// block's sub-blocks. The unit's 16 vectors of quants (each holding four
+// elements of every row, unpacked as qgemm_avx512.h's kz_x16 unpacks them)
+// are transposed in registers into one vector a row, whose 64 values are
+// then scaled as qa_row scales the same weights in GGUF's layout: the
+// panel is the same bf16, bit for bit (TestQamxPanelX16).
+
+// Block wb's quants (32-element type T) as 8 vectors of unsigned values,
+// vector c holding elements 4c..4c+3 of each row.
+QA_INLINE QA_TARGET void qa_x16_q(const uint8_t *wb, int T, __m512i *wv) {
+    if (T == 8) {
+        for (int c = 0; c < 8; c++) wv[c] = _mm512_loadu_si512((const void *)(wb + 32 + 64 * c));
+        return;
+    }
+    const __m512i m4 = _mm512_set1_epi8(0x0f), h16 = _mm512_set1_epi8(0x10);
+    for (int l = 0; l < 4; l++) {
+        const __m512i v = _mm512_loadu_si512((const void *)(wb + X16_QS(T) + 64 * l));
+        wv[l] = _mm512_and_si512(v, m4);
+        wv[l + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+    }
+    if (T == 6 || T == 7)
+        for (int c = 0; c < 8; c++) {
+            uint64_t hm;
+            memcpy(&hm, wb + X16_QH(T) + 8 * c, 8);
+            wv[c] = _mm512_mask_add_epi8(wv[c], (__mmask64)hm, wv[c], h16);
+        }
+}
+
+// Quarter i (16 bytes) of a row's 64 quants as f32, signed (the
+// offset already taken off) or unsigned (Q4_K's).
+#define QA_I8Q(v, i) _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm512_extracti32x4_epi32((v), (i))))
+#define QA_U8Q(v, i) _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32((v), (i))))
+
+// 32 of a row's values from quarters (i, i+1) of v: q·d, or for Q4_1 and
+// Q5_1 q·d + m as dequant.c computes them (q·d is exact in f32, q being
+// at most 8 bits and d an f16, so an FMA gives the same).
+#define QA_X16_HALF(out, v, i, d, m, mins)                                                          \
+    do {                                                                                            \
+        __m512 a_ = _mm512_mul_ps(QA_I8Q(v, i), d), b_ = _mm512_mul_ps(QA_I8Q(v, (i) + 1), d);       \
+        if (mins) a_ = _mm512_add_ps(a_, m), b_ = _mm512_add_ps(b_, m);                             \
+        qa_store32(out, a_, b_);                                                                    \
+    } while (0)
+
+// Units [u0, u1) of the 32-element type T's tile at w (k elements a row)
+// into panel (bf16 [16][k]). A last unit of one block (k an odd number of
+// blocks) transposes zeros in place of the second.
+static QA_TARGET void qa_tile_x16(int T, const uint8_t *w, int64_t k, int64_t u0, int64_t u1, uint16_t *panel) {
+    const int64_t nb = k / 32, bb = X16_BLOCK(T);
+    const int mins = T == 3 || T == 7;
+    const __m512i off = _mm512_set1_epi8((char)X16_OFF(T)); // Q8_0's 128: the XOR back to int8
+    float d[2][16] __attribute__((aligned(64))), mn[2][16] __attribute__((aligned(64)));
+    for (int64_t u = u0; u < u1; u++) {
+        const int64_t b0 = 2 * u;
+        const int two = b0 + 1 < nb;
+        __m512i r[16];
+        for (int h = 0; h < 2; h++) {
+            if (h && !two) {
+                for (int c = 8; c < 16; c++) r[c] = _mm512_setzero_si512();
+                break;
+            }
+            const uint8_t *wb = w + (b0 + h) * bb;
+            qa_x16_q(wb, T, r + 8 * h);
+            for (int c = 8 * h; c < 8 * h + 8; c++) r[c] = _mm512_sub_epi8(r[c], off); // the int8 q - off
+            _mm512_store_ps(d[h], _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)wb)));
+            if (mins) _mm512_store_ps(mn[h], _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wb + X16_MIN))));
+        }
+        qa_transpose16(r); // r[j]: row j's 32 elements of block b0, then b0+1's
+        for (int j = 0; j < 16; j++) {
+            uint16_t *out = panel + j * k + 32 * b0;
+            QA_X16_HALF(out, r[j], 0, _mm512_set1_ps(d[0][j]), _mm512_set1_ps(mn[0][j]), mins);
+            if (two) QA_X16_HALF(out + 32, r[j], 2, _mm512_set1_ps(d[1][j]), _mm512_set1_ps(mn[1][j]), mins);
+        }
+    }
+}
+
+// qa_tile_x16 for BD_X16(12), Q4_K: unit u is block u/4's sub-blocks 2p
+// and 2p+1 (p = u%4), elements 64p..64p+63, valued d·sc·q − dmin·m as
+// qa_row_q4_K's tables value them (one FMA from the same d·sc and −dmin·m).
+static QA_TARGET void qa_tile_k16(const uint8_t *w, int64_t k, int64_t u0, int64_t u1, uint16_t *panel) {
+    const __m512i m4 = _mm512_set1_epi8(0x0f), m6 = _mm512_set1_epi32(0x3f3f3f3f), m0f = _mm512_set1_epi32(0x0f0f0f0f),
+                  m03 = _mm512_set1_epi32(0x03030303), mff = _mm512_set1_epi32(0xff);
+    float ds[8][16] __attribute__((aligned(64))), dm[8][16] __attribute__((aligned(64)));
+    int64_t have = -1; // the block whose factors ds and dm hold
+    for (int64_t u = u0; u < u1; u++) {
+        const int64_t b = u / 4, p = u % 4;
+        const uint8_t *wb = w + b * 2304;
+        if (b != have) {
+            // The 16 rows' 6-bit scales and mins, lane by lane, as kz_k16
+            // unpacks them (qgemm.c's bd_k4_scales).
+            const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)wb));
+            const __m512 ndmin = _mm512_xor_ps(_mm512_set1_ps(-0.0f), // −dmin, as qa_row_q4_K negates it (a zero's sign too)
+                    _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wb + X16_MIN))));
+            const __m512i v0 = _mm512_loadu_si512((const void *)(wb + K16_SC)),
+                          v1 = _mm512_loadu_si512((const void *)(wb + K16_SC + 64)),
+                          v2 = _mm512_loadu_si512((const void *)(wb + K16_SC + 128));
+            const __m512i sc[2] = {_mm512_and_si512(v0, m6),
+                    _mm512_or_si512(_mm512_and_si512(v2, m0f), _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(v0, 6), m03), 4))};
+            const __m512i mn[2] = {_mm512_and_si512(v1, m6),
+                    _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(v2, 4), m0f),
+                            _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(v1, 6), m03), 4))};
+            for (int s = 0; s < 8; s++) {
+                const __m512 scs = _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(sc[s / 4], 8 * (s & 3)), mff));
+                const __m512 mns = _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(mn[s / 4], 8 * (s & 3)), mff));
+                _mm512_store_ps(ds[s], _mm512_mul_ps(d, scs));
+                _mm512_store_ps(dm[s], _mm512_mul_ps(ndmin, mns));
+            }
+            have = b;
+        }
+        const uint8_t *qp = wb + K16_QS + 512 * p;
+        __m512i r[16];
+        for (int c = 0; c < 8; c++) {
+            const __m512i v = _mm512_loadu_si512((const void *)(qp + 64 * c));
+            r[c] = _mm512_and_si512(v, m4);
+            r[c + 8] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+        }
+        qa_transpose16(r); // r[j]: row j's sub-block 2p, then 2p+1
+        const float *sa = ds[2 * p], *sb = ds[2 * p + 1], *ma = dm[2 * p], *mb = dm[2 * p + 1];
+        for (int j = 0; j < 16; j++) {
+            uint16_t *out = panel + j * k + 256 * b + 64 * p;
+            const __m512 da = _mm512_set1_ps(sa[j]), db = _mm512_set1_ps(sb[j]);
+            const __m512 ea = _mm512_set1_ps(ma[j]), eb = _mm512_set1_ps(mb[j]);
+            qa_store32(out, _mm512_fmadd_ps(QA_U8Q(r[j], 0), da, ea), _mm512_fmadd_ps(QA_U8Q(r[j], 1), da, ea));
+            qa_store32(out + 32, _mm512_fmadd_ps(QA_U8Q(r[j], 2), db, eb), _mm512_fmadd_ps(QA_U8Q(r[j], 3), db, eb));
+        }
+    }
+}
+
 // ---- The product. ----
 
 typedef struct {
@@ -364,17 +506,30 @@ typedef struct {
 // (one after the other, they took about the sum of their times: Q4_K
 // 2816x1024 on one thread, 1.19 against 0.66 ms at 64 rows, 0.46-0.67
 // against 0.43 at 16).
+// A relaid panel (x16, its ggml type) decodes by units of 64 elements
+// of all 16 rows instead, upto rows' share of them.
 typedef struct {
-    int t;
+    int t, x16;
     const uint8_t *w; // the panel's first row
     int64_t rowb, k;
     float *tmp;
     uint16_t *panel;
-    int next, rows; // rows decoded, rows of the panel (the rest are zeros)
+    int64_t next; // rows decoded (relaid: units)
+    int rows;     // rows of the panel (the rest are zeros)
 } qa_fill;
 
 static QA_TARGET void qa_fill_to(qa_fill *f, int upto) {
     if (upto > f->rows) upto = f->rows;
+    if (f->x16) {
+        const int64_t want = (upto * ((f->k + 63) / 64) + 15) / 16;
+        if (want <= f->next) return;
+        if (f->x16 == 12)
+            qa_tile_k16(f->w, f->k, f->next, want, f->panel);
+        else
+            qa_tile_x16(f->x16, f->w, f->k, f->next, want, f->panel);
+        f->next = want;
+        return;
+    }
     for (; f->next < upto; f->next++) {
         const uint8_t *wr = f->w + f->next * f->rowb;
         // Prefetch the next row while this one decodes.
@@ -386,7 +541,7 @@ static QA_TARGET void qa_fill_to(qa_fill *f, int upto) {
 static void qa_fill_start(qa_fill *f, int t, const uint8_t *w, int64_t rowb, int64_t n_out, int64_t k, float *tmp,
         uint16_t *panel, int64_t p) {
     const int64_t n0 = 16 * p;
-    f->t = t, f->w = w + n0 * rowb, f->rowb = rowb, f->k = k, f->tmp = tmp, f->panel = panel, f->next = 0;
+    f->t = t, f->x16 = qa_x16(t), f->w = w + n0 * rowb, f->rowb = rowb, f->k = k, f->tmp = tmp, f->panel = panel, f->next = 0;
     f->rows = (int)(n_out - n0 < 16 ? n_out - n0 : 16);
     if (f->rows > 0 && f->rows < 16) memset(panel + f->rows * k, 0, (size_t)((16 - f->rows) * k * 2));
 }
@@ -835,6 +990,7 @@ int bd_qamx(int wtype, const void *w, int64_t w_bytes, int64_t n_out, int64_t k,
     if (n_out <= 0 || n_out > BD_QGEMM_MAX || ldy < ny || ldy > BD_QGEMM_MAX) return BD_QGEMM_SIZE;
     const int64_t rowb = k / elems * bytes;
     if (rowb > BD_QGEMM_MAX / n_out || w_bytes != rowb * n_out) return BD_QGEMM_SIZE;
+    if (qa_x16(wtype) && n_out % 16 != 0) return BD_QGEMM_SIZE; // whole tiles
     if (m - 1 > (BD_QGEMM_MAX - ny) / ldy) return BD_QGEMM_SIZE;
     if (work && work_bytes < need) return BD_QGEMM_SIZE;
     if (!bd_qamx_available()) return BD_QAMX_NO_AMX;
@@ -935,5 +1091,28 @@ int bd_qamx(int wtype, const void *w, int64_t w_bytes, int64_t n_out, int64_t k,
         }
     }
     if (!work) free(ws);
+    return BD_QGEMM_OK;
+}
+
+int bd_qamx_panel(int wtype, const void *w, int64_t w_bytes, int64_t n_out, int64_t k, int64_t p, int steps,
+        uint16_t *out) {
+    int elems, bytes;
+    if (!qa_block(wtype, &elems, &bytes)) return BD_QGEMM_UNSUPPORTED;
+    if (k <= 0 || k > BD_QGEMM_MAX / 64 || k % elems != 0 || k % 32 != 0 || n_out <= 0 || n_out > BD_QGEMM_MAX ||
+            steps < 1 || steps > 16 || p < 0 || p >= (n_out + 15) / 16 || (qa_x16(wtype) && n_out % 16 != 0))
+        return BD_QGEMM_SIZE;
+    const int64_t rowb = k / elems * bytes;
+    if (rowb > BD_QGEMM_MAX / n_out || w_bytes != rowb * n_out) return BD_QGEMM_SIZE;
+    __builtin_cpu_init();
+    if (!__builtin_cpu_supports("avx512bf16") || !__builtin_cpu_supports("avx512bw") ||
+            !__builtin_cpu_supports("avx512vl") || !__builtin_cpu_supports("avx512dq") ||
+            !__builtin_cpu_supports("fma") || !__builtin_cpu_supports("f16c"))
+        return BD_QAMX_NO_AMX;
+    float *tmp = malloc((size_t)k * sizeof(float));
+    if (!tmp) return BD_QGEMM_NOMEM;
+    qa_fill f = {0};
+    qa_fill_start(&f, wtype, w, rowb, n_out, k, tmp, out, p);
+    for (int i = 1; i <= steps; i++) qa_fill_to(&f, 16 * i / steps);
+    free(tmp);
     return BD_QGEMM_OK;
 }

@@ -84,3 +84,26 @@ func qamxSlices(t quant.Type, w []byte, nOut, k int, x []float32, m int, y []flo
 	return qamx(t, unsafe.Pointer(&w[0]), int64(len(w)), int64(nOut), int64(k), unsafe.Pointer(&x[0]), int64(m),
 		unsafe.Pointer(&y[0]), int64(ldy), threads, flags, nil, 0)
 }
+
+// qamxPanel is bd_qamx_panel on Go memory, for the tests: panel p of W (n
+// rows of k of type t) as qamx decodes it, bf16 [16][k], filled in steps
+// increments. errNoAMX where the CPU lacks AVX512-BF16.
+func qamxPanel(t quant.Type, w []byte, n, k, p, steps int) ([]uint16, error) {
+	if uint64(t) > 1<<30 || len(w) == 0 || k <= 0 || k > 1<<24 {
+		return nil, fmt.Errorf("%w: qamx panel of %v, %d bytes, %d rows of %d", errQgemmSize, t, len(w), n, k)
+	}
+	out := make([]uint16, 16*k)
+	switch rc := C.bd_qamx_panel(C.int(t), unsafe.Pointer(&w[0]), C.int64_t(len(w)), C.int64_t(n), C.int64_t(k), C.int64_t(p),
+		C.int(steps), (*C.uint16_t)(unsafe.Pointer(&out[0]))); rc {
+	case C.BD_QGEMM_OK:
+		return out, nil
+	case C.BD_QAMX_NO_AMX:
+		return nil, errNoAMX
+	case C.BD_QGEMM_UNSUPPORTED:
+		return nil, fmt.Errorf("onednn: qamx panel: %w: %v", quant.ErrUnsupported, t)
+	case C.BD_QGEMM_SIZE:
+		return nil, fmt.Errorf("%w: qamx panel %d of %v, %d bytes, %d rows of %d, %d steps", errQgemmSize, p, t, len(w), n, k, steps)
+	default:
+		return nil, fmt.Errorf("onednn: qamx panel: status %d", int(rc))
+	}
+}

@@ -26,7 +26,9 @@ int bd_qamx_available(void);
 
 // bd_qamx_supports says whether bd_qamx has a panel decoder for ggml type
 // wtype: Q4_0 (2), Q4_1 (3), Q5_0 (6), Q5_1 (7), Q8_0 (8), Q4_K (12),
-// Q5_K (13), Q6_K (14), F16 (1), BF16 (30).
+// Q5_K (13), Q6_K (14), F16 (1), BF16 (30), and the first six relaid by 16
+// rows (qgemm.h's BD_X16; n_out a multiple of 16), whose panels are the
+// tiles as they lie.
 int bd_qamx_supports(int wtype);
 
 // bd_qamx_work_bytes is the scratch bd_qamx needs for m rows of k against
@@ -60,5 +62,15 @@ int bd_qamx_int8(int wtype, int64_t m);
 // or weight gives a non-finite result in its row or column.
 int bd_qamx(int wtype, const void *w, int64_t w_bytes, int64_t n_out, int64_t k,
         const float *x, int64_t m, float *y, int64_t ldy, int nthreads, int flags, void *work, int64_t work_bytes);
+
+// bd_qamx_panel decodes panel p (weight rows 16p..16p+15, zeros past
+// n_out) of W into out (bf16 [16][k]) with the code bd_qamx decodes it
+// with, filled in steps increments (1-16) as its overlapped passes fill a
+// panel: for the tests, which compare a relaid matrix's panels (BD_X16) with
+// the same weights' in GGUF's layout. Needs AVX512-BF16, not AMX
+// (BD_QAMX_NO_AMX where the CPU lacks it); sizes are checked as bd_qamx
+// checks them.
+int bd_qamx_panel(int wtype, const void *w, int64_t w_bytes, int64_t n_out, int64_t k, int64_t p, int steps,
+        uint16_t *out);
 
 #endif

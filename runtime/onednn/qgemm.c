@@ -26,6 +26,7 @@
 // q's sign, no o).
 
 #include "qgemm.h"
+#include "qx16.h"
 
 #include <float.h>
 #include <immintrin.h>
@@ -85,21 +86,6 @@ static inline __attribute__((always_inline)) void bd_prefetch(const uint8_t *p, 
 // (low, high): sub-blocks 2p and 2p+1, against a pair of Q4_K's mins.
 #define K16_D(k, nb, r, G) ((G) * (k) + (r) * (nb) * 4)
 #define K16_S(k, nb, r, G) ((G) * (k) + (G) * (nb) * 4 + (r) * (nb) * 16)
-// A BD_X16 tile's block of ggml type t (2, 3, 6, 7, 8, 12): its bytes, and
-// the offsets of the mins, the fifth bits' masks and the quants in it.
-// Q4_K's: d[16] | dmin[16] (f16) | its 12 scale bytes as three planes of
-// 16 dwords (K16_SC) | quants (K16_QS): per pair p of sub-blocks, 8
-// vectors whose byte 4j+i is row j's qs[32p+4c+i] (sub-block 2p's element
-// 4c+i in the low nibble, 2p+1's in the high).
-#define X16_BLOCK(t) ((t) == 8 ? 544 : (t) == 2 ? 288 : (t) == 3 ? 320 : (t) == 6 ? 352 : (t) == 12 ? 2304 : 384)
-#define K16_SC 64
-#define K16_QS 256
-#define X16_MIN 32
-#define X16_QH(t) ((t) == 6 ? 32 : 64)
-#define X16_QS(t) ((t) == 8 || (t) == 2 ? 32 : (t) == 3 ? 64 : (t) == 6 ? 96 : 128)
-// The offset the quants carry as stored there (w = a*(v - off), or a*v + m
-// for Q4_1 and Q5_1): Q8_0's signed values XORed with 0x80 are q + 128.
-#define X16_OFF(t) ((t) == 8 ? 128 : (t) == 2 ? 8 : (t) == 6 ? 16 : 0)
 
 // The 6-bit scales and mins of a Q4_K/Q5_K block (ggml's get_scale_min_k4
 // for all eight at once): u holds the block's 12 scale bytes and becomes

@@ -97,7 +97,7 @@ int64_t bd_qgemm_work_bytes(int wtype, int64_t k, int64_t m);
 // bytes XORed with 0x80 (unsigned, for dpbusd); the 4-bit types' as 4
 // vectors whose low nibbles are vectors 0-3 and high nibbles 4-7 (byte
 // 4j+i of vector L is row j's qs[4L+i], as ggml stores it); Q4_K's per
-// block of 256 in qgemm.c's X16_BLOCK comment. The same bytes
+// block of 256 in qx16.h. The same bytes
 // a block as the ggml type, so bd_x16_relayout rewrites a matrix in
 // place. One dpbusd then adds four of a block's products for 16 outputs
 // with no sums across lanes, where the row layout takes a dpbusd, a

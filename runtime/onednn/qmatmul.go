@@ -120,7 +120,7 @@ func (d *Device) qmatmulGroup(steps []*runtime.Step, x unsafe.Pointer, ws []unsa
 	q, ok := wt.DType.GGML()
 	k := a.Last()
 	m := a.NumElements() / k
-	if !ok || d.useAMX(q, m) {
+	if !ok {
 		return false, nil
 	}
 	// One layout for all: weights that take x16Type alone run so in a group
@@ -130,6 +130,9 @@ func (d *Device) qmatmulGroup(steps []*runtime.Step, x unsafe.Pointer, ws []unsa
 		if d.x16Eligible(st, q, wbs[i]) {
 			x16++
 		}
+	}
+	if x16 == len(steps) && d.useAMX(x16Type(q), m) || x16 == 0 && d.useAMX(q, m) {
+		return false, nil
 	}
 	if x16 != 0 && x16 != len(steps) || x16 == 0 && m >= d.qPrefillRows && d.qPrefillRows > 0 {
 		// (relaid weights run their kernel for prefill rows too, so those
@@ -213,13 +216,22 @@ func qamxFromRows(q quant.Type) int {
 	return 0
 }
 
-// useAMX says whether a product of m rows by weights of q runs on qamx.
+// qamxX16Rows is where qamx takes over relaid weights (x16Type) from
+// qgemm's VNNI kernel, whose tiles were as fast as AMX-INT8 at 16 rows
+// and half qamx's bf16 tiles' speed at 512 on a 16-core AMX host
+// (bench/RESULTS.md); between the two, a guess to be measured.
+const qamxX16Rows = 32
+
+// useAMX says whether a product of m rows by weights of q (relaid ones
+// as x16Type) runs on qamx.
 func (d *Device) useAMX(q quant.Type, m int) bool {
 	switch {
 	case d.qAMXRows == 0:
 		return false
 	case d.qAMXRows > 0:
 		return m >= d.qAMXRows && qamxSupports(q)
+	case isX16(q):
+		return m >= qamxX16Rows
 	}
 	from := qamxFromRows(q)
 	return from > 0 && m >= from

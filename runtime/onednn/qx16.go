@@ -32,9 +32,9 @@ import (
 // x16Eligible says whether s's weights wb (nil: not a weight only
 // matmuls read) take x16Type on this device: a type it relays, rows by
 // 16, and no AMX path that would read them in GGUF's layout on other
-// steps.
+// steps (qamx reads them relaid only with Options.AMXRelaid).
 func (d *Device) x16Eligible(s *runtime.Step, q quant.Type, wb *buffer) bool {
-	if wb == nil || !d.x16 || d.qAMXRows != 0 || !slices.Contains(x16Types, q) {
+	if wb == nil || !d.x16 || d.qAMXRows != 0 && !d.amxX16 || !slices.Contains(x16Types, q) {
 		return false
 	}
 	wt := s.In[1]

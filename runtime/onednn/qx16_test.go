@@ -3,6 +3,7 @@ package onednn
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -203,6 +204,8 @@ func TestX16ThroughRun(t *testing.T) {
 	if !d.x16 {
 		t.Skipf("qgemm runs %v here: the relayout is for AVX-512 VNNI (TestQgemmX16 covers its portable kernel)", qgemmISA())
 	}
+	// On a CPU with AMX the weights are relaid only with Options.AMXRelaid.
+	d.amxX16 = d.qAMXRows != 0
 	rng := rand.New(rand.NewPCG(16, 3))
 	const n, k = 48, 256
 	newWeight := func(dev runtime.Device) (runtime.Buffer, []byte) {
@@ -274,6 +277,23 @@ func TestX16ThroughRun(t *testing.T) {
 	d.qPrefillRows = defaultQPrefillRows
 	if !slices.Equal(y, kernel(x16Type(quant.Q8_0), relaid(t, quant.Q8_0, w, n, k), x, m)) {
 		t.Fatal("prefill rows: Run differs from the relaid kernel plus the bias")
+	}
+	// With AMX, from qamxX16Rows rows qamx multiplies the relaid weights:
+	// its panels are GGUF's (TestQamxPanelX16), so the product is qamx's on
+	// the weights as stored, bit for bit.
+	if d.qAMXRows != 0 {
+		const m = qamxX16Rows + 8
+		y, x := product(d, wb, m)
+		want := make([]float32, m*n)
+		if err := qamxSlices(quant.Q8_0, w, n, k, x, m, want, n, d.threads, 0); err != nil {
+			t.Fatal(err)
+		}
+		for i := range want {
+			want[i] += bias[i%n]
+		}
+		if !isX16(wb) || !slices.Equal(y, want) {
+			t.Fatalf("%d rows on AMX: relaid %v, or Run differs from qamx on the weights as stored plus the bias", m, isX16(wb))
+		}
 	}
 	wf := make([]float32, n*k)
 	if err := quant.Dequantize(quant.Q8_0, w, wf); err != nil {
@@ -383,5 +403,88 @@ func TestX16ThroughRun(t *testing.T) {
 	y4, x4 := product(dev, wb4, 3)
 	if isX16(wb4) || !slices.Equal(y4, kernel(quant.Q8_0, w4, x4, 3)) {
 		t.Fatal("with NoX16: the weight was relaid, or the product differs from Q8_0's kernel")
+	}
+}
+
+// TestQamxPanelX16: qamx's panels of relaid weights (what its tile unit
+// multiplies on an AMX CPU) are, bf16 for bf16, its panels of the same
+// weights in GGUF's layout, whole or filled a few rows' share at a time
+// as its overlapped passes fill them; k of an odd number of blocks
+// included (a last unit of one block). The decoders need AVX512-BF16,
+// not AMX, so this runs on any CPU with it.
+func TestQamxPanelX16(t *testing.T) {
+	for _, q := range x16Types {
+		ks := []int{32, 96, 1024}
+		if q == quant.Q4_K {
+			ks = []int{256, 768}
+		}
+		for _, k := range ks {
+			rng := rand.New(rand.NewPCG(17, uint64(k)+uint64(q)<<16))
+			const n = 48
+			w := randQuantWeights(rng, q, n, k)
+			p := relaid(t, q, w, n, k)
+			for panel := range n / 16 {
+				want, err := qamxPanel(q, w, n, k, panel, 1)
+				if errors.Is(err, errNoAMX) {
+					t.Skip("this CPU lacks AVX512-BF16, which qamx's decoders use")
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, steps := range []int{1, 3, 16} {
+					got, err := qamxPanel(x16Type(q), p, n, k, panel, steps)
+					if err != nil {
+						t.Fatal(err)
+					}
+					for i := range got {
+						if got[i] != want[i] {
+							t.Fatalf("%v k=%d panel %d, %d steps: row %d [%d] = %#04x relaid, %#04x in GGUF's layout",
+								q, k, panel, steps, i/k, i%k, got[i], want[i])
+						}
+					}
+				}
+			}
+		}
+		in, _ := q.Info()
+		w := relaid(t, q, randQuantWeights(rand.New(rand.NewPCG(17, 1)), q, 32, in.BlockElems), 32, in.BlockElems)
+		if _, err := qamxPanel(x16Type(q), w[:len(w)/2], 16, in.BlockElems, 0, 1); err != nil && !errors.Is(err, errNoAMX) {
+			t.Errorf("%v: a 16-row panel: %v", q, err)
+		}
+		if _, err := qamxPanel(x16Type(q), w[:len(w)/32*24], 24, in.BlockElems, 0, 1); !errors.Is(err, errQgemmSize) && !errors.Is(err, errNoAMX) {
+			t.Errorf("%v relaid: 24 rows (not whole tiles): %v, want a size error", q, err)
+		}
+	}
+}
+
+// BenchmarkQamxPanel times qamx's panel decoding alone (the part of its
+// prefill the vector units do) for a matrix in GGUF's layout and relaid:
+// all its panels, one thread.
+func BenchmarkQamxPanel(b *testing.B) {
+	for _, c := range []struct {
+		q    quant.Type
+		n, k int
+	}{{quant.Q8_0, 4864, 896}, {quant.Q5_0, 896, 4864}, {quant.Q4_K, 2816, 1024}} {
+		rng := rand.New(rand.NewPCG(1, 2))
+		w := randQuantWeights(rng, c.q, c.n, c.k)
+		p := bytes.Clone(w)
+		if err := x16Relayout(c.q, unsafe.Pointer(&p[0]), int64(c.n), int64(c.k), true, 1); err != nil {
+			b.Fatal(err)
+		}
+		for _, l := range []struct {
+			name string
+			q    quant.Type
+			w    []byte
+		}{{"gguf", c.q, w}, {"relaid", x16Type(c.q), p}} {
+			b.Run(fmt.Sprintf("%v/%dx%d/%s", c.q, c.n, c.k, l.name), func(b *testing.B) {
+				for b.Loop() {
+					for panel := range c.n / 16 {
+						if _, err := qamxPanel(l.q, l.w, c.n, c.k, panel, 1); err != nil {
+							b.Skip(err)
+						}
+					}
+				}
+				b.ReportMetric(float64(c.n*c.k)*float64(b.N)/b.Elapsed().Seconds()/1e9, "Gweights/s")
+			})
+		}
 	}
 }

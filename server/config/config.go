@@ -79,7 +79,11 @@ type Config struct {
 	PJRTPlugins string `json:"pjrt-plugin"`
 	// ComputeDType is the type each device type's models compute in:
 	// "cpu=f32,gpu=f32,tpu=bf16" (see ComputeDTypes).
-	ComputeDType string   `json:"compute-dtype"`
+	ComputeDType string `json:"compute-dtype"`
+	// CPUAMXRelaid relays block-quantized weights by 16 rows on CPUs with
+	// AMX as on those without (onednn.Options.AMXRelaid): experimental,
+	// off until measured there.
+	CPUAMXRelaid bool     `json:"cpu-amx-relaid"`
 	Telemetry    Duration `json:"telemetry-interval"`
 
 	MaxMessageBytes    int      `json:"max-message-bytes"`
@@ -232,6 +236,7 @@ var envNames = map[string]string{
 	"nvml-library":               "BROKERD_NVML_LIBRARY",
 	"pjrt-plugin":                "BROKERD_PJRT_PLUGINS",
 	"compute-dtype":              "BROKERD_COMPUTE_DTYPE",
+	"cpu-amx-relaid":             "BROKERD_CPU_AMX_RELAID",
 	"telemetry-interval":         "BROKERD_TELEMETRY_INTERVAL",
 	"max-message-bytes":          "BROKERD_MAX_MESSAGE_BYTES",
 	"max-items-per-request":      "BROKERD_MAX_ITEMS_PER_REQUEST",
@@ -301,6 +306,7 @@ func bind(fs *flag.FlagSet, c *Config, configPath *string) {
 	fs.StringVar(&c.NVMLLibrary, "nvml-library", c.NVMLLibrary, "path to libnvidia-ml.so.1 (default: the loader's search)")
 	fs.StringVar(&c.PJRTPlugins, "pjrt-plugin", c.PJRTPlugins, "PJRT plugins as name=path pairs, e.g. tpu=/path/libtpu.so,cuda=/path/xla_cuda_plugin.so")
 	fs.StringVar(&c.ComputeDType, "compute-dtype", c.ComputeDType, "compute type per device type as type=dtype pairs (f32 or bf16), e.g. gpu=bf16; types not named keep "+DefaultComputeDType+"; a device that cannot run bf16 falls back to f32 with a warning")
+	fs.BoolVar(&c.CPUAMXRelaid, "cpu-amx-relaid", c.CPUAMXRelaid, "experimental: on a CPU with AMX, relay block-quantized GGUF weights by 16 rows for the VNNI kernels as on CPUs without it (prefill decodes AMX panels from them); for comparisons")
 	fs.Var(&c.Telemetry, "telemetry-interval", "device telemetry refresh interval")
 	fs.IntVar(&c.MaxMessageBytes, "max-message-bytes", c.MaxMessageBytes, "largest gRPC message accepted or sent")
 	fs.Var(&c.ShutdownGrace, "shutdown-grace", "how long a stop waits for in-flight calls")

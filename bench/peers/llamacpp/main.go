@@ -89,7 +89,7 @@ var shapes = map[string]modelkit.LLM{
 type options struct {
 	shape, dtype, work, plot, levels string
 	quant, bin                       string
-	daemon                           bool
+	daemon, amxRelaid                bool
 	daemonTime                       time.Duration
 	rounds, threads, promptTokens    int
 	genTokens, checkTokens, prefill  int
@@ -115,6 +115,7 @@ func main() {
 	flag.IntVar(&o.prefill, "prefill-tokens", 512, "prompt of the prefill measurement (0: skip)")
 	flag.BoolVar(&o.council, "council", true, "run the council round")
 	flag.BoolVar(&o.torch, "torch", true, "check tokens against PyTorch too")
+	flag.BoolVar(&o.amxRelaid, "amx-relaid", false, "on a CPU with AMX, brokerd relays quantized weights by 16 rows as without AMX (onednn.Options.AMXRelaid; the daemon's --cpu-amx-relaid)")
 	flag.Parse()
 	// brokerd's OpenMP threads are all cores unless OMP_NUM_THREADS says
 	// otherwise (libgomp reads it at load); llama.cpp gets the same count.
@@ -197,7 +198,7 @@ func run(ctx context.Context, o options) error {
 	}
 	debug.FreeOSMemory()
 	rssLoaded := rssOf(os.Getpid())
-	dev, err := onednn.New(onednn.Options{}).Open(ctx, runtime.DeviceSpec{ID: "cpu:0", DType: dt})
+	dev, err := onednn.New(onednn.Options{AMXRelaid: o.amxRelaid}).Open(ctx, runtime.DeviceSpec{ID: "cpu:0", DType: dt})
 	if err != nil {
 		return err
 	}

@@ -208,7 +208,7 @@ func daemonBench(o options, root, name string, fileBytes int64, limit float64) e
 	}
 	defer logf.Close()
 	d := exec.Command(filepath.Join(bin, "brokerd"), "--socket", sock, "--state-dir", filepath.Join(work, "state"),
-		"--model-repo", root, "--metrics-listen", "", "--log-level", "warn")
+		"--model-repo", root, "--metrics-listen", "", "--log-level", "warn", "--cpu-amx-relaid="+strconv.FormatBool(o.amxRelaid))
 	d.Stdout, d.Stderr = logf, logf
 	if err := d.Start(); err != nil {
 		return err

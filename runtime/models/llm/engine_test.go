@@ -341,10 +341,12 @@ var benchNoAMX = flag.Bool("llm.noamx", false, "the benchmarks' device keeps qua
 
 var benchNoX16 = flag.Bool("llm.nox16", false, "the benchmarks' device keeps block-quantized weights in GGUF's layout rather than relaid by 16 rows for the VNNI kernels (onednn.Options.NoX16)")
 
+var benchAMXRelaid = flag.Bool("llm.amxrelaid", false, "the benchmarks' device relays block-quantized weights by 16 rows on a CPU with AMX too (onednn.Options.AMXRelaid)")
+
 var benchNoAMXInt8 = flag.Bool("llm.noamxint8", false, "the benchmarks' device keeps Q8_0's products of up to 16 rows on bf16 panels rather than AMX-INT8 (onednn.Options.NoAMXInt8)")
 
 func openBenchDevice(b *testing.B, dt runtime.DType) runtime.Device {
-	dev, err := onednn.New(onednn.Options{NoAMX: *benchNoAMX, NoAMXInt8: *benchNoAMXInt8, NoX16: *benchNoX16}).Open(context.Background(), runtime.DeviceSpec{ID: "cpu:0", DType: dt, Threads: *benchThreads})
+	dev, err := onednn.New(onednn.Options{NoAMX: *benchNoAMX, NoAMXInt8: *benchNoAMXInt8, NoX16: *benchNoX16, AMXRelaid: *benchAMXRelaid}).Open(context.Background(), runtime.DeviceSpec{ID: "cpu:0", DType: dt, Threads: *benchThreads})
 	if err != nil {
 		b.Skipf("oneDNN %s: %v", dt, err)
 	}
