@@ -17,8 +17,10 @@
 #       shape:quant:seconds (default "llama-12x1024:q8_0:150
 #       qwen2.5-0.5b:q8_0:200"), each under its own timeout and all within
 #       BUDGET seconds (default 450); ROUNDS (3) interleaved rounds, DD (8s)
-#       each daemon window (DAEMON=0: in process only). Outputs go to $OUT (default /tmp/wide-host):
-#       facts.txt (lscpu, memory, node) and SHAPE-QUANT.txt.
+#       each daemon window (DAEMON=0: in process only); ARGS, more flags for
+#       main.go (e.g. ARGS=-amx-relaid on an AMX host), with TAG naming their
+#       outputs. Outputs go to $OUT (default /tmp/wide-host): facts.txt
+#       (lscpu, memory, node) and SHAPE-QUANT[-TAG].txt.
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../../.." && pwd)
@@ -63,10 +65,12 @@ run)
     echo "== $s $q at $(el) s"
     daemon=(-daemon -daemon-duration "${DD:-8s}" -bin "$db/bin")
     [ "${DAEMON:-1}" = 0 ] && daemon=()
+    res="$OUT/$s-$q${TAG:+-$TAG}.txt"
+    # shellcheck disable=SC2086 # ARGS is a list of flags
     timeout "$lim" "$db/bin/llamacpp" -shape "$s" -quant "$q" -rounds "${ROUNDS:-3}" -gen-tokens 32 \
-      -concurrency 1,16 -council=false -torch=false "${daemon[@]}" -work "$db/work" >"$OUT/$s-$q.txt" 2>&1
+      -concurrency 1,16 -council=false -torch=false "${daemon[@]}" -work "$db/work" ${ARGS:-} >"$res" 2>&1
     echo "rc $? at $(el) s"
-    tail -n 14 "$OUT/$s-$q.txt"
+    tail -n 14 "$res"
   done
   ;;
 *)
