@@ -231,7 +231,7 @@ func (d *Device) useAMX(q quant.Type, m int) bool {
 	case d.qAMXRows > 0:
 		return m >= d.qAMXRows && qamxSupports(q)
 	case isX16(q):
-		return m >= qamxX16Rows
+		return m >= qamxX16Rows && qamxSupports(q)
 	}
 	from := qamxFromRows(q)
 	return from > 0 && m >= from
