@@ -86,6 +86,12 @@ static inline __attribute__((always_inline)) void bd_prefetch(const uint8_t *p, 
 // (low, high): sub-blocks 2p and 2p+1, against a pair of Q4_K's mins.
 #define K16_D(k, nb, r, G) ((G) * (k) + (r) * (nb) * 4)
 #define K16_S(k, nb, r, G) ((G) * (k) + (G) * (nb) * 4 + (r) * (nb) * 16)
+// k6 (BD_X16(14)'s activations, blocks of 256 as the ak layout): int8
+// q[G][k] row by row | f32 d[G][nb] | int32 s[G][nb][16], s[i] = -32 times
+// the sum of q over the block's elements 16i..16i+15 (Q6_K's offset
+// against sub-block i).
+#define K6_D(k, nb, r, G) ((G) * (k) + (r) * (nb) * 4)
+#define K6_S(k, nb, r, G) ((G) * (k) + (G) * (nb) * 4 + (r) * (nb) * 64)
 
 // The 6-bit scales and mins of a Q4_K/Q5_K block (ggml's get_scale_min_k4
 // for all eight at once): u holds the block's 12 scale bytes and becomes
@@ -101,7 +107,8 @@ static inline __attribute__((always_inline)) void bd_k4_scales(uint32_t u[4]) {
 // The weight types: ggml's number, elements and bytes per block, and the
 // activations' form: 0 the a32 layout, 1 the ak layout, 2 X itself (the
 // float types, whose weights are converted to f32 in registers), 3 the x16
-// layout (BD_X16 of the 32-element types), 4 the k16 layout (BD_X16(12)).
+// layout (BD_X16 of the 32-element types), 4 the k16 layout (BD_X16(12)),
+// 5 the k6 layout (BD_X16(14)).
 typedef struct {
     int type, elems, bytes, k;
 } bd_qtype;
@@ -123,6 +130,7 @@ static const bd_qtype qtypes[] = {
     {BD_X16(7), 32, 24, 3},
     {BD_X16(8), 32, 34, 3},
     {BD_X16(12), 256, 144, 4},
+    {BD_X16(14), 256, 210, 5},
 };
 
 static const bd_qtype *qtype_of(int type) {
@@ -139,6 +147,7 @@ static int64_t group_bytes(const bd_qtype *t, int64_t k, int64_t G) {
     case 1: return nb * AK_BYTES(G);
     case 3: return G * k + 3 * G * nb * 4;
     case 4: return G * k + G * nb * 4 + G * nb * 16;
+    case 5: return G * k + G * nb * 4 + G * nb * 64;
     }
     return 0;
 }
@@ -339,7 +348,51 @@ static void quant_x16_base(const float *x, int64_t k, int64_t nb, int R, int64_t
 // Row j's block at xb of a BD_X16(t) tile, back into ggml's layout at rb
 // (t's bytes); x16_put is the reverse (the tile's fifth-bit masks must
 // start zeroed: it ORs row j's bits into them).
+// Q6_K's element e of a block in ggml's layout: the byte of ql holding
+// its low four bits and their nibble, and the byte of qh holding its top
+// two and their shift.
+static void q6_at(int e, int *ql, int *nib, int *qh, int *sh) {
+    const int h = e / 128, t = e % 128 / 32, l = e % 32;
+    *ql = 64 * h + l + 32 * (t & 1), *nib = t >> 1, *qh = 128 + 32 * h + l, *sh = 2 * t;
+}
+
+static void q6_get(const uint8_t *xb, int j, uint8_t *rb) {
+    memcpy(rb + 208, xb + 2 * j, 2);
+    memset(rb, 0, 192);
+    for (int s = 0; s < 16; s++) {
+        rb[192 + s] = xb[Q6_SC + 16 * s + j];
+        const uint8_t *qp = xb + Q6_QS + 192 * s + 4 * j;
+        for (int c = 0; c < 4; c++)
+            for (int i = 0; i < 4; i++) {
+                const int lo = qp[64 * (c / 2) + i] >> (4 * (c & 1)) & 0x0f, hi = qp[128 + i] >> (2 * c) & 3;
+                int ql, nib, qh, sh;
+                q6_at(16 * s + 4 * c + i, &ql, &nib, &qh, &sh);
+                rb[ql] |= (uint8_t)(lo << (4 * nib));
+                rb[qh] |= (uint8_t)(hi << sh);
+            }
+    }
+}
+
+static void q6_put(uint8_t *xb, int j, const uint8_t *rb) {
+    memcpy(xb + 2 * j, rb + 208, 2);
+    for (int s = 0; s < 16; s++) {
+        xb[Q6_SC + 16 * s + j] = rb[192 + s];
+        uint8_t *qp = xb + Q6_QS + 192 * s + 4 * j;
+        for (int c = 0; c < 4; c++)
+            for (int i = 0; i < 4; i++) {
+                int ql, nib, qh, sh;
+                q6_at(16 * s + 4 * c + i, &ql, &nib, &qh, &sh);
+                qp[64 * (c / 2) + i] |= (uint8_t)((rb[ql] >> (4 * nib) & 0x0f) << (4 * (c & 1)));
+                qp[128 + i] |= (uint8_t)((rb[qh] >> sh & 3) << (2 * c));
+            }
+    }
+}
+
 static void x16_get(int t, const uint8_t *xb, int j, uint8_t *rb) {
+    if (t == 14) {
+        q6_get(xb, j, rb);
+        return;
+    }
     memcpy(rb, xb + 2 * j, 2);
     if (t == 12) {
         memcpy(rb + 2, xb + X16_MIN + 2 * j, 2);
@@ -365,6 +418,10 @@ static void x16_get(int t, const uint8_t *xb, int j, uint8_t *rb) {
 }
 
 static void x16_put(int t, uint8_t *xb, int j, const uint8_t *rb) {
+    if (t == 14) {
+        q6_put(xb, j, rb);
+        return;
+    }
     memcpy(xb + 2 * j, rb, 2);
     if (t == 12) {
         memcpy(xb + X16_MIN + 2 * j, rb + 2, 2);
@@ -475,6 +532,59 @@ static void k16_base(const uint8_t *w, int64_t nb, const uint8_t *xg, int64_t G,
     }
 }
 
+// Fills row r's block b of a k6 group from the ak layout of that block
+// alone (G = 1, at a).
+static void k6_from_ak(const uint8_t *a, int64_t k, int64_t nb, int r, int64_t b, int64_t G, uint8_t *xg) {
+    memcpy(xg + r * k + 256 * b, a, 256);
+    ((float *)(xg + K6_D(k, nb, r, G)))[b] = ((const float *)(a + AK_D(1)))[0];
+    const int16_t *br = (const int16_t *)(a + AK_BR(1));
+    int32_t *s = (int32_t *)(xg + K6_S(k, nb, r, G)) + 16 * b;
+    for (int i = 0; i < 16; i++) s[i] = -32 * br[i];
+}
+
+// R rows into a group of the k6 layout with G rows, as quant_k16_base.
+static void quant_k6_base(const float *x, int64_t k, int64_t nb, int R, int64_t G, uint8_t *xg) {
+    uint8_t a[AK_BYTES(1)] __attribute__((aligned(64)));
+    for (int r = 0; r < R; r++)
+        for (int64_t b = 0; b < nb; b++) {
+            quant_ak_base(x + r * k + 256 * b, 256, 1, 1, 1, a);
+            k6_from_ak(a, k, nb, r, b, G, xg);
+        }
+}
+
+// R rows of the group at xg against one tile of 16 BD_X16(14) rows into
+// out[r*16 + j]: each row's block back in Q6_K's layout, its sub-blocks'
+// integer sums (the offset from the k6 sums) times their scales summed
+// whole, then one multiply by the block's scales.
+static void q6x16_base(const uint8_t *w, int64_t nb, const uint8_t *xg, int64_t G, int R, float *out) {
+    const int64_t k = 256 * nb;
+    for (int r = 0; r < R; r++) {
+        const int8_t *q = (const int8_t *)(xg + r * k);
+        const float *dx = (const float *)(xg + K6_D(k, nb, r, G));
+        const int32_t *sx = (const int32_t *)(xg + K6_S(k, nb, r, G));
+        for (int j = 0; j < 16; j++) {
+            float acc = 0.0f;
+            for (int64_t b = 0; b < nb; b++) {
+                uint8_t rb[210];
+                x16_get(14, w + b * 3360, j, rb);
+                int32_t tot = 0;
+                for (int s = 0; s < 16; s++) {
+                    int32_t isum = sx[16 * b + s];
+                    for (int i = 0; i < 16; i++) {
+                        int ql, nib, qh, sh;
+                        q6_at(16 * s + i, &ql, &nib, &qh, &sh);
+                        const int v = (rb[ql] >> (4 * nib) & 0x0f) | (rb[qh] >> sh & 3) << 4;
+                        isum += v * q[256 * b + 16 * s + i];
+                    }
+                    tot += isum * (int8_t)rb[192 + s];
+                }
+                acc += h2f(rb + 208) * dx[b] * (float)tot;
+            }
+            out[r * 16 + j] = acc;
+        }
+    }
+}
+
 // ---- The x86 variants: qgemm_x86.h compiled twice. ----
 
 #pragma GCC push_options
@@ -539,7 +649,7 @@ int bd_qgemm_isa(void) {
 // The most rows of X one pass over a weight row carries (for x16 16, a
 // vector of 16 outputs a row; for k16 8, which also keeps a block's int32
 // sums in registers).
-static int64_t rmax_of(const bd_qtype *t, int isa) { return t->k == 3 ? 16 : t->k == 4 || isa != BD_ISA_AVX2 ? 8 : 4; }
+static int64_t rmax_of(const bd_qtype *t, int isa) { return t->k == 3 ? 16 : t->k >= 4 || isa != BD_ISA_AVX2 ? 8 : 4; }
 
 // The group size for m rows: the variant's rmax, or m when smaller.
 static int64_t group_of(const bd_qtype *t, int isa, int64_t m) {
@@ -559,7 +669,7 @@ int64_t bd_qgemm_work_bytes(int wtype, int64_t k, int64_t m) {
     // The most any variant takes: groups of min(m, 4) or min(m, 8) (x16:
     // min(m, 16); k16: min(m, 8)).
     int64_t most = 0;
-    for (int64_t r = t->k == 3 ? 16 : t->k == 4 ? 8 : 4; r <= (t->k == 3 ? 16 : 8); r += 4) {
+    for (int64_t r = t->k == 3 ? 16 : t->k >= 4 ? 8 : 4; r <= (t->k == 3 ? 16 : 8); r += 4) {
         const int64_t G = m < r ? m : r, gb = group_bytes(t, k, G); // gb < 2.2·k·8
         if (gb > BD_QGEMM_MAX / ((m + G - 1) / G)) return BD_QGEMM_SIZE;
         const int64_t w = (m + G - 1) / G * gb;
@@ -590,6 +700,8 @@ static void x16_task(int wt, int isa, const uint8_t *w, int64_t rowb, int64_t nb
                 const uint8_t *wp = w + tt * 16 * rowb;
                 if (wt == 12)
                     (isa == BD_ISA_AVX512 ? rows_k16_vnni : k16_base)(wp, nb, xg, G, R, out);
+                else if (wt == 14)
+                    (isa == BD_ISA_AVX512 ? rows_q6x16_vnni : q6x16_base)(wp, nb, xg, G, R, out);
                 else if (isa == BD_ISA_AVX512)
                     rows_x16_vnni(wt, wp, nb, xg, G, R, out);
                 else
@@ -693,6 +805,7 @@ int bd_qgemm_multi(int wtype, const bd_qgemm_part *parts, int count, int64_t k, 
     }
     if (t->k == 3) quant = isa == BD_ISA_BASE ? quant_x16_base : isa == BD_ISA_AVX2 ? quant_x16_avx2 : quant_x16_vnni;
     if (t->k == 4) quant = isa == BD_ISA_BASE ? quant_k16_base : isa == BD_ISA_AVX2 ? quant_k16_avx2 : quant_k16_vnni;
+    if (t->k == 5) quant = isa == BD_ISA_BASE ? quant_k6_base : isa == BD_ISA_AVX2 ? quant_k6_avx2 : quant_k6_vnni;
     if (t->k == 2) quant = NULL;
     const bd_rowsfn rows = isa == BD_ISA_BASE ? NULL : rows_for(wtype, isa);
 
@@ -747,11 +860,11 @@ int bd_qgemm_multi(int wtype, const bd_qgemm_part *parts, int count, int64_t k, 
 }
 
 // Whether ggml type t has a BD_X16 form.
-static int x16_type(int t) { return t == 2 || t == 3 || t == 6 || t == 7 || t == 8 || t == 12; }
+static int x16_type(int t) { return t == 2 || t == 3 || t == 6 || t == 7 || t == 8 || t == 12 || t == 14; }
 
 int bd_x16_relayout(int t, void *w, int64_t n, int64_t k, int to_x16, int nthreads) {
     if (!x16_type(t)) return BD_QGEMM_UNSUPPORTED;
-    if (n <= 0 || k <= 0 || n % 16 || k % (t == 12 ? 256 : 32) || n > BD_QGEMM_MAX || k > BD_QGEMM_MAX || nthreads < 1)
+    if (n <= 0 || k <= 0 || n % 16 || k % qtype_of(t)->elems || n > BD_QGEMM_MAX || k > BD_QGEMM_MAX || nthreads < 1)
         return BD_QGEMM_SIZE;
     const int64_t nb = k / qtype_of(t)->elems, bytes = qtype_of(t)->bytes, rowb = nb * bytes;
     if (rowb > BD_QGEMM_MAX / n) return BD_QGEMM_SIZE;
@@ -793,7 +906,7 @@ int bd_x16_row(int t, const void *w, int64_t n, int64_t k, int64_t id, float *ou
     const int64_t nb = k / q->elems, rowb = nb * q->bytes;
     if (rowb > BD_QGEMM_MAX / n) return BD_QGEMM_SIZE;
     const uint8_t *tile = (const uint8_t *)w + id / 16 * 16 * rowb;
-    uint8_t rb[144]; // a block of t in ggml's layout
+    uint8_t rb[210]; // a block of t in ggml's layout
     for (int64_t b = 0; b < nb; b++) {
         x16_get(t, tile + b * 16 * q->bytes, (int)(id % 16), rb);
         if (bd_dequant_row(t, rb, q->bytes, out + b * q->elems, q->elems, BD_ISA_AUTO) != BD_DEQUANT_OK) return BD_QGEMM_SIZE;

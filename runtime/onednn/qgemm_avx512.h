@@ -486,6 +486,50 @@ ZI void kz_k16(const uint8_t *w, int64_t nb, const uint8_t *xg, int64_t G, const
 }
 
 
+// BD_X16(14) (Q6_K): R rows (up to 8) against a tile of 16 weight rows,
+// out[r*16 + j]. Per sub-block of 16 elements its three quant vectors
+// give four of 16 rows' unsigned 6-bit values (4 elements each), and a
+// row's sub-block is 4 dpbusd starting from -32 times its activations'
+// sum (the k6 layout's), times the lanes' int8 scales (vpmulld) into one
+// int32 sum for the block: one conversion and one FMA a block and row,
+// where the row layout pays them per 64 products.
+ZI void kz_q6x16(const uint8_t *w, int64_t nb, const uint8_t *xg, int64_t G, const int R, float *out) {
+    const int64_t k = 256 * nb;
+    const float *dx = (const float *)(xg + K6_D(k, nb, 0, G));
+    const int32_t *sx = (const int32_t *)(xg + K6_S(k, nb, 0, G));
+    const __m512i m4 = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);
+    __m512 acc[8];
+    for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *wb = w + b * 3360;
+        bd_prefetch(wb + BD_PREFETCH, 3360);
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)wb));
+        __m512i tot[8];
+        for (int r = 0; r < R; r++) tot[r] = _mm512_setzero_si512();
+        for (int s = 0; s < 16; s++) {
+            const __m512i sc = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(wb + Q6_SC + 16 * s)));
+            const uint8_t *qp = wb + Q6_QS + 192 * s;
+            const __m512i a = _mm512_loadu_si512((const void *)qp), bv = _mm512_loadu_si512((const void *)(qp + 64)),
+                          c = _mm512_loadu_si512((const void *)(qp + 128));
+            __m512i wv[4];
+            wv[0] = _mm512_or_si512(_mm512_and_si512(a, m4), _mm512_and_si512(_mm512_slli_epi16(c, 4), m30));
+            wv[1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(a, 4), m4), _mm512_and_si512(_mm512_slli_epi16(c, 2), m30));
+            wv[2] = _mm512_or_si512(_mm512_and_si512(bv, m4), _mm512_and_si512(c, m30));
+            wv[3] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(bv, 4), m4), _mm512_and_si512(_mm512_srli_epi16(c, 2), m30));
+            _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) {
+                const uint8_t *xr = xg + r * k + 256 * b + 16 * s;
+                __m512i si = _mm512_set1_epi32(sx[(r * nb + b) * 16 + s]);
+                _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++)
+                    si = _mm512_dpbusd_epi32(si, wv[q], _mm512_set1_epi32((int32_t)le32(xr + 4 * q)));
+                tot[r] = _mm512_add_epi32(tot[r], _mm512_mullo_epi32(si, sc));
+            }
+        }
+        _Pragma("GCC unroll 8") for (int r = 0; r < R; r++)
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(tot[r]), _mm512_mul_ps(d, _mm512_set1_ps(dx[r * nb + b])), acc[r]);
+    }
+    for (int r = 0; r < R; r++) _mm512_store_ps(out + 16 * r, acc[r]);
+}
+
 // The row functions qgemm.c calls for the AVX-512 variant.
 #define Z_ROWFN(n)                                                                         \
     static void rows_##n##_vnni(const uint8_t *w, int64_t nb, const uint8_t *xg, int64_t G, \
@@ -513,6 +557,7 @@ Z_ROWFN(q6_K)
 Z_ROWFN(f16)
 Z_ROWFN(bf16)
 Z_ROWFN(k16) // BD_X16(12)'s tiles: R rows against 16 weight rows
+Z_ROWFN(q6x16) // BD_X16(14)'s
 
 #undef Z_ROWFN
 #undef Z_KERNEL32

@@ -181,6 +181,16 @@ static void QV(quant_k16)(const float *x, int64_t k, int64_t nb, int R, int64_t 
         }
 }
 
+// The same into the k6 layout (BD_X16(14)'s activations).
+static void QV(quant_k6)(const float *x, int64_t k, int64_t nb, int R, int64_t G, uint8_t *xg) {
+    uint8_t a[AK_BYTES(1)] __attribute__((aligned(64)));
+    for (int r = 0; r < R; r++)
+        for (int64_t b = 0; b < nb; b++) {
+            QV(quant_ak)(x + r * k + 256 * b, 256, 1, 1, 1, a);
+            k6_from_ak(a, k, nb, r, b, G, xg);
+        }
+}
+
 // The kernels: out[r] = W's row w · X's row r for r < R, X's rows a group
 // of G at xg. Each weight block is decoded once into u8 values v with
 // w = a*v + o and used for all R rows: the integer sum of v·q per row,

@@ -9,7 +9,16 @@
 // 16 dwords (K16_SC) | quants (K16_QS): per pair p of sub-blocks, 8
 // vectors whose byte 4j+i is row j's qs[32p+4c+i] (sub-block 2p's element
 // 4c+i in the low nibble, 2p+1's in the high).
-#define X16_BLOCK(t) ((t) == 8 ? 544 : (t) == 2 ? 288 : (t) == 3 ? 320 : (t) == 6 ? 352 : (t) == 12 ? 2304 : 384)
+// Q6_K's: d[16] (f16) | its 16 sub-blocks' int8 scales, 16 rows each
+// (Q6_SC: sub-block s at Q6_SC + 16s) | per sub-block s, 192 bytes of
+// quants (Q6_QS + 192s): vectors A and B whose byte 4j+i holds row j's
+// sub-block elements 4c+i in nibble c (A: c 0 and 1, B: 2 and 3, low
+// nibble first), then C holding their top two bits, element 4c+i's at
+// bits 2c. Sub-block s is the block's elements 16s..16s+15, scale s.
+#define X16_BLOCK(t) \
+    ((t) == 8 ? 544 : (t) == 2 ? 288 : (t) == 3 ? 320 : (t) == 6 ? 352 : (t) == 12 ? 2304 : (t) == 14 ? 3360 : 384)
+#define Q6_SC 32
+#define Q6_QS 288
 #define K16_SC 64
 #define K16_QS 256
 #define X16_MIN 32

@@ -285,7 +285,7 @@ func BenchmarkDecodeFixedCost(b *testing.B) {
 }
 
 // BenchmarkPrefill512 is one 512-token prefill step of llama1024 with its
-// matrices in Q4_K and Q8_0 (qamx.c on a CPU with AMX, else dequantized
+// matrices in Q4_K, Q6_K and Q8_0 (qamx.c on a CPU with AMX, else dequantized
 // slices through oneDNN; -llm.noamx for the latter), against the same
 // shape in bf16 and f32 weights.
 func BenchmarkPrefill512(b *testing.B) {
@@ -294,7 +294,7 @@ func BenchmarkPrefill512(b *testing.B) {
 		name string
 		dt   runtime.DType // device compute type
 		q    runtime.DType // 0: float weights
-	}{{"q4_K", runtime.F32, runtime.Q4_K}, {"q8_0", runtime.F32, runtime.Q8_0}, {"bf16", runtime.BF16, 0}, {"f32", runtime.F32, 0}} {
+	}{{"q4_K", runtime.F32, runtime.Q4_K}, {"q6_K", runtime.F32, runtime.Q6_K}, {"q8_0", runtime.F32, runtime.Q8_0}, {"bf16", runtime.BF16, 0}, {"f32", runtime.F32, 0}} {
 		b.Run(c.name, func(b *testing.B) {
 			dev := openBenchDevice(b, c.dt)
 			w := fastWeights(s)
