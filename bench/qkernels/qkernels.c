@@ -79,10 +79,10 @@ static uint8_t *q8_matrix(long n, long k, long *bytes) {
 }
 
 // qtype_block sets TYPE's block bytes and elements (8 Q8_0, 12 Q4_K,
-// 13 Q5_K, 14 Q6_K, and BD_X16 of 8, 12 and 14: 1008, 1012, 1014, the
-// weights relaid by 16 rows) and says whether it is one of those.
+// 13 Q5_K, 14 Q6_K, and BD_X16 of 8, 12, 13 and 14: 1008, 1012, 1013,
+// 1014, the weights relaid by 16 rows) and says whether it is one of those.
 static int qtype_block(int type, int *eb, int *ee) {
-    const int t = type == BD_X16(8) || type == BD_X16(12) || type == BD_X16(14) ? type - BD_X16(0) : type;
+    const int t = type == BD_X16(8) || (type >= BD_X16(12) && type <= BD_X16(14)) ? type - BD_X16(0) : type;
     *eb = t == 12 ? 144 : t == 13 ? 176 : t == 14 ? 210 : 34;
     *ee = t >= 12 ? 256 : 32;
     return t == 8 || (t >= 12 && t <= 14);
@@ -322,7 +322,7 @@ int main(int argc, char **argv) {
         return token(atol(argv[2]), atol(argv[3]), atol(argv[4]), atol(argv[5]), atol(argv[6]), atoi(argv[7]),
                 atoi(argv[8]));
     if (argc != 6) {
-        fprintf(stderr, "usage: qkernels TYPE N K M ITERS (TYPE 8 Q8_0, 12 Q4_K, 13 Q5_K, 14 Q6_K; 1008, 1012, 1014 relaid)\n"
+        fprintf(stderr, "usage: qkernels TYPE N K M ITERS (TYPE 8 Q8_0, 12 Q4_K, 13 Q5_K, 14 Q6_K; 1008, 1012-1014 relaid)\n"
                         "       qkernels stream N K THREADS ITERS\n"
                         "       qkernels many N K COUNT THREADS\n"
                         "       qkernels token LAYERS HIDDEN KVDIM INTER VOCAB THREADS ITERS\n"

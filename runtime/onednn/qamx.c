@@ -86,7 +86,7 @@ static int qa_block(int t, int *elems, int *bytes) {
     case 12: *elems = 256, *bytes = 144; return 1; // Q4_K
     case 13: *elems = 256, *bytes = 176; return 1; // Q5_K
     case 14: *elems = 256, *bytes = 210; return 1; // Q6_K
-    case BD_X16(2): case BD_X16(3): case BD_X16(6): case BD_X16(7): case BD_X16(8): case BD_X16(12):
+    case BD_X16(2): case BD_X16(3): case BD_X16(6): case BD_X16(7): case BD_X16(8): case BD_X16(12): case BD_X16(13):
         return qa_block(t - BD_X16_BASE, elems, bytes); // relaid by 16 rows: the same blocks' bytes
     }
     return 0;
@@ -95,7 +95,7 @@ static int qa_block(int t, int *elems, int *bytes) {
 // The ggml type of a BD_X16 type (qgemm.h), else 0.
 static int qa_x16(int t) {
     switch (t) {
-    case BD_X16(2): case BD_X16(3): case BD_X16(6): case BD_X16(7): case BD_X16(8): case BD_X16(12):
+    case BD_X16(2): case BD_X16(3): case BD_X16(6): case BD_X16(7): case BD_X16(8): case BD_X16(12): case BD_X16(13):
         return t - BD_X16_BASE;
     }
     return 0;
@@ -431,17 +431,18 @@ static QA_TARGET void qa_tile_x16(int T, const uint8_t *w, int64_t k, int64_t u0
     }
 }
 
-// qa_tile_x16 for BD_X16(12), Q4_K: unit u is block u/4's sub-blocks 2p
-// and 2p+1 (p = u%4), elements 64p..64p+63, valued d·sc·q − dmin·m as
-// qa_row_q4_K's tables value them (one FMA from the same d·sc and −dmin·m).
-static QA_TARGET void qa_tile_k16(const uint8_t *w, int64_t k, int64_t u0, int64_t u1, uint16_t *panel) {
+// qa_tile_x16 for BD_X16(12) and (13), Q4_K and Q5_K (T): unit u is block
+// u/4's sub-blocks 2p and 2p+1 (p = u%4), elements 64p..64p+63, valued
+// d·sc·q − dmin·m as qa_row_q4_K's and qa_row_q5_K's tables value them
+// (one FMA from the same d·sc and −dmin·m).
+static QA_TARGET void qa_tile_k16(int T, const uint8_t *w, int64_t k, int64_t u0, int64_t u1, uint16_t *panel) {
     const __m512i m4 = _mm512_set1_epi8(0x0f), m6 = _mm512_set1_epi32(0x3f3f3f3f), m0f = _mm512_set1_epi32(0x0f0f0f0f),
                   m03 = _mm512_set1_epi32(0x03030303), mff = _mm512_set1_epi32(0xff);
     float ds[8][16] __attribute__((aligned(64))), dm[8][16] __attribute__((aligned(64)));
     int64_t have = -1; // the block whose factors ds and dm hold
     for (int64_t u = u0; u < u1; u++) {
         const int64_t b = u / 4, p = u % 4;
-        const uint8_t *wb = w + b * 2304;
+        const uint8_t *wb = w + b * X16_BLOCK(T);
         if (b != have) {
             // The 16 rows' 6-bit scales and mins, lane by lane, as kz_k16
             // unpacks them (qgemm.c's bd_k4_scales).
@@ -464,12 +465,19 @@ static QA_TARGET void qa_tile_k16(const uint8_t *w, int64_t k, int64_t u0, int64
             }
             have = b;
         }
-        const uint8_t *qp = wb + K16_QS + 512 * p;
+        const uint8_t *qp = wb + K16_QSOF(T) + 512 * p;
         __m512i r[16];
         for (int c = 0; c < 8; c++) {
             const __m512i v = _mm512_loadu_si512((const void *)(qp + 64 * c));
             r[c] = _mm512_and_si512(v, m4);
             r[c + 8] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+            if (T == 13) { // Q5_K's fifth bits: sub-block 2p's, then 2p+1's
+                uint64_t lo, hi;
+                memcpy(&lo, wb + K5_QH + 64 * (2 * p) + 8 * c, 8);
+                memcpy(&hi, wb + K5_QH + 64 * (2 * p + 1) + 8 * c, 8);
+                r[c] = _mm512_mask_add_epi8(r[c], (__mmask64)lo, r[c], _mm512_set1_epi8(0x10));
+                r[c + 8] = _mm512_mask_add_epi8(r[c + 8], (__mmask64)hi, r[c + 8], _mm512_set1_epi8(0x10));
+            }
         }
         qa_transpose16(r); // r[j]: row j's sub-block 2p, then 2p+1
         const float *sa = ds[2 * p], *sb = ds[2 * p + 1], *ma = dm[2 * p], *mb = dm[2 * p + 1];
@@ -523,8 +531,8 @@ static QA_TARGET void qa_fill_to(qa_fill *f, int upto) {
     if (f->x16) {
         const int64_t want = (upto * ((f->k + 63) / 64) + 15) / 16;
         if (want <= f->next) return;
-        if (f->x16 == 12)
-            qa_tile_k16(f->w, f->k, f->next, want, f->panel);
+        if (f->x16 == 12 || f->x16 == 13)
+            qa_tile_k16(f->x16, f->w, f->k, f->next, want, f->panel);
         else
             qa_tile_x16(f->x16, f->w, f->k, f->next, want, f->panel);
         f->next = want;

@@ -48,6 +48,14 @@ static inline __attribute__((always_inline)) uint32_t le32(const uint8_t *p) {
 // of the read bandwidth (Q8_0, Q4_0 from memory on a 2-core Xeon); 4 KiB
 // ahead it streams at 0.85-1.0 (1 and 2 KiB gave less, 8 and 16 KiB no more).
 #define BD_PREFETCH 4096
+// The relaid kernels' (BD_X16) prefetch distance for R rows of
+// activations: with one or two rows a tile's block (2-3 KiB for the K
+// types) takes too little time for lines requested 4 KiB ahead to arrive,
+// and requesting the block's own lines at once as it starts ran faster
+// from memory (llama1024, one stream, 2 Zen 4 threads: Q5_K 3.6-4.2 ms a
+// step against 5.1-5.9, Q8_0 4.7-6.1 against 5.8-6.5); from more rows on
+// the block takes long enough for BD_PREFETCH.
+#define X16_PF(R) ((R) <= 2 ? 0 : BD_PREFETCH)
 
 // Prefetches the lines of [p, p+bytes) into L1.
 static inline __attribute__((always_inline)) void bd_prefetch(const uint8_t *p, int64_t bytes) {
@@ -130,6 +138,7 @@ static const bd_qtype qtypes[] = {
     {BD_X16(7), 32, 24, 3},
     {BD_X16(8), 32, 34, 3},
     {BD_X16(12), 256, 144, 4},
+    {BD_X16(13), 256, 176, 4},
     {BD_X16(14), 256, 210, 5},
 };
 
@@ -394,10 +403,18 @@ static void x16_get(int t, const uint8_t *xb, int j, uint8_t *rb) {
         return;
     }
     memcpy(rb, xb + 2 * j, 2);
-    if (t == 12) {
+    if (t == 12 || t == 13) {
+        const int qs = t == 13 ? 48 : 16; // ggml's qs offset: Q5_K's qh[32] comes first
         memcpy(rb + 2, xb + X16_MIN + 2 * j, 2);
         for (int p = 0; p < 3; p++) memcpy(rb + 4 + 4 * p, xb + K16_SC + 64 * p + 4 * j, 4);
-        for (int l = 0; l < 128; l += 4) memcpy(rb + 16 + l, xb + K16_QS + 512 * (l / 32) + 64 * (l % 32 / 4) + 4 * j, 4);
+        for (int l = 0; l < 128; l += 4) memcpy(rb + qs + l, xb + K16_QSOF(t) + 512 * (l / 32) + 64 * (l % 32 / 4) + 4 * j, 4);
+        if (t == 13) {
+            // qh[l] bit s is sub-block s's element l: mask (s, l/4) bit 4j + l%4.
+            memset(rb + 16, 0, 32);
+            for (int sb = 0; sb < 8; sb++)
+                for (int l = 0; l < 32; l++)
+                    rb[16 + l] |= (uint8_t)((xb[K5_QH + 64 * sb + 8 * (l / 4) + (4 * j + l % 4) / 8] >> ((4 * j + l % 4) % 8) & 1) << sb);
+        }
         return;
     }
     if (t == 8) {
@@ -423,10 +440,15 @@ static void x16_put(int t, uint8_t *xb, int j, const uint8_t *rb) {
         return;
     }
     memcpy(xb + 2 * j, rb, 2);
-    if (t == 12) {
+    if (t == 12 || t == 13) {
+        const int qs = t == 13 ? 48 : 16;
         memcpy(xb + X16_MIN + 2 * j, rb + 2, 2);
         for (int p = 0; p < 3; p++) memcpy(xb + K16_SC + 64 * p + 4 * j, rb + 4 + 4 * p, 4);
-        for (int l = 0; l < 128; l += 4) memcpy(xb + K16_QS + 512 * (l / 32) + 64 * (l % 32 / 4) + 4 * j, rb + 16 + l, 4);
+        for (int l = 0; l < 128; l += 4) memcpy(xb + K16_QSOF(t) + 512 * (l / 32) + 64 * (l % 32 / 4) + 4 * j, rb + qs + l, 4);
+        if (t == 13)
+            for (int sb = 0; sb < 8; sb++)
+                for (int l = 0; l < 32; l++)
+                    xb[K5_QH + 64 * sb + 8 * (l / 4) + (4 * j + l % 4) / 8] |= (uint8_t)((rb[16 + l] >> sb & 1) << ((4 * j + l % 4) % 8));
         return;
     }
     if (t == 8) {
@@ -499,7 +521,7 @@ static void quant_k16_base(const float *x, int64_t k, int64_t nb, int R, int64_t
 // R rows of the group at xg against one tile of 16 BD_X16(12) rows into
 // out[r*16 + j]: each row's block back in Q4_K's layout, then dotk_base's
 // sums.
-static void k16_base(const uint8_t *w, int64_t nb, const uint8_t *xg, int64_t G, int R, float *out) {
+static void k16_base_t(int t, const uint8_t *w, int64_t nb, const uint8_t *xg, int64_t G, int R, float *out) {
     const int64_t k = 256 * nb;
     for (int r = 0; r < R; r++) {
         const int8_t *q = (const int8_t *)(xg + r * k);
@@ -508,8 +530,9 @@ static void k16_base(const uint8_t *w, int64_t nb, const uint8_t *xg, int64_t G,
         for (int j = 0; j < 16; j++) {
             float acc = 0.0f, off = 0.0f;
             for (int64_t b = 0; b < nb; b++) {
-                uint8_t rb[144];
-                x16_get(12, w + b * 2304, j, rb);
+                uint8_t rb[176];
+                x16_get(t, w + b * X16_BLOCK(t), j, rb);
+                const int qs = t == 13 ? 48 : 16;
                 uint32_t u[4];
                 memcpy(u, rb + 4, 12);
                 bd_k4_scales(u);
@@ -517,7 +540,8 @@ static void k16_base(const uint8_t *w, int64_t nb, const uint8_t *xg, int64_t G,
                 int32_t isum = 0, ms = 0;
                 for (int e = 0; e < 256; e++) {
                     const int jj = e / 32, l = e % 32;
-                    const int v = jj & 1 ? rb[16 + 32 * (jj / 2) + l] >> 4 : rb[16 + 32 * (jj / 2) + l] & 0x0f;
+                    int v = jj & 1 ? rb[qs + 32 * (jj / 2) + l] >> 4 : rb[qs + 32 * (jj / 2) + l] & 0x0f;
+                    if (t == 13) v |= (rb[16 + l] >> jj & 1) << 4; // Q5_K's fifth bit
                     isum += sc[jj] * v * q[256 * b + e];
                 }
                 for (int p = 0; p < 4; p++) {
@@ -530,6 +554,14 @@ static void k16_base(const uint8_t *w, int64_t nb, const uint8_t *xg, int64_t G,
             out[r * 16 + j] = acc + off;
         }
     }
+}
+
+static void k16_base(const uint8_t *w, int64_t nb, const uint8_t *xg, int64_t G, int R, float *out) {
+    k16_base_t(12, w, nb, xg, G, R, out);
+}
+
+static void k5x16_base(const uint8_t *w, int64_t nb, const uint8_t *xg, int64_t G, int R, float *out) {
+    k16_base_t(13, w, nb, xg, G, R, out);
 }
 
 // Fills row r's block b of a k6 group from the ak layout of that block
@@ -700,6 +732,8 @@ static void x16_task(int wt, int isa, const uint8_t *w, int64_t rowb, int64_t nb
                 const uint8_t *wp = w + tt * 16 * rowb;
                 if (wt == 12)
                     (isa == BD_ISA_AVX512 ? rows_k16_vnni : k16_base)(wp, nb, xg, G, R, out);
+                else if (wt == 13)
+                    (isa == BD_ISA_AVX512 ? rows_k5x16_vnni : k5x16_base)(wp, nb, xg, G, R, out);
                 else if (wt == 14)
                     (isa == BD_ISA_AVX512 ? rows_q6x16_vnni : q6x16_base)(wp, nb, xg, G, R, out);
                 else if (isa == BD_ISA_AVX512)
@@ -860,7 +894,7 @@ int bd_qgemm_multi(int wtype, const bd_qgemm_part *parts, int count, int64_t k, 
 }
 
 // Whether ggml type t has a BD_X16 form.
-static int x16_type(int t) { return t == 2 || t == 3 || t == 6 || t == 7 || t == 8 || t == 12 || t == 14; }
+static int x16_type(int t) { return t == 2 || t == 3 || t == 6 || t == 7 || t == 8 || (t >= 12 && t <= 14); }
 
 int bd_x16_relayout(int t, void *w, int64_t n, int64_t k, int to_x16, int nthreads) {
     if (!x16_type(t)) return BD_QGEMM_UNSUPPORTED;

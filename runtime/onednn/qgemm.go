@@ -121,7 +121,7 @@ func qgemmParts(t quant.Type, parts []qpart, k int64, x unsafe.Pointer, m int64,
 func x16Type(t quant.Type) quant.Type { return t + quant.Type(C.BD_X16_BASE) }
 
 // x16Types are the types x16Type relays.
-var x16Types = []quant.Type{quant.Q4_0, quant.Q4_1, quant.Q5_0, quant.Q5_1, quant.Q8_0, quant.Q4_K, quant.Q6_K}
+var x16Types = []quant.Type{quant.Q4_0, quant.Q4_1, quant.Q5_0, quant.Q5_1, quant.Q8_0, quant.Q4_K, quant.Q5_K, quant.Q6_K}
 
 // x16Relayout is bd_x16_relayout: n rows of k weights of type t at w into
 // x16Type(t)'s layout (toX16) or back, in place.

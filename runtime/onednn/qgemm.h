@@ -88,7 +88,7 @@ int bd_qgemm_multi(int wtype, const bd_qgemm_part *parts, int count, int64_t k, 
 // bd_qgemm would refuse those sizes.
 int64_t bd_qgemm_work_bytes(int wtype, int64_t k, int64_t m);
 
-// BD_X16(t) is ggml type t (Q4_0 2, Q4_1 3, Q5_0 6, Q5_1 7, Q8_0 8, Q4_K 12, Q6_K 14) relaid
+// BD_X16(t) is ggml type t (Q4_0 2, Q4_1 3, Q5_0 6, Q5_1 7, Q8_0 8, Q4_K 12, Q5_K 13, Q6_K 14) relaid
 // by 16 rows for the VNNI kernel (not a ggml type). Per tile of 16 rows,
 // per block: the 16 rows' f16 scales (32 bytes), for Q4_1 and Q5_1 their
 // f16 mins (32), for Q5_0 and Q5_1 their fifth bits as 8 masks of 64 bits
@@ -96,8 +96,8 @@ int64_t bd_qgemm_work_bytes(int wtype, int64_t k, int64_t m);
 // 64 bytes, vector c holding each row's elements 4c..4c+3 in turn: Q8_0's
 // bytes XORed with 0x80 (unsigned, for dpbusd); the 4-bit types' as 4
 // vectors whose low nibbles are vectors 0-3 and high nibbles 4-7 (byte
-// 4j+i of vector L is row j's qs[4L+i], as ggml stores it); Q4_K's and
-// Q6_K's per block of 256 in qx16.h. The same bytes
+// 4j+i of vector L is row j's qs[4L+i], as ggml stores it); the K types'
+// per block of 256 in qx16.h. The same bytes
 // a block as the ggml type, so bd_x16_relayout rewrites a matrix in
 // place. One dpbusd then adds four of a block's products for 16 outputs
 // with no sums across lanes, where the row layout takes a dpbusd, a

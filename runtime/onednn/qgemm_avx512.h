@@ -330,7 +330,7 @@ ZI void kz_x16(const uint8_t *w, int64_t nb, const uint8_t *xg, int64_t G, const
     for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *wb = w + b * bb;
-        bd_prefetch(wb + BD_PREFETCH, bb);
+        bd_prefetch(wb + X16_PF(R), bb);
         const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)wb));
         const __m512 mw = mins ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wb + X16_MIN))) : dw;
         __m512i wv[8];
@@ -407,16 +407,16 @@ static void rows_x16_vnni(int t, const uint8_t *w, int64_t nb, const uint8_t *xg
     }
 }
 
-// BD_X16(12) (Q4_K): R rows (up to 8) against a tile of 16 weight rows,
-// out[r*16 + j]. Per block the 16 rows' scales and mins are unpacked
+// BD_X16(T), Q4_K (T 12) or Q5_K (13): R rows (up to 8) against a tile
+// of 16 weight rows, out[r*16 + j]. Per block the 16 rows' scales and mins are unpacked
 // into lanes once; per sub-block its 8 quant vectors (one nibble of a
 // pair's) are split once, and a row's sub-block is 8 dpbusd against 4 of
 // its int8 at a time, times the lanes' scale (vpmulld) into an int32 sum
 // for the block; the mins meet the rows' sums per sub-block in 4 dpwssd.
 // Then two conversions and two FMAs a block and row, where the row layout
 // pays one of each per 64 products.
-ZI void kz_k16(const uint8_t *w, int64_t nb, const uint8_t *xg, int64_t G, const int R, float *out) {
-    const int64_t k = 256 * nb;
+ZI void kz_k4x(const uint8_t *w, int64_t nb, const uint8_t *xg, int64_t G, const int R, float *out, const int T) {
+    const int64_t k = 256 * nb, bb = X16_BLOCK(T);
     const float *dx = (const float *)(xg + K16_D(k, nb, 0, G));
     const int32_t *sx = (const int32_t *)(xg + K16_S(k, nb, 0, G));
     const __m512i m4 = _mm512_set1_epi8(0x0f), m6 = _mm512_set1_epi32(0x3f3f3f3f), m0f = _mm512_set1_epi32(0x0f0f0f0f),
@@ -425,8 +425,8 @@ ZI void kz_k16(const uint8_t *w, int64_t nb, const uint8_t *xg, int64_t G, const
     __m512 acc[8];
     for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *wb = w + b * 2304;
-        bd_prefetch(wb + BD_PREFETCH, 2304);
+        const uint8_t *wb = w + b * bb;
+        bd_prefetch(wb + X16_PF(R), bb);
         const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)wb));
         const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wb + X16_MIN)));
         const __m512i u0 = _mm512_loadu_si512((const void *)(wb + K16_SC)),
@@ -451,11 +451,16 @@ ZI void kz_k16(const uint8_t *w, int64_t nb, const uint8_t *xg, int64_t G, const
         for (int r = 0; r < R; r++) tot[r] = _mm512_setzero_si512();
         for (int sb = 0; sb < 8; sb++) {
             const __m512i scs = _mm512_and_si512(_mm512_srli_epi32(sb < 4 ? sc03 : sc47, 8 * (sb & 3)), mff);
-            const uint8_t *qp = wb + K16_QS + 512 * (sb / 2);
+            const uint8_t *qp = wb + K16_QSOF(T) + 512 * (sb / 2);
             __m512i wv[8];
             for (int c = 0; c < 8; c++) {
                 const __m512i v = _mm512_loadu_si512((const void *)(qp + 64 * c));
                 wv[c] = _mm512_and_si512((sb & 1) ? _mm512_srli_epi16(v, 4) : v, m4);
+                if (T == 13) { // Q5_K's fifth bits, 16 each
+                    uint64_t hm;
+                    memcpy(&hm, wb + K5_QH + 64 * sb + 8 * c, 8);
+                    wv[c] = _mm512_mask_add_epi8(wv[c], (__mmask64)hm, wv[c], _mm512_set1_epi8(0x10));
+                }
             }
             _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) {
                 const uint8_t *xr = xg + r * k + 256 * b + 32 * sb;
@@ -486,6 +491,15 @@ ZI void kz_k16(const uint8_t *w, int64_t nb, const uint8_t *xg, int64_t G, const
 }
 
 
+ZI void kz_k16(const uint8_t *w, int64_t nb, const uint8_t *xg, int64_t G, const int R, float *out) {
+    kz_k4x(w, nb, xg, G, R, out, 12);
+}
+
+// BD_X16(13) (Q5_K): kz_k16 with each quant's fifth bit added as 16.
+ZI void kz_k5x16(const uint8_t *w, int64_t nb, const uint8_t *xg, int64_t G, const int R, float *out) {
+    kz_k4x(w, nb, xg, G, R, out, 13);
+}
+
 // BD_X16(14) (Q6_K): R rows (up to 8) against a tile of 16 weight rows,
 // out[r*16 + j]. Per sub-block of 16 elements its three quant vectors
 // give four of 16 rows' unsigned 6-bit values (4 elements each), and a
@@ -502,7 +516,7 @@ ZI void kz_q6x16(const uint8_t *w, int64_t nb, const uint8_t *xg, int64_t G, con
     for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *wb = w + b * 3360;
-        bd_prefetch(wb + BD_PREFETCH, 3360);
+        bd_prefetch(wb + X16_PF(R), 3360);
         const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)wb));
         __m512i tot[8];
         for (int r = 0; r < R; r++) tot[r] = _mm512_setzero_si512();
@@ -557,6 +571,7 @@ Z_ROWFN(q6_K)
 Z_ROWFN(f16)
 Z_ROWFN(bf16)
 Z_ROWFN(k16) // BD_X16(12)'s tiles: R rows against 16 weight rows
+Z_ROWFN(k5x16) // BD_X16(13)'s
 Z_ROWFN(q6x16) // BD_X16(14)'s
 
 #undef Z_ROWFN

@@ -9,8 +9,8 @@ import (
 	"github.com/brokerd/brokerd/runtime/quant"
 )
 
-// Weights of the 32-element block types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0),
-// Q4_K and Q6_K relaid by 16 rows (x16Type, qgemm.h's BD_X16). In GGUF's layout qgemm's
+// Weights of the 32-element block types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) and
+// the K types (Q4_K, Q5_K, Q6_K) relaid by 16 rows (x16Type, qgemm.h's BD_X16). In GGUF's layout qgemm's
 // VNNI kernel spends a dpbusd, a conversion and an FMA on every 64
 // products of one output, and a few shuffles more for the scales;
 // relaid, one dpbusd adds four products to each of 16 outputs, and a
@@ -30,7 +30,8 @@ import (
 // 1.2x faster relaid. Q6_K's sums its 16-element sub-blocks the same way
 // (kz_q6x16), its quants laid out a sub-block at a time so that a tile's
 // block is read in one sequential pass: llama1024 all Q6_K, 16 streams
-// 1.2-1.3x faster, one stream as fast. Q5_K keeps the row layout.
+// 1.2-1.3x faster, one stream as fast. Q5_K's is Q4_K's with its fifth
+// bits as masks (kz_k5x16).
 
 // x16Eligible says whether s's weights wb (nil: not a weight only
 // matmuls read) take x16Type on this device: a type it relays, rows by

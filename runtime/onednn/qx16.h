@@ -15,8 +15,15 @@
 // sub-block elements 4c+i in nibble c (A: c 0 and 1, B: 2 and 3, low
 // nibble first), then C holding their top two bits, element 4c+i's at
 // bits 2c. Sub-block s is the block's elements 16s..16s+15, scale s.
+// Q5_K's: Q4_K's with the fifth bits as 64-bit masks between the scales
+// and the quants (K5_QH + 64s + 8c: bit 4j+i is row j's fifth bit of
+// sub-block s's element 4c+i), its quants at K5_QS.
 #define X16_BLOCK(t) \
-    ((t) == 8 ? 544 : (t) == 2 ? 288 : (t) == 3 ? 320 : (t) == 6 ? 352 : (t) == 12 ? 2304 : (t) == 14 ? 3360 : 384)
+    ((t) == 8 ? 544 : (t) == 2 ? 288 : (t) == 3 ? 320 : (t) == 6 ? 352 : (t) == 12 ? 2304 : (t) == 13 ? 2816 : (t) == 14 ? 3360 : 384)
+#define K5_QH 256
+#define K5_QS 768
+// Where a K type's quants start in its tile block.
+#define K16_QSOF(t) ((t) == 13 ? K5_QS : K16_QS)
 #define Q6_SC 32
 #define Q6_QS 288
 #define K16_SC 64

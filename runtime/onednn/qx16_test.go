@@ -89,9 +89,9 @@ func TestX16Relayout(t *testing.T) {
 			t.Errorf("%v: a refused relayout changed the weights", q)
 		}
 	}
-	w := randQuantWeights(rng, quant.Q5_K, 16, 256)
-	if err := x16Relayout(quant.Q5_K, unsafe.Pointer(&w[0]), 16, 256, true, 1); !errors.Is(err, quant.ErrUnsupported) {
-		t.Errorf("Q5_K: %v, want unsupported", err)
+	w := randQuantWeights(rng, quant.F16, 16, 256)
+	if err := x16Relayout(quant.F16, unsafe.Pointer(&w[0]), 16, 256, true, 1); !errors.Is(err, quant.ErrUnsupported) {
+		t.Errorf("F16: %v, want unsupported", err)
 	}
 }
 
@@ -105,7 +105,7 @@ func TestX16Relayout(t *testing.T) {
 func TestQgemmX16(t *testing.T) {
 	for _, q := range x16Types {
 		ks := []int{32, 288, 1024}
-		if q == quant.Q4_K || q == quant.Q6_K {
+		if in, _ := q.Info(); in.BlockElems == 256 {
 			ks = []int{256, 768}
 		}
 		for _, k := range ks {
@@ -423,7 +423,7 @@ func TestQamxPanelX16(t *testing.T) {
 			continue // Q6_K relaid: qgemm's kernel at every row count
 		}
 		ks := []int{32, 96, 1024}
-		if q == quant.Q4_K {
+		if in, _ := q.Info(); in.BlockElems == 256 {
 			ks = []int{256, 768}
 		}
 		for _, k := range ks {

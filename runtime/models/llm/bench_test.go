@@ -219,7 +219,7 @@ func quantizeFast(w map[string]models.Tensor, dt runtime.DType) map[string]model
 
 // BenchmarkDecodeQuantized is BenchmarkDecode with the matrices held
 // block-quantized (qgemm.c, and qamx.c for 16 sequences on a CPU with
-// AMX): Q8_0 and Q4_0 on Qwen2.5-0.5B's shape, Q4_K, Q6_K and Q8_0 on
+// AMX): Q8_0 and Q4_0 on Qwen2.5-0.5B's shape, Q4_K, Q5_K, Q6_K and Q8_0 on
 // llama1024's. The bandwidth limit counts the stored bytes.
 func BenchmarkDecodeQuantized(b *testing.B) {
 	for _, c := range []struct {
@@ -228,7 +228,7 @@ func BenchmarkDecodeQuantized(b *testing.B) {
 		dt    runtime.DType
 	}{
 		{"qwen0.5b", qwen05(), runtime.Q8_0}, {"qwen0.5b", qwen05(), runtime.Q4_0},
-		{"llama1024", llama1024(), runtime.Q4_K}, {"llama1024", llama1024(), runtime.Q6_K}, {"llama1024", llama1024(), runtime.Q8_0},
+		{"llama1024", llama1024(), runtime.Q4_K}, {"llama1024", llama1024(), runtime.Q5_K}, {"llama1024", llama1024(), runtime.Q6_K}, {"llama1024", llama1024(), runtime.Q8_0},
 	} {
 		b.Run(c.shape+"/"+c.dt.String(), func(b *testing.B) {
 			s := c.s
