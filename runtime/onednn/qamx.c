@@ -357,7 +357,7 @@ static QA_TARGET void qa_layout_x(const float *x, int64_t m, int64_t k, uint16_t
 //
 // A relaid matrix's panel is one tile. It decodes a unit at a time, 64
 // elements of each of its rows: two 32-element blocks, or a pair of a Q4_K
-// block's sub-blocks. The unit's 16 vectors of quants (each holding four
+// or Q5_K block's sub-blocks (Q6_K's relaid tiles are not read here). The unit's 16 vectors of quants (each holding four
 // elements of every row, unpacked as qgemm_avx512.h's kz_x16 unpacks them)
 // are transposed in registers into one vector a row, whose 64 values are
 // then scaled as qa_row scales the same weights in GGUF's layout: the

@@ -354,9 +354,6 @@ static void quant_x16_base(const float *x, int64_t k, int64_t nb, int R, int64_t
     }
 }
 
-// Row j's block at xb of a BD_X16(t) tile, back into ggml's layout at rb
-// (t's bytes); x16_put is the reverse (the tile's fifth-bit masks must
-// start zeroed: it ORs row j's bits into them).
 // Q6_K's element e of a block in ggml's layout: the byte of ql holding
 // its low four bits and their nibble, and the byte of qh holding its top
 // two and their shift.
@@ -397,6 +394,9 @@ static void q6_put(uint8_t *xb, int j, const uint8_t *rb) {
     }
 }
 
+// Row j's block at xb of a BD_X16(t) tile, back into ggml's layout at rb
+// (t's bytes); x16_put is the reverse (the tile's fifth-bit masks and
+// Q6_K's packed quants must start zeroed: it ORs row j's bits into them).
 static void x16_get(int t, const uint8_t *xb, int j, uint8_t *rb) {
     if (t == 14) {
         q6_get(xb, j, rb);

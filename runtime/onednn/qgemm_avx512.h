@@ -408,8 +408,8 @@ static void rows_x16_vnni(int t, const uint8_t *w, int64_t nb, const uint8_t *xg
 }
 
 // BD_X16(T), Q4_K (T 12) or Q5_K (13): R rows (up to 8) against a tile
-// of 16 weight rows, out[r*16 + j]. Per block the 16 rows' scales and mins are unpacked
-// into lanes once; per sub-block its 8 quant vectors (one nibble of a
+// of 16 weight rows, out[r*16 + j]. Per block the 16 rows' scales and
+// mins are unpacked into lanes once; per sub-block its 8 quant vectors (one nibble of a
 // pair's) are split once, and a row's sub-block is 8 dpbusd against 4 of
 // its int8 at a time, times the lanes' scale (vpmulld) into an int32 sum
 // for the block; the mins meet the rows' sums per sub-block in 4 dpwssd.

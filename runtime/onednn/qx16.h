@@ -3,7 +3,7 @@
 #ifndef BROKERD_QX16_H
 #define BROKERD_QX16_H
 
-// A BD_X16 tile's block of ggml type t (2, 3, 6, 7, 8, 12): its bytes, and
+// A BD_X16 tile's block of ggml type t (2, 3, 6, 7, 8, 12, 13, 14): its bytes, and
 // the offsets of the mins, the fifth bits' masks and the quants in it.
 // Q4_K's: d[16] | dmin[16] (f16) | its 12 scale bytes as three planes of
 // 16 dwords (K16_SC) | quants (K16_QS): per pair p of sub-blocks, 8
