@@ -354,49 +354,70 @@ static void quant_x16_base(const float *x, int64_t k, int64_t nb, int R, int64_t
     }
 }
 
-// Q6_K's element e of a block in ggml's layout: the byte of ql holding
-// its low four bits and their nibble, and the byte of qh holding its top
-// two and their shift.
-static void q6_at(int e, int *ql, int *nib, int *qh, int *sh) {
-    const int h = e / 128, t = e % 128 / 32, l = e % 32;
-    *ql = 64 * h + l + 32 * (t & 1), *nib = t >> 1, *qh = 128 + 32 * h + l, *sh = 2 * t;
+// Q6_K's block in ggml's layout (rb) as its 256 six-bit values v (ggml's
+// dequantize_row_q6_K without the -32 and the scales), and back.
+static void q6_values(const uint8_t *rb, uint8_t v[256]) {
+    for (int h = 0; h < 2; h++)
+        for (int l = 0; l < 32; l++) {
+            const uint8_t *ql = rb + 64 * h, qh = rb[128 + 32 * h + l];
+            uint8_t *y = v + 128 * h;
+            y[l] = (uint8_t)((ql[l] & 0x0f) | (qh & 3) << 4);
+            y[l + 32] = (uint8_t)((ql[l + 32] & 0x0f) | (qh >> 2 & 3) << 4);
+            y[l + 64] = (uint8_t)((ql[l] >> 4) | (qh >> 4 & 3) << 4);
+            y[l + 96] = (uint8_t)((ql[l + 32] >> 4) | (qh >> 6 & 3) << 4);
+        }
 }
 
+static void q6_pack(const uint8_t v[256], uint8_t *rb) {
+    for (int h = 0; h < 2; h++)
+        for (int l = 0; l < 32; l++) {
+            const uint8_t *y = v + 128 * h;
+            rb[64 * h + l] = (uint8_t)((y[l] & 0x0f) | (y[l + 64] & 0x0f) << 4);
+            rb[64 * h + l + 32] = (uint8_t)((y[l + 32] & 0x0f) | (y[l + 96] & 0x0f) << 4);
+            rb[128 + 32 * h + l] = (uint8_t)(y[l] >> 4 | (y[l + 32] >> 4) << 2 | (y[l + 64] >> 4) << 4 | (y[l + 96] >> 4) << 6);
+        }
+}
+
+// Row j of a BD_X16(14) tile block: its sub-block s's element 4c+i is
+// nibble c&1 of byte 4j+i of vector A (c < 2) or B, its top two bits at
+// 2c of C's (qx16.h).
 static void q6_get(const uint8_t *xb, int j, uint8_t *rb) {
-    memcpy(rb + 208, xb + 2 * j, 2);
-    memset(rb, 0, 192);
+    uint8_t v[256];
     for (int s = 0; s < 16; s++) {
         rb[192 + s] = xb[Q6_SC + 16 * s + j];
         const uint8_t *qp = xb + Q6_QS + 192 * s + 4 * j;
-        for (int c = 0; c < 4; c++)
-            for (int i = 0; i < 4; i++) {
-                const int lo = qp[64 * (c / 2) + i] >> (4 * (c & 1)) & 0x0f, hi = qp[128 + i] >> (2 * c) & 3;
-                int ql, nib, qh, sh;
-                q6_at(16 * s + 4 * c + i, &ql, &nib, &qh, &sh);
-                rb[ql] |= (uint8_t)(lo << (4 * nib));
-                rb[qh] |= (uint8_t)(hi << sh);
-            }
+        for (int i = 0; i < 4; i++) {
+            const uint8_t a = qp[i], b = qp[64 + i], c = qp[128 + i];
+            uint8_t *y = v + 16 * s + i;
+            y[0] = (uint8_t)((a & 0x0f) | (c & 3) << 4);
+            y[4] = (uint8_t)((a >> 4) | (c >> 2 & 3) << 4);
+            y[8] = (uint8_t)((b & 0x0f) | (c >> 4 & 3) << 4);
+            y[12] = (uint8_t)((b >> 4) | (c >> 6) << 4);
+        }
     }
+    q6_pack(v, rb);
+    memcpy(rb + 208, xb + 2 * j, 2);
 }
 
 static void q6_put(uint8_t *xb, int j, const uint8_t *rb) {
+    uint8_t v[256];
+    q6_values(rb, v);
     memcpy(xb + 2 * j, rb + 208, 2);
     for (int s = 0; s < 16; s++) {
         xb[Q6_SC + 16 * s + j] = rb[192 + s];
         uint8_t *qp = xb + Q6_QS + 192 * s + 4 * j;
-        for (int c = 0; c < 4; c++)
-            for (int i = 0; i < 4; i++) {
-                int ql, nib, qh, sh;
-                q6_at(16 * s + 4 * c + i, &ql, &nib, &qh, &sh);
-                qp[64 * (c / 2) + i] |= (uint8_t)((rb[ql] >> (4 * nib) & 0x0f) << (4 * (c & 1)));
-                qp[128 + i] |= (uint8_t)((rb[qh] >> sh & 3) << (2 * c));
-            }
+        for (int i = 0; i < 4; i++) {
+            const uint8_t *y = v + 16 * s + i;
+            qp[i] = (uint8_t)((y[0] & 0x0f) | (y[4] & 0x0f) << 4);
+            qp[64 + i] = (uint8_t)((y[8] & 0x0f) | (y[12] & 0x0f) << 4);
+            qp[128 + i] = (uint8_t)(y[0] >> 4 | (y[4] >> 4) << 2 | (y[8] >> 4) << 4 | (y[12] >> 4) << 6);
+        }
     }
 }
 
 // Row j's block at xb of a BD_X16(t) tile, back into ggml's layout at rb
-// (t's bytes); x16_put is the reverse (the tile's fifth-bit masks and
-// Q6_K's packed quants must start zeroed: it ORs row j's bits into them).
+// (t's bytes); x16_put is the reverse (the tile's fifth-bit masks must
+// start zeroed: it ORs row j's bits into them).
 static void x16_get(int t, const uint8_t *xb, int j, uint8_t *rb) {
     if (t == 14) {
         q6_get(xb, j, rb);
@@ -409,11 +430,14 @@ static void x16_get(int t, const uint8_t *xb, int j, uint8_t *rb) {
         for (int p = 0; p < 3; p++) memcpy(rb + 4 + 4 * p, xb + K16_SC + 64 * p + 4 * j, 4);
         for (int l = 0; l < 128; l += 4) memcpy(rb + qs + l, xb + K16_QSOF(t) + 512 * (l / 32) + 64 * (l % 32 / 4) + 4 * j, 4);
         if (t == 13) {
-            // qh[l] bit s is sub-block s's element l: mask (s, l/4) bit 4j + l%4.
+            // qh[l] bit s is sub-block s's element l: mask (s, l/4) bit
+            // 4j + l%4, so row j's four bits of a mask are one nibble.
             memset(rb + 16, 0, 32);
             for (int sb = 0; sb < 8; sb++)
-                for (int l = 0; l < 32; l++)
-                    rb[16 + l] |= (uint8_t)((xb[K5_QH + 64 * sb + 8 * (l / 4) + (4 * j + l % 4) / 8] >> ((4 * j + l % 4) % 8) & 1) << sb);
+                for (int c = 0; c < 8; c++) {
+                    const int nib = xb[K5_QH + 64 * sb + 8 * c + j / 2] >> (4 * (j & 1)) & 0x0f;
+                    for (int i = 0; i < 4; i++) rb[16 + 4 * c + i] |= (uint8_t)((nib >> i & 1) << sb);
+                }
         }
         return;
     }
@@ -447,8 +471,11 @@ static void x16_put(int t, uint8_t *xb, int j, const uint8_t *rb) {
         for (int l = 0; l < 128; l += 4) memcpy(xb + K16_QSOF(t) + 512 * (l / 32) + 64 * (l % 32 / 4) + 4 * j, rb + qs + l, 4);
         if (t == 13)
             for (int sb = 0; sb < 8; sb++)
-                for (int l = 0; l < 32; l++)
-                    xb[K5_QH + 64 * sb + 8 * (l / 4) + (4 * j + l % 4) / 8] |= (uint8_t)((rb[16 + l] >> sb & 1) << ((4 * j + l % 4) % 8));
+                for (int c = 0; c < 8; c++) {
+                    int nib = 0;
+                    for (int i = 0; i < 4; i++) nib |= (rb[16 + 4 * c + i] >> sb & 1) << i;
+                    xb[K5_QH + 64 * sb + 8 * c + j / 2] |= (uint8_t)(nib << (4 * (j & 1)));
+                }
         return;
     }
     if (t == 8) {
@@ -597,17 +624,13 @@ static void q6x16_base(const uint8_t *w, int64_t nb, const uint8_t *xg, int64_t 
         for (int j = 0; j < 16; j++) {
             float acc = 0.0f;
             for (int64_t b = 0; b < nb; b++) {
-                uint8_t rb[210];
+                uint8_t rb[210], v[256];
                 x16_get(14, w + b * 3360, j, rb);
+                q6_values(rb, v);
                 int32_t tot = 0;
                 for (int s = 0; s < 16; s++) {
                     int32_t isum = sx[16 * b + s];
-                    for (int i = 0; i < 16; i++) {
-                        int ql, nib, qh, sh;
-                        q6_at(16 * s + i, &ql, &nib, &qh, &sh);
-                        const int v = (rb[ql] >> (4 * nib) & 0x0f) | (rb[qh] >> sh & 3) << 4;
-                        isum += v * q[256 * b + 16 * s + i];
-                    }
+                    for (int i = 0; i < 16; i++) isum += v[16 * s + i] * q[256 * b + 16 * s + i];
                     tot += isum * (int8_t)rb[192 + s];
                 }
                 acc += h2f(rb + 208) * dx[b] * (float)tot;

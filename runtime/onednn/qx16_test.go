@@ -496,3 +496,24 @@ func BenchmarkQamxPanel(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkX16Relayout times the relayout a weight takes at load (the
+// warm-up's first product), one thread, for each relaid type: bytes of
+// weights relaid a second.
+func BenchmarkX16Relayout(b *testing.B) {
+	const n, k = 2816, 1024
+	for _, q := range x16Types {
+		w := randQuantWeights(rand.New(rand.NewPCG(1, 3)), q, n, k)
+		b.Run(q.String(), func(b *testing.B) {
+			for b.Loop() {
+				if err := x16Relayout(q, unsafe.Pointer(&w[0]), n, k, true, 1); err != nil {
+					b.Fatal(err)
+				}
+				if err := x16Relayout(q, unsafe.Pointer(&w[0]), n, k, false, 1); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(2*float64(len(w))*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
+		})
+	}
+}
