@@ -21,6 +21,17 @@
 #       main.go (e.g. ARGS=-amx-relaid on an AMX host), with TAG naming their
 #       outputs. Outputs go to $OUT (default /tmp/wide-host): facts.txt
 #       (lscpu, memory, node) and SHAPE-QUANT[-TAG].txt.
+#   LLM_ONLY=1 bash bench/peers/llamacpp/wide_host.sh bundle [FILE]
+#       only runtime/models/llm's test binary and the libraries (about 9
+#       MiB), for:
+#   bash bench/peers/llamacpp/wide_host.sh ab [FILE]
+#       on the other host: runtime/models/llm's decode and prefill
+#       benchmarks (the bundle's llm.test; LLM_TEST=1 adds it to a full
+#       bundle, which then nears the device's 64 MiB with the tree) for
+#       each BENCH regexp (default: Qwen Q8_0 and llama1024 Q4_K decode,
+#       the 512-token prefills), alternating FLAG=false and FLAG=true
+#       (default FLAG -llm.amxrelaid) for PASSES passes (2) of BENCHTIME
+#       (10x), on every core, within BUDGET seconds; to $OUT/ab.txt.
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../../.." && pwd)
@@ -30,20 +41,30 @@ file=${2:-$root/.devbench/bundle.tar.xz}
 case "$cmd" in
 bundle)
   set -e
-  [ -e "$here/node_modules/@node-llama-cpp/linux-x64/bins/linux-x64/libggml-base.so" ] ||
-    { echo "node-llama-cpp is not installed in $here: run the harness once (it runs npm ci)" >&2; exit 1; }
   stage=$(mktemp -d)
   trap 'rm -rf "$stage"' EXIT
   mkdir -p "$stage/bin" "$stage/lib" "$(dirname "$file")"
-  pkgs=(./bench/peers/llamacpp)
-  [ "${DAEMON:-1}" = 0 ] || pkgs+=(./cmd/brokerd ./cmd/brokerctl)
-  (cd "$root" && go build -ldflags '-s -w' -o "$stage/bin/" "${pkgs[@]}")
-  for l in $(ldd "$stage/bin/llamacpp" | awk '$3 ~ /^\// {print $3}'); do
-    case $(basename "$l") in libdnnl.so.* | libgomp.so.* | libOpenCL.so.*) cp -L "$l" "$stage/lib/" ;; esac
+  if [ "${LLM_ONLY:-0}" = 1 ] || [ "${LLM_TEST:-0}" = 1 ]; then
+    (cd "$root" && go test -c -ldflags '-s -w' -o "$stage/bin/llm.test" ./runtime/models/llm)
+  fi
+  parts=(bin lib)
+  if [ "${LLM_ONLY:-0}" != 1 ]; then
+    [ -e "$here/node_modules/@node-llama-cpp/linux-x64/bins/linux-x64/libggml-base.so" ] ||
+      { echo "node-llama-cpp is not installed in $here: run the harness once (it runs npm ci)" >&2; exit 1; }
+    pkgs=(./bench/peers/llamacpp)
+    [ "${DAEMON:-1}" = 0 ] || pkgs+=(./cmd/brokerd ./cmd/brokerctl)
+    (cd "$root" && go build -ldflags '-s -w' -o "$stage/bin/" "${pkgs[@]}")
+    cp "$(command -v node)" "$stage/bin/node"
+    tar -C "$here" -cf "$stage/nm.tar" --exclude='node_modules/node-llama-cpp/llama/gitRelease.bundle' node_modules
+    parts+=(nm.tar)
+  fi
+  for b in "$stage"/bin/llamacpp "$stage"/bin/llm.test; do
+    [ -e "$b" ] || continue
+    for l in $(ldd "$b" | awk '$3 ~ /^\// {print $3}'); do
+      case $(basename "$l") in libdnnl.so.* | libgomp.so.* | libOpenCL.so.*) cp -L "$l" "$stage/lib/" ;; esac
+    done
   done
-  cp "$(command -v node)" "$stage/bin/node"
-  tar -C "$here" -cf "$stage/nm.tar" --exclude='node_modules/node-llama-cpp/llama/gitRelease.bundle' node_modules
-  tar -C "$stage" -cf - bin lib nm.tar | xz -T0 -6 >"$file"
+  tar -C "$stage" -cf - "${parts[@]}" | xz -T0 -6 >"$file"
   echo "bundle: $file, $(($(stat -c %s "$file") >> 20)) MiB"
   ;;
 run)
@@ -73,8 +94,29 @@ run)
     tail -n 14 "$res"
   done
   ;;
+ab)
+  OUT=${OUT:-/tmp/wide-host}
+  mkdir -p "$OUT"
+  t0=$(date +%s)
+  db=$(mktemp -d)
+  tar -C "$db" -xJf "$file" bin lib || { echo "cannot unpack $file" >&2; exit 1; }
+  [ -x "$db/bin/llm.test" ] || { echo "$file has no llm.test (bundled with LLM_TEST=0?)" >&2; exit 1; }
+  export LD_LIBRARY_PATH=$db/lib
+  cd "$root/runtime/models/llm" || exit 1
+  { lscpu; free -g; } >"$OUT/facts.txt" 2>&1
+  for pass in $(seq "${PASSES:-2}"); do
+    for b in ${BENCH:-'DecodeQuantized/qwen0.5b/q8_0' 'DecodeQuantized/llama1024/q4_K' 'Prefill512/q4_K' 'Prefill512/q8_0'}; do
+      for v in false true; do
+        [ $(($(date +%s) - t0)) -lt "${BUDGET:-450}" ] || { echo "budget spent at pass $pass" | tee -a "$OUT/ab.txt"; exit 0; }
+        echo "== pass $pass $b ${FLAG:--llm.amxrelaid}=$v" | tee -a "$OUT/ab.txt"
+        "$db/bin/llm.test" -test.run '^$' -test.bench "$b" -test.benchtime "${BENCHTIME:-10x}" \
+          -llm.threads="$(nproc)" "${FLAG:--llm.amxrelaid}=$v" 2>&1 | grep -E '^Benchmark' | tee -a "$OUT/ab.txt"
+      done
+    done
+  done
+  ;;
 *)
-  echo "usage: $0 bundle|run [FILE]" >&2
+  echo "usage: $0 bundle|run|ab [FILE]" >&2
   exit 2
   ;;
 esac
