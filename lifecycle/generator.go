@@ -58,7 +58,8 @@ func (x EngineExecutor) Step(ctx context.Context, items []scheduler.StepItem) ([
 // set at full length.
 type llmServable struct {
 	m   *llm.Model
-	log *zap.Logger // with the served model's name
+	kv  runtime.DType // the KV cache's type (Options.KVCacheDType); 0: the model's choice per device
+	log *zap.Logger   // with the served model's name
 }
 
 func (g llmServable) info() models.Info { return g.m.Info() }
@@ -69,20 +70,20 @@ func (g llmServable) fixed(od openDevice, maxRunning int) int64 {
 	return g.m.WeightBytesOn(od.dev, od.dtype) + g.m.StepBytes(od.dtype, genStepTokens, maxRunning)
 }
 
-// seqCacheBytes is one full-length sequence's KV cache.
-func (g llmServable) seqCacheBytes() int64 {
-	return int64((g.m.ContextLength()+genBlockSize-1)/genBlockSize) * g.m.CacheBlockBytes(genBlockSize)
+// seqCacheBytes is one full-length sequence's KV cache on od.
+func (g llmServable) seqCacheBytes(od openDevice) int64 {
+	return int64((g.m.ContextLength()+genBlockSize-1)/genBlockSize) * g.m.CacheBlockBytes(od.dev, g.kv, genBlockSize)
 }
 
 func (g llmServable) need(od openDevice, maxRunning int) int64 {
-	return g.fixed(od, maxRunning) + g.seqCacheBytes()
+	return g.fixed(od, maxRunning) + g.seqCacheBytes(od)
 }
 func (llmServable) needs() string { return ": weights, a step, and one full-length sequence's cache" }
 func (llmServable) unit() string  { return "generator replica" }
 
 func (g llmServable) start(ctx context.Context, od openDevice, maxRunning int, free int64) (instance, int64, error) {
 	fixed := g.fixed(od, maxRunning)
-	cache := int64(maxRunning) * g.seqCacheBytes()
+	cache := int64(maxRunning) * g.seqCacheBytes(od)
 	if free >= 0 {
 		cache = min(cache, free-fixed)
 	}
@@ -91,7 +92,7 @@ func (g llmServable) start(ctx context.Context, od openDevice, maxRunning int, f
 			g.log.Info("dequantizing weights for a device that cannot hold them", zap.String("device", od.entry.ID), zap.Stringer("from", q), zap.Stringer("to", od.dtype))
 		}
 	}
-	eng, err := g.m.NewEngine(ctx, od.dev, llm.EngineOptions{CacheBytes: cache, BlockSize: genBlockSize, MaxStepTokens: genStepTokens, MaxSeqs: maxRunning})
+	eng, err := g.m.NewEngine(ctx, od.dev, llm.EngineOptions{CacheBytes: cache, BlockSize: genBlockSize, MaxStepTokens: genStepTokens, MaxSeqs: maxRunning, KVDType: g.kv})
 	if err != nil {
 		return nil, 0, err
 	}

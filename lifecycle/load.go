@@ -143,7 +143,7 @@ func (ms *Set) loadLocked(ctx context.Context, name string, version int64) (*Ser
 // servableOf is the kind of model a repository load is.
 func (ms *Set) servableOf(name string, l Loaded) servable {
 	if l.LLM != nil {
-		return llmServable{m: l.LLM, log: ms.log.With(zap.String("model", name))}
+		return llmServable{m: l.LLM, kv: ms.opts.KVCacheDType, log: ms.log.With(zap.String("model", name))}
 	}
 	return batchServable{m: l.Model, maxTokens: ms.maxTokens(l.Model.Info())}
 }

@@ -30,6 +30,10 @@ type Options struct {
 	// DTypes is the compute type to open each device type with
 	// (--compute-dtype); F32 for types it lacks.
 	DTypes map[detect.Type]runtime.DType
+	// KVCacheDType is generators' KV cache type (--kv-cache-dtype): F32 or
+	// BF16, or 0 for each engine's own choice (bf16 for block-quantized
+	// weights a device keeps so, else f32).
+	KVCacheDType runtime.DType
 }
 
 // Set is what brokerd serves: the built-in encoder and the loaded

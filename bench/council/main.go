@@ -76,7 +76,7 @@ func run(layers, hidden, heads, kvHeads, inter, vocab, nPrompts, minOut, maxOut,
 	defer dev.Close()
 	blocks := int64(nPrompts) * int64((maxOut+promptLen+llm.DefaultBlockSize)/llm.DefaultBlockSize+1)
 	// No prefix cache: the rounds and modes repeat the same prompts.
-	eng, err := m.NewEngine(ctx, dev, llm.EngineOptions{CacheBytes: blocks * m.CacheBlockBytes(0), MaxSeqs: nPrompts, MaxStepTokens: 2048, DisablePrefixCache: true})
+	eng, err := m.NewEngine(ctx, dev, llm.EngineOptions{CacheBytes: blocks * m.CacheBlockBytes(dev, 0, 0), MaxSeqs: nPrompts, MaxStepTokens: 2048, DisablePrefixCache: true})
 	if err != nil {
 		return err
 	}

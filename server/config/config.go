@@ -83,7 +83,10 @@ type Config struct {
 	// CPUAMXRelaid relays block-quantized weights by 16 rows on CPUs with
 	// AMX as on those without (onednn.Options.AMXRelaid): experimental,
 	// off until measured there.
-	CPUAMXRelaid bool     `json:"cpu-amx-relaid"`
+	CPUAMXRelaid bool `json:"cpu-amx-relaid"`
+	// KVCacheDType is generators' KV cache type: auto, f32 or bf16 (see
+	// KVCacheDTypes).
+	KVCacheDType string   `json:"kv-cache-dtype"`
 	Telemetry    Duration `json:"telemetry-interval"`
 
 	MaxMessageBytes    int      `json:"max-message-bytes"`
@@ -174,6 +177,7 @@ func Defaults(euid int, getenv func(string) string) Config {
 		CPUBatchFactor:     1,
 		MemoryStrategy:     "balanced",
 		ComputeDType:       DefaultComputeDType,
+		KVCacheDType:       "auto",
 		Sysfs:              "/sys",
 		Procfs:             "/proc",
 		Devfs:              "/dev",
@@ -237,6 +241,7 @@ var envNames = map[string]string{
 	"pjrt-plugin":                "BROKERD_PJRT_PLUGINS",
 	"compute-dtype":              "BROKERD_COMPUTE_DTYPE",
 	"cpu-amx-relaid":             "BROKERD_CPU_AMX_RELAID",
+	"kv-cache-dtype":             "BROKERD_KV_CACHE_DTYPE",
 	"telemetry-interval":         "BROKERD_TELEMETRY_INTERVAL",
 	"max-message-bytes":          "BROKERD_MAX_MESSAGE_BYTES",
 	"max-items-per-request":      "BROKERD_MAX_ITEMS_PER_REQUEST",
@@ -306,6 +311,7 @@ func bind(fs *flag.FlagSet, c *Config, configPath *string) {
 	fs.StringVar(&c.NVMLLibrary, "nvml-library", c.NVMLLibrary, "path to libnvidia-ml.so.1 (default: the loader's search)")
 	fs.StringVar(&c.PJRTPlugins, "pjrt-plugin", c.PJRTPlugins, "PJRT plugins as name=path pairs, e.g. tpu=/path/libtpu.so,cuda=/path/xla_cuda_plugin.so")
 	fs.StringVar(&c.ComputeDType, "compute-dtype", c.ComputeDType, "compute type per device type as type=dtype pairs (f32 or bf16), e.g. gpu=bf16; types not named keep "+DefaultComputeDType+"; a device that cannot run bf16 falls back to f32 with a warning")
+	fs.StringVar(&c.KVCacheDType, "kv-cache-dtype", c.KVCacheDType, "generators' KV cache type: auto (bf16 where the CPU keeps a GGUF model's matrices block-quantized, f32 otherwise), f32 or bf16")
 	fs.BoolVar(&c.CPUAMXRelaid, "cpu-amx-relaid", c.CPUAMXRelaid, "experimental: on a CPU with AMX, relay block-quantized GGUF weights by 16 rows for the VNNI kernels as on CPUs without it (prefill decodes AMX panels from them); for comparisons")
 	fs.Var(&c.Telemetry, "telemetry-interval", "device telemetry refresh interval")
 	fs.IntVar(&c.MaxMessageBytes, "max-message-bytes", c.MaxMessageBytes, "largest gRPC message accepted or sent")
@@ -578,6 +584,9 @@ func (c Config) Validate() error {
 	if c.MaxBatchTokens < 1 {
 		bad("max-batch-tokens %d is invalid: at least 1", c.MaxBatchTokens)
 	}
+	if !slices.Contains(KVCacheDTypes, c.KVCacheDType) {
+		bad("kv-cache-dtype (BROKERD_KV_CACHE_DTYPE): %q: want auto, f32 or bf16", c.KVCacheDType)
+	}
 	if _, err := ComputeDTypes(c.ComputeDType); err != nil {
 		bad("compute-dtype (BROKERD_COMPUTE_DTYPE): %v", err)
 	}
@@ -725,6 +734,11 @@ func MemoryFraction(s string) (float64, error) {
 	}
 	return f, nil
 }
+
+// KVCacheDTypes are the values kv-cache-dtype takes: auto (each engine's
+// choice: bf16 where a device keeps the weights block-quantized, else
+// f32), f32 and bf16.
+var KVCacheDTypes = []string{"auto", "f32", "bf16"}
 
 // DefaultComputeDType is the compute type of each device type unless
 // compute-dtype names it. CPUs compute in f32: most lack bf16 instructions

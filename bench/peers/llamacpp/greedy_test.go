@@ -135,7 +135,7 @@ func TestGreedyAgainstLlamaCpp(t *testing.T) {
 			if m == nil {
 				t.Fatalf("%s loaded as %s, not an LLM", c.name, l.Kind)
 			}
-			eng, err := m.NewEngine(ctx, dev, llm.EngineOptions{CacheBytes: int64(len(jobs)*((ctxLen+llm.DefaultBlockSize-1)/llm.DefaultBlockSize+1)) * m.CacheBlockBytes(0), MaxSeqs: len(jobs), MaxStepTokens: 256, DisablePrefixCache: true})
+			eng, err := m.NewEngine(ctx, dev, llm.EngineOptions{CacheBytes: int64(len(jobs)*((ctxLen+llm.DefaultBlockSize-1)/llm.DefaultBlockSize+1)) * m.CacheBlockBytes(dev, 0, 0), MaxSeqs: len(jobs), MaxStepTokens: 256, DisablePrefixCache: true})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -207,7 +207,7 @@ func run(ctx context.Context, o options) error {
 	blocks := int64(maxSeqs) * int64((ctxLen+llm.DefaultBlockSize-1)/llm.DefaultBlockSize+1)
 	// No prefix cache: rounds repeat their prompts, and llama.cpp's fresh
 	// contexts recompute them; both engines must do the same work.
-	cacheBytes := blocks * m.CacheBlockBytes(0)
+	cacheBytes := blocks * m.CacheBlockBytes(dev, 0, 0)
 	eng, err := m.NewEngine(ctx, dev, llm.EngineOptions{CacheBytes: cacheBytes, MaxSeqs: maxSeqs, MaxStepTokens: 2048, DisablePrefixCache: true})
 	if err != nil {
 		return err

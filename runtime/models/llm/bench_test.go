@@ -237,7 +237,7 @@ func BenchmarkDecodeQuantized(b *testing.B) {
 			}
 			dev := openBenchDevice(b, runtime.F32)
 			w := quantizeFast(fastWeights(s), c.dt)
-			e, err := newEngine(context.Background(), dev, s, w, EngineOptions{CacheBytes: 1 << 30, MaxStepTokens: 1024})
+			e, err := newEngine(context.Background(), dev, s, w, EngineOptions{CacheBytes: 1 << 30, MaxStepTokens: 1024, KVDType: benchKVDType()})
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -301,7 +301,7 @@ func BenchmarkPrefill512(b *testing.B) {
 			if c.q != 0 {
 				w = quantizeFast(w, c.q)
 			}
-			e, err := newEngine(context.Background(), dev, s, w, EngineOptions{CacheBytes: 1 << 29, MaxStepTokens: 1024})
+			e, err := newEngine(context.Background(), dev, s, w, EngineOptions{CacheBytes: 1 << 29, MaxStepTokens: 1024, KVDType: benchKVDType()})
 			if err != nil {
 				b.Fatal(err)
 			}

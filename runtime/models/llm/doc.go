@@ -10,7 +10,7 @@
 //	m.NewSequence(llm.Sampling{...}, prompt) (*llm.Sequence, error) // validates; the step's State
 //	m.NewSequenceContext(ctx, llm.Sampling{Constraint: &llm.Constraint{Kind, Source}}, prompt) // compiles a constraint under ctx (cached per model)
 //	m.ContextLength(), m.DefaultSampling(), m.DefaultMaxTokens(), m.EOS(), m.Info() // Kind "llm"
-//	m.WeightBytes(dt), m.CacheBlockBytes(blockSize), m.StepBytes(dt, maxStepTokens, maxSeqs) // placement
+//	m.WeightBytes(dt), m.CacheBlockBytes(dev, 0, blockSize), m.StepBytes(dt, maxStepTokens, maxSeqs) // placement
 //	seq.Flush() llm.Delta // text held back when the scheduler ends a sequence (length, deadline)
 //
 // Device side:

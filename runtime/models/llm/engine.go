@@ -47,6 +47,9 @@ type EngineOptions struct {
 	// DisablePrefixCache turns off the sharing of full blocks between
 	// sequences with the same tokens before them (see blockPool).
 	DisablePrefixCache bool
+	// KVDType is the cache's element type, F32 or BF16; 0 picks
+	// kvCacheDType's.
+	KVDType runtime.DType
 }
 
 // SeqStep is one sequence's part of a step, with the fields of the
@@ -134,7 +137,14 @@ func newEngine(ctx context.Context, dev runtime.Device, spec netSpec, weights ma
 		opts.MaxSeqs = DefaultMaxSeqs
 	}
 	opts.MaxSeqs = min(opts.MaxSeqs, opts.MaxStepTokens)
-	perBlock := int64(2*spec.Layers*opts.BlockSize*spec.KVHeads*spec.HeadDim) * 4
+	switch opts.KVDType {
+	case 0:
+		opts.KVDType = kvCacheDType(dev, weights)
+	case runtime.F32, runtime.BF16:
+	default:
+		return nil, fmt.Errorf("llm: engine: %w: a KV cache of %s (f32 or bf16)", runtime.ErrUnsupported, opts.KVDType)
+	}
+	perBlock := int64(2*spec.Layers*opts.BlockSize*spec.KVHeads*spec.HeadDim) * int64(opts.KVDType.Size())
 	nBlocks := opts.CacheBytes / perBlock
 	if nBlocks < 1 {
 		return nil, fmt.Errorf("llm: engine on %s: %w: cache of %d bytes holds no block of %d bytes", dev.ID(), runtime.ErrOutOfMemory, opts.CacheBytes, perBlock)
@@ -156,7 +166,7 @@ func newEngine(ctx context.Context, dev runtime.Device, spec netSpec, weights ma
 	}
 	for l := range spec.Layers {
 		for _, n := range []string{lKCache, lVCache} {
-			buf, err := dev.Alloc(runtime.F32, int(nBlocks), opts.BlockSize, spec.KVHeads, spec.HeadDim)
+			buf, err := dev.Alloc(opts.KVDType, int(nBlocks), opts.BlockSize, spec.KVHeads, spec.HeadDim)
 			if err != nil {
 				e.free()
 				return nil, fmt.Errorf("llm: engine: cache on %s: %w", dev.ID(), err)
@@ -165,6 +175,22 @@ func newEngine(ctx context.Context, dev runtime.Device, spec netSpec, weights ma
 		}
 	}
 	return e, nil
+}
+
+// kvCacheDType is the KV cache's type on dev for these weights: bf16 where
+// the matrices stay block-quantized on dev (the CPU), whose rounding of
+// the weights is far coarser than bf16's of K and V (llama.cpp's cache is
+// f16 by default, vLLM's the model's dtype), so a cache takes half the
+// memory and a decode step's attention reads half the bytes; f32
+// otherwise, so float checkpoints and devices that dequantize the
+// weights (PJRT) keep their exact results.
+func kvCacheDType(dev runtime.Device, weights map[string]models.Tensor) runtime.DType {
+	for _, t := range weights {
+		if t.Quantized() && runtime.HoldsQuantized(dev, t.Stored) {
+			return runtime.BF16
+		}
+	}
+	return runtime.F32
 }
 
 // computeType is the matmul operand type: bf16 where the device computes
@@ -485,7 +511,7 @@ func (e *Engine) plan(items []SeqStep) (*stepPlan, error) {
 func (e *Engine) forward(ctx context.Context, p *stepPlan) ([]float32, error) {
 	g := e.graphs[p.shape]
 	if g == nil {
-		g = stepGraph(e.spec, e.mmDT, e.quant, p.shape)
+		g = stepGraph(e.spec, e.mmDT, e.opts.KVDType, e.quant, p.shape)
 		if len(e.graphs) >= 256 {
 			clear(e.graphs) // bounded: shapes vary with the step on oneDNN
 		}

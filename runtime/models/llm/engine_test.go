@@ -341,6 +341,16 @@ var benchNoAMX = flag.Bool("llm.noamx", false, "the benchmarks' device keeps qua
 
 var benchNoX16 = flag.Bool("llm.nox16", false, "the benchmarks' device keeps block-quantized weights in GGUF's layout rather than relaid by 16 rows for the VNNI kernels (onednn.Options.NoX16)")
 
+var benchKVF32 = flag.Bool("llm.kvf32", false, "the quantized benchmarks' engines keep an f32 KV cache where the CPU would hold it in bf16 (EngineOptions.KVDType)")
+
+// benchKVDType is EngineOptions.KVDType for the quantized benchmarks.
+func benchKVDType() runtime.DType {
+	if *benchKVF32 {
+		return runtime.F32
+	}
+	return 0
+}
+
 var benchAMXRelaid = flag.Bool("llm.amxrelaid", false, "the benchmarks' device relays block-quantized weights by 16 rows on a CPU with AMX too (onednn.Options.AMXRelaid)")
 
 var benchNoAMXInt8 = flag.Bool("llm.noamxint8", false, "the benchmarks' device keeps Q8_0's products of up to 16 rows on bf16 panels rather than AMX-INT8 (onednn.Options.NoAMXInt8)")

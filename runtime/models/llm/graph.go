@@ -147,7 +147,7 @@ func (b *graphBuilder) linear(x, w, bias, out string) string {
 // and V are written into it; the final norm and lm_head run on the R
 // sampled rows only, gathered first. quant names the weights resident in
 // block-quantized types.
-func stepGraph(s netSpec, mmDT runtime.DType, quant map[string]runtime.DType, sh stepShape) *runtime.Graph {
+func stepGraph(s netSpec, mmDT, kvDT runtime.DType, quant map[string]runtime.DType, sh stepShape) *runtime.Graph {
 	b := &graphBuilder{mmDT: mmDT, quant: quant, conv: map[string]string{}}
 	d := s.HeadDim
 	x := b.add(runtime.Op{Kind: runtime.OpGather, In: []string{wEmbed, gIDs}}) // [T,H]
@@ -179,6 +179,10 @@ func stepGraph(s netSpec, mmDT runtime.DType, quant map[string]runtime.DType, sh
 		}
 		q = b.add(runtime.Op{Kind: runtime.OpRoPE, In: []string{q, gPos, wInvFreq}})
 		k = b.add(runtime.Op{Kind: runtime.OpRoPE, In: []string{k, gPos, wInvFreq}})
+		if kvDT == runtime.BF16 { // the cache's type (kvCacheDType)
+			k = b.add(runtime.Op{Kind: runtime.OpConvert, In: []string{k}, DType: runtime.BF16})
+			v = b.add(runtime.Op{Kind: runtime.OpConvert, In: []string{v}, DType: runtime.BF16})
+		}
 		b.add(runtime.Op{Kind: runtime.OpKVWrite, In: []string{k, gSlots}, Out: w(lKCache)})
 		b.add(runtime.Op{Kind: runtime.OpKVWrite, In: []string{v, gSlots}, Out: w(lVCache)})
 		a := b.add(runtime.Op{Kind: runtime.OpPagedAttention,

@@ -31,7 +31,7 @@ func peakStepBytes(t *testing.T, e *Engine, sh stepShape) int64 {
 	}
 	bound[gLogits] = runtime.TensorType{DType: runtime.F32, Shape: []int{sh.R, e.spec.Vocab}}
 	fixed += alignedBytes(runtime.F32, []int{sh.R, e.spec.Vocab})
-	p, err := runtime.PlanGraph(stepGraph(e.spec, e.mmDT, e.quant, sh), bound)
+	p, err := runtime.PlanGraph(stepGraph(e.spec, e.mmDT, e.opts.KVDType, e.quant, sh), bound)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -414,13 +414,22 @@ func (m *Model) weightBytes(dt runtime.DType, holds func(runtime.DType) bool) in
 	return n
 }
 
+// KVCacheDType is the type an engine on dev holds its KV cache in when
+// EngineOptions.KVDType leaves it to the engine: bf16 where dev keeps the
+// matrices block-quantized, else f32 (kvCacheDType).
+func (m *Model) KVCacheDType(dev runtime.Device) runtime.DType { return kvCacheDType(dev, m.weights) }
+
 // CacheBlockBytes is the device memory of one KV-cache block of blockSize
-// tokens (DefaultBlockSize when 0) over all layers, K and V.
-func (m *Model) CacheBlockBytes(blockSize int) int64 {
+// tokens (DefaultBlockSize when 0) over all layers, K and V, in type kv
+// (KVCacheDType's where 0).
+func (m *Model) CacheBlockBytes(dev runtime.Device, kv runtime.DType, blockSize int) int64 {
 	if blockSize <= 0 {
 		blockSize = DefaultBlockSize
 	}
-	return int64(2*m.spec.Layers*blockSize*m.spec.KVHeads*m.spec.HeadDim) * 4
+	if kv == 0 {
+		kv = m.KVCacheDType(dev)
+	}
+	return int64(2*m.spec.Layers*blockSize*m.spec.KVHeads*m.spec.HeadDim) * int64(kv.Size())
 }
 
 // StepBytes bounds the device memory one step of maxStepTokens rows from

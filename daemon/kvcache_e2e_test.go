@@ -1,0 +1,64 @@
+package daemon
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/brokerd/brokerd/bench/modelkit"
+	brokerv1 "github.com/brokerd/brokerd/proto/broker/v1"
+)
+
+// TestKVCacheDTypeEndToEnd: a Q8_0 GGUF generator on the CPU holds its KV
+// cache in bf16 by default (--kv-cache-dtype auto) and in f32 when told;
+// the placement counts it, so the model's memory differs by half the f32
+// cache, and both serve.
+func TestKVCacheDTypeEndToEnd(t *testing.T) {
+	st := t.TempDir()
+	src := t.TempDir()
+	if err := modelkit.WriteByteTokenizer(src, chatMLTemplate); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := modelkit.WriteLLM(st, modelkit.LLM{Arch: "llama", Layers: 2, Hidden: 64, Heads: 4, KVHeads: 2, Intermediate: 96,
+		MaxPositions: 256, DType: "f32", Seed: 5, TokenizerDir: src}); err != nil {
+		t.Fatal(err)
+	}
+	gguf := filepath.Join(t.TempDir(), "m.gguf")
+	if _, err := modelkit.WriteGGUF(st, gguf, "q8_0"); err != nil {
+		t.Fatal(err)
+	}
+	memory := map[string]uint64{}
+	for _, kv := range []string{"auto", "f32"} {
+		cfg := testConfig(t)
+		cfg.ModelRepo = t.TempDir()
+		cfg.KVCacheDType = kv
+		dst := filepath.Join(cfg.ModelRepo, "tiny", "1", "m.gguf")
+		if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if b, err := os.ReadFile(gguf); err != nil || os.WriteFile(dst, b, 0o644) != nil {
+			t.Fatalf("copying the GGUF: %v", err)
+		}
+		d := startDaemon(t, cfg)
+		c := brokerv1.NewBrokerServiceClient(d.conn)
+		ctx := testCtx(t)
+		lr, err := c.LoadModel(ctx, &brokerv1.LoadModelRequest{Name: "tiny"})
+		if err != nil {
+			t.Fatalf("%s: %v", kv, err)
+		}
+		memory[kv] = lr.GetModel().GetMemoryBytes()
+		texts, _, err := generateTexts(t, c, &brokerv1.GenerateRequest{Model: "tiny", Prompts: []string{"a", "b"},
+			Sampling: &brokerv1.SamplingParams{Temperature: new(float32), MaxTokens: 4, IgnoreEos: true}})
+		if err != nil || len(texts) != 2 {
+			t.Fatalf("%s: generate: %v %v", kv, texts, err)
+		}
+	}
+	// 2 layers · K and V · 2 heads · 16 dims a position; the f32 cache is
+	// twice the bf16 one, so the difference is half of it: a whole number of
+	// bf16 positions' bytes.
+	const bf16Position = 2 * 2 * 2 * 16 * 2
+	diff := int64(memory["f32"]) - int64(memory["auto"])
+	if diff <= 0 || diff%bf16Position != 0 {
+		t.Errorf("memory with an f32 cache %d, with the default (bf16) %d: want the f32 one larger by bf16 positions", memory["f32"], memory["auto"])
+	}
+}
