@@ -5,14 +5,17 @@ import (
 	"path/filepath"
 	"testing"
 
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+
 	"github.com/brokerd/brokerd/bench/modelkit"
 	brokerv1 "github.com/brokerd/brokerd/proto/broker/v1"
 )
 
 // TestKVCacheDTypeEndToEnd: a Q8_0 GGUF generator on the CPU holds its KV
-// cache in bf16 by default (--kv-cache-dtype auto) and in f32 when told;
-// the placement counts it, so the model's memory differs by half the f32
-// cache, and both serve.
+// cache in bf16 by default (--kv-cache-dtype auto) and in f32 when told,
+// as its placement's log line says; the placement counts it, so the
+// model's memory differs by half the f32 cache, and both serve.
 func TestKVCacheDTypeEndToEnd(t *testing.T) {
 	st := t.TempDir()
 	src := t.TempDir()
@@ -39,7 +42,8 @@ func TestKVCacheDTypeEndToEnd(t *testing.T) {
 		if b, err := os.ReadFile(gguf); err != nil || os.WriteFile(dst, b, 0o644) != nil {
 			t.Fatalf("copying the GGUF: %v", err)
 		}
-		d := startDaemon(t, cfg)
+		core, logs := observer.New(zap.InfoLevel)
+		d := startDaemonLog(t, Options{Config: cfg}, zap.New(core))
 		c := brokerv1.NewBrokerServiceClient(d.conn)
 		ctx := testCtx(t)
 		lr, err := c.LoadModel(ctx, &brokerv1.LoadModelRequest{Name: "tiny"})
@@ -47,6 +51,10 @@ func TestKVCacheDTypeEndToEnd(t *testing.T) {
 			t.Fatalf("%s: %v", kv, err)
 		}
 		memory[kv] = lr.GetModel().GetMemoryBytes()
+		want := map[string]string{"auto": "bf16", "f32": "f32"}[kv]
+		if placed := logs.FilterMessage("generator placed").All(); len(placed) != 1 || placed[0].ContextMap()["kv_cache_dtype"] != want {
+			t.Errorf("%s: the placement's log lines %v, want one with kv_cache_dtype %s", kv, placed, want)
+		}
 		texts, _, err := generateTexts(t, c, &brokerv1.GenerateRequest{Model: "tiny", Prompts: []string{"a", "b"},
 			Sampling: &brokerv1.SamplingParams{Temperature: new(float32), MaxTokens: 4, IgnoreEos: true}})
 		if err != nil || len(texts) != 2 {

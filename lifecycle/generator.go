@@ -119,7 +119,8 @@ func (r engineInstance) join(h Host, key string, dev scheduler.Device, opts ...s
 
 func (r engineInstance) placed() (string, []zap.Field) {
 	used, total := r.x.CacheBlocks()
-	return "generator placed", []zap.Field{zap.Int("max_running", r.maxRunning), zap.Int("cache_blocks", total-used), zap.Int("block_tokens", genBlockSize)}
+	return "generator placed", []zap.Field{zap.Int("max_running", r.maxRunning), zap.Int("cache_blocks", total-used), zap.Int("block_tokens", genBlockSize),
+		zap.Stringer("kv_cache_dtype", r.x.Engine.Options().KVDType)}
 }
 
 func (r engineInstance) Close() error { return r.x.Close() }
