@@ -2,6 +2,7 @@ package lifecycle
 
 import (
 	"context"
+	"fmt"
 
 	"go.uber.org/zap"
 
@@ -77,6 +78,14 @@ func (b batchServable) start(ctx context.Context, od openDevice, maxBatch int, _
 	r, err := b.m.NewReplica(ctx, od.dev, maxBatch)
 	if err != nil {
 		return nil, 0, err
+	}
+	// A replica that can warm up (BERT: its weights packed at load, not in
+	// a client's first request) does so before it serves.
+	if w, ok := r.(interface{ WarmUp(context.Context) error }); ok {
+		if err := w.WarmUp(ctx); err != nil {
+			r.Close()
+			return nil, 0, fmt.Errorf("warm-up: %w", err)
+		}
 	}
 	return batchInstance{Replica: r, maxBatch: maxBatch, inFlight: od.inFlight, maxTokens: b.maxTokens}, b.need(od, maxBatch), nil
 }

@@ -560,6 +560,15 @@ func (r *bertReplica) graph(k graphKey) builtGraph {
 	return bg
 }
 
+// WarmUp encodes one one-token text and drops the result, so that the
+// device packs the matmul weights into its kernels' layout (runtime/onednn
+// does on their first product, once for every shape) before a request
+// waits on it: about 60 ms for a 12 MB f32 BERT on two cores.
+func (r *bertReplica) WarmUp(ctx context.Context) error {
+	_, err := r.Execute(ctx, []any{TextInput{IDs: []int32{0}}})
+	return err
+}
+
 func (r *bertReplica) Close() error {
 	r.res.close()
 	return nil
