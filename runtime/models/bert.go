@@ -561,9 +561,10 @@ func (r *bertReplica) graph(k graphKey) builtGraph {
 }
 
 // WarmUp encodes one one-token text and drops the result, so that the
-// device packs the matmul weights into its kernels' layout (runtime/onednn
-// does on their first product, once for every shape) before a request
-// waits on it: about 60 ms for a 12 MB f32 BERT on two cores.
+// device packs the matmul weights into its kernels' layout before a
+// request waits on it (runtime/onednn packs them on their first product,
+// whatever its shape, and keeps them so): about 60 ms for a 12 MB f32
+// BERT on two cores.
 func (r *bertReplica) WarmUp(ctx context.Context) error {
 	_, err := r.Execute(ctx, []any{TextInput{IDs: []int32{0}}})
 	return err
