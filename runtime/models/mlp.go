@@ -213,6 +213,13 @@ type mlpReplica struct {
 	pad      padPlan
 }
 
+// WarmUp runs one row of zeros and drops the result, as bertReplica's
+// does: the weights are packed at load, not in a request.
+func (r *mlpReplica) WarmUp(ctx context.Context) error {
+	_, err := r.Execute(ctx, []any{RowInput{Values: make([]float32, r.m.spec.InputDim)}})
+	return err
+}
+
 func (r *mlpReplica) Close() error {
 	r.res.close()
 	return nil
