@@ -3,6 +3,7 @@ package lifecycle
 import (
 	"context"
 	"math"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -21,6 +22,7 @@ type pipeAdapter struct {
 	inFlight int
 	hold     chan struct{}
 	entered  chan struct{}
+	armed    atomic.Bool // Runs before it (the load's warm-up) pass
 }
 
 func (a *pipeAdapter) Name() string { return "pipe" }
@@ -33,8 +35,8 @@ func (a *pipeAdapter) Open(ctx context.Context, spec runtime.DeviceSpec) (runtim
 	return &pipeDevice{Device: d, a: a}, nil
 }
 
-// pipeDevice holds every Run until a.hold closes, after saying so on
-// a.entered.
+// pipeDevice holds every Run once a.armed until a.hold closes, after
+// saying so on a.entered.
 type pipeDevice struct {
 	runtime.Device
 	a *pipeAdapter
@@ -43,6 +45,9 @@ type pipeDevice struct {
 func (d *pipeDevice) MaxInFlight() int { return d.a.inFlight }
 
 func (d *pipeDevice) Run(ctx context.Context, g *runtime.Graph, bind map[string]runtime.Buffer) error {
+	if !d.a.armed.Load() {
+		return d.Device.Run(ctx, g, bind)
+	}
 	d.a.entered <- struct{}{}
 	<-d.a.hold
 	return d.Device.Run(ctx, g, bind)
@@ -83,6 +88,7 @@ func TestPipelinedDevice(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			ad.armed.Store(true)
 			type res struct {
 				resp scheduler.Response
 				err  error
