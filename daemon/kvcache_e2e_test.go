@@ -8,7 +8,6 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
-	"github.com/brokerd/brokerd/bench/modelkit"
 	brokerv1 "github.com/brokerd/brokerd/proto/broker/v1"
 )
 
@@ -17,19 +16,7 @@ import (
 // as its placement's log line says; the placement counts it, so the
 // model's memory differs by half the f32 cache, and both serve.
 func TestKVCacheDTypeEndToEnd(t *testing.T) {
-	st := t.TempDir()
-	src := t.TempDir()
-	if err := modelkit.WriteByteTokenizer(src, chatMLTemplate); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := modelkit.WriteLLM(st, modelkit.LLM{Arch: "llama", Layers: 2, Hidden: 64, Heads: 4, KVHeads: 2, Intermediate: 96,
-		MaxPositions: 256, DType: "f32", Seed: 5, TokenizerDir: src}); err != nil {
-		t.Fatal(err)
-	}
-	gguf := filepath.Join(t.TempDir(), "m.gguf")
-	if _, err := modelkit.WriteGGUF(st, gguf, "q8_0"); err != nil {
-		t.Fatal(err)
-	}
+	gguf := writeTinyGGUF(t, "q8_0")
 	memory := map[string]uint64{}
 	for _, kv := range []string{"auto", "f32"} {
 		cfg := testConfig(t)

@@ -21,10 +21,10 @@ import (
 // is listed under its Ollama name, loads by any of Ollama's forms of it,
 // and serves Generate over gRPC, /api/chat and /api/tags of the Ollama
 // API and /v1/chat/completions of the OpenAI one (issue 21 item 5).
-func TestOllamaStoreServes(t *testing.T) {
-	cfg := httpTestConfig(t)
-	store := t.TempDir()
-	cfg.OllamaModels = store
+// writeTinyGGUF writes a tiny random llama (a byte tokenizer, ChatML) as a
+// GGUF of file type quant and returns its path.
+func writeTinyGGUF(t *testing.T, quant string) string {
+	t.Helper()
 	src := t.TempDir()
 	if err := modelkit.WriteByteTokenizer(src, chatMLTemplate); err != nil {
 		t.Fatal(err)
@@ -35,9 +35,17 @@ func TestOllamaStoreServes(t *testing.T) {
 		t.Fatal(err)
 	}
 	gguf := filepath.Join(t.TempDir(), "m.gguf")
-	if _, err := modelkit.WriteGGUF(st, gguf, "q8_0"); err != nil {
+	if _, err := modelkit.WriteGGUF(st, gguf, quant); err != nil {
 		t.Fatal(err)
 	}
+	return gguf
+}
+
+func TestOllamaStoreServes(t *testing.T) {
+	cfg := httpTestConfig(t)
+	store := t.TempDir()
+	cfg.OllamaModels = store
+	gguf := writeTinyGGUF(t, "q8_0")
 	if err := modelkit.WriteOllamaModel(store, "tiny", "0.5b", gguf, modelkit.OllamaModel{
 		Params: `{"temperature": 0, "num_ctx": 128}`, System: "Be brief.", Family: "llama", FileType: "Q8_0"}); err != nil {
 		t.Fatal(err)

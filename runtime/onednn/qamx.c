@@ -73,7 +73,16 @@ int bd_qamx_available(void) {
     return ok;
 }
 
-// ggml's types: elements and bytes per block.
+// The ggml type of a BD_X16 type (qgemm.h) qamx reads, else 0.
+static int qa_x16(int t) {
+    switch (t) {
+    case BD_X16(2): case BD_X16(3): case BD_X16(6): case BD_X16(7): case BD_X16(8): case BD_X16(12): case BD_X16(13):
+        return t - BD_X16_BASE;
+    }
+    return 0;
+}
+
+// ggml's types (and qa_x16's): elements and bytes per block.
 static int qa_block(int t, int *elems, int *bytes) {
     switch (t) {
     case 1: *elems = 1, *bytes = 2; return 1;     // F16
@@ -86,19 +95,8 @@ static int qa_block(int t, int *elems, int *bytes) {
     case 12: *elems = 256, *bytes = 144; return 1; // Q4_K
     case 13: *elems = 256, *bytes = 176; return 1; // Q5_K
     case 14: *elems = 256, *bytes = 210; return 1; // Q6_K
-    case BD_X16(2): case BD_X16(3): case BD_X16(6): case BD_X16(7): case BD_X16(8): case BD_X16(12): case BD_X16(13):
-        return qa_block(t - BD_X16_BASE, elems, bytes); // relaid by 16 rows: the same blocks' bytes
     }
-    return 0;
-}
-
-// The ggml type of a BD_X16 type (qgemm.h), else 0.
-static int qa_x16(int t) {
-    switch (t) {
-    case BD_X16(2): case BD_X16(3): case BD_X16(6): case BD_X16(7): case BD_X16(8): case BD_X16(12): case BD_X16(13):
-        return t - BD_X16_BASE;
-    }
-    return 0;
+    return qa_x16(t) && qa_block(t - BD_X16_BASE, elems, bytes); // relaid by 16 rows: the same blocks' bytes
 }
 
 int bd_qamx_supports(int wtype) {
@@ -357,32 +355,11 @@ static QA_TARGET void qa_layout_x(const float *x, int64_t m, int64_t k, uint16_t
 //
 // A relaid matrix's panel is one tile. It decodes a unit at a time, 64
 // elements of each of its rows: two 32-element blocks, or a pair of a Q4_K
-// or Q5_K block's sub-blocks (Q6_K's relaid tiles are not read here). The unit's 16 vectors of quants (each holding four
-// elements of every row, unpacked as qgemm_avx512.h's kz_x16 unpacks them)
-// are transposed in registers into one vector a row, whose 64 values are
+// or Q5_K block's sub-blocks (Q6_K's relaid tiles are not read here). The
+// unit's 16 vectors of quants (each holding four elements of every row:
+// qx16.h's x16_unpack for the 32-element types) are transposed in registers into one vector a row, whose 64 values are
 // then scaled as qa_row scales the same weights in GGUF's layout: the
 // panel is the same bf16, bit for bit (TestQamxPanelX16).
-
-// Block wb's quants (32-element type T) as 8 vectors of unsigned values,
-// vector c holding elements 4c..4c+3 of each row.
-QA_INLINE QA_TARGET void qa_x16_q(const uint8_t *wb, int T, __m512i *wv) {
-    if (T == 8) {
-        for (int c = 0; c < 8; c++) wv[c] = _mm512_loadu_si512((const void *)(wb + 32 + 64 * c));
-        return;
-    }
-    const __m512i m4 = _mm512_set1_epi8(0x0f), h16 = _mm512_set1_epi8(0x10);
-    for (int l = 0; l < 4; l++) {
-        const __m512i v = _mm512_loadu_si512((const void *)(wb + X16_QS(T) + 64 * l));
-        wv[l] = _mm512_and_si512(v, m4);
-        wv[l + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
-    }
-    if (T == 6 || T == 7)
-        for (int c = 0; c < 8; c++) {
-            uint64_t hm;
-            memcpy(&hm, wb + X16_QH(T) + 8 * c, 8);
-            wv[c] = _mm512_mask_add_epi8(wv[c], (__mmask64)hm, wv[c], h16);
-        }
-}
 
 // Quarter i (16 bytes) of a row's 64 quants as f32, signed (the
 // offset already taken off) or unsigned (Q4_K's).
@@ -417,7 +394,7 @@ static QA_TARGET void qa_tile_x16(int T, const uint8_t *w, int64_t k, int64_t u0
                 break;
             }
             const uint8_t *wb = w + (b0 + h) * bb;
-            qa_x16_q(wb, T, r + 8 * h);
+            x16_unpack(wb, T, r + 8 * h);
             for (int c = 8 * h; c < 8 * h + 8; c++) r[c] = _mm512_sub_epi8(r[c], off); // the int8 q - off
             _mm512_store_ps(d[h], _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)wb)));
             if (mins) _mm512_store_ps(mn[h], _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wb + X16_MIN))));

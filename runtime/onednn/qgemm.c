@@ -534,15 +534,25 @@ static void k16_from_ak(const uint8_t *a, int64_t k, int64_t nb, int r, int64_t 
                 (uint32_t)(uint16_t)(br[4 * p + 2] + br[4 * p + 3]) << 16);
 }
 
-// R rows into a group of the k16 layout with G rows: each block quantized
-// as the ak layout quantizes it (so every variant gets the same int8).
-static void quant_k16_base(const float *x, int64_t k, int64_t nb, int R, int64_t G, uint8_t *xg) {
+// Fills row r's block b of a group from the ak layout of that block alone
+// (k16_from_ak, k6_from_ak).
+typedef void (*bd_akfill)(const uint8_t *a, int64_t k, int64_t nb, int r, int64_t b, int64_t G, uint8_t *xg);
+
+// R rows into a group of G rows, each block quantized in the ak layout
+// alone and then put where fill puts it.
+static void quant_via_ak_base(bd_akfill fill, const float *x, int64_t k, int64_t nb, int R, int64_t G, uint8_t *xg) {
     uint8_t a[AK_BYTES(1)] __attribute__((aligned(64)));
     for (int r = 0; r < R; r++)
         for (int64_t b = 0; b < nb; b++) {
             quant_ak_base(x + r * k + 256 * b, 256, 1, 1, 1, a);
-            k16_from_ak(a, k, nb, r, b, G, xg);
+            fill(a, k, nb, r, b, G, xg);
         }
+}
+
+// R rows into a group of the k16 layout with G rows: each block quantized
+// as the ak layout quantizes it (so every variant gets the same int8).
+static void quant_k16_base(const float *x, int64_t k, int64_t nb, int R, int64_t G, uint8_t *xg) {
+    quant_via_ak_base(k16_from_ak, x, k, nb, R, G, xg);
 }
 
 // R rows of the group at xg against one tile of 16 BD_X16(12) rows into
@@ -603,12 +613,7 @@ static void k6_from_ak(const uint8_t *a, int64_t k, int64_t nb, int r, int64_t b
 
 // R rows into a group of the k6 layout with G rows, as quant_k16_base.
 static void quant_k6_base(const float *x, int64_t k, int64_t nb, int R, int64_t G, uint8_t *xg) {
-    uint8_t a[AK_BYTES(1)] __attribute__((aligned(64)));
-    for (int r = 0; r < R; r++)
-        for (int64_t b = 0; b < nb; b++) {
-            quant_ak_base(x + r * k + 256 * b, 256, 1, 1, 1, a);
-            k6_from_ak(a, k, nb, r, b, G, xg);
-        }
+    quant_via_ak_base(k6_from_ak, x, k, nb, R, G, xg);
 }
 
 // R rows of the group at xg against one tile of 16 BD_X16(14) rows into
@@ -917,7 +922,7 @@ int bd_qgemm_multi(int wtype, const bd_qgemm_part *parts, int count, int64_t k, 
 }
 
 // Whether ggml type t has a BD_X16 form.
-static int x16_type(int t) { return t == 2 || t == 3 || t == 6 || t == 7 || t == 8 || (t >= 12 && t <= 14); }
+static int x16_type(int t) { return t > 0 && t < BD_X16_BASE && qtype_of(BD_X16(t)) != NULL; }
 
 int bd_x16_relayout(int t, void *w, int64_t n, int64_t k, int to_x16, int nthreads) {
     if (!x16_type(t)) return BD_QGEMM_UNSUPPORTED;

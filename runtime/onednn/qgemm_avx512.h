@@ -325,7 +325,6 @@ ZI void kz_x16(const uint8_t *w, int64_t nb, const uint8_t *xg, int64_t G, const
     const int off = X16_OFF(T), mins = T == 3 || T == 7;
     const float *dx = (const float *)(xg + X16_D(k, nb, 0, G)), *sx = (const float *)(xg + X16_S(k, nb, 0, G));
     const int32_t *cx = (const int32_t *)(xg + X16_C(k, nb, 0, G));
-    const __m512i m4 = _mm512_set1_epi8(0x0f), h16 = _mm512_set1_epi8(0x10);
     __m512 acc[16];
     for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
@@ -334,21 +333,7 @@ ZI void kz_x16(const uint8_t *w, int64_t nb, const uint8_t *xg, int64_t G, const
         const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)wb));
         const __m512 mw = mins ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wb + X16_MIN))) : dw;
         __m512i wv[8];
-        if (T == 8) {
-            for (int c = 0; c < 8; c++) wv[c] = _mm512_loadu_si512((const void *)(wb + 32 + 64 * c));
-        } else {
-            for (int l = 0; l < 4; l++) {
-                const __m512i v = _mm512_loadu_si512((const void *)(wb + X16_QS(T) + 64 * l));
-                wv[l] = _mm512_and_si512(v, m4);
-                wv[l + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
-            }
-            if (T == 6 || T == 7)
-                for (int c = 0; c < 8; c++) {
-                    uint64_t hm;
-                    memcpy(&hm, wb + X16_QH(T) + 8 * c, 8);
-                    wv[c] = _mm512_mask_add_epi8(wv[c], (__mmask64)hm, wv[c], h16);
-                }
-        }
+        x16_unpack(wb, T, wv);
         _Pragma("GCC unroll 16") for (int r = 0; r < R; r++) {
             const uint8_t *xr = xg + r * k + 32 * b;
             // Two chains when few rows give the core little else to overlap.

@@ -171,24 +171,24 @@ static void QV(quant_ak)(const float *x, int64_t k, int64_t nb, int R, int64_t G
     }
 }
 
-// The same into the k16 layout (BD_X16(12)'s activations).
-static void QV(quant_k16)(const float *x, int64_t k, int64_t nb, int R, int64_t G, uint8_t *xg) {
+// The same through the ak layout, a block at a time (quant_via_ak_base).
+static void QV(quant_via_ak)(bd_akfill fill, const float *x, int64_t k, int64_t nb, int R, int64_t G, uint8_t *xg) {
     uint8_t a[AK_BYTES(1)] __attribute__((aligned(64)));
     for (int r = 0; r < R; r++)
         for (int64_t b = 0; b < nb; b++) {
             QV(quant_ak)(x + r * k + 256 * b, 256, 1, 1, 1, a);
-            k16_from_ak(a, k, nb, r, b, G, xg);
+            fill(a, k, nb, r, b, G, xg);
         }
 }
 
-// The same into the k6 layout (BD_X16(14)'s activations).
+// Into the k16 layout (BD_X16(12) and (13)'s activations) and the k6
+// layout (BD_X16(14)'s).
+static void QV(quant_k16)(const float *x, int64_t k, int64_t nb, int R, int64_t G, uint8_t *xg) {
+    QV(quant_via_ak)(k16_from_ak, x, k, nb, R, G, xg);
+}
+
 static void QV(quant_k6)(const float *x, int64_t k, int64_t nb, int R, int64_t G, uint8_t *xg) {
-    uint8_t a[AK_BYTES(1)] __attribute__((aligned(64)));
-    for (int r = 0; r < R; r++)
-        for (int64_t b = 0; b < nb; b++) {
-            QV(quant_ak)(x + r * k + 256 * b, 256, 1, 1, 1, a);
-            k6_from_ak(a, k, nb, r, b, G, xg);
-        }
+    QV(quant_via_ak)(k6_from_ak, x, k, nb, R, G, xg);
 }
 
 // The kernels: out[r] = W's row w · X's row r for r < R, X's rows a group

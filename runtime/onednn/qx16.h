@@ -3,6 +3,10 @@
 #ifndef BROKERD_QX16_H
 #define BROKERD_QX16_H
 
+#include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
+
 // A BD_X16 tile's block of ggml type t (2, 3, 6, 7, 8, 12, 13, 14): its bytes, and
 // the offsets of the mins, the fifth bits' masks and the quants in it.
 // Q4_K's: d[16] | dmin[16] (f16) | its 12 scale bytes as three planes of
@@ -34,5 +38,28 @@
 // The offset the quants carry as stored there (w = a*(v - off), or a*v + m
 // for Q4_1 and Q5_1): Q8_0's signed values XORed with 0x80 are q + 128.
 #define X16_OFF(t) ((t) == 8 ? 128 : (t) == 2 ? 8 : (t) == 6 ? 16 : 0)
+
+// Block wb's quants (32-element type T) as 8 vectors of unsigned values,
+// vector c holding elements 4c..4c+3 of each row: the 4-bit types' nibbles
+// split, the fifth bits added as 16s (qgemm's kz_x16, qamx's panels).
+static inline __attribute__((always_inline, target("avx512f,avx512bw"))) void x16_unpack(const uint8_t *wb, int T,
+        __m512i *wv) {
+    if (T == 8) {
+        for (int c = 0; c < 8; c++) wv[c] = _mm512_loadu_si512((const void *)(wb + 32 + 64 * c));
+        return;
+    }
+    const __m512i m4 = _mm512_set1_epi8(0x0f), h16 = _mm512_set1_epi8(0x10);
+    for (int l = 0; l < 4; l++) {
+        const __m512i v = _mm512_loadu_si512((const void *)(wb + X16_QS(T) + 64 * l));
+        wv[l] = _mm512_and_si512(v, m4);
+        wv[l + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+    }
+    if (T == 6 || T == 7)
+        for (int c = 0; c < 8; c++) {
+            uint64_t hm;
+            memcpy(&hm, wb + X16_QH(T) + 8 * c, 8);
+            wv[c] = _mm512_mask_add_epi8(wv[c], (__mmask64)hm, wv[c], h16);
+        }
+}
 
 #endif
