@@ -27,6 +27,14 @@ void bd_attend_group_part_avx512(const void *q, int q_bf16, const void *kc, cons
 void bd_attend_group_merge(float *st, const float *part, int64_t group, int64_t dim);
 void bd_attend_group_finish(const float *st, int q_bf16, int64_t ti, int64_t g, int64_t hq, int64_t dim,
         int64_t group, void *out);
+// The same two on a bf16 cache with bf16 products (AVX512-BF16; dim % 32
+// == 0): bd_paged_attention's decode steps with runtime.Op.BF16Products.
+void bd_attend_group_part_bf16(const void *q, int q_bf16, const void *kc, const void *vc,
+        int kv_bf16, const int32_t *row, int64_t p_begin, int64_t p_end, int64_t ti, int64_t g, int64_t hq,
+        int64_t hkv, int64_t dim, int64_t bs, int64_t group, float scale, float *st);
+void bd_attend_group_bf16(const void *q, int q_bf16, const void *kc, const void *vc,
+        int kv_bf16, const int32_t *row, int64_t n, int64_t ti, int64_t g, int64_t hq, int64_t hkv,
+        int64_t dim, int64_t bs, int64_t group, float scale, void *out);
 
 // attend_amx.c
 #define BD_AMX_ROWS 64 // query rows a task holds: four tiles of 16

@@ -355,3 +355,150 @@ BD_AVX512 void bd_attend_group_avx512(const void *q, int q_bf16, const void *kc,
     }
     bd_attend_group_finish(st, q_bf16, ti, g, hq, dim, group, out);
 }
+
+// The group kernel for a bf16 cache with bf16 products
+// (runtime.Op.BF16Products), on AVX512-BF16: Q·scale and the softmax's
+// weights are rounded to bf16 and both products run on vdpbf16ps, two
+// products a lane, straight from the cache's bf16 rows. The f32 kernel
+// above spends as much on widening each key and value row to f32 as on
+// its FMAs. Q·K pairs adjacent dimensions of a key row as the cache holds
+// them. P·V pairs two keys: their value rows interleaved by 16-bit
+// unpacks, whose lane order (dims 8L..8L+3 in the low half of 128-bit
+// lane L, 8L+4..8L+7 in the high) the state undoes once at the end. dim %
+// 32 == 0, dim <= BD_FA_GROUPDIM, group <= BD_FA_GROUP.
+#define BD_AB16 __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,avx512bf16,avx2,fma")))
+
+BD_AB16 static inline __attribute__((always_inline)) void attend_group_part_bf16(const void *q, int q_bf16,
+        const void *kc, const void *vc, const int32_t *row, int64_t p_begin, int64_t p_end, int64_t ti, int64_t g,
+        int64_t hq, int64_t hkv, int64_t dim, int64_t bs, int64_t group, float scale, float *st) {
+    const int64_t kvrow = hkv * dim, nc = dim / 32, h0 = g * group;
+    static const uint16_t zero[BD_FA_GROUPDIM] __attribute__((aligned(64)));
+    uint16_t qb[BD_FA_GROUP * BD_FA_GROUPDIM] __attribute__((aligned(64)));   // bf16(Q·scale), [head][d]
+    float acc[BD_FA_GROUP * BD_FA_GROUPDIM] __attribute__((aligned(64)));     // O, [head][chunk][lo|hi]
+    uint32_t pb[BD_FA_GROUP][BD_FA_KEYS / 2] __attribute__((aligned(64)));    // bf16 weight pairs
+    float mx[16] __attribute__((aligned(64))), l[BD_FA_GROUP];
+    for (int64_t j = 0; j < group; j++) {
+        const int64_t off = (ti * hq + h0 + j) * dim;
+        for (int64_t d = 0; d < dim; d += 32) {
+            __m512 a, b;
+            if (q_bf16) {
+                const uint16_t *s = (const uint16_t *)q + off + d;
+                a = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)s)), 16));
+                b = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(s + 16))), 16));
+            } else {
+                a = _mm512_loadu_ps((const float *)q + off + d);
+                b = _mm512_loadu_ps((const float *)q + off + d + 16);
+            }
+            const __m512 sc = _mm512_set1_ps(scale);
+            _mm512_store_si512(qb + j * dim + d, (__m512i)_mm512_cvtne2ps_pbh(_mm512_mul_ps(b, sc), _mm512_mul_ps(a, sc)));
+        }
+        mx[j] = -INFINITY, l[j] = 0.0f;
+    }
+    memset(acc, 0, (size_t)(group * dim) * sizeof(float));
+    const __m512 ninf = _mm512_set1_ps(-INFINITY);
+    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    for (int64_t p0 = p_begin; p0 < p_end; p0 += BD_FA_KEYS) {
+        const int64_t pn = p_end - p0 < BD_FA_KEYS ? p_end - p0 : BD_FA_KEYS;
+        const __mmask16 valid = _mm512_cmplt_epi32_mask(lane, _mm512_set1_epi32((int32_t)pn));
+        const uint16_t *kp[BD_FA_KEYS], *vp[BD_FA_KEYS];
+        for (int64_t k = 0; k < BD_FA_KEYS; k++) {
+            // Past the last key: K points at the tile's first (read, then
+            // masked), V at zeros (its weight is 0 and it may pair with
+            // the last key).
+            const int64_t p = p0 + (k < pn ? k : 0);
+            const int64_t off = ((int64_t)row[p / bs] * bs + p % bs) * kvrow + g * dim;
+            kp[k] = (const uint16_t *)kc + off;
+            vp[k] = k < pn ? (const uint16_t *)vc + off : zero;
+        }
+        __m512 sv[BD_FA_GROUP];
+        for (int64_t j = 0; j < group; j++) {
+            __m512 t[BD_FA_KEYS];
+            for (int k = 0; k < BD_FA_KEYS; k++) t[k] = _mm512_setzero_ps();
+            for (int64_t c = 0; c < nc; c++) {
+                const __m512bh qv = (__m512bh)_mm512_load_si512(qb + j * dim + 32 * c);
+                for (int k = 0; k < BD_FA_KEYS; k++)
+                    t[k] = _mm512_dpbf16_ps(t[k], qv, (__m512bh)_mm512_loadu_si512(kp[k] + 32 * c));
+            }
+            sv[j] = _mm512_mask_blend_ps(valid, ninf, reduce16(t));
+        }
+        float mnew[16] __attribute__((aligned(64))), cs[16] __attribute__((aligned(64)));
+        for (int64_t j = 0; j < group; j++) {
+            const float r = _mm512_reduce_max_ps(sv[j]);
+            mnew[j] = mx[j] > r ? mx[j] : r; // finite: key p0 is valid
+        }
+        const __mmask16 gm = (__mmask16)((1u << group) - 1);
+        _mm512_store_ps(cs, bd_exp512(_mm512_maskz_sub_ps(gm, _mm512_maskz_loadu_ps(gm, mx), _mm512_maskz_loadu_ps(gm, mnew))));
+        for (int64_t j = 0; j < group; j++) {
+            const __m512 p = _mm512_maskz_mov_ps(valid, bd_exp512(_mm512_sub_ps(sv[j], _mm512_set1_ps(mnew[j]))));
+            l[j] = l[j] * cs[j] + _mm512_reduce_add_ps(p);
+            mx[j] = mnew[j];
+            _mm256_store_si256((__m256i *)pb[j], (__m256i)_mm512_cvtneps_pbh(p));
+        }
+        // O[j] = O[j]·c[j] + Σ_k P[j][k]·V[k], two keys a vdpbf16ps.
+        const int64_t pairs = (pn + 1) / 2;
+        for (int64_t c = 0; c < nc; c++) {
+            __m512 lo[BD_FA_GROUP], hi[BD_FA_GROUP];
+            for (int64_t j = 0; j < group; j++) {
+                lo[j] = _mm512_mul_ps(_mm512_load_ps(acc + j * dim + 32 * c), _mm512_set1_ps(cs[j]));
+                hi[j] = _mm512_mul_ps(_mm512_load_ps(acc + j * dim + 32 * c + 16), _mm512_set1_ps(cs[j]));
+            }
+            for (int64_t k = 0; k < pairs; k++) {
+                const __m512i a = _mm512_loadu_si512(vp[2 * k] + 32 * c), b = _mm512_loadu_si512(vp[2 * k + 1] + 32 * c);
+                const __m512bh vl = (__m512bh)_mm512_unpacklo_epi16(a, b), vh = (__m512bh)_mm512_unpackhi_epi16(a, b);
+                for (int64_t j = 0; j < group; j++) {
+                    const __m512bh w = (__m512bh)_mm512_set1_epi32((int32_t)pb[j][k]);
+                    lo[j] = _mm512_dpbf16_ps(lo[j], w, vl);
+                    hi[j] = _mm512_dpbf16_ps(hi[j], w, vh);
+                }
+            }
+            for (int64_t j = 0; j < group; j++) {
+                _mm512_store_ps(acc + j * dim + 32 * c, lo[j]);
+                _mm512_store_ps(acc + j * dim + 32 * c + 16, hi[j]);
+            }
+        }
+    }
+    // The state in dimension order: each head's unnormalised output, then
+    // its max and sum.
+    const int64_t sw = dim + 2;
+    const __m512i i0 = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+    const __m512i i1 = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+    for (int64_t j = 0; j < group; j++) {
+        for (int64_t c = 0; c < nc; c++) {
+            const __m512 lo = _mm512_load_ps(acc + j * dim + 32 * c), hi = _mm512_load_ps(acc + j * dim + 32 * c + 16);
+            _mm512_storeu_ps(st + j * sw + 32 * c, _mm512_permutex2var_ps(lo, i0, hi));
+            _mm512_storeu_ps(st + j * sw + 32 * c + 16, _mm512_permutex2var_ps(lo, i1, hi));
+        }
+        st[j * sw + dim] = mx[j], st[j * sw + dim + 1] = l[j];
+    }
+}
+
+BD_AB16 void bd_attend_group_part_bf16(const void *q, int q_bf16, const void *kc, const void *vc,
+        int kv_bf16, const int32_t *row, int64_t p_begin, int64_t p_end, int64_t ti, int64_t g, int64_t hq,
+        int64_t hkv, int64_t dim, int64_t bs, int64_t group, float scale, float *st) {
+    (void)kv_bf16; // always: the cache is what the products read
+#define BD_G(G)                                                                                           \
+    case G:                                                                                               \
+        attend_group_part_bf16(q, q_bf16, kc, vc, row, p_begin, p_end, ti, g, hq, hkv, dim, bs, G, scale, st); \
+        return;
+    switch (group) {
+        BD_G(1) BD_G(2) BD_G(3) BD_G(4) BD_G(5) BD_G(6) BD_G(7) BD_G(8)
+    default:
+        attend_group_part_bf16(q, q_bf16, kc, vc, row, p_begin, p_end, ti, g, hq, hkv, dim, bs, group, scale, st);
+    }
+#undef BD_G
+}
+
+// bd_attend_group_bf16 is bd_attend_group_avx512 on the bf16 part kernel.
+BD_AB16 void bd_attend_group_bf16(const void *q, int q_bf16, const void *kc, const void *vc,
+        int kv_bf16, const int32_t *row, int64_t n, int64_t ti, int64_t g, int64_t hq, int64_t hkv,
+        int64_t dim, int64_t bs, int64_t group, float scale, void *out) {
+    float st[BD_FA_GROUP * (BD_FA_GROUPDIM + 2)], part[BD_FA_GROUP * (BD_FA_GROUPDIM + 2)];
+    bd_attend_group_part_bf16(q, q_bf16, kc, vc, kv_bf16, row, 0, n < BD_FA_PART ? n : BD_FA_PART, ti, g, hq, hkv,
+            dim, bs, group, scale, st);
+    for (int64_t p = BD_FA_PART; p < n; p += BD_FA_PART) {
+        bd_attend_group_part_bf16(q, q_bf16, kc, vc, kv_bf16, row, p, n - p < BD_FA_PART ? n : p + BD_FA_PART, ti, g,
+                hq, hkv, dim, bs, group, scale, part);
+        bd_attend_group_merge(st, part, group, dim);
+    }
+    bd_attend_group_finish(st, q_bf16, ti, g, hq, dim, group, out);
+}

@@ -1083,9 +1083,9 @@ static void attend_block_avx512(attend_fn one, int whole, const void *q, int q_b
 // no block has 16 rows: a decode step's blocks are one token each, and
 // building the AMX team, its scratch and its tile state for them cost a
 // decode step's every layer a few microseconds.
-static int paged_attention_amx(const bd_device *d, const void *q, int q_bf16, const void *kc, const void *vc,
-        int kv_bf16, const int32_t *table, const int32_t *seq, const int32_t *pos, int64_t t, int64_t hq,
-        int64_t hkv, int64_t dim, int64_t bs, int64_t maxb, float scale, int64_t work, void *out) {
+static int paged_attention_amx(const bd_device *d, attend_fn one, const void *q, int q_bf16, const void *kc,
+        const void *vc, int kv_bf16, const int32_t *table, const int32_t *seq, const int32_t *pos, int64_t t,
+        int64_t hq, int64_t hkv, int64_t dim, int64_t bs, int64_t maxb, float scale, int64_t work, void *out) {
     const int64_t group = hq / hkv, minb = (16 + group - 1) / group;
     int64_t *start = malloc((size_t)(t + 1) * sizeof *start);
     if (start == NULL) return -1;
@@ -1101,7 +1101,6 @@ static int paged_attention_amx(const bd_device *d, const void *q, int q_bf16, co
         return 1;
     }
     const int64_t tasks = nb * hkv, wbytes = (bd_attend_amx_bytes(dim) + 63) & ~(int64_t)63;
-    const attend_fn one = dim <= BD_FA_GROUPDIM && group <= BD_FA_GROUP ? bd_attend_group_avx512 : attend_avx512;
     int failed = 0;
 #pragma omp parallel if (work >= BD_PAR_MIN && tasks > 1)
     {
@@ -1140,7 +1139,11 @@ static int paged_attention_amx(const bd_device *d, const void *q, int q_bf16, co
 // same. A single long context then runs on every thread instead of one a
 // kv head (2 for Qwen2.5). Returns 1, having written nothing, when no
 // context is longer than one part or it cannot allocate its scratch.
-static int decode_parts(const bd_device *d, const void *q, int q_bf16, const void *kc, const void *vc,
+typedef void (*attend_part_fn)(const void *q, int q_bf16, const void *kc, const void *vc, int kv_bf16,
+        const int32_t *row, int64_t p_begin, int64_t p_end, int64_t ti, int64_t g, int64_t hq, int64_t hkv,
+        int64_t dim, int64_t bs, int64_t group, float scale, float *st);
+
+static int decode_parts(const bd_device *d, attend_part_fn part, const void *q, int q_bf16, const void *kc, const void *vc,
         int kv_bf16, const int32_t *table, const int32_t *seq, const int32_t *pos, int64_t t, int64_t hq,
         int64_t hkv, int64_t dim, int64_t bs, int64_t maxb, float scale, void *out) {
     const int64_t group = hq / hkv, sw = group * (dim + 2);
@@ -1165,7 +1168,7 @@ static int decode_parts(const bd_device *d, const void *q, int q_bf16, const voi
             while (first[ti + 1] <= i) ti++;
             const int64_t parts = (first[ti + 1] - first[ti]) / hkv, g = (i - first[ti]) / parts,
                           s = (i - first[ti]) % parts, n = (int64_t)pos[ti] + 1, p0 = s * BD_FA_PART;
-            bd_attend_group_part_avx512(q, q_bf16, kc, vc, kv_bf16, table + (int64_t)seq[ti] * maxb, p0,
+            part(q, q_bf16, kc, vc, kv_bf16, table + (int64_t)seq[ti] * maxb, p0,
                     n - p0 < BD_FA_PART ? n : p0 + BD_FA_PART, ti, g, hq, hkv, dim, bs, group, scale, st + i * sw);
         }
 #pragma omp for schedule(static)
@@ -1192,7 +1195,7 @@ int64_t bd_paged_attention(const bd_device *d, const void *q, int q_bf16,
         const void *kc, const void *vc, int kv_bf16, const int32_t *table,
         const int32_t *seq, const int32_t *pos, int64_t t, int64_t hq,
         int64_t hkv, int64_t dim, int64_t nblocks, int64_t bs, int64_t s,
-        int64_t maxb, float scale, int amx, void *out, int *why) {
+        int64_t maxb, float scale, int amx, int bf16, void *out, int *why) {
     // Check every index first, so a bad one leaves out untouched.
     for (int64_t ti = 0; ti < t; ti++) {
         if (seq[ti] < 0 || seq[ti] >= s) { *why = 1; return ti; }
@@ -1205,9 +1208,15 @@ int64_t bd_paged_attention(const bd_device *d, const void *q, int q_bf16,
     int64_t work = 0;
     for (int64_t ti = 0; ti < t; ti++) work += ((int64_t)pos[ti] + 1) * hq * dim;
     attend_fn attend = attend_pick();
+    // A decode token's group of heads: the group kernel where it fits
+    // (head dims up to BD_FA_GROUPDIM), on bf16 products where asked for,
+    // the cache is bf16 and the CPU has AVX512-BF16.
+    const int fits = attend == attend_avx512 && dim % 16 == 0 && dim <= BD_FA_GROUPDIM && group <= BD_FA_GROUP;
+    const int b16 = fits && bf16 && kv_bf16 && dim % 32 == 0 && bd_have_avx512bf16();
+    const attend_fn one = b16 ? bd_attend_group_bf16 : fits ? bd_attend_group_avx512 : attend;
     omp_set_num_threads(d->nthreads);
     if (amx && attend == attend_avx512 && dim % 32 == 0 && dim <= BD_FA_MAXDIM && group <= BD_AMX_ROWS &&
-            paged_attention_amx(d, q, q_bf16, kc, vc, kv_bf16, table, seq, pos, t, hq, hkv, dim, bs, maxb, scale,
+            paged_attention_amx(d, one, q, q_bf16, kc, vc, kv_bf16, table, seq, pos, t, hq, hkv, dim, bs, maxb, scale,
                     work, out) == 0)
         return -1;
     if (attend == attend_avx512 && dim % 16 == 0 && dim <= BD_FA_MAXDIM) {
@@ -1217,15 +1226,15 @@ int64_t bd_paged_attention(const bd_device *d, const void *q, int q_bf16,
         // small group) takes the group kernel (head dims up to
         // BD_FA_GROUPDIM) or attend_body, which waste no vector lanes.
         // (This branch's groups are under BD_FA_MINROWS <= BD_FA_GROUP.)
-        attend_fn one = dim <= BD_FA_GROUPDIM && group <= BD_FA_GROUP ? bd_attend_group_avx512 : attend;
         int64_t hc = group < 16 ? group : 16, tb = 16 / hc;
         int64_t chunks = (group + hc - 1) / hc;
         int64_t *start = malloc((size_t)(t + 1) * sizeof *start);
         if (start != NULL) {
             int64_t nb = split_blocks(seq, t, tb, start);
             int64_t tasks = nb * hkv * chunks;
-            if (one == bd_attend_group_avx512 && group < BD_FA_MINROWS && nb == t && tasks < 2 * d->nthreads &&
-                    work >= BD_PAR_MIN && decode_parts(d, q, q_bf16, kc, vc, kv_bf16, table, seq, pos, t, hq, hkv, dim,
+            if (fits && group < BD_FA_MINROWS && nb == t && tasks < 2 * d->nthreads && work >= BD_PAR_MIN &&
+                    decode_parts(d, b16 ? bd_attend_group_part_bf16 : bd_attend_group_part_avx512, q, q_bf16, kc, vc,
+                            kv_bf16, table, seq, pos, t, hq, hkv, dim,
                             bs, maxb, scale, out) == 0) {
                 free(start);
                 return -1;

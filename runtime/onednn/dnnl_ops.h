@@ -180,14 +180,16 @@ int64_t bd_kv_write(const bd_device *d, const void *x, const int32_t *slots,
 // bd_paged_attention: causal GQA over a paged cache; see runtime.OpPagedAttention.
 // q [t,hq,dim], kc/vc [nblocks,bs,hkv,dim], table [s,maxb], seq [t], pos [t]
 // -> out [t,hq,dim]. It checks every index first and returns the first bad
-// token (writing nothing) with *why set, or -1. amx (the caller has
-// checked bd_qamx_available) lets prefill blocks round Q, K, P and V to
-// bf16 on AMX tiles (runtime.Op.BF16Products).
+// token (writing nothing) with *why set, or -1. runtime.Op.BF16Products
+// lets it round Q, K, P and V to bf16: bf16 says so, and lets decode
+// steps on a bf16 cache run the bf16 group kernel where the CPU has
+// AVX512-BF16; amx (the caller has also checked bd_qamx_available) sends
+// prefill blocks to AMX tiles.
 int64_t bd_paged_attention(const bd_device *d, const void *q, int q_bf16,
         const void *kc, const void *vc, int kv_bf16, const int32_t *table,
         const int32_t *seq, const int32_t *pos, int64_t t, int64_t hq,
         int64_t hkv, int64_t dim, int64_t nblocks, int64_t bs, int64_t s,
-        int64_t maxb, float scale, int amx, void *out, int *why);
+        int64_t maxb, float scale, int amx, int bf16, void *out, int *why);
 
 // bf16 <-> f32 conversion (round to nearest even, NaN kept quiet).
 void bd_f32_to_bf16(const float *src, uint16_t *dst, int64_t n);

@@ -54,7 +54,7 @@ func (d *Device) runGemv16(s *runtime.Step, in func(int) unsafe.Pointer, out uns
 	k := a.Last()
 	m, n := a.NumElements()/k, s.Out.Last()
 	x := in(0)
-	dot := C.bd_have_avx512bf16() != 0
+	dot := avx512BF16()
 	if !dot {
 		xf, err := d.scratch(&d.gx, int64(m*k)*4)
 		if err != nil {
@@ -98,3 +98,7 @@ func (d *Device) runGemv16(s *runtime.Step, in func(int) unsafe.Pointer, out uns
 	}
 	return nil
 }
+
+// avx512BF16 says whether the CPU has AVX512-BF16's vdpbf16ps (with
+// AVX-512 F, BW, VL and DQ).
+func avx512BF16() bool { return C.bd_have_avx512bf16() != 0 }

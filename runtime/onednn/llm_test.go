@@ -582,29 +582,39 @@ func TestPagedAttentionDecodeParts(t *testing.T) {
 
 // TestPagedAttentionBF16Products runs the op with BF16Products, which on
 // a CPU with AMX sends blocks of 16 to 64 query rows (prefill chunks) to
-// attend_amx.c with bf16 products and the rest (decode steps, heads the
-// tiles cannot take) to the f32 kernels, against the float64 reference:
-// head dims 32 to 256, groups 1 to 64, block sizes that split the
-// 32-position passes, decode steps and padding in the same step, and a
-// thread count that shrinks the blocks. Where the AMX kernel runs, its
-// output must differ from the f32 op's (bf16 rounding), which says it ran.
+// attend_amx.c with bf16 products, and on a CPU with AVX512-BF16 sends
+// decode tokens of small groups on a bf16 cache to the bf16 group kernel;
+// the rest (heads neither takes) go to the f32 kernels. Against the
+// float64 reference: head dims 32 to 256, groups 1 to 64, block sizes
+// that split the 32-position passes, decode steps and padding in the same
+// step, contexts of several 512-position parts (one sequence: spread
+// over the threads and merged; two: one a thread), and a thread count
+// that shrinks the blocks. Where a bf16 kernel runs, the output must
+// differ from the f32 op's (bf16 rounding), which says it ran.
 func TestPagedAttentionBF16Products(t *testing.T) {
 	tests := []struct {
 		name    string
 		threads int
 		attnCase
 		amx bool // the case has a block the tiles take
+		dec bool // and decode tokens the bf16 group kernel takes
 	}{
-		{"qwen heads prefill and decodes", 0, attnCase{hq: 14, hkv: 2, d: 64, bs: 16, ctx: []int{0, 70, 15, 33}, add: []int{100, 1, 5, 1}, pad: 3}, true},
-		{"llama heads long prefill", 0, attnCase{hq: 16, hkv: 4, d: 64, bs: 16, ctx: []int{0}, add: []int{150}}, true},
-		{"d128 bs5 chunk after context", 0, attnCase{hq: 8, hkv: 2, d: 128, bs: 5, ctx: []int{37}, add: []int{40}}, true},
-		{"mha d32 bs3", 0, attnCase{hq: 3, hkv: 3, d: 32, bs: 3, ctx: []int{0, 4}, add: []int{50, 1}}, true},
-		{"d256 group 2", 0, attnCase{hq: 4, hkv: 2, d: 256, bs: 16, ctx: []int{10}, add: []int{33}}, true},
-		{"group 64 one token a block", 0, attnCase{hq: 64, hkv: 1, d: 32, bs: 16, ctx: []int{5}, add: []int{3}}, true},
-		{"group 20", 0, attnCase{hq: 20, hkv: 1, d: 64, bs: 16, ctx: []int{17}, add: []int{7}}, true},
-		{"seven threads shrink the blocks", 7, attnCase{hq: 14, hkv: 2, d: 64, bs: 16, ctx: []int{0, 3}, add: []int{60, 30}}, true},
-		{"decodes only", 0, attnCase{hq: 14, hkv: 2, d: 64, bs: 16, ctx: []int{40, 3}, add: []int{1, 1}}, false},
-		{"d48 stays f32", 0, attnCase{hq: 4, hkv: 1, d: 48, bs: 16, ctx: []int{0}, add: []int{20}}, false},
+		{"qwen heads prefill and decodes", 0, attnCase{hq: 14, hkv: 2, d: 64, bs: 16, ctx: []int{0, 70, 15, 33}, add: []int{100, 1, 5, 1}, pad: 3}, true, true},
+		{"llama heads long prefill", 0, attnCase{hq: 16, hkv: 4, d: 64, bs: 16, ctx: []int{0}, add: []int{150}}, true, false},
+		{"d128 bs5 chunk after context", 0, attnCase{hq: 8, hkv: 2, d: 128, bs: 5, ctx: []int{37}, add: []int{40}}, true, false},
+		{"mha d32 bs3", 0, attnCase{hq: 3, hkv: 3, d: 32, bs: 3, ctx: []int{0, 4}, add: []int{50, 1}}, true, true},
+		{"d256 group 2", 0, attnCase{hq: 4, hkv: 2, d: 256, bs: 16, ctx: []int{10}, add: []int{33}}, true, false},
+		{"group 64 one token a block", 0, attnCase{hq: 64, hkv: 1, d: 32, bs: 16, ctx: []int{5}, add: []int{3}}, true, false},
+		{"group 20", 0, attnCase{hq: 20, hkv: 1, d: 64, bs: 16, ctx: []int{17}, add: []int{7}}, true, false},
+		{"seven threads shrink the blocks", 7, attnCase{hq: 14, hkv: 2, d: 64, bs: 16, ctx: []int{0, 3}, add: []int{60, 30}}, true, false},
+		{"decodes only", 0, attnCase{hq: 14, hkv: 2, d: 64, bs: 16, ctx: []int{40, 3}, add: []int{1, 1}}, false, true},
+		{"decodes d128 group 4, odd tail", 0, attnCase{hq: 8, hkv: 2, d: 128, bs: 5, ctx: []int{36, 0}, add: []int{1, 1}}, false, true},
+		{"one long decode in parts", 0, attnCase{hq: 14, hkv: 2, d: 64, bs: 16, ctx: []int{1500}, add: []int{1}}, false, true},
+		{"two long decodes", 0, attnCase{hq: 4, hkv: 1, d: 32, bs: 7, ctx: []int{1100, 530}, add: []int{1, 1}}, false, true},
+		{"long decodes beside a prefill", 0, attnCase{hq: 4, hkv: 1, d: 32, bs: 7, ctx: []int{1100, 0, 530}, add: []int{1, 20, 1}}, true, true},
+		{"decodes group 8 take the row kernel", 0, attnCase{hq: 16, hkv: 2, d: 64, bs: 16, ctx: []int{40}, add: []int{1}}, false, false},
+		{"d48 stays f32", 0, attnCase{hq: 4, hkv: 1, d: 48, bs: 16, ctx: []int{0}, add: []int{20}}, false, false},
+		{"d48 decode stays f32", 0, attnCase{hq: 4, hkv: 1, d: 48, bs: 16, ctx: []int{20}, add: []int{1}}, false, false},
 	}
 	devs := map[int]*Device{}
 	for _, tc := range tests {
@@ -630,8 +640,9 @@ func TestPagedAttentionBF16Products(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				if same := slices.Equal(y, plain); same == (tc.amx && qamxAvailable()) {
-					t.Errorf("output equal to the f32 op's: %v; want %v (AMX here: %v)", same, !(tc.amx && qamxAvailable()), qamxAvailable())
+				bf16 := tc.amx && qamxAvailable() || tc.dec && dt == runtime.BF16 && avx512BF16()
+				if same := slices.Equal(y, plain); same == bf16 {
+					t.Errorf("output equal to the f32 op's: %v; want %v (AMX here: %v, AVX512-BF16: %v)", same, !bf16, qamxAvailable(), avx512BF16())
 				}
 			})
 		}
@@ -727,6 +738,24 @@ func BenchmarkPagedAttentionDecode(b *testing.B) {
 	})
 	b.Run("mqa4-1seq-4096", func(b *testing.B) {
 		benchAttention(b, attnBench{seqs: 1, tokens: 1, ctx: 4096, hq: 4, hkv: 1, dim: 64})
+	})
+	// BF16Products on a bf16 cache: the bf16 group kernel on a CPU with
+	// AVX512-BF16 (the f32 rows are as above).
+	b.Run("gqa7-bf16products", func(b *testing.B) {
+		benchAttention(b, attnBench{seqs: 16, tokens: 1, ctx: 512, hq: 14, hkv: 2, dim: 64, bf16Products: true})
+	})
+	b.Run("gqa4-bf16products", func(b *testing.B) {
+		benchAttention(b, attnBench{seqs: 16, tokens: 1, ctx: 512, hq: 16, hkv: 4, dim: 64, bf16Products: true})
+	})
+	b.Run("gqa7-1seq-4096-bf16products", func(b *testing.B) {
+		benchAttention(b, attnBench{seqs: 1, tokens: 1, ctx: 4096, hq: 14, hkv: 2, dim: 64, bf16Products: true})
+	})
+	// Llama 3.1 8B's and Qwen3-8B's heads (32 query, 8 kv, D 128).
+	b.Run("gqa4-d128", func(b *testing.B) {
+		benchAttention(b, attnBench{seqs: 16, tokens: 1, ctx: 512, hq: 32, hkv: 8, dim: 128})
+	})
+	b.Run("gqa4-d128-bf16products", func(b *testing.B) {
+		benchAttention(b, attnBench{seqs: 16, tokens: 1, ctx: 512, hq: 32, hkv: 8, dim: 128, bf16Products: true})
 	})
 }
 

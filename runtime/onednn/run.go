@@ -742,7 +742,7 @@ func (d *Device) runStep(s *runtime.Step, ss *stepSlots, ptrs []unsafe.Pointer, 
 			(*C.int32_t)(in(3)), (*C.int32_t)(in(4)), (*C.int32_t)(in(5)),
 			C.int64_t(t), C.int64_t(hq), C.int64_t(kc.Shape[2]), C.int64_t(dim),
 			C.int64_t(kc.Shape[0]), C.int64_t(kc.Shape[1]), C.int64_t(table.Shape[0]), C.int64_t(table.Shape[1]),
-			C.float(scale), cbool(op.BF16Products && d.qAMXRows != 0 && qamxAvailable()), out, &why)
+			C.float(scale), cbool(op.BF16Products && d.qAMXRows != 0 && qamxAvailable()), cbool(op.BF16Products), out, &why)
 		if pos >= 0 {
 			seq := unsafe.Slice((*int32)(in(4)), t)[pos]
 			p := unsafe.Slice((*int32)(in(5)), t)[pos]

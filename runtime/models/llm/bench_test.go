@@ -78,7 +78,7 @@ func memoryBandwidth() float64 {
 // tokens/s and, for one sequence, the weight bytes read per token over the
 // machine's copy bandwidth: the decode's physical limit.
 func BenchmarkDecode(b *testing.B) {
-	s := qwen05()
+	s := benchContext(qwen05())
 	if os.Getenv("LLM_BENCH_SMALL") != "" {
 		s.Layers = 6
 	}
@@ -111,6 +111,13 @@ func BenchmarkDecode(b *testing.B) {
 // decodeSteps times decode steps of n sequences, each 64 tokens into its
 // context (prefilled first, and one decode step to create the primitives,
 // both untimed), and returns the seconds per step.
+// benchContext is s with room for -llm.prompt's prompts and the steps
+// after them.
+func benchContext(s netSpec) netSpec {
+	s.Context = max(s.Context, *benchPrompt+512)
+	return s
+}
+
 func decodeSteps(b *testing.B, e *Engine, s netSpec, n int) float64 {
 	ctx := context.Background()
 	items := make([]SeqStep, n)
@@ -119,7 +126,7 @@ func decodeSteps(b *testing.B, e *Engine, s netSpec, n int) float64 {
 		if !e.Reserve(seq, s.Context) {
 			b.Fatal("reserve")
 		}
-		items[i] = SeqStep{Seq: seq, Tokens: prompt(64, int32(i), s.Vocab), Sample: true}
+		items[i] = SeqStep{Seq: seq, Sample: true}
 		items[i].State, _ = newSequence(Sampling{IgnoreEOS: true}, nil, s.Vocab, nil, nil)
 	}
 	defer func() {
@@ -127,6 +134,22 @@ func decodeSteps(b *testing.B, e *Engine, s netSpec, n int) float64 {
 			e.Release(it.Seq)
 		}
 	}()
+	// The prompts' prefill, a sequence at a time in chunks of up to 512
+	// tokens, but for each one's last token: the first step below takes
+	// those together and samples.
+	for i := range items {
+		p := prompt(*benchPrompt, int32(i), s.Vocab)
+		for len(p) > 1 {
+			it := items[i]
+			it.Tokens, it.Sample = p[:min(512, len(p)-1)], false
+			if _, err := e.Step(ctx, []SeqStep{it}); err != nil {
+				b.Fatal(err)
+			}
+			items[i].Pos += len(it.Tokens)
+			p = p[len(it.Tokens):]
+		}
+		items[i].Tokens = p
+	}
 	step := func() {
 		res, err := e.Step(ctx, items)
 		if err != nil {
@@ -137,7 +160,7 @@ func decodeSteps(b *testing.B, e *Engine, s netSpec, n int) float64 {
 			items[i].Tokens = []int32{res[i].Token}
 		}
 	}
-	step() // the prompts' prefill
+	step() // the prompts' last tokens
 	step() // the first decode creates the primitives
 	b.ResetTimer()
 	cpu := processCPU()
@@ -231,7 +254,7 @@ func BenchmarkDecodeQuantized(b *testing.B) {
 		{"llama1024", llama1024(), runtime.Q4_K}, {"llama1024", llama1024(), runtime.Q5_K}, {"llama1024", llama1024(), runtime.Q6_K}, {"llama1024", llama1024(), runtime.Q8_0},
 	} {
 		b.Run(c.shape+"/"+c.dt.String(), func(b *testing.B) {
-			s := c.s
+			s := benchContext(c.s)
 			if os.Getenv("LLM_BENCH_SMALL") != "" {
 				s.Layers = 6
 			}

@@ -353,6 +353,8 @@ func benchKVDType() runtime.DType {
 
 var benchAMXRelaid = flag.Bool("llm.amxrelaid", false, "the benchmarks' device relays block-quantized weights by 16 rows on a CPU with AMX too (onednn.Options.AMXRelaid)")
 
+var benchPrompt = flag.Int("llm.prompt", 64, "BenchmarkDecode and BenchmarkDecodeQuantized: prompt tokens a sequence, prefilled before the measured steps (the contexts they attend over)")
+
 var benchNoAMXInt8 = flag.Bool("llm.noamxint8", false, "the benchmarks' device keeps Q8_0's products of up to 16 rows on bf16 panels rather than AMX-INT8 (onednn.Options.NoAMXInt8)")
 
 func openBenchDevice(b *testing.B, dt runtime.DType) runtime.Device {
