@@ -27,11 +27,16 @@ void bd_attend_group_part_avx512(const void *q, int q_bf16, const void *kc, cons
 void bd_attend_group_merge(float *st, const float *part, int64_t group, int64_t dim);
 void bd_attend_group_finish(const float *st, int q_bf16, int64_t ti, int64_t g, int64_t hq, int64_t dim,
         int64_t group, void *out);
-// The same two on a bf16 cache with bf16 products (AVX512-BF16; dim % 32
-// == 0): bd_paged_attention's decode steps with runtime.Op.BF16Products.
+// The row and group kernels on a bf16 cache with bf16 products
+// (AVX512-BF16; dim % 32 == 0): bd_paged_attention's with
+// runtime.Op.BF16Products where no AMX tiles take the rows.
 void bd_attend_group_part_bf16(const void *q, int q_bf16, const void *kc, const void *vc,
         int kv_bf16, const int32_t *row, int64_t p_begin, int64_t p_end, int64_t ti, int64_t g, int64_t hq,
         int64_t hkv, int64_t dim, int64_t bs, int64_t group, float scale, float *st);
+void bd_attend_rows_bf16(const void *q, int q_bf16, const void *kc, const void *vc,
+        int kv_bf16, const int32_t *row, const int32_t *pos, int64_t t0, int64_t tn,
+        int64_t h0, int64_t hc, int64_t g, int64_t hq, int64_t hkv, int64_t dim, int64_t bs,
+        float scale, void *out);
 void bd_attend_group_bf16(const void *q, int q_bf16, const void *kc, const void *vc,
         int kv_bf16, const int32_t *row, int64_t n, int64_t ti, int64_t g, int64_t hq, int64_t hkv,
         int64_t dim, int64_t bs, int64_t group, float scale, void *out);

@@ -502,3 +502,161 @@ BD_AB16 void bd_attend_group_bf16(const void *q, int q_bf16, const void *kc, con
     }
     bd_attend_group_finish(st, q_bf16, ti, g, hq, dim, group, out);
 }
+
+// bd_attend_rows_bf16 is bd_attend_rows_avx512 for a bf16 cache with bf16
+// products (runtime.Op.BF16Products), on AVX512-BF16: a prefill chunk's
+// attention where no AMX tiles take it. Qᵀ·scale is held as bf16 pairs of
+// adjacent dims a lane (row), so a key's scores are dim/2 vdpbf16ps, each
+// with a pair of the key's dims broadcast straight from the cache. P·V
+// pairs two keys: the rows' weights of keys 2i and 2i+1 interleaved a
+// lane, against each dim's pair of values broadcast from the tile's value
+// rows, interleaved once a tile (in the 16-bit unpacks' lane order). Half
+// the f32 kernel's multiplies, and no widening of the cache's rows.
+// dim % 32 == 0, dim <= BD_FA_MAXDIM.
+BD_AB16 void bd_attend_rows_bf16(const void *q, int q_bf16, const void *kc, const void *vc,
+        int kv_bf16, const int32_t *row, const int32_t *pos, int64_t t0, int64_t tn,
+        int64_t h0, int64_t hc, int64_t g, int64_t hq, int64_t hkv, int64_t dim, int64_t bs,
+        float scale, void *out) {
+    (void)kv_bf16; // always: the cache is what the products read
+    static const uint16_t zero[BD_FA_MAXDIM] __attribute__((aligned(64)));
+    const int64_t rows = tn * hc, kvrow = hkv * dim, np = dim / 2;
+    uint32_t qt[BD_FA_MAXDIM / 2 * 16] __attribute__((aligned(64)));  // bf16 pairs of Qᵀ·scale: [d/2][row]
+    float acc[BD_FA_MAXDIM * 16] __attribute__((aligned(64)));        // Oᵀ: [d][row]
+    uint32_t vt[BD_FA_KEYS / 2 * BD_FA_MAXDIM] __attribute__((aligned(64))); // [key pair][d in unpack order]
+    int32_t nv[16] __attribute__((aligned(64)));
+    float row_f[BD_FA_MAXDIM] __attribute__((aligned(64)));
+    uint32_t pair[16] __attribute__((aligned(64)));
+    int64_t nmax = 0;
+    memset(qt, 0, (size_t)np * 16 * sizeof(uint32_t));
+    for (int64_t r = 0; r < 16; r++) {
+        nv[r] = 0; // unused lanes see no key
+        if (r >= rows) continue;
+        int64_t t = t0 + r / hc, h = h0 + r % hc;
+        nv[r] = pos[t] + 1;
+        if (nv[r] > nmax) nmax = nv[r];
+        int64_t off = (t * hq + h) * dim;
+        if (q_bf16)
+            bf16_row((const uint16_t *)q + off, row_f, dim);
+        else
+            memcpy(row_f, (const float *)q + off, (size_t)dim * sizeof(float));
+        const __m512 sc = _mm512_set1_ps(scale);
+        for (int64_t d = 0; d < dim; d += 32) {
+            _mm512_store_si512(pair, (__m512i)_mm512_cvtne2ps_pbh(_mm512_mul_ps(_mm512_load_ps(row_f + d + 16), sc),
+                                                                 _mm512_mul_ps(_mm512_load_ps(row_f + d), sc)));
+            for (int64_t i = 0; i < 16; i++) qt[(d / 2 + i) * 16 + r] = pair[i];
+        }
+    }
+    for (int64_t d = 0; d < dim; d++) _mm512_store_ps(acc + d * 16, _mm512_setzero_ps());
+    const __m512i n = _mm512_load_si512(nv);
+    const __m512 ninf = _mm512_set1_ps(-INFINITY);
+    // Lane 2i of a key pair's weights is key 2i's, 2i+1 key 2i+1's.
+    const __m512i ilv = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
+            21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    __m512 m = ninf, l = _mm512_setzero_ps();
+    for (int64_t p0 = 0; p0 < nmax; p0 += BD_FA_KEYS) {
+        const int64_t pn = nmax - p0 < BD_FA_KEYS ? nmax - p0 : BD_FA_KEYS, pairs = (pn + 1) / 2;
+        const uint16_t *kp[BD_FA_KEYS], *vp[BD_FA_KEYS];
+        for (int64_t k = 0; k < BD_FA_KEYS; k++) {
+            // Past the last key: K points at the first (read, then masked),
+            // V at zeros (weight 0, and it may pair with the last key).
+            int64_t p = k < pn ? p0 + k : p0;
+            int64_t off = ((int64_t)row[p / bs] * bs + p % bs) * kvrow + g * dim;
+            kp[k] = (const uint16_t *)kc + off;
+            vp[k] = k < pn ? (const uint16_t *)vc + off : zero;
+        }
+        // The tile's values by key pairs: within each 32 dims, dims
+        // 8L..8L+3 at 4L.., 8L+4..8L+7 at 16+4L.. (L = 0..3).
+        for (int64_t k = 0; k < pairs; k++)
+            for (int64_t d = 0; d < dim; d += 32) {
+                const __m512i a = _mm512_loadu_si512(vp[2 * k] + d), b = _mm512_loadu_si512(vp[2 * k + 1] + d);
+                _mm512_store_si512(vt + k * dim + d, _mm512_unpacklo_epi16(a, b));
+                _mm512_store_si512(vt + k * dim + d + 16, _mm512_unpackhi_epi16(a, b));
+            }
+        // Scores, 8 keys at a time: 8 independent chains.
+        __m512 s[BD_FA_KEYS];
+        for (int64_t k0 = 0; k0 < BD_FA_KEYS; k0 += 8) {
+            __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+            const int32_t *k_0 = (const int32_t *)kp[k0], *k_1 = (const int32_t *)kp[k0 + 1];
+            const int32_t *k_2 = (const int32_t *)kp[k0 + 2], *k_3 = (const int32_t *)kp[k0 + 3];
+            const int32_t *k_4 = (const int32_t *)kp[k0 + 4], *k_5 = (const int32_t *)kp[k0 + 5];
+            const int32_t *k_6 = (const int32_t *)kp[k0 + 6], *k_7 = (const int32_t *)kp[k0 + 7];
+#define BD_KB(P, I) ((__m512bh)_mm512_set1_epi32(P[I]))
+            for (int64_t i = 0; i < np; i++) {
+                const __m512bh x = (__m512bh)_mm512_load_si512(qt + i * 16);
+                a0 = _mm512_dpbf16_ps(a0, x, BD_KB(k_0, i));
+                a1 = _mm512_dpbf16_ps(a1, x, BD_KB(k_1, i));
+                a2 = _mm512_dpbf16_ps(a2, x, BD_KB(k_2, i));
+                a3 = _mm512_dpbf16_ps(a3, x, BD_KB(k_3, i));
+                a4 = _mm512_dpbf16_ps(a4, x, BD_KB(k_4, i));
+                a5 = _mm512_dpbf16_ps(a5, x, BD_KB(k_5, i));
+                a6 = _mm512_dpbf16_ps(a6, x, BD_KB(k_6, i));
+                a7 = _mm512_dpbf16_ps(a7, x, BD_KB(k_7, i));
+            }
+            s[k0] = a0, s[k0 + 1] = a1, s[k0 + 2] = a2, s[k0 + 3] = a3;
+            s[k0 + 4] = a4, s[k0 + 5] = a5, s[k0 + 6] = a6, s[k0 + 7] = a7;
+        }
+        // The causal mask and the online softmax, as the f32 kernel's.
+        __mmask16 valid[BD_FA_KEYS];
+        __m512 mt = m;
+        for (int64_t k = 0; k < BD_FA_KEYS; k++) {
+            valid[k] = _mm512_cmplt_epi32_mask(_mm512_set1_epi32((int32_t)(p0 + k)), n);
+            s[k] = _mm512_mask_blend_ps(valid[k], ninf, s[k]);
+            mt = _mm512_max_ps(mt, s[k]);
+        }
+        __mmask16 live = _mm512_cmp_ps_mask(mt, ninf, _CMP_NEQ_OQ);
+        __m512 c = _mm512_mask_blend_ps(live, _mm512_set1_ps(1.0f), bd_exp512(_mm512_sub_ps(m, mt)));
+        l = _mm512_mul_ps(l, c);
+        for (int64_t k = 0; k < BD_FA_KEYS; k++) {
+            s[k] = _mm512_maskz_mov_ps(valid[k], bd_exp512(_mm512_sub_ps(s[k], mt)));
+            l = _mm512_add_ps(l, s[k]);
+        }
+        m = mt;
+        __m512bh w[BD_FA_KEYS / 2];
+        for (int64_t k = 0; k < pairs; k++)
+            w[k] = (__m512bh)_mm512_permutexvar_epi16(ilv, (__m512i)_mm512_cvtne2ps_pbh(s[2 * k + 1], s[2 * k]));
+        // Oᵀ[d] = Oᵀ[d]·c + Σ_k V[k][d]·P[k], 8 dims at a time, two keys a
+        // product.
+        for (int64_t d = 0; d < dim; d += 8) {
+            const int64_t lo = (d & ~31) + (d & 31) / 8 * 4, hi = lo + 16;
+            __m512 o0 = _mm512_mul_ps(_mm512_load_ps(acc + (d + 0) * 16), c);
+            __m512 o1 = _mm512_mul_ps(_mm512_load_ps(acc + (d + 1) * 16), c);
+            __m512 o2 = _mm512_mul_ps(_mm512_load_ps(acc + (d + 2) * 16), c);
+            __m512 o3 = _mm512_mul_ps(_mm512_load_ps(acc + (d + 3) * 16), c);
+            __m512 o4 = _mm512_mul_ps(_mm512_load_ps(acc + (d + 4) * 16), c);
+            __m512 o5 = _mm512_mul_ps(_mm512_load_ps(acc + (d + 5) * 16), c);
+            __m512 o6 = _mm512_mul_ps(_mm512_load_ps(acc + (d + 6) * 16), c);
+            __m512 o7 = _mm512_mul_ps(_mm512_load_ps(acc + (d + 7) * 16), c);
+            for (int64_t k = 0; k < pairs; k++) {
+                const int32_t *v = (const int32_t *)vt + k * dim;
+                o0 = _mm512_dpbf16_ps(o0, w[k], BD_KB(v, lo + 0));
+                o1 = _mm512_dpbf16_ps(o1, w[k], BD_KB(v, lo + 1));
+                o2 = _mm512_dpbf16_ps(o2, w[k], BD_KB(v, lo + 2));
+                o3 = _mm512_dpbf16_ps(o3, w[k], BD_KB(v, lo + 3));
+                o4 = _mm512_dpbf16_ps(o4, w[k], BD_KB(v, hi + 0));
+                o5 = _mm512_dpbf16_ps(o5, w[k], BD_KB(v, hi + 1));
+                o6 = _mm512_dpbf16_ps(o6, w[k], BD_KB(v, hi + 2));
+                o7 = _mm512_dpbf16_ps(o7, w[k], BD_KB(v, hi + 3));
+            }
+#undef BD_KB
+            _mm512_store_ps(acc + (d + 0) * 16, o0);
+            _mm512_store_ps(acc + (d + 1) * 16, o1);
+            _mm512_store_ps(acc + (d + 2) * 16, o2);
+            _mm512_store_ps(acc + (d + 3) * 16, o3);
+            _mm512_store_ps(acc + (d + 4) * 16, o4);
+            _mm512_store_ps(acc + (d + 5) * 16, o5);
+            _mm512_store_ps(acc + (d + 6) * 16, o6);
+            _mm512_store_ps(acc + (d + 7) * 16, o7);
+        }
+    }
+    // Every used row saw at least key 0, so l > 0 there.
+    float inv[16] __attribute__((aligned(64)));
+    _mm512_store_ps(inv, _mm512_div_ps(_mm512_set1_ps(1.0f), _mm512_mask_blend_ps(
+            _mm512_cmp_ps_mask(l, _mm512_setzero_ps(), _CMP_GT_OQ), _mm512_set1_ps(1.0f), l)));
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t t = t0 + r / hc, h = h0 + r % hc;
+        int64_t off = (t * hq + h) * dim;
+        float *o = q_bf16 ? row_f : (float *)out + off;
+        for (int64_t d = 0; d < dim; d++) o[d] = acc[d * 16 + r] * inv[r];
+        if (q_bf16) bd_f32_to_bf16_avx512(row_f, (uint16_t *)out + off, dim);
+    }
+}

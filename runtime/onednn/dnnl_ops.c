@@ -1062,7 +1062,11 @@ static int64_t split_blocks(const int32_t *seq, int64_t t, int64_t tb, int64_t *
 // block of fewer than BD_FA_MINROWS rows that holds the whole group (a
 // decode step with a small group) takes one a token (the group kernel or
 // attend_body, which waste no vector lanes), any other the row kernel.
-static void attend_block_avx512(attend_fn one, int whole, const void *q, int q_bf16, const void *kc,
+typedef void (*attend_rows_fn)(const void *q, int q_bf16, const void *kc, const void *vc, int kv_bf16,
+        const int32_t *row, const int32_t *pos, int64_t t0, int64_t tn, int64_t h0, int64_t hc, int64_t g,
+        int64_t hq, int64_t hkv, int64_t dim, int64_t bs, float scale, void *out);
+
+static void attend_block_avx512(attend_fn one, attend_rows_fn rows, int whole, const void *q, int q_bf16, const void *kc,
         const void *vc, int kv_bf16, const int32_t *row, const int32_t *pos, int64_t t0, int64_t tn, int64_t h0,
         int64_t hn, int64_t g, int64_t hq, int64_t hkv, int64_t dim, int64_t bs, float scale, void *out) {
     if (tn * hn < BD_FA_MINROWS && whole) {
@@ -1070,7 +1074,7 @@ static void attend_block_avx512(attend_fn one, int whole, const void *q, int q_b
             one(q, q_bf16, kc, vc, kv_bf16, row, (int64_t)pos[ti] + 1, ti, g, hq, hkv, dim, bs, hq / hkv, scale, out);
         return;
     }
-    bd_attend_rows_avx512(q, q_bf16, kc, vc, kv_bf16, row, pos, t0, tn, h0, hn, g, hq, hkv, dim, bs, scale, out);
+    rows(q, q_bf16, kc, vc, kv_bf16, row, pos, t0, tn, h0, hn, g, hq, hkv, dim, bs, scale, out);
 }
 
 // paged_attention_amx runs bd_paged_attention's checked work with the
@@ -1083,7 +1087,7 @@ static void attend_block_avx512(attend_fn one, int whole, const void *q, int q_b
 // no block has 16 rows: a decode step's blocks are one token each, and
 // building the AMX team, its scratch and its tile state for them cost a
 // decode step's every layer a few microseconds.
-static int paged_attention_amx(const bd_device *d, attend_fn one, const void *q, int q_bf16, const void *kc,
+static int paged_attention_amx(const bd_device *d, attend_fn one, attend_rows_fn rows, const void *q, int q_bf16, const void *kc,
         const void *vc, int kv_bf16, const int32_t *table, const int32_t *seq, const int32_t *pos, int64_t t,
         int64_t hq, int64_t hkv, int64_t dim, int64_t bs, int64_t maxb, float scale, int64_t work, void *out) {
     const int64_t group = hq / hkv, minb = (16 + group - 1) / group;
@@ -1120,7 +1124,7 @@ static int paged_attention_amx(const bd_device *d, attend_fn one, const void *q,
                 if (tn * group >= 16)
                     bd_attend_amx(q, q_bf16, kc, vc, kv_bf16, row, pos, t0, tn, g, hq, hkv, dim, bs, scale, out, mine);
                 else
-                    attend_block_avx512(one, 1, q, q_bf16, kc, vc, kv_bf16, row, pos, t0, tn, g * group, group, g, hq,
+                    attend_block_avx512(one, rows, 1, q, q_bf16, kc, vc, kv_bf16, row, pos, t0, tn, g * group, group, g, hq,
                             hkv, dim, bs, scale, out);
             }
             bd_attend_amx_end();
@@ -1211,12 +1215,15 @@ int64_t bd_paged_attention(const bd_device *d, const void *q, int q_bf16,
     // A decode token's group of heads: the group kernel where it fits
     // (head dims up to BD_FA_GROUPDIM), on bf16 products where asked for,
     // the cache is bf16 and the CPU has AVX512-BF16.
+    // Blocks of more rows: the row kernel, on bf16 products likewise.
+    const int b16 = bf16 && kv_bf16 && attend == attend_avx512 && dim % 32 == 0 && dim <= BD_FA_MAXDIM &&
+            bd_have_avx512bf16();
     const int fits = attend == attend_avx512 && dim % 16 == 0 && dim <= BD_FA_GROUPDIM && group <= BD_FA_GROUP;
-    const int b16 = fits && bf16 && kv_bf16 && dim % 32 == 0 && bd_have_avx512bf16();
-    const attend_fn one = b16 ? bd_attend_group_bf16 : fits ? bd_attend_group_avx512 : attend;
+    const attend_fn one = fits ? (b16 ? bd_attend_group_bf16 : bd_attend_group_avx512) : attend;
+    const attend_rows_fn rows = b16 ? bd_attend_rows_bf16 : bd_attend_rows_avx512;
     omp_set_num_threads(d->nthreads);
     if (amx && attend == attend_avx512 && dim % 32 == 0 && dim <= BD_FA_MAXDIM && group <= BD_AMX_ROWS &&
-            paged_attention_amx(d, one, q, q_bf16, kc, vc, kv_bf16, table, seq, pos, t, hq, hkv, dim, bs, maxb, scale,
+            paged_attention_amx(d, one, rows, q, q_bf16, kc, vc, kv_bf16, table, seq, pos, t, hq, hkv, dim, bs, maxb, scale,
                     work, out) == 0)
         return -1;
     if (attend == attend_avx512 && dim % 16 == 0 && dim <= BD_FA_MAXDIM) {
@@ -1233,7 +1240,7 @@ int64_t bd_paged_attention(const bd_device *d, const void *q, int q_bf16,
             int64_t nb = split_blocks(seq, t, tb, start);
             int64_t tasks = nb * hkv * chunks;
             if (fits && group < BD_FA_MINROWS && nb == t && tasks < 2 * d->nthreads && work >= BD_PAR_MIN &&
-                    decode_parts(d, b16 ? bd_attend_group_part_bf16 : bd_attend_group_part_avx512, q, q_bf16, kc, vc,
+                    decode_parts(d, fits && b16 ? bd_attend_group_part_bf16 : bd_attend_group_part_avx512, q, q_bf16, kc, vc,
                             kv_bf16, table, seq, pos, t, hq, hkv, dim,
                             bs, maxb, scale, out) == 0) {
                 free(start);
@@ -1245,7 +1252,7 @@ int64_t bd_paged_attention(const bd_device *d, const void *q, int q_bf16,
                 int64_t b = i / (hkv * chunks), g = i / chunks % hkv, c = i % chunks;
                 int64_t t0 = start[b], tn = start[b + 1] - t0;
                 int64_t h0 = g * group + c * hc, hn = group - c * hc < hc ? group - c * hc : hc;
-                attend_block_avx512(one, chunks == 1, q, q_bf16, kc, vc, kv_bf16, table + (int64_t)seq[t0] * maxb,
+                attend_block_avx512(one, rows, chunks == 1, q, q_bf16, kc, vc, kv_bf16, table + (int64_t)seq[t0] * maxb,
                         pos, t0, tn, h0, hn, g, hq, hkv, dim, bs, scale, out);
             }
             free(start);

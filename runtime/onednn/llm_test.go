@@ -582,9 +582,9 @@ func TestPagedAttentionDecodeParts(t *testing.T) {
 
 // TestPagedAttentionBF16Products runs the op with BF16Products, which on
 // a CPU with AMX sends blocks of 16 to 64 query rows (prefill chunks) to
-// attend_amx.c with bf16 products, and on a CPU with AVX512-BF16 sends
-// decode tokens of small groups on a bf16 cache to the bf16 group kernel;
-// the rest (heads neither takes) go to the f32 kernels. Against the
+// attend_amx.c with bf16 products, and on a CPU with AVX512-BF16 sends the
+// rest of a bf16 cache's work to the bf16 row and group kernels (head
+// dims that divide by 32); what is left goes to the f32 kernels. Against the
 // float64 reference: head dims 32 to 256, groups 1 to 64, block sizes
 // that split the 32-position passes, decode steps and padding in the same
 // step, contexts of several 512-position parts (one sequence: spread
@@ -597,24 +597,23 @@ func TestPagedAttentionBF16Products(t *testing.T) {
 		threads int
 		attnCase
 		amx bool // the case has a block the tiles take
-		dec bool // and decode tokens the bf16 group kernel takes
 	}{
-		{"qwen heads prefill and decodes", 0, attnCase{hq: 14, hkv: 2, d: 64, bs: 16, ctx: []int{0, 70, 15, 33}, add: []int{100, 1, 5, 1}, pad: 3}, true, true},
-		{"llama heads long prefill", 0, attnCase{hq: 16, hkv: 4, d: 64, bs: 16, ctx: []int{0}, add: []int{150}}, true, false},
-		{"d128 bs5 chunk after context", 0, attnCase{hq: 8, hkv: 2, d: 128, bs: 5, ctx: []int{37}, add: []int{40}}, true, false},
-		{"mha d32 bs3", 0, attnCase{hq: 3, hkv: 3, d: 32, bs: 3, ctx: []int{0, 4}, add: []int{50, 1}}, true, true},
-		{"d256 group 2", 0, attnCase{hq: 4, hkv: 2, d: 256, bs: 16, ctx: []int{10}, add: []int{33}}, true, false},
-		{"group 64 one token a block", 0, attnCase{hq: 64, hkv: 1, d: 32, bs: 16, ctx: []int{5}, add: []int{3}}, true, false},
-		{"group 20", 0, attnCase{hq: 20, hkv: 1, d: 64, bs: 16, ctx: []int{17}, add: []int{7}}, true, false},
-		{"seven threads shrink the blocks", 7, attnCase{hq: 14, hkv: 2, d: 64, bs: 16, ctx: []int{0, 3}, add: []int{60, 30}}, true, false},
-		{"decodes only", 0, attnCase{hq: 14, hkv: 2, d: 64, bs: 16, ctx: []int{40, 3}, add: []int{1, 1}}, false, true},
-		{"decodes d128 group 4, odd tail", 0, attnCase{hq: 8, hkv: 2, d: 128, bs: 5, ctx: []int{36, 0}, add: []int{1, 1}}, false, true},
-		{"one long decode in parts", 0, attnCase{hq: 14, hkv: 2, d: 64, bs: 16, ctx: []int{1500}, add: []int{1}}, false, true},
-		{"two long decodes", 0, attnCase{hq: 4, hkv: 1, d: 32, bs: 7, ctx: []int{1100, 530}, add: []int{1, 1}}, false, true},
-		{"long decodes beside a prefill", 0, attnCase{hq: 4, hkv: 1, d: 32, bs: 7, ctx: []int{1100, 0, 530}, add: []int{1, 20, 1}}, true, true},
-		{"decodes group 8 take the row kernel", 0, attnCase{hq: 16, hkv: 2, d: 64, bs: 16, ctx: []int{40}, add: []int{1}}, false, false},
-		{"d48 stays f32", 0, attnCase{hq: 4, hkv: 1, d: 48, bs: 16, ctx: []int{0}, add: []int{20}}, false, false},
-		{"d48 decode stays f32", 0, attnCase{hq: 4, hkv: 1, d: 48, bs: 16, ctx: []int{20}, add: []int{1}}, false, false},
+		{"qwen heads prefill and decodes", 0, attnCase{hq: 14, hkv: 2, d: 64, bs: 16, ctx: []int{0, 70, 15, 33}, add: []int{100, 1, 5, 1}, pad: 3}, true},
+		{"llama heads long prefill", 0, attnCase{hq: 16, hkv: 4, d: 64, bs: 16, ctx: []int{0}, add: []int{150}}, true},
+		{"d128 bs5 chunk after context", 0, attnCase{hq: 8, hkv: 2, d: 128, bs: 5, ctx: []int{37}, add: []int{40}}, true},
+		{"mha d32 bs3", 0, attnCase{hq: 3, hkv: 3, d: 32, bs: 3, ctx: []int{0, 4}, add: []int{50, 1}}, true},
+		{"d256 group 2", 0, attnCase{hq: 4, hkv: 2, d: 256, bs: 16, ctx: []int{10}, add: []int{33}}, true},
+		{"group 64 one token a block", 0, attnCase{hq: 64, hkv: 1, d: 32, bs: 16, ctx: []int{5}, add: []int{3}}, true},
+		{"group 20", 0, attnCase{hq: 20, hkv: 1, d: 64, bs: 16, ctx: []int{17}, add: []int{7}}, true},
+		{"seven threads shrink the blocks", 7, attnCase{hq: 14, hkv: 2, d: 64, bs: 16, ctx: []int{0, 3}, add: []int{60, 30}}, true},
+		{"decodes only", 0, attnCase{hq: 14, hkv: 2, d: 64, bs: 16, ctx: []int{40, 3}, add: []int{1, 1}}, false},
+		{"decodes d128 group 4, odd tail", 0, attnCase{hq: 8, hkv: 2, d: 128, bs: 5, ctx: []int{36, 0}, add: []int{1, 1}}, false},
+		{"one long decode in parts", 0, attnCase{hq: 14, hkv: 2, d: 64, bs: 16, ctx: []int{1500}, add: []int{1}}, false},
+		{"two long decodes", 0, attnCase{hq: 4, hkv: 1, d: 32, bs: 7, ctx: []int{1100, 530}, add: []int{1, 1}}, false},
+		{"long decodes beside a prefill", 0, attnCase{hq: 4, hkv: 1, d: 32, bs: 7, ctx: []int{1100, 0, 530}, add: []int{1, 20, 1}}, true},
+		{"decodes group 8 take the row kernel", 0, attnCase{hq: 16, hkv: 2, d: 64, bs: 16, ctx: []int{40}, add: []int{1}}, false},
+		{"d48 stays f32", 0, attnCase{hq: 4, hkv: 1, d: 48, bs: 16, ctx: []int{0}, add: []int{20}}, false},
+		{"d48 decode stays f32", 0, attnCase{hq: 4, hkv: 1, d: 48, bs: 16, ctx: []int{20}, add: []int{1}}, false},
 	}
 	devs := map[int]*Device{}
 	for _, tc := range tests {
@@ -640,7 +639,7 @@ func TestPagedAttentionBF16Products(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				bf16 := tc.amx && qamxAvailable() || tc.dec && dt == runtime.BF16 && avx512BF16()
+				bf16 := tc.amx && qamxAvailable() || dt == runtime.BF16 && avx512BF16() && tc.d%32 == 0
 				if same := slices.Equal(y, plain); same == bf16 {
 					t.Errorf("output equal to the f32 op's: %v; want %v (AMX here: %v, AVX512-BF16: %v)", same, !bf16, qamxAvailable(), avx512BF16())
 				}
@@ -652,7 +651,7 @@ func TestPagedAttentionBF16Products(t *testing.T) {
 // TestPagedAttentionNaN: a NaN in one token's query makes that token's
 // output NaN and leaves the others finite, on the prefill kernel (a
 // 20-token chunk, blocks of rows) and the decode one (one token a
-// sequence): the vector exp keeps NaN as expf does.
+// sequence), f32 and bf16: the vector exp keeps NaN as expf does.
 func TestPagedAttentionNaN(t *testing.T) {
 	d := openTest(t, runtime.DeviceSpec{})
 	r := newRand(t)
@@ -661,18 +660,26 @@ func TestPagedAttentionNaN(t *testing.T) {
 	for i := range p.d {
 		p.q[(bad*p.hq+1)*p.d+i] = float32(math.NaN())
 	}
-	for _, bf16 := range []bool{false, true} { // with bf16, the chunk's blocks run on AMX tiles where the CPU has them
-		g := attnGraph(0)
-		g.Ops[2].BF16Products = bf16
-		y, _, _, err := attnRun(t, d, g, p, runtime.F32)
-		if err != nil {
-			t.Fatal(err)
+	// With bf16, the chunk's blocks run on AMX tiles where the CPU has
+	// them, and a bf16 cache's work on the bf16 kernels where it has
+	// AVX512-BF16.
+	for _, dt := range floatTypes {
+		if dt == runtime.BF16 && d.BF16() != nil {
+			continue
 		}
-		for ti := range p.t {
-			for h := range p.hq {
-				v := y[(ti*p.hq+h)*p.d]
-				if want := ti == bad && h == 1; math.IsNaN(float64(v)) != want {
-					t.Errorf("BF16Products %v: token %d head %d: output %g, want NaN %v", bf16, ti, h, v, want)
+		for _, bf16 := range []bool{false, true} {
+			g := attnGraph(0)
+			g.Ops[2].BF16Products = bf16
+			y, _, _, err := attnRun(t, d, g, p, dt)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for ti := range p.t {
+				for h := range p.hq {
+					v := y[(ti*p.hq+h)*p.d]
+					if want := ti == bad && h == 1; math.IsNaN(float64(v)) != want {
+						t.Errorf("%s, BF16Products %v: token %d head %d: output %g, want NaN %v", dt, bf16, ti, h, v, want)
+					}
 				}
 			}
 		}
@@ -769,12 +776,21 @@ func BenchmarkPagedAttentionPrefill(b *testing.B) {
 	b.Run("gqa7", func(b *testing.B) {
 		benchAttention(b, attnBench{seqs: 1, tokens: 512, ctx: 512, hq: 14, hkv: 2, dim: 64})
 	})
-	// BF16Products: AMX tiles where the CPU has them (attend_amx.c).
+	// BF16Products: AMX tiles where the CPU has them (attend_amx.c), else
+	// for a bf16 cache the bf16 row kernel where it has AVX512-BF16.
 	b.Run("gqa4-bf16products", func(b *testing.B) {
 		benchAttention(b, attnBench{seqs: 1, tokens: 512, ctx: 512, hq: 16, hkv: 4, dim: 64, bf16Products: true})
 	})
 	b.Run("gqa7-bf16products", func(b *testing.B) {
 		benchAttention(b, attnBench{seqs: 1, tokens: 512, ctx: 512, hq: 14, hkv: 2, dim: 64, bf16Products: true})
+	})
+	// A 512-token chunk after 1536 positions of context: a long prompt's
+	// last chunk.
+	b.Run("gqa7-ctx2048", func(b *testing.B) {
+		benchAttention(b, attnBench{seqs: 1, tokens: 512, ctx: 2048, hq: 14, hkv: 2, dim: 64})
+	})
+	b.Run("gqa7-ctx2048-bf16products", func(b *testing.B) {
+		benchAttention(b, attnBench{seqs: 1, tokens: 512, ctx: 2048, hq: 14, hkv: 2, dim: 64, bf16Products: true})
 	})
 }
 
