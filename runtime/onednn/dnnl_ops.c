@@ -1057,15 +1057,15 @@ static int64_t split_blocks(const int32_t *seq, int64_t t, int64_t tb, int64_t *
     return nb;
 }
 
+typedef void (*attend_rows_fn)(const void *q, int q_bf16, const void *kc, const void *vc, int kv_bf16,
+        const int32_t *row, const int32_t *pos, int64_t t0, int64_t tn, int64_t h0, int64_t hc, int64_t g,
+        int64_t hq, int64_t hkv, int64_t dim, int64_t bs, float scale, void *out);
+
 // attend_block_avx512 runs one block (tokens t0..t0+tn-1 × query heads
 // h0..h0+hn-1 of kv head g, at most 16 rows) on the AVX-512 kernels: a
 // block of fewer than BD_FA_MINROWS rows that holds the whole group (a
 // decode step with a small group) takes one a token (the group kernel or
 // attend_body, which waste no vector lanes), any other the row kernel.
-typedef void (*attend_rows_fn)(const void *q, int q_bf16, const void *kc, const void *vc, int kv_bf16,
-        const int32_t *row, const int32_t *pos, int64_t t0, int64_t tn, int64_t h0, int64_t hc, int64_t g,
-        int64_t hq, int64_t hkv, int64_t dim, int64_t bs, float scale, void *out);
-
 static void attend_block_avx512(attend_fn one, attend_rows_fn rows, int whole, const void *q, int q_bf16, const void *kc,
         const void *vc, int kv_bf16, const int32_t *row, const int32_t *pos, int64_t t0, int64_t tn, int64_t h0,
         int64_t hn, int64_t g, int64_t hq, int64_t hkv, int64_t dim, int64_t bs, float scale, void *out) {
@@ -1135,6 +1135,10 @@ static int paged_attention_amx(const bd_device *d, attend_fn one, attend_rows_fn
     return failed ? -1 : 0;
 }
 
+typedef void (*attend_part_fn)(const void *q, int q_bf16, const void *kc, const void *vc, int kv_bf16,
+        const int32_t *row, int64_t p_begin, int64_t p_end, int64_t ti, int64_t g, int64_t hq, int64_t hkv,
+        int64_t dim, int64_t bs, int64_t group, float scale, float *st);
+
 // decode_parts runs a decode step of few tokens (one a sequence, groups
 // for the group kernel) whose tasks, a token's kv head each, would leave
 // threads idle, by parts of BD_FA_PART cache positions: each part's
@@ -1143,10 +1147,6 @@ static int paged_attention_amx(const bd_device *d, attend_fn one, attend_rows_fn
 // same. A single long context then runs on every thread instead of one a
 // kv head (2 for Qwen2.5). Returns 1, having written nothing, when no
 // context is longer than one part or it cannot allocate its scratch.
-typedef void (*attend_part_fn)(const void *q, int q_bf16, const void *kc, const void *vc, int kv_bf16,
-        const int32_t *row, int64_t p_begin, int64_t p_end, int64_t ti, int64_t g, int64_t hq, int64_t hkv,
-        int64_t dim, int64_t bs, int64_t group, float scale, float *st);
-
 static int decode_parts(const bd_device *d, attend_part_fn part, const void *q, int q_bf16, const void *kc, const void *vc,
         int kv_bf16, const int32_t *table, const int32_t *seq, const int32_t *pos, int64_t t, int64_t hq,
         int64_t hkv, int64_t dim, int64_t bs, int64_t maxb, float scale, void *out) {
@@ -1212,10 +1212,10 @@ int64_t bd_paged_attention(const bd_device *d, const void *q, int q_bf16,
     int64_t work = 0;
     for (int64_t ti = 0; ti < t; ti++) work += ((int64_t)pos[ti] + 1) * hq * dim;
     attend_fn attend = attend_pick();
-    // A decode token's group of heads: the group kernel where it fits
-    // (head dims up to BD_FA_GROUPDIM), on bf16 products where asked for,
-    // the cache is bf16 and the CPU has AVX512-BF16.
-    // Blocks of more rows: the row kernel, on bf16 products likewise.
+    // A decode token's group of heads takes the group kernel where it
+    // fits (head dims up to BD_FA_GROUPDIM), blocks of more rows the row
+    // kernel; both on bf16 products where the op allows them, the cache is
+    // bf16 and the CPU has AVX512-BF16.
     const int b16 = bf16 && kv_bf16 && attend == attend_avx512 && dim % 32 == 0 && dim <= BD_FA_MAXDIM &&
             bd_have_avx512bf16();
     const int fits = attend == attend_avx512 && dim % 16 == 0 && dim <= BD_FA_GROUPDIM && group <= BD_FA_GROUP;
@@ -1240,7 +1240,7 @@ int64_t bd_paged_attention(const bd_device *d, const void *q, int q_bf16,
             int64_t nb = split_blocks(seq, t, tb, start);
             int64_t tasks = nb * hkv * chunks;
             if (fits && group < BD_FA_MINROWS && nb == t && tasks < 2 * d->nthreads && work >= BD_PAR_MIN &&
-                    decode_parts(d, fits && b16 ? bd_attend_group_part_bf16 : bd_attend_group_part_avx512, q, q_bf16, kc, vc,
+                    decode_parts(d, b16 ? bd_attend_group_part_bf16 : bd_attend_group_part_avx512, q, q_bf16, kc, vc,
                             kv_bf16, table, seq, pos, t, hq, hkv, dim,
                             bs, maxb, scale, out) == 0) {
                 free(start);
