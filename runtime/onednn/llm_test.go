@@ -550,7 +550,8 @@ func TestPagedAttention(t *testing.T) {
 // contexts runs their parts on several threads (decode_parts in
 // dnnl_ops.c) and merges them in order; the outputs are bit-identical to
 // one thread's, which runs each token's parts one after another, so a
-// token's result does not depend on its step's other tokens.
+// token's result does not depend on its step's other tokens; on the f32
+// and (BF16Products on a bf16 cache) the bf16 group kernels.
 func TestPagedAttentionDecodeParts(t *testing.T) {
 	r := newRand(t)
 	one := openTest(t, runtime.DeviceSpec{Threads: 1})
@@ -563,17 +564,21 @@ func TestPagedAttentionDecodeParts(t *testing.T) {
 		p := newAttnProblem(r, c)
 		for _, dt := range floatTypes {
 			needBF16(t, one, dt)
-			y1, _, _, err := attnRun(t, one, attnGraph(0), p, dt)
-			if err != nil {
-				t.Fatal(err)
-			}
-			y4, _, _, err := attnRun(t, four, attnGraph(0), p, dt)
-			if err != nil {
-				t.Fatal(err)
-			}
-			for i := range y1 {
-				if math.Float32bits(y1[i]) != math.Float32bits(y4[i]) {
-					t.Fatalf("%+v %s: y[%d] = %g on four threads, %g on one", c, dt, i, y4[i], y1[i])
+			for _, bf16 := range []bool{false, true} { // with a bf16 cache, the bf16 group kernel
+				g := attnGraph(0)
+				g.Ops[2].BF16Products = bf16
+				y1, _, _, err := attnRun(t, one, g, p, dt)
+				if err != nil {
+					t.Fatal(err)
+				}
+				y4, _, _, err := attnRun(t, four, g, p, dt)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for i := range y1 {
+					if math.Float32bits(y1[i]) != math.Float32bits(y4[i]) {
+						t.Fatalf("%+v %s, BF16Products %v: y[%d] = %g on four threads, %g on one", c, dt, bf16, i, y4[i], y1[i])
+					}
 				}
 			}
 		}
