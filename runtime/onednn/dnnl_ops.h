@@ -181,8 +181,8 @@ int64_t bd_kv_write(const bd_device *d, const void *x, const int32_t *slots,
 // q [t,hq,dim], kc/vc [nblocks,bs,hkv,dim], table [s,maxb], seq [t], pos [t]
 // -> out [t,hq,dim]. It checks every index first and returns the first bad
 // token (writing nothing) with *why set, or -1. runtime.Op.BF16Products
-// lets it round Q, K, P and V to bf16: bf16 says so, and lets decode
-// steps on a bf16 cache run the bf16 group kernel where the CPU has
+// lets it round Q, K, P and V to bf16: bf16 says so, and lets the work
+// on a bf16 cache run the bf16 row and group kernels where the CPU has
 // AVX512-BF16; amx (the caller has also checked bd_qamx_available) sends
 // prefill blocks to AMX tiles.
 int64_t bd_paged_attention(const bd_device *d, const void *q, int q_bf16,

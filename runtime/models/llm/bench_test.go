@@ -108,9 +108,6 @@ func BenchmarkDecode(b *testing.B) {
 	}
 }
 
-// decodeSteps times decode steps of n sequences, each 64 tokens into its
-// context (prefilled first, and one decode step to create the primitives,
-// both untimed), and returns the seconds per step.
 // benchContext is s with room for -llm.prompt's prompts and the steps
 // after them.
 func benchContext(s netSpec) netSpec {
@@ -118,6 +115,9 @@ func benchContext(s netSpec) netSpec {
 	return s
 }
 
+// decodeSteps times decode steps of n sequences, each -llm.prompt (64)
+// tokens into its context (prefilled first, and one decode step to create
+// the primitives, both untimed), and returns the seconds per step.
 func decodeSteps(b *testing.B, e *Engine, s netSpec, n int) float64 {
 	ctx := context.Background()
 	items := make([]SeqStep, n)
