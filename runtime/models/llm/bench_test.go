@@ -294,8 +294,8 @@ func BenchmarkDecodeQuantized(b *testing.B) {
 // model's decode step takes a few milliseconds, these costs are a share of
 // the single stream's rate (bench/RESULTS.md).
 func BenchmarkDecodeFixedCost(b *testing.B) {
-	s := netSpec{Vocab: 256, Hidden: 64, Layers: 24, Heads: 2, KVHeads: 1, HeadDim: 32, Inter: 64,
-		Context: 1024, Eps: 1e-6, QKVBias: true, Tied: true, InvFreq: ropeFreqs(32, 1000000, nil)}
+	s := benchContext(netSpec{Vocab: 256, Hidden: 64, Layers: 24, Heads: 2, KVHeads: 1, HeadDim: 32, Inter: 64,
+		Context: 1024, Eps: 1e-6, QKVBias: true, Tied: true, InvFreq: ropeFreqs(32, 1000000, nil)})
 	dev := openBenchDevice(b, runtime.F32)
 	e, err := newEngine(context.Background(), dev, s, quantizeFast(fastWeights(s), runtime.Q8_0),
 		EngineOptions{CacheBytes: 1 << 28, MaxStepTokens: 1024})

@@ -181,10 +181,14 @@ func newEngine(ctx context.Context, dev runtime.Device, spec netSpec, weights ma
 // the matrices stay block-quantized on dev (the CPU), whose rounding of
 // the weights is far coarser than bf16's of K and V (llama.cpp's cache is
 // f16 by default, vLLM's the model's dtype), so a cache takes half the
-// memory and a decode step's attention reads half the bytes; f32
-// otherwise, so float checkpoints and devices that dequantize the
-// weights (PJRT) keep their exact results.
+// memory and a decode step's attention reads half the bytes, and where
+// dev computes in bf16 (the model's dtype, as vLLM's); f32 otherwise, so
+// float checkpoints in f32 and devices that dequantize the weights (PJRT)
+// keep their exact results.
 func kvCacheDType(dev runtime.Device, weights map[string]models.Tensor) runtime.DType {
+	if computeType(dev) == runtime.BF16 {
+		return runtime.BF16
+	}
 	for _, t := range weights {
 		if t.Quantized() && runtime.HoldsQuantized(dev, t.Stored) {
 			return runtime.BF16

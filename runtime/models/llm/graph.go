@@ -189,9 +189,10 @@ func stepGraph(s netSpec, mmDT, kvDT runtime.DType, quant map[string]runtime.DTy
 			In:    []string{q, w(lKCache), w(lVCache), gBlocks, gSeqIdx, gPos},
 			Scale: float32(1 / math.Sqrt(float64(d))),
 			// Quantized weights: bf16's rounding of the products is far
-			// below theirs, and AMX runs a prefill's attention 2.3-2.5×
-			// faster than the f32 kernel (bench/RESULTS.md).
-			BF16Products: b.quant[w(lWQ)].Quantized()}) // [T,Hq,D]
+			// below theirs; bf16 compute rounds every other product so.
+			// AMX runs a prefill's attention 2.3-2.5× faster than the f32
+			// kernel, AVX512-BF16 1.5-2.3× (bench/RESULTS.md).
+			BF16Products: b.quant[w(lWQ)].Quantized() || b.mmDT == runtime.BF16}) // [T,Hq,D]
 		a = b.add(runtime.Op{Kind: runtime.OpReshape, In: []string{a}, Shape: []int{sh.T, s.Heads * d}})
 		o := b.linear(a, w(lWO), "", "")
 		x = b.add(runtime.Op{Kind: runtime.OpAdd, In: []string{x, o}})

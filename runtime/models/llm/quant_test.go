@@ -154,9 +154,11 @@ func TestQuantizedEngine(t *testing.T) {
 }
 
 // TestKVCacheDType: an engine holds its cache in bf16 where the device
-// keeps the matrices block-quantized (oneDNN), in f32 for a float
-// checkpoint or a device that dequantizes them (the Go device, standing in
-// for PJRT), and as EngineOptions.KVDType says when set; CacheBlockBytes
+// keeps the matrices block-quantized (oneDNN) or computes in bf16, in f32
+// for a float checkpoint in f32 or a device that dequantizes them (the Go
+// device, standing in for PJRT), and as EngineOptions.KVDType says when set;
+// the step's attention allows bf16 products for quantized weights and bf16
+// compute; CacheBlockBytes
 // counts what the engine allocates, so a cache of the same bytes holds
 // twice the blocks in bf16. Greedy decoding with a bf16 cache stays within
 // the quantized engine's bound of the float64 forward pass (TestQuantizedEngine
@@ -173,19 +175,29 @@ func TestKVCacheDType(t *testing.T) {
 		t.Fatal(err)
 	}
 	cpu := openCPU(t, runtime.F32)
-	for _, c := range []struct {
+	type kvCase struct {
 		name    string
 		dev     runtime.Device
 		weights map[string]models.Tensor
 		opt     runtime.DType
 		want    runtime.DType
-	}{
-		{"quantized on the CPU", cpu, quantized, 0, runtime.BF16},
-		{"quantized on the CPU, f32 asked", cpu, quantized, runtime.F32, runtime.F32},
-		{"float on the CPU", cpu, float, 0, runtime.F32},
-		{"float on the CPU, bf16 asked", cpu, float, runtime.BF16, runtime.BF16},
-		{"quantized, dequantized at upload", &goDevice{}, quantized, 0, runtime.F32},
-	} {
+		bf16p   bool // the attention may round its products to bf16
+	}
+	var bf16Cases []kvCase // where the CPU computes in bf16
+	if cpu16, err := openCPUMaybe(runtime.BF16); err == nil {
+		t.Cleanup(func() { cpu16.Close() })
+		bf16Cases = []kvCase{
+			{"float computed in bf16", cpu16, float, 0, runtime.BF16, true},
+			{"float computed in bf16, f32 asked", cpu16, float, runtime.F32, runtime.F32, true},
+		}
+	}
+	for _, c := range append([]kvCase{
+		{"quantized on the CPU", cpu, quantized, 0, runtime.BF16, true},
+		{"quantized on the CPU, f32 asked", cpu, quantized, runtime.F32, runtime.F32, true},
+		{"float on the CPU", cpu, float, 0, runtime.F32, false},
+		{"float on the CPU, bf16 asked", cpu, float, runtime.BF16, runtime.BF16, false},
+		{"quantized, dequantized at upload", &goDevice{}, quantized, 0, runtime.F32, false},
+	}, bf16Cases...) {
 		t.Run(c.name, func(t *testing.T) {
 			const cacheBytes = 1 << 20
 			e, err := newEngine(context.Background(), c.dev, s, c.weights, EngineOptions{CacheBytes: cacheBytes, BlockSize: 4, KVDType: c.opt})
@@ -195,6 +207,18 @@ func TestKVCacheDType(t *testing.T) {
 			defer e.Close()
 			if got := e.resident[lw(0, lKCache)].DType(); got != c.want {
 				t.Fatalf("cache of %v, want %v", got, c.want)
+			}
+			n := 0
+			for _, op := range stepGraph(e.spec, e.mmDT, e.opts.KVDType, e.quant, stepShape{T: 1, S: 1, R: 1}).Ops {
+				if op.Kind == runtime.OpPagedAttention {
+					n++
+					if op.BF16Products != c.bf16p {
+						t.Errorf("attention's BF16Products %v, want %v", op.BF16Products, c.bf16p)
+					}
+				}
+			}
+			if n != s.Layers {
+				t.Errorf("%d attention ops, want %d", n, s.Layers)
 			}
 			m := &Model{spec: s, weights: c.weights}
 			perBlock := m.CacheBlockBytes(c.dev, c.opt, 4)
