@@ -32,7 +32,7 @@ type Options struct {
 	DTypes map[detect.Type]runtime.DType
 	// KVCacheDType is generators' KV cache type (--kv-cache-dtype): F32 or
 	// BF16, or 0 for each engine's own choice (bf16 for block-quantized
-	// weights a device keeps so, else f32).
+	// weights a device keeps so or a device computing in bf16, else f32).
 	KVCacheDType runtime.DType
 }
 

@@ -21,6 +21,10 @@ void bd_attend_group_avx512(const void *q, int q_bf16, const void *kc, const voi
 // BD_FA_PART, whose states merge in order (flash-decoding): a long
 // context's parts can run on different threads with the same result.
 #define BD_FA_PART 512
+// A part kernel: bd_attend_group_part_avx512 or _bf16.
+typedef void (*bd_attend_part_fn)(const void *q, int q_bf16, const void *kc, const void *vc, int kv_bf16,
+        const int32_t *row, int64_t p_begin, int64_t p_end, int64_t ti, int64_t g, int64_t hq, int64_t hkv,
+        int64_t dim, int64_t bs, int64_t group, float scale, float *st);
 void bd_attend_group_part_avx512(const void *q, int q_bf16, const void *kc, const void *vc,
         int kv_bf16, const int32_t *row, int64_t p_begin, int64_t p_end, int64_t ti, int64_t g, int64_t hq,
         int64_t hkv, int64_t dim, int64_t bs, int64_t group, float scale, float *st);

@@ -25,6 +25,51 @@ BD_AVX512 static inline void bf16_row(const uint16_t *src, float *dst, int64_t n
     }
 }
 
+// rows_softmax is the row kernels' online softmax over a tile of 16 keys
+// (s[k]: key p0+k's scores, the rows in the lanes): the causal mask (and
+// the tile's tail, and unused lanes: key p0+k is seen by the rows with
+// p0+k < n), then s[k] becomes the weights P[k] and m, l the running max
+// and sum. It returns the rescale of the output so far.
+BD_AVX512 static inline __attribute__((always_inline)) __m512 rows_softmax(__m512 s[BD_FA_KEYS], __m512i n,
+        int64_t p0, __m512 *m, __m512 *l) {
+    const __m512 ninf = _mm512_set1_ps(-INFINITY);
+    __mmask16 valid[BD_FA_KEYS];
+    __m512 mt = *m;
+    for (int64_t k = 0; k < BD_FA_KEYS; k++) {
+        valid[k] = _mm512_cmplt_epi32_mask(_mm512_set1_epi32((int32_t)(p0 + k)), n);
+        s[k] = _mm512_mask_blend_ps(valid[k], ninf, s[k]);
+        mt = _mm512_max_ps(mt, s[k]);
+    }
+    // Rows that have seen no key yet keep m = -inf; their c must not be
+    // exp(-inf - -inf) = NaN.
+    __mmask16 live = _mm512_cmp_ps_mask(mt, ninf, _CMP_NEQ_OQ);
+    __m512 c = _mm512_mask_blend_ps(live, _mm512_set1_ps(1.0f), bd_exp512(_mm512_sub_ps(*m, mt)));
+    __m512 sum = _mm512_mul_ps(*l, c);
+    for (int64_t k = 0; k < BD_FA_KEYS; k++) {
+        s[k] = _mm512_maskz_mov_ps(valid[k], bd_exp512(_mm512_sub_ps(s[k], mt)));
+        sum = _mm512_add_ps(sum, s[k]);
+    }
+    *m = mt, *l = sum;
+    return c;
+}
+
+// rows_finish writes the row kernels' rows = tn·hc outputs from Oᵀ (acc,
+// [d][row]) and the softmax sums l, through row_f when out is bf16.
+BD_AVX512 static inline void rows_finish(const float *acc, __m512 l, int q_bf16, int64_t rows, int64_t t0,
+        int64_t h0, int64_t hc, int64_t hq, int64_t dim, float *row_f, void *out) {
+    // Every used row saw at least key 0, so l > 0 there.
+    float inv[16] __attribute__((aligned(64)));
+    _mm512_store_ps(inv, _mm512_div_ps(_mm512_set1_ps(1.0f), _mm512_mask_blend_ps(
+            _mm512_cmp_ps_mask(l, _mm512_setzero_ps(), _CMP_GT_OQ), _mm512_set1_ps(1.0f), l)));
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t t = t0 + r / hc, h = h0 + r % hc;
+        int64_t off = (t * hq + h) * dim;
+        float *o = q_bf16 ? row_f : (float *)out + off;
+        for (int64_t d = 0; d < dim; d++) o[d] = acc[d * 16 + r] * inv[r];
+        if (q_bf16) bd_f32_to_bf16_avx512(row_f, (uint16_t *)out + off, dim);
+    }
+}
+
 // bd_attend_rows_avx512 computes rows = tn·hc query rows: tokens t0..t0+tn-1
 // (all of one sequence, whose block-table row is row) × query heads
 // h0..h0+hc-1 (all of kv head g); tn·hc <= 16, dim % 16 == 0 and
@@ -97,25 +142,7 @@ BD_AVX512 void bd_attend_rows_avx512(const void *q, int q_bf16, const void *kc, 
             s[k0] = a0, s[k0 + 1] = a1, s[k0 + 2] = a2, s[k0 + 3] = a3;
             s[k0 + 4] = a4, s[k0 + 5] = a5, s[k0 + 6] = a6, s[k0 + 7] = a7;
         }
-        // Causal mask (and the tile's tail, and unused lanes): key p0+k is
-        // seen by the rows with p0+k < n.
-        __mmask16 valid[BD_FA_KEYS];
-        __m512 mt = m;
-        for (int64_t k = 0; k < BD_FA_KEYS; k++) {
-            valid[k] = _mm512_cmplt_epi32_mask(_mm512_set1_epi32((int32_t)(p0 + k)), n);
-            s[k] = _mm512_mask_blend_ps(valid[k], ninf, s[k]);
-            mt = _mm512_max_ps(mt, s[k]);
-        }
-        // Rows that have seen no key yet keep m = -inf; their c must not be
-        // exp(-inf - -inf) = NaN.
-        __mmask16 live = _mm512_cmp_ps_mask(mt, ninf, _CMP_NEQ_OQ);
-        __m512 c = _mm512_mask_blend_ps(live, _mm512_set1_ps(1.0f), bd_exp512(_mm512_sub_ps(m, mt)));
-        l = _mm512_mul_ps(l, c);
-        for (int64_t k = 0; k < BD_FA_KEYS; k++) {
-            s[k] = _mm512_maskz_mov_ps(valid[k], bd_exp512(_mm512_sub_ps(s[k], mt)));
-            l = _mm512_add_ps(l, s[k]);
-        }
-        m = mt;
+        const __m512 c = rows_softmax(s, n, p0, &m, &l);
         // Oᵀ[d] = Oᵀ[d]·c + Σ_k V[k][d]·P[k], 8 dims at a time.
         for (int64_t d = 0; d < dim; d += 8) {
             __m512 o0 = _mm512_mul_ps(_mm512_load_ps(acc + (d + 0) * 16), c);
@@ -147,17 +174,7 @@ BD_AVX512 void bd_attend_rows_avx512(const void *q, int q_bf16, const void *kc, 
             _mm512_store_ps(acc + (d + 7) * 16, o7);
         }
     }
-    // Every used row saw at least key 0, so l > 0 there.
-    float inv[16] __attribute__((aligned(64)));
-    _mm512_store_ps(inv, _mm512_div_ps(_mm512_set1_ps(1.0f), _mm512_mask_blend_ps(
-            _mm512_cmp_ps_mask(l, _mm512_setzero_ps(), _CMP_GT_OQ), _mm512_set1_ps(1.0f), l)));
-    for (int64_t r = 0; r < rows; r++) {
-        int64_t t = t0 + r / hc, h = h0 + r % hc;
-        int64_t off = (t * hq + h) * dim;
-        float *o = q_bf16 ? row_f : (float *)out + off;
-        for (int64_t d = 0; d < dim; d++) o[d] = acc[d * 16 + r] * inv[r];
-        if (q_bf16) bd_f32_to_bf16_avx512(row_f, (uint16_t *)out + off, dim);
-    }
+    rows_finish(acc, l, q_bf16, rows, t0, h0, hc, hq, dim, row_f, out);
 }
 
 // reduce16 returns the vector whose lane i is the sum of v[i]'s 16 lanes:
@@ -177,6 +194,27 @@ BD_AVX512 static inline __m512 reduce16(const __m512 v[16]) {
             _mm512_shuffle_f32x4(b[2], b[3], _MM_SHUFFLE(3, 1, 3, 1)));
     return _mm512_add_ps(_mm512_shuffle_f32x4(d0, d1, _MM_SHUFFLE(2, 0, 2, 0)),
             _mm512_shuffle_f32x4(d0, d1, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+// group_softmax is the group kernels' online softmax over a tile: every
+// head's at once (sv[j]: head j's scores, the keys in the lanes, valid the
+// tile's keys), the rescales in one exp. sv[j] becomes head j's weights,
+// mx and l its running max and sum, cs[j] the rescale of its output so
+// far.
+BD_AVX512 static inline __attribute__((always_inline)) void group_softmax(__m512 *sv, int64_t group,
+        __mmask16 valid, float *mx, float *l, float *cs) {
+    float mnew[16] __attribute__((aligned(64)));
+    for (int64_t j = 0; j < group; j++) {
+        const float r = _mm512_reduce_max_ps(sv[j]);
+        mnew[j] = mx[j] > r ? mx[j] : r; // finite: key p0 is valid
+    }
+    const __mmask16 gm = (__mmask16)((1u << group) - 1);
+    _mm512_store_ps(cs, bd_exp512(_mm512_maskz_sub_ps(gm, _mm512_maskz_loadu_ps(gm, mx), _mm512_maskz_loadu_ps(gm, mnew))));
+    for (int64_t j = 0; j < group; j++) {
+        sv[j] = _mm512_maskz_mov_ps(valid, bd_exp512(_mm512_sub_ps(sv[j], _mm512_set1_ps(mnew[j]))));
+        l[j] = l[j] * cs[j] + _mm512_reduce_add_ps(sv[j]);
+        mx[j] = mnew[j];
+    }
 }
 
 // bd_attend_group_avx512 is attend_body's decode case with the head
@@ -249,20 +287,9 @@ BD_AVX512 static inline __attribute__((always_inline)) void attend_group_part(co
             }
             sv[j] = _mm512_mask_blend_ps(valid, ninf, reduce16(t));
         }
-        // The softmax of every head at once: the rescales in one exp.
-        float mnew[16] __attribute__((aligned(64))), cs[16] __attribute__((aligned(64)));
-        for (int64_t j = 0; j < group; j++) {
-            const float r = _mm512_reduce_max_ps(sv[j]);
-            mnew[j] = mx[j] > r ? mx[j] : r; // finite: key p0 is valid
-        }
-        const __mmask16 gm = (__mmask16)((1u << group) - 1);
-        _mm512_store_ps(cs, bd_exp512(_mm512_maskz_sub_ps(gm, _mm512_maskz_loadu_ps(gm, mx), _mm512_maskz_loadu_ps(gm, mnew))));
-        for (int64_t j = 0; j < group; j++) {
-            const __m512 p = _mm512_maskz_mov_ps(valid, bd_exp512(_mm512_sub_ps(sv[j], _mm512_set1_ps(mnew[j]))));
-            l[j] = l[j] * cs[j] + _mm512_reduce_add_ps(p);
-            mx[j] = mnew[j];
-            _mm512_store_ps(pr[j], p);
-        }
+        float cs[16] __attribute__((aligned(64)));
+        group_softmax(sv, group, valid, mx, l, cs);
+        for (int64_t j = 0; j < group; j++) _mm512_store_ps(pr[j], sv[j]);
         // O[j] = O[j]·c[j] + Σ_k P[j][k]·V[k], each value row once for the group.
         for (int64_t c = 0; c < nc; c++) {
             __m512 o[BD_FA_GROUP];
@@ -337,6 +364,22 @@ BD_AVX512 void bd_attend_group_finish(const float *st, int q_bf16, int64_t ti, i
     }
 }
 
+// attend_group_whole runs a decode token's n positions through part in
+// parts of BD_FA_PART, each merged into the state of those before it in
+// order, then writes the heads' outputs.
+BD_AVX512 static void attend_group_whole(bd_attend_part_fn part, const void *q, int q_bf16, const void *kc,
+        const void *vc, int kv_bf16, const int32_t *row, int64_t n, int64_t ti, int64_t g, int64_t hq, int64_t hkv,
+        int64_t dim, int64_t bs, int64_t group, float scale, void *out) {
+    float st[BD_FA_GROUP * (BD_FA_GROUPDIM + 2)], part_st[BD_FA_GROUP * (BD_FA_GROUPDIM + 2)];
+    part(q, q_bf16, kc, vc, kv_bf16, row, 0, n < BD_FA_PART ? n : BD_FA_PART, ti, g, hq, hkv, dim, bs, group, scale, st);
+    for (int64_t p = BD_FA_PART; p < n; p += BD_FA_PART) {
+        part(q, q_bf16, kc, vc, kv_bf16, row, p, n - p < BD_FA_PART ? n : p + BD_FA_PART, ti, g, hq, hkv, dim, bs,
+                group, scale, part_st);
+        bd_attend_group_merge(st, part_st, group, dim);
+    }
+    bd_attend_group_finish(st, q_bf16, ti, g, hq, dim, group, out);
+}
+
 // bd_attend_group_avx512 is the whole decode token: its n positions in
 // parts of BD_FA_PART, each merged into the state of those before it in
 // order, as bd_paged_attention merges them when it spreads a long
@@ -345,15 +388,8 @@ BD_AVX512 void bd_attend_group_finish(const float *st, int q_bf16, int64_t ti, i
 BD_AVX512 void bd_attend_group_avx512(const void *q, int q_bf16, const void *kc, const void *vc,
         int kv_bf16, const int32_t *row, int64_t n, int64_t ti, int64_t g, int64_t hq, int64_t hkv,
         int64_t dim, int64_t bs, int64_t group, float scale, void *out) {
-    float st[BD_FA_GROUP * (BD_FA_GROUPDIM + 2)], part[BD_FA_GROUP * (BD_FA_GROUPDIM + 2)];
-    bd_attend_group_part_avx512(q, q_bf16, kc, vc, kv_bf16, row, 0, n < BD_FA_PART ? n : BD_FA_PART, ti, g, hq, hkv,
-            dim, bs, group, scale, st);
-    for (int64_t p = BD_FA_PART; p < n; p += BD_FA_PART) {
-        bd_attend_group_part_avx512(q, q_bf16, kc, vc, kv_bf16, row, p, n - p < BD_FA_PART ? n : p + BD_FA_PART, ti, g,
-                hq, hkv, dim, bs, group, scale, part);
-        bd_attend_group_merge(st, part, group, dim);
-    }
-    bd_attend_group_finish(st, q_bf16, ti, g, hq, dim, group, out);
+    attend_group_whole(bd_attend_group_part_avx512, q, q_bf16, kc, vc, kv_bf16, row, n, ti, g, hq, hkv, dim, bs, group,
+            scale, out);
 }
 
 // The group kernel for a bf16 cache with bf16 products
@@ -421,19 +457,9 @@ BD_AB16 static inline __attribute__((always_inline)) void attend_group_part_bf16
             }
             sv[j] = _mm512_mask_blend_ps(valid, ninf, reduce16(t));
         }
-        float mnew[16] __attribute__((aligned(64))), cs[16] __attribute__((aligned(64)));
-        for (int64_t j = 0; j < group; j++) {
-            const float r = _mm512_reduce_max_ps(sv[j]);
-            mnew[j] = mx[j] > r ? mx[j] : r; // finite: key p0 is valid
-        }
-        const __mmask16 gm = (__mmask16)((1u << group) - 1);
-        _mm512_store_ps(cs, bd_exp512(_mm512_maskz_sub_ps(gm, _mm512_maskz_loadu_ps(gm, mx), _mm512_maskz_loadu_ps(gm, mnew))));
-        for (int64_t j = 0; j < group; j++) {
-            const __m512 p = _mm512_maskz_mov_ps(valid, bd_exp512(_mm512_sub_ps(sv[j], _mm512_set1_ps(mnew[j]))));
-            l[j] = l[j] * cs[j] + _mm512_reduce_add_ps(p);
-            mx[j] = mnew[j];
-            _mm256_store_si256((__m256i *)pb[j], (__m256i)_mm512_cvtneps_pbh(p));
-        }
+        float cs[16] __attribute__((aligned(64)));
+        group_softmax(sv, group, valid, mx, l, cs);
+        for (int64_t j = 0; j < group; j++) _mm256_store_si256((__m256i *)pb[j], (__m256i)_mm512_cvtneps_pbh(sv[j]));
         // O[j] = O[j]·c[j] + Σ_k P[j][k]·V[k], two keys a vdpbf16ps.
         const int64_t pairs = (pn + 1) / 2;
         for (int64_t c = 0; c < nc; c++) {
@@ -492,15 +518,8 @@ BD_AB16 void bd_attend_group_part_bf16(const void *q, int q_bf16, const void *kc
 BD_AB16 void bd_attend_group_bf16(const void *q, int q_bf16, const void *kc, const void *vc,
         int kv_bf16, const int32_t *row, int64_t n, int64_t ti, int64_t g, int64_t hq, int64_t hkv,
         int64_t dim, int64_t bs, int64_t group, float scale, void *out) {
-    float st[BD_FA_GROUP * (BD_FA_GROUPDIM + 2)], part[BD_FA_GROUP * (BD_FA_GROUPDIM + 2)];
-    bd_attend_group_part_bf16(q, q_bf16, kc, vc, kv_bf16, row, 0, n < BD_FA_PART ? n : BD_FA_PART, ti, g, hq, hkv,
-            dim, bs, group, scale, st);
-    for (int64_t p = BD_FA_PART; p < n; p += BD_FA_PART) {
-        bd_attend_group_part_bf16(q, q_bf16, kc, vc, kv_bf16, row, p, n - p < BD_FA_PART ? n : p + BD_FA_PART, ti, g,
-                hq, hkv, dim, bs, group, scale, part);
-        bd_attend_group_merge(st, part, group, dim);
-    }
-    bd_attend_group_finish(st, q_bf16, ti, g, hq, dim, group, out);
+    attend_group_whole(bd_attend_group_part_bf16, q, q_bf16, kc, vc, kv_bf16, row, n, ti, g, hq, hkv, dim, bs, group,
+            scale, out);
 }
 
 // bd_attend_rows_bf16 is bd_attend_rows_avx512 for a bf16 cache with bf16
@@ -595,22 +614,7 @@ BD_AB16 void bd_attend_rows_bf16(const void *q, int q_bf16, const void *kc, cons
             s[k0] = a0, s[k0 + 1] = a1, s[k0 + 2] = a2, s[k0 + 3] = a3;
             s[k0 + 4] = a4, s[k0 + 5] = a5, s[k0 + 6] = a6, s[k0 + 7] = a7;
         }
-        // The causal mask and the online softmax, as the f32 kernel's.
-        __mmask16 valid[BD_FA_KEYS];
-        __m512 mt = m;
-        for (int64_t k = 0; k < BD_FA_KEYS; k++) {
-            valid[k] = _mm512_cmplt_epi32_mask(_mm512_set1_epi32((int32_t)(p0 + k)), n);
-            s[k] = _mm512_mask_blend_ps(valid[k], ninf, s[k]);
-            mt = _mm512_max_ps(mt, s[k]);
-        }
-        __mmask16 live = _mm512_cmp_ps_mask(mt, ninf, _CMP_NEQ_OQ);
-        __m512 c = _mm512_mask_blend_ps(live, _mm512_set1_ps(1.0f), bd_exp512(_mm512_sub_ps(m, mt)));
-        l = _mm512_mul_ps(l, c);
-        for (int64_t k = 0; k < BD_FA_KEYS; k++) {
-            s[k] = _mm512_maskz_mov_ps(valid[k], bd_exp512(_mm512_sub_ps(s[k], mt)));
-            l = _mm512_add_ps(l, s[k]);
-        }
-        m = mt;
+        const __m512 c = rows_softmax(s, n, p0, &m, &l);
         __m512bh w[BD_FA_KEYS / 2];
         for (int64_t k = 0; k < pairs; k++)
             w[k] = (__m512bh)_mm512_permutexvar_epi16(ilv, (__m512i)_mm512_cvtne2ps_pbh(s[2 * k + 1], s[2 * k]));
@@ -648,15 +652,5 @@ BD_AB16 void bd_attend_rows_bf16(const void *q, int q_bf16, const void *kc, cons
             _mm512_store_ps(acc + (d + 7) * 16, o7);
         }
     }
-    // Every used row saw at least key 0, so l > 0 there.
-    float inv[16] __attribute__((aligned(64)));
-    _mm512_store_ps(inv, _mm512_div_ps(_mm512_set1_ps(1.0f), _mm512_mask_blend_ps(
-            _mm512_cmp_ps_mask(l, _mm512_setzero_ps(), _CMP_GT_OQ), _mm512_set1_ps(1.0f), l)));
-    for (int64_t r = 0; r < rows; r++) {
-        int64_t t = t0 + r / hc, h = h0 + r % hc;
-        int64_t off = (t * hq + h) * dim;
-        float *o = q_bf16 ? row_f : (float *)out + off;
-        for (int64_t d = 0; d < dim; d++) o[d] = acc[d * 16 + r] * inv[r];
-        if (q_bf16) bd_f32_to_bf16_avx512(row_f, (uint16_t *)out + off, dim);
-    }
+    rows_finish(acc, l, q_bf16, rows, t0, h0, hc, hq, dim, row_f, out);
 }

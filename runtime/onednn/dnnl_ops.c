@@ -1135,10 +1135,6 @@ static int paged_attention_amx(const bd_device *d, attend_fn one, attend_rows_fn
     return failed ? -1 : 0;
 }
 
-typedef void (*attend_part_fn)(const void *q, int q_bf16, const void *kc, const void *vc, int kv_bf16,
-        const int32_t *row, int64_t p_begin, int64_t p_end, int64_t ti, int64_t g, int64_t hq, int64_t hkv,
-        int64_t dim, int64_t bs, int64_t group, float scale, float *st);
-
 // decode_parts runs a decode step of few tokens (one a sequence, groups
 // for the group kernel) whose tasks, a token's kv head each, would leave
 // threads idle, by parts of BD_FA_PART cache positions: each part's
@@ -1147,7 +1143,7 @@ typedef void (*attend_part_fn)(const void *q, int q_bf16, const void *kc, const 
 // same. A single long context then runs on every thread instead of one a
 // kv head (2 for Qwen2.5). Returns 1, having written nothing, when no
 // context is longer than one part or it cannot allocate its scratch.
-static int decode_parts(const bd_device *d, attend_part_fn part, const void *q, int q_bf16, const void *kc, const void *vc,
+static int decode_parts(const bd_device *d, bd_attend_part_fn part, const void *q, int q_bf16, const void *kc, const void *vc,
         int kv_bf16, const int32_t *table, const int32_t *seq, const int32_t *pos, int64_t t, int64_t hq,
         int64_t hkv, int64_t dim, int64_t bs, int64_t maxb, float scale, void *out) {
     const int64_t group = hq / hkv, sw = group * (dim + 2);

@@ -732,42 +732,18 @@ var benchThreads = flag.Int("onednn.threads", 0, "the attention benchmarks' devi
 // how close to the limit it runs. Blocks are shuffled, as a long-running
 // server's are.
 func BenchmarkPagedAttentionDecode(b *testing.B) {
-	b.Run("gqa7", func(b *testing.B) {
-		benchAttention(b, attnBench{seqs: 16, tokens: 1, ctx: 512, hq: 14, hkv: 2, dim: 64})
-	})
-	b.Run("gqa4", func(b *testing.B) {
-		benchAttention(b, attnBench{seqs: 16, tokens: 1, ctx: 512, hq: 16, hkv: 4, dim: 64})
-	})
-	// One stream, as a quantized model's graph asks for it (BF16Products:
-	// AMX for the blocks of 16 rows a decode step does not have).
-	b.Run("gqa7-1seq-bf16products", func(b *testing.B) {
-		benchAttention(b, attnBench{seqs: 1, tokens: 1, ctx: 512, hq: 14, hkv: 2, dim: 64, bf16Products: true})
-	})
-	// A long context: its parts of 512 positions spread over the threads
-	// where the kv heads alone would not use them all.
-	b.Run("gqa7-1seq-4096", func(b *testing.B) {
-		benchAttention(b, attnBench{seqs: 1, tokens: 1, ctx: 4096, hq: 14, hkv: 2, dim: 64})
-	})
-	b.Run("mqa4-1seq-4096", func(b *testing.B) {
-		benchAttention(b, attnBench{seqs: 1, tokens: 1, ctx: 4096, hq: 4, hkv: 1, dim: 64})
-	})
-	// BF16Products on a bf16 cache: the bf16 group kernel on a CPU with
-	// AVX512-BF16 (the f32 rows are as above).
-	b.Run("gqa7-bf16products", func(b *testing.B) {
-		benchAttention(b, attnBench{seqs: 16, tokens: 1, ctx: 512, hq: 14, hkv: 2, dim: 64, bf16Products: true})
-	})
-	b.Run("gqa4-bf16products", func(b *testing.B) {
-		benchAttention(b, attnBench{seqs: 16, tokens: 1, ctx: 512, hq: 16, hkv: 4, dim: 64, bf16Products: true})
-	})
-	b.Run("gqa7-1seq-4096-bf16products", func(b *testing.B) {
-		benchAttention(b, attnBench{seqs: 1, tokens: 1, ctx: 4096, hq: 14, hkv: 2, dim: 64, bf16Products: true})
-	})
-	// Llama 3.1 8B's and Qwen3-8B's heads (32 query, 8 kv, D 128).
-	b.Run("gqa4-d128", func(b *testing.B) {
-		benchAttention(b, attnBench{seqs: 16, tokens: 1, ctx: 512, hq: 32, hkv: 8, dim: 128})
-	})
-	b.Run("gqa4-d128-bf16products", func(b *testing.B) {
-		benchAttention(b, attnBench{seqs: 16, tokens: 1, ctx: 512, hq: 32, hkv: 8, dim: 128, bf16Products: true})
+	const plain, bf16 = attnPlain, attnBF16
+	runAttentionBenches(b, []attnBenchCase{
+		{"gqa7", attnBench{seqs: 16, tokens: 1, ctx: 512, hq: 14, hkv: 2, dim: 64}, plain | bf16},
+		{"gqa4", attnBench{seqs: 16, tokens: 1, ctx: 512, hq: 16, hkv: 4, dim: 64}, plain | bf16},
+		// One stream, as a quantized model's graph asks for it.
+		{"gqa7-1seq", attnBench{seqs: 1, tokens: 1, ctx: 512, hq: 14, hkv: 2, dim: 64}, bf16},
+		// A long context: its parts of 512 positions spread over the
+		// threads where the kv heads alone would not use them all.
+		{"gqa7-1seq-4096", attnBench{seqs: 1, tokens: 1, ctx: 4096, hq: 14, hkv: 2, dim: 64}, plain | bf16},
+		{"mqa4-1seq-4096", attnBench{seqs: 1, tokens: 1, ctx: 4096, hq: 4, hkv: 1, dim: 64}, plain},
+		// Llama 3.1 8B's and Qwen3-8B's heads (32 query, 8 kv, D 128).
+		{"gqa4-d128", attnBench{seqs: 16, tokens: 1, ctx: 512, hq: 32, hkv: 8, dim: 128}, plain | bf16},
 	})
 }
 
@@ -775,28 +751,39 @@ func BenchmarkPagedAttentionDecode(b *testing.B) {
 // at llama1024's heads (16 query, 4 kv, D 64) and at Qwen2.5-0.5B's: the
 // causal attention of a prompt, bound by arithmetic, not by the cache read.
 func BenchmarkPagedAttentionPrefill(b *testing.B) {
-	b.Run("gqa4", func(b *testing.B) {
-		benchAttention(b, attnBench{seqs: 1, tokens: 512, ctx: 512, hq: 16, hkv: 4, dim: 64})
+	const both = attnPlain | attnBF16
+	runAttentionBenches(b, []attnBenchCase{
+		{"gqa4", attnBench{seqs: 1, tokens: 512, ctx: 512, hq: 16, hkv: 4, dim: 64}, both},
+		{"gqa7", attnBench{seqs: 1, tokens: 512, ctx: 512, hq: 14, hkv: 2, dim: 64}, both},
+		// A 512-token chunk after 1536 positions of context: a long
+		// prompt's last chunk.
+		{"gqa7-ctx2048", attnBench{seqs: 1, tokens: 512, ctx: 2048, hq: 14, hkv: 2, dim: 64}, both},
 	})
-	b.Run("gqa7", func(b *testing.B) {
-		benchAttention(b, attnBench{seqs: 1, tokens: 512, ctx: 512, hq: 14, hkv: 2, dim: 64})
-	})
-	// BF16Products: AMX tiles where the CPU has them (attend_amx.c), else
-	// for a bf16 cache the bf16 row kernel where it has AVX512-BF16.
-	b.Run("gqa4-bf16products", func(b *testing.B) {
-		benchAttention(b, attnBench{seqs: 1, tokens: 512, ctx: 512, hq: 16, hkv: 4, dim: 64, bf16Products: true})
-	})
-	b.Run("gqa7-bf16products", func(b *testing.B) {
-		benchAttention(b, attnBench{seqs: 1, tokens: 512, ctx: 512, hq: 14, hkv: 2, dim: 64, bf16Products: true})
-	})
-	// A 512-token chunk after 1536 positions of context: a long prompt's
-	// last chunk.
-	b.Run("gqa7-ctx2048", func(b *testing.B) {
-		benchAttention(b, attnBench{seqs: 1, tokens: 512, ctx: 2048, hq: 14, hkv: 2, dim: 64})
-	})
-	b.Run("gqa7-ctx2048-bf16products", func(b *testing.B) {
-		benchAttention(b, attnBench{seqs: 1, tokens: 512, ctx: 2048, hq: 14, hkv: 2, dim: 64, bf16Products: true})
-	})
+}
+
+// attnBenchCase is a benchmark of the op without BF16Products (attnPlain,
+// named name) and with it (attnBF16, name-bf16products): AMX tiles for
+// blocks of 16 query rows where the CPU has them (attend_amx.c), else for
+// a bf16 cache the bf16 row and group kernels where it has AVX512-BF16.
+type attnBenchCase struct {
+	name string
+	c    attnBench
+	ops  int
+}
+
+const attnPlain, attnBF16 = 1, 2 // attnBenchCase.ops
+
+func runAttentionBenches(b *testing.B, cases []attnBenchCase) {
+	for _, tc := range cases {
+		if tc.ops&attnPlain != 0 {
+			b.Run(tc.name, func(b *testing.B) { benchAttention(b, tc.c) })
+		}
+		if tc.ops&attnBF16 != 0 {
+			c := tc.c
+			c.bf16Products = true
+			b.Run(tc.name+"-bf16products", func(b *testing.B) { benchAttention(b, c) })
+		}
+	}
 }
 
 // attnBench is a step of seqs sequences of ctx positions each, of which

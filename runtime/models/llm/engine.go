@@ -144,7 +144,7 @@ func newEngine(ctx context.Context, dev runtime.Device, spec netSpec, weights ma
 	default:
 		return nil, fmt.Errorf("llm: engine: %w: a KV cache of %s (f32 or bf16)", runtime.ErrUnsupported, opts.KVDType)
 	}
-	perBlock := int64(2*spec.Layers*opts.BlockSize*spec.KVHeads*spec.HeadDim) * int64(opts.KVDType.Size())
+	perBlock := spec.cacheBlockBytes(opts.BlockSize, opts.KVDType)
 	nBlocks := opts.CacheBytes / perBlock
 	if nBlocks < 1 {
 		return nil, fmt.Errorf("llm: engine on %s: %w: cache of %d bytes holds no block of %d bytes", dev.ID(), runtime.ErrOutOfMemory, opts.CacheBytes, perBlock)
@@ -175,6 +175,12 @@ func newEngine(ctx context.Context, dev runtime.Device, spec netSpec, weights ma
 		}
 	}
 	return e, nil
+}
+
+// cacheBlockBytes is one KV-cache block of blockSize tokens over all
+// layers, K and V, in type kv.
+func (s netSpec) cacheBlockBytes(blockSize int, kv runtime.DType) int64 {
+	return int64(2*s.Layers*blockSize*s.KVHeads*s.HeadDim) * int64(kv.Size())
 }
 
 // kvCacheDType is the KV cache's type on dev for these weights: bf16 where

@@ -416,7 +416,7 @@ func (m *Model) weightBytes(dt runtime.DType, holds func(runtime.DType) bool) in
 
 // KVCacheDType is the type an engine on dev holds its KV cache in when
 // EngineOptions.KVDType leaves it to the engine: bf16 where dev keeps the
-// matrices block-quantized, else f32 (kvCacheDType).
+// matrices block-quantized or computes in bf16, else f32 (kvCacheDType).
 func (m *Model) KVCacheDType(dev runtime.Device) runtime.DType { return kvCacheDType(dev, m.weights) }
 
 // CacheBlockBytes is the device memory of one KV-cache block of blockSize
@@ -429,7 +429,7 @@ func (m *Model) CacheBlockBytes(dev runtime.Device, kv runtime.DType, blockSize 
 	if kv == 0 {
 		kv = m.KVCacheDType(dev)
 	}
-	return int64(2*m.spec.Layers*blockSize*m.spec.KVHeads*m.spec.HeadDim) * int64(kv.Size())
+	return m.spec.cacheBlockBytes(blockSize, kv)
 }
 
 // StepBytes bounds the device memory one step of maxStepTokens rows from
