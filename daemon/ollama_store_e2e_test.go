@@ -25,12 +25,18 @@ import (
 // GGUF of file type quant and returns its path.
 func writeTinyGGUF(t *testing.T, quant string) string {
 	t.Helper()
+	return writeTinyGGUFHeads(t, quant, 0)
+}
+
+// writeTinyGGUFHeads is writeTinyGGUF with heads of headDim (0: 16).
+func writeTinyGGUFHeads(t *testing.T, quant string, headDim int) string {
+	t.Helper()
 	src := t.TempDir()
 	if err := modelkit.WriteByteTokenizer(src, chatMLTemplate); err != nil {
 		t.Fatal(err)
 	}
 	st := t.TempDir()
-	if _, err := modelkit.WriteLLM(st, modelkit.LLM{Arch: "llama", Layers: 2, Hidden: 64, Heads: 4, KVHeads: 2, Intermediate: 96,
+	if _, err := modelkit.WriteLLM(st, modelkit.LLM{Arch: "llama", Layers: 2, Hidden: 64, Heads: 4, KVHeads: 2, HeadDim: headDim, Intermediate: 96,
 		MaxPositions: 256, DType: "f32", Seed: 5, TokenizerDir: src}); err != nil {
 		t.Fatal(err)
 	}

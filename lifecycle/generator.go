@@ -72,7 +72,22 @@ func (g llmServable) fixed(od openDevice, maxRunning int) int64 {
 
 // seqCacheBytes is one full-length sequence's KV cache on od.
 func (g llmServable) seqCacheBytes(od openDevice) int64 {
-	return int64((g.m.ContextLength()+genBlockSize-1)/genBlockSize) * g.m.CacheBlockBytes(od.dev, g.kv, genBlockSize)
+	kv, _ := g.kvOn(od)
+	return int64((g.m.ContextLength()+genBlockSize-1)/genBlockSize) * g.m.CacheBlockBytes(od.dev, kv, genBlockSize)
+}
+
+// kvOn is the KV cache type a replica on od gets: the one asked for
+// (--kv-cache-dtype), or the model's own choice (0) where od cannot hold
+// that one (a q8_0 cache on a GPU, or for heads not divisible by 32), with
+// why, so one setting serves every device.
+func (g llmServable) kvOn(od openDevice) (runtime.DType, error) {
+	if g.kv == 0 {
+		return 0, nil
+	}
+	if err := g.m.CheckKVDType(od.dev, g.kv); err != nil {
+		return 0, err
+	}
+	return g.kv, nil
 }
 
 func (g llmServable) need(od openDevice, maxRunning int) int64 {
@@ -92,7 +107,12 @@ func (g llmServable) start(ctx context.Context, od openDevice, maxRunning int, f
 			g.log.Info("dequantizing weights for a device that cannot hold them", zap.String("device", od.entry.ID), zap.Stringer("from", q), zap.Stringer("to", od.dtype))
 		}
 	}
-	eng, err := g.m.NewEngine(ctx, od.dev, llm.EngineOptions{CacheBytes: cache, BlockSize: genBlockSize, MaxStepTokens: genStepTokens, MaxSeqs: maxRunning, KVDType: g.kv})
+	kv, why := g.kvOn(od)
+	if why != nil {
+		g.log.Warn("KV cache type not available on this device: the model's default instead", zap.String("device", od.entry.ID),
+			zap.Stringer("asked", g.kv), zap.Stringer("using", g.m.KVCacheDType(od.dev)), zap.Error(why))
+	}
+	eng, err := g.m.NewEngine(ctx, od.dev, llm.EngineOptions{CacheBytes: cache, BlockSize: genBlockSize, MaxStepTokens: genStepTokens, MaxSeqs: maxRunning, KVDType: kv})
 	if err != nil {
 		return nil, 0, err
 	}

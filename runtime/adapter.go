@@ -235,7 +235,10 @@ const (
 	// OpKVWrite appends keys or values to a paged KV cache in place: In[0]
 	// new [T,Hkv,D], In[1] slots I32 [T] (slot = block·BlockSize + offset;
 	// a negative slot skips the row, for padding), Out the cache
-	// [NumBlocks,BlockSize,Hkv,D] of In[0]'s type. Out must be bound (a
+	// [NumBlocks,BlockSize,Hkv,D] of In[0]'s type, or Q8_0 (D a multiple
+	// of 32; each row quantized as ggml's quantize_row_q8_0_ref, a block
+	// holding an infinity or NaN with d = NaN, on devices that hold
+	// Q8_0). Out must be bound (a
 	// caller-owned buffer that persists across Runs); it is the one op
 	// whose output is also an input: the planner lists the cache in both
 	// Plan.Inputs and Plan.Outputs, and ops after it read the updated
@@ -247,8 +250,8 @@ const (
 	// OpPagedAttention: causal grouped-query attention over a paged cache,
 	// for a flattened batch mixing prefill chunks and decode steps (as
 	// vLLM does). In[0] Q [T,Hq,D], In[1] Kcache and In[2] Vcache
-	// [NumBlocks,BlockSize,Hkv,D] (both of one type, f32 or bf16,
-	// independent of Q's), In[3] block table I32 [S,MaxBlocksPerSeq],
+	// [NumBlocks,BlockSize,Hkv,D] (both of one type, f32, bf16 or Q8_0
+	// with D a multiple of 32, independent of Q's), In[3] block table I32 [S,MaxBlocksPerSeq],
 	// In[4] sequence index I32 [T] (the block-table row of token t), In[5]
 	// positions I32 [T] → [T,Hq,D] of Q's type. Token t attends to its
 	// sequence's cache positions 0..positions[t] inclusive (position p is

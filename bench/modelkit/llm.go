@@ -129,7 +129,7 @@ func config(s LLM) map[string]any {
 		"rope_theta": s.ropeTheta, "hidden_act": "silu", "tie_word_embeddings": s.Tied, "eos_token_id": s.eos,
 		"torch_dtype": "bfloat16",
 	}
-	if s.Arch == Archs["qwen3"] {
+	if s.Arch == Archs["qwen3"] || s.HeadDim != s.Hidden/s.Heads {
 		c["head_dim"] = s.HeadDim
 	}
 	return c

@@ -5,28 +5,34 @@
 
 #include <stdint.h>
 
+// KV cache element types (the kernels' and bd_paged_attention's kvt): f32,
+// bf16, or ggml's Q8_0 blocks ({f16 d; i8 q[32]}) along each row, so a
+// head's dim is a multiple of 32 and element offset e of a row is in
+// block e/32 (kvq8.c writes them).
+enum { BD_KV_F32 = 0, BD_KV_BF16 = 1, BD_KV_Q8_0 = 2 };
+
 // attend_avx512.c
 #define BD_FA_MAXDIM 256    // bd_attend_rows_avx512's largest head dimension
 #define BD_FA_MINROWS 8     // fewer rows than this that hold a whole group go to the group kernel
 #define BD_FA_GROUP 8       // bd_attend_group_avx512's most query heads
 #define BD_FA_GROUPDIM 128  // and head dimension
 void bd_attend_rows_avx512(const void *q, int q_bf16, const void *kc, const void *vc,
-        int kv_bf16, const int32_t *row, const int32_t *pos, int64_t t0, int64_t tn,
+        int kvt, const int32_t *row, const int32_t *pos, int64_t t0, int64_t tn,
         int64_t h0, int64_t hc, int64_t g, int64_t hq, int64_t hkv, int64_t dim, int64_t bs,
         float scale, void *out);
 void bd_attend_group_avx512(const void *q, int q_bf16, const void *kc, const void *vc,
-        int kv_bf16, const int32_t *row, int64_t n, int64_t ti, int64_t g, int64_t hq, int64_t hkv,
+        int kvt, const int32_t *row, int64_t n, int64_t ti, int64_t g, int64_t hq, int64_t hkv,
         int64_t dim, int64_t bs, int64_t group, float scale, void *out);
 // A decode token's positions go through the group kernel in parts of
 // BD_FA_PART, whose states merge in order (flash-decoding): a long
 // context's parts can run on different threads with the same result.
 #define BD_FA_PART 512
 // A part kernel: bd_attend_group_part_avx512 or _bf16.
-typedef void (*bd_attend_part_fn)(const void *q, int q_bf16, const void *kc, const void *vc, int kv_bf16,
+typedef void (*bd_attend_part_fn)(const void *q, int q_bf16, const void *kc, const void *vc, int kvt,
         const int32_t *row, int64_t p_begin, int64_t p_end, int64_t ti, int64_t g, int64_t hq, int64_t hkv,
         int64_t dim, int64_t bs, int64_t group, float scale, float *st);
 void bd_attend_group_part_avx512(const void *q, int q_bf16, const void *kc, const void *vc,
-        int kv_bf16, const int32_t *row, int64_t p_begin, int64_t p_end, int64_t ti, int64_t g, int64_t hq,
+        int kvt, const int32_t *row, int64_t p_begin, int64_t p_end, int64_t ti, int64_t g, int64_t hq,
         int64_t hkv, int64_t dim, int64_t bs, int64_t group, float scale, float *st);
 void bd_attend_group_merge(float *st, const float *part, int64_t group, int64_t dim);
 void bd_attend_group_finish(const float *st, int q_bf16, int64_t ti, int64_t g, int64_t hq, int64_t dim,
@@ -35,14 +41,14 @@ void bd_attend_group_finish(const float *st, int q_bf16, int64_t ti, int64_t g, 
 // (AVX512-BF16; dim % 32 == 0): bd_paged_attention's with
 // runtime.Op.BF16Products where no AMX tiles take the rows.
 void bd_attend_group_part_bf16(const void *q, int q_bf16, const void *kc, const void *vc,
-        int kv_bf16, const int32_t *row, int64_t p_begin, int64_t p_end, int64_t ti, int64_t g, int64_t hq,
+        int kvt, const int32_t *row, int64_t p_begin, int64_t p_end, int64_t ti, int64_t g, int64_t hq,
         int64_t hkv, int64_t dim, int64_t bs, int64_t group, float scale, float *st);
 void bd_attend_rows_bf16(const void *q, int q_bf16, const void *kc, const void *vc,
-        int kv_bf16, const int32_t *row, const int32_t *pos, int64_t t0, int64_t tn,
+        int kvt, const int32_t *row, const int32_t *pos, int64_t t0, int64_t tn,
         int64_t h0, int64_t hc, int64_t g, int64_t hq, int64_t hkv, int64_t dim, int64_t bs,
         float scale, void *out);
 void bd_attend_group_bf16(const void *q, int q_bf16, const void *kc, const void *vc,
-        int kv_bf16, const int32_t *row, int64_t n, int64_t ti, int64_t g, int64_t hq, int64_t hkv,
+        int kvt, const int32_t *row, int64_t n, int64_t ti, int64_t g, int64_t hq, int64_t hkv,
         int64_t dim, int64_t bs, int64_t group, float scale, void *out);
 
 // attend_amx.c
@@ -50,7 +56,7 @@ void bd_attend_group_bf16(const void *q, int q_bf16, const void *kc, const void 
 int64_t bd_attend_amx_bytes(int64_t dim);
 void bd_attend_amx_begin(void);
 void bd_attend_amx_end(void);
-void bd_attend_amx(const void *q, int q_bf16, const void *kc, const void *vc, int kv_bf16,
+void bd_attend_amx(const void *q, int q_bf16, const void *kc, const void *vc, int kvt,
         const int32_t *row, const int32_t *pos, int64_t t0, int64_t tn, int64_t g, int64_t hq, int64_t hkv,
         int64_t dim, int64_t bs, float scale, void *out, void *work);
 

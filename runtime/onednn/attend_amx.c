@@ -120,9 +120,10 @@ AA_TARGET static inline void aa_transpose16(__m512 r[16]) {
 // bd_attend_amx computes the rows of tokens t0..t0+tn-1 (one sequence,
 // whose block-table row is row) × the group query heads of kv head g;
 // tn·group <= 64, dim % 32 == 0, dim <= 256. pos[t] is token t's position:
-// it sees cache positions 0..pos[t]. work holds bd_attend_amx_bytes(dim)
-// (64-byte aligned); the thread is between _begin and _end.
-AA_TARGET void bd_attend_amx(const void *q, int q_bf16, const void *kc, const void *vc, int kv_bf16,
+// it sees cache positions 0..pos[t]. The cache is f32 or bf16 (kvt).
+// work holds bd_attend_amx_bytes(dim) (64-byte aligned); the thread is
+// between _begin and _end.
+AA_TARGET void bd_attend_amx(const void *q, int q_bf16, const void *kc, const void *vc, int kvt,
         const int32_t *row, const int32_t *pos, int64_t t0, int64_t tn, int64_t g, int64_t hq, int64_t hkv,
         int64_t dim, int64_t bs, float scale, void *out, void *work) {
     const int64_t group = hq / hkv, rows = tn * group, kvrow = hkv * dim, ds = dim / 32, nt = (rows + 15) / 16;
@@ -196,7 +197,8 @@ AA_TARGET void bd_attend_amx(const void *q, int q_bf16, const void *kc, const vo
                 continue;
             }
             for (int64_t d = 0; d < dim; d += 32) {
-                const __m512 a = aa_ld16(kc, koff[k] + d, kv_bf16), b = aa_ld16(kc, koff[k] + d + 16, kv_bf16);
+                const __m512 a = aa_ld16(kc, koff[k] + d, kvt == BD_KV_BF16),
+                             b = aa_ld16(kc, koff[k] + d + 16, kvt == BD_KV_BF16);
                 _mm512_storeu_si512((void *)(dst + d), (__m512i)_mm512_cvtne2ps_pbh(b, a));
             }
         }
@@ -204,8 +206,8 @@ AA_TARGET void bd_attend_amx(const void *q, int q_bf16, const void *kc, const vo
         for (int64_t d0 = 0; d0 < dim; d0 += 16) {
             __m512 lo[16], hi[16];
             for (int64_t k = 0; k < 16; k++) {
-                lo[k] = koff[k] < 0 ? _mm512_setzero_ps() : aa_ld16(vc, koff[k] + d0, kv_bf16);
-                hi[k] = koff[16 + k] < 0 ? _mm512_setzero_ps() : aa_ld16(vc, koff[16 + k] + d0, kv_bf16);
+                lo[k] = koff[k] < 0 ? _mm512_setzero_ps() : aa_ld16(vc, koff[k] + d0, kvt == BD_KV_BF16);
+                hi[k] = koff[16 + k] < 0 ? _mm512_setzero_ps() : aa_ld16(vc, koff[16 + k] + d0, kvt == BD_KV_BF16);
             }
             aa_transpose16(lo);
             aa_transpose16(hi);

@@ -25,6 +25,15 @@ BD_AVX512 static inline void bf16_row(const uint16_t *src, float *dst, int64_t n
     }
 }
 
+// widen_row puts the cache row at element off of a bf16 or Q8_0 cache in
+// dst as f32.
+BD_AVX512 static inline void widen_row(const void *base, int kvt, int64_t off, float *dst, int64_t dim) {
+    if (kvt == BD_KV_Q8_0)
+        bd_q8_0_row512((const uint8_t *)base + off / 32 * 34, dst, dim);
+    else
+        bf16_row((const uint16_t *)base + off, dst, dim);
+}
+
 // rows_softmax is the row kernels' online softmax over a tile of 16 keys
 // (s[k]: key p0+k's scores, the rows in the lanes): the causal mask (and
 // the tile's tail, and unused lanes: key p0+k is seen by the rows with
@@ -76,7 +85,7 @@ BD_AVX512 static inline void rows_finish(const float *acc, __m512 l, int q_bf16,
 // dim <= BD_FA_MAXDIM. pos[t] is token t's position: it sees cache
 // positions 0..pos[t]. It uses 65 KiB of stack at dim 256.
 BD_AVX512 void bd_attend_rows_avx512(const void *q, int q_bf16, const void *kc, const void *vc,
-        int kv_bf16, const int32_t *row, const int32_t *pos, int64_t t0, int64_t tn,
+        int kvt, const int32_t *row, const int32_t *pos, int64_t t0, int64_t tn,
         int64_t h0, int64_t hc, int64_t g, int64_t hq, int64_t hkv, int64_t dim, int64_t bs,
         float scale, void *out) {
     const int64_t rows = tn * hc, kvrow = hkv * dim;
@@ -112,9 +121,9 @@ BD_AVX512 void bd_attend_rows_avx512(const void *q, int q_bf16, const void *kc, 
             // Past the last key, point at the first: read, then masked.
             int64_t p = p0 + k < nmax ? p0 + k : p0;
             int64_t off = ((int64_t)row[p / bs] * bs + p % bs) * kvrow + g * dim;
-            if (kv_bf16) {
-                bf16_row((const uint16_t *)kc + off, kf + k * dim, dim);
-                bf16_row((const uint16_t *)vc + off, vf + k * dim, dim);
+            if (kvt != BD_KV_F32) {
+                widen_row(kc, kvt, off, kf + k * dim, dim);
+                widen_row(vc, kvt, off, vf + k * dim, dim);
                 kp[k] = kf + k * dim;
                 vp[k] = vf + k * dim;
             } else {
@@ -235,7 +244,7 @@ BD_AVX512 static inline __attribute__((always_inline)) void group_softmax(__m512
 // positions: 57 -> 37 ns a key per kv head at Qwen2.5-0.5B's heads (14/2
 // × 64), 37 -> 27 at Llama 3.2 1B's (bench/RESULTS.md).
 BD_AVX512 static inline __attribute__((always_inline)) void attend_group_part(const void *q, int q_bf16, const void *kc, const void *vc,
-        int kv_bf16, const int32_t *row, int64_t p_begin, int64_t p_end, int64_t ti, int64_t g, int64_t hq,
+        int kvt, const int32_t *row, int64_t p_begin, int64_t p_end, int64_t ti, int64_t g, int64_t hq,
         int64_t hkv, int64_t dim, int64_t bs, int64_t group, float scale, float *st) {
     const int64_t kvrow = hkv * dim, nc = dim / 16, h0 = g * group;
     float qs[BD_FA_GROUP * BD_FA_GROUPDIM] __attribute__((aligned(64)));  // Q·scale, [head][d]
@@ -265,10 +274,10 @@ BD_AVX512 static inline __attribute__((always_inline)) void attend_group_part(co
             // Past the last key, point at the tile's first: read, then masked.
             const int64_t p = p0 + (k < pn ? k : 0);
             const int64_t off = ((int64_t)row[p / bs] * bs + p % bs) * kvrow + g * dim;
-            if (kv_bf16) {
+            if (kvt != BD_KV_F32) {
                 if (k < pn) {
-                    bf16_row((const uint16_t *)kc + off, kf + k * dim, dim);
-                    bf16_row((const uint16_t *)vc + off, vf + k * dim, dim);
+                    widen_row(kc, kvt, off, kf + k * dim, dim);
+                    widen_row(vc, kvt, off, vf + k * dim, dim);
                 }
                 kp[k] = kf + (k < pn ? k : 0) * dim;
                 vp[k] = vf + (k < pn ? k : 0) * dim;
@@ -315,16 +324,16 @@ BD_AVX512 static inline __attribute__((always_inline)) void attend_group_part(co
 // output, its running max and its sum) for bd_attend_group_merge and
 // _finish.
 BD_AVX512 void bd_attend_group_part_avx512(const void *q, int q_bf16, const void *kc, const void *vc,
-        int kv_bf16, const int32_t *row, int64_t p_begin, int64_t p_end, int64_t ti, int64_t g, int64_t hq,
+        int kvt, const int32_t *row, int64_t p_begin, int64_t p_end, int64_t ti, int64_t g, int64_t hq,
         int64_t hkv, int64_t dim, int64_t bs, int64_t group, float scale, float *st) {
 #define BD_G(G)                                                                                                \
     case G:                                                                                                    \
-        attend_group_part(q, q_bf16, kc, vc, kv_bf16, row, p_begin, p_end, ti, g, hq, hkv, dim, bs, G, scale, st); \
+        attend_group_part(q, q_bf16, kc, vc, kvt, row, p_begin, p_end, ti, g, hq, hkv, dim, bs, G, scale, st); \
         return;
     switch (group) {
         BD_G(1) BD_G(2) BD_G(3) BD_G(4) BD_G(5) BD_G(6) BD_G(7) BD_G(8)
     default: // not a group the callers pass (at most BD_FA_GROUP)
-        attend_group_part(q, q_bf16, kc, vc, kv_bf16, row, p_begin, p_end, ti, g, hq, hkv, dim, bs, group, scale, st);
+        attend_group_part(q, q_bf16, kc, vc, kvt, row, p_begin, p_end, ti, g, hq, hkv, dim, bs, group, scale, st);
     }
 #undef BD_G
 }
@@ -368,12 +377,12 @@ BD_AVX512 void bd_attend_group_finish(const float *st, int q_bf16, int64_t ti, i
 // parts of BD_FA_PART, each merged into the state of those before it in
 // order, then writes the heads' outputs.
 BD_AVX512 static void attend_group_whole(bd_attend_part_fn part, const void *q, int q_bf16, const void *kc,
-        const void *vc, int kv_bf16, const int32_t *row, int64_t n, int64_t ti, int64_t g, int64_t hq, int64_t hkv,
+        const void *vc, int kvt, const int32_t *row, int64_t n, int64_t ti, int64_t g, int64_t hq, int64_t hkv,
         int64_t dim, int64_t bs, int64_t group, float scale, void *out) {
     float st[BD_FA_GROUP * (BD_FA_GROUPDIM + 2)], part_st[BD_FA_GROUP * (BD_FA_GROUPDIM + 2)];
-    part(q, q_bf16, kc, vc, kv_bf16, row, 0, n < BD_FA_PART ? n : BD_FA_PART, ti, g, hq, hkv, dim, bs, group, scale, st);
+    part(q, q_bf16, kc, vc, kvt, row, 0, n < BD_FA_PART ? n : BD_FA_PART, ti, g, hq, hkv, dim, bs, group, scale, st);
     for (int64_t p = BD_FA_PART; p < n; p += BD_FA_PART) {
-        part(q, q_bf16, kc, vc, kv_bf16, row, p, n - p < BD_FA_PART ? n : p + BD_FA_PART, ti, g, hq, hkv, dim, bs,
+        part(q, q_bf16, kc, vc, kvt, row, p, n - p < BD_FA_PART ? n : p + BD_FA_PART, ti, g, hq, hkv, dim, bs,
                 group, scale, part_st);
         bd_attend_group_merge(st, part_st, group, dim);
     }
@@ -386,9 +395,9 @@ BD_AVX512 static void attend_group_whole(bd_attend_part_fn part, const void *q, 
 // context's parts over threads, so a token's result does not depend on
 // how its step was split.
 BD_AVX512 void bd_attend_group_avx512(const void *q, int q_bf16, const void *kc, const void *vc,
-        int kv_bf16, const int32_t *row, int64_t n, int64_t ti, int64_t g, int64_t hq, int64_t hkv,
+        int kvt, const int32_t *row, int64_t n, int64_t ti, int64_t g, int64_t hq, int64_t hkv,
         int64_t dim, int64_t bs, int64_t group, float scale, void *out) {
-    attend_group_whole(bd_attend_group_part_avx512, q, q_bf16, kc, vc, kv_bf16, row, n, ti, g, hq, hkv, dim, bs, group,
+    attend_group_whole(bd_attend_group_part_avx512, q, q_bf16, kc, vc, kvt, row, n, ti, g, hq, hkv, dim, bs, group,
             scale, out);
 }
 
@@ -499,9 +508,9 @@ BD_AB16 static inline __attribute__((always_inline)) void attend_group_part_bf16
 }
 
 BD_AB16 void bd_attend_group_part_bf16(const void *q, int q_bf16, const void *kc, const void *vc,
-        int kv_bf16, const int32_t *row, int64_t p_begin, int64_t p_end, int64_t ti, int64_t g, int64_t hq,
+        int kvt, const int32_t *row, int64_t p_begin, int64_t p_end, int64_t ti, int64_t g, int64_t hq,
         int64_t hkv, int64_t dim, int64_t bs, int64_t group, float scale, float *st) {
-    (void)kv_bf16; // always: the cache is what the products read
+    (void)kvt; // always BD_KV_BF16: the cache is what the products read
 #define BD_G(G)                                                                                           \
     case G:                                                                                               \
         attend_group_part_bf16(q, q_bf16, kc, vc, row, p_begin, p_end, ti, g, hq, hkv, dim, bs, G, scale, st); \
@@ -516,9 +525,9 @@ BD_AB16 void bd_attend_group_part_bf16(const void *q, int q_bf16, const void *kc
 
 // bd_attend_group_bf16 is bd_attend_group_avx512 on the bf16 part kernel.
 BD_AB16 void bd_attend_group_bf16(const void *q, int q_bf16, const void *kc, const void *vc,
-        int kv_bf16, const int32_t *row, int64_t n, int64_t ti, int64_t g, int64_t hq, int64_t hkv,
+        int kvt, const int32_t *row, int64_t n, int64_t ti, int64_t g, int64_t hq, int64_t hkv,
         int64_t dim, int64_t bs, int64_t group, float scale, void *out) {
-    attend_group_whole(bd_attend_group_part_bf16, q, q_bf16, kc, vc, kv_bf16, row, n, ti, g, hq, hkv, dim, bs, group,
+    attend_group_whole(bd_attend_group_part_bf16, q, q_bf16, kc, vc, kvt, row, n, ti, g, hq, hkv, dim, bs, group,
             scale, out);
 }
 
@@ -533,10 +542,10 @@ BD_AB16 void bd_attend_group_bf16(const void *q, int q_bf16, const void *kc, con
 // the f32 kernel's multiplies, and no widening of the cache's rows.
 // dim % 32 == 0, dim <= BD_FA_MAXDIM.
 BD_AB16 void bd_attend_rows_bf16(const void *q, int q_bf16, const void *kc, const void *vc,
-        int kv_bf16, const int32_t *row, const int32_t *pos, int64_t t0, int64_t tn,
+        int kvt, const int32_t *row, const int32_t *pos, int64_t t0, int64_t tn,
         int64_t h0, int64_t hc, int64_t g, int64_t hq, int64_t hkv, int64_t dim, int64_t bs,
         float scale, void *out) {
-    (void)kv_bf16; // always: the cache is what the products read
+    (void)kvt; // always BD_KV_BF16: the cache is what the products read
     static const uint16_t zero[BD_FA_MAXDIM] __attribute__((aligned(64)));
     const int64_t rows = tn * hc, kvrow = hkv * dim, np = dim / 2;
     uint32_t qt[BD_FA_MAXDIM / 2 * 16] __attribute__((aligned(64)));  // bf16 pairs of Qᵀ·scale: [d/2][row]

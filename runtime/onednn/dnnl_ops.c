@@ -962,15 +962,15 @@ static inline __attribute__((always_inline)) void axpy_bf16(float *restrict y, f
 // where the dot products run at a quarter of AVX-512's width.
 #define BD_INLINE static inline __attribute__((always_inline))
 BD_INLINE void attend_body(const void *q, int q_bf16, const void *kc, const void *vc,
-        int kv_bf16, const int32_t *row, int64_t n, int64_t ti, int64_t g,
+        int kvt, const int32_t *row, int64_t n, int64_t ti, int64_t g,
         int64_t hq, int64_t hkv, int64_t dim, int64_t bs, int64_t group,
         float scale, void *out, int fastexp) {
     int64_t kvrow = hkv * dim; // elements of one cache position
     for (int64_t g0 = 0; g0 < group; g0 += BD_ATT_MAXG) {
         int64_t gn = group - g0 < BD_ATT_MAXG ? group - g0 : BD_ATT_MAXG;
-        // Stack: gn*dim*2 floats of q and acc (<= 16*1024*2*4 = 128 KiB
-        // at the limits; typical 7*128*2*4 = 7 KiB).
-        float qs[gn * dim], acc[gn * dim];
+        // Stack: gn*dim*2 floats of q and acc, and a row (<= 132 KiB at
+        // the limits; typical 7*128*2*4 = 7 KiB).
+        float qs[gn * dim], acc[gn * dim], kr[dim]; // kr: a Q8_0 row widened
         float mx[BD_ATT_MAXG], sum[BD_ATT_MAXG], sc[BD_ATT_MAXG][BD_ATT_TILE];
         int64_t h0 = g * group + g0;
         for (int64_t j = 0; j < gn; j++) {
@@ -985,9 +985,10 @@ BD_INLINE void attend_body(const void *q, int q_bf16, const void *kc, const void
             for (int64_t k = 0; k < pn; k++) {
                 int64_t p = p0 + k;
                 int64_t off = ((int64_t)row[p / bs] * bs + p % bs) * kvrow + g * dim;
+                if (kvt == BD_KV_Q8_0) bd_q8_0_row((const uint8_t *)kc + off / 32 * 34, kr, dim);
                 for (int64_t j = 0; j < gn; j++)
-                    sc[j][k] = scale * (kv_bf16 ? dot_bf16(qs + j * dim, (const uint16_t *)kc + off, dim)
-                                                : dot_f32(qs + j * dim, (const float *)kc + off, dim));
+                    sc[j][k] = scale * (kvt == BD_KV_BF16 ? dot_bf16(qs + j * dim, (const uint16_t *)kc + off, dim)
+                                        : dot_f32(qs + j * dim, kvt == BD_KV_Q8_0 ? kr : (const float *)kc + off, dim));
             }
             // Online softmax: rescale the running sums once per tile.
             for (int64_t j = 0; j < gn; j++) {
@@ -1010,11 +1011,12 @@ BD_INLINE void attend_body(const void *q, int q_bf16, const void *kc, const void
             for (int64_t k = 0; k < pn; k++) {
                 int64_t p = p0 + k;
                 int64_t off = ((int64_t)row[p / bs] * bs + p % bs) * kvrow + g * dim;
+                if (kvt == BD_KV_Q8_0) bd_q8_0_row((const uint8_t *)vc + off / 32 * 34, kr, dim);
                 for (int64_t j = 0; j < gn; j++) {
-                    if (kv_bf16)
+                    if (kvt == BD_KV_BF16)
                         axpy_bf16(acc + j * dim, sc[j][k], (const uint16_t *)vc + off, dim);
                     else
-                        axpy_f32(acc + j * dim, sc[j][k], (const float *)vc + off, dim);
+                        axpy_f32(acc + j * dim, sc[j][k], kvt == BD_KV_Q8_0 ? kr : (const float *)vc + off, dim);
                 }
             }
         }
@@ -1027,10 +1029,10 @@ BD_INLINE void attend_body(const void *q, int q_bf16, const void *kc, const void
 }
 
 #define BD_ATTEND_ARGS const void *q, int q_bf16, const void *kc, const void *vc, \
-        int kv_bf16, const int32_t *row, int64_t n, int64_t ti, int64_t g,  \
+        int kvt, const int32_t *row, int64_t n, int64_t ti, int64_t g,  \
         int64_t hq, int64_t hkv, int64_t dim, int64_t bs, int64_t group,    \
         float scale, void *out
-#define BD_ATTEND_CALL q, q_bf16, kc, vc, kv_bf16, row, n, ti, g, hq, hkv, dim, bs, group, scale, out
+#define BD_ATTEND_CALL q, q_bf16, kc, vc, kvt, row, n, ti, g, hq, hkv, dim, bs, group, scale, out
 
 __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma")))
 static void attend_avx512(BD_ATTEND_ARGS) { attend_body(BD_ATTEND_CALL, 1); }
@@ -1057,7 +1059,7 @@ static int64_t split_blocks(const int32_t *seq, int64_t t, int64_t tb, int64_t *
     return nb;
 }
 
-typedef void (*attend_rows_fn)(const void *q, int q_bf16, const void *kc, const void *vc, int kv_bf16,
+typedef void (*attend_rows_fn)(const void *q, int q_bf16, const void *kc, const void *vc, int kvt,
         const int32_t *row, const int32_t *pos, int64_t t0, int64_t tn, int64_t h0, int64_t hc, int64_t g,
         int64_t hq, int64_t hkv, int64_t dim, int64_t bs, float scale, void *out);
 
@@ -1067,14 +1069,14 @@ typedef void (*attend_rows_fn)(const void *q, int q_bf16, const void *kc, const 
 // decode step with a small group) takes one a token (the group kernel or
 // attend_body, which waste no vector lanes), any other the row kernel.
 static void attend_block_avx512(attend_fn one, attend_rows_fn rows, int whole, const void *q, int q_bf16, const void *kc,
-        const void *vc, int kv_bf16, const int32_t *row, const int32_t *pos, int64_t t0, int64_t tn, int64_t h0,
+        const void *vc, int kvt, const int32_t *row, const int32_t *pos, int64_t t0, int64_t tn, int64_t h0,
         int64_t hn, int64_t g, int64_t hq, int64_t hkv, int64_t dim, int64_t bs, float scale, void *out) {
     if (tn * hn < BD_FA_MINROWS && whole) {
         for (int64_t ti = t0; ti < t0 + tn; ti++)
-            one(q, q_bf16, kc, vc, kv_bf16, row, (int64_t)pos[ti] + 1, ti, g, hq, hkv, dim, bs, hq / hkv, scale, out);
+            one(q, q_bf16, kc, vc, kvt, row, (int64_t)pos[ti] + 1, ti, g, hq, hkv, dim, bs, hq / hkv, scale, out);
         return;
     }
-    rows(q, q_bf16, kc, vc, kv_bf16, row, pos, t0, tn, h0, hn, g, hq, hkv, dim, bs, scale, out);
+    rows(q, q_bf16, kc, vc, kvt, row, pos, t0, tn, h0, hn, g, hq, hkv, dim, bs, scale, out);
 }
 
 // paged_attention_amx runs bd_paged_attention's checked work with the
@@ -1088,7 +1090,7 @@ static void attend_block_avx512(attend_fn one, attend_rows_fn rows, int whole, c
 // building the AMX team, its scratch and its tile state for them cost a
 // decode step's every layer a few microseconds.
 static int paged_attention_amx(const bd_device *d, attend_fn one, attend_rows_fn rows, const void *q, int q_bf16, const void *kc,
-        const void *vc, int kv_bf16, const int32_t *table, const int32_t *seq, const int32_t *pos, int64_t t,
+        const void *vc, int kvt, const int32_t *table, const int32_t *seq, const int32_t *pos, int64_t t,
         int64_t hq, int64_t hkv, int64_t dim, int64_t bs, int64_t maxb, float scale, int64_t work, void *out) {
     const int64_t group = hq / hkv, minb = (16 + group - 1) / group;
     int64_t *start = malloc((size_t)(t + 1) * sizeof *start);
@@ -1122,9 +1124,9 @@ static int paged_attention_amx(const bd_device *d, attend_fn one, attend_rows_fn
                 const int64_t b = i / hkv, g = i % hkv, t0 = start[b], tn = start[b + 1] - t0;
                 const int32_t *row = table + (int64_t)seq[t0] * maxb;
                 if (tn * group >= 16)
-                    bd_attend_amx(q, q_bf16, kc, vc, kv_bf16, row, pos, t0, tn, g, hq, hkv, dim, bs, scale, out, mine);
+                    bd_attend_amx(q, q_bf16, kc, vc, kvt, row, pos, t0, tn, g, hq, hkv, dim, bs, scale, out, mine);
                 else
-                    attend_block_avx512(one, rows, 1, q, q_bf16, kc, vc, kv_bf16, row, pos, t0, tn, g * group, group, g, hq,
+                    attend_block_avx512(one, rows, 1, q, q_bf16, kc, vc, kvt, row, pos, t0, tn, g * group, group, g, hq,
                             hkv, dim, bs, scale, out);
             }
             bd_attend_amx_end();
@@ -1144,7 +1146,7 @@ static int paged_attention_amx(const bd_device *d, attend_fn one, attend_rows_fn
 // kv head (2 for Qwen2.5). Returns 1, having written nothing, when no
 // context is longer than one part or it cannot allocate its scratch.
 static int decode_parts(const bd_device *d, bd_attend_part_fn part, const void *q, int q_bf16, const void *kc, const void *vc,
-        int kv_bf16, const int32_t *table, const int32_t *seq, const int32_t *pos, int64_t t, int64_t hq,
+        int kvt, const int32_t *table, const int32_t *seq, const int32_t *pos, int64_t t, int64_t hq,
         int64_t hkv, int64_t dim, int64_t bs, int64_t maxb, float scale, void *out) {
     const int64_t group = hq / hkv, sw = group * (dim + 2);
     int64_t items = 0;
@@ -1168,7 +1170,7 @@ static int decode_parts(const bd_device *d, bd_attend_part_fn part, const void *
             while (first[ti + 1] <= i) ti++;
             const int64_t parts = (first[ti + 1] - first[ti]) / hkv, g = (i - first[ti]) / parts,
                           s = (i - first[ti]) % parts, n = (int64_t)pos[ti] + 1, p0 = s * BD_FA_PART;
-            part(q, q_bf16, kc, vc, kv_bf16, table + (int64_t)seq[ti] * maxb, p0,
+            part(q, q_bf16, kc, vc, kvt, table + (int64_t)seq[ti] * maxb, p0,
                     n - p0 < BD_FA_PART ? n : p0 + BD_FA_PART, ti, g, hq, hkv, dim, bs, group, scale, st + i * sw);
         }
 #pragma omp for schedule(static)
@@ -1192,7 +1194,7 @@ static attend_fn attend_pick(void) {
 }
 
 int64_t bd_paged_attention(const bd_device *d, const void *q, int q_bf16,
-        const void *kc, const void *vc, int kv_bf16, const int32_t *table,
+        const void *kc, const void *vc, int kvt, const int32_t *table,
         const int32_t *seq, const int32_t *pos, int64_t t, int64_t hq,
         int64_t hkv, int64_t dim, int64_t nblocks, int64_t bs, int64_t s,
         int64_t maxb, float scale, int amx, int bf16, void *out, int *why) {
@@ -1212,14 +1214,14 @@ int64_t bd_paged_attention(const bd_device *d, const void *q, int q_bf16,
     // fits (head dims up to BD_FA_GROUPDIM), blocks of more rows the row
     // kernel; both on bf16 products where the op allows them, the cache is
     // bf16 and the CPU has AVX512-BF16.
-    const int b16 = bf16 && kv_bf16 && attend == attend_avx512 && dim % 32 == 0 && dim <= BD_FA_MAXDIM &&
+    const int b16 = bf16 && kvt == BD_KV_BF16 && attend == attend_avx512 && dim % 32 == 0 && dim <= BD_FA_MAXDIM &&
             bd_have_avx512bf16();
     const int fits = attend == attend_avx512 && dim % 16 == 0 && dim <= BD_FA_GROUPDIM && group <= BD_FA_GROUP;
     const attend_fn one = fits ? (b16 ? bd_attend_group_bf16 : bd_attend_group_avx512) : attend;
     const attend_rows_fn rows = b16 ? bd_attend_rows_bf16 : bd_attend_rows_avx512;
     omp_set_num_threads(d->nthreads);
-    if (amx && attend == attend_avx512 && dim % 32 == 0 && dim <= BD_FA_MAXDIM && group <= BD_AMX_ROWS &&
-            paged_attention_amx(d, one, rows, q, q_bf16, kc, vc, kv_bf16, table, seq, pos, t, hq, hkv, dim, bs, maxb, scale,
+    if (amx && kvt != BD_KV_Q8_0 && attend == attend_avx512 && dim % 32 == 0 && dim <= BD_FA_MAXDIM && group <= BD_AMX_ROWS &&
+            paged_attention_amx(d, one, rows, q, q_bf16, kc, vc, kvt, table, seq, pos, t, hq, hkv, dim, bs, maxb, scale,
                     work, out) == 0)
         return -1;
     if (attend == attend_avx512 && dim % 16 == 0 && dim <= BD_FA_MAXDIM) {
@@ -1237,7 +1239,7 @@ int64_t bd_paged_attention(const bd_device *d, const void *q, int q_bf16,
             int64_t tasks = nb * hkv * chunks;
             if (fits && group < BD_FA_MINROWS && nb == t && tasks < 2 * d->nthreads && work >= BD_PAR_MIN &&
                     decode_parts(d, b16 ? bd_attend_group_part_bf16 : bd_attend_group_part_avx512, q, q_bf16, kc, vc,
-                            kv_bf16, table, seq, pos, t, hq, hkv, dim,
+                            kvt, table, seq, pos, t, hq, hkv, dim,
                             bs, maxb, scale, out) == 0) {
                 free(start);
                 return -1;
@@ -1248,7 +1250,7 @@ int64_t bd_paged_attention(const bd_device *d, const void *q, int q_bf16,
                 int64_t b = i / (hkv * chunks), g = i / chunks % hkv, c = i % chunks;
                 int64_t t0 = start[b], tn = start[b + 1] - t0;
                 int64_t h0 = g * group + c * hc, hn = group - c * hc < hc ? group - c * hc : hc;
-                attend_block_avx512(one, rows, chunks == 1, q, q_bf16, kc, vc, kv_bf16, table + (int64_t)seq[t0] * maxb,
+                attend_block_avx512(one, rows, chunks == 1, q, q_bf16, kc, vc, kvt, table + (int64_t)seq[t0] * maxb,
                         pos, t0, tn, h0, hn, g, hq, hkv, dim, bs, scale, out);
             }
             free(start);
@@ -1259,7 +1261,7 @@ int64_t bd_paged_attention(const bd_device *d, const void *q, int q_bf16,
 #pragma omp parallel for schedule(dynamic, 1) if (work >= BD_PAR_MIN && tasks > 1)
     for (int64_t task = 0; task < tasks; task++) {
         int64_t ti = task / hkv;
-        attend(q, q_bf16, kc, vc, kv_bf16, table + (int64_t)seq[ti] * maxb,
+        attend(q, q_bf16, kc, vc, kvt, table + (int64_t)seq[ti] * maxb,
                 (int64_t)pos[ti] + 1, ti, task % hkv, hq, hkv, dim, bs, group, scale, out);
     }
     return -1;

@@ -446,14 +446,20 @@ func attnGraph(scale float32) *runtime.Graph {
 // output and the caches after the run.
 func attnRun(t *testing.T, d *Device, g *runtime.Graph, p attnProblem, dt runtime.DType) (y, kc, vc []float32, err error) {
 	t.Helper()
+	return attnRunKV(t, d, g, p, dt, dt)
+}
+
+// attnRunKV is attnRun with caches of type kv: dt's, or Q8_0 (their
+// contents before the run quantized as OpKVWrite would; read back
+// dequantized).
+func attnRunKV(t *testing.T, d *Device, g *runtime.Graph, p attnProblem, dt, kv runtime.DType) (y, kc, vc []float32, err error) {
+	t.Helper()
 	ctx := t.Context()
 	cache := []int{p.nblocks, p.bs, p.hkv, p.d}
 	ins := []input{
 		{name: "q", dt: dt, shape: []int{p.t, p.hq, p.d}, f: p.q},
 		{name: "k", dt: dt, shape: []int{p.t, p.hkv, p.d}, f: p.k},
 		{name: "v", dt: dt, shape: []int{p.t, p.hkv, p.d}, f: p.v},
-		{name: "kc", dt: dt, shape: cache, f: p.kc},
-		{name: "vc", dt: dt, shape: cache, f: p.vc},
 		{name: "table", dt: runtime.I32, shape: []int{len(p.table) / p.maxb, p.maxb}, i: p.table},
 		{name: "seq", dt: runtime.I32, shape: []int{p.t}, i: p.seq},
 		{name: "pos", dt: runtime.I32, shape: []int{p.t}, i: p.pos},
@@ -466,8 +472,23 @@ func attnRun(t *testing.T, d *Device, g *runtime.Graph, p attnProblem, dt runtim
 			d.Free(b)
 		}
 	}()
+	if kv != runtime.Q8_0 {
+		ins = append(ins, input{name: "kc", dt: kv, shape: cache, f: p.kc}, input{name: "vc", dt: kv, shape: cache, f: p.vc})
+	}
 	if err := bindInputs(ctx, d, ins, bind); err != nil {
 		t.Fatal(err)
+	}
+	if kv == runtime.Q8_0 {
+		for name, v := range map[string][]float32{"kc": p.kc, "vc": p.vc} {
+			b, err := d.Alloc(kv, cache...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			bind[name] = b
+			if err := d.CopyInRaw(ctx, b, 0, quantQ8_0(v, false)); err != nil {
+				t.Fatal(err)
+			}
+		}
 	}
 	err = d.Run(ctx, g, bind)
 	out := func(name string) []float32 {
@@ -793,12 +814,18 @@ type attnBench struct {
 	bf16Products                    bool
 }
 
+// benchAttention runs c with Q and the cache in f32, in bf16, and (Q f32)
+// with a Q8_0 cache, each a sub-benchmark named for the cache's type.
 func benchAttention(b *testing.B, c attnBench) {
-	for _, dt := range floatTypes {
-		b.Run(dt.String(), func(b *testing.B) {
+	for _, kv := range []runtime.DType{runtime.F32, runtime.BF16, runtime.Q8_0} {
+		b.Run(kv.String(), func(b *testing.B) {
 			d := openTest(b, runtime.DeviceSpec{Threads: *benchThreads})
-			if dt == runtime.BF16 && d.BF16() != nil {
+			if kv == runtime.BF16 && d.BF16() != nil {
 				b.Skipf("bf16 unsupported: %v", d.BF16())
+			}
+			dt := kv // Q's and the output's type
+			if kv == runtime.Q8_0 {
+				dt = runtime.F32
 			}
 			const bs = 16
 			r := rand.New(rand.NewPCG(1, 2))
@@ -816,20 +843,35 @@ func benchAttention(b *testing.B, c attnBench) {
 			cache := []int{nblocks, bs, c.hkv, c.dim}
 			ins := []input{
 				{name: "q", dt: dt, shape: []int{t, c.hq, c.dim}, f: randVec(r, t*c.hq*c.dim)},
-				{name: "kc", dt: dt, shape: cache, f: randVec(r, prod(cache))},
-				{name: "vc", dt: dt, shape: cache, f: randVec(r, prod(cache))},
 				{name: "table", dt: runtime.I32, shape: []int{c.seqs, maxb}, i: table},
 				{name: "seq", dt: runtime.I32, shape: []int{t}, i: seq},
 				{name: "pos", dt: runtime.I32, shape: []int{t}, i: pos},
 				{name: "y", dt: dt, shape: []int{t, c.hq, c.dim}, f: make([]float32, t*c.hq*c.dim)},
 			}
+			kvs := []input{{name: "kc", dt: kv, shape: cache, f: randVec(r, prod(cache))},
+				{name: "vc", dt: kv, shape: cache, f: randVec(r, prod(cache))}}
+			if kv != runtime.Q8_0 {
+				ins = append(ins, kvs...)
+			}
 			bind := map[string]runtime.Buffer{}
 			if err := bindInputs(b.Context(), d, ins, bind); err != nil {
 				b.Fatal(err)
 			}
+			if kv == runtime.Q8_0 {
+				for _, in := range kvs {
+					buf, err := d.Alloc(kv, cache...)
+					if err != nil {
+						b.Fatal(err)
+					}
+					if err := d.CopyInRaw(b.Context(), buf, 0, quantQ8_0(in.f, true)); err != nil {
+						b.Fatal(err)
+					}
+					bind[in.name] = buf
+				}
+			}
 			g := &runtime.Graph{Ops: []runtime.Op{{Kind: runtime.OpPagedAttention, In: []string{"q", "kc", "vc", "table", "seq", "pos"}, Out: "y",
 				BF16Products: c.bf16Products}}}
-			bytes := float64(2 * c.seqs * c.ctx * c.hkv * c.dim * dt.Size()) // K and V rows read once per step
+			bytes := float64(2 * kv.Bytes(int64(c.seqs*c.ctx*c.hkv*c.dim))) // K and V rows read once per step
 			b.SetBytes(int64(bytes))
 			b.ResetTimer()
 			for b.Loop() {

@@ -721,8 +721,14 @@ func (d *Device) runStep(s *runtime.Step, ss *stepSlots, ptrs []unsafe.Pointer, 
 		x, cache := s.In[0], s.Out
 		t := x.Shape[0]
 		nslots := cache.Shape[0] * cache.Shape[1]
-		pos := C.bd_kv_write(dc, in(0), (*C.int32_t)(in(1)), C.int64_t(t), C.int64_t(x.NumElements()/t),
-			C.int64_t(x.DType.Size()), out, C.int64_t(nslots))
+		var pos C.int64_t
+		if cache.DType == runtime.Q8_0 {
+			pos = C.bd_kv_write_q8_0(dc, in(0), cbool(x.DType == runtime.BF16), (*C.int32_t)(in(1)), C.int64_t(t),
+				C.int64_t(x.NumElements()/t), out, C.int64_t(nslots))
+		} else {
+			pos = C.bd_kv_write(dc, in(0), (*C.int32_t)(in(1)), C.int64_t(t), C.int64_t(x.NumElements()/t),
+				C.int64_t(x.DType.Size()), out, C.int64_t(nslots))
+		}
 		if pos >= 0 {
 			bad := unsafe.Slice((*int32)(in(1)), t)[pos]
 			return fmt.Errorf("%w: %s: slot %d of token %d is outside the cache's %d slots",
@@ -738,7 +744,7 @@ func (d *Device) runStep(s *runtime.Step, ss *stepSlots, ptrs []unsafe.Pointer, 
 			scale = float32(1 / math.Sqrt(float64(dim)))
 		}
 		var why C.int
-		pos := C.bd_paged_attention(dc, in(0), cbool(q.DType == runtime.BF16), in(1), in(2), cbool(kc.DType == runtime.BF16),
+		pos := C.bd_paged_attention(dc, in(0), cbool(q.DType == runtime.BF16), in(1), in(2), kvType(kc.DType),
 			(*C.int32_t)(in(3)), (*C.int32_t)(in(4)), (*C.int32_t)(in(5)),
 			C.int64_t(t), C.int64_t(hq), C.int64_t(kc.Shape[2]), C.int64_t(dim),
 			C.int64_t(kc.Shape[0]), C.int64_t(kc.Shape[1]), C.int64_t(table.Shape[0]), C.int64_t(table.Shape[1]),
@@ -763,6 +769,17 @@ func cbool(b bool) C.int {
 		return 1
 	}
 	return 0
+}
+
+// kvType is a KV cache's type as bd_paged_attention takes it.
+func kvType(dt runtime.DType) C.int {
+	switch dt {
+	case runtime.BF16:
+		return C.BD_KV_BF16
+	case runtime.Q8_0:
+		return C.BD_KV_Q8_0
+	}
+	return C.BD_KV_F32
 }
 
 // attention runs OpAttention as two strided matmuls around a masked

@@ -34,6 +34,19 @@ BD_AVX512 static inline __m512 bd_exp512(__m512 x) {
     return _mm512_mask_mov_ps(_mm512_maskz_mov_ps(normal, _mm512_scalef_ps(p, n)), nan, x0);
 }
 
+// bd_q8_0_row512 widens n values (n/32 Q8_0 blocks, {f16 d; i8 q[32]},
+// at src) to f32: q·d, exact.
+BD_AVX512 static inline void bd_q8_0_row512(const uint8_t *src, float *dst, int64_t n) {
+    for (int64_t b = 0; b < n / 32; b++, src += 34) {
+        uint16_t h;
+        __builtin_memcpy(&h, src, 2);
+        const __m512 d = _mm512_cvtph_ps(_mm256_set1_epi16((short)h));
+        const __m128i lo = _mm_loadu_si128((const __m128i *)(src + 2)), hi = _mm_loadu_si128((const __m128i *)(src + 18));
+        _mm512_storeu_ps(dst + 32 * b, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(lo)), d));
+        _mm512_storeu_ps(dst + 32 * b + 16, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(hi)), d));
+    }
+}
+
 // vec_avx512.c
 void bd_exp_avx512(float *x, int64_t n);
 void bd_f32_to_bf16_avx512(const float *src, uint16_t *dst, int64_t n);

@@ -47,7 +47,10 @@ type EngineOptions struct {
 	// DisablePrefixCache turns off the sharing of full blocks between
 	// sequences with the same tokens before them (see blockPool).
 	DisablePrefixCache bool
-	// KVDType is the cache's element type, F32 or BF16; 0 picks
+	// KVDType is the cache's element type: F32, BF16, or Q8_0 (ggml's
+	// blocks of 32 along each head, half bf16's memory, as llama.cpp's and
+	// Ollama's q8_0 cache: on devices that hold block-quantized buffers,
+	// for head dims divisible by 32; see CheckKVDType). 0 picks
 	// kvCacheDType's.
 	KVDType runtime.DType
 }
@@ -137,12 +140,11 @@ func newEngine(ctx context.Context, dev runtime.Device, spec netSpec, weights ma
 		opts.MaxSeqs = DefaultMaxSeqs
 	}
 	opts.MaxSeqs = min(opts.MaxSeqs, opts.MaxStepTokens)
-	switch opts.KVDType {
-	case 0:
+	if opts.KVDType == 0 {
 		opts.KVDType = kvCacheDType(dev, weights)
-	case runtime.F32, runtime.BF16:
-	default:
-		return nil, fmt.Errorf("llm: engine: %w: a KV cache of %s (f32 or bf16)", runtime.ErrUnsupported, opts.KVDType)
+	}
+	if err := spec.checkKVDType(dev, opts.KVDType); err != nil {
+		return nil, fmt.Errorf("llm: engine: %w", err)
 	}
 	perBlock := spec.cacheBlockBytes(opts.BlockSize, opts.KVDType)
 	nBlocks := opts.CacheBytes / perBlock
@@ -180,7 +182,24 @@ func newEngine(ctx context.Context, dev runtime.Device, spec netSpec, weights ma
 // cacheBlockBytes is one KV-cache block of blockSize tokens over all
 // layers, K and V, in type kv.
 func (s netSpec) cacheBlockBytes(blockSize int, kv runtime.DType) int64 {
-	return int64(2*s.Layers*blockSize*s.KVHeads*s.HeadDim) * int64(kv.Size())
+	return int64(2*s.Layers) * kv.Bytes(int64(blockSize*s.KVHeads*s.HeadDim))
+}
+
+// checkKVDType says whether an engine on dev can hold its cache in kv.
+func (s netSpec) checkKVDType(dev runtime.Device, kv runtime.DType) error {
+	switch kv {
+	case runtime.F32, runtime.BF16:
+		return nil
+	case runtime.Q8_0:
+		if !runtime.HoldsQuantized(dev, kv) {
+			return fmt.Errorf("%w: a q8_0 KV cache on %s, which holds no block-quantized buffers (f32 or bf16 there)", runtime.ErrUnsupported, dev.ID())
+		}
+		if s.HeadDim%32 != 0 {
+			return fmt.Errorf("%w: a q8_0 KV cache holds blocks of 32 along each head, and this model's heads have %d dims (f32 or bf16 for it)", runtime.ErrUnsupported, s.HeadDim)
+		}
+		return nil
+	}
+	return fmt.Errorf("%w: a KV cache of %s (f32, bf16 or q8_0)", runtime.ErrUnsupported, kv)
 }
 
 // kvCacheDType is the KV cache's type on dev for these weights: bf16 where

@@ -236,3 +236,89 @@ func TestKVCacheDType(t *testing.T) {
 		t.Errorf("an I32 cache: %v", err)
 	}
 }
+
+// TestKVCacheQ8_0: asked for a q8_0 cache (--kv-cache-dtype q8_0), an
+// engine on the CPU holds ggml's Q8_0 blocks along each head, 34 bytes a
+// 32 values, so CacheBlockBytes is 17/32 of a bf16 cache's and a cache of
+// the same bytes holds that many more blocks; its logits, for quantized
+// and float weights, stay near the float64 forward pass (quantized: within
+// the bound TestQuantizedEngine holds the bf16 cache to). A device that holds no block types (the Go device,
+// standing in for PJRT) and heads not divisible by 32 refuse it, and
+// CheckKVDType says so first.
+func TestKVCacheQ8_0(t *testing.T) {
+	s := quantNet("qwen2")
+	s.HeadDim = 32
+	s.InvFreq = ropeFreqs(s.HeadDim, 10000, nil)
+	ck := randomCheckpoint(s, 5)
+	qw, deq := quantCheckpoint(t, ck)
+	cpu := openCPU(t, runtime.F32)
+	for _, c := range []struct {
+		name      string
+		ckpt, ref map[string]models.Tensor
+		tol       float64 // here 0.017 and 0.0032 at worst (2 Zen 4 cores)
+	}{{"quantized", qw, deq, 3e-2}, {"float", ck, ck, 1e-2}} {
+		t.Run(c.name, func(t *testing.T) {
+			ew, err := engineWeights(s, c.ckpt)
+			if err != nil {
+				t.Fatal(err)
+			}
+			m := &Model{spec: s, weights: ew}
+			if err := m.CheckKVDType(cpu, runtime.Q8_0); err != nil {
+				t.Fatal(err)
+			}
+			const cacheBytes = 1 << 20
+			e, err := newEngine(context.Background(), cpu, s, ew, EngineOptions{CacheBytes: cacheBytes, BlockSize: 4, KVDType: runtime.Q8_0})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer e.Close()
+			if got := e.resident[lw(1, lVCache)].DType(); got != runtime.Q8_0 {
+				t.Fatalf("cache of %v", got)
+			}
+			perBlock := m.CacheBlockBytes(cpu, runtime.Q8_0, 4)
+			if bf := m.CacheBlockBytes(cpu, runtime.BF16, 4); perBlock*32 != bf*17 {
+				t.Errorf("a q8_0 block is %d bytes, a bf16 one %d: want 17/32 of it", perBlock, bf)
+			}
+			if _, total := e.CacheBlocks(); int64(total) != cacheBytes/perBlock {
+				t.Errorf("%d blocks, CacheBlockBytes gives %d of %d bytes", total, cacheBytes/perBlock, perBlock)
+			}
+			for _, j := range []*job{{seq: 1, prompt: prompt(13, 3, s.Vocab), gen: 8, chunk: 5},
+				{seq: 2, prompt: prompt(70, 4, s.Vocab), gen: 2, chunk: 70}} {
+				simulate(t, e, []*job{j})
+				full := append(slices.Clone(j.prompt), j.out...)
+				ref := refForward(s, c.ref, full[:len(full)-1])
+				worst := 0.0
+				for i, got := range j.logits {
+					worst = math.Max(worst, logitError(got, ref[len(j.prompt)-1+i]))
+				}
+				t.Logf("%d-token prompt in chunks of %d: worst logit error %.2g of the largest logit", len(j.prompt), j.chunk, worst)
+				if worst > c.tol {
+					t.Errorf("%d-token prompt: worst relative logit error %g > %g", len(j.prompt), worst, c.tol)
+				}
+			}
+		})
+	}
+	ew, err := engineWeights(s, qw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	narrow := quantNet("qwen2") // heads of 16
+	nw, err := engineWeights(narrow, randomCheckpoint(narrow, 5))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name string
+		dev  runtime.Device
+		spec netSpec
+		w    map[string]models.Tensor
+	}{{"go device", &goDevice{}, s, ew}, {"heads of 16", cpu, narrow, nw}} {
+		m := &Model{spec: c.spec, weights: c.w}
+		if err := m.CheckKVDType(c.dev, runtime.Q8_0); !errors.Is(err, runtime.ErrUnsupported) {
+			t.Errorf("%s: CheckKVDType: %v", c.name, err)
+		}
+		if _, err := newEngine(context.Background(), c.dev, c.spec, c.w, EngineOptions{CacheBytes: 1 << 20, KVDType: runtime.Q8_0}); !errors.Is(err, runtime.ErrUnsupported) {
+			t.Errorf("%s: an engine with a q8_0 cache: %v", c.name, err)
+		}
+	}
+}

@@ -1,0 +1,171 @@
+// A KV cache in ggml's Q8_0 blocks ({f16 d; i8 q[32]} along each row):
+// half a bf16 cache's memory, as llama.cpp's and Ollama's q8_0 cache
+// types. Writing quantizes each row as ggml's quantize_row_q8_0_ref does;
+// the attention kernels widen a row back to f32 (bd_q8_0_row512 in
+// vec_avx512.h, bd_q8_0_row here), and q·d is exact in f32 (7 bits by 11),
+// so they read what ggml's dequantize_row_q8_0 would.
+
+#include "dnnl_ops.h"
+#include "vec_avx512.h"
+
+#include <math.h>
+#include <omp.h>
+#include <string.h>
+
+#define Q8_BYTES 34 // one block of 32
+
+static inline uint32_t f32_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+
+static inline float bits_f32(uint32_t u) {
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+// fp32_fp16 is ggml's GGML_FP32_TO_FP16 without F16C
+// (ggml_compute_fp32_to_fp16): round to nearest even, subnormals kept.
+static inline uint16_t fp32_fp16(float f) {
+    const float scale_to_inf = 0x1.0p+112f, scale_to_zero = 0x1.0p-110f;
+    float base = (fabsf(f) * scale_to_inf) * scale_to_zero;
+    const uint32_t w = f32_bits(f), shl1_w = w + w, sign = w & 0x80000000u;
+    uint32_t bias = shl1_w & 0xFF000000u;
+    if (bias < 0x71000000u) bias = 0x71000000u;
+    base = bits_f32((bias >> 1) + 0x07800000u) + base;
+    const uint32_t bits = f32_bits(base);
+    const uint32_t nonsign = ((bits >> 13) & 0x00007C00u) + (bits & 0x00000FFFu);
+    return (uint16_t)((sign >> 16) | (shl1_w > 0xFF000000u ? 0x7E00u : nonsign));
+}
+
+// fp16_fp32 is ggml's GGML_FP16_TO_FP32 (exact).
+static inline float fp16_fp32(uint16_t h) {
+    const uint32_t w = (uint32_t)h << 16, sign = w & 0x80000000u, two_w = w + w;
+    const float normalized = bits_f32((two_w >> 4) + (0xE0u << 23)) * 0x1.0p-112f;
+    const float denormalized = bits_f32((two_w >> 17) | (126u << 23)) - 0.5f;
+    const uint32_t result = sign | (two_w < (1u << 27) ? f32_bits(denormalized) : f32_bits(normalized));
+    return bits_f32(result);
+}
+
+#define Q8_NAN 0x7E00 // d of a block holding an infinity or NaN
+
+// q8_block is ggml's quantize_row_q8_0_ref for one block.
+static void q8_block(const float *x, uint8_t *y) {
+    float amax = 0.0f;
+    int finite = 1;
+    for (int j = 0; j < 32; j++) {
+        const float v = fabsf(x[j]);
+        finite &= isfinite(x[j]) != 0;
+        amax = amax > v ? amax : v;
+    }
+    if (!finite) {
+        y[0] = Q8_NAN & 0xFF, y[1] = Q8_NAN >> 8;
+        memset(y + 2, 0, 32);
+        return;
+    }
+    const float d = amax / 127, id = d != 0.0f ? 1.0f / d : 0.0f;
+    const uint16_t h = fp32_fp16(d);
+    y[0] = h & 0xFF, y[1] = h >> 8;
+    for (int j = 0; j < 32; j++) {
+        // Within ±127, except where 1/d overflows (amax under about 1e-36,
+        // whose d is 0 as an f16): there ±inf or NaN, whose cast to int8
+        // is undefined in C and 0 in ggml's x86 builds, so 0 here.
+        float r = roundf(x[j] * id);
+        r = isfinite(r) ? r : 0.0f;
+        y[2 + j] = (uint8_t)(int8_t)r;
+    }
+}
+
+// q8_block512 is q8_block in vector code, to the same bits: roundf (half
+// away from zero) as truncation plus one where the dropped part is at
+// least a half.
+BD_AVX512 static void q8_block512(const float *x, uint8_t *y) {
+    const __m512 a = _mm512_loadu_ps(x), b = _mm512_loadu_ps(x + 16);
+    // Infinities and NaNs (QNaN, +Inf, -Inf, SNaN).
+    if (_mm512_fpclass_ps_mask(a, 0x99) | _mm512_fpclass_ps_mask(b, 0x99)) {
+        y[0] = Q8_NAN & 0xFF, y[1] = Q8_NAN >> 8;
+        memset(y + 2, 0, 32);
+        return;
+    }
+    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
+    const float d = amax / 127, id = d != 0.0f ? 1.0f / d : 0.0f;
+    const uint16_t h = (uint16_t)_mm_extract_epi16(
+            _mm256_castsi256_si128(_mm512_cvtps_ph(_mm512_set1_ps(d), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)), 0);
+    y[0] = h & 0xFF, y[1] = h >> 8;
+    const __m512 vid = _mm512_set1_ps(id), half = _mm512_set1_ps(0.5f), one = _mm512_set1_ps(1.0f);
+    const __m512 sign = _mm512_castsi512_ps(_mm512_set1_epi32((int32_t)0x80000000u));
+    for (int i = 0; i < 2; i++) {
+        const __m512 p = _mm512_mul_ps(i ? b : a, vid);
+        const __m512 t = _mm512_roundscale_ps(p, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+        const __mmask16 up = _mm512_cmp_ps_mask(_mm512_abs_ps(_mm512_sub_ps(p, t)), half, _CMP_GE_OQ);
+        __m512 r = _mm512_mask_add_ps(t, up, t, _mm512_or_ps(_mm512_and_ps(p, sign), one));
+        r = _mm512_maskz_mov_ps(~_mm512_fpclass_ps_mask(r, 0x99), r); // as q8_block
+        _mm_storeu_si128((__m128i *)(y + 2 + 16 * i), _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(r)));
+    }
+}
+
+BD_AVX512 static void bf16_32(const uint16_t *src, float *dst) {
+    for (int i = 0; i < 32; i += 16)
+        _mm512_storeu_ps(dst + i, _mm512_castsi512_ps(_mm512_slli_epi32(
+                _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(src + i))), 16)));
+}
+
+static void quant_row(const void *x, int x_bf16, int64_t n, uint8_t *y, int vec) {
+    float tmp[32];
+    for (int64_t b = 0; b < n / 32; b++) {
+        const float *src = (const float *)x + 32 * b;
+        if (x_bf16) {
+            const uint16_t *s = (const uint16_t *)x + 32 * b;
+            if (vec) {
+                bf16_32(s, tmp);
+            } else {
+                for (int j = 0; j < 32; j++) tmp[j] = bits_f32((uint32_t)s[j] << 16);
+            }
+            src = tmp;
+        }
+        if (vec)
+            q8_block512(src, y + Q8_BYTES * b);
+        else
+            q8_block(src, y + Q8_BYTES * b);
+    }
+}
+
+void bd_quant_q8_0(const float *x, int64_t n, uint8_t *y, int vec) {
+    quant_row(x, 0, n, y, vec && bd_have_avx512());
+}
+
+int64_t bd_kv_write_q8_0(const bd_device *d, const void *x, int x_bf16, const int32_t *slots,
+        int64_t t, int64_t row, void *cache, int64_t nslots) {
+    for (int64_t i = 0; i < t; i++)
+        if ((int64_t)slots[i] >= nslots) return i;
+    const int vec = bd_have_avx512();
+    const int64_t in = row * (x_bf16 ? 2 : 4), out = row / 32 * Q8_BYTES;
+    uint8_t *c = cache;
+    const char *src = x;
+    if (t * row < 4096) {
+        for (int64_t i = 0; i < t; i++)
+            if (slots[i] >= 0) quant_row(src + i * in, x_bf16, row, c + (int64_t)slots[i] * out, vec);
+        return -1;
+    }
+    // As bd_kv_write: a thread takes the rows whose slots fall in its runs
+    // of about a page, in order, so rows of one slot stay on one thread.
+    const int64_t run = out >= 4096 ? 1 : 4096 / out;
+    omp_set_num_threads(d->nthreads);
+#pragma omp parallel
+    {
+        const int me = omp_get_thread_num(), all = omp_get_num_threads();
+        for (int64_t i = 0; i < t; i++)
+            if (slots[i] >= 0 && (int64_t)slots[i] / run % all == me)
+                quant_row(src + i * in, x_bf16, row, c + (int64_t)slots[i] * out, vec);
+    }
+    return -1;
+}
+
+void bd_q8_0_row(const uint8_t *src, float *dst, int64_t n) {
+    for (int64_t b = 0; b < n / 32; b++, src += Q8_BYTES) {
+        const float dd = fp16_fp32((uint16_t)(src[0] | src[1] << 8));
+        for (int j = 0; j < 32; j++) dst[32 * b + j] = (float)(int8_t)src[2 + j] * dd;
+    }
+}
