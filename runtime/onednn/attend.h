@@ -37,9 +37,10 @@ void bd_attend_group_part_avx512(const void *q, int q_bf16, const void *kc, cons
 void bd_attend_group_merge(float *st, const float *part, int64_t group, int64_t dim);
 void bd_attend_group_finish(const float *st, int q_bf16, int64_t ti, int64_t g, int64_t hq, int64_t dim,
         int64_t group, void *out);
-// The row and group kernels on a bf16 cache with bf16 products
+// The row and group kernels on a bf16 or Q8_0 cache with bf16 products
 // (AVX512-BF16; dim % 32 == 0): bd_paged_attention's with
-// runtime.Op.BF16Products where no AMX tiles take the rows.
+// runtime.Op.BF16Products where no AMX tiles take the rows. A Q8_0
+// cache's tile is rounded to bf16 in scratch first.
 void bd_attend_group_part_bf16(const void *q, int q_bf16, const void *kc, const void *vc,
         int kvt, const int32_t *row, int64_t p_begin, int64_t p_end, int64_t ti, int64_t g, int64_t hq,
         int64_t hkv, int64_t dim, int64_t bs, int64_t group, float scale, float *st);

@@ -413,11 +413,28 @@ BD_AVX512 void bd_attend_group_avx512(const void *q, int q_bf16, const void *kc,
 // 32 == 0, dim <= BD_FA_GROUPDIM, group <= BD_FA_GROUP.
 #define BD_AB16 __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,avx512bf16,avx2,fma")))
 
+// q8_bf16_row puts the Q8_0 cache row at element off in dst as bf16: q·d
+// (exact in f32) rounded to nearest even, as the bf16 products round an
+// f32 cache's rows. The bf16 kernels read a Q8_0 cache's tile so.
+BD_AB16 static inline void q8_bf16_row(const void *base, int64_t off, uint16_t *dst, int64_t dim) {
+    const uint8_t *src = (const uint8_t *)base + off / 32 * 34;
+    for (int64_t b = 0; b < dim / 32; b++, src += 34) {
+        uint16_t h;
+        memcpy(&h, src, 2);
+        const __m512 d = _mm512_cvtph_ps(_mm256_set1_epi16((short)h));
+        const __m128i lo = _mm_loadu_si128((const __m128i *)(src + 2)), hi = _mm_loadu_si128((const __m128i *)(src + 18));
+        _mm512_store_si512(dst + 32 * b, (__m512i)_mm512_cvtne2ps_pbh(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(hi)), d),
+                                                                     _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(lo)), d)));
+    }
+}
+
 BD_AB16 static inline __attribute__((always_inline)) void attend_group_part_bf16(const void *q, int q_bf16,
-        const void *kc, const void *vc, const int32_t *row, int64_t p_begin, int64_t p_end, int64_t ti, int64_t g,
+        const void *kc, const void *vc, int kvt, const int32_t *row, int64_t p_begin, int64_t p_end, int64_t ti, int64_t g,
         int64_t hq, int64_t hkv, int64_t dim, int64_t bs, int64_t group, float scale, float *st) {
     const int64_t kvrow = hkv * dim, nc = dim / 32, h0 = g * group;
     static const uint16_t zero[BD_FA_GROUPDIM] __attribute__((aligned(64)));
+    uint16_t kb[BD_FA_KEYS * BD_FA_GROUPDIM] __attribute__((aligned(64))); // a Q8_0 cache's tile in bf16
+    uint16_t vb[BD_FA_KEYS * BD_FA_GROUPDIM] __attribute__((aligned(64)));
     uint16_t qb[BD_FA_GROUP * BD_FA_GROUPDIM] __attribute__((aligned(64)));   // bf16(Q·scale), [head][d]
     float acc[BD_FA_GROUP * BD_FA_GROUPDIM] __attribute__((aligned(64)));     // O, [head][chunk][lo|hi]
     uint32_t pb[BD_FA_GROUP][BD_FA_KEYS / 2] __attribute__((aligned(64)));    // bf16 weight pairs
@@ -452,8 +469,17 @@ BD_AB16 static inline __attribute__((always_inline)) void attend_group_part_bf16
             // the last key).
             const int64_t p = p0 + (k < pn ? k : 0);
             const int64_t off = ((int64_t)row[p / bs] * bs + p % bs) * kvrow + g * dim;
-            kp[k] = (const uint16_t *)kc + off;
-            vp[k] = k < pn ? (const uint16_t *)vc + off : zero;
+            if (kvt == BD_KV_Q8_0) {
+                if (k < pn) {
+                    q8_bf16_row(kc, off, kb + k * dim, dim);
+                    q8_bf16_row(vc, off, vb + k * dim, dim);
+                }
+                kp[k] = kb + (k < pn ? k : 0) * dim;
+                vp[k] = k < pn ? vb + k * dim : zero;
+            } else {
+                kp[k] = (const uint16_t *)kc + off;
+                vp[k] = k < pn ? (const uint16_t *)vc + off : zero;
+            }
         }
         __m512 sv[BD_FA_GROUP];
         for (int64_t j = 0; j < group; j++) {
@@ -510,15 +536,14 @@ BD_AB16 static inline __attribute__((always_inline)) void attend_group_part_bf16
 BD_AB16 void bd_attend_group_part_bf16(const void *q, int q_bf16, const void *kc, const void *vc,
         int kvt, const int32_t *row, int64_t p_begin, int64_t p_end, int64_t ti, int64_t g, int64_t hq,
         int64_t hkv, int64_t dim, int64_t bs, int64_t group, float scale, float *st) {
-    (void)kvt; // always BD_KV_BF16: the cache is what the products read
-#define BD_G(G)                                                                                           \
-    case G:                                                                                               \
-        attend_group_part_bf16(q, q_bf16, kc, vc, row, p_begin, p_end, ti, g, hq, hkv, dim, bs, G, scale, st); \
+#define BD_G(G)                                                                                                \
+    case G:                                                                                                    \
+        attend_group_part_bf16(q, q_bf16, kc, vc, kvt, row, p_begin, p_end, ti, g, hq, hkv, dim, bs, G, scale, st); \
         return;
     switch (group) {
         BD_G(1) BD_G(2) BD_G(3) BD_G(4) BD_G(5) BD_G(6) BD_G(7) BD_G(8)
     default:
-        attend_group_part_bf16(q, q_bf16, kc, vc, row, p_begin, p_end, ti, g, hq, hkv, dim, bs, group, scale, st);
+        attend_group_part_bf16(q, q_bf16, kc, vc, kvt, row, p_begin, p_end, ti, g, hq, hkv, dim, bs, group, scale, st);
     }
 #undef BD_G
 }
@@ -545,8 +570,9 @@ BD_AB16 void bd_attend_rows_bf16(const void *q, int q_bf16, const void *kc, cons
         int kvt, const int32_t *row, const int32_t *pos, int64_t t0, int64_t tn,
         int64_t h0, int64_t hc, int64_t g, int64_t hq, int64_t hkv, int64_t dim, int64_t bs,
         float scale, void *out) {
-    (void)kvt; // always BD_KV_BF16: the cache is what the products read
     static const uint16_t zero[BD_FA_MAXDIM] __attribute__((aligned(64)));
+    uint16_t kb[BD_FA_KEYS * BD_FA_MAXDIM] __attribute__((aligned(64))); // a Q8_0 cache's tile in bf16
+    uint16_t vb[BD_FA_KEYS * BD_FA_MAXDIM] __attribute__((aligned(64)));
     const int64_t rows = tn * hc, kvrow = hkv * dim, np = dim / 2;
     uint32_t qt[BD_FA_MAXDIM / 2 * 16] __attribute__((aligned(64)));  // bf16 pairs of Qᵀ·scale: [d/2][row]
     float acc[BD_FA_MAXDIM * 16] __attribute__((aligned(64)));        // Oᵀ: [d][row]
@@ -589,8 +615,17 @@ BD_AB16 void bd_attend_rows_bf16(const void *q, int q_bf16, const void *kc, cons
             // V at zeros (weight 0, and it may pair with the last key).
             int64_t p = k < pn ? p0 + k : p0;
             int64_t off = ((int64_t)row[p / bs] * bs + p % bs) * kvrow + g * dim;
-            kp[k] = (const uint16_t *)kc + off;
-            vp[k] = k < pn ? (const uint16_t *)vc + off : zero;
+            if (kvt == BD_KV_Q8_0) {
+                if (k < pn) {
+                    q8_bf16_row(kc, off, kb + k * dim, dim);
+                    q8_bf16_row(vc, off, vb + k * dim, dim);
+                }
+                kp[k] = kb + (k < pn ? k : 0) * dim;
+                vp[k] = k < pn ? vb + k * dim : zero;
+            } else {
+                kp[k] = (const uint16_t *)kc + off;
+                vp[k] = k < pn ? (const uint16_t *)vc + off : zero;
+            }
         }
         // The tile's values by key pairs: within each 32 dims, dims
         // 8L..8L+3 at 4L.., 8L+4..8L+7 at 16+4L.. (L = 0..3).

@@ -1214,7 +1214,7 @@ int64_t bd_paged_attention(const bd_device *d, const void *q, int q_bf16,
     // fits (head dims up to BD_FA_GROUPDIM), blocks of more rows the row
     // kernel; both on bf16 products where the op allows them, the cache is
     // bf16 and the CPU has AVX512-BF16.
-    const int b16 = bf16 && kvt == BD_KV_BF16 && attend == attend_avx512 && dim % 32 == 0 && dim <= BD_FA_MAXDIM &&
+    const int b16 = bf16 && (kvt == BD_KV_BF16 || kvt == BD_KV_Q8_0) && attend == attend_avx512 && dim % 32 == 0 && dim <= BD_FA_MAXDIM &&
             bd_have_avx512bf16();
     const int fits = attend == attend_avx512 && dim % 16 == 0 && dim <= BD_FA_GROUPDIM && group <= BD_FA_GROUP;
     const attend_fn one = fits ? (b16 ? bd_attend_group_bf16 : bd_attend_group_avx512) : attend;

@@ -199,8 +199,9 @@ void bd_q8_0_row(const uint8_t *src, float *dst, int64_t n);
 // on a bf16 cache run the bf16 row and group kernels where the CPU has
 // AVX512-BF16; amx (the caller has also checked bd_qamx_available) sends
 // prefill blocks to AMX tiles. kvt is the cache's BD_KV_ type: a Q8_0
-// cache (dim % 32 == 0) is widened to f32 a row at a time, as a bf16 one
-// is for the f32 kernels, and takes neither the bf16 kernels nor AMX.
+// cache (dim % 32 == 0) is widened to f32 a row at a time for the f32
+// kernels, as a bf16 one is; with bf16 a tile at a time to bf16 for the
+// bf16 kernels; it never takes AMX.
 int64_t bd_paged_attention(const bd_device *d, const void *q, int q_bf16,
         const void *kc, const void *vc, int kvt, const int32_t *table,
         const int32_t *seq, const int32_t *pos, int64_t t, int64_t hq,

@@ -169,22 +169,25 @@ func TestKVWriteQ8_0(t *testing.T) {
 // it reads back after the step, the output is as close as an f32 cache's,
 // on every kernel: the group kernel and its parts over threads, the row
 // kernel, attend_body (heads over 128 dims); Q in f32 and bf16. The step's
-// rows land in the cache quantized (TestKVWriteQ8_0 holds the bits).
-// BF16Products changes nothing: a Q8_0 cache takes neither the bf16
-// kernels nor AMX.
+// rows land in the cache quantized (TestKVWriteQ8_0 holds the bits). With
+// BF16Products, on a CPU with AVX512-BF16, the bf16 row and group kernels
+// read each tile rounded to bf16: within the bf16 bound, and different
+// from the f32 kernels' output, except where attend_body takes the work
+// (f32Only). AMX never takes a Q8_0 cache.
 func TestPagedAttentionQ8_0(t *testing.T) {
 	d := openTest(t, runtime.DeviceSpec{})
 	tests := []struct {
 		name string
 		attnCase
+		f32Only bool
 	}{
-		{"prefill chunk and decodes gqa7", attnCase{hq: 14, hkv: 2, d: 64, bs: 16, ctx: []int{0, 70, 15, 33}, add: []int{20, 1, 5, 1}, pad: 3}},
-		{"decodes gqa4 d128 bs5", attnCase{hq: 8, hkv: 2, d: 128, bs: 5, ctx: []int{33, 64}, add: []int{1, 1}}},
-		{"decode long context gqa7", attnCase{hq: 14, hkv: 2, d: 64, bs: 16, ctx: []int{1300}, add: []int{1}}},
-		{"long prefill gqa4", attnCase{hq: 8, hkv: 2, d: 64, bs: 16, ctx: []int{0, 37}, add: []int{150, 41}}},
-		{"prefill group 24 d32", attnCase{hq: 24, hkv: 1, d: 32, bs: 16, ctx: []int{20}, add: []int{5}}},
-		{"mha d32 bs3", attnCase{hq: 3, hkv: 3, d: 32, bs: 3, ctx: []int{0, 4}, add: []int{50, 1}}},
-		{"decodes d256 group 2", attnCase{hq: 4, hkv: 2, d: 256, bs: 16, ctx: []int{40, 7}, add: []int{1, 1}}},
+		{"prefill chunk and decodes gqa7", attnCase{hq: 14, hkv: 2, d: 64, bs: 16, ctx: []int{0, 70, 15, 33}, add: []int{20, 1, 5, 1}, pad: 3}, false},
+		{"decodes gqa4 d128 bs5", attnCase{hq: 8, hkv: 2, d: 128, bs: 5, ctx: []int{33, 64}, add: []int{1, 1}}, false},
+		{"decode long context gqa7", attnCase{hq: 14, hkv: 2, d: 64, bs: 16, ctx: []int{1300}, add: []int{1}}, false},
+		{"long prefill gqa4", attnCase{hq: 8, hkv: 2, d: 64, bs: 16, ctx: []int{0, 37}, add: []int{150, 41}}, false},
+		{"prefill group 24 d32", attnCase{hq: 24, hkv: 1, d: 32, bs: 16, ctx: []int{20}, add: []int{5}}, false},
+		{"mha d32 bs3", attnCase{hq: 3, hkv: 3, d: 32, bs: 3, ctx: []int{0, 4}, add: []int{50, 1}}, false},
+		{"decodes d256 group 2", attnCase{hq: 4, hkv: 2, d: 256, bs: 16, ctx: []int{40, 7}, add: []int{1, 1}}, true},
 	}
 	typ, _ := runtime.Q8_0.GGML()
 	dequant := func(b []byte) []float64 {
@@ -225,12 +228,14 @@ func TestPagedAttentionQ8_0(t *testing.T) {
 				checkClose(t, y, refPagedAttention(operands(p.q, dt), to64(kc), to64(vc), p.paged, scale), tolFor(dt))
 				g := attnGraph(0)
 				g.Ops[2].BF16Products = true
-				yb, _, _, err := attnRunKV(t, d, g, p, dt, runtime.Q8_0)
+				yb, kb, vb, err := attnRunKV(t, d, g, p, dt, runtime.Q8_0)
 				if err != nil {
 					t.Fatal(err)
 				}
-				if !slices.Equal(y, yb) {
-					t.Error("BF16Products changed the output on a q8_0 cache")
+				checkClose(t, yb, refPagedAttention(operands(p.q, dt), to64(kb), to64(vb), p.paged, scale), tolBF16)
+				bf16 := avx512BF16() && !tc.f32Only
+				if same := slices.Equal(y, yb); same == bf16 {
+					t.Errorf("BF16Products left the output as it was: %v; want %v (AVX512-BF16 here: %v)", same, !bf16, avx512BF16())
 				}
 			})
 		}

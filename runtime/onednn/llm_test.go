@@ -572,7 +572,8 @@ func TestPagedAttention(t *testing.T) {
 // dnnl_ops.c) and merges them in order; the outputs are bit-identical to
 // one thread's, which runs each token's parts one after another, so a
 // token's result does not depend on its step's other tokens; on the f32
-// and (BF16Products on a bf16 cache) the bf16 group kernels.
+// and (BF16Products on a bf16 cache) the bf16 group kernels, with caches of
+// Q's type and of Q8_0.
 func TestPagedAttentionDecodeParts(t *testing.T) {
 	r := newRand(t)
 	one := openTest(t, runtime.DeviceSpec{Threads: 1})
@@ -585,20 +586,22 @@ func TestPagedAttentionDecodeParts(t *testing.T) {
 		p := newAttnProblem(r, c)
 		for _, dt := range floatTypes {
 			needBF16(t, one, dt)
-			for _, bf16 := range []bool{false, true} { // with a bf16 cache, the bf16 group kernel
-				g := attnGraph(0)
-				g.Ops[2].BF16Products = bf16
-				y1, _, _, err := attnRun(t, one, g, p, dt)
-				if err != nil {
-					t.Fatal(err)
-				}
-				y4, _, _, err := attnRun(t, four, g, p, dt)
-				if err != nil {
-					t.Fatal(err)
-				}
-				for i := range y1 {
-					if math.Float32bits(y1[i]) != math.Float32bits(y4[i]) {
-						t.Fatalf("%+v %s, BF16Products %v: y[%d] = %g on four threads, %g on one", c, dt, bf16, i, y4[i], y1[i])
+			for _, kv := range []runtime.DType{dt, runtime.Q8_0} {
+				for _, bf16 := range []bool{false, true} { // with a bf16 or Q8_0 cache, the bf16 group kernel
+					g := attnGraph(0)
+					g.Ops[2].BF16Products = bf16
+					y1, _, _, err := attnRunKV(t, one, g, p, dt, kv)
+					if err != nil {
+						t.Fatal(err)
+					}
+					y4, _, _, err := attnRunKV(t, four, g, p, dt, kv)
+					if err != nil {
+						t.Fatal(err)
+					}
+					for i := range y1 {
+						if math.Float32bits(y1[i]) != math.Float32bits(y4[i]) {
+							t.Fatalf("%+v %s, %s cache, BF16Products %v: y[%d] = %g on four threads, %g on one", c, dt, kv, bf16, i, y4[i], y1[i])
+						}
 					}
 				}
 			}

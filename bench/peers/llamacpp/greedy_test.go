@@ -145,7 +145,7 @@ func TestGreedyAgainstLlamaCpp(t *testing.T) {
 				t.Fatal(err)
 			}
 			gguf := filepath.Join(root, c.name, "1", c.name+".gguf")
-			if err := peer.load(gguf, 2, ctxLen, 1, true); err != nil {
+			if err := peer.load(gguf, 2, ctxLen, 1, "F32"); err != nil {
 				t.Fatal(err)
 			}
 			minGap, maxDiff, compared := 1e9, 0.0, 0

@@ -90,6 +90,7 @@ type options struct {
 	shape, dtype, work, plot, levels string
 	quant, bin                       string
 	daemon, amxRelaid                bool
+	kv                               string // -kv
 	daemonTime                       time.Duration
 	rounds, threads, promptTokens    int
 	genTokens, checkTokens, prefill  int
@@ -115,6 +116,7 @@ func main() {
 	flag.IntVar(&o.prefill, "prefill-tokens", 512, "prompt of the prefill measurement (0: skip)")
 	flag.BoolVar(&o.council, "council", true, "run the council round")
 	flag.BoolVar(&o.torch, "torch", true, "check tokens against PyTorch too")
+	flag.StringVar(&o.kv, "kv", "auto", "brokerd's KV cache type (auto, f32, bf16, q8_0; the daemon's --kv-cache-dtype); with q8_0 llama.cpp's keys and values are Q8_0 too (with flash attention, which its quantized values need), else its default F16")
 	flag.BoolVar(&o.amxRelaid, "amx-relaid", false, "on a CPU with AMX, brokerd relays quantized weights by 16 rows as without AMX (onednn.Options.AMXRelaid; the daemon's --cpu-amx-relaid)")
 	flag.Parse()
 	// brokerd's OpenMP threads are all cores unless OMP_NUM_THREADS says
@@ -207,8 +209,12 @@ func run(ctx context.Context, o options) error {
 	blocks := int64(maxSeqs) * int64((ctxLen+llm.DefaultBlockSize-1)/llm.DefaultBlockSize+1)
 	// No prefix cache: rounds repeat their prompts, and llama.cpp's fresh
 	// contexts recompute them; both engines must do the same work.
-	cacheBytes := blocks * m.CacheBlockBytes(dev, 0, 0)
-	eng, err := m.NewEngine(ctx, dev, llm.EngineOptions{CacheBytes: cacheBytes, MaxSeqs: maxSeqs, MaxStepTokens: 2048, DisablePrefixCache: true})
+	kv, ok := map[string]runtime.DType{"auto": 0, "f32": runtime.F32, "bf16": runtime.BF16, "q8_0": runtime.Q8_0}[o.kv]
+	if !ok {
+		return fmt.Errorf("-kv %q: auto, f32, bf16 or q8_0", o.kv)
+	}
+	cacheBytes := blocks * m.CacheBlockBytes(dev, kv, 0)
+	eng, err := m.NewEngine(ctx, dev, llm.EngineOptions{CacheBytes: cacheBytes, MaxSeqs: maxSeqs, MaxStepTokens: 2048, DisablePrefixCache: true, KVDType: kv})
 	if err != nil {
 		return err
 	}
@@ -263,7 +269,12 @@ func run(ctx context.Context, o options) error {
 	fmt.Printf("brokerd resident memory: %.0f MiB before the load, %.0f after it (+%.0f), %.0f with the engine (+%.0f in all; %.2f× the file's %.0f MiB; KV cache reserved %.0f MiB)\n",
 		mib(rssBefore), mib(rssLoaded), mib(rssLoaded-rssBefore), mib(rssEngine), mib(rssEngine-rssBefore),
 		float64(rssEngine-rssBefore)/float64(max(fileBytes, 1)), mib(fileBytes), mib(cacheBytes))
-	fmt.Printf("llama.cpp: node-llama-cpp 3.21.1 prebuilt linux-x64 CPU build, %s GGUF, KV cache F16 (its default) when timed\n", fileType)
+	peerCache := "F16 (its default)"
+	if k := peerKV(o.kv); k != "" {
+		peerCache = k + " with flash attention"
+	}
+	fmt.Printf("llama.cpp: node-llama-cpp 3.21.1 prebuilt linux-x64 CPU build, %s GGUF, KV cache %s when timed; brokerd's KV cache %s\n",
+		fileType, peerCache, eng.Options().KVDType)
 
 	rng := rand.New(rand.NewPCG(7, 8))
 	ordinary := min(150000, 128000, shape.Vocab) // ordinary tokens, below the specials
@@ -296,7 +307,7 @@ func run(ctx context.Context, o options) error {
 		if err != nil {
 			return b, peerRun{}, err
 		}
-		if err := peer.load(gguf, o.threads, ctxLen, running, false); err != nil {
+		if err := peer.load(gguf, o.threads, ctxLen, running, peerKV(o.kv)); err != nil {
 			return b, peerRun{}, err
 		}
 		p, err := peer.run(jobs)
@@ -459,7 +470,11 @@ func agree(ctx context.Context, o options, m *llm.Model, eng *llm.Engine, peer *
 	if err != nil {
 		return err
 	}
-	if err := peer.load(gguf, o.threads, ctxLen, 1, o.dtype == "f32"); err != nil {
+	kvCheck := ""
+	if o.dtype == "f32" {
+		kvCheck = "F32"
+	}
+	if err := peer.load(gguf, o.threads, ctxLen, 1, kvCheck); err != nil {
 		return err
 	}
 	var p [][]int32
@@ -735,9 +750,20 @@ func (w *worker) call(req any) (peerRun, error) {
 	return r, nil
 }
 
-func (w *worker) load(path string, threads, ctxLen, seqs int, kvF32 bool) error {
-	_, err := w.call(map[string]any{"op": "load", "path": path, "threads": threads, "contextSize": ctxLen, "sequences": seqs, "kvF32": kvF32})
+// load opens path in a fresh context; kv is its KV cache's ggml type
+// (F32, Q8_0), or "" for node-llama-cpp's default (F16).
+func (w *worker) load(path string, threads, ctxLen, seqs int, kv string) error {
+	_, err := w.call(map[string]any{"op": "load", "path": path, "threads": threads, "contextSize": ctxLen, "sequences": seqs, "kvType": kv})
 	return err
+}
+
+// peerKV is llama.cpp's cache type for -kv: Q8_0 for q8_0, else its
+// default.
+func peerKV(kv string) string {
+	if kv == "q8_0" {
+		return "Q8_0"
+	}
+	return ""
 }
 
 func (w *worker) run(jobs []benchkit.Job) (peerRun, error) { return w.runMeta(jobs, false) }

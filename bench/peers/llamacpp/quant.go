@@ -149,7 +149,7 @@ func agreeQuantized(ctx context.Context, o options, m *llm.Model, eng *llm.Engin
 	if err != nil {
 		return err
 	}
-	if err := peer.load(path, o.threads, ctxLen, 1, true); err != nil {
+	if err := peer.load(path, o.threads, ctxLen, 1, "F32"); err != nil {
 		return err
 	}
 	var bad []string
@@ -208,7 +208,8 @@ func daemonBench(o options, root, name string, fileBytes int64, limit float64) e
 	}
 	defer logf.Close()
 	d := exec.Command(filepath.Join(bin, "brokerd"), "--socket", sock, "--state-dir", filepath.Join(work, "state"),
-		"--model-repo", root, "--metrics-listen", "", "--log-level", "warn", "--cpu-amx-relaid="+strconv.FormatBool(o.amxRelaid))
+		"--model-repo", root, "--metrics-listen", "", "--log-level", "warn", "--cpu-amx-relaid="+strconv.FormatBool(o.amxRelaid),
+		"--kv-cache-dtype", o.kv)
 	d.Stdout, d.Stderr = logf, logf
 	if err := d.Start(); err != nil {
 		return err

@@ -1,7 +1,9 @@
 // llama.cpp's side of bench/peers/llamacpp: node-llama-cpp's prebuilt CPU
 // build, driven by JSON lines on stdin, one answer line on stdout each.
 //
-//   {"op":"load","path":F,"threads":2,"contextSize":N,"sequences":S,"kvF32":bool}
+//   {"op":"load","path":F,"threads":2,"contextSize":N,"sequences":S,"kvType":T}
+//     (T: the KV cache's ggml type, "F32" or "Q8_0", or "" for F16;
+//     quantized values need flash attention, so Q8_0 turns it on)
 //     (then a short untimed run on every sequence, so the first timed
 //     decode does not pay for the context's first graphs)
 //   {"op":"run","prompts":[[ids...]...],"n":[count...],"meta":bool}
@@ -37,9 +39,10 @@ async function load(req) {
         modelPath = req.path;
     }
     const opts = {contextSize: req.contextSize, sequences: req.sequences, threads: req.threads};
-    if (req.kvF32) {
-        opts.experimentalKvCacheKeyType = "F32";
-        opts.experimentalKvCacheValueType = "F32";
+    if (req.kvType) {
+        opts.experimentalKvCacheKeyType = req.kvType;
+        opts.experimentalKvCacheValueType = req.kvType;
+        if (req.kvType !== "F32") opts.flashAttention = true;
     }
     context = await model.createContext(opts);
     // token ids valid in any vocabulary of 72 or more
