@@ -311,7 +311,7 @@ func bind(fs *flag.FlagSet, c *Config, configPath *string) {
 	fs.StringVar(&c.NVMLLibrary, "nvml-library", c.NVMLLibrary, "path to libnvidia-ml.so.1 (default: the loader's search)")
 	fs.StringVar(&c.PJRTPlugins, "pjrt-plugin", c.PJRTPlugins, "PJRT plugins as name=path pairs, e.g. tpu=/path/libtpu.so,cuda=/path/xla_cuda_plugin.so")
 	fs.StringVar(&c.ComputeDType, "compute-dtype", c.ComputeDType, "compute type per device type as type=dtype pairs (f32 or bf16), e.g. gpu=bf16; types not named keep "+DefaultComputeDType+"; a device that cannot run bf16 falls back to f32 with a warning")
-	fs.StringVar(&c.KVCacheDType, "kv-cache-dtype", c.KVCacheDType, "generators' KV cache type: auto (bf16 where the CPU keeps a GGUF model's matrices block-quantized or computes in bf16, f32 otherwise), f32, bf16 or q8_0 (half bf16's memory; the CPU only, other devices keep auto's)")
+	fs.StringVar(&c.KVCacheDType, "kv-cache-dtype", c.KVCacheDType, "generators' KV cache type: auto (bf16 where the CPU keeps a GGUF model's matrices block-quantized or computes in bf16, f32 otherwise), f32, bf16 or q8_0 (ggml's blocks, 17/32 of bf16's memory; the CPU only, other devices keep auto's)")
 	fs.BoolVar(&c.CPUAMXRelaid, "cpu-amx-relaid", c.CPUAMXRelaid, "experimental: on a CPU with AMX, relay block-quantized GGUF weights by 16 rows for the VNNI kernels as on CPUs without it (prefill decodes AMX panels from them); for comparisons")
 	fs.Var(&c.Telemetry, "telemetry-interval", "device telemetry refresh interval")
 	fs.IntVar(&c.MaxMessageBytes, "max-message-bytes", c.MaxMessageBytes, "largest gRPC message accepted or sent")

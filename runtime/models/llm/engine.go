@@ -48,10 +48,10 @@ type EngineOptions struct {
 	// sequences with the same tokens before them (see blockPool).
 	DisablePrefixCache bool
 	// KVDType is the cache's element type: F32, BF16, or Q8_0 (ggml's
-	// blocks of 32 along each head, half bf16's memory, as llama.cpp's and
-	// Ollama's q8_0 cache: on devices that hold block-quantized buffers,
-	// for head dims divisible by 32; see CheckKVDType). 0 picks
-	// kvCacheDType's.
+	// blocks of 32 along each head, 17/32 of bf16's memory, as llama.cpp's
+	// and Ollama's q8_0 cache: on devices that hold block-quantized
+	// buffers, for head dims divisible by 32; see Model.CheckKVDType). 0
+	// picks kvCacheDType's.
 	KVDType runtime.DType
 }
 

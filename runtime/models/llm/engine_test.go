@@ -343,9 +343,9 @@ var benchNoX16 = flag.Bool("llm.nox16", false, "the benchmarks' device keeps blo
 
 var benchKVF32 = flag.Bool("llm.kvf32", false, "the quantized benchmarks' engines keep an f32 KV cache where the CPU would hold it in bf16 (EngineOptions.KVDType)")
 
-// benchKVDType is EngineOptions.KVDType for the quantized benchmarks.
 var benchKV = flag.String("llm.kv", "", "the quantized benchmarks' engines' KV cache: f32, bf16 or q8_0 (EngineOptions.KVDType); empty: the engine's choice, or -llm.kvf32's")
 
+// benchKVDType is EngineOptions.KVDType for the quantized benchmarks.
 func benchKVDType() runtime.DType {
 	if *benchKVF32 {
 		return runtime.F32

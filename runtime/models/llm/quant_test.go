@@ -242,9 +242,9 @@ func TestKVCacheDType(t *testing.T) {
 // 32 values, so CacheBlockBytes is 17/32 of a bf16 cache's and a cache of
 // the same bytes holds that many more blocks; its logits, for quantized
 // and float weights, stay near the float64 forward pass (quantized: within
-// the bound TestQuantizedEngine holds the bf16 cache to). A device that holds no block types (the Go device,
-// standing in for PJRT) and heads not divisible by 32 refuse it, and
-// CheckKVDType says so first.
+// the bound TestQuantizedEngine holds the bf16 cache to). A device that
+// holds no block types (the Go device, standing in for PJRT) and heads not
+// divisible by 32 refuse it, and CheckKVDType says so first.
 func TestKVCacheQ8_0(t *testing.T) {
 	s := quantNet("qwen2")
 	s.HeadDim = 32
