@@ -245,8 +245,8 @@ func daemonBench(o options, root, name string, fileBytes int64, limit float64) e
 		return err
 	}
 	loaded := rssOf(d.Process.Pid)
-	fmt.Printf("\ndaemon: bin/brokerd serves %s (its default settings: f32 compute on the CPU, its own KV cache reservation); brokerctl load took %.1f s; resident memory %.0f MiB before the load, %.0f after (+%.0f; %.2f× the file)\n",
-		name, time.Since(t).Seconds(), mib(before), mib(loaded), mib(loaded-before), float64(loaded-before)/float64(max(fileBytes, 1)))
+	fmt.Printf("\ndaemon: bin/brokerd serves %s (its default settings but --kv-cache-dtype %s: f32 compute on the CPU, its own KV cache reservation); brokerctl load took %.1f s; resident memory %.0f MiB before the load, %.0f after (+%.0f; %.2f× the file)\n",
+		name, o.kv, time.Since(t).Seconds(), mib(before), mib(loaded), mib(loaded-before), float64(loaded-before)/float64(max(fileBytes, 1)))
 	textBytes := o.promptTokens * 4 // about 4 bytes a token of English words
 	args := []string{"bench", "--generate", "--model", name, "--concurrency", "1,16", "--max-tokens", strconv.Itoa(o.genTokens),
 		"--text-bytes", strconv.Itoa(textBytes), "--duration", o.daemonTime.String(), "--warmup", "5s", "--json"}
