@@ -34,8 +34,9 @@ const (
 
 	// Block-quantized weights as GGUF (ggml) stores them: a row of K
 	// elements is K/BlockElems blocks of BlockBytes bytes, rows back to
-	// back. They are only ever a matmul's weight (In[1] with TransB) or a
-	// gather's table, never an activation: see Quantized.
+	// back. They are only ever a matmul's weight (In[1] with TransB), a
+	// gather's table or (Q8_0) a KV cache, never an activation: see
+	// Quantized.
 	Q4_0
 	Q4_1
 	Q5_0
