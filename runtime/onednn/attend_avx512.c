@@ -34,6 +34,29 @@ BD_AVX512 static inline void widen_row(const void *base, int kvt, int64_t off, f
         bf16_row((const uint16_t *)base + off, dst, dim);
 }
 
+// tile_f32 points kp[k] and vp[k] at the f32 key and value rows of cache
+// position p0+k of kv head g (row: its block-table row) for k < pn, and
+// past pn at position p0's (read, then masked). A bf16 or Q8_0 cache's rows
+// are widened into kf and vf ([BD_FA_KEYS][dim]).
+BD_AVX512 static inline void tile_f32(const void *kc, const void *vc, int kvt, const int32_t *row, int64_t p0, int64_t pn,
+        int64_t g, int64_t hkv, int64_t dim, int64_t bs, float *kf, float *vf, const float **kp, const float **vp) {
+    for (int64_t k = 0; k < BD_FA_KEYS; k++) {
+        const int64_t p = p0 + (k < pn ? k : 0);
+        const int64_t off = ((int64_t)row[p / bs] * bs + p % bs) * hkv * dim + g * dim;
+        if (kvt != BD_KV_F32) {
+            if (k < pn) {
+                widen_row(kc, kvt, off, kf + k * dim, dim);
+                widen_row(vc, kvt, off, vf + k * dim, dim);
+            }
+            kp[k] = kf + (k < pn ? k : 0) * dim;
+            vp[k] = vf + (k < pn ? k : 0) * dim;
+        } else {
+            kp[k] = (const float *)kc + off;
+            vp[k] = (const float *)vc + off;
+        }
+    }
+}
+
 // rows_softmax is the row kernels' online softmax over a tile of 16 keys
 // (s[k]: key p0+k's scores, the rows in the lanes): the causal mask (and
 // the tile's tail, and unused lanes: key p0+k is seen by the rows with
@@ -88,7 +111,7 @@ BD_AVX512 void bd_attend_rows_avx512(const void *q, int q_bf16, const void *kc, 
         int kvt, const int32_t *row, const int32_t *pos, int64_t t0, int64_t tn,
         int64_t h0, int64_t hc, int64_t g, int64_t hq, int64_t hkv, int64_t dim, int64_t bs,
         float scale, void *out) {
-    const int64_t rows = tn * hc, kvrow = hkv * dim;
+    const int64_t rows = tn * hc;
     float qt[BD_FA_MAXDIM * 16] __attribute__((aligned(64)));  // Qᵀ·scale: [d][row]
     float acc[BD_FA_MAXDIM * 16] __attribute__((aligned(64))); // Oᵀ: [d][row]
     float kf[BD_FA_KEYS * BD_FA_MAXDIM] __attribute__((aligned(64)));
@@ -117,20 +140,7 @@ BD_AVX512 void bd_attend_rows_avx512(const void *q, int q_bf16, const void *kc, 
     __m512 m = ninf, l = _mm512_setzero_ps();
     for (int64_t p0 = 0; p0 < nmax; p0 += BD_FA_KEYS) {
         const float *kp[BD_FA_KEYS], *vp[BD_FA_KEYS];
-        for (int64_t k = 0; k < BD_FA_KEYS; k++) {
-            // Past the last key, point at the first: read, then masked.
-            int64_t p = p0 + k < nmax ? p0 + k : p0;
-            int64_t off = ((int64_t)row[p / bs] * bs + p % bs) * kvrow + g * dim;
-            if (kvt != BD_KV_F32) {
-                widen_row(kc, kvt, off, kf + k * dim, dim);
-                widen_row(vc, kvt, off, vf + k * dim, dim);
-                kp[k] = kf + k * dim;
-                vp[k] = vf + k * dim;
-            } else {
-                kp[k] = (const float *)kc + off;
-                vp[k] = (const float *)vc + off;
-            }
-        }
+        tile_f32(kc, vc, kvt, row, p0, nmax - p0 < BD_FA_KEYS ? nmax - p0 : BD_FA_KEYS, g, hkv, dim, bs, kf, vf, kp, vp);
         // Scores, 8 keys at a time: 8 independent FMA chains.
         __m512 s[BD_FA_KEYS];
         for (int64_t k0 = 0; k0 < BD_FA_KEYS; k0 += 8) {
@@ -246,7 +256,7 @@ BD_AVX512 static inline __attribute__((always_inline)) void group_softmax(__m512
 BD_AVX512 static inline __attribute__((always_inline)) void attend_group_part(const void *q, int q_bf16, const void *kc, const void *vc,
         int kvt, const int32_t *row, int64_t p_begin, int64_t p_end, int64_t ti, int64_t g, int64_t hq,
         int64_t hkv, int64_t dim, int64_t bs, int64_t group, float scale, float *st) {
-    const int64_t kvrow = hkv * dim, nc = dim / 16, h0 = g * group;
+    const int64_t nc = dim / 16, h0 = g * group;
     float qs[BD_FA_GROUP * BD_FA_GROUPDIM] __attribute__((aligned(64)));  // Q·scale, [head][d]
     float acc[BD_FA_GROUP * BD_FA_GROUPDIM] __attribute__((aligned(64))); // O, [head][d]
     float kf[BD_FA_KEYS * BD_FA_GROUPDIM] __attribute__((aligned(64)));
@@ -270,22 +280,7 @@ BD_AVX512 static inline __attribute__((always_inline)) void attend_group_part(co
         const int64_t pn = p_end - p0 < BD_FA_KEYS ? p_end - p0 : BD_FA_KEYS;
         const __mmask16 valid = _mm512_cmplt_epi32_mask(lane, _mm512_set1_epi32((int32_t)pn));
         const float *kp[BD_FA_KEYS], *vp[BD_FA_KEYS];
-        for (int64_t k = 0; k < BD_FA_KEYS; k++) {
-            // Past the last key, point at the tile's first: read, then masked.
-            const int64_t p = p0 + (k < pn ? k : 0);
-            const int64_t off = ((int64_t)row[p / bs] * bs + p % bs) * kvrow + g * dim;
-            if (kvt != BD_KV_F32) {
-                if (k < pn) {
-                    widen_row(kc, kvt, off, kf + k * dim, dim);
-                    widen_row(vc, kvt, off, vf + k * dim, dim);
-                }
-                kp[k] = kf + (k < pn ? k : 0) * dim;
-                vp[k] = vf + (k < pn ? k : 0) * dim;
-            } else {
-                kp[k] = (const float *)kc + off;
-                vp[k] = (const float *)vc + off;
-            }
-        }
+        tile_f32(kc, vc, kvt, row, p0, pn, g, hkv, dim, bs, kf, vf, kp, vp);
         __m512 sv[BD_FA_GROUP];
         for (int64_t j = 0; j < group; j++) {
             __m512 t[BD_FA_KEYS];
@@ -428,10 +423,34 @@ BD_AB16 static inline void q8_bf16_row(const void *base, int64_t off, uint16_t *
     }
 }
 
+// tile_bf16 is tile_f32 for the bf16 kernels: a bf16 cache's rows read in
+// place, a Q8_0 cache's rounded into kb and vb; past pn, K at position p0's
+// (read, then masked) and V at zeros (its weight is 0, and it may pair with
+// the last key).
+BD_AB16 static inline void tile_bf16(const void *kc, const void *vc, int kvt, const int32_t *row, int64_t p0, int64_t pn,
+        int64_t g, int64_t hkv, int64_t dim, int64_t bs, uint16_t *kb, uint16_t *vb, const uint16_t *zero,
+        const uint16_t **kp, const uint16_t **vp) {
+    for (int64_t k = 0; k < BD_FA_KEYS; k++) {
+        const int64_t p = p0 + (k < pn ? k : 0);
+        const int64_t off = ((int64_t)row[p / bs] * bs + p % bs) * hkv * dim + g * dim;
+        if (kvt == BD_KV_Q8_0) {
+            if (k < pn) {
+                q8_bf16_row(kc, off, kb + k * dim, dim);
+                q8_bf16_row(vc, off, vb + k * dim, dim);
+            }
+            kp[k] = kb + (k < pn ? k : 0) * dim;
+            vp[k] = k < pn ? vb + k * dim : zero;
+        } else {
+            kp[k] = (const uint16_t *)kc + off;
+            vp[k] = k < pn ? (const uint16_t *)vc + off : zero;
+        }
+    }
+}
+
 BD_AB16 static inline __attribute__((always_inline)) void attend_group_part_bf16(const void *q, int q_bf16,
         const void *kc, const void *vc, int kvt, const int32_t *row, int64_t p_begin, int64_t p_end, int64_t ti, int64_t g,
         int64_t hq, int64_t hkv, int64_t dim, int64_t bs, int64_t group, float scale, float *st) {
-    const int64_t kvrow = hkv * dim, nc = dim / 32, h0 = g * group;
+    const int64_t nc = dim / 32, h0 = g * group;
     static const uint16_t zero[BD_FA_GROUPDIM] __attribute__((aligned(64)));
     uint16_t kb[BD_FA_KEYS * BD_FA_GROUPDIM] __attribute__((aligned(64))); // a Q8_0 cache's tile in bf16
     uint16_t vb[BD_FA_KEYS * BD_FA_GROUPDIM] __attribute__((aligned(64)));
@@ -463,24 +482,7 @@ BD_AB16 static inline __attribute__((always_inline)) void attend_group_part_bf16
         const int64_t pn = p_end - p0 < BD_FA_KEYS ? p_end - p0 : BD_FA_KEYS;
         const __mmask16 valid = _mm512_cmplt_epi32_mask(lane, _mm512_set1_epi32((int32_t)pn));
         const uint16_t *kp[BD_FA_KEYS], *vp[BD_FA_KEYS];
-        for (int64_t k = 0; k < BD_FA_KEYS; k++) {
-            // Past the last key: K points at the tile's first (read, then
-            // masked), V at zeros (its weight is 0 and it may pair with
-            // the last key).
-            const int64_t p = p0 + (k < pn ? k : 0);
-            const int64_t off = ((int64_t)row[p / bs] * bs + p % bs) * kvrow + g * dim;
-            if (kvt == BD_KV_Q8_0) {
-                if (k < pn) {
-                    q8_bf16_row(kc, off, kb + k * dim, dim);
-                    q8_bf16_row(vc, off, vb + k * dim, dim);
-                }
-                kp[k] = kb + (k < pn ? k : 0) * dim;
-                vp[k] = k < pn ? vb + k * dim : zero;
-            } else {
-                kp[k] = (const uint16_t *)kc + off;
-                vp[k] = k < pn ? (const uint16_t *)vc + off : zero;
-            }
-        }
+        tile_bf16(kc, vc, kvt, row, p0, pn, g, hkv, dim, bs, kb, vb, zero, kp, vp);
         __m512 sv[BD_FA_GROUP];
         for (int64_t j = 0; j < group; j++) {
             __m512 t[BD_FA_KEYS];
@@ -573,7 +575,7 @@ BD_AB16 void bd_attend_rows_bf16(const void *q, int q_bf16, const void *kc, cons
     static const uint16_t zero[BD_FA_MAXDIM] __attribute__((aligned(64)));
     uint16_t kb[BD_FA_KEYS * BD_FA_MAXDIM] __attribute__((aligned(64))); // a Q8_0 cache's tile in bf16
     uint16_t vb[BD_FA_KEYS * BD_FA_MAXDIM] __attribute__((aligned(64)));
-    const int64_t rows = tn * hc, kvrow = hkv * dim, np = dim / 2;
+    const int64_t rows = tn * hc, np = dim / 2;
     uint32_t qt[BD_FA_MAXDIM / 2 * 16] __attribute__((aligned(64)));  // bf16 pairs of Qᵀ·scale: [d/2][row]
     float acc[BD_FA_MAXDIM * 16] __attribute__((aligned(64)));        // Oᵀ: [d][row]
     uint32_t vt[BD_FA_KEYS / 2 * BD_FA_MAXDIM] __attribute__((aligned(64))); // [key pair][d in unpack order]
@@ -610,23 +612,7 @@ BD_AB16 void bd_attend_rows_bf16(const void *q, int q_bf16, const void *kc, cons
     for (int64_t p0 = 0; p0 < nmax; p0 += BD_FA_KEYS) {
         const int64_t pn = nmax - p0 < BD_FA_KEYS ? nmax - p0 : BD_FA_KEYS, pairs = (pn + 1) / 2;
         const uint16_t *kp[BD_FA_KEYS], *vp[BD_FA_KEYS];
-        for (int64_t k = 0; k < BD_FA_KEYS; k++) {
-            // Past the last key: K points at the first (read, then masked),
-            // V at zeros (weight 0, and it may pair with the last key).
-            int64_t p = k < pn ? p0 + k : p0;
-            int64_t off = ((int64_t)row[p / bs] * bs + p % bs) * kvrow + g * dim;
-            if (kvt == BD_KV_Q8_0) {
-                if (k < pn) {
-                    q8_bf16_row(kc, off, kb + k * dim, dim);
-                    q8_bf16_row(vc, off, vb + k * dim, dim);
-                }
-                kp[k] = kb + (k < pn ? k : 0) * dim;
-                vp[k] = k < pn ? vb + k * dim : zero;
-            } else {
-                kp[k] = (const uint16_t *)kc + off;
-                vp[k] = k < pn ? (const uint16_t *)vc + off : zero;
-            }
-        }
+        tile_bf16(kc, vc, kvt, row, p0, pn, g, hkv, dim, bs, kb, vb, zero, kp, vp);
         // The tile's values by key pairs: within each 32 dims, dims
         // 8L..8L+3 at 4L.., 8L+4..8L+7 at 16+4L.. (L = 0..3).
         for (int64_t k = 0; k < pairs; k++)

@@ -28,6 +28,11 @@
 int bd_dequant_row(int type, const void *src, int64_t src_bytes, float *dst,
         int64_t n, int isa);
 
+// bd_dequant_q8_0 decodes n values (n/32 whole Q8_0 blocks) at src into
+// dst without bd_dequant_row's checks, for kernels that have made them: the
+// portable attention over a Q8_0 KV cache widens a row per key.
+void bd_dequant_q8_0(const void *src, float *dst, int64_t n);
+
 // bd_dequant_isa is the variant BD_ISA_AUTO runs on this CPU.
 int bd_dequant_isa(void);
 

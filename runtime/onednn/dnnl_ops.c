@@ -1,5 +1,6 @@
 #include "dnnl_ops.h"
 #include "attend.h"
+#include "dequant.h"
 #include "vec_avx512.h"
 
 #include <float.h>
@@ -985,7 +986,7 @@ BD_INLINE void attend_body(const void *q, int q_bf16, const void *kc, const void
             for (int64_t k = 0; k < pn; k++) {
                 int64_t p = p0 + k;
                 int64_t off = ((int64_t)row[p / bs] * bs + p % bs) * kvrow + g * dim;
-                if (kvt == BD_KV_Q8_0) bd_q8_0_row((const uint8_t *)kc + off / 32 * 34, kr, dim);
+                if (kvt == BD_KV_Q8_0) bd_dequant_q8_0((const uint8_t *)kc + off / 32 * 34, kr, dim);
                 for (int64_t j = 0; j < gn; j++)
                     sc[j][k] = scale * (kvt == BD_KV_BF16 ? dot_bf16(qs + j * dim, (const uint16_t *)kc + off, dim)
                                         : dot_f32(qs + j * dim, kvt == BD_KV_Q8_0 ? kr : (const float *)kc + off, dim));
@@ -1011,7 +1012,7 @@ BD_INLINE void attend_body(const void *q, int q_bf16, const void *kc, const void
             for (int64_t k = 0; k < pn; k++) {
                 int64_t p = p0 + k;
                 int64_t off = ((int64_t)row[p / bs] * bs + p % bs) * kvrow + g * dim;
-                if (kvt == BD_KV_Q8_0) bd_q8_0_row((const uint8_t *)vc + off / 32 * 34, kr, dim);
+                if (kvt == BD_KV_Q8_0) bd_dequant_q8_0((const uint8_t *)vc + off / 32 * 34, kr, dim);
                 for (int64_t j = 0; j < gn; j++) {
                     if (kvt == BD_KV_BF16)
                         axpy_bf16(acc + j * dim, sc[j][k], (const uint16_t *)vc + off, dim);

@@ -188,8 +188,6 @@ int64_t bd_kv_write_q8_0(const bd_device *d, const void *x, int x_bf16, const in
 // blocks at y, as bd_kv_write_q8_0 does; vec picks the AVX-512 form (when
 // the CPU has it) or the portable one, for the tests.
 void bd_quant_q8_0(const float *x, int64_t n, uint8_t *y, int vec);
-// bd_q8_0_row widens n values (n/32 Q8_0 blocks at src) to f32.
-void bd_q8_0_row(const uint8_t *src, float *dst, int64_t n);
 
 // bd_paged_attention: causal GQA over a paged cache; see runtime.OpPagedAttention.
 // q [t,hq,dim], kc/vc [nblocks,bs,hkv,dim], table [s,maxb], seq [t], pos [t]

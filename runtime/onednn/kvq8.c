@@ -1,9 +1,9 @@
 // A KV cache in ggml's Q8_0 blocks ({f16 d; i8 q[32]} along each row):
-// half a bf16 cache's memory, as llama.cpp's and Ollama's q8_0 cache
+// 17/32 of a bf16 cache's memory, as llama.cpp's and Ollama's q8_0 cache
 // types. Writing quantizes each row as ggml's quantize_row_q8_0_ref does;
 // the attention kernels widen a row back to f32 (bd_q8_0_row512 in
-// vec_avx512.h, bd_q8_0_row here), and q·d is exact in f32 (7 bits by 11),
-// so they read what ggml's dequantize_row_q8_0 would.
+// vec_avx512.h, dequant.c's bd_dequant_q8_0), and q·d is exact in f32 (7
+// bits by 11), so they read what ggml's dequantize_row_q8_0 would.
 
 #include "dnnl_ops.h"
 #include "vec_avx512.h"
@@ -38,15 +38,6 @@ static inline uint16_t fp32_fp16(float f) {
     const uint32_t bits = f32_bits(base);
     const uint32_t nonsign = ((bits >> 13) & 0x00007C00u) + (bits & 0x00000FFFu);
     return (uint16_t)((sign >> 16) | (shl1_w > 0xFF000000u ? 0x7E00u : nonsign));
-}
-
-// fp16_fp32 is ggml's GGML_FP16_TO_FP32 (exact).
-static inline float fp16_fp32(uint16_t h) {
-    const uint32_t w = (uint32_t)h << 16, sign = w & 0x80000000u, two_w = w + w;
-    const float normalized = bits_f32((two_w >> 4) + (0xE0u << 23)) * 0x1.0p-112f;
-    const float denormalized = bits_f32((two_w >> 17) | (126u << 23)) - 0.5f;
-    const uint32_t result = sign | (two_w < (1u << 27) ? f32_bits(denormalized) : f32_bits(normalized));
-    return bits_f32(result);
 }
 
 #define Q8_NAN 0x7E00 // d of a block holding an infinity or NaN
@@ -161,11 +152,4 @@ int64_t bd_kv_write_q8_0(const bd_device *d, const void *x, int x_bf16, const in
                 quant_row(src + i * in, x_bf16, row, c + (int64_t)slots[i] * out, vec);
     }
     return -1;
-}
-
-void bd_q8_0_row(const uint8_t *src, float *dst, int64_t n) {
-    for (int64_t b = 0; b < n / 32; b++, src += Q8_BYTES) {
-        const float dd = fp16_fp32((uint16_t)(src[0] | src[1] << 8));
-        for (int j = 0; j < 32; j++) dst[32 * b + j] = (float)(int8_t)src[2 + j] * dd;
-    }
 }
