@@ -67,11 +67,20 @@ AA_TARGET void bd_attend_amx_begin(void) { _tile_loadconfig(&aa_cfg); }
 
 AA_TARGET void bd_attend_amx_end(void) { _tile_release(); }
 
-// 16 values of a cache row from element off, as f32.
-AA_TARGET static inline __m512 aa_ld16(const void *base, int64_t off, int bf16) {
-    if (bf16)
+// 16 values of a row of type t (BD_KV_*) from element off, as f32. A Q8_0
+// row's off is a multiple of 16 (dims divide by 32), so the 16 values are
+// one half of one block, q·d, exact.
+AA_TARGET static inline __m512 aa_ld16(const void *base, int64_t off, int t) {
+    if (t == BD_KV_BF16)
         return _mm512_castsi512_ps(_mm512_slli_epi32(
                 _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)base + off))), 16));
+    if (t == BD_KV_Q8_0) {
+        const uint8_t *b = (const uint8_t *)base + off / 32 * 34;
+        uint16_t h;
+        memcpy(&h, b, 2);
+        const __m128i q = _mm_loadu_si128((const __m128i *)(b + 2 + (off & 16)));
+        return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), _mm512_cvtph_ps(_mm256_set1_epi16((short)h)));
+    }
     return _mm512_loadu_ps((const float *)base + off);
 }
 
@@ -120,7 +129,7 @@ AA_TARGET static inline void aa_transpose16(__m512 r[16]) {
 // bd_attend_amx computes the rows of tokens t0..t0+tn-1 (one sequence,
 // whose block-table row is row) × the group query heads of kv head g;
 // tn·group <= 64, dim % 32 == 0, dim <= 256. pos[t] is token t's position:
-// it sees cache positions 0..pos[t]. The cache is f32 or bf16 (kvt).
+// it sees cache positions 0..pos[t]. The cache is f32, bf16 or Q8_0 (kvt).
 // work holds bd_attend_amx_bytes(dim) (64-byte aligned); the thread is
 // between _begin and _end.
 AA_TARGET void bd_attend_amx(const void *q, int q_bf16, const void *kc, const void *vc, int kvt,
@@ -165,7 +174,8 @@ AA_TARGET void bd_attend_amx(const void *q, int q_bf16, const void *kc, const vo
                     v[r] = _mm512_setzero_ps();
                     continue;
                 }
-                const __m512 a = aa_ld16(q, off[r] + 32 * j, q_bf16), b = aa_ld16(q, off[r] + 32 * j + 16, q_bf16);
+                const __m512 a = aa_ld16(q, off[r] + 32 * j, q_bf16 ? BD_KV_BF16 : BD_KV_F32),
+                             b = aa_ld16(q, off[r] + 32 * j + 16, q_bf16 ? BD_KV_BF16 : BD_KV_F32);
                 v[r] = (__m512)_mm512_cvtne2ps_pbh(_mm512_mul_ps(b, vscale), _mm512_mul_ps(a, vscale));
             }
             aa_transpose16(v);
@@ -197,8 +207,8 @@ AA_TARGET void bd_attend_amx(const void *q, int q_bf16, const void *kc, const vo
                 continue;
             }
             for (int64_t d = 0; d < dim; d += 32) {
-                const __m512 a = aa_ld16(kc, koff[k] + d, kvt == BD_KV_BF16),
-                             b = aa_ld16(kc, koff[k] + d + 16, kvt == BD_KV_BF16);
+                const __m512 a = aa_ld16(kc, koff[k] + d, kvt),
+                             b = aa_ld16(kc, koff[k] + d + 16, kvt);
                 _mm512_storeu_si512((void *)(dst + d), (__m512i)_mm512_cvtne2ps_pbh(b, a));
             }
         }
@@ -206,8 +216,8 @@ AA_TARGET void bd_attend_amx(const void *q, int q_bf16, const void *kc, const vo
         for (int64_t d0 = 0; d0 < dim; d0 += 16) {
             __m512 lo[16], hi[16];
             for (int64_t k = 0; k < 16; k++) {
-                lo[k] = koff[k] < 0 ? _mm512_setzero_ps() : aa_ld16(vc, koff[k] + d0, kvt == BD_KV_BF16);
-                hi[k] = koff[16 + k] < 0 ? _mm512_setzero_ps() : aa_ld16(vc, koff[16 + k] + d0, kvt == BD_KV_BF16);
+                lo[k] = koff[k] < 0 ? _mm512_setzero_ps() : aa_ld16(vc, koff[k] + d0, kvt);
+                hi[k] = koff[16 + k] < 0 ? _mm512_setzero_ps() : aa_ld16(vc, koff[16 + k] + d0, kvt);
             }
             aa_transpose16(lo);
             aa_transpose16(hi);

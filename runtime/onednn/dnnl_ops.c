@@ -1221,7 +1221,7 @@ int64_t bd_paged_attention(const bd_device *d, const void *q, int q_bf16,
     const attend_fn one = fits ? (b16 ? bd_attend_group_bf16 : bd_attend_group_avx512) : attend;
     const attend_rows_fn rows = b16 ? bd_attend_rows_bf16 : bd_attend_rows_avx512;
     omp_set_num_threads(d->nthreads);
-    if (amx && kvt != BD_KV_Q8_0 && attend == attend_avx512 && dim % 32 == 0 && dim <= BD_FA_MAXDIM && group <= BD_AMX_ROWS &&
+    if (amx && attend == attend_avx512 && dim % 32 == 0 && dim <= BD_FA_MAXDIM && group <= BD_AMX_ROWS &&
             paged_attention_amx(d, one, rows, q, q_bf16, kc, vc, kvt, table, seq, pos, t, hq, hkv, dim, bs, maxb, scale,
                     work, out) == 0)
         return -1;

@@ -173,7 +173,8 @@ func TestKVWriteQ8_0(t *testing.T) {
 // BF16Products, on a CPU with AVX512-BF16, the bf16 row and group kernels
 // read each tile rounded to bf16: within the bf16 bound, and different
 // from the f32 kernels' output, except where attend_body takes the work
-// (f32Only). AMX never takes a Q8_0 cache.
+// (f32Only). On a CPU with AMX, blocks of 16 or more query rows (the
+// prefill chunks) take attend_amx.c, which reads the Q8_0 rows itself.
 func TestPagedAttentionQ8_0(t *testing.T) {
 	d := openTest(t, runtime.DeviceSpec{})
 	tests := []struct {

@@ -23,7 +23,10 @@
 #       (lscpu, memory, node) and SHAPE-QUANT[-TAG].txt.
 #   LLM_ONLY=1 bash bench/peers/llamacpp/wide_host.sh bundle [FILE]
 #       only runtime/models/llm's test binary and the libraries (about 9
-#       MiB), for:
+#       MiB), for the ab step below. ONEDNN_TEST=1 adds runtime/onednn's
+#       test binary (bin/onednn.test, about 3 MiB more), to run its tests
+#       and kernel benchmarks on that host's CPU (from runtime/onednn, with
+#       LD_LIBRARY_PATH at the bundle's lib), e.g. its AMX paths; then:
 #   bash bench/peers/llamacpp/wide_host.sh ab [FILE]
 #       on the other host: runtime/models/llm's decode and prefill
 #       benchmarks (the bundle's llm.test; LLM_TEST=1 adds it to a full
@@ -47,6 +50,9 @@ bundle)
   if [ "${LLM_ONLY:-0}" = 1 ] || [ "${LLM_TEST:-0}" = 1 ]; then
     (cd "$root" && go test -c -ldflags '-s -w' -o "$stage/bin/llm.test" ./runtime/models/llm)
   fi
+  if [ "${ONEDNN_TEST:-0}" = 1 ]; then
+    (cd "$root" && go test -c -ldflags '-s -w' -o "$stage/bin/onednn.test" ./runtime/onednn)
+  fi
   parts=(bin lib)
   if [ "${LLM_ONLY:-0}" != 1 ]; then
     [ -e "$here/node_modules/@node-llama-cpp/linux-x64/bins/linux-x64/libggml-base.so" ] ||
@@ -58,7 +64,7 @@ bundle)
     tar -C "$here" -cf "$stage/nm.tar" --exclude='node_modules/node-llama-cpp/llama/gitRelease.bundle' node_modules
     parts+=(nm.tar)
   fi
-  for b in "$stage"/bin/llamacpp "$stage"/bin/llm.test; do
+  for b in "$stage"/bin/llamacpp "$stage"/bin/*.test; do
     [ -e "$b" ] || continue
     for l in $(ldd "$b" | awk '$3 ~ /^\// {print $3}'); do
       case $(basename "$l") in libdnnl.so.* | libgomp.so.* | libOpenCL.so.*) cp -L "$l" "$stage/lib/" ;; esac
