@@ -47,7 +47,10 @@ type Options struct {
 	// qamxX16Rows rows then run qgemm's VNNI kernel on the relaid tiles,
 	// and larger ones qamx, which decodes its panels from them
 	// (bd_qamx_panel's test holds those panels to GGUF's bit for bit).
-	// Off by default until measured on AMX hosts (comparisons).
+	// Off by default: on a 16-core AMX Xeon, Q8_0's single-stream decode
+	// ran 0.65-0.83 as fast relaid in four runs of five, and the K types'
+	// moved no more than two runs of one setting did (bench/RESULTS.md).
+	// For comparisons.
 	AMXRelaid bool
 }
 
