@@ -12,7 +12,7 @@ import (
 )
 
 // TestKVCacheDTypeEndToEnd: a Q8_0 GGUF generator on the CPU holds its KV
-// cache in bf16 by default (--kv-cache-dtype auto), in f32 or q8_0 when
+// cache in bf16 by default (--kv-cache-dtype auto), in f32, q8_0 or q4_0 when
 // told, as its placement's log line says; a model whose heads (16 dims)
 // cannot be held in q8_0 blocks of 32 keeps the default, with a warning,
 // rather than failing to load. The placement counts the cache, so the
@@ -34,6 +34,7 @@ func TestKVCacheDTypeEndToEnd(t *testing.T) {
 		{key{"q8_0", 16}, "bf16", true},
 		{key{"auto", 32}, "bf16", false},
 		{key{"q8_0", 32}, "q8_0", false},
+		{key{"q4_0", 32}, "q4_0", false},
 	} {
 		cfg := testConfig(t)
 		cfg.ModelRepo = t.TempDir()
@@ -79,5 +80,9 @@ func TestKVCacheDTypeEndToEnd(t *testing.T) {
 	const q8Position = 2 * 2 * 2 * 34
 	if diff := memory[key{"auto", 32}] - memory[key{"q8_0", 32}]; diff <= 0 || diff%(bf16Position*2-q8Position) != 0 {
 		t.Errorf("memory of 32-dim heads with a bf16 cache %d, with q8_0 %d: want the bf16 one larger by whole positions", memory[key{"auto", 32}], memory[key{"q8_0", 32}])
+	}
+	const q4Position = 2 * 2 * 2 * 18
+	if diff := memory[key{"q8_0", 32}] - memory[key{"q4_0", 32}]; diff <= 0 || diff%(q8Position-q4Position) != 0 {
+		t.Errorf("memory of 32-dim heads with a q8_0 cache %d, with q4_0 %d: want the q8_0 one larger by whole positions", memory[key{"q8_0", 32}], memory[key{"q4_0", 32}])
 	}
 }

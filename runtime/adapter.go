@@ -35,7 +35,7 @@ const (
 	// Block-quantized weights as GGUF (ggml) stores them: a row of K
 	// elements is K/BlockElems blocks of BlockBytes bytes, rows back to
 	// back. They are only ever a matmul's weight (In[1] with TransB), a
-	// gather's table or (Q8_0) a KV cache, never an activation: see
+	// gather's table or (Q8_0, Q4_0) a KV cache, never an activation: see
 	// Quantized.
 	Q4_0
 	Q4_1
@@ -79,6 +79,10 @@ func (t DType) Quantized() bool {
 	_, ok := quantTypes[t]
 	return ok
 }
+
+// KVCacheType says whether t can hold a KV cache (OpKVWrite's Out,
+// OpPagedAttention's In[1] and In[2]).
+func KVCacheType(t DType) bool { return t == F32 || t == BF16 || t == Q8_0 || t == Q4_0 }
 
 // BlockElems is the number of elements one block holds: 1 for the scalar
 // types.
@@ -236,10 +240,10 @@ const (
 	// OpKVWrite appends keys or values to a paged KV cache in place: In[0]
 	// new [T,Hkv,D], In[1] slots I32 [T] (slot = block·BlockSize + offset;
 	// a negative slot skips the row, for padding), Out the cache
-	// [NumBlocks,BlockSize,Hkv,D] of In[0]'s type, or Q8_0 (D a multiple
-	// of 32; each row quantized as ggml's quantize_row_q8_0_ref, a block
-	// holding an infinity or NaN with d = NaN, on devices that hold
-	// Q8_0). Out must be bound (a
+	// [NumBlocks,BlockSize,Hkv,D] of In[0]'s type, or Q8_0 or Q4_0 (D a
+	// multiple of 32; each row quantized as ggml's quantize_row_q8_0_ref
+	// or quantize_row_q4_0_ref, a block holding an infinity or NaN with
+	// d = NaN, on devices that hold block types). Out must be bound (a
 	// caller-owned buffer that persists across Runs); it is the one op
 	// whose output is also an input: the planner lists the cache in both
 	// Plan.Inputs and Plan.Outputs, and ops after it read the updated
@@ -251,8 +255,8 @@ const (
 	// OpPagedAttention: causal grouped-query attention over a paged cache,
 	// for a flattened batch mixing prefill chunks and decode steps (as
 	// vLLM does). In[0] Q [T,Hq,D], In[1] Kcache and In[2] Vcache
-	// [NumBlocks,BlockSize,Hkv,D] (both of one type, f32, bf16 or Q8_0
-	// with D a multiple of 32, independent of Q's), In[3] block table I32 [S,MaxBlocksPerSeq],
+	// [NumBlocks,BlockSize,Hkv,D] (both of one type, f32, bf16, or Q8_0 or
+	// Q4_0 with D a multiple of 32, independent of Q's; KVCacheType), In[3] block table I32 [S,MaxBlocksPerSeq],
 	// In[4] sequence index I32 [T] (the block-table row of token t), In[5]
 	// positions I32 [T] → [T,Hq,D] of Q's type. Token t attends to its
 	// sequence's cache positions 0..positions[t] inclusive (position p is

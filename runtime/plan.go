@@ -278,8 +278,8 @@ func inferOp(op Op, in []TensorType) (TensorType, error) {
 			return TensorType{}, fmt.Errorf("In[%d] has no dimensions", i)
 		}
 		// Block-quantized values are weights: a matmul's (transposed) In[1]
-		// or a gather's table, whose rows are whole blocks; or a Q8_0 KV
-		// cache.
+		// or a gather's table, whose rows are whole blocks; or a Q8_0 or
+		// Q4_0 KV cache.
 		if t.DType.Quantized() {
 			cache := op.Kind == OpPagedAttention && (i == 1 || i == 2) // its case checks type and shape
 			weight := (op.Kind == OpMatMul && i == 1 && op.TransB) || (op.Kind == OpGather && i == 0)
@@ -479,11 +479,11 @@ func inferOp(op Op, in []TensorType) (TensorType, error) {
 		if d > MaxHeadDim {
 			return TensorType{}, fmt.Errorf("head dimension %d: at most %d", d, MaxHeadDim)
 		}
-		if kc.DType != F32 && kc.DType != BF16 && kc.DType != Q8_0 {
-			return TensorType{}, fmt.Errorf("Kcache is %s, want f32, bf16 or q8_0", kc.DType)
+		if !KVCacheType(kc.DType) {
+			return TensorType{}, fmt.Errorf("Kcache is %s, want f32, bf16, q8_0 or q4_0", kc.DType)
 		}
-		if kc.DType == Q8_0 && d%32 != 0 {
-			return TensorType{}, fmt.Errorf("a q8_0 cache holds whole blocks of 32: head dimension %d", d)
+		if kc.DType.Quantized() && d%32 != 0 {
+			return TensorType{}, fmt.Errorf("a %s cache holds whole blocks of 32: head dimension %d", kc.DType, d)
 		}
 		if len(kc.Shape) != 4 || kc.Shape[3] != d {
 			return TensorType{}, fmt.Errorf("Kcache must be [NumBlocks,BlockSize,Hkv,%d]", d)
@@ -647,11 +647,11 @@ func inferKVWrite(op Op, in []TensorType, cache TensorType) (TensorType, error) 
 	if len(x.Shape) != 3 {
 		return TensorType{}, fmt.Errorf("In[0] must be 3-D [T,Hkv,D]")
 	}
-	if len(cache.Shape) != 4 || !slices.Equal(cache.Shape[2:], x.Shape[1:]) || (cache.DType != x.DType && cache.DType != Q8_0) {
-		return TensorType{}, fmt.Errorf("cache is %s, want [NumBlocks,BlockSize,%d,%d] %s or q8_0", cache, x.Shape[1], x.Shape[2], x.DType)
+	if len(cache.Shape) != 4 || !slices.Equal(cache.Shape[2:], x.Shape[1:]) || (cache.DType != x.DType && !(cache.DType.Quantized() && KVCacheType(cache.DType))) {
+		return TensorType{}, fmt.Errorf("cache is %s, want [NumBlocks,BlockSize,%d,%d] %s, q8_0 or q4_0", cache, x.Shape[1], x.Shape[2], x.DType)
 	}
-	if cache.DType == Q8_0 && x.Shape[2]%32 != 0 {
-		return TensorType{}, fmt.Errorf("a q8_0 cache holds whole blocks of 32: head dimension %d", x.Shape[2])
+	if cache.DType.Quantized() && x.Shape[2]%32 != 0 {
+		return TensorType{}, fmt.Errorf("a %s cache holds whole blocks of 32: head dimension %d", cache.DType, x.Shape[2])
 	}
 	if slots.DType != I32 || !slices.Equal(slots.Shape, x.Shape[:1]) {
 		return TensorType{}, fmt.Errorf("slots are %s, want [%d] i32", slots, x.Shape[0])

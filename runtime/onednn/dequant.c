@@ -239,6 +239,8 @@ int bd_dequant_isa(void) {
 
 void bd_dequant_q8_0(const void *src, float *dst, int64_t n) { row_q8_0(src, dst, n / 32); }
 
+void bd_dequant_q4_0(const void *src, float *dst, int64_t n) { row_q4_0(src, dst, n / 32); }
+
 int bd_dequant_row(int type, const void *src, int64_t src_bytes, float *dst, int64_t n, int isa) {
     const bd_block *b = NULL;
     for (size_t i = 0; i < sizeof blocks / sizeof blocks[0]; i++)

@@ -962,6 +962,15 @@ static inline __attribute__((always_inline)) void axpy_bf16(float *restrict y, f
 // CPU's features: the file's default target is baseline x86-64 (SSE2),
 // where the dot products run at a quarter of AVX-512's width.
 #define BD_INLINE static inline __attribute__((always_inline))
+// kv_widen puts the Q8_0 or Q4_0 (kvt) cache row at element off in dst as
+// f32 (dequant.c's decoders).
+static void kv_widen(const void *base, int kvt, int64_t off, float *dst, int64_t dim) {
+    if (kvt == BD_KV_Q4_0)
+        bd_dequant_q4_0((const uint8_t *)base + off / 32 * BD_KV_BLOCK(kvt), dst, dim);
+    else
+        bd_dequant_q8_0((const uint8_t *)base + off / 32 * BD_KV_BLOCK(kvt), dst, dim);
+}
+
 BD_INLINE void attend_body(const void *q, int q_bf16, const void *kc, const void *vc,
         int kvt, const int32_t *row, int64_t n, int64_t ti, int64_t g,
         int64_t hq, int64_t hkv, int64_t dim, int64_t bs, int64_t group,
@@ -971,7 +980,8 @@ BD_INLINE void attend_body(const void *q, int q_bf16, const void *kc, const void
         int64_t gn = group - g0 < BD_ATT_MAXG ? group - g0 : BD_ATT_MAXG;
         // Stack: gn*dim*2 floats of q and acc, and a row (<= 132 KiB at
         // the limits; typical 7*128*2*4 = 7 KiB).
-        float qs[gn * dim], acc[gn * dim], kr[dim]; // kr: a Q8_0 row widened
+        float qs[gn * dim], acc[gn * dim], kr[dim]; // kr: a Q8_0 or Q4_0 row widened
+        const int blk = kvt == BD_KV_Q8_0 || kvt == BD_KV_Q4_0;
         float mx[BD_ATT_MAXG], sum[BD_ATT_MAXG], sc[BD_ATT_MAXG][BD_ATT_TILE];
         int64_t h0 = g * group + g0;
         for (int64_t j = 0; j < gn; j++) {
@@ -986,10 +996,10 @@ BD_INLINE void attend_body(const void *q, int q_bf16, const void *kc, const void
             for (int64_t k = 0; k < pn; k++) {
                 int64_t p = p0 + k;
                 int64_t off = ((int64_t)row[p / bs] * bs + p % bs) * kvrow + g * dim;
-                if (kvt == BD_KV_Q8_0) bd_dequant_q8_0((const uint8_t *)kc + off / 32 * 34, kr, dim);
+                if (blk) kv_widen(kc, kvt, off, kr, dim);
                 for (int64_t j = 0; j < gn; j++)
                     sc[j][k] = scale * (kvt == BD_KV_BF16 ? dot_bf16(qs + j * dim, (const uint16_t *)kc + off, dim)
-                                        : dot_f32(qs + j * dim, kvt == BD_KV_Q8_0 ? kr : (const float *)kc + off, dim));
+                                        : dot_f32(qs + j * dim, blk ? kr : (const float *)kc + off, dim));
             }
             // Online softmax: rescale the running sums once per tile.
             for (int64_t j = 0; j < gn; j++) {
@@ -1012,12 +1022,12 @@ BD_INLINE void attend_body(const void *q, int q_bf16, const void *kc, const void
             for (int64_t k = 0; k < pn; k++) {
                 int64_t p = p0 + k;
                 int64_t off = ((int64_t)row[p / bs] * bs + p % bs) * kvrow + g * dim;
-                if (kvt == BD_KV_Q8_0) bd_dequant_q8_0((const uint8_t *)vc + off / 32 * 34, kr, dim);
+                if (blk) kv_widen(vc, kvt, off, kr, dim);
                 for (int64_t j = 0; j < gn; j++) {
                     if (kvt == BD_KV_BF16)
                         axpy_bf16(acc + j * dim, sc[j][k], (const uint16_t *)vc + off, dim);
                     else
-                        axpy_f32(acc + j * dim, sc[j][k], kvt == BD_KV_Q8_0 ? kr : (const float *)vc + off, dim);
+                        axpy_f32(acc + j * dim, sc[j][k], blk ? kr : (const float *)vc + off, dim);
                 }
             }
         }
@@ -1215,7 +1225,7 @@ int64_t bd_paged_attention(const bd_device *d, const void *q, int q_bf16,
     // fits (head dims up to BD_FA_GROUPDIM), blocks of more rows the row
     // kernel; both on bf16 products where the op allows them, the cache is
     // bf16 and the CPU has AVX512-BF16.
-    const int b16 = bf16 && (kvt == BD_KV_BF16 || kvt == BD_KV_Q8_0) && attend == attend_avx512 && dim % 32 == 0 && dim <= BD_FA_MAXDIM &&
+    const int b16 = bf16 && kvt != BD_KV_F32 && attend == attend_avx512 && dim % 32 == 0 && dim <= BD_FA_MAXDIM &&
             bd_have_avx512bf16();
     const int fits = attend == attend_avx512 && dim % 16 == 0 && dim <= BD_FA_GROUPDIM && group <= BD_FA_GROUP;
     const attend_fn one = fits ? (b16 ? bd_attend_group_bf16 : bd_attend_group_avx512) : attend;

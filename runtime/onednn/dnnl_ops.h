@@ -177,17 +177,18 @@ void bd_rope(const bd_device *d, const void *x, int bf16, const float *tab, int6
 // position of the first slot >= nslots (writing nothing), or -1.
 int64_t bd_kv_write(const bd_device *d, const void *x, const int32_t *slots,
         int64_t t, int64_t row, int64_t elem, void *cache, int64_t nslots);
-// bd_kv_write_q8_0 is bd_kv_write into a Q8_0 cache: row i of x (f32, or
-// bf16 when x_bf16; row % 32 == 0 elements) quantized as ggml's
-// quantize_row_q8_0_ref quantizes it, bit for bit, except that a block
-// holding an infinity or NaN gets d = NaN (and q = 0), so it reads back
-// as NaN rather than as ggml's arbitrary values.
-int64_t bd_kv_write_q8_0(const bd_device *d, const void *x, int x_bf16, const int32_t *slots,
+// bd_kv_write_q is bd_kv_write into a Q8_0 or Q4_0 cache (kvt, attend.h's
+// BD_KV_*): row i of x (f32, or bf16 when x_bf16; row % 32 == 0 elements)
+// quantized as ggml's quantize_row_q8_0_ref or quantize_row_q4_0_ref
+// quantizes it, bit for bit, except that a block holding an infinity or
+// NaN gets d = NaN, so it reads back as NaN rather than as ggml's
+// arbitrary values.
+int64_t bd_kv_write_q(const bd_device *d, int kvt, const void *x, int x_bf16, const int32_t *slots,
         int64_t t, int64_t row, void *cache, int64_t nslots);
-// bd_quant_q8_0 quantizes n (n % 32 == 0) f32 values into n/32 Q8_0
-// blocks at y, as bd_kv_write_q8_0 does; vec picks the AVX-512 form (when
-// the CPU has it) or the portable one, for the tests.
-void bd_quant_q8_0(const float *x, int64_t n, uint8_t *y, int vec);
+// bd_quant_kv quantizes n (n % 32 == 0) f32 values into n/32 blocks of
+// kvt at y, as bd_kv_write_q does; vec picks the AVX-512 form (when the
+// CPU has it) or the portable one, for the tests.
+void bd_quant_kv(int kvt, const float *x, int64_t n, uint8_t *y, int vec);
 
 // bd_paged_attention: causal GQA over a paged cache; see runtime.OpPagedAttention.
 // q [t,hq,dim], kc/vc [nblocks,bs,hkv,dim], table [s,maxb], seq [t], pos [t]
@@ -196,10 +197,10 @@ void bd_quant_q8_0(const float *x, int64_t n, uint8_t *y, int vec);
 // lets it round Q, K, P and V to bf16: bf16 says so, and lets the work
 // on a bf16 cache run the bf16 row and group kernels where the CPU has
 // AVX512-BF16; amx (the caller has also checked bd_qamx_available) sends
-// prefill blocks to AMX tiles. kvt is the cache's BD_KV_ type: a Q8_0
-// cache (dim % 32 == 0) is widened to f32 a row at a time for the f32
+// prefill blocks to AMX tiles. kvt is the cache's BD_KV_ type: a Q8_0 or
+// Q4_0 cache (dim % 32 == 0) is widened to f32 a row at a time for the f32
 // kernels, as a bf16 one is; with bf16 a tile at a time to bf16 for the
-// bf16 kernels; it never takes AMX.
+// bf16 kernels; the AMX kernel widens its rows as it loads them.
 int64_t bd_paged_attention(const bd_device *d, const void *q, int q_bf16,
         const void *kc, const void *vc, int kvt, const int32_t *table,
         const int32_t *seq, const int32_t *pos, int64_t t, int64_t hq,

@@ -7,6 +7,8 @@
 #include <immintrin.h>
 #include <stdint.h>
 
+#include "attend.h"
+
 #define BD_AVX512 __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma")))
 
 // bd_exp512 is a Cephes-style exp (about 2 ulp against expf).
@@ -45,6 +47,42 @@ BD_AVX512 static inline void bd_q8_0_row512(const uint8_t *src, float *dst, int6
         _mm512_storeu_ps(dst + 32 * b, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(lo)), d));
         _mm512_storeu_ps(dst + 32 * b + 16, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(hi)), d));
     }
+}
+
+// bd_q4_0_row512 widens n values (n/32 Q4_0 blocks, {f16 d; u8 qs[16]}:
+// element j in the low nibble of qs[j], j+16 in the high one) to f32:
+// (nibble - 8)·d, exact.
+BD_AVX512 static inline void bd_q4_0_row512(const uint8_t *src, float *dst, int64_t n) {
+    const __m512i lo4 = _mm512_set1_epi32(15), eight = _mm512_set1_epi32(8);
+    for (int64_t b = 0; b < n / 32; b++, src += 18) {
+        uint16_t h;
+        __builtin_memcpy(&h, src, 2);
+        const __m512 d = _mm512_cvtph_ps(_mm256_set1_epi16((short)h));
+        const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(src + 2)));
+        const __m512i lo = _mm512_sub_epi32(_mm512_and_si512(q, lo4), eight),
+                      hi = _mm512_sub_epi32(_mm512_srli_epi32(q, 4), eight);
+        _mm512_storeu_ps(dst + 32 * b, _mm512_mul_ps(_mm512_cvtepi32_ps(lo), d));
+        _mm512_storeu_ps(dst + 32 * b + 16, _mm512_mul_ps(_mm512_cvtepi32_ps(hi), d));
+    }
+}
+
+// bd_kvq_ld16 is the 16 values of a Q8_0 or Q4_0 (kvt, attend.h's
+// BD_KV_*) row at element off, a multiple of 16, as f32: one half of one
+// block, exact.
+BD_AVX512 static inline __m512 bd_kvq_ld16(const void *base, int kvt, int64_t off) {
+    const uint8_t *b = (const uint8_t *)base + off / 32 * BD_KV_BLOCK(kvt);
+    uint16_t h;
+    __builtin_memcpy(&h, b, 2);
+    const __m512 d = _mm512_cvtph_ps(_mm256_set1_epi16((short)h));
+    __m512i q;
+    if (kvt == BD_KV_Q4_0) { // the low nibbles are the block's first half
+        q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(b + 2)));
+        q = _mm512_sub_epi32(_mm512_and_si512(off & 16 ? _mm512_srli_epi32(q, 4) : q, _mm512_set1_epi32(15)),
+                _mm512_set1_epi32(8));
+    } else {
+        q = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + 2 + (off & 16))));
+    }
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(q), d);
 }
 
 // vec_avx512.c

@@ -47,11 +47,11 @@ type EngineOptions struct {
 	// DisablePrefixCache turns off the sharing of full blocks between
 	// sequences with the same tokens before them (see blockPool).
 	DisablePrefixCache bool
-	// KVDType is the cache's element type: F32, BF16, or Q8_0 (ggml's
-	// blocks of 32 along each head, 17/32 of bf16's memory, as llama.cpp's
-	// and Ollama's q8_0 cache: on devices that hold block-quantized
-	// buffers, for head dims divisible by 32; see Model.CheckKVDType). 0
-	// picks kvCacheDType's.
+	// KVDType is the cache's element type: F32, BF16, Q8_0 or Q4_0 (ggml's
+	// blocks of 32 along each head, 17/32 and 9/32 of bf16's memory, as
+	// llama.cpp's and Ollama's q8_0 and q4_0 caches: on devices that hold
+	// block-quantized buffers, for head dims divisible by 32; see
+	// Model.CheckKVDType). 0 picks kvCacheDType's.
 	KVDType runtime.DType
 }
 
@@ -190,16 +190,16 @@ func (s netSpec) checkKVDType(dev runtime.Device, kv runtime.DType) error {
 	switch kv {
 	case runtime.F32, runtime.BF16:
 		return nil
-	case runtime.Q8_0:
+	case runtime.Q8_0, runtime.Q4_0:
 		if !runtime.HoldsQuantized(dev, kv) {
-			return fmt.Errorf("%w: a q8_0 KV cache on %s, which holds no block-quantized buffers (f32 or bf16 there)", runtime.ErrUnsupported, dev.ID())
+			return fmt.Errorf("%w: a %s KV cache on %s, which holds no block-quantized buffers (f32 or bf16 there)", runtime.ErrUnsupported, kv, dev.ID())
 		}
 		if s.HeadDim%32 != 0 {
-			return fmt.Errorf("%w: a q8_0 KV cache holds blocks of 32 along each head, and this model's heads have %d dims (f32 or bf16 for it)", runtime.ErrUnsupported, s.HeadDim)
+			return fmt.Errorf("%w: a %s KV cache holds blocks of 32 along each head, and this model's heads have %d dims (f32 or bf16 for it)", runtime.ErrUnsupported, kv, s.HeadDim)
 		}
 		return nil
 	}
-	return fmt.Errorf("%w: a KV cache of %s (f32, bf16 or q8_0)", runtime.ErrUnsupported, kv)
+	return fmt.Errorf("%w: a KV cache of %s (f32, bf16, q8_0 or q4_0)", runtime.ErrUnsupported, kv)
 }
 
 // kvCacheDType is the KV cache's type on dev for these weights: bf16 where

@@ -237,15 +237,27 @@ func TestKVCacheDType(t *testing.T) {
 	}
 }
 
-// TestKVCacheQ8_0: asked for a q8_0 cache (--kv-cache-dtype q8_0), an
-// engine on the CPU holds ggml's Q8_0 blocks along each head, 34 bytes a
-// 32 values, so CacheBlockBytes is 17/32 of a bf16 cache's and a cache of
-// the same bytes holds that many more blocks; its logits, for quantized
-// and float weights, stay near the float64 forward pass (quantized: within
-// the bound TestQuantizedEngine holds the bf16 cache to). A device that
-// holds no block types (the Go device, standing in for PJRT) and heads not
-// divisible by 32 refuse it, and CheckKVDType says so first.
-func TestKVCacheQ8_0(t *testing.T) {
+// TestKVCacheQuantized: asked for a q8_0 or q4_0 cache (--kv-cache-dtype),
+// an engine on the CPU holds ggml's Q8_0 or Q4_0 blocks along each head,
+// 34 or 18 bytes a 32 values, so CacheBlockBytes is 17/32 or 9/32 of a
+// bf16 cache's and a cache of the same bytes holds that many more blocks;
+// its logits, for quantized and float weights, stay near the float64
+// forward pass (q8_0 with quantized weights: within the bound
+// TestQuantizedEngine holds the bf16 cache to; q4_0's 16 levels a block
+// cost more). A device that holds no block types (the Go device, standing
+// in for PJRT) and heads not divisible by 32 refuse it, and CheckKVDType
+// says so first.
+func TestKVCacheQuantized(t *testing.T) {
+	for _, c := range []struct {
+		kt         runtime.DType
+		num        int64   // CacheBlockBytes over bf16's, in 32nds
+		qtol, ftol float64 // logit bounds with quantized and float weights; at worst here (2 Zen 4 cores) 0.016 and 0.0032 (q8_0), 0.046 and 0.035 (q4_0)
+	}{{runtime.Q8_0, 17, 3e-2, 1e-2}, {runtime.Q4_0, 9, 8e-2, 8e-2}} {
+		t.Run(c.kt.String(), func(t *testing.T) { testKVCacheQuantized(t, c.kt, c.num, c.qtol, c.ftol) })
+	}
+}
+
+func testKVCacheQuantized(t *testing.T, kt runtime.DType, num int64, qtol, ftol float64) {
 	s := quantNet("qwen2")
 	s.HeadDim = 32
 	s.InvFreq = ropeFreqs(s.HeadDim, 10000, nil)
@@ -255,29 +267,29 @@ func TestKVCacheQ8_0(t *testing.T) {
 	for _, c := range []struct {
 		name      string
 		ckpt, ref map[string]models.Tensor
-		tol       float64 // here 0.017 and 0.0032 at worst (2 Zen 4 cores)
-	}{{"quantized", qw, deq, 3e-2}, {"float", ck, ck, 1e-2}} {
+		tol       float64
+	}{{"quantized", qw, deq, qtol}, {"float", ck, ck, ftol}} {
 		t.Run(c.name, func(t *testing.T) {
 			ew, err := engineWeights(s, c.ckpt)
 			if err != nil {
 				t.Fatal(err)
 			}
 			m := &Model{spec: s, weights: ew}
-			if err := m.CheckKVDType(cpu, runtime.Q8_0); err != nil {
+			if err := m.CheckKVDType(cpu, kt); err != nil {
 				t.Fatal(err)
 			}
 			const cacheBytes = 1 << 20
-			e, err := newEngine(context.Background(), cpu, s, ew, EngineOptions{CacheBytes: cacheBytes, BlockSize: 4, KVDType: runtime.Q8_0})
+			e, err := newEngine(context.Background(), cpu, s, ew, EngineOptions{CacheBytes: cacheBytes, BlockSize: 4, KVDType: kt})
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer e.Close()
-			if got := e.resident[lw(1, lVCache)].DType(); got != runtime.Q8_0 {
+			if got := e.resident[lw(1, lVCache)].DType(); got != kt {
 				t.Fatalf("cache of %v", got)
 			}
-			perBlock := m.CacheBlockBytes(cpu, runtime.Q8_0, 4)
-			if bf := m.CacheBlockBytes(cpu, runtime.BF16, 4); perBlock*32 != bf*17 {
-				t.Errorf("a q8_0 block is %d bytes, a bf16 one %d: want 17/32 of it", perBlock, bf)
+			perBlock := m.CacheBlockBytes(cpu, kt, 4)
+			if bf := m.CacheBlockBytes(cpu, runtime.BF16, 4); perBlock*32 != bf*num {
+				t.Errorf("a %s block is %d bytes, a bf16 one %d: want %d/32 of it", kt, perBlock, bf, num)
 			}
 			if _, total := e.CacheBlocks(); int64(total) != cacheBytes/perBlock {
 				t.Errorf("%d blocks, CacheBlockBytes gives %d of %d bytes", total, cacheBytes/perBlock, perBlock)
@@ -314,11 +326,11 @@ func TestKVCacheQ8_0(t *testing.T) {
 		w    map[string]models.Tensor
 	}{{"go device", &goDevice{}, s, ew}, {"heads of 16", cpu, narrow, nw}} {
 		m := &Model{spec: c.spec, weights: c.w}
-		if err := m.CheckKVDType(c.dev, runtime.Q8_0); !errors.Is(err, runtime.ErrUnsupported) {
+		if err := m.CheckKVDType(c.dev, kt); !errors.Is(err, runtime.ErrUnsupported) {
 			t.Errorf("%s: CheckKVDType: %v", c.name, err)
 		}
-		if _, err := newEngine(context.Background(), c.dev, c.spec, c.w, EngineOptions{CacheBytes: 1 << 20, KVDType: runtime.Q8_0}); !errors.Is(err, runtime.ErrUnsupported) {
-			t.Errorf("%s: an engine with a q8_0 cache: %v", c.name, err)
+		if _, err := newEngine(context.Background(), c.dev, c.spec, c.w, EngineOptions{CacheBytes: 1 << 20, KVDType: kt}); !errors.Is(err, runtime.ErrUnsupported) {
+			t.Errorf("%s: an engine with a %s cache: %v", c.name, kt, err)
 		}
 	}
 }

@@ -14,9 +14,12 @@ import (
 	"github.com/brokerd/brokerd/runtime/quant/ggmlref"
 )
 
-// q8Rows are rows of 32-value blocks made to reach the quantizer's edges,
+// kvTypes are the block types a KV cache takes.
+var kvTypes = []runtime.DType{runtime.Q8_0, runtime.Q4_0}
+
+// kvRows are rows of 32-value blocks made to reach the quantizers' edges,
 // then random ones of several magnitudes.
-func q8Rows(r *rand.Rand) []float32 {
+func kvRows(r *rand.Rand) []float32 {
 	var x []float32
 	block := func(f func(j int) float32) {
 		for j := range 32 {
@@ -37,6 +40,14 @@ func q8Rows(r *rand.Rand) []float32 {
 	block(func(j int) float32 { return float32(j-16) * 3e-6 })                        // d subnormal in f16
 	block(func(j int) float32 { return float32(j+1) * 1e6 })                          // d past f16's largest
 	block(func(j int) float32 { return float32(math.Copysign(1, float64(j%2)-0.5)) }) // ±1
+	// Q4_0: max -8, so d = 1 and x/d + 8.5 lands on whole numbers and
+	// halves, where the truncation decides; max +8 (d = -1), whose -8 gives
+	// 16.5, clamped to 15; the largest magnitude twice with opposite signs
+	// (the first one is max); Q8_0 meets them too.
+	block(func(j int) float32 { return float32(j)*0.5 - 8 })
+	block(func(j int) float32 { return 8 - float32(j)*0.5 })
+	block(func(j int) float32 { return []float32{0.25, 3, -3, 1.125}[j%4] })
+	block(func(j int) float32 { return []float32{-3, 0.75, 3, -1.5}[j%4] })
 	for _, scale := range []float64{1, 0.01, 40, 1e-4} {
 		for range 6 {
 			block(func(int) float32 { return float32(r.NormFloat64() * scale) })
@@ -45,23 +56,30 @@ func q8Rows(r *rand.Rand) []float32 {
 	return x
 }
 
-// TestQuantQ8_0MatchesGGML: a Q8_0 cache's rows are quantized (kvq8.c,
-// portable and AVX-512 forms) to the bits of ggml's own
-// quantize_row_q8_0_ref (ggml_quantize_chunk), edges included; a block
-// holding an infinity or NaN, where ggml's result is arbitrary, gets d =
-// NaN and reads back as NaN.
-func TestQuantQ8_0MatchesGGML(t *testing.T) {
+// TestQuantKVMatchesGGML: a Q8_0 or Q4_0 cache's rows are quantized
+// (kvquant.c, portable and AVX-512 forms) to the bits of ggml's own
+// quantize_row_q8_0_ref and quantize_row_q4_0_ref (ggml_quantize_chunk),
+// edges included; a block holding an infinity or NaN, where ggml's result
+// is arbitrary, gets d = NaN and reads back as NaN.
+func TestQuantKVMatchesGGML(t *testing.T) {
+	for _, kt := range kvTypes {
+		t.Run(kt.String(), func(t *testing.T) { testQuantKV(t, kt) })
+	}
+}
+
+func testQuantKV(t *testing.T, kt runtime.DType) {
 	lib := ggmlref.Find(t)
-	typ, _ := runtime.Q8_0.GGML()
-	x := q8Rows(newRand(t))
+	typ, _ := kt.GGML()
+	bb := int(kt.Bytes(32))
+	x := kvRows(newRand(t))
 	want, err := lib.Quantize(uint32(typ), x, 1, len(x))
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, vec := range []bool{false, true} {
-		got := quantQ8_0(x, vec)
+		got := quantKV(kt, x, vec)
 		for b := 0; b < len(x)/32; b++ {
-			if g, w := got[34*b:34*b+34], want[34*b:34*b+34]; !bytes.Equal(g, w) {
+			if g, w := got[bb*b:bb*b+bb], want[bb*b:bb*b+bb]; !bytes.Equal(g, w) {
 				t.Errorf("vector %v: block %d (%v…): % x, ggml % x", vec, b, x[32*b:32*b+4], g, w)
 			}
 		}
@@ -73,7 +91,7 @@ func TestQuantQ8_0MatchesGGML(t *testing.T) {
 		}
 		blk[7] = bad
 		for _, vec := range []bool{false, true} {
-			got := quantQ8_0(blk, vec)
+			got := quantKV(kt, blk, vec)
 			out := make([]float32, 32)
 			if err := quant.Dequantize(typ, got, out); err != nil {
 				t.Fatal(err)
@@ -87,28 +105,31 @@ func TestQuantQ8_0MatchesGGML(t *testing.T) {
 	}
 }
 
-// TestKVWriteQ8_0: OpKVWrite into a Q8_0 cache writes each row (f32 or
-// bf16) as the quantizer above, the last of rows naming one slot winning,
-// on one thread and on several (rows in runs of slots a thread), and
-// leaves the other slots' bytes as they were.
-func TestKVWriteQ8_0(t *testing.T) {
+// TestKVWriteQuantized: OpKVWrite into a Q8_0 or Q4_0 cache writes each
+// row (f32 or bf16) as the quantizer above, the last of rows naming one
+// slot winning, on one thread and on several (rows in runs of slots a
+// thread), and leaves the other slots' bytes as they were.
+func TestKVWriteQuantized(t *testing.T) {
 	for _, threads := range []int{1, 3} {
 		d := openTest(t, runtime.DeviceSpec{Threads: threads})
-		for _, dt := range floatTypes {
+		for _, tc := range []struct{ dt, kt runtime.DType }{
+			{runtime.F32, runtime.Q8_0}, {runtime.BF16, runtime.Q8_0}, {runtime.F32, runtime.Q4_0}, {runtime.BF16, runtime.Q4_0},
+		} {
+			dt, kt := tc.dt, tc.kt
 			for _, c := range []struct {
 				rows, hkv, dim, slots int
 			}{{9, 2, 32, 40}, {700, 2, 64, 1000}, {600, 1, 1024, 700}} {
-				t.Run(fmt.Sprintf("threads=%d/%s/rows=%d/row=%d", threads, dt, c.rows, c.hkv*c.dim), func(t *testing.T) {
+				t.Run(fmt.Sprintf("threads=%d/%s-to-%s/rows=%d/row=%d", threads, dt, kt, c.rows, c.hkv*c.dim), func(t *testing.T) {
 					needBF16(t, d, dt)
 					r := newRand(t)
 					ctx := t.Context()
 					row := c.hkv * c.dim
-					rb := row / 32 * 34
+					rb := int(kt.Bytes(int64(row)))
 					x := randVec(r, c.rows*row)
 					for i := range x {
 						x[i] *= float32(1 + i/row%5*10) // rows of several magnitudes
 					}
-					before := quantQ8_0(randVec(r, c.slots*row), false)
+					before := quantKV(kt, randVec(r, c.slots*row), false)
 					slots := make([]int32, c.rows)
 					for i := range slots {
 						slots[i] = int32(r.IntN(c.slots))
@@ -121,7 +142,7 @@ func TestKVWriteQ8_0(t *testing.T) {
 					want := slices.Clone(before)
 					for i, s := range slots {
 						if s >= 0 {
-							copy(want[int(s)*rb:], quantQ8_0(held[i*row:(i+1)*row], false))
+							copy(want[int(s)*rb:], quantKV(kt, held[i*row:(i+1)*row], false))
 						}
 					}
 					xb, err := d.Alloc(dt, c.rows, c.hkv, c.dim)
@@ -132,7 +153,7 @@ func TestKVWriteQ8_0(t *testing.T) {
 					if err := d.CopyIn(ctx, xb, x); err != nil {
 						t.Fatal(err)
 					}
-					kc, err := d.Alloc(runtime.Q8_0, c.slots, 1, c.hkv, c.dim)
+					kc, err := d.Alloc(kt, c.slots, 1, c.hkv, c.dim)
 					if err != nil {
 						t.Fatal(err)
 					}
@@ -164,18 +185,19 @@ func TestKVWriteQ8_0(t *testing.T) {
 	}
 }
 
-// TestPagedAttentionQ8_0: a Q8_0 cache (--kv-cache-dtype q8_0). Its rows
+// TestPagedAttentionQuantizedCache: a Q8_0 or Q4_0 cache
+// (--kv-cache-dtype q8_0, q4_0). Its rows
 // widen to f32 exactly, so against the float64 reference on the cache as
 // it reads back after the step, the output is as close as an f32 cache's,
 // on every kernel: the group kernel and its parts over threads, the row
 // kernel, attend_body (heads over 128 dims); Q in f32 and bf16. The step's
-// rows land in the cache quantized (TestKVWriteQ8_0 holds the bits). With
+// rows land in the cache quantized (TestKVWriteQuantized holds the bits). With
 // BF16Products, on a CPU with AVX512-BF16, the bf16 row and group kernels
 // read each tile rounded to bf16: within the bf16 bound, and different
 // from the f32 kernels' output, except where attend_body takes the work
 // (f32Only). On a CPU with AMX, blocks of 16 or more query rows (the
-// prefill chunks) take attend_amx.c, which reads the Q8_0 rows itself.
-func TestPagedAttentionQ8_0(t *testing.T) {
+// prefill chunks) take attend_amx.c, which reads the block rows itself.
+func TestPagedAttentionQuantizedCache(t *testing.T) {
 	d := openTest(t, runtime.DeviceSpec{})
 	tests := []struct {
 		name string
@@ -190,55 +212,57 @@ func TestPagedAttentionQ8_0(t *testing.T) {
 		{"mha d32 bs3", attnCase{hq: 3, hkv: 3, d: 32, bs: 3, ctx: []int{0, 4}, add: []int{50, 1}}, false},
 		{"decodes d256 group 2", attnCase{hq: 4, hkv: 2, d: 256, bs: 16, ctx: []int{40, 7}, add: []int{1, 1}}, true},
 	}
-	typ, _ := runtime.Q8_0.GGML()
-	dequant := func(b []byte) []float64 {
-		v := make([]float32, len(b)/34*32)
-		if err := quant.Dequantize(typ, b, v); err != nil {
-			t.Fatal(err)
+	for _, kt := range kvTypes {
+		typ, _ := kt.GGML()
+		dequant := func(b []byte) []float64 {
+			v := make([]float32, len(b)/int(kt.Bytes(32))*32)
+			if err := quant.Dequantize(typ, b, v); err != nil {
+				t.Fatal(err)
+			}
+			return to64(v)
 		}
-		return to64(v)
-	}
-	for _, dt := range floatTypes {
-		for _, tc := range tests {
-			t.Run(fmt.Sprintf("%s/%s", dt, tc.name), func(t *testing.T) {
-				needBF16(t, d, dt)
-				p := newAttnProblem(newRand(t), tc.attnCase)
-				y, kc, vc, err := attnRunKV(t, d, attnGraph(0), p, dt, runtime.Q8_0)
-				if err != nil {
-					t.Fatal(err)
-				}
-				row := p.hkv * p.d
-				for name, c := range map[string][3][]float32{"kc": {kc, p.kc, p.k}, "vc": {vc, p.vc, p.v}} {
-					want := dequant(quantQ8_0(c[1], false))
-					for i, s := range p.slots {
-						if s >= 0 {
-							held := make([]float32, row)
-							for j, v := range operands(c[2][i*row:(i+1)*row], dt) {
-								held[j] = float32(v)
+		for _, dt := range floatTypes {
+			for _, tc := range tests {
+				t.Run(fmt.Sprintf("%s/%s/%s", kt, dt, tc.name), func(t *testing.T) {
+					needBF16(t, d, dt)
+					p := newAttnProblem(newRand(t), tc.attnCase)
+					y, kc, vc, err := attnRunKV(t, d, attnGraph(0), p, dt, kt)
+					if err != nil {
+						t.Fatal(err)
+					}
+					row := p.hkv * p.d
+					for name, c := range map[string][3][]float32{"kc": {kc, p.kc, p.k}, "vc": {vc, p.vc, p.v}} {
+						want := dequant(quantKV(kt, c[1], false))
+						for i, s := range p.slots {
+							if s >= 0 {
+								held := make([]float32, row)
+								for j, v := range operands(c[2][i*row:(i+1)*row], dt) {
+									held[j] = float32(v)
+								}
+								copy(want[int(s)*row:], dequant(quantKV(kt, held, false)))
 							}
-							copy(want[int(s)*row:], dequant(quantQ8_0(held, false)))
+						}
+						for i, got := range c[0] {
+							if float64(got) != want[i] {
+								t.Fatalf("%s[%d] = %g, want %g", name, i, got, want[i])
+							}
 						}
 					}
-					for i, got := range c[0] {
-						if float64(got) != want[i] {
-							t.Fatalf("%s[%d] = %g, want %g", name, i, got, want[i])
-						}
+					scale := 1 / math.Sqrt(float64(p.d))
+					checkClose(t, y, refPagedAttention(operands(p.q, dt), to64(kc), to64(vc), p.paged, scale), tolFor(dt))
+					g := attnGraph(0)
+					g.Ops[2].BF16Products = true
+					yb, kb, vb, err := attnRunKV(t, d, g, p, dt, kt)
+					if err != nil {
+						t.Fatal(err)
 					}
-				}
-				scale := 1 / math.Sqrt(float64(p.d))
-				checkClose(t, y, refPagedAttention(operands(p.q, dt), to64(kc), to64(vc), p.paged, scale), tolFor(dt))
-				g := attnGraph(0)
-				g.Ops[2].BF16Products = true
-				yb, kb, vb, err := attnRunKV(t, d, g, p, dt, runtime.Q8_0)
-				if err != nil {
-					t.Fatal(err)
-				}
-				checkClose(t, yb, refPagedAttention(operands(p.q, dt), to64(kb), to64(vb), p.paged, scale), tolBF16)
-				bf16 := avx512BF16() && !tc.f32Only
-				if same := slices.Equal(y, yb); same == bf16 {
-					t.Errorf("BF16Products left the output as it was: %v; want %v (AVX512-BF16 here: %v)", same, !bf16, avx512BF16())
-				}
-			})
+					checkClose(t, yb, refPagedAttention(operands(p.q, dt), to64(kb), to64(vb), p.paged, scale), tolBF16)
+					bf16 := avx512BF16() && !tc.f32Only
+					if same := slices.Equal(y, yb); same == bf16 {
+						t.Errorf("BF16Products left the output as it was: %v; want %v (AVX512-BF16 here: %v)", same, !bf16, avx512BF16())
+					}
+				})
+			}
 		}
 	}
 }
