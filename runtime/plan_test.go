@@ -178,6 +178,7 @@ func TestPlanLLMOps(t *testing.T) {
 		"q": f32(5, 4, 8), "k": f32(5, 2, 8), "kb": b16(5, 2, 8), "pos": i32(5), "pos4": i32(4), "freq": f32(4), "freq3": f32(3),
 		"kc": f32(6, 16, 2, 8), "vc": f32(6, 16, 2, 8), "kcb": b16(6, 16, 2, 8), "kc3": f32(6, 16, 3, 8),
 		"table": i32(3, 2), "seq": i32(5), "slots": i32(5), "y": f32(5, 4, 8), "fslots": f32(5),
+		"kq4": {DType: Q4_0, Shape: []int{6, 16, 2, 8}}, "kq4k": {DType: Q4_K, Shape: []int{6, 16, 2, 8}},
 	}
 	kvw := func(in ...string) Op { return Op{Kind: OpKVWrite, In: in, Out: "kc"} }
 	attn := func(in ...string) Op { return Op{Kind: OpPagedAttention, In: in, Out: "y"} }
@@ -198,6 +199,10 @@ func TestPlanLLMOps(t *testing.T) {
 		{"kv-write heads", []Op{{Kind: OpKVWrite, In: []string{"k", "slots"}, Out: "kc3"}}, "want [NumBlocks,BlockSize,2,8] f32"},
 		{"kv-write float slots", []Op{kvw("k", "fslots")}, "slots are [5] f32, want [5] i32"},
 		{"kv-write scale", []Op{{Kind: OpKVWrite, In: []string{"k", "slots"}, Out: "kc", Scale: 1}}, "takes no Act"},
+		{"kv-write q4_0 heads of 8", []Op{{Kind: OpKVWrite, In: []string{"k", "slots"}, Out: "kq4"}}, "a q4_0 cache holds whole blocks of 32: head dimension 8"},
+		{"kv-write q4_K cache", []Op{{Kind: OpKVWrite, In: []string{"k", "slots"}, Out: "kq4k"}}, "want [NumBlocks,BlockSize,2,8] f32, q8_0 or q4_0"},
+		{"attention q4_0 heads of 8", []Op{attn("q", "kq4", "kq4", "table", "seq", "pos")}, "a q4_0 cache holds whole blocks of 32: head dimension 8"},
+		{"attention q4_K cache", []Op{attn("q", "kq4k", "kq4k", "table", "seq", "pos")}, "Kcache is q4_K, want f32, bf16, q8_0 or q4_0"},
 		{"attention heads", []Op{attn("q", "kc3", "kc3", "table", "seq", "pos")}, "4 query heads are not a multiple of 3 kv heads"},
 		{"attention v type", []Op{attn("q", "kc", "kcb", "table", "seq", "pos")}, "want [6,16,2,8] f32 like Kcache"},
 		{"attention seq", []Op{attn("q", "kc", "vc", "table", "pos4", "pos")}, "In[4] is [4] i32, want [5] i32"},

@@ -415,9 +415,24 @@ BD_AVX512 void bd_attend_group_avx512(const void *q, int q_bf16, const void *kc,
 // bf16 products round an f32 cache's rows. The bf16 kernels read a block
 // cache's tile so.
 BD_AB16 static inline void kvq_bf16_row(const void *base, int kvt, int64_t off, uint16_t *dst, int64_t dim) {
-    for (int64_t i = 0; i < dim; i += 32)
-        _mm512_store_si512(dst + i, (__m512i)_mm512_cvtne2ps_pbh(bd_kvq_ld16(base, kvt, off + i + 16),
-                                                                 bd_kvq_ld16(base, kvt, off + i)));
+    const int64_t bb = BD_KV_BLOCK(kvt);
+    const uint8_t *src = (const uint8_t *)base + off / 32 * bb;
+    for (int64_t b = 0; b < dim / 32; b++, src += bb) {
+        uint16_t h;
+        memcpy(&h, src, 2);
+        const __m512 d = _mm512_cvtph_ps(_mm256_set1_epi16((short)h));
+        __m512i lo, hi;
+        if (kvt == BD_KV_Q4_0) {
+            const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(src + 2)));
+            lo = _mm512_sub_epi32(_mm512_and_si512(q, _mm512_set1_epi32(15)), _mm512_set1_epi32(8));
+            hi = _mm512_sub_epi32(_mm512_srli_epi32(q, 4), _mm512_set1_epi32(8));
+        } else {
+            lo = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(src + 2)));
+            hi = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(src + 18)));
+        }
+        _mm512_store_si512(dst + 32 * b, (__m512i)_mm512_cvtne2ps_pbh(_mm512_mul_ps(_mm512_cvtepi32_ps(hi), d),
+                                                                     _mm512_mul_ps(_mm512_cvtepi32_ps(lo), d)));
+    }
 }
 
 // tile_bf16 is tile_f32 for the bf16 kernels: a bf16 cache's rows read in
