@@ -290,10 +290,12 @@ func run(ctx context.Context, o options) error {
 	checks := []benchkit.Job{{Prompt: prompt(8), Out: o.checkTokens}, {Prompt: prompt(48), Out: o.checkTokens}}
 	if quantized && kv == runtime.Q4_0 {
 		// A Q4_0 cache's rounding alone moves these random-weight models'
-		// greedy tokens past the near ties (llama.cpp's own Q4_0 cache
-		// changes its first token where the gap is 0.16), so the engines
+		// greedy tokens past the near ties: on Qwen's shape llama.cpp's
+		// own Q4_0 cache changed the fourth token of the first check from
+		// its F32 cache's, and brokerd's and llama.cpp's Q4_0 runs differed
+		// from the first token, at gaps of 0.65 and 0.16. So the engines
 		// are held to each other with the default caches, as at -kv auto;
-		// kernels' tests hold the Q4_0 cache to ggml's bits.
+		// runtime/onednn's tests hold the Q4_0 cache to ggml's bits.
 		fmt.Println("-kv q4_0: the greedy check runs brokerd's default cache against llama.cpp's F32 one")
 		var ce *llm.Engine
 		ce, err = m.NewEngine(ctx, dev, llm.EngineOptions{CacheBytes: 4 * int64(ctxLen/llm.DefaultBlockSize+2) * m.CacheBlockBytes(dev, 0, 0),
