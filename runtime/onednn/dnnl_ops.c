@@ -956,12 +956,6 @@ static inline __attribute__((always_inline)) void axpy_bf16(float *restrict y, f
     for (int64_t i = 0; i < n; i++) y[i] += a * bf16_f(x[i]);
 }
 
-// attend_body computes the output of token ti's query heads of kv head g
-// over the n cache positions its block-table row maps. It is inlined into
-// one function per instruction set (below), chosen at run time from the
-// CPU's features: the file's default target is baseline x86-64 (SSE2),
-// where the dot products run at a quarter of AVX-512's width.
-#define BD_INLINE static inline __attribute__((always_inline))
 // kv_widen puts the Q8_0 or Q4_0 (kvt) cache row at element off in dst as
 // f32 (dequant.c's decoders).
 static void kv_widen(const void *base, int kvt, int64_t off, float *dst, int64_t dim) {
@@ -971,6 +965,12 @@ static void kv_widen(const void *base, int kvt, int64_t off, float *dst, int64_t
         bd_dequant_q8_0((const uint8_t *)base + off / 32 * BD_KV_BLOCK(kvt), dst, dim);
 }
 
+// attend_body computes the output of token ti's query heads of kv head g
+// over the n cache positions its block-table row maps. It is inlined into
+// one function per instruction set (below), chosen at run time from the
+// CPU's features: the file's default target is baseline x86-64 (SSE2),
+// where the dot products run at a quarter of AVX-512's width.
+#define BD_INLINE static inline __attribute__((always_inline))
 BD_INLINE void attend_body(const void *q, int q_bf16, const void *kc, const void *vc,
         int kvt, const int32_t *row, int64_t n, int64_t ti, int64_t g,
         int64_t hq, int64_t hkv, int64_t dim, int64_t bs, int64_t group,
@@ -1224,7 +1224,7 @@ int64_t bd_paged_attention(const bd_device *d, const void *q, int q_bf16,
     // A decode token's group of heads takes the group kernel where it
     // fits (head dims up to BD_FA_GROUPDIM), blocks of more rows the row
     // kernel; both on bf16 products where the op allows them, the cache is
-    // bf16 and the CPU has AVX512-BF16.
+    // not f32 and the CPU has AVX512-BF16.
     const int b16 = bf16 && kvt != BD_KV_F32 && attend == attend_avx512 && dim % 32 == 0 && dim <= BD_FA_MAXDIM &&
             bd_have_avx512bf16();
     const int fits = attend == attend_avx512 && dim % 16 == 0 && dim <= BD_FA_GROUPDIM && group <= BD_FA_GROUP;

@@ -14,7 +14,6 @@
 #include <omp.h>
 #include <string.h>
 
-
 static inline uint32_t f32_bits(float f) {
     uint32_t u;
     memcpy(&u, &f, sizeof u);
@@ -42,7 +41,6 @@ static inline uint16_t fp32_fp16(float f) {
 }
 
 #define Q_NAN 0x7E00 // d of a block holding an infinity or NaN
-#define Q4_BYTES 18   // one Q4_0 block of 32
 
 // q8_block is ggml's quantize_row_q8_0_ref for one block.
 static void q8_block(const float *x, uint8_t *y) {
@@ -118,7 +116,7 @@ static void q4_block(const float *x, uint8_t *y) {
     const uint16_t h = fp32_fp16(d);
     y[0] = h & 0xFF, y[1] = h >> 8;
     for (int j = 0; j < 16; j++) {
-        // In [0, 16.5), except where 1/d overflows (amax under about
+        // In [0, 16.5], except where 1/d overflows (amax under about
         // 2e-38): there ±inf or NaN, whose cast is undefined in C and 0 in
         // ggml's x86 builds, so 0 here.
         const float a = x[j] * id + 8.5f, b = x[16 + j] * id + 8.5f;
