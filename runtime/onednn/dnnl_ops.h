@@ -189,6 +189,12 @@ int64_t bd_kv_write_q(const bd_device *d, int kvt, const void *x, int x_bf16, co
 // kvt at y, as bd_kv_write_q does; vec picks the AVX-512 form (when the
 // CPU has it) or the portable one, for the tests.
 void bd_quant_kv(int kvt, const float *x, int64_t n, uint8_t *y, int vec);
+// bd_kvq_ld16_row widens n values (a multiple of 16) of a Q8_0 or Q4_0
+// row from element off (a multiple of 16) 16 at a time with
+// vec_avx512.h's bd_kvq_ld16, the AMX attention's loader, so that the
+// tests hold it to the decoders on any CPU with AVX-512; it returns 0
+// (writing nothing) on a CPU without.
+int bd_kvq_ld16_row(const void *base, int kvt, int64_t off, float *dst, int64_t n);
 
 // bd_paged_attention: causal GQA over a paged cache; see runtime.OpPagedAttention.
 // q [t,hq,dim], kc/vc [nblocks,bs,hkv,dim], table [s,maxb], seq [t], pos [t]

@@ -186,6 +186,16 @@ static void quant_row(int kvt, const void *x, int x_bf16, int64_t n, uint8_t *y,
     }
 }
 
+BD_AVX512 static void kvq_ld16_row512(const void *base, int kvt, int64_t off, float *dst, int64_t n) {
+    for (int64_t i = 0; i < n; i += 16) _mm512_storeu_ps(dst + i, bd_kvq_ld16(base, kvt, off + i));
+}
+
+int bd_kvq_ld16_row(const void *base, int kvt, int64_t off, float *dst, int64_t n) {
+    if (!bd_have_avx512()) return 0;
+    kvq_ld16_row512(base, kvt, off, dst, n);
+    return 1;
+}
+
 void bd_quant_kv(int kvt, const float *x, int64_t n, uint8_t *y, int vec) {
     quant_row(kvt, x, 0, n, y, vec && bd_have_avx512());
 }

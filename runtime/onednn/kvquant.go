@@ -23,3 +23,15 @@ func quantKV(dt runtime.DType, x []float32, vec bool) []byte {
 	C.bd_quant_kv(kvType(dt), (*C.float)(unsafe.Pointer(&x[0])), C.int64_t(len(x)/32*32), (*C.uint8_t)(unsafe.Pointer(&y[0])), cbool(vec))
 	return y
 }
+
+// kvqLd16Row widens n values of the dt (Q8_0 or Q4_0) row b from element
+// off, both multiples of 16, with the AMX attention's loader
+// (bd_kvq_ld16); false on a CPU without AVX-512.
+func kvqLd16Row(dt runtime.DType, b []byte, off, n int) ([]float32, bool) {
+	y := make([]float32, n)
+	if n == 0 || int64(len(b)) < dt.Bytes(int64((off+n+31)/32*32)) {
+		return y, false
+	}
+	ok := C.bd_kvq_ld16_row(unsafe.Pointer(&b[0]), kvType(dt), C.int64_t(off), (*C.float)(unsafe.Pointer(&y[0])), C.int64_t(n)) == 1
+	return y, ok
+}

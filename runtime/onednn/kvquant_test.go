@@ -266,3 +266,30 @@ func TestPagedAttentionQuantizedCache(t *testing.T) {
 		}
 	}
 }
+
+// TestKVQLd16: the AMX attention's loader (bd_kvq_ld16) widens 16 values
+// of a Q8_0 or Q4_0 row, from either half of a block, to the decoders'
+// values exactly; it runs on any CPU with AVX-512, so the tests hold it
+// where no AMX kernel would run it.
+func TestKVQLd16(t *testing.T) {
+	x := kvRows(newRand(t))[:8*32]
+	for _, kt := range kvTypes {
+		typ, _ := kt.GGML()
+		b := quantKV(kt, x, false)
+		want := make([]float32, len(x))
+		if err := quant.Dequantize(typ, b, want); err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range []struct{ off, n int }{{0, len(x)}, {16, 32}, {48, 112}, {240, 16}} {
+			got, ok := kvqLd16Row(kt, b, c.off, c.n)
+			if !ok {
+				t.Skip("no AVX-512 here")
+			}
+			for i, v := range got {
+				if w := want[c.off+i]; math.Float32bits(v) != math.Float32bits(w) {
+					t.Fatalf("%s from %d: value %d is %g, want %g", kt, c.off, c.off+i, v, w)
+				}
+			}
+		}
+	}
+}
