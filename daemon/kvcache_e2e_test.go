@@ -16,7 +16,8 @@ import (
 // told, as its placement's log line says; a model whose heads (16 dims)
 // cannot be held in q8_0 blocks of 32 keeps the default, with a warning,
 // rather than failing to load. The placement counts the cache, so the
-// model's memory differs by the caches' difference, and every one serves.
+// model's memory differs by the caches' difference, every one serves, and
+// GetStats shows the type each holds.
 func TestKVCacheDTypeEndToEnd(t *testing.T) {
 	ggufs := map[int]string{16: writeTinyGGUF(t, "q8_0"), 32: writeTinyGGUFHeads(t, "q8_0", 32)}
 	type key struct {
@@ -65,6 +66,16 @@ func TestKVCacheDTypeEndToEnd(t *testing.T) {
 			Sampling: &brokerv1.SamplingParams{Temperature: new(float32), MaxTokens: 4, IgnoreEos: true}})
 		if err != nil || len(texts) != 2 {
 			t.Fatalf("%+v: generate: %v %v", c.key, texts, err)
+		}
+		// GetStats (brokerctl stats) says which type the cache holds.
+		st, err := cl.GetStats(ctx, &brokerv1.GetStatsRequest{Model: "tiny"})
+		if err != nil || len(st.GetStats()) != 2 {
+			t.Fatalf("%+v: GetStats: %v %v", c.key, st, err)
+		}
+		for _, r := range st.GetStats() {
+			if got := r.GetGeneration().GetKvCacheDtype(); got != c.want {
+				t.Errorf("%+v: GetStats row %q: KV cache type %q, want %s", c.key, r.GetDeviceId(), got, c.want)
+			}
 		}
 	}
 	// 2 layers · K and V · 2 heads a position: the f32 cache is twice the

@@ -34,6 +34,9 @@ func (x EngineExecutor) Close() error                        { return x.Engine.C
 // (scheduler.KVCacheReporter): Stats rows and the KV gauges.
 func (x EngineExecutor) CacheBlocks() (used, total int) { return x.Engine.CacheBlocks() }
 
+// KVCacheDType is the engine's KV cache type (scheduler.KVCacheTyper).
+func (x EngineExecutor) KVCacheDType() string { return x.Engine.Options().KVDType.String() }
+
 func (x EngineExecutor) Step(ctx context.Context, items []scheduler.StepItem) ([]scheduler.StepResult, error) {
 	in := make([]llm.SeqStep, len(items))
 	for i, it := range items {

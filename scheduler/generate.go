@@ -858,12 +858,26 @@ type KVCacheReporter interface {
 	CacheBlocks() (used, total int)
 }
 
-// KVCache is a replica's KV cache in blocks.
-type KVCache struct{ UsedBlocks, TotalBlocks int }
+// KVCacheTyper is what an executor may report of its KV cache's element
+// type ("bf16", "q8_0", ...), which Stats shows beside its blocks.
+type KVCacheTyper interface {
+	KVCacheDType() string
+}
+
+// KVCache is a replica's KV cache in blocks, and its element type (empty
+// when the executor does not say; a model's row: its replicas' distinct
+// types, comma-separated).
+type KVCache struct {
+	UsedBlocks, TotalBlocks int
+	DType                   string
+}
 
 // sampleKVLocked reads r's KV cache, when its executor reports one.
 func (s *Scheduler) sampleKVLocked(r *genReplica) {
 	if kv, ok := r.exec.(KVCacheReporter); ok {
 		r.kv.UsedBlocks, r.kv.TotalBlocks = kv.CacheBlocks()
+	}
+	if t, ok := r.exec.(KVCacheTyper); ok {
+		r.kv.DType = t.KVCacheDType()
 	}
 }

@@ -75,7 +75,7 @@ func TestGeneratorStats(t *testing.T) {
 		t.Fatalf("rows named %q and %+v, want %q", row.Model, reps, name)
 	}
 	used := f.blocksUsed()
-	if row.Queued != 0 || row.Gen.KV != (KVCache{used, 64}) || reps[0].Gen.KV != row.Gen.KV || reps[0].Running != n || reps[0].MaxBatch != 8 {
+	if row.Queued != 0 || row.Gen.KV != (KVCache{UsedBlocks: used, TotalBlocks: 64}) || reps[0].Gen.KV != row.Gen.KV || reps[0].Running != n || reps[0].MaxBatch != 8 {
 		t.Errorf("while running: queued %d, KV %+v (replica %+v), want 0 and {%d 64}; replica running %d, max %d",
 			row.Queued, row.Gen.KV, reps[0].Gen.KV, used, reps[0].Running, reps[0].MaxBatch)
 	}
@@ -144,7 +144,7 @@ func TestGeneratorStats(t *testing.T) {
 			r.RecentItemsPerSecond != n/RateWindow.Seconds() {
 			t.Errorf("%s row: %v output and %v prompt tokens/s, %v sequences/s", r.DeviceID, g.OutputTokensPerSecond, g.PromptTokensPerSecond, r.RecentItemsPerSecond)
 		}
-		if g.KV != (KVCache{0, 64}) {
+		if g.KV != (KVCache{TotalBlocks: 64}) {
 			t.Errorf("%s row: KV %+v after the sequences ended", r.DeviceID, g.KV)
 		}
 	}
@@ -296,6 +296,45 @@ func TestInstancesShareTheirName(t *testing.T) {
 	for _, name := range []string{"m@1", "g@1"} {
 		if got := seriesOf(t, reg, name); len(got) != 0 {
 			t.Errorf("series of %s after its last instance left: %v", name, got)
+		}
+	}
+}
+
+// typedGen is a fakeGen that reports its KV cache's type (KVCacheTyper).
+type typedGen struct {
+	*fakeGen
+	dtype string
+}
+
+func (g typedGen) KVCacheDType() string { return g.dtype }
+
+// TestGeneratorKVCacheType: each replica's row shows its executor's KV
+// cache type from the moment it is added, and the model's row its
+// replicas' distinct types in device order; an executor that does not say
+// leaves its row's empty.
+func TestGeneratorKVCacheType(t *testing.T) {
+	s := newTestScheduler(t, Options{})
+	for _, c := range []struct {
+		dev  string
+		exec GenExecutor
+	}{
+		{"gpu:0", typedGen{newFakeGen(4, 16), "bf16"}},
+		{"cpu:0", typedGen{newFakeGen(4, 16), "q8_0"}},
+		{"cpu:1", typedGen{newFakeGen(4, 16), "q8_0"}},
+		{"cpu:2", newFakeGen(4, 16)},
+	} {
+		if err := s.AddGenReplica("llm", Device{ID: c.dev, Type: c.dev[:3]}, GenOptions{MaxRunning: 2, MaxStepTokens: 64}, c.exec); err != nil {
+			t.Fatal(err)
+		}
+	}
+	row, reps := genRows(t, s, "llm")
+	if row.Gen.KV.DType != "q8_0,bf16" || row.Gen.KV.TotalBlocks != 64 {
+		t.Errorf("model row KV %+v, want types q8_0,bf16 and 64 blocks", row.Gen.KV)
+	}
+	want := map[string]string{"cpu:0": "q8_0", "cpu:1": "q8_0", "cpu:2": "", "gpu:0": "bf16"}
+	for _, r := range reps {
+		if r.Gen.KV.DType != want[r.DeviceID] {
+			t.Errorf("%s row: KV type %q, want %q", r.DeviceID, r.Gen.KV.DType, want[r.DeviceID])
 		}
 	}
 }

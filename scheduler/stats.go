@@ -203,6 +203,14 @@ func (s *Scheduler) genRowsLocked(out []QueueStats, gq *genQueue, now time.Time)
 		rows = append(rows, rr)
 	}
 	slices.SortFunc(rows, func(a, b QueueStats) int { return strings.Compare(a.DeviceID, b.DeviceID) })
+	// The model's KV cache types: its replicas', distinct, in device order.
+	var types []string
+	for _, rr := range rows {
+		if t := rr.Gen.KV.DType; t != "" && !slices.Contains(types, t) {
+			types = append(types, t)
+		}
+	}
+	row.Gen.KV.DType = strings.Join(types, ",")
 	return append(append(out, row), rows...)
 }
 

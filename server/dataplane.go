@@ -69,6 +69,7 @@ func statsToProto(st scheduler.QueueStats) *brokerv1.QueueStats {
 			Preemptions:           g.Preemptions,
 			PromptTokens:          g.PromptTokens,
 			GeneratedTokens:       g.GeneratedTokens,
+			KvCacheDtype:          g.KV.DType,
 		}
 	}
 	return out

@@ -4033,8 +4033,13 @@ type GenerationStats struct {
 	Preemptions     int64 `protobuf:"varint,7,opt,name=preemptions,proto3" json:"preemptions,omitempty"`
 	PromptTokens    int64 `protobuf:"varint,8,opt,name=prompt_tokens,json=promptTokens,proto3" json:"prompt_tokens,omitempty"`
 	GeneratedTokens int64 `protobuf:"varint,9,opt,name=generated_tokens,json=generatedTokens,proto3" json:"generated_tokens,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// The KV cache's element type ("bf16", "q8_0", ...; --kv-cache-dtype),
+	// empty when the executor does not say; a model's row lists its
+	// replicas' types, comma-separated, where they differ (a device that
+	// cannot hold the type asked for keeps its own).
+	KvCacheDtype  string `protobuf:"bytes,10,opt,name=kv_cache_dtype,json=kvCacheDtype,proto3" json:"kv_cache_dtype,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *GenerationStats) Reset() {
@@ -4128,6 +4133,13 @@ func (x *GenerationStats) GetGeneratedTokens() int64 {
 		return x.GeneratedTokens
 	}
 	return 0
+}
+
+func (x *GenerationStats) GetKvCacheDtype() string {
+	if x != nil {
+		return x.KvCacheDtype
+	}
+	return ""
 }
 
 type GetStatsRequest struct {
@@ -6044,7 +6056,7 @@ const file_broker_v1_broker_proto_rawDesc = "" +
 	"last_error\x18\x0f \x01(\tR\tlastError\x1a9\n" +
 	"\vFailedEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"\xee\x03\n" +
+	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"\x94\x04\n" +
 	"\x0fGenerationStats\x127\n" +
 	"\x18prompt_tokens_per_second\x18\x01 \x01(\x01R\x15promptTokensPerSecond\x127\n" +
 	"\x18output_tokens_per_second\x18\x02 \x01(\x01R\x15outputTokensPerSecond\x12H\n" +
@@ -6054,7 +6066,9 @@ const file_broker_v1_broker_proto_rawDesc = "" +
 	"\x15kv_cache_blocks_total\x18\x06 \x01(\x03R\x12kvCacheBlocksTotal\x12 \n" +
 	"\vpreemptions\x18\a \x01(\x03R\vpreemptions\x12#\n" +
 	"\rprompt_tokens\x18\b \x01(\x03R\fpromptTokens\x12)\n" +
-	"\x10generated_tokens\x18\t \x01(\x03R\x0fgeneratedTokens\"'\n" +
+	"\x10generated_tokens\x18\t \x01(\x03R\x0fgeneratedTokens\x12$\n" +
+	"\x0ekv_cache_dtype\x18\n" +
+	" \x01(\tR\fkvCacheDtype\"'\n" +
 	"\x0fGetStatsRequest\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\"?\n" +
 	"\x10GetStatsResponse\x12+\n" +
