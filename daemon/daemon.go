@@ -181,7 +181,7 @@ func Run(ctx context.Context, opts Options, log *zap.Logger) error {
 		MaxBatchTokens: cfg.MaxBatchTokens,
 		Entries:        inv.Devices,
 		DTypes:         pol.dtypes,
-		KVCacheDType:   map[string]runtime.DType{"f32": runtime.F32, "bf16": runtime.BF16, "q8_0": runtime.Q8_0, "q4_0": runtime.Q4_0}[cfg.KVCacheDType], // auto: 0
+		KVCacheDType:   map[string]runtime.DType{"f32": runtime.F32, "bf16": runtime.BF16, "f16": runtime.F16, "q8_0": runtime.Q8_0, "q4_0": runtime.Q4_0}[cfg.KVCacheDType], // auto: 0
 	}, log)
 	defer func() {
 		if err := models.Close(); err != nil {

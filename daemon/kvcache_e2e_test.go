@@ -12,7 +12,7 @@ import (
 )
 
 // TestKVCacheDTypeEndToEnd: a Q8_0 GGUF generator on the CPU holds its KV
-// cache in bf16 by default (--kv-cache-dtype auto), in f32, q8_0 or q4_0 when
+// cache in bf16 by default (--kv-cache-dtype auto), in f32, f16, q8_0 or q4_0 when
 // told, as its placement's log line says; a model whose heads (16 dims)
 // cannot be held in q8_0 blocks of 32 keeps the default, with a warning,
 // rather than failing to load. The placement counts the cache, so the
@@ -32,6 +32,7 @@ func TestKVCacheDTypeEndToEnd(t *testing.T) {
 	}{
 		{key{"auto", 16}, "bf16", false},
 		{key{"f32", 16}, "f32", false},
+		{key{"f16", 16}, "f16", false},
 		{key{"q8_0", 16}, "bf16", true},
 		{key{"auto", 32}, "bf16", false},
 		{key{"q8_0", 32}, "q8_0", false},
@@ -84,6 +85,9 @@ func TestKVCacheDTypeEndToEnd(t *testing.T) {
 	const bf16Position = 2 * 2 * 2 * 16 * 2
 	if diff := memory[key{"f32", 16}] - memory[key{"auto", 16}]; diff <= 0 || diff%bf16Position != 0 {
 		t.Errorf("memory with an f32 cache %d, with the default (bf16) %d: want the f32 one larger by bf16 positions", memory[key{"f32", 16}], memory[key{"auto", 16}])
+	}
+	if memory[key{"f16", 16}] != memory[key{"auto", 16}] {
+		t.Errorf("memory with an f16 cache %d, with the default (bf16) %d: want the same", memory[key{"f16", 16}], memory[key{"auto", 16}])
 	}
 	if memory[key{"q8_0", 16}] != memory[key{"auto", 16}] {
 		t.Errorf("memory with q8_0 asked of 16-dim heads %d, with the default %d: want the same", memory[key{"q8_0", 16}], memory[key{"auto", 16}])

@@ -81,7 +81,7 @@ func (g llmServable) seqCacheBytes(od openDevice) int64 {
 
 // kvOn is the KV cache type a replica on od gets: the one asked for
 // (--kv-cache-dtype), or the model's own choice (0) where od cannot hold
-// that one (a q8_0 or q4_0 cache on a GPU, or for heads not divisible by 32), with
+// that one (an f16, q8_0 or q4_0 cache on a GPU, or a block type for heads not divisible by 32), with
 // why, so one setting serves every device.
 func (g llmServable) kvOn(od openDevice) (runtime.DType, error) {
 	if g.kv == 0 {

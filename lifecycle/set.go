@@ -31,10 +31,10 @@ type Options struct {
 	// (--compute-dtype); F32 for types it lacks.
 	DTypes map[detect.Type]runtime.DType
 	// KVCacheDType is generators' KV cache type (--kv-cache-dtype): F32,
-	// BF16, Q8_0 or Q4_0, or 0 for each engine's own choice (bf16 for
+	// BF16, F16, Q8_0 or Q4_0, or 0 for each engine's own choice (bf16 for
 	// block-quantized weights a device keeps so or a device computing in
-	// bf16, else f32). A device that cannot hold the type asked for (a
-	// block type on a GPU) gets its own choice, with a warning.
+	// bf16, else f32). A device that cannot hold the type asked for (f16
+	// or a block type on a GPU) gets its own choice, with a warning.
 	KVCacheDType runtime.DType
 }
 

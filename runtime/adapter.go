@@ -45,6 +45,10 @@ const (
 	Q4_K
 	Q5_K
 	Q6_K
+
+	// F16 is IEEE half precision, only ever a KV cache (see KVCacheType):
+	// values convert to it as they are written, rounded to nearest even.
+	F16
 )
 
 // quantTypes maps the block types onto ggml's (runtime/quant): elements
@@ -82,7 +86,11 @@ func (t DType) Quantized() bool {
 
 // KVCacheType says whether t can hold a KV cache (OpKVWrite's Out,
 // OpPagedAttention's In[1] and In[2]).
-func KVCacheType(t DType) bool { return t == F32 || t == BF16 || t == Q8_0 || t == Q4_0 }
+func KVCacheType(t DType) bool { return t == F32 || t == BF16 || t == F16 || t == Q8_0 || t == Q4_0 }
+
+// KVStoreType says whether t is a KV cache type that rows of another type
+// are converted into as they are written (f16 and the block types).
+func KVStoreType(t DType) bool { return t == F16 || t == Q8_0 || t == Q4_0 }
 
 // BlockElems is the number of elements one block holds: 1 for the scalar
 // types.
@@ -118,6 +126,8 @@ func (t DType) String() string {
 		return "bf16"
 	case I32:
 		return "i32"
+	case F16:
+		return "f16"
 	}
 	if q, ok := quantTypes[t]; ok {
 		return q.String()
@@ -129,7 +139,7 @@ func (t DType) String() string {
 // type's elements have no whole size: use Bytes).
 func (t DType) Size() int {
 	switch t {
-	case BF16:
+	case BF16, F16:
 		return 2
 	default:
 		return 4
@@ -240,10 +250,11 @@ const (
 	// OpKVWrite appends keys or values to a paged KV cache in place: In[0]
 	// new [T,Hkv,D], In[1] slots I32 [T] (slot = block·BlockSize + offset;
 	// a negative slot skips the row, for padding), Out the cache
-	// [NumBlocks,BlockSize,Hkv,D] of In[0]'s type, or Q8_0 or Q4_0 (D a
-	// multiple of 32; each row quantized as ggml's quantize_row_q8_0_ref
-	// or quantize_row_q4_0_ref, a block holding an infinity or NaN with
-	// d = NaN, on devices that hold block types). Out must be bound (a
+	// [NumBlocks,BlockSize,Hkv,D] of In[0]'s type, or F16 (rounded to
+	// nearest even), or Q8_0 or Q4_0 (D a multiple of 32; each row
+	// quantized as ggml's quantize_row_q8_0_ref or quantize_row_q4_0_ref,
+	// a block holding an infinity or NaN with d = NaN), on devices that
+	// hold those types (KVStoreType). Out must be bound (a
 	// caller-owned buffer that persists across Runs); it is the one op
 	// whose output is also an input: the planner lists the cache in both
 	// Plan.Inputs and Plan.Outputs, and ops after it read the updated
@@ -255,8 +266,9 @@ const (
 	// OpPagedAttention: causal grouped-query attention over a paged cache,
 	// for a flattened batch mixing prefill chunks and decode steps (as
 	// vLLM does). In[0] Q [T,Hq,D], In[1] Kcache and In[2] Vcache
-	// [NumBlocks,BlockSize,Hkv,D] (both of one type, f32, bf16, or Q8_0 or
-	// Q4_0 with D a multiple of 32, independent of Q's; KVCacheType), In[3] block table I32 [S,MaxBlocksPerSeq],
+	// [NumBlocks,BlockSize,Hkv,D] (both of one type, f32, bf16, f16, or
+	// Q8_0 or Q4_0 with D a multiple of 32, independent of Q's;
+	// KVCacheType), In[3] block table I32 [S,MaxBlocksPerSeq],
 	// In[4] sequence index I32 [T] (the block-table row of token t), In[5]
 	// positions I32 [T] → [T,Hq,D] of Q's type. Token t attends to its
 	// sequence's cache positions 0..positions[t] inclusive (position p is
@@ -366,14 +378,16 @@ type Device interface {
 // uploads raw bytes where the device is one and Holds the type, and
 // dequantizes on the host to the device's compute type elsewhere (PJRT).
 type RawDevice interface {
-	// Holds says whether Alloc takes dt (a block type).
+	// Holds says whether Alloc takes dt (a block type, or F16 for a KV
+	// cache).
 	Holds(dt DType) bool
 	// CopyInRaw writes src, stored bytes of dst's type, into dst at byte
 	// offset off (a model's weight may come in pieces: gate then up).
 	CopyInRaw(ctx context.Context, dst Buffer, off int64, src []byte) error
 }
 
-// HoldsQuantized says whether dev keeps block type dt as it is stored.
+// HoldsQuantized says whether dev keeps block type dt (or F16) as it is
+// stored.
 func HoldsQuantized(dev Device, dt DType) bool {
 	r, ok := dev.(RawDevice)
 	return ok && r.Holds(dt)

@@ -480,7 +480,7 @@ func inferOp(op Op, in []TensorType) (TensorType, error) {
 			return TensorType{}, fmt.Errorf("head dimension %d: at most %d", d, MaxHeadDim)
 		}
 		if !KVCacheType(kc.DType) {
-			return TensorType{}, fmt.Errorf("Kcache is %s, want f32, bf16, q8_0 or q4_0", kc.DType)
+			return TensorType{}, fmt.Errorf("Kcache is %s, want f32, bf16, f16, q8_0 or q4_0", kc.DType)
 		}
 		if kc.DType.Quantized() && d%32 != 0 {
 			return TensorType{}, fmt.Errorf("a %s cache holds whole blocks of 32: head dimension %d", kc.DType, d)
@@ -647,8 +647,8 @@ func inferKVWrite(op Op, in []TensorType, cache TensorType) (TensorType, error) 
 	if len(x.Shape) != 3 {
 		return TensorType{}, fmt.Errorf("In[0] must be 3-D [T,Hkv,D]")
 	}
-	if len(cache.Shape) != 4 || !slices.Equal(cache.Shape[2:], x.Shape[1:]) || (cache.DType != x.DType && !(cache.DType.Quantized() && KVCacheType(cache.DType))) {
-		return TensorType{}, fmt.Errorf("cache is %s, want [NumBlocks,BlockSize,%d,%d] %s, q8_0 or q4_0", cache, x.Shape[1], x.Shape[2], x.DType)
+	if len(cache.Shape) != 4 || !slices.Equal(cache.Shape[2:], x.Shape[1:]) || (cache.DType != x.DType && !KVStoreType(cache.DType)) {
+		return TensorType{}, fmt.Errorf("cache is %s, want [NumBlocks,BlockSize,%d,%d] %s, f16, q8_0 or q4_0", cache, x.Shape[1], x.Shape[2], x.DType)
 	}
 	if cache.DType.Quantized() && x.Shape[2]%32 != 0 {
 		return TensorType{}, fmt.Errorf("a %s cache holds whole blocks of 32: head dimension %d", cache.DType, x.Shape[2])

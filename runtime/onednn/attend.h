@@ -6,10 +6,11 @@
 #include <stdint.h>
 
 // KV cache element types (the kernels' and bd_paged_attention's kvt): f32,
-// bf16, or ggml's Q8_0 ({f16 d; i8 q[32]}) or Q4_0 ({f16 d; u8 qs[16]})
-// blocks along each row, so a head's dim is a multiple of 32 and element
-// offset e of a row is in block e/32 (kvquant.c writes them).
-enum { BD_KV_F32 = 0, BD_KV_BF16 = 1, BD_KV_Q8_0 = 2, BD_KV_Q4_0 = 3 };
+// bf16, f16, or ggml's Q8_0 ({f16 d; i8 q[32]}) or Q4_0 ({f16 d; u8
+// qs[16]}) blocks along each row, so a head's dim is a multiple of 32 and
+// element offset e of a row is in block e/32 (kvquant.c writes f16 and
+// the blocks).
+enum { BD_KV_F32 = 0, BD_KV_BF16 = 1, BD_KV_Q8_0 = 2, BD_KV_Q4_0 = 3, BD_KV_F16 = 4 };
 
 // BD_KV_BLOCK is a block type's bytes a block of 32.
 #define BD_KV_BLOCK(kvt) ((kvt) == BD_KV_Q4_0 ? 18 : 34)

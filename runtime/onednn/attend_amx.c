@@ -69,12 +69,12 @@ AA_TARGET void bd_attend_amx_end(void) { _tile_release(); }
 
 // 16 values of a row of type t (BD_KV_*) from element off, as f32. A
 // block cache row's off is a multiple of 16 (dims divide by 32), so the 16
-// values are one half of one block, exact (bd_kvq_ld16).
+// values are one half of one block, exact (bd_kvq_ld16, f16's too).
 AA_TARGET static inline __m512 aa_ld16(const void *base, int64_t off, int t) {
     if (t == BD_KV_BF16)
         return _mm512_castsi512_ps(_mm512_slli_epi32(
                 _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)base + off))), 16));
-    if (t == BD_KV_Q8_0 || t == BD_KV_Q4_0) return bd_kvq_ld16(base, t, off);
+    if (t == BD_KV_Q8_0 || t == BD_KV_Q4_0 || t == BD_KV_F16) return bd_kvq_ld16(base, t, off);
     return _mm512_loadu_ps((const float *)base + off);
 }
 
@@ -123,7 +123,7 @@ AA_TARGET static inline void aa_transpose16(__m512 r[16]) {
 // bd_attend_amx computes the rows of tokens t0..t0+tn-1 (one sequence,
 // whose block-table row is row) × the group query heads of kv head g;
 // tn·group <= 64, dim % 32 == 0, dim <= 256. pos[t] is token t's position:
-// it sees cache positions 0..pos[t]. The cache is f32, bf16, Q8_0 or Q4_0 (kvt).
+// it sees cache positions 0..pos[t]. The cache is f32, bf16, f16, Q8_0 or Q4_0 (kvt).
 // work holds bd_attend_amx_bytes(dim) (64-byte aligned); the thread is
 // between _begin and _end.
 AA_TARGET void bd_attend_amx(const void *q, int q_bf16, const void *kc, const void *vc, int kvt,

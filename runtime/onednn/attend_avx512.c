@@ -25,10 +25,12 @@ BD_AVX512 static inline void bf16_row(const uint16_t *src, float *dst, int64_t n
     }
 }
 
-// widen_row puts the cache row at element off of a bf16, Q8_0 or Q4_0
+// widen_row puts the cache row at element off of a bf16, f16, Q8_0 or Q4_0
 // cache in dst as f32.
 BD_AVX512 static inline void widen_row(const void *base, int kvt, int64_t off, float *dst, int64_t dim) {
-    if (kvt == BD_KV_Q8_0)
+    if (kvt == BD_KV_F16)
+        bd_f16_row512((const uint16_t *)base + off, dst, dim);
+    else if (kvt == BD_KV_Q8_0)
         bd_q8_0_row512((const uint8_t *)base + off / 32 * 34, dst, dim);
     else if (kvt == BD_KV_Q4_0)
         bd_q4_0_row512((const uint8_t *)base + off / 32 * 18, dst, dim);
@@ -38,7 +40,7 @@ BD_AVX512 static inline void widen_row(const void *base, int kvt, int64_t off, f
 
 // tile_f32 points kp[k] and vp[k] at the f32 key and value rows of cache
 // position p0+k of kv head g (row: its block-table row) for k < pn, and
-// past pn at position p0's (read, then masked). A bf16, Q8_0 or Q4_0
+// past pn at position p0's (read, then masked). A bf16, f16, Q8_0 or Q4_0
 // cache's rows are widened into kf and vf ([BD_FA_KEYS][dim]).
 BD_AVX512 static inline void tile_f32(const void *kc, const void *vc, int kvt, const int32_t *row, int64_t p0, int64_t pn,
         int64_t g, int64_t hkv, int64_t dim, int64_t bs, float *kf, float *vf, const float **kp, const float **vp) {
@@ -410,11 +412,17 @@ BD_AVX512 void bd_attend_group_avx512(const void *q, int q_bf16, const void *kc,
 // 32 == 0, dim <= BD_FA_GROUPDIM, group <= BD_FA_GROUP.
 #define BD_AB16 __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,avx512bf16,avx2,fma")))
 
-// kvq_bf16_row puts the Q8_0 or Q4_0 (kvt) cache row at element off in
-// dst as bf16: the values (exact in f32) rounded to nearest even, as the
-// bf16 products round an f32 cache's rows. The bf16 kernels read a block
-// cache's tile so.
+// kvq_bf16_row puts the f16, Q8_0 or Q4_0 (kvt) cache row at element off
+// in dst as bf16: the values (exact in f32) rounded to nearest even, as
+// the bf16 products round an f32 cache's rows. The bf16 kernels read such
+// a cache's tile so.
 BD_AB16 static inline void kvq_bf16_row(const void *base, int kvt, int64_t off, uint16_t *dst, int64_t dim) {
+    if (kvt == BD_KV_F16) {
+        for (int64_t i = 0; i < dim; i += 32)
+            _mm512_store_si512(dst + i, (__m512i)_mm512_cvtne2ps_pbh(bd_kvq_ld16(base, kvt, off + i + 16),
+                                                                     bd_kvq_ld16(base, kvt, off + i)));
+        return;
+    }
     const int64_t bb = BD_KV_BLOCK(kvt);
     const uint8_t *src = (const uint8_t *)base + off / 32 * bb;
     for (int64_t b = 0; b < dim / 32; b++, src += bb) {
@@ -436,7 +444,7 @@ BD_AB16 static inline void kvq_bf16_row(const void *base, int kvt, int64_t off, 
 }
 
 // tile_bf16 is tile_f32 for the bf16 kernels: a bf16 cache's rows read in
-// place, a Q8_0 or Q4_0 cache's rounded into kb and vb; past pn, K at position p0's
+// place, an f16, Q8_0 or Q4_0 cache's rounded into kb and vb; past pn, K at position p0's
 // (read, then masked) and V at zeros (its weight is 0, and it may pair with
 // the last key).
 BD_AB16 static inline void tile_bf16(const void *kc, const void *vc, int kvt, const int32_t *row, int64_t p0, int64_t pn,

@@ -241,6 +241,8 @@ void bd_dequant_q8_0(const void *src, float *dst, int64_t n) { row_q8_0(src, dst
 
 void bd_dequant_q4_0(const void *src, float *dst, int64_t n) { row_q4_0(src, dst, n / 32); }
 
+void bd_dequant_f16(const void *src, float *dst, int64_t n) { row_f16(src, dst, n); }
+
 int bd_dequant_row(int type, const void *src, int64_t src_bytes, float *dst, int64_t n, int isa) {
     const bd_block *b = NULL;
     for (size_t i = 0; i < sizeof blocks / sizeof blocks[0]; i++)

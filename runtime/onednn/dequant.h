@@ -32,8 +32,10 @@ int bd_dequant_row(int type, const void *src, int64_t src_bytes, float *dst,
 // dst without bd_dequant_row's checks, for kernels that have made them: the
 // portable attention over a Q8_0 KV cache widens a row per key.
 void bd_dequant_q8_0(const void *src, float *dst, int64_t n);
-// bd_dequant_q4_0 is bd_dequant_q8_0 for Q4_0 blocks.
+// bd_dequant_q4_0 is bd_dequant_q8_0 for Q4_0 blocks, bd_dequant_f16 for
+// n f16 values.
 void bd_dequant_q4_0(const void *src, float *dst, int64_t n);
+void bd_dequant_f16(const void *src, float *dst, int64_t n);
 
 // bd_dequant_isa is the variant BD_ISA_AUTO runs on this CPU.
 int bd_dequant_isa(void);

@@ -355,7 +355,7 @@ func (d *Device) allocSize(dt runtime.DType, shape []int) (int, int64, error) {
 		return 0, 0, fmt.Errorf("onednn: alloc %s %s: %w", dt, shapeString(shape), err)
 	}
 	switch dt {
-	case runtime.F32, runtime.I32:
+	case runtime.F32, runtime.I32, runtime.F16:
 	case runtime.BF16:
 		if d.bf16Err != nil {
 			return 0, 0, fmt.Errorf("onednn: alloc %s %s: %w", dt, shapeString(shape), d.bf16Err)
@@ -530,15 +530,20 @@ func (d *Device) CopyIn(ctx context.Context, dst runtime.Buffer, src []float32) 
 		copy(unsafe.Slice((*float32)(b.ptr), b.n), src)
 	case runtime.BF16:
 		toBF16(unsafe.Slice((*uint16)(b.ptr), b.n), src)
+	case runtime.F16:
+		if b.n > 0 {
+			C.bd_quant_kv(C.BD_KV_F16, (*C.float)(unsafe.Pointer(&src[0])), C.int64_t(b.n), (*C.uint8_t)(b.ptr), 1)
+		}
 	default:
 		return fmt.Errorf("onednn: copy in: %w: float values for a %s buffer (use CopyInInt32)", runtime.ErrInvalidGraph, b.dt)
 	}
 	return nil
 }
 
-// Holds says whether the device keeps block-quantized type dt as stored:
-// every block type, which qgemm.c multiplies and dequant.c gathers.
-func (d *Device) Holds(dt runtime.DType) bool { return dt.Quantized() }
+// Holds says whether the device keeps type dt as stored: every block type,
+// which qgemm.c multiplies and dequant.c gathers, and f16 (a KV cache's
+// type only).
+func (d *Device) Holds(dt runtime.DType) bool { return dt.Quantized() || dt == runtime.F16 }
 
 var _ runtime.RawDevice = (*Device)(nil)
 
@@ -609,6 +614,10 @@ func (d *Device) CopyOut(ctx context.Context, dst []float32, src runtime.Buffer)
 		copy(dst, unsafe.Slice((*float32)(b.ptr), b.n))
 	case runtime.BF16:
 		fromBF16(dst, unsafe.Slice((*uint16)(b.ptr), b.n))
+	case runtime.F16:
+		for i, h := range unsafe.Slice((*uint16)(b.ptr), b.n) {
+			dst[i] = quant.F16ToF32(h)
+		}
 	case runtime.I32:
 		for i, v := range unsafe.Slice((*int32)(b.ptr), b.n) {
 			dst[i] = float32(v)

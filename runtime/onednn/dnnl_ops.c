@@ -956,10 +956,12 @@ static inline __attribute__((always_inline)) void axpy_bf16(float *restrict y, f
     for (int64_t i = 0; i < n; i++) y[i] += a * bf16_f(x[i]);
 }
 
-// kv_widen puts the Q8_0 or Q4_0 (kvt) cache row at element off in dst as
-// f32 (dequant.c's decoders).
+// kv_widen puts the f16, Q8_0 or Q4_0 (kvt) cache row at element off in
+// dst as f32 (dequant.c's decoders).
 static void kv_widen(const void *base, int kvt, int64_t off, float *dst, int64_t dim) {
-    if (kvt == BD_KV_Q4_0)
+    if (kvt == BD_KV_F16)
+        bd_dequant_f16((const uint16_t *)base + off, dst, dim);
+    else if (kvt == BD_KV_Q4_0)
         bd_dequant_q4_0((const uint8_t *)base + off / 32 * BD_KV_BLOCK(kvt), dst, dim);
     else
         bd_dequant_q8_0((const uint8_t *)base + off / 32 * BD_KV_BLOCK(kvt), dst, dim);
@@ -980,8 +982,8 @@ BD_INLINE void attend_body(const void *q, int q_bf16, const void *kc, const void
         int64_t gn = group - g0 < BD_ATT_MAXG ? group - g0 : BD_ATT_MAXG;
         // Stack: gn*dim*2 floats of q and acc, and a row (<= 132 KiB at
         // the limits; typical 7*128*2*4 = 7 KiB).
-        float qs[gn * dim], acc[gn * dim], kr[dim]; // kr: a Q8_0 or Q4_0 row widened
-        const int blk = kvt == BD_KV_Q8_0 || kvt == BD_KV_Q4_0;
+        float qs[gn * dim], acc[gn * dim], kr[dim]; // kr: an f16, Q8_0 or Q4_0 row widened
+        const int blk = kvt == BD_KV_Q8_0 || kvt == BD_KV_Q4_0 || kvt == BD_KV_F16;
         float mx[BD_ATT_MAXG], sum[BD_ATT_MAXG], sc[BD_ATT_MAXG][BD_ATT_TILE];
         int64_t h0 = g * group + g0;
         for (int64_t j = 0; j < gn; j++) {

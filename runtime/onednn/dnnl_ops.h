@@ -177,17 +177,18 @@ void bd_rope(const bd_device *d, const void *x, int bf16, const float *tab, int6
 // position of the first slot >= nslots (writing nothing), or -1.
 int64_t bd_kv_write(const bd_device *d, const void *x, const int32_t *slots,
         int64_t t, int64_t row, int64_t elem, void *cache, int64_t nslots);
-// bd_kv_write_q is bd_kv_write into a Q8_0 or Q4_0 cache (kvt, attend.h's
-// BD_KV_*): row i of x (f32, or bf16 when x_bf16; row % 32 == 0 elements)
-// quantized as ggml's quantize_row_q8_0_ref or quantize_row_q4_0_ref
-// quantizes it, bit for bit, except that a block holding an infinity or
-// NaN gets d = NaN, so it reads back as NaN rather than as ggml's
-// arbitrary values.
+// bd_kv_write_q is bd_kv_write into an f16, Q8_0 or Q4_0 cache (kvt,
+// attend.h's BD_KV_*): row i of x (f32, or bf16 when x_bf16) converted to
+// f16, or quantized (row % 32 == 0 elements) as ggml's
+// quantize_row_q8_0_ref or quantize_row_q4_0_ref quantizes it, bit for
+// bit, except that a block holding an infinity or NaN gets d = NaN, so it
+// reads back as NaN rather than as ggml's arbitrary values.
 int64_t bd_kv_write_q(const bd_device *d, int kvt, const void *x, int x_bf16, const int32_t *slots,
         int64_t t, int64_t row, void *cache, int64_t nslots);
-// bd_quant_kv quantizes n (n % 32 == 0) f32 values into n/32 blocks of
-// kvt at y, as bd_kv_write_q does; vec picks the AVX-512 form (when the
-// CPU has it) or the portable one, for the tests.
+// bd_quant_kv converts n f32 values into f16 (kvt BD_KV_F16), or
+// quantizes them (n % 32 == 0) into n/32 blocks of kvt, at y, as
+// bd_kv_write_q does; vec picks the AVX-512 form (when the CPU has it) or
+// the portable one, for the tests and CopyIn.
 void bd_quant_kv(int kvt, const float *x, int64_t n, uint8_t *y, int vec);
 // bd_kvq_ld16_row widens n values (a multiple of 16) of a Q8_0 or Q4_0
 // row from element off (a multiple of 16) 16 at a time with

@@ -1,6 +1,7 @@
-// A KV cache in ggml's Q8_0 blocks ({f16 d; i8 q[32]} along each row,
-// 17/32 of a bf16 cache's memory) or Q4_0 blocks ({f16 d; u8 qs[16]},
-// 9/32), as llama.cpp's and Ollama's q8_0 and q4_0 cache types. Writing
+// A KV cache in f16 (llama.cpp's and Ollama's default cache type), or in
+// ggml's Q8_0 blocks ({f16 d; i8 q[32]} along each row, 17/32 of a bf16
+// cache's memory) or Q4_0 blocks ({f16 d; u8 qs[16]}, 9/32), as their q8_0
+// and q4_0 cache types. An f16 row is each value rounded to nearest even. Writing
 // quantizes each row as ggml's quantize_row_q8_0_ref or
 // quantize_row_q4_0_ref does; the attention kernels widen a row back to
 // f32 (vec_avx512.h's bd_q8_0_row512, bd_q4_0_row512 and bd_kvq_ld16,
@@ -165,7 +166,31 @@ BD_AVX512 static void bf16_32(const uint16_t *src, float *dst) {
                 _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(src + i))), 16)));
 }
 
+// f16_row16 converts 16 values (f32, or bf16 when x_bf16) to f16, rounded
+// to nearest even as ggml's GGML_FP32_TO_FP16 and F16C do.
+BD_AVX512 static void f16_row16(const void *x, int x_bf16, uint16_t *y) {
+    const __m512 v = x_bf16 ? _mm512_castsi512_ps(_mm512_slli_epi32(
+                                      _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)x)), 16))
+                            : _mm512_loadu_ps((const float *)x);
+    _mm256_storeu_si256((__m256i *)y, _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+
+// f16_row is an f16 cache's row: n values of x (f32, or bf16 when x_bf16)
+// converted, 16 at a time in vector code where vec is set.
+static void f16_row(const void *x, int x_bf16, int64_t n, uint16_t *y, int vec) {
+    const int64_t es = x_bf16 ? 2 : 4;
+    int64_t i = 0;
+    if (vec)
+        for (; i + 16 <= n; i += 16) f16_row16((const char *)x + i * es, x_bf16, y + i);
+    for (; i < n; i++)
+        y[i] = fp32_fp16(x_bf16 ? bits_f32((uint32_t)((const uint16_t *)x)[i] << 16) : ((const float *)x)[i]);
+}
+
 static void quant_row(int kvt, const void *x, int x_bf16, int64_t n, uint8_t *y, int vec) {
+    if (kvt == BD_KV_F16) {
+        f16_row(x, x_bf16, n, (uint16_t *)y, vec);
+        return;
+    }
     const int64_t bb = BD_KV_BLOCK(kvt);
     float tmp[32];
     for (int64_t b = 0; b < n / 32; b++) {
@@ -205,7 +230,7 @@ int64_t bd_kv_write_q(const bd_device *d, int kvt, const void *x, int x_bf16, co
     for (int64_t i = 0; i < t; i++)
         if ((int64_t)slots[i] >= nslots) return i;
     const int vec = bd_have_avx512();
-    const int64_t in = row * (x_bf16 ? 2 : 4), out = row / 32 * BD_KV_BLOCK(kvt);
+    const int64_t in = row * (x_bf16 ? 2 : 4), out = kvt == BD_KV_F16 ? row * 2 : row / 32 * BD_KV_BLOCK(kvt);
     uint8_t *c = cache;
     const char *src = x;
     if (t * row < 4096) {

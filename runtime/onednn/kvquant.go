@@ -11,16 +11,20 @@ import (
 	"github.com/brokerd/brokerd/runtime"
 )
 
-// quantKV quantizes x (whole blocks of 32) into blocks of dt (Q8_0 or
-// Q4_0) as OpKVWrite writes a block cache's rows (kvquant.c): in vector
-// code where vec is set and the CPU has AVX-512, else in the portable
-// code. The tests hold both to ggml's bits.
+// quantKV converts x into f16, or quantizes its whole blocks of 32 into
+// blocks of dt (Q8_0 or Q4_0), as OpKVWrite writes a cache's rows
+// (kvquant.c): in vector code where vec is set and the CPU has AVX-512,
+// else in the portable code. The tests hold both to ggml's bits.
 func quantKV(dt runtime.DType, x []float32, vec bool) []byte {
-	y := make([]byte, dt.Bytes(int64(len(x)/32*32)))
-	if len(x) < 32 {
+	n := len(x)
+	if dt != runtime.F16 {
+		n = n / 32 * 32
+	}
+	y := make([]byte, dt.Bytes(int64(n)))
+	if n == 0 {
 		return y
 	}
-	C.bd_quant_kv(kvType(dt), (*C.float)(unsafe.Pointer(&x[0])), C.int64_t(len(x)/32*32), (*C.uint8_t)(unsafe.Pointer(&y[0])), cbool(vec))
+	C.bd_quant_kv(kvType(dt), (*C.float)(unsafe.Pointer(&x[0])), C.int64_t(n), (*C.uint8_t)(unsafe.Pointer(&y[0])), cbool(vec))
 	return y
 }
 

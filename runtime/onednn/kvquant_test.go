@@ -14,8 +14,17 @@ import (
 	"github.com/brokerd/brokerd/runtime/quant/ggmlref"
 )
 
-// kvTypes are the block types a KV cache takes.
-var kvTypes = []runtime.DType{runtime.Q8_0, runtime.Q4_0}
+// kvTypes are the types a KV cache is converted into as it is written.
+var kvTypes = []runtime.DType{runtime.Q8_0, runtime.Q4_0, runtime.F16}
+
+// kvGGML is ggml's type of a kvTypes entry.
+func kvGGML(kt runtime.DType) quant.Type {
+	if kt == runtime.F16 {
+		return quant.F16
+	}
+	q, _ := kt.GGML()
+	return q
+}
 
 // kvRows are rows of 32-value blocks made to reach the quantizers' edges,
 // then random ones of several magnitudes.
@@ -56,11 +65,13 @@ func kvRows(r *rand.Rand) []float32 {
 	return x
 }
 
-// TestQuantKVMatchesGGML: a Q8_0 or Q4_0 cache's rows are quantized
-// (kvquant.c, portable and AVX-512 forms) to the bits of ggml's own
-// quantize_row_q8_0_ref and quantize_row_q4_0_ref (ggml_quantize_chunk),
-// edges included; a block holding an infinity or NaN, where ggml's result
-// is arbitrary, gets d = NaN and reads back as NaN.
+// TestQuantKVMatchesGGML: a Q8_0, Q4_0 or f16 cache's rows are quantized
+// or converted (kvquant.c, portable and AVX-512 forms) to the bits of
+// ggml's own quantize_row_q8_0_ref, quantize_row_q4_0_ref and
+// fp32-to-fp16 conversion (ggml_quantize_chunk), edges included (f16: past
+// its largest, subnormal, under its smallest); a block holding an infinity
+// or NaN, where ggml's result is arbitrary, gets d = NaN and reads back as
+// NaN (f16 keeps each value as it is).
 func TestQuantKVMatchesGGML(t *testing.T) {
 	for _, kt := range kvTypes {
 		t.Run(kt.String(), func(t *testing.T) { testQuantKV(t, kt) })
@@ -69,7 +80,7 @@ func TestQuantKVMatchesGGML(t *testing.T) {
 
 func testQuantKV(t *testing.T, kt runtime.DType) {
 	lib := ggmlref.Find(t)
-	typ, _ := kt.GGML()
+	typ := kvGGML(kt)
 	bb := int(kt.Bytes(32))
 	x := kvRows(newRand(t))
 	want, err := lib.Quantize(uint32(typ), x, 1, len(x))
@@ -96,6 +107,12 @@ func testQuantKV(t *testing.T, kt runtime.DType) {
 			if err := quant.Dequantize(typ, got, out); err != nil {
 				t.Fatal(err)
 			}
+			if kt == runtime.F16 {
+				if g := out[7]; math.IsNaN(float64(bad)) != math.IsNaN(float64(g)) || !math.IsNaN(float64(bad)) && g != bad || out[6] != 6 {
+					t.Fatalf("vector %v, f16 of a row holding %g: %g there, %g beside it", vec, bad, g, out[6])
+				}
+				continue
+			}
 			for j, v := range out {
 				if !math.IsNaN(float64(v)) {
 					t.Fatalf("vector %v, a block holding %g: value %d reads back %g, want NaN", vec, bad, j, v)
@@ -105,7 +122,7 @@ func testQuantKV(t *testing.T, kt runtime.DType) {
 	}
 }
 
-// TestKVWriteQuantized: OpKVWrite into a Q8_0 or Q4_0 cache writes each
+// TestKVWriteQuantized: OpKVWrite into a Q8_0, Q4_0 or f16 cache writes each
 // row (f32 or bf16) as the quantizer above, the last of rows naming one
 // slot winning, on one thread and on several (rows in runs of slots a
 // thread), and leaves the other slots' bytes as they were.
@@ -114,6 +131,7 @@ func TestKVWriteQuantized(t *testing.T) {
 		d := openTest(t, runtime.DeviceSpec{Threads: threads})
 		for _, tc := range []struct{ dt, kt runtime.DType }{
 			{runtime.F32, runtime.Q8_0}, {runtime.BF16, runtime.Q8_0}, {runtime.F32, runtime.Q4_0}, {runtime.BF16, runtime.Q4_0},
+			{runtime.F32, runtime.F16}, {runtime.BF16, runtime.F16},
 		} {
 			dt, kt := tc.dt, tc.kt
 			for _, c := range []struct {
@@ -129,7 +147,8 @@ func TestKVWriteQuantized(t *testing.T) {
 					for i := range x {
 						x[i] *= float32(1 + i/row%5*10) // rows of several magnitudes
 					}
-					before := quantKV(kt, randVec(r, c.slots*row), false)
+					beforeVals := randVec(r, c.slots*row)
+					before := quantKV(kt, beforeVals, false)
 					slots := make([]int32, c.rows)
 					for i := range slots {
 						slots[i] = int32(r.IntN(c.slots))
@@ -158,7 +177,12 @@ func TestKVWriteQuantized(t *testing.T) {
 						t.Fatal(err)
 					}
 					defer d.Free(kc)
-					if err := d.CopyInRaw(ctx, kc, 0, before); err != nil {
+					if kt == runtime.F16 { // CopyIn converts as the write does
+						err = d.CopyIn(ctx, kc, beforeVals)
+					} else {
+						err = d.CopyInRaw(ctx, kc, 0, before)
+					}
+					if err != nil {
 						t.Fatal(err)
 					}
 					sb, err := d.Alloc(runtime.I32, c.rows)
@@ -185,8 +209,8 @@ func TestKVWriteQuantized(t *testing.T) {
 	}
 }
 
-// TestPagedAttentionQuantizedCache: a Q8_0 or Q4_0 cache
-// (--kv-cache-dtype q8_0, q4_0). Its rows
+// TestPagedAttentionQuantizedCache: a Q8_0, Q4_0 or f16 cache
+// (--kv-cache-dtype q8_0, q4_0, f16). Its rows
 // widen to f32 exactly, so against the float64 reference on the cache as
 // it reads back after the step, the output is as close as an f32 cache's,
 // on every kernel: the group kernel and its parts over threads, the row
@@ -211,11 +235,18 @@ func TestPagedAttentionQuantizedCache(t *testing.T) {
 		{"prefill group 24 d32", attnCase{hq: 24, hkv: 1, d: 32, bs: 16, ctx: []int{20}, add: []int{5}}, false},
 		{"mha d32 bs3", attnCase{hq: 3, hkv: 3, d: 32, bs: 3, ctx: []int{0, 4}, add: []int{50, 1}}, false},
 		{"decodes d256 group 2", attnCase{hq: 4, hkv: 2, d: 256, bs: 16, ctx: []int{40, 7}, add: []int{1, 1}}, true},
+		// f16 alone: heads of 40 (no blocks; attend_body, and the write's
+		// scalar tail) and of 48 (the f32 kernels, 16 at a time).
+		{"f16 chunk and decode d40", attnCase{hq: 3, hkv: 1, d: 40, bs: 16, ctx: []int{0, 20}, add: []int{20, 1}}, true},
+		{"f16 chunk and decode d48", attnCase{hq: 6, hkv: 2, d: 48, bs: 16, ctx: []int{0, 30}, add: []int{24, 1}}, true},
 	}
 	for _, kt := range kvTypes {
-		typ, _ := kt.GGML()
+		typ := kvGGML(kt)
 		dequant := func(b []byte) []float64 {
 			v := make([]float32, len(b)/int(kt.Bytes(32))*32)
+			if kt == runtime.F16 {
+				v = make([]float32, len(b)/2)
+			}
 			if err := quant.Dequantize(typ, b, v); err != nil {
 				t.Fatal(err)
 			}
@@ -223,6 +254,9 @@ func TestPagedAttentionQuantizedCache(t *testing.T) {
 		}
 		for _, dt := range floatTypes {
 			for _, tc := range tests {
+				if tc.d%32 != 0 && kt != runtime.F16 {
+					continue // the block types need heads of whole blocks
+				}
 				t.Run(fmt.Sprintf("%s/%s/%s", kt, dt, tc.name), func(t *testing.T) {
 					needBF16(t, d, dt)
 					p := newAttnProblem(newRand(t), tc.attnCase)
@@ -268,13 +302,13 @@ func TestPagedAttentionQuantizedCache(t *testing.T) {
 }
 
 // TestKVQLd16: the AMX attention's loader (bd_kvq_ld16) widens 16 values
-// of a Q8_0 or Q4_0 row, from either half of a block, to the decoders'
-// values exactly; it runs on any CPU with AVX-512, so the tests hold it
+// of an f16, Q8_0 or Q4_0 row, from either half of a block, to the
+// decoders' values exactly; it runs on any CPU with AVX-512, so the tests hold it
 // where no AMX kernel would run it.
 func TestKVQLd16(t *testing.T) {
 	x := kvRows(newRand(t))[:8*32]
 	for _, kt := range kvTypes {
-		typ, _ := kt.GGML()
+		typ := kvGGML(kt)
 		b := quantKV(kt, x, false)
 		want := make([]float32, len(x))
 		if err := quant.Dequantize(typ, b, want); err != nil {

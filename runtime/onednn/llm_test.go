@@ -449,7 +449,7 @@ func attnRun(t *testing.T, d *Device, g *runtime.Graph, p attnProblem, dt runtim
 	return attnRunKV(t, d, g, p, dt, dt)
 }
 
-// attnRunKV is attnRun with caches of type kv: dt's, or Q8_0 or Q4_0 (their
+// attnRunKV is attnRun with caches of type kv: dt's, f16, or Q8_0 or Q4_0 (their
 // contents before the run quantized as OpKVWrite would; read back
 // dequantized).
 func attnRunKV(t *testing.T, d *Device, g *runtime.Graph, p attnProblem, dt, kv runtime.DType) (y, kc, vc []float32, err error) {
@@ -573,7 +573,7 @@ func TestPagedAttention(t *testing.T) {
 // one thread's, which runs each token's parts one after another, so a
 // token's result does not depend on its step's other tokens; on the f32
 // and (BF16Products on a bf16 cache) the bf16 group kernels, with caches of
-// Q's type, of Q8_0 and of Q4_0.
+// Q's type, of Q8_0, of Q4_0 and of f16.
 func TestPagedAttentionDecodeParts(t *testing.T) {
 	r := newRand(t)
 	one := openTest(t, runtime.DeviceSpec{Threads: 1})
@@ -586,7 +586,7 @@ func TestPagedAttentionDecodeParts(t *testing.T) {
 		p := newAttnProblem(r, c)
 		for _, dt := range floatTypes {
 			needBF16(t, one, dt)
-			for _, kv := range []runtime.DType{dt, runtime.Q8_0, runtime.Q4_0} {
+			for _, kv := range []runtime.DType{dt, runtime.Q8_0, runtime.Q4_0, runtime.F16} {
 				for _, bf16 := range []bool{false, true} { // with a bf16 or block cache, the bf16 group kernel
 					g := attnGraph(0)
 					g.Ops[2].BF16Products = bf16
@@ -818,16 +818,16 @@ type attnBench struct {
 }
 
 // benchAttention runs c with Q and the cache in f32, in bf16, and (Q f32)
-// with a Q8_0 and a Q4_0 cache, each a sub-benchmark named for the cache's type.
+// with an f16, a Q8_0 and a Q4_0 cache, each a sub-benchmark named for the cache's type.
 func benchAttention(b *testing.B, c attnBench) {
-	for _, kv := range []runtime.DType{runtime.F32, runtime.BF16, runtime.Q8_0, runtime.Q4_0} {
+	for _, kv := range []runtime.DType{runtime.F32, runtime.BF16, runtime.F16, runtime.Q8_0, runtime.Q4_0} {
 		b.Run(kv.String(), func(b *testing.B) {
 			d := openTest(b, runtime.DeviceSpec{Threads: *benchThreads})
 			if kv == runtime.BF16 && d.BF16() != nil {
 				b.Skipf("bf16 unsupported: %v", d.BF16())
 			}
 			dt := kv // Q's and the output's type
-			if kv.Quantized() {
+			if runtime.KVStoreType(kv) {
 				dt = runtime.F32
 			}
 			const bs = 16

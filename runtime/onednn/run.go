@@ -722,7 +722,7 @@ func (d *Device) runStep(s *runtime.Step, ss *stepSlots, ptrs []unsafe.Pointer, 
 		t := x.Shape[0]
 		nslots := cache.Shape[0] * cache.Shape[1]
 		var pos C.int64_t
-		if cache.DType.Quantized() {
+		if runtime.KVStoreType(cache.DType) {
 			pos = C.bd_kv_write_q(dc, kvType(cache.DType), in(0), cbool(x.DType == runtime.BF16), (*C.int32_t)(in(1)), C.int64_t(t),
 				C.int64_t(x.NumElements()/t), out, C.int64_t(nslots))
 		} else {
@@ -780,6 +780,8 @@ func kvType(dt runtime.DType) C.int {
 		return C.BD_KV_Q8_0
 	case runtime.Q4_0:
 		return C.BD_KV_Q4_0
+	case runtime.F16:
+		return C.BD_KV_F16
 	}
 	return C.BD_KV_F32
 }

@@ -66,10 +66,17 @@ BD_AVX512 static inline void bd_q4_0_row512(const uint8_t *src, float *dst, int6
     }
 }
 
-// bd_kvq_ld16 is the 16 values of a Q8_0 or Q4_0 (kvt, attend.h's
-// BD_KV_*) row at element off, a multiple of 16, as f32: one half of one
-// block, exact.
+// bd_f16_row512 widens n (n % 16 == 0) f16 values to f32, exactly.
+BD_AVX512 static inline void bd_f16_row512(const uint16_t *src, float *dst, int64_t n) {
+    for (int64_t i = 0; i < n; i += 16)
+        _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(src + i))));
+}
+
+// bd_kvq_ld16 is the 16 values of an f16, Q8_0 or Q4_0 (kvt, attend.h's
+// BD_KV_*) row at element off, a multiple of 16, as f32: for the block
+// types one half of one block; exact.
 BD_AVX512 static inline __m512 bd_kvq_ld16(const void *base, int kvt, int64_t off) {
+    if (kvt == BD_KV_F16) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)base + off)));
     const uint8_t *b = (const uint8_t *)base + off / 32 * BD_KV_BLOCK(kvt);
     uint16_t h;
     __builtin_memcpy(&h, b, 2);

@@ -84,8 +84,8 @@ type Config struct {
 	// AMX as on those without (onednn.Options.AMXRelaid): experimental,
 	// off until measured there.
 	CPUAMXRelaid bool `json:"cpu-amx-relaid"`
-	// KVCacheDType is generators' KV cache type: auto, f32, bf16, q8_0 or
-	// q4_0 (see KVCacheDTypes).
+	// KVCacheDType is generators' KV cache type: auto, f32, bf16, f16, q8_0
+	// or q4_0 (see KVCacheDTypes).
 	KVCacheDType string   `json:"kv-cache-dtype"`
 	Telemetry    Duration `json:"telemetry-interval"`
 
@@ -311,7 +311,7 @@ func bind(fs *flag.FlagSet, c *Config, configPath *string) {
 	fs.StringVar(&c.NVMLLibrary, "nvml-library", c.NVMLLibrary, "path to libnvidia-ml.so.1 (default: the loader's search)")
 	fs.StringVar(&c.PJRTPlugins, "pjrt-plugin", c.PJRTPlugins, "PJRT plugins as name=path pairs, e.g. tpu=/path/libtpu.so,cuda=/path/xla_cuda_plugin.so")
 	fs.StringVar(&c.ComputeDType, "compute-dtype", c.ComputeDType, "compute type per device type as type=dtype pairs (f32 or bf16), e.g. gpu=bf16; types not named keep "+DefaultComputeDType+"; a device that cannot run bf16 falls back to f32 with a warning")
-	fs.StringVar(&c.KVCacheDType, "kv-cache-dtype", c.KVCacheDType, "generators' KV cache type: auto (bf16 where the CPU keeps a GGUF model's matrices block-quantized or computes in bf16, f32 otherwise), f32, bf16, q8_0 or q4_0 (ggml's blocks, 17/32 and 9/32 of bf16's memory, q4_0 at a visible cost in accuracy; the CPU only, other devices keep auto's)")
+	fs.StringVar(&c.KVCacheDType, "kv-cache-dtype", c.KVCacheDType, "generators' KV cache type: auto (bf16 where the CPU keeps a GGUF model's matrices block-quantized or computes in bf16, f32 otherwise), f32, bf16, f16 (llama.cpp's and Ollama's default; bf16's memory), q8_0 or q4_0 (ggml's blocks, 17/32 and 9/32 of bf16's memory, q4_0 at a visible cost in accuracy); f16 and the blocks on the CPU only, other devices keep auto's)")
 	fs.BoolVar(&c.CPUAMXRelaid, "cpu-amx-relaid", c.CPUAMXRelaid, "experimental: on a CPU with AMX, relay block-quantized GGUF weights by 16 rows for the VNNI kernels as on CPUs without it (prefill decodes AMX panels from them); for comparisons")
 	fs.Var(&c.Telemetry, "telemetry-interval", "device telemetry refresh interval")
 	fs.IntVar(&c.MaxMessageBytes, "max-message-bytes", c.MaxMessageBytes, "largest gRPC message accepted or sent")
@@ -585,7 +585,7 @@ func (c Config) Validate() error {
 		bad("max-batch-tokens %d is invalid: at least 1", c.MaxBatchTokens)
 	}
 	if !slices.Contains(KVCacheDTypes, c.KVCacheDType) {
-		bad("kv-cache-dtype (BROKERD_KV_CACHE_DTYPE): %q: want auto, f32, bf16, q8_0 or q4_0", c.KVCacheDType)
+		bad("kv-cache-dtype (BROKERD_KV_CACHE_DTYPE): %q: want auto, f32, bf16, f16, q8_0 or q4_0", c.KVCacheDType)
 	}
 	if _, err := ComputeDTypes(c.ComputeDType); err != nil {
 		bad("compute-dtype (BROKERD_COMPUTE_DTYPE): %v", err)
@@ -737,10 +737,11 @@ func MemoryFraction(s string) (float64, error) {
 
 // KVCacheDTypes are the values kv-cache-dtype takes: auto (each engine's
 // choice: bf16 where a device keeps the weights block-quantized or
-// computes in bf16, else f32), f32, bf16, q8_0 and q4_0 (ggml's blocks:
-// 17/32 and 9/32 of bf16's memory, as Ollama's OLLAMA_KV_CACHE_TYPE=q8_0
-// and q4_0; CPU only, other devices keep auto's).
-var KVCacheDTypes = []string{"auto", "f32", "bf16", "q8_0", "q4_0"}
+// computes in bf16, else f32), f32, bf16, f16 (Ollama's
+// OLLAMA_KV_CACHE_TYPE default) and q8_0 and q4_0 (ggml's blocks: 17/32 and
+// 9/32 of bf16's memory, as OLLAMA_KV_CACHE_TYPE=q8_0 and q4_0); f16 and
+// the blocks on the CPU only, other devices keep auto's.
+var KVCacheDTypes = []string{"auto", "f32", "bf16", "f16", "q8_0", "q4_0"}
 
 // DefaultComputeDType is the compute type of each device type unless
 // compute-dtype names it. CPUs compute in f32: most lack bf16 instructions

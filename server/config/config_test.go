@@ -105,6 +105,11 @@ func TestLoadPrecedence(t *testing.T) {
 				t.Errorf("kv-cache-dtype %q, want q8_0", c.KVCacheDType)
 			}
 		}},
+		{"kv cache dtype f16", nil, map[string]string{"BROKERD_KV_CACHE_DTYPE": "f16"}, func(t *testing.T, c Config) {
+			if c.KVCacheDType != "f16" {
+				t.Errorf("kv-cache-dtype %q, want f16", c.KVCacheDType)
+			}
+		}},
 		{"kv cache dtype q4_0", []string{"--kv-cache-dtype=q4_0"}, nil, func(t *testing.T, c Config) {
 			if c.KVCacheDType != "q4_0" {
 				t.Errorf("kv-cache-dtype %q, want q4_0", c.KVCacheDType)
@@ -158,7 +163,7 @@ func TestLoadRejectsBadSettings(t *testing.T) {
 		{"model name with a path", []string{"--load-models=a,../b"}, nil, []string{"load-models", "model names separated by commas"}},
 		{"empty model name", nil, map[string]string{"BROKERD_LOAD_MODELS": "a,,b"}, []string{"load-models"}},
 		{"bad compute dtype", []string{"--compute-dtype=gpu=fp16"}, nil, []string{"compute-dtype (BROKERD_COMPUTE_DTYPE)", `gpu="fp16"`, "f32, bf16"}},
-		{"bad kv cache dtype", []string{"--kv-cache-dtype=f16"}, nil, []string{"kv-cache-dtype (BROKERD_KV_CACHE_DTYPE)", `"f16"`, "auto, f32, bf16, q8_0 or q4_0"}},
+		{"bad kv cache dtype", []string{"--kv-cache-dtype=fp8"}, nil, []string{"kv-cache-dtype (BROKERD_KV_CACHE_DTYPE)", `"fp8"`, "auto, f32, bf16, f16, q8_0 or q4_0"}},
 		{"bad compute dtype env", nil, map[string]string{"BROKERD_COMPUTE_DTYPE": "npu=bf16"}, []string{"BROKERD_COMPUTE_DTYPE", `device type "npu"`, "cpu, gpu, tpu"}},
 	}
 	for _, tt := range tests {

@@ -116,7 +116,7 @@ func main() {
 	flag.IntVar(&o.prefill, "prefill-tokens", 512, "prompt of the prefill measurement (0: skip)")
 	flag.BoolVar(&o.council, "council", true, "run the council round")
 	flag.BoolVar(&o.torch, "torch", true, "check tokens against PyTorch too")
-	flag.StringVar(&o.kv, "kv", "auto", "brokerd's KV cache type (auto, f32, bf16, q8_0, q4_0; the daemon's --kv-cache-dtype); with q8_0 or q4_0 llama.cpp's keys and values are Q8_0 or Q4_0 too (with flash attention, which its quantized values need), else its default F16")
+	flag.StringVar(&o.kv, "kv", "auto", "brokerd's KV cache type (auto, f32, bf16, f16, q8_0, q4_0; the daemon's --kv-cache-dtype); with f16 llama.cpp keeps its default F16, with q8_0 or q4_0 its keys and values are Q8_0 or Q4_0 too (with flash attention, which its quantized values need), else its default F16")
 	flag.BoolVar(&o.amxRelaid, "amx-relaid", false, "on a CPU with AMX, brokerd relays quantized weights by 16 rows as without AMX (onednn.Options.AMXRelaid; the daemon's --cpu-amx-relaid)")
 	flag.Parse()
 	// brokerd's OpenMP threads are all cores unless OMP_NUM_THREADS says
@@ -209,9 +209,9 @@ func run(ctx context.Context, o options) error {
 	blocks := int64(maxSeqs) * int64((ctxLen+llm.DefaultBlockSize-1)/llm.DefaultBlockSize+1)
 	// No prefix cache: rounds repeat their prompts, and llama.cpp's fresh
 	// contexts recompute them; both engines must do the same work.
-	kv, ok := map[string]runtime.DType{"auto": 0, "f32": runtime.F32, "bf16": runtime.BF16, "q8_0": runtime.Q8_0, "q4_0": runtime.Q4_0}[o.kv]
+	kv, ok := map[string]runtime.DType{"auto": 0, "f32": runtime.F32, "bf16": runtime.BF16, "f16": runtime.F16, "q8_0": runtime.Q8_0, "q4_0": runtime.Q4_0}[o.kv]
 	if !ok {
-		return fmt.Errorf("-kv %q: auto, f32, bf16, q8_0 or q4_0", o.kv)
+		return fmt.Errorf("-kv %q: auto, f32, bf16, f16, q8_0 or q4_0", o.kv)
 	}
 	cacheBytes := blocks * m.CacheBlockBytes(dev, kv, 0)
 	eng, err := m.NewEngine(ctx, dev, llm.EngineOptions{CacheBytes: cacheBytes, MaxSeqs: maxSeqs, MaxStepTokens: 2048, DisablePrefixCache: true, KVDType: kv})

@@ -47,7 +47,8 @@ type EngineOptions struct {
 	// DisablePrefixCache turns off the sharing of full blocks between
 	// sequences with the same tokens before them (see blockPool).
 	DisablePrefixCache bool
-	// KVDType is the cache's element type: F32, BF16, Q8_0 or Q4_0 (ggml's
+	// KVDType is the cache's element type: F32, BF16, F16 (llama.cpp's and
+	// Ollama's default, on devices that hold it), Q8_0 or Q4_0 (ggml's
 	// blocks of 32 along each head, 17/32 and 9/32 of bf16's memory, as
 	// llama.cpp's and Ollama's q8_0 and q4_0 caches: on devices that hold
 	// block-quantized buffers, for head dims divisible by 32; see
@@ -190,6 +191,11 @@ func (s netSpec) checkKVDType(dev runtime.Device, kv runtime.DType) error {
 	switch kv {
 	case runtime.F32, runtime.BF16:
 		return nil
+	case runtime.F16:
+		if !runtime.HoldsQuantized(dev, kv) {
+			return fmt.Errorf("%w: an f16 KV cache on %s, which holds no f16 buffers (f32 or bf16 there)", runtime.ErrUnsupported, dev.ID())
+		}
+		return nil
 	case runtime.Q8_0, runtime.Q4_0:
 		if !runtime.HoldsQuantized(dev, kv) {
 			return fmt.Errorf("%w: a %s KV cache on %s, which holds no block-quantized buffers (f32 or bf16 there)", runtime.ErrUnsupported, kv, dev.ID())
@@ -199,7 +205,7 @@ func (s netSpec) checkKVDType(dev runtime.Device, kv runtime.DType) error {
 		}
 		return nil
 	}
-	return fmt.Errorf("%w: a KV cache of %s (f32, bf16, q8_0 or q4_0)", runtime.ErrUnsupported, kv)
+	return fmt.Errorf("%w: a KV cache of %s (f32, bf16, f16, q8_0 or q4_0)", runtime.ErrUnsupported, kv)
 }
 
 // kvCacheDType is the KV cache's type on dev for these weights: bf16 where

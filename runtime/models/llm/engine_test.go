@@ -343,14 +343,14 @@ var benchNoX16 = flag.Bool("llm.nox16", false, "the benchmarks' device keeps blo
 
 var benchKVF32 = flag.Bool("llm.kvf32", false, "the quantized benchmarks' engines keep an f32 KV cache where the CPU would hold it in bf16 (EngineOptions.KVDType)")
 
-var benchKV = flag.String("llm.kv", "", "the quantized benchmarks' engines' KV cache: f32, bf16, q8_0 or q4_0 (EngineOptions.KVDType); empty: the engine's choice, or -llm.kvf32's")
+var benchKV = flag.String("llm.kv", "", "the quantized benchmarks' engines' KV cache: f32, bf16, f16, q8_0 or q4_0 (EngineOptions.KVDType); empty: the engine's choice, or -llm.kvf32's")
 
 // benchKVDType is EngineOptions.KVDType for the quantized benchmarks.
 func benchKVDType() runtime.DType {
 	if *benchKVF32 {
 		return runtime.F32
 	}
-	return map[string]runtime.DType{"f32": runtime.F32, "bf16": runtime.BF16, "q8_0": runtime.Q8_0, "q4_0": runtime.Q4_0}[*benchKV]
+	return map[string]runtime.DType{"f32": runtime.F32, "bf16": runtime.BF16, "f16": runtime.F16, "q8_0": runtime.Q8_0, "q4_0": runtime.Q4_0}[*benchKV]
 }
 
 var benchAMXRelaid = flag.Bool("llm.amxrelaid", false, "the benchmarks' device relays block-quantized weights by 16 rows on a CPU with AMX too (onednn.Options.AMXRelaid)")

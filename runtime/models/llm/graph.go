@@ -179,8 +179,8 @@ func stepGraph(s netSpec, mmDT, kvDT runtime.DType, quant map[string]runtime.DTy
 		}
 		q = b.add(runtime.Op{Kind: runtime.OpRoPE, In: []string{q, gPos, wInvFreq}})
 		k = b.add(runtime.Op{Kind: runtime.OpRoPE, In: []string{k, gPos, wInvFreq}})
-		// The cache's type (kvCacheDType, EngineOptions.KVDType): a Q8_0 or
-		// Q4_0 cache quantizes f32 or bf16 rows as it writes them.
+		// The cache's type (kvCacheDType, EngineOptions.KVDType): an f16,
+		// Q8_0 or Q4_0 cache converts f32 or bf16 rows as it writes them.
 		if kvDT == runtime.BF16 {
 			k = b.add(runtime.Op{Kind: runtime.OpConvert, In: []string{k}, DType: runtime.BF16})
 			v = b.add(runtime.Op{Kind: runtime.OpConvert, In: []string{v}, DType: runtime.BF16})

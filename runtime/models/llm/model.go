@@ -420,7 +420,7 @@ func (m *Model) weightBytes(dt runtime.DType, holds func(runtime.DType) bool) in
 func (m *Model) KVCacheDType(dev runtime.Device) runtime.DType { return kvCacheDType(dev, m.weights) }
 
 // CheckKVDType says whether an engine on dev can hold this model's KV
-// cache in kv (EngineOptions.KVDType): a q8_0 or q4_0 cache needs a device that
+// cache in kv (EngineOptions.KVDType): an f16, q8_0 or q4_0 cache needs a device that
 // holds block-quantized buffers (the CPU) and head dims divisible by 32.
 func (m *Model) CheckKVDType(dev runtime.Device, kv runtime.DType) error {
 	return m.spec.checkKVDType(dev, kv)
