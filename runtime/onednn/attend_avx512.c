@@ -28,14 +28,10 @@ BD_AVX512 static inline void bf16_row(const uint16_t *src, float *dst, int64_t n
 // widen_row puts the cache row at element off of a bf16, f16, Q8_0 or Q4_0
 // cache in dst as f32.
 BD_AVX512 static inline void widen_row(const void *base, int kvt, int64_t off, float *dst, int64_t dim) {
-    if (kvt == BD_KV_F16)
-        bd_f16_row512((const uint16_t *)base + off, dst, dim);
-    else if (kvt == BD_KV_Q8_0)
-        bd_q8_0_row512((const uint8_t *)base + off / 32 * 34, dst, dim);
-    else if (kvt == BD_KV_Q4_0)
-        bd_q4_0_row512((const uint8_t *)base + off / 32 * 18, dst, dim);
-    else
+    if (kvt == BD_KV_BF16)
         bf16_row((const uint16_t *)base + off, dst, dim);
+    else
+        bd_kvq_row512(base, kvt, off, dst, dim);
 }
 
 // tile_f32 points kp[k] and vp[k] at the f32 key and value rows of cache
@@ -412,6 +408,17 @@ BD_AVX512 void bd_attend_group_avx512(const void *q, int q_bf16, const void *kc,
 // 32 == 0, dim <= BD_FA_GROUPDIM, group <= BD_FA_GROUP.
 #define BD_AB16 __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,avx512bf16,avx2,fma")))
 
+BD_AB16 static inline __attribute__((always_inline)) void kvq_bf16_blocks(const void *base, int kvt, int64_t off,
+        uint16_t *dst, int64_t dim) {
+    const int64_t bb = BD_KV_BLOCK(kvt);
+    const uint8_t *src = (const uint8_t *)base + off / 32 * bb;
+    for (int64_t b = 0; b < dim / 32; b++, src += bb) {
+        __m512 lo, hi;
+        bd_kvq_block512(src, kvt, &lo, &hi);
+        _mm512_store_si512(dst + 32 * b, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+    }
+}
+
 // kvq_bf16_row puts the f16, Q8_0 or Q4_0 (kvt) cache row at element off
 // in dst as bf16: the values (exact in f32) rounded to nearest even, as
 // the bf16 products round an f32 cache's rows. The bf16 kernels read such
@@ -423,24 +430,10 @@ BD_AB16 static inline void kvq_bf16_row(const void *base, int kvt, int64_t off, 
                                                                      bd_kvq_ld16(base, kvt, off + i)));
         return;
     }
-    const int64_t bb = BD_KV_BLOCK(kvt);
-    const uint8_t *src = (const uint8_t *)base + off / 32 * bb;
-    for (int64_t b = 0; b < dim / 32; b++, src += bb) {
-        uint16_t h;
-        memcpy(&h, src, 2);
-        const __m512 d = _mm512_cvtph_ps(_mm256_set1_epi16((short)h));
-        __m512i lo, hi;
-        if (kvt == BD_KV_Q4_0) {
-            const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(src + 2)));
-            lo = _mm512_sub_epi32(_mm512_and_si512(q, _mm512_set1_epi32(15)), _mm512_set1_epi32(8));
-            hi = _mm512_sub_epi32(_mm512_srli_epi32(q, 4), _mm512_set1_epi32(8));
-        } else {
-            lo = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(src + 2)));
-            hi = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(src + 18)));
-        }
-        _mm512_store_si512(dst + 32 * b, (__m512i)_mm512_cvtne2ps_pbh(_mm512_mul_ps(_mm512_cvtepi32_ps(hi), d),
-                                                                     _mm512_mul_ps(_mm512_cvtepi32_ps(lo), d)));
-    }
+    if (kvt == BD_KV_Q4_0) // one loop a type, the type a constant in each
+        kvq_bf16_blocks(base, BD_KV_Q4_0, off, dst, dim);
+    else
+        kvq_bf16_blocks(base, BD_KV_Q8_0, off, dst, dim);
 }
 
 // tile_bf16 is tile_f32 for the bf16 kernels: a bf16 cache's rows read in

@@ -4,7 +4,7 @@
 // and q4_0 cache types. An f16 row is each value rounded to nearest even. Writing
 // quantizes each row as ggml's quantize_row_q8_0_ref or
 // quantize_row_q4_0_ref does; the attention kernels widen a row back to
-// f32 (vec_avx512.h's bd_q8_0_row512, bd_q4_0_row512 and bd_kvq_ld16,
+// f32 (vec_avx512.h's bd_kvq_row512 and bd_kvq_ld16,
 // dequant.c's decoders), and q·d is exact in f32 (at most 8 bits by 11),
 // so they read what ggml's dequantize_row_q8_0 and _q4_0 would.
 
@@ -43,6 +43,16 @@ static inline uint16_t fp32_fp16(float f) {
 
 #define Q_NAN 0x7E00 // d of a block holding an infinity or NaN
 
+// nan_block writes a Q8_0 or Q4_0 (kvt) block of d = NaN and zero quants,
+// which reads back as NaN: the block of values holding an infinity or NaN.
+static void nan_block(uint8_t *y, int kvt) {
+    y[0] = Q_NAN & 0xFF, y[1] = Q_NAN >> 8;
+    if (kvt == BD_KV_Q4_0)
+        memset(y + 2, 0x88, 16); // nibbles of 8: zero
+    else
+        memset(y + 2, 0, 32);
+}
+
 // q8_block is ggml's quantize_row_q8_0_ref for one block.
 static void q8_block(const float *x, uint8_t *y) {
     float amax = 0.0f;
@@ -53,8 +63,7 @@ static void q8_block(const float *x, uint8_t *y) {
         amax = amax > v ? amax : v;
     }
     if (!finite) {
-        y[0] = Q_NAN & 0xFF, y[1] = Q_NAN >> 8;
-        memset(y + 2, 0, 32);
+        nan_block(y, BD_KV_Q8_0);
         return;
     }
     const float d = amax / 127, id = d != 0.0f ? 1.0f / d : 0.0f;
@@ -77,8 +86,7 @@ BD_AVX512 static void q8_block512(const float *x, uint8_t *y) {
     const __m512 a = _mm512_loadu_ps(x), b = _mm512_loadu_ps(x + 16);
     // Infinities and NaNs (QNaN, +Inf, -Inf, SNaN).
     if (_mm512_fpclass_ps_mask(a, 0x99) | _mm512_fpclass_ps_mask(b, 0x99)) {
-        y[0] = Q_NAN & 0xFF, y[1] = Q_NAN >> 8;
-        memset(y + 2, 0, 32);
+        nan_block(y, BD_KV_Q8_0);
         return;
     }
     const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
@@ -109,8 +117,7 @@ static void q4_block(const float *x, uint8_t *y) {
         if (amax < fabsf(x[j])) amax = fabsf(x[j]), max = x[j];
     }
     if (!finite) {
-        y[0] = Q_NAN & 0xFF, y[1] = Q_NAN >> 8;
-        memset(y + 2, 0x88, 16);
+        nan_block(y, BD_KV_Q4_0);
         return;
     }
     const float d = max / -8, id = d != 0.0f ? 1.0f / d : 0.0f;
@@ -132,8 +139,7 @@ static void q4_block(const float *x, uint8_t *y) {
 BD_AVX512 static void q4_block512(const float *x, uint8_t *y) {
     const __m512 a = _mm512_loadu_ps(x), b = _mm512_loadu_ps(x + 16);
     if (_mm512_fpclass_ps_mask(a, 0x99) | _mm512_fpclass_ps_mask(b, 0x99)) {
-        y[0] = Q_NAN & 0xFF, y[1] = Q_NAN >> 8;
-        memset(y + 2, 0x88, 16);
+        nan_block(y, BD_KV_Q4_0);
         return;
     }
     // The first value of the largest magnitude, as the scalar loop finds it.

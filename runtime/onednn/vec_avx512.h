@@ -36,40 +36,51 @@ BD_AVX512 static inline __m512 bd_exp512(__m512 x) {
     return _mm512_mask_mov_ps(_mm512_maskz_mov_ps(normal, _mm512_scalef_ps(p, n)), nan, x0);
 }
 
-// bd_q8_0_row512 widens n values (n/32 Q8_0 blocks, {f16 d; i8 q[32]},
-// at src) to f32: q·d, exact.
-BD_AVX512 static inline void bd_q8_0_row512(const uint8_t *src, float *dst, int64_t n) {
-    for (int64_t b = 0; b < n / 32; b++, src += 34) {
-        uint16_t h;
-        __builtin_memcpy(&h, src, 2);
-        const __m512 d = _mm512_cvtph_ps(_mm256_set1_epi16((short)h));
-        const __m128i lo = _mm_loadu_si128((const __m128i *)(src + 2)), hi = _mm_loadu_si128((const __m128i *)(src + 18));
-        _mm512_storeu_ps(dst + 32 * b, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(lo)), d));
-        _mm512_storeu_ps(dst + 32 * b + 16, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(hi)), d));
-    }
-}
-
-// bd_q4_0_row512 widens n values (n/32 Q4_0 blocks, {f16 d; u8 qs[16]}:
-// element j in the low nibble of qs[j], j+16 in the high one) to f32:
-// (nibble - 8)·d, exact.
-BD_AVX512 static inline void bd_q4_0_row512(const uint8_t *src, float *dst, int64_t n) {
-    const __m512i lo4 = _mm512_set1_epi32(15), eight = _mm512_set1_epi32(8);
-    for (int64_t b = 0; b < n / 32; b++, src += 18) {
-        uint16_t h;
-        __builtin_memcpy(&h, src, 2);
-        const __m512 d = _mm512_cvtph_ps(_mm256_set1_epi16((short)h));
+// bd_kvq_block512 puts the 32 values of the Q8_0 or Q4_0 (kvt, attend.h's
+// BD_KV_*) block at src in lo and hi as f32, exactly: q·d for Q8_0 ({f16
+// d; i8 q[32]}), (nibble - 8)·d for Q4_0 ({f16 d; u8 qs[16]}: element j in
+// the low nibble of qs[j], j+16 in the high one).
+BD_AVX512 static inline __attribute__((always_inline)) void bd_kvq_block512(const uint8_t *src, int kvt, __m512 *lo, __m512 *hi) {
+    uint16_t h;
+    __builtin_memcpy(&h, src, 2);
+    const __m512 d = _mm512_cvtph_ps(_mm256_set1_epi16((short)h));
+    __m512i l, u;
+    if (kvt == BD_KV_Q4_0) {
         const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(src + 2)));
-        const __m512i lo = _mm512_sub_epi32(_mm512_and_si512(q, lo4), eight),
-                      hi = _mm512_sub_epi32(_mm512_srli_epi32(q, 4), eight);
-        _mm512_storeu_ps(dst + 32 * b, _mm512_mul_ps(_mm512_cvtepi32_ps(lo), d));
-        _mm512_storeu_ps(dst + 32 * b + 16, _mm512_mul_ps(_mm512_cvtepi32_ps(hi), d));
+        l = _mm512_sub_epi32(_mm512_and_si512(q, _mm512_set1_epi32(15)), _mm512_set1_epi32(8));
+        u = _mm512_sub_epi32(_mm512_srli_epi32(q, 4), _mm512_set1_epi32(8));
+    } else {
+        l = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(src + 2)));
+        u = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(src + 18)));
+    }
+    *lo = _mm512_mul_ps(_mm512_cvtepi32_ps(l), d);
+    *hi = _mm512_mul_ps(_mm512_cvtepi32_ps(u), d);
+}
+
+BD_AVX512 static inline __attribute__((always_inline)) void bd_kvq_blocks512(const void *base, int kvt, int64_t off,
+        float *dst, int64_t dim) {
+    const int64_t bb = BD_KV_BLOCK(kvt);
+    const uint8_t *src = (const uint8_t *)base + off / 32 * bb;
+    for (int64_t b = 0; b < dim / 32; b++, src += bb) {
+        __m512 lo, hi;
+        bd_kvq_block512(src, kvt, &lo, &hi);
+        _mm512_storeu_ps(dst + 32 * b, lo);
+        _mm512_storeu_ps(dst + 32 * b + 16, hi);
     }
 }
 
-// bd_f16_row512 widens n (n % 16 == 0) f16 values to f32, exactly.
-BD_AVX512 static inline void bd_f16_row512(const uint16_t *src, float *dst, int64_t n) {
-    for (int64_t i = 0; i < n; i += 16)
-        _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(src + i))));
+// bd_kvq_row512 widens dim values of an f16 (dim % 16 == 0), Q8_0 or Q4_0
+// (dim % 32 == 0) row at element off to f32, exactly.
+BD_AVX512 static inline void bd_kvq_row512(const void *base, int kvt, int64_t off, float *dst, int64_t dim) {
+    if (kvt == BD_KV_F16) {
+        for (int64_t i = 0; i < dim; i += 16)
+            _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)base + off + i))));
+        return;
+    }
+    if (kvt == BD_KV_Q4_0) // one loop a type, the type a constant in each
+        bd_kvq_blocks512(base, BD_KV_Q4_0, off, dst, dim);
+    else
+        bd_kvq_blocks512(base, BD_KV_Q8_0, off, dst, dim);
 }
 
 // bd_kvq_ld16 is the 16 values of an f16, Q8_0 or Q4_0 (kvt, attend.h's
