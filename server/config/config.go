@@ -177,7 +177,7 @@ func Defaults(euid int, getenv func(string) string) Config {
 		CPUBatchFactor:     1,
 		MemoryStrategy:     "balanced",
 		ComputeDType:       DefaultComputeDType,
-		KVCacheDType:       "auto",
+		KVCacheDType:       defaultKVCacheDType(getenv),
 		Sysfs:              "/sys",
 		Procfs:             "/proc",
 		Devfs:              "/dev",
@@ -208,6 +208,24 @@ func defaultOllamaModels(getenv func(string) string) string {
 		return ""
 	}
 	return p
+}
+
+// defaultKVCacheDType is auto unless Ollama's OLLAMA_KV_CACHE_TYPE names a
+// type (f16, q8_0, q4_0; any case, as Ollama reads it): a user moving from
+// Ollama keeps the cache they chose there. It is a default, so the config
+// file, BROKERD_KV_CACHE_DTYPE and the flag win; a value brokerd lacks fails
+// Validate, naming both variables, where Ollama would warn and use f16.
+func defaultKVCacheDType(getenv func(string) string) string {
+	if v := strings.TrimSpace(getenv(fallbackEnvNames["kv-cache-dtype"])); v != "" {
+		return strings.ToLower(v)
+	}
+	return "auto"
+}
+
+// fallbackEnvNames are Ollama's variables that set a flag's default when
+// brokerd's own variable is unset.
+var fallbackEnvNames = map[string]string{
+	"kv-cache-dtype": "OLLAMA_KV_CACHE_TYPE",
 }
 
 // OllamaModelsOff turns the Ollama store off, whatever the default.
@@ -374,6 +392,9 @@ func usageText(fs *flag.FlagSet) string {
 		fmt.Fprintf(&b, "\n      %s", usage)
 		var notes []string
 		if env := envNames[f.Name]; env != "" {
+			if fb := fallbackEnvNames[f.Name]; fb != "" {
+				env += ", else " + fb
+			}
 			notes = append(notes, "env "+env)
 		}
 		switch d := f.DefValue; {
@@ -585,7 +606,7 @@ func (c Config) Validate() error {
 		bad("max-batch-tokens %d is invalid: at least 1", c.MaxBatchTokens)
 	}
 	if !slices.Contains(KVCacheDTypes, c.KVCacheDType) {
-		bad("kv-cache-dtype (BROKERD_KV_CACHE_DTYPE): %q: want auto, f32, bf16, f16, q8_0 or q4_0", c.KVCacheDType)
+		bad("kv-cache-dtype (BROKERD_KV_CACHE_DTYPE, else OLLAMA_KV_CACHE_TYPE): %q: want auto, f32, bf16, f16, q8_0 or q4_0", c.KVCacheDType)
 	}
 	if _, err := ComputeDTypes(c.ComputeDType); err != nil {
 		bad("compute-dtype (BROKERD_COMPUTE_DTYPE): %v", err)

@@ -20,6 +20,10 @@ func TestLoadPrecedence(t *testing.T) {
 	if err := os.WriteFile(yamlPath, []byte("prefer: gpu\ntpu-batch-factor: 64\nlog-level: debug\ntelemetry-interval: 2s\nsocket: /yaml.sock\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	kvYAML := filepath.Join(dir, "kv.yaml")
+	if err := os.WriteFile(kvYAML, []byte("kv-cache-dtype: f32\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	tests := []struct {
 		name  string
 		args  []string
@@ -115,6 +119,26 @@ func TestLoadPrecedence(t *testing.T) {
 				t.Errorf("kv-cache-dtype %q, want q4_0", c.KVCacheDType)
 			}
 		}},
+		{"kv cache dtype from Ollama's variable", nil, map[string]string{"OLLAMA_KV_CACHE_TYPE": "Q8_0"}, func(t *testing.T, c Config) {
+			if c.KVCacheDType != "q8_0" {
+				t.Errorf("kv-cache-dtype %q, want q8_0", c.KVCacheDType)
+			}
+		}},
+		{"brokerd's kv variable over Ollama's", nil, map[string]string{"OLLAMA_KV_CACHE_TYPE": "q4_0", "BROKERD_KV_CACHE_DTYPE": "f16"}, func(t *testing.T, c Config) {
+			if c.KVCacheDType != "f16" {
+				t.Errorf("kv-cache-dtype %q, want f16", c.KVCacheDType)
+			}
+		}},
+		{"kv flag over Ollama's variable", []string{"--kv-cache-dtype=bf16"}, map[string]string{"OLLAMA_KV_CACHE_TYPE": "q4_0"}, func(t *testing.T, c Config) {
+			if c.KVCacheDType != "bf16" {
+				t.Errorf("kv-cache-dtype %q, want bf16", c.KVCacheDType)
+			}
+		}},
+		{"kv config file over Ollama's variable", []string{"--config", kvYAML}, map[string]string{"OLLAMA_KV_CACHE_TYPE": "q4_0"}, func(t *testing.T, c Config) {
+			if c.KVCacheDType != "f32" {
+				t.Errorf("kv-cache-dtype %q, want f32", c.KVCacheDType)
+			}
+		}},
 		{"kv cache dtype default", nil, nil, func(t *testing.T, c Config) {
 			if c.KVCacheDType != "auto" {
 				t.Errorf("kv-cache-dtype %q, want auto", c.KVCacheDType)
@@ -163,7 +187,8 @@ func TestLoadRejectsBadSettings(t *testing.T) {
 		{"model name with a path", []string{"--load-models=a,../b"}, nil, []string{"load-models", "model names separated by commas"}},
 		{"empty model name", nil, map[string]string{"BROKERD_LOAD_MODELS": "a,,b"}, []string{"load-models"}},
 		{"bad compute dtype", []string{"--compute-dtype=gpu=fp16"}, nil, []string{"compute-dtype (BROKERD_COMPUTE_DTYPE)", `gpu="fp16"`, "f32, bf16"}},
-		{"bad kv cache dtype", []string{"--kv-cache-dtype=fp8"}, nil, []string{"kv-cache-dtype (BROKERD_KV_CACHE_DTYPE)", `"fp8"`, "auto, f32, bf16, f16, q8_0 or q4_0"}},
+		{"bad kv cache dtype", []string{"--kv-cache-dtype=fp8"}, nil, []string{"kv-cache-dtype (BROKERD_KV_CACHE_DTYPE, else OLLAMA_KV_CACHE_TYPE)", `"fp8"`, "auto, f32, bf16, f16, q8_0 or q4_0"}},
+		{"bad kv cache dtype from Ollama's variable", nil, map[string]string{"OLLAMA_KV_CACHE_TYPE": "iq4_nl"}, []string{"OLLAMA_KV_CACHE_TYPE", `"iq4_nl"`, "auto, f32, bf16, f16, q8_0 or q4_0"}},
 		{"bad compute dtype env", nil, map[string]string{"BROKERD_COMPUTE_DTYPE": "npu=bf16"}, []string{"BROKERD_COMPUTE_DTYPE", `device type "npu"`, "cpu, gpu, tpu"}},
 	}
 	for _, tt := range tests {
