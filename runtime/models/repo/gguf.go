@@ -105,14 +105,13 @@ func (p *plan) inspectGGUFAt(path, real string) (lp *llmPlan, err error) {
 		return nil, invalid(models.ErrInvalidConfig, fmt.Errorf("%s: %w", path, err))
 	}
 	raw, err := json.Marshal(cfg)
+	if err == nil {
+		lp = &llmPlan{gguf: gp}
+		err = json.Unmarshal(raw, &lp.config)
+	}
 	if err != nil {
 		f.Close()
-		return nil, err
-	}
-	lp = &llmPlan{gguf: gp}
-	if err := json.Unmarshal(raw, &lp.config); err != nil {
-		f.Close()
-		return nil, err
+		return nil, invalid(models.ErrInvalidConfig, fmt.Errorf("%s: %w", path, err))
 	}
 	if err := checkSizes(lp.config, path); err != nil {
 		f.Close()
@@ -125,6 +124,12 @@ func (p *plan) inspectGGUFAt(path, real string) (lp *llmPlan, err error) {
 	if gp.vocab, err = gp.tokenizer(); err != nil {
 		f.Close()
 		return nil, invalid(models.ErrInvalidTokenizer, fmt.Errorf("%s: %w", path, err))
+	}
+	if ids := endOfGeneration(gp.vocab); len(ids) > 0 {
+		if lp.config.EOSTokenID, err = json.Marshal(ids); err != nil {
+			f.Close()
+			return nil, err
+		}
 	}
 	for i := range f.Tensors {
 		t := &f.Tensors[i]
@@ -204,11 +209,18 @@ func (gp *ggufPlan) config() (map[string]any, error) {
 	if headDim > 0 {
 		cfg["head_dim"] = headDim
 	}
-	if eps, ok := f.Float(arch + ".attention.layer_norm_rms_epsilon"); ok {
-		cfg["rms_norm_eps"] = eps
-	}
-	if theta, ok := f.Float(arch + ".rope.freq_base"); ok {
-		cfg["rope_theta"] = theta
+	for _, k := range []struct{ key, name string }{
+		{arch + ".attention.layer_norm_rms_epsilon", "rms_norm_eps"},
+		{arch + ".rope.freq_base", "rope_theta"},
+	} {
+		x, ok := f.Float(k.key)
+		if !ok {
+			continue
+		}
+		if math.IsNaN(x) || math.IsInf(x, 0) {
+			return nil, fmt.Errorf("%s is %g", k.key, x)
+		}
+		cfg[k.name] = x
 	}
 	if typ, ok := f.String(arch + ".rope.scaling.type"); ok && typ != "none" && typ != "" {
 		return nil, fmt.Errorf("%s.rope.scaling.type %q is not supported", arch, typ)
@@ -294,6 +306,35 @@ func (gp *ggufPlan) tokenizer() (bpe.Vocab, error) {
 	v.AddEOS, _ = f.Bool("tokenizer.ggml.add_eos_token")
 	v.ChatTemplate, _ = f.String("tokenizer.chat_template")
 	return v, nil
+}
+
+// endOfGeneration are the ids a GGUF model's generation ends at, as
+// llama.cpp's special_eog_ids: the file's eos, eot and eom ids, and the
+// tokens whose text names an end. A file names one id (Qwen's <|im_end|>,
+// a Llama 3 instruct's <|eot_id|>) while the model may end with another
+// (<|endoftext|>, <|end_of_text|>, <|eom_id|>), which Hugging Face's
+// generation_config.json lists beside it; llama.cpp also ends at Qwen's
+// fill-in-the-middle separators.
+func endOfGeneration(v bpe.Vocab) []int32 {
+	var ids []int32
+	if v.EOS >= 0 {
+		ids = append(ids, v.EOS)
+	}
+	ids = append(ids, v.EOT...)
+	for id, s := range v.Tokens {
+		if slices.Contains(eogTexts, s) {
+			ids = append(ids, int32(id))
+		}
+	}
+	return slices.Compact(slices.Sorted(slices.Values(ids)))
+}
+
+// eogTexts are the texts of llama.cpp's end-of-generation tokens
+// (llama-vocab.cpp) for the vocabularies of the architectures served.
+var eogTexts = []string{
+	"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>",
+	"<EOT>", "_<EOT>", "<|end_of_text|>",
+	"<|fim_pad|>", "<|fim_repo|>", "<|repo_name|>", "<|file_sep|>",
 }
 
 // ggufNames maps llama.cpp's tensor names to Hugging Face's (the engine's

@@ -6,6 +6,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -13,6 +14,7 @@ import (
 	"github.com/brokerd/brokerd/runtime"
 	"github.com/brokerd/brokerd/runtime/gguf"
 	"github.com/brokerd/brokerd/runtime/models"
+	"github.com/brokerd/brokerd/runtime/models/tokenizer/bpe"
 )
 
 // ggufPair writes one random checkpoint as safetensors (name-st, f32) and
@@ -166,5 +168,92 @@ func TestGGUFTruncatedWhileMapped(t *testing.T) {
 	}
 	if _, err := r.loadGGUF(context.Background(), p.llm.gguf, "qwen2-gg"); !errors.Is(err, gguf.ErrInvalid) || !strings.Contains(err.Error(), "changed while it was read") {
 		t.Fatalf("load of a truncated mapping: %v", err)
+	}
+}
+
+// TestGGUFNonFiniteFloats: NaN or infinite hyper-parameters are a bad
+// model file (INVALID_ARGUMENT), refused naming the key, in Load and List.
+func TestGGUFNonFiniteFloats(t *testing.T) {
+	for _, tc := range []struct {
+		name, key string
+		v         float32
+	}{
+		{"eps NaN", "qwen3.attention.layer_norm_rms_epsilon", float32(math.NaN())},
+		{"rope base +Inf", "qwen3.rope.freq_base", float32(math.Inf(1))},
+		{"rope base -Inf", "qwen3.rope.freq_base", float32(math.Inf(-1))},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			_, gg := ggufPair(t, dir, "qwen3", "f16")
+			rewriteGGUF(t, filepath.Join(gg, "model.gguf"), setKV(tc.key, gguf.Value{Type: gguf.ValueFloat32, Data: tc.v}), nil)
+			r := openRepo(t, dir)
+			_, err := r.Load(context.Background(), "qwen3-gg", 1)
+			if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), tc.key) {
+				t.Errorf("Load: %v, want an ErrInvalid refusal naming %s", err, tc.key)
+			}
+			for _, e := range r.List() {
+				for _, err := range e.Errs {
+					if err != nil && !errors.Is(err, ErrInvalid) {
+						t.Errorf("List: an error that is not ErrInvalid: %v", err)
+					}
+				}
+			}
+		})
+	}
+}
+
+// TestGGUFEndOfGeneration: a GGUF model ends generation at the ids its
+// file names (eos, eot, eom) and at the tokens llama.cpp ends at by their
+// text. The fixture's vocabulary has <|im_end|> at modelkit.ByteTokenizerEnd,
+// which the file also names as its eos.
+func TestGGUFEndOfGeneration(t *testing.T) {
+	end := int32(modelkit.ByteTokenizerEnd)
+	u32 := func(n uint32) gguf.Value { return gguf.Value{Type: gguf.ValueUint32, Data: n} }
+	for _, tc := range []struct {
+		name  string
+		edits []func([]string, map[string]gguf.Value) []string
+		want  []int32
+	}{
+		{"as written", nil, []int32{end}},
+		{"no eos id: the text", []func([]string, map[string]gguf.Value) []string{deleteKV("tokenizer.ggml.eos_token_id")}, []int32{end}},
+		{"eos, eot and eom ids", []func([]string, map[string]gguf.Value) []string{
+			setKV("tokenizer.ggml.eos_token_id", u32(5)), setKV("tokenizer.ggml.eot_token_id", u32(7)), setKV("tokenizer.ggml.eom_token_id", u32(9)),
+		}, []int32{5, 7, 9, end}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			_, gg := ggufPair(t, dir, "qwen2", "f16")
+			if tc.edits != nil {
+				rewriteGGUF(t, filepath.Join(gg, "model.gguf"), func(keys []string, kv map[string]gguf.Value) []string {
+					for _, e := range tc.edits {
+						keys = e(keys, kv)
+					}
+					return keys
+				}, nil)
+			}
+			l, err := openRepo(t, dir).Load(context.Background(), "qwen2-gg", 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := l.LLM.EOS(); !slices.Equal(got, tc.want) {
+				t.Errorf("EOS() = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+// TestEndOfGeneration: the ids named, then the texts llama.cpp ends at,
+// and no other special token.
+func TestEndOfGeneration(t *testing.T) {
+	v := bpe.Vocab{BOS: 0, EOS: 3, EOT: []int32{3, 4}, Tokens: []string{
+		"<|begin_of_text|>", "<|im_start|>", "<|endoftext|>", "<|im_end|>", "x", "<|eot_id|>", "<|end_of_text|>",
+		"<|eom_id|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>", "<|fim_prefix|>", "end", "<|end|>",
+	}}
+	want := []int32{2, 3, 4, 5, 6, 7, 8, 9, 10, 13}
+	if got := endOfGeneration(v); !slices.Equal(got, want) {
+		t.Errorf("endOfGeneration = %v, want %v", got, want)
+	}
+	if got := endOfGeneration(bpe.Vocab{EOS: -1, Tokens: []string{"a", "b"}}); len(got) != 0 {
+		t.Errorf("a vocabulary without ends: %v", got)
 	}
 }
