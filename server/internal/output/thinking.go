@@ -13,7 +13,9 @@ import (
 	"unicode"
 )
 
-// Tags are a thinking block's markers.
+// Tags are a thinking block's markers. Each starts with a character that
+// is not whitespace (the parsers rely on it: whitespace held before a tag
+// is never a part of the tag).
 type Tags struct{ Open, Close string }
 
 // Qwen3Tags are Qwen3's (and DeepSeek-R1's) thinking markers.
@@ -44,9 +46,14 @@ const (
 // following it would drop, is held until the next piece decides it, so
 // nothing of a tag ever reaches either side.
 type Thinking struct {
-	tags    Tags
-	state   thinkState
-	held    string
+	tags  Tags
+	state thinkState
+	// What is held is ws then part: whitespace that a tag following it
+	// would drop, then a proper prefix of the tag (or nothing). The
+	// whitespace waits apart, only appended to, so that a long run of it
+	// costs linear work: a push scans part and its own text, never ws.
+	ws      heldSpace
+	part    string
 	started bool // the block's reasoning began: its leading whitespace is behind
 }
 
@@ -70,8 +77,8 @@ func PromptOpensBlock(tags Tags, prompt string) bool {
 // Push adds a piece of text and returns what is decided.
 func (p *Thinking) Push(text string) Split {
 	var out Split
-	s := p.held + text
-	p.held = ""
+	s := p.part + text
+	p.part = ""
 	for s != "" {
 		switch p.state {
 		case beforeThinking:
@@ -79,11 +86,15 @@ func (p *Thinking) Push(text string) Split {
 			switch {
 			case strings.HasPrefix(body, p.tags.Open):
 				s = body[len(p.tags.Open):]
+				p.ws.Reset()
 				p.state = thinking
 			case strings.HasPrefix(p.tags.Open, body):
-				p.held = s // whitespace or a part of the tag: wait
+				// Whitespace or a part of the tag: wait.
+				p.ws.WriteString(s[:len(s)-len(body)])
+				p.part = body
 				return out
 			default:
+				s = p.ws.take() + s
 				p.state = answering
 			}
 		case thinking:
@@ -94,14 +105,15 @@ func (p *Thinking) Push(text string) Split {
 				p.started = true
 			}
 			if i := strings.Index(s, p.tags.Close); i >= 0 {
-				out.Reasoning += strings.TrimRightFunc(s[:i], unicode.IsSpace)
+				p.ws.add(&out.Reasoning, s[:i])
+				p.ws.Reset() // the reasoning's trailing whitespace goes
 				s = s[i+len(p.tags.Close):]
 				p.state = afterThinking
 				continue
 			}
-			keep := holdBack(s, p.tags.Close)
-			out.Reasoning += s[:len(s)-keep]
-			p.held = s[len(s)-keep:]
+			n := tagPrefix(s, p.tags.Close)
+			p.ws.add(&out.Reasoning, s[:len(s)-n])
+			p.part = s[len(s)-n:]
 			return out
 		case afterThinking:
 			s = strings.TrimLeftFunc(s, unicode.IsSpace)
@@ -121,31 +133,51 @@ func (p *Thinking) Push(text string) Split {
 // whitespace is the side's own text after all (trailing whitespace of the
 // reasoning excepted).
 func (p *Thinking) Flush() Split {
-	s := p.held
-	p.held = ""
+	var out Split
 	switch p.state {
 	case beforeThinking, answering:
-		return Split{Content: s}
+		out.Content = p.ws.take() + p.part
 	case thinking:
-		return Split{Reasoning: strings.TrimRightFunc(s, unicode.IsSpace)}
+		p.ws.add(&out.Reasoning, p.part)
 	}
-	return Split{}
+	p.ws.Reset()
+	p.part = ""
+	return out
 }
 
-// holdBack is how many bytes at the end of s to keep back: trailing
-// whitespace (a close tag after it would drop it) and a proper prefix of
-// tag that may complete with the next piece.
-func holdBack(s, tag string) int {
-	n := 0
+// tagPrefix is the length of the longest suffix of s that is a proper
+// prefix of tag: a tag the next piece may complete. It looks only at the
+// last len(tag)-1 bytes of s.
+func tagPrefix(s, tag string) int {
 	for k := min(len(tag)-1, len(s)); k > 0; k-- {
 		if strings.HasSuffix(s, tag[:k]) {
-			n = k
-			break
+			return k
 		}
 	}
-	rest := s[:len(s)-n]
-	trimmed := strings.TrimRightFunc(rest, unicode.IsSpace)
-	// Both are whole characters (a tag's prefix starts with its ASCII
-	// first byte), so both sides stay UTF-8.
-	return n + len(rest) - len(trimmed)
+	return 0
+}
+
+// heldSpace is whitespace held back from one side of the output because a
+// tag following it would drop it. A model may write a long run of
+// whitespace in many pieces: it is appended to, never copied or scanned
+// again, so that the run costs linear work.
+type heldSpace struct{ strings.Builder }
+
+// add decides text that follows the held whitespace: when text is more
+// than whitespace, the held whitespace and text up to its own trailing
+// whitespace go to *out, and that trailing whitespace is held instead;
+// when it is only whitespace, it is held too. Only text is scanned.
+func (h *heldSpace) add(out *string, text string) {
+	body := strings.TrimRightFunc(text, unicode.IsSpace)
+	if body != "" {
+		*out += h.take() + body
+	}
+	h.WriteString(text[len(body):])
+}
+
+// take returns the held whitespace and holds none.
+func (h *heldSpace) take() string {
+	s := h.String()
+	h.Reset()
+	return s
 }

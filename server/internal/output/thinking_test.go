@@ -80,6 +80,8 @@ func TestThinking(t *testing.T) {
 		{name: "whitespace inside the reasoning stays", text: "<think>a \n b</think>c \n d", reasoning: "a \n b", content: "c \n d"},
 		{name: "a close tag's look-alike", text: "<think>x </thinker> y</think>z", reasoning: "x </thinker> y", content: "z"},
 		{name: "unicode on both sides", text: "<think>ünïcödé 🎨</think>\nćolor ✓", reasoning: "ünïcödé 🎨", content: "ćolor ✓"},
+		{name: "whitespace then a close tag's part ends the reasoning", text: "<think>a \n </thi  \n", reasoning: "a \n </thi"},
+		{name: "only whitespace in the block", inBlock: true, text: " \n \n ", reasoning: ""},
 		{name: "nothing", text: ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -90,11 +90,15 @@ const (
 // python tag) is held to the end, then parsed as calls; any other answer
 // is content as it comes, as vLLM's llama3_json parser decides.
 type ToolCalls struct {
-	format  ToolFormat
-	forced  string // ForcedJSON of one function: its name
-	state   toolState
-	held    string // undecided text
-	ws      string // content's trailing whitespace, dropped if a call follows
+	format ToolFormat
+	forced string // ForcedJSON of one function: its name
+	state  toolState
+	held   string // undecided text: a part of a tag
+	// ws is whitespace held apart from held, only appended to, so that a
+	// long run of it costs linear work: Hermes content's trailing
+	// whitespace, dropped if a call follows; Llama's leading whitespace,
+	// before the answer is decided.
+	ws      heldSpace
 	call    strings.Builder
 	maxCall int
 }
@@ -146,20 +150,18 @@ func (p *ToolCalls) Push(text string) Piece {
 				p.call.Reset()
 				continue
 			}
-			keep := holdBack(s, HermesTags.Open)
-			p.content(&out, s[:len(s)-keep])
 			// What is held is whitespace then a part of the tag (or only
 			// whitespace): the whitespace waits in ws, the part in held.
-			rest := s[len(s)-keep:]
-			body := strings.TrimLeftFunc(rest, unicode.IsSpace)
-			p.ws += rest[:len(rest)-len(body)]
-			p.held = body
+			n := tagPrefix(s, HermesTags.Open)
+			p.content(&out, s[:len(s)-n])
+			p.held = s[len(s)-n:]
 			return out
 		case toolInCall:
 			// What is in p.call cannot hold the close tag whole: only the
-			// tail of it with s can.
+			// tail of it with s can, so only that is searched.
 			from := max(p.call.Len()-len(HermesTags.Close)+1, 0)
-			c := p.call.String() + s
+			p.call.WriteString(s)
+			c := p.call.String() // the builder's bytes, not a copy
 			if i := strings.Index(c[from:], HermesTags.Close); i >= 0 {
 				i += from
 				p.endCall(&out, c[:i], true)
@@ -168,14 +170,10 @@ func (p *ToolCalls) Push(text string) Piece {
 			}
 			if len(c) > p.maxCall {
 				// Not a call anyone would send: it is text after all.
-				out.Content += p.ws + HermesTags.Open + c
-				p.ws = ""
+				out.Content += p.ws.take() + HermesTags.Open + c
 				p.call.Reset()
 				p.state = toolPlain
-				return out
 			}
-			p.call.Reset()
-			p.call.WriteString(c)
 			return out
 		case toolAfter:
 			s = strings.TrimLeftFunc(s, unicode.IsSpace)
@@ -184,9 +182,12 @@ func (p *ToolCalls) Push(text string) Piece {
 			}
 			p.state = toolContent
 		case toolLlamaStart:
+			// What is held is whitespace (in ws) then a part of the python
+			// tag or the tag (in held).
 			body := strings.TrimLeftFunc(s, unicode.IsSpace)
 			switch {
 			case strings.HasPrefix(body, PythonTag):
+				p.ws.Reset() // whitespace before the tag goes
 				s = strings.TrimLeftFunc(body[len(PythonTag):], unicode.IsSpace)
 				if s == "" {
 					// The tag alone: what follows decides.
@@ -203,14 +204,17 @@ func (p *ToolCalls) Push(text string) Piece {
 				p.state = toolLlamaJSON
 				return out
 			case body == "" || strings.HasPrefix(PythonTag, body):
-				p.held = s
+				p.ws.WriteString(s[:len(s)-len(body)])
+				p.held = body
 				return out
 			case body[0] == '{':
 				p.call.Reset()
+				p.call.WriteString(p.ws.take())
 				p.call.WriteString(s)
 				p.state = toolLlamaJSON
 				return out
 			default:
+				s = p.ws.take() + s
 				p.state = toolPlain
 			}
 		case toolLlamaJSON, toolForced:
@@ -230,15 +234,7 @@ func (p *ToolCalls) Push(text string) Piece {
 // content adds text to the output, holding its trailing whitespace back
 // (a call may follow).
 func (p *ToolCalls) content(out *Piece, s string) {
-	if s == "" {
-		return
-	}
-	body := strings.TrimRightFunc(s, unicode.IsSpace)
-	if body != "" {
-		out.Content += p.ws + body
-		p.ws = ""
-	}
-	p.ws += s[len(body):]
+	p.ws.add(&out.Content, s)
 }
 
 // endCall decides a Hermes call's body (closed: its close tag came).
@@ -246,15 +242,14 @@ func (p *ToolCalls) endCall(out *Piece, body string, closed bool) {
 	p.call.Reset()
 	if c, ok := parseHermes(body); ok {
 		out.Calls = append(out.Calls, c)
-		p.ws = ""
+		p.ws.Reset()
 		p.state = toolAfter
 		return
 	}
-	out.Content += p.ws + HermesTags.Open + body
+	out.Content += p.ws.take() + HermesTags.Open + body
 	if closed {
 		out.Content += HermesTags.Close
 	}
-	p.ws = ""
 	p.state = toolContent
 }
 
@@ -264,13 +259,10 @@ func (p *ToolCalls) Flush() Piece {
 	s := p.held
 	p.held = ""
 	switch p.state {
-	case toolContent, toolPlain:
-		out.Content = p.ws + s
-	case toolLlamaStart:
-		out.Content = s
+	case toolContent, toolPlain, toolLlamaStart:
+		out.Content = p.ws.take() + s
 	case toolInCall:
 		p.endCall(&out, p.call.String(), false)
-		out.Content += p.ws
 	case toolLlamaJSON:
 		text := p.call.String()
 		if calls, ok := parseLlama(text); ok {
@@ -286,7 +278,7 @@ func (p *ToolCalls) Flush() Piece {
 			out.Content = text // cut short (length, deadline): not a call
 		}
 	}
-	p.ws = ""
+	p.ws.Reset()
 	p.call.Reset()
 	p.state = toolPlain
 	return out

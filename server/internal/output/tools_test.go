@@ -89,6 +89,10 @@ func TestToolCallsLlama(t *testing.T) {
 		{name: "parameters not an object", text: `{"name": "f", "parameters": [1]}`, content: `{"name": "f", "parameters": [1]}`},
 		{name: "the tag then text", text: "<|python_tag|>print(1)", content: "<|python_tag|>print(1)"},
 		{name: "a part of the tag", text: "<|pyth", content: "<|pyth"},
+		{name: "whitespace, then an answer", text: "\n \n It is sunny.", content: "\n \n It is sunny."},
+		{name: "whitespace, then a part of the tag", text: " \n <|pyth", content: " \n <|pyth"},
+		{name: "whitespace only", text: " \n\t ", content: " \n\t "},
+		{name: "whitespace, the tag, whitespace", text: " \n <|python_tag|> \n", content: "<|python_tag|>"},
 		{name: "nothing", text: ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
