@@ -143,27 +143,40 @@ func (g *GenStream) Seq() uint64 { return g.seq.id }
 // io.EOF; a sequence that failed returns its error (ErrBackend,
 // ErrDraining, or the context's error).
 func (g *GenStream) Recv() (GenEvent, error) {
-	seq := g.seq
 	for {
 		g.s.mu.Lock()
-		if len(seq.events) > 0 {
-			ev := seq.events[0]
-			seq.events[0] = GenEvent{}
-			seq.events = seq.events[1:]
-			g.s.mu.Unlock()
-			return ev, nil
-		}
-		if seq.finished {
-			err := seq.err
-			g.s.mu.Unlock()
-			if err == nil {
-				return GenEvent{}, io.EOF
-			}
-			return GenEvent{}, err
-		}
+		ev, err, ok := g.nextLocked()
 		g.s.mu.Unlock()
-		<-seq.notify
+		if ok {
+			return ev, err
+		}
+		<-g.seq.notify
 	}
+}
+
+// nextLocked is Recv's next event or end, ok false while there is none yet.
+// A Finish event waits while a step holds the sequence: a deadline ends it
+// from outside the step, and its caller then flushes the sequence's state
+// (an llm.Sequence's held-back text), which the step may still be sampling.
+// An error (a cancellation) does not wait: its caller flushes nothing.
+func (g *GenStream) nextLocked() (ev GenEvent, err error, ok bool) {
+	seq := g.seq
+	if len(seq.events) > 0 {
+		if seq.events[0].Finish != "" && seq.inStep {
+			return GenEvent{}, nil, false
+		}
+		ev = seq.events[0]
+		seq.events[0] = GenEvent{}
+		seq.events = seq.events[1:]
+		return ev, nil, true
+	}
+	if !seq.finished || (seq.inStep && seq.err == nil) {
+		return GenEvent{}, nil, false
+	}
+	if seq.err == nil {
+		return GenEvent{}, io.EOF, true
+	}
+	return GenEvent{}, seq.err, true
 }
 
 // sequence is one accepted sequence of Generate, as request is one of
@@ -198,6 +211,7 @@ type sequence struct {
 	stopCtx  func() bool // stops the context watch
 	deadline *time.Timer
 
+	inStep   bool // in the step its replica runs now (planned, not yet applied)
 	finished bool
 	err      error
 	events   []GenEvent
@@ -645,6 +659,7 @@ func (s *Scheduler) planStepLocked(r *genReplica, now time.Time) ([]StepItem, []
 			Sample: pos+take == len(seq.tokens),
 		})
 		seqs = append(seqs, seq)
+		seq.inStep = true
 		budget -= take
 	}
 	for i := 0; i < len(r.running) && budget > 0; {
@@ -734,6 +749,12 @@ func (s *Scheduler) nextWaitingLocked(r *genReplica) *sequence {
 func (s *Scheduler) applyStepLocked(r *genReplica, items []StepItem, seqs []*sequence, results []StepResult, err error, start, end time.Time) {
 	gq := r.gq
 	took := end.Sub(start)
+	for _, seq := range seqs {
+		seq.inStep = false
+		if seq.finished {
+			seq.wake() // its end waited for the step (nextLocked)
+		}
+	}
 	if err != nil && s.closed {
 		// Close cancelled the step: its sequences end as every other
 		// one Close answers, not as a failure of the device.

@@ -427,6 +427,71 @@ func TestGenerateCancelAndDeadlineFreeBlocks(t *testing.T) {
 	f.check(t)
 }
 
+// TestGenerateEndWaitsForItsStep: a deadline ends a sequence while a step
+// holds it, but Recv gives the Finish event only after the step: its caller
+// flushes the sequence's state (an llm.Sequence's held-back text) on it, and
+// the step may still be sampling it. A cancellation's error comes at once:
+// nothing is flushed on it.
+func TestGenerateEndWaitsForItsStep(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		end  func(s *Scheduler, st *GenStream, cancel func())
+		held bool // Recv waits for the step
+		want func(r genResult) bool
+	}{
+		{"cancelled", func(_ *Scheduler, _ *GenStream, cancel func()) { cancel() }, false,
+			func(r genResult) bool { return errors.Is(r.err, context.Canceled) }},
+		// What the deadline's timer does, without a race against the plan.
+		{"deadline", func(s *Scheduler, st *GenStream, _ func()) {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			s.finishSeqLocked(st.seq, nil, FinishDeadline, "")
+		}, true, func(r genResult) bool { return r.err == nil && r.finish == FinishDeadline }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newTestScheduler(t, Options{})
+			f := newFakeGen(4, 1024)
+			gate := make(chan struct{})
+			f.hold, f.entered = gate, make(chan struct{}, 1)
+			if err := s.AddGenReplica("llm", Device{ID: "cpu:0", Type: "cpu"}, GenOptions{MaxRunning: 4, MaxStepTokens: 64}, f); err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			st, err := s.Generate(ctx, GenRequest{Model: "llm", Prompt: prompt(1, 9), MaxNewTokens: 1000, State: &genState{}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			<-f.entered // the first step holds the sequence
+			tc.end(s, st, cancel)
+			waitFor(t, "the sequence ended", func() bool {
+				s.mu.Lock()
+				defer s.mu.Unlock()
+				return st.seq.finished
+			})
+			var r genResult
+			if !tc.held {
+				r = collect(st)
+			} else {
+				s.mu.Lock()
+				ev, err, ok := st.nextLocked()
+				s.mu.Unlock()
+				if ok {
+					t.Fatalf("Recv would give %+v, %v while the step holds the sequence", ev, err)
+				}
+			}
+			gate <- struct{}{}
+			if tc.held {
+				r = collect(st)
+			}
+			if !tc.want(r) {
+				t.Errorf("finish %q, err %v", r.finish, r.err)
+			}
+			f.check(t)
+		})
+	}
+}
+
 func TestGenerateQueueBoundAndFairness(t *testing.T) {
 	s := newTestScheduler(t, Options{MaxQueueItems: 4})
 	f := newFakeGen(4, 64)
