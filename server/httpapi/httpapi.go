@@ -67,7 +67,11 @@ type Options struct {
 	// (0: a minute); a body still arriving then is answered 408 and its
 	// connection closed.
 	BodyTimeout time.Duration
-	Logger      *zap.Logger
+	// WriteTimeout bounds each write of a response (0: a minute): a client
+	// that takes none of it for that long loses its connection, and its
+	// call ends.
+	WriteTimeout time.Duration
+	Logger       *zap.Logger
 	// Now is the clock of created_at and created fields (tests fix it).
 	Now func() time.Time
 	// CORSOrigins are the browser origins ("*": any) that may call the
@@ -98,6 +102,9 @@ func New(b Backend, opts Options) *Handler {
 	}
 	if opts.BodyTimeout <= 0 {
 		opts.BodyTimeout = time.Minute
+	}
+	if opts.WriteTimeout <= 0 {
+		opts.WriteTimeout = time.Minute
 	}
 	h := &Handler{b: b, opts: opts, mux: http.NewServeMux(), log: opts.Logger.Named("http")}
 	h.reqs = prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -146,11 +153,52 @@ func New(b Backend, opts Options) *Handler {
 }
 
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	w = newPacedWriter(w, h.opts.WriteTimeout)
 	if h.cors(w, r) {
 		return
 	}
 	h.mux.ServeHTTP(w, r)
 }
+
+// pacedWriter gives each write of a response its own deadline, so a client
+// that keeps its connection open and reads nothing cannot hold its call
+// (the model's gate, its in-flight bytes) forever: the write fails, which
+// cancels the request's context. The server has no WriteTimeout, which
+// would cut a long stream that is being read (net/http clears the deadline
+// after each request).
+type pacedWriter struct {
+	http.ResponseWriter
+	ctl     *http.ResponseController
+	timeout time.Duration
+}
+
+func newPacedWriter(w http.ResponseWriter, timeout time.Duration) *pacedWriter {
+	p := &pacedWriter{ResponseWriter: w, ctl: http.NewResponseController(w), timeout: timeout}
+	p.extend()
+	return p
+}
+
+func (p *pacedWriter) extend() { _ = p.ctl.SetWriteDeadline(time.Now().Add(p.timeout)) }
+
+func (p *pacedWriter) WriteHeader(code int) {
+	p.extend()
+	p.ResponseWriter.WriteHeader(code)
+}
+
+func (p *pacedWriter) Write(b []byte) (int, error) {
+	p.extend()
+	return p.ResponseWriter.Write(b)
+}
+
+func (p *pacedWriter) Flush() { _ = p.FlushError() }
+
+// FlushError is what http.ResponseController.Flush calls.
+func (p *pacedWriter) FlushError() error {
+	p.extend()
+	return p.ctl.Flush()
+}
+
+func (p *pacedWriter) Unwrap() http.ResponseWriter { return p.ResponseWriter }
 
 // statusWriter records the status code for the metrics.
 type statusWriter struct {
