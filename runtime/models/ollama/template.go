@@ -42,8 +42,9 @@ import (
 // {{ template }} calls may not recurse (checked when it is parsed), every
 // range iteration and action counts a step and checks the render's
 // deadline, the strings printf, print, println, html, js, urlquery and
-// json make count against an allocation bound, and the output against
-// its own.
+// json make count against an allocation bound (all but json's bounded
+// before fmt builds them: template_fmt.go), and the output against its
+// own.
 
 // Template errors. ErrTemplateLimit also wraps ErrTemplate.
 var (
@@ -512,9 +513,25 @@ func (r *render) tick() (string, error) {
 func (r *render) made(s string) (string, error) {
 	r.alloc += int64(len(s))
 	if r.alloc > r.lim.MaxAllocBytes {
-		return "", r.fail(fmt.Errorf("%w: %w: its functions made more than %d bytes", ErrTemplate, ErrTemplateLimit, r.lim.MaxAllocBytes))
+		return "", r.overAlloc()
 	}
 	return s, nil
+}
+
+// room is what is left of the allocation bound.
+func (r *render) room() int64 { return max(r.lim.MaxAllocBytes-r.alloc, 0) }
+
+// reserve refuses a call that may make more than room before it runs:
+// fmt builds its whole result before made can count it.
+func (r *render) reserve(bound int64) error {
+	if bound > r.room() {
+		return r.overAlloc()
+	}
+	return nil
+}
+
+func (r *render) overAlloc() error {
+	return r.fail(fmt.Errorf("%w: %w: its functions made more than %d bytes", ErrTemplate, ErrTemplateLimit, r.lim.MaxAllocBytes))
 }
 
 // Write bounds the output.
@@ -527,27 +544,32 @@ func (r *render) Write(p []byte) (int, error) {
 }
 
 func (r *render) funcs() template.FuncMap {
-	builtin := template.FuncMap{
-		"printf": fmt.Sprintf, "print": fmt.Sprint, "println": fmt.Sprintln,
+	m := template.FuncMap{tickFunc: r.tick}
+	m["printf"] = func(format string, args ...any) (string, error) {
+		if err := r.reserve(printfBound(format, args, r.room())); err != nil {
+			return "", err
+		}
+		return r.made(fmt.Sprintf(format, args...))
+	}
+	for name, f := range map[string]func(...any) string{"print": fmt.Sprint, "println": fmt.Sprintln} {
+		m[name] = func(args ...any) (string, error) {
+			if err := r.reserve(printBound(args, r.room())); err != nil {
+				return "", err
+			}
+			return r.made(f(args...))
+		}
+	}
+	// The escapers print their arguments as print does, then grow each
+	// byte to at most six ("&#34;", "\u003C", "%XX").
+	escapers := map[string]func(...any) string{
 		"html": template.HTMLEscaper, "js": template.JSEscaper, "urlquery": template.URLQueryEscaper,
 	}
-	m := template.FuncMap{tickFunc: r.tick}
-	for name, f := range builtin {
-		switch f := f.(type) {
-		case func(string, ...any) string:
-			m[name] = func(format string, args ...any) (string, error) {
-				if err := r.precheck(append(args, format)...); err != nil {
-					return "", err
-				}
-				return r.made(f(format, args...))
+	for name, f := range escapers {
+		m[name] = func(args ...any) (string, error) {
+			if err := r.reserve(satMul(fmtEscape, printBound(args, r.room()))); err != nil {
+				return "", err
 			}
-		case func(...any) string:
-			m[name] = func(args ...any) (string, error) {
-				if err := r.precheck(args...); err != nil {
-					return "", err
-				}
-				return r.made(f(args...))
-			}
+			return r.made(f(args...))
 		}
 	}
 	m["json"] = func(v any) (string, error) {
@@ -568,22 +590,6 @@ func (r *render) funcs() template.FuncMap {
 		return "any"
 	}
 	return m
-}
-
-// precheck refuses arguments whose strings alone would break the
-// allocation bound (a string doubled by printf "%s%s" $x $x grows past it
-// before the result is counted).
-func (r *render) precheck(args ...any) error {
-	n := r.alloc
-	for _, a := range args {
-		if s, ok := a.(string); ok {
-			n += int64(len(s))
-		}
-	}
-	if n > r.lim.MaxAllocBytes {
-		return r.fail(fmt.Errorf("%w: %w: its functions made more than %d bytes", ErrTemplate, ErrTemplateLimit, r.lim.MaxAllocBytes))
-	}
-	return nil
 }
 
 // Render renders a conversation. The error wraps ErrTemplate (and
