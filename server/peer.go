@@ -16,6 +16,8 @@ import (
 
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/peer"
+
+	"github.com/brokerd/brokerd/server/httpapi"
 )
 
 // unixCreds is the transport security of the Unix socket: no encryption (the
@@ -186,8 +188,12 @@ func (u unixCreds) Clone() credentials.TransportCredentials { return u }
 func (unixCreds) OverrideServerName(string) error           { return nil }
 
 // clientID names the caller for fairness between clients: "uid:N" on the Unix
-// socket (all processes of one user are one client), the remote IP on TCP.
+// socket (all processes of one user are one client), the remote IP on TCP,
+// the API key or the address on the HTTP APIs (httpapi.ClientFrom).
 func clientID(ctx context.Context) string {
+	if c, ok := httpapi.ClientFrom(ctx); ok {
+		return c
+	}
 	p, ok := peer.FromContext(ctx)
 	if !ok {
 		return "unknown"

@@ -13,12 +13,15 @@ package httpapi
 
 import (
 	"context"
+	"crypto/sha256"
 	"crypto/subtle"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"math"
+	"net"
 	"net/http"
 	"os"
 	"strconv"
@@ -267,11 +270,13 @@ func (h *Handler) instrument(route string, fn http.HandlerFunc) http.Handler {
 				"the request body of %d bytes is larger than %d bytes (--max-message-bytes)", r.ContentLength, h.opts.MaxBodyBytes)})
 			return
 		}
-		if !h.authorized(r) {
+		client, ok := h.authorized(r)
+		if !ok {
 			sw.Header().Set("WWW-Authenticate", `Bearer realm="brokerd"`)
 			h.fail(sw, r, status.Error(codes.Unauthenticated, "a valid API key is required: Authorization: Bearer KEY"))
 			return
 		}
+		r = r.WithContext(context.WithValue(r.Context(), clientKey{}, client))
 		if h.opts.Admit != nil {
 			release, err := h.opts.Admit(route, requestOverhead)
 			if err != nil {
@@ -356,23 +361,40 @@ type httpError struct {
 func (e *httpError) Error() string              { return e.err.Error() }
 func (e *httpError) GRPCStatus() *status.Status { return status.Convert(e.err) }
 
-func (h *Handler) authorized(r *http.Request) bool {
+func (h *Handler) authorized(r *http.Request) (client string, ok bool) {
 	if len(h.opts.APIKeys) == 0 {
-		return true
+		host, _, err := net.SplitHostPort(r.RemoteAddr)
+		if err != nil {
+			host = r.RemoteAddr
+		}
+		return "ip:" + host, true
 	}
 	// The scheme is case-insensitive (RFC 7235 section 2.1): "bearer KEY"
 	// is the same credential as "Bearer KEY".
 	scheme, key, ok := strings.Cut(r.Header.Get("Authorization"), " ")
 	if !ok || !strings.EqualFold(scheme, "Bearer") {
-		return false
+		return "", false
 	}
 	key = strings.TrimLeft(key, " ")
 	for _, k := range h.opts.APIKeys {
 		if subtle.ConstantTimeCompare([]byte(k), []byte(key)) == 1 {
-			return true
+			sum := sha256.Sum256([]byte(k))
+			return "key:" + hex.EncodeToString(sum[:6]), true
 		}
 	}
-	return false
+	return "", false
+}
+
+// clientKey is the context key of the caller's name (ClientFrom).
+type clientKey struct{}
+
+// ClientFrom names an HTTP API caller for fairness between clients: its
+// API key ("key:" and a hash of it: the apps behind one address are as
+// many clients as keys) or, without keys, its address ("ip:HOST", as a
+// TCP gRPC caller). ok is false outside an HTTP API request.
+func ClientFrom(ctx context.Context) (client string, ok bool) {
+	client, ok = ctx.Value(clientKey{}).(string)
+	return client, ok
 }
 
 // decode reads a JSON body into v; a bad body is INVALID_ARGUMENT, one
