@@ -244,7 +244,7 @@ func TestToolCallSchema(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := grammar.SchemaToGBNF([]byte(src), grammar.Limits{}); err != nil {
+	if _, err := grammar.SchemaToGBNF(context.Background(), []byte(src), grammar.Limits{}); err != nil {
 		t.Fatalf("%s: %v", src, err)
 	}
 	s := compileSchema(t, src)
@@ -271,7 +271,7 @@ func TestToolCallSchema(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := grammar.SchemaToGBNF([]byte(src), grammar.Limits{}); err != nil {
+	if _, err := grammar.SchemaToGBNF(context.Background(), []byte(src), grammar.Limits{}); err != nil {
 		t.Fatalf("%s: %v", src, err)
 	}
 	s = compileSchema(t, src)

@@ -3,6 +3,7 @@ package grammar
 import (
 	"context"
 	"encoding/binary"
+	"fmt"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -177,8 +178,12 @@ func (d *dfa) loopClasses(s int32) (uint64, error) {
 // Compile parses src as kind and compiles it for v. Use a Cache to compile
 // each (vocabulary, source) once.
 func Compile(ctx context.Context, v *Vocab, kind Kind, src string, lim Limits) (*Grammar, error) {
+	if err := ctx.Err(); err != nil {
+		// the caller has gone: not even the source is read
+		return nil, fmt.Errorf("compiling a %s constraint: %w", kind, err)
+	}
 	lim = lim.withDefaults()
-	gbnf, err := ToGBNF(kind, src, lim)
+	gbnf, err := ToGBNF(ctx, kind, src, lim)
 	if err != nil {
 		return nil, err
 	}
@@ -202,6 +207,10 @@ func compileGBNF(ctx context.Context, v *Vocab, gbnf string, lim Limits) (*Gramm
 	prog, err := lower(ir, lim)
 	if err != nil {
 		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		// checked before the precomputing, the costliest part
+		return nil, fmt.Errorf("compiling a grammar: %w", err)
 	}
 	g := &Grammar{vocab: v, prog: prog, lim: lim, cache: make([]atomic.Pointer[tokenSet], len(prog.elems)),
 		counted: map[*tokenSet]bool{}}

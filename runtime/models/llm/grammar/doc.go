@@ -108,8 +108,10 @@
 // Limits bound what a client's grammar may cost: source size, rules and
 // elements after expansion, nesting while parsing, repetition counts,
 // compile-time states, and at run time the parse-stack depth, the number of
-// stacks (ambiguity) and the work per byte; Compile takes a
-// context.Context. Limits.Precompute bounds the time Compile spends
+// stacks (ambiguity) and the work per byte. Compile (and ToGBNF and
+// SchemaToGBNF) take a context.Context and stop once it ends; a schema's
+// numeric bound costs the work of its bytes, whatever its exponent.
+// Limits.Precompute bounds the time Compile spends
 // precomputing (40ms by default): the positions left are computed the
 // first time a Mask reaches them, under the grammar's lock, and cached in
 // the Grammar for every later sequence.

@@ -58,6 +58,7 @@ func FuzzSchema(f *testing.F) {
 		`{"type":"string","pattern":"^[a-c]{2}$"}`,
 		`{"type":["string","number"],"minLength":1,"maxLength":4}`,
 		`{"type":"object","additionalProperties":{"type":"boolean"},"properties":{"k":{"const":null}}}`,
+		`{"type":"number","minimum":-1.5e-999999,"exclusiveMaximum":1.7976931348623157e308}`,
 	} {
 		f.Add(s)
 	}

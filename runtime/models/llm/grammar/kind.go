@@ -1,6 +1,9 @@
 package grammar
 
-import "fmt"
+import (
+	"context"
+	"fmt"
+)
 
 // Kind says how a constraint's source is written.
 type Kind uint8
@@ -33,7 +36,9 @@ func (k Kind) String() string {
 }
 
 // ToGBNF translates a constraint to GBNF (the identity for KindGBNF).
-func ToGBNF(kind Kind, src string, lim Limits) (string, error) {
+// A JSON Schema's conversion checks ctx as it goes: it stops, with ctx's
+// error, once the caller has gone.
+func ToGBNF(ctx context.Context, kind Kind, src string, lim Limits) (string, error) {
 	lim = lim.withDefaults()
 	if len(src) > lim.MaxSourceBytes {
 		return "", tooLargef("%s source is %d bytes (limit %d)", kind, len(src), lim.MaxSourceBytes)
@@ -42,7 +47,7 @@ func ToGBNF(kind Kind, src string, lim Limits) (string, error) {
 	case KindGBNF:
 		return src, nil
 	case KindJSONSchema:
-		return SchemaToGBNF([]byte(src), lim)
+		return SchemaToGBNF(ctx, []byte(src), lim)
 	case KindJSON:
 		return AnyJSONObjectGBNF, nil
 	case KindRegex:

@@ -1,6 +1,7 @@
 package grammar
 
 import (
+	"context"
 	"fmt"
 	"math"
 	"math/big"
@@ -62,8 +63,12 @@ var refusedKeywords = []string{
 }
 
 // SchemaToGBNF translates a JSON Schema to GBNF. See doc.go for what is
-// supported.
-func SchemaToGBNF(schema []byte, lim Limits) (string, error) {
+// supported. It checks ctx as it goes (every ctxCheckVisits schemas
+// visited) and stops with ctx's error once the caller has gone.
+func SchemaToGBNF(ctx context.Context, schema []byte, lim Limits) (string, error) {
+	if err := ctx.Err(); err != nil {
+		return "", fmt.Errorf("converting the JSON schema: %w", err)
+	}
 	lim = lim.withDefaults()
 	if len(schema) > lim.MaxSourceBytes {
 		return "", tooLargef("schema is %d bytes (limit %d)", len(schema), lim.MaxSourceBytes)
@@ -72,7 +77,7 @@ func SchemaToGBNF(schema []byte, lim Limits) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	c := &schemaConv{root: root, lim: lim, defined: map[string]bool{}, refs: map[string]string{}}
+	c := &schemaConv{ctx: ctx, root: root, lim: lim, defined: map[string]bool{}, refs: map[string]string{}}
 	body, err := c.visit(root, "root", 0)
 	if err != nil {
 		return "", err
@@ -88,6 +93,8 @@ func SchemaToGBNF(schema []byte, lim Limits) (string, error) {
 }
 
 type schemaConv struct {
+	ctx     context.Context
+	visits  int // schemas visited: ctx is checked every ctxCheckVisits
 	root    *jv
 	lim     Limits
 	out     strings.Builder
@@ -135,6 +142,11 @@ func (c *schemaConv) usePrimitive(name string) string {
 	return name
 }
 
+// ctxCheckVisits is how often the conversion checks its context: a visit's
+// own work is bounded by Limits (mostly microseconds), so the caller's end
+// is noticed soon, and the check costs nothing next to the visits.
+const ctxCheckVisits = 64
+
 func (c *schemaConv) check() error {
 	if c.out.Len() > c.lim.MaxSourceBytes*8 {
 		return tooLargef("schema expands to a grammar over %d bytes", c.lim.MaxSourceBytes*8)
@@ -149,6 +161,11 @@ func (c *schemaConv) check() error {
 func (c *schemaConv) visit(s *jv, name string, depth int) (string, error) {
 	if depth > c.lim.MaxNesting {
 		return "", tooLargef("schema nested deeper than %d", c.lim.MaxNesting)
+	}
+	if c.visits++; c.visits%ctxCheckVisits == 1 {
+		if err := c.ctx.Err(); err != nil {
+			return "", fmt.Errorf("converting the JSON schema: %w", err)
+		}
 	}
 	if err := c.check(); err != nil {
 		return "", err
@@ -469,7 +486,8 @@ func (c *schemaConv) stringRule(s *jv, name string) (string, error) {
 	return c.addRule(name, `"\"" char`+rep+` "\""`), nil
 }
 
-// numBound reads a numeric keyword as an exact rational.
+// numBound reads a numeric keyword as a rational with the same floor and
+// ceiling as the keyword's value (see boundLiteral): all numberRule uses.
 func numBound(s *jv, k string) (*big.Rat, error) {
 	x := s.get(k)
 	if x == nil {
@@ -478,11 +496,112 @@ func numBound(s *jv, k string) (*big.Rat, error) {
 	if x.kind != 'n' {
 		return nil, invalidf("%s is not a number", k)
 	}
-	r, ok := new(big.Rat).SetString(x.num.String())
+	lit, ok := boundLiteral(x.num.String())
 	if !ok {
-		return nil, invalidf("%s %s is not a number", k, x.num)
+		return nil, invalidf("%s %.40s is not a number", k, x.num)
+	}
+	r, ok := new(big.Rat).SetString(lit)
+	if !ok {
+		return nil, invalidf("%s %.40s is not a number", k, x.num)
 	}
 	return r, nil
+}
+
+// boundDigits is the most integer digits boundLiteral keeps: a bound of
+// more is beyond the ±(10^maxIntDigits - 1) that numberRule clamps to,
+// whatever its ceiling or floor ±1.
+const boundDigits = maxIntDigits + 2
+
+// boundLiteral cuts a JSON number literal down to a short decimal with the
+// same floor and ceiling, in work linear in the literal, before any
+// big-number arithmetic: big.Rat.SetString expands an exponent into its
+// digits (tens of milliseconds for 1e999999, from a 9-byte literal) and a
+// long fraction into a huge denominator. A bound matters to numberRule
+// only through the integers it admits, clamped to maxIntDigits digits, so
+//   - a value of more than boundDigits integer digits saturates to
+//     ±10^boundDigits: beyond the clamp either way, as 1e308 or
+//     -1.7976931348623157e308 (the float64 extremes that real schemas
+//     write) or 1e999999 are;
+//   - a fraction counts only by being zero or not: a non-zero one is .5
+//     (1.5e-999999 is 0.5: its floor is 0 and its ceiling 1).
+//
+// So every valid bound keeps its meaning, and none costs more than its
+// bytes. ok is false when lit is not a JSON number.
+func boundLiteral(lit string) (_ string, ok bool) {
+	sign := ""
+	if strings.HasPrefix(lit, "-") {
+		sign, lit = "-", lit[1:]
+	}
+	mant, exp := lit, ""
+	if i := strings.IndexAny(lit, "eE"); i >= 0 {
+		mant, exp = lit[:i], lit[i+1:]
+		if exp == "" {
+			return "", false
+		}
+	}
+	intPart, frac, _ := strings.Cut(mant, ".")
+	if intPart == "" || !allDecimal(intPart) || !allDecimal(frac) {
+		return "", false
+	}
+	e, ok := saturatedExponent(exp)
+	if !ok {
+		return "", false
+	}
+	// The value is 0.d × 10^point, d the digits from the first non-zero one.
+	digits := intPart + frac
+	first := strings.IndexFunc(digits, func(r rune) bool { return r != '0' })
+	if first < 0 {
+		return "0", true
+	}
+	digits = digits[first:]
+	point := len(intPart) - first + e
+	switch {
+	case point > boundDigits:
+		return sign + "1" + strings.Repeat("0", boundDigits), true
+	case point <= 0:
+		return sign + "0.5", true
+	}
+	whole := digits[:min(point, len(digits))] + strings.Repeat("0", max(point-len(digits), 0))
+	if strings.Trim(digits[min(point, len(digits)):], "0") != "" {
+		whole += ".5"
+	}
+	return sign + whole, true
+}
+
+// saturatedExponent reads a literal's exponent (digits after an optional
+// sign; "" is 0), saturating far beyond any that boundLiteral tells apart
+// (it adds at most the literal's length to it).
+func saturatedExponent(exp string) (int, bool) {
+	neg := false
+	switch {
+	case strings.HasPrefix(exp, "-"):
+		neg, exp = true, exp[1:]
+	case strings.HasPrefix(exp, "+"):
+		exp = exp[1:]
+	case exp == "":
+		return 0, true
+	}
+	if exp == "" || !allDecimal(exp) {
+		return 0, false
+	}
+	exp = strings.TrimLeft(exp, "0")
+	e := 1 << 30 // beyond: a source is far shorter than this
+	if len(exp) <= 9 {
+		e, _ = strconv.Atoi(exp)
+	}
+	if neg {
+		e = -e
+	}
+	return e, true
+}
+
+func allDecimal(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return false
+		}
+	}
+	return true
 }
 
 const maxIntDigits = 16

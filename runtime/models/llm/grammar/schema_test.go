@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/big"
+	"math/rand/v2"
+	"runtime"
 	"strings"
 	"testing"
 )
@@ -53,7 +56,7 @@ func TestSchemaMatch(t *testing.T) {
 			}
 			for _, s := range c.yes {
 				if !matches(t, g, s) {
-					gb, _ := SchemaToGBNF([]byte(c.schema), Limits{})
+					gb, _ := SchemaToGBNF(context.Background(), []byte(c.schema), Limits{})
 					t.Errorf("%s should match\n%s", s, gb)
 				}
 			}
@@ -143,11 +146,11 @@ func TestSchemaRefused(t *testing.T) {
 
 func TestSchemaIgnoredKeywords(t *testing.T) {
 	// annotations and unknown formats do not change the grammar
-	a, err := SchemaToGBNF([]byte(`{"type":"string","title":"T","description":"D","default":"x","examples":["y"],"format":"email","$comment":"c","x-extension":1}`), Limits{})
+	a, err := SchemaToGBNF(context.Background(), []byte(`{"type":"string","title":"T","description":"D","default":"x","examples":["y"],"format":"email","$comment":"c","x-extension":1}`), Limits{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := SchemaToGBNF([]byte(`{"type":"string"}`), Limits{})
+	b, err := SchemaToGBNF(context.Background(), []byte(`{"type":"string"}`), Limits{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -191,5 +194,236 @@ func TestRegexMatch(t *testing.T) {
 		if _, err := Compile(context.Background(), v, KindRegex, bad, Limits{}); !errors.Is(err, ErrInvalidGrammar) && !errors.Is(err, ErrGrammarTooLarge) {
 			t.Errorf("%s: got %v", bad, err)
 		}
+	}
+}
+
+// allocated is how many bytes f allocates on the heap: a measure of its
+// work that, unlike time, does not depend on the machine's load.
+func allocated(f func()) uint64 {
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	f()
+	runtime.ReadMemStats(&after)
+	return after.TotalAlloc - before.TotalAlloc
+}
+
+// boundsSchema is an object of props numbers, each bounded by ±bound in
+// all four ways.
+func boundsSchema(props int, bound string) string {
+	var b strings.Builder
+	b.WriteString(`{"type":"object","properties":{`)
+	for i := range props {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		fmt.Fprintf(&b, `"p%d":{"type":"number","minimum":-%[2]s,"maximum":%[2]s,"exclusiveMinimum":-%[2]s,"exclusiveMaximum":%[2]s}`, i, bound)
+	}
+	b.WriteString(`}}`)
+	return b.String()
+}
+
+// TestSchemaHugeBounds: a numeric bound costs the work of its bytes, not
+// of its value. big.Rat.SetString expands 1e999999 to a million digits
+// (tens of milliseconds and megabytes, from 9 bytes) and a long fraction
+// to a huge denominator; bounds beyond 16 digits mean the same as any
+// other beyond them, so a schema of huge bounds must compile with about
+// the allocations of the same schema with ordinary ones.
+func TestSchemaHugeBounds(t *testing.T) {
+	digits := strings.Repeat("1234567890", 6000)
+	lim := Limits{Precompute: -1} // every position: the same work each run
+	for _, tc := range []struct {
+		name        string
+		props       int
+		huge, plain string // bounds with the same meaning
+	}{
+		{"exponent", 10, "1e999999", "1e20"},
+		{"negative exponent", 10, "1.5e-999999", "0.5"},
+		{"float64's largest", 10, "1.7976931348623157e308", "1e20"},
+		{"long integer", 1, digits, "1e20"},
+		{"long fraction", 1, "0." + digits, "0.5"},
+		{"long exponent", 1, "1e" + strings.Repeat("0", len(digits)) + "999999", "1e20"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			compile := func(bound string) (uint64, string) {
+				var gbnf string
+				n := allocated(func() {
+					src := boundsSchema(tc.props, bound)
+					if _, err := Compile(context.Background(), getByteVocab(), KindJSONSchema, src, lim); err != nil {
+						t.Fatalf("bound %.20s: %v", bound, err)
+					}
+					gbnf, _ = SchemaToGBNF(context.Background(), []byte(src), lim)
+				})
+				return n, gbnf
+			}
+			plain, want := compile(tc.plain)
+			huge, got := compile(tc.huge)
+			if got != want {
+				t.Errorf("bound %.20s…: grammar differs from bound %s's:\n%s\nwant\n%s", tc.huge, tc.plain, got, want)
+			}
+			// the huge literals' own bytes, copied a few times by the JSON decoder
+			slack := uint64(16 * tc.props * 4 * len(tc.huge))
+			t.Logf("allocated %d bytes with bound %s, %d with %.20s… (slack %d)", plain, tc.plain, huge, tc.huge, slack)
+			if huge > 2*plain+slack {
+				t.Errorf("bound %.20s… (%d bytes) allocated %d bytes; bound %s %d: a bound's cost is its value's, not its literal's",
+					tc.huge, len(tc.huge), huge, tc.plain, plain)
+			}
+		})
+	}
+}
+
+// TestBoundLiteral: a bound cut down to a short literal keeps its floor and
+// ceiling (all numberRule uses), and beyond the 16 digits that numberRule
+// clamps to it saturates.
+func TestBoundLiteral(t *testing.T) {
+	for _, tc := range []struct{ lit, want string }{
+		{"0", "0"},
+		{"-0.000", "0"},
+		{"7", "7"},
+		{"-20", "-20"},
+		{"2.5", "2.5"},
+		{"12.3400", "12.5"},
+		{"12.000", "12"},
+		{"1234.5e-2", "12.5"},
+		{"100e-2", "1"},
+		{"1E+2", "100"},
+		{"0.00123e3", "1.5"},
+		{"9007199254740991", "9007199254740991"},
+		{"1e18", "1000000000000000000"},
+		{"1e308", "1000000000000000000"},
+		{"-1.7976931348623157e308", "-1000000000000000000"},
+		{"1e999999", "1000000000000000000"},
+		{"1e00000000000000000000000000005", "100000"},
+		{"1e99999999999999999999999999999", "1000000000000000000"},
+		{"1.5e-999999", "0.5"},
+		{"-1.5e-999999", "-0.5"},
+		{"5e-324", "0.5"},
+		{"1e-99999999999999999999999999999", "0.5"},
+		{"", ""},
+		{"-", ""},
+		{"1e", ""},
+		{"1e+", ""},
+		{"x", ""},
+		{"1.2.3", ""},
+		{"1e5x", ""},
+	} {
+		got, ok := boundLiteral(tc.lit)
+		if ok != (tc.want != "") || got != tc.want {
+			t.Errorf("boundLiteral(%q) = %q, %v; want %q", tc.lit, got, ok, tc.want)
+		}
+	}
+	// Against the exact value, for literals small enough to expand.
+	rng := rand.New(rand.NewPCG(9, 10))
+	limit := new(big.Int).Exp(big.NewInt(10), big.NewInt(maxIntDigits), nil)
+	clamp := func(x *big.Int) *big.Int {
+		if x.CmpAbs(limit) > 0 {
+			return big.NewInt(int64(x.Sign()))
+		}
+		return x
+	}
+	for range 20000 {
+		digits := func(n int) string {
+			b := make([]byte, n)
+			for i := range b {
+				b[i] = "0000123456789"[rng.IntN(13)]
+			}
+			return string(b)
+		}
+		lit := digits(1 + rng.IntN(20))
+		if rng.IntN(2) == 0 {
+			lit = "-" + lit
+		}
+		if rng.IntN(2) == 0 {
+			lit += "." + digits(1+rng.IntN(20))
+		}
+		if rng.IntN(2) == 0 {
+			lit += fmt.Sprintf("e%d", rng.IntN(60)-30)
+		}
+		cut, ok := boundLiteral(lit)
+		exact, _ := new(big.Rat).SetString(lit)
+		short, _ := new(big.Rat).SetString(cut)
+		if !ok || short == nil {
+			t.Fatalf("boundLiteral(%q) = %q, %v", lit, cut, ok)
+		}
+		for _, f := range []func(*big.Rat) *big.Int{ratFloor, ratCeil} {
+			if a, b := clamp(f(exact)), clamp(f(short)); a.Cmp(b) != 0 {
+				t.Fatalf("boundLiteral(%q) = %q: rounds to %v, not %v", lit, cut, b, a)
+			}
+		}
+	}
+}
+
+// cancelAfter is a context whose caller goes away while the work runs:
+// Err reports it cancelled from its n+1th call on.
+type cancelAfter struct {
+	context.Context
+	n int
+}
+
+func (c *cancelAfter) Err() error {
+	if c.n > 0 {
+		c.n--
+		return nil
+	}
+	return context.Canceled
+}
+
+// TestSchemaConversionStopsWhenCallerGoes: a schema's conversion checks
+// its context as it goes (every ctxCheckVisits schemas), so the work for a
+// caller that has gone stops, with the context's error, long before the
+// conversion would end; Compile, which precomputes after it, stops too.
+func TestSchemaConversionStopsWhenCallerGoes(t *testing.T) {
+	schema := func(props int) string {
+		var b strings.Builder
+		b.WriteString(`{"type":"object","properties":{`)
+		for i := range props {
+			if i > 0 {
+				b.WriteByte(',')
+			}
+			fmt.Fprintf(&b, `"p%d":{"type":"integer","minimum":%d,"maximum":%d}`, i, -i, i*1000)
+		}
+		b.WriteString(`}}`)
+		return b.String()
+	}
+	lim := Limits{Precompute: -1} // every position: the same work each run
+	convert := func(ctx context.Context, src string) error {
+		_, err := SchemaToGBNF(ctx, []byte(src), lim)
+		return err
+	}
+	compile := func(ctx context.Context, src string) error {
+		_, err := Compile(ctx, getByteVocab(), KindJSONSchema, src, lim)
+		return err
+	}
+	gone, cancel := context.WithCancel(context.Background())
+	cancel()
+	for _, tc := range []struct {
+		name  string
+		run   func(context.Context, string) error
+		props int
+		ctx   func() context.Context
+	}{
+		{"conversion, caller gone before", convert, 2000, func() context.Context { return gone }},
+		// the check on entry and the first visit's pass, then the next
+		// visit checked (ctxCheckVisits on) finds the caller gone
+		{"conversion, caller gone during", convert, 2000, func() context.Context { return &cancelAfter{context.Background(), 2} }},
+		{"compile, caller gone before", compile, 300, func() context.Context { return gone }},
+		{"compile, caller gone during", compile, 300, func() context.Context { return &cancelAfter{context.Background(), 3} }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			src := schema(tc.props)
+			var err error
+			full := allocated(func() { err = convert(context.Background(), src) })
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx := tc.ctx()
+			cut := allocated(func() { err = tc.run(ctx, src) })
+			t.Logf("allocated %d bytes for a caller gone; the whole conversion %d", cut, full)
+			if !errors.Is(err, context.Canceled) {
+				t.Errorf("err = %v, want context.Canceled", err)
+			}
+			if cut > full/3 {
+				t.Errorf("allocated %d bytes for a caller gone, the whole conversion %d: the work went on", cut, full)
+			}
+		})
 	}
 }
