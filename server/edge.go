@@ -161,7 +161,7 @@ func newGRPCServers(cfg config.Config, withTCP bool, rpcm *rpcMetrics, authz *au
 	srvOpts := []grpc.ServerOption{
 		grpc.ForceServerCodecV2(codec),
 		grpc.ChainUnaryInterceptor(unaryInterceptor(log, rpcm, codec), authz.unary(), budget.unary()),
-		grpc.ChainStreamInterceptor(streamInterceptor(log, rpcm, codec), authz.stream(), budget.stream()),
+		grpc.ChainStreamInterceptor(streamInterceptor(log, rpcm, codec), authz.stream(), budget.stream(), pacedSends(sendTimeout)),
 		grpc.MaxRecvMsgSize(cfg.MaxMessageBytes),
 		// Idle connections are closed; clients may ping no more than every
 		// 10 s (a flood of pings is a denial of service).

@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"runtime/debug"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -75,5 +76,47 @@ func streamInterceptor(log *zap.Logger, m *rpcMetrics, codec *parseCodec) grpc.S
 			ss = &parseCheckedStream{ServerStream: ss, codec: codec, method: info.FullMethod}
 		}
 		return handler(srv, ss)
+	}
+}
+
+// sendTimeout bounds one message of a server stream (pacedSends).
+const sendTimeout = time.Minute
+
+// pacedSends bounds each message a stream handler sends: a client that
+// keeps its stream open and reads nothing stops HTTP/2 flow control, and
+// SendMsg would block for ever with the call's resources held (a
+// generator's model gate, which an unload waits for; its in-flight bytes).
+// A send still waiting after timeout fails with UNAVAILABLE; the handler
+// returns, gRPC ends the stream, and the blocked write returns.
+func pacedSends(timeout time.Duration) grpc.StreamServerInterceptor {
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+		return handler(srv, &pacedStream{ServerStream: ss, timeout: timeout})
+	}
+}
+
+type pacedStream struct {
+	grpc.ServerStream
+	timeout time.Duration
+
+	mu    sync.Mutex // one send at a time, as gRPC requires
+	stuck error      // set once a send timed out: the client is not reading
+}
+
+func (s *pacedStream) SendMsg(m any) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.stuck != nil {
+		return s.stuck
+	}
+	done := make(chan error, 1)
+	go func() { done <- s.ServerStream.SendMsg(m) }()
+	t := time.NewTimer(s.timeout)
+	defer t.Stop()
+	select {
+	case err := <-done:
+		return err
+	case <-t.C:
+		s.stuck = status.Errorf(codes.Unavailable, "the client took no message of this stream for %v: it is not reading; the call ends", s.timeout)
+		return s.stuck
 	}
 }
