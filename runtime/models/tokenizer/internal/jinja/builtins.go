@@ -80,32 +80,30 @@ func builtinRange(b *budget, args []Value, kwargs map[string]Value) (Value, erro
 	}
 
 	// Size the list before building it: range(10**10) must be refused,
-	// not allocated. The count is computed in float64 so that extreme
-	// bounds cannot overflow it.
-	count := 0.0
-	if step > 0 && stop > start {
-		count = math.Ceil((float64(stop) - float64(start)) / float64(step))
-	} else if step < 0 && stop < start {
-		count = math.Ceil((float64(start) - float64(stop)) / -float64(step))
+	// not allocated. The count is exact, in unsigned arithmetic: stop-start
+	// may not fit an int64 (range(-2**63, 2**63-1)), a float rounds extreme
+	// bounds together, and a loop on i += step would wrap past MaxInt64
+	// and run on.
+	var count uint64
+	switch {
+	case step > 0 && stop > start:
+		count = (uint64(stop)-uint64(start)-1)/uint64(step) + 1
+	case step < 0 && stop < start:
+		count = (uint64(start)-uint64(stop)-1)/-uint64(step) + 1
 	}
-	if count*16 > float64(b.lim.MaxAllocBytes) {
-		return Undefined(), b.limitf("range of %.0f items is over %d bytes", count, b.lim.MaxAllocBytes)
+	if count > uint64(b.lim.MaxAllocBytes)/16 {
+		return Undefined(), b.limitf("range of %d items is over %d bytes", count, b.lim.MaxAllocBytes)
 	}
 	if err := b.room(16 * int64(count)); err != nil {
 		return Undefined(), err
 	}
 
-	items := make([]Value, 0, int(count))
-	if step > 0 {
-		for i := start; i < stop; i += step {
-			items = append(items, NewInt(i))
-		}
-	} else {
-		for i := start; i > stop; i += step {
-			items = append(items, NewInt(i))
-		}
+	// Each item is in [start, stop): start + k*step wraps only in its
+	// intermediate terms, which two's complement undoes.
+	items := make([]Value, count)
+	for k := range items {
+		items[k] = NewInt(start + int64(k)*step)
 	}
-
 	return NewList(items), nil
 }
 
@@ -613,7 +611,7 @@ func filterJoin(b *budget, args []Value, kwargs map[string]Value) (Value, error)
 
 	list := args[0].AsList()
 	parts := make([]string, list.Len())
-	size := int64(len(sep)) * int64(max(list.Len()-1, 0))
+	size := mulSize(int64(len(sep)), int64(max(list.Len()-1, 0)))
 	for i, item := range list.Items {
 		if attr != "" && item.IsDict() {
 			v, ok := item.AsDict().Get(attr)
@@ -622,7 +620,7 @@ func filterJoin(b *budget, args []Value, kwargs map[string]Value) (Value, error)
 			}
 		}
 		parts[i] = printValue(b, item)
-		size += int64(len(parts[i]))
+		size = addSize(size, int64(len(parts[i])))
 		// A list may hold one large string many times: check the
 		// joined size before joining.
 		if err := b.room(size); err != nil {
@@ -917,8 +915,9 @@ func replaceBounded(b *budget, s, old, newStr string, count int) (Value, error) 
 	if count >= 0 && count < n {
 		n = count
 	}
-	if size := int64(len(s)) + int64(n)*(int64(len(newStr))-int64(len(old))); size > int64(len(s)) {
-		if err := b.room(size); err != nil {
+	if n > 0 && len(newStr) > len(old) {
+		grow := mulSize(int64(n), int64(len(newStr)-len(old)))
+		if err := b.room(addSize(int64(len(s)), grow)); err != nil {
 			return Undefined(), err
 		}
 	}
@@ -1173,11 +1172,14 @@ func filterIndent(b *budget, args []Value, kwargs map[string]Value) (Value, erro
 	}
 
 	width = max(width, 0)
-	lines := strings.Split(s, "\n")
-	if err := b.room(int64(len(s)) + int64(len(lines))*int64(width)); err != nil {
+	// Each line gets the width at most once. The product is checked for
+	// overflow: 2**17 lines of width 2**47 wrap to 0.
+	n := int64(strings.Count(s, "\n")) + 1
+	if err := b.room(addSize(int64(len(s)), mulSize(n, int64(width)))); err != nil {
 		return Undefined(), err
 	}
 	pad := strings.Repeat(" ", width)
+	lines := strings.Split(s, "\n")
 	for i, line := range lines {
 		if i == 0 && !indentFirst {
 			continue

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 )
 
 // This file is brokerd's addition to the fork: every render and compile
@@ -171,6 +172,23 @@ func (b *budget) room(n int64) error {
 		return b.limitf("would create more than %d bytes of values", b.lim.MaxAllocBytes)
 	}
 	return nil
+}
+
+// mulSize and addSize combine sizes (non-negative) for room: a result
+// that does not fit an int64 is -1, which room refuses, rather than a
+// wrapped product that passes it.
+func mulSize(a, b int64) int64 {
+	if a < 0 || b < 0 || (a != 0 && b > math.MaxInt64/a) {
+		return -1
+	}
+	return a * b
+}
+
+func addSize(a, b int64) int64 {
+	if a < 0 || b < 0 || a > math.MaxInt64-b {
+		return -1
+	}
+	return a + b
 }
 
 // chargeValue accounts a value an operation produced: its string bytes,

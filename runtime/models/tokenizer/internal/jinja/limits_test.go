@@ -3,6 +3,7 @@ package jinja_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -39,6 +40,8 @@ func TestHostileTemplatesHitLimits(t *testing.T) {
 		{"replace filter empty", `{% set s = 'x' * 100000 %}{{ s|replace('', s) }}`},
 		{"format", `{% set s = '{0}' * 100000 %}{{ s.format(s) }}`},
 		{"indent", `{{ ('a\n' * 1000)|indent(1000000) }}`},
+		{"indent lines times width wraps to 0", `{{ ('\n' * 131071)|indent(140737488355328) }}`},
+		{"indent width past int64", `{{ 'a\nb'|indent(9223372036854775807) }}`},
 		{"output", `{% for i in range(1000) %}{{ 'x' * 100000 }}{% endfor %}`},
 		{"set block", `{% set ns = namespace(s='x') %}{% for i in range(40) %}{% set b %}{{ ns.s }}{{ ns.s }}{% endset %}{% set ns.s = b %}{% endfor %}`},
 		{"long concatenation chain", "{{ 'a'" + strings.Repeat(" ~ 'a'", 10000) + " }}"},
@@ -156,6 +159,53 @@ func TestBoundedOperationsKeepTheirMeaning(t *testing.T) {
 			t.Errorf("%s = %q, want %q", tc.src, got, tc.want)
 		}
 	}
+}
+
+// TestRangeIsExact: range() has Python's items at any bounds. Near
+// MaxInt64 or MinInt64 the count used to be figured in float64 (0 when
+// the bounds round together) and the list built on i += step, which
+// wrapped: with a step s whose inverse mod 2**64 is k the wrapped i lands
+// past stop only after k items (k unbounded, uncharged), with an even
+// step never. The cases here are ones the wrapped loop ends on.
+func TestRangeIsExact(t *testing.T) {
+	// step is the odd s < 2**63 with s*k == 1 (mod 2**64) for the least
+	// odd k >= 1001 that has one.
+	var k, step uint64
+	for k = 1001; ; k += 2 {
+		if step = inverse(k); step < 1<<63 {
+			break
+		}
+	}
+	for _, tc := range []struct{ src, want string }{
+		{`{{ range(5)|join(',') }}`, "0,1,2,3,4"},
+		{`{{ range(0, 10, 3)|join(',') }}`, "0,3,6,9"},
+		{`{{ range(10, 0, -3)|join(',') }}`, "10,7,4,1"},
+		{`{{ range(3, 3)|length }}{{ range(3, 0)|length }}{{ range(0, 3, -1)|length }}`, "000"},
+		{`{{ range(-3, 3, 2)|join(',') }}`, "-3,-1,1"},
+		{fmt.Sprintf(`{%% set r = range(9223372036854775806, 9223372036854775807, %d) %%}{{ r|length }} {{ r[0] }}`, step), "1 9223372036854775806"},
+		{fmt.Sprintf(`{%% set r = range(-9223372036854775807, -9223372036854775807 - 1, -%d) %%}{{ r|length }} {{ r[0] }}`, step), "1 -9223372036854775807"},
+		{fmt.Sprintf(`{%% set r = range(9223372036854775806 - %d, 9223372036854775807, %d) %%}{{ r|length }} {{ r[-1] }}`, step, step), "2 9223372036854775806"},
+	} {
+		t.Run(tc.src, func(t *testing.T) {
+			tm, err := jinja.Compile(tc.src)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := tm.RenderContext(context.Background(), nil, small)
+			if err != nil || got != tc.want {
+				t.Errorf("got %q, %v; want %q", got, err, tc.want)
+			}
+		})
+	}
+}
+
+// inverse is k's inverse modulo 2**64 (k odd): k*inverse(k) == 1 (mod 2**64).
+func inverse(k uint64) uint64 {
+	x := k // Newton: each step doubles the correct low bits
+	for range 6 {
+		x *= 2 - k*x
+	}
+	return x
 }
 
 // FuzzCompileRender: no source crashes the engine or escapes its limits.
