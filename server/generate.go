@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"math/rand/v2"
 	"regexp"
 	"strings"
@@ -107,6 +108,11 @@ func samplingFromProto(p *brokerv1.SamplingParams, d llm.Sampling) (llm.Sampling
 	}
 	if p.TopP != nil {
 		s.TopP = p.GetTopP()
+		if s.TopP == 0 {
+			// A request's top_p 0 keeps the most likely token, as llama.cpp
+			// (so Ollama) and OpenAI take it; the engine's 0 is "off".
+			s.TopP = math.SmallestNonzeroFloat32
+		}
 	}
 	if p.TopK != nil {
 		s.TopK = int(p.GetTopK())

@@ -113,14 +113,21 @@ func (o *openaiSampling) params() (*brokerv1.SamplingParams, error) {
 	if sp.Constraint, err = o.constraint(); err != nil {
 		return nil, err
 	}
+	// OpenAI's and vLLM's range: at least 1. brokerd's 0 (to the end of the
+	// context) is the field left out.
+	for _, f := range []struct {
+		name string
+		v    *int32
+	}{{"max_tokens", o.MaxTokens}, {"max_completion_tokens", o.MaxCompletionTokens}} {
+		if f.v != nil && *f.v < 1 {
+			return nil, paramError(f.name, "integer_below_min_value", "Invalid '%s': integer below minimum value. Expected a value >= 1, but got %d instead.", f.name, *f.v)
+		}
+	}
 	switch {
 	case o.MaxCompletionTokens != nil:
 		sp.MaxTokens = *o.MaxCompletionTokens
 	case o.MaxTokens != nil:
 		sp.MaxTokens = *o.MaxTokens
-	}
-	if sp.MaxTokens < 0 {
-		return nil, status.Errorf(codes.InvalidArgument, "max_tokens %d is invalid", sp.MaxTokens)
 	}
 	if o.Seed != nil {
 		sp.Seed = proto.Uint64(uint64(*o.Seed))
