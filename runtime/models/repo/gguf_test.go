@@ -14,6 +14,7 @@ import (
 	"github.com/brokerd/brokerd/runtime"
 	"github.com/brokerd/brokerd/runtime/gguf"
 	"github.com/brokerd/brokerd/runtime/models"
+	"github.com/brokerd/brokerd/runtime/models/llm"
 	"github.com/brokerd/brokerd/runtime/models/tokenizer/bpe"
 )
 
@@ -255,5 +256,40 @@ func TestEndOfGeneration(t *testing.T) {
 	}
 	if got := endOfGeneration(bpe.Vocab{EOS: -1, Tokens: []string{"a", "b"}}); len(got) != 0 {
 		t.Errorf("a vocabulary without ends: %v", got)
+	}
+}
+
+// TestGGUFTruncatedBeforeTheModel: a file cut short after its tensors were
+// read, before the model is built from them (which dequantizes gate and up
+// rows of two types out of the mapping to fuse them), fails the load with
+// an error instead of the process dying of SIGBUS.
+func TestGGUFTruncatedBeforeTheModel(t *testing.T) {
+	dir := t.TempDir()
+	_, gg := ggufPair(t, dir, "qwen2", "q8_0")
+	// up read as Q4_0 (the first 18/34 of its Q8_0 bytes), gate Q8_0:
+	// fusing them dequantizes both.
+	rewriteGGUF(t, filepath.Join(gg, "model.gguf"), nil, func(ts []gguf.Tensor) {
+		for i := range ts {
+			if strings.HasSuffix(ts[i].Name, "ffn_up.weight") {
+				ts[i].Type = gguf.Q4_0
+			}
+		}
+	})
+	r := openRepo(t, dir)
+	p, err := r.inspect("qwen2-gg", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.close()
+	weights, err := r.loadGGUF(context.Background(), p.llm.gguf, "qwen2-gg")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(filepath.Join(gg, "model.gguf"), 4096); err != nil {
+		t.Fatal(err)
+	}
+	m, err := newMappedLLM(p.llm.gguf.path, p.llm.config, weights, llm.ModelOptions{Name: "qwen2-gg"})
+	if !errors.Is(err, gguf.ErrInvalid) || !strings.Contains(err.Error(), "changed while it was read") {
+		t.Fatalf("a model over a truncated mapping: built %v, err %v", m != nil, err)
 	}
 }

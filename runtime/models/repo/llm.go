@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"path/filepath"
 	goruntime "runtime"
+	"runtime/debug"
 	"slices"
 	"strings"
 
@@ -228,13 +229,17 @@ func (r *Repo) loadLLMWith(ctx context.Context, p *plan, lp *llmPlan, name strin
 		opts.Tokenizer, opts.Chat = tok, chat
 	}
 	var file *gguf.File
+	var m *llm.Model
+	var err error
 	if gp := lp.gguf; gp != nil {
 		// Quantized weights are slices of the file's mapping: the model
 		// keeps it, and each engine drops its pages once copied.
 		file = gp.file
 		opts.DropPages = func() { _ = file.DropPages() }
+		m, err = newMappedLLM(gp.path, lp.config, weights, opts)
+	} else {
+		m, err = llm.NewModelFromConfig(lp.config, weights, opts)
 	}
-	m, err := llm.NewModelFromConfig(lp.config, weights, opts)
 	if err == nil && file != nil {
 		lp.gguf.file = nil // the model's now: p.close leaves it
 		goruntime.AddCleanup(m, func(f *gguf.File) { _ = f.Close() }, file)
@@ -248,6 +253,16 @@ func (r *Repo) loadLLMWith(ctx context.Context, p *plan, lp *llmPlan, name strin
 		return nil, fmt.Errorf("%s: %w", p.dir, err)
 	}
 	return &Loaded{Name: name, Version: version, Kind: llm.KindLLM, Dir: p.dir, LLM: m}, nil
+}
+
+// newMappedLLM is llm.NewModelFromConfig over a GGUF file's mapping, whose
+// weights it reads (gate and up rows are fused into one copy): a file
+// truncated since it was read faults, which must fail the load, not the
+// process.
+func newMappedLLM(path string, c llm.Config, weights map[string]models.Tensor, opts llm.ModelOptions) (m *llm.Model, err error) {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer faultAsError(path, &err)
+	return llm.NewModelFromConfig(c, weights, opts)
 }
 
 func readShard(ctx context.Context, path string, into map[string]models.Tensor) error {
