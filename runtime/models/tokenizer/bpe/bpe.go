@@ -29,7 +29,6 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"sort"
 	"strings"
 
 	"github.com/gomlx/go-huggingface/tokenizers/hftokenizer"
@@ -56,9 +55,10 @@ type Tokenizer struct {
 	ignoreMerge bool
 	nfc         bool
 	split       *splitter
-	added       map[byte][]addedToken // by first byte, longest first
-	prefix      []int32               // post-processor specials before the text
-	suffix      []int32               // and after
+	addedTokens []addedToken  // while the tokenizer is built
+	added       *addedMatcher // then: the added tokens, found in the text
+	prefix      []int32       // post-processor specials before the text
+	suffix      []int32       // and after
 
 	bos, eos, pad, unk int32 // -1 when absent
 	eosIDs             []int32
@@ -236,7 +236,6 @@ func parse(content []byte) (*Tokenizer, error) {
 		return nil, err
 	}
 
-	t.added = map[byte][]addedToken{}
 	for _, a := range f.AddedTokens {
 		if a.Lstrip || a.Rstrip || a.SingleWord {
 			return nil, fmt.Errorf("added token %q: lstrip, rstrip and single_word are not supported", a.Content)
@@ -245,7 +244,9 @@ func parse(content []byte) (*Tokenizer, error) {
 			return nil, err
 		}
 	}
-	t.sortAdded()
+	if err := t.buildAdded(); err != nil {
+		return nil, err
+	}
 
 	if err := t.normalizer(f.Normalizer); err != nil {
 		return nil, err
@@ -296,15 +297,21 @@ func (t *Tokenizer) addToken(content string, id int32, special bool) error {
 	t.vocab[content] = id
 	t.tokens[id] = byteLevelDecode(content)
 	t.special[id] = special
-	t.added[content[0]] = append(t.added[content[0]], addedToken{content, id})
+	t.addedTokens = append(t.addedTokens, addedToken{content, id})
 	return nil
 }
 
-// sortAdded puts the longest added token first under each first byte.
-func (t *Tokenizer) sortAdded() {
-	for _, list := range t.added {
-		sort.SliceStable(list, func(i, j int) bool { return len(list[i].content) > len(list[j].content) })
+// buildAdded builds the matcher of the added tokens, once all are added.
+func (t *Tokenizer) buildAdded() error {
+	n := 0
+	for _, a := range t.addedTokens {
+		n += len(a.content)
 	}
+	if n > maxAddedBytes {
+		return fmt.Errorf("added tokens of %d bytes in all (limit %d)", n, maxAddedBytes)
+	}
+	t.added, t.addedTokens = newAddedMatcher(t.addedTokens), nil
+	return nil
 }
 
 func (t *Tokenizer) normalizer(n *step) error {
@@ -481,16 +488,17 @@ func (t *Tokenizer) EncodeLimit(text string, addSpecial bool, maxTokens int) (id
 	if addSpecial {
 		ids = append(ids, t.prefix...)
 	}
-	for len(text) > 0 && !over() {
-		i, tok := t.nextAdded(text)
-		if i > 0 {
-			ids = t.encodeSegment(ids, text[:i], maxTokens)
+	sc := t.added.scan(text)
+	for at := 0; at < len(text) && !over(); {
+		i, tok := sc.next(at)
+		if i > at {
+			ids = t.encodeSegment(ids, text[at:i], maxTokens)
 		}
 		if tok == nil || over() {
 			break
 		}
 		ids = append(ids, tok.id)
-		text = text[i+len(tok.content):]
+		at = i + len(tok.content)
 	}
 	if over() {
 		return ids, true
@@ -499,19 +507,6 @@ func (t *Tokenizer) EncodeLimit(text string, addSpecial bool, maxTokens int) (id
 		ids = append(ids, t.suffix...)
 	}
 	return ids, over()
-}
-
-// nextAdded finds the leftmost, then longest, added token in s; it returns
-// len(s) and nil when there is none.
-func (t *Tokenizer) nextAdded(s string) (int, *addedToken) {
-	for i := 0; i < len(s); i++ {
-		for k, a := range t.added[s[i]] {
-			if strings.HasPrefix(s[i:], a.content) {
-				return i, &t.added[s[i]][k]
-			}
-		}
-	}
-	return len(s), nil
 }
 
 // encodeSegment encodes text that holds no added token, skipping the

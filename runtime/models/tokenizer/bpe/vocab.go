@@ -88,7 +88,6 @@ func newFromVocab(v Vocab) (*Tokenizer, error) {
 		vocab:   make(map[string]int32, len(v.Tokens)),
 		tokens:  make([][]byte, len(v.Tokens)),
 		special: make([]bool, len(v.Tokens)),
-		added:   map[byte][]addedToken{},
 		nfc:     pre.nfc,
 		split:   &sp,
 		bos:     -1, eos: -1, pad: -1, unk: -1,
@@ -117,7 +116,9 @@ func newFromVocab(v Vocab) (*Tokenizer, error) {
 			return nil, fmt.Errorf("token %d %q has unknown type %d", id, tok, typ)
 		}
 	}
-	t.sortAdded()
+	if err := t.buildAdded(); err != nil {
+		return nil, err
+	}
 	if err := t.setMerges(v.Merges); err != nil {
 		return nil, err
 	}
