@@ -626,8 +626,14 @@ func (s *Scheduler) releaseAllLocked(r *genReplica) {
 }
 
 // requeueLocked puts seq back at the front of the waiting sequences.
+// One that no replica left can run (its own is being removed) is answered
+// ErrNoDevice, as detachGenLocked answers the waiting ones.
 func (s *Scheduler) requeueLocked(seq *sequence) {
 	gq := seq.gq
+	if !slices.ContainsFunc(gq.replicas, seq.matches) {
+		s.finishSeqLocked(seq, fmt.Errorf("scheduler: %q: %w: its replicas were removed", gq.name, ErrNoDevice), "", ReasonRejected)
+		return
+	}
 	seq.waiting = true
 	gq.waiting = slices.Insert(gq.waiting, 0, seq)
 	s.queued++
