@@ -1,7 +1,10 @@
 package lifecycle
 
 import (
+	"context"
+	"errors"
 	"maps"
+	"slices"
 	"sort"
 	"strings"
 )
@@ -91,9 +94,14 @@ func (ms *Set) Names() string {
 // Acquire returns the version serving name (version 0: whichever does) with
 // its gate entered; the caller calls release when its work is done.
 func (ms *Set) Acquire(name string, version int64) (*Served, error) {
+	aliased := false
 	for {
 		s := ms.table.Load().byName[name]
 		if s == nil {
+			if c := ms.Canonical(name); c != name && !aliased {
+				name, aliased = c, true // an Ollama store model by another of its names
+				continue
+			}
 			if version != 0 {
 				return nil, ms.versionMissing(name, version, 0)
 			}
@@ -123,10 +131,37 @@ func (ms *Set) setPending(name, state string) {
 	}
 }
 
-func (ms *Set) setLastErr(name string, err error) {
+// listed reports whether the repository lists name.
+func (ms *Set) listed(name string) bool {
+	if ms.repo == nil {
+		return false
+	}
+	entries, err := ms.repo.List()
+	return err == nil && slices.ContainsFunc(entries, func(e RepoEntry) bool { return e.Name == name })
+}
+
+// clearPending ends name's state if it is still state (a load of the name
+// may have begun since).
+func (ms *Set) clearPending(name, state string) {
 	ms.stMu.Lock()
 	defer ms.stMu.Unlock()
-	if err == nil {
+	if ms.pending[name] == state {
+		delete(ms.pending, name)
+	}
+}
+
+// setLastErr keeps why name's last load failed, for ListModels (which
+// shows it for the repository's names). A name the repository does not
+// list, a version it lacks and a caller that left say nothing of a model's
+// files and are not kept: otherwise every name a client tries would stay
+// for good.
+func (ms *Set) setLastErr(name string, err error) {
+	if err != nil && !ms.listed(name) {
+		err = nil
+	}
+	ms.stMu.Lock()
+	defer ms.stMu.Unlock()
+	if err == nil || errors.Is(err, ErrModelNotFound) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		delete(ms.lastErr, name)
 	} else {
 		ms.lastErr[name] = err.Error()

@@ -42,7 +42,7 @@ func (a Action) String() string {
 }
 
 // Load loads a version of a repository model (0: the highest loadable),
-// places it and makes it serve name. Asked for the version already
+// places it and makes it serve name (in any of the forms Canonical takes). Asked for the version already
 // serving, it compares the files' fingerprint: unchanged files are a
 // no-op, changed ones are read again. A switch or reload never drops a
 // request: the new instance's replicas join the scheduler first (admitted
@@ -50,21 +50,30 @@ func (a Action) String() string {
 // its memory), the name switches to them, and the old instance's replicas
 // go once the requests that entered its gate are done.
 func (ms *Set) Load(ctx context.Context, name string, version int64) (*Served, Action, error) {
+	name = ms.Canonical(name)
 	if s := ms.Lookup(name); s != nil && s.Builtin() != nil {
+		if version != 0 && version != s.Info.Version {
+			return nil, 0, notFound("model %s version %d not found: it is built in, at version %d", name, version, s.Info.Version)
+		}
 		return s, ActionUnchanged, nil
 	}
 	if ms.repo == nil {
 		return nil, 0, notFound("model %q not found: brokerd has no model repository (--model-repo)", name)
 	}
 	ms.mu.Lock()
-	defer ms.mu.Unlock()
 	if ms.closed {
+		ms.mu.Unlock()
 		return nil, 0, fmt.Errorf("model %s: brokerd is stopping: %w", name, scheduler.ErrDraining)
 	}
 	ms.setPending(name, "loading")
-	defer ms.setPending(name, "")
-	s, act, err := ms.loadLocked(ctx, name, version)
+	s, act, retired, err := ms.loadLocked(ctx, name, version)
 	ms.setLastErr(name, err)
+	ms.setPending(name, "")
+	ms.mu.Unlock()
+	if retired != nil && awaitRetired(ctx, retired) != nil {
+		ms.log.Info("the caller left before the instance replaced finished its requests: its replicas go when they are done",
+			zap.String("model", name))
+	}
 	return s, act, err
 }
 
@@ -89,18 +98,21 @@ func (ms *Set) unchangedLocked(cur *Served, name string, version int64) bool {
 	return err == nil && fp == cur.fingerprint
 }
 
-func (ms *Set) loadLocked(ctx context.Context, name string, version int64) (*Served, Action, error) {
+// loadLocked is Load under mu. retired, when not nil, closes once the
+// instance the new one replaced is gone (its requests done, its memory
+// back): the caller waits for it without mu.
+func (ms *Set) loadLocked(ctx context.Context, name string, version int64) (_ *Served, _ Action, retired <-chan struct{}, _ error) {
 	cur := ms.Lookup(name)
 	if cur != nil && ms.unchangedLocked(cur, name, version) {
 		ms.log.Info("model unchanged: this version is served from these files already", zap.String("model", name), zap.Int64("version", cur.Info.Version))
-		return cur, ActionUnchanged, nil
+		return cur, ActionUnchanged, nil, nil
 	}
 	l, err := ms.repo.Load(ctx, name, version)
 	if errors.Is(err, ErrModelNotFound) {
-		return nil, 0, err // the repository's message names the model and says "not found"
+		return nil, 0, nil, err // the repository's message names the model and says "not found"
 	}
 	if err != nil {
-		return nil, 0, fmt.Errorf("model %s: %w", name, err)
+		return nil, 0, nil, fmt.Errorf("model %s: %w", name, err)
 	}
 	kind := ms.servableOf(name, l)
 	info := kind.info()
@@ -113,7 +125,7 @@ func (ms *Set) loadLocked(ctx context.Context, name string, version int64) (*Ser
 		act = ActionSwitched
 		if cur.Info.Version == info.Version {
 			if cur.fingerprint != "" && cur.fingerprint == l.Fingerprint {
-				return cur, ActionUnchanged, nil
+				return cur, ActionUnchanged, nil, nil
 			}
 			// Both instances are in the scheduler while requests move
 			// over: the new one queues under a key of its own.
@@ -129,15 +141,15 @@ func (ms *Set) loadLocked(ctx context.Context, name string, version int64) (*Ser
 	}
 	if err != nil {
 		ms.removeReplicasLocked(context.WithoutCancel(ctx), s)
-		return nil, 0, err
+		return nil, 0, nil, err
 	}
 	ms.publishLocked(name, s)
 	if cur != nil {
 		ms.log.Info("model "+act.String(), zap.String("model", name), zap.Int64("from", cur.Info.Version), zap.Int64("to", info.Version),
 			zap.String("queue", key))
-		ms.retireLocked(ctx, cur)
+		retired = ms.retireLocked(cur, "")
 	}
-	return s, act, nil
+	return s, act, retired, nil
 }
 
 // servableOf is the kind of model a repository load is.
@@ -148,12 +160,41 @@ func (ms *Set) servableOf(name string, l Loaded) servable {
 	return batchServable{m: l.Model, maxTokens: ms.maxTokens(l.Model.Info())}
 }
 
-// retireLocked waits until the requests that entered s's gate are done,
-// then removes its replicas. It goes on when ctx ends: s no longer serves,
-// so its memory must come back.
-func (ms *Set) retireLocked(ctx context.Context, s *Served) {
-	<-s.gate.retire()
-	ms.removeReplicasLocked(context.WithoutCancel(ctx), s)
+// retireLocked takes s, out of service now, out of the scheduler once the
+// requests that entered its gate are done, and returns its memory. It
+// waits in a goroutine of its own, without mu, which every load and
+// unload takes: a generation may stream for minutes. The channel closes
+// when s is gone. pending, when set, is the state of s's name ("unloading")
+// that lasts until then.
+func (ms *Set) retireLocked(s *Served, pending string) <-chan struct{} {
+	done := make(chan struct{})
+	ms.retiring[s] = done
+	go func() {
+		<-s.gate.retire()
+		ms.mu.Lock()
+		defer ms.mu.Unlock()
+		defer close(done)
+		delete(ms.retiring, s)
+		if pending != "" {
+			ms.clearPending(s.Info.Name, pending)
+		}
+		if ms.closed {
+			return // Close closed its replicas
+		}
+		ms.removeReplicasLocked(context.Background(), s)
+	}()
+	return done
+}
+
+// awaitRetired waits for a retirement, or for the caller to go (ctx's
+// error): the retirement goes on without it.
+func awaitRetired(ctx context.Context, done <-chan struct{}) error {
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // removeReplicasLocked takes s's replicas out of the scheduler (whose
@@ -171,22 +212,28 @@ func (ms *Set) removeReplicasLocked(ctx context.Context, s *Served) {
 	}
 }
 
-// Unload stops serving name once the work it accepted is done, and frees
-// its replicas.
+// Unload stops serving name at once, and frees its replicas once the work
+// it accepted is done. It returns then, or when ctx ends first (its error):
+// the unload goes on without its caller.
 func (ms *Set) Unload(ctx context.Context, name string) (*Served, error) {
+	name = ms.Canonical(name)
 	ms.mu.Lock()
-	defer ms.mu.Unlock()
 	s := ms.Lookup(name)
 	if s == nil {
+		ms.mu.Unlock()
 		return nil, ms.Missing(name)
 	}
 	if s.Builtin() != nil {
+		ms.mu.Unlock()
 		return nil, fmt.Errorf("model %s is built in and always Served: %w", name, ErrBuiltinModel)
 	}
 	ms.setPending(name, "unloading")
-	defer ms.setPending(name, "")
 	ms.publishLocked(name, nil)
-	ms.retireLocked(ctx, s)
+	done := ms.retireLocked(s, "unloading")
+	ms.mu.Unlock()
+	if err := awaitRetired(ctx, done); err != nil {
+		return s, fmt.Errorf("model %s no longer serves; its replicas go once its requests are done: %w", name, err)
+	}
 	ms.log.Info("model unloaded", zap.String("model", name), zap.Int64("version", s.Info.Version))
 	return s, nil
 }

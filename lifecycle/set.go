@@ -59,6 +59,10 @@ type Set struct {
 	reserved map[string]int64 // device ID → bytes reserved by replicas
 	reloads  int              // reloads of a served version so far: queue keys of their own
 	closed   bool
+	// retiring are instances out of service whose accepted requests are
+	// still running (retireLocked): they keep their replicas and memory
+	// until those are done.
+	retiring map[*Served]chan struct{}
 
 	stMu    sync.Mutex
 	pending map[string]string // name → "loading" or "unloading"
@@ -104,6 +108,11 @@ func (ms *Set) Close() error {
 	ms.closed = true
 	var errs []error
 	for _, s := range ms.table.Load().byName {
+		for _, p := range s.replicas {
+			errs = append(errs, p.r.Close())
+		}
+	}
+	for s := range ms.retiring {
 		for _, p := range s.replicas {
 			errs = append(errs, p.r.Close())
 		}

@@ -86,9 +86,6 @@ type modelCatalog interface {
 	LookupLabel(label string) *lifecycle.Served
 	Missing(name string) error
 	Builtin(name string) (lifecycle.Encoder, bool)
-	// Canonical is the name a model is served under (an Ollama store's
-	// model answers to several).
-	Canonical(name string) string
 	DefaultModel() string
 	ComputeDType(deviceID string) (runtime.DType, bool)
 	Load(ctx context.Context, name string, version int64) (*lifecycle.Served, lifecycle.Action, error)

@@ -165,7 +165,6 @@ func (f fixedModels) Acquire(name string, version int64) (*lifecycle.Served, err
 }
 func (f fixedModels) Release(*lifecycle.Served)            {}
 func (f fixedModels) Lookup(name string) *lifecycle.Served { return f[name] }
-func (f fixedModels) Canonical(name string) string         { return name }
 func (f fixedModels) LookupLabel(label string) *lifecycle.Served {
 	for _, sv := range f {
 		if sv.Label == label {

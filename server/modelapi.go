@@ -79,8 +79,8 @@ func (s *BrokerService) LoadModel(ctx context.Context, req *brokerv1.LoadModelRe
 		return nil, status.Error(codes.FailedPrecondition, "no data plane: models cannot be loaded")
 	}
 	// A store model loads under the name it is listed under, whichever of
-	// Ollama's forms the caller used.
-	sv, act, err := s.models.Load(ctx, s.models.Canonical(req.GetName()), req.GetVersion())
+	// Ollama's forms the caller used (lifecycle.Set.Canonical).
+	sv, act, err := s.models.Load(ctx, req.GetName(), req.GetVersion())
 	if err != nil {
 		return nil, toStatus(s.log, "LoadModel", err)
 	}
