@@ -55,6 +55,13 @@ type Tokenizer interface {
 	TokenBytes(id int32) []byte
 }
 
+// EndTokenizer is a Tokenizer that names ids ending generation
+// (tokenizer_config.json's eos_token): a model stops at them besides its
+// config's, as vLLM stops at its tokenizer's eos_token_id.
+type EndTokenizer interface {
+	EOSIDs() []int32
+}
+
 // ChatTemplate renders a conversation as the model's prompt text. A
 // template is code from a model file: Render runs it under bounds and
 // stops when ctx ends.
@@ -171,6 +178,16 @@ func NewModelFromConfig(c Config, weights map[string]models.Tensor, opts ModelOp
 		if err := m.defaults.Validate(); err != nil {
 			return nil, fmt.Errorf("%w: llm %q: default stop strings: %w", models.ErrInvalidConfig, opts.Name, err)
 		}
+	}
+	if et, ok := opts.Tokenizer.(EndTokenizer); ok {
+		// A tokenizer larger than the model's vocabulary (padded tables
+		// differ) may name ids the model never samples: those are left.
+		for _, id := range et.EOSIDs() {
+			if id >= 0 && int(id) < spec.Vocab && !slices.Contains(m.eos, id) {
+				m.eos = append(m.eos, id)
+			}
+		}
+		slices.Sort(m.eos)
 	}
 	for _, id := range m.eos {
 		if id < 0 || int(id) >= spec.Vocab {

@@ -2,6 +2,7 @@ package repo
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"math"
 	"os"
@@ -9,6 +10,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"go.uber.org/zap/zaptest"
 
 	"github.com/brokerd/brokerd/bench/modelkit"
 	"github.com/brokerd/brokerd/runtime"
@@ -291,5 +294,37 @@ func TestGGUFTruncatedBeforeTheModel(t *testing.T) {
 	m, err := newMappedLLM(p.llm.gguf.path, p.llm.config, weights, llm.ModelOptions{Name: "qwen2-gg"})
 	if !errors.Is(err, gguf.ErrInvalid) || !strings.Contains(err.Error(), "changed while it was read") {
 		t.Fatalf("a model over a truncated mapping: built %v, err %v", m != nil, err)
+	}
+}
+
+// TestTokenizerEndTokens: a checkpoint whose config.json and
+// generation_config.json name another end id still ends at its
+// tokenizer's eos_token (tokenizer_config.json), as vLLM does.
+func TestTokenizerEndTokens(t *testing.T) {
+	dir := t.TempDir()
+	st, _ := ggufPair(t, dir, "qwen2", "f16")
+	for _, f := range []string{"config.json", FileGenerationConfig} {
+		path := filepath.Join(st, f)
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var m map[string]any
+		if err := json.Unmarshal(b, &m); err != nil {
+			t.Fatal(err)
+		}
+		m["eos_token_id"] = 2
+		writeFile(t, path, m)
+	}
+	r, err := Open(dir, zaptest.NewLogger(t), WithTokenizerLoader(BPETokenizers))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := r.Load(context.Background(), "qwen2-st", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := l.LLM.EOS(), []int32{2, modelkit.ByteTokenizerEnd}; !slices.Equal(got, want) {
+		t.Errorf("EOS() = %v, want %v", got, want)
 	}
 }

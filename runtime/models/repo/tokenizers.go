@@ -71,6 +71,10 @@ func (b bpeTokenizer) NewDetokenizer() llm.Detokenizer {
 
 func (b bpeTokenizer) TokenBytes(id int32) []byte { return b.t.TokenBytes(id) }
 
+// EOSIDs (llm.EndTokenizer): tokenizer_config.json's eos_token, a GGUF's
+// eos and eot ids, and generation_config.json's.
+func (b bpeTokenizer) EOSIDs() []int32 { return b.t.EOSIDs() }
+
 // IsSpecial (llm.SpecialTokenizer): special tokens are not text, so a
 // structured-output constraint never allows them.
 func (b bpeTokenizer) IsSpecial(id int32) bool { return b.t.IsSpecial(id) }
