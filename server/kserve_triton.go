@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"runtime/debug"
 	"slices"
 	"strconv"
 	"strings"
@@ -515,28 +516,75 @@ func (k *InferenceService) ModelStreamInfer(stream inference.GRPCInferenceServic
 			}
 		}
 	}
+	// Receive in a goroutine of its own, one message ahead at most, so a
+	// failed send (a client that stopped reading: pacedSends) ends the
+	// call even while the client sends nothing more.
+	type received struct {
+		req     *inference.ModelInferRequest
+		release func() // the message's in-flight charge (messageCharge)
+		err     error
+	}
+	msgs := make(chan received)
+	go func() {
+		for {
+			req, err := stream.Recv()
+			r := received{req: req, err: err}
+			if err == nil {
+				r.release = messageCharge(stream.Context())
+			}
+			select {
+			case msgs <- r:
+			case <-ctx.Done():
+				if r.release != nil {
+					r.release()
+				}
+				return
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
 	slots := make(chan struct{}, maxStreamInFlight)
 	defer wg.Wait()
 	for {
-		req, err := stream.Recv()
-		if errors.Is(err, io.EOF) {
+		var r received
+		select {
+		case r = <-msgs:
+		case <-ctx.Done():
+			return streamEnd(ctx, &sendMu, &sendErr)
+		}
+		if errors.Is(r.err, io.EOF) {
 			return nil // wg.Wait: every accepted request is answered
 		}
-		if err != nil {
-			return err
+		if r.err != nil {
+			return r.err
 		}
 		select {
 		case slots <- struct{}{}:
 		case <-ctx.Done():
-			return ctx.Err()
+			r.release()
+			return streamEnd(ctx, &sendMu, &sendErr)
 		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			defer func() { <-slots }()
-			k.streamOne(ctx, req, send)
+			defer r.release()
+			k.streamOne(ctx, r.req, send)
 		}()
 	}
+}
+
+// streamEnd is the error a stream ends with once its context is done: the
+// send that failed, else the context's.
+func streamEnd(ctx context.Context, mu *sync.Mutex, sendErr *error) error {
+	mu.Lock()
+	defer mu.Unlock()
+	if *sendErr != nil {
+		return *sendErr
+	}
+	return ctx.Err()
 }
 
 // streamOne answers one request of a stream.
@@ -546,6 +594,15 @@ func (k *InferenceService) streamOne(ctx context.Context, req *inference.ModelIn
 		send(&inference.ModelStreamInferResponse{ErrorMessage: fmt.Sprintf("%s: %s", st.Code(), st.Message()),
 			InferResponse: &inference.ModelInferResponse{ModelName: req.GetModelName(), ModelVersion: req.GetModelVersion(), Id: req.GetId()}})
 	}
+	// A panic here is in a goroutine of the stream's, which the stream
+	// interceptor's recover does not cover: answered as the unary call's.
+	defer func() {
+		if p := recover(); p != nil {
+			k.b.log.Error("panic in a ModelStreamInfer request", zap.String("model", req.GetModelName()),
+				zap.Any("panic", p), zap.ByteString("stack", debug.Stack()))
+			fail(status.Error(codes.Internal, "internal error in ModelStreamInfer (logged by brokerd)"))
+		}
+	}()
 	if sv := k.lookupGenerator(req.GetModelName()); sv != nil {
 		if err := k.streamGenerate(ctx, req, send); err != nil {
 			fail(err)

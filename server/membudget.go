@@ -108,20 +108,27 @@ func (b *byteBudget) unary() grpc.UnaryServerInterceptor {
 
 func (b *byteBudget) stream() grpc.StreamServerInterceptor {
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-		bs := &budgetStream{ServerStream: ss, b: b, method: info.FullMethod}
-		defer bs.release()
+		bs := &budgetStream{ServerStream: ss, b: b, method: info.FullMethod, charges: &msgCharges{}}
+		bs.ctx = context.WithValue(ss.Context(), chargesKey{}, bs.charges)
+		defer bs.charges.releaseAll()
 		return handler(srv, bs)
 	}
 }
 
 // budgetStream charges each message a streaming call receives until the
-// call ends.
+// call ends, or until its handler takes the charge (messageCharge) to
+// release it when that message's work is done: a bidirectional stream
+// (ModelStreamInfer) lives as long as its client, and its answered
+// messages must not stay charged.
 type budgetStream struct {
 	grpc.ServerStream
-	b        *byteBudget
-	method   string
-	releases []func()
+	b       *byteBudget
+	method  string
+	ctx     context.Context
+	charges *msgCharges
 }
+
+func (s *budgetStream) Context() context.Context { return s.ctx }
 
 func (s *budgetStream) RecvMsg(m any) error {
 	if err := s.ServerStream.RecvMsg(m); err != nil {
@@ -131,12 +138,50 @@ func (s *budgetStream) RecvMsg(m any) error {
 	if err != nil {
 		return err
 	}
-	s.releases = append(s.releases, release)
+	s.charges.add(release)
 	return nil
 }
 
-func (s *budgetStream) release() {
-	for _, r := range s.releases {
+// msgCharges are the charges of a stream's messages not yet released.
+type msgCharges struct {
+	mu      sync.Mutex
+	pending []func()
+}
+
+type chargesKey struct{}
+
+func (c *msgCharges) add(release func()) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.pending = append(c.pending, release)
+}
+
+func (c *msgCharges) releaseAll() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, r := range c.pending {
 		r()
 	}
+	c.pending = nil
+}
+
+// messageCharge hands a stream handler the charge of the message it
+// received last (call it right after the receive, from the receiving
+// goroutine): the handler releases it when that message is answered. It
+// is a no-op outside a budgeted stream.
+func messageCharge(ctx context.Context) (release func()) {
+	c, ok := ctx.Value(chargesKey{}).(*msgCharges)
+	if !ok {
+		return func() {}
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := len(c.pending)
+	if n == 0 {
+		return func() {}
+	}
+	release = c.pending[n-1]
+	c.pending[n-1] = nil
+	c.pending = c.pending[:n-1]
+	return release
 }
