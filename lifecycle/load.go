@@ -60,21 +60,34 @@ func (ms *Set) Load(ctx context.Context, name string, version int64) (*Served, A
 	if ms.repo == nil {
 		return nil, 0, notFound("model %q not found: brokerd has no model repository (--model-repo)", name)
 	}
-	ms.mu.Lock()
-	if ms.closed {
-		ms.mu.Unlock()
-		return nil, 0, fmt.Errorf("model %s: brokerd is stopping: %w", name, scheduler.ErrDraining)
-	}
-	ms.setPending(name, "loading")
-	s, act, retired, err := ms.loadLocked(ctx, name, version)
-	ms.setLastErr(name, err)
-	ms.setPending(name, "")
-	ms.mu.Unlock()
+	s, act, retired, err := ms.loadUnderLock(ctx, name, version)
 	if retired != nil && awaitRetired(ctx, retired) != nil {
 		ms.log.Info("the caller left before the instance replaced finished its requests: its replicas go when they are done",
 			zap.String("model", name))
 	}
 	return s, act, err
+}
+
+// loadUnderLock is Load's part under mu: released (and name's "loading"
+// cleared) however it ends, a panic included.
+func (ms *Set) loadUnderLock(ctx context.Context, name string, version int64) (*Served, Action, <-chan struct{}, error) {
+	ms.mu.Lock()
+	defer ms.mu.Unlock()
+	if ms.closed || ms.draining() {
+		return nil, 0, nil, fmt.Errorf("model %s: brokerd is stopping: %w", name, scheduler.ErrDraining)
+	}
+	ms.setPending(name, "loading")
+	defer ms.setPending(name, "")
+	s, act, retired, err := ms.loadLocked(ctx, name, version)
+	ms.setLastErr(name, err)
+	return s, act, retired, err
+}
+
+// draining reports whether the scheduler stopped taking work (a Drain): a
+// load would read a model's files and take memory on a daemon going away.
+func (ms *Set) draining() bool {
+	d, ok := ms.sched.(interface{ Draining() bool })
+	return ok && d.Draining()
 }
 
 // unchangedLocked reports whether cur serves version of name (0: the
@@ -138,6 +151,12 @@ func (ms *Set) loadLocked(ctx context.Context, name string, version int64) (_ *S
 	p, err := ms.placeLocked(ctx, s, ms.tiersLocked())
 	if err == nil && len(s.replicas) == 0 {
 		err = p.err(s)
+	}
+	if err == nil && ctx.Err() != nil {
+		// The caller left during the placement: the devices whose start
+		// it cancelled would be missing from what serves, for good (a
+		// later load of the same files is unchanged).
+		err = fmt.Errorf("model %s: the load was cancelled during its placement: %w", name, ctx.Err())
 	}
 	if err != nil {
 		ms.removeReplicasLocked(context.WithoutCancel(ctx), s)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime/debug"
 	"slices"
 
 	"go.uber.org/zap"
@@ -113,6 +114,21 @@ func (p placement) err(s *Served) error {
 	return fmt.Errorf("model %s version %d: no open device can take a %s: %w", s.Info.Name, s.Info.Version, s.kind.unit(), scheduler.ErrNoDevice)
 }
 
+// start is s.kind.start with a panic (a bug, which a model file may reach)
+// turned into that device's failure: the placement goes on, and a load
+// that places nothing rolls back, as after any failure, instead of leaving
+// what it placed, its reservations and the lifecycle's lock behind.
+func (ms *Set) start(ctx context.Context, s *Served, od openDevice, maxBatch int, free int64) (r instance, bytes int64, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			ms.log.Error("panic starting a replica", zap.String("model", s.Info.Name), zap.String("device", od.entry.ID),
+				zap.Any("panic", p), zap.ByteString("stack", debug.Stack()))
+			r, bytes, err = nil, 0, fmt.Errorf("starting a replica panicked (a bug, logged): %v", p)
+		}
+	}()
+	return s.kind.start(ctx, od, maxBatch, free)
+}
+
 // placeLocked gives s a replica on every device of the first tier where at
 // least one device's budget admits one, and registers each with the
 // scheduler; it is the one placement loop of every servable. An error is
@@ -138,7 +154,7 @@ func (ms *Set) placeLocked(ctx context.Context, s *Served, tiers [][]openDevice)
 					continue
 				}
 			}
-			r, bytes, err := s.kind.start(ctx, od, maxBatch, free)
+			r, bytes, err := ms.start(ctx, s, od, maxBatch, free)
 			if err != nil {
 				if errors.Is(err, runtime.ErrOutOfMemory) {
 					p.refusals = append(p.refusals, fmt.Sprintf("%s: %v", e.ID, err))
