@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/pprof"
@@ -145,12 +146,15 @@ func Run(ctx context.Context, opts Options, log *zap.Logger) error {
 	// How long the scheduler's close may wait for device calls; once a stop
 	// has begun, what is left of its deadline.
 	closeWait := time.Duration(cfg.ShutdownGrace) + stopBound
+	// Set once lifecycle.Open returns; closed after the scheduler, in
+	// every path (see closeRuntime).
+	var models *lifecycle.Set
 	defer func() {
-		// After the drain nothing should run; a device call stuck anyway
-		// must not keep the process from exiting.
-		if !sched.CloseWithin(closeWait) {
-			log.Error("exiting with device calls still running")
+		var mc io.Closer
+		if models != nil {
+			mc = models
 		}
+		closeRuntime(sched, mc, closeWait, log)
 	}()
 	tokenizers := opts.Tokenizers
 	if tokenizers == nil {
@@ -171,7 +175,7 @@ func Run(ctx context.Context, opts Options, log *zap.Logger) error {
 	if err != nil {
 		return err
 	}
-	models, err := lifecycle.Open(ctx, inv.Devices(), []lifecycle.Encoder{lifecycle.NewHashEncoder()}, sched, repo, lifecycle.Options{
+	models, err = lifecycle.Open(ctx, inv.Devices(), []lifecycle.Encoder{lifecycle.NewHashEncoder()}, sched, repo, lifecycle.Options{
 		Adapters: map[string]runtime.Adapter{onednn.Name: onednn.New(onednn.Options{Registerer: reg, AMXRelaid: cfg.CPUAMXRelaid}),
 			pjrt.Name: pjrt.New(pjrt.AdapterOptions{Discovery: pol.pjrt, Registerer: reg,
 				Identify: func(id string) (string, string) { e, _ := inv.Device(id); return e.PCIBusID, e.UUID }})},
@@ -183,11 +187,6 @@ func Run(ctx context.Context, opts Options, log *zap.Logger) error {
 		DTypes:         pol.dtypes,
 		KVCacheDType:   map[string]runtime.DType{"f32": runtime.F32, "bf16": runtime.BF16, "f16": runtime.F16, "q8_0": runtime.Q8_0, "q4_0": runtime.Q4_0}[cfg.KVCacheDType], // auto: 0
 	}, log)
-	defer func() {
-		if err := models.Close(); err != nil {
-			log.Warn("closing models", zap.Error(err))
-		}
-	}()
 	if err != nil {
 		return err
 	}
@@ -324,6 +323,47 @@ func Run(ctx context.Context, opts Options, log *zap.Logger) error {
 // ended at the grace to answer, servers to close and device calls to
 // return.
 const stopBound = 3 * time.Second
+
+// schedCloser is the scheduler's close, as closeRuntime needs it.
+type schedCloser interface {
+	// CloseWithin stops the scheduler and waits up to d for its device
+	// calls; false: some still run.
+	CloseWithin(d time.Duration) bool
+}
+
+// closeRuntime closes the scheduler, then the models (nil: not opened),
+// and returns within about wait whatever they do, so the process exits
+// within the shutdown grace plus stopBound.
+//
+// The scheduler goes first: a replica's close takes the lock its running
+// device call holds, so closing models under a running call either waits
+// for it or frees its buffers. When device calls still run after wait,
+// the models are left open: one is stuck, the process is exiting and the
+// kernel frees its memory. models.Close also waits for a load in
+// progress (it holds the lifecycle lock while it reads and warms up), so
+// it is given only what is left of wait.
+func closeRuntime(sched schedCloser, models io.Closer, wait time.Duration, log *zap.Logger) {
+	deadline := time.Now().Add(wait)
+	if !sched.CloseWithin(wait) {
+		log.Error("exiting with device calls still running: models left open")
+		return
+	}
+	if models == nil {
+		return
+	}
+	closed := make(chan error, 1)
+	go func() { closed <- models.Close() }()
+	t := time.NewTimer(max(time.Until(deadline), time.Millisecond))
+	defer t.Stop()
+	select {
+	case err := <-closed:
+		if err != nil {
+			log.Warn("closing models", zap.Error(err))
+		}
+	case <-t.C:
+		log.Error("exiting before the models closed: a load or unload still holds them")
+	}
+}
 
 // listeners are brokerd's open sockets: the Unix socket always, the others
 // when their settings are on.
