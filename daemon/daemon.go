@@ -106,10 +106,15 @@ func Run(ctx context.Context, opts Options, log *zap.Logger) error {
 	log.Info("admins", adm.LogFields()...)
 
 	inv, closeNVML, err := discover(ctx, cfg, opts, &pol, getenv, log)
+	if err == nil {
+		defer closeNVML()
+	}
+	if stoppedDuringStart(ctx, log) {
+		return nil
+	}
 	if err != nil {
 		return err
 	}
-	defer closeNVML()
 
 	var memTotal uint64
 	if e, err := inv.Device("cpu:0"); err == nil {
@@ -187,11 +192,20 @@ func Run(ctx context.Context, opts Options, log *zap.Logger) error {
 		DTypes:         pol.dtypes,
 		KVCacheDType:   map[string]runtime.DType{"f32": runtime.F32, "bf16": runtime.BF16, "f16": runtime.F16, "q8_0": runtime.Q8_0, "q4_0": runtime.Q4_0}[cfg.KVCacheDType], // auto: 0
 	}, log)
+	if stoppedDuringStart(ctx, log) {
+		return nil
+	}
 	if err != nil {
 		return err
 	}
 	if err := models.LoadAtStart(ctx, cfg.LoadModels); err != nil {
+		if stoppedDuringStart(ctx, log) {
+			return nil
+		}
 		return err
+	}
+	if stoppedDuringStart(ctx, log) {
+		return nil
 	}
 
 	hostname, _ := os.Hostname()
@@ -323,6 +337,18 @@ func Run(ctx context.Context, opts Options, log *zap.Logger) error {
 // ended at the grace to answer, servers to close and device calls to
 // return.
 const stopBound = 3 * time.Second
+
+// stoppedDuringStart reports, and logs, a stop (SIGTERM) that came during
+// a start step. Whatever the step returned then (its context's error
+// mostly) is the stop's doing, not a failure: Run returns nil and main
+// exits 0, as from any other clean stop.
+func stoppedDuringStart(ctx context.Context, log *zap.Logger) bool {
+	if ctx.Err() == nil {
+		return false
+	}
+	log.Info("stopped during start")
+	return true
+}
 
 // schedCloser is the scheduler's close, as closeRuntime needs it.
 type schedCloser interface {
