@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -167,25 +168,31 @@ func (s *BrokerService) checkInputs(info models.Info, inputs []tensor) (map[stri
 	return given, nil
 }
 
+// wantedOutputs are the model's outputs that names asks for, in its order
+// (none: all of them). Each name is a full copy of an output in the
+// answer: a name given twice is refused, as KServe's requestedOutputs
+// refuses it, or a small request could make an answer of any size. Each
+// name must be a distinct output of the model, so the loop ends, answered
+// or refused, within the model's outputs and one more, however many names
+// the client sent.
 func wantedOutputs(info models.Info, names []string) ([]models.TensorSpec, error) {
 	if len(names) == 0 {
 		return info.Outputs, nil
 	}
-	var out []models.TensorSpec
+	out := make([]models.TensorSpec, 0, min(len(names), len(info.Outputs)))
 	for _, n := range names {
-		found := false
-		for _, sp := range info.Outputs {
-			if sp.Name == n {
-				out, found = append(out, sp), true
-			}
+		if slices.ContainsFunc(out, func(sp models.TensorSpec) bool { return sp.Name == n }) {
+			return nil, invalid("output %q is requested twice", n)
 		}
-		if !found {
+		i := slices.IndexFunc(info.Outputs, func(sp models.TensorSpec) bool { return sp.Name == n })
+		if i < 0 {
 			var have []string
 			for _, sp := range info.Outputs {
 				have = append(have, sp.Name)
 			}
 			return nil, invalid("output %q is not an output of model %s (outputs: %s)", n, info.Name, strings.Join(have, ", "))
 		}
+		out = append(out, info.Outputs[i])
 	}
 	return out, nil
 }

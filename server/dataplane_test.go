@@ -1,0 +1,62 @@
+package server
+
+// Regression tests of the non-generation data plane (Infer, ModelInfer,
+// Encode) against the daemon's rules: nothing a client sends may cost
+// unbounded memory or CPU, sizes are checked before anything is built from
+// them, and work for a caller that has gone is dropped. The fixtures
+// (auditService, auditMLP, ...) are dataplane_audit_test.go's.
+
+import (
+	"context"
+	"testing"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	brokerv1 "github.com/brokerd/brokerd/proto/broker/v1"
+)
+
+// TestInferRefusesRepeatedOutputName: each output name of an Infer request
+// is a full copy of the output in the answer. A name given twice (once
+// 10,000 times: 122 MB of answer for a 96 KB request), an empty name, or
+// more names than the model has outputs is INVALID_ARGUMENT, as ModelInfer
+// answers.
+func TestInferRefusesRepeatedOutputName(t *testing.T) {
+	svc, _ := auditService(t)
+	repeat := func(n int) []string {
+		out := make([]string, n)
+		for i := range out {
+			out[i] = "output"
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		name    string
+		rows    int
+		outputs []string
+	}{
+		{"twice", 1, repeat(2)},
+		{"10000 times over 1024 rows", 1024, repeat(10000)},
+		{"empty", 1, []string{""}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			req := &brokerv1.InferRequest{Model: "mlp", Inputs: []*brokerv1.Tensor{auditRowsTensor(tc.rows)}, Outputs: tc.outputs}
+			resp, err := svc.Infer(context.Background(), req)
+			if status.Code(err) == codes.InvalidArgument {
+				return
+			}
+			got := 0
+			for _, o := range resp.GetOutputs() {
+				got += len(o.GetData())
+			}
+			t.Errorf("got %v with %d output tensors, %d bytes of output data for a %d-byte request; want INVALID_ARGUMENT",
+				err, len(resp.GetOutputs()), got, proto.Size(req))
+		})
+	}
+	// The one output, named once, is answered.
+	resp, err := svc.Infer(context.Background(), &brokerv1.InferRequest{Model: "mlp", Inputs: []*brokerv1.Tensor{auditRowsTensor(2)}, Outputs: []string{"output"}})
+	if err != nil || len(resp.GetOutputs()) != 1 || len(resp.GetOutputs()[0].GetData()) != 2*3*4 {
+		t.Errorf("the model's output named once: %v, %v", resp.GetOutputs(), err)
+	}
+}
