@@ -8,6 +8,8 @@ package server
 
 import (
 	"context"
+	"fmt"
+	"strings"
 	"testing"
 
 	"google.golang.org/grpc/codes"
@@ -15,6 +17,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	brokerv1 "github.com/brokerd/brokerd/proto/broker/v1"
+	"github.com/brokerd/brokerd/proto/inference"
 )
 
 // TestInferRefusesRepeatedOutputName: each output name of an Infer request
@@ -58,5 +61,43 @@ func TestInferRefusesRepeatedOutputName(t *testing.T) {
 	resp, err := svc.Infer(context.Background(), &brokerv1.InferRequest{Model: "mlp", Inputs: []*brokerv1.Tensor{auditRowsTensor(2)}, Outputs: []string{"output"}})
 	if err != nil || len(resp.GetOutputs()) != 1 || len(resp.GetOutputs()[0].GetData()) != 2*3*4 {
 		t.Errorf("the model's output named once: %v, %v", resp.GetOutputs(), err)
+	}
+}
+
+// TestKServeRequestedOutputsBoundedByTheModel: ModelInfer's outputs are
+// the client's list (millions of names fit in a message); a search of the
+// names before each for repeats was quadratic, 300,000 distinct names
+// minutes of a core. No more names are read than the model has outputs
+// and one: the rest are refused unread.
+func TestKServeRequestedOutputsBoundedByTheModel(t *testing.T) {
+	_, k := auditService(t)
+	infer := func(names ...string) error {
+		outs := make([]*inference.ModelInferRequest_InferRequestedOutputTensor, len(names))
+		for i, n := range names {
+			outs[i] = &inference.ModelInferRequest_InferRequestedOutputTensor{Name: n}
+		}
+		_, err := k.ModelInfer(context.Background(), &inference.ModelInferRequest{ModelName: "mlp",
+			Inputs:           []*inference.ModelInferRequest_InferInputTensor{{Name: "input", Datatype: "FP32", Shape: []int64{1, 4}}},
+			RawInputContents: [][]byte{make([]byte, 16)}, Outputs: outs})
+		return err
+	}
+	for _, n := range []int{1000, 300_000} {
+		t.Run(fmt.Sprint(n), func(t *testing.T) {
+			names := make([]string, n)
+			for i := range names {
+				names[i] = fmt.Sprintf("o%07d", i)
+			}
+			names[0] = "output"
+			if err := infer(names...); status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "more outputs than the model's 1") {
+				t.Errorf("%d distinct output names for a model of one output: %v, want INVALID_ARGUMENT for more outputs than the model's", n, err)
+			}
+		})
+	}
+	// Within the bound, a repeat is refused and a name answers.
+	if err := infer("output", "output"); status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), `output "output" is requested twice`) {
+		t.Errorf("an output requested twice: %v, want INVALID_ARGUMENT", err)
+	}
+	if err := infer("output"); err != nil {
+		t.Errorf("the model's output requested once: %v", err)
 	}
 }

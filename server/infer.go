@@ -57,11 +57,8 @@ type inferOptions struct {
 // the scheduler and assembles the outputs; Infer and ModelInfer share it.
 func (s *BrokerService) infer(ctx context.Context, sv *lifecycle.Served, inputs []tensor, opts inferOptions) ([]tensor, scheduler.ExecInfo, error) {
 	var none scheduler.ExecInfo
-	if sv.LLM() != nil {
-		return nil, none, invalid("model %s is a generator (LLM): use Generate or Chat", sv.Info.Name)
-	}
-	if sv.Model() == nil {
-		return nil, none, invalid("model %s serves Encode only; Infer runs the models of the repository", sv.Info.Name)
+	if err := inferable(sv); err != nil {
+		return nil, none, err
 	}
 	given, err := s.checkInputs(sv.Info, inputs)
 	if err != nil {
@@ -114,6 +111,17 @@ func (s *BrokerService) infer(ctx context.Context, sv *lifecycle.Served, inputs 
 		result = append(result, tensor{name: osp.Name, dtype: "FP32", shape: []int64{int64(len(payloads)), int64(width)}, data: float32Bytes(data)})
 	}
 	return result, out.Info, nil
+}
+
+// inferable refuses a model that Infer and ModelInfer do not run.
+func inferable(sv *lifecycle.Served) error {
+	if sv.LLM() != nil {
+		return invalid("model %s is a generator (LLM): use Generate or Chat", sv.Info.Name)
+	}
+	if sv.Model() == nil {
+		return invalid("model %s serves Encode only; Infer runs the models of the repository", sv.Info.Name)
+	}
+	return nil
 }
 
 // checkInputs matches the request's tensors with the model's inputs and

@@ -155,7 +155,16 @@ func (k *InferenceService) ModelInfer(ctx context.Context, req *inference.ModelI
 		ctx, cancel = context.WithTimeout(ctx, timeout)
 		defer cancel()
 	}
-	outNames, classes, err := requestedOutputs(req.GetOutputs())
+	// The model first: how many outputs may be asked for is its.
+	sv, err := s.models.Acquire(req.GetModelName(), v)
+	if err != nil {
+		return nil, toStatus(s.log, "ModelInfer", err)
+	}
+	defer s.models.Release(sv)
+	if err := inferable(sv); err != nil {
+		return nil, err
+	}
+	outNames, classes, err := requestedOutputs(req.GetOutputs(), len(sv.Info.Outputs))
 	if err != nil {
 		return nil, err
 	}
@@ -170,11 +179,6 @@ func (k *InferenceService) ModelInfer(ctx context.Context, req *inference.ModelI
 			return nil, err
 		}
 	}
-	sv, err := s.models.Acquire(req.GetModelName(), v)
-	if err != nil {
-		return nil, toStatus(s.log, "ModelInfer", err)
-	}
-	defer s.models.Release(sv)
 	outs, info, err := s.infer(ctx, sv, inputs, opts)
 	if err != nil {
 		return nil, err

@@ -15,15 +15,24 @@ import (
 // requestedOutputs reads ModelInferRequest.outputs: the names to return
 // and, per name, Triton's classification count. An output asked for twice,
 // or a parameter brokerd does not implement, is INVALID_ARGUMENT, as Triton
-// answers, rather than a silently different result.
-func requestedOutputs(outs []*inference.ModelInferRequest_InferRequestedOutputTensor) ([]string, map[string]int, error) {
-	var names []string
+// answers, rather than a silently different result. The client chooses how
+// many names it sends (millions fit in a message): at most the model's
+// modelOutputs are read, one more being a repeat or too many, and repeats
+// are found in a set, not by a scan of the names before each.
+func requestedOutputs(outs []*inference.ModelInferRequest_InferRequestedOutputTensor, modelOutputs int) ([]string, map[string]int, error) {
+	size := min(len(outs), modelOutputs+1)
+	names := make([]string, 0, size)
+	seen := make(map[string]bool, size)
 	classes := map[string]int{}
-	for _, o := range outs {
+	for i, o := range outs {
 		name := o.GetName()
-		if slices.Contains(names, name) {
+		if seen[name] {
 			return nil, nil, status.Errorf(codes.InvalidArgument, "output %q is requested twice", name)
 		}
+		if i == modelOutputs {
+			return nil, nil, status.Errorf(codes.InvalidArgument, "outputs: %d requested, more outputs than the model's %d; request each at most once", len(outs), modelOutputs)
+		}
+		seen[name] = true
 		names = append(names, name)
 		for pn, p := range o.GetParameters() {
 			if pn != "classification" {
