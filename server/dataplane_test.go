@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -99,5 +100,39 @@ func TestKServeRequestedOutputsBoundedByTheModel(t *testing.T) {
 	}
 	if err := infer("output"); err != nil {
 		t.Errorf("the model's output requested once: %v", err)
+	}
+}
+
+// TestKServeTimeoutDoesNotWrap: the timeout parameter (microseconds) is
+// capped for an int64_param as for a uint64_param; uncapped,
+// time.Duration(us)*time.Microsecond wrapped, and a client asking for a
+// very long timeout got a few hundred nanoseconds (DEADLINE_EXCEEDED), or
+// a negative one, taken as none.
+func TestKServeTimeoutDoesNotWrap(t *testing.T) {
+	const capped = (1 << 40) * time.Microsecond // about 12.7 days
+	for _, us := range []int64{18446744073709552, 9223372036854776, 1 << 62, 1<<63 - 1} {
+		for _, p := range []*inference.InferParameter{
+			{ParameterChoice: &inference.InferParameter_Int64Param{Int64Param: us}},
+			{ParameterChoice: &inference.InferParameter_Uint64Param{Uint64Param: uint64(us)}},
+		} {
+			if d, err := requestTimeout(p); err != nil || d != capped {
+				t.Errorf("timeout %v: %v, %v; want %v", p, d, err, capped)
+			}
+		}
+	}
+	if d, err := requestTimeout(&inference.InferParameter{ParameterChoice: &inference.InferParameter_Int64Param{Int64Param: 1500}}); err != nil || d != 1500*time.Microsecond {
+		t.Errorf("timeout 1500 µs: %v, %v", d, err)
+	}
+	if _, err := requestTimeout(&inference.InferParameter{ParameterChoice: &inference.InferParameter_Int64Param{Int64Param: -1}}); status.Code(err) != codes.InvalidArgument {
+		t.Errorf("timeout -1 µs: %v, want INVALID_ARGUMENT", err)
+	}
+	// End to end: a valid request with a 584,000-year timeout is answered.
+	_, k := auditService(t)
+	_, err := k.ModelInfer(context.Background(), &inference.ModelInferRequest{ModelName: "mlp",
+		Inputs:           []*inference.ModelInferRequest_InferInputTensor{{Name: "input", Datatype: "FP32", Shape: []int64{1, 4}}},
+		RawInputContents: [][]byte{make([]byte, 16)},
+		Parameters:       map[string]*inference.InferParameter{"timeout": {ParameterChoice: &inference.InferParameter_Int64Param{Int64Param: 18446744073709552}}}})
+	if err != nil {
+		t.Errorf("ModelInfer with a 584,000-year timeout: %v", err)
 	}
 }

@@ -115,6 +115,12 @@ func classify(t tensor, k int, labels []string) (tensor, error) {
 	return tensor{name: t.name, dtype: "BYTES", shape: shape, data: joinBytes(elems)}, nil
 }
 
+// maxTimeoutUS caps the timeout parameter (2^40 µs, about 12.7 days:
+// longer than any call is kept). A Duration counts nanoseconds in an
+// int64, so a larger count of microseconds would wrap, to a few hundred
+// nanoseconds or to a negative timeout, taken as none.
+const maxTimeoutUS = 1 << 40
+
 // requestTimeout reads Triton's timeout request parameter (microseconds).
 func requestTimeout(p *inference.InferParameter) (time.Duration, error) {
 	var us int64
@@ -122,12 +128,12 @@ func requestTimeout(p *inference.InferParameter) (time.Duration, error) {
 	case *inference.InferParameter_Int64Param:
 		us = c.Int64Param
 	case *inference.InferParameter_Uint64Param:
-		us = int64(min(c.Uint64Param, uint64(1)<<40))
+		us = int64(min(c.Uint64Param, maxTimeoutUS))
 	default:
 		return 0, status.Error(codes.InvalidArgument, "parameter timeout: want an int64_param or uint64_param in microseconds")
 	}
 	if us < 0 {
 		return 0, status.Errorf(codes.InvalidArgument, "parameter timeout %d is invalid: microseconds, 0 for none", us)
 	}
-	return time.Duration(us) * time.Microsecond, nil
+	return time.Duration(min(us, maxTimeoutUS)) * time.Microsecond, nil
 }
