@@ -155,7 +155,8 @@ func (k *InferenceService) ModelInfer(ctx context.Context, req *inference.ModelI
 		ctx, cancel = context.WithTimeout(ctx, timeout)
 		defer cancel()
 	}
-	// The model first: how many outputs may be asked for is its.
+	// The model first: how many outputs may be asked for, and which
+	// datatypes are worth converting, are its.
 	sv, err := s.models.Acquire(req.GetModelName(), v)
 	if err != nil {
 		return nil, toStatus(s.log, "ModelInfer", err)
@@ -174,6 +175,12 @@ func (k *InferenceService) ModelInfer(ctx context.Context, req *inference.ModelI
 		var r []byte
 		if len(raw) > 0 {
 			r = raw[i]
+		}
+		// The datatype before typed contents are converted: they can grow
+		// eightfold (one-byte varints to INT64), not worth it for an input
+		// the model would refuse.
+		if err := checkDType(sv.Info, in.GetName(), in.GetDatatype()); err != nil {
+			return nil, err
 		}
 		if inputs[i], err = fromKServe(in, r, len(raw) > 0); err != nil {
 			return nil, err

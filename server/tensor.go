@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 
 	"google.golang.org/grpc/codes"
@@ -90,8 +91,8 @@ func elements(t *tensor) (int, error) {
 // dimensions, and the data's length for the shape (BYTES: that the length
 // prefixes cover the data exactly, one element per shape element).
 func check(t *tensor, sp models.TensorSpec) error {
-	if t.dtype != sp.DType {
-		return invalid("input %q: datatype %s, want %s (%s)", t.name, t.dtype, sp.DType, specString(sp))
+	if err := dtypeIs(t.name, t.dtype, sp); err != nil {
+		return err
 	}
 	if len(t.shape) != len(sp.Shape) {
 		return invalid("input %q: shape %s has %d dimensions, want %d (%s)", t.name, shapeString(t.shape), len(t.shape), len(sp.Shape), specString(sp))
@@ -115,6 +116,31 @@ func check(t *tensor, sp models.TensorSpec) error {
 	}
 	if want := n * size; len(t.data) != want {
 		return invalid("input %q: %d bytes of data, want %d (shape %s of %s, %d bytes each)", t.name, len(t.data), want, shapeString(t.shape), t.dtype, size)
+	}
+	return nil
+}
+
+// dtypeIs is check's first test, which ModelInfer also makes before it
+// converts typed contents (checkDType).
+func dtypeIs(name, dtype string, sp models.TensorSpec) error {
+	if dtype != sp.DType {
+		return invalid("input %q: datatype %s, want %s (%s)", name, dtype, sp.DType, specString(sp))
+	}
+	return nil
+}
+
+// checkDType checks the datatype of the model's input name. A datatype
+// that is none of KServe's is left to fromKServe and a name the model does
+// not take to checkInputs, which say so.
+func checkDType(info models.Info, name, dtype string) error {
+	if _, ok := dtypeSizes[dtype]; !ok {
+		return nil
+	}
+	required, optional := inputSpecs(info)
+	for _, sp := range slices.Concat(required, optional) {
+		if sp.Name == name {
+			return dtypeIs(name, dtype, sp)
+		}
 	}
 	return nil
 }
@@ -207,17 +233,36 @@ func fromKServe(in *inference.ModelInferRequest_InferInputTensor, raw []byte, ha
 	if err != nil {
 		return t, err
 	}
-	count := func(got int) error {
-		if got != n {
-			return invalid("input %q: %d %s elements in contents, want %d (shape %s)", t.name, got, t.dtype, n, shapeString(t.shape))
-		}
-		return nil
-	}
-	le := binary.LittleEndian
-	var out []byte
+	// The count before any conversion: the shape is the client's claim
+	// and the contents what arrived, and only a match is worth building.
+	var got int
 	switch t.dtype {
 	case "BOOL":
-		err = count(len(c.GetBoolContents()))
+		got = len(c.GetBoolContents())
+	case "INT8", "INT16", "INT32":
+		got = len(c.GetIntContents())
+	case "INT64":
+		got = len(c.GetInt64Contents())
+	case "UINT8", "UINT16", "UINT32":
+		got = len(c.GetUintContents())
+	case "UINT64":
+		got = len(c.GetUint64Contents())
+	case "FP32":
+		got = len(c.GetFp32Contents())
+	case "FP64":
+		got = len(c.GetFp64Contents())
+	case "BYTES":
+		got = len(c.GetBytesContents())
+	default: // FP16, BF16
+		return t, invalid("input %q: %s data travels only in raw_input_contents (the protocol has no typed field for it)", t.name, t.dtype)
+	}
+	if got != n {
+		return t, invalid("input %q: %d %s elements in contents, want %d (shape %s)", t.name, got, t.dtype, n, shapeString(t.shape))
+	}
+	le := binary.LittleEndian
+	out := make([]byte, 0, n*dtypeSizes[t.dtype]) // exactly; BYTES (size 0): joinBytes sizes its own
+	switch t.dtype {
+	case "BOOL":
 		for _, v := range c.GetBoolContents() {
 			b := byte(0)
 			if v {
@@ -226,7 +271,6 @@ func fromKServe(in *inference.ModelInferRequest_InferInputTensor, raw []byte, ha
 			out = append(out, b)
 		}
 	case "INT8", "INT16", "INT32":
-		err = count(len(c.GetIntContents()))
 		for _, v := range c.GetIntContents() {
 			switch t.dtype {
 			case "INT8":
@@ -238,12 +282,10 @@ func fromKServe(in *inference.ModelInferRequest_InferInputTensor, raw []byte, ha
 			}
 		}
 	case "INT64":
-		err = count(len(c.GetInt64Contents()))
 		for _, v := range c.GetInt64Contents() {
 			out = le.AppendUint64(out, uint64(v))
 		}
 	case "UINT8", "UINT16", "UINT32":
-		err = count(len(c.GetUintContents()))
 		for _, v := range c.GetUintContents() {
 			switch t.dtype {
 			case "UINT8":
@@ -255,26 +297,19 @@ func fromKServe(in *inference.ModelInferRequest_InferInputTensor, raw []byte, ha
 			}
 		}
 	case "UINT64":
-		err = count(len(c.GetUint64Contents()))
 		for _, v := range c.GetUint64Contents() {
 			out = le.AppendUint64(out, v)
 		}
 	case "FP32":
-		err = count(len(c.GetFp32Contents()))
-		out = float32Bytes(c.GetFp32Contents())
+		for _, v := range c.GetFp32Contents() {
+			out = le.AppendUint32(out, math.Float32bits(v))
+		}
 	case "FP64":
-		err = count(len(c.GetFp64Contents()))
 		for _, v := range c.GetFp64Contents() {
 			out = le.AppendUint64(out, math.Float64bits(v))
 		}
 	case "BYTES":
-		err = count(len(c.GetBytesContents()))
 		out = joinBytes(c.GetBytesContents())
-	default: // FP16, BF16
-		return t, invalid("input %q: %s data travels only in raw_input_contents (the protocol has no typed field for it)", t.name, t.dtype)
-	}
-	if err != nil {
-		return t, err
 	}
 	t.data = out
 	return t, nil
