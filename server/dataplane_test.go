@@ -14,12 +14,17 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/zap"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/brokerd/brokerd/detect"
+	"github.com/brokerd/brokerd/lifecycle"
 	brokerv1 "github.com/brokerd/brokerd/proto/broker/v1"
 	"github.com/brokerd/brokerd/proto/inference"
+	"github.com/brokerd/brokerd/runtime/models"
+	"github.com/brokerd/brokerd/scheduler"
 )
 
 // TestInferRefusesRepeatedOutputName: each output name of an Infer request
@@ -194,5 +199,83 @@ func TestKServeTypedContentsCheckedBeforeConversion(t *testing.T) {
 	}
 	if status.Code(err) != codes.InvalidArgument {
 		t.Errorf("INT64 input for an FP32 model: %v, want INVALID_ARGUMENT", err)
+	}
+}
+
+// stubEncoder is a repository text encoder (kind bert) whose tokenizer
+// answers one token: Encode's LOSSLESS codes in encode_text.go need no
+// more.
+type stubEncoder struct{ auditMLP }
+
+func (stubEncoder) Info() models.Info {
+	return models.Info{Name: "enc", Version: 1, Kind: models.KindBERT, MaxSeqLen: 8,
+		Inputs:  []models.TensorSpec{{Name: "text", DType: "BYTES", Shape: []int64{-1}}},
+		Outputs: []models.TensorSpec{{Name: "embedding", DType: "FP32", Shape: []int64{-1, 3}}}}
+}
+func (stubEncoder) Tokenize(string, string, bool, bool) (models.TextInput, error) {
+	return models.TextInput{IDs: []int32{1}}, nil
+}
+
+// noInventory has no devices.
+type noInventory struct{ Inventory }
+
+func (noInventory) Device(id string) (detect.Entry, error) {
+	return detect.Entry{}, fmt.Errorf("device %s: no inventory in this test", id)
+}
+
+// TestEncodeStopsCompressingForACallerThatLeft: Encode's LOSSLESS codes
+// (zstd, host CPU) stop between items when the caller has gone, for the
+// built-in encoder (compressed on a goroutine every way out waits for)
+// and a repository encoder; before, every item of up to a 64 MiB message
+// was compressed first. Here the caller has left before the call starts.
+func TestEncodeStopsCompressingForACallerThatLeft(t *testing.T) {
+	items := make([]*brokerv1.EncodeItem, 16)
+	for i := range items {
+		data := make([]byte, 1<<20)
+		for j := range data {
+			data[j] = byte(j*7919 + i*31 + j>>8) // little to compress
+		}
+		items[i] = &brokerv1.EncodeItem{Content: &brokerv1.EncodeItem_Data{Data: data}}
+	}
+	builtin, _ := auditService(t)
+	builtin.inv = noInventory{} // a LOSSLESS answer looks up the host's cost
+	sched := scheduler.New(scheduler.Options{})
+	t.Cleanup(sched.Close)
+	sv := lifecycle.ServedModel(stubEncoder{}.Info(), stubEncoder{})
+	sv.Key = "enc@1"
+	repo := NewBrokerService(nil, Policy{}, DataPlane{sched: sched, models: auditModels{fixedModels: fixedModels{"enc": sv}},
+		limits: Limits{MaxItemsPerRequest: 4096, MaxItemBytes: 1 << 20}}, zap.NewNop())
+	for _, tc := range []struct {
+		name string
+		svc  *BrokerService
+		req  *brokerv1.EncodeRequest
+	}{
+		{"built-in, both", builtin, &brokerv1.EncodeRequest{Items: items, Fidelity: brokerv1.Fidelity_FIDELITY_BOTH}},
+		{"built-in, lossless", builtin, &brokerv1.EncodeRequest{Items: items, Fidelity: brokerv1.Fidelity_FIDELITY_LOSSLESS}},
+		{"repository, lossless", repo, &brokerv1.EncodeRequest{Model: "enc", Items: items, Fidelity: brokerv1.Fidelity_FIDELITY_LOSSLESS}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithCancel(context.Background())
+			cancel()
+			var err error
+			grew := allocated(func() { _, err = tc.svc.Encode(ctx, tc.req) })
+			if status.Code(err) != codes.Canceled {
+				t.Errorf("got %v, want CANCELLED", err)
+			}
+			if grew > 4<<20 {
+				t.Errorf("a call whose caller had left allocated %d MiB (its items compressed)", grew>>20)
+			}
+		})
+	}
+	// A caller that stays gets its codes.
+	for _, svc := range []*BrokerService{builtin, repo} {
+		req := &brokerv1.EncodeRequest{Items: items[:2], Fidelity: brokerv1.Fidelity_FIDELITY_LOSSLESS}
+		if svc == repo {
+			req.Model = "enc"
+		}
+		resp, err := svc.Encode(context.Background(), req)
+		if err != nil || len(resp.GetResults()) != 2 || len(resp.GetResults()[1].GetCode()) == 0 {
+			t.Errorf("LOSSLESS of %q for a caller that stays: %v", req.Model, err)
+		}
 	}
 }

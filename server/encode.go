@@ -87,15 +87,22 @@ func (s *BrokerService) Encode(ctx context.Context, req *brokerv1.EncodeRequest)
 		resp.Results[i] = &brokerv1.EncodeResult{Id: it.GetId(), Signature: signature(data)}
 	}
 
-	// Compression runs on its own goroutine while the device works.
+	// Compression runs on its own goroutine while the device works. It
+	// stops between items when the caller has gone (every way out of
+	// Encode waits for it), and says so in codeErr.
 	var codesDone chan struct{}
 	var codeTime *time.Duration
+	var codeErr error
 	if lossless {
 		codesDone, codeTime = make(chan struct{}), new(time.Duration)
 		go func() {
 			defer close(codesDone)
 			t := time.Now()
 			for i, it := range items {
+				if err := ctx.Err(); err != nil {
+					codeErr = fmt.Errorf("compressing item %d: %w", i, err)
+					return
+				}
 				resp.Results[i].Code = s.zstd.EncodeAll(itemBytes(it), nil)
 				resp.Results[i].Codec = codecZstd
 			}
@@ -138,6 +145,9 @@ func (s *BrokerService) Encode(ctx context.Context, req *brokerv1.EncodeRequest)
 		info = execInfoToProto(out.Info)
 	}
 	waitCodes()
+	if codeErr != nil {
+		return nil, toStatus(s.log, "Encode", codeErr)
+	}
 	if !semantic {
 		// Compression alone runs on the host CPU, in this call.
 		info = &brokerv1.ExecutionInfo{DeviceId: "cpu:0", DeviceType: brokerv1.DeviceType_DEVICE_TYPE_CPU, ComputeNs: codeTime.Nanoseconds()}

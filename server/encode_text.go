@@ -73,6 +73,10 @@ func (s *BrokerService) encodeModel(ctx context.Context, req *brokerv1.EncodeReq
 			resp.Results[i].Truncated = inputs[i].(models.TextInput).Truncated
 		}
 		if lossless {
+			// Compression is host work too: stopped for a caller that left.
+			if err := ctx.Err(); err != nil {
+				return nil, toStatus(s.log, "Encode", fmt.Errorf("compressing item %d: %w", i, err))
+			}
 			resp.Results[i].Code = s.zstd.EncodeAll(itemBytes(it), nil)
 			resp.Results[i].Codec = codecZstd
 		}
