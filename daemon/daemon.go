@@ -556,7 +556,11 @@ func serveGRPC(s *grpc.Server, l net.Listener, name string) error {
 }
 
 // stopServers lets in-flight calls finish until ctx ends, then cuts the
-// rest.
+// rest and returns within cutWait. Stop closes every connection and
+// cancels the calls' contexts, but GracefulStop (grpc-go) still waits for
+// every handler to return, and one that does not look at its context (a
+// LoadModel reading a large model) would keep the process alive for as
+// long as it runs: past cutWait the stop goes on without it.
 func stopServers(ctx context.Context, servers []*grpc.Server, log *zap.Logger) {
 	done := make(chan struct{})
 	go func() {
@@ -567,14 +571,26 @@ func stopServers(ctx context.Context, servers []*grpc.Server, log *zap.Logger) {
 	}()
 	select {
 	case <-done:
+		return
 	case <-ctx.Done():
-		log.Warn("stop deadline passed: cancelling the calls still in flight")
-		for _, s := range servers {
-			s.Stop()
-		}
-		<-done
+	}
+	log.Warn("stop deadline passed: cancelling the calls still in flight")
+	for _, s := range servers {
+		s.Stop()
+	}
+	t := time.NewTimer(cutWait)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+		log.Error("exiting with calls whose handlers have not returned")
 	}
 }
+
+// cutWait is how long the stop waits, after cutting them, for the calls
+// that outlived its deadline to return: their contexts are cancelled and
+// their connections closed, so those that can return do so at once.
+const cutWait = 100 * time.Millisecond
 
 // daemonPolicy is the configuration parsed into the types the packages use.
 type daemonPolicy struct {
