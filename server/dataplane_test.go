@@ -4,7 +4,7 @@ package server
 // Encode) against the daemon's rules: nothing a client sends may cost
 // unbounded memory or CPU, sizes are checked before anything is built from
 // them, and work for a caller that has gone is dropped. The fixtures
-// (auditService, auditMLP, ...) are dataplane_audit_test.go's.
+// (dataService, rowsMLP, ...) are dataplane_limits_test.go's.
 
 import (
 	"context"
@@ -33,7 +33,7 @@ import (
 // more names than the model has outputs is INVALID_ARGUMENT, as ModelInfer
 // answers.
 func TestInferRefusesRepeatedOutputName(t *testing.T) {
-	svc, _ := auditService(t)
+	svc, _ := dataService(t)
 	repeat := func(n int) []string {
 		out := make([]string, n)
 		for i := range out {
@@ -51,7 +51,7 @@ func TestInferRefusesRepeatedOutputName(t *testing.T) {
 		{"empty", 1, []string{""}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			req := &brokerv1.InferRequest{Model: "mlp", Inputs: []*brokerv1.Tensor{auditRowsTensor(tc.rows)}, Outputs: tc.outputs}
+			req := &brokerv1.InferRequest{Model: "mlp", Inputs: []*brokerv1.Tensor{rowsTensor(tc.rows)}, Outputs: tc.outputs}
 			resp, err := svc.Infer(context.Background(), req)
 			if status.Code(err) == codes.InvalidArgument {
 				return
@@ -65,7 +65,7 @@ func TestInferRefusesRepeatedOutputName(t *testing.T) {
 		})
 	}
 	// The one output, named once, is answered.
-	resp, err := svc.Infer(context.Background(), &brokerv1.InferRequest{Model: "mlp", Inputs: []*brokerv1.Tensor{auditRowsTensor(2)}, Outputs: []string{"output"}})
+	resp, err := svc.Infer(context.Background(), &brokerv1.InferRequest{Model: "mlp", Inputs: []*brokerv1.Tensor{rowsTensor(2)}, Outputs: []string{"output"}})
 	if err != nil || len(resp.GetOutputs()) != 1 || len(resp.GetOutputs()[0].GetData()) != 2*3*4 {
 		t.Errorf("the model's output named once: %v, %v", resp.GetOutputs(), err)
 	}
@@ -77,7 +77,7 @@ func TestInferRefusesRepeatedOutputName(t *testing.T) {
 // minutes of a core. No more names are read than the model has outputs
 // and one: the rest are refused unread.
 func TestKServeRequestedOutputsBoundedByTheModel(t *testing.T) {
-	_, k := auditService(t)
+	_, k := dataService(t)
 	infer := func(names ...string) error {
 		outs := make([]*inference.ModelInferRequest_InferRequestedOutputTensor, len(names))
 		for i, n := range names {
@@ -133,7 +133,7 @@ func TestKServeTimeoutDoesNotWrap(t *testing.T) {
 		t.Errorf("timeout -1 µs: %v, want INVALID_ARGUMENT", err)
 	}
 	// End to end: a valid request with a 584,000-year timeout is answered.
-	_, k := auditService(t)
+	_, k := dataService(t)
 	_, err := k.ModelInfer(context.Background(), &inference.ModelInferRequest{ModelName: "mlp",
 		Inputs:           []*inference.ModelInferRequest_InferInputTensor{{Name: "input", Datatype: "FP32", Shape: []int64{1, 4}}},
 		RawInputContents: [][]byte{make([]byte, 16)},
@@ -189,7 +189,7 @@ func TestKServeTypedContentsCheckedBeforeConversion(t *testing.T) {
 
 	// ModelInfer: an INT64 input with a count matching its shape, for a
 	// model that takes FP32, is refused without being converted.
-	_, k := auditService(t)
+	_, k := dataService(t)
 	const rows = 1 << 20
 	req := &inference.ModelInferRequest{ModelName: "mlp", Inputs: []*inference.ModelInferRequest_InferInputTensor{{Name: "input", Datatype: "INT64", Shape: []int64{rows, 4},
 		Contents: &inference.InferTensorContents{Int64Contents: make([]int64, rows*4)}}}}
@@ -205,7 +205,7 @@ func TestKServeTypedContentsCheckedBeforeConversion(t *testing.T) {
 // stubEncoder is a repository text encoder (kind bert) whose tokenizer
 // answers one token: Encode's LOSSLESS codes in encode_text.go need no
 // more.
-type stubEncoder struct{ auditMLP }
+type stubEncoder struct{ rowsMLP }
 
 func (stubEncoder) Info() models.Info {
 	return models.Info{Name: "enc", Version: 1, Kind: models.KindBERT, MaxSeqLen: 8,
@@ -237,13 +237,13 @@ func TestEncodeStopsCompressingForACallerThatLeft(t *testing.T) {
 		}
 		items[i] = &brokerv1.EncodeItem{Content: &brokerv1.EncodeItem_Data{Data: data}}
 	}
-	builtin, _ := auditService(t)
+	builtin, _ := dataService(t)
 	builtin.inv = noInventory{} // a LOSSLESS answer looks up the host's cost
 	sched := scheduler.New(scheduler.Options{})
 	t.Cleanup(sched.Close)
 	sv := lifecycle.ServedModel(stubEncoder{}.Info(), stubEncoder{})
 	sv.Key = "enc@1"
-	repo := NewBrokerService(nil, Policy{}, DataPlane{sched: sched, models: auditModels{fixedModels: fixedModels{"enc": sv}},
+	repo := NewBrokerService(nil, Policy{}, DataPlane{sched: sched, models: dataModels{fixedModels: fixedModels{"enc": sv}},
 		limits: Limits{MaxItemsPerRequest: 4096, MaxItemBytes: 1 << 20}}, zap.NewNop())
 	for _, tc := range []struct {
 		name string

@@ -46,6 +46,11 @@ func (s *BrokerService) Encode(ctx context.Context, req *brokerv1.EncodeRequest)
 	if err := s.validateEncode(req); err != nil {
 		return nil, err
 	}
+	release, err := s.holdOutputs("Encode", int64(len(req.GetItems()))*encodeItemHeld)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 	priority, err := priorityFromProto(req.GetPriority())
 	if err != nil {
 		return nil, err

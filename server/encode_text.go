@@ -30,6 +30,11 @@ func (s *BrokerService) encodeModel(ctx context.Context, req *brokerv1.EncodeReq
 	if err := s.validateEncode(req); err != nil {
 		return nil, err
 	}
+	release, err := s.holdOutputs("Encode", int64(len(req.GetItems()))*(encodeItemHeld+int64(sv.Info.MaxSeqLen)*tokenHeld))
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 	priority, err := priorityFromProto(req.GetPriority())
 	if err != nil {
 		return nil, err

@@ -81,6 +81,18 @@ func (s *BrokerService) infer(ctx context.Context, sv *lifecycle.Served, inputs 
 	if err != nil {
 		return nil, none, err
 	}
+	// Each row's outputs are built as float32 values, then as the
+	// answer's bytes, then serialised: three copies; a text row's tokens too.
+	rowWidth := int64(unknownWidth)
+	if sp := sv.Info.Outputs[0]; len(sp.Shape) > 0 && sp.Shape[len(sp.Shape)-1] > 0 {
+		rowWidth = sp.Shape[len(sp.Shape)-1]
+	}
+	perRow := 3*4*rowWidth*int64(max(len(outSpecs), 1)) + int64(sv.Info.MaxSeqLen)*tokenHeld
+	release, err := s.holdOutputs("Infer", int64(len(payloads))*perRow)
+	if err != nil {
+		return nil, none, err
+	}
+	defer release()
 	out, err := s.sched.Submit(ctx, scheduler.Request{
 		Model: sv.Key, Client: clientID(ctx), Priority: opts.priority,
 		DeviceID: opts.deviceID, DeviceType: opts.deviceType, Inputs: payloads, Costs: sv.Costs(payloads),

@@ -95,6 +95,30 @@ func (b *byteBudget) acquire(method string, n int64) (release func(), err error)
 	}, nil
 }
 
+// What a call builds besides its request, per item, before it answers:
+// the interceptors charge a request twice its size, which a request of
+// many small items outgrows many times (an Encode item of one byte makes a
+// 1.5 KiB projection and a 1.5 KiB vector, twice: built and serialised).
+const (
+	// encodeItemHeld is one Encode item's vectors, projection and result.
+	encodeItemHeld = 8 << 10
+	// tokenHeld is one token of a tokenised text item (ids, types, mask).
+	tokenHeld = 24
+	// unknownWidth stands for an output whose width the model's metadata
+	// leaves open (an encoder's hidden size): the largest usual one.
+	unknownWidth = 1024
+)
+
+// holdOutputs charges n bytes a call builds (outputs, vectors, tokens) to
+// the in-flight budget until release, as the interceptors charge its
+// request; a call the budget cannot take is refused as a request is.
+func (s *BrokerService) holdOutputs(method string, n int64) (release func(), err error) {
+	if s.budget == nil || n <= 0 {
+		return func() {}, nil
+	}
+	return s.budget.acquire(method, n)
+}
+
 func (b *byteBudget) unary() grpc.UnaryServerInterceptor {
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 		release, err := b.acquire(info.FullMethod, cost(req))
