@@ -12,9 +12,13 @@ import (
 
 // Connections are bounded per listener, in all and per client (the peer's
 // uid on the Unix socket, its IP on TCP), so idle connections cannot take
-// every descriptor: the metrics and health listeners keep theirs, and one
-// client cannot starve the others. A connection over a limit is closed at
-// once, before any TLS or HTTP/2 work.
+// every descriptor and one client cannot starve the others. The socket,
+// TCP and HTTP listeners also share one pool, the descriptor limit less a
+// reserve: each alone could otherwise take it all. The metrics and health
+// listeners have small limits of their own, within the reserve, so a
+// flood there (the health port is plaintext, on the pod network) starves
+// neither them nor the rest. A connection over a limit is closed at once,
+// before any TLS or HTTP/2 work.
 
 // connMetrics count open and refused connections per listener.
 type connMetrics struct {
@@ -35,11 +39,37 @@ func newConnMetrics(reg prometheus.Registerer) *connMetrics {
 	return m
 }
 
+// connPool bounds the connections of the listeners that share it.
+type connPool struct {
+	mu        sync.Mutex
+	open, max int
+}
+
+func newConnPool(max int) *connPool { return &connPool{max: max} }
+
+// take reserves a slot; false: the pool is full.
+func (p *connPool) take() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.open >= p.max {
+		return false
+	}
+	p.open++
+	return true
+}
+
+func (p *connPool) give() {
+	p.mu.Lock()
+	p.open--
+	p.mu.Unlock()
+}
+
 // limitListener enforces the limits on accepted connections.
 type limitListener struct {
 	net.Listener
 	name             string
 	total, perClient int
+	pool             *connPool // shared with other listeners; nil: none
 	m                *connMetrics
 	log              *zap.Logger
 
@@ -48,8 +78,8 @@ type limitListener struct {
 	byPeer map[string]int
 }
 
-func newLimitListener(l net.Listener, name string, total, perClient int, m *connMetrics, log *zap.Logger) *limitListener {
-	return &limitListener{Listener: l, name: name, total: total, perClient: perClient, m: m, log: log, byPeer: map[string]int{}}
+func newLimitListener(l net.Listener, name string, total, perClient int, pool *connPool, m *connMetrics, log *zap.Logger) *limitListener {
+	return &limitListener{Listener: l, name: name, total: total, perClient: perClient, pool: pool, m: m, log: log, byPeer: map[string]int{}}
 }
 
 // peerKey identifies a connection's client for the per-client limit.
@@ -86,6 +116,8 @@ func (l *limitListener) Accept() (net.Conn, error) {
 			limit = "total"
 		case l.perClient > 0 && l.byPeer[key] >= l.perClient:
 			limit = "per_client"
+		case l.pool != nil && !l.pool.take():
+			limit = "descriptors"
 		}
 		if limit == "" {
 			l.open++
@@ -110,6 +142,9 @@ func (l *limitListener) release(key string) {
 		delete(l.byPeer, key)
 	}
 	l.mu.Unlock()
+	if l.pool != nil {
+		l.pool.give()
+	}
 	l.m.open.WithLabelValues(l.name).Dec()
 }
 
@@ -149,13 +184,26 @@ func raiseFileLimit() uint64 {
 // the metrics and health listeners' connections, logs.
 const fdReserve = 256
 
-// connectionLimits are the effective limits: the settings, or derived from
-// the descriptor limit (total: what the reserve leaves; per client: a
-// quarter of it, so four clients are needed to fill it).
+// The metrics and health listeners' own limits, within fdReserve: enough
+// for scrapers and probes (a kubelet opens one connection per probe), few
+// enough that a flood of them leaves the reserve its use.
+const (
+	sideConns          = 16 // per listener
+	sideConnsPerClient = 4
+)
+
+// descriptorBudget is what the descriptor limit leaves connections once
+// the reserve is kept: the pool the socket, TCP and HTTP listeners share.
+func descriptorBudget(nofile uint64) int {
+	return max(int(min(nofile, 1<<20))-fdReserve, 16)
+}
+
+// connectionLimits are the effective limits per listener: the settings,
+// or derived from the descriptor limit (total: the descriptor budget;
+// per client: a quarter of it, so four clients are needed to fill it).
 func connectionLimits(maxConns, perClient int, nofile uint64) (int, int) {
 	if maxConns <= 0 {
-		maxConns = int(min(nofile, 1<<20)) - fdReserve
-		maxConns = max(maxConns, 16)
+		maxConns = descriptorBudget(nofile)
 	}
 	if perClient <= 0 {
 		perClient = max(maxConns/4, 1)

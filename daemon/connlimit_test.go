@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -50,7 +52,7 @@ func TestConnectionLimits(t *testing.T) {
 	if _, err := over.Read(make([]byte, 1)); err != io.EOF {
 		t.Errorf("the fifth connection of one uid: read %v, want EOF (closed by brokerd)", err)
 	}
-	// Health and metrics live outside the limits.
+	// Health and metrics have limits of their own.
 	hc, err := grpc.NewClient(d.addrs.Health, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
@@ -113,5 +115,57 @@ func TestConnectionLimitDefaults(t *testing.T) {
 		if m != tc.wantMax || p != tc.wantPer {
 			t.Errorf("connectionLimits(%d, %d, %d) = %d, %d; want %d, %d", tc.maxConns, tc.perClient, tc.nofile, m, p, tc.wantMax, tc.wantPer)
 		}
+	}
+}
+
+// TestSharedDescriptorPool: the bounded listeners share one pool, so two
+// of them together hold no more than it (each alone once could take the
+// whole descriptor budget).
+func TestSharedDescriptorPool(t *testing.T) {
+	pool := newConnPool(2)
+	cm := newConnMetrics(prometheus.NewRegistry())
+	var addrs []string
+	for _, name := range []string{"a", "b"} {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		l := newLimitListener(ln, name, 10, 10, pool, cm, zap.NewNop())
+		defer l.Close()
+		addrs = append(addrs, ln.Addr().String())
+		go func() {
+			for {
+				c, err := l.Accept()
+				if err != nil {
+					return
+				}
+				defer c.Close()
+			}
+		}()
+	}
+	// A kept connection is one not closed within wait: short where it
+	// should be kept (correct code never closes it), long where it should
+	// be closed (a loaded machine may take a while).
+	held := func(addr string, wait time.Duration) bool {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		_ = c.SetReadDeadline(time.Now().Add(wait))
+		_, err = c.Read(make([]byte, 1))
+		return err != io.EOF // a timeout: accepted and kept
+	}
+	for i, want := range []bool{true, true, false} {
+		wait := 200 * time.Millisecond
+		if !want {
+			wait = 30 * time.Second
+		}
+		if got := held(addrs[i%2], wait); got != want {
+			t.Errorf("connection %d held %v, want %v (pool of 2 shared by two listeners)", i+1, got, want)
+		}
+	}
+	if descriptorBudget(1024) != 1024-fdReserve || descriptorBudget(100) != 16 {
+		t.Errorf("descriptorBudget: %d, %d", descriptorBudget(1024), descriptorBudget(100))
 	}
 }

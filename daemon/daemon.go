@@ -126,20 +126,7 @@ func Run(ctx context.Context, opts Options, log *zap.Logger) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		newDeviceCollector(inv.Devices))
-	// Every client-facing listener is bounded (metrics and health are not:
-	// they live on the reserve).
-	nofile := raiseFileLimit()
-	maxConns, perClient := connectionLimits(cfg.MaxConnections, cfg.MaxConnectionsPerClient, nofile)
-	cm := newConnMetrics(reg)
-	lis.sock = newLimitListener(lis.sock, "socket", maxConns, perClient, cm, log)
-	if lis.tcp != nil {
-		lis.tcp = newLimitListener(lis.tcp, "tcp", maxConns, perClient, cm, log)
-	}
-	if lis.http != nil {
-		lis.http = newLimitListener(lis.http, "http", maxConns, perClient, cm, log)
-	}
-	log.Info("connection limits", zap.Uint64("descriptors", nofile), zap.Int("per_listener", maxConns),
-		zap.Int("per_client", perClient), zap.Duration("idle", time.Duration(cfg.MaxConnectionIdle)))
+	lis.limit(cfg, newConnMetrics(reg), log)
 
 	sched := scheduler.New(scheduler.Options{
 		MaxQueueItems: cfg.MaxQueueItems,
@@ -239,7 +226,7 @@ func Run(ctx context.Context, opts Options, log *zap.Logger) error {
 			log.Warn("--pprof serves heap and goroutine profiles on a non-loopback address: anyone who reaches it can read them; keep the metrics listener private or drop --pprof",
 				zap.String("metrics_listen", lis.addrs.Metrics))
 		}
-		metricsSrv = newMetricsServer(reg, cfg.Pprof)
+		metricsSrv = newMetricsServer(reg, cfg.Pprof, time.Duration(cfg.MaxConnectionIdle))
 		go func() {
 			if err := metricsSrv.Serve(lis.metrics); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				errc <- fmt.Errorf("metrics server: %w", err)
@@ -473,6 +460,30 @@ func listenError(setting, addr string, err error) error {
 	return config.Invalid(fmt.Errorf("--%s %s: %s; set %s to another address, or empty to turn it off", setting, addr, why, change))
 }
 
+// limit bounds every listener's connections (see connlimit.go): the
+// socket, TCP and HTTP listeners by the settings and one shared pool of
+// descriptors, metrics and health by small limits of their own.
+func (l *listeners) limit(cfg config.Config, cm *connMetrics, log *zap.Logger) {
+	nofile := raiseFileLimit()
+	maxConns, perClient := connectionLimits(cfg.MaxConnections, cfg.MaxConnectionsPerClient, nofile)
+	pool := newConnPool(descriptorBudget(nofile))
+	l.sock = newLimitListener(l.sock, "socket", maxConns, perClient, pool, cm, log)
+	bound := func(ln net.Listener, name string, total, perClient int, pool *connPool) net.Listener {
+		if ln == nil {
+			return nil
+		}
+		return newLimitListener(ln, name, total, perClient, pool, cm, log)
+	}
+	l.tcp = bound(l.tcp, "tcp", maxConns, perClient, pool)
+	l.http = bound(l.http, "http", maxConns, perClient, pool)
+	l.metrics = bound(l.metrics, "metrics", sideConns, sideConnsPerClient, nil)
+	l.health = bound(l.health, "health", sideConns, sideConnsPerClient, nil)
+	log.Info("connection limits", zap.Uint64("descriptors", nofile), zap.Int("shared", pool.max),
+		zap.Int("per_listener", maxConns), zap.Int("per_client", perClient),
+		zap.Int("metrics_health", sideConns), zap.Int("metrics_health_per_client", sideConnsPerClient),
+		zap.Duration("idle", time.Duration(cfg.MaxConnectionIdle)))
+}
+
 func (l *listeners) close() {
 	for _, ln := range []net.Listener{l.sock, l.tcp, l.metrics, l.health, l.http} {
 		if ln != nil {
@@ -534,8 +545,10 @@ func discover(ctx context.Context, cfg config.Config, opts Options, pol *daemonP
 }
 
 // newMetricsServer serves /metrics from reg, /healthz, and with pprof the
-// heap, goroutine, mutex and block profiles.
-func newMetricsServer(reg *prometheus.Registry, withPprof bool) *http.Server {
+// heap, goroutine, mutex and block profiles. Keep-alive connections idle
+// for idle are closed: a scraper keeps one between scrapes, but idle ones
+// held open would fill the listener's few slots.
+func newMetricsServer(reg *prometheus.Registry, withPprof bool, idle time.Duration) *http.Server {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
@@ -545,7 +558,7 @@ func newMetricsServer(reg *prometheus.Registry, withPprof bool) *http.Server {
 		// profiles.
 		mux.HandleFunc("/debug/pprof/", pprof.Index)
 	}
-	return &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	return &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: idle}
 }
 
 func serveGRPC(s *grpc.Server, l net.Listener, name string) error {

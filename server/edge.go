@@ -104,9 +104,14 @@ func NewEdge(opts EdgeOptions, log *zap.Logger) (*Edge, error) {
 	if cfg.HealthListen != "" {
 		codec := newParseCodec()
 		healthAuthz := &authorizer{scope: scopeHealth, log: log, denied: denied}
+		// Idle connections are closed, as on the API listeners: the
+		// listener has few slots (daemon's limits) and probes need none
+		// kept open.
 		e.Health = grpc.NewServer(grpc.ForceServerCodecV2(codec),
 			grpc.ChainUnaryInterceptor(unaryInterceptor(log, rpcm, codec), healthAuthz.unary()),
-			grpc.ChainStreamInterceptor(streamInterceptor(log, rpcm, codec), healthAuthz.stream()))
+			grpc.ChainStreamInterceptor(streamInterceptor(log, rpcm, codec), healthAuthz.stream()),
+			grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: time.Duration(cfg.MaxConnectionIdle)}),
+			grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}))
 		healthpb.RegisterHealthServer(e.Health, e.health)
 	}
 	if cfg.HTTPListen != "" {
