@@ -185,14 +185,12 @@ func Run(ctx context.Context, opts Options, log *zap.Logger) error {
 	if err != nil {
 		return err
 	}
-	if err := models.LoadAtStart(ctx, cfg.LoadModels); err != nil {
-		if stoppedDuringStart(ctx, log) {
-			return nil
-		}
-		return err
-	}
+	err = models.LoadAtStart(ctx, cfg.LoadModels)
 	if stoppedDuringStart(ctx, log) {
 		return nil
+	}
+	if err != nil {
+		return err
 	}
 
 	hostname, _ := os.Hostname()
