@@ -65,6 +65,12 @@ func engineWeights(s netSpec, hf map[string]models.Tensor) (map[string]models.Te
 			return models.Tensor{}, fmt.Errorf("%w: weight %q is %v, want %v", models.ErrInvalidWeights, name, t.Shape, shape)
 		}
 		if t.Quantized() {
+			// The kernels read whole blocks along a row: a file whose
+			// rows end inside one (its tensor's bytes may still be whole
+			// blocks) is refused here, not at the first step.
+			if b := t.Stored.BlockElems(); b > 1 && shape[len(shape)-1]%b != 0 {
+				return models.Tensor{}, fmt.Errorf("%w: weight %q is %s with rows of %d values: its blocks hold %d, so rows must be whole blocks", models.ErrInvalidWeights, name, t.Stored, shape[len(shape)-1], b)
+			}
 			if t.RawBytes() != t.Stored.Bytes(int64(n)) {
 				return models.Tensor{}, fmt.Errorf("%w: weight %q holds %d bytes of %s, want %d for %v", models.ErrInvalidWeights, name, t.RawBytes(), t.Stored, t.Stored.Bytes(int64(n)), shape)
 			}
