@@ -578,6 +578,10 @@ func filterItems(b *budget, args []Value, kwargs map[string]Value) (Value, error
 	}
 
 	d := args[0].AsDict()
+	// The pairs are lists of their own: the caller charges the outer one.
+	if err := b.charge(innerSlots * int64(d.Len())); err != nil {
+		return Value{}, err
+	}
 	items := make([]Value, 0, d.Len())
 	for _, key := range d.Keys {
 		pair := NewList([]Value{NewString(key), d.Data[key]})
@@ -1234,6 +1238,9 @@ func filterDictsort(b *budget, args []Value, kwargs map[string]Value) (Value, er
 		return keys[i] < keys[j]
 	})
 
+	if err := b.charge(innerSlots * int64(len(keys))); err != nil {
+		return Value{}, err
+	}
 	items := make([]Value, len(keys))
 	for i, key := range keys {
 		items[i] = NewList([]Value{NewString(key), d.Data[key]})
@@ -1317,6 +1324,11 @@ func filterBatch(b *budget, args []Value, kwargs map[string]Value) (Value, error
 		return NewList(nil), nil
 	}
 
+	// The batches are lists of their own, copies of the input's slots:
+	// the caller charges the outer list only.
+	if err := b.charge(16 * int64(list.Len())); err != nil {
+		return Value{}, err
+	}
 	var batches []Value
 	for i := 0; i < list.Len(); i += linecount {
 		end := min(i+linecount, list.Len())

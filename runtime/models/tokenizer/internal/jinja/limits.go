@@ -191,6 +191,10 @@ func addSize(a, b int64) int64 {
 	return a + b
 }
 
+// innerSlots is what a two-slot list inside a result costs (items,
+// dictsort): its two Values.
+const innerSlots = 2 * 16
+
 // chargeValue accounts a value an operation produced: its string bytes,
 // or 16 bytes per list slot or dict entry (a Value is two words).
 func (b *budget) chargeValue(v Value) error {
