@@ -8,10 +8,8 @@ package server
 import (
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -21,7 +19,6 @@ import (
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
@@ -121,19 +118,7 @@ func TestStreamInferReleasesAnsweredCharges(t *testing.T) {
 	budget := newByteBudget(1<<20, prometheus.NewRegistry())
 	srv := grpc.NewServer(grpc.ChainStreamInterceptor(budget.stream()))
 	inference.RegisterGRPCInferenceServiceServer(srv, k)
-	sock := filepath.Join(t.TempDir(), "k.sock")
-	lis, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = srv.Serve(lis) }()
-	t.Cleanup(srv.Stop)
-	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	c := inference.NewGRPCInferenceServiceClient(conn)
+	c := inference.NewGRPCInferenceServiceClient(serveUnix(t, srv))
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	st, err := c.ModelStreamInfer(ctx)
@@ -256,19 +241,7 @@ func panicChild(t *testing.T) {
 	m := newRPCMetrics(prometheus.NewRegistry())
 	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(unaryInterceptor(log, m, nil)), grpc.ChainStreamInterceptor(streamInterceptor(log, m, nil)))
 	inference.RegisterGRPCInferenceServiceServer(srv, k)
-	sock := filepath.Join(t.TempDir(), "k.sock")
-	lis, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = srv.Serve(lis) }()
-	t.Cleanup(srv.Stop)
-	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	c := inference.NewGRPCInferenceServiceClient(conn)
+	c := inference.NewGRPCInferenceServiceClient(serveUnix(t, srv))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	req := &inference.ModelInferRequest{ModelName: "cls",
@@ -310,21 +283,8 @@ func TestStreamInferNobodyReads(t *testing.T) {
 	}
 	srv := grpc.NewServer(grpc.ChainStreamInterceptor(record, pacedSends(200*time.Millisecond), watch))
 	inference.RegisterGRPCInferenceServiceServer(srv, k)
-	sock := filepath.Join(t.TempDir(), "k.sock")
-	lis, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = srv.Serve(lis) }()
-	t.Cleanup(srv.Stop)
 	// Fixed windows: the flow stops after 64 KiB of responses.
-	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithInitialWindowSize(64<<10), grpc.WithInitialConnWindowSize(64<<10))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	c := inference.NewGRPCInferenceServiceClient(conn)
+	c := inference.NewGRPCInferenceServiceClient(serveUnix(t, srv, fixedWindows...))
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	st, err := c.ModelStreamInfer(ctx)

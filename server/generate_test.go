@@ -6,8 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
-	"path/filepath"
 	"reflect"
 	"strings"
 	"sync"
@@ -17,7 +15,6 @@ import (
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -208,21 +205,9 @@ func genServer(t *testing.T, m *letterModel, limits Limits) brokerv1.BrokerServi
 		return nil
 	}
 	svc := NewBrokerService(nil, Policy{}, DataPlane{sched: sched, models: ms, limits: limits, testGenerator: gens}, zap.NewNop())
-	sock := filepath.Join(t.TempDir(), "b.sock")
-	lis, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
 	srv := grpc.NewServer()
 	brokerv1.RegisterBrokerServiceServer(srv, svc)
-	go func() { _ = srv.Serve(lis) }()
-	t.Cleanup(srv.Stop)
-	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	return brokerv1.NewBrokerServiceClient(conn)
+	return brokerv1.NewBrokerServiceClient(serveUnix(t, srv))
 }
 
 type streamed struct {

@@ -37,30 +37,43 @@ func (b *floodBroker) Generate(_ *brokerv1.GenerateRequest, stream brokerv1.Brok
 	return nil
 }
 
-// TestPacedSendsEndAStreamNobodyReads: a client that opens a stream and
-// reads nothing stops flow control; the send that waits past the timeout
-// fails UNAVAILABLE and the handler returns, instead of holding its
-// resources for ever. A client that reads gets every message.
-func TestPacedSendsEndAStreamNobodyReads(t *testing.T) {
-	b := &floodBroker{ended: make(chan error, 1)}
-	srv := grpc.NewServer(grpc.StreamInterceptor(pacedSends(100 * time.Millisecond)))
-	brokerv1.RegisterBrokerServiceServer(srv, b)
-	sock := filepath.Join(t.TempDir(), "b.sock")
+// serveUnix serves srv (its services registered) on a Unix socket of the
+// test's and returns a client connection to it.
+func serveUnix(t *testing.T, srv *grpc.Server, opts ...grpc.DialOption) *grpc.ClientConn {
+	t.Helper()
+	sock := filepath.Join(t.TempDir(), "s.sock")
 	lis, err := net.Listen("unix", sock)
 	if err != nil {
 		t.Fatal(err)
 	}
 	go func() { _ = srv.Serve(lis) }()
 	t.Cleanup(srv.Stop)
-	// Fixed windows: no BDP growth, so the flow stops after 64 KiB.
-	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithInitialWindowSize(64<<10), grpc.WithInitialConnWindowSize(64<<10))
+	conn, err := grpc.NewClient("unix://"+sock, append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
-	c := brokerv1.NewBrokerServiceClient(conn)
+	return conn
+}
 
+// fixedWindows keep a client's HTTP/2 windows at 64 KiB (no BDP growth),
+// so a server's sends stop after that much the client does not read.
+var fixedWindows = []grpc.DialOption{grpc.WithInitialWindowSize(64 << 10), grpc.WithInitialConnWindowSize(64 << 10)}
+
+// floodClient serves a floodBroker under pacedSends(timeout).
+func floodClient(t *testing.T, timeout time.Duration) (brokerv1.BrokerServiceClient, *floodBroker) {
+	b := &floodBroker{ended: make(chan error, 1)}
+	srv := grpc.NewServer(grpc.StreamInterceptor(pacedSends(timeout)))
+	brokerv1.RegisterBrokerServiceServer(srv, b)
+	return brokerv1.NewBrokerServiceClient(serveUnix(t, srv, fixedWindows...)), b
+}
+
+// TestPacedSendsEndAStreamNobodyReads: a client that opens a stream and
+// reads nothing stops flow control; the send that waits past the timeout
+// fails UNAVAILABLE and the handler returns, instead of holding its
+// resources for ever.
+func TestPacedSendsEndAStreamNobodyReads(t *testing.T) {
+	c, b := floodClient(t, 100*time.Millisecond)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	if _, err := c.Generate(ctx, &brokerv1.GenerateRequest{}); err != nil {
@@ -75,13 +88,19 @@ func TestPacedSendsEndAStreamNobodyReads(t *testing.T) {
 	case <-time.After(time.Minute):
 		t.Fatal("a stream nobody reads still holds its handler after a minute")
 	}
+}
 
-	// A reader is not cut: it takes 64 messages (1 MiB), then leaves.
+// TestPacedSendsKeepAReader: a client that reads gets every message. The
+// timeout is production's (a minute), far above a busy machine's pauses.
+func TestPacedSendsKeepAReader(t *testing.T) {
+	c, b := floodClient(t, sendTimeout)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
 	st, err := c.Generate(ctx, &brokerv1.GenerateRequest{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	for i := range 64 {
+	for i := range 64 { // 1 MiB, then the client leaves
 		if _, err := st.Recv(); err != nil {
 			t.Fatalf("message %d: %v", i, err)
 		}
