@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
@@ -17,9 +18,8 @@ import (
 	"github.com/brokerd/brokerd/scheduler"
 )
 
-// concurrencySet is a Set over one oneDNN CPU device and a repository holding
-// the MLPs named (version 1 each), every one loaded.
-func concurrencySet(t *testing.T, names ...string) *Set {
+// mlpRepository is a repository holding the MLPs named, version 1 each.
+func mlpRepository(t *testing.T, names ...string) Repository {
 	t.Helper()
 	dir := t.TempDir()
 	for i, n := range names {
@@ -29,6 +29,24 @@ func concurrencySet(t *testing.T, names ...string) *Set {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return repo
+}
+
+// holdRequest enters name's gate as a request does; release (once) leaves.
+func holdRequest(t *testing.T, ms *Set, name string) (release func()) {
+	t.Helper()
+	sv, err := ms.Acquire(name, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sync.OnceFunc(func() { ms.Release(sv) })
+}
+
+// concurrencySet is a Set over one oneDNN CPU device and a repository holding
+// the MLPs named (version 1 each), every one loaded.
+func concurrencySet(t *testing.T, names ...string) *Set {
+	t.Helper()
+	repo := mlpRepository(t, names...)
 	sched := scheduler.New(scheduler.Options{})
 	t.Cleanup(sched.Close)
 	cpu := detect.Entry{Device: detect.Device{ID: "cpu:0", Type: detect.TypeCPU, Runtime: onednn.Name}}
@@ -67,17 +85,7 @@ func waitUntil(t *testing.T, what string, cond func() bool) {
 // through meanwhile, and its caller may leave: the unload goes on.
 func TestUnloadWaitsWithoutTheLock(t *testing.T) {
 	ms := concurrencySet(t, "a", "b")
-	sv, err := ms.Acquire("a", 0) // a request in flight on a (a streaming Generate holds it so)
-	if err != nil {
-		t.Fatal(err)
-	}
-	released := false
-	release := func() {
-		if !released {
-			released = true
-			ms.Release(sv)
-		}
-	}
+	release := holdRequest(t, ms, "a") // a request in flight on a (a streaming Generate holds it so)
 	defer release()
 
 	ctx, cancel := context.WithCancel(context.Background())
@@ -248,17 +256,8 @@ func TestReloadFilesVanished(t *testing.T) {
 // another model goes through meanwhile.
 func TestReloadWaitsWithoutTheLock(t *testing.T) {
 	ms := concurrencySet(t, "a", "b")
-	sv, err := ms.Acquire("a", 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	released := false
-	release := func() {
-		if !released {
-			released = true
-			ms.Release(sv)
-		}
-	}
+	old := ms.Lookup("a")
+	release := holdRequest(t, ms, "a") // a request in flight on a (a streaming Generate holds it so)
 	defer release()
 	writeMLP(t, ms.repo.(repository).r.Dir(), "a", 1, 99, 4, 6, 2) // new weights: a reload
 	ctx, cancel := context.WithCancel(context.Background())
@@ -270,7 +269,7 @@ func TestReloadWaitsWithoutTheLock(t *testing.T) {
 		}
 		loaded <- err
 	}()
-	waitUntil(t, "the new instance to serve", func() bool { return ms.Lookup("a") != sv })
+	waitUntil(t, "the new instance to serve", func() bool { return ms.Lookup("a") != old })
 	unloadB := make(chan error, 1)
 	go func() { _, err := ms.Unload(context.Background(), "b"); unloadB <- err }()
 	select {

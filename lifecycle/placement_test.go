@@ -158,14 +158,7 @@ func (d *hookDevice) Run(ctx context.Context, g *runtime.Graph, bind map[string]
 // tier) and a repository holding the MLPs named, none loaded.
 func twoCPUSet(t *testing.T, ad *hookAdapter, names ...string) (*Set, *scheduler.Scheduler) {
 	t.Helper()
-	dir := t.TempDir()
-	for i, n := range names {
-		writeMLP(t, dir, n, 1, uint64(i+1), 4, 6, 2)
-	}
-	repo, err := OpenRepository(dir, false, zap.NewNop())
-	if err != nil {
-		t.Fatal(err)
-	}
+	repo := mlpRepository(t, names...)
 	sched := scheduler.New(scheduler.Options{})
 	t.Cleanup(sched.Close)
 	var entries []detect.Entry
