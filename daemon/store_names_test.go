@@ -7,20 +7,26 @@ import (
 
 	"github.com/brokerd/brokerd/bench/modelkit"
 	brokerv1 "github.com/brokerd/brokerd/proto/broker/v1"
+	"github.com/brokerd/brokerd/server/config"
 )
+
+// tinyStoreConfig is a daemon's settings with an Ollama store holding a
+// tiny Q8_0 model, tiny:0.5b.
+func tinyStoreConfig(t *testing.T) config.Config {
+	cfg := httpTestConfig(t)
+	cfg.OllamaModels = t.TempDir()
+	if err := modelkit.WriteOllamaModel(cfg.OllamaModels, "tiny", "0.5b", writeTinyGGUF(t, "q8_0"), modelkit.OllamaModel{
+		Params: `{"temperature": 0, "num_ctx": 128}`, Family: "llama", FileType: "Q8_0"}); err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
 
 // TestStoreModelByAnyName: a store model served as tiny:0.5b answers to
 // Ollama's other forms of its name (library/tiny:0.5b) in LoadModel,
 // Generate and UnloadModel alike.
 func TestStoreModelByAnyName(t *testing.T) {
-	cfg := httpTestConfig(t)
-	store := t.TempDir()
-	cfg.OllamaModels = store
-	gguf := writeTinyGGUF(t, "q8_0")
-	if err := modelkit.WriteOllamaModel(store, "tiny", "0.5b", gguf, modelkit.OllamaModel{
-		Params: `{"temperature": 0, "num_ctx": 128}`, Family: "llama", FileType: "Q8_0"}); err != nil {
-		t.Fatal(err)
-	}
+	cfg := tinyStoreConfig(t)
 	d := startDaemon(t, cfg)
 	c := brokerv1.NewBrokerServiceClient(d.conn)
 	ctx := testCtx(t)
@@ -52,14 +58,7 @@ func TestStoreModelByAnyName(t *testing.T) {
 // Ollama's forms serves it under its listed name: a LoadModel of it is
 // UNCHANGED, and one instance serves, not two copies of the weights.
 func TestLoadAtStartByAlias(t *testing.T) {
-	cfg := httpTestConfig(t)
-	store := t.TempDir()
-	cfg.OllamaModels = store
-	gguf := writeTinyGGUF(t, "q8_0")
-	if err := modelkit.WriteOllamaModel(store, "tiny", "0.5b", gguf, modelkit.OllamaModel{
-		Params: `{"temperature": 0, "num_ctx": 128}`, Family: "llama", FileType: "Q8_0"}); err != nil {
-		t.Fatal(err)
-	}
+	cfg := tinyStoreConfig(t)
 	cfg.LoadModels = "library/tiny:0.5b"
 	d := startDaemon(t, cfg)
 	c := brokerv1.NewBrokerServiceClient(d.conn)
