@@ -50,14 +50,8 @@ func (e *AdmissionError) Error() string {
 // Missing explains why name is not Served: ErrModelNotLoaded when the
 // repository holds it, else ErrModelNotFound.
 func (ms *Set) Missing(name string) error {
-	if ms.repo != nil {
-		if entries, err := ms.repo.List(); err == nil {
-			for _, e := range entries {
-				if e.Name == name {
-					return notLoaded("model %s is in the repository but not loaded (brokerctl load %s)", name, name)
-				}
-			}
-		}
+	if ms.listed(name) {
+		return notLoaded("model %s is in the repository but not loaded (brokerctl load %s)", name, name)
 	}
 	return notFound("model %q not found (Served: %s)", name, ms.Names())
 }
