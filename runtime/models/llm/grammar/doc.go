@@ -46,6 +46,8 @@
 //     regexp.Compile): literals, classes (\d \w \s \p{…}, [^…]), '.' (not
 //     newline unless (?s)), groups, alternation, * + ? {m,n}, (?i). The
 //     whole output must match; ^ $ \A \z only at the ends; \b \B refused.
+//     Under (?i), a constraint's classes may span 2M case-folded
+//     characters in all (maxFoldRunes).
 //
 // JSON whitespace is bounded as in llama.cpp (`space ::= | " " | "\n"{1,2}
 // [ \t]{0,20}` between tokens), so a model cannot loop on spaces, and each

@@ -36,8 +36,8 @@ func (k Kind) String() string {
 }
 
 // ToGBNF translates a constraint to GBNF (the identity for KindGBNF).
-// A JSON Schema's conversion checks ctx as it goes: it stops, with ctx's
-// error, once the caller has gone.
+// A JSON Schema's and a regular expression's conversions check ctx as they
+// go: they stop, with ctx's error, once the caller has gone.
 func ToGBNF(ctx context.Context, kind Kind, src string, lim Limits) (string, error) {
 	lim = lim.withDefaults()
 	if len(src) > lim.MaxSourceBytes {
@@ -51,7 +51,7 @@ func ToGBNF(ctx context.Context, kind Kind, src string, lim Limits) (string, err
 	case KindJSON:
 		return AnyJSONObjectGBNF, nil
 	case KindRegex:
-		return RegexToGBNF(src, lim)
+		return RegexToGBNF(ctx, src, lim)
 	}
 	return "", invalidf("unknown constraint kind %d", kind)
 }

@@ -1,10 +1,13 @@
 package grammar
 
 import (
+	"context"
 	"fmt"
 	"regexp/syntax"
+	"strconv"
 	"strings"
 	"unicode"
+	"unicode/utf8"
 )
 
 // RegexToGBNF translates a regular expression (Go's RE2 syntax with Perl
@@ -12,13 +15,17 @@ import (
 // and Unicode classes, `.` (not newline), groups, alternation, * + ? {m,n},
 // (?i)) into GBNF. The whole output must match: leading ^/\A and trailing
 // $/\z are allowed and change nothing; anchors elsewhere and \b \B are
-// refused.
-func RegexToGBNF(re string, lim Limits) (string, error) {
+// refused. It stops with ctx's error once the caller has gone.
+func RegexToGBNF(ctx context.Context, re string, lim Limits) (string, error) {
+	if err := ctx.Err(); err != nil {
+		return "", fmt.Errorf("converting the regular expression: %w", err)
+	}
 	lim = lim.withDefaults()
 	if len(re) > lim.MaxSourceBytes {
 		return "", tooLargef("regular expression is %d bytes (limit %d)", len(re), lim.MaxSourceBytes)
 	}
-	body, err := regexBody(re, false, lim)
+	fold := maxFoldRunes
+	body, err := regexBody(ctx, re, false, lim, &fold)
 	if err != nil {
 		return "", err
 	}
@@ -27,8 +34,13 @@ func RegexToGBNF(re string, lim Limits) (string, error) {
 
 // regexBody converts re to one GBNF expression. In json mode it matches
 // the content of a JSON string whose decoded value matches re somewhere
-// (JSON Schema's "pattern" is unanchored unless it says ^ or $).
-func regexBody(re string, json bool, lim Limits) (string, error) {
+// (JSON Schema's "pattern" is unanchored unless it says ^ or $). fold is
+// what is left of maxFoldRunes for the constraint's regular expressions.
+func regexBody(ctx context.Context, re string, json bool, lim Limits, fold *int) (string, error) {
+	// Refused before the parse, which cannot be interrupted.
+	if *fold -= foldCost(re); *fold < 0 {
+		return "", tooLargef("regular expression case-folds character classes of more than %d characters in all", maxFoldRunes)
+	}
 	r, err := syntax.Parse(re, syntax.Perl)
 	if err != nil {
 		return "", invalidf("regular expression: %v", err)
@@ -36,7 +48,7 @@ func regexBody(re string, json bool, lim Limits) (string, error) {
 	if nestDepth(r) > lim.MaxNesting {
 		return "", tooLargef("regular expression nested deeper than %d", lim.MaxNesting)
 	}
-	c := &regexConv{json: json, lim: lim}
+	c := &regexConv{ctx: ctx, json: json, lim: lim}
 	anchoredStart, anchoredEnd := false, false
 	subs := []*syntax.Regexp{r}
 	if r.Op == syntax.OpConcat {
@@ -82,10 +94,16 @@ func nestDepth(r *syntax.Regexp) int {
 }
 
 type regexConv struct {
-	json bool
-	lim  Limits
-	size int
+	ctx   context.Context
+	json  bool
+	lim   Limits
+	size  int
+	nodes int // expressions converted: ctx is checked every ctxCheckNodes
 }
+
+// ctxCheckNodes is how often a regular expression's conversion checks its
+// context.
+const ctxCheckNodes = 256
 
 func (c *regexConv) anyChars() string {
 	return `[^"\\\x00-\x1F\x7F]*`
@@ -161,6 +179,11 @@ func (c *regexConv) lit(r rune, fold bool) (string, error) {
 func (c *regexConv) expr(r *syntax.Regexp) (string, error) {
 	if c.size > c.lim.MaxElements {
 		return "", tooLargef("regular expression expands to more than %d elements", c.lim.MaxElements)
+	}
+	if c.nodes++; c.nodes%ctxCheckNodes == 0 {
+		if err := c.ctx.Err(); err != nil {
+			return "", fmt.Errorf("converting the regular expression: %w", err)
+		}
 	}
 	switch r.Op {
 	case syntax.OpNoMatch:
@@ -299,4 +322,159 @@ func writeGBNFChar(b *strings.Builder, r rune, inClass bool) {
 	default:
 		b.WriteRune(r)
 	}
+}
+
+// maxFoldRunes bounds the characters that Go's regexp/syntax parser
+// case-folds one at a time for one constraint's regular expressions: under
+// (?i) it folds each character of a class range in turn (tens of
+// nanoseconds each), and its parse cannot be interrupted, so 256 KiB of
+// (?i)[\x{42}-\x{1E942}] kept a core busy for over 30 seconds, whether or
+// not the caller was still there. 2M characters are a few dozen
+// milliseconds; (?i) classes of real patterns fold hundreds.
+const maxFoldRunes = 1 << 21
+
+// The runes the parser folds one at a time (its minFold and maxFold).
+const (
+	foldLo = 0x41
+	foldHi = 0x1E943
+)
+
+// foldCost is how many characters the parser would fold one at a time for
+// re's character classes: the part of each range within [foldLo, foldHi],
+// unless the range covers all of it (the parser takes that whole). 0 when
+// re sets no i flag. It reads re only as far as it must to find class
+// ranges; where it is unsure it counts more, never less.
+func foldCost(re string) int {
+	if !setsFold(re) {
+		return 0
+	}
+	cost := 0
+	for i := 0; i < len(re); {
+		switch {
+		case strings.HasPrefix(re[i:], `\Q`): // literal text to \E
+			end := strings.Index(re[i+2:], `\E`)
+			if end < 0 {
+				return cost
+			}
+			i += 2 + end + 2
+		case re[i] == '\\':
+			i += 2 // an escaped byte (a rune's other bytes are never [ or \)
+		case re[i] == '[':
+			n, c := classFoldCost(re[i:])
+			i, cost = i+n, cost+c
+		default:
+			i++
+		}
+	}
+	return cost
+}
+
+// setsFold reports whether re has a flag group that names i ((?i),
+// (?i:...), (?-i) too: counting more is safe).
+func setsFold(re string) bool {
+	for i := 0; ; {
+		j := strings.Index(re[i:], "(?")
+		if j < 0 {
+			return false
+		}
+		i += j + 2
+		for ; i < len(re) && strings.IndexByte("imsU-", re[i]) >= 0; i++ {
+			if re[i] == 'i' {
+				return true
+			}
+		}
+	}
+}
+
+// classFoldCost reads the class that s starts with ([) as the parser does:
+// its length in bytes, and the characters its ranges fold one at a time.
+func classFoldCost(s string) (n, cost int) {
+	t := strings.TrimPrefix(s[1:], "^")
+	for first := true; t != "" && (t[0] != ']' || first); first = false {
+		if strings.HasPrefix(t, "[:") { // [:alpha:]
+			if end := strings.Index(t[2:], ":]"); end >= 0 {
+				t = t[2+end+2:]
+				continue
+			}
+		}
+		if len(t) >= 2 && t[0] == '\\' && strings.IndexByte("pPdDsSwW", t[1]) >= 0 {
+			// \pL, \p{Greek}, \d...: tables, which the parser folds whole
+			named := t[1] == 'p' || t[1] == 'P'
+			t = t[2:]
+			switch {
+			case named && strings.HasPrefix(t, "{"):
+				if end := strings.IndexByte(t, '}'); end >= 0 {
+					t = t[end+1:]
+				}
+			case named && t != "":
+				_, size := utf8.DecodeRuneInString(t)
+				t = t[size:]
+			}
+			continue
+		}
+		lo, rest, ok := classChar(t)
+		if !ok {
+			t = t[1:] // the parser refuses it; go on counting
+			continue
+		}
+		t = rest
+		hi := lo
+		if len(t) >= 2 && t[0] == '-' && t[1] != ']' {
+			if hi, rest, ok = classChar(t[1:]); !ok {
+				t = t[1:]
+				continue
+			}
+			t = rest
+		}
+		if lo <= foldLo && hi >= foldHi {
+			continue
+		}
+		if w := min(hi, foldHi) - max(lo, foldLo) + 1; w > 0 {
+			cost += int(w)
+		}
+	}
+	if t != "" {
+		t = t[1:] // ]
+	}
+	return len(s) - len(t), cost
+}
+
+// classChar reads one character of a class, a rune or an escape (ok false
+// where the parser would refuse it).
+func classChar(t string) (r rune, rest string, ok bool) {
+	if t[0] != '\\' {
+		r, size := utf8.DecodeRuneInString(t)
+		return r, t[size:], true
+	}
+	if len(t) < 2 {
+		return 0, "", false
+	}
+	c, t := t[1], t[2:]
+	switch {
+	case c == 'x' && strings.HasPrefix(t, "{"):
+		end := strings.IndexByte(t, '}')
+		if end < 0 {
+			return 0, "", false
+		}
+		v, err := strconv.ParseUint(t[1:end], 16, 32)
+		return rune(v), t[end+1:], err == nil
+	case c == 'x':
+		if len(t) < 2 {
+			return 0, "", false
+		}
+		v, err := strconv.ParseUint(t[:2], 16, 8)
+		return rune(v), t[2:], err == nil
+	case '0' <= c && c <= '7': // octal, up to three digits
+		v := rune(c - '0')
+		for k := 0; k < 2 && t != "" && '0' <= t[0] && t[0] <= '7'; k++ {
+			v, t = v*8+rune(t[0]-'0'), t[1:]
+		}
+		return v, t, true
+	case c >= utf8.RuneSelf:
+		return 0, "", false
+	}
+	if i := strings.IndexByte("afnrtv", c); i >= 0 {
+		return rune("\a\f\n\r\t\v"[i]), t, true
+	}
+	return rune(c), t, true
 }

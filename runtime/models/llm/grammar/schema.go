@@ -77,7 +77,7 @@ func SchemaToGBNF(ctx context.Context, schema []byte, lim Limits) (string, error
 	if err != nil {
 		return "", err
 	}
-	c := &schemaConv{ctx: ctx, root: root, lim: lim, defined: map[string]bool{}, refs: map[string]string{}}
+	c := &schemaConv{ctx: ctx, root: root, lim: lim, fold: maxFoldRunes, defined: map[string]bool{}, refs: map[string]string{}}
 	body, err := c.visit(root, "root", 0)
 	if err != nil {
 		return "", err
@@ -95,6 +95,7 @@ func SchemaToGBNF(ctx context.Context, schema []byte, lim Limits) (string, error
 type schemaConv struct {
 	ctx     context.Context
 	visits  int // schemas visited: ctx is checked every ctxCheckVisits
+	fold    int // what is left of maxFoldRunes for the patterns
 	root    *jv
 	lim     Limits
 	out     strings.Builder
@@ -469,7 +470,7 @@ func (c *schemaConv) stringRule(s *jv, name string) (string, error) {
 		if s.get("minLength") != nil || s.get("maxLength") != nil {
 			return "", unsupportedf("pattern with minLength/maxLength at %s", name)
 		}
-		body, err := regexBody(p.str, true, c.lim)
+		body, err := regexBody(c.ctx, p.str, true, c.lim, &c.fold)
 		if err != nil {
 			return "", err
 		}
