@@ -150,6 +150,10 @@ func (f *fakeBackend) RunGenerate(_ context.Context, req *brokerv1.GenerateReque
 	}))
 }
 
+// callTwoTools, as the last message of a chat with tools, has the fake
+// answer two calls of the first tool.
+const callTwoTools = "call two tools"
+
 func (f *fakeBackend) RunChat(_ context.Context, req *brokerv1.ChatRequest, s func([]*brokerv1.GenerationDelta, []*brokerv1.GenerationResult) error) error {
 	f.lastChat = req
 	if err := f.check(req.GetModel()); err != nil {
@@ -178,6 +182,18 @@ func (f *fakeBackend) RunChat(_ context.Context, req *brokerv1.ChatRequest, s fu
 		}
 		return s(m.Deltas, m.Results)
 	})
+	if msgs := req.GetConversations()[0].GetMessages(); len(req.GetTools()) > 0 && msgs[len(msgs)-1].GetContent() == callTwoTools {
+		// A model's answer of two calls, each in a delta of its own.
+		name := req.GetTools()[0].GetName()
+		for i, args := range []string{`{"x": 1}`, `{"y": "ü"}`} {
+			tc := &brokerv1.ToolCall{Id: fmt.Sprintf("call_%d", i), Name: name, Arguments: args, Index: int32(i)}
+			if err := send(&brokerv1.GenerationDelta{ToolCalls: []*brokerv1.ToolCall{tc}, TokenIds: []int32{int32(i)}}, nil); err != nil {
+				return err
+			}
+		}
+		return send(nil, &brokerv1.GenerationResult{FinishReason: brokerv1.FinishReason_FINISH_REASON_TOOL_CALLS,
+			Usage: &brokerv1.Usage{PromptTokens: prompt[0], CompletionTokens: 2}})
+	}
 	if thinks(req) {
 		// A thinking model's reasoning comes first, apart from the text.
 		for i := range replies {

@@ -229,8 +229,9 @@ type openaiChatRequest struct {
 		ToolCallID string           `json:"tool_call_id"`
 	} `json:"messages"`
 	// Tools (over openaiSampling's, which the completions route refuses)
-	// and tool_choice; parallel_tool_calls is taken and has no effect
-	// (the model's template and output decide, as in vLLM).
+	// and tool_choice; parallel_tool_calls false answers the first call
+	// only (vLLM's maybe_filter_parallel_tool_calls: the model is not held
+	// to one).
 	Tools             []apiTool       `json:"tools"`
 	ToolChoice        json.RawMessage `json:"tool_choice"`
 	ParallelToolCalls *bool           `json:"parallel_tool_calls"`
@@ -340,6 +341,7 @@ func (h *Handler) openaiChat(w http.ResponseWriter, r *http.Request) {
 		return map[string]any{"content": es, "refusal": nil}
 	}
 	var allLogprobs []logprobEntry
+	oneCall := req.ParallelToolCalls != nil && !*req.ParallelToolCalls
 	chunk := func(delta map[string]any, finish *string, lps any) map[string]any {
 		return map[string]any{"id": id, "object": "chat.completion.chunk", "created": created, "model": req.Model,
 			"choices": []any{map[string]any{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": lps}}}
@@ -348,10 +350,17 @@ func (h *Handler) openaiChat(w http.ResponseWriter, r *http.Request) {
 		ChatTemplateKwargs: kwargs, Tools: tools, ToolChoice: choice, ToolChoiceFunction: choiceFn}, func(e event) error {
 		if e.delta != nil {
 			lps := logprobEntries(e.delta.GetLogprobs())
+			tcs := e.delta.GetToolCalls()
+			if oneCall {
+				tcs = firstCall(tcs)
+				if len(tcs) == 0 && len(e.delta.GetToolCalls()) > 0 && e.delta.GetText() == "" && e.delta.GetReasoning() == "" && len(lps) == 0 {
+					return nil // only calls after the first
+				}
+			}
 			if !req.Stream {
 				text.WriteString(e.delta.GetText())
 				reasoning.WriteString(e.delta.GetReasoning())
-				calls = append(calls, e.delta.GetToolCalls()...)
+				calls = append(calls, tcs...)
 				allLogprobs = append(allLogprobs, lps...)
 				return nil
 			}
@@ -363,7 +372,7 @@ func (h *Handler) openaiChat(w http.ResponseWriter, r *http.Request) {
 			if r := e.delta.GetReasoning(); r != "" {
 				delta["reasoning_content"] = r
 			}
-			if tcs := e.delta.GetToolCalls(); len(tcs) > 0 {
+			if len(tcs) > 0 {
 				delta["tool_calls"] = openaiToolCalls(tcs, true)
 			}
 			if t := e.delta.GetText(); t != "" || len(delta) == 0 {

@@ -93,6 +93,17 @@ func openaiToolCalls(tcs []*brokerv1.ToolCall, streamed bool) []openaiToolCall {
 	return out
 }
 
+// firstCall keeps the call of index 0 (a sequence's first) from tcs.
+func firstCall(tcs []*brokerv1.ToolCall) []*brokerv1.ToolCall {
+	var out []*brokerv1.ToolCall
+	for _, tc := range tcs {
+		if tc.GetIndex() == 0 {
+			out = append(out, tc)
+		}
+	}
+	return out
+}
+
 // openaiHistoryCalls reads an assistant message's calls (the template
 // gets their arguments as a mapping: brokerd checks they are an object).
 func openaiHistoryCalls(tcs []openaiToolCall) ([]*brokerv1.ToolCall, error) {

@@ -2,7 +2,9 @@ package httpapi
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
+	"strings"
 	"testing"
 
 	"google.golang.org/protobuf/encoding/protojson"
@@ -89,6 +91,107 @@ func TestToolsRequestErrors(t *testing.T) {
 					t.Errorf("error %s, want param %s", m.Error, tc.param)
 				}
 			}
+		})
+	}
+}
+
+// TestOpenAIToolCallsAnswer: a chat's calls in OpenAI's shape, whole and
+// streamed (each call's first delta with its index, id, type and name),
+// finish_reason tool_calls; parallel_tool_calls false answers the first
+// call only, as vLLM does.
+func TestOpenAIToolCallsAnswer(t *testing.T) {
+	srv, _, _ := newTestServer(t)
+	body := func(stream bool, parallel string) string {
+		b := `{"model":"tiny-llm","messages":[{"role":"user","content":"` + callTwoTools + `"}],` +
+			`"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}],"stream":` + fmt.Sprint(stream)
+		if parallel != "" {
+			b += `,"parallel_tool_calls":` + parallel
+		}
+		return b + "}"
+	}
+	type call struct {
+		Index    *int   `json:"index"`
+		ID       string `json:"id"`
+		Type     string `json:"type"`
+		Function struct {
+			Name      string `json:"name"`
+			Arguments string `json:"arguments"`
+		} `json:"function"`
+	}
+	for _, tc := range []struct {
+		parallel string
+		want     int
+	}{{"", 2}, {"true", 2}, {"false", 1}} {
+		t.Run("parallel_tool_calls "+tc.parallel, func(t *testing.T) {
+			check := func(calls []call, finish string) {
+				t.Helper()
+				if len(calls) != tc.want || finish != "tool_calls" {
+					t.Fatalf("%d calls, finish %q: %+v", len(calls), finish, calls)
+				}
+				for i, c := range calls {
+					args := map[string]any{}
+					if c.ID != fmt.Sprintf("call_%d", i) || c.Type != "function" || c.Function.Name != "f" || json.Unmarshal([]byte(c.Function.Arguments), &args) != nil {
+						t.Errorf("call %d: %+v", i, c)
+					}
+				}
+			}
+			resp := post(t, srv.URL+"/v1/chat/completions", body(false, tc.parallel))
+			var whole struct {
+				Choices []struct {
+					Message struct {
+						Content   *string `json:"content"`
+						ToolCalls []call  `json:"tool_calls"`
+					} `json:"message"`
+					FinishReason string `json:"finish_reason"`
+				} `json:"choices"`
+			}
+			if err := json.NewDecoder(resp.Body).Decode(&whole); err != nil || len(whole.Choices) != 1 {
+				t.Fatalf("%d: %v %+v", resp.StatusCode, err, whole)
+			}
+			ch := whole.Choices[0]
+			if ch.Message.Content != nil {
+				t.Errorf("content %q beside calls, want null", *ch.Message.Content)
+			}
+			for _, c := range ch.Message.ToolCalls {
+				if c.Index != nil {
+					t.Errorf("an answer's call has an index: %+v", c)
+				}
+			}
+			check(ch.Message.ToolCalls, ch.FinishReason)
+
+			resp = post(t, srv.URL+"/v1/chat/completions", body(true, tc.parallel))
+			b, _ := io.ReadAll(resp.Body)
+			var calls []call
+			finish := ""
+			for _, line := range strings.Split(string(b), "\n") {
+				data, ok := strings.CutPrefix(line, "data: ")
+				if !ok || data == "[DONE]" {
+					continue
+				}
+				var chunk struct {
+					Choices []struct {
+						Delta struct {
+							ToolCalls []call `json:"tool_calls"`
+						} `json:"delta"`
+						FinishReason *string `json:"finish_reason"`
+					} `json:"choices"`
+				}
+				if err := json.Unmarshal([]byte(data), &chunk); err != nil {
+					t.Fatalf("%s: %v", data, err)
+				}
+				for _, c := range chunk.Choices {
+					for _, d := range c.Delta.ToolCalls {
+						if d.Index == nil || *d.Index != len(calls) {
+							t.Errorf("streamed call %+v after %d calls", d, len(calls))
+						}
+						calls = append(calls, d)
+					}
+					if c.FinishReason != nil {
+						finish = *c.FinishReason
+					}
+				}
+			}
+			check(calls, finish)
 		})
 	}
 }
