@@ -22,6 +22,9 @@ import (
 // executor's: the loop reserves it before each step, and when a running
 // sequence cannot grow, the newest running sequence is preempted (its
 // blocks freed, its tokens recomputed when it is admitted again).
+// Between clients, steps are shared in tokens (planStepLocked): one
+// client's long prompts or full running set do not hold another's
+// sequence back until they end.
 //
 // What the tokens mean (sampling, stop strings, detokenising) is the
 // executor's business too: it gets each sequence's opaque State with every
@@ -359,7 +362,8 @@ func (s *Scheduler) detachGenLocked(gq *genQueue, deviceID string) (*replicaCore
 // Generate queues a sequence and returns its stream at once. It fails fast
 // like Submit: ErrDraining, ErrUnknownModel, ErrWrongKind,
 // ErrDeviceNotFound, ErrNoDevice, ErrInvalidArgument or a *QueueFullError
-// (each waiting sequence counts as one queued item). The context's end
+// (each waiting sequence counts as one queued item, and one client's
+// waiting sequences may fill half the queue at most). The context's end
 // cancels the sequence and frees its cache.
 func (s *Scheduler) Generate(ctx context.Context, req GenRequest) (*GenStream, error) {
 	if len(req.Prompt) == 0 || req.MaxNewTokens < 1 {
@@ -394,6 +398,11 @@ func (s *Scheduler) Generate(ctx context.Context, req GenRequest) (*GenStream, e
 		s.genReject(gq, ReasonRejected)
 		return nil, &QueueFullError{RetryAfter: s.genRetryAfterLocked(gq), Queued: s.queued, Requested: 1, Limit: s.opts.MaxQueueItems}
 	}
+	// One client cannot take the whole queue and so refuse every other.
+	if n, limit := s.genWaiting[req.Client], (s.opts.MaxQueueItems+1)/2; n+1 > limit {
+		s.genReject(gq, ReasonRejected)
+		return nil, &QueueFullError{RetryAfter: s.genRetryAfterLocked(gq), Queued: n, Requested: 1, Limit: limit, Client: req.Client}
+	}
 	s.nextSeq++
 	seq := &sequence{
 		id: s.nextSeq, gq: gq, client: req.Client, priority: req.Priority,
@@ -415,9 +424,7 @@ func (s *Scheduler) Generate(ctx context.Context, req GenRequest) (*GenStream, e
 		}
 	}
 	gq.clients[seq.client]++
-	seq.waiting = true
-	gq.waiting = append(gq.waiting, seq)
-	s.queued++
+	s.waitSeqLocked(seq, false)
 	s.active++
 	seq.stopCtx = context.AfterFunc(ctx, func() {
 		s.mu.Lock()
@@ -478,9 +485,7 @@ func (s *Scheduler) finishSeqLocked(seq *sequence, err error, finish, reason str
 		seq.deadline.Stop()
 	}
 	if seq.waiting {
-		seq.waiting = false
-		gq.waiting = slices.DeleteFunc(gq.waiting, func(x *sequence) bool { return x == seq })
-		s.queued--
+		s.unwaitSeqLocked(seq)
 	}
 	if seq.r != nil {
 		seq.r.wake() // its loop frees the cache
@@ -625,6 +630,31 @@ func (s *Scheduler) releaseAllLocked(r *genReplica) {
 	}
 }
 
+// waitSeqLocked puts seq in its model's waiting sequences: last (a new
+// one) or first (preempted or retried).
+func (s *Scheduler) waitSeqLocked(seq *sequence, first bool) {
+	gq := seq.gq
+	seq.waiting = true
+	if first {
+		gq.waiting = slices.Insert(gq.waiting, 0, seq)
+	} else {
+		gq.waiting = append(gq.waiting, seq)
+	}
+	s.queued++
+	s.genWaiting[seq.client]++
+}
+
+// unwaitSeqLocked takes seq out of its model's waiting sequences.
+func (s *Scheduler) unwaitSeqLocked(seq *sequence) {
+	gq := seq.gq
+	seq.waiting = false
+	gq.waiting = slices.DeleteFunc(gq.waiting, func(x *sequence) bool { return x == seq })
+	s.queued--
+	if s.genWaiting[seq.client]--; s.genWaiting[seq.client] <= 0 {
+		delete(s.genWaiting, seq.client)
+	}
+}
+
 // requeueLocked puts seq back at the front of the waiting sequences.
 // One that no replica left can run (its own is being removed) is answered
 // ErrNoDevice, as detachGenLocked answers the waiting ones.
@@ -634,9 +664,7 @@ func (s *Scheduler) requeueLocked(seq *sequence) {
 		s.finishSeqLocked(seq, fmt.Errorf("scheduler: %q: %w: its replicas were removed", gq.name, ErrNoDevice), "", ReasonRejected)
 		return
 	}
-	seq.waiting = true
-	gq.waiting = slices.Insert(gq.waiting, 0, seq)
-	s.queued++
+	s.waitSeqLocked(seq, true)
 	for _, o := range gq.replicas {
 		if seq.matches(o) {
 			o.wake()
@@ -648,6 +676,14 @@ func (s *Scheduler) requeueLocked(seq *sequence) {
 // (each its next token or prompt chunk, preempting the newest when the
 // cache is full), then waiting sequences while the running set and the
 // token budget have room.
+//
+// Between clients it is fair in tokens, as admission is: every running
+// sequence advances each step (a decode is never left out for prompt
+// chunks), a prompt chunk leaves room for the chunks of sequences ahead
+// of it (higher priority, or a client with fewer tokens served), the
+// waiting one admitted next included, and a client that runs nothing
+// gets a place in a running set another client fills (makeRoomLocked).
+// Room that a sequence ahead could not take goes back at the end.
 func (s *Scheduler) planStepLocked(r *genReplica, now time.Time) ([]StepItem, []*sequence) {
 	// Sequences answered since the last step leave now, freeing their cache.
 	for _, seq := range slices.Clone(r.running) {
@@ -655,22 +691,42 @@ func (s *Scheduler) planStepLocked(r *genReplica, now time.Time) ([]StepItem, []
 			s.releaseLocked(r, seq)
 		}
 	}
+	admits := func() bool {
+		return s.usableLocked(&r.replicaCore, now) && (r.healthy || len(r.running) == 0)
+	}
+	var next *sequence // the waiting sequence admission takes next, if it has a place
+	if admits() {
+		if next = s.nextWaitingLocked(r); next != nil && len(r.running) >= r.opts.MaxRunning {
+			s.makeRoomLocked(r, next)
+		}
+		if len(r.running) >= r.opts.MaxRunning {
+			next = nil
+		}
+	}
 	budget := r.opts.MaxStepTokens
 	var items []StepItem
 	var seqs []*sequence
-	add := func(seq *sequence, take int) {
+	var wants []int // each item's chunk before the room left to others
+	add := func(seq *sequence, take, want int) {
 		pos := seq.computed
 		items = append(items, StepItem{
 			Seq: seq.id, State: seq.state, Tokens: seq.tokens[pos : pos+take], Pos: pos,
 			Sample: pos+take == len(seq.tokens),
 		})
 		seqs = append(seqs, seq)
+		wants = append(wants, want)
 		seq.inStep = true
 		budget -= take
 	}
 	for i := 0; i < len(r.running) && budget > 0; {
 		seq := r.running[i]
-		take := min(len(seq.tokens)-seq.computed, budget, r.opts.MaxChunk)
+		want := min(len(seq.tokens)-seq.computed, r.opts.MaxChunk)
+		take := min(want, budget)
+		if want > 1 {
+			// At least a token: the ones after hold at least a token each,
+			// so the budget (≥ MaxRunning) never runs out before them.
+			take = max(1, min(want, budget-s.heldLocked(r, i, next)))
+		}
 		fits := true
 		for fits && !r.exec.Reserve(seq.id, seq.computed+take) {
 			victim := r.running[len(r.running)-1]
@@ -689,37 +745,103 @@ func (s *Scheduler) planStepLocked(r *genReplica, now time.Time) ([]StepItem, []
 		if !fits {
 			continue // seq was the last of the running set: the loop ends
 		}
-		add(seq, take)
+		add(seq, take, want)
 		i++
 	}
-	if !s.usableLocked(&r.replicaCore, now) || (!r.healthy && len(r.running) > 0) {
-		return items, seqs
+	if admits() {
+		for len(r.running) < r.opts.MaxRunning && budget > 0 {
+			seq := s.nextWaitingLocked(r)
+			if seq == nil {
+				break
+			}
+			want := min(len(seq.tokens), r.opts.MaxChunk)
+			take := min(want, budget)
+			if !r.exec.Reserve(seq.id, take) {
+				break // it waits for blocks
+			}
+			s.unwaitSeqLocked(seq)
+			seq.r = r
+			seq.computed = 0
+			r.running = append(r.running, seq)
+			if seq.firstStep.IsZero() {
+				seq.firstStep = now
+			}
+			add(seq, take, want)
+			if !r.healthy {
+				break // one sequence is the probe
+			}
+		}
 	}
-	for len(r.running) < r.opts.MaxRunning && budget > 0 {
-		seq := s.nextWaitingLocked(r)
-		if seq == nil {
-			break
+	// Room held for a sequence that did not take it (one waiting for
+	// cache blocks) goes to the chunks it was held from, oldest first.
+	for k := 0; k < len(items) && budget > 0; k++ {
+		it := &items[k]
+		more := min(wants[k]-len(it.Tokens), budget)
+		if more <= 0 || !r.exec.Reserve(it.Seq, it.Pos+len(it.Tokens)+more) {
+			continue
 		}
-		take := min(len(seq.tokens), budget, r.opts.MaxChunk)
-		if !r.exec.Reserve(seq.id, take) {
-			break // it waits for blocks
-		}
-		gq := r.gq
-		seq.waiting = false
-		gq.waiting = slices.DeleteFunc(gq.waiting, func(x *sequence) bool { return x == seq })
-		s.queued--
-		seq.r = r
-		seq.computed = 0
-		r.running = append(r.running, seq)
-		if seq.firstStep.IsZero() {
-			seq.firstStep = now
-		}
-		add(seq, take)
-		if !r.healthy {
-			break // one sequence is the probe
-		}
+		seq := seqs[k]
+		it.Tokens = seq.tokens[it.Pos : it.Pos+len(it.Tokens)+more]
+		it.Sample = it.Pos+len(it.Tokens) == len(seq.tokens)
+		budget -= more
 	}
 	return items, seqs
+}
+
+// heldLocked is the budget the chunk of r.running[i] leaves to the
+// sequences after it in the step: a token for each, a whole chunk for the
+// prompts of those ahead of it, and next's first chunk when next is ahead.
+func (s *Scheduler) heldLocked(r *genReplica, i int, next *sequence) int {
+	seq, gq := r.running[i], r.gq
+	held := 0
+	for _, o := range r.running[i+1:] {
+		held++
+		if left := len(o.tokens) - o.computed; left > 1 && gq.ahead(o, seq) {
+			held += min(left, r.opts.MaxChunk) - 1
+		}
+	}
+	if next != nil && gq.ahead(next, seq) {
+		held += min(len(next.tokens), r.opts.MaxChunk)
+	}
+	return held
+}
+
+// ahead says whether a goes before b: a higher priority, or the same and a
+// client that had fewer tokens served.
+func (gq *genQueue) ahead(a, b *sequence) bool {
+	if a.priority != b.priority {
+		return a.priority > b.priority
+	}
+	return gq.served[a.client] < gq.served[b.client]
+}
+
+// makeRoomLocked gives next, the waiting sequence of a client that runs
+// nothing on r while r's running set is full, a place: the newest
+// sequence of the client that runs the most there is preempted, when that
+// client runs two or more, had more tokens served than next's and is not
+// of a higher priority. Otherwise a client that fills the running set with
+// long sequences would keep every other one waiting until one of them ends;
+// the victim's client keeps a place, so two clients never take turns
+// preempting each other.
+func (s *Scheduler) makeRoomLocked(r *genReplica, next *sequence) {
+	runs := map[string]int{}
+	for _, seq := range r.running {
+		runs[seq.client]++
+	}
+	if runs[next.client] > 0 {
+		return
+	}
+	var victim *sequence
+	for _, seq := range slices.Backward(r.running) { // the newest of each client first
+		if victim == nil || runs[seq.client] > runs[victim.client] {
+			victim = seq
+		}
+	}
+	gq := r.gq
+	if victim == nil || runs[victim.client] < 2 || victim.priority > next.priority || gq.served[victim.client] <= gq.served[next.client] {
+		return
+	}
+	s.preemptLocked(r, victim)
 }
 
 // preemptLocked frees seq's cache and sends it back to wait; its tokens are

@@ -32,6 +32,7 @@ type fakeGen struct {
 	used    int
 	steps   [][]uint64 // sequence IDs of each step
 	tokens  []int      // tokens of each step
+	chunks  [][]int    // tokens of each item of each step
 	errs    []error
 	maxUsed int
 }
@@ -99,12 +100,15 @@ func (f *fakeGen) Step(ctx context.Context, items []StepItem) ([]StepResult, err
 	defer f.mu.Unlock()
 	n := len(f.steps)
 	ids := make([]uint64, len(items))
+	chunks := make([]int, len(items))
 	toks := 0
 	for i, it := range items {
 		ids[i] = it.Seq
+		chunks[i] = len(it.Tokens)
 		toks += len(it.Tokens)
 	}
 	f.steps = append(f.steps, ids)
+	f.chunks = append(f.chunks, chunks)
 	f.tokens = append(f.tokens, toks)
 	if f.fail != nil {
 		if err := f.fail(n); err != nil {
@@ -510,9 +514,11 @@ func TestGenerateQueueBoundAndFairness(t *testing.T) {
 		}
 		return err
 	}
-	// Client a's first sequence runs (held at the gate), three more wait;
-	// b's one sequence arrives last and fills the queue.
-	for i := range 4 {
+	// Client a's first sequence runs (held at the gate), two more wait:
+	// its share, half the queue. Its next is refused though the queue has
+	// room, which b's and c's sequences then fill.
+	var full *QueueFullError
+	for i := range 3 {
 		if err := gen("a", i); err != nil {
 			t.Fatal(err)
 		}
@@ -524,12 +530,16 @@ func TestGenerateQueueBoundAndFairness(t *testing.T) {
 			})
 		}
 	}
-	if err := gen("b", 9); err != nil {
-		t.Fatal(err)
+	if err := gen("a", 3); !errors.As(err, &full) || full.Client != "a" || full.Limit != 2 || full.RetryAfter <= 0 {
+		t.Fatalf("client a's third waiting sequence: %v, want a QueueFullError for its share of 2", err)
 	}
-	var full *QueueFullError
-	if err := gen("c", 10); !errors.As(err, &full) || full.RetryAfter <= 0 {
-		t.Fatalf("sixth sequence: %v, want a QueueFullError with a retry hint", err)
+	for i, c := range []string{"b", "c"} {
+		if err := gen(c, 9+i); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := gen("d", 11); !errors.As(err, &full) || full.Client != "" || full.RetryAfter <= 0 {
+		t.Fatalf("client d's sequence with the queue full: %v, want a QueueFullError with a retry hint", err)
 	}
 	close(gate)
 	for _, st := range streams {
@@ -546,7 +556,7 @@ func TestGenerateQueueBoundAndFairness(t *testing.T) {
 			admitted = append(admitted, id)
 		}
 	}
-	bID := streams[4].Seq()
+	bID := streams[3].Seq()
 	if i := slices.Index(admitted, bID); i < 0 || i > 2 {
 		t.Errorf("client b's sequence was admitted %d-th (%v); token fairness should take it by the third", i+1, admitted)
 	}

@@ -59,10 +59,17 @@ type QueueFullError struct {
 	RetryAfter time.Duration
 	Queued     int // items queued when the request was refused
 	Requested  int // items in the refused request
-	Limit      int // Options.MaxQueueItems
+	Limit      int // Options.MaxQueueItems, or a client's share of it
+	// Client, when set, is the client whose share of the queue is full
+	// (Queued and Limit are its): the queue itself has room for others.
+	Client string
 }
 
 func (e *QueueFullError) Error() string {
+	if e.Client != "" {
+		return fmt.Sprintf("%v: client %q has %d items queued, %d requested, limit %d per client (half the queue); retry after %v",
+			ErrQueueFull, e.Client, e.Queued, e.Requested, e.Limit, e.RetryAfter)
+	}
 	return fmt.Sprintf("%v: %d items queued, %d requested, limit %d; retry after %v",
 		ErrQueueFull, e.Queued, e.Requested, e.Limit, e.RetryAfter)
 }
@@ -246,6 +253,10 @@ type Scheduler struct {
 	draining bool
 	closed   bool
 	drained  chan struct{} // closed when draining and idle
+
+	// genWaiting counts the waiting generation sequences of each client
+	// over all models: one client holds at most half the queue.
+	genWaiting map[string]int
 }
 
 // New returns a Scheduler with no replicas.
@@ -273,15 +284,16 @@ func New(opts Options) *Scheduler {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Scheduler{
-		opts:     opts,
-		log:      opts.Logger.Named("scheduler"),
-		now:      opts.Now,
-		metrics:  newMetrics(opts.Registerer, opts.Logger),
-		baseCtx:  ctx,
-		cancel:   cancel,
-		models:   make(map[string]*modelQueue),
-		gens:     make(map[string]*genQueue),
-		cordoned: make(map[string]bool),
+		opts:       opts,
+		log:        opts.Logger.Named("scheduler"),
+		now:        opts.Now,
+		metrics:    newMetrics(opts.Registerer, opts.Logger),
+		baseCtx:    ctx,
+		cancel:     cancel,
+		models:     make(map[string]*modelQueue),
+		gens:       make(map[string]*genQueue),
+		genWaiting: make(map[string]int),
+		cordoned:   make(map[string]bool),
 	}
 	s.metrics.state.add(s)
 	return s
