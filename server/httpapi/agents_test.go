@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"unicode/utf8"
+
+	brokerv1 "github.com/brokerd/brokerd/proto/broker/v1"
 )
 
 // TestOllamaNumPredict: -1 (no limit) and -2 (fill the context) ask for
@@ -104,5 +106,47 @@ func TestCompletionsLogprobsStreamed(t *testing.T) {
 	}
 	if text.String() != "gen: abcdefghij" || len(offsets) < 3 {
 		t.Errorf("text %q, offsets %v", text.String(), offsets)
+	}
+}
+
+// TestOllamaOptionTypes: options are read as Ollama reads them: a number
+// with a fraction is an integer option's value (its fraction dropped),
+// options brokerd does not apply are ignored, and a value of the wrong
+// type is a 400 that names the option.
+func TestOllamaOptionTypes(t *testing.T) {
+	srv, f, _ := newTestServer(t)
+	for _, tc := range []struct {
+		options string
+		code    int
+		check   func(sp *brokerv1.SamplingParams) bool
+	}{
+		{`{"num_predict":9.0,"top_k":40.7,"seed":1e10}`, 200, func(sp *brokerv1.SamplingParams) bool {
+			return sp.GetMaxTokens() == 9 && sp.GetTopK() == 40 && sp.GetSeed() == 1e10
+		}},
+		{`{"num_predict":0}`, 200, func(sp *brokerv1.SamplingParams) bool { return sp.GetMaxTokens() == 0 }},
+		{`{"num_ctx":8192,"num_gpu":99,"mirostat":"x","not_an_option":[1]}`, 200, func(*brokerv1.SamplingParams) bool { return true }},
+		{`{"num_predict":null,"top_k":null}`, 200, func(sp *brokerv1.SamplingParams) bool { return sp.TopK == nil && sp.GetMaxTokens() == 0 }},
+		{`{"num_predict":"5"}`, 400, nil},
+		{`{"top_k":true}`, 400, nil},
+		{`{"seed":[1]}`, 400, nil},
+		{`{"num_predict":1e300}`, 400, nil},
+	} {
+		f.lastChat = nil
+		resp := post(t, srv.URL+"/api/generate", `{"model":"tiny-llm","prompt":"hi","stream":false,"options":`+tc.options+`}`)
+		b, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != tc.code {
+			t.Errorf("%s: %d %s", tc.options, resp.StatusCode, b)
+			continue
+		}
+		if tc.code != 200 {
+			var e struct{ Error string }
+			if json.Unmarshal(b, &e) != nil || !strings.Contains(e.Error, strings.Split(strings.Trim(tc.options, "{}"), `"`)[1]) {
+				t.Errorf("%s: error %s does not name the option", tc.options, b)
+			}
+			continue
+		}
+		if !tc.check(f.lastChat.GetSampling()) {
+			t.Errorf("%s: sampling sent %v", tc.options, f.lastChat.GetSampling())
+		}
 	}
 }

@@ -5,7 +5,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"net/http"
+	"reflect"
 	"strings"
 	"time"
 
@@ -20,17 +22,41 @@ import (
 // use it: field names, NDJSON streaming by default, durations in
 // nanoseconds, done_reason.
 
+// ollamaOptions are the options brokerd applies; others (num_ctx,
+// num_gpu...) are ignored, as Ollama ignores the options it does not know.
 type ollamaOptions struct {
-	Temperature      *float32 `json:"temperature"`
-	TopK             *int32   `json:"top_k"`
-	TopP             *float32 `json:"top_p"`
-	MinP             *float32 `json:"min_p"`
-	Seed             *int64   `json:"seed"`
-	NumPredict       *int32   `json:"num_predict"`
-	Stop             []string `json:"stop"`
-	RepeatPenalty    *float32 `json:"repeat_penalty"`
-	PresencePenalty  *float32 `json:"presence_penalty"`
-	FrequencyPenalty *float32 `json:"frequency_penalty"`
+	Temperature      *float32   `json:"temperature"`
+	TopK             *ollamaInt `json:"top_k"`
+	TopP             *float32   `json:"top_p"`
+	MinP             *float32   `json:"min_p"`
+	Seed             *ollamaInt `json:"seed"`
+	NumPredict       *ollamaInt `json:"num_predict"`
+	Stop             []string   `json:"stop"`
+	RepeatPenalty    *float32   `json:"repeat_penalty"`
+	PresencePenalty  *float32   `json:"presence_penalty"`
+	FrequencyPenalty *float32   `json:"frequency_penalty"`
+}
+
+// ollamaInt is an integer option as Ollama reads one: any JSON number, its
+// fraction dropped (Ollama decodes options into float64s).
+type ollamaInt int64
+
+func (n *ollamaInt) UnmarshalJSON(b []byte) error {
+	var f float64
+	if err := json.Unmarshal(b, &f); err != nil || f <= math.MinInt64 || f >= math.MaxInt64 {
+		// A type error, which the decoder names the option in.
+		return &json.UnmarshalTypeError{Value: strings.TrimSpace(string(b)), Type: reflect.TypeFor[int64]()}
+	}
+	*n = ollamaInt(f) // toward zero, as Ollama's int(t)
+	return nil
+}
+
+// int32p is n as a proto field, within int32 (nil: unset).
+func (n *ollamaInt) int32p() *int32 {
+	if n == nil {
+		return nil
+	}
+	return proto.Int32(int32(min(max(*n, math.MinInt32), math.MaxInt32)))
 }
 
 func (o *ollamaOptions) sampling() (*brokerv1.SamplingParams, error) {
@@ -38,7 +64,7 @@ func (o *ollamaOptions) sampling() (*brokerv1.SamplingParams, error) {
 	if o == nil {
 		return sp, nil
 	}
-	sp.Temperature, sp.TopK, sp.TopP, sp.MinP = o.Temperature, o.TopK, o.TopP, o.MinP
+	sp.Temperature, sp.TopK, sp.TopP, sp.MinP = o.Temperature, o.TopK.int32p(), o.TopP, o.MinP
 	sp.RepetitionPenalty, sp.PresencePenalty, sp.FrequencyPenalty = o.RepeatPenalty, o.PresencePenalty, o.FrequencyPenalty
 	sp.Stop = o.Stop
 	if o.Seed != nil && *o.Seed >= 0 {
@@ -46,11 +72,13 @@ func (o *ollamaOptions) sampling() (*brokerv1.SamplingParams, error) {
 	}
 	// -1 (infinite) and -2 (fill the context) are both "to a stop or the
 	// end of the context", brokerd's bound when none is given (a context
-	// is never shifted to make room, so -1 ends where -2 does).
+	// is never shifted to make room, so -1 ends where -2 does). 0 is
+	// unset, as in Ollama (its /api/generate omits it, its own runners
+	// took it as no bound).
 	if n := o.NumPredict; n != nil {
 		switch {
 		case *n > 0:
-			sp.MaxTokens = *n
+			sp.MaxTokens = *n.int32p()
 		case *n < -2:
 			return nil, status.Errorf(codes.InvalidArgument, "options.num_predict %d is invalid: a number of tokens, -1 (no limit) or -2 (fill the context)", *n)
 		}
