@@ -371,7 +371,8 @@ func (h *Handler) ollamaChat(w http.ResponseWriter, r *http.Request) {
 	conv := &brokerv1.Conversation{}
 	for _, m := range req.Messages {
 		images += len(m.Images)
-		conv.Messages = append(conv.Messages, &brokerv1.ChatMessage{Role: m.Role, Content: m.Content, Reasoning: m.Thinking,
+		// Ollama lowercases roles ("User" is user).
+		conv.Messages = append(conv.Messages, &brokerv1.ChatMessage{Role: strings.ToLower(m.Role), Content: m.Content, Reasoning: m.Thinking,
 			ToolCalls: ollamaHistoryCalls(m.ToolCalls), ToolCallId: m.ToolCallID})
 	}
 	if err := unsupported(nil, images); err != nil {

@@ -195,3 +195,20 @@ func TestOpenAIToolCallsAnswer(t *testing.T) {
 		})
 	}
 }
+
+// TestOllamaRoles: Ollama lowercases a message's role, so "User" and
+// "SYSTEM" are the roles the template knows.
+func TestOllamaRoles(t *testing.T) {
+	srv, f, _ := newTestServer(t)
+	resp := post(t, srv.URL+"/api/chat", `{"model":"tiny-llm","stream":false,"messages":[{"role":"SYSTEM","content":"s"},{"role":"User","content":"u"}]}`)
+	if resp.StatusCode != 200 {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+	var roles []string
+	for _, m := range f.lastChat.GetConversations()[0].GetMessages() {
+		roles = append(roles, m.GetRole())
+	}
+	if strings.Join(roles, ",") != "system,user" {
+		t.Errorf("roles %v", roles)
+	}
+}
