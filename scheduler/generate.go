@@ -238,7 +238,10 @@ type genQueue struct {
 	waiting  []*sequence // arrival order; preempted and retried ones are put first
 	// served counts the tokens each client had run (prompt and generated):
 	// admission picks the client that had least (virtual token counters),
-	// so fairness between clients is in tokens, not requests.
+	// so fairness between clients is in tokens, not requests. A client is
+	// forgotten when it has nothing waiting or running (it comes back at
+	// the least served active client's count, as a new one does), so the
+	// map holds the active clients, not every address ever seen.
 	served  map[string]int64
 	clients map[string]int // sequences waiting or running per client
 	stats   genRowStats    // the model row of Stats
@@ -493,6 +496,7 @@ func (s *Scheduler) finishSeqLocked(seq *sequence, err error, finish, reason str
 	gq.clients[seq.client]--
 	if gq.clients[seq.client] <= 0 {
 		delete(gq.clients, seq.client)
+		delete(gq.served, seq.client)
 	}
 	s.active--
 	now := s.now()
@@ -938,7 +942,9 @@ func (s *Scheduler) applyStepLocked(r *genReplica, items []StepItem, seqs []*seq
 	r.m.cost.Add(stepCost)
 	for i, it := range items {
 		seq := seqs[i]
-		gq.served[seq.client] += int64(len(it.Tokens))
+		if gq.clients[seq.client] > 0 { // not a client forgotten during the step
+			gq.served[seq.client] += int64(len(it.Tokens))
+		}
 		if seq.r != r || seq.finished {
 			continue // answered during the step (cancelled, deadline): freed at the next plan
 		}

@@ -44,8 +44,8 @@ func running(s *Scheduler, model string) int {
 	return n
 }
 
-// floodAndProbe starts client a's sequences (held at f's gate until the
-// running set is full of them), then client b's one short sequence, lets
+// floodAndProbe starts client a's sequences (stepping through f's gate
+// until the running set is full of them), then client b's one short sequence, lets
 // every step through and returns how many steps b's first step came after
 // its submission, and the steps b took part in.
 func floodAndProbe(t *testing.T, s *Scheduler, f *fakeGen, gate chan struct{}, full int, flood []GenRequest, probe GenRequest) (wait int, steps []int) {
@@ -58,8 +58,12 @@ func floodAndProbe(t *testing.T, s *Scheduler, f *fakeGen, gate chan struct{}, f
 		}
 		streams = append(streams, st)
 	}
-	waitFor(t, "the flood running", func() bool { return running(s, "llm") == full })
-	gate <- struct{}{} // one step of the flood, so it has tokens served
+	// The loop may have admitted the first before the others came: steps
+	// go through until all run, and one more, so a has tokens served.
+	for running(s, "llm") < full {
+		gate <- struct{}{}
+	}
+	gate <- struct{}{}
 	b, err := s.Generate(context.Background(), probe)
 	if err != nil {
 		t.Fatal(err)
@@ -224,5 +228,40 @@ func TestGenerateCancelDuringPrefill(t *testing.T) {
 	defer s.mu.Unlock()
 	if len(s.genWaiting) != 0 || s.queued != 0 {
 		t.Errorf("%d queued, waiting per client %v after every sequence ended", s.queued, s.genWaiting)
+	}
+}
+
+// TestGenerateForgetsIdleClients: the tokens served per client are kept
+// while the client has sequences, not for every client ever seen (client
+// IDs are addresses or keys: a caller rotating addresses grew the map by
+// one entry per sequence, for the model's life).
+func TestGenerateForgetsIdleClients(t *testing.T) {
+	s := newTestScheduler(t, Options{})
+	f := newFakeGen(4, 64)
+	if err := s.AddGenReplica("llm", Device{ID: "cpu:0", Type: "cpu"}, GenOptions{MaxRunning: 4, MaxStepTokens: 64}, f); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	for i := range 50 {
+		c := context.Background()
+		if i%2 == 1 {
+			c = ctx // half of them cancelled, possibly mid-step
+		}
+		st, err := s.Generate(c, GenRequest{Model: "llm", Client: fmt.Sprint("ip:", i), Prompt: prompt(i, 5), MaxNewTokens: 3, State: &genState{}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i%2 == 1 {
+			cancel()
+			ctx, cancel = context.WithCancel(context.Background())
+		}
+		collect(st)
+	}
+	cancel()
+	waitFor(t, "every block freed", func() bool { return f.blocksUsed() == 0 })
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if n := len(s.gens["llm"].served); n != 0 {
+		t.Errorf("tokens served are kept for %d clients with nothing queued or running", n)
 	}
 }
