@@ -2,6 +2,8 @@ package httpapi
 
 import (
 	"encoding/json"
+	"io"
+	"strings"
 	"testing"
 
 	"google.golang.org/protobuf/proto"
@@ -86,4 +88,33 @@ func must[T any](v T, err error) T {
 		panic(err)
 	}
 	return v
+}
+
+// TestSuffixRefused: a suffix (fill in the middle) is a 400, as vLLM and
+// Ollama (for a model without insert) answer it, not ignored: an editor's
+// completion client falls back to the prefix alone on that 400, and would
+// otherwise take a continuation of the prompt for the middle. An empty
+// suffix is no suffix.
+func TestSuffixRefused(t *testing.T) {
+	srv, f, _ := newTestServer(t)
+	for _, tc := range []struct {
+		path, body string
+		code       int
+	}{
+		{"/v1/completions", `{"model":"tiny-llm","prompt":"def f(","suffix":"\n    return x"}`, 400},
+		{"/api/generate", `{"model":"tiny-llm","prompt":"def f(","suffix":"\n    return x","stream":false}`, 400},
+		{"/v1/completions", `{"model":"tiny-llm","prompt":"def f(","suffix":""}`, 200},
+		{"/v1/completions", `{"model":"tiny-llm","prompt":"def f(","suffix":null}`, 200},
+		{"/api/generate", `{"model":"tiny-llm","prompt":"def f(","suffix":"","stream":false}`, 200},
+	} {
+		f.lastChat, f.lastGenerate = nil, nil
+		resp := post(t, srv.URL+tc.path, tc.body)
+		b, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != tc.code {
+			t.Errorf("%s %s: %d %s", tc.path, tc.body, resp.StatusCode, b)
+		}
+		if tc.code == 400 && (f.lastChat != nil || f.lastGenerate != nil || !strings.Contains(string(b), "suffix")) {
+			t.Errorf("%s %s: ran, or the error does not say why: %s", tc.path, tc.body, b)
+		}
+	}
 }

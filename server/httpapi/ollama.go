@@ -130,8 +130,12 @@ func (t thinkField) ptr() *bool {
 }
 
 type ollamaGenerateRequest struct {
-	Model   string          `json:"model"`
-	Prompt  string          `json:"prompt"`
+	Model  string `json:"model"`
+	Prompt string `json:"prompt"`
+	// Suffix (fill in the middle) is refused, as Ollama refuses it for a
+	// model without the insert capability: ignored, an editor's
+	// completion would continue the prompt and overwrite what follows.
+	Suffix  string          `json:"suffix"`
 	System  string          `json:"system"`
 	Raw     bool            `json:"raw"`
 	Stream  *bool           `json:"stream"`
@@ -249,6 +253,10 @@ func (h *Handler) ollamaGenerate(w http.ResponseWriter, r *http.Request) {
 	}
 	if err := unsupported(nil, len(req.Images)); err != nil {
 		h.fail(w, r, err)
+		return
+	}
+	if req.Suffix != "" {
+		h.fail(w, r, status.Errorf(codes.InvalidArgument, "%q does not support insert: brokerd does not fill in the middle (\"suffix\"); send the text before it as the prompt", req.Model))
 		return
 	}
 	if err := checkKeepAlive(req.KeepAlive, req.Model); err != nil {

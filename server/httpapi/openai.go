@@ -433,6 +433,8 @@ type openaiCompletionRequest struct {
 	openaiSampling
 	Prompt json.RawMessage `json:"prompt"`
 	Echo   bool            `json:"echo"`
+	// Suffix (fill in the middle) is refused, as vLLM refuses it.
+	Suffix *string `json:"suffix"`
 	// Logprobs is the legacy API's count of alternatives (null: none).
 	Logprobs *int `json:"logprobs"`
 }
@@ -455,6 +457,10 @@ func (h *Handler) openaiCompletions(w http.ResponseWriter, r *http.Request) {
 	}
 	if req.Echo {
 		h.fail(w, r, status.Error(codes.InvalidArgument, `"echo" is not supported`))
+		return
+	}
+	if req.Suffix != nil && *req.Suffix != "" {
+		h.fail(w, r, paramError("suffix", "invalid_value", "suffix is not currently supported: brokerd does not fill in the middle; send the text before it as the prompt"))
 		return
 	}
 	if req.Logprobs != nil {
