@@ -16,7 +16,9 @@ import (
 // models and too-long prompts answered with OpenAI's codes and without the
 // gRPC API's words, temperature over 2 refused, /v1/models without the MLP,
 // Ollama's store routes and keep_alive 0 refused with what to do, a
-// semantic version, and CORS from --http-cors-origins.
+// semantic version, CORS from --http-cors-origins, and structured output
+// the engine cannot enforce (a schema keyword, a malformed schema or
+// regex, a regex whose (?i) classes fold too much) a 400 saying why.
 func TestHTTPEdgesEndToEnd(t *testing.T) {
 	cfg := testConfig(t)
 	cfg.ModelRepo = t.TempDir()
@@ -32,6 +34,12 @@ func TestHTTPEdgesEndToEnd(t *testing.T) {
 	}})
 	base := "http://" + d.addrs.HTTP
 	long := strings.Repeat("x", 200)
+	chat := func(extra string) string {
+		return `{"model":"tiny-llm","max_tokens":1,"stream":false,"messages":[{"role":"user","content":"x"}],` + extra + `}`
+	}
+	// 17 classes of 125,185 characters each that Go's parser would fold
+	// one at a time, over the grammar's bound of 2M.
+	foldHeavy, _ := json.Marshal("(?i)" + strings.Repeat(`[\x{42}-\x{1E942}]`, 17))
 	for _, tc := range []struct {
 		name, method, path, body string
 		hdr                      map[string]string
@@ -61,6 +69,16 @@ func TestHTTPEdgesEndToEnd(t *testing.T) {
 		{"preflight, loopback origin", "OPTIONS", "/api/chat", "",
 			map[string]string{"Origin": "http://localhost:3000", "Access-Control-Request-Method": "POST"}, 204, nil, nil},
 		{"foreign origin", "GET", "/api/tags", "", map[string]string{"Origin": "https://evil.example.com"}, 403, []string{"--http-cors-origins"}, nil},
+		// Structured output the engine cannot enforce: a 400 that says why,
+		// before anything runs.
+		{"a schema keyword not enforced", "POST", "/v1/chat/completions", chat(`"response_format":{"type":"json_schema","json_schema":{"name":"a","strict":true,"schema":{"type":"object","not":{}}}}`), nil, 400,
+			[]string{"unsupported JSON schema", "invalid_request_error"}, nil},
+		{"a malformed schema, Ollama", "POST", "/api/chat", chat(`"format":{"type":"object","properties":{"a":{"type":7}}}`), nil, 400, []string{"invalid grammar: type at root-a"}, nil},
+		{"a malformed regex", "POST", "/v1/completions", `{"model":"tiny-llm","prompt":"x","guided_regex":"("}`, nil, 400, []string{"invalid grammar"}, nil},
+		{"a regex folding too much", "POST", "/v1/completions", `{"model":"tiny-llm","prompt":"x","max_tokens":1,"guided_regex":` + string(foldHeavy) + `}`, nil, 400,
+			[]string{"case-folds"}, nil},
+		{"required calls of a tool whose schema is not enforced", "POST", "/v1/chat/completions",
+			chat(`"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object","not":{}}}}],"tool_choice":"required"`), nil, 400, []string{"unsupported JSON schema"}, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var rd io.Reader
