@@ -265,3 +265,32 @@ func TestGenerateForgetsIdleClients(t *testing.T) {
 		t.Errorf("tokens served are kept for %d clients with nothing queued or running", n)
 	}
 }
+
+// TestGenerateOutgrowsCache: a sequence longer than the whole KV cache
+// (the edge refuses one longer than the context, and a replica's cache
+// holds a context) ends with FinishLength and the tokens it has once it
+// runs alone, instead of looping; the newer one it preempted on the way
+// still ends with all its tokens.
+func TestGenerateOutgrowsCache(t *testing.T) {
+	s := newTestScheduler(t, Options{})
+	f := newFakeGen(4, 6) // 24 tokens
+	if err := s.AddGenReplica("llm", Device{ID: "cpu:0", Type: "cpu"}, GenOptions{MaxRunning: 4, MaxStepTokens: 16, MaxChunk: 8}, f); err != nil {
+		t.Fatal(err)
+	}
+	big, err := s.Generate(context.Background(), GenRequest{Model: "llm", Client: "a", Prompt: prompt(1, 10), MaxNewTokens: 40, State: &genState{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	small, err := s.Generate(context.Background(), GenRequest{Model: "llm", Client: "b", Prompt: prompt(2, 3), MaxNewTokens: 8, State: &genState{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rb, rs := collect(big), collect(small)
+	want, _ := expected(prompt(1, 10), 40, 0)
+	if rb.err != nil || rb.finish != FinishLength || len(rb.tokens) == 0 || len(rb.tokens) > 24-10+1 || !slices.Equal(rb.tokens, want[:len(rb.tokens)]) {
+		t.Errorf("the sequence over the cache: %d tokens, finish %q, %v; want FinishLength within the cache's 24 tokens (the last one sampled, not stored)", len(rb.tokens), rb.finish, rb.err)
+	}
+	checkGen(t, []genCase{{prompt: prompt(2, 3), maxNew: 8}}, []genResult{rs})
+	waitFor(t, "every block freed", func() bool { return f.blocksUsed() == 0 })
+	f.check(t)
+}
