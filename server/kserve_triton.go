@@ -527,7 +527,8 @@ func (k *InferenceService) ModelStreamInfer(stream inference.GRPCInferenceServic
 	msgs := make(chan received)
 	go func() {
 		for {
-			req, err := stream.Recv()
+			req := new(inference.ModelInferRequest)
+			err := stream.RecvMsg(req)
 			r := received{req: req, err: err}
 			if err == nil {
 				r.release = messageCharge(stream.Context())
@@ -540,7 +541,7 @@ func (k *InferenceService) ModelStreamInfer(stream inference.GRPCInferenceServic
 				}
 				return
 			}
-			if err != nil {
+			if err != nil && !errors.As(err, &budgetRefusal{}) {
 				return
 			}
 		}
@@ -556,6 +557,14 @@ func (k *InferenceService) ModelStreamInfer(stream inference.GRPCInferenceServic
 		}
 		if errors.Is(r.err, io.EOF) {
 			return nil // wg.Wait: every accepted request is answered
+		}
+		// A request the in-flight budget refused is that request's
+		// answer, as Triton answers a request it cannot run; only what
+		// breaks the stream (a message that does not parse, transport)
+		// ends it.
+		if refused := (budgetRefusal{}); errors.As(r.err, &refused) {
+			send(errorResponse(r.req, refused))
+			continue
 		}
 		if r.err != nil {
 			return r.err
@@ -587,13 +596,17 @@ func streamEnd(ctx context.Context, mu *sync.Mutex, sendErr *error) error {
 	return ctx.Err()
 }
 
+// errorResponse is a stream's answer to a request that failed with err:
+// error_message, and the request's id so the client knows which.
+func errorResponse(req *inference.ModelInferRequest, err error) *inference.ModelStreamInferResponse {
+	st := status.Convert(err)
+	return &inference.ModelStreamInferResponse{ErrorMessage: fmt.Sprintf("%s: %s", st.Code(), st.Message()),
+		InferResponse: &inference.ModelInferResponse{ModelName: req.GetModelName(), ModelVersion: req.GetModelVersion(), Id: req.GetId()}}
+}
+
 // streamOne answers one request of a stream.
 func (k *InferenceService) streamOne(ctx context.Context, req *inference.ModelInferRequest, send func(*inference.ModelStreamInferResponse)) {
-	fail := func(err error) {
-		st, _ := status.FromError(err)
-		send(&inference.ModelStreamInferResponse{ErrorMessage: fmt.Sprintf("%s: %s", st.Code(), st.Message()),
-			InferResponse: &inference.ModelInferResponse{ModelName: req.GetModelName(), ModelVersion: req.GetModelVersion(), Id: req.GetId()}})
-	}
+	fail := func(err error) { send(errorResponse(req, err)) }
 	// A panic here is in a goroutine of the stream's, which the stream
 	// interceptor's recover does not cover: answered as the unary call's.
 	defer func() {
@@ -628,6 +641,12 @@ func (k *InferenceService) lookupGenerator(name string) *lifecycle.Served {
 	return nil
 }
 
+// generatorInputs are the inputs of Triton's text generation and their
+// datatypes.
+var generatorInputs = map[string]string{
+	"text_input": "BYTES", "stream": "BOOL", "exclude_input_in_output": "BOOL", "sampling_parameters": "BYTES",
+}
+
 // streamGenerate runs one generation request in Triton's text
 // generation convention (as its vLLM backend): text_input (BYTES, one
 // element), optional stream (BOOL) and sampling_parameters (a JSON object
@@ -653,55 +672,49 @@ func (k *InferenceService) streamGenerate(ctx context.Context, req *inference.Mo
 		if len(raw) > 0 {
 			r = raw[i]
 		}
+		// The name and datatype before typed contents are converted (they
+		// can grow eightfold, one-byte varints to INT64), as ModelInfer
+		// checks them against the model's.
+		dtype, ok := generatorInputs[in.GetName()]
+		if !ok {
+			return status.Errorf(codes.InvalidArgument, "input %q is not an input of a generator (text_input, stream, sampling_parameters, exclude_input_in_output)", in.GetName())
+		}
+		if in.GetDatatype() != dtype {
+			return status.Errorf(codes.InvalidArgument, "input %q: want %s, got %s", in.GetName(), dtype, in.GetDatatype())
+		}
+		if n, err := elements(&tensor{name: in.GetName(), shape: in.GetShape()}); err != nil {
+			return err
+		} else if n != 1 {
+			return status.Errorf(codes.InvalidArgument, "input %q: want one %s element, got shape %s", in.GetName(), dtype, shapeString(in.GetShape()))
+		}
 		t, err := fromKServe(in, r, len(raw) > 0)
 		if err != nil {
 			return err
 		}
-		one := func(dtype string) ([]byte, error) {
-			if t.dtype != dtype {
-				return nil, status.Errorf(codes.InvalidArgument, "input %q: want %s, got %s", t.name, dtype, t.dtype)
+		var b []byte
+		if dtype == "BOOL" {
+			if len(t.data) != 1 {
+				return status.Errorf(codes.InvalidArgument, "input %q: want one BOOL", t.name)
 			}
-			if dtype == "BOOL" {
-				if len(t.data) != 1 {
-					return nil, status.Errorf(codes.InvalidArgument, "input %q: want one BOOL", t.name)
-				}
-				return t.data, nil
-			}
+			b = t.data
+		} else {
 			elems, err := splitBytes(&t, 1)
 			if err != nil {
-				return nil, err
+				return err
 			}
-			return elems[0], nil
+			b = elems[0]
 		}
 		switch t.name {
 		case "text_input":
-			b, err := one("BYTES")
-			if err != nil {
-				return err
-			}
 			text, hasText = string(b), true
 		case "stream":
-			b, err := one("BOOL")
-			if err != nil {
-				return err
-			}
 			streaming = b[0] != 0
 		case "exclude_input_in_output":
-			b, err := one("BOOL")
-			if err != nil {
-				return err
-			}
 			exclude = b[0] != 0
 		case "sampling_parameters":
-			b, err := one("BYTES")
-			if err != nil {
-				return err
-			}
 			if err := protojson.Unmarshal(b, sp); err != nil {
 				return status.Errorf(codes.InvalidArgument, "sampling_parameters: %v", err)
 			}
-		default:
-			return status.Errorf(codes.InvalidArgument, "input %q is not an input of a generator (text_input, stream, sampling_parameters, exclude_input_in_output)", t.name)
 		}
 	}
 	if !hasText || text == "" {

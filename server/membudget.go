@@ -160,11 +160,18 @@ func (s *budgetStream) RecvMsg(m any) error {
 	}
 	release, err := s.b.acquire(s.method, cost(m))
 	if err != nil {
-		return err
+		return budgetRefusal{err}
 	}
 	s.charges.add(release)
 	return nil
 }
+
+// budgetRefusal is the refusal of a streamed message received whole: the
+// stream is intact, so a stream of independent requests (ModelStreamInfer)
+// may answer that request and read on. Its status is the refusal's.
+type budgetRefusal struct{ error }
+
+func (r budgetRefusal) GRPCStatus() *status.Status { return status.Convert(r.error) }
 
 // msgCharges are the charges of a stream's messages not yet released.
 type msgCharges struct {
