@@ -150,3 +150,40 @@ func TestOllamaOptionTypes(t *testing.T) {
 		}
 	}
 }
+
+// TestOllamaLogprobsParams: as in Ollama, top_logprobs applies only when
+// logprobs is true (without it, no logprobs are computed or answered),
+// and must be 0 to 20.
+func TestOllamaLogprobsParams(t *testing.T) {
+	srv, f, _ := newTestServer(t)
+	for _, tc := range []struct {
+		fields   string
+		code     int
+		logprobs bool
+		top      int32
+	}{
+		{`"logprobs":true,"top_logprobs":3`, 200, true, 3},
+		{`"logprobs":true`, 200, true, 0},
+		{`"top_logprobs":3`, 200, false, 0},
+		{`"logprobs":true,"top_logprobs":21`, 400, false, 0},
+		{`"top_logprobs":-1`, 400, false, 0},
+	} {
+		f.lastChat = nil
+		resp := post(t, srv.URL+"/api/chat", `{"model":"tiny-llm","stream":false,"messages":[{"role":"user","content":"x"}],`+tc.fields+`}`)
+		b, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != tc.code {
+			t.Errorf("%s: %d %s", tc.fields, resp.StatusCode, b)
+			continue
+		}
+		if tc.code != 200 {
+			continue
+		}
+		sp := f.lastChat.GetSampling()
+		var m struct {
+			Logprobs []logprobEntry `json:"logprobs"`
+		}
+		if sp.GetLogprobs() != tc.logprobs || sp.GetTopLogprobs() != tc.top || json.Unmarshal(b, &m) != nil || (len(m.Logprobs) > 0) != tc.logprobs {
+			t.Errorf("%s: sampling %v, answer %s", tc.fields, sp, b)
+		}
+	}
+}

@@ -113,8 +113,11 @@ func ollamaLogprobs(sp *brokerv1.SamplingParams, logprobs bool, top int) error {
 	if top < 0 || top > maxTopLogprobs {
 		return status.Errorf(codes.InvalidArgument, "top_logprobs %d is invalid: 0 to %d", top, maxTopLogprobs)
 	}
-	// Ollama gives alternatives when asked for them, logprobs or not.
-	sp.Logprobs = logprobs || top > 0
-	sp.TopLogprobs = int32(top)
+	// As in Ollama, top_logprobs applies only when logprobs is true: no
+	// logprobs are computed or sent otherwise.
+	sp.Logprobs = logprobs
+	if logprobs {
+		sp.TopLogprobs = int32(top)
+	}
 	return nil
 }
