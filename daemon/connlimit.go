@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"container/list"
 	"net"
 	"strconv"
 	"sync"
@@ -18,7 +19,12 @@ import (
 // listeners have small limits of their own, within the reserve, so a
 // flood there (the health port is plaintext, on the pod network) starves
 // neither them nor the rest. A connection over a limit is closed at once,
-// before any TLS or HTTP/2 work.
+// before any TLS or HTTP/2 work; except that those two, once full, close
+// their oldest connection to take a new one: their clients (kubelet's
+// probes, scrapers) open a connection per check and keep it briefly, so a
+// few addresses holding connections open (4 of 4 each filled 16 slots,
+// and kubelet's probes failed) lose them to the next probe instead, and
+// starving probes takes opening connections faster than a probe's life.
 
 // connMetrics count open and refused connections per listener.
 type connMetrics struct {
@@ -32,7 +38,7 @@ func newConnMetrics(reg prometheus.Registerer) *connMetrics {
 			Namespace: "brokerd", Name: "connections_open", Help: "Open client connections per listener.",
 		}, []string{"listener"}),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: "brokerd", Name: "connections_refused_total", Help: "Connections closed at accept: over the total or the per-client limit.",
+			Namespace: "brokerd", Name: "connections_refused_total", Help: "Connections closed at accept (over the total, per-client or descriptor limit), or evicted: the oldest closed for a new one on a full metrics or health listener.",
 		}, []string{"listener", "limit"}),
 	}
 	reg.MustRegister(m.open, m.refused)
@@ -70,16 +76,21 @@ type limitListener struct {
 	name             string
 	total, perClient int
 	pool             *connPool // shared with other listeners; nil: none
+	evict            bool      // full: close the oldest connection for a new one (no pool)
 	m                *connMetrics
 	log              *zap.Logger
 
 	mu     sync.Mutex
 	open   int
 	byPeer map[string]int
+	conns  *list.List // of *countedConn, oldest first (evict)
 }
 
+// newLimitListener bounds l; one with no shared pool (metrics, health)
+// evicts its oldest connection when full.
 func newLimitListener(l net.Listener, name string, total, perClient int, pool *connPool, m *connMetrics, log *zap.Logger) *limitListener {
-	return &limitListener{Listener: l, name: name, total: total, perClient: perClient, pool: pool, m: m, log: log, byPeer: map[string]int{}}
+	return &limitListener{Listener: l, name: name, total: total, perClient: perClient, pool: pool, evict: pool == nil,
+		m: m, log: log, byPeer: map[string]int{}, conns: list.New()}
 }
 
 // peerKey identifies a connection's client for the per-client limit.
@@ -111,19 +122,36 @@ func (l *limitListener) Accept() (net.Conn, error) {
 		key := peerKey(c)
 		l.mu.Lock()
 		limit := ""
+		var evicted *countedConn
+		full := l.total > 0 && l.open >= l.total
 		switch {
-		case l.total > 0 && l.open >= l.total:
+		case full && !l.evict:
 			limit = "total"
 		case l.perClient > 0 && l.byPeer[key] >= l.perClient:
-			limit = "per_client"
+			limit = "per_client" // a client's own connections make no room
+		case full && l.conns.Len() > 0:
+			// The oldest gives its slot to this one now, not when its
+			// close is noticed: Accept is called from one goroutine.
+			evicted = l.conns.Front().Value.(*countedConn)
+			l.forget(evicted)
+		case full:
+			limit = "total"
 		case l.pool != nil && !l.pool.take():
 			limit = "descriptors"
 		}
+		var cc *countedConn
 		if limit == "" {
 			l.open++
 			l.byPeer[key]++
+			cc = &countedConn{Conn: c, l: l, key: key}
+			cc.elem = l.conns.PushBack(cc)
 		}
 		l.mu.Unlock()
+		if evicted != nil {
+			l.m.refused.WithLabelValues(l.name, "evicted").Inc()
+			l.log.Debug("oldest connection closed for a new one", zap.String("listener", l.name), zap.String("client", evicted.key))
+			evicted.Close()
+		}
 		if limit != "" {
 			l.m.refused.WithLabelValues(l.name, limit).Inc()
 			l.log.Debug("connection refused", zap.String("listener", l.name), zap.String("client", key), zap.String("limit", limit))
@@ -131,34 +159,44 @@ func (l *limitListener) Accept() (net.Conn, error) {
 			continue
 		}
 		l.m.open.WithLabelValues(l.name).Inc()
-		return &countedConn{Conn: c, l: l, key: key}, nil
+		return cc, nil
 	}
 }
 
-func (l *limitListener) release(key string) {
-	l.mu.Lock()
-	l.open--
-	if l.byPeer[key]--; l.byPeer[key] <= 0 {
-		delete(l.byPeer, key)
+// forget gives back c's slot, once (l.mu held).
+func (l *limitListener) forget(c *countedConn) {
+	if c.elem == nil {
+		return
 	}
-	l.mu.Unlock()
+	l.conns.Remove(c.elem)
+	c.elem = nil
+	l.open--
+	if l.byPeer[c.key]--; l.byPeer[c.key] <= 0 {
+		delete(l.byPeer, c.key)
+	}
 	if l.pool != nil {
 		l.pool.give()
 	}
 	l.m.open.WithLabelValues(l.name).Dec()
 }
 
-// countedConn gives its slot back once, when closed.
+func (l *limitListener) release(c *countedConn) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.forget(c)
+}
+
+// countedConn gives its slot back once, when closed (or evicted).
 type countedConn struct {
 	net.Conn
 	l    *limitListener
 	key  string
-	once sync.Once
+	elem *list.Element // in l.conns while it holds a slot (l.mu)
 }
 
 func (c *countedConn) Close() error {
 	err := c.Conn.Close()
-	c.once.Do(func() { c.l.release(c.key) })
+	c.l.release(c)
 	return err
 }
 
