@@ -108,6 +108,8 @@ func NewEdge(opts EdgeOptions, log *zap.Logger) (*Edge, error) {
 		// listener has few slots (daemon's limits) and probes need none
 		// kept open.
 		e.Health = grpc.NewServer(grpc.ForceServerCodecV2(codec),
+			// A probe is one small Check on a connection of its own.
+			grpc.MaxRecvMsgSize(healthMaxMessage), grpc.MaxConcurrentStreams(healthMaxStreams),
 			grpc.ChainUnaryInterceptor(unaryInterceptor(log, rpcm, codec), healthAuthz.unary()),
 			grpc.ChainStreamInterceptor(streamInterceptor(log, rpcm, codec), healthAuthz.stream()),
 			grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: time.Duration(cfg.MaxConnectionIdle)}),
@@ -121,6 +123,13 @@ func NewEdge(opts EdgeOptions, log *zap.Logger) (*Edge, error) {
 	}
 	return e, nil
 }
+
+// The health listener's gRPC limits: a HealthCheckRequest is a service
+// name, and kubelet opens a connection per probe.
+const (
+	healthMaxMessage = 16 << 10
+	healthMaxStreams = 4
+)
 
 // GRPCServers are the gRPC servers built, to serve and stop.
 func (e *Edge) GRPCServers() []*grpc.Server {
@@ -162,12 +171,21 @@ func registerAPI(s *grpc.Server, broker brokerv1.BrokerServiceServer, kserve inf
 // which runs inside the metrics interceptor so refusals are counted there too.
 // The parse codec hands requests that do not parse to the interceptors.
 func newGRPCServers(cfg config.Config, withTCP bool, rpcm *rpcMetrics, authz *authorizer, budget *byteBudget, log *zap.Logger) (unixSrv, tcpSrv *grpc.Server, err error) {
+	// Compressed requests are decompressed before the budget sees them:
+	// what they expand to at once is bounded by as much (compress.go).
+	decompressing.setMax(budget.max)
 	codec := newParseCodec()
 	srvOpts := []grpc.ServerOption{
 		grpc.ForceServerCodecV2(codec),
 		grpc.ChainUnaryInterceptor(unaryInterceptor(log, rpcm, codec), authz.unary(), budget.unary()),
 		grpc.ChainStreamInterceptor(streamInterceptor(log, rpcm, codec), authz.stream(), budget.stream(), pacedSends(sendTimeout)),
 		grpc.MaxRecvMsgSize(cfg.MaxMessageBytes),
+		// One connection's calls at once: unbounded, a client's streams on
+		// one connection each take a handler goroutine and a message
+		// (grpc-go's default is no limit). Extra streams wait in the
+		// client (SETTINGS_MAX_CONCURRENT_STREAMS); one that does not wait
+		// is refused with REFUSED_STREAM.
+		grpc.MaxConcurrentStreams(uint32(cfg.MaxConcurrentStreams)),
 		// Idle connections are closed; clients may ping no more than every
 		// 10 s (a flood of pings is a denial of service).
 		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: time.Duration(cfg.MaxConnectionIdle)}),

@@ -53,6 +53,9 @@ type Config struct {
 	MaxConnections          int      `json:"max-connections"`
 	MaxConnectionsPerClient int      `json:"max-connections-per-client"`
 	MaxConnectionIdle       Duration `json:"max-connection-idle"`
+	// MaxConcurrentStreams bounds the calls one gRPC connection runs at
+	// once (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS).
+	MaxConcurrentStreams int `json:"max-concurrent-streams"`
 	// MaxInflightBytes bounds the bytes held for calls being served (0:
 	// derived from the memory limit); GoMemoryLimit is the Go runtime's
 	// memory limit (0: derived, -1: none).
@@ -165,34 +168,35 @@ func Defaults(euid int, getenv func(string) string) Config {
 		state = filepath.Join(base, "brokerd")
 	}
 	return Config{
-		Socket:             endpoint.DefaultSocketPath(euid, getenv),
-		MetricsListen:      "127.0.0.1:9464",
-		StateDir:           state,
-		LogLevel:           "info",
-		LogFormat:          "json",
-		Prefer:             "auto",
-		AllowTPU:           true,
-		TPUBatchFactor:     128,
-		GPUBatchFactor:     4,
-		CPUBatchFactor:     1,
-		MemoryStrategy:     "balanced",
-		ComputeDType:       DefaultComputeDType,
-		KVCacheDType:       defaultKVCacheDType(getenv),
-		Sysfs:              "/sys",
-		Procfs:             "/proc",
-		Devfs:              "/dev",
-		Telemetry:          Duration(5 * time.Second),
-		MaxMessageBytes:    64 << 20,
-		MaxItemsPerRequest: 4096,
-		MaxItemBytes:       1 << 20,
-		MaxQueueItems:      65536,
-		MaxBatchTokens:     16384,
-		ShutdownGrace:      Duration(30 * time.Second),
-		BatchTimeout:       Duration(2 * time.Minute), // scheduler.DefaultBatchTimeout
-		MaxConnectionIdle:  Duration(5 * time.Minute),
-		HTTPBodyTimeout:    Duration(time.Minute),
-		MaxContext:         8192,
-		OllamaModels:       defaultOllamaModels(getenv),
+		Socket:               endpoint.DefaultSocketPath(euid, getenv),
+		MetricsListen:        "127.0.0.1:9464",
+		StateDir:             state,
+		LogLevel:             "info",
+		LogFormat:            "json",
+		Prefer:               "auto",
+		AllowTPU:             true,
+		TPUBatchFactor:       128,
+		GPUBatchFactor:       4,
+		CPUBatchFactor:       1,
+		MemoryStrategy:       "balanced",
+		ComputeDType:         DefaultComputeDType,
+		KVCacheDType:         defaultKVCacheDType(getenv),
+		Sysfs:                "/sys",
+		Procfs:               "/proc",
+		Devfs:                "/dev",
+		Telemetry:            Duration(5 * time.Second),
+		MaxMessageBytes:      64 << 20,
+		MaxItemsPerRequest:   4096,
+		MaxItemBytes:         1 << 20,
+		MaxQueueItems:        65536,
+		MaxBatchTokens:       16384,
+		ShutdownGrace:        Duration(30 * time.Second),
+		BatchTimeout:         Duration(2 * time.Minute), // scheduler.DefaultBatchTimeout
+		MaxConnectionIdle:    Duration(5 * time.Minute),
+		MaxConcurrentStreams: 100,
+		HTTPBodyTimeout:      Duration(time.Minute),
+		MaxContext:           8192,
+		OllamaModels:         defaultOllamaModels(getenv),
 	}
 }
 
@@ -278,6 +282,7 @@ var envNames = map[string]string{
 	"max-connections":            "BROKERD_MAX_CONNECTIONS",
 	"max-connections-per-client": "BROKERD_MAX_CONNECTIONS_PER_CLIENT",
 	"max-connection-idle":        "BROKERD_MAX_CONNECTION_IDLE",
+	"max-concurrent-streams":     "BROKERD_MAX_CONCURRENT_STREAMS",
 	"max-inflight-bytes":         "BROKERD_MAX_INFLIGHT_BYTES",
 	"max-context":                "BROKERD_MAX_CONTEXT",
 	"go-memory-limit":            "BROKERD_GO_MEMORY_LIMIT",
@@ -306,6 +311,7 @@ func bind(fs *flag.FlagSet, c *Config, configPath *string) {
 	fs.IntVar(&c.MaxConnections, "max-connections", c.MaxConnections, "most open connections per listener (socket, TCP, HTTP); 0: the descriptor limit less a reserve, so metrics and health always answer")
 	fs.IntVar(&c.MaxConnectionsPerClient, "max-connections-per-client", c.MaxConnectionsPerClient, "most open connections of one client (uid on the socket, IP on TCP) per listener; 0: a quarter of max-connections")
 	fs.Var(&c.MaxConnectionIdle, "max-connection-idle", "close a connection idle (no call in flight) for this long")
+	fs.IntVar(&c.MaxConcurrentStreams, "max-concurrent-streams", c.MaxConcurrentStreams, "most calls one gRPC connection (socket or TCP) runs at once; a client asks for more by opening more connections, within max-connections-per-client")
 	fs.IntVar(&c.MaxContext, "max-context", c.MaxContext, "most tokens (prompt and output) of a generator model's sequence, below its max_position_embeddings; each replica's KV cache holds at least one such sequence")
 	fs.Int64Var(&c.MaxInflightBytes, "max-inflight-bytes", c.MaxInflightBytes, "bytes the calls being served may hold (twice each request's size); beyond it calls get RESOURCE_EXHAUSTED; 0: a quarter of the Go memory limit")
 	fs.Int64Var(&c.GoMemoryLimit, "go-memory-limit", c.GoMemoryLimit, "Go runtime memory limit in bytes; 0: three quarters of the memory brokerd may use (the cgroup limit, else the host's); -1: none; GOMEMLIMIT wins")
@@ -592,6 +598,9 @@ func (c Config) Validate() error {
 	}
 	if c.HTTPBodyTimeout <= 0 {
 		bad("http-body-timeout %v is invalid: more than 0", time.Duration(c.HTTPBodyTimeout))
+	}
+	if c.MaxConcurrentStreams < 1 || c.MaxConcurrentStreams > 1<<20 {
+		bad("max-concurrent-streams %d is invalid: 1 to %d", c.MaxConcurrentStreams, 1<<20)
 	}
 	if c.MaxConnectionIdle <= 0 {
 		bad("max-connection-idle %v is invalid: more than 0", time.Duration(c.MaxConnectionIdle))

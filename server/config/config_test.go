@@ -184,6 +184,7 @@ func TestLoadRejectsBadSettings(t *testing.T) {
 		{"half tls", []string{"--tls-cert=/c.pem"}, nil, []string{"tls-cert and tls-key"}},
 		{"bad metrics address", []string{"--metrics-listen=9464"}, nil, []string{"metrics-listen"}},
 		{"zero batch tokens", []string{"--max-batch-tokens=0"}, nil, []string{"max-batch-tokens 0 is invalid"}},
+		{"zero concurrent streams", []string{"--max-concurrent-streams=0"}, nil, []string{"max-concurrent-streams 0 is invalid"}},
 		{"model name with a path", []string{"--load-models=a,../b"}, nil, []string{"load-models", "model names separated by commas"}},
 		{"empty model name", nil, map[string]string{"BROKERD_LOAD_MODELS": "a,,b"}, []string{"load-models"}},
 		{"bad compute dtype", []string{"--compute-dtype=gpu=fp16"}, nil, []string{"compute-dtype (BROKERD_COMPUTE_DTYPE)", `gpu="fp16"`, "f32, bf16"}},
