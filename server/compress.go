@@ -80,11 +80,10 @@ var decompressing = newByteGate(256 << 20)
 type gated struct{ encoding.Compressor }
 
 func (g gated) Decompress(r io.Reader) (io.Reader, error) {
-	n := int64(inflateSlack)
+	// Unknown size: the most one message yields.
+	n := int64(-1)
 	if rem, ok := r.(interface{ Remaining() int }); ok { // mem.Reader: the whole message is in memory
-		n += maxInflateRatio * int64(rem.Remaining())
-	} else {
-		n = -1 // unknown: as much as the gate allows
+		n = inflateSlack + maxInflateRatio*int64(rem.Remaining())
 	}
 	release := decompressing.acquire(n)
 	dr, err := g.Compressor.Decompress(r)
@@ -115,6 +114,7 @@ func (r *gatedReader) Close() error {
 type byteGate struct {
 	mu      sync.Mutex
 	max     int64
+	most    int64 // the most one decompression yields: grpc-go stops it past MaxRecvMsgSize (0: no such bound)
 	used    int64
 	peak    int64 // the most reserved at once (tests)
 	waiting []*gateWaiter
@@ -127,18 +127,23 @@ type gateWaiter struct {
 
 func newByteGate(max int64) *byteGate { return &byteGate{max: max} }
 
-// setMax changes the bound; reservations already made stay.
-func (g *byteGate) setMax(max int64) {
+// setLimits changes the bound and the most one reservation needs (what
+// grpc-go lets one message expand to); reservations already made stay.
+func (g *byteGate) setLimits(max, most int64) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	g.max = max
+	g.max, g.most = max, most
 	g.wake()
 }
 
-// acquire reserves n bytes (n < 0 or over the bound: the whole bound, so
-// a decompression larger than it runs alone), waiting for room.
+// acquire reserves n bytes (n < 0: the most one message yields; over the
+// bound: the whole bound, so a decompression larger than it runs alone),
+// waiting for room.
 func (g *byteGate) acquire(n int64) (release func()) {
 	g.mu.Lock()
+	if g.most > 0 && (n < 0 || n > g.most) {
+		n = g.most
+	}
 	if n < 0 || n > g.max {
 		n = g.max
 	}

@@ -173,7 +173,8 @@ func registerAPI(s *grpc.Server, broker brokerv1.BrokerServiceServer, kserve inf
 func newGRPCServers(cfg config.Config, withTCP bool, rpcm *rpcMetrics, authz *authorizer, budget *byteBudget, log *zap.Logger) (unixSrv, tcpSrv *grpc.Server, err error) {
 	// Compressed requests are decompressed before the budget sees them:
 	// what they expand to at once is bounded by as much (compress.go).
-	decompressing.setMax(budget.max)
+	// grpc-go stops a decompression one byte past the message limit.
+	decompressing.setLimits(budget.max, int64(cfg.MaxMessageBytes)+1+inflateSlack)
 	codec := newParseCodec()
 	srvOpts := []grpc.ServerOption{
 		grpc.ForceServerCodecV2(codec),

@@ -43,7 +43,7 @@ func limitsServer(t *testing.T, cfg config.Config, budgetBytes int64) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { decompressing.setMax(256 << 20) })
+	t.Cleanup(func() { decompressing.setLimits(256<<20, 0) })
 	inference.RegisterGRPCInferenceServiceServer(srv, k)
 	sock := filepath.Join(t.TempDir(), "s.sock")
 	lis, err := net.Listen("unix", sock)
@@ -294,5 +294,20 @@ func TestByteGate(t *testing.T) {
 	rel[2]() // once only
 	if g.used != 0 {
 		t.Errorf("%d bytes reserved after every release", g.used)
+	}
+}
+
+// No reservation needs more than one message can expand to: grpc-go stops
+// a decompression past the message limit, so a large compressed message
+// (reserving 1032× its size) does not run alone for nothing.
+func TestByteGateMostOneMessage(t *testing.T) {
+	g := newByteGate(100)
+	g.setLimits(100, 30)
+	for _, c := range []struct{ n, want int64 }{{1000, 30}, {-1, 30}, {30, 30}, {7, 7}} {
+		release := g.acquire(c.n)
+		if g.used != c.want {
+			t.Errorf("a reservation of %d under a 30-byte message bound holds %d, want %d", c.n, g.used, c.want)
+		}
+		release()
 	}
 }
