@@ -15,7 +15,8 @@ import (
 // generator loaded, an MLP in the repository): wrong-kind models, unknown
 // models and too-long prompts answered with OpenAI's codes and without the
 // gRPC API's words, temperature over 2 refused, /v1/models without the MLP,
-// Ollama's store routes and keep_alive 0 refused with what to do, a
+// Ollama's store routes and keep_alive 0 refused with what to do,
+// num_predict bounded by the context where max_tokens past it is refused, a
 // semantic version, CORS from --http-cors-origins, and structured output
 // the engine cannot enforce (a schema keyword, a malformed schema or
 // regex, a regex whose (?i) classes fold too much) a 400 saying why.
@@ -62,6 +63,15 @@ func TestHTTPEdgesEndToEnd(t *testing.T) {
 		{"models", "GET", "/v1/models", "", nil, 200, []string{`"id":"tiny-llm"`}, []string{`"id":"mlp"`}},
 		{"pull", "POST", "/api/pull", `{"model":"qwen2.5:0.5b"}`, nil, 501, []string{"brokerctl load"}, nil},
 		{"unknown route", "POST", "/v1/responses", `{}`, nil, 404, []string{"unknown_url"}, nil},
+		// Ollama's num_predict is bounded by the context, as Ollama's
+		// runners bound it; OpenAI's max_tokens past it is refused, as
+		// OpenAI and vLLM refuse it.
+		{"num_predict past the context", "POST", "/api/generate", `{"model":"tiny-llm","prompt":"x","stream":false,"options":{"num_predict":1000}}`, nil, 200,
+			[]string{`"done":true`}, nil},
+		{"num_predict -3", "POST", "/api/chat", `{"model":"tiny-llm","messages":[{"role":"user","content":"x"}],"stream":false,"options":{"num_predict":-3}}`, nil, 200,
+			[]string{`"done":true`}, nil},
+		{"max_tokens past the context", "POST", "/v1/completions", `{"model":"tiny-llm","prompt":"x","max_tokens":1000}`, nil, 400,
+			[]string{`"code":"context_length_exceeded"`}, nil},
 		{"keep_alive 0", "POST", "/api/generate", `{"model":"tiny-llm","keep_alive":0}`, nil, 400, []string{"brokerctl unload tiny-llm"}, nil},
 		{"version", "GET", "/api/version", "", nil, 200, []string{`"version":"0.0.0-dev+test"`}, nil},
 		{"preflight, configured origin", "OPTIONS", "/v1/chat/completions", "",

@@ -23,6 +23,7 @@ import (
 	"github.com/brokerd/brokerd/runtime/models/llm"
 	"github.com/brokerd/brokerd/runtime/models/llm/grammar"
 	"github.com/brokerd/brokerd/scheduler"
+	"github.com/brokerd/brokerd/server/httpapi"
 	"github.com/brokerd/brokerd/server/internal/output"
 )
 
@@ -602,6 +603,8 @@ func (c *genCall) run(ctx context.Context, prompts [][]int32, send generateSink)
 			if d := c.gm.DefaultMaxTokens(); d > 0 {
 				maxNew = min(d, room)
 			}
+		} else if maxNew > room && httpapi.MaxTokensIsLimit(ctx) {
+			maxNew = room
 		} else if maxNew > room {
 			return invalid("prompt %d is %d tokens and max_tokens is %d: more than the model's context of %d tokens", i, len(toks), maxNew, ctxLen)
 		}

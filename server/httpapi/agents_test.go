@@ -10,9 +10,10 @@ import (
 	brokerv1 "github.com/brokerd/brokerd/proto/broker/v1"
 )
 
-// TestOllamaNumPredict: -1 (no limit) and -2 (fill the context) ask for
-// no bound, which brokerd runs to the end of the context; a positive
-// count is the bound; other negatives are refused.
+// TestOllamaNumPredict: -1 (no limit), -2 (fill the context) and other
+// negatives ask for no bound, as in Ollama's runners, which brokerd runs
+// to the end of the context; a positive count is the bound, and a limit
+// (MaxTokensIsLimit), not a demand the context must meet.
 func TestOllamaNumPredict(t *testing.T) {
 	srv, f, _ := newTestServer(t)
 	for _, tc := range []struct {
@@ -24,7 +25,7 @@ func TestOllamaNumPredict(t *testing.T) {
 		{`{"model":"tiny-llm","prompt":"hi","stream":false,"options":{"num_predict":-1}}`, 200, 0},
 		{`{"model":"tiny-llm","prompt":"hi","stream":false,"options":{"num_predict":-2}}`, 200, 0},
 		{`{"model":"tiny-llm","prompt":"hi","stream":false,"options":{"num_predict":9}}`, 200, 9},
-		{`{"model":"tiny-llm","prompt":"hi","stream":false,"options":{"num_predict":-3}}`, 400, 0},
+		{`{"model":"tiny-llm","prompt":"hi","stream":false,"options":{"num_predict":-3}}`, 200, 0},
 	} {
 		f.lastChat = nil
 		resp := post(t, srv.URL+"/api/generate", tc.body)
@@ -38,8 +39,11 @@ func TestOllamaNumPredict(t *testing.T) {
 		}
 	}
 	resp := post(t, srv.URL+"/api/chat", `{"model":"tiny-llm","messages":[{"role":"user","content":"x"}],"options":{"num_predict":-5}}`)
-	if resp.StatusCode != 400 {
-		t.Errorf("chat with num_predict -5: %d", resp.StatusCode)
+	if resp.StatusCode != 200 || f.lastChat.GetSampling().GetMaxTokens() != 0 {
+		t.Errorf("chat with num_predict -5: %d, max_tokens %d", resp.StatusCode, f.lastChat.GetSampling().GetMaxTokens())
+	}
+	if !f.limit {
+		t.Error("an Ollama call's max_tokens is not marked a limit (MaxTokensIsLimit)")
 	}
 }
 

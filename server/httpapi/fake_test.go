@@ -22,6 +22,7 @@ import (
 type fakeBackend struct {
 	lastGenerate *brokerv1.GenerateRequest
 	lastChat     *brokerv1.ChatRequest
+	limit        bool // the last chat's MaxTokensIsLimit
 	lastEncode   *brokerv1.EncodeRequest
 }
 
@@ -154,8 +155,8 @@ func (f *fakeBackend) RunGenerate(_ context.Context, req *brokerv1.GenerateReque
 // answer two calls of the first tool.
 const callTwoTools = "call two tools"
 
-func (f *fakeBackend) RunChat(_ context.Context, req *brokerv1.ChatRequest, s func([]*brokerv1.GenerationDelta, []*brokerv1.GenerationResult) error) error {
-	f.lastChat = req
+func (f *fakeBackend) RunChat(ctx context.Context, req *brokerv1.ChatRequest, s func([]*brokerv1.GenerationDelta, []*brokerv1.GenerationResult) error) error {
+	f.lastChat, f.limit = req, MaxTokensIsLimit(ctx)
 	if err := f.check(req.GetModel()); err != nil {
 		return err
 	}

@@ -397,6 +397,23 @@ func ClientFrom(ctx context.Context) (client string, ok bool) {
 	return client, ok
 }
 
+// limitKey marks a call whose max_tokens is a limit rather than a demand
+// (MaxTokensIsLimit).
+type limitKey struct{}
+
+// MaxTokensIsLimit says a call's max_tokens past the room its prompt
+// leaves in the context ends the output at the context's end instead of
+// refusing the call: Ollama's num_predict, which Ollama's runners bound
+// by the context, where OpenAI and vLLM answer 400.
+func MaxTokensIsLimit(ctx context.Context) bool {
+	v, _ := ctx.Value(limitKey{}).(bool)
+	return v
+}
+
+func withMaxTokensLimit(ctx context.Context) context.Context {
+	return context.WithValue(ctx, limitKey{}, true)
+}
+
 // decode reads a JSON body into v; a bad body is INVALID_ARGUMENT, one
 // the in-flight budget refuses or that is too slow to arrive keeps its
 // own error.

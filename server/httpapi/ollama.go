@@ -70,18 +70,15 @@ func (o *ollamaOptions) sampling() (*brokerv1.SamplingParams, error) {
 	if o.Seed != nil && *o.Seed >= 0 {
 		sp.Seed = proto.Uint64(uint64(*o.Seed))
 	}
-	// -1 (infinite) and -2 (fill the context) are both "to a stop or the
-	// end of the context", brokerd's bound when none is given (a context
-	// is never shifted to make room, so -1 ends where -2 does). 0 is
-	// unset, as in Ollama (its /api/generate omits it, its own runners
-	// took it as no bound).
-	if n := o.NumPredict; n != nil {
-		switch {
-		case *n > 0:
-			sp.MaxTokens = *n.int32p()
-		case *n < -2:
-			return nil, status.Errorf(codes.InvalidArgument, "options.num_predict %d is invalid: a number of tokens, -1 (no limit) or -2 (fill the context)", *n)
-		}
+	// -1 (infinite), -2 (fill the context) and any other negative, as
+	// Ollama's runners take them, are "to a stop or the end of the
+	// context", brokerd's bound when none is given (a context is never
+	// shifted to make room, so -1 ends where -2 does). 0 is unset, as in
+	// Ollama (its /api/generate omits it, its own runners took it as no
+	// bound). A bound past the context's end is the context's end
+	// (MaxTokensIsLimit).
+	if n := o.NumPredict; n != nil && *n > 0 {
+		sp.MaxTokens = *n.int32p()
 	}
 	return sp, nil
 }
@@ -283,14 +280,14 @@ func (h *Handler) ollamaGenerate(w http.ResponseWriter, r *http.Request) {
 		return ollamaGenerateChunk{Model: req.Model, CreatedAt: h.created(), Response: p.text, Thinking: p.thinking, ollamaDone: p.done, Logprobs: p.logprobs}
 	})
 	if req.Raw {
-		err = h.generate(r.Context(), &brokerv1.GenerateRequest{Model: name, Prompts: []string{req.Prompt}, Sampling: sp}, on)
+		err = h.generate(withMaxTokensLimit(r.Context()), &brokerv1.GenerateRequest{Model: name, Prompts: []string{req.Prompt}, Sampling: sp}, on)
 	} else {
 		conv := &brokerv1.Conversation{}
 		if req.System != "" {
 			conv.Messages = append(conv.Messages, &brokerv1.ChatMessage{Role: "system", Content: req.System})
 		}
 		conv.Messages = append(conv.Messages, &brokerv1.ChatMessage{Role: "user", Content: req.Prompt})
-		err = h.chat(r.Context(), &brokerv1.ChatRequest{Model: name, Conversations: []*brokerv1.Conversation{conv}, Sampling: sp,
+		err = h.chat(withMaxTokensLimit(r.Context()), &brokerv1.ChatRequest{Model: name, Conversations: []*brokerv1.Conversation{conv}, Sampling: sp,
 			EnableThinking: req.Think.ptr()}, on)
 	}
 	if err != nil && !out.started {
@@ -411,7 +408,7 @@ func (h *Handler) ollamaChat(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	out := &ndjson{w: w}
-	err = h.chat(r.Context(), &brokerv1.ChatRequest{Model: name, Conversations: []*brokerv1.Conversation{conv}, Sampling: sp,
+	err = h.chat(withMaxTokensLimit(r.Context()), &brokerv1.ChatRequest{Model: name, Conversations: []*brokerv1.Conversation{conv}, Sampling: sp,
 		EnableThinking: req.Think.ptr(), Tools: tools}, h.ollamaReply(w, out, req.Stream, func(p ollamaPiece) any {
 		// Ollama streams each call whole, in the chunk where it ended;
 		// its done_reason is "stop" after calls too (finishName).
