@@ -18,9 +18,11 @@ import (
 func TestRemoveGenReplicaAnswersPreempted(t *testing.T) {
 	s := New(Options{})
 	defer s.CloseWithin(time.Second)
-	// Two blocks of 4 tokens: two 4-token prompts fill the cache; their
-	// first sampled token makes each need a second block.
-	f := newFakeGen(4, 2)
+	// Three blocks of 4 tokens: a and b's 4-token prompts take one each,
+	// and their first sampled tokens a second each, one more than there
+	// is, so b, the newest, is preempted, whether the first step ran both
+	// or (the loop waking before b came) only a, and the second both.
+	f := newFakeGen(4, 3)
 	hold := make(chan struct{})
 	entered := make(chan struct{}, 1)
 	f.hold, f.entered = hold, entered
