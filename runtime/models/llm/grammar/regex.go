@@ -2,6 +2,7 @@ package grammar
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"regexp/syntax"
 	"strconv"
@@ -43,7 +44,7 @@ func regexBody(ctx context.Context, re string, json bool, lim Limits, fold *int)
 	}
 	r, err := syntax.Parse(re, syntax.Perl)
 	if err != nil {
-		return "", invalidf("regular expression: %v", err)
+		return "", invalidf("regular expression: %v", shortSyntaxError(err))
 	}
 	if nestDepth(r) > lim.MaxNesting {
 		return "", tooLargef("regular expression nested deeper than %d", lim.MaxNesting)
@@ -477,4 +478,21 @@ func classChar(t string) (r rune, rest string, ok bool) {
 		return rune("\a\f\n\r\t\v"[i]), t, true
 	}
 	return rune(c), t, true
+}
+
+// maxErrExpr bounds the part of a pattern a syntax error quotes: Go's
+// quotes everything from the fault on (an unclosed "(" the whole
+// pattern, up to 256 KiB), and the error goes back in a 400's body.
+const maxErrExpr = 64
+
+func shortSyntaxError(err error) error {
+	var se *syntax.Error
+	if !errors.As(err, &se) || len(se.Expr) <= maxErrExpr {
+		return err
+	}
+	cut := maxErrExpr
+	for cut > 0 && !utf8.RuneStart(se.Expr[cut]) {
+		cut--
+	}
+	return &syntax.Error{Code: se.Code, Expr: se.Expr[:cut] + "…"}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"unicode/utf8"
 )
 
 // TestRegexFoldBound: regular expressions whose (?i) character classes
@@ -100,6 +101,20 @@ func TestFoldCost(t *testing.T) {
 	} {
 		if got := foldCost(tc.re); got != tc.want {
 			t.Errorf("foldCost(%q) = %d, want %d", tc.re, got, tc.want)
+		}
+	}
+}
+
+// A syntax error quotes a short part of the pattern: Go's quotes all of it
+// from the fault on, and the error goes back to the caller in a 400.
+func TestRegexErrorIsShort(t *testing.T) {
+	for _, re := range []string{"(" + strings.Repeat("a", 200000), "[" + strings.Repeat("é", 100000), "a**"} {
+		_, err := RegexToGBNF(context.Background(), re, DefaultLimits)
+		if err == nil {
+			t.Fatalf("%.10q: no error", re)
+		}
+		if msg := err.Error(); len(msg) > 200 || !utf8.ValidString(msg) {
+			t.Errorf("%.10q: a %d-byte error (valid UTF-8: %v): %.120s", re, len(msg), utf8.ValidString(msg), msg)
 		}
 	}
 }
