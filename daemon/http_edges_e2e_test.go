@@ -16,7 +16,8 @@ import (
 // models and too-long prompts answered with OpenAI's codes and without the
 // gRPC API's words, temperature over 2 refused, /v1/models without the MLP,
 // Ollama's store routes and keep_alive 0 refused with what to do,
-// num_predict bounded by the context where max_tokens past it is refused, a
+// num_predict bounded by the context where max_tokens past it is refused,
+// logit_bias applied and its ids checked, a
 // semantic version, CORS from --http-cors-origins, and structured output
 // the engine cannot enforce (a schema keyword, a malformed schema or
 // regex, a regex whose (?i) classes fold too much) a 400 saying why.
@@ -72,6 +73,11 @@ func TestHTTPEdgesEndToEnd(t *testing.T) {
 			[]string{`"done":true`}, nil},
 		{"max_tokens past the context", "POST", "/v1/completions", `{"model":"tiny-llm","prompt":"x","max_tokens":1000}`, nil, 400,
 			[]string{`"code":"context_length_exceeded"`}, nil},
+		// logit_bias by the byte tokenizer's ids (a byte's id is 3 more).
+		{"logit_bias forces a token", "POST", "/v1/completions", `{"model":"tiny-llm","prompt":"x","max_tokens":3,"logit_bias":{"68":100}}`, nil, 200,
+			[]string{`"text":"AAA"`}, nil},
+		{"logit_bias past the vocabulary", "POST", "/v1/chat/completions", chat(`"logit_bias":{"300":1}`), nil, 400,
+			[]string{"logit_bias token id 300 outside the vocabulary"}, nil},
 		{"keep_alive 0", "POST", "/api/generate", `{"model":"tiny-llm","keep_alive":0}`, nil, 400, []string{"brokerctl unload tiny-llm"}, nil},
 		{"version", "GET", "/api/version", "", nil, 200, []string{`"version":"0.0.0-dev+test"`}, nil},
 		{"preflight, configured origin", "OPTIONS", "/v1/chat/completions", "",

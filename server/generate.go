@@ -137,6 +137,9 @@ func samplingFromProto(p *brokerv1.SamplingParams, d llm.Sampling) (llm.Sampling
 		s.Stop = p.GetStop()
 	}
 	s.StopTokenIDs = p.GetStopTokenIds()
+	if lb := p.GetLogitBias(); len(lb) > 0 {
+		s.LogitBias = lb
+	}
 	s.Logprobs, s.TopLogprobs, s.IgnoreEOS = p.GetLogprobs(), int(p.GetTopLogprobs()), p.GetIgnoreEos()
 	var err error
 	if s.Constraint, err = constraintFromProto(p.GetConstraint()); err != nil {

@@ -47,6 +47,29 @@ func TestOllamaNumPredict(t *testing.T) {
 	}
 }
 
+// TestOpenAILogitBias: logit_bias reaches the engine by token id; keys
+// that are not ids and biases outside OpenAI's -100 to 100 are its 400.
+func TestOpenAILogitBias(t *testing.T) {
+	srv, f, _ := newTestServer(t)
+	resp := post(t, srv.URL+"/v1/chat/completions", `{"model":"tiny-llm","messages":[{"role":"user","content":"x"}],"logit_bias":{"7":-100,"12":5.5}}`)
+	b, _ := io.ReadAll(resp.Body)
+	if got := f.lastChat.GetSampling().GetLogitBias(); resp.StatusCode != 200 || len(got) != 2 || got[7] != -100 || got[12] != 5.5 {
+		t.Errorf("chat: %d %s: logit_bias %v sent", resp.StatusCode, b, got)
+	}
+	resp = post(t, srv.URL+"/v1/completions", `{"model":"tiny-llm","prompt":"x","logit_bias":{"3":1}}`)
+	b, _ = io.ReadAll(resp.Body)
+	if got := f.lastGenerate.GetSampling().GetLogitBias(); resp.StatusCode != 200 || len(got) != 1 || got[3] != 1 {
+		t.Errorf("completions: %d %s: logit_bias %v sent", resp.StatusCode, b, got)
+	}
+	for _, bias := range []string{`{"a":1}`, `{"-1":1}`, `{"99999999999":1}`, `{"5":100.5}`, `{"5":-101}`, `{"5":"x"}`, `[1]`} {
+		resp := post(t, srv.URL+"/v1/chat/completions", `{"model":"tiny-llm","messages":[{"role":"user","content":"x"}],"logit_bias":`+bias+`}`)
+		b, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != 400 || (bias[0] == '{' && bias != `{"5":"x"}` && str(oaiErr(t, b).Param) != "logit_bias") {
+			t.Errorf("logit_bias %s: %d %s", bias, resp.StatusCode, b)
+		}
+	}
+}
+
 // TestOpenAILogprobsParams: OpenAI's limits on logprobs are answered in
 // its error shape, before anything runs.
 func TestOpenAILogprobsParams(t *testing.T) {

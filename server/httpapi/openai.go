@@ -8,6 +8,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"net/http"
+	"strconv"
 	"strings"
 
 	"google.golang.org/grpc/codes"
@@ -81,6 +82,8 @@ type openaiSampling struct {
 	PresencePenalty     *float32              `json:"presence_penalty"`
 	FrequencyPenalty    *float32              `json:"frequency_penalty"`
 	ResponseFormat      *openaiResponseFormat `json:"response_format"`
+	// LogitBias maps token ids (as strings: JSON's keys) to -100 to 100.
+	LogitBias map[string]float64 `json:"logit_bias"`
 	openaiGuided
 	Tools json.RawMessage `json:"tools"`
 	// Extensions vLLM's server accepts too.
@@ -132,7 +135,30 @@ func (o *openaiSampling) params() (*brokerv1.SamplingParams, error) {
 	if o.Seed != nil {
 		sp.Seed = proto.Uint64(uint64(*o.Seed))
 	}
+	if sp.LogitBias, err = logitBias(o.LogitBias); err != nil {
+		return nil, err
+	}
 	return sp, nil
+}
+
+// logitBias reads OpenAI's logit_bias: token ids as JSON keys, biases
+// -100 to 100 (the engine checks the count and the ids' vocabulary).
+func logitBias(m map[string]float64) (map[int32]float32, error) {
+	if len(m) == 0 {
+		return nil, nil
+	}
+	out := make(map[int32]float32, min(len(m), 1024))
+	for k, v := range m {
+		id, err := strconv.ParseInt(k, 10, 32)
+		if err != nil || id < 0 {
+			return nil, paramError("logit_bias", "invalid_value", "Invalid 'logit_bias': key %.40q is not a token id.", k)
+		}
+		if v < -100 || v > 100 {
+			return nil, paramError("logit_bias", "invalid_value", "Invalid 'logit_bias': the bias of token %d is %v: want -100 to 100.", id, v)
+		}
+		out[int32(id)] = float32(v)
+	}
+	return out, nil
 }
 
 type openaiUsage struct {

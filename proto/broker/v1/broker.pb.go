@@ -4545,7 +4545,12 @@ type SamplingParams struct {
 	// Keeps the output inside a grammar (structured output): every sampled
 	// token is one the constraint allows, and EOS only where the output is
 	// complete. Unset: free generation.
-	Constraint    *Constraint `protobuf:"bytes,15,opt,name=constraint,proto3" json:"constraint,omitempty"`
+	Constraint *Constraint `protobuf:"bytes,15,opt,name=constraint,proto3" json:"constraint,omitempty"`
+	// Added to a token's logit before the penalties and the pick, by token
+	// id (OpenAI's and vLLM's logit_bias): -100 bans a token in practice,
+	// 100 all but forces it. Values -100 to 100, at most 1024 ids, each in
+	// the model's vocabulary. Logprobs stay those of the model's logits.
+	LogitBias     map[int32]float32 `protobuf:"bytes,16,rep,name=logit_bias,json=logitBias,proto3" json:"logit_bias,omitempty" protobuf_key:"varint,1,opt,name=key" protobuf_val:"fixed32,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4681,6 +4686,13 @@ func (x *SamplingParams) GetIgnoreEos() bool {
 func (x *SamplingParams) GetConstraint() *Constraint {
 	if x != nil {
 		return x.Constraint
+	}
+	return nil
+}
+
+func (x *SamplingParams) GetLogitBias() map[int32]float32 {
+	if x != nil {
+		return x.LogitBias
 	}
 	return nil
 }
@@ -6085,7 +6097,7 @@ const file_broker_v1_broker_proto_rawDesc = "" +
 	"\fDrainRequest\x12\x12\n" +
 	"\x04exit\x18\x01 \x01(\bR\x04exit\"-\n" +
 	"\rDrainResponse\x12\x1c\n" +
-	"\tcompleted\x18\x01 \x01(\x03R\tcompleted\"\x9b\x05\n" +
+	"\tcompleted\x18\x01 \x01(\x03R\tcompleted\"\xa2\x06\n" +
 	"\x0eSamplingParams\x12%\n" +
 	"\vtemperature\x18\x01 \x01(\x02H\x00R\vtemperature\x88\x01\x01\x12\x18\n" +
 	"\x05top_p\x18\x02 \x01(\x02H\x01R\x04topP\x88\x01\x01\x12\x18\n" +
@@ -6106,7 +6118,12 @@ const file_broker_v1_broker_proto_rawDesc = "" +
 	"ignore_eos\x18\x0e \x01(\bR\tignoreEos\x125\n" +
 	"\n" +
 	"constraint\x18\x0f \x01(\v2\x15.broker.v1.ConstraintR\n" +
-	"constraintB\x0e\n" +
+	"constraint\x12G\n" +
+	"\n" +
+	"logit_bias\x18\x10 \x03(\v2(.broker.v1.SamplingParams.LogitBiasEntryR\tlogitBias\x1a<\n" +
+	"\x0eLogitBiasEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\x05R\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x02R\x05value:\x028\x01B\x0e\n" +
 	"\f_temperatureB\b\n" +
 	"\x06_top_pB\b\n" +
 	"\x06_top_kB\b\n" +
@@ -6308,7 +6325,7 @@ func file_broker_v1_broker_proto_rawDescGZIP() []byte {
 }
 
 var file_broker_v1_broker_proto_enumTypes = make([]protoimpl.EnumInfo, 11)
-var file_broker_v1_broker_proto_msgTypes = make([]protoimpl.MessageInfo, 65)
+var file_broker_v1_broker_proto_msgTypes = make([]protoimpl.MessageInfo, 66)
 var file_broker_v1_broker_proto_goTypes = []any{
 	(DeviceType)(0),                // 0: broker.v1.DeviceType
 	(DeviceHealth)(0),              // 1: broker.v1.DeviceHealth
@@ -6386,9 +6403,10 @@ var file_broker_v1_broker_proto_goTypes = []any{
 	nil,                            // 73: broker.v1.Device.AttributesEntry
 	nil,                            // 74: broker.v1.Configuration.CostPerHourUsdEntry
 	nil,                            // 75: broker.v1.QueueStats.FailedEntry
-	(*timestamppb.Timestamp)(nil),  // 76: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),    // 77: google.protobuf.Duration
-	(*structpb.Struct)(nil),        // 78: google.protobuf.Struct
+	nil,                            // 76: broker.v1.SamplingParams.LogitBiasEntry
+	(*timestamppb.Timestamp)(nil),  // 77: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),    // 78: google.protobuf.Duration
+	(*structpb.Struct)(nil),        // 79: google.protobuf.Struct
 }
 var file_broker_v1_broker_proto_depIdxs = []int32{
 	0,   // 0: broker.v1.Device.type:type_name -> broker.v1.DeviceType
@@ -6398,7 +6416,7 @@ var file_broker_v1_broker_proto_depIdxs = []int32{
 	13,  // 4: broker.v1.Device.gpu:type_name -> broker.v1.GpuInfo
 	14,  // 5: broker.v1.Device.tpu:type_name -> broker.v1.TpuInfo
 	73,  // 6: broker.v1.Device.attributes:type_name -> broker.v1.Device.AttributesEntry
-	76,  // 7: broker.v1.Telemetry.updated_at:type_name -> google.protobuf.Timestamp
+	77,  // 7: broker.v1.Telemetry.updated_at:type_name -> google.protobuf.Timestamp
 	0,   // 8: broker.v1.BatchPlan.device_type:type_name -> broker.v1.DeviceType
 	74,  // 9: broker.v1.Configuration.cost_per_hour_usd:type_name -> broker.v1.Configuration.CostPerHourUsdEntry
 	0,   // 10: broker.v1.Runtime.device_types:type_name -> broker.v1.DeviceType
@@ -6417,7 +6435,7 @@ var file_broker_v1_broker_proto_depIdxs = []int32{
 	5,   // 23: broker.v1.TensorSpec.dtype:type_name -> broker.v1.DataType
 	27,  // 24: broker.v1.InferRequest.inputs:type_name -> broker.v1.Tensor
 	4,   // 25: broker.v1.InferRequest.priority:type_name -> broker.v1.Priority
-	77,  // 26: broker.v1.InferRequest.timeout:type_name -> google.protobuf.Duration
+	78,  // 26: broker.v1.InferRequest.timeout:type_name -> google.protobuf.Duration
 	0,   // 27: broker.v1.InferRequest.device_type:type_name -> broker.v1.DeviceType
 	27,  // 28: broker.v1.InferResponse.outputs:type_name -> broker.v1.Tensor
 	22,  // 29: broker.v1.InferResponse.execution:type_name -> broker.v1.ExecutionInfo
@@ -6434,7 +6452,7 @@ var file_broker_v1_broker_proto_depIdxs = []int32{
 	6,   // 40: broker.v1.Model.state:type_name -> broker.v1.ModelState
 	28,  // 41: broker.v1.Model.inputs:type_name -> broker.v1.TensorSpec
 	28,  // 42: broker.v1.Model.outputs:type_name -> broker.v1.TensorSpec
-	76,  // 43: broker.v1.Model.modified_at:type_name -> google.protobuf.Timestamp
+	77,  // 43: broker.v1.Model.modified_at:type_name -> google.protobuf.Timestamp
 	40,  // 44: broker.v1.Model.parameters:type_name -> broker.v1.ModelParameter
 	39,  // 45: broker.v1.ListModelsResponse.models:type_name -> broker.v1.Model
 	39,  // 46: broker.v1.LoadModelResponse.model:type_name -> broker.v1.Model
@@ -6449,70 +6467,71 @@ var file_broker_v1_broker_proto_depIdxs = []int32{
 	11,  // 55: broker.v1.CordonDeviceResponse.device:type_name -> broker.v1.Device
 	11,  // 56: broker.v1.UncordonDeviceResponse.device:type_name -> broker.v1.Device
 	59,  // 57: broker.v1.SamplingParams.constraint:type_name -> broker.v1.Constraint
-	10,  // 58: broker.v1.Constraint.kind:type_name -> broker.v1.Constraint.Kind
-	58,  // 59: broker.v1.GenerateRequest.sampling:type_name -> broker.v1.SamplingParams
-	4,   // 60: broker.v1.GenerateRequest.priority:type_name -> broker.v1.Priority
-	0,   // 61: broker.v1.GenerateRequest.device_type:type_name -> broker.v1.DeviceType
-	77,  // 62: broker.v1.GenerateRequest.max_time:type_name -> google.protobuf.Duration
-	63,  // 63: broker.v1.ChatMessage.tool_calls:type_name -> broker.v1.ToolCall
-	61,  // 64: broker.v1.Conversation.messages:type_name -> broker.v1.ChatMessage
-	64,  // 65: broker.v1.ChatRequest.conversations:type_name -> broker.v1.Conversation
-	58,  // 66: broker.v1.ChatRequest.sampling:type_name -> broker.v1.SamplingParams
-	4,   // 67: broker.v1.ChatRequest.priority:type_name -> broker.v1.Priority
-	0,   // 68: broker.v1.ChatRequest.device_type:type_name -> broker.v1.DeviceType
-	77,  // 69: broker.v1.ChatRequest.max_time:type_name -> google.protobuf.Duration
-	78,  // 70: broker.v1.ChatRequest.chat_template_kwargs:type_name -> google.protobuf.Struct
-	62,  // 71: broker.v1.ChatRequest.tools:type_name -> broker.v1.Tool
-	9,   // 72: broker.v1.ChatRequest.tool_choice:type_name -> broker.v1.ToolChoiceMode
-	66,  // 73: broker.v1.LogprobEntry.chosen:type_name -> broker.v1.TokenLogprob
-	66,  // 74: broker.v1.LogprobEntry.top:type_name -> broker.v1.TokenLogprob
-	67,  // 75: broker.v1.GenerationDelta.logprobs:type_name -> broker.v1.LogprobEntry
-	63,  // 76: broker.v1.GenerationDelta.tool_calls:type_name -> broker.v1.ToolCall
-	8,   // 77: broker.v1.GenerationResult.finish_reason:type_name -> broker.v1.FinishReason
-	69,  // 78: broker.v1.GenerationResult.usage:type_name -> broker.v1.Usage
-	77,  // 79: broker.v1.GenerationResult.time_to_first_token:type_name -> google.protobuf.Duration
-	22,  // 80: broker.v1.GenerationResult.execution:type_name -> broker.v1.ExecutionInfo
-	68,  // 81: broker.v1.GenerateResponse.deltas:type_name -> broker.v1.GenerationDelta
-	70,  // 82: broker.v1.GenerateResponse.results:type_name -> broker.v1.GenerationResult
-	68,  // 83: broker.v1.ChatResponse.deltas:type_name -> broker.v1.GenerationDelta
-	70,  // 84: broker.v1.ChatResponse.results:type_name -> broker.v1.GenerationResult
-	23,  // 85: broker.v1.BrokerService.Encode:input_type -> broker.v1.EncodeRequest
-	25,  // 86: broker.v1.BrokerService.EncodeStream:input_type -> broker.v1.EncodeStreamRequest
-	29,  // 87: broker.v1.BrokerService.Infer:input_type -> broker.v1.InferRequest
-	31,  // 88: broker.v1.BrokerService.ListDevices:input_type -> broker.v1.ListDevicesRequest
-	33,  // 89: broker.v1.BrokerService.GetDevice:input_type -> broker.v1.GetDeviceRequest
-	35,  // 90: broker.v1.BrokerService.GetReport:input_type -> broker.v1.GetReportRequest
-	37,  // 91: broker.v1.BrokerService.GetBatchPlan:input_type -> broker.v1.GetBatchPlanRequest
-	41,  // 92: broker.v1.BrokerService.ListModels:input_type -> broker.v1.ListModelsRequest
-	43,  // 93: broker.v1.BrokerService.LoadModel:input_type -> broker.v1.LoadModelRequest
-	45,  // 94: broker.v1.BrokerService.UnloadModel:input_type -> broker.v1.UnloadModelRequest
-	50,  // 95: broker.v1.BrokerService.GetStats:input_type -> broker.v1.GetStatsRequest
-	52,  // 96: broker.v1.BrokerService.CordonDevice:input_type -> broker.v1.CordonDeviceRequest
-	54,  // 97: broker.v1.BrokerService.UncordonDevice:input_type -> broker.v1.UncordonDeviceRequest
-	56,  // 98: broker.v1.BrokerService.Drain:input_type -> broker.v1.DrainRequest
-	60,  // 99: broker.v1.BrokerService.Generate:input_type -> broker.v1.GenerateRequest
-	65,  // 100: broker.v1.BrokerService.Chat:input_type -> broker.v1.ChatRequest
-	24,  // 101: broker.v1.BrokerService.Encode:output_type -> broker.v1.EncodeResponse
-	26,  // 102: broker.v1.BrokerService.EncodeStream:output_type -> broker.v1.EncodeStreamResponse
-	30,  // 103: broker.v1.BrokerService.Infer:output_type -> broker.v1.InferResponse
-	32,  // 104: broker.v1.BrokerService.ListDevices:output_type -> broker.v1.ListDevicesResponse
-	34,  // 105: broker.v1.BrokerService.GetDevice:output_type -> broker.v1.GetDeviceResponse
-	36,  // 106: broker.v1.BrokerService.GetReport:output_type -> broker.v1.GetReportResponse
-	38,  // 107: broker.v1.BrokerService.GetBatchPlan:output_type -> broker.v1.GetBatchPlanResponse
-	42,  // 108: broker.v1.BrokerService.ListModels:output_type -> broker.v1.ListModelsResponse
-	44,  // 109: broker.v1.BrokerService.LoadModel:output_type -> broker.v1.LoadModelResponse
-	46,  // 110: broker.v1.BrokerService.UnloadModel:output_type -> broker.v1.UnloadModelResponse
-	51,  // 111: broker.v1.BrokerService.GetStats:output_type -> broker.v1.GetStatsResponse
-	53,  // 112: broker.v1.BrokerService.CordonDevice:output_type -> broker.v1.CordonDeviceResponse
-	55,  // 113: broker.v1.BrokerService.UncordonDevice:output_type -> broker.v1.UncordonDeviceResponse
-	57,  // 114: broker.v1.BrokerService.Drain:output_type -> broker.v1.DrainResponse
-	71,  // 115: broker.v1.BrokerService.Generate:output_type -> broker.v1.GenerateResponse
-	72,  // 116: broker.v1.BrokerService.Chat:output_type -> broker.v1.ChatResponse
-	101, // [101:117] is the sub-list for method output_type
-	85,  // [85:101] is the sub-list for method input_type
-	85,  // [85:85] is the sub-list for extension type_name
-	85,  // [85:85] is the sub-list for extension extendee
-	0,   // [0:85] is the sub-list for field type_name
+	76,  // 58: broker.v1.SamplingParams.logit_bias:type_name -> broker.v1.SamplingParams.LogitBiasEntry
+	10,  // 59: broker.v1.Constraint.kind:type_name -> broker.v1.Constraint.Kind
+	58,  // 60: broker.v1.GenerateRequest.sampling:type_name -> broker.v1.SamplingParams
+	4,   // 61: broker.v1.GenerateRequest.priority:type_name -> broker.v1.Priority
+	0,   // 62: broker.v1.GenerateRequest.device_type:type_name -> broker.v1.DeviceType
+	78,  // 63: broker.v1.GenerateRequest.max_time:type_name -> google.protobuf.Duration
+	63,  // 64: broker.v1.ChatMessage.tool_calls:type_name -> broker.v1.ToolCall
+	61,  // 65: broker.v1.Conversation.messages:type_name -> broker.v1.ChatMessage
+	64,  // 66: broker.v1.ChatRequest.conversations:type_name -> broker.v1.Conversation
+	58,  // 67: broker.v1.ChatRequest.sampling:type_name -> broker.v1.SamplingParams
+	4,   // 68: broker.v1.ChatRequest.priority:type_name -> broker.v1.Priority
+	0,   // 69: broker.v1.ChatRequest.device_type:type_name -> broker.v1.DeviceType
+	78,  // 70: broker.v1.ChatRequest.max_time:type_name -> google.protobuf.Duration
+	79,  // 71: broker.v1.ChatRequest.chat_template_kwargs:type_name -> google.protobuf.Struct
+	62,  // 72: broker.v1.ChatRequest.tools:type_name -> broker.v1.Tool
+	9,   // 73: broker.v1.ChatRequest.tool_choice:type_name -> broker.v1.ToolChoiceMode
+	66,  // 74: broker.v1.LogprobEntry.chosen:type_name -> broker.v1.TokenLogprob
+	66,  // 75: broker.v1.LogprobEntry.top:type_name -> broker.v1.TokenLogprob
+	67,  // 76: broker.v1.GenerationDelta.logprobs:type_name -> broker.v1.LogprobEntry
+	63,  // 77: broker.v1.GenerationDelta.tool_calls:type_name -> broker.v1.ToolCall
+	8,   // 78: broker.v1.GenerationResult.finish_reason:type_name -> broker.v1.FinishReason
+	69,  // 79: broker.v1.GenerationResult.usage:type_name -> broker.v1.Usage
+	78,  // 80: broker.v1.GenerationResult.time_to_first_token:type_name -> google.protobuf.Duration
+	22,  // 81: broker.v1.GenerationResult.execution:type_name -> broker.v1.ExecutionInfo
+	68,  // 82: broker.v1.GenerateResponse.deltas:type_name -> broker.v1.GenerationDelta
+	70,  // 83: broker.v1.GenerateResponse.results:type_name -> broker.v1.GenerationResult
+	68,  // 84: broker.v1.ChatResponse.deltas:type_name -> broker.v1.GenerationDelta
+	70,  // 85: broker.v1.ChatResponse.results:type_name -> broker.v1.GenerationResult
+	23,  // 86: broker.v1.BrokerService.Encode:input_type -> broker.v1.EncodeRequest
+	25,  // 87: broker.v1.BrokerService.EncodeStream:input_type -> broker.v1.EncodeStreamRequest
+	29,  // 88: broker.v1.BrokerService.Infer:input_type -> broker.v1.InferRequest
+	31,  // 89: broker.v1.BrokerService.ListDevices:input_type -> broker.v1.ListDevicesRequest
+	33,  // 90: broker.v1.BrokerService.GetDevice:input_type -> broker.v1.GetDeviceRequest
+	35,  // 91: broker.v1.BrokerService.GetReport:input_type -> broker.v1.GetReportRequest
+	37,  // 92: broker.v1.BrokerService.GetBatchPlan:input_type -> broker.v1.GetBatchPlanRequest
+	41,  // 93: broker.v1.BrokerService.ListModels:input_type -> broker.v1.ListModelsRequest
+	43,  // 94: broker.v1.BrokerService.LoadModel:input_type -> broker.v1.LoadModelRequest
+	45,  // 95: broker.v1.BrokerService.UnloadModel:input_type -> broker.v1.UnloadModelRequest
+	50,  // 96: broker.v1.BrokerService.GetStats:input_type -> broker.v1.GetStatsRequest
+	52,  // 97: broker.v1.BrokerService.CordonDevice:input_type -> broker.v1.CordonDeviceRequest
+	54,  // 98: broker.v1.BrokerService.UncordonDevice:input_type -> broker.v1.UncordonDeviceRequest
+	56,  // 99: broker.v1.BrokerService.Drain:input_type -> broker.v1.DrainRequest
+	60,  // 100: broker.v1.BrokerService.Generate:input_type -> broker.v1.GenerateRequest
+	65,  // 101: broker.v1.BrokerService.Chat:input_type -> broker.v1.ChatRequest
+	24,  // 102: broker.v1.BrokerService.Encode:output_type -> broker.v1.EncodeResponse
+	26,  // 103: broker.v1.BrokerService.EncodeStream:output_type -> broker.v1.EncodeStreamResponse
+	30,  // 104: broker.v1.BrokerService.Infer:output_type -> broker.v1.InferResponse
+	32,  // 105: broker.v1.BrokerService.ListDevices:output_type -> broker.v1.ListDevicesResponse
+	34,  // 106: broker.v1.BrokerService.GetDevice:output_type -> broker.v1.GetDeviceResponse
+	36,  // 107: broker.v1.BrokerService.GetReport:output_type -> broker.v1.GetReportResponse
+	38,  // 108: broker.v1.BrokerService.GetBatchPlan:output_type -> broker.v1.GetBatchPlanResponse
+	42,  // 109: broker.v1.BrokerService.ListModels:output_type -> broker.v1.ListModelsResponse
+	44,  // 110: broker.v1.BrokerService.LoadModel:output_type -> broker.v1.LoadModelResponse
+	46,  // 111: broker.v1.BrokerService.UnloadModel:output_type -> broker.v1.UnloadModelResponse
+	51,  // 112: broker.v1.BrokerService.GetStats:output_type -> broker.v1.GetStatsResponse
+	53,  // 113: broker.v1.BrokerService.CordonDevice:output_type -> broker.v1.CordonDeviceResponse
+	55,  // 114: broker.v1.BrokerService.UncordonDevice:output_type -> broker.v1.UncordonDeviceResponse
+	57,  // 115: broker.v1.BrokerService.Drain:output_type -> broker.v1.DrainResponse
+	71,  // 116: broker.v1.BrokerService.Generate:output_type -> broker.v1.GenerateResponse
+	72,  // 117: broker.v1.BrokerService.Chat:output_type -> broker.v1.ChatResponse
+	102, // [102:118] is the sub-list for method output_type
+	86,  // [86:102] is the sub-list for method input_type
+	86,  // [86:86] is the sub-list for extension type_name
+	86,  // [86:86] is the sub-list for extension extendee
+	0,   // [0:86] is the sub-list for field type_name
 }
 
 func init() { file_broker_v1_broker_proto_init() }
@@ -6539,7 +6558,7 @@ func file_broker_v1_broker_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_broker_v1_broker_proto_rawDesc), len(file_broker_v1_broker_proto_rawDesc)),
 			NumEnums:      11,
-			NumMessages:   65,
+			NumMessages:   66,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

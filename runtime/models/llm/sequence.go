@@ -27,6 +27,10 @@ const (
 	MaxStopBytes   = 256
 	// MaxStopTokenIDs bounds StopTokenIDs.
 	MaxStopTokenIDs = 64
+	// MaxLogitBias bounds LogitBias's ids; MaxBias its values' size
+	// (OpenAI's range).
+	MaxLogitBias = 1024
+	MaxBias      = 100
 )
 
 // Sampling is how a sequence picks its tokens (the API's SamplingParams).
@@ -52,6 +56,9 @@ type Sampling struct {
 	// allowed only where the output is complete, and a sequence whose
 	// grammar accepted EOS stops even with IgnoreEOS.
 	Constraint *Constraint
+	// LogitBias is added to the logits of its token ids before the
+	// penalties (OpenAI's logit_bias); logprobs stay the model's.
+	LogitBias map[int32]float32
 }
 
 // Validate checks the values' ranges.
@@ -81,6 +88,13 @@ func (s Sampling) Validate() error {
 		return bad("%d stop strings, at most %d", len(s.Stop), MaxStopStrings)
 	case len(s.StopTokenIDs) > MaxStopTokenIDs:
 		return bad("%d stop token ids, at most %d", len(s.StopTokenIDs), MaxStopTokenIDs)
+	case len(s.LogitBias) > MaxLogitBias:
+		return bad("logit_bias has %d tokens, at most %d", len(s.LogitBias), MaxLogitBias)
+	}
+	for id, b := range s.LogitBias {
+		if !finite(b) || b < -MaxBias || b > MaxBias {
+			return bad("logit_bias of token %d is %g: want -%d to %d", id, b, MaxBias, MaxBias)
+		}
 	}
 	for i, st := range s.Stop {
 		if st == "" || len(st) > MaxStopBytes {
@@ -187,6 +201,11 @@ func newSequence(params Sampling, prompt []int32, vocab int, eos []int32, detok 
 	if len(params.Stop) > 0 && detok == nil {
 		return nil, fmt.Errorf("%w: stop strings need a tokenizer", ErrInvalidSampling)
 	}
+	for id := range params.LogitBias {
+		if id < 0 || int(id) >= vocab {
+			return nil, fmt.Errorf("%w: logit_bias token id %d outside the vocabulary of %d", ErrInvalidSampling, id, vocab)
+		}
+	}
 	seed := params.Seed
 	if !params.Seeded {
 		seed = rand.Uint64()
@@ -243,7 +262,7 @@ func (s *Sequence) next(logits []float32) (SeqResult, error) {
 		sc := s.scratch.get(len(logits))
 		defer s.scratch.put(sc)
 		// The sampler chain, in llama.cpp's order: the grammar's mask, the
-		// penalties, then the pick (temperature, min-p, top-k, top-p, draw).
+		// bias and penalties, then the pick (temperature, min-p, top-k, top-p, draw).
 		x := sc.work[:len(logits)]
 		for i, v := range logits {
 			x[i] = float64(v)
@@ -337,7 +356,7 @@ func (s *Sequence) release() (text string, stop bool) {
 func (s *Sequence) plainGreedy() bool {
 	p := s.params
 	return p.Temperature == 0 && s.con == nil && (p.RepetitionPenalty == 0 || p.RepetitionPenalty == 1) &&
-		p.PresencePenalty == 0 && p.FrequencyPenalty == 0
+		p.PresencePenalty == 0 && p.FrequencyPenalty == 0 && len(p.LogitBias) == 0
 }
 
 // argmax32 is pick's greedy choice on float32 logits: the first index of
@@ -346,9 +365,14 @@ func (s *Sequence) plainGreedy() bool {
 // vector code: a scalar scan took 0.09 ms a token at a 150k vocabulary.
 func argmax32(x []float32) int32 { return int32(vecmath.ArgmaxF32(x)) }
 
-// penalise applies the penalties to the logits x in place (plainGreedy
+// penalise applies the logit bias and the penalties to the logits x in place (plainGreedy
 // skips it when none is set: a new penalty belongs in both).
 func (s *Sequence) penalise(x []float64) {
+	// The bias first, as vLLM's logits processors and llama.cpp's sampler
+	// chain apply it (a masked token stays -Inf).
+	for t, b := range s.params.LogitBias {
+		x[t] += float64(b)
+	}
 	if rp := float64(s.params.RepetitionPenalty); rp != 0 && rp != 1 {
 		pen := func(t int32) {
 			if x[t] > 0 {

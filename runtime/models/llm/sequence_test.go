@@ -168,9 +168,27 @@ func TestSequenceSampling(t *testing.T) {
 	if g[0] != best || g[1] == best && g[2] == best && g[3] == best {
 		t.Fatalf("frequency penalty: %v", g)
 	}
-	// Logprobs: the chosen token's and the top alternatives, descending.
-	s, _ := newSequence(Sampling{Logprobs: true, TopLogprobs: 3}, nil, v, nil, nil)
+	// logit_bias: +100 all but forces a token, -100 bans the best, greedy
+	// or drawn; logprobs stay the model's.
+	other := int32((best + 7) % int32(v))
+	for _, p := range []Sampling{{LogitBias: map[int32]float32{other: 100}}, {Temperature: 1, LogitBias: map[int32]float32{other: 100}}} {
+		if g := draw(p, 5); !slices.Equal(g, []int32{other, other, other, other, other}) {
+			t.Fatalf("%+v drew %v, want %d", p, g, other)
+		}
+	}
+	for _, tok := range draw(Sampling{Temperature: 1, Seed: 3, Seeded: true, LogitBias: map[int32]float32{best: -100}}, 50) {
+		if tok == best {
+			t.Fatalf("logit_bias -100 on %d drew it", best)
+		}
+	}
+	s, _ := newSequence(Sampling{Logprobs: true, LogitBias: map[int32]float32{other: 100}}, nil, v, nil, nil)
 	res, _ := s.next(logits)
+	if lp := res.Out.(Delta).Logprobs; res.Token != other || lp[0].Logprob > -1 {
+		t.Fatalf("biased pick %d, logprob %v: want %d at the model's logprob", res.Token, lp[0].Logprob, other)
+	}
+	// Logprobs: the chosen token's and the top alternatives, descending.
+	s, _ = newSequence(Sampling{Logprobs: true, TopLogprobs: 3}, nil, v, nil, nil)
+	res, _ = s.next(logits)
 	lp := res.Out.(Delta).Logprobs
 	if len(lp) != 1 || len(lp[0].Top) != 3 || lp[0].Top[0].Token != best || lp[0].Token != best ||
 		lp[0].Top[0].Logprob < lp[0].Top[1].Logprob || lp[0].Top[1].Logprob < lp[0].Top[2].Logprob || lp[0].Logprob >= 0 {
@@ -182,6 +200,8 @@ func TestSamplingValidate(t *testing.T) {
 	for _, p := range []Sampling{
 		{Temperature: -1}, {Temperature: float32(math.NaN())}, {TopP: 1.5}, {TopK: -1}, {MinP: 2},
 		{RepetitionPenalty: -1}, {PresencePenalty: 3}, {FrequencyPenalty: -3}, {TopLogprobs: 21}, {Stop: []string{""}},
+		{LogitBias: map[int32]float32{1: 101}}, {LogitBias: map[int32]float32{1: float32(math.NaN())}}, {LogitBias: map[int32]float32{10: 1}},
+		{LogitBias: map[int32]float32{-1: 1}}, {LogitBias: manyBiases(MaxLogitBias + 1)},
 	} {
 		if _, err := newSequence(p, nil, 10, nil, &byteDetok{}); !errors.Is(err, ErrInvalidSampling) {
 			t.Errorf("%+v: %v, want ErrInvalidSampling", p, err)
@@ -190,6 +210,14 @@ func TestSamplingValidate(t *testing.T) {
 	if _, err := newSequence(Sampling{Stop: []string{"x"}}, nil, 10, nil, nil); !errors.Is(err, ErrInvalidSampling) {
 		t.Errorf("stop strings without a tokenizer: %v", err)
 	}
+}
+
+func manyBiases(n int) map[int32]float32 {
+	m := make(map[int32]float32, n)
+	for i := range n {
+		m[int32(-i)] = 1 // the count is checked before the ids
+	}
+	return m
 }
 
 // TestStepResults checks Step's flags and its refusals of steps that do
