@@ -70,6 +70,28 @@ func TestOpenAILogitBias(t *testing.T) {
 	}
 }
 
+// TestOpenAIFieldsNotServed: fields asking for what brokerd does not do
+// are OpenAI's 400 naming them, never ignored; their neutral values pass.
+func TestOpenAIFieldsNotServed(t *testing.T) {
+	srv, _, _ := newTestServer(t)
+	const msgs = `"messages":[{"role":"user","content":"x"}]`
+	for _, tc := range []struct{ path, body, param string }{
+		{"/v1/completions", `{"model":"tiny-llm","prompt":"x","best_of":3}`, "best_of"},
+		{"/v1/chat/completions", `{"model":"tiny-llm",` + msgs + `,"functions":[{"name":"f","parameters":{}}]}`, "functions"},
+		{"/v1/chat/completions", `{"model":"tiny-llm",` + msgs + `,"function_call":"auto"}`, "function_call"},
+		{"/v1/completions", `{"model":"tiny-llm","prompt":"x","best_of":1,"functions":null,"function_call":null}`, ""},
+	} {
+		resp := post(t, srv.URL+tc.path, tc.body)
+		b, _ := io.ReadAll(resp.Body)
+		switch {
+		case tc.param == "" && resp.StatusCode != 200:
+			t.Errorf("%s: %d %s", tc.body, resp.StatusCode, b)
+		case tc.param != "" && (resp.StatusCode != 400 || str(oaiErr(t, b).Param) != tc.param):
+			t.Errorf("%s: %d %s, want 400 naming %s", tc.body, resp.StatusCode, b, tc.param)
+		}
+	}
+}
+
 // TestOpenAILogprobsParams: OpenAI's limits on logprobs are answered in
 // its error shape, before anything runs.
 func TestOpenAILogprobsParams(t *testing.T) {

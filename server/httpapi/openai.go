@@ -84,6 +84,12 @@ type openaiSampling struct {
 	ResponseFormat      *openaiResponseFormat `json:"response_format"`
 	// LogitBias maps token ids (as strings: JSON's keys) to -100 to 100.
 	LogitBias map[string]float64 `json:"logit_bias"`
+	// Refused when they ask for what brokerd does not do, never ignored:
+	// best_of (one candidate a prompt, as n), and the deprecated
+	// functions and function_call (tools and tool_choice replace them).
+	BestOf       *int            `json:"best_of"`
+	Functions    json.RawMessage `json:"functions"`
+	FunctionCall json.RawMessage `json:"function_call"`
 	openaiGuided
 	Tools json.RawMessage `json:"tools"`
 	// Extensions vLLM's server accepts too.
@@ -95,6 +101,17 @@ type openaiSampling struct {
 func (o *openaiSampling) params() (*brokerv1.SamplingParams, error) {
 	if o.N != nil && *o.N != 1 {
 		return nil, status.Errorf(codes.InvalidArgument, "n=%d is not supported: one choice per prompt (send several prompts to /v1/completions, or several requests)", *o.N)
+	}
+	if o.BestOf != nil && *o.BestOf != 1 {
+		return nil, paramError("best_of", "invalid_value", "best_of=%d is not supported: one candidate per prompt", *o.BestOf)
+	}
+	for _, f := range []struct {
+		name string
+		v    json.RawMessage
+	}{{"functions", o.Functions}, {"function_call", o.FunctionCall}} {
+		if len(f.v) > 0 && string(f.v) != "null" {
+			return nil, paramError(f.name, "invalid_value", "%q is OpenAI's deprecated function calling, which brokerd does not serve: send \"tools\" and \"tool_choice\"", f.name)
+		}
 	}
 	if err := unsupported(o.Tools, 0); err != nil {
 		return nil, err
