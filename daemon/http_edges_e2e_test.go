@@ -136,3 +136,35 @@ func TestHTTPEdgesEndToEnd(t *testing.T) {
 		})
 	}
 }
+
+// TestOpenAIStreamSendsNoEmptyChunks: a streamed chat whose text is held
+// back (here each token could start the stop string) sends no chunk of
+// empty content for it, as vLLM sends none, and the held text comes at
+// the end.
+func TestOpenAIStreamSendsNoEmptyChunks(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.ModelRepo = t.TempDir()
+	cfg.LoadModels = "tiny-llm"
+	cfg.MaxContext = 64
+	cfg.HTTPListen = "127.0.0.1:0"
+	cfg.HTTPAllowUnauthenticated = true
+	writeTinyLlama(t, cfg.ModelRepo, "tiny-llm")
+	d := startDaemonWith(t, Options{Config: cfg, Tokenizers: func(context.Context, string, func(string, int64) ([]byte, error)) (llm.Tokenizer, llm.ChatTemplate, error) {
+		return byteTokenizer{}, byteTokenizer{}, nil
+	}})
+	// logit_bias makes every token "A" (id 68), each a possible start of
+	// the stop string "AAAAB".
+	body := `{"model":"tiny-llm","stream":true,"max_tokens":3,"stop":["AAAAB"],"logit_bias":{"68":100},"messages":[{"role":"user","content":"x"}]}`
+	resp, err := http.Post("http://"+d.addrs.HTTP+"/v1/chat/completions", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || !strings.Contains(string(b), `"content":"AAA"`) {
+		t.Fatalf("%d: %s", resp.StatusCode, b)
+	}
+	if n := strings.Count(string(b), `"delta":{"content":""}`); n > 0 {
+		t.Errorf("%d chunks of empty content:\n%s", n, b)
+	}
+}

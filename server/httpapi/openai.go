@@ -421,6 +421,12 @@ func (h *Handler) openaiChat(w http.ResponseWriter, r *http.Request) {
 			if t := e.delta.GetText(); t != "" || len(delta) == 0 {
 				delta["content"] = t
 			}
+			if len(delta) == 1 && delta["content"] == "" && !first && len(lps) == 0 {
+				// Text held back (a stop string's possible start, part of
+				// a character or a call): nothing to send, as vLLM sends
+				// nothing.
+				return nil
+			}
 			if first {
 				delta["role"] = "assistant"
 				first = false
