@@ -5,6 +5,7 @@ import (
 	"io"
 	"sync"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/encoding"
 	// gzip registers itself: requests compressed with gzip are accepted,
 	// and a server answers in the compression its client asked with.
@@ -161,6 +162,28 @@ func (g *byteGate) acquire(n int64) (release func()) {
 			g.wake()
 		})
 	}
+}
+
+// state is what is reserved and how many wait (metrics).
+func (g *byteGate) state() (used int64, waiting int) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.used, len(g.waiting)
+}
+
+// registerGateMetrics exports the gate's state: decompressions that wait
+// are calls queued before any interceptor counts them.
+func registerGateMetrics(reg prometheus.Registerer, g *byteGate) {
+	reg.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Namespace: "brokerd", Subsystem: "grpc", Name: "decompress_reserved_bytes",
+			Help: "Bytes reserved by compressed requests being decompressed (bounded by the in-flight budget).",
+		}, func() float64 { u, _ := g.state(); return float64(u) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Namespace: "brokerd", Subsystem: "grpc", Name: "decompress_waiting",
+			Help: "Compressed requests waiting for room to be decompressed.",
+		}, func() float64 { _, w := g.state(); return float64(w) }),
+	)
 }
 
 // wake admits the waiters at the head of the queue that fit.

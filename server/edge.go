@@ -80,6 +80,7 @@ func NewEdge(opts EdgeOptions, log *zap.Logger) (*Edge, error) {
 	rpcm := newRPCMetrics(reg)
 	denied := newDeniedCounter(reg)
 	budget := newByteBudget(opts.InflightBytes, reg)
+	registerGateMetrics(reg, decompressing)
 	log.Info("in-flight byte budget", zap.Int64("bytes", opts.InflightBytes))
 	e := &Edge{health: health.NewServer()}
 	var err error
