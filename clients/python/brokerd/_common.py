@@ -160,7 +160,7 @@ class _Assembler:
 
 _SAMPLING = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
              "frequency_penalty", "seed", "max_tokens", "stop", "stop_token_ids", "logprobs",
-             "top_logprobs", "ignore_eos")
+             "top_logprobs", "ignore_eos", "logit_bias")
 
 # Structured output: at most one of these keeps the answer inside it.
 _CONSTRAINTS = ("json_object", "json_schema", "regex", "grammar")
@@ -200,6 +200,8 @@ def sampling(kw: Mapping) -> Optional[pb.SamplingParams]:
             continue
         if k in ("stop", "stop_token_ids"):
             getattr(s, k).extend([v] if isinstance(v, (str, int)) else v)
+        elif k == "logit_bias":  # {token id: -100 to 100}
+            s.logit_bias.update({int(t): float(b) for t, b in v.items()})
         else:
             setattr(s, k, v)
     return s

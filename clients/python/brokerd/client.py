@@ -138,7 +138,7 @@ class Client:
         token_ids, logprobs) as text is sampled, Finished(index, ...) at each
         prompt's end. sampling: temperature, top_p, top_k, min_p, seed,
         max_tokens (none: to a stop or the end of the model's context), stop,
-        logprobs and top_logprobs (each Delta's logprobs then has an entry per
+        logit_bias ({token id: bias}), logprobs and top_logprobs (each Delta's logprobs then has an entry per
         token with its text and the alternatives), structured output with one
         of json_object=True, json_schema=dict-or-text, regex=RE, grammar=GBNF
         (finish reason "constraint" when it cannot go on), ... Closing the iterator (or leaving the loop and dropping it)

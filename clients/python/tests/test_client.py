@@ -162,6 +162,15 @@ class TestClient(unittest.TestCase):
         plain = [e for e in self.c.generate("chat", "x", max_tokens=2, ignore_eos=True) if isinstance(e, brokerd.Delta)]
         self.assertTrue(all(d.logprobs == [] for d in plain))
 
+    def test_logit_bias(self):
+        # +100 on one token all but forces it; greedy or drawn.
+        ids = [t for e in self.c.generate("chat", "x", max_tokens=3, ignore_eos=True, temperature=1.0,
+                                          logit_bias={42: 100})
+               if isinstance(e, brokerd.Delta) for t in e.token_ids]
+        self.assertEqual(ids, [42, 42, 42])
+        with self.assertRaises(errors.InvalidArgument):
+            brokerd.text(self.c.generate("chat", "x", max_tokens=1, logit_bias={42: 101}))
+
     def test_enable_thinking_reaches_the_template(self):
         # Qwen3's template writes an empty think block into the prompt when
         # thinking is off: <think>, "\n\n", </think>, "\n\n" are 4 tokens.
