@@ -1,6 +1,7 @@
 package scheduler
 
 import (
+	"container/list"
 	"context"
 	"errors"
 	"fmt"
@@ -198,10 +199,10 @@ type sequence struct {
 	computed  int // tokens in the KV cache
 	generated int
 
-	waiting   bool        // in gq.waiting
-	r         *genReplica // running on; it holds cache there
-	last      *genReplica // the replica of its last step (its Stats row)
-	retried   bool        // failed once on exclude and went back to waiting
+	waitEl    *list.Element // its place in gq.waiting; nil when not waiting
+	r         *genReplica   // running on; it holds cache there
+	last      *genReplica   // the replica of its last step (its Stats row)
+	retried   bool          // failed once on exclude and went back to waiting
 	exclude   *genReplica
 	preempted int
 
@@ -235,7 +236,13 @@ type genQueue struct {
 	name     string // the queue's key
 	label    string // its name in Stats and the metrics (WithName)
 	replicas []*genReplica
-	waiting  []*sequence // arrival order; preempted and retried ones are put first
+	// waiting holds *sequence in arrival order, preempted and retried ones
+	// put first; each holds its element, so leaving is O(1) (a client's
+	// 32768 waiting sequences cancelled at once cost n, not n², under mu).
+	waiting list.List
+	// waitVisits counts the waiting entries looked at to take sequences
+	// out of waiting (a test bounds it: leaving must not scan the list).
+	waitVisits int64
 	// served counts the tokens each client had run (prompt and generated):
 	// admission picks the client that had least (virtual token counters),
 	// so fairness between clients is in tokens, not requests. A client is
@@ -245,6 +252,16 @@ type genQueue struct {
 	served  map[string]int64
 	clients map[string]int // sequences waiting or running per client
 	stats   genRowStats    // the model row of Stats
+}
+
+// waitingSeqs returns a copy of the waiting sequences, for loops that
+// finish them (and so take them out of the list) as they go.
+func (gq *genQueue) waitingSeqs() []*sequence {
+	out := make([]*sequence, 0, gq.waiting.Len())
+	for el := gq.waiting.Front(); el != nil; el = el.Next() {
+		out = append(out, el.Value.(*sequence))
+	}
+	return out
 }
 
 func (gq *genQueue) replica(deviceID string) *genReplica {
@@ -353,7 +370,7 @@ func (s *Scheduler) detachGenLocked(gq *genQueue, deviceID string) (*replicaCore
 	if len(gq.replicas) == 0 {
 		delete(s.gens, gq.name)
 	}
-	for _, seq := range slices.Clone(gq.waiting) {
+	for _, seq := range gq.waitingSeqs() {
 		if !slices.ContainsFunc(gq.replicas, seq.matches) {
 			s.finishSeqLocked(seq, fmt.Errorf("scheduler: %q: %w: its replicas were removed", gq.name, ErrNoDevice), "", ReasonRejected)
 		}
@@ -466,7 +483,7 @@ func (s *Scheduler) genRetryAfterLocked(gq *genQueue) time.Duration {
 	if rate <= 0 {
 		return time.Second
 	}
-	d := time.Duration(float64(len(gq.waiting)) / rate * float64(time.Second))
+	d := time.Duration(float64(gq.waiting.Len()) / rate * float64(time.Second))
 	return min(max(d, 10*time.Millisecond), time.Minute)
 }
 
@@ -487,7 +504,7 @@ func (s *Scheduler) finishSeqLocked(seq *sequence, err error, finish, reason str
 	if seq.deadline != nil {
 		seq.deadline.Stop()
 	}
-	if seq.waiting {
+	if seq.waitEl != nil {
 		s.unwaitSeqLocked(seq)
 	}
 	if seq.r != nil {
@@ -553,7 +570,7 @@ func (s *Scheduler) genLoop(r *genReplica) {
 		s.mu.Lock()
 		if s.closed {
 			s.releaseAllLocked(r)
-			for _, seq := range slices.Clone(r.gq.waiting) {
+			for _, seq := range r.gq.waitingSeqs() {
 				s.finishSeqLocked(seq, fmt.Errorf("scheduler: %q: %w: scheduler closed", r.gq.name, ErrDraining), "", ReasonCancelled)
 			}
 			s.mu.Unlock()
@@ -571,7 +588,7 @@ func (s *Scheduler) genLoop(r *genReplica) {
 			// not at the next step, which may be a long time coming.
 			s.sampleKVLocked(r)
 			var probe <-chan time.Time
-			if !r.healthy && len(r.gq.waiting) > 0 && now.Before(r.probeAt) {
+			if !r.healthy && r.gq.waiting.Len() > 0 && now.Before(r.probeAt) {
 				if probeTimer == nil {
 					probeTimer = time.NewTimer(r.probeAt.Sub(now))
 				} else {
@@ -638,11 +655,10 @@ func (s *Scheduler) releaseAllLocked(r *genReplica) {
 // one) or first (preempted or retried).
 func (s *Scheduler) waitSeqLocked(seq *sequence, first bool) {
 	gq := seq.gq
-	seq.waiting = true
 	if first {
-		gq.waiting = slices.Insert(gq.waiting, 0, seq)
+		seq.waitEl = gq.waiting.PushFront(seq)
 	} else {
-		gq.waiting = append(gq.waiting, seq)
+		seq.waitEl = gq.waiting.PushBack(seq)
 	}
 	s.queued++
 	s.genWaiting[seq.client]++
@@ -651,8 +667,9 @@ func (s *Scheduler) waitSeqLocked(seq *sequence, first bool) {
 // unwaitSeqLocked takes seq out of its model's waiting sequences.
 func (s *Scheduler) unwaitSeqLocked(seq *sequence) {
 	gq := seq.gq
-	seq.waiting = false
-	gq.waiting = slices.DeleteFunc(gq.waiting, func(x *sequence) bool { return x == seq })
+	gq.waiting.Remove(seq.waitEl)
+	gq.waitVisits++
+	seq.waitEl = nil
 	s.queued--
 	if s.genWaiting[seq.client]--; s.genWaiting[seq.client] <= 0 {
 		delete(s.genWaiting, seq.client)
@@ -865,7 +882,8 @@ func (s *Scheduler) preemptLocked(r *genReplica, seq *sequence) {
 func (s *Scheduler) nextWaitingLocked(r *genReplica) *sequence {
 	gq := r.gq
 	var best *sequence
-	for _, seq := range gq.waiting {
+	for el := gq.waiting.Front(); el != nil; el = el.Next() {
+		seq := el.Value.(*sequence)
 		if !seq.matches(r) || (seq.exclude == r && len(gq.replicas) > 1) {
 			continue
 		}

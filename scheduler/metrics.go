@@ -280,7 +280,7 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 				g = &genModel{}
 				gens[gq.label] = g
 			}
-			g.waiting += len(gq.waiting)
+			g.waiting += gq.waiting.Len()
 			for _, r := range gq.replicas {
 				k := dev{gq.label, r.dev.ID}
 				running[k] += len(r.running)

@@ -12,7 +12,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"sync"
 	"time"
 
@@ -651,7 +650,7 @@ func (s *Scheduler) shutdown() {
 		}
 	}
 	for _, gq := range s.gens {
-		for _, seq := range slices.Clone(gq.waiting) {
+		for _, seq := range gq.waitingSeqs() {
 			s.finishSeqLocked(seq, fmt.Errorf("scheduler: %q: %w: scheduler closed", gq.name, ErrDraining), "", ReasonCancelled)
 		}
 		for _, r := range gq.replicas {

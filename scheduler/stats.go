@@ -174,13 +174,13 @@ func (s *Scheduler) batchRowsLocked(out []QueueStats, mq *modelQueue, now time.T
 
 // genRowsLocked makes a generator's rows from its queue's own counters.
 func (s *Scheduler) genRowsLocked(out []QueueStats, gq *genQueue, now time.Time) []QueueStats {
-	row := QueueStats{Model: gq.label, Queued: int64(len(gq.waiting)), Healthy: true}
+	row := QueueStats{Model: gq.label, Queued: int64(gq.waiting.Len()), Healthy: true}
 	gq.stats.fill(&row, now)
 	rows := make([]QueueStats, 0, len(gq.replicas))
 	for _, r := range gq.replicas {
 		var waiting int64
-		for _, seq := range gq.waiting {
-			if seq.matches(r) {
+		for el := gq.waiting.Front(); el != nil; el = el.Next() {
+			if el.Value.(*sequence).matches(r) {
 				waiting++
 			}
 		}
