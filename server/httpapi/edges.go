@@ -222,11 +222,14 @@ func semanticVersion(v string) string {
 	return "0.0.0-dev+" + strings.Join(ids, ".")
 }
 
-// checkKeepAlive refuses keep_alive 0, Ollama's "unload now": brokerd keeps
-// a loaded model until an administrator unloads it, so answering as if it
-// had unloaded would mislead. Other values are accepted (models do not
-// expire).
-func checkKeepAlive(raw json.RawMessage, model string) error {
+// checkKeepAlive checks keep_alive's form and refuses keep_alive 0 in a
+// request with nothing to do, Ollama's "unload now": brokerd keeps a
+// loaded model until an administrator unloads it, so answering as if it
+// had unloaded would mislead. With work to do (a prompt, messages, input)
+// the work is answered and the 0 is not acted on, as any other value
+// (models do not expire): Ollama would answer, then unload, and clients
+// that send 0 with every request to save memory must not fail.
+func checkKeepAlive(raw json.RawMessage, model string, work bool) error {
 	if len(raw) == 0 || string(raw) == "null" {
 		return nil
 	}
@@ -245,7 +248,7 @@ func checkKeepAlive(raw json.RawMessage, model string) error {
 	default:
 		return status.Error(codes.InvalidArgument, `"keep_alive" must be a duration ("5m") or a number of seconds`)
 	}
-	if d != 0 {
+	if d != 0 || work {
 		return nil
 	}
 	return status.Errorf(codes.InvalidArgument, `"keep_alive": 0 asks to unload the model, which brokerd does not do over this API: `+

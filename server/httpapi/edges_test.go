@@ -228,7 +228,8 @@ func TestContextLengthCode(t *testing.T) {
 	}
 }
 
-// TestOllamaEdges: keep_alive 0 is refused with what to do, other values
+// TestOllamaEdges: keep_alive 0 with nothing to do is refused with what to
+// do, with work it is answered (the model stays), other values
 // are accepted; /api/embed's dimensions as /v1/embeddings'; an LLM asked
 // for embeddings is told so.
 func TestOllamaEdges(t *testing.T) {
@@ -240,9 +241,12 @@ func TestOllamaEdges(t *testing.T) {
 	}{
 		{"keep_alive 0 on generate", "/api/generate", `{"model":"tiny-llm","keep_alive":0}`, 400, "brokerctl unload tiny-llm"},
 		{"keep_alive \"0\" on chat", "/api/chat", `{"model":"tiny-llm:latest","messages":[],"keep_alive":"0"}`, 400, "brokerctl unload tiny-llm"},
-		{"keep_alive 0s on chat with messages", "/api/chat", `{"model":"tiny-llm","messages":[{"role":"user","content":"x"}],"keep_alive":"0s"}`, 400, "does not do over this API"},
-		{"keep_alive 0 on embed", "/api/embed", `{"model":"nbmf-hash-v1","input":"x","keep_alive":0}`, 400, "brokerctl unload"},
-		{"keep_alive 0 on embeddings", "/api/embeddings", `{"model":"nbmf-hash-v1","prompt":"x","keep_alive":0}`, 400, "brokerctl unload"},
+		// With work to do, the work is answered and the model stays.
+		{"keep_alive 0s on chat with messages", "/api/chat", `{"model":"tiny-llm","messages":[{"role":"user","content":"x"}],"stream":false,"keep_alive":"0s"}`, 200, ""},
+		{"keep_alive 0 on generate with a prompt", "/api/generate", `{"model":"tiny-llm","prompt":"hi","stream":false,"keep_alive":0}`, 200, ""},
+		{"keep_alive 0 on embed", "/api/embed", `{"model":"nbmf-hash-v1","input":"x","keep_alive":0}`, 200, ""},
+		{"keep_alive 0 on embeddings", "/api/embeddings", `{"model":"nbmf-hash-v1","prompt":"x","keep_alive":0}`, 200, ""},
+		{"keep_alive 0 on embed of nothing", "/api/embed", `{"model":"nbmf-hash-v1","input":[],"keep_alive":0}`, 400, "brokerctl unload"},
 		{"keep_alive bad", "/api/generate", `{"model":"tiny-llm","keep_alive":"soon"}`, 400, "keep_alive"},
 		{"keep_alive 5m loads", "/api/generate", `{"model":"tiny-llm","keep_alive":"5m"}`, 200, ""},
 		{"keep_alive -1 loads", "/api/generate", `{"model":"tiny-llm","keep_alive":-1}`, 200, ""},

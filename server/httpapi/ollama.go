@@ -256,7 +256,7 @@ func (h *Handler) ollamaGenerate(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, status.Errorf(codes.InvalidArgument, "%q does not support insert: brokerd does not fill in the middle (\"suffix\"); send the text before it as the prompt", req.Model))
 		return
 	}
-	if err := checkKeepAlive(req.KeepAlive, req.Model); err != nil {
+	if err := checkKeepAlive(req.KeepAlive, req.Model, req.Prompt != ""); err != nil {
 		h.fail(w, r, err)
 		return
 	}
@@ -389,7 +389,7 @@ func (h *Handler) ollamaChat(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	if err := checkKeepAlive(req.KeepAlive, req.Model); err != nil {
+	if err := checkKeepAlive(req.KeepAlive, req.Model, len(req.Messages) > 0); err != nil {
 		h.fail(w, r, err)
 		return
 	}
@@ -462,7 +462,7 @@ func (h *Handler) ollamaEmbed(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	if err := checkKeepAlive(req.KeepAlive, req.Model); err != nil {
+	if err := checkKeepAlive(req.KeepAlive, req.Model, len(req.Input) > 0); err != nil {
 		h.fail(w, r, err)
 		return
 	}
@@ -496,7 +496,7 @@ func (h *Handler) ollamaEmbeddings(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	if err := checkKeepAlive(req.KeepAlive, req.Model); err != nil {
+	if err := checkKeepAlive(req.KeepAlive, req.Model, req.Prompt != ""); err != nil {
 		h.fail(w, r, err)
 		return
 	}
