@@ -161,7 +161,14 @@ func (s *Scheduler) dispatchLocked(mq *modelQueue) {
 				continue
 			}
 			items := mq.take(r, r.maxBatch, expire)
-			s.queued -= len(items)
+			for i := 0; i < len(items); { // runs of one client's items
+				j := i + 1
+				for j < len(items) && items[j].rq.client == items[i].rq.client {
+					j++
+				}
+				s.addQueuedLocked(items[i].rq.client, i-j)
+				i = j
+			}
 			mq.setDepth(-len(items))
 			// A request can expire while its own items are being taken;
 			// what it already had in the batch must not run either.
@@ -469,7 +476,7 @@ func (s *Scheduler) failLocked(r *replica, run []itemRef, execErr error, now tim
 		if !it.retried && s.alternativeLocked(mq, r, rq) {
 			mq.retry = append(mq.retry, itemRef{rq: rq, idx: it.idx, enqueued: now, retried: true, exclude: r})
 			rq.retryQueued++
-			s.queued++
+			s.addQueuedLocked(rq.client, 1)
 			mq.setDepth(1)
 			continue
 		}
@@ -521,7 +528,7 @@ func (s *Scheduler) finishLocked(rq *request, err error, reason string) {
 	rq.err = err
 	n := mq.unlink(rq) + rq.retryQueued
 	rq.retryQueued = 0 // its retry entries are skipped from now on
-	s.queued -= n
+	s.addQueuedLocked(rq.client, -n)
 	mq.setDepth(-n)
 	delete(mq.active, rq)
 	s.active--

@@ -383,7 +383,8 @@ func (s *Scheduler) detachGenLocked(gq *genQueue, deviceID string) (*replicaCore
 // like Submit: ErrDraining, ErrUnknownModel, ErrWrongKind,
 // ErrDeviceNotFound, ErrNoDevice, ErrInvalidArgument or a *QueueFullError
 // (each waiting sequence counts as one queued item, and one client's
-// waiting sequences may fill half the queue at most). The context's end
+// queued items, its waiting sequences and batch items together, may fill
+// half the queue at most). The context's end
 // cancels the sequence and frees its cache.
 func (s *Scheduler) Generate(ctx context.Context, req GenRequest) (*GenStream, error) {
 	if len(req.Prompt) == 0 || req.MaxNewTokens < 1 {
@@ -418,10 +419,10 @@ func (s *Scheduler) Generate(ctx context.Context, req GenRequest) (*GenStream, e
 		s.genReject(gq, ReasonRejected)
 		return nil, &QueueFullError{RetryAfter: s.genRetryAfterLocked(gq), Queued: s.queued, Requested: 1, Limit: s.opts.MaxQueueItems}
 	}
-	// One client cannot take the whole queue and so refuse every other.
-	if n, limit := s.genWaiting[req.Client], (s.opts.MaxQueueItems+1)/2; n+1 > limit {
+	if full := s.clientShareLocked(req.Client, 1); full != nil {
 		s.genReject(gq, ReasonRejected)
-		return nil, &QueueFullError{RetryAfter: s.genRetryAfterLocked(gq), Queued: n, Requested: 1, Limit: limit, Client: req.Client}
+		full.RetryAfter = s.genRetryAfterLocked(gq)
+		return nil, full
 	}
 	s.nextSeq++
 	seq := &sequence{
@@ -660,8 +661,7 @@ func (s *Scheduler) waitSeqLocked(seq *sequence, first bool) {
 	} else {
 		seq.waitEl = gq.waiting.PushBack(seq)
 	}
-	s.queued++
-	s.genWaiting[seq.client]++
+	s.addQueuedLocked(seq.client, 1)
 }
 
 // unwaitSeqLocked takes seq out of its model's waiting sequences.
@@ -670,10 +670,7 @@ func (s *Scheduler) unwaitSeqLocked(seq *sequence) {
 	gq.waiting.Remove(seq.waitEl)
 	gq.waitVisits++
 	seq.waitEl = nil
-	s.queued--
-	if s.genWaiting[seq.client]--; s.genWaiting[seq.client] <= 0 {
-		delete(s.genWaiting, seq.client)
-	}
+	s.addQueuedLocked(seq.client, -1)
 }
 
 // requeueLocked puts seq back at the front of the waiting sequences.

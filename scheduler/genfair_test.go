@@ -226,8 +226,8 @@ func TestGenerateCancelDuringPrefill(t *testing.T) {
 	f.check(t)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if len(s.genWaiting) != 0 || s.queued != 0 {
-		t.Errorf("%d queued, waiting per client %v after every sequence ended", s.queued, s.genWaiting)
+	if len(s.clientQueued) != 0 || s.queued != 0 {
+		t.Errorf("%d queued, queued per client %v after every sequence ended", s.queued, s.clientQueued)
 	}
 }
 

@@ -253,9 +253,10 @@ type Scheduler struct {
 	closed   bool
 	drained  chan struct{} // closed when draining and idle
 
-	// genWaiting counts the waiting generation sequences of each client
-	// over all models: one client holds at most half the queue.
-	genWaiting map[string]int
+	// clientQueued counts the queued items of each client over all models,
+	// batch items and waiting generation sequences alike (queued is their
+	// sum): one client holds at most half the queue (clientShareLocked).
+	clientQueued map[string]int
 }
 
 // New returns a Scheduler with no replicas.
@@ -283,16 +284,16 @@ func New(opts Options) *Scheduler {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Scheduler{
-		opts:       opts,
-		log:        opts.Logger.Named("scheduler"),
-		now:        opts.Now,
-		metrics:    newMetrics(opts.Registerer, opts.Logger),
-		baseCtx:    ctx,
-		cancel:     cancel,
-		models:     make(map[string]*modelQueue),
-		gens:       make(map[string]*genQueue),
-		genWaiting: make(map[string]int),
-		cordoned:   make(map[string]bool),
+		opts:         opts,
+		log:          opts.Logger.Named("scheduler"),
+		now:          opts.Now,
+		metrics:      newMetrics(opts.Registerer, opts.Logger),
+		baseCtx:      ctx,
+		cancel:       cancel,
+		models:       make(map[string]*modelQueue),
+		gens:         make(map[string]*genQueue),
+		clientQueued: make(map[string]int),
+		cordoned:     make(map[string]bool),
 	}
 	s.metrics.state.add(s)
 	return s
@@ -437,7 +438,8 @@ func (s *Scheduler) Cordon(deviceID string, on bool) {
 // Submit queues the request's items, waits until all of them ran, and returns
 // their outputs in input order. It fails fast (nothing queued) with
 // ErrDraining, ErrUnknownModel, ErrDeviceNotFound, ErrNoDevice or a
-// *QueueFullError; later with ErrBackend, or the context's error when the
+// *QueueFullError (the queue is full, or the client's share of it: half,
+// its waiting generation sequences included); later with ErrBackend, or the context's error when the
 // deadline passes or the call is cancelled (its queued items leave the queue
 // at once; an item never runs after its deadline).
 func (s *Scheduler) Submit(ctx context.Context, req Request) (Response, error) {
@@ -518,6 +520,11 @@ func (s *Scheduler) enqueueLocked(ctx context.Context, req Request) (*request, e
 			Queued:     s.queued, Requested: n, Limit: s.opts.MaxQueueItems,
 		}
 	}
+	if full := s.clientShareLocked(req.Client, n); full != nil {
+		mq.reject(ReasonRejected)
+		full.RetryAfter = s.retryAfterLocked(full.Queued + n - full.Limit)
+		return nil, full
+	}
 	rq := &request{
 		ctx:       ctx,
 		mq:        mq,
@@ -536,11 +543,35 @@ func (s *Scheduler) enqueueLocked(ctx context.Context, req Request) (*request, e
 		rq.deadline = dl
 	}
 	mq.push(rq)
-	s.queued += n
+	s.addQueuedLocked(rq.client, n)
 	s.active++
 	mq.setDepth(n)
 	s.dispatchLocked(mq)
 	return rq, nil
+}
+
+// addQueuedLocked moves the items queued, and client's share of them, by d.
+func (s *Scheduler) addQueuedLocked(client string, d int) {
+	s.queued += d
+	if n := s.clientQueued[client] + d; n > 0 {
+		s.clientQueued[client] = n
+	} else {
+		delete(s.clientQueued, client)
+	}
+}
+
+// clientShareLocked refuses n more items of client when they would take
+// its queued items (batch and generation alike) past half the queue, so
+// that one client cannot fill the queue and refuse every other; nil when
+// they fit. A client with nothing queued may queue one request larger than
+// that (up to the whole queue): it could never run otherwise, and the
+// client holds nothing else meanwhile. The caller sets RetryAfter.
+func (s *Scheduler) clientShareLocked(client string, n int) *QueueFullError {
+	held, limit := s.clientQueued[client], (s.opts.MaxQueueItems+1)/2
+	if held == 0 || held+n <= limit {
+		return nil
+	}
+	return &QueueFullError{Queued: held, Requested: n, Limit: limit, Client: client}
 }
 
 // retryAfterLocked estimates how long the replicas take to drain excess

@@ -304,7 +304,9 @@ func TestQueueFull(t *testing.T) {
 			}
 		})
 	}
-	fits := submitAsync(ctx, s, Request{Model: "m", Inputs: inputs("fits", 2)})
+	// Another client's: the first holds 8, past its share of 5
+	// (TestQueueShareOfOneClient).
+	fits := submitAsync(ctx, s, Request{Model: "m", Client: "other", Inputs: inputs("fits", 2)})
 	waitFor(t, "queued", func() bool { return queuedItems(t, s, "m") == 10 })
 	close(f.hold)
 	for _, ch := range []<-chan submitted{warm, big, fits} {
