@@ -1,6 +1,7 @@
 package scheduler
 
 import (
+	"cmp"
 	"container/list"
 	"context"
 	"errors"
@@ -25,7 +26,10 @@ import (
 // blocks freed, its tokens recomputed when it is admitted again).
 // Between clients, steps are shared in tokens (planStepLocked): one
 // client's long prompts or full running set do not hold another's
-// sequence back until they end.
+// sequence back until they end. Between priority levels, a flood at a
+// higher level cannot starve a lower one: one admission in 8, and one
+// step in 8 for its prompt chunks, go to a lower level with work waiting
+// (lowerLevelShare).
 //
 // What the tokens mean (sampling, stop strings, detokenising) is the
 // executor's business too: it gets each sequence's opaque State with every
@@ -45,7 +49,9 @@ const (
 // GenRequest is one sequence to generate.
 type GenRequest struct {
 	Model, Client string
-	// Priority: higher is admitted first; levels are strict.
+	// Priority: higher is admitted first, and its prompt chunks go first,
+	// except that a lower level with work waiting is owed one admission in
+	// 8, and one step in 8 for its chunks (lowerLevelShare).
 	Priority             int
 	DeviceID, DeviceType string
 	// Prompt is the tokenised prompt (at least one token).
@@ -251,7 +257,12 @@ type genQueue struct {
 	// map holds the active clients, not every address ever seen.
 	served  map[string]int64
 	clients map[string]int // sequences waiting or running per client
-	stats   genRowStats    // the model row of Stats
+	// levelWaiting counts the waiting sequences of each priority level;
+	// passed, of each level with some, the admissions higher levels took
+	// one after another while it had one the admitting replica could run
+	// (lowerLevelShare: the level owed one takes the next).
+	levelWaiting, passed map[int]int
+	stats                genRowStats // the model row of Stats
 }
 
 // waitingSeqs returns a copy of the waiting sequences, for loops that
@@ -281,6 +292,11 @@ type genReplica struct {
 	exec    GenExecutor
 	running []*sequence // admission order: the last is the newest
 	kick    chan struct{}
+	// chunkPassed counts, per priority level, the steps in a row in which
+	// a prompt chunk of the level ran short while a higher level's ran
+	// more than a token: a level owed a pick (lowerLevelShare) has its
+	// chunks ahead of higher levels' in the next step.
+	chunkPassed map[int]int
 
 	tokensPerS float64 // EWMA of step tokens per second
 
@@ -330,7 +346,8 @@ func (s *Scheduler) AddGenReplica(model string, dev Device, opts GenOptions, exe
 	}
 	gq := s.gens[model]
 	if gq == nil {
-		gq = &genQueue{name: model, label: ro.label(model), served: map[string]int64{}, clients: map[string]int{}, stats: newGenRowStats()}
+		gq = &genQueue{name: model, label: ro.label(model), served: map[string]int64{}, clients: map[string]int{},
+			levelWaiting: map[int]int{}, passed: map[int]int{}, stats: newGenRowStats()}
 		s.gens[model] = gq
 	}
 	if gq.label != ro.label(model) {
@@ -342,9 +359,10 @@ func (s *Scheduler) AddGenReplica(model string, dev Device, opts GenOptions, exe
 	r := &genReplica{
 		replicaCore: newReplicaCore(dev),
 		gq:          gq, opts: opts, exec: exec,
-		kick:  make(chan struct{}, 1),
-		stats: newGenRowStats(),
-		m:     s.metrics.gen.forReplica(gq.label, dev.ID),
+		kick:        make(chan struct{}, 1),
+		chunkPassed: map[int]int{},
+		stats:       newGenRowStats(),
+		m:           s.metrics.gen.forReplica(gq.label, dev.ID),
 	}
 	s.sampleKVLocked(r)
 	gq.replicas = append(gq.replicas, r)
@@ -662,6 +680,7 @@ func (s *Scheduler) waitSeqLocked(seq *sequence, first bool) {
 		seq.waitEl = gq.waiting.PushBack(seq)
 	}
 	s.addQueuedLocked(seq.client, 1)
+	gq.levelWaiting[seq.priority]++
 }
 
 // unwaitSeqLocked takes seq out of its model's waiting sequences.
@@ -671,6 +690,10 @@ func (s *Scheduler) unwaitSeqLocked(seq *sequence) {
 	gq.waitVisits++
 	seq.waitEl = nil
 	s.addQueuedLocked(seq.client, -1)
+	if gq.levelWaiting[seq.priority]--; gq.levelWaiting[seq.priority] <= 0 {
+		delete(gq.levelWaiting, seq.priority)
+		delete(gq.passed, seq.priority) // owed nothing once it waits no more
+	}
 }
 
 // requeueLocked puts seq back at the front of the waiting sequences.
@@ -698,7 +721,8 @@ func (s *Scheduler) requeueLocked(seq *sequence) {
 // Between clients it is fair in tokens, as admission is: every running
 // sequence advances each step (a decode is never left out for prompt
 // chunks), a prompt chunk leaves room for the chunks of sequences ahead
-// of it (higher priority, or a client with fewer tokens served), the
+// of it (higher priority, or a client with fewer tokens served; a lower
+// level owed a step goes ahead of higher ones: lowerLevelShare), the
 // waiting one admitted next included, and a client that runs nothing
 // gets a place in a running set another client fills (makeRoomLocked).
 // Room that a sequence ahead could not take goes back at the end.
@@ -768,16 +792,19 @@ func (s *Scheduler) planStepLocked(r *genReplica, now time.Time) ([]StepItem, []
 	}
 	if admits() {
 		for len(r.running) < r.opts.MaxRunning && budget > 0 {
-			seq := s.nextWaitingLocked(r)
-			if seq == nil {
+			levels := s.waitingLevelsLocked(r)
+			if len(levels) == 0 {
 				break
 			}
+			k := r.gq.pickLevel(levels)
+			seq := levels[k]
 			want := min(len(seq.tokens), r.opts.MaxChunk)
 			take := min(want, budget)
 			if !r.exec.Reserve(seq.id, take) {
 				break // it waits for blocks
 			}
 			s.unwaitSeqLocked(seq)
+			r.gq.admitted(levels, k)
 			seq.r = r
 			seq.computed = 0
 			r.running = append(r.running, seq)
@@ -789,6 +816,12 @@ func (s *Scheduler) planStepLocked(r *genReplica, now time.Time) ([]StepItem, []
 				break // one sequence is the probe
 			}
 		}
+	}
+	// next was left waiting with room in the running set: the step's
+	// tokens went to the running sequences.
+	var crowdedOut *sequence
+	if next != nil && next.waitEl != nil && len(r.running) < r.opts.MaxRunning && budget == 0 {
+		crowdedOut = next
 	}
 	// Room held for a sequence that did not take it (one waiting for
 	// cache blocks) goes to the chunks it was held from, oldest first.
@@ -803,34 +836,74 @@ func (s *Scheduler) planStepLocked(r *genReplica, now time.Time) ([]StepItem, []
 		it.Sample = it.Pos+len(it.Tokens) == len(seq.tokens)
 		budget -= more
 	}
+	r.countChunkPasses(items, seqs, wants, crowdedOut)
 	return items, seqs
+}
+
+// countChunkPasses updates r.chunkPassed after a step is planned: a level
+// with a prompt chunk cut short, or whose waiting sequence was crowded out
+// (no token left for it with room in the running set), while a higher
+// level's sequence ran more than a token was passed over; one owed a step
+// (it went ahead in this one), or not passed over, starts again from 0.
+func (r *genReplica) countChunkPasses(items []StepItem, seqs []*sequence, wants []int, crowdedOut *sequence) {
+	top, ran := 0, false // the highest level that ran more than a token
+	for k, it := range items {
+		if p := seqs[k].priority; len(it.Tokens) > 1 && (!ran || p > top) {
+			top, ran = p, true
+		}
+	}
+	var passed []int // few: one per level
+	for k, it := range items {
+		if p := seqs[k].priority; ran && p < top && len(it.Tokens) < wants[k] && !slices.Contains(passed, p) {
+			passed = append(passed, p)
+		}
+	}
+	if c := crowdedOut; c != nil && ran && c.priority < top && !slices.Contains(passed, c.priority) {
+		passed = append(passed, c.priority)
+	}
+	for p := range r.chunkPassed {
+		if !slices.Contains(passed, p) {
+			delete(r.chunkPassed, p)
+		}
+	}
+	for _, p := range passed {
+		if owedPick(r.chunkPassed[p]) {
+			delete(r.chunkPassed, p)
+		} else {
+			r.chunkPassed[p]++
+		}
+	}
 }
 
 // heldLocked is the budget the chunk of r.running[i] leaves to the
 // sequences after it in the step: a token for each, a whole chunk for the
 // prompts of those ahead of it, and next's first chunk when next is ahead.
 func (s *Scheduler) heldLocked(r *genReplica, i int, next *sequence) int {
-	seq, gq := r.running[i], r.gq
+	seq := r.running[i]
 	held := 0
 	for _, o := range r.running[i+1:] {
 		held++
-		if left := len(o.tokens) - o.computed; left > 1 && gq.ahead(o, seq) {
+		if left := len(o.tokens) - o.computed; left > 1 && r.ahead(o, seq) {
 			held += min(left, r.opts.MaxChunk) - 1
 		}
 	}
-	if next != nil && gq.ahead(next, seq) {
+	if next != nil && r.ahead(next, seq) {
 		held += min(len(next.tokens), r.opts.MaxChunk)
 	}
 	return held
 }
 
-// ahead says whether a goes before b: a higher priority, or the same and a
-// client that had fewer tokens served.
-func (gq *genQueue) ahead(a, b *sequence) bool {
+// ahead says whether a's chunk goes before b's in r's step: a level owed
+// a step (chunkPassed) before one that is not, else a higher priority, or
+// the same and a client that had fewer tokens served.
+func (r *genReplica) ahead(a, b *sequence) bool {
 	if a.priority != b.priority {
+		if oa, ob := owedPick(r.chunkPassed[a.priority]), owedPick(r.chunkPassed[b.priority]); oa != ob {
+			return oa
+		}
 		return a.priority > b.priority
 	}
-	return gq.served[a.client] < gq.served[b.client]
+	return r.gq.served[a.client] < r.gq.served[b.client]
 }
 
 // makeRoomLocked gives next, the waiting sequence of a client that runs
@@ -873,23 +946,60 @@ func (s *Scheduler) preemptLocked(r *genReplica, seq *sequence) {
 	s.requeueLocked(seq)
 }
 
-// nextWaitingLocked picks the waiting sequence r admits next: the highest
-// priority; inside it, the client that had the fewest tokens served; that
-// client's oldest sequence (preempted and retried ones are at the front).
+// nextWaitingLocked picks the waiting sequence r admits next: of the
+// level pickLevel chooses, the client that had the fewest tokens served;
+// that client's oldest sequence (preempted and retried ones are at the
+// front).
 func (s *Scheduler) nextWaitingLocked(r *genReplica) *sequence {
+	levels := s.waitingLevelsLocked(r)
+	if len(levels) == 0 {
+		return nil
+	}
+	return levels[r.gq.pickLevel(levels)]
+}
+
+// waitingLevelsLocked returns, for each priority level with a waiting
+// sequence r may run, the one it would admit of that level, highest level
+// first.
+func (s *Scheduler) waitingLevelsLocked(r *genReplica) []*sequence {
 	gq := r.gq
-	var best *sequence
+	var levels []*sequence // few: one per level
 	for el := gq.waiting.Front(); el != nil; el = el.Next() {
 		seq := el.Value.(*sequence)
 		if !seq.matches(r) || (seq.exclude == r && len(gq.replicas) > 1) {
 			continue
 		}
-		if best == nil || seq.priority > best.priority ||
-			(seq.priority == best.priority && gq.served[seq.client] < gq.served[best.client]) {
-			best = seq
+		i, found := slices.BinarySearchFunc(levels, seq.priority, func(l *sequence, p int) int { return cmp.Compare(p, l.priority) })
+		switch {
+		case !found:
+			levels = slices.Insert(levels, i, seq)
+		case gq.served[seq.client] < gq.served[levels[i].client]:
+			levels[i] = seq
 		}
 	}
-	return best
+	return levels
+}
+
+// pickLevel returns the index in levels (waitingLevelsLocked's) of the
+// level admitted next: the highest, unless a lower one is owed an
+// admission (lowerLevelShare; the highest such one).
+func (gq *genQueue) pickLevel(levels []*sequence) int {
+	for k := 1; k < len(levels); k++ {
+		if owedPick(gq.passed[levels[k].priority]) {
+			return k
+		}
+	}
+	return 0
+}
+
+// admitted counts the admission of levels[k]'s sequence: the lower levels
+// that had one waiting were passed over, and its own level is owed
+// nothing now.
+func (gq *genQueue) admitted(levels []*sequence, k int) {
+	delete(gq.passed, levels[k].priority)
+	for _, o := range levels[k+1:] {
+		gq.passed[o.priority]++
+	}
 }
 
 // applyStepLocked delivers a step's tokens, or handles its failure.

@@ -122,7 +122,30 @@ type level struct {
 	clients  []*clientQueue // ring, in arrival order
 	byName   map[string]*clientQueue
 	cursor   int // the client that starts the next batch's round
+	// passed counts the items higher levels took, one after another,
+	// while this level had an item the taking replica could run (see
+	// lowerLevelShare). It goes back to 0 when the level takes one.
+	passed int
 }
+
+// lowerLevelShare bounds how long a flood at a higher priority holds a
+// lower level back. A level with work the picking replica can run that
+// higher levels passed over for lowerLevelShare-1 picks in a row takes the
+// next pick (the highest such level first: a level waits at most
+// lowerLevelShare-1 picks, plus one for each level above it owed one too).
+// Anyone may ask for the highest priority, and strict levels let one
+// flooding client starve every client below it. 1 in 8 keeps priority
+// meaningful (a saturated higher level keeps 7 picks in 8, its latency
+// grows by 8/7 at most) while a lower level's wait is a count of picks,
+// not the flood's length. Counted, not timed: aging by age would tie the
+// share to device speed, and tests to the clock. A pick is an item taken
+// into a batch; for generation (generate.go), a sequence admitted to a
+// running set, and a step's prompt chunks.
+const lowerLevelShare = 8
+
+// owedPick reports whether a level passed over passed picks in a row
+// takes the next one.
+func owedPick(passed int) bool { return passed >= lowerLevelShare-1 }
 
 // pinQueue counts the queued items of one pin class ("" unpinned, a device
 // ID, or a device type) and keeps its requests oldest first.
@@ -319,9 +342,11 @@ func (mq *modelQueue) eligible(r *replica, now time.Time, delay time.Duration) (
 }
 
 // take fills a batch of up to capacity items for r: retried items first,
-// then levels from the highest priority down, clients of a level taking one
-// item each in turn. Requests found expired are finished (never run) via
-// expire. The queue counters are updated by the caller from len(batch).
+// then item by item, the highest priority level with an item r may run
+// (unless a lower one is owed a pick: lowerLevelShare), clients of a level
+// taking one item each in turn. Requests found expired are finished (never
+// run) via expire. The queue counters are updated by the caller from
+// len(batch).
 func (mq *modelQueue) take(r *replica, capacity int, expire func(*request, error)) []itemRef {
 	batch := make([]itemRef, 0, capacity)
 	// full stops filling when the batch has capacity items, or when the
@@ -355,59 +380,108 @@ func (mq *modelQueue) take(r *replica, capacity int, expire func(*request, error
 	clear(mq.retry[len(kept):])
 	mq.retry = kept
 
-	type turn struct {
-		cq *clientQueue
-		el *list.Element // the next request of cq to look at
+	rounds := make([]levelRound, len(mq.levels))
+	for i, lv := range mq.levels {
+		rounds[i] = newLevelRound(lv)
 	}
-	stopped := false
-	for _, lv := range mq.levels {
-		if len(batch) == capacity || stopped {
-			break
-		}
-		turns := make([]turn, 0, len(lv.clients))
-		for i := range lv.clients {
-			cq := lv.clients[(lv.cursor+i)%len(lv.clients)]
-			turns = append(turns, turn{cq: cq, el: cq.reqs.Front()})
-		}
-		var last *clientQueue
-		for len(turns) > 0 && len(batch) < capacity && !stopped {
-			for i := 0; i < len(turns) && len(batch) < capacity; {
-				t := &turns[i]
-				rq := nextEligible(t.el, r, expire)
-				if rq == nil {
-					turns = slices.Delete(turns, i, i+1)
-					continue
-				}
-				t.el = rq.clientEl
-				if c := rq.itemCost(rq.next); full(c) {
-					// Over the cost limit: the batch leaves as it is, and
-					// this client's turn comes first next time.
-					stopped = true
-					last = nil
-					lv.cursor = slices.Index(lv.clients, t.cq)
-					break
-				} else {
-					cost += c
-				}
-				batch = append(batch, itemRef{rq: rq, idx: rq.next, enqueued: rq.submitted})
-				rq.pq.items--
-				rq.next++
-				if rq.next == len(rq.inputs) {
-					t.el = rq.clientEl.Next()
-					mq.unlink(rq)
-				}
-				last = t.cq
-				i++
+	for len(batch) < capacity {
+		// The highest level with an item for r, unless a lower one with
+		// an item is owed a pick.
+		k, rq := -1, (*request)(nil)
+		for j := range rounds {
+			next := rounds[j].peek(r, expire)
+			if next == nil {
+				continue
+			}
+			if k < 0 {
+				k, rq = j, next
+			} else if owedPick(rounds[j].lv.passed) {
+				k, rq = j, next
+				break
 			}
 		}
-		if last != nil {
+		if k < 0 {
+			break
+		}
+		// rq is the request at the chosen turn. (Peeking again could
+		// find it expired meanwhile, by the clock, and the turn gone.)
+		lr := &rounds[k]
+		t := &lr.turns[lr.i]
+		c := rq.itemCost(rq.next)
+		if full(c) {
+			// Over the cost limit: the batch leaves as it is, and this
+			// client's turn comes first next time.
+			lr.lv.cursor = slices.Index(lr.lv.clients, t.cq)
+			lr.last = nil
+			break
+		}
+		cost += c
+		batch = append(batch, itemRef{rq: rq, idx: rq.next, enqueued: rq.submitted})
+		rq.pq.items--
+		rq.next++
+		if rq.next == len(rq.inputs) {
+			t.el = rq.clientEl.Next()
+			mq.unlink(rq)
+		}
+		lr.last = t.cq
+		lr.i++
+		lr.lv.passed = 0
+		for j := k + 1; j < len(rounds); j++ {
+			if rounds[j].peek(r, expire) != nil {
+				rounds[j].lv.passed++
+			}
+		}
+	}
+	for _, lr := range rounds {
+		if lr.last != nil {
 			// The next round starts after the last client served, so
 			// leftover turns rotate between batches.
-			lv.cursor = (slices.Index(lv.clients, last) + 1) % len(lv.clients)
+			lr.lv.cursor = (slices.Index(lr.lv.clients, lr.last) + 1) % len(lr.lv.clients)
 		}
 	}
 	mq.compact()
 	return batch
+}
+
+// levelRound is one level's turns while take fills a batch: its clients
+// from the cursor on, one item each in turn.
+type levelRound struct {
+	lv    *level
+	turns []turn
+	i     int          // the turn that takes next
+	last  *clientQueue // the last client served
+}
+
+type turn struct {
+	cq *clientQueue
+	el *list.Element // the next request of cq to look at
+}
+
+func newLevelRound(lv *level) levelRound {
+	lr := levelRound{lv: lv, turns: make([]turn, 0, len(lv.clients))}
+	for i := range lv.clients {
+		cq := lv.clients[(lv.cursor+i)%len(lv.clients)]
+		lr.turns = append(lr.turns, turn{cq: cq, el: cq.reqs.Front()})
+	}
+	return lr
+}
+
+// peek returns the request whose item the level's next turn takes, or nil
+// when no client of the level has one r may run; turns without one are
+// dropped, and the request found is remembered, so peeking again is O(1).
+func (lr *levelRound) peek(r *replica, expire func(*request, error)) *request {
+	for len(lr.turns) > 0 {
+		if lr.i >= len(lr.turns) {
+			lr.i = 0 // the next round of the level's clients
+		}
+		t := &lr.turns[lr.i]
+		if rq := nextEligible(t.el, r, expire); rq != nil {
+			t.el = rq.clientEl
+			return rq
+		}
+		lr.turns = slices.Delete(lr.turns, lr.i, lr.i+1)
+	}
+	return nil
 }
 
 // nextEligible returns the first request from el on that r may run, finishing

@@ -1,7 +1,8 @@
 // Package scheduler queues items per (model, device group), coalesces them
 // into batches, and dispatches the batches to model replicas running on
-// devices: priority levels, round-robin fairness between clients, deadlines,
-// back-pressure, failover with health tracking, cordon and drain.
+// devices: priority levels (a flood at a higher one cannot starve a lower
+// one), round-robin fairness between clients, deadlines, back-pressure,
+// failover with health tracking, cordon and drain.
 //
 // It knows nothing of gRPC or cgo: requests are opaque inputs, replicas are
 // Executors, and every failure is a %w-wrapped sentinel error that the server
@@ -144,8 +145,10 @@ const (
 type Request struct {
 	Model  string
 	Client string // peer identity; fairness is round-robin between clients
-	// Priority: higher runs first (e.g. 1 low, 2 normal, 3 high). Levels are
-	// strict; inside one level clients take turns.
+	// Priority: higher runs first (e.g. 1 low, 2 normal, 3 high), except
+	// that a lower level with items waiting takes one item in 8 while
+	// higher levels take the rest (lowerLevelShare); inside one level
+	// clients take turns.
 	Priority int
 	// Optional pins: only replicas on this device ID and/or type run it.
 	DeviceID, DeviceType string

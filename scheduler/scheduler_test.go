@@ -132,7 +132,9 @@ func TestQueueDelay(t *testing.T) {
 }
 
 // TestPriority queues requests behind a held batch and checks the order in
-// which they run: strict between levels, arrival order inside one.
+// which they run: higher levels first, arrival order inside one (a lower
+// level's share, one pick in 8, needs longer queues:
+// TestPriorityFloodCannotStarveLowerLevels).
 func TestPriority(t *testing.T) {
 	cases := []struct {
 		name       string
