@@ -260,7 +260,10 @@ func (Fidelity) EnumDescriptor() ([]byte, []int) {
 	return file_broker_v1_broker_proto_rawDescGZIP(), []int{3}
 }
 
-// Priority orders work strictly between levels.
+// Priority orders work between levels: a higher level goes first, except
+// that a lower level with work waiting takes one pick in 8 (a batch item, a
+// sequence admitted, a step's prompt chunks), so a flood at a higher level
+// cannot starve it.
 type Priority int32
 
 const (
