@@ -20,7 +20,7 @@ import (
 )
 
 // qwenTokenizer is Qwen3's real tokenizer (the test copy qwenDir writes).
-func qwenTokenizer(t *testing.T) *bpe.Tokenizer {
+func qwenTokenizer(t testing.TB) *bpe.Tokenizer {
 	t.Helper()
 	tj, cfg := qwenTokenizerFiles(t)
 	tok, err := bpe.Parse(tj, cfg, nil)
@@ -137,7 +137,7 @@ func writeScriptedQwen(t *testing.T, repo, name string) {
 // next. A token may come once only (else its successor is ambiguous).
 // more, when not nil, sets more of the embeddings and lm_head (rows of h
 // values) once the script's are in.
-func writeScript(t *testing.T, tok *bpe.Tokenizer, repo, name string, v, eos int, script []int32, more func(embed, head []float32, h int)) {
+func writeScript(t testing.TB, tok *bpe.Tokenizer, repo, name string, v, eos int, script []int32, more func(embed, head []float32, h int)) {
 	t.Helper()
 	const h = 32
 	if len(script) > h {

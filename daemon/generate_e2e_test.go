@@ -75,13 +75,13 @@ func (byteTokenizer) Render(_ context.Context, msgs []llm.Message, opts llm.Chat
 
 // writeTinyLlama writes a random Llama checkpoint (vocab 300) as the
 // repository's model name, version 1.
-func writeTinyLlama(t *testing.T, repo, name string) {
+func writeTinyLlama(t testing.TB, repo, name string) {
 	t.Helper()
 	writeTinyLlamaVocab(t, repo, name, 300, 2)
 }
 
 // writeTinyLlamaVocab writes it with vocabulary size v and EOS id eos.
-func writeTinyLlamaVocab(t *testing.T, repo, name string, v, eos int) {
+func writeTinyLlamaVocab(t testing.TB, repo, name string, v, eos int) {
 	t.Helper()
 	const h, layers, heads, kv, inter = 32, 2, 4, 2, 64
 	d := h / heads

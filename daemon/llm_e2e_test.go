@@ -18,7 +18,7 @@ import (
 
 // readZstd is the decompressed contents of a zstd file (the tokenizers'
 // test copies are compressed).
-func readZstd(t *testing.T, path string) []byte {
+func readZstd(t testing.TB, path string) []byte {
 	t.Helper()
 	f, err := os.Open(path)
 	if err != nil {
@@ -39,7 +39,7 @@ func readZstd(t *testing.T, path string) []byte {
 
 // qwenTokenizerFiles returns Qwen3's real tokenizer.json and
 // tokenizer_config.json (runtime/models/tokenizer/bpe's test copies).
-func qwenTokenizerFiles(t *testing.T) (tokenizerJSON, tokenizerConfig []byte) {
+func qwenTokenizerFiles(t testing.TB) (tokenizerJSON, tokenizerConfig []byte) {
 	t.Helper()
 	src := "../runtime/models/tokenizer/bpe/testdata/qwen3"
 	tj := readZstd(t, filepath.Join(src, "tokenizer.json.zst"))
@@ -69,7 +69,7 @@ func llmHTTPConfig(t *testing.T, model, key string) config.Config {
 // qwenDir writes a version directory holding Qwen3's real tokenizer files
 // (runtime/models/tokenizer/bpe's test copies) and returns it with the
 // vocabulary size and the EOS id.
-func qwenDir(t *testing.T, repo, name string) (int, int) {
+func qwenDir(t testing.TB, repo, name string) (int, int) {
 	t.Helper()
 	tj, cfg := qwenTokenizerFiles(t)
 	dir := versionDir(t, repo, name, 1)

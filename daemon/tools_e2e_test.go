@@ -31,7 +31,7 @@ const (
 	toolUserQuery = "Weather in Paris?"
 )
 
-func writeToolModel(t *testing.T, repo, name string) {
+func writeToolModel(t testing.TB, repo, name string) {
 	t.Helper()
 	v, eos := qwenDir(t, repo, name)
 	tok := qwenTokenizer(t)
