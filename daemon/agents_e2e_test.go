@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"unicode/utf8"
 
@@ -22,12 +23,22 @@ import (
 // qwenTokenizer is Qwen3's real tokenizer (the test copy qwenDir writes).
 func qwenTokenizer(t testing.TB) *bpe.Tokenizer {
 	t.Helper()
-	tj, cfg := qwenTokenizerFiles(t)
-	tok, err := bpe.Parse(tj, cfg, nil)
-	if err != nil {
-		t.Fatal(err)
+	qwenParsed.Do(func() {
+		tj, cfg := qwenTokenizerFiles(t)
+		qwenParsed.tok, qwenParsed.err = bpe.Parse(tj, cfg, nil)
+	})
+	if qwenParsed.tok == nil {
+		t.Fatalf("Qwen3's tokenizer: %v", qwenParsed.err)
 	}
-	return tok
+	return qwenParsed.tok
+}
+
+// qwenParsed is Qwen3's tokenizer parsed once per test binary (seconds
+// under -race; tokenizers are safe for concurrent use).
+var qwenParsed struct {
+	sync.Once
+	tok *bpe.Tokenizer
+	err error
 }
 
 // TestLogprobsText: over gRPC every logprob entry, the chosen token and

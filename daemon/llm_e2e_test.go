@@ -12,7 +12,6 @@ import (
 	"github.com/klauspost/compress/zstd"
 
 	brokerv1 "github.com/brokerd/brokerd/proto/broker/v1"
-	"github.com/brokerd/brokerd/runtime/models/tokenizer/bpe"
 	"github.com/brokerd/brokerd/server/config"
 )
 
@@ -79,10 +78,7 @@ func qwenDir(t testing.TB, repo, name string) (int, int) {
 	if err := os.WriteFile(filepath.Join(dir, "tokenizer_config.json"), cfg, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	tok, err := bpe.Parse(tj, cfg, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tok := qwenTokenizer(t)
 	eos, ok := tok.EOS()
 	if !ok {
 		t.Fatal("Qwen3's tokenizer has no EOS")
