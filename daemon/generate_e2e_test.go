@@ -25,6 +25,12 @@ import (
 // BOS 1, EOS 2; a chat template of "<role>content\n" lines.
 type byteTokenizer struct{}
 
+// byteTokenizers is an Options.Tokenizers loading byteTokenizer for every
+// model.
+func byteTokenizers(context.Context, string, func(string, int64) ([]byte, error)) (llm.Tokenizer, llm.ChatTemplate, error) {
+	return byteTokenizer{}, byteTokenizer{}, nil
+}
+
 func (byteTokenizer) Encode(text string, addSpecial bool, maxTokens int) ([]int32, bool, error) {
 	var ids []int32
 	if addSpecial {
@@ -128,9 +134,7 @@ func TestGenerateEndToEnd(t *testing.T) {
 	cfg.ModelRepo = t.TempDir()
 	cfg.LoadModels = "tiny-llm"
 	writeTinyLlama(t, cfg.ModelRepo, "tiny-llm")
-	d := startDaemonWith(t, Options{Config: cfg, Tokenizers: func(context.Context, string, func(string, int64) ([]byte, error)) (llm.Tokenizer, llm.ChatTemplate, error) {
-		return byteTokenizer{}, byteTokenizer{}, nil
-	}})
+	d := startDaemonWith(t, Options{Config: cfg, Tokenizers: byteTokenizers})
 	c := brokerv1.NewBrokerServiceClient(d.conn)
 	ctx := testCtx(t)
 

@@ -1,7 +1,6 @@
 package daemon
 
 import (
-	"context"
 	"errors"
 	"io"
 	"regexp"
@@ -17,7 +16,6 @@ import (
 	"github.com/brokerd/brokerd/client"
 	"github.com/brokerd/brokerd/cmd/brokerctl/cli"
 	brokerv1 "github.com/brokerd/brokerd/proto/broker/v1"
-	"github.com/brokerd/brokerd/runtime/models/llm"
 )
 
 // sample is the value of the series line that starts with prefix (name and
@@ -48,9 +46,7 @@ func TestGeneratorStatsEndToEnd(t *testing.T) {
 	cfg.LoadModels = "tiny-llm"
 	writeTinyLlama(t, cfg.ModelRepo, "tiny-llm")
 	core, logs := observer.New(zap.InfoLevel)
-	d := startDaemonLog(t, Options{Config: cfg, Tokenizers: func(context.Context, string, func(string, int64) ([]byte, error)) (llm.Tokenizer, llm.ChatTemplate, error) {
-		return byteTokenizer{}, byteTokenizer{}, nil
-	}}, zap.New(core))
+	d := startDaemonLog(t, Options{Config: cfg, Tokenizers: byteTokenizers}, zap.New(core))
 	c := brokerv1.NewBrokerServiceClient(d.conn)
 	ctx := testCtx(t)
 	// The load's warm-up step put the weights in their kernels' layouts

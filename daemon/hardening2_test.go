@@ -1,7 +1,6 @@
 package daemon
 
 import (
-	"context"
 	"encoding/json"
 	"os"
 	"path/filepath"
@@ -13,7 +12,6 @@ import (
 
 	brokerv1 "github.com/brokerd/brokerd/proto/broker/v1"
 	"github.com/brokerd/brokerd/proto/inference"
-	"github.com/brokerd/brokerd/runtime/models/llm"
 )
 
 // TestEncodePinnedToAnAbsentDeviceType: a device type the host lacks (or
@@ -73,9 +71,7 @@ func TestModelFileErrorsAreClientFacing(t *testing.T) {
 	c["rope_theta"] = 1.7e308
 	writeJSON(t, thetaCfg, c)
 
-	d := startDaemonWith(t, Options{Config: cfg, Tokenizers: func(context.Context, string, func(string, int64) ([]byte, error)) (llm.Tokenizer, llm.ChatTemplate, error) {
-		return byteTokenizer{}, byteTokenizer{}, nil
-	}})
+	d := startDaemonWith(t, Options{Config: cfg, Tokenizers: byteTokenizers})
 	bc := brokerv1.NewBrokerServiceClient(d.conn)
 	ctx := testCtx(t)
 	for _, tc := range []struct{ model, first, says string }{

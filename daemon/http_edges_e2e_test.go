@@ -1,14 +1,13 @@
 package daemon
 
 import (
-	"context"
 	"encoding/json"
 	"io"
 	"net/http"
 	"strings"
 	"testing"
 
-	"github.com/brokerd/brokerd/runtime/models/llm"
+	"github.com/brokerd/brokerd/server/config"
 )
 
 // TestHTTPEdgesEndToEnd: the HTTP APIs' edges on a real brokerd (a
@@ -22,18 +21,10 @@ import (
 // the engine cannot enforce (a schema keyword, a malformed schema or
 // regex, a regex whose (?i) classes fold too much) a 400 saying why.
 func TestHTTPEdgesEndToEnd(t *testing.T) {
-	cfg := testConfig(t)
-	cfg.ModelRepo = t.TempDir()
-	cfg.LoadModels = "tiny-llm"
-	cfg.MaxContext = 64
-	cfg.HTTPListen = "127.0.0.1:0"
-	cfg.HTTPAllowUnauthenticated = true
+	cfg := tinyHTTPConfig(t)
 	cfg.HTTPCORSOrigins = []string{"https://app.example.com"}
-	writeTinyLlama(t, cfg.ModelRepo, "tiny-llm")
 	writeMLP(t, cfg.ModelRepo, "mlp", 1, 1, 4, 8, 2)
-	d := startDaemonWith(t, Options{Config: cfg, Tokenizers: func(context.Context, string, func(string, int64) ([]byte, error)) (llm.Tokenizer, llm.ChatTemplate, error) {
-		return byteTokenizer{}, byteTokenizer{}, nil
-	}})
+	d := startDaemonWith(t, Options{Config: cfg, Tokenizers: byteTokenizers})
 	base := "http://" + d.addrs.HTTP
 	long := strings.Repeat("x", 200)
 	chat := func(extra string) string {
@@ -137,11 +128,9 @@ func TestHTTPEdgesEndToEnd(t *testing.T) {
 	}
 }
 
-// TestOpenAIStreamSendsNoEmptyChunks: a streamed chat whose text is held
-// back (here each token could start the stop string) sends no chunk of
-// empty content for it, as vLLM sends none, and the held text comes at
-// the end.
-func TestOpenAIStreamSendsNoEmptyChunks(t *testing.T) {
+// tinyHTTPConfig serves tiny-llm (a 64-token context; byteTokenizers
+// reads it) on the HTTP APIs of a free loopback port, without keys.
+func tinyHTTPConfig(t *testing.T) config.Config {
 	cfg := testConfig(t)
 	cfg.ModelRepo = t.TempDir()
 	cfg.LoadModels = "tiny-llm"
@@ -149,9 +138,16 @@ func TestOpenAIStreamSendsNoEmptyChunks(t *testing.T) {
 	cfg.HTTPListen = "127.0.0.1:0"
 	cfg.HTTPAllowUnauthenticated = true
 	writeTinyLlama(t, cfg.ModelRepo, "tiny-llm")
-	d := startDaemonWith(t, Options{Config: cfg, Tokenizers: func(context.Context, string, func(string, int64) ([]byte, error)) (llm.Tokenizer, llm.ChatTemplate, error) {
-		return byteTokenizer{}, byteTokenizer{}, nil
-	}})
+	return cfg
+}
+
+// TestOpenAIStreamSendsNoEmptyChunks: a streamed chat whose text is held
+// back (here each token could start the stop string) sends no chunk of
+// empty content for it, as vLLM sends none, and the held text comes at
+// the end.
+func TestOpenAIStreamSendsNoEmptyChunks(t *testing.T) {
+	cfg := tinyHTTPConfig(t)
+	d := startDaemonWith(t, Options{Config: cfg, Tokenizers: byteTokenizers})
 	// logit_bias makes every token "A" (id 68), each a possible start of
 	// the stop string "AAAAB".
 	body := `{"model":"tiny-llm","stream":true,"max_tokens":3,"stop":["AAAAB"],"logit_bias":{"68":100},"messages":[{"role":"user","content":"x"}]}`

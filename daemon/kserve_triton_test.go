@@ -1,7 +1,6 @@
 package daemon
 
 import (
-	"context"
 	"errors"
 	"io"
 	"math"
@@ -17,7 +16,6 @@ import (
 
 	brokerv1 "github.com/brokerd/brokerd/proto/broker/v1"
 	"github.com/brokerd/brokerd/proto/inference"
-	"github.com/brokerd/brokerd/runtime/models/llm"
 	"github.com/brokerd/brokerd/server/config"
 )
 
@@ -346,9 +344,7 @@ func TestTritonStreamGeneration(t *testing.T) {
 	cfg.ModelRepo = t.TempDir()
 	cfg.LoadModels = "tiny-llm"
 	writeTinyLlama(t, cfg.ModelRepo, "tiny-llm")
-	d := startDaemonWith(t, Options{Config: cfg, Tokenizers: func(context.Context, string, func(string, int64) ([]byte, error)) (llm.Tokenizer, llm.ChatTemplate, error) {
-		return byteTokenizer{}, byteTokenizer{}, nil
-	}})
+	d := startDaemonWith(t, Options{Config: cfg, Tokenizers: byteTokenizers})
 	ctx := testCtx(t)
 	const prompt = "the council meets"
 	gen, err := brokerv1.NewBrokerServiceClient(d.conn).Generate(ctx, &brokerv1.GenerateRequest{Model: "tiny-llm", Prompts: []string{prompt},

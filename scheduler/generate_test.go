@@ -46,6 +46,19 @@ func newFakeGen(blockSize, blocks int) *fakeGen {
 	return &fakeGen{blockSize: blockSize, blocks: blocks, cache: map[uint64][]int32{}, held: map[uint64]int{}}
 }
 
+// addHeldGen adds to s a CPU replica of model "llm" on a fakeGen (blocks
+// of 4 tokens) whose steps each signal f.entered and wait for gate.
+func addHeldGen(t *testing.T, s *Scheduler, blocks int, opts GenOptions) (f *fakeGen, gate chan struct{}) {
+	t.Helper()
+	f = newFakeGen(4, blocks)
+	gate = make(chan struct{})
+	f.hold, f.entered = gate, make(chan struct{}, 1)
+	if err := s.AddGenReplica("llm", Device{ID: "cpu:0", Type: "cpu"}, opts, f); err != nil {
+		t.Fatal(err)
+	}
+	return f, gate
+}
+
 func (f *fakeGen) Reserve(seq uint64, tokens int) bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -454,12 +467,7 @@ func TestGenerateEndWaitsForItsStep(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := newTestScheduler(t, Options{})
-			f := newFakeGen(4, 1024)
-			gate := make(chan struct{})
-			f.hold, f.entered = gate, make(chan struct{}, 1)
-			if err := s.AddGenReplica("llm", Device{ID: "cpu:0", Type: "cpu"}, GenOptions{MaxRunning: 4, MaxStepTokens: 64}, f); err != nil {
-				t.Fatal(err)
-			}
+			f, gate := addHeldGen(t, s, 1024, GenOptions{MaxRunning: 4, MaxStepTokens: 64})
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			st, err := s.Generate(ctx, GenRequest{Model: "llm", Prompt: prompt(1, 9), MaxNewTokens: 1000, State: &genState{}})

@@ -89,12 +89,7 @@ func floodAndProbe(t *testing.T, s *Scheduler, f *fakeGen, gate chan struct{}, f
 // one of a's 200-token sequences ends.
 func TestGenerateFairRunningSlots(t *testing.T) {
 	s := newTestScheduler(t, Options{})
-	f := newFakeGen(4, 4096)
-	gate := make(chan struct{})
-	f.hold = gate
-	if err := s.AddGenReplica("llm", Device{ID: "cpu:0", Type: "cpu"}, GenOptions{MaxRunning: 4, MaxStepTokens: 64}, f); err != nil {
-		t.Fatal(err)
-	}
+	f, gate := addHeldGen(t, s, 4096, GenOptions{MaxRunning: 4, MaxStepTokens: 64})
 	var flood []GenRequest
 	for i := range 8 {
 		flood = append(flood, GenRequest{Model: "llm", Client: "a", Prompt: prompt(i, 3), MaxNewTokens: 200, State: &genState{}})
@@ -112,13 +107,8 @@ func TestGenerateFairRunningSlots(t *testing.T) {
 // step until it ends.
 func TestGeneratePrefillLeavesRoom(t *testing.T) {
 	s := newTestScheduler(t, Options{})
-	f := newFakeGen(4, 4096)
-	gate := make(chan struct{})
-	f.hold = gate
 	opts := GenOptions{MaxRunning: 8, MaxStepTokens: 16, MaxChunk: 8}
-	if err := s.AddGenReplica("llm", Device{ID: "cpu:0", Type: "cpu"}, opts, f); err != nil {
-		t.Fatal(err)
-	}
+	f, gate := addHeldGen(t, s, 4096, opts)
 	var flood []GenRequest
 	for i := range 2 {
 		flood = append(flood, GenRequest{Model: "llm", Client: "a", Prompt: prompt(i, 400), MaxNewTokens: 2, State: &genState{}})
@@ -182,12 +172,7 @@ func TestGeneratePreemptionProgresses(t *testing.T) {
 // are freed, and the sequences beside it go on.
 func TestGenerateCancelDuringPrefill(t *testing.T) {
 	s := newTestScheduler(t, Options{})
-	f := newFakeGen(4, 4096)
-	gate := make(chan struct{})
-	f.hold, f.entered = gate, make(chan struct{}, 1)
-	if err := s.AddGenReplica("llm", Device{ID: "cpu:0", Type: "cpu"}, GenOptions{MaxRunning: 2, MaxStepTokens: 16, MaxChunk: 8}, f); err != nil {
-		t.Fatal(err)
-	}
+	f, gate := addHeldGen(t, s, 4096, GenOptions{MaxRunning: 2, MaxStepTokens: 16, MaxChunk: 8})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	long, err := s.Generate(ctx, GenRequest{Model: "llm", Client: "a", Prompt: prompt(1, 400), MaxNewTokens: 5, State: &genState{}})

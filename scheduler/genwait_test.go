@@ -49,12 +49,7 @@ func TestGenerateManyWaitingLeaveInLinearWork(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			s := newTestScheduler(t, Options{})
-			f := newFakeGen(4, 64)
-			gate := make(chan struct{})
-			f.hold, f.entered = gate, make(chan struct{}, 1)
-			if err := s.AddGenReplica("llm", Device{ID: "cpu:0", Type: "cpu"}, GenOptions{MaxRunning: 1, MaxStepTokens: 64}, f); err != nil {
-				t.Fatal(err)
-			}
+			f, gate := addHeldGen(t, s, 64, GenOptions{MaxRunning: 1, MaxStepTokens: 64})
 			// One sequence runs, held in its first step, so the rest wait.
 			first, err := s.Generate(context.Background(), GenRequest{Model: "llm", Client: "a", Prompt: prompt(0, 3), MaxNewTokens: 1, State: &genState{}})
 			if err != nil {

@@ -100,12 +100,7 @@ func TestGeneratePriorityFloodCannotStarveAdmission(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			s := newTestScheduler(t, Options{})
-			f := newFakeGen(4, 4096)
-			gate := make(chan struct{})
-			f.hold, f.entered = gate, make(chan struct{}, 1)
-			if err := s.AddGenReplica("llm", Device{ID: "cpu:0", Type: "cpu"}, GenOptions{MaxRunning: 1, MaxStepTokens: 64}, f); err != nil {
-				t.Fatal(err)
-			}
+			f, gate := addHeldGen(t, s, 4096, GenOptions{MaxRunning: 1, MaxStepTokens: 64})
 			tags := map[uint64]string{}
 			var streams []*GenStream
 			gen := func(tag string, prio int, client string) {
@@ -164,12 +159,7 @@ func TestGeneratePriorityFloodCannotStarveChunks(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			s := newTestScheduler(t, Options{})
-			f := newFakeGen(4, 4096)
-			gate := make(chan struct{})
-			f.hold, f.entered = gate, make(chan struct{}, 1)
-			if err := s.AddGenReplica("llm", Device{ID: "cpu:0", Type: "cpu"}, opts, f); err != nil {
-				t.Fatal(err)
-			}
+			f, gate := addHeldGen(t, s, 4096, opts)
 			var streams []*GenStream
 			gen := func(client string, prio, seed, n int) *GenStream {
 				st, err := s.Generate(context.Background(), GenRequest{Model: "llm", Client: client, Priority: prio,

@@ -109,15 +109,7 @@ func TestOpenAIToolCallsAnswer(t *testing.T) {
 		}
 		return b + "}"
 	}
-	type call struct {
-		Index    *int   `json:"index"`
-		ID       string `json:"id"`
-		Type     string `json:"type"`
-		Function struct {
-			Name      string `json:"name"`
-			Arguments string `json:"arguments"`
-		} `json:"function"`
-	}
+	type call = openaiToolCall // read back as a client reads it
 	for _, tc := range []struct {
 		parallel string
 		want     int
@@ -181,7 +173,7 @@ func TestOpenAIToolCallsAnswer(t *testing.T) {
 				}
 				for _, c := range chunk.Choices {
 					for _, d := range c.Delta.ToolCalls {
-						if d.Index == nil || *d.Index != len(calls) {
+						if d.Index == nil || int(*d.Index) != len(calls) {
 							t.Errorf("streamed call %+v after %d calls", d, len(calls))
 						}
 						calls = append(calls, d)
