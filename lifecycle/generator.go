@@ -40,7 +40,7 @@ func (x EngineExecutor) KVCacheDType() string { return x.Engine.Options().KVDTyp
 func (x EngineExecutor) Step(ctx context.Context, items []scheduler.StepItem) ([]scheduler.StepResult, error) {
 	in := make([]llm.SeqStep, len(items))
 	for i, it := range items {
-		in[i] = llm.SeqStep{Seq: it.Seq, State: it.State, Tokens: it.Tokens, Pos: it.Pos, Sample: it.Sample}
+		in[i] = llm.SeqStep(it) // the same fields, by design
 	}
 	res, err := x.Engine.Step(ctx, in)
 	if err != nil {
@@ -48,7 +48,7 @@ func (x EngineExecutor) Step(ctx context.Context, items []scheduler.StepItem) ([
 	}
 	out := make([]scheduler.StepResult, len(res))
 	for i, r := range res {
-		out[i] = scheduler.StepResult{Token: r.Token, Out: r.Out, Stop: r.Stop, Full: r.Full, End: r.End}
+		out[i] = scheduler.StepResult(r)
 	}
 	return out, nil
 }

@@ -78,6 +78,10 @@ type StepItem struct {
 	// Sample: Tokens end the sequence's known tokens, so the step samples
 	// its next token.
 	Sample bool
+	// Draft is the most tokens the executor may guess after Tokens and
+	// verify in the same step (speculative decoding,
+	// GenOptions.SpecTokens); their cache room is reserved.
+	Draft int
 }
 
 // StepResult is the executor's answer for one StepItem; only items with
@@ -89,8 +93,14 @@ type StepResult struct {
 	Full  bool // no room for more tokens (context length): FinishLength
 	// End, when set, ends the sequence at this step without a token, with
 	// End as its finish reason: the executor's own reason (a structured-
-	// output constraint that cannot continue). Token and Out are ignored.
+	// output constraint that cannot continue). Token is ignored; Out
+	// covers Accepted's tokens, if any.
 	End string
+	// Drafted is how many guessed tokens the step ran for the item;
+	// Accepted those the sequence took, in order, before Token (with End,
+	// before it ended).
+	Drafted  int
+	Accepted []int32
 }
 
 // GenExecutor runs decoder steps on one device.
@@ -110,7 +120,19 @@ type GenOptions struct {
 	MaxRunning    int // sequences in the running set (at least 1)
 	MaxStepTokens int // tokens in one step: decode tokens plus prefill chunks (at least MaxRunning)
 	MaxChunk      int // longest prefill chunk of one sequence in one step (0: MaxStepTokens)
+	// SpecTokens is the most tokens a decoding sequence's step may guess
+	// and verify at once (StepItem.Draft): 0 turns speculative decoding
+	// off. Guesses take step tokens and cache room left after the
+	// running sequences' tokens and the prompts' chunks, and run only
+	// while at most SpecMaxRunning sequences run (0: DefaultSpecMaxRunning):
+	// a wide step already reads each weight once for many tokens, and
+	// guesses it rejects cost it compute.
+	SpecTokens     int
+	SpecMaxRunning int
 }
+
+// DefaultSpecMaxRunning is GenOptions.SpecMaxRunning's default.
+const DefaultSpecMaxRunning = 4
 
 // GenEvent is one token of a stream, or its end.
 type GenEvent struct {
@@ -837,7 +859,34 @@ func (s *Scheduler) planStepLocked(r *genReplica, now time.Time) ([]StepItem, []
 		budget -= more
 	}
 	r.countChunkPasses(items, seqs, wants, crowdedOut)
+	s.grantDraftsLocked(r, items, seqs, budget)
 	return items, seqs
+}
+
+// grantDraftsLocked gives decoding items room for guessed tokens
+// (StepItem.Draft) from the step's budget left over, while few sequences
+// run: never past a sequence's max_tokens, and only where the cache has
+// the blocks now (a guess never preempts).
+func (s *Scheduler) grantDraftsLocked(r *genReplica, items []StepItem, seqs []*sequence, budget int) {
+	maxRunning := r.opts.SpecMaxRunning
+	if maxRunning <= 0 {
+		maxRunning = DefaultSpecMaxRunning
+	}
+	if r.opts.SpecTokens <= 0 || len(r.running) > maxRunning {
+		return
+	}
+	for k := range items {
+		it, seq := &items[k], seqs[k]
+		n := min(r.opts.SpecTokens, budget, seq.maxNew-seq.generated-1)
+		if !it.Sample || len(it.Tokens) != 1 || seq.generated == 0 || n <= 0 {
+			continue
+		}
+		if !r.exec.Reserve(seq.id, it.Pos+1+n) {
+			continue
+		}
+		it.Draft = n
+		budget -= n
+	}
 }
 
 // countChunkPasses updates r.chunkPassed after a step is planned: a level
@@ -1049,9 +1098,17 @@ func (s *Scheduler) applyStepLocked(r *genReplica, items []StepItem, seqs []*seq
 	s.succeededLocked(&r.replicaCore, gq.name)
 	gq.stats.step(len(items), took)
 	r.stats.step(len(items), took)
+	// A step ran its items' tokens and the guesses after them.
+	ran := make([]int, len(items))
 	stepTokens := 0
-	for _, it := range items {
-		stepTokens += len(it.Tokens)
+	for i, it := range items {
+		ran[i] = len(it.Tokens)
+		if it.Sample && i < len(results) {
+			ran[i] += results[i].Drafted
+			r.m.drafted.Add(float64(results[i].Drafted))
+			r.m.accepted.Add(float64(len(results[i].Accepted)))
+		}
+		stepTokens += ran[i]
 	}
 	if secs := took.Seconds(); secs > 0 {
 		rate := float64(stepTokens) / secs
@@ -1068,14 +1125,14 @@ func (s *Scheduler) applyStepLocked(r *genReplica, items []StepItem, seqs []*seq
 	for i, it := range items {
 		seq := seqs[i]
 		if gq.clients[seq.client] > 0 { // not a client forgotten during the step
-			gq.served[seq.client] += int64(len(it.Tokens))
+			gq.served[seq.client] += int64(ran[i])
 		}
 		if seq.r != r || seq.finished {
 			continue // answered during the step (cancelled, deadline): freed at the next plan
 		}
 		seq.computed += len(it.Tokens)
 		seq.compute += took
-		seq.cost += stepCost * float64(len(it.Tokens)) / float64(stepTokens)
+		seq.cost += stepCost * float64(ran[i]) / float64(stepTokens)
 		seq.maxBatch = max(seq.maxBatch, len(items))
 		seq.lastDev, seq.lastDevType, seq.last = r.dev.ID, r.dev.Type, r
 		if seq.generated == 0 && seq.preempted == 0 {
@@ -1087,29 +1144,20 @@ func (s *Scheduler) applyStepLocked(r *genReplica, items []StepItem, seqs []*seq
 			continue
 		}
 		res := results[i]
+		// Guesses taken are in the cache, and tokens of the sequence.
+		seq.computed += len(res.Accepted)
+		toks := res.Accepted
+		if res.End == "" {
+			toks = append(slices.Clip(toks), res.Token)
+		}
+		if len(toks) > 0 {
+			s.tokensLocked(r, seq, toks, res.Out, end)
+		}
 		if res.End != "" {
 			s.finishSeqLocked(seq, nil, res.End, "")
 			s.releaseLocked(r, seq)
 			continue
 		}
-		seq.tokens = append(seq.tokens, res.Token)
-		seq.generated++
-		r.m.generated.Inc()
-		if seq.firstToken.IsZero() {
-			seq.firstToken = end
-			ttft := end.Sub(seq.submitted)
-			r.m.ttft.Observe(ttft.Seconds())
-			gq.stats.token(ttft, true, end)
-			r.stats.token(ttft, true, end)
-		} else {
-			itl := end.Sub(seq.lastToken)
-			r.m.itl.Observe(itl.Seconds())
-			gq.stats.token(itl, false, end)
-			r.stats.token(itl, false, end)
-		}
-		seq.lastToken = end
-		seq.events = append(seq.events, GenEvent{HasToken: true, Token: res.Token, Out: res.Out})
-		seq.wake()
 		switch {
 		case res.Stop:
 			s.finishSeqLocked(seq, nil, FinishStop, "")
@@ -1122,10 +1170,42 @@ func (s *Scheduler) applyStepLocked(r *genReplica, items []StepItem, seqs []*seq
 	}
 }
 
+// tokensLocked adds the tokens a step sampled for seq (one, or more when
+// it took guesses) and their output as one event. Tokens that came
+// together share the time since the last: each counts its part of it as
+// its inter-token latency.
+func (s *Scheduler) tokensLocked(r *genReplica, seq *sequence, toks []int32, out any, end time.Time) {
+	gq := r.gq
+	seq.tokens = append(seq.tokens, toks...)
+	seq.generated += len(toks)
+	r.m.generated.Add(float64(len(toks)))
+	var itl time.Duration // each token's share of the time since the last
+	if !seq.firstToken.IsZero() {
+		itl = end.Sub(seq.lastToken) / time.Duration(len(toks))
+	}
+	for range toks {
+		if seq.firstToken.IsZero() {
+			seq.firstToken = end
+			ttft := end.Sub(seq.submitted)
+			r.m.ttft.Observe(ttft.Seconds())
+			gq.stats.token(ttft, true, end)
+			r.stats.token(ttft, true, end)
+			continue
+		}
+		r.m.itl.Observe(itl.Seconds())
+		gq.stats.token(itl, false, end)
+		r.stats.token(itl, false, end)
+	}
+	seq.lastToken = end
+	seq.events = append(seq.events, GenEvent{HasToken: true, Token: toks[len(toks)-1], Out: out})
+	seq.wake()
+}
+
 // genReplicaMetrics are the generation series of one (model, device).
 type genReplicaMetrics struct {
 	ttft, itl, step, stepTokens    prometheus.Observer
 	prompt, generated, preemptions prometheus.Counter
+	drafted, accepted              prometheus.Counter
 	cost                           prometheus.Counter
 }
 

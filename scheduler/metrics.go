@@ -29,7 +29,10 @@ type metrics struct {
 type genMetrics struct {
 	ttft, itl, step, stepTokens    *prometheus.HistogramVec
 	prompt, generated, preemptions *prometheus.CounterVec
-	cost                           *prometheus.CounterVec // shared with batches
+	// Speculative decoding: tokens guessed and run, and those taken
+	// (vLLM's spec_decode_num_draft_tokens and _accepted_tokens).
+	drafted, accepted *prometheus.CounterVec
+	cost              *prometheus.CounterVec // shared with batches
 	// Per model: sequences that ended well by finish reason, and their
 	// end-to-end latency (vLLM's request_success_total and
 	// e2e_request_latency_seconds).
@@ -52,6 +55,8 @@ func (g genMetrics) forReplica(model, device string) genReplicaMetrics {
 		prompt:      g.prompt.WithLabelValues(model, device),
 		generated:   g.generated.WithLabelValues(model, device),
 		preemptions: g.preemptions.WithLabelValues(model, device),
+		drafted:     g.drafted.WithLabelValues(model, device),
+		accepted:    g.accepted.WithLabelValues(model, device),
 		cost:        g.cost.WithLabelValues(model, device),
 	}
 }
@@ -109,6 +114,8 @@ func newMetrics(reg prometheus.Registerer, log *zap.Logger) *metrics {
 		prompt:      counter("prompt_tokens_total", "Prompt tokens prefilled (recomputation after a preemption not counted)."),
 		generated:   counter("generated_tokens_total", "Tokens generated."),
 		preemptions: counter("preemptions_total", "Running sequences preempted for KV-cache room (recomputed later)."),
+		drafted:     counter("spec_decode_draft_tokens_total", "Tokens guessed by prompt lookup and run after a decoding sequence's token (speculative decoding)."),
+		accepted:    counter("spec_decode_accepted_tokens_total", "Guessed tokens the sequence sampled anyway: tokens gained without a step of their own."),
 		cost:        m.cost,
 		success: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "brokerd", Subsystem: "generation", Name: "request_success_total",
@@ -142,6 +149,8 @@ func newMetrics(reg prometheus.Registerer, log *zap.Logger) *metrics {
 	m.gen.prompt = register(reg, log, m.gen.prompt)
 	m.gen.generated = register(reg, log, m.gen.generated)
 	m.gen.preemptions = register(reg, log, m.gen.preemptions)
+	m.gen.drafted = register(reg, log, m.gen.drafted)
+	m.gen.accepted = register(reg, log, m.gen.accepted)
 	m.gen.success = register(reg, log, m.gen.success)
 	m.gen.e2e = register(reg, log, m.gen.e2e)
 	m.state = register(reg, log, m.state)
@@ -188,6 +197,7 @@ func (m *metrics) forgetReplica(model, device string) {
 	for _, v := range []deleter{
 		m.requestDur, m.queueDur, m.computeDur, m.batchSize, m.running, m.items, m.cost, m.abandoned,
 		m.gen.ttft, m.gen.itl, m.gen.step, m.gen.stepTokens, m.gen.prompt, m.gen.generated, m.gen.preemptions,
+		m.gen.drafted, m.gen.accepted,
 	} {
 		v.DeleteLabelValues(model, device)
 	}

@@ -54,6 +54,10 @@ type EngineOptions struct {
 	// block-quantized buffers, for head dims divisible by 32; see
 	// Model.CheckKVDType). 0 picks kvCacheDType's.
 	KVDType runtime.DType
+	// MaxDrafts bounds the draft tokens one step verifies in all
+	// (speculative decoding, SeqStep.Draft): each is a sampled row, so
+	// a step's logits are at most MaxSeqs + MaxDrafts rows. 0: none.
+	MaxDrafts int
 }
 
 // SeqStep is one sequence's part of a step, with the fields of the
@@ -64,6 +68,12 @@ type SeqStep struct {
 	Tokens []int32
 	Pos    int
 	Sample bool
+	// Draft is the most tokens the step may guess after Tokens (Sample
+	// only): the engine looks them up in the sequence's own tokens
+	// (draft.go), runs them in the same pass and keeps those the
+	// sequence samples anyway (SeqResult.Accepted). The caller reserved
+	// cache room for them; the engine may guess fewer or none.
+	Draft int
 }
 
 // SeqResult is a SeqStep's outcome, with the fields of the scheduler's
@@ -74,6 +84,12 @@ type SeqResult struct {
 	Stop  bool
 	Full  bool
 	End   string // ends the sequence without a token, with this finish reason (FinishConstraint)
+	// Drafted is how many guessed tokens the step ran after the item's
+	// Tokens; Accepted those the sequence took, in order, before Token
+	// (with End, the tokens it took before it ended). Out covers them
+	// all.
+	Drafted  int
+	Accepted []int32
 }
 
 // Engine runs a decoder on one device: resident weights, a paged KV cache
@@ -438,7 +454,6 @@ type stepPlan struct {
 	ids, pos, slots, seqIdx []int32
 	btab                    []int32
 	rows                    []int32
-	sampled                 []int // item index of each sampled row
 	commits                 []commit
 	cached                  int // rows skipped: their blocks were shared
 	real                    int // rows before padding
@@ -450,9 +465,13 @@ type commit struct {
 	seq    uint64
 	pos    int
 	tokens []int32
+	draft  int // guessed tokens at the end of tokens: only those accepted are kept
+	item   int
 }
 
-func (e *Engine) plan(items []SeqStep) (*stepPlan, error) {
+// plan lays out a step of items, whose last drafts[i] tokens (drafts may
+// be nil) are guesses that sample a row each.
+func (e *Engine) plan(items []SeqStep, drafts []int) (*stepPlan, error) {
 	if len(items) == 0 {
 		return nil, fmt.Errorf("%w: no items", ErrInvalidStep)
 	}
@@ -496,7 +515,12 @@ func (e *Engine) plan(items []SeqStep) (*stepPlan, error) {
 		}
 		// Leading blocks another sequence already holds with the same
 		// history are mapped, not computed.
-		blocks, filled, skip, ok := e.blocks.begin(it.Seq, it.Pos, it.Tokens, it.Sample)
+		// A draft is never skipped: its rows sample.
+		nd := 0
+		if drafts != nil {
+			nd = drafts[i]
+		}
+		blocks, filled, skip, ok := e.blocks.begin(it.Seq, it.Pos, it.Tokens[:len(it.Tokens)-nd], it.Sample)
 		if !ok {
 			return nil, fmt.Errorf("%w: sequence %d holds no cache blocks", ErrInvalidStep, it.Seq)
 		}
@@ -517,11 +541,12 @@ func (e *Engine) plan(items []SeqStep) (*stepPlan, error) {
 			p.slots = append(p.slots, blocks[at/bs]*int32(bs)+int32(at%bs))
 			p.seqIdx = append(p.seqIdx, int32(i))
 		}
-		p.commits = append(p.commits, commit{it.Seq, pos, toks})
+		p.commits = append(p.commits, commit{seq: it.Seq, pos: pos, tokens: toks, draft: nd, item: i})
 		p.cached += skip
 		if it.Sample {
-			p.rows = append(p.rows, int32(len(p.ids)-1))
-			p.sampled = append(p.sampled, i)
+			for r := nd; r >= 0; r-- {
+				p.rows = append(p.rows, int32(len(p.ids)-1-r))
+			}
 		}
 	}
 	// Padding rows write nowhere (slot -1) and attend as position 0 of
@@ -612,17 +637,75 @@ func (e *Engine) logitsBuf(n int) []float32 {
 
 // Step runs one forward pass over items (prefill chunks and decode tokens
 // of distinct sequences, each continuing its cache) and samples the next
-// token of every item with Sample set, with that sequence's sampler.
-// Results are one per item; those without Sample are zero.
+// token of every item with Sample set, with that sequence's sampler; an
+// item with Draft set may give more (SeqResult.Accepted). Results are one
+// per item; those without Sample are zero.
 func (e *Engine) Step(ctx context.Context, items []SeqStep) ([]SeqResult, error) {
+	items, drafts := e.withDrafts(items)
 	wait := prepareMasks(items)
-	logits, err := e.stepLogits(ctx, items)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	logits, commits, err := e.stepLogitsLocked(ctx, items, drafts)
 	wait()
 	if err != nil {
 		return nil, err
 	}
 	defer e.logits.Put(&logits) // sampling keeps no reference to the logits
-	return e.sample(items, logits)
+	out, err := e.sample(items, drafts, logits)
+	// A guess the sequence did not take leaves its cache rows unwritten
+	// as far as the pool knows: the next step writes over them.
+	for i, c := range commits {
+		if c.draft > 0 {
+			kept := 0
+			if err == nil {
+				kept = len(out[c.item].Accepted)
+			}
+			commits[i].tokens = c.tokens[:len(c.tokens)-c.draft+kept]
+		}
+	}
+	e.commit(commits)
+	return out, err
+}
+
+// withDrafts returns items with each sampling item's guessed tokens
+// appended (Draft at most; a copy where any is), and how many each has:
+// nil when none. Guesses stop short of the context's last position (the
+// token sampled after the last guess must have one), and of the step's
+// token budget and EngineOptions.MaxDrafts.
+func (e *Engine) withDrafts(items []SeqStep) ([]SeqStep, []int) {
+	if e.opts.MaxDrafts <= 0 {
+		return items, nil
+	}
+	room := e.opts.MaxStepTokens
+	for _, it := range items {
+		room -= len(it.Tokens)
+	}
+	rows := e.opts.MaxDrafts
+	var drafts []int
+	var out []SeqStep
+	for i, it := range items {
+		s, ok := it.State.(*Sequence)
+		k := min(it.Draft, room, rows, e.spec.Context-1-(it.Pos+len(it.Tokens)))
+		if !it.Sample || !ok || s.stopped || k <= 0 {
+			continue
+		}
+		d := s.draft(k)
+		if len(d) == 0 {
+			continue
+		}
+		if drafts == nil {
+			drafts = make([]int, len(items))
+			out = slices.Clone(items)
+		}
+		out[i].Tokens = append(slices.Clip(it.Tokens), d...)
+		drafts[i] = len(d)
+		room -= len(d)
+		rows -= len(d)
+	}
+	if drafts == nil {
+		return items, nil
+	}
+	return out, drafts
 }
 
 // prepareMasks computes the grammar masks of the step's constrained
@@ -646,16 +729,23 @@ func prepareMasks(items []SeqStep) (wait func()) {
 	return wg.Wait
 }
 
-// sample picks the next token of each sampling item from its row of
-// logits (item order) with the item's sequence. Sequences are independent
-// (each has its own RNG), so they sample in parallel: at a 150k vocabulary
-// a token costs up to a few milliseconds of host time per sequence.
-func (e *Engine) sample(items []SeqStep, logits []float32) ([]SeqResult, error) {
+// sample picks the next token of each sampling item from its rows of
+// logits (item order) with the item's sequence: one row, or one more than
+// the item's guesses, which it takes while they equal what it samples.
+// Sequences are independent (each has its own RNG), so they sample in
+// parallel: at a 150k vocabulary a token costs up to a few milliseconds of
+// host time per sequence.
+func (e *Engine) sample(items []SeqStep, drafts []int, logits []float32) ([]SeqResult, error) {
 	type job struct{ item, row int }
 	var jobs []job
+	row := 0
 	for i, it := range items {
 		if it.Sample {
-			jobs = append(jobs, job{i, len(jobs)})
+			jobs = append(jobs, job{i, row})
+			row++
+			if drafts != nil {
+				row += drafts[i]
+			}
 		}
 	}
 	out := make([]SeqResult, len(items))
@@ -669,10 +759,11 @@ func (e *Engine) sample(items []SeqStep, logits []float32) ([]SeqResult, error) 
 			defer wg.Done()
 			for j := range next {
 				it := items[j.item]
-				res, err := it.State.(*Sequence).next(logits[j.row*v : (j.row+1)*v])
-				// Full: the sampled token takes the context's last position.
-				res.Full = err == nil && !res.Stop && it.Pos+len(it.Tokens)+1 >= e.spec.Context
-				out[j.item], errs[j.item] = res, err
+				nd := 0
+				if drafts != nil {
+					nd = drafts[j.item]
+				}
+				out[j.item], errs[j.item] = e.verify(it, nd, logits[j.row*v:(j.row+1+nd)*v])
 			}
 		}()
 	}
@@ -689,33 +780,91 @@ func (e *Engine) sample(items []SeqStep, logits []float32) ([]SeqResult, error) 
 	return out, nil
 }
 
-// stepLogits runs a step and returns the sampled rows' logits in item
-// order, [R·V].
-func (e *Engine) stepLogits(ctx context.Context, items []SeqStep) ([]float32, error) {
-	if err := ctx.Err(); err != nil {
-		return nil, err
+// verify samples item's rows of logits in order: after its known tokens,
+// then after each of its last nd tokens (guesses) while the one before
+// was sampled as guessed. A single row (nd 0) is plain sampling.
+func (e *Engine) verify(it SeqStep, nd int, logits []float32) (SeqResult, error) {
+	s := it.State.(*Sequence)
+	v := e.spec.Vocab
+	guess := it.Tokens[len(it.Tokens)-nd:]
+	first := it.Pos + len(it.Tokens) - nd // the position of the first token sampled
+	var acc []int32
+	var all Delta
+	for r := 0; ; r++ {
+		res, err := s.next(logits[r*v : (r+1)*v])
+		if err != nil {
+			return SeqResult{}, err
+		}
+		if res.End != "" {
+			if len(acc) > 0 {
+				res.Out = all
+			}
+			res.Drafted, res.Accepted = nd, acc
+			return res, nil
+		}
+		d := res.Out.(Delta)
+		if nd == 0 {
+			res.Full = !res.Stop && first+1 >= e.spec.Context
+			return res, nil
+		}
+		all.Text += d.Text
+		all.TokenIDs = append(all.TokenIDs, d.TokenIDs...)
+		all.Logprobs = append(all.Logprobs, d.Logprobs...)
+		// A guess's position is below the context's last (withDrafts),
+		// so only the last token sampled can fill the context.
+		if r < nd && !res.Stop && res.Token == guess[r] {
+			acc = append(acc, res.Token)
+			continue
+		}
+		res.Out, res.Drafted, res.Accepted = all, nd, acc
+		res.Full = !res.Stop && first+r+1 >= e.spec.Context
+		return res, nil
 	}
+}
+
+// stepLogits runs a step of items without guesses, for WarmUp, and
+// records what it wrote.
+func (e *Engine) stepLogits(ctx context.Context, items []SeqStep) ([]float32, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.closed {
-		return nil, ErrClosed
+	logits, commits, err := e.stepLogitsLocked(ctx, items, nil)
+	if err == nil {
+		e.commit(commits)
 	}
-	p, err := e.plan(items)
+	return logits, err
+}
+
+// stepLogitsLocked runs a step and returns the sampled rows' logits in
+// item order, [R·V], and what each item wrote of its cache, for commit
+// once the guesses taken are known.
+func (e *Engine) stepLogitsLocked(ctx context.Context, items []SeqStep, drafts []int) ([]float32, []commit, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, nil, err
+	}
+	if e.closed {
+		return nil, nil, ErrClosed
+	}
+	p, err := e.plan(items, drafts)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	var logits []float32
 	if p.real > 0 { // a step whose rows were all shared has nothing to run
 		if logits, err = e.forward(ctx, p); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 	}
 	e.cached.Add(int64(p.cached))
 	for _, c := range p.commits {
 		e.computed.Add(int64(len(c.tokens)))
 	}
-	for _, c := range p.commits {
+	return logits, p.commits, nil
+}
+
+// commit records the cache rows steps wrote: the blocks they filled become
+// shareable (prefix caching).
+func (e *Engine) commit(commits []commit) {
+	for _, c := range commits {
 		e.blocks.commit(c.seq, c.pos, c.tokens)
 	}
-	return logits, nil
 }

@@ -109,7 +109,7 @@ func simulate(t *testing.T, e *Engine, jobs []*job) {
 		if err != nil {
 			t.Fatalf("step %d: %v", step, err)
 		}
-		res, err := e.sample(items, logits)
+		res, err := e.sample(items, nil, logits)
 		if err != nil {
 			t.Fatalf("step %d: %v", step, err)
 		}

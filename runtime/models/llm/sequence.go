@@ -149,6 +149,7 @@ type Sequence struct {
 	pending strings.Builder // decoded text not yet emitted: a stop string's possible start
 	stopped bool
 	con     *constraintState // nil: unconstrained
+	hist    []int32          // the prompt and the tokens sampled: where drafts are looked up
 
 	// scratch lends the buffers of one sampling step ([V] float64 and
 	// int32: 1.8 MB for Qwen's vocabulary). A sequence borrows them per
@@ -213,7 +214,7 @@ func newSequence(params Sampling, prompt []int32, vocab int, eos []int32, detok 
 	s := &Sequence{
 		params: params, vocab: vocab, eos: slices.Clone(eos), detok: detok,
 		rng:    rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
-		prompt: map[int32]bool{}, counts: map[int32]int{},
+		prompt: map[int32]bool{}, counts: map[int32]int{}, hist: slices.Clone(prompt),
 	}
 	if params.RepetitionPenalty != 0 && params.RepetitionPenalty != 1 {
 		for _, t := range prompt {
@@ -286,6 +287,7 @@ func (s *Sequence) next(logits []float32) (SeqResult, error) {
 		terminated = s.con.m.IsTerminated()
 	}
 	s.counts[tok]++
+	s.hist = append(s.hist, tok)
 	d.TokenIDs = []int32{tok}
 	res := SeqResult{Token: tok}
 	if terminated || slices.Contains(s.params.StopTokenIDs, tok) || (!s.params.IgnoreEOS && slices.Contains(s.eos, tok)) {
@@ -350,6 +352,10 @@ func (s *Sequence) release() (text string, stop bool) {
 	s.pending.WriteString(p[len(p)-hold:])
 	return p[:len(p)-hold], false
 }
+
+// draft guesses up to k tokens that follow the sequence's tokens so far
+// (speculative decoding by prompt lookup, draft.go).
+func (s *Sequence) draft(k int) []int32 { return proposeNgram(s.hist, k) }
 
 // plainGreedy says whether the next token is the logits' argmax as they
 // are: greedy, with no constraint and no penalty.
