@@ -131,6 +131,16 @@ func (p *blockPool) reserve(seq uint64, tokens int) bool {
 	return true
 }
 
+// room is the positions seq's blocks hold.
+func (p *blockPool) room(seq uint64) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if s := p.seqs[seq]; s != nil {
+		return len(s.blocks) * p.size
+	}
+	return 0
+}
+
 // release returns seq's blocks to the pool.
 func (p *blockPool) release(seq uint64) {
 	p.mu.Lock()

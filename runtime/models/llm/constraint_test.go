@@ -98,21 +98,29 @@ func testVocab() listTokenizer {
 // tokenizer and a context of 512, on oneDNN's CPU device.
 func constrainedModel(t *testing.T, opts ModelOptions) (*Model, *Engine) {
 	t.Helper()
-	opts.Name, opts.Tokenizer = "constrained", testVocab()
-	w := randomCheckpoint(tinyNet("qwen3"), 5)
 	// A final norm of small weights makes the logits small and the
 	// distribution nearly flat, as an untrained model's: at temperature 1
 	// every allowed token is picked now and then, so strings end (random
 	// weights of the usual scale repeat one token for hundreds of steps).
+	return vocabModel(t, opts, 0.05, EngineOptions{})
+}
+
+// vocabModel is constrainedModel with its final norm's weights scaled by
+// normScale and engine options over its defaults (zero fields keep them).
+func vocabModel(t *testing.T, opts ModelOptions, normScale float32, eo EngineOptions) (*Model, *Engine) {
+	t.Helper()
+	opts.Name, opts.Tokenizer = "constrained", testVocab()
+	w := randomCheckpoint(tinyNet("qwen3"), 5)
 	norm := w["model.norm.weight"]
 	for i := range norm.Data {
-		norm.Data[i] *= 0.05
+		norm.Data[i] *= normScale
 	}
 	m, err := NewModel(configJSON(t, "qwen3", func(c map[string]any) { c["max_position_embeddings"] = 512 }), w, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
-	e, err := m.NewEngine(context.Background(), openCPU(t, runtime.F32), EngineOptions{CacheBytes: 96 << 20, BlockSize: 16, MaxSeqs: 256, MaxStepTokens: 2048})
+	eo.CacheBytes, eo.BlockSize, eo.MaxSeqs, eo.MaxStepTokens = 96<<20, 16, 256, 2048
+	e, err := m.NewEngine(context.Background(), openCPU(t, runtime.F32), eo)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -123,9 +131,10 @@ func constrainedModel(t *testing.T, opts ModelOptions) (*Model, *Engine) {
 // genResult is one sequence's output: its text and why it ended (stop,
 // length or End's reason).
 type genResult struct {
-	text   string
-	tokens []int32
-	finish string
+	text     string
+	tokens   []int32
+	finish   string
+	logprobs []Logprob
 }
 
 // generate runs one sequence per Sampling over prompt through e, all in
@@ -133,11 +142,23 @@ type genResult struct {
 // and decodes the others, until each stops, ends or has maxNew tokens.
 func generate(t *testing.T, m *Model, e *Engine, params []Sampling, prompt []int32, maxNew int) []genResult {
 	t.Helper()
+	res, _ := generateSpec(t, m, e, params, prompt, maxNew, 0)
+	return res
+}
+
+// specCount is what a run's guesses did: tokens guessed and taken.
+type specCount struct{ drafted, accepted int }
+
+// generateSpec is generate letting each decoding step guess up to draft
+// tokens (SeqStep.Draft; never past maxNew), as the scheduler grants them.
+func generateSpec(t *testing.T, m *Model, e *Engine, params []Sampling, prompt []int32, maxNew, draft int) ([]genResult, specCount) {
+	t.Helper()
 	ctx := context.Background()
 	type live struct {
 		seq  *Sequence
 		out  []int32
 		text strings.Builder
+		lps  []Logprob
 		done bool
 	}
 	seqs := make([]*live, len(params))
@@ -148,6 +169,7 @@ func generate(t *testing.T, m *Model, e *Engine, params []Sampling, prompt []int
 		}
 		seqs[i] = &live{seq: s}
 	}
+	var count specCount
 	res := make([]genResult, len(params))
 	for step := 0; ; step++ {
 		var items []SeqStep
@@ -161,14 +183,15 @@ func generate(t *testing.T, m *Model, e *Engine, params []Sampling, prompt []int
 				it.Tokens = prompt
 			} else {
 				it.Tokens, it.Pos = l.out[len(l.out)-1:], len(prompt)+len(l.out)-1
+				it.Draft = min(draft, maxNew-len(l.out)-1)
 			}
-			if !e.Reserve(it.Seq, it.Pos+len(it.Tokens)) {
+			if !e.Reserve(it.Seq, min(it.Pos+len(it.Tokens)+it.Draft, m.ContextLength())) {
 				t.Fatalf("step %d: no cache for sequence %d", step, i)
 			}
 			items, owners = append(items, it), append(owners, i)
 		}
 		if len(items) == 0 {
-			return res
+			return res, count
 		}
 		out, err := e.Step(ctx, items)
 		if err != nil {
@@ -177,16 +200,28 @@ func generate(t *testing.T, m *Model, e *Engine, params []Sampling, prompt []int
 		for k, r := range out {
 			i := owners[k]
 			l := seqs[i]
+			count.drafted += r.Drafted
+			count.accepted += len(r.Accepted)
+			if len(r.Accepted) > r.Drafted || r.Drafted > items[k].Draft {
+				t.Fatalf("step %d: sequence %d took %d of %d guesses, %d allowed", step, i, len(r.Accepted), r.Drafted, items[k].Draft)
+			}
+			l.out = append(l.out, r.Accepted...)
+			if r.Out != nil {
+				d := r.Out.(Delta)
+				l.text.WriteString(d.Text)
+				l.lps = append(l.lps, d.Logprobs...)
+			}
 			finish := ""
 			switch {
 			case r.End != "":
 				finish = r.End
 			default:
 				l.out = append(l.out, r.Token)
-				l.text.WriteString(r.Out.(Delta).Text)
 				switch {
 				case r.Stop:
 					finish = "stop"
+				case r.Full:
+					finish = "full"
 				case len(l.out) >= maxNew:
 					finish = "length"
 				}
@@ -197,7 +232,7 @@ func generate(t *testing.T, m *Model, e *Engine, params []Sampling, prompt []int
 				}
 				l.done = true
 				e.Release(items[k].Seq)
-				res[i] = genResult{text: l.text.String(), tokens: l.out, finish: finish}
+				res[i] = genResult{text: l.text.String(), tokens: l.out, finish: finish, logprobs: l.lps}
 			}
 		}
 	}

@@ -671,7 +671,8 @@ func (e *Engine) Step(ctx context.Context, items []SeqStep) ([]SeqResult, error)
 // appended (Draft at most; a copy where any is), and how many each has:
 // nil when none. Guesses stop short of the context's last position (the
 // token sampled after the last guess must have one), and of the step's
-// token budget and EngineOptions.MaxDrafts.
+// token budget, EngineOptions.MaxDrafts and the cache room the sequence
+// holds (a Draft past it is the caller's slip, not worth failing a step).
 func (e *Engine) withDrafts(items []SeqStep) ([]SeqStep, []int) {
 	if e.opts.MaxDrafts <= 0 {
 		return items, nil
@@ -685,7 +686,8 @@ func (e *Engine) withDrafts(items []SeqStep) ([]SeqStep, []int) {
 	var out []SeqStep
 	for i, it := range items {
 		s, ok := it.State.(*Sequence)
-		k := min(it.Draft, room, rows, e.spec.Context-1-(it.Pos+len(it.Tokens)))
+		end := it.Pos + len(it.Tokens)
+		k := min(it.Draft, room, rows, e.spec.Context-1-end, e.blocks.room(it.Seq)-end)
 		if !it.Sample || !ok || s.stopped || k <= 0 {
 			continue
 		}
