@@ -866,7 +866,9 @@ func (s *Scheduler) planStepLocked(r *genReplica, now time.Time) ([]StepItem, []
 // grantDraftsLocked gives decoding items room for guessed tokens
 // (StepItem.Draft) from the step's budget left over, while few sequences
 // run: never past a sequence's max_tokens, and only where the cache has
-// the blocks now (a guess never preempts).
+// the blocks now and keeps a free one for each running sequence's next
+// step (an executor that reports its blocks), so that a guess does not
+// preempt a sequence, now or at the next step.
 func (s *Scheduler) grantDraftsLocked(r *genReplica, items []StepItem, seqs []*sequence, budget int) {
 	maxRunning := r.opts.SpecMaxRunning
 	if maxRunning <= 0 {
@@ -874,6 +876,11 @@ func (s *Scheduler) grantDraftsLocked(r *genReplica, items []StepItem, seqs []*s
 	}
 	if r.opts.SpecTokens <= 0 || len(r.running) > maxRunning {
 		return
+	}
+	if kv, ok := r.exec.(KVCacheReporter); ok {
+		if used, total := kv.CacheBlocks(); total-used < len(r.running) {
+			return
+		}
 	}
 	for k := range items {
 		it, seq := &items[k], seqs[k]
