@@ -346,3 +346,65 @@ func BenchmarkPrefill512(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkVerifyRows is what speculative decoding costs a step: one
+// sequence -llm.prompt (64) tokens into its context runs its token and
+// rows-1 guesses, every row sampled (logits and a greedy pick), against
+// rows=1, a plain decode step. The step is run at the same position each
+// time (nothing committed), so only the rows' count changes. With a
+// guess taken with probability a, k guesses give (1-a^(k+1))/(1-a)
+// tokens a step: speculation gains where that exceeds the rows' cost
+// ratio (bench/RESULTS.md).
+func BenchmarkVerifyRows(b *testing.B) {
+	for _, c := range []struct {
+		shape string
+		s     netSpec
+		dt    runtime.DType
+	}{
+		{"qwen0.5b", qwen05(), runtime.Q8_0}, {"qwen0.5b", qwen05(), runtime.Q4_0}, {"llama1024", llama1024(), runtime.Q8_0}, {"llama1024", llama1024(), runtime.Q4_K},
+	} {
+		b.Run(c.shape+"/"+c.dt.String(), func(b *testing.B) {
+			s := benchContext(c.s)
+			dev := openBenchDevice(b, runtime.F32)
+			e, err := newEngine(context.Background(), dev, s, quantizeFast(fastWeights(s), c.dt), EngineOptions{CacheBytes: 256 << 20, MaxStepTokens: 1024, KVDType: benchKVDType(), MaxDrafts: 16})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer e.Close()
+			ctx := context.Background()
+			p := prompt(*benchPrompt+16, 1, s.Vocab)
+			if !e.Reserve(1, len(p)) {
+				b.Fatal("reserve")
+			}
+			if _, err := e.stepLogits(ctx, []SeqStep{{Seq: 1, Tokens: p[:*benchPrompt]}}); err != nil {
+				b.Fatal(err)
+			}
+			seq, _ := newSequence(Sampling{IgnoreEOS: true}, nil, s.Vocab, nil, nil)
+			for _, rows := range []int{1, 2, 3, 5, 9} {
+				b.Run(fmt.Sprintf("rows=%d", rows), func(b *testing.B) {
+					items := []SeqStep{{Seq: 1, State: seq, Tokens: p[*benchPrompt : *benchPrompt+rows], Pos: *benchPrompt, Sample: true}}
+					drafts := []int{rows - 1}
+					run := func() {
+						e.mu.Lock()
+						logits, _, err := e.stepLogitsLocked(ctx, items, drafts)
+						e.mu.Unlock()
+						if err != nil {
+							b.Fatal(err)
+						}
+						for r := range rows {
+							argmax32(logits[r*s.Vocab : (r+1)*s.Vocab])
+						}
+						e.logits.Put(&logits)
+					}
+					run() // the step's primitives
+					b.ResetTimer()
+					cpu := processCPU()
+					for range b.N {
+						run()
+					}
+					reportCPU(b, cpu, "step")
+				})
+			}
+		})
+	}
+}

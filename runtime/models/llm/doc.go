@@ -15,7 +15,7 @@
 //
 // Device side:
 //
-//	e, err := m.NewEngine(ctx, dev, llm.EngineOptions{CacheBytes, BlockSize, MaxStepTokens, MaxSeqs, DisablePrefixCache})
+//	e, err := m.NewEngine(ctx, dev, llm.EngineOptions{CacheBytes, BlockSize, MaxStepTokens, MaxSeqs, DisablePrefixCache, KVDType, MaxDrafts})
 //	e.Reserve(seq, tokens) bool // KV blocks for tokens positions in all; false when they do not fit now
 //	e.Release(seq)              // frees them (finished, cancelled, preempted)
 //	e.Step(ctx, []llm.SeqStep) ([]llm.SeqResult, error)
@@ -72,6 +72,20 @@
 // is prefilled once per round or less. Reserve takes blocks before Step
 // sees the tokens, so in a nearly full cache it may evict a block the
 // sequence could have shared.
+//
+// Speculative decoding (draft.go; on when EngineOptions.MaxDrafts and a
+// step item's Draft allow it): a decoding sequence's step also runs up to
+// Draft tokens guessed by prompt lookup (the tokens after the earliest of
+// the longest 3-5 token matches of its last tokens in its prompt and
+// output, vLLM's ngram proposer), every row sampled in order; a guess is
+// kept while it equals what the sequence samples at its row, so one step
+// may give several tokens (SeqResult.Accepted, then Token). The draws are
+// those decoding without guesses makes, from the same RNG, so the tokens
+// are the same up to the rounding of several rows against one (attention
+// sums them in another order: logprobs agree to 1e-5). Only the rows of
+// tokens kept are committed to the cache; a refused guess's rows are
+// written over by the next step. A sequence guesses fewer after a refusal
+// (Sequence.guessed).
 //
 // Batch invariance: a row's result does not depend on which other rows
 // share its step, so a sequence gives the same tokens alone or in any mix

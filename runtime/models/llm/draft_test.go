@@ -227,3 +227,19 @@ func TestSpeculativeBounds(t *testing.T) {
 		}
 	})
 }
+
+// TestGuessesAdapt: a sequence guesses as many as allowed at first, twice
+// as many after all were taken, as many as were taken (at least one)
+// after a refusal.
+func TestGuessesAdapt(t *testing.T) {
+	s := &Sequence{hist: make([]int32, 64)} // one token repeated: the lookup always guesses
+	for i, tc := range []struct{ allowed, want, taken int }{
+		{6, 6, 6}, {16, 12, 2}, {16, 2, 0}, {16, 1, 1}, {16, 2, 2}, {3, 3, 1}, {16, 1, 0}, {16, 1, 1},
+	} {
+		d := s.draft(tc.allowed)
+		if len(d) != tc.want {
+			t.Fatalf("step %d: %d guessed, want %d", i, len(d), tc.want)
+		}
+		s.guessed(len(d), tc.taken)
+	}
+}

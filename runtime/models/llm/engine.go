@@ -820,6 +820,7 @@ func (e *Engine) verify(it SeqStep, nd int, logits []float32) (SeqResult, error)
 		}
 		res.Out, res.Drafted, res.Accepted = all, nd, acc
 		res.Full = !res.Stop && first+r+1 >= e.spec.Context
+		s.guessed(nd, len(acc))
 		return res, nil
 	}
 }

@@ -150,6 +150,7 @@ type Sequence struct {
 	stopped bool
 	con     *constraintState // nil: unconstrained
 	hist    []int32          // the prompt and the tokens sampled: where drafts are looked up
+	guesses int              // how many to guess next (0: as many as allowed); see guessed
 
 	// scratch lends the buffers of one sampling step ([V] float64 and
 	// int32: 1.8 MB for Qwen's vocabulary). A sequence borrows them per
@@ -354,8 +355,28 @@ func (s *Sequence) release() (text string, stop bool) {
 }
 
 // draft guesses up to k tokens that follow the sequence's tokens so far
-// (speculative decoding by prompt lookup, draft.go).
-func (s *Sequence) draft(k int) []int32 { return proposeNgram(s.hist, k) }
+// (speculative decoding by prompt lookup, draft.go): fewer after guesses
+// it refused (guessed).
+func (s *Sequence) draft(k int) []int32 {
+	if s.guesses > 0 {
+		k = min(k, s.guesses)
+	}
+	return proposeNgram(s.hist, k)
+}
+
+// guessed adapts how many tokens the next lookup guesses to how the last
+// n guesses went: twice as many after all were taken (a quote being
+// copied), as many as were taken (at least 1) after a refusal. A lookup
+// that keeps guessing wrong then costs a step one row, not k: on the CPU
+// a step of 2 rows costs about what 1 does, one of 9 rows 1.5-3 times
+// (BenchmarkVerifyRows).
+func (s *Sequence) guessed(n, taken int) {
+	if taken == n {
+		s.guesses = 2 * n
+	} else {
+		s.guesses = max(1, taken)
+	}
+}
 
 // plainGreedy says whether the next token is the logits' argmax as they
 // are: greedy, with no constraint and no penalty.
