@@ -140,7 +140,7 @@ func TestGreedyAgainstLlamaCpp(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer eng.Close()
-			b, err := greedyWithGaps(ctx, m, eng, jobs)
+			b, err := greedyWithGaps(ctx, m, eng, jobs, 0)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -150,7 +150,7 @@ func TestGreedyAgainstLlamaCpp(t *testing.T) {
 			}
 			minGap, maxDiff, compared := 1e9, 0.0, 0
 			for i, j := range jobs {
-				p, err := peer.runMeta([]benchkit.Job{j}, true)
+				p, err := peer.runMeta([]benchkit.Job{j}, true, 0)
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -38,6 +38,35 @@
 // (brokerctl load, then brokerctl bench --generate at 1 and 16 streams).
 //
 //	make build && go run ./bench/peers/llamacpp -shape llama-12x1024 -quant q4_k_m -daemon
+//
+// With -spec N both engines decode speculatively by prompt lookup, up to
+// N guessed tokens a step: brokerd's generation replica gets SpecTokens N
+// (SpecMaxRunning its default, 4) over an engine of MaxDrafts 4N, and
+// with -daemon bin/brokerd runs with --speculative-tokens N and its
+// metrics on a free loopback port; llama.cpp gives each sequence
+// node-llama-cpp's InputLookupTokenPredictor (3 to 5 token patterns, up to
+// max(N, 3) tokens: the predictor never guesses fewer than its shortest
+// pattern). Every measurement then runs with guesses, and each round's
+// single stream also without them first (brokerd, llama.cpp without;
+// brokerd, llama.cpp with), so the table prints both engines' decode
+// rates both ways and the ratios. The guesses are counted beside them:
+// brokerd's from the scheduler's spec_decode_draft_tokens_total and
+// _accepted_tokens_total (in process from the round's own registry,
+// through the daemon from /metrics around each level), llama.cpp's from
+// each sequence's tokenPredictions (validated of validated + refuted).
+// The greedy check runs with guesses too, and says how far each engine's
+// tokens follow its tokens without.
+//
+// The two predictors differ: brokerd looks the last tokens up in the
+// prompt and what the sequence generated (vLLM's ngram proposer),
+// node-llama-cpp's only in the prompt (its "input tokens"). These random
+// untied models answer random prompts with tokens the prompt does not
+// hold, so guesses are few and mostly refused; where one falls into a
+// loop of its own tokens, only brokerd's lookup finds it. No shape here
+// is tied (a random tied model repeats its input, which would make the
+// guesses trivially right).
+//
+//	go run ./bench/peers/llamacpp -shape llama-12x1024 -quant q8_0 -spec 3 [-daemon]
 package main
 
 import (
@@ -95,6 +124,7 @@ type options struct {
 	rounds, threads, promptTokens    int
 	genTokens, checkTokens, prefill  int
 	council, torch                   bool
+	spec                             int    // -spec
 	peers                            string // the checkout's bench/peers, found at run time
 }
 
@@ -117,6 +147,7 @@ func main() {
 	flag.BoolVar(&o.council, "council", true, "run the council round")
 	flag.BoolVar(&o.torch, "torch", true, "check tokens against PyTorch too")
 	flag.StringVar(&o.kv, "kv", "auto", "brokerd's KV cache type (auto, f32, bf16, f16, q8_0, q4_0; the daemon's --kv-cache-dtype); with f16 llama.cpp keeps its default F16, with q8_0 or q4_0 its keys and values are Q8_0 or Q4_0 too (with flash attention, which its quantized values need), else its default F16")
+	flag.IntVar(&o.spec, "spec", 0, "speculative decoding by prompt lookup, at most `N` guessed tokens a step: brokerd's SpecTokens (the daemon's --speculative-tokens), llama.cpp's InputLookupTokenPredictor per sequence; the single stream then also runs without, interleaved (0: off)")
 	flag.BoolVar(&o.amxRelaid, "amx-relaid", false, "on a CPU with AMX, brokerd relays quantized weights by 16 rows as without AMX (onednn.Options.AMXRelaid; the daemon's --cpu-amx-relaid)")
 	flag.Parse()
 	// brokerd's OpenMP threads are all cores unless OMP_NUM_THREADS says
@@ -142,6 +173,9 @@ func run(ctx context.Context, o options) error {
 	quantized := o.quant != "" && o.quant != "f32" && o.quant != "f16" && o.quant != "bf16"
 	if quantized {
 		o.torch = false // PyTorch would run the unquantized weights
+	}
+	if o.spec < 0 {
+		return fmt.Errorf("-spec %d: want 0 (off) or more", o.spec)
 	}
 	if o.daemon && o.quant == "" {
 		return errors.New("-daemon needs -quant (the daemon reads the GGUF file)")
@@ -214,7 +248,8 @@ func run(ctx context.Context, o options) error {
 		return fmt.Errorf("-kv %q: auto, f32, bf16, f16, q8_0 or q4_0", o.kv)
 	}
 	cacheBytes := blocks * m.CacheBlockBytes(dev, kv, 0)
-	eng, err := m.NewEngine(ctx, dev, llm.EngineOptions{CacheBytes: cacheBytes, MaxSeqs: maxSeqs, MaxStepTokens: 2048, DisablePrefixCache: true, KVDType: kv})
+	eng, err := m.NewEngine(ctx, dev, llm.EngineOptions{CacheBytes: cacheBytes, MaxSeqs: maxSeqs, MaxStepTokens: 2048, DisablePrefixCache: true, KVDType: kv,
+		MaxDrafts: maxDrafts(o.spec, maxSeqs)})
 	if err != nil {
 		return err
 	}
@@ -299,7 +334,7 @@ func run(ctx context.Context, o options) error {
 		fmt.Println("-kv q4_0: the greedy check runs brokerd's default cache against llama.cpp's F32 one")
 		var ce *llm.Engine
 		ce, err = m.NewEngine(ctx, dev, llm.EngineOptions{CacheBytes: 4 * int64(ctxLen/llm.DefaultBlockSize+2) * m.CacheBlockBytes(dev, 0, 0),
-			MaxSeqs: 2, MaxStepTokens: 2048, DisablePrefixCache: true})
+			MaxSeqs: 2, MaxStepTokens: 2048, DisablePrefixCache: true, MaxDrafts: maxDrafts(o.spec, 2)})
 		if err == nil {
 			err = agreeQuantized(ctx, o, m, ce, peer, gguf, checks, ctxLen)
 			ce.Close()
@@ -316,22 +351,29 @@ func run(ctx context.Context, o options) error {
 		fmt.Printf("llama.cpp resident memory with the file loaded (node included, one %d-token context): %.0f MiB\n", ctxLen, mib(rss))
 	}
 
-	// both runs jobs on brokerd (running at once, prefill chunk chunk),
-	// then on llama.cpp in a fresh, warmed context of as many sequences.
-	both := func(jobs []benchkit.Job, running, chunk int) (benchkit.RoundResult, peerRun, error) {
-		b, err := benchkit.Round(ctx, m, eng, jobs, running, chunk)
+	// both runs jobs on brokerd (running at once, prefill chunk chunk,
+	// guessing up to spec tokens a step), then on llama.cpp in a fresh,
+	// warmed context of as many sequences (its predictor at spec).
+	both := func(jobs []benchkit.Job, running, chunk, spec int) (benchkit.RoundResult, guesses, peerRun, error) {
+		b, g, err := genRound(ctx, m, eng, jobs, running, chunk, spec)
 		if err != nil {
-			return b, peerRun{}, err
+			return b, g, peerRun{}, err
 		}
 		if err := peer.load(gguf, o.threads, ctxLen, running, peerKV(o.kv)); err != nil {
-			return b, peerRun{}, err
+			return b, g, peerRun{}, err
 		}
-		p, err := peer.run(jobs)
-		return b, p, err
+		p, err := peer.run(jobs, spec)
+		return b, g, p, err
 	}
 
-	// 2. Scaling, interleaved.
-	type cell struct{ broker, peer, brokerDecode, peerDecode []float64 }
+	// 2. Scaling, interleaved. With -spec, every level runs with guesses,
+	// and the single stream also without them (brokerd, llama.cpp without;
+	// brokerd, llama.cpp with), for the decode rates both ways.
+	type cell struct {
+		broker, peer, brokerDecode, peerDecode []float64
+		brokerOff, peerOff                     []float64 // the single stream's decode rates without guesses (-spec)
+		brokerGuess, peerGuess                 guesses
+	}
 	table := make([]cell, len(levels))
 	jobsAt := make([][]benchkit.Job, len(levels))
 	for i, c := range levels {
@@ -347,32 +389,58 @@ func run(ctx context.Context, o options) error {
 		for j := range warm {
 			warm[j] = benchkit.Job{Prompt: prompt(o.promptTokens), Out: 4}
 		}
-		if _, err := benchkit.Round(ctx, m, eng, warm, c, 512); err != nil {
+		if _, _, err := genRound(ctx, m, eng, warm, c, 512, o.spec); err != nil {
 			return err
 		}
 	}
+	decodeRate := func(start, end float64) float64 { return float64(o.genTokens-1) / (end - start) }
+	peerPredictionMax := 0
 	for r := range o.rounds {
 		for i, c := range levels {
-			b, p, err := both(jobsAt[i], c, 512)
+			if c == 1 && o.spec > 0 {
+				b, _, p, err := both(jobsAt[i], c, 512, 0)
+				if err != nil {
+					return err
+				}
+				table[i].brokerOff = append(table[i].brokerOff, decodeRate(b.TTFT[0].Seconds(), b.End[0].Seconds()))
+				table[i].peerOff = append(table[i].peerOff, decodeRate(p.TTFT[0], p.End[0]))
+				fmt.Printf("round %d, %2d sequences without guesses: decode only brokerd %7.1f tokens/s, llama.cpp %7.1f\n", r+1, c, table[i].brokerOff[r], table[i].peerOff[r])
+			}
+			b, bg, p, err := both(jobsAt[i], c, 512, o.spec)
 			if err != nil {
 				return err
 			}
 			table[i].broker = append(table[i].broker, float64(c*o.genTokens)/b.Took.Seconds())
 			table[i].peer = append(table[i].peer, float64(c*o.genTokens)/p.Seconds)
 			if c == 1 {
-				table[i].brokerDecode = append(table[i].brokerDecode, float64(o.genTokens-1)/(b.End[0]-b.TTFT[0]).Seconds())
-				table[i].peerDecode = append(table[i].peerDecode, float64(o.genTokens-1)/(p.End[0]-p.TTFT[0]))
+				table[i].brokerDecode = append(table[i].brokerDecode, decodeRate(b.TTFT[0].Seconds(), b.End[0].Seconds()))
+				table[i].peerDecode = append(table[i].peerDecode, decodeRate(p.TTFT[0], p.End[0]))
 			}
-			fmt.Printf("round %d, %2d sequences: brokerd %7.1f tokens/s, llama.cpp %7.1f\n", r+1, c, table[i].broker[r], table[i].peer[r])
+			line := fmt.Sprintf("round %d, %2d sequences: brokerd %7.1f tokens/s, llama.cpp %7.1f", r+1, c, table[i].broker[r], table[i].peer[r])
+			if o.spec > 0 {
+				pg := peerGuesses(p)
+				table[i].brokerGuess, table[i].peerGuess = table[i].brokerGuess.add(bg), table[i].peerGuess.add(pg)
+				peerPredictionMax = p.PredictionMax
+				line += fmt.Sprintf(" (guesses: brokerd %s, llama.cpp %s)", bg, pg)
+			}
+			fmt.Println(line)
 		}
 	}
 	limit := bw / float64(perToken)
-	fmt.Printf("\nscaling (%s): %d-token prompts, %d generated tokens each, generated tokens/s (prefill included), median of %d rounds\n", dt, o.promptTokens, o.genTokens, o.rounds)
+	specNote := ""
+	if o.spec > 0 {
+		specNote = fmt.Sprintf(", with speculative decoding (-spec %d)", o.spec)
+	}
+	fmt.Printf("\nscaling (%s%s): %d-token prompts, %d generated tokens each, generated tokens/s (prefill included), median of %d rounds\n", dt, specNote, o.promptTokens, o.genTokens, o.rounds)
 	fmt.Printf("%11s %10s %10s %7s\n", "sequences", "brokerd", "llama.cpp", "ratio")
 	var bs, ps benchkit.Series
 	bs.Name, ps.Name = "brokerd "+o.dtype, "llama.cpp "+fileType+" GGUF"
 	if o.quant != "" {
 		bs.Name = "brokerd " + o.dtype + " from " + fileType + " GGUF"
+	}
+	if o.spec > 0 {
+		bs.Name += fmt.Sprintf(", spec %d", o.spec)
+		ps.Name += fmt.Sprintf(", spec %d", o.spec)
 	}
 	for i, c := range levels {
 		ratios := make([]float64, o.rounds)
@@ -380,14 +448,33 @@ func run(ctx context.Context, o options) error {
 			ratios[r] = table[i].broker[r] / table[i].peer[r]
 		}
 		b, p := benchkit.Median(table[i].broker), benchkit.Median(table[i].peer)
-		fmt.Printf("%11d %10.1f %10.1f %7.2f\n", c, b, p, benchkit.Median(ratios))
+		fmt.Printf("%11d %10.1f %10.1f %7.2f", c, b, p, benchkit.Median(ratios))
+		if o.spec > 0 {
+			fmt.Printf("   guesses taken: brokerd %s, llama.cpp %s", table[i].brokerGuess, table[i].peerGuess)
+		}
+		fmt.Println()
 		bs.X, bs.Y = append(bs.X, float64(c)), append(bs.Y, b)
 		ps.X, ps.Y = append(ps.X, float64(c)), append(ps.Y, p)
-		if c == 1 {
-			bd, pd := benchkit.Median(table[i].brokerDecode), benchkit.Median(table[i].peerDecode)
+		if c != 1 {
+			continue
+		}
+		bd, pd := benchkit.Median(table[i].brokerDecode), benchkit.Median(table[i].peerDecode)
+		if o.spec == 0 {
 			fmt.Printf("%11s single stream, decode only: brokerd %.1f tokens/s (%.2f of the bandwidth limit %.1f), llama.cpp %.1f; ratio %.2f\n",
 				"", bd, bd/limit, limit, pd, bd/pd)
+			continue
 		}
+		bo, po := benchkit.Median(table[i].brokerOff), benchkit.Median(table[i].peerOff)
+		fmt.Printf("%11s single stream, decode only, without guesses: brokerd %.1f tokens/s (%.2f of the bandwidth limit %.1f), llama.cpp %.1f; ratio %.2f\n",
+			"", bo, bo/limit, limit, po, bo/po)
+		fmt.Printf("%11s single stream, decode only, with -spec %d: brokerd %.1f tokens/s (%.2f of the limit), llama.cpp %.1f; ratio %.2f\n",
+			"", o.spec, bd, bd/limit, pd, bd/pd)
+		noise := ""
+		if table[i].brokerGuess.drafted == 0 && table[i].peerGuess.drafted == 0 {
+			noise = "; neither engine guessed, so on / off is the rounds' noise"
+		}
+		fmt.Printf("%11s with guesses / without: brokerd %.2f, llama.cpp %.2f (medians of the rounds' rates); guesses taken over %d rounds: brokerd %s, llama.cpp %s (its predictor guesses up to %d)%s\n",
+			"", bd/bo, pd/po, o.rounds, table[i].brokerGuess, table[i].peerGuess, peerPredictionMax, noise)
 	}
 	plot := o.plot
 	if plot == "" {
@@ -412,7 +499,7 @@ func run(ctx context.Context, o options) error {
 		var brate, prate, ratios []float64
 		var bttft, pttft []float64
 		for r := range o.rounds {
-			b, p, err := both(round, 16, 512)
+			b, bg, p, err := both(round, 16, 512, o.spec)
 			if err != nil {
 				return err
 			}
@@ -423,7 +510,11 @@ func run(ctx context.Context, o options) error {
 				bttft = append(bttft, b.TTFT[i].Seconds())
 				pttft = append(pttft, p.TTFT[i])
 			}
-			fmt.Printf("council round %d: brokerd %.1f useful tokens/s, llama.cpp %.1f\n", r+1, brate[r], prate[r])
+			guessed := ""
+			if o.spec > 0 {
+				guessed = fmt.Sprintf(" (guesses: brokerd %s, llama.cpp %s)", bg, peerGuesses(p))
+			}
+			fmt.Printf("council round %d: brokerd %.1f useful tokens/s, llama.cpp %.1f%s\n", r+1, brate[r], prate[r], guessed)
 		}
 		fmt.Printf("\ncouncil (16 prompts of 48 tokens, answers 16-256, %d useful tokens): brokerd %.1f tokens/s, llama.cpp (16 sequences) %.1f; ratio %.2f (rounds %.2f)\n",
 			useful, benchkit.Median(brate), benchkit.Median(prate), benchkit.Median(ratios), ratios)
@@ -435,7 +526,7 @@ func run(ctx context.Context, o options) error {
 		job := []benchkit.Job{{Prompt: prompt(o.prefill), Out: 1}}
 		var bt, pt []float64
 		for range o.rounds {
-			b, p, err := both(job, 1, o.prefill)
+			b, _, p, err := both(job, 1, o.prefill, o.spec) // one token: nothing to guess
 			if err != nil {
 				return err
 			}
@@ -481,8 +572,10 @@ func prefillFLOPs(s modelkit.LLM, m *llm.Model, n int) float64 {
 // engine leaves them at a step whose best two logits are within tieGap in
 // float64 (a near tie that its own rounding may flip; the rest of the
 // sequence then follows another token), it says so and counts as agreeing.
+// With -spec both engines guess (checkWithout then compares their tokens
+// with those they give without).
 func agree(ctx context.Context, o options, m *llm.Model, eng *llm.Engine, peer *worker, gguf, dir string, jobs []benchkit.Job, ctxLen int) error {
-	b, err := benchkit.Round(ctx, m, eng, jobs, len(jobs), 512)
+	b, bg, err := genRound(ctx, m, eng, jobs, len(jobs), 512, o.spec)
 	if err != nil {
 		return err
 	}
@@ -494,12 +587,17 @@ func agree(ctx context.Context, o options, m *llm.Model, eng *llm.Engine, peer *
 		return err
 	}
 	var p [][]int32
+	var pg guesses
 	for _, j := range jobs {
-		r, err := peer.run([]benchkit.Job{j})
+		r, err := peer.run([]benchkit.Job{j}, o.spec)
 		if err != nil {
 			return err
 		}
 		p = append(p, r.Tokens[0])
+		pg = pg.add(peerGuesses(r))
+	}
+	if err := checkWithout(ctx, o, m, eng, peer, jobs, b.Tokens, p, bg, pg); err != nil {
+		return err
 	}
 	if !o.torch {
 		for i := range jobs {
@@ -539,6 +637,33 @@ func agree(ctx context.Context, o options, m *llm.Model, eng *llm.Engine, peer *
 	if bad != nil {
 		return fmt.Errorf("an engine disagrees with PyTorch, nothing timed:\n%s", strings.Join(bad, "\n"))
 	}
+	return nil
+}
+
+// checkWithout, with -spec, runs the check prompts through both engines
+// without guesses (llama.cpp's context as loaded for the check) and says
+// how far the tokens with guesses, bOn and pOn, follow those without, and
+// how the guesses went. Guessing does not change what is sampled, only
+// how many rows a step runs, so they differ at most where a near tie
+// rounds the other way.
+func checkWithout(ctx context.Context, o options, m *llm.Model, eng *llm.Engine, peer *worker, jobs []benchkit.Job, bOn, pOn [][]int32, bg, pg guesses) error {
+	if o.spec == 0 {
+		return nil
+	}
+	b, _, err := genRound(ctx, m, eng, jobs, len(jobs), 512, 0)
+	if err != nil {
+		return err
+	}
+	var p [][]int32
+	for _, j := range jobs {
+		r, err := peer.run([]benchkit.Job{j}, 0)
+		if err != nil {
+			return err
+		}
+		p = append(p, r.Tokens[0])
+	}
+	fmt.Printf("-spec %d: the check's tokens with guesses follow those without for brokerd %s, llama.cpp %s; guesses: brokerd %s, llama.cpp %s\n",
+		o.spec, sameTokens(bOn, b.Tokens), sameTokens(pOn, p), bg, pg)
 	return nil
 }
 
@@ -713,6 +838,10 @@ type peerRun struct {
 	// Near: per sequence and step, llama.cpp's best four tokens as
 	// [token, its logit's gap to the best].
 	Near [][][][2]float64
+	// With spec: per sequence its predictor's counts, and the most
+	// tokens the predictor guesses at once.
+	Predictions   []peerPredictions
+	PredictionMax int
 }
 
 // nearGap is llama.cpp's gap from its best logit to token tok's at one
@@ -783,16 +912,19 @@ func peerKV(kv string) string {
 	return ""
 }
 
-func (w *worker) run(jobs []benchkit.Job) (peerRun, error) { return w.runMeta(jobs, false) }
+// run runs jobs, each sequence guessing up to spec tokens (0: none).
+func (w *worker) run(jobs []benchkit.Job, spec int) (peerRun, error) {
+	return w.runMeta(jobs, false, spec)
+}
 
 // runMeta is run, with llama.cpp's logit gaps and runner-up tokens (and
 // the sequences' tokens at the end) when meta is set.
-func (w *worker) runMeta(jobs []benchkit.Job, meta bool) (peerRun, error) {
+func (w *worker) runMeta(jobs []benchkit.Job, meta bool, spec int) (peerRun, error) {
 	prompts, n := make([][]int32, len(jobs)), make([]int, len(jobs))
 	for i, j := range jobs {
 		prompts[i], n[i] = j.Prompt, j.Out
 	}
-	r, err := w.call(map[string]any{"op": "run", "prompts": prompts, "n": n, "meta": meta})
+	r, err := w.call(map[string]any{"op": "run", "prompts": prompts, "n": n, "meta": meta, "spec": spec})
 	if err == nil && len(r.Tokens) != len(jobs) {
 		err = fmt.Errorf("llama.cpp worker: %d answers for %d prompts", len(r.Tokens), len(jobs))
 	}

@@ -16,6 +16,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/brokerd/brokerd/bench/benchkit"
 	"github.com/brokerd/brokerd/lifecycle"
 	"github.com/brokerd/brokerd/runtime/gguf"
@@ -145,7 +147,7 @@ func mib(n int64) float64 { return float64(n) / (1 << 20) }
 // token is among llama.cpp's best four and its logit within tieGap of
 // llama.cpp's best (a near tie of two or more tokens).
 func agreeQuantized(ctx context.Context, o options, m *llm.Model, eng *llm.Engine, peer *worker, path string, jobs []benchkit.Job, ctxLen int) error {
-	b, err := greedyWithGaps(ctx, m, eng, jobs)
+	b, err := greedyWithGaps(ctx, m, eng, jobs, o.spec)
 	if err != nil {
 		return err
 	}
@@ -153,11 +155,14 @@ func agreeQuantized(ctx context.Context, o options, m *llm.Model, eng *llm.Engin
 		return err
 	}
 	var bad []string
+	var pOn [][]int32
+	var pg guesses
 	for i, j := range jobs {
-		p, err := peer.runMeta([]benchkit.Job{j}, true)
+		p, err := peer.runMeta([]benchkit.Job{j}, true, o.spec)
 		if err != nil {
 			return err
 		}
+		pOn, pg = append(pOn, p.Tokens[0]), pg.add(peerGuesses(p))
 		want, gaps := p.Tokens[0], p.Gaps[0]
 		got := b.tokens[i]
 		k := prefix(got, want)
@@ -177,6 +182,9 @@ func agreeQuantized(ctx context.Context, o options, m *llm.Model, eng *llm.Engin
 			bad = append(bad, fmt.Sprintf("check %d: brokerd %v, llama.cpp %v", i+1, got, want))
 		}
 		fmt.Println(line)
+	}
+	if err := checkWithout(ctx, o, m, eng, peer, jobs, b.tokens, pOn, b.guessed, pg); err != nil {
+		return err
 	}
 	if bad != nil {
 		return fmt.Errorf("brokerd and llama.cpp disagree, nothing timed:\n%s", strings.Join(bad, "\n"))
@@ -207,9 +215,29 @@ func daemonBench(o options, root, name string, fileBytes int64, limit float64) e
 		return err
 	}
 	defer logf.Close()
-	d := exec.Command(filepath.Join(bin, "brokerd"), "--socket", sock, "--state-dir", filepath.Join(work, "state"),
-		"--model-repo", root, "--metrics-listen", "", "--log-level", "warn", "--cpu-amx-relaid="+strconv.FormatBool(o.amxRelaid),
-		"--kv-cache-dtype", o.kv)
+	// With -spec the daemon guesses (--speculative-tokens) and serves its
+	// metrics, whose speculative decoding counters are read around each
+	// level.
+	metrics, specArgs, specNote := "", []string(nil), ""
+	var specEnv []string
+	if o.spec > 0 {
+		if metrics, err = freeAddr(); err != nil {
+			return err
+		}
+		help, _ := exec.Command(filepath.Join(bin, "brokerd"), "--help").CombinedOutput()
+		if bytes.Contains(help, []byte("speculative-tokens")) {
+			specArgs = []string{"--speculative-tokens", strconv.Itoa(o.spec)}
+			specNote = fmt.Sprintf(", --speculative-tokens %d", o.spec)
+		} else {
+			specEnv = []string{"BROKERD_SPECULATIVE_TOKENS=" + strconv.Itoa(o.spec)}
+			specNote = fmt.Sprintf(", BROKERD_SPECULATIVE_TOKENS=%d (this bin/brokerd has no --speculative-tokens flag and may ignore it)", o.spec)
+		}
+	}
+	args := append([]string{"--socket", sock, "--state-dir", filepath.Join(work, "state"),
+		"--model-repo", root, "--metrics-listen", metrics, "--log-level", "warn", "--cpu-amx-relaid=" + strconv.FormatBool(o.amxRelaid),
+		"--kv-cache-dtype", o.kv}, specArgs...)
+	d := exec.Command(filepath.Join(bin, "brokerd"), args...)
+	d.Env = append(os.Environ(), specEnv...)
 	d.Stdout, d.Stderr = logf, logf
 	if err := d.Start(); err != nil {
 		return err
@@ -245,15 +273,44 @@ func daemonBench(o options, root, name string, fileBytes int64, limit float64) e
 		return err
 	}
 	loaded := rssOf(d.Process.Pid)
-	fmt.Printf("\ndaemon: bin/brokerd serves %s (its default settings but --kv-cache-dtype %s: f32 compute on the CPU, its own KV cache reservation); brokerctl load took %.1f s; resident memory %.0f MiB before the load, %.0f after (+%.0f; %.2f× the file)\n",
-		name, o.kv, time.Since(t).Seconds(), mib(before), mib(loaded), mib(loaded-before), float64(loaded-before)/float64(max(fileBytes, 1)))
+	fmt.Printf("\ndaemon: bin/brokerd serves %s (its default settings but --kv-cache-dtype %s%s: f32 compute on the CPU, its own KV cache reservation); brokerctl load took %.1f s; resident memory %.0f MiB before the load, %.0f after (+%.0f; %.2f× the file)\n",
+		name, o.kv, specNote, time.Since(t).Seconds(), mib(before), mib(loaded), mib(loaded-before), float64(loaded-before)/float64(max(fileBytes, 1)))
 	textBytes := o.promptTokens * 4 // about 4 bytes a token of English words
-	args := []string{"bench", "--generate", "--model", name, "--concurrency", "1,16", "--max-tokens", strconv.Itoa(o.genTokens),
+	// One brokerctl bench per level (each level has its own warmup either
+	// way), so that the guesses can be counted per level.
+	for _, level := range []string{"1", "16"} {
+		if err := daemonLevel(ctl, name, level, o, textBytes, metrics, limit); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// daemonLevel runs brokerctl bench --generate at one concurrency level and
+// prints what it measured, and with a metrics address the guesses the
+// daemon made meanwhile (warmup included).
+func daemonLevel(ctl func(...string) ([]byte, error), name, level string, o options, textBytes int, metrics string, limit float64) error {
+	args := []string{"bench", "--generate", "--model", name, "--concurrency", level, "--max-tokens", strconv.Itoa(o.genTokens),
 		"--text-bytes", strconv.Itoa(textBytes), "--duration", o.daemonTime.String(), "--warmup", "5s", "--json"}
 	fmt.Printf("brokerctl %s\n", strings.Join(args, " "))
+	var before guesses
+	if metrics != "" {
+		var err error
+		if before, err = scrapeGuesses(metrics); err != nil {
+			return err
+		}
+	}
 	out, err := ctl(args...)
 	if err != nil {
 		return err
+	}
+	guessed := ""
+	if metrics != "" {
+		after, err := scrapeGuesses(metrics)
+		if err != nil {
+			return err
+		}
+		guessed = fmt.Sprintf("; guesses, warmup included: %s", guesses{after.drafted - before.drafted, after.accepted - before.accepted})
 	}
 	var rep struct {
 		Levels []struct {
@@ -281,7 +338,7 @@ func daemonBench(o options, root, name string, fileBytes int64, limit float64) e
 		if l.Concurrency == 1 && l.ITL.P50 > 0 {
 			fmt.Printf(", decode %.1f tokens/s = %.2f of the bandwidth limit", 1000/l.ITL.P50, 1000/l.ITL.P50/limit)
 		}
-		fmt.Println(")")
+		fmt.Printf("%s)\n", guessed)
 		if l.FailedRequests > 0 {
 			return errors.New("brokerctl bench: failed requests")
 		}
@@ -294,16 +351,19 @@ func daemonBench(o options, root, name string, fileBytes int64, limit float64) e
 type greedyRun struct {
 	tokens, second [][]int32
 	gaps           [][]float64
+	guessed        guesses // with spec
 }
 
 // greedyWithGaps runs jobs at once through the scheduler over eng, greedy,
-// ignoring EOS, with the top two logprobs of every token.
-func greedyWithGaps(ctx context.Context, m *llm.Model, eng *llm.Engine, jobs []benchkit.Job) (greedyRun, error) {
-	s := scheduler.New(scheduler.Options{})
+// ignoring EOS, with the top two logprobs of every token, guessing up to
+// spec tokens a step (0: none).
+func greedyWithGaps(ctx context.Context, m *llm.Model, eng *llm.Engine, jobs []benchkit.Job, spec int) (greedyRun, error) {
+	reg := prometheus.NewRegistry()
+	s := scheduler.New(scheduler.Options{Registerer: reg})
 	defer s.Close()
 	opts := eng.Options()
 	if err := s.AddGenReplica("m", scheduler.Device{ID: "cpu:0", Type: "cpu"},
-		scheduler.GenOptions{MaxRunning: len(jobs), MaxStepTokens: opts.MaxStepTokens, MaxChunk: opts.MaxStepTokens}, lifecycle.EngineExecutor{Engine: eng}); err != nil {
+		genOptions(eng, len(jobs), opts.MaxStepTokens, spec), lifecycle.EngineExecutor{Engine: eng}); err != nil {
 		return greedyRun{}, err
 	}
 	n := len(jobs)
@@ -351,5 +411,7 @@ func greedyWithGaps(ctx context.Context, m *llm.Model, eng *llm.Engine, jobs []b
 			errs[i] = fmt.Errorf("job %d: %d tokens with logprobs, want %d", i, len(res.tokens[i]), j.Out)
 		}
 	}
-	return res, errors.Join(errs...)
+	var err error
+	res.guessed, err = gathered(reg)
+	return res, errors.Join(append(errs, err)...)
 }

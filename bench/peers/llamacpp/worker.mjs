@@ -6,8 +6,16 @@
 //     quantized values need flash attention, so Q8_0 turns it on)
 //     (then a short untimed run on every sequence, so the first timed
 //     decode does not pay for the context's first graphs)
-//   {"op":"run","prompts":[[ids...]...],"n":[count...],"meta":bool}
+//   {"op":"run","prompts":[[ids...]...],"n":[count...],"meta":bool,"spec":K}
 //     → {"seconds":s,"ttft":[s...],"end":[s...],"tokens":[[ids...]...]}
+//     with spec K > 0, each sequence guesses by prompt lookup:
+//     node-llama-cpp's InputLookupTokenPredictor (the longest 3 to 5
+//     token match of the sequence's last tokens in its prompt, up to K
+//     tokens after it; at least 3: the predictor's predictionLength.max
+//     is never below its patternLength.min), given the prompt as its
+//     input tokens as LlamaCompletion does; the answer then also has
+//     "predictions": per sequence its tokenPredictions ({used, unused,
+//     validated, refuted}) and "predictionMax", the predictor's bound
 //     with meta, also per sequence and step llama.cpp's runner-up token
 //     and the gap between its best two logits (from the probabilities
 //     node-llama-cpp returns: a softmax of the raw logits under the
@@ -21,7 +29,7 @@
 // once, greedy, each for exactly its count of tokens, so node-llama-cpp
 // batches the sequences into shared llama_decode calls as its
 // multi-sequence contexts do.
-import {getLlama} from "node-llama-cpp";
+import {getLlama, InputLookupTokenPredictor} from "node-llama-cpp";
 import readline from "node:readline";
 
 const llama = await getLlama({gpu: false, build: "never", logLevel: "error"});
@@ -52,7 +60,15 @@ async function load(req) {
 }
 
 async function run(req) {
-    const seqs = req.prompts.map(() => context.getSequence());
+    const spec = req.spec ?? 0;
+    const seqs = req.prompts.map((prompt) => {
+        if (spec <= 0) return context.getSequence();
+        const tokenPredictor = new InputLookupTokenPredictor({patternLength: {min: 3, max: 5}, predictionLength: {max: spec}});
+        // sequence.evaluate gives the predictor no input tokens (only
+        // LlamaChat and LlamaCompletion do): without them it guesses nothing.
+        tokenPredictor.updateInputTokens(prompt);
+        return context.getSequence({tokenPredictor});
+    });
     const start = process.hrtime.bigint();
     const since = () => Number(process.hrtime.bigint() - start) / 1e9;
     const out = {ttft: [], end: [], tokens: []};
@@ -98,6 +114,10 @@ async function run(req) {
             out.tokens[i] = toks;
         }));
         out.seconds = since();
+        if (spec > 0) {
+            out.predictions = seqs.map((s) => ({...s.tokenPredictions}));
+            out.predictionMax = seqs[0]?.tokenPredictor?.predictionMaxLength ?? 0;
+        }
     } finally {
         for (const s of seqs) s.dispose();
     }
