@@ -1114,6 +1114,8 @@ func (s *Scheduler) applyStepLocked(r *genReplica, items []StepItem, seqs []*seq
 			ran[i] += results[i].Drafted
 			r.m.drafted.Add(float64(results[i].Drafted))
 			r.m.accepted.Add(float64(len(results[i].Accepted)))
+			gq.stats.drafts(results[i].Drafted, len(results[i].Accepted))
+			r.stats.drafts(results[i].Drafted, len(results[i].Accepted))
 		}
 		stepTokens += ran[i]
 	}

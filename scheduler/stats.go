@@ -78,6 +78,10 @@ type GenStats struct {
 	KV KVCache
 	// Since the queue was created.
 	PromptTokens, GeneratedTokens, Preemptions int64
+	// Speculative decoding (GenOptions.SpecTokens), since the queue was
+	// created: tokens guessed and run after a decoding sequence's token,
+	// and those the sequence sampled anyway (kept).
+	DraftTokens, AcceptedTokens int64
 }
 
 // Totals are cumulative counts and durations of a model's requests.
@@ -275,6 +279,7 @@ type genRowStats struct {
 	rowStats
 	stepSeqs                       int64 // sequences over all steps
 	prompt, generated, preemptions int64
+	drafted, accepted              int64 // speculative decoding's guesses: run, kept
 	ttft, itl                      latencyRing
 	promptRate, outRate            rateWindow
 }
@@ -308,6 +313,13 @@ func (g *genRowStats) token(d time.Duration, first bool, now time.Time) {
 	}
 }
 
+// drafts counts a sequence's guessed tokens of a step: drafted run after
+// its token, accepted of them kept.
+func (g *genRowStats) drafts(drafted, accepted int) {
+	g.drafted += int64(drafted)
+	g.accepted += int64(accepted)
+}
+
 // finished counts a sequence that ended well.
 func (g *genRowStats) finished(info *GenInfo, now time.Time) {
 	g.completed++
@@ -330,6 +342,8 @@ func (g *genRowStats) fill(q *QueueStats, now time.Time) {
 		PromptTokens:          g.prompt,
 		GeneratedTokens:       g.generated,
 		Preemptions:           g.preemptions,
+		DraftTokens:           g.drafted,
+		AcceptedTokens:        g.accepted,
 	}
 }
 

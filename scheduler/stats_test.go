@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -302,5 +303,79 @@ func TestRecentRate(t *testing.T) {
 	w.add(10, t0.Add(25*time.Second)) // a bucket reused after its second passed
 	if got := w.rate(t0.Add(25 * time.Second)); got != 1 {
 		t.Errorf("after reuse: %v, want 1", got)
+	}
+}
+
+// countedSpec is a specGen that counts the guesses its results report run
+// and kept, as the engine would report them.
+type countedSpec struct {
+	*specGen
+	drafted, accepted atomic.Int64
+}
+
+func (c *countedSpec) Step(ctx context.Context, items []StepItem) ([]StepResult, error) {
+	res, err := c.specGen.Step(ctx, items)
+	for _, r := range res {
+		c.drafted.Add(int64(r.Drafted))
+		c.accepted.Add(int64(len(r.Accepted)))
+	}
+	return res, err
+}
+
+// TestGeneratorSpecDecodeStats: each replica's Stats row counts the
+// guessed tokens its steps ran and those kept, as its executor reported
+// them and as the metrics count them; the model's row sums its replicas'
+// and keeps a removed replica's.
+func TestGeneratorSpecDecodeStats(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		accept int
+	}{
+		{"none taken", 0},
+		{"some taken", 2},
+		{"all taken", 8},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			reg := prometheus.NewRegistry()
+			s := newTestScheduler(t, Options{Registerer: reg})
+			execs := map[string]*countedSpec{}
+			for _, dev := range []string{"cpu:0", "cpu:1"} {
+				execs[dev] = &countedSpec{specGen: &specGen{fakeGen: newFakeGen(4, 256), accept: tc.accept}}
+				opts := GenOptions{MaxRunning: 4, MaxStepTokens: 64, MaxChunk: 16, SpecTokens: 4, SpecMaxRunning: 4}
+				if err := s.AddGenReplica("llm", Device{ID: dev, Type: "cpu"}, opts, execs[dev]); err != nil {
+					t.Fatal(err)
+				}
+			}
+			runGen(t, s, "llm", genCases(12), 0)
+			row, reps := genRows(t, s, "llm")
+			var drafted, accepted int64
+			for _, r := range reps {
+				f := execs[r.DeviceID]
+				g := r.Gen
+				if g.DraftTokens != f.drafted.Load() || g.AcceptedTokens != f.accepted.Load() {
+					t.Errorf("%s: row %d drafted, %d accepted; the executor reported %d, %d", r.DeviceID, g.DraftTokens, g.AcceptedTokens, f.drafted.Load(), f.accepted.Load())
+				}
+				if m := value(t, reg, "brokerd_generation_spec_decode_draft_tokens_total", "model", "llm", "device", r.DeviceID); int64(m) != g.DraftTokens {
+					t.Errorf("%s: row %d drafted, metric %g", r.DeviceID, g.DraftTokens, m)
+				}
+				if m := value(t, reg, "brokerd_generation_spec_decode_accepted_tokens_total", "model", "llm", "device", r.DeviceID); int64(m) != g.AcceptedTokens {
+					t.Errorf("%s: row %d accepted, metric %g", r.DeviceID, g.AcceptedTokens, m)
+				}
+				drafted += g.DraftTokens
+				accepted += g.AcceptedTokens
+			}
+			if drafted == 0 || (tc.accept == 0) != (accepted == 0) || accepted > drafted {
+				t.Errorf("replicas' rows: %d drafted, %d accepted (guesses taken %d of each)", drafted, accepted, tc.accept)
+			}
+			if row.Gen.DraftTokens != drafted || row.Gen.AcceptedTokens != accepted {
+				t.Errorf("model row: %d drafted, %d accepted; its replicas' %d, %d", row.Gen.DraftTokens, row.Gen.AcceptedTokens, drafted, accepted)
+			}
+			if err := s.RemoveReplica(t.Context(), "llm", "cpu:1"); err != nil {
+				t.Fatal(err)
+			}
+			if row, _ := genRows(t, s, "llm"); row.Gen.DraftTokens != drafted || row.Gen.AcceptedTokens != accepted {
+				t.Errorf("model row after a replica left: %d drafted, %d accepted; want %d, %d", row.Gen.DraftTokens, row.Gen.AcceptedTokens, drafted, accepted)
+			}
+		})
 	}
 }

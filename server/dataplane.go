@@ -70,6 +70,8 @@ func statsToProto(st scheduler.QueueStats) *brokerv1.QueueStats {
 			PromptTokens:          g.PromptTokens,
 			GeneratedTokens:       g.GeneratedTokens,
 			KvCacheDtype:          g.KV.DType,
+			SpecDraftTokens:       g.DraftTokens,
+			SpecAcceptedTokens:    g.AcceptedTokens,
 		}
 	}
 	return out

@@ -102,11 +102,12 @@ func writeStatsTable(w io.Writer, sorted []*brokerv1.QueueStats) error {
 // writeGenTable prints the generators' rows: sequences running and waiting,
 // completed and failed, prompt and output tokens per second over the last
 // 10 s, time to first token and between tokens (p50, p99), KV-cache blocks
-// used/total and the cache's type, and preemptions.
+// used/total and the cache's type, preemptions, and the share of guessed
+// tokens kept (speculative decoding).
 func writeGenTable(w io.Writer, sorted []*brokerv1.QueueStats) error {
 	tw := newTable(w)
 	row(tw, "", "MODEL", "DEVICE", "RUNNING", "WAITING", "COMPLETED", "FAILED", "PROMPT-TOK/S", "OUT-TOK/S",
-		"TTFT-P50", "TTFT-P99", "ITL-P50", "ITL-P99", "KV-BLOCKS", "KV-TYPE", "PREEMPTED")
+		"TTFT-P50", "TTFT-P99", "ITL-P50", "ITL-P99", "KV-BLOCKS", "KV-TYPE", "PREEMPTED", "ACCEPT")
 	for _, s := range sorted {
 		g := s.GetGeneration()
 		row(tw, "", orDash(s.GetModel()), deviceCell(s), strconv.FormatInt(s.GetRunning(), 10), strconv.FormatInt(s.GetQueued(), 10),
@@ -114,7 +115,7 @@ func writeGenTable(w io.Writer, sorted []*brokerv1.QueueStats) error {
 			strconv.FormatFloat(g.GetPromptTokensPerSecond(), 'f', 1, 64), strconv.FormatFloat(g.GetOutputTokensPerSecond(), 'f', 1, 64),
 			formatMs(g.GetTimeToFirstToken().GetP50Seconds()*1e3), formatMs(g.GetTimeToFirstToken().GetP99Seconds()*1e3),
 			formatMs(g.GetInterTokenLatency().GetP50Seconds()*1e3), formatMs(g.GetInterTokenLatency().GetP99Seconds()*1e3),
-			kvCell(g), orDash(g.GetKvCacheDtype()), strconv.FormatInt(g.GetPreemptions(), 10))
+			kvCell(g), orDash(g.GetKvCacheDtype()), strconv.FormatInt(g.GetPreemptions(), 10), acceptCell(g))
 	}
 	if err := tw.Flush(); err != nil {
 		return fmt.Errorf("write generator table: %w", err)
@@ -129,6 +130,16 @@ func kvCell(g *brokerv1.GenerationStats) string {
 		return "-"
 	}
 	return strconv.FormatInt(g.GetKvCacheBlocksUsed(), 10) + "/" + strconv.FormatInt(g.GetKvCacheBlocksTotal(), 10)
+}
+
+// acceptCell is the guessed tokens kept of those run (speculative
+// decoding) as a percentage, or "-" when none were guessed (it is off, or
+// nothing matched yet).
+func acceptCell(g *brokerv1.GenerationStats) string {
+	if g.GetSpecDraftTokens() <= 0 {
+		return "-"
+	}
+	return strconv.FormatFloat(100*float64(g.GetSpecAcceptedTokens())/float64(g.GetSpecDraftTokens()), 'f', 1, 64) + "%"
 }
 
 // failureCell prints failures by reason, known reasons first, zero counts

@@ -13,7 +13,7 @@ import (
 var (
 	statsHeader = []string{"MODEL", "DEVICE", "QUEUED", "RUNNING", "COMPLETED", "FAILED", "MEAN-BATCH", "P50", "P95", "P99", "ITEMS/S", "BUSY-ITEMS/S"}
 	genHeader   = []string{"MODEL", "DEVICE", "RUNNING", "WAITING", "COMPLETED", "FAILED", "PROMPT-TOK/S", "OUT-TOK/S",
-		"TTFT-P50", "TTFT-P99", "ITL-P50", "ITL-P99", "KV-BLOCKS", "KV-TYPE", "PREEMPTED"}
+		"TTFT-P50", "TTFT-P99", "ITL-P50", "ITL-P99", "KV-BLOCKS", "KV-TYPE", "PREEMPTED", "ACCEPT"}
 )
 
 func TestStatsTable(t *testing.T) {
@@ -29,9 +29,9 @@ func TestStatsTable(t *testing.T) {
 	qwenAll := map[string]string{
 		"MODEL": "qwen@1", "DEVICE": "all", "RUNNING": "8", "WAITING": "2", "COMPLETED": "120", "FAILED": "cancelled=1",
 		"PROMPT-TOK/S": "310.4", "OUT-TOK/S": "96.0", "TTFT-P50": "45.000ms", "TTFT-P99": "200.000ms",
-		"ITL-P50": "12.000ms", "ITL-P99": "30.000ms", "KV-BLOCKS": "12/64", "KV-TYPE": "q8_0", "PREEMPTED": "3",
+		"ITL-P50": "12.000ms", "ITL-P99": "30.000ms", "KV-BLOCKS": "12/64", "KV-TYPE": "q8_0", "PREEMPTED": "3", "ACCEPT": "62.5%",
 	}
-	qwenCPU := map[string]string{"MODEL": "qwen@1", "DEVICE": "cpu:0", "RUNNING": "8", "FAILED": "-", "KV-BLOCKS": "12/64", "KV-TYPE": "q8_0"}
+	qwenCPU := map[string]string{"MODEL": "qwen@1", "DEVICE": "cpu:0", "RUNNING": "8", "FAILED": "-", "KV-BLOCKS": "12/64", "KV-TYPE": "q8_0", "ACCEPT": "62.5%"}
 	tests := []struct {
 		name      string
 		args      []string
@@ -109,6 +109,26 @@ func TestStatsUnknownModel(t *testing.T) {
 	r := ts.run(t, nil, "stats", "--model", "nope")
 	if want := "brokerctl: stats: model \"nope\" not found (NOT_FOUND)\n"; r.code != ExitError || r.stderr != want {
 		t.Errorf("got %v\nwant exit 1, stderr %q", r, want)
+	}
+}
+
+func TestAcceptCell(t *testing.T) {
+	for _, tt := range []struct {
+		drafted, accepted int64
+		want              string
+	}{
+		{0, 0, "-"},
+		{400, 250, "62.5%"},
+		{3, 0, "0.0%"},
+		{7, 7, "100.0%"},
+	} {
+		g := &brokerv1.GenerationStats{SpecDraftTokens: tt.drafted, SpecAcceptedTokens: tt.accepted}
+		if got := acceptCell(g); got != tt.want {
+			t.Errorf("acceptCell(%d drafted, %d accepted) = %q, want %q", tt.drafted, tt.accepted, got, tt.want)
+		}
+	}
+	if got := acceptCell(nil); got != "-" {
+		t.Errorf("acceptCell(nil) = %q, want -", got)
 	}
 }
 

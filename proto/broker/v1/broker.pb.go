@@ -4040,9 +4040,15 @@ type GenerationStats struct {
 	// empty when the executor does not say; a model's row lists its
 	// replicas' types, comma-separated, where they differ (a device that
 	// cannot hold the type asked for keeps its own).
-	KvCacheDtype  string `protobuf:"bytes,10,opt,name=kv_cache_dtype,json=kvCacheDtype,proto3" json:"kv_cache_dtype,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	KvCacheDtype string `protobuf:"bytes,10,opt,name=kv_cache_dtype,json=kvCacheDtype,proto3" json:"kv_cache_dtype,omitempty"`
+	// Speculative decoding by prompt lookup (--speculative-tokens), since
+	// the model version was loaded: tokens guessed and run after a decoding
+	// sequence's token, and those of them the sequence sampled anyway (kept:
+	// tokens gained without a step of their own). 0 when it is off.
+	SpecDraftTokens    int64 `protobuf:"varint,11,opt,name=spec_draft_tokens,json=specDraftTokens,proto3" json:"spec_draft_tokens,omitempty"`
+	SpecAcceptedTokens int64 `protobuf:"varint,12,opt,name=spec_accepted_tokens,json=specAcceptedTokens,proto3" json:"spec_accepted_tokens,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *GenerationStats) Reset() {
@@ -4143,6 +4149,20 @@ func (x *GenerationStats) GetKvCacheDtype() string {
 		return x.KvCacheDtype
 	}
 	return ""
+}
+
+func (x *GenerationStats) GetSpecDraftTokens() int64 {
+	if x != nil {
+		return x.SpecDraftTokens
+	}
+	return 0
+}
+
+func (x *GenerationStats) GetSpecAcceptedTokens() int64 {
+	if x != nil {
+		return x.SpecAcceptedTokens
+	}
+	return 0
 }
 
 type GetStatsRequest struct {
@@ -6071,7 +6091,7 @@ const file_broker_v1_broker_proto_rawDesc = "" +
 	"last_error\x18\x0f \x01(\tR\tlastError\x1a9\n" +
 	"\vFailedEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"\x94\x04\n" +
+	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"\xf2\x04\n" +
 	"\x0fGenerationStats\x127\n" +
 	"\x18prompt_tokens_per_second\x18\x01 \x01(\x01R\x15promptTokensPerSecond\x127\n" +
 	"\x18output_tokens_per_second\x18\x02 \x01(\x01R\x15outputTokensPerSecond\x12H\n" +
@@ -6083,7 +6103,9 @@ const file_broker_v1_broker_proto_rawDesc = "" +
 	"\rprompt_tokens\x18\b \x01(\x03R\fpromptTokens\x12)\n" +
 	"\x10generated_tokens\x18\t \x01(\x03R\x0fgeneratedTokens\x12$\n" +
 	"\x0ekv_cache_dtype\x18\n" +
-	" \x01(\tR\fkvCacheDtype\"'\n" +
+	" \x01(\tR\fkvCacheDtype\x12*\n" +
+	"\x11spec_draft_tokens\x18\v \x01(\x03R\x0fspecDraftTokens\x120\n" +
+	"\x14spec_accepted_tokens\x18\f \x01(\x03R\x12specAcceptedTokens\"'\n" +
 	"\x0fGetStatsRequest\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\"?\n" +
 	"\x10GetStatsResponse\x12+\n" +
