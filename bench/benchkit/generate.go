@@ -3,9 +3,12 @@ package benchkit
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"sync"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/brokerd/brokerd/lifecycle"
 	"github.com/brokerd/brokerd/runtime/models/llm"
@@ -33,11 +36,27 @@ type RoundResult struct {
 // and ignoring EOS, so each job generates exactly its Out tokens; all jobs
 // are submitted at once, as a council round's are.
 func Round(ctx context.Context, m *llm.Model, eng *llm.Engine, jobs []Job, running, chunk int) (RoundResult, error) {
-	s := scheduler.New(scheduler.Options{})
+	return RoundWith(ctx, m, eng, jobs, RoundOptions{Running: running, Chunk: chunk})
+}
+
+// RoundOptions are a round's scheduler settings.
+type RoundOptions struct {
+	Running, Chunk int
+	// Spec is the tokens a decoding step may guess (GenOptions.SpecTokens;
+	// the engine's MaxDrafts must allow them): 0 off.
+	Spec int
+	// Registerer takes the scheduler's metrics (nil: none).
+	Registerer prometheus.Registerer
+}
+
+// RoundWith is Round with o's settings. A step that took guesses gives
+// several tokens in one event: they are read from its llm.Delta.
+func RoundWith(ctx context.Context, m *llm.Model, eng *llm.Engine, jobs []Job, o RoundOptions) (RoundResult, error) {
+	s := scheduler.New(scheduler.Options{Registerer: o.Registerer})
 	defer s.Close()
-	opts := eng.Options()
 	if err := s.AddGenReplica("m", scheduler.Device{ID: "cpu:0", Type: "cpu"},
-		scheduler.GenOptions{MaxRunning: running, MaxStepTokens: opts.MaxStepTokens, MaxChunk: chunk}, lifecycle.EngineExecutor{Engine: eng}); err != nil {
+		scheduler.GenOptions{MaxRunning: o.Running, MaxStepTokens: eng.Options().MaxStepTokens, MaxChunk: o.Chunk, SpecTokens: o.Spec},
+		lifecycle.EngineExecutor{Engine: eng}); err != nil {
 		return RoundResult{}, err
 	}
 	res := RoundResult{TTFT: make([]time.Duration, len(jobs)), End: make([]time.Duration, len(jobs)), Tokens: make([][]int32, len(jobs))}
@@ -68,12 +87,20 @@ func Round(ctx context.Context, m *llm.Model, eng *llm.Engine, jobs []Job, runni
 				if !ev.HasToken {
 					continue
 				}
+				toks := []int32{ev.Token}
+				if d, ok := ev.Out.(llm.Delta); ok && len(d.TokenIDs) > 0 {
+					if d.TokenIDs[len(d.TokenIDs)-1] != ev.Token {
+						errs[i] = fmt.Errorf("job %d: an event's token %d is not the last of its delta's %v", i, ev.Token, d.TokenIDs)
+						return
+					}
+					toks = d.TokenIDs
+				}
 				now := time.Since(start)
 				if len(res.Tokens[i]) == 0 {
 					res.TTFT[i] = now
 				}
 				res.End[i] = now
-				res.Tokens[i] = append(res.Tokens[i], ev.Token)
+				res.Tokens[i] = append(res.Tokens[i], toks...)
 			}
 		}()
 	}

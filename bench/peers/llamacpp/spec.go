@@ -5,18 +5,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/brokerd/brokerd/bench/benchkit"
-	"github.com/brokerd/brokerd/lifecycle"
 	"github.com/brokerd/brokerd/runtime/models/llm"
 	"github.com/brokerd/brokerd/scheduler"
 )
@@ -62,67 +59,11 @@ func genOptions(eng *llm.Engine, running, chunk, spec int) scheduler.GenOptions 
 // genRound is benchkit.Round with speculative decoding at spec tokens a step
 // (0: off, as benchkit.Round), and what the scheduler counted of the
 // guesses (its Prometheus counters, in a registry of this round's own).
-// A step that took guesses gives several tokens in one event (its
-// llm.Delta's TokenIDs), which benchkit.Round, reading GenEvent.Token,
-// would count as one.
 func genRound(ctx context.Context, m *llm.Model, eng *llm.Engine, jobs []benchkit.Job, running, chunk, spec int) (benchkit.RoundResult, guesses, error) {
 	reg := prometheus.NewRegistry()
-	s := scheduler.New(scheduler.Options{Registerer: reg})
-	defer s.Close()
-	if err := s.AddGenReplica("m", scheduler.Device{ID: "cpu:0", Type: "cpu"}, genOptions(eng, running, chunk, spec), lifecycle.EngineExecutor{Engine: eng}); err != nil {
-		return benchkit.RoundResult{}, guesses{}, err
-	}
-	res := benchkit.RoundResult{TTFT: make([]time.Duration, len(jobs)), End: make([]time.Duration, len(jobs)), Tokens: make([][]int32, len(jobs))}
-	errs := make([]error, len(jobs))
-	start := time.Now()
-	var wg sync.WaitGroup
-	for i, j := range jobs {
-		seq, err := m.NewSequence(llm.Sampling{IgnoreEOS: true}, j.Prompt)
-		if err != nil {
-			return res, guesses{}, err
-		}
-		st, err := s.Generate(ctx, scheduler.GenRequest{Model: "m", Prompt: j.Prompt, MaxNewTokens: j.Out, State: seq})
-		if err != nil {
-			return res, guesses{}, err
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				ev, err := st.Recv()
-				if errors.Is(err, io.EOF) {
-					return
-				}
-				if err != nil {
-					errs[i] = err
-					return
-				}
-				if !ev.HasToken {
-					continue
-				}
-				// A step that took guesses sends one event for all its
-				// tokens: Token is the last, the Delta has them all.
-				toks := []int32{ev.Token}
-				if d, ok := ev.Out.(llm.Delta); ok && len(d.TokenIDs) > 0 {
-					if d.TokenIDs[len(d.TokenIDs)-1] != ev.Token {
-						errs[i] = fmt.Errorf("job %d: an event's token %d is not the last of its delta's %v", i, ev.Token, d.TokenIDs)
-						return
-					}
-					toks = d.TokenIDs
-				}
-				now := time.Since(start)
-				if len(res.Tokens[i]) == 0 {
-					res.TTFT[i] = now
-				}
-				res.End[i] = now
-				res.Tokens[i] = append(res.Tokens[i], toks...)
-			}
-		}()
-	}
-	wg.Wait()
-	res.Took = time.Since(start)
-	g, err := gathered(reg)
-	return res, g, errors.Join(append(errs, err)...)
+	res, err := benchkit.RoundWith(ctx, m, eng, jobs, benchkit.RoundOptions{Running: running, Chunk: chunk, Spec: spec, Registerer: reg})
+	g, gerr := gathered(reg)
+	return res, g, errors.Join(err, gerr)
 }
 
 // gathered sums the speculative decoding counters in reg.
