@@ -178,6 +178,8 @@ func Run(ctx context.Context, opts Options, log *zap.Logger) error {
 		Entries:        inv.Devices,
 		DTypes:         pol.dtypes,
 		KVCacheDType:   map[string]runtime.DType{"f32": runtime.F32, "bf16": runtime.BF16, "f16": runtime.F16, "q8_0": runtime.Q8_0, "q4_0": runtime.Q4_0}[cfg.KVCacheDType], // auto: 0
+		SpecTokens:     cfg.SpeculativeTokens,
+		SpecMaxRunning: cfg.SpeculativeMaxRunning,
 	}, log)
 	if stoppedDuringStart(ctx, log) {
 		return nil

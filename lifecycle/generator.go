@@ -60,17 +60,39 @@ func (x EngineExecutor) Step(ctx context.Context, items []scheduler.StepItem) ([
 // cache gets what the budget has left, up to enough for the whole running
 // set at full length.
 type llmServable struct {
-	m   *llm.Model
-	kv  runtime.DType // the KV cache's type (Options.KVCacheDType); 0: the model's choice per device
-	log *zap.Logger   // with the served model's name
+	m  *llm.Model
+	kv runtime.DType // the KV cache's type (Options.KVCacheDType); 0: the model's choice per device
+	// spec is the most tokens a decoding sequence guesses a step, while at
+	// most specMaxRunning sequences run (Options.SpecTokens, SpecMaxRunning).
+	spec, specMaxRunning int
+	log                  *zap.Logger // with the served model's name
 }
 
 func (g llmServable) info() models.Info { return g.m.Info() }
 
 // fixed is what a replica running maxRunning sequences needs besides its
-// KV cache.
+// KV cache. Each guessed token a step verifies is a logits row besides
+// the sequences' own (StepBytes counts maxSeqs rows; its block tables for
+// them too, an over-estimate); rows are step tokens, so never more than
+// the step's budget, whatever speculative-max-running allows.
 func (g llmServable) fixed(od openDevice, maxRunning int) int64 {
-	return g.m.WeightBytesOn(od.dev, od.dtype) + g.m.StepBytes(od.dtype, genStepTokens, maxRunning)
+	rows := min(maxRunning+g.maxDrafts(maxRunning), max(genStepTokens, maxRunning))
+	return g.m.WeightBytesOn(od.dev, od.dtype) + g.m.StepBytes(od.dtype, genStepTokens, rows)
+}
+
+// maxDrafts is the engine's MaxDrafts for a replica running maxRunning
+// sequences: every sequence that may guess (at most specMaxRunning run
+// while any does) guessing its most. 0 when speculation is off.
+func (g llmServable) maxDrafts(maxRunning int) int {
+	return max(g.spec, 0) * min(g.specMaxRunningOr(), maxRunning)
+}
+
+// specMaxRunningOr is specMaxRunning, or the scheduler's default for 0.
+func (g llmServable) specMaxRunningOr() int {
+	if g.specMaxRunning <= 0 {
+		return scheduler.DefaultSpecMaxRunning
+	}
+	return g.specMaxRunning
 }
 
 // seqCacheBytes is one full-length sequence's KV cache on od.
@@ -115,7 +137,8 @@ func (g llmServable) start(ctx context.Context, od openDevice, maxRunning int, f
 		g.log.Warn("KV cache type not available on this device: the model's default instead", zap.String("device", od.entry.ID),
 			zap.Stringer("asked", g.kv), zap.Stringer("using", g.m.KVCacheDType(od.dev)), zap.Error(why))
 	}
-	eng, err := g.m.NewEngine(ctx, od.dev, llm.EngineOptions{CacheBytes: cache, BlockSize: genBlockSize, MaxStepTokens: genStepTokens, MaxSeqs: maxRunning, KVDType: kv})
+	eng, err := g.m.NewEngine(ctx, od.dev, llm.EngineOptions{CacheBytes: cache, BlockSize: genBlockSize, MaxStepTokens: genStepTokens, MaxSeqs: maxRunning, KVDType: kv,
+		MaxDrafts: g.maxDrafts(maxRunning)})
 	if err != nil {
 		return nil, 0, err
 	}
@@ -127,23 +150,27 @@ func (g llmServable) start(ctx context.Context, od openDevice, maxRunning int, f
 		return nil, 0, err
 	}
 	g.log.Info("generator warmed up", zap.String("device", od.entry.ID), zap.Duration("took", time.Since(began)))
-	return engineInstance{EngineExecutor{eng}, maxRunning}, fixed + cache, nil
+	return engineInstance{x: EngineExecutor{eng}, maxRunning: maxRunning, spec: max(g.spec, 0), specMaxRunning: g.specMaxRunningOr()}, fixed + cache, nil
 }
 
-// engineInstance is an engine with the running set the scheduler gives it.
+// engineInstance is an engine with the running set the scheduler gives it,
+// and how its sequences guess (llmServable's spec, specMaxRunning).
 type engineInstance struct {
-	x          EngineExecutor
-	maxRunning int
+	x                    EngineExecutor
+	maxRunning           int
+	spec, specMaxRunning int
 }
 
 func (r engineInstance) join(h Host, key string, dev scheduler.Device, opts ...scheduler.ReplicaOption) error {
-	return h.AddGenReplica(key, dev, scheduler.GenOptions{MaxRunning: r.maxRunning, MaxStepTokens: max(genStepTokens, r.maxRunning), MaxChunk: genChunk}, r.x, opts...)
+	return h.AddGenReplica(key, dev, scheduler.GenOptions{MaxRunning: r.maxRunning, MaxStepTokens: max(genStepTokens, r.maxRunning), MaxChunk: genChunk,
+		SpecTokens: r.spec, SpecMaxRunning: r.specMaxRunning}, r.x, opts...)
 }
 
 func (r engineInstance) placed() (string, []zap.Field) {
 	used, total := r.x.CacheBlocks()
 	return "generator placed", []zap.Field{zap.Int("max_running", r.maxRunning), zap.Int("cache_blocks", total-used), zap.Int("block_tokens", genBlockSize),
-		zap.Stringer("kv_cache_dtype", r.x.Engine.Options().KVDType)}
+		zap.Stringer("kv_cache_dtype", r.x.Engine.Options().KVDType),
+		zap.Int("speculative_tokens", r.spec), zap.Int("speculative_max_running", r.specMaxRunning), zap.Int("max_drafts", r.x.Engine.Options().MaxDrafts)}
 }
 
 func (r engineInstance) Close() error { return r.x.Close() }

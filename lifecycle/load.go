@@ -174,7 +174,8 @@ func (ms *Set) loadLocked(ctx context.Context, name string, version int64) (_ *S
 // servableOf is the kind of model a repository load is.
 func (ms *Set) servableOf(name string, l Loaded) servable {
 	if l.LLM != nil {
-		return llmServable{m: l.LLM, kv: ms.opts.KVCacheDType, log: ms.log.With(zap.String("model", name))}
+		return llmServable{m: l.LLM, kv: ms.opts.KVCacheDType, spec: ms.opts.SpecTokens, specMaxRunning: ms.opts.SpecMaxRunning,
+			log: ms.log.With(zap.String("model", name))}
 	}
 	return batchServable{m: l.Model, maxTokens: ms.maxTokens(l.Model.Info())}
 }

@@ -36,6 +36,11 @@ type Options struct {
 	// bf16, else f32). A device that cannot hold the type asked for (f16
 	// or a block type on a GPU) gets its own choice, with a warning.
 	KVCacheDType runtime.DType
+	// SpecTokens is the most tokens a generator's decoding sequence guesses
+	// per step by prompt lookup (--speculative-tokens; 0: off), while a
+	// replica runs at most SpecMaxRunning sequences
+	// (--speculative-max-running; 0: scheduler.DefaultSpecMaxRunning).
+	SpecTokens, SpecMaxRunning int
 }
 
 // Set is what brokerd serves: the built-in encoder and the loaded

@@ -89,8 +89,14 @@ type Config struct {
 	CPUAMXRelaid bool `json:"cpu-amx-relaid"`
 	// KVCacheDType is generators' KV cache type: auto, f32, bf16, f16, q8_0
 	// or q4_0 (see KVCacheDTypes).
-	KVCacheDType string   `json:"kv-cache-dtype"`
-	Telemetry    Duration `json:"telemetry-interval"`
+	KVCacheDType string `json:"kv-cache-dtype"`
+	// SpeculativeTokens is the most tokens a generator's decoding sequence
+	// guesses per step by prompt lookup (speculative decoding; 0: off);
+	// SpeculativeMaxRunning the most sequences a replica runs while it
+	// guesses (scheduler.GenOptions.SpecTokens, SpecMaxRunning).
+	SpeculativeTokens     int      `json:"speculative-tokens"`
+	SpeculativeMaxRunning int      `json:"speculative-max-running"`
+	Telemetry             Duration `json:"telemetry-interval"`
 
 	MaxMessageBytes    int      `json:"max-message-bytes"`
 	MaxItemsPerRequest int      `json:"max-items-per-request"`
@@ -197,6 +203,9 @@ func Defaults(euid int, getenv func(string) string) Config {
 		HTTPBodyTimeout:      Duration(time.Minute),
 		MaxContext:           8192,
 		OllamaModels:         defaultOllamaModels(getenv),
+
+		// speculative-tokens is off (0).
+		SpeculativeMaxRunning: DefaultSpeculativeMaxRunning,
 	}
 }
 
@@ -264,6 +273,8 @@ var envNames = map[string]string{
 	"compute-dtype":              "BROKERD_COMPUTE_DTYPE",
 	"cpu-amx-relaid":             "BROKERD_CPU_AMX_RELAID",
 	"kv-cache-dtype":             "BROKERD_KV_CACHE_DTYPE",
+	"speculative-tokens":         "BROKERD_SPECULATIVE_TOKENS",
+	"speculative-max-running":    "BROKERD_SPECULATIVE_MAX_RUNNING",
 	"telemetry-interval":         "BROKERD_TELEMETRY_INTERVAL",
 	"max-message-bytes":          "BROKERD_MAX_MESSAGE_BYTES",
 	"max-items-per-request":      "BROKERD_MAX_ITEMS_PER_REQUEST",
@@ -336,6 +347,8 @@ func bind(fs *flag.FlagSet, c *Config, configPath *string) {
 	fs.StringVar(&c.PJRTPlugins, "pjrt-plugin", c.PJRTPlugins, "PJRT plugins as name=path pairs, e.g. tpu=/path/libtpu.so,cuda=/path/xla_cuda_plugin.so")
 	fs.StringVar(&c.ComputeDType, "compute-dtype", c.ComputeDType, "compute type per device type as type=dtype pairs (f32 or bf16), e.g. gpu=bf16; types not named keep "+DefaultComputeDType+"; a device that cannot run bf16 falls back to f32 with a warning")
 	fs.StringVar(&c.KVCacheDType, "kv-cache-dtype", c.KVCacheDType, "generators' KV cache type: auto (bf16 where the CPU keeps a GGUF model's matrices block-quantized or computes in bf16, f32 otherwise), f32, bf16, f16 (llama.cpp's and Ollama's default; bf16's memory), q8_0 or q4_0 (ggml's blocks, 17/32 and 9/32 of bf16's memory, q4_0 at a visible cost in accuracy); f16 and the blocks on the CPU only, other devices keep auto's)")
+	fs.IntVar(&c.SpeculativeTokens, "speculative-tokens", c.SpeculativeTokens, "speculative decoding by prompt lookup: the most tokens a generator's decoding sequence guesses per step from its own prompt and output, verified in the same step (the same tokens as without; helps one or few streams whose output quotes their input); 0: off")
+	fs.IntVar(&c.SpeculativeMaxRunning, "speculative-max-running", c.SpeculativeMaxRunning, "a generator replica guesses tokens (speculative-tokens) only while it runs at most this many sequences: above, rejected guesses cost more compute than they save")
 	fs.BoolVar(&c.CPUAMXRelaid, "cpu-amx-relaid", c.CPUAMXRelaid, "experimental: on a CPU with AMX, relay block-quantized GGUF weights by 16 rows for the VNNI kernels as on CPUs without it (prefill decodes AMX panels from them); for comparisons")
 	fs.Var(&c.Telemetry, "telemetry-interval", "device telemetry refresh interval")
 	fs.IntVar(&c.MaxMessageBytes, "max-message-bytes", c.MaxMessageBytes, "largest gRPC message accepted or sent")
@@ -617,6 +630,12 @@ func (c Config) Validate() error {
 	if !slices.Contains(KVCacheDTypes, c.KVCacheDType) {
 		bad("kv-cache-dtype (BROKERD_KV_CACHE_DTYPE, else OLLAMA_KV_CACHE_TYPE): %q: want auto, f32, bf16, f16, q8_0 or q4_0", c.KVCacheDType)
 	}
+	if c.SpeculativeTokens < 0 || c.SpeculativeTokens > MaxSpeculativeTokens {
+		bad("speculative-tokens (BROKERD_SPECULATIVE_TOKENS) %d is invalid: 0 (off) to %d", c.SpeculativeTokens, MaxSpeculativeTokens)
+	}
+	if c.SpeculativeMaxRunning < 1 || c.SpeculativeMaxRunning > MaxSpeculativeMaxRunning {
+		bad("speculative-max-running (BROKERD_SPECULATIVE_MAX_RUNNING) %d is invalid: 1 to %d sequences", c.SpeculativeMaxRunning, MaxSpeculativeMaxRunning)
+	}
 	if _, err := ComputeDTypes(c.ComputeDType); err != nil {
 		bad("compute-dtype (BROKERD_COMPUTE_DTYPE): %v", err)
 	}
@@ -764,6 +783,16 @@ func MemoryFraction(s string) (float64, error) {
 	}
 	return f, nil
 }
+
+// The bounds of speculative-tokens and speculative-max-running (an engine
+// verifies at most their product of guessed tokens a step, each a logits
+// row of its step's workspace), and the latter's default
+// (scheduler.DefaultSpecMaxRunning; config does not import the scheduler).
+const (
+	MaxSpeculativeTokens         = 16
+	MaxSpeculativeMaxRunning     = 1024
+	DefaultSpeculativeMaxRunning = 4
+)
 
 // KVCacheDTypes are the values kv-cache-dtype takes: auto (each engine's
 // choice: bf16 where a device keeps the weights block-quantized or

@@ -24,6 +24,17 @@ func TestLoadPrecedence(t *testing.T) {
 	if err := os.WriteFile(kvYAML, []byte("kv-cache-dtype: f32\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	specYAML := filepath.Join(dir, "spec.yaml")
+	if err := os.WriteFile(specYAML, []byte("speculative-tokens: 3\nspeculative-max-running: 2\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	spec := func(tokens, maxRunning int) func(t *testing.T, c Config) {
+		return func(t *testing.T, c Config) {
+			if c.SpeculativeTokens != tokens || c.SpeculativeMaxRunning != maxRunning {
+				t.Errorf("speculative-tokens %d, speculative-max-running %d; want %d, %d", c.SpeculativeTokens, c.SpeculativeMaxRunning, tokens, maxRunning)
+			}
+		}
+	}
 	tests := []struct {
 		name  string
 		args  []string
@@ -144,6 +155,11 @@ func TestLoadPrecedence(t *testing.T) {
 				t.Errorf("kv-cache-dtype %q, want auto", c.KVCacheDType)
 			}
 		}},
+		{"speculative decoding off by default", nil, nil, spec(0, 4)},
+		{"speculative tokens flag", []string{"--speculative-tokens", "4"}, nil, spec(4, 4)},
+		{"speculative settings from env", nil, map[string]string{"BROKERD_SPECULATIVE_TOKENS": "16", "BROKERD_SPECULATIVE_MAX_RUNNING": "1024"}, spec(16, 1024)},
+		{"speculative settings from the config file", []string{"--config", specYAML}, nil, spec(3, 2)},
+		{"speculative flags over env", []string{"--speculative-tokens=0", "--speculative-max-running=1"}, map[string]string{"BROKERD_SPECULATIVE_TOKENS": "8", "BROKERD_SPECULATIVE_MAX_RUNNING": "8"}, spec(0, 1)},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -190,6 +206,11 @@ func TestLoadRejectsBadSettings(t *testing.T) {
 		{"bad compute dtype", []string{"--compute-dtype=gpu=fp16"}, nil, []string{"compute-dtype (BROKERD_COMPUTE_DTYPE)", `gpu="fp16"`, "f32, bf16"}},
 		{"bad kv cache dtype", []string{"--kv-cache-dtype=fp8"}, nil, []string{"kv-cache-dtype (BROKERD_KV_CACHE_DTYPE, else OLLAMA_KV_CACHE_TYPE)", `"fp8"`, "auto, f32, bf16, f16, q8_0 or q4_0"}},
 		{"bad kv cache dtype from Ollama's variable", nil, map[string]string{"OLLAMA_KV_CACHE_TYPE": "iq4_nl"}, []string{"OLLAMA_KV_CACHE_TYPE", `"iq4_nl"`, "auto, f32, bf16, f16, q8_0 or q4_0"}},
+		{"negative speculative tokens", []string{"--speculative-tokens=-1"}, nil, []string{"speculative-tokens (BROKERD_SPECULATIVE_TOKENS) -1 is invalid", "0 (off) to 16"}},
+		{"too many speculative tokens", nil, map[string]string{"BROKERD_SPECULATIVE_TOKENS": "17"}, []string{"BROKERD_SPECULATIVE_TOKENS", "17 is invalid", "0 (off) to 16"}},
+		{"speculative tokens not a number", nil, map[string]string{"BROKERD_SPECULATIVE_TOKENS": "lots"}, []string{"BROKERD_SPECULATIVE_TOKENS"}},
+		{"zero speculative max running", []string{"--speculative-max-running=0"}, nil, []string{"speculative-max-running (BROKERD_SPECULATIVE_MAX_RUNNING) 0 is invalid", "1 to 1024"}},
+		{"speculative max running too large", nil, map[string]string{"BROKERD_SPECULATIVE_MAX_RUNNING": "1025"}, []string{"BROKERD_SPECULATIVE_MAX_RUNNING", "1025 is invalid"}},
 		{"bad compute dtype env", nil, map[string]string{"BROKERD_COMPUTE_DTYPE": "npu=bf16"}, []string{"BROKERD_COMPUTE_DTYPE", `device type "npu"`, "cpu, gpu, tpu"}},
 	}
 	for _, tt := range tests {
