@@ -62,11 +62,15 @@
 // node-llama-cpp's only in the prompt (its "input tokens"). These random
 // untied models answer random prompts with tokens the prompt does not
 // hold, so guesses are few and mostly refused; where one falls into a
-// loop of its own tokens, only brokerd's lookup finds it. No shape here
-// is tied (a random tied model repeats its input, which would make the
-// guesses trivially right).
+// loop of its own tokens, only brokerd's lookup finds it: the engines'
+// cost of guesses mostly wrong. The best case is -shape
+// llama-12x1024-tied -repeat-tail 8: a random tied model repeats its last
+// input token, and prompts ending in 8 copies of it give both predictors
+// the pattern, so every guess is right in either engine: what each makes
+// of guesses all taken.
 //
 //	go run ./bench/peers/llamacpp -shape llama-12x1024 -quant q8_0 -spec 3 [-daemon]
+//	go run ./bench/peers/llamacpp -shape llama-12x1024-tied -repeat-tail 8 -quant q8_0 -spec 3
 package main
 
 import (
@@ -111,6 +115,10 @@ var shapes = map[string]modelkit.LLM{
 	// issue's 12 × 1024 shape; smaller than Llama 3.2 1B's 16 × 2048):
 	// untied, Llama 3's tokenizer.
 	"llama-12x1024": {Arch: "llama", Layers: 12, Hidden: 1024, Heads: 16, KVHeads: 4, Intermediate: 2816, Vocab: 128256},
+	// The same, tied: random tied embeddings make a model that repeats
+	// its last input token, so with -repeat-tail every guess of a prompt
+	// lookup is right, in either engine: speculative decoding's best case.
+	"llama-12x1024-tied": {Arch: "llama", Layers: 12, Hidden: 1024, Heads: 16, KVHeads: 4, Intermediate: 2816, Vocab: 128256, Tied: true},
 	// Something quick, for trying the script.
 	"small": {Arch: "qwen3", Layers: 4, Hidden: 256, Heads: 4, KVHeads: 2, HeadDim: 64, Intermediate: 768, Vocab: 151936},
 }
@@ -124,13 +132,13 @@ type options struct {
 	rounds, threads, promptTokens    int
 	genTokens, checkTokens, prefill  int
 	council, torch                   bool
-	spec                             int    // -spec
+	spec, repeatTail                 int    // -spec, -repeat-tail
 	peers                            string // the checkout's bench/peers, found at run time
 }
 
 func main() {
 	var o options
-	flag.StringVar(&o.shape, "shape", "qwen2.5-0.5b", "checkpoint shape: qwen2.5-0.5b, llama-12x1024 or small")
+	flag.StringVar(&o.shape, "shape", "qwen2.5-0.5b", "checkpoint shape: qwen2.5-0.5b, llama-12x1024, llama-12x1024-tied or small")
 	flag.StringVar(&o.dtype, "dtype", "f32", "compute type: f32 (F32 GGUF) or bf16 (BF16 GGUF); with -quant, brokerd's compute type")
 	flag.StringVar(&o.quant, "quant", "", "GGUF file type both engines read: "+strings.Join(modelkit.FileTypes, ", ")+" (default: brokerd reads the safetensors checkpoint, llama.cpp a GGUF of -dtype)")
 	flag.BoolVar(&o.daemon, "daemon", false, "with -quant, also serve the file from bin/brokerd and run brokerctl bench --generate at 1 and 16 streams")
@@ -147,6 +155,7 @@ func main() {
 	flag.BoolVar(&o.council, "council", true, "run the council round")
 	flag.BoolVar(&o.torch, "torch", true, "check tokens against PyTorch too")
 	flag.StringVar(&o.kv, "kv", "auto", "brokerd's KV cache type (auto, f32, bf16, f16, q8_0, q4_0; the daemon's --kv-cache-dtype); with f16 llama.cpp keeps its default F16, with q8_0 or q4_0 its keys and values are Q8_0 or Q4_0 too (with flash attention, which its quantized values need), else its default F16")
+	flag.IntVar(&o.repeatTail, "repeat-tail", 0, "end every prompt with `N` copies of its last token, a pattern an input lookup (llama.cpp's predictor) can find; with -shape llama-12x1024-tied the output repeats that token")
 	flag.IntVar(&o.spec, "spec", 0, "speculative decoding by prompt lookup, at most `N` guessed tokens a step: brokerd's SpecTokens (the daemon's --speculative-tokens), llama.cpp's InputLookupTokenPredictor per sequence; the single stream then also runs without, interleaved (0: off)")
 	flag.BoolVar(&o.amxRelaid, "amx-relaid", false, "on a CPU with AMX, brokerd relays quantized weights by 16 rows as without AMX (onednn.Options.AMXRelaid; the daemon's --cpu-amx-relaid)")
 	flag.Parse()
@@ -165,7 +174,7 @@ func main() {
 func run(ctx context.Context, o options) error {
 	shape, ok := shapes[o.shape]
 	if !ok {
-		return fmt.Errorf("-shape %q: want qwen2.5-0.5b, llama-12x1024 or small", o.shape)
+		return fmt.Errorf("-shape %q: want qwen2.5-0.5b, llama-12x1024, llama-12x1024-tied or small", o.shape)
 	}
 	if o.quant != "" && !slices.Contains(modelkit.FileTypes, o.quant) {
 		return fmt.Errorf("-quant %q: want one of %v", o.quant, modelkit.FileTypes)
@@ -317,6 +326,9 @@ func run(ctx context.Context, o options) error {
 		p := make([]int32, n)
 		for i := range p {
 			p[i] = int32(rng.IntN(ordinary))
+		}
+		for i := max(0, n-o.repeatTail); i < n-1; i++ {
+			p[i] = p[n-1]
 		}
 		return p
 	}
