@@ -23,6 +23,13 @@ type specGen struct {
 }
 
 func (f *specGen) Step(ctx context.Context, items []StepItem) ([]StepResult, error) {
+	if f.hold != nil {
+		select {
+		case <-f.hold:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
 	drafts := make([]int, len(items))
 	for i, it := range items {
 		drafts[i] = it.Draft
@@ -187,14 +194,28 @@ func TestSpecDecodeGrants(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			s := newTestScheduler(t, Options{})
 			f := &specGen{fakeGen: newFakeGen(4, tc.blocks), accept: 1}
+			// Steps wait until every sequence is in: the first one's
+			// decoding must not run alone before the others come.
+			gate := make(chan struct{})
+			f.hold = gate
 			if err := s.AddGenReplica("llm", Device{ID: "cpu:0", Type: "cpu"}, tc.opts, f); err != nil {
 				t.Fatal(err)
 			}
 			cs := make([]genCase, tc.seqs)
+			streams := make([]*GenStream, tc.seqs)
 			for i := range cs {
 				cs[i] = genCase{prompt: prompt(i, 9), maxNew: tc.maxNew}
+				st, err := s.Generate(context.Background(), GenRequest{Model: "llm", Prompt: cs[i].prompt, MaxNewTokens: tc.maxNew, State: &genState{}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				streams[i] = st
 			}
-			res := runGen(t, s, "llm", cs, 0)
+			close(gate)
+			res := make([]genResult, len(cs))
+			for i, st := range streams {
+				res[i] = collect(st)
+			}
 			for i, c := range cs {
 				want, _ := expected(c.prompt, c.maxNew, 0)
 				if got := flatTokens(res[i]); !slices.Equal(got, want) {
