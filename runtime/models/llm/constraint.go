@@ -124,6 +124,7 @@ func (m *Model) compileConstraint(ctx context.Context, c *Constraint) (*constrai
 type constraintState struct {
 	m     *grammar.Matcher
 	mask  []uint64
+	spare []uint64 // guess's masks of the states after the current one
 	n     int   // tokens mask allows
 	err   error // the mask's error (grammar.ErrStackLimit...)
 	ready bool  // mask, n and err are for the matcher's current state
@@ -167,6 +168,59 @@ func (c *constraintState) apply(x []float64) error {
 		x[i] = inf // logits past the grammar's vocabulary (none when sizes agree)
 	}
 	return nil
+}
+
+// guess returns up to k tokens the grammar lets follow the output so far,
+// for speculative decoding: at each position the one token it allows, if
+// it allows one only (a JSON schema's keys and punctuation: jump-forward
+// decoding's tokens, taken whatever the logits), else lookup's next token
+// if the grammar allows it; it stops at the first position with neither.
+// The matcher is left as it was, its current mask computed.
+func (c *constraintState) guess(k int, lookup []int32) []int32 {
+	c.prepare()
+	if c.err != nil || c.n == 0 || k <= 0 {
+		return nil
+	}
+	if c.spare == nil {
+		c.spare = make([]uint64, len(c.mask))
+	}
+	var out []int32
+	mask, n := c.mask, c.n
+	for len(out) < k {
+		var tok int32
+		switch {
+		case n == 1:
+			tok = grammar.MaskFirst(mask)
+			if len(lookup) > len(out) && lookup[len(out)] != tok {
+				lookup = nil // the lookup's guess went another way
+			}
+		case len(lookup) > len(out) && grammar.MaskAllows(mask, lookup[len(out)]):
+			tok = lookup[len(out)]
+		default:
+			return c.rollback(out)
+		}
+		if c.m.Accept(tok) != nil {
+			return c.rollback(out)
+		}
+		out = append(out, tok)
+		if len(out) == k || c.m.IsTerminated() {
+			break
+		}
+		var err error
+		if n, err = c.m.Mask(c.spare); err != nil || n == 0 {
+			break
+		}
+		mask = c.spare
+	}
+	return c.rollback(out)
+}
+
+// rollback undoes guess's tokens out and returns them.
+func (c *constraintState) rollback(out []int32) []int32 {
+	if err := c.m.Rollback(len(out)); err != nil {
+		return nil // not reached: it accepted them
+	}
+	return out
 }
 
 // allows reports whether the current mask allows tok.

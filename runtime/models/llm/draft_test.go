@@ -50,8 +50,7 @@ func TestProposeNgram(t *testing.T) {
 // the group kernel and several tokens of a sequence on the row kernel,
 // which sum in another order; for head dims under 16 both are the
 // portable kernel.) A model of the usual scale repeats itself (guesses
-// taken) and a flat one samples all over (guesses refused): both happen,
-// or the test says so.
+// taken) and a flat one samples all over (guesses mostly refused).
 func TestSpeculativeSameOutput(t *testing.T) {
 	schema := &Constraint{Kind: grammar.KindJSONSchema, Source: testSchema}
 	seeded := Sampling{Temperature: 0.9, TopK: 40, TopP: 0.95, MinP: 0.01, Seed: 7, Seeded: true, RepetitionPenalty: 1.1, FrequencyPenalty: 0.2}
@@ -105,8 +104,10 @@ func TestSpeculativeSameOutput(t *testing.T) {
 			}
 		})
 	}
-	if total.accepted == 0 || total.accepted == total.drafted {
-		t.Fatalf("guesses %+v: the test needs some taken and some refused", total)
+	// Refusals are TestSpeculativeCacheRows's (there by construction; here
+	// they depend on the CPU's rounding of near ties).
+	if total.accepted == 0 {
+		t.Fatalf("guesses %+v: the test needs some taken", total)
 	}
 }
 
@@ -242,4 +243,48 @@ func TestGuessesAdapt(t *testing.T) {
 		}
 		s.guessed(len(d), tc.taken)
 	}
+}
+
+// TestSpeculativeGrammarGuesses: a constrained sequence guesses the
+// tokens its grammar allows alone (all taken, whatever the logits) and a
+// lookup's guesses only while the grammar allows them; its matcher is
+// left as it was.
+func TestSpeculativeGrammarGuesses(t *testing.T) {
+	m, e := vocabModel(t, ModelOptions{}, 0.05, EngineOptions{MaxDrafts: 16})
+	id := func(s string) int32 {
+		ids, err := m.Encode(s, false)
+		if err != nil || len(ids) != 1 {
+			t.Fatalf("%q: ids %v, %v", s, ids, err)
+		}
+		return ids[0]
+	}
+	t.Run("forced", func(t *testing.T) {
+		fixed := &Constraint{Kind: grammar.KindRegex, Source: "xyzwvxyzwvxyzwv"}
+		params := []Sampling{{Temperature: 1, Seed: 3, Seeded: true, Constraint: fixed}}
+		want, _ := generateSpec(t, m, e, params, prompt(12, 4, 96), 40, 0)
+		got, count := generateSpec(t, m, e, params, prompt(12, 4, 96), 40, 4)
+		if got[0].text != "xyzwvxyzwvxyzwv" || got[0].text != want[0].text || got[0].finish != "stop" || want[0].finish != "stop" {
+			t.Fatalf("with guesses %q (%s), without %q (%s)", got[0].text, got[0].finish, want[0].text, want[0].finish)
+		}
+		// 14 letters after the first and the EOS, all forced.
+		if count.accepted != count.drafted || count.accepted < 12 {
+			t.Fatalf("%d guessed, %d taken: want the forced tokens guessed and taken", count.drafted, count.accepted)
+		}
+	})
+	t.Run("lookup filtered", func(t *testing.T) {
+		c, err := m.compileConstraint(context.Background(), &Constraint{Kind: grammar.KindRegex, Source: "[a-c]{6}"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		a, b, z := id("a"), id("b"), id("z")
+		if got := c.guess(4, []int32{a, b, z, a}); !slices.Equal(got, []int32{a, b}) {
+			t.Fatalf("guess = %v, want %v", got, []int32{a, b})
+		}
+		if got := c.guess(8, []int32{b, b, b, b, b, b, b, b}); !slices.Equal(got, []int32{b, b, b, b, b, b, 2}) {
+			t.Fatalf("guess = %v, want six b and the EOS the grammar then allows alone", got)
+		}
+		if c.m.Accepted() != 0 || !c.allows(a) || c.allows(z) {
+			t.Fatalf("the matcher moved: %d accepted", c.m.Accepted())
+		}
+	})
 }

@@ -361,6 +361,11 @@ func (s *Sequence) draft(k int) []int32 {
 	if s.guesses > 0 {
 		k = min(k, s.guesses)
 	}
+	if s.con != nil {
+		// The grammar's own guesses first (a token it allows alone),
+		// the lookup's where it allows them.
+		return s.con.guess(k, proposeNgram(s.hist, k))
+	}
 	return proposeNgram(s.hist, k)
 }
 

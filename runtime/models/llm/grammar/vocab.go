@@ -189,6 +189,16 @@ func MaskAllows(mask []uint64, id int32) bool {
 	return id >= 0 && int(id>>6) < len(mask) && mask[id>>6]&(1<<(id&63)) != 0
 }
 
+// MaskFirst is the lowest id a mask allows, or -1 when it allows none.
+func MaskFirst(mask []uint64) int32 {
+	for w, x := range mask {
+		if x != 0 {
+			return int32(w*64 + bits.TrailingZeros64(x))
+		}
+	}
+	return -1
+}
+
 // MaskCount is the number of set bits in a mask.
 func MaskCount(mask []uint64) int {
 	c := 0
