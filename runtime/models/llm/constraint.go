@@ -125,9 +125,9 @@ type constraintState struct {
 	m     *grammar.Matcher
 	mask  []uint64
 	spare []uint64 // guess's masks of the states after the current one
-	n     int   // tokens mask allows
-	err   error // the mask's error (grammar.ErrStackLimit...)
-	ready bool  // mask, n and err are for the matcher's current state
+	n     int      // tokens mask allows
+	err   error    // the mask's error (grammar.ErrStackLimit...)
+	ready bool     // mask, n and err are for the matcher's current state
 }
 
 // prepare computes the mask of the current state unless it is computed.
