@@ -266,13 +266,14 @@ func BenchmarkConstrainedSpec(b *testing.B) {
 	}
 	defer e.Close()
 	const answers = 4
-	var seed uint64
-	// run writes answers verdicts, each after the same prompt, and returns
-	// the tokens written, the seconds, and the guesses made and taken.
-	run := func(draft int) (tokens int, secs float64, drafted, taken int) {
+	// run writes answers verdicts from seeds first, first+1, ... (the same
+	// answers with and without guesses) and returns the tokens written,
+	// the seconds, and the guesses made and taken.
+	steps := [2]int{}
+	run := func(first uint64, draft int) (tokens int, secs float64, drafted, taken int) {
 		start := time.Now()
-		for range answers {
-			seed++
+		for a := range uint64(answers) {
+			seed := first + a
 			p := prompt(24, int32(seed%7), s.Vocab)
 			seq, _ := newSequence(Sampling{Temperature: 1, Seed: seed, Seeded: true}, p, s.Vocab, v.EOS(), nil)
 			m, err := g.NewMatcher()
@@ -290,6 +291,7 @@ func BenchmarkConstrainedSpec(b *testing.B) {
 					b.Fatal(err)
 				}
 				r := res[0]
+				steps[min(draft, 1)]++
 				drafted, taken = drafted+r.Drafted, taken+len(r.Accepted)
 				n += len(r.Accepted) + 1
 				tokens += len(r.Accepted) + 1
@@ -303,14 +305,14 @@ func BenchmarkConstrainedSpec(b *testing.B) {
 		}
 		return tokens, time.Since(start).Seconds(), drafted, taken
 	}
-	run(0) // the primitives
+	run(1000, 0) // the primitives
 	var rates [2][]float64
 	var drafted, taken int
 	b.ResetTimer()
 	for r := range b.N {
 		for k := range 2 {
 			d := []int{0, 4}[(r+k)%2]
-			n, secs, dr, tk := run(d)
+			n, secs, dr, tk := run(uint64(r*answers), d)
 			rates[min(d, 1)] = append(rates[min(d, 1)], float64(n)/secs)
 			drafted, taken = drafted+dr, taken+tk
 		}
@@ -325,4 +327,5 @@ func BenchmarkConstrainedSpec(b *testing.B) {
 	b.ReportMetric(med(rates[1]), "spec-tok/s")
 	b.ReportMetric(med(rates[1])/med(rates[0]), "ratio")
 	b.ReportMetric(float64(taken)/float64(max(drafted, 1)), "taken")
+	b.ReportMetric(float64(steps[0])/float64(max(steps[1], 1)), "steps-saved")
 }
