@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -16,8 +15,8 @@ import (
 	"google.golang.org/grpc/status"
 
 	brokerv1 "github.com/brokerd/brokerd/proto/broker/v1"
-	"github.com/brokerd/brokerd/runtime/models"
 	"github.com/brokerd/brokerd/runtime/models/llm"
+	"github.com/brokerd/brokerd/runtime/models/llm/llmtest"
 	"github.com/brokerd/brokerd/runtime/safetensors"
 )
 
@@ -89,34 +88,9 @@ func writeTinyLlama(t testing.TB, repo, name string) {
 // writeTinyLlamaVocab writes it with vocabulary size v and EOS id eos.
 func writeTinyLlamaVocab(t testing.TB, repo, name string, v, eos int) {
 	t.Helper()
-	const h, layers, heads, kv, inter = 32, 2, 4, 2, 64
-	d := h / heads
-	rng := rand.New(rand.NewPCG(7, 7))
-	rnd := func(shape ...int) models.Tensor {
-		n := 1
-		for _, s := range shape {
-			n *= s
-		}
-		data := make([]float32, n)
-		for i := range data {
-			data[i] = float32(rng.NormFloat64() * 0.2)
-		}
-		return models.Tensor{Shape: shape, Data: data}
-	}
-	w := map[string]models.Tensor{"model.embed_tokens.weight": rnd(v, h), "model.norm.weight": rnd(h)}
-	for l := range layers {
-		p := fmt.Sprintf("model.layers.%d.", l)
-		w[p+"self_attn.q_proj.weight"], w[p+"self_attn.k_proj.weight"] = rnd(heads*d, h), rnd(kv*d, h)
-		w[p+"self_attn.v_proj.weight"], w[p+"self_attn.o_proj.weight"] = rnd(kv*d, h), rnd(h, heads*d)
-		w[p+"mlp.gate_proj.weight"], w[p+"mlp.up_proj.weight"], w[p+"mlp.down_proj.weight"] = rnd(inter, h), rnd(inter, h), rnd(h, inter)
-		w[p+"input_layernorm.weight"], w[p+"post_attention_layernorm.weight"] = rnd(h), rnd(h)
-	}
+	cfg, w := llmtest.TinyLlama(v, eos)
 	dir := versionDir(t, repo, name, 1)
-	writeJSON(t, filepath.Join(dir, "config.json"), map[string]any{
-		"architectures": []string{llm.ArchLlama}, "vocab_size": v, "hidden_size": h, "num_hidden_layers": layers,
-		"num_attention_heads": heads, "num_key_value_heads": kv, "intermediate_size": inter,
-		"max_position_embeddings": 256, "rms_norm_eps": 1e-5, "tie_word_embeddings": true, "eos_token_id": eos,
-	})
+	writeJSON(t, filepath.Join(dir, "config.json"), cfg)
 	if _, err := os.Stat(filepath.Join(dir, "tokenizer.json")); err != nil {
 		writeJSON(t, filepath.Join(dir, "tokenizer.json"), map[string]any{"note": "read by the test's loader"})
 	}

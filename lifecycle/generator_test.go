@@ -3,8 +3,6 @@ package lifecycle
 import (
 	"context"
 	"encoding/json"
-	"fmt"
-	"math/rand/v2"
 	"sync"
 	"testing"
 
@@ -13,8 +11,8 @@ import (
 
 	"github.com/brokerd/brokerd/detect"
 	"github.com/brokerd/brokerd/runtime"
-	"github.com/brokerd/brokerd/runtime/models"
 	"github.com/brokerd/brokerd/runtime/models/llm"
+	"github.com/brokerd/brokerd/runtime/models/llm/llmtest"
 	"github.com/brokerd/brokerd/runtime/onednn"
 	"github.com/brokerd/brokerd/scheduler"
 )
@@ -22,33 +20,8 @@ import (
 // tinyLLM is a random two-layer Llama (vocabulary 300, 256 positions).
 func tinyLLM(t *testing.T) *llm.Model {
 	t.Helper()
-	const v, h, layers, heads, kv, inter = 300, 32, 2, 4, 2, 64
-	d := h / heads
-	rng := rand.New(rand.NewPCG(7, 7))
-	rnd := func(shape ...int) models.Tensor {
-		n := 1
-		for _, s := range shape {
-			n *= s
-		}
-		data := make([]float32, n)
-		for i := range data {
-			data[i] = float32(rng.NormFloat64() * 0.2)
-		}
-		return models.Tensor{Shape: shape, Data: data}
-	}
-	w := map[string]models.Tensor{"model.embed_tokens.weight": rnd(v, h), "model.norm.weight": rnd(h)}
-	for l := range layers {
-		p := fmt.Sprintf("model.layers.%d.", l)
-		w[p+"self_attn.q_proj.weight"], w[p+"self_attn.k_proj.weight"] = rnd(heads*d, h), rnd(kv*d, h)
-		w[p+"self_attn.v_proj.weight"], w[p+"self_attn.o_proj.weight"] = rnd(kv*d, h), rnd(h, heads*d)
-		w[p+"mlp.gate_proj.weight"], w[p+"mlp.up_proj.weight"], w[p+"mlp.down_proj.weight"] = rnd(inter, h), rnd(inter, h), rnd(h, inter)
-		w[p+"input_layernorm.weight"], w[p+"post_attention_layernorm.weight"] = rnd(h), rnd(h)
-	}
-	cfg, err := json.Marshal(map[string]any{
-		"architectures": []string{llm.ArchLlama}, "vocab_size": v, "hidden_size": h, "num_hidden_layers": layers,
-		"num_attention_heads": heads, "num_key_value_heads": kv, "intermediate_size": inter,
-		"max_position_embeddings": 256, "rms_norm_eps": 1e-5, "tie_word_embeddings": true, "eos_token_id": 2,
-	})
+	c, w := llmtest.TinyLlama(300, 2)
+	cfg, err := json.Marshal(c)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -34,20 +34,9 @@ import (
 // Q6_K throughout), Qwen2 with rows of 384 (Q4_K_M falls back to Q5_0 and
 // Q8_0 as in Qwen2.5-0.5B's file), and the Llama one in Q8_0.
 func TestGreedyAgainstLlamaCpp(t *testing.T) {
-	lib := ggmlref.Find(t) // skips when BROKERD_SKIP_GGML=1
-	here, err := filepath.Abs(".")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := npmInstall(here); err != nil {
-		t.Fatalf("%v\n(make deps installs Node.js and npm; BROKERD_SKIP_GGML=1 skips the comparisons with llama.cpp)", err)
-	}
+	lib, here, tok := peerSetup(t)
 	ctx := context.Background()
 	root := t.TempDir()
-	tok := t.TempDir()
-	if err := modelkit.WriteByteTokenizer(tok, "{% for m in messages %}{{ m.content }}{% endfor %}"); err != nil {
-		t.Fatal(err)
-	}
 	// A near tie: brokerd's token is among llama.cpp's best four, its
 	// logit within tieGap of llama.cpp's best.
 	nearTie := func(near [][2]float64, tok int32) bool {
@@ -190,4 +179,24 @@ func TestGreedyAgainstLlamaCpp(t *testing.T) {
 			}
 		})
 	}
+}
+
+// peerSetup is a comparison's start: ggml's library (the test skips where
+// BROKERD_SKIP_GGML=1), this directory with node-llama-cpp installed, and
+// a byte tokenizer's directory.
+func peerSetup(t *testing.T) (lib *ggmlref.Lib, here, tok string) {
+	t.Helper()
+	lib = ggmlref.Find(t)
+	here, err := filepath.Abs(".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := npmInstall(here); err != nil {
+		t.Fatalf("%v\n(make deps installs Node.js and npm; BROKERD_SKIP_GGML=1 skips the comparisons with llama.cpp)", err)
+	}
+	tok = t.TempDir()
+	if err := modelkit.WriteByteTokenizer(tok, "{% for m in messages %}{{ m.content }}{% endfor %}"); err != nil {
+		t.Fatal(err)
+	}
+	return lib, here, tok
 }

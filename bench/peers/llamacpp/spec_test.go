@@ -14,7 +14,6 @@ import (
 	"github.com/brokerd/brokerd/runtime/models/llm"
 	"github.com/brokerd/brokerd/runtime/models/repo"
 	"github.com/brokerd/brokerd/runtime/onednn"
-	"github.com/brokerd/brokerd/runtime/quant/ggmlref"
 )
 
 // TestSpecSameTokens: -spec's plumbing on both sides. A random tied model
@@ -27,19 +26,9 @@ import (
 // but at a near tie (its batched rows may round differently), and its
 // tokenPredictions show predictions made.
 func TestSpecSameTokens(t *testing.T) {
-	lib := ggmlref.Find(t) // skips when BROKERD_SKIP_GGML=1
-	here, err := filepath.Abs(".")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := npmInstall(here); err != nil {
-		t.Fatalf("%v\n(make deps installs Node.js and npm; BROKERD_SKIP_GGML=1 skips the comparisons with llama.cpp)", err)
-	}
+	lib, here, tok := peerSetup(t)
 	ctx := context.Background()
-	tok, src, root := t.TempDir(), t.TempDir(), t.TempDir()
-	if err := modelkit.WriteByteTokenizer(tok, "{% for m in messages %}{{ m.content }}{% endfor %}"); err != nil {
-		t.Fatal(err)
-	}
+	src, root := t.TempDir(), t.TempDir()
 	s := modelkit.LLM{Arch: "llama", Layers: 4, Hidden: 256, Heads: 4, KVHeads: 2, Intermediate: 512, Tied: true,
 		Vocab: 320, MaxPositions: 512, DType: "f32", Seed: 77, TokenizerDir: tok}
 	if _, err := modelkit.WriteLLM(src, s); err != nil {

@@ -682,8 +682,11 @@ func (e *Engine) withDrafts(items []SeqStep) ([]SeqStep, []int) {
 		room -= len(it.Tokens)
 	}
 	rows := e.opts.MaxDrafts
-	var drafts []int
-	var out []SeqStep
+	// Each sequence's most guesses first (its share of the budget), then
+	// the guesses, in parallel: a constrained sequence's cost its
+	// grammar's masks, as many as it guesses.
+	ks := make([]int, len(items))
+	var want []int
 	for i, it := range items {
 		s, ok := it.State.(*Sequence)
 		end := it.Pos + len(it.Tokens)
@@ -691,7 +694,26 @@ func (e *Engine) withDrafts(items []SeqStep) ([]SeqStep, []int) {
 		if !it.Sample || !ok || s.stopped || k <= 0 {
 			continue
 		}
-		d := s.draft(k)
+		ks[i] = k
+		want = append(want, i)
+		room -= k
+		rows -= k
+	}
+	guesses := make([][]int32, len(items))
+	guess := func(i int) { guesses[i] = items[i].State.(*Sequence).draft(ks[i]) }
+	if len(want) == 1 {
+		guess(want[0])
+	} else {
+		var wg sync.WaitGroup
+		for _, i := range want {
+			wg.Go(func() { guess(i) })
+		}
+		wg.Wait()
+	}
+	var drafts []int
+	var out []SeqStep
+	for _, i := range want {
+		d := guesses[i]
 		if len(d) == 0 {
 			continue
 		}
@@ -699,10 +721,8 @@ func (e *Engine) withDrafts(items []SeqStep) ([]SeqStep, []int) {
 			drafts = make([]int, len(items))
 			out = slices.Clone(items)
 		}
-		out[i].Tokens = append(slices.Clip(it.Tokens), d...)
+		out[i].Tokens = append(slices.Clip(items[i].Tokens), d...)
 		drafts[i] = len(d)
-		room -= len(d)
-		rows -= len(d)
 	}
 	if drafts == nil {
 		return items, nil
