@@ -821,7 +821,10 @@ func (e *Engine) verify(it SeqStep, nd int, logits []float32) (SeqResult, error)
 			if len(acc) > 0 {
 				res.Out = all
 			}
-			res.Drafted, res.Accepted = nd, acc
+			if nd > 0 {
+				res.Drafted, res.Accepted = nd, acc
+				s.guessed(nd, len(acc))
+			}
 			return res, nil
 		}
 		d := res.Out.(Delta)
