@@ -20,7 +20,8 @@ import (
 // (which repeats its input, so guesses by prompt lookup are often right)
 // in an F32 GGUF file: brokerd's rounds with guesses (genRound, whose
 // steps that take guesses send several tokens in one event) give every
-// token, the same as without (bit-identical on the CPU's f32 products),
+// token, the same as without (guesses change only the rounding of
+// attention, far below this model's gaps between its best tokens),
 // and its counters show guesses taken; llama.cpp's sequences with
 // node-llama-cpp's InputLookupTokenPredictor give its tokens without,
 // but at a near tie (its batched rows may round differently), and its
