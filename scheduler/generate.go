@@ -863,7 +863,7 @@ func (s *Scheduler) planStepLocked(r *genReplica, now time.Time) ([]StepItem, []
 	return items, seqs
 }
 
-// grantDraftsLocked gives decoding items room for guessed tokens
+// grantDraftsLocked gives sampling items room for guessed tokens
 // (StepItem.Draft) from the step's budget left over, while few sequences
 // run: never past a sequence's max_tokens, and only where the cache has
 // the blocks now and keeps a free one for each running sequence's next
@@ -885,10 +885,11 @@ func (s *Scheduler) grantDraftsLocked(r *genReplica, items []StepItem, seqs []*s
 	for k := range items {
 		it, seq := &items[k], seqs[k]
 		n := min(r.opts.SpecTokens, budget, seq.maxNew-seq.generated-1)
-		if !it.Sample || len(it.Tokens) != 1 || seq.generated == 0 || n <= 0 {
+		// A prompt's last chunk too: its guesses follow the prompt.
+		if !it.Sample || n <= 0 {
 			continue
 		}
-		if !r.exec.Reserve(seq.id, it.Pos+1+n) {
+		if !r.exec.Reserve(seq.id, it.Pos+len(it.Tokens)+n) {
 			continue
 		}
 		it.Draft = n
