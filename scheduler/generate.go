@@ -1111,12 +1111,13 @@ func (s *Scheduler) applyStepLocked(r *genReplica, items []StepItem, seqs []*seq
 	stepTokens := 0
 	for i, it := range items {
 		ran[i] = len(it.Tokens)
-		if it.Sample && i < len(results) {
-			ran[i] += results[i].Drafted
-			r.m.drafted.Add(float64(results[i].Drafted))
-			r.m.accepted.Add(float64(len(results[i].Accepted)))
-			gq.stats.drafts(results[i].Drafted, len(results[i].Accepted))
-			r.stats.drafts(results[i].Drafted, len(results[i].Accepted))
+		if it.Sample && i < len(results) && results[i].Drafted > 0 {
+			d, a := results[i].Drafted, len(results[i].Accepted)
+			ran[i] += d
+			r.m.drafted.Add(float64(d))
+			r.m.accepted.Add(float64(a))
+			gq.stats.drafts(d, a)
+			r.stats.drafts(d, a)
 		}
 		stepTokens += ran[i]
 	}

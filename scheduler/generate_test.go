@@ -93,36 +93,15 @@ func nextToken(history []int32) int32 {
 }
 
 func (f *fakeGen) Step(ctx context.Context, items []StepItem) ([]StepResult, error) {
-	if f.entered != nil {
-		select {
-		case f.entered <- struct{}{}:
-		default:
-		}
-	}
-	if f.hold != nil {
-		select {
-		case <-f.hold:
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		}
+	if err := f.gate(ctx); err != nil {
+		return nil, err
 	}
 	if f.advance != nil {
 		defer f.advance()
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	n := len(f.steps)
-	ids := make([]uint64, len(items))
-	chunks := make([]int, len(items))
-	toks := 0
-	for i, it := range items {
-		ids[i] = it.Seq
-		chunks[i] = len(it.Tokens)
-		toks += len(it.Tokens)
-	}
-	f.steps = append(f.steps, ids)
-	f.chunks = append(f.chunks, chunks)
-	f.tokens = append(f.tokens, toks)
+	n := f.recordLocked(items)
 	if f.fail != nil {
 		if err := f.fail(n); err != nil {
 			return nil, err
@@ -130,15 +109,7 @@ func (f *fakeGen) Step(ctx context.Context, items []StepItem) ([]StepResult, err
 	}
 	out := make([]StepResult, len(items))
 	for i, it := range items {
-		c := f.cache[it.Seq]
-		if it.Pos != len(c) {
-			f.errs = append(f.errs, fmt.Errorf("step %d: seq %d at pos %d but its cache holds %d tokens", n, it.Seq, it.Pos, len(c)))
-		}
-		if need := (len(c) + len(it.Tokens) + f.blockSize - 1) / f.blockSize; need > f.held[it.Seq] {
-			f.errs = append(f.errs, fmt.Errorf("step %d: seq %d runs %d tokens with %d blocks reserved", n, it.Seq, len(c)+len(it.Tokens), f.held[it.Seq]))
-		}
-		c = append(c, it.Tokens...)
-		f.cache[it.Seq] = c
+		c := f.runLocked(n, it)
 		if it.Sample {
 			st := it.State.(*genState)
 			st.generated++
@@ -149,6 +120,58 @@ func (f *fakeGen) Step(ctx context.Context, items []StepItem) ([]StepResult, err
 		}
 	}
 	return out, nil
+}
+
+// gate signals entered and waits for hold, where the test set them.
+func (f *fakeGen) gate(ctx context.Context) error {
+	if f.entered != nil {
+		select {
+		case f.entered <- struct{}{}:
+		default:
+		}
+	}
+	if f.hold != nil {
+		select {
+		case <-f.hold:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
+}
+
+// recordLocked records a step of items (their sequences, chunks, and
+// tokens with any guesses) and returns its index.
+func (f *fakeGen) recordLocked(items []StepItem) int {
+	n := len(f.steps)
+	ids := make([]uint64, len(items))
+	chunks := make([]int, len(items))
+	toks := 0
+	for i, it := range items {
+		ids[i] = it.Seq
+		chunks[i] = len(it.Tokens)
+		toks += len(it.Tokens) + it.Draft
+	}
+	f.steps = append(f.steps, ids)
+	f.chunks = append(f.chunks, chunks)
+	f.tokens = append(f.tokens, toks)
+	return n
+}
+
+// runLocked checks item it of step n against its sequence's cache (its
+// position, and blocks reserved for its tokens and guesses), adds its
+// tokens to the cache and returns the cache.
+func (f *fakeGen) runLocked(n int, it StepItem) []int32 {
+	c := f.cache[it.Seq]
+	if it.Pos != len(c) {
+		f.errs = append(f.errs, fmt.Errorf("step %d: seq %d at pos %d but its cache holds %d tokens", n, it.Seq, it.Pos, len(c)))
+	}
+	if need := (len(c) + len(it.Tokens) + it.Draft + f.blockSize - 1) / f.blockSize; need > f.held[it.Seq] {
+		f.errs = append(f.errs, fmt.Errorf("step %d: seq %d runs %d tokens and %d guesses with %d blocks reserved", n, it.Seq, len(c)+len(it.Tokens), it.Draft, f.held[it.Seq]))
+	}
+	c = append(c, it.Tokens...)
+	f.cache[it.Seq] = c
+	return c
 }
 
 func (f *fakeGen) check(t *testing.T) {

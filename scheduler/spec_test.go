@@ -23,12 +23,8 @@ type specGen struct {
 }
 
 func (f *specGen) Step(ctx context.Context, items []StepItem) ([]StepResult, error) {
-	if f.hold != nil {
-		select {
-		case <-f.hold:
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		}
+	if err := f.gate(ctx); err != nil {
+		return nil, err
 	}
 	drafts := make([]int, len(items))
 	for i, it := range items {
@@ -39,28 +35,14 @@ func (f *specGen) Step(ctx context.Context, items []StepItem) ([]StepResult, err
 	f.smu.Unlock()
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	n := len(f.steps)
-	ids, chunks, toks := make([]uint64, len(items)), make([]int, len(items)), 0
-	for i, it := range items {
-		ids[i], chunks[i] = it.Seq, len(it.Tokens)
-		toks += len(it.Tokens) + it.Draft
-	}
-	f.steps, f.chunks, f.tokens = append(f.steps, ids), append(f.chunks, chunks), append(f.tokens, toks)
+	n := f.recordLocked(items)
 	out := make([]StepResult, len(items))
 	for i, it := range items {
-		c := f.cache[it.Seq]
-		if it.Pos != len(c) {
-			f.errs = append(f.errs, fmt.Errorf("step %d: seq %d at pos %d but its cache holds %d tokens", n, it.Seq, it.Pos, len(c)))
-		}
-		if need := (len(c) + len(it.Tokens) + it.Draft + f.blockSize - 1) / f.blockSize; need > f.held[it.Seq] {
-			f.errs = append(f.errs, fmt.Errorf("step %d: seq %d runs %d tokens and %d guesses with %d blocks reserved", n, it.Seq, len(c)+len(it.Tokens), it.Draft, f.held[it.Seq]))
-		}
 		if it.Draft > 0 && !it.Sample {
 			f.errs = append(f.errs, fmt.Errorf("step %d: seq %d may guess %d after %d tokens it does not sample after", n, it.Seq, it.Draft, len(it.Tokens)))
 		}
-		c = append(c, it.Tokens...)
+		c := f.runLocked(n, it)
 		if !it.Sample {
-			f.cache[it.Seq] = c
 			continue
 		}
 		st := it.State.(*genState)
