@@ -363,7 +363,8 @@ func greedyWithGaps(ctx context.Context, m *llm.Model, eng *llm.Engine, jobs []b
 	defer s.Close()
 	opts := eng.Options()
 	if err := s.AddGenReplica("m", scheduler.Device{ID: "cpu:0", Type: "cpu"},
-		genOptions(eng, len(jobs), opts.MaxStepTokens, spec), lifecycle.EngineExecutor{Engine: eng}); err != nil {
+		scheduler.GenOptions{MaxRunning: len(jobs), MaxStepTokens: opts.MaxStepTokens, MaxChunk: opts.MaxStepTokens, SpecTokens: spec},
+		lifecycle.EngineExecutor{Engine: eng}); err != nil {
 		return greedyRun{}, err
 	}
 	n := len(jobs)

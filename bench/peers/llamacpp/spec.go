@@ -50,12 +50,6 @@ func maxDrafts(n, running int) int {
 	return n * min(running, scheduler.DefaultSpecMaxRunning)
 }
 
-// genOptions is the generation replica's sizing over eng (as benchkit's
-// Round sets it) with SpecTokens spec (SpecMaxRunning its default).
-func genOptions(eng *llm.Engine, running, chunk, spec int) scheduler.GenOptions {
-	return scheduler.GenOptions{MaxRunning: running, MaxStepTokens: eng.Options().MaxStepTokens, MaxChunk: chunk, SpecTokens: spec}
-}
-
 // genRound is benchkit.Round with speculative decoding at spec tokens a step
 // (0: off, as benchkit.Round), and what the scheduler counted of the
 // guesses (its Prometheus counters, in a registry of this round's own).
