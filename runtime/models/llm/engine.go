@@ -460,13 +460,13 @@ type stepPlan struct {
 	width                   int // block table columns
 }
 
-// commit is what a step writes of one sequence, recorded once it succeeds.
+// commit is what a step writes of one sequence, recorded once it succeeds
+// (a plan has one per item, in item order).
 type commit struct {
 	seq    uint64
 	pos    int
 	tokens []int32
 	draft  int // guessed tokens at the end of tokens: only those accepted are kept
-	item   int
 }
 
 // plan lays out a step of items, whose last drafts[i] tokens (drafts may
@@ -541,7 +541,7 @@ func (e *Engine) plan(items []SeqStep, drafts []int) (*stepPlan, error) {
 			p.slots = append(p.slots, blocks[at/bs]*int32(bs)+int32(at%bs))
 			p.seqIdx = append(p.seqIdx, int32(i))
 		}
-		p.commits = append(p.commits, commit{seq: it.Seq, pos: pos, tokens: toks, draft: nd, item: i})
+		p.commits = append(p.commits, commit{seq: it.Seq, pos: pos, tokens: toks, draft: nd})
 		p.cached += skip
 		if it.Sample {
 			for r := nd; r >= 0; r-- {
@@ -658,7 +658,7 @@ func (e *Engine) Step(ctx context.Context, items []SeqStep) ([]SeqResult, error)
 		if c.draft > 0 {
 			kept := 0
 			if err == nil {
-				kept = len(out[c.item].Accepted)
+				kept = len(out[i].Accepted)
 			}
 			commits[i].tokens = c.tokens[:len(c.tokens)-c.draft+kept]
 		}
