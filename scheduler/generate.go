@@ -82,6 +82,9 @@ type StepItem struct {
 	// verify in the same step (speculative decoding,
 	// GenOptions.SpecTokens); their cache room is reserved.
 	Draft int
+	// History is the sequence's tokens up to the end of Tokens, set with
+	// Draft: the executor looks its guesses up there. Read only.
+	History []int32
 }
 
 // StepResult is the executor's answer for one StepItem; only items with
@@ -111,7 +114,9 @@ type GenExecutor interface {
 	// Release frees the sequence's cache (it finished, was cancelled or is
 	// preempted). Its State stays valid: a preempted sequence comes back.
 	Release(seq uint64)
-	// Step runs one forward pass over items and returns one result per item.
+	// Step runs one forward pass over items and returns one result per
+	// item. After it, an item that guessed holds room for its written
+	// positions and the next one: its refused guesses' room goes back.
 	Step(ctx context.Context, items []StepItem) ([]StepResult, error)
 }
 
@@ -354,6 +359,9 @@ func (s *Scheduler) AddGenReplica(model string, dev Device, opts GenOptions, exe
 			model, dev.ID, ErrInvalidArgument, opts.MaxRunning, opts.MaxStepTokens)
 	case exec == nil:
 		return fmt.Errorf("scheduler: add generator replica of %q on %s: %w: nil executor", model, dev.ID, ErrInvalidArgument)
+	}
+	if opts.SpecMaxRunning <= 0 {
+		opts.SpecMaxRunning = DefaultSpecMaxRunning
 	}
 	if opts.MaxChunk <= 0 || opts.MaxChunk > opts.MaxStepTokens {
 		opts.MaxChunk = opts.MaxStepTokens
@@ -661,8 +669,8 @@ func (s *Scheduler) genLoop(r *genReplica) {
 	}
 }
 
-// step calls the executor, turning a panic or a wrong result count into an
-// error.
+// step calls the executor, turning a panic, a wrong result count or more
+// guesses taken than granted (tokens past max_tokens) into an error.
 func (s *Scheduler) step(r *genReplica, items []StepItem) (res []StepResult, err error) {
 	defer func() {
 		if p := recover(); p != nil {
@@ -672,6 +680,11 @@ func (s *Scheduler) step(r *genReplica, items []StepItem) (res []StepResult, err
 	res, err = r.exec.Step(s.baseCtx, items)
 	if err == nil && len(res) != len(items) {
 		err = fmt.Errorf("generator step returned %d results for %d items", len(res), len(items))
+	}
+	for i := range res {
+		if err == nil && (len(res[i].Accepted) > res[i].Drafted || res[i].Drafted > items[i].Draft) {
+			err = fmt.Errorf("generator step took %d of %d guesses for an item granted %d", len(res[i].Accepted), res[i].Drafted, items[i].Draft)
+		}
 	}
 	return res, err
 }
@@ -866,22 +879,16 @@ func (s *Scheduler) planStepLocked(r *genReplica, now time.Time) ([]StepItem, []
 // grantDraftsLocked gives sampling items room for guessed tokens
 // (StepItem.Draft) from the step's budget left over, while few sequences
 // run: never past a sequence's max_tokens, and only where the cache has
-// the blocks now and keeps a free one for each running sequence's next
-// step (an executor that reports its blocks), so that a guess does not
-// preempt a sequence, now or at the next step.
+// the blocks after the step's own tokens took theirs. The executor gives
+// a refused guess's room back after the step (GenExecutor.Step), so a
+// guess never holds room the next step needs; and a grant keeps a free
+// block for each running sequence (an executor that reports its blocks),
+// so that guesses do not evict the prefix cache's blocks first.
 func (s *Scheduler) grantDraftsLocked(r *genReplica, items []StepItem, seqs []*sequence, budget int) {
-	maxRunning := r.opts.SpecMaxRunning
-	if maxRunning <= 0 {
-		maxRunning = DefaultSpecMaxRunning
-	}
-	if r.opts.SpecTokens <= 0 || len(r.running) > maxRunning {
+	if r.opts.SpecTokens <= 0 || len(r.running) > r.opts.SpecMaxRunning {
 		return
 	}
-	if kv, ok := r.exec.(KVCacheReporter); ok {
-		if used, total := kv.CacheBlocks(); total-used < len(r.running) {
-			return
-		}
-	}
+	kv, _ := r.exec.(KVCacheReporter)
 	for k := range items {
 		it, seq := &items[k], seqs[k]
 		n := min(r.opts.SpecTokens, budget, seq.maxNew-seq.generated-1)
@@ -889,10 +896,15 @@ func (s *Scheduler) grantDraftsLocked(r *genReplica, items []StepItem, seqs []*s
 		if !it.Sample || n <= 0 {
 			continue
 		}
+		if kv != nil {
+			if used, total := kv.CacheBlocks(); total-used < len(r.running) {
+				return
+			}
+		}
 		if !r.exec.Reserve(seq.id, it.Pos+len(it.Tokens)+n) {
 			continue
 		}
-		it.Draft = n
+		it.Draft, it.History = n, seq.tokens[:it.Pos+len(it.Tokens)]
 		budget -= n
 	}
 }
@@ -1108,12 +1120,13 @@ func (s *Scheduler) applyStepLocked(r *genReplica, items []StepItem, seqs []*seq
 	r.stats.step(len(items), took)
 	// A step ran its items' tokens and the guesses after them.
 	ran := make([]int, len(items))
-	stepTokens := 0
+	stepTokens, refused := 0, 0
 	for i, it := range items {
 		ran[i] = len(it.Tokens)
 		if it.Sample && i < len(results) && results[i].Drafted > 0 {
 			d, a := results[i].Drafted, len(results[i].Accepted)
 			ran[i] += d
+			refused += d - a
 			r.m.drafted.Add(float64(d))
 			r.m.accepted.Add(float64(a))
 			gq.stats.drafts(d, a)
@@ -1121,8 +1134,11 @@ func (s *Scheduler) applyStepLocked(r *genReplica, items []StepItem, seqs []*seq
 		}
 		stepTokens += ran[i]
 	}
+	// The rate that estimates how long queued work takes counts the
+	// tokens that step gave, not the guesses it refused; clients are
+	// charged (served) for every row they had computed.
 	if secs := took.Seconds(); secs > 0 {
-		rate := float64(stepTokens) / secs
+		rate := float64(stepTokens-refused) / secs
 		if r.tokensPerS == 0 {
 			r.tokensPerS = rate
 		} else {

@@ -73,6 +73,11 @@ func (f *specGen) Step(ctx context.Context, items []StepItem) ([]StepResult, err
 		}
 		f.cache[it.Seq] = c
 		out[i] = res
+		// The room of refused guesses goes back (GenExecutor.Step).
+		if keep := len(c)/f.blockSize + 1; it.Draft > 0 && f.held[it.Seq] > keep {
+			f.used -= f.held[it.Seq] - keep
+			f.held[it.Seq] = keep
+		}
 	}
 	return out, nil
 }
@@ -248,4 +253,46 @@ func TestSpecDecodeEndAfterGuesses(t *testing.T) {
 		t.Fatalf("tokens %v finish %q info %+v err %v; want %v and dead-end", got, r.finish, r.info, r.err, want)
 	}
 	f.check(t)
+}
+
+// TestSpecDecodeNoPreemptions: guesses, all refused, cost no preemption
+// that decoding without them does not: their room goes back after each
+// step, so a sequence that keeps guessing does not hold the block a
+// prompt's next chunk needs (it did, and the prompt was preempted and
+// computed again at every chunk).
+func TestSpecDecodeNoPreemptions(t *testing.T) {
+	run := func(spec, blocks int) int {
+		s := newTestScheduler(t, Options{})
+		f := &specGen{fakeGen: newFakeGen(4, blocks)}
+		gate := make(chan struct{})
+		f.hold = gate
+		opts := GenOptions{MaxRunning: 2, MaxStepTokens: 16, MaxChunk: 8, SpecTokens: spec}
+		if err := s.AddGenReplica("llm", Device{ID: "cpu:0", Type: "cpu"}, opts, f); err != nil {
+			t.Fatal(err)
+		}
+		var streams []*GenStream
+		for i, c := range []genCase{{prompt: prompt(1, 3), maxNew: 30}, {prompt: prompt(2, 40), maxNew: 2}} {
+			st, err := s.Generate(context.Background(), GenRequest{Model: "llm", Client: fmt.Sprint(i), Prompt: c.prompt, MaxNewTokens: c.maxNew, State: &genState{}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			streams = append(streams, st)
+		}
+		close(gate)
+		preempted := 0
+		for _, st := range streams {
+			r := collect(st)
+			if r.err != nil || r.info == nil {
+				t.Fatalf("spec %d, %d blocks: %v", spec, blocks, r.err)
+			}
+			preempted += r.info.Preemptions
+		}
+		f.check(t)
+		return preempted
+	}
+	for blocks := 12; blocks <= 14; blocks++ {
+		if without, with := run(0, blocks), run(4, blocks); with > without {
+			t.Errorf("%d blocks: %d preemptions with guesses, %d without", blocks, with, without)
+		}
+	}
 }

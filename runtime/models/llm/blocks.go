@@ -155,6 +155,24 @@ func (p *blockPool) release(seq uint64) {
 	}
 }
 
+// trim gives back the blocks seq holds past its written positions and the
+// next one: the room a step's refused guesses took. They are past what
+// the sequence wrote, so no other sequence maps them and none is cached.
+func (p *blockPool) trim(seq uint64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	s := p.seqs[seq]
+	if s == nil {
+		return
+	}
+	keep := s.filled/p.size + 1
+	for len(s.blocks) > keep {
+		n := len(s.blocks) - 1
+		p.drop(s.blocks[n])
+		s.blocks = s.blocks[:n]
+	}
+}
+
 // used returns the blocks held by sequences and the pool's size; idle
 // cached blocks count as free.
 func (p *blockPool) used() (used, total int) {

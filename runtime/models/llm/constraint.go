@@ -175,7 +175,10 @@ func (c *constraintState) apply(x []float64) error {
 // it allows one only (a JSON schema's keys and punctuation: jump-forward
 // decoding's tokens, taken whatever the logits), else lookup's next token
 // if the grammar allows it; it stops at the first position with neither.
-// The matcher is left as it was, its current mask computed.
+// The matcher is left as it was, its current mask computed; its memo of
+// steps keeps what the guesses computed, and since a grammar's work limit
+// counts only steps not memoised, a grammar near its limit may end
+// (FinishConstraint) a token earlier or later with guesses than without.
 func (c *constraintState) guess(k int, lookup []int32) []int32 {
 	c.prepare()
 	if c.err != nil || c.n == 0 || k <= 0 {

@@ -281,11 +281,12 @@ func BenchmarkConstrainedSpec(b *testing.B) {
 				b.Fatal(err)
 			}
 			seq.con = &constraintState{m: m, mask: make([]uint64, v.MaskWords())}
-			if !e.Reserve(1, s.Context) {
-				b.Fatal("reserve")
-			}
-			it := SeqStep{Seq: 1, State: seq, Tokens: p, Sample: true}
+			it := SeqStep{Seq: 1, State: seq, Tokens: p, Sample: true, History: slices.Clone(p)}
 			for n := 0; n < 200; {
+				// A step gives back its refused guesses' room.
+				if !e.Reserve(1, min(it.Pos+len(it.Tokens)+it.Draft, s.Context)) {
+					b.Fatal("reserve")
+				}
 				res, err := e.Step(ctx, []SeqStep{it})
 				if err != nil {
 					b.Fatal(err)
@@ -300,6 +301,7 @@ func BenchmarkConstrainedSpec(b *testing.B) {
 				}
 				it.Pos += len(it.Tokens) + len(r.Accepted)
 				it.Tokens, it.Draft = []int32{r.Token}, draft
+				it.History = append(append(it.History, r.Accepted...), r.Token)
 			}
 			e.Release(1)
 		}

@@ -184,6 +184,7 @@ func generateSpec(t *testing.T, m *Model, e *Engine, params []Sampling, prompt [
 			} else {
 				it.Tokens, it.Pos = l.out[len(l.out)-1:], len(prompt)+len(l.out)-1
 				it.Draft = min(draft, maxNew-len(l.out)-1)
+				it.History = append(slices.Clone(prompt), l.out...)
 			}
 			if !e.Reserve(it.Seq, min(it.Pos+len(it.Tokens)+it.Draft, m.ContextLength())) {
 				t.Fatalf("step %d: no cache for sequence %d", step, i)
@@ -204,6 +205,12 @@ func generateSpec(t *testing.T, m *Model, e *Engine, params []Sampling, prompt [
 			count.accepted += len(r.Accepted)
 			if len(r.Accepted) > r.Drafted || r.Drafted > items[k].Draft {
 				t.Fatalf("step %d: sequence %d took %d of %d guesses, %d allowed", step, i, len(r.Accepted), r.Drafted, items[k].Draft)
+			}
+			// Refused guesses give their room back: the sequence holds
+			// its written positions and the next.
+			filled := items[k].Pos + len(items[k].Tokens) + len(r.Accepted)
+			if room := e.blocks.room(items[k].Seq); r.Drafted > 0 && room > (filled/e.blocks.size+1)*e.blocks.size {
+				t.Fatalf("step %d: sequence %d holds %d positions after writing %d", step, i, room, filled)
 			}
 			l.out = append(l.out, r.Accepted...)
 			if r.Out != nil {

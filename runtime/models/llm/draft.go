@@ -9,10 +9,10 @@ package llm
 // and comparing it with the draft draws exactly what decoding without the
 // draft would (a draft is a point mass: keeping it when the draw equals it
 // is speculative sampling's acceptance rule), from the same RNG draws, so
-// greedy and seeded sequences give the same tokens either way, up to the
-// device's row invariance (see doc.go: bit-identical on the CPU's f32
-// products; quantized and bf16 products of more rows may round a near tie
-// the other way, as a batch of streams may).
+// greedy and seeded sequences give the same tokens either way, up to
+// rounding: a sequence's several rows go through attention's row kernel,
+// its one decode row through the group kernel, which sum in another order
+// (doc.go: logprobs agree to 1e-5), so a near tie may go the other way.
 
 // The n-gram lengths a draft is looked up by: the longest suffix of 3 to 5
 // tokens that occurred before (vLLM's prompt_lookup_min and _max in its

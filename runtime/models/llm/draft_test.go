@@ -196,7 +196,7 @@ func TestSpeculativeBounds(t *testing.T) {
 				if _, err := e.Step(ctx, []SeqStep{{Seq: seq, State: s, Tokens: p[:len(p)-1]}}); err != nil {
 					t.Fatal(err)
 				}
-				items = append(items, SeqStep{Seq: seq, State: s, Tokens: p[len(p)-1:], Pos: len(p) - 1, Sample: true, Draft: d})
+				items = append(items, SeqStep{Seq: seq, State: s, Tokens: p[len(p)-1:], Pos: len(p) - 1, Sample: true, Draft: d, History: p})
 			}
 			res, err := e.Step(ctx, items)
 			if err != nil {
@@ -219,7 +219,7 @@ func TestSpeculativeBounds(t *testing.T) {
 		if !e.Reserve(1, 14) { // one block of 16: room for 2 guesses
 			t.Fatal("no room")
 		}
-		res, err := e.Step(ctx, []SeqStep{{Seq: 1, State: s, Tokens: p, Sample: true, Draft: 4}})
+		res, err := e.Step(ctx, []SeqStep{{Seq: 1, State: s, Tokens: p, Sample: true, Draft: 4, History: p}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -233,11 +233,12 @@ func TestSpeculativeBounds(t *testing.T) {
 // as many after all were taken, as many as were taken (at least one)
 // after a refusal.
 func TestGuessesAdapt(t *testing.T) {
-	s := &Sequence{hist: make([]int32, 64)} // one token repeated: the lookup always guesses
+	s := &Sequence{}
+	hist := make([]int32, 64) // one token repeated: the lookup always guesses
 	for i, tc := range []struct{ allowed, want, taken int }{
 		{6, 6, 6}, {16, 12, 2}, {16, 2, 0}, {16, 1, 1}, {16, 2, 2}, {3, 3, 1}, {16, 1, 0}, {16, 1, 1},
 	} {
-		d := s.draft(tc.allowed)
+		d := s.draft(tc.allowed, hist)
 		if len(d) != tc.want {
 			t.Fatalf("step %d: %d guessed, want %d", i, len(d), tc.want)
 		}

@@ -74,6 +74,9 @@ type SeqStep struct {
 	// sequence samples anyway (SeqResult.Accepted). The caller reserved
 	// cache room for them; the engine may guess fewer or none.
 	Draft int
+	// History is the sequence's tokens up to the end of Tokens (with
+	// Draft; the caller's, read only): where guesses are looked up.
+	History []int32
 }
 
 // SeqResult is a SeqStep's outcome, with the fields of the scheduler's
@@ -516,10 +519,7 @@ func (e *Engine) plan(items []SeqStep, drafts []int) (*stepPlan, error) {
 		// Leading blocks another sequence already holds with the same
 		// history are mapped, not computed.
 		// A draft is never skipped: its rows sample.
-		nd := 0
-		if drafts != nil {
-			nd = drafts[i]
-		}
+		nd := draftAt(drafts, i)
 		blocks, filled, skip, ok := e.blocks.begin(it.Seq, it.Pos, it.Tokens[:len(it.Tokens)-nd], it.Sample)
 		if !ok {
 			return nil, fmt.Errorf("%w: sequence %d holds no cache blocks", ErrInvalidStep, it.Seq)
@@ -664,6 +664,13 @@ func (e *Engine) Step(ctx context.Context, items []SeqStep) ([]SeqResult, error)
 		}
 	}
 	e.commit(commits)
+	// Their room goes back too: held until the sequence ends, it could
+	// make the next prompt chunk preempt a sequence.
+	for _, c := range commits {
+		if c.draft > 0 {
+			e.blocks.trim(c.seq)
+		}
+	}
 	return out, err
 }
 
@@ -700,7 +707,7 @@ func (e *Engine) withDrafts(items []SeqStep) ([]SeqStep, []int) {
 		rows -= k
 	}
 	guesses := make([][]int32, len(items))
-	guess := func(i int) { guesses[i] = items[i].State.(*Sequence).draft(ks[i]) }
+	guess := func(i int) { guesses[i] = items[i].State.(*Sequence).draft(ks[i], items[i].History) }
 	if len(want) == 1 {
 		guess(want[0])
 	} else {
@@ -728,6 +735,14 @@ func (e *Engine) withDrafts(items []SeqStep) ([]SeqStep, []int) {
 		return items, nil
 	}
 	return out, drafts
+}
+
+// draftAt is item i's guesses in withDrafts' counts (nil: none).
+func draftAt(drafts []int, i int) int {
+	if drafts == nil {
+		return 0
+	}
+	return drafts[i]
 }
 
 // prepareMasks computes the grammar masks of the step's constrained
@@ -764,10 +779,7 @@ func (e *Engine) sample(items []SeqStep, drafts []int, logits []float32) ([]SeqR
 	for i, it := range items {
 		if it.Sample {
 			jobs = append(jobs, job{i, row})
-			row++
-			if drafts != nil {
-				row += drafts[i]
-			}
+			row += 1 + draftAt(drafts, i)
 		}
 	}
 	out := make([]SeqResult, len(items))
@@ -780,11 +792,7 @@ func (e *Engine) sample(items []SeqStep, drafts []int, logits []float32) ([]SeqR
 		go func() {
 			defer wg.Done()
 			for j := range next {
-				it := items[j.item]
-				nd := 0
-				if drafts != nil {
-					nd = drafts[j.item]
-				}
+				it, nd := items[j.item], draftAt(drafts, j.item)
 				out[j.item], errs[j.item] = e.verify(it, nd, logits[j.row*v:(j.row+1+nd)*v])
 			}
 		}()
@@ -827,23 +835,21 @@ func (e *Engine) verify(it SeqStep, nd int, logits []float32) (SeqResult, error)
 			}
 			return res, nil
 		}
-		d := res.Out.(Delta)
-		if nd == 0 {
-			res.Full = !res.Stop && first+1 >= e.spec.Context
-			return res, nil
+		if nd > 0 {
+			d := res.Out.(Delta)
+			all.Text += d.Text
+			all.TokenIDs = append(all.TokenIDs, d.TokenIDs...)
+			all.Logprobs = append(all.Logprobs, d.Logprobs...)
+			// A guess's position is below the context's last (withDrafts),
+			// so only the last token sampled can fill the context.
+			if r < nd && !res.Stop && res.Token == guess[r] {
+				acc = append(acc, res.Token)
+				continue
+			}
+			res.Out, res.Drafted, res.Accepted = all, nd, acc
+			s.guessed(nd, len(acc))
 		}
-		all.Text += d.Text
-		all.TokenIDs = append(all.TokenIDs, d.TokenIDs...)
-		all.Logprobs = append(all.Logprobs, d.Logprobs...)
-		// A guess's position is below the context's last (withDrafts),
-		// so only the last token sampled can fill the context.
-		if r < nd && !res.Stop && res.Token == guess[r] {
-			acc = append(acc, res.Token)
-			continue
-		}
-		res.Out, res.Drafted, res.Accepted = all, nd, acc
 		res.Full = !res.Stop && first+r+1 >= e.spec.Context
-		s.guessed(nd, len(acc))
 		return res, nil
 	}
 }
@@ -881,9 +887,6 @@ func (e *Engine) stepLogitsLocked(ctx context.Context, items []SeqStep, drafts [
 		}
 	}
 	e.cached.Add(int64(p.cached))
-	for _, c := range p.commits {
-		e.computed.Add(int64(len(c.tokens)))
-	}
 	return logits, p.commits, nil
 }
 
@@ -891,6 +894,7 @@ func (e *Engine) stepLogitsLocked(ctx context.Context, items []SeqStep, drafts [
 // shareable (prefix caching).
 func (e *Engine) commit(commits []commit) {
 	for _, c := range commits {
+		e.computed.Add(int64(len(c.tokens)))
 		e.blocks.commit(c.seq, c.pos, c.tokens)
 	}
 }

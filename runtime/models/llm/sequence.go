@@ -149,7 +149,6 @@ type Sequence struct {
 	pending strings.Builder // decoded text not yet emitted: a stop string's possible start
 	stopped bool
 	con     *constraintState // nil: unconstrained
-	hist    []int32          // the prompt and the tokens sampled: where drafts are looked up
 	guesses int              // how many to guess next (0: as many as allowed); see guessed
 
 	// scratch lends the buffers of one sampling step ([V] float64 and
@@ -215,7 +214,7 @@ func newSequence(params Sampling, prompt []int32, vocab int, eos []int32, detok 
 	s := &Sequence{
 		params: params, vocab: vocab, eos: slices.Clone(eos), detok: detok,
 		rng:    rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
-		prompt: map[int32]bool{}, counts: map[int32]int{}, hist: slices.Clone(prompt),
+		prompt: map[int32]bool{}, counts: map[int32]int{},
 	}
 	if params.RepetitionPenalty != 0 && params.RepetitionPenalty != 1 {
 		for _, t := range prompt {
@@ -288,7 +287,6 @@ func (s *Sequence) next(logits []float32) (SeqResult, error) {
 		terminated = s.con.m.IsTerminated()
 	}
 	s.counts[tok]++
-	s.hist = append(s.hist, tok)
 	d.TokenIDs = []int32{tok}
 	res := SeqResult{Token: tok}
 	if terminated || slices.Contains(s.params.StopTokenIDs, tok) || (!s.params.IgnoreEOS && slices.Contains(s.eos, tok)) {
@@ -354,19 +352,21 @@ func (s *Sequence) release() (text string, stop bool) {
 	return p[:len(p)-hold], false
 }
 
-// draft guesses up to k tokens that follow the sequence's tokens so far
-// (speculative decoding by prompt lookup, draft.go): fewer after guesses
-// it refused (guessed).
-func (s *Sequence) draft(k int) []int32 {
+// draft guesses up to k tokens that follow hist, the sequence's tokens so
+// far (speculative decoding by prompt lookup, draft.go): the lookup's
+// fewer after guesses it refused (guessed).
+func (s *Sequence) draft(k int, hist []int32) []int32 {
+	lookup := k
 	if s.guesses > 0 {
-		k = min(k, s.guesses)
+		lookup = min(k, s.guesses)
 	}
 	if s.con != nil {
-		// The grammar's own guesses first (a token it allows alone),
-		// the lookup's where it allows them.
-		return s.con.guess(k, proposeNgram(s.hist, k))
+		// The grammar's own guesses first (a token it allows alone,
+		// which the sequence always takes: up to k), the lookup's where
+		// it allows them.
+		return s.con.guess(k, proposeNgram(hist, lookup))
 	}
-	return proposeNgram(s.hist, k)
+	return proposeNgram(hist, lookup)
 }
 
 // guessed adapts how many tokens the next lookup guesses to how the last
