@@ -272,6 +272,18 @@ func TestSpeculativeGrammarGuesses(t *testing.T) {
 			t.Fatalf("%d guessed, %d taken: want the forced tokens guessed and taken", count.drafted, count.accepted)
 		}
 	})
+	t.Run("forced past a refusal", func(t *testing.T) {
+		// After a refusal the lookup guesses one token; tokens the grammar
+		// allows alone are always taken, so they are guessed as before.
+		s, err := m.NewSequenceContext(context.Background(), Sampling{Constraint: &Constraint{Kind: grammar.KindRegex, Source: "xyzwvxyzwv"}}, prompt(12, 4, 96))
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.guessed(4, 0)
+		if got := s.draft(6, nil); len(got) != 6 {
+			t.Fatalf("%d forced tokens guessed after a refusal, want 6", len(got))
+		}
+	})
 	t.Run("lookup filtered", func(t *testing.T) {
 		c, err := m.compileConstraint(context.Background(), &Constraint{Kind: grammar.KindRegex, Source: "[a-c]{6}"})
 		if err != nil {
