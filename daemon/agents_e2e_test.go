@@ -1,8 +1,10 @@
 package daemon
 
 import (
+	"encoding/json"
 	"errors"
 	"io"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -272,4 +274,111 @@ func mustStruct(t *testing.T, m map[string]any) *structpb.Struct {
 		t.Fatal(err)
 	}
 	return s
+}
+
+// TestThinkingThenStructuredOutput: a thinking model asked for thinking
+// and JSON thinks first and answers under the schema after its block (as
+// vLLM's and Ollama's structured output with reasoning): the reasoning
+// comes apart, the text is the JSON; so does one whose template opens the
+// block (QwQ, DeepSeek-R1's distills). With thinking off the answer is the
+// JSON at once. (The constraint applied from the first token kept the
+// model from thinking, and a template that opens the block put the JSON
+// in the reasoning.)
+func TestThinkingThenStructuredOutput(t *testing.T) {
+	cfg := llmHTTPConfig(t, "qwen-json", "k-json")
+	cfg.LoadModels = "qwen-json,qwen-opens"
+	tok := qwenTokenizer(t)
+	one := func(s string) int32 {
+		ids := tok.Encode(s, false)
+		if len(ids) != 1 {
+			t.Fatalf("%q is %d tokens", s, len(ids))
+		}
+		return ids[0]
+	}
+	const answer = `{"ok": true}`
+	// write writes a model that writes script after the prompt's "\n":
+	// opening the block itself, or with a template that opens it.
+	write := func(name string, opens bool) {
+		v, eos := qwenDir(t, cfg.ModelRepo, name)
+		script := []int32{one("\n")}
+		if !opens {
+			script = append(script, one("<think>"))
+		}
+		script = append(script, tok.Encode(scriptReasoning, false)...)
+		script = append(script, one("</think>"), one("\n\n"))
+		script = append(script, tok.Encode(answer, false)...)
+		script = append(script, int32(eos))
+		writeScript(t, tok, cfg.ModelRepo, name, v, eos, script, nil)
+		if opens {
+			path := filepath.Join(cfg.ModelRepo, name, "1", "tokenizer_config.json")
+			b, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var tc map[string]any
+			if err := json.Unmarshal(b, &tc); err != nil {
+				t.Fatal(err)
+			}
+			tmpl := tc["chat_template"].(string)
+			const gen = `'<|im_start|>assistant\n'`
+			if strings.Count(tmpl, gen) != 1 {
+				t.Fatalf("Qwen3's template has %d generation prompts", strings.Count(tmpl, gen))
+			}
+			tc["chat_template"] = strings.Replace(tmpl, gen, `'<|im_start|>assistant\n<think>\n'`, 1)
+			if b, err = json.Marshal(tc); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(path, b, 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	write("qwen-json", false)
+	write("qwen-opens", true)
+	d := startDaemon(t, cfg)
+	c := brokerv1.NewBrokerServiceClient(d.conn)
+	ctx := testCtx(t)
+	schema := `{"type":"object","properties":{"ok":{"type":"boolean"}},"required":["ok"]}`
+	for _, tc := range []struct {
+		name, model string
+		think       *bool
+		reasoning   string
+	}{
+		{"thinking", "qwen-json", proto.Bool(true), scriptReasoning},
+		{"thinking off", "qwen-json", proto.Bool(false), ""},
+		{"the template opens the block", "qwen-opens", nil, scriptReasoning},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			st, err := c.Chat(ctx, &brokerv1.ChatRequest{
+				Model: tc.model, EnableThinking: tc.think,
+				Conversations: []*brokerv1.Conversation{{Messages: []*brokerv1.ChatMessage{{Role: "user", Content: "Ok?"}}}},
+				Sampling: &brokerv1.SamplingParams{Temperature: new(float32), MaxTokens: 40,
+					Constraint: &brokerv1.Constraint{Kind: brokerv1.Constraint_KIND_JSON_SCHEMA, Source: schema}},
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var text, reasoning string
+			var finish brokerv1.FinishReason
+			for {
+				m, err := st.Recv()
+				if errors.Is(err, io.EOF) {
+					break
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, dl := range m.GetDeltas() {
+					text += dl.GetText()
+					reasoning += dl.GetReasoning()
+				}
+				for _, r := range m.GetResults() {
+					finish = r.GetFinishReason()
+				}
+			}
+			if text != answer || reasoning != tc.reasoning || finish != brokerv1.FinishReason_FINISH_REASON_STOP {
+				t.Errorf("text %q reasoning %q (%v); want %q and %q", text, reasoning, finish, answer, tc.reasoning)
+			}
+		})
+	}
 }

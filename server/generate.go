@@ -168,6 +168,9 @@ type genCall struct {
 	calls []int
 	// named: tool_choice named a function (its call finishes stop).
 	named bool
+	// thinkFirst, for a constrained chat of a thinking model, lets each
+	// sequence think before its constraint applies (nil: from the start).
+	thinkFirst []*llm.ThinkFirst
 }
 
 // generateSink takes one response's deltas and results: the ones ready
@@ -258,6 +261,23 @@ func (s *BrokerService) RunChat(ctx context.Context, req *brokerv1.ChatRequest, 
 		call.params.Constraint = forced
 		call.named = req.GetToolChoice() == brokerv1.ToolChoiceMode_TOOL_CHOICE_MODE_FUNCTION
 	}
+	// A constrained answer of a thinking model comes after its thinking,
+	// as vLLM's structured output waits for the reasoning parser's end
+	// and Ollama's format for the thinking: where the template opens the
+	// block, or the chat asks for thinking (the first token may open
+	// it). Unasked, the constraint applies from the first token.
+	var thinkIDs [2]int32
+	thinkOn, _ := vars["enable_thinking"].(bool)
+	if thinks && call.params.Constraint != nil {
+		for k, tag := range []string{tags.Open, tags.Close} {
+			ids, err := call.gm.EncodePrompt(tag, false)
+			if err != nil || len(ids) != 1 {
+				return toStatus(s.log, "Chat", fmt.Errorf("model %s: thinking tag %q is not one token (%v): %w", req.GetModel(), tag, ids, err))
+			}
+			thinkIDs[k] = ids[0]
+		}
+		call.thinkFirst = make([]*llm.ThinkFirst, len(convs))
+	}
 	toks := make([][]int32, len(convs))
 	for i, c := range convs {
 		msgs := c.GetMessages()
@@ -308,12 +328,14 @@ func (s *BrokerService) RunChat(ctx context.Context, req *brokerv1.ChatRequest, 
 			}
 			return invalid("conversations[%d]: %v", i, err)
 		}
-		if thinks && forced == nil {
+		if thinks {
 			// A template may open the block itself (thinking-only
-			// models): the reply then starts inside it. (Calls forced
-			// by a constraint are JSON from the first token: no
-			// thinking to split.)
-			call.thinking[i] = output.NewThinking(tags, output.PromptOpensBlock(tags, text))
+			// models): the reply then starts inside it.
+			opened := output.PromptOpensBlock(tags, text)
+			call.thinking[i] = output.NewThinking(tags, opened)
+			if call.thinkFirst != nil && (opened || thinkOn) {
+				call.thinkFirst[i] = &llm.ThinkFirst{Open: thinkIDs[0], Close: thinkIDs[1], InBlock: opened}
+			}
 		}
 		switch {
 		case call.named:
@@ -626,7 +648,11 @@ func (c *genCall) run(ctx context.Context, prompts [][]int32, send generateSink)
 	}
 	for i, toks := range prompts {
 		maxNew := maxNews[i]
-		seq, err := c.gm.NewSequence(ctx, c.params, toks)
+		p := c.params
+		if c.thinkFirst != nil {
+			p.ThinkFirst = c.thinkFirst[i]
+		}
+		seq, err := c.gm.NewSequence(ctx, p, toks)
 		if err != nil {
 			return toStatus(c.svc.log, c.method, err)
 		}

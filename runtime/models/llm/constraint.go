@@ -5,6 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/bits"
+	"slices"
+	"strings"
 	"sync"
 
 	"github.com/brokerd/brokerd/runtime/models"
@@ -44,6 +47,10 @@ type grammarState struct {
 	vocab *grammar.Vocab
 	cache *grammar.Cache
 	err   error
+	// space is the mask of tokens that are whitespace only: what a
+	// thinking model writes after its block ("</think>\n\n"), let
+	// through before its grammar starts.
+	space []uint64
 }
 
 func (m *Model) grammar() (*grammar.Vocab, *grammar.Cache, error) {
@@ -72,6 +79,12 @@ func (m *Model) grammar() (*grammar.Vocab, *grammar.Cache, error) {
 			size = DefaultGrammarCacheBytes
 		}
 		g.vocab, g.cache = v, grammar.NewCache(size, m.opts.GrammarLimits)
+		g.space = make([]uint64, v.MaskWords())
+		for id := range int32(v.Size()) {
+			if b := v.Token(id); len(b) > 0 && strings.Trim(string(b), " \t\r\n") == "" {
+				g.space[id>>6] |= 1 << (id & 63)
+			}
+		}
 	})
 	return g.vocab, g.cache, g.err
 }
@@ -111,7 +124,7 @@ func (m *Model) compileConstraint(ctx context.Context, c *Constraint) (*constrai
 		// ambiguous): the client's grammar, not a fault of brokerd's.
 		return nil, fmt.Errorf("%w: llm %q: %s constraint: %w", ErrInvalidSampling, m.opts.Name, c.Kind, err)
 	}
-	return &constraintState{m: mt, mask: make([]uint64, v.MaskWords())}, nil
+	return &constraintState{m: mt, mask: make([]uint64, v.MaskWords()), space: m.gram.space}, nil
 }
 
 // constraintState is the grammar link of a sequence's sampler chain: its
@@ -128,15 +141,53 @@ type constraintState struct {
 	n     int      // tokens mask allows
 	err   error    // the mask's error (grammar.ErrStackLimit...)
 	ready bool     // mask, n and err are for the matcher's current state
+	// A thinking block before the grammar (Sampling.ThinkFirst).
+	think  ThinkFirst
+	phase  thinkPhase
+	space  []uint64 // whitespace-only tokens (grammarState.space)
+	spaces int      // whitespace tokens let through after the block
 }
+
+// thinkPhase is where a constrained sequence is with its thinking block.
+type thinkPhase uint8
+
+const (
+	grammarPhase thinkPhase = iota // the grammar applies
+	mayThink                       // the first token: the grammar's, or think.Open
+	inThink                        // free tokens until think.Close
+	afterThink                     // the grammar's tokens, or whitespace (at most maxSpaces tokens)
+)
+
+// maxSpaces bounds the whitespace tokens after a thinking block (Qwen3
+// writes one, "\n\n") before the grammar alone applies.
+const maxSpaces = 2
 
 // prepare computes the mask of the current state unless it is computed.
 func (c *constraintState) prepare() {
-	if !c.ready {
-		c.n, c.err = c.m.Mask(c.mask)
-		c.ready = true
+	if c.ready || c.phase == inThink {
+		return
+	}
+	c.n, c.err = c.m.Mask(c.mask)
+	c.ready = true
+	if c.err != nil {
+		return
+	}
+	switch c.phase {
+	case mayThink:
+		if !grammar.MaskAllows(c.mask, c.think.Open) && int(c.think.Open>>6) < len(c.mask) {
+			c.mask[c.think.Open>>6] |= 1 << (c.think.Open & 63)
+			c.n++
+		}
+	case afterThink:
+		for w, b := range c.space {
+			c.n += bits.OnesCount64(b &^ c.mask[w])
+			c.mask[w] |= b
+		}
 	}
 }
+
+// terminated says whether the grammar is complete (the sequence stops).
+func (c *constraintState) terminated() bool { return c.phase == grammarPhase && c.m.IsTerminated() }
 
 // errDeadEnd: the mask allows nothing (finish with FinishConstraint).
 var errDeadEnd = errors.New("no token continues the constraint")
@@ -144,6 +195,9 @@ var errDeadEnd = errors.New("no token continues the constraint")
 // apply masks x (the step's logits, float64) in place; an error ends the
 // sequence with FinishConstraint.
 func (c *constraintState) apply(x []float64) error {
+	if c.phase == inThink {
+		return nil
+	}
 	c.prepare()
 	switch {
 	case c.err != nil:
@@ -180,6 +234,16 @@ func (c *constraintState) apply(x []float64) error {
 // counts only steps not memoised, a grammar near its limit may end
 // (FinishConstraint) a token earlier or later with guesses than without.
 func (c *constraintState) guess(k int, lookup []int32) []int32 {
+	switch c.phase {
+	case inThink:
+		// Free tokens: the lookup's, up to the block's end.
+		if i := slices.Index(lookup, c.think.Close); i >= 0 {
+			return lookup[:i+1]
+		}
+		return lookup
+	case mayThink, afterThink:
+		return nil
+	}
 	c.prepare()
 	if c.err != nil || c.n == 0 || k <= 0 {
 		return nil
@@ -227,11 +291,36 @@ func (c *constraintState) rollback(out []int32) []int32 {
 }
 
 // allows reports whether the current mask allows tok.
-func (c *constraintState) allows(tok int32) bool { return grammar.MaskAllows(c.mask, tok) }
+func (c *constraintState) allows(tok int32) bool {
+	return c.phase == inThink || grammar.MaskAllows(c.mask, tok)
+}
 
 // accept advances the matcher over the picked token; the next step needs
-// a new mask.
+// a new mask. The thinking block's tokens pass the grammar by.
 func (c *constraintState) accept(tok int32) error {
-	c.ready = false
+	switch {
+	case c.phase == inThink:
+		if tok == c.think.Close {
+			c.phase, c.ready = afterThink, false
+		}
+		return nil
+	case c.phase == mayThink && tok == c.think.Open:
+		c.phase, c.ready = inThink, false
+		return nil
+	case c.phase == afterThink:
+		// The grammar's token starts it; else whitespace passes it by
+		// (a failed Accept leaves the matcher as it was).
+		c.ready = false
+		err := c.m.Accept(tok)
+		if err == nil || !grammar.MaskAllows(c.space, tok) {
+			c.phase = grammarPhase
+			return err
+		}
+		if c.spaces++; c.spaces >= maxSpaces {
+			c.phase = grammarPhase
+		}
+		return nil
+	}
+	c.phase, c.ready = grammarPhase, false
 	return c.m.Accept(tok)
 }

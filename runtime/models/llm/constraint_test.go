@@ -549,3 +549,61 @@ func TestBatchInvarianceConstrainedNeighbours(t *testing.T) {
 		}
 	}
 }
+
+// TestThinkFirst: with Sampling.ThinkFirst a constrained sequence's
+// thinking block is free and its grammar starts after the block's close
+// and up to two whitespace tokens; the first token may open a block, no
+// later one may; without it the grammar applies from the first token.
+func TestThinkFirst(t *testing.T) {
+	m, _ := vocabModel(t, ModelOptions{}, 1, EngineOptions{})
+	id := func(s string) int32 {
+		ids, err := m.Encode(s, false)
+		if err != nil || len(ids) != 1 {
+			t.Fatalf("%q: ids %v, %v", s, ids, err)
+		}
+		return ids[0]
+	}
+	open, closing := id("<"), id(">")
+	con := &Constraint{Kind: grammar.KindRegex, Source: "ab"}
+	for _, tc := range []struct {
+		name   string
+		think  *ThinkFirst
+		logits []string // the token each step's logits favour
+		want   string   // the tokens picked
+	}{
+		{"in block", &ThinkFirst{Open: open, Close: closing, InBlock: true}, []string{"x", "<", "y", ">", "\n", "a", "b"}, "x<y>\nab"},
+		{"opened", &ThinkFirst{Open: open, Close: closing}, []string{"<", "z", "z", ">", "a", "b"}, "<zz>ab"},
+		// Whitespace after the block: two tokens, then the grammar alone.
+		{"spaces", &ThinkFirst{Open: open, Close: closing, InBlock: true}, []string{">", "\n", "\t", "\n", "b"}, ">\n\tab"},
+		{"not opened", &ThinkFirst{Open: open, Close: closing}, []string{"z", "<", "b"}, "abE"},
+		{"none", nil, []string{"<", "b", "b"}, "abE"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, err := m.NewSequenceContext(context.Background(), Sampling{Constraint: con, ThinkFirst: tc.think, Logprobs: true}, prompt(5, 1, 96))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got strings.Builder
+			for i, fav := range tc.logits {
+				res, err := s.next(oneHot(96, id(fav)))
+				if err != nil || res.End != "" {
+					t.Fatalf("step %d: %+v, %v", i, res, err)
+				}
+				if slices.Contains(m.eos, res.Token) {
+					got.WriteString("E")
+				} else {
+					got.WriteString(m.opts.Tokenizer.(listTokenizer).toks[res.Token])
+				}
+				if res.Stop {
+					break
+				}
+			}
+			if got.String() != tc.want {
+				t.Fatalf("picked %q, want %q", got.String(), tc.want)
+			}
+		})
+	}
+	if err := (Sampling{ThinkFirst: &ThinkFirst{Open: open, Close: closing}}).Validate(); err == nil {
+		t.Fatal("ThinkFirst without a constraint passed")
+	}
+}

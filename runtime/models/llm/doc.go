@@ -37,7 +37,9 @@
 // sequence's grammar mask (computed by Step in a goroutine per constrained
 // sequence while the forward runs; rejected logits become -Inf), the
 // penalties, then temperature, min-p, top-k, top-p and the draw; the
-// picked token is accepted by the grammar. Unconstrained sequences run
+// picked token is accepted by the grammar. With Sampling.ThinkFirst the
+// grammar waits for a thinking block's end (and up to two whitespace
+// tokens): the block's tokens are free. Unconstrained sequences run
 // exactly as before and start no goroutine.
 //
 // One step is one graph over T rows (prefill chunks and decode tokens of S

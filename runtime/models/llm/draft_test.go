@@ -61,6 +61,9 @@ func TestSpeculativeSameOutput(t *testing.T) {
 		{IgnoreEOS: true, Seed: 3, Seeded: true, Temperature: 0.3},
 		seeded,
 		{Temperature: 1, Seed: 11, Seeded: true, Constraint: schema, Logprobs: true},
+		// Guesses inside a thinking block are the lookup's, up to its close.
+		{Temperature: 1, Seed: 13, Seeded: true, Constraint: schema, ThinkFirst: &ThinkFirst{
+			Open: int32(slices.Index(testVocab().toks, "<")), Close: int32(slices.Index(testVocab().toks, ">")), InBlock: true}},
 	}
 	var total specCount
 	for _, tc := range []struct {

@@ -351,6 +351,9 @@ func (m *Model) NewSequenceContext(ctx context.Context, params Sampling, prompt 
 			return nil, fmt.Errorf("%w: stop token id %d outside the vocabulary of %d", ErrInvalidSampling, id, m.spec.Vocab)
 		}
 	}
+	if t := params.ThinkFirst; t != nil && (int(t.Open) >= m.spec.Vocab || int(t.Close) >= m.spec.Vocab) {
+		return nil, fmt.Errorf("%w: thinking tokens %d and %d outside the vocabulary of %d", ErrInvalidSampling, t.Open, t.Close, m.spec.Vocab)
+	}
 	var detok Detokenizer
 	if m.opts.Tokenizer != nil {
 		detok = m.opts.Tokenizer.NewDetokenizer()
@@ -363,6 +366,12 @@ func (m *Model) NewSequenceContext(ctx context.Context, params Sampling, prompt 
 	if params.Constraint != nil {
 		if s.con, err = m.compileConstraint(ctx, params.Constraint); err != nil {
 			return nil, err
+		}
+		if t := params.ThinkFirst; t != nil {
+			s.con.think, s.con.phase = *t, mayThink
+			if t.InBlock {
+				s.con.phase = inThink
+			}
 		}
 	}
 	return s, nil

@@ -56,6 +56,11 @@ type Sampling struct {
 	// allowed only where the output is complete, and a sequence whose
 	// grammar accepted EOS stops even with IgnoreEOS.
 	Constraint *Constraint
+	// ThinkFirst, with Constraint, lets the sequence think before its
+	// grammar applies, as vLLM's structured output waits for a reasoning
+	// parser's end and Ollama's format for the thinking: nil, the grammar
+	// applies from the first token.
+	ThinkFirst *ThinkFirst
 	// LogitBias is added to the logits of its token ids before the
 	// penalties (OpenAI's logit_bias); logprobs stay the model's.
 	LogitBias map[int32]float32
@@ -91,6 +96,9 @@ func (s Sampling) Validate() error {
 	case len(s.LogitBias) > MaxLogitBias:
 		return bad("logit_bias has %d tokens, at most %d", len(s.LogitBias), MaxLogitBias)
 	}
+	if t := s.ThinkFirst; t != nil && (s.Constraint == nil || t.Open < 0 || t.Close < 0 || t.Open == t.Close) {
+		return bad("think_first needs a constraint and two thinking tokens, has %+v", *t)
+	}
 	for id, b := range s.LogitBias {
 		if !finite(b) || b < -MaxBias || b > MaxBias {
 			return bad("logit_bias of token %d is %g: want -%d to %d", id, b, MaxBias, MaxBias)
@@ -102,6 +110,16 @@ func (s Sampling) Validate() error {
 		}
 	}
 	return nil
+}
+
+// ThinkFirst is a thinking block's marker tokens (Qwen3's <think> and
+// </think>): tokens inside the block are free, and the constraint starts
+// after Close. InBlock: the prompt opened the block (a template that
+// makes the model think); else the first token may open one, and a
+// sequence whose first token does not answers under its grammar at once.
+type ThinkFirst struct {
+	Open, Close int32
+	InBlock     bool
 }
 
 // TokenLogprob is a token's log-probability.
@@ -284,7 +302,7 @@ func (s *Sequence) next(logits []float32) (SeqResult, error) {
 		if err := s.con.accept(tok); err != nil {
 			return s.constraintEnd(err)
 		}
-		terminated = s.con.m.IsTerminated()
+		terminated = s.con.terminated()
 	}
 	s.counts[tok]++
 	d.TokenIDs = []int32{tok}
