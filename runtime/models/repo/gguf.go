@@ -131,6 +131,10 @@ func (p *plan) inspectGGUFAt(path, real string) (lp *llmPlan, err error) {
 			return nil, err
 		}
 	}
+	if lp.generation, err = ggufGeneration(f); err != nil {
+		f.Close()
+		return nil, err
+	}
 	for i := range f.Tensors {
 		t := &f.Tensors[i]
 		if !slices.Contains(ggufTypes, t.Type) {
@@ -143,6 +147,34 @@ func (p *plan) inspectGGUFAt(path, real string) (lp *llmPlan, err error) {
 		}
 	}
 	return lp, nil
+}
+
+// ggufGeneration is a GGUF model's sampling defaults, as the
+// generation_config.json the engine takes them from: llama.cpp's own
+// (llama-server samples at temperature 0.8, top_k 40, top_p 0.95, min_p
+// 0.05, which its users get when they set none), under the file's
+// general.sampling.* keys (its authors' recommendation, which llama.cpp
+// reads too). A key out of its range is left out, as llama.cpp would
+// not apply it. (An Ollama model's params replace these: ollama.go.)
+func ggufGeneration(f *gguf.File) ([]byte, error) {
+	g := map[string]any{"do_sample": true, "temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05}
+	for _, k := range []struct {
+		key, name string
+		check     func(v float64) llm.Sampling
+	}{
+		{"general.sampling.temp", "temperature", func(v float64) llm.Sampling { return llm.Sampling{Temperature: float32(v)} }},
+		{"general.sampling.top_p", "top_p", func(v float64) llm.Sampling { return llm.Sampling{TopP: float32(v)} }},
+		{"general.sampling.min_p", "min_p", func(v float64) llm.Sampling { return llm.Sampling{MinP: float32(v)} }},
+		{"general.sampling.penalty_repeat", "repetition_penalty", func(v float64) llm.Sampling { return llm.Sampling{RepetitionPenalty: float32(v)} }},
+	} {
+		if v, ok := f.Float(k.key); ok && !math.IsNaN(v) && k.check(v).Validate() == nil {
+			g[k.name] = v
+		}
+	}
+	if v, ok := f.Uint("general.sampling.top_k"); ok && v <= math.MaxInt32 && (llm.Sampling{TopK: int(v)}).Validate() == nil {
+		g["top_k"] = v
+	}
+	return json.Marshal(g)
 }
 
 // errInvalidGGUF: a GGUF file is malformed, or holds what the engine does

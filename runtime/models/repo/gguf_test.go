@@ -246,6 +246,50 @@ func TestGGUFEndOfGeneration(t *testing.T) {
 	}
 }
 
+// TestGGUFSamplingDefaults: a GGUF model samples by default as llama.cpp
+// does (llama-server's temperature, top_k, top_p and min_p), under the
+// file's general.sampling.* keys where they are in range.
+func TestGGUFSamplingDefaults(t *testing.T) {
+	f32 := func(v float32) gguf.Value { return gguf.Value{Type: gguf.ValueFloat32, Data: v} }
+	llamaCpp := llm.Sampling{Temperature: 0.8, TopK: 40, TopP: 0.95, MinP: 0.05}
+	for _, tc := range []struct {
+		name  string
+		edits []func([]string, map[string]gguf.Value) []string
+		want  llm.Sampling
+	}{
+		{"none in the file", nil, llamaCpp},
+		{"the file's", []func([]string, map[string]gguf.Value) []string{
+			setKV("general.sampling.temp", f32(0.6)), setKV("general.sampling.top_k", gguf.Value{Type: gguf.ValueInt32, Data: int32(20)}),
+			setKV("general.sampling.top_p", f32(0.8)), setKV("general.sampling.min_p", f32(0)), setKV("general.sampling.penalty_repeat", f32(1.05)),
+		}, llm.Sampling{Temperature: 0.6, TopK: 20, TopP: 0.8, RepetitionPenalty: 1.05}},
+		{"out of range: left out", []func([]string, map[string]gguf.Value) []string{
+			setKV("general.sampling.temp", f32(float32(math.NaN()))), setKV("general.sampling.top_p", f32(3)),
+			setKV("general.sampling.top_k", gguf.Value{Type: gguf.ValueInt32, Data: int32(-1)}),
+		}, llamaCpp},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			_, gg := ggufPair(t, dir, "qwen2", "f16")
+			if tc.edits != nil {
+				rewriteGGUF(t, filepath.Join(gg, "model.gguf"), func(keys []string, kv map[string]gguf.Value) []string {
+					for _, e := range tc.edits {
+						keys = e(keys, kv)
+					}
+					return keys
+				}, nil)
+			}
+			l, err := openRepo(t, dir).Load(context.Background(), "qwen2-gg", 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := l.LLM.DefaultSampling(); got.Temperature != tc.want.Temperature || got.TopK != tc.want.TopK || got.TopP != tc.want.TopP ||
+				got.MinP != tc.want.MinP || got.RepetitionPenalty != tc.want.RepetitionPenalty {
+				t.Errorf("DefaultSampling() = %+v, want %+v", got, tc.want)
+			}
+		})
+	}
+}
+
 // TestEndOfGeneration: the ids named, then the texts llama.cpp ends at,
 // and no other special token.
 func TestEndOfGeneration(t *testing.T) {
