@@ -47,6 +47,32 @@ func TestOllamaNumPredict(t *testing.T) {
 	}
 }
 
+// TestOpenAICompletionsMaxTokens: /v1/completions without max_tokens writes
+// 16 tokens at most, as OpenAI's and vLLM's legacy completions do (a
+// limit: fewer where the prompt leaves less room); chat has no default.
+func TestOpenAICompletionsMaxTokens(t *testing.T) {
+	srv, f, _ := newTestServer(t)
+	for _, tc := range []struct {
+		body  string
+		max   int32
+		limit bool
+	}{
+		{`{"model":"tiny-llm","prompt":"x"}`, 16, true},
+		{`{"model":"tiny-llm","prompt":"x","max_tokens":40}`, 40, false},
+		{`{"model":"tiny-llm","prompt":"x","max_completion_tokens":3}`, 3, false},
+	} {
+		resp := post(t, srv.URL+"/v1/completions", tc.body)
+		b, _ := io.ReadAll(resp.Body)
+		if got := f.lastGenerate.GetSampling().GetMaxTokens(); resp.StatusCode != 200 || got != tc.max || f.limit != tc.limit {
+			t.Errorf("%s: %d %s: max_tokens %d (limit %v) sent, want %d (%v)", tc.body, resp.StatusCode, b, got, f.limit, tc.max, tc.limit)
+		}
+	}
+	resp := post(t, srv.URL+"/v1/chat/completions", `{"model":"tiny-llm","messages":[{"role":"user","content":"x"}]}`)
+	if resp.StatusCode != 200 || f.lastChat.GetSampling().GetMaxTokens() != 0 {
+		t.Errorf("chat: %d, max_tokens %d sent, want none", resp.StatusCode, f.lastChat.GetSampling().GetMaxTokens())
+	}
+}
+
 // TestOpenAILogitBias: logit_bias reaches the engine by token id; keys
 // that are not ids and biases outside OpenAI's -100 to 100 are its 400.
 func TestOpenAILogitBias(t *testing.T) {

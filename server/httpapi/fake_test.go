@@ -22,7 +22,7 @@ import (
 type fakeBackend struct {
 	lastGenerate *brokerv1.GenerateRequest
 	lastChat     *brokerv1.ChatRequest
-	limit        bool // the last chat's MaxTokensIsLimit
+	limit        bool // the last chat's or generate's MaxTokensIsLimit
 	lastEncode   *brokerv1.EncodeRequest
 }
 
@@ -121,8 +121,8 @@ func reply(replies []string, prompt []int32, finish brokerv1.FinishReason, send 
 	return nil
 }
 
-func (f *fakeBackend) RunGenerate(_ context.Context, req *brokerv1.GenerateRequest, s func([]*brokerv1.GenerationDelta, []*brokerv1.GenerationResult) error) error {
-	f.lastGenerate = req
+func (f *fakeBackend) RunGenerate(ctx context.Context, req *brokerv1.GenerateRequest, s func([]*brokerv1.GenerationDelta, []*brokerv1.GenerationResult) error) error {
+	f.lastGenerate, f.limit = req, MaxTokensIsLimit(ctx)
 	if err := f.check(req.GetModel()); err != nil {
 		return err
 	}

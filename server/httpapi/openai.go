@@ -488,6 +488,9 @@ type openaiCompletionRequest struct {
 	Logprobs *int `json:"logprobs"`
 }
 
+// legacyMaxTokens is /v1/completions' max_tokens when a request sets none.
+const legacyMaxTokens = 16
+
 func (h *Handler) openaiCompletions(w http.ResponseWriter, r *http.Request) {
 	var req openaiCompletionRequest
 	if err := decode(r, &req); err != nil {
@@ -519,6 +522,13 @@ func (h *Handler) openaiCompletions(w http.ResponseWriter, r *http.Request) {
 		}
 		sp.Logprobs, sp.TopLogprobs = true, int32(*req.Logprobs)
 	}
+	ctx := r.Context()
+	if req.MaxTokens == nil && req.MaxCompletionTokens == nil {
+		// OpenAI's and vLLM's legacy completions write 16 tokens when
+		// asked for no bound (chat runs to a stop); fewer where the
+		// prompt leaves less room.
+		sp.MaxTokens, ctx = legacyMaxTokens, withMaxTokensLimit(ctx)
+	}
 	id, created := newID("cmpl"), h.opts.Now().Unix()
 	out := &sse{w: w}
 	texts := make([]strings.Builder, len(prompts))
@@ -540,7 +550,7 @@ func (h *Handler) openaiCompletions(w http.ResponseWriter, r *http.Request) {
 		}
 		return map[string]any{"index": i, "text": text, "finish_reason": finish, "logprobs": v}
 	}
-	err = h.generate(r.Context(), &brokerv1.GenerateRequest{Model: modelName(req.Model), Prompts: prompts, Sampling: sp}, func(e event) error {
+	err = h.generate(ctx, &brokerv1.GenerateRequest{Model: modelName(req.Model), Prompts: prompts, Sampling: sp}, func(e event) error {
 		if e.delta != nil {
 			i := e.delta.GetIndex()
 			var lp *legacyLogprobs
