@@ -456,7 +456,11 @@ func forcedCalls(req *brokerv1.ChatRequest) (*llm.Constraint, error) {
 		if len(alts) > 1 {
 			items = map[string]any{"anyOf": alts}
 		}
-		schema, err = json.Marshal(map[string]any{"type": "array", "minItems": 1, "items": items})
+		array := map[string]any{"type": "array", "minItems": 1, "items": items}
+		if req.ParallelToolCalls != nil && !req.GetParallelToolCalls() {
+			array["maxItems"] = 1 // OpenAI's one call at most
+		}
+		schema, err = json.Marshal(array)
 		if err != nil {
 			return nil, err
 		}

@@ -420,6 +420,10 @@ func TestForcedCalls(t *testing.T) {
 		{"required, two tools", &brokerv1.ChatRequest{Tools: tools, ToolChoice: brokerv1.ToolChoiceMode_TOOL_CHOICE_MODE_REQUIRED},
 			`{"items":{"anyOf":[{"additionalProperties":false,"properties":{"name":{"enum":["f"],"type":"string"},"parameters":` + p + `},"required":["name","parameters"],"type":"object"},` +
 				`{"additionalProperties":false,"properties":{"name":{"enum":["g"],"type":"string"},"parameters":{"type": "object", "properties": {}}},"required":["name","parameters"],"type":"object"}]},"minItems":1,"type":"array"}`},
+		{"required, parallel_tool_calls false: one call", &brokerv1.ChatRequest{Tools: tools[:1], ToolChoice: brokerv1.ToolChoiceMode_TOOL_CHOICE_MODE_REQUIRED, ParallelToolCalls: proto.Bool(false)},
+			`{"items":{"additionalProperties":false,"properties":{"name":{"enum":["f"],"type":"string"},"parameters":` + p + `},"required":["name","parameters"],"type":"object"},"minItems":1,"maxItems":1,"type":"array"}`},
+		{"required, parallel_tool_calls true", &brokerv1.ChatRequest{Tools: tools[:1], ToolChoice: brokerv1.ToolChoiceMode_TOOL_CHOICE_MODE_REQUIRED, ParallelToolCalls: proto.Bool(true)},
+			`{"items":{"additionalProperties":false,"properties":{"name":{"enum":["f"],"type":"string"},"parameters":` + p + `},"required":["name","parameters"],"type":"object"},"minItems":1,"type":"array"}`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c, err := forcedCalls(tc.req)

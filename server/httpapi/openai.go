@@ -272,7 +272,8 @@ type openaiChatRequest struct {
 		ToolCallID string           `json:"tool_call_id"`
 	} `json:"messages"`
 	// Tools (over openaiSampling's, which the completions route refuses)
-	// and tool_choice; parallel_tool_calls false answers the first call
+	// and tool_choice; parallel_tool_calls false holds tool_choice
+	// required to one call, and answers tool_choice auto's first call
 	// only (vLLM's maybe_filter_parallel_tool_calls: the model is not held
 	// to one).
 	Tools             []apiTool       `json:"tools"`
@@ -390,7 +391,7 @@ func (h *Handler) openaiChat(w http.ResponseWriter, r *http.Request) {
 			"choices": []any{map[string]any{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": lps}}}
 	}
 	err = h.chat(r.Context(), &brokerv1.ChatRequest{Model: modelName(req.Model), Conversations: []*brokerv1.Conversation{conv}, Sampling: sp,
-		ChatTemplateKwargs: kwargs, Tools: tools, ToolChoice: choice, ToolChoiceFunction: choiceFn}, func(e event) error {
+		ChatTemplateKwargs: kwargs, Tools: tools, ToolChoice: choice, ToolChoiceFunction: choiceFn, ParallelToolCalls: req.ParallelToolCalls}, func(e event) error {
 		if e.delta != nil {
 			lps := logprobEntries(e.delta.GetLogprobs())
 			tcs := e.delta.GetToolCalls()

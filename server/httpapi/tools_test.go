@@ -100,7 +100,7 @@ func TestToolsRequestErrors(t *testing.T) {
 // finish_reason tool_calls; parallel_tool_calls false answers the first
 // call only, as vLLM does.
 func TestOpenAIToolCallsAnswer(t *testing.T) {
-	srv, _, _ := newTestServer(t)
+	srv, f, _ := newTestServer(t)
 	body := func(stream bool, parallel string) string {
 		b := `{"model":"tiny-llm","messages":[{"role":"user","content":"` + callTwoTools + `"}],` +
 			`"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}],"stream":` + fmt.Sprint(stream)
@@ -128,6 +128,10 @@ func TestOpenAIToolCallsAnswer(t *testing.T) {
 				}
 			}
 			resp := post(t, srv.URL+"/v1/chat/completions", body(false, tc.parallel))
+			// It reaches the broker, which holds tool_choice required to it.
+			if got := f.lastChat.ParallelToolCalls; (tc.parallel == "") != (got == nil) || got != nil && fmt.Sprint(*got) != tc.parallel {
+				t.Errorf("parallel_tool_calls %v sent, want %s", got, tc.parallel)
+			}
 			var whole struct {
 				Choices []struct {
 					Message struct {

@@ -5181,8 +5181,13 @@ type ChatRequest struct {
 	ToolChoice ToolChoiceMode `protobuf:"varint,11,opt,name=tool_choice,json=toolChoice,proto3,enum=broker.v1.ToolChoiceMode" json:"tool_choice,omitempty"`
 	// tool_choice TOOL_CHOICE_FUNCTION: the tool's name.
 	ToolChoiceFunction string `protobuf:"bytes,12,opt,name=tool_choice_function,json=toolChoiceFunction,proto3" json:"tool_choice_function,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// OpenAI's parallel_tool_calls. False: one call at most. With
+	// TOOL_CHOICE_MODE_REQUIRED the constraint allows exactly one; with
+	// TOOL_CHOICE_MODE_AUTO the model is not held to one (the HTTP API
+	// answers its first, as vLLM does). Unset or true: any number.
+	ParallelToolCalls *bool `protobuf:"varint,13,opt,name=parallel_tool_calls,json=parallelToolCalls,proto3,oneof" json:"parallel_tool_calls,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *ChatRequest) Reset() {
@@ -5297,6 +5302,13 @@ func (x *ChatRequest) GetToolChoiceFunction() string {
 		return x.ToolChoiceFunction
 	}
 	return ""
+}
+
+func (x *ChatRequest) GetParallelToolCalls() bool {
+	if x != nil && x.ParallelToolCalls != nil {
+		return *x.ParallelToolCalls
+	}
+	return false
 }
 
 // TokenLogprob is a token and its log-probability.
@@ -6199,7 +6211,7 @@ const file_broker_v1_broker_proto_rawDesc = "" +
 	"\targuments\x18\x03 \x01(\tR\targuments\x12\x14\n" +
 	"\x05index\x18\x04 \x01(\x05R\x05index\"B\n" +
 	"\fConversation\x122\n" +
-	"\bmessages\x18\x01 \x03(\v2\x16.broker.v1.ChatMessageR\bmessages\"\xf7\x04\n" +
+	"\bmessages\x18\x01 \x03(\v2\x16.broker.v1.ChatMessageR\bmessages\"\xc4\x05\n" +
 	"\vChatRequest\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12=\n" +
 	"\rconversations\x18\x02 \x03(\v2\x17.broker.v1.ConversationR\rconversations\x125\n" +
@@ -6215,8 +6227,10 @@ const file_broker_v1_broker_proto_rawDesc = "" +
 	" \x03(\v2\x0f.broker.v1.ToolR\x05tools\x12:\n" +
 	"\vtool_choice\x18\v \x01(\x0e2\x19.broker.v1.ToolChoiceModeR\n" +
 	"toolChoice\x120\n" +
-	"\x14tool_choice_function\x18\f \x01(\tR\x12toolChoiceFunctionB\x12\n" +
-	"\x10_enable_thinking\"m\n" +
+	"\x14tool_choice_function\x18\f \x01(\tR\x12toolChoiceFunction\x123\n" +
+	"\x13parallel_tool_calls\x18\r \x01(\bH\x01R\x11parallelToolCalls\x88\x01\x01B\x12\n" +
+	"\x10_enable_thinkingB\x16\n" +
+	"\x14_parallel_tool_calls\"m\n" +
 	"\fTokenLogprob\x12\x19\n" +
 	"\btoken_id\x18\x01 \x01(\x05R\atokenId\x12\x12\n" +
 	"\x04text\x18\x02 \x01(\tR\x04text\x12\x18\n" +
