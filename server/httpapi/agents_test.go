@@ -3,6 +3,7 @@ package httpapi
 import (
 	"encoding/json"
 	"io"
+	"slices"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -259,6 +260,28 @@ func TestOllamaLogprobsParams(t *testing.T) {
 		}
 		if sp.GetLogprobs() != tc.logprobs || sp.GetTopLogprobs() != tc.top || json.Unmarshal(b, &m) != nil || (len(m.Logprobs) > 0) != tc.logprobs {
 			t.Errorf("%s: sampling %v, answer %s", tc.fields, sp, b)
+		}
+	}
+}
+
+// TestOllamaCapabilities: /api/show's capabilities as Ollama derives them
+// from a template: tools where it renders tools, thinking where it thinks.
+func TestOllamaCapabilities(t *testing.T) {
+	for _, tc := range []struct {
+		name, kind, template string
+		want                 []string
+	}{
+		{"Qwen3", "llm", `{%- if tools %}{{- '<|im_start|>system\n' }}{%- for tool in tools %}{{ tool | tojson }}{%- endfor %}{%- endif %}` +
+			`{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\n\n</think>\n\n' }}{%- endif %}`, []string{"completion", "tools", "thinking"}},
+		{"Llama 3.1", "llm", `{%- if custom_tools is defined %}{%- set tools = custom_tools %}{%- endif %}{%- if tools is not none %}x{%- endif %}`, []string{"completion", "tools"}},
+		{"no tools", "llm", `{% for m in messages %}{{ m.content }}{% endfor %}`, []string{"completion"}},
+		{"a custom_tools variable only", "llm", `{{ custom_tools }}`, []string{"completion"}},
+		{"Ollama's template", "llm", `{{- if .Tools }}{{ range .Tools }}{{ . }}{{ end }}{{ end }}{{ if .Think }}<think>{{ end }}`, []string{"completion", "tools", "thinking"}},
+		{"an encoder", "bert", "", []string{"embedding"}},
+	} {
+		got := capabilities(&brokerv1.Model{Kind: tc.kind, Template: tc.template})
+		if !slices.Equal(got, tc.want) {
+			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
 		}
 	}
 }

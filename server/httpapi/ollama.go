@@ -8,6 +8,7 @@ import (
 	"math"
 	"net/http"
 	"reflect"
+	"regexp"
 	"strings"
 	"time"
 
@@ -605,6 +606,30 @@ func (h *Handler) ollamaList(w http.ResponseWriter, r *http.Request, loaded bool
 	writeJSON(w, map[string]any{"models": out})
 }
 
+// capabilities are what /api/show says a model does, as Ollama derives
+// them from its template (some clients send tools only to a model that
+// lists "tools"): "completion" for a generator, with "tools" where its
+// chat template renders tools (Jinja's tools, Ollama's .Tools) and
+// "thinking" where it thinks (Qwen3's <think> block, Ollama's .Think);
+// "embedding" for an encoder.
+func capabilities(m *brokerv1.Model) []string {
+	if !isGenerator(m.GetKind()) {
+		return []string{"embedding"}
+	}
+	caps := []string{"completion"}
+	t := m.GetTemplate()
+	if strings.Contains(t, ".Tools") || jinjaTools.MatchString(t) {
+		caps = append(caps, "tools")
+	}
+	if strings.Contains(t, ".Think") || strings.Contains(t, "<think>") || strings.Contains(t, "enable_thinking") {
+		caps = append(caps, "thinking")
+	}
+	return caps
+}
+
+// jinjaTools finds a Jinja template's use of its tools variable.
+var jinjaTools = regexp.MustCompile(`\{[%{]-?\s*(if|for)?[^%}]*\btools\b`)
+
 func (h *Handler) findModel(ctx context.Context, name string) (*brokerv1.Model, error) {
 	ms, err := h.b.ListModels(ctx, &brokerv1.ListModelsRequest{})
 	if err != nil {
@@ -636,17 +661,13 @@ func (h *Handler) ollamaShow(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	caps := []string{"completion"}
-	if !isGenerator(m.GetKind()) {
-		caps = []string{"embedding"}
-	}
 	out := map[string]any{
 		"modelfile": modelfile(m),
 		"details":   details(m),
 		"model_info": map[string]any{"general.architecture": details(m).Family, "general.parameter_count": m.GetParameterCount(),
 			"general.file_type": m.GetQuantization(), details(m).Family + ".context_length": m.GetContextLength(),
 			"brokerd.kind": m.GetKind(), "brokerd.version": m.GetVersion(), "brokerd.devices": m.GetDeviceIds()},
-		"capabilities": caps,
+		"capabilities": capabilities(m),
 		"modified_at":  h.modified(m),
 	}
 	// Ollama leaves these out when empty.
