@@ -9,10 +9,13 @@ import (
 	"math"
 	"math/rand/v2"
 	"regexp"
+	"slices"
+	"sort"
 	"strings"
 	"time"
 	"unicode/utf8"
 
+	"go.uber.org/zap"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -321,13 +324,26 @@ func (s *BrokerService) RunChat(ctx context.Context, req *brokerv1.ChatRequest, 
 		if sys := call.gm.SystemPrompt(); sys != "" && !hasSystem {
 			turns = append([]llm.Message{{Role: "system", Content: sys}}, turns...)
 		}
-		text, err := call.gm.RenderChat(ctx, turns, llm.ChatOptions{AddGenerationPrompt: true, Vars: vars, Tools: tools})
+		render := func(turns []llm.Message) (string, []int32, error) {
+			text, err := call.gm.RenderChat(ctx, turns, llm.ChatOptions{AddGenerationPrompt: true, Vars: vars, Tools: tools})
+			if err != nil {
+				return "", nil, err
+			}
+			// The template writes the special tokens itself.
+			ids, err := call.gm.EncodePrompt(text, false)
+			return text, ids, err
+		}
+		text, ids, err := render(turns)
+		if err == nil && req.GetTruncateHistory() && len(ids) >= call.gm.ContextLength() {
+			text, ids, err = s.truncateChat(turns, render, call.gm.ContextLength(), i)
+		}
 		if err != nil {
 			if ctx.Err() != nil {
 				return toStatus(s.log, "Chat", ctx.Err())
 			}
 			return invalid("conversations[%d]: %v", i, err)
 		}
+		toks[i] = ids
 		if thinks {
 			// A template may open the block itself (thinking-only
 			// models): the reply then starts inside it.
@@ -345,12 +361,46 @@ func (s *BrokerService) RunChat(ctx context.Context, req *brokerv1.ChatRequest, 
 		case call.tools != nil:
 			call.tools[i] = output.NewToolCalls(call.gm.ToolFormat())
 		}
-		// The template writes the special tokens itself.
-		if toks[i], err = call.gm.EncodePrompt(text, false); err != nil {
-			return invalid("conversations[%d]: %v", i, err)
-		}
 	}
 	return call.run(ctx, toks, send)
+}
+
+// truncateChat drops a conversation's oldest turns until its prompt fits
+// the context, as Ollama does (ChatRequest.truncate_history): the leading
+// system messages stay, and the rest starts at a user message, the latest
+// start that keeps the most history (a binary search over the starts: a
+// render is the conversation's cost, and starts are up to
+// maxChatMessages). Its last user message onward that does not fit is
+// the usual refusal.
+func (s *BrokerService) truncateChat(turns []llm.Message, render func([]llm.Message) (string, []int32, error), ctxLen, conv int) (string, []int32, error) {
+	sys := 0
+	for sys < len(turns) && turns[sys].Role == "system" {
+		sys++
+	}
+	var starts []int // user messages after the first kept one
+	for j := sys + 1; j < len(turns); j++ {
+		if turns[j].Role == "user" {
+			starts = append(starts, j)
+		}
+	}
+	cut := func(k int) []llm.Message {
+		return append(slices.Clip(turns[:sys]), turns[starts[k]:]...)
+	}
+	// The earliest start whose prompt fits: starts later keep fewer turns.
+	k := sort.Search(len(starts), func(k int) bool {
+		_, ids, err := render(cut(k))
+		return err == nil && len(ids) < ctxLen
+	})
+	if k == len(starts) {
+		// Even the last user message on is too long: refused as it is.
+		return render(turns)
+	}
+	text, ids, err := render(cut(k))
+	if err == nil {
+		s.log.Info("chat over the context: its oldest messages dropped, as Ollama does",
+			zap.Int("conversation", conv), zap.Int("messages_dropped", starts[k]-sys), zap.Int("prompt_tokens", len(ids)), zap.Int("context", ctxLen))
+	}
+	return text, ids, err
 }
 
 // toolName is what OpenAI takes as a function's name.

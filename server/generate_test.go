@@ -550,3 +550,57 @@ func TestGenerateNoLimit(t *testing.T) {
 		})
 	}
 }
+
+// TestChatTruncateHistory: with truncate_history (Ollama's chat), a
+// conversation over the context keeps its leading system message and the
+// most turns that fit, from a user message on; without it, or when the
+// last user message on does not fit, it is INVALID_ARGUMENT.
+func TestChatTruncateHistory(t *testing.T) {
+	msg := func(role, content string) *brokerv1.ChatMessage { return &brokerv1.ChatMessage{Role: role, Content: content} }
+	// "<role>content\n" a message, "<assistant>" the generation prompt.
+	long := []*brokerv1.ChatMessage{
+		msg("system", "be brief"),       // 17 bytes
+		msg("user", "first question"),   // 21
+		msg("assistant", "first reply"), // 23
+		msg("user", "second"),           // 13
+		msg("assistant", "ok"),          // 14
+		msg("user", "third"),            // 12
+	}
+	for _, tc := range []struct {
+		name     string
+		ctx      int
+		msgs     []*brokerv1.ChatMessage
+		truncate bool
+		prompt   int32 // prompt tokens; 0: INVALID_ARGUMENT
+	}{
+		{"fits", 64, long[3:], false, 13 + 14 + 12 + 11},
+		{"over, not truncated", 64, long, false, 0},
+		// Dropping the first exchange leaves 17+13+14+12+11 = 67.
+		{"over, the first exchange dropped", 68, long, true, 17 + 13 + 14 + 12 + 11},
+		// 67 is over 64 too: the system message and the third question.
+		{"over, two exchanges dropped", 64, long, true, 17 + 12 + 11},
+		{"the last question alone is over", 64, []*brokerv1.ChatMessage{msg("system", "be brief"), msg("user", strings.Repeat("q", 60))}, true, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cl := genServer(t, &letterModel{ctxLen: tc.ctx, defMax: 1}, Limits{MaxItemsPerRequest: 8, MaxItemBytes: 1 << 10})
+			st, err := cl.Chat(t.Context(), &brokerv1.ChatRequest{Model: "tiny", TruncateHistory: tc.truncate,
+				Conversations: []*brokerv1.Conversation{{Messages: tc.msgs}}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := readAll(t, 1, func() ([]*brokerv1.GenerationDelta, []*brokerv1.GenerationResult, error) {
+				m, err := st.Recv()
+				return m.GetDeltas(), m.GetResults(), err
+			})
+			switch {
+			case tc.prompt == 0 && status.Code(err) != codes.InvalidArgument:
+				t.Fatalf("%v, want INVALID_ARGUMENT", err)
+			case tc.prompt == 0:
+			case err != nil:
+				t.Fatal(err)
+			case got.results[0].GetUsage().GetPromptTokens() != tc.prompt:
+				t.Fatalf("prompt of %d tokens, want %d", got.results[0].GetUsage().GetPromptTokens(), tc.prompt)
+			}
+		})
+	}
+}

@@ -285,3 +285,22 @@ func TestOllamaCapabilities(t *testing.T) {
 		}
 	}
 }
+
+// TestChatTruncateHistoryAsked: Ollama's chat drops a conversation's
+// oldest turns to fit the context, as Ollama does; OpenAI's refuses it.
+func TestChatTruncateHistoryAsked(t *testing.T) {
+	srv, f, _ := newTestServer(t)
+	for _, tc := range []struct {
+		route, body string
+		want        bool
+	}{
+		{"/api/chat", `{"model":"tiny-llm","messages":[{"role":"user","content":"x"}],"stream":false}`, true},
+		{"/v1/chat/completions", `{"model":"tiny-llm","messages":[{"role":"user","content":"x"}]}`, false},
+	} {
+		resp := post(t, srv.URL+tc.route, tc.body)
+		io.Copy(io.Discard, resp.Body)
+		if resp.StatusCode != 200 || f.lastChat.GetTruncateHistory() != tc.want {
+			t.Errorf("%s: %d, truncate_history %v, want %v", tc.route, resp.StatusCode, f.lastChat.GetTruncateHistory(), tc.want)
+		}
+	}
+}

@@ -410,7 +410,7 @@ func (h *Handler) ollamaChat(w http.ResponseWriter, r *http.Request) {
 	}
 	out := &ndjson{w: w}
 	err = h.chat(withMaxTokensLimit(r.Context()), &brokerv1.ChatRequest{Model: name, Conversations: []*brokerv1.Conversation{conv}, Sampling: sp,
-		EnableThinking: req.Think.ptr(), Tools: tools}, h.ollamaReply(w, out, req.Stream, func(p ollamaPiece) any {
+		EnableThinking: req.Think.ptr(), Tools: tools, TruncateHistory: true}, h.ollamaReply(w, out, req.Stream, func(p ollamaPiece) any {
 		// Ollama streams each call whole, in the chunk where it ended;
 		// its done_reason is "stop" after calls too (finishName).
 		return ollamaChatChunk{Model: req.Model, CreatedAt: h.created(),

@@ -5186,8 +5186,13 @@ type ChatRequest struct {
 	// TOOL_CHOICE_MODE_AUTO the model is not held to one (the HTTP API
 	// answers its first, as vLLM does). Unset or true: any number.
 	ParallelToolCalls *bool `protobuf:"varint,13,opt,name=parallel_tool_calls,json=parallelToolCalls,proto3,oneof" json:"parallel_tool_calls,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// Ollama's: a conversation whose prompt does not fit the model's
+	// context drops its oldest turns, keeping its leading system messages
+	// and starting at a user message (the latest start that keeps the
+	// most); false: such a conversation is INVALID_ARGUMENT.
+	TruncateHistory bool `protobuf:"varint,14,opt,name=truncate_history,json=truncateHistory,proto3" json:"truncate_history,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *ChatRequest) Reset() {
@@ -5307,6 +5312,13 @@ func (x *ChatRequest) GetToolChoiceFunction() string {
 func (x *ChatRequest) GetParallelToolCalls() bool {
 	if x != nil && x.ParallelToolCalls != nil {
 		return *x.ParallelToolCalls
+	}
+	return false
+}
+
+func (x *ChatRequest) GetTruncateHistory() bool {
+	if x != nil {
+		return x.TruncateHistory
 	}
 	return false
 }
@@ -6211,7 +6223,7 @@ const file_broker_v1_broker_proto_rawDesc = "" +
 	"\targuments\x18\x03 \x01(\tR\targuments\x12\x14\n" +
 	"\x05index\x18\x04 \x01(\x05R\x05index\"B\n" +
 	"\fConversation\x122\n" +
-	"\bmessages\x18\x01 \x03(\v2\x16.broker.v1.ChatMessageR\bmessages\"\xc4\x05\n" +
+	"\bmessages\x18\x01 \x03(\v2\x16.broker.v1.ChatMessageR\bmessages\"\xef\x05\n" +
 	"\vChatRequest\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12=\n" +
 	"\rconversations\x18\x02 \x03(\v2\x17.broker.v1.ConversationR\rconversations\x125\n" +
@@ -6228,7 +6240,8 @@ const file_broker_v1_broker_proto_rawDesc = "" +
 	"\vtool_choice\x18\v \x01(\x0e2\x19.broker.v1.ToolChoiceModeR\n" +
 	"toolChoice\x120\n" +
 	"\x14tool_choice_function\x18\f \x01(\tR\x12toolChoiceFunction\x123\n" +
-	"\x13parallel_tool_calls\x18\r \x01(\bH\x01R\x11parallelToolCalls\x88\x01\x01B\x12\n" +
+	"\x13parallel_tool_calls\x18\r \x01(\bH\x01R\x11parallelToolCalls\x88\x01\x01\x12)\n" +
+	"\x10truncate_history\x18\x0e \x01(\bR\x0ftruncateHistoryB\x12\n" +
 	"\x10_enable_thinkingB\x16\n" +
 	"\x14_parallel_tool_calls\"m\n" +
 	"\fTokenLogprob\x12\x19\n" +
