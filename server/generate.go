@@ -281,6 +281,12 @@ func (s *BrokerService) RunChat(ctx context.Context, req *brokerv1.ChatRequest, 
 		}
 		call.thinkFirst = make([]*llm.ThinkFirst, len(convs))
 	}
+	cont := req.GetContinueFinalMessage()
+	addGen := req.AddGenerationPrompt == nil || req.GetAddGenerationPrompt()
+	if cont && req.AddGenerationPrompt != nil && addGen {
+		return invalid("continue_final_message and add_generation_prompt cannot both be true: the reply continues the last message or starts a turn")
+	}
+	addGen = addGen && !cont
 	toks := make([][]int32, len(convs))
 	for i, c := range convs {
 		msgs := c.GetMessages()
@@ -324,10 +330,23 @@ func (s *BrokerService) RunChat(ctx context.Context, req *brokerv1.ChatRequest, 
 		if sys := call.gm.SystemPrompt(); sys != "" && !hasSystem {
 			turns = append([]llm.Message{{Role: "system", Content: sys}}, turns...)
 		}
+		if cont && turns[len(turns)-1].Role != "assistant" {
+			return invalid("conversations[%d]: continue_final_message needs an assistant message last, has %s", i, turns[len(turns)-1].Role)
+		}
 		render := func(turns []llm.Message) (string, []int32, error) {
-			text, err := call.gm.RenderChat(ctx, turns, llm.ChatOptions{AddGenerationPrompt: true, Vars: vars, Tools: tools})
+			text, err := call.gm.RenderChat(ctx, turns, llm.ChatOptions{AddGenerationPrompt: addGen, Vars: vars, Tools: tools})
 			if err != nil {
 				return "", nil, err
+			}
+			if cont {
+				// As transformers does: the text up to the end of the
+				// final message's content, its end of turn left out.
+				final := strings.TrimSpace(turns[len(turns)-1].Content)
+				k := strings.LastIndex(text, final)
+				if final == "" || k < 0 {
+					return "", nil, errors.New("continue_final_message: the chat template does not write the final message's content (is it empty?)")
+				}
+				text = text[:k+len(final)]
 			}
 			// The template writes the special tokens itself.
 			ids, err := call.gm.EncodePrompt(text, false)

@@ -556,7 +556,9 @@ func TestGenerateNoLimit(t *testing.T) {
 // most turns that fit, from a user message on; without it, or when the
 // last user message on does not fit, it is INVALID_ARGUMENT.
 func TestChatTruncateHistory(t *testing.T) {
-	msg := func(role, content string) *brokerv1.ChatMessage { return &brokerv1.ChatMessage{Role: role, Content: content} }
+	msg := func(role, content string) *brokerv1.ChatMessage {
+		return &brokerv1.ChatMessage{Role: role, Content: content}
+	}
 	// "<role>content\n" a message, "<assistant>" the generation prompt.
 	long := []*brokerv1.ChatMessage{
 		msg("system", "be brief"),       // 17 bytes
@@ -600,6 +602,57 @@ func TestChatTruncateHistory(t *testing.T) {
 				t.Fatal(err)
 			case got.results[0].GetUsage().GetPromptTokens() != tc.prompt:
 				t.Fatalf("prompt of %d tokens, want %d", got.results[0].GetUsage().GetPromptTokens(), tc.prompt)
+			}
+		})
+	}
+}
+
+// TestChatContinueFinalMessage: continue_final_message continues the last
+// (assistant) message, the template's text cut after its content, as
+// transformers and vLLM do; add_generation_prompt false leaves the
+// generation prompt out; what cannot be continued is INVALID_ARGUMENT.
+func TestChatContinueFinalMessage(t *testing.T) {
+	cl := genServer(t, &letterModel{ctxLen: 64, defMax: 3}, Limits{MaxItemsPerRequest: 8, MaxItemBytes: 1 << 10})
+	msg := func(role, content string) *brokerv1.ChatMessage {
+		return &brokerv1.ChatMessage{Role: role, Content: content}
+	}
+	prefill := []*brokerv1.ChatMessage{msg("user", "hi"), msg("assistant", "{ab")}
+	for _, tc := range []struct {
+		name   string
+		msgs   []*brokerv1.ChatMessage
+		addGen *bool
+		cont   bool
+		prompt int32 // prompt tokens; 0: INVALID_ARGUMENT
+		text   string
+	}{
+		// "<user>hi\n<assistant>{ab" and the letters after b.
+		{"continued", prefill, nil, true, 9 + 14, letters('b', 3)},
+		{"continued, add_generation_prompt false", prefill, proto.Bool(false), true, 9 + 14, letters('b', 3)},
+		// A new turn: "<user>hi\n<assistant>{ab\n<assistant>".
+		{"a new turn", prefill, nil, false, 9 + 15 + 11, letters('>', 3)},
+		{"no generation prompt", []*brokerv1.ChatMessage{msg("user", "hi")}, proto.Bool(false), false, 9, letters('\n', 3)},
+		{"both", prefill, proto.Bool(true), true, 0, ""},
+		{"a user message last", []*brokerv1.ChatMessage{msg("user", "hi")}, nil, true, 0, ""},
+		{"an empty assistant message", []*brokerv1.ChatMessage{msg("user", "hi"), msg("assistant", " ")}, nil, true, 0, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			st, err := cl.Chat(t.Context(), &brokerv1.ChatRequest{Model: "tiny", AddGenerationPrompt: tc.addGen, ContinueFinalMessage: tc.cont,
+				Conversations: []*brokerv1.Conversation{{Messages: tc.msgs}}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := readAll(t, 1, func() ([]*brokerv1.GenerationDelta, []*brokerv1.GenerationResult, error) {
+				m, err := st.Recv()
+				return m.GetDeltas(), m.GetResults(), err
+			})
+			switch {
+			case tc.prompt == 0 && status.Code(err) != codes.InvalidArgument:
+				t.Fatalf("%v, want INVALID_ARGUMENT", err)
+			case tc.prompt == 0:
+			case err != nil:
+				t.Fatal(err)
+			case got.results[0].GetUsage().GetPromptTokens() != tc.prompt || got.text[0] != tc.text:
+				t.Fatalf("prompt of %d tokens, %q; want %d, %q", got.results[0].GetUsage().GetPromptTokens(), got.text[0], tc.prompt, tc.text)
 			}
 		})
 	}

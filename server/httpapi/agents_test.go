@@ -304,3 +304,29 @@ func TestChatTruncateHistoryAsked(t *testing.T) {
 		}
 	}
 }
+
+// TestChatContinuesAPrefill: Ollama's chat continues a last assistant
+// message of text (a prefill); OpenAI's does when asked, with vLLM's
+// continue_final_message and add_generation_prompt.
+func TestChatContinuesAPrefill(t *testing.T) {
+	srv, f, _ := newTestServer(t)
+	for _, tc := range []struct {
+		route, body string
+		cont        bool
+		addGen      *bool
+	}{
+		{"/api/chat", `{"model":"tiny-llm","messages":[{"role":"user","content":"x"},{"role":"assistant","content":"{"}],"stream":false}`, true, nil},
+		{"/api/chat", `{"model":"tiny-llm","messages":[{"role":"user","content":"x"},{"role":"assistant","content":""}],"stream":false}`, false, nil},
+		{"/api/chat", `{"model":"tiny-llm","messages":[{"role":"assistant","content":"{"},{"role":"user","content":"x"}],"stream":false}`, false, nil},
+		{"/v1/chat/completions", `{"model":"tiny-llm","messages":[{"role":"user","content":"x"},{"role":"assistant","content":"{"}]}`, false, nil},
+		{"/v1/chat/completions", `{"model":"tiny-llm","messages":[{"role":"user","content":"x"},{"role":"assistant","content":"{"}],` +
+			`"continue_final_message":true,"add_generation_prompt":false}`, true, new(bool)},
+	} {
+		resp := post(t, srv.URL+tc.route, tc.body)
+		io.Copy(io.Discard, resp.Body)
+		got := f.lastChat
+		if resp.StatusCode != 200 || got.GetContinueFinalMessage() != tc.cont || (got.AddGenerationPrompt == nil) != (tc.addGen == nil) {
+			t.Errorf("%s %s: %d, continue_final_message %v, add_generation_prompt %v", tc.route, tc.body, resp.StatusCode, got.GetContinueFinalMessage(), got.AddGenerationPrompt)
+		}
+	}
+}

@@ -410,7 +410,7 @@ func (h *Handler) ollamaChat(w http.ResponseWriter, r *http.Request) {
 	}
 	out := &ndjson{w: w}
 	err = h.chat(withMaxTokensLimit(r.Context()), &brokerv1.ChatRequest{Model: name, Conversations: []*brokerv1.Conversation{conv}, Sampling: sp,
-		EnableThinking: req.Think.ptr(), Tools: tools, TruncateHistory: true}, h.ollamaReply(w, out, req.Stream, func(p ollamaPiece) any {
+		EnableThinking: req.Think.ptr(), Tools: tools, TruncateHistory: true, ContinueFinalMessage: prefilled(conv)}, h.ollamaReply(w, out, req.Stream, func(p ollamaPiece) any {
 		// Ollama streams each call whole, in the chunk where it ended;
 		// its done_reason is "stop" after calls too (finishName).
 		return ollamaChatChunk{Model: req.Model, CreatedAt: h.created(),
@@ -604,6 +604,18 @@ func (h *Handler) ollamaList(w http.ResponseWriter, r *http.Request, loaded bool
 		out = append(out, e)
 	}
 	writeJSON(w, map[string]any{"models": out})
+}
+
+// prefilled says whether a chat ends with an assistant message of text
+// (no calls), which Ollama's chat continues instead of starting a turn
+// (a prefill such as "{").
+func prefilled(conv *brokerv1.Conversation) bool {
+	ms := conv.GetMessages()
+	if len(ms) == 0 {
+		return false
+	}
+	last := ms[len(ms)-1]
+	return last.GetRole() == "assistant" && strings.TrimSpace(last.GetContent()) != "" && len(last.GetToolCalls()) == 0
 }
 
 // capabilities are what /api/show says a model does, as Ollama derives

@@ -262,7 +262,11 @@ type openaiChatRequest struct {
 	// ChatTemplateKwargs are variables for the chat template, as vLLM
 	// takes them (Qwen3's enable_thinking).
 	ChatTemplateKwargs map[string]any `json:"chat_template_kwargs"`
-	Messages           []struct {
+	// vLLM's: a reply that continues the last (assistant) message, a
+	// prefill, instead of starting a turn.
+	AddGenerationPrompt  *bool `json:"add_generation_prompt"`
+	ContinueFinalMessage bool  `json:"continue_final_message"`
+	Messages             []struct {
 		Role    string          `json:"role"`
 		Content json.RawMessage `json:"content"`
 		// ReasoningContent is an earlier answer's thinking (vLLM's field).
@@ -391,7 +395,8 @@ func (h *Handler) openaiChat(w http.ResponseWriter, r *http.Request) {
 			"choices": []any{map[string]any{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": lps}}}
 	}
 	err = h.chat(r.Context(), &brokerv1.ChatRequest{Model: modelName(req.Model), Conversations: []*brokerv1.Conversation{conv}, Sampling: sp,
-		ChatTemplateKwargs: kwargs, Tools: tools, ToolChoice: choice, ToolChoiceFunction: choiceFn, ParallelToolCalls: req.ParallelToolCalls}, func(e event) error {
+		ChatTemplateKwargs: kwargs, Tools: tools, ToolChoice: choice, ToolChoiceFunction: choiceFn, ParallelToolCalls: req.ParallelToolCalls,
+		AddGenerationPrompt: req.AddGenerationPrompt, ContinueFinalMessage: req.ContinueFinalMessage}, func(e event) error {
 		if e.delta != nil {
 			lps := logprobEntries(e.delta.GetLogprobs())
 			tcs := e.delta.GetToolCalls()

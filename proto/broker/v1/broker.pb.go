@@ -5191,8 +5191,16 @@ type ChatRequest struct {
 	// and starting at a user message (the latest start that keeps the
 	// most); false: such a conversation is INVALID_ARGUMENT.
 	TruncateHistory bool `protobuf:"varint,14,opt,name=truncate_history,json=truncateHistory,proto3" json:"truncate_history,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// The template's add_generation_prompt (vLLM's): unset, true.
+	AddGenerationPrompt *bool `protobuf:"varint,15,opt,name=add_generation_prompt,json=addGenerationPrompt,proto3,oneof" json:"add_generation_prompt,omitempty"`
+	// The reply continues the conversation's last message, an assistant's
+	// (a prefill such as "{"), instead of starting a turn: the template's
+	// text is cut after that message's content (vLLM's and transformers'
+	// continue_final_message; Ollama's chat with an assistant message
+	// last). It cannot take add_generation_prompt true.
+	ContinueFinalMessage bool `protobuf:"varint,16,opt,name=continue_final_message,json=continueFinalMessage,proto3" json:"continue_final_message,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
 }
 
 func (x *ChatRequest) Reset() {
@@ -5319,6 +5327,20 @@ func (x *ChatRequest) GetParallelToolCalls() bool {
 func (x *ChatRequest) GetTruncateHistory() bool {
 	if x != nil {
 		return x.TruncateHistory
+	}
+	return false
+}
+
+func (x *ChatRequest) GetAddGenerationPrompt() bool {
+	if x != nil && x.AddGenerationPrompt != nil {
+		return *x.AddGenerationPrompt
+	}
+	return false
+}
+
+func (x *ChatRequest) GetContinueFinalMessage() bool {
+	if x != nil {
+		return x.ContinueFinalMessage
 	}
 	return false
 }
@@ -6223,7 +6245,7 @@ const file_broker_v1_broker_proto_rawDesc = "" +
 	"\targuments\x18\x03 \x01(\tR\targuments\x12\x14\n" +
 	"\x05index\x18\x04 \x01(\x05R\x05index\"B\n" +
 	"\fConversation\x122\n" +
-	"\bmessages\x18\x01 \x03(\v2\x16.broker.v1.ChatMessageR\bmessages\"\xef\x05\n" +
+	"\bmessages\x18\x01 \x03(\v2\x16.broker.v1.ChatMessageR\bmessages\"\xf8\x06\n" +
 	"\vChatRequest\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12=\n" +
 	"\rconversations\x18\x02 \x03(\v2\x17.broker.v1.ConversationR\rconversations\x125\n" +
@@ -6241,9 +6263,12 @@ const file_broker_v1_broker_proto_rawDesc = "" +
 	"toolChoice\x120\n" +
 	"\x14tool_choice_function\x18\f \x01(\tR\x12toolChoiceFunction\x123\n" +
 	"\x13parallel_tool_calls\x18\r \x01(\bH\x01R\x11parallelToolCalls\x88\x01\x01\x12)\n" +
-	"\x10truncate_history\x18\x0e \x01(\bR\x0ftruncateHistoryB\x12\n" +
+	"\x10truncate_history\x18\x0e \x01(\bR\x0ftruncateHistory\x127\n" +
+	"\x15add_generation_prompt\x18\x0f \x01(\bH\x02R\x13addGenerationPrompt\x88\x01\x01\x124\n" +
+	"\x16continue_final_message\x18\x10 \x01(\bR\x14continueFinalMessageB\x12\n" +
 	"\x10_enable_thinkingB\x16\n" +
-	"\x14_parallel_tool_calls\"m\n" +
+	"\x14_parallel_tool_callsB\x18\n" +
+	"\x16_add_generation_prompt\"m\n" +
 	"\fTokenLogprob\x12\x19\n" +
 	"\btoken_id\x18\x01 \x01(\x05R\atokenId\x12\x12\n" +
 	"\x04text\x18\x02 \x01(\tR\x04text\x12\x18\n" +
