@@ -144,6 +144,7 @@ func samplingFromProto(p *brokerv1.SamplingParams, d llm.Sampling) (llm.Sampling
 		s.LogitBias = lb
 	}
 	s.Logprobs, s.TopLogprobs, s.IgnoreEOS = p.GetLogprobs(), int(p.GetTopLogprobs()), p.GetIgnoreEos()
+	s.MinTokens, s.IncludeStop = int(p.GetMinTokens()), p.GetIncludeStopStrInOutput()
 	var err error
 	if s.Constraint, err = constraintFromProto(p.GetConstraint()); err != nil {
 		return s, err
@@ -705,6 +706,9 @@ func (c *genCall) run(ctx context.Context, prompts [][]int32, send generateSink)
 			maxNew = room
 		} else if maxNew > room {
 			return invalid("prompt %d is %d tokens and max_tokens is %d: more than the model's context of %d tokens", i, len(toks), maxNew, ctxLen)
+		}
+		if c.params.MinTokens > maxNew {
+			return invalid("prompt %d: min_tokens %d is more than the %d tokens it may write (max_tokens, or the room its %d tokens leave in the context)", i, c.params.MinTokens, maxNew, len(toks))
 		}
 		maxNews[i] = maxNew
 		held += c.seqCost(len(toks), maxNew)

@@ -330,3 +330,22 @@ func TestChatContinuesAPrefill(t *testing.T) {
 		}
 	}
 }
+
+// TestOpenAIVLLMSamplingExtras: vLLM's min_tokens, ignore_eos,
+// stop_token_ids and include_stop_str_in_output reach the engine; a
+// negative min_tokens is vLLM's 400.
+func TestOpenAIVLLMSamplingExtras(t *testing.T) {
+	srv, f, _ := newTestServer(t)
+	resp := post(t, srv.URL+"/v1/chat/completions", `{"model":"tiny-llm","messages":[{"role":"user","content":"x"}],`+
+		`"min_tokens":3,"ignore_eos":true,"stop_token_ids":[5,9],"include_stop_str_in_output":true}`)
+	io.Copy(io.Discard, resp.Body)
+	sp := f.lastChat.GetSampling()
+	if resp.StatusCode != 200 || sp.GetMinTokens() != 3 || !sp.GetIgnoreEos() || !slices.Equal(sp.GetStopTokenIds(), []int32{5, 9}) || !sp.GetIncludeStopStrInOutput() {
+		t.Errorf("%d: sampling %v", resp.StatusCode, sp)
+	}
+	resp = post(t, srv.URL+"/v1/completions", `{"model":"tiny-llm","prompt":"x","min_tokens":-1}`)
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 400 || !strings.Contains(string(b), "min_tokens") {
+		t.Errorf("min_tokens -1: %d %s", resp.StatusCode, b)
+	}
+}

@@ -93,9 +93,13 @@ type openaiSampling struct {
 	openaiGuided
 	Tools json.RawMessage `json:"tools"`
 	// Extensions vLLM's server accepts too.
-	TopK              *int32   `json:"top_k"`
-	MinP              *float32 `json:"min_p"`
-	RepetitionPenalty *float32 `json:"repetition_penalty"`
+	TopK                   *int32   `json:"top_k"`
+	MinP                   *float32 `json:"min_p"`
+	RepetitionPenalty      *float32 `json:"repetition_penalty"`
+	MinTokens              *int32   `json:"min_tokens"`
+	IgnoreEOS              bool     `json:"ignore_eos"`
+	StopTokenIDs           []int32  `json:"stop_token_ids"`
+	IncludeStopStrInOutput bool     `json:"include_stop_str_in_output"`
 }
 
 func (o *openaiSampling) params() (*brokerv1.SamplingParams, error) {
@@ -124,10 +128,16 @@ func (o *openaiSampling) params() (*brokerv1.SamplingParams, error) {
 	if t := o.Temperature; t != nil && *t < 0 {
 		return nil, paramError("temperature", "decimal_below_min_value", "Invalid 'temperature': decimal below minimum value. Expected a value >= 0, but got %v instead.", *t)
 	}
+	if o.MinTokens != nil && *o.MinTokens < 0 {
+		return nil, paramError("min_tokens", "invalid_value", "min_tokens must be greater than or equal to 0, got %d", *o.MinTokens)
+	}
 	sp := &brokerv1.SamplingParams{
 		Temperature: o.Temperature, TopP: o.TopP, TopK: o.TopK, MinP: o.MinP,
 		PresencePenalty: o.PresencePenalty, FrequencyPenalty: o.FrequencyPenalty, RepetitionPenalty: o.RepetitionPenalty,
-		Stop: o.Stop,
+		Stop: o.Stop, IgnoreEos: o.IgnoreEOS, StopTokenIds: o.StopTokenIDs, IncludeStopStrInOutput: o.IncludeStopStrInOutput,
+	}
+	if o.MinTokens != nil {
+		sp.MinTokens = *o.MinTokens
 	}
 	var err error
 	if sp.Constraint, err = o.constraint(); err != nil {

@@ -4555,7 +4555,8 @@ type SamplingParams struct {
 	// Ollama and OpenAI do), unless the model's generation_config.json sets
 	// max_new_tokens, which is then the default.
 	MaxTokens int32 `protobuf:"varint,9,opt,name=max_tokens,json=maxTokens,proto3" json:"max_tokens,omitempty"`
-	// Strings that end a sequence; they are not part of the output.
+	// Strings that end a sequence; they are not part of the output (but
+	// see include_stop_str_in_output).
 	Stop []string `protobuf:"bytes,10,rep,name=stop,proto3" json:"stop,omitempty"`
 	// Token ids that end a sequence, besides the model's end-of-sequence ids.
 	StopTokenIds []int32 `protobuf:"varint,11,rep,packed,name=stop_token_ids,json=stopTokenIds,proto3" json:"stop_token_ids,omitempty"`
@@ -4573,9 +4574,16 @@ type SamplingParams struct {
 	// id (OpenAI's and vLLM's logit_bias): -100 bans a token in practice,
 	// 100 all but forces it. Values -100 to 100, at most 1024 ids, each in
 	// the model's vocabulary. Logprobs stay those of the model's logits.
-	LogitBias     map[int32]float32 `protobuf:"bytes,16,rep,name=logit_bias,json=logitBias,proto3" json:"logit_bias,omitempty" protobuf_key:"varint,1,opt,name=key" protobuf_val:"fixed32,2,opt,name=value"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	LogitBias map[int32]float32 `protobuf:"bytes,16,rep,name=logit_bias,json=logitBias,proto3" json:"logit_bias,omitempty" protobuf_key:"varint,1,opt,name=key" protobuf_val:"fixed32,2,opt,name=value"`
+	// No end-of-sequence token, stop token id or stop string ends a
+	// sequence before it has this many tokens (vLLM's min_tokens); at most
+	// max_tokens. A constraint whose output is complete still ends it.
+	MinTokens int32 `protobuf:"varint,17,opt,name=min_tokens,json=minTokens,proto3" json:"min_tokens,omitempty"`
+	// The stop string that ends a sequence is part of its output (vLLM's
+	// include_stop_str_in_output).
+	IncludeStopStrInOutput bool `protobuf:"varint,18,opt,name=include_stop_str_in_output,json=includeStopStrInOutput,proto3" json:"include_stop_str_in_output,omitempty"`
+	unknownFields          protoimpl.UnknownFields
+	sizeCache              protoimpl.SizeCache
 }
 
 func (x *SamplingParams) Reset() {
@@ -4718,6 +4726,20 @@ func (x *SamplingParams) GetLogitBias() map[int32]float32 {
 		return x.LogitBias
 	}
 	return nil
+}
+
+func (x *SamplingParams) GetMinTokens() int32 {
+	if x != nil {
+		return x.MinTokens
+	}
+	return 0
+}
+
+func (x *SamplingParams) GetIncludeStopStrInOutput() bool {
+	if x != nil {
+		return x.IncludeStopStrInOutput
+	}
+	return false
 }
 
 // A structured-output constraint, compiled once per model and source and
@@ -6168,7 +6190,7 @@ const file_broker_v1_broker_proto_rawDesc = "" +
 	"\fDrainRequest\x12\x12\n" +
 	"\x04exit\x18\x01 \x01(\bR\x04exit\"-\n" +
 	"\rDrainResponse\x12\x1c\n" +
-	"\tcompleted\x18\x01 \x01(\x03R\tcompleted\"\xa2\x06\n" +
+	"\tcompleted\x18\x01 \x01(\x03R\tcompleted\"\xfd\x06\n" +
 	"\x0eSamplingParams\x12%\n" +
 	"\vtemperature\x18\x01 \x01(\x02H\x00R\vtemperature\x88\x01\x01\x12\x18\n" +
 	"\x05top_p\x18\x02 \x01(\x02H\x01R\x04topP\x88\x01\x01\x12\x18\n" +
@@ -6191,7 +6213,10 @@ const file_broker_v1_broker_proto_rawDesc = "" +
 	"constraint\x18\x0f \x01(\v2\x15.broker.v1.ConstraintR\n" +
 	"constraint\x12G\n" +
 	"\n" +
-	"logit_bias\x18\x10 \x03(\v2(.broker.v1.SamplingParams.LogitBiasEntryR\tlogitBias\x1a<\n" +
+	"logit_bias\x18\x10 \x03(\v2(.broker.v1.SamplingParams.LogitBiasEntryR\tlogitBias\x12\x1d\n" +
+	"\n" +
+	"min_tokens\x18\x11 \x01(\x05R\tminTokens\x12:\n" +
+	"\x1ainclude_stop_str_in_output\x18\x12 \x01(\bR\x16includeStopStrInOutput\x1a<\n" +
 	"\x0eLogitBiasEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\x05R\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x02R\x05value:\x028\x01B\x0e\n" +

@@ -607,3 +607,20 @@ func TestThinkFirst(t *testing.T) {
 		t.Fatal("ThinkFirst without a constraint passed")
 	}
 }
+
+// TestMinTokensUnderAGrammar: min_tokens does not hold a sequence whose
+// grammar allows only EOS (its answer complete): it ends.
+func TestMinTokensUnderAGrammar(t *testing.T) {
+	m, _ := vocabModel(t, ModelOptions{}, 1, EngineOptions{})
+	s, err := m.NewSequenceContext(context.Background(), Sampling{MinTokens: 5, Constraint: &Constraint{Kind: grammar.KindRegex, Source: "a"}}, prompt(5, 1, 96))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := int32(slices.Index(testVocab().toks, "a"))
+	for i, want := range []bool{false, true} {
+		res, err := s.next(oneHot(96, a))
+		if err != nil || res.End != "" || res.Stop != want {
+			t.Fatalf("token %d: %+v, %v; want stop %v", i, res, err, want)
+		}
+	}
+}

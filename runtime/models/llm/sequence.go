@@ -27,6 +27,9 @@ const (
 	MaxStopBytes   = 256
 	// MaxStopTokenIDs bounds StopTokenIDs.
 	MaxStopTokenIDs = 64
+	// MaxMinTokens bounds MinTokens (a context's length; the caller
+	// checks it against max_tokens).
+	MaxMinTokens = 1 << 20
 	// MaxLogitBias bounds LogitBias's ids; MaxBias its values' size
 	// (OpenAI's range).
 	MaxLogitBias = 1024
@@ -52,6 +55,14 @@ type Sampling struct {
 	Logprobs                          bool
 	TopLogprobs                       int
 	IgnoreEOS                         bool
+	// MinTokens: no EOS, stop token id or stop string ends the sequence
+	// before it has this many tokens (vLLM's min_tokens): EOS's and the
+	// stop ids' logits are -Inf until then (a grammar that allows only
+	// EOS still ends it).
+	MinTokens int
+	// IncludeStop: the stop string that ends the sequence is in its text
+	// (vLLM's include_stop_str_in_output).
+	IncludeStop bool
 	// Constraint keeps the output inside a grammar (nil: free). EOS is
 	// allowed only where the output is complete, and a sequence whose
 	// grammar accepted EOS stops even with IgnoreEOS.
@@ -91,6 +102,8 @@ func (s Sampling) Validate() error {
 		return bad("top_logprobs needs logprobs")
 	case len(s.Stop) > MaxStopStrings:
 		return bad("%d stop strings, at most %d", len(s.Stop), MaxStopStrings)
+	case s.MinTokens < 0 || s.MinTokens > MaxMinTokens:
+		return bad("min_tokens %d: want 0 to %d", s.MinTokens, MaxMinTokens)
 	case len(s.StopTokenIDs) > MaxStopTokenIDs:
 		return bad("%d stop token ids, at most %d", len(s.StopTokenIDs), MaxStopTokenIDs)
 	case len(s.LogitBias) > MaxLogitBias:
@@ -168,6 +181,7 @@ type Sequence struct {
 	stopped bool
 	con     *constraintState // nil: unconstrained
 	guesses int              // how many to guess next (0: as many as allowed); see guessed
+	n       int              // tokens sampled
 
 	// scratch lends the buffers of one sampling step ([V] float64 and
 	// int32: 1.8 MB for Qwen's vocabulary). A sequence borrows them per
@@ -292,6 +306,7 @@ func (s *Sequence) next(logits []float32) (SeqResult, error) {
 			}
 		}
 		s.penalise(x)
+		s.holdEnd(x)
 		tok = s.pick(x, sc.idx)
 	}
 	if s.params.Logprobs {
@@ -305,6 +320,7 @@ func (s *Sequence) next(logits []float32) (SeqResult, error) {
 		terminated = s.con.terminated()
 	}
 	s.counts[tok]++
+	s.n++
 	d.TokenIDs = []int32{tok}
 	res := SeqResult{Token: tok}
 	if terminated || slices.Contains(s.params.StopTokenIDs, tok) || (!s.params.IgnoreEOS && slices.Contains(s.eos, tok)) {
@@ -345,14 +361,22 @@ func (s *Sequence) constraintEnd(error) (SeqResult, error) {
 // string; stop is set (and the text cut before it) when one is complete.
 func (s *Sequence) release() (text string, stop bool) {
 	p := s.pending.String()
-	cut := -1
+	if s.n < s.params.MinTokens {
+		// Before min_tokens stop strings do not count, as in vLLM.
+		s.pending.Reset()
+		return p, false
+	}
+	cut, end := -1, 0
 	for _, st := range s.params.Stop {
 		if i := strings.Index(p, st); i >= 0 && (cut < 0 || i < cut) {
-			cut = i
+			cut, end = i, i+len(st)
 		}
 	}
 	if cut >= 0 {
 		s.pending.Reset()
+		if s.params.IncludeStop {
+			return p[:end], true
+		}
 		return p[:cut], true
 	}
 	// Hold back the longest suffix that is a proper prefix of a stop string.
@@ -406,7 +430,34 @@ func (s *Sequence) guessed(n, taken int) {
 func (s *Sequence) plainGreedy() bool {
 	p := s.params
 	return p.Temperature == 0 && s.con == nil && (p.RepetitionPenalty == 0 || p.RepetitionPenalty == 1) &&
-		p.PresencePenalty == 0 && p.FrequencyPenalty == 0 && len(p.LogitBias) == 0
+		p.PresencePenalty == 0 && p.FrequencyPenalty == 0 && len(p.LogitBias) == 0 && s.n >= p.MinTokens
+}
+
+// holdEnd keeps the sequence from ending before MinTokens: EOS (unless
+// ignored) and the stop ids get -Inf. A grammar that allows nothing else
+// (its answer complete) keeps them.
+func (s *Sequence) holdEnd(x []float64) {
+	if s.n >= s.params.MinTokens {
+		return
+	}
+	ends := s.params.StopTokenIDs
+	if !s.params.IgnoreEOS {
+		ends = append(slices.Clip(ends), s.eos...)
+	}
+	saved := make([]float64, len(ends))
+	inf := math.Inf(-1)
+	for i, t := range ends {
+		if int(t) < len(x) {
+			saved[i], x[t] = x[t], inf
+		}
+	}
+	if s.con != nil && !slices.ContainsFunc(x, func(v float64) bool { return v > inf }) {
+		for i, t := range ends {
+			if int(t) < len(x) {
+				x[t] = saved[i]
+			}
+		}
+	}
 }
 
 // argmax32 is pick's greedy choice on float32 logits: the first index of

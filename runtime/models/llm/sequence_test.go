@@ -101,6 +101,9 @@ func TestSequenceStops(t *testing.T) {
 		{"utf-8 split across tokens", Sampling{}, []int32{6, 7, 5}, "€!", -1},
 		{"stop after a split rune", Sampling{Stop: []string{"€"}}, []int32{1, 6, 7, 5}, "Hel", 2},
 		{"held prefix flushed at the end", Sampling{Stop: []string{"ENDX"}}, []int32{1, 8, 9}, "HelEND", -1},
+		{"stop string included", Sampling{Stop: []string{"lo wo"}, IncludeStop: true}, []int32{1, 2, 3, 4}, "Hello wo", 2},
+		{"stop string before min_tokens", Sampling{Stop: []string{"lo"}, MinTokens: 3}, []int32{1, 2, 3, 4}, "Hello world", -1},
+		{"stop string at min_tokens", Sampling{Stop: []string{"wor"}, MinTokens: 3}, []int32{1, 2, 3, 4}, "Hello ", 2},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			text, stopAt, s := run(t, tc.p, tc.toks)
@@ -111,6 +114,36 @@ func TestSequenceStops(t *testing.T) {
 				t.Fatalf("second flush gave %q", d.Text)
 			}
 		})
+	}
+}
+
+// TestSequenceMinTokens: before min_tokens neither EOS nor a stop id is
+// picked, however likely; at min_tokens they end the sequence.
+func TestSequenceMinTokens(t *testing.T) {
+	table := []string{"<eos>", "a", "b", "c"}
+	for _, p := range []Sampling{{MinTokens: 3}, {MinTokens: 3, StopTokenIDs: []int32{2}}, {MinTokens: 3, Temperature: 1, Seed: 1, Seeded: true}} {
+		s, err := newSequence(p, nil, len(table), []int32{0}, &byteDetok{table: table})
+		if err != nil {
+			t.Fatal(err)
+		}
+		end := int32(0)
+		if len(p.StopTokenIDs) > 0 {
+			end = p.StopTokenIDs[0]
+		}
+		for i := range 4 {
+			logits := make([]float32, len(table))
+			logits[end] = 30 // all but certain
+			res, err := s.next(logits)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if stop := i == 3; res.Stop != stop || stop != (res.Token == end) {
+				t.Fatalf("%+v: token %d is %d (stop %v)", p, i, res.Token, res.Stop)
+			}
+		}
+	}
+	if err := (Sampling{MinTokens: -1}).Validate(); err == nil {
+		t.Error("min_tokens -1 passed")
 	}
 }
 
