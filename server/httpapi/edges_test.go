@@ -302,13 +302,16 @@ func TestSemanticVersion(t *testing.T) {
 	}
 }
 
-// TestOpenAIModelsServable: /v1/models lists generators and embedding
-// models only.
+// TestOpenAIModelsServable: /v1/models lists the loaded generators and
+// embedding models only (not "cold", in the repository but not loaded).
 func TestOpenAIModelsServable(t *testing.T) {
 	srv, _, _ := newTestServer(t)
 	_, b := do(t, "GET", srv.URL+"/v1/models", "", nil)
 	var list struct {
-		Data []struct{ ID string }
+		Data []struct {
+			ID      string
+			Created int64
+		}
 	}
 	if err := json.Unmarshal(b, &list); err != nil {
 		t.Fatal(err)
@@ -316,9 +319,12 @@ func TestOpenAIModelsServable(t *testing.T) {
 	var ids []string
 	for _, m := range list.Data {
 		ids = append(ids, m.ID)
+		if m.ID == "tiny-llm" && m.Created != 1700000000 {
+			t.Errorf("tiny-llm created %d, want its files' time", m.Created)
+		}
 	}
-	if got, want := strings.Join(ids, ","), "nbmf-hash-v1,tiny-llm,cold"; got != want {
-		t.Errorf("/v1/models ids %s, want %s (no MLP)", got, want)
+	if got, want := strings.Join(ids, ","), "nbmf-hash-v1,tiny-llm"; got != want {
+		t.Errorf("/v1/models ids %s, want %s (no MLP, nothing unloaded)", got, want)
 	}
 	for _, tc := range []struct {
 		id   string

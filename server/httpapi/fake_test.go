@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	brokerv1 "github.com/brokerd/brokerd/proto/broker/v1"
 )
@@ -212,7 +213,8 @@ func (f *fakeBackend) RunChat(ctx context.Context, req *brokerv1.ChatRequest, s 
 func (f *fakeBackend) ListModels(context.Context, *brokerv1.ListModelsRequest) (*brokerv1.ListModelsResponse, error) {
 	return &brokerv1.ListModelsResponse{Models: []*brokerv1.Model{
 		{Name: "nbmf-hash-v1", Kind: "hash-encoder", State: brokerv1.ModelState_MODEL_STATE_READY, DeviceIds: []string{"cpu:0"}, MemoryBytes: 4096},
-		{Name: "tiny-llm", Kind: "llm", State: brokerv1.ModelState_MODEL_STATE_READY, DeviceIds: []string{"cpu:0"}, MemoryBytes: 1 << 20},
+		{Name: "tiny-llm", Kind: "llm", State: brokerv1.ModelState_MODEL_STATE_READY, DeviceIds: []string{"cpu:0"}, MemoryBytes: 1 << 20,
+			ModifiedAt: timestamppb.New(time.Unix(1700000000, 0))},
 		{Name: "cold", Kind: "bert", State: brokerv1.ModelState_MODEL_STATE_AVAILABLE},
 		{Name: "tiny-mlp", Kind: "mlp", State: brokerv1.ModelState_MODEL_STATE_READY, DeviceIds: []string{"cpu:0"}, MemoryBytes: 1024},
 	}}, nil

@@ -134,7 +134,7 @@ func New(b Backend, opts Options) *Handler {
 		"POST /v1/completions":      h.openaiCompletions,
 		"POST /v1/embeddings":       h.openaiEmbeddings,
 		"GET /v1/models":            h.openaiModels,
-		"GET /v1/models/{model...}": h.openaiModel,
+		"GET /v1/models/{model...}": h.openaiModelByID,
 	}
 	patterns := make([]string, 0, len(routes))
 	for pattern, fn := range routes {

@@ -665,12 +665,13 @@ func (h *Handler) openaiModels(w http.ResponseWriter, r *http.Request) {
 	}
 	data := []any{}
 	for _, m := range ms.GetModels() {
-		// Only what an OpenAI route serves: generators and embedding
-		// models, not MLPs or classifiers.
-		if m.GetState() == brokerv1.ModelState_MODEL_STATE_FAILED || !openaiServes(m.GetKind()) {
+		// Only what an OpenAI route serves now, as vLLM lists its served
+		// models: generators and embedding models that are loaded (not
+		// MLPs or classifiers; brokerctl models lists the repository).
+		if m.GetState() != brokerv1.ModelState_MODEL_STATE_READY || !openaiServes(m.GetKind()) {
 			continue
 		}
-		data = append(data, openaiModel(m, h.opts.Now().Unix()))
+		data = append(data, h.openaiModel(m))
 	}
 	writeJSON(w, map[string]any{"object": "list", "data": data})
 }
@@ -690,11 +691,17 @@ func checkDimensions(dims *int, model string, resp *brokerv1.EncodeResponse) err
 	return nil
 }
 
-func openaiModel(m *brokerv1.Model, created int64) map[string]any {
+// openaiModel is a model as /v1/models gives it: created is when its
+// files were last written (as Ollama's modified_at), else now.
+func (h *Handler) openaiModel(m *brokerv1.Model) map[string]any {
+	created := h.opts.Now().Unix()
+	if t := m.GetModifiedAt(); t != nil {
+		created = t.AsTime().Unix()
+	}
 	return map[string]any{"id": m.GetName(), "object": "model", "created": created, "owned_by": "brokerd"}
 }
 
-func (h *Handler) openaiModel(w http.ResponseWriter, r *http.Request) {
+func (h *Handler) openaiModelByID(w http.ResponseWriter, r *http.Request) {
 	m, err := h.findModel(r.Context(), modelName(r.PathValue("model")))
 	if err == nil && !openaiServes(m.GetKind()) {
 		err = status.Errorf(codes.NotFound, "model %s is a %s model, which the OpenAI API does not serve (generators and embedding models only): it takes tensors through brokerd's gRPC or KServe v2 API", m.GetName(), m.GetKind())
@@ -703,5 +710,5 @@ func (h *Handler) openaiModel(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	writeJSON(w, openaiModel(m, h.opts.Now().Unix()))
+	writeJSON(w, h.openaiModel(m))
 }
