@@ -88,6 +88,7 @@ type globals struct {
 	socket, addr       string
 	socketSet, addrSet bool
 	timeout            time.Duration
+	timeoutSet         bool
 }
 
 func isGlobalFlag(name string) bool {
@@ -109,7 +110,7 @@ func (g *globals) register(fs *flag.FlagSet) {
 		g.addr, g.addrSet = s, true
 		return nil
 	})
-	fs.Func("timeout", "deadline for the whole command (default 10s; 0 for none)", func(s string) error {
+	fs.Func("timeout", "deadline for the whole command (default 10s, none for load, unload and drain; 0 for none)", func(s string) error {
 		d, err := time.ParseDuration(s)
 		if err != nil {
 			return err
@@ -117,7 +118,7 @@ func (g *globals) register(fs *flag.FlagSet) {
 		if d < 0 {
 			return errors.New("must not be negative")
 		}
-		g.timeout = d
+		g.timeout, g.timeoutSet = d, true
 		return nil
 	})
 }
@@ -202,8 +203,9 @@ func (a *app) run(ctx context.Context, args []string) int {
 	g.resolve(a.euid, a.getenv)
 
 	// A self-bounded command (bench) ends by its own clock, so --timeout
-	// bounds each of its RPCs instead of the whole command.
-	if g.timeout > 0 && !cmd.selfBounded {
+	// bounds each of its RPCs instead of the whole command; one that waits
+	// on brokerd's work (load, unload, drain) has no deadline unless asked.
+	if g.timeout > 0 && !cmd.selfBounded && (!cmd.waits || g.timeoutSet) {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, g.timeout)
 		defer cancel()
@@ -490,7 +492,7 @@ func mainUsage(defaultSocket string) string {
 	b.WriteString("\nglobal flags (also accepted after the command):\n")
 	fmt.Fprintf(&b, "  --socket PATH     Unix socket of brokerd (env %s; default %s)\n", endpoint.EnvSocket, defaultSocket)
 	fmt.Fprintf(&b, "  --addr HOST:PORT  TCP address of brokerd; wins over the socket (env %s)\n", endpoint.EnvAddr)
-	fmt.Fprintf(&b, "  --timeout DUR     deadline for the whole command (default %s; for bench, for each request)\n", DefaultTimeout)
+	fmt.Fprintf(&b, "  --timeout DUR     deadline for the whole command (default %s; for bench, for each request; load, unload and drain: none)\n", DefaultTimeout)
 	b.WriteString("\nRun \"brokerctl help COMMAND\" for a command's flags.\n")
 	return b.String()
 }

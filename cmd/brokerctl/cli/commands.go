@@ -29,7 +29,11 @@ type command struct {
 	// selfBounded commands end by their own clock (bench's --duration), so
 	// --timeout bounds each RPC instead of the whole command.
 	selfBounded bool
-	setup       func(fs *flag.FlagSet) action
+	// waits: the command's RPC lasts as long as brokerd's own work (a
+	// load reading gigabytes, an unload's or a drain's accepted work), so
+	// it has no deadline unless --timeout is given.
+	waits bool
+	setup func(fs *flag.FlagSet) action
 }
 
 func commands() []command {
@@ -43,12 +47,12 @@ func commands() []command {
 		{name: "uncordon", synopsis: "uncordon ID [--json]", summary: "let a cordoned device take batches again", args: "ID", nargs: 1, setup: uncordonCmd},
 		{name: "encode", synopsis: "encode [TEXT... | - | --file PATH] [--fidelity F] [--model NAME] [--batch N] [--json]", summary: "encode texts (arguments, or one per line from stdin or a file) into vectors and codes", args: "TEXT...", nargs: -1, setup: encodeCmd},
 		{name: "stats", synopsis: "stats [--model NAME] [--json]", summary: "show queue, batch and latency statistics per model and device", setup: statsCmd},
-		{name: "drain", synopsis: "drain [--exit] [--json]", summary: "stop accepting work and complete everything accepted (then exit with --exit)", setup: drainCmd},
+		{name: "drain", synopsis: "drain [--exit] [--json]", summary: "stop accepting work and complete everything accepted (then exit with --exit)", waits: true, setup: drainCmd},
 		{name: "bench", synopsis: "bench [--concurrency 1,8,64] [--duration 10s] [--baseline] [--json]", summary: "generate closed-loop Encode load and print throughput, latency and batch size per concurrency", selfBounded: true, setup: benchCmd},
 		{name: "top", synopsis: "top [--interval 1s] [--model NAME] [--once]", summary: "live view of devices and queues, refreshed like top; q or Ctrl-C quits, --once prints one frame", selfBounded: true, setup: topCmd},
 		{name: "models", synopsis: "models [--wide] [--json]", summary: "list the served models and the model repository: versions, state, devices, memory", setup: modelsCmd},
-		{name: "load", synopsis: "load NAME [--version V] [--json]", summary: "load (or reload) a repository model onto the devices, admitted against their memory budgets", args: "NAME", nargs: 1, setup: loadCmd},
-		{name: "unload", synopsis: "unload NAME [--json]", summary: "unload a model once its accepted work is done, freeing its memory", args: "NAME", nargs: 1, setup: unloadCmd},
+		{name: "load", synopsis: "load NAME [--version V] [--json]", summary: "load (or reload) a repository model onto the devices, admitted against their memory budgets", args: "NAME", nargs: 1, waits: true, setup: loadCmd},
+		{name: "unload", synopsis: "unload NAME [--json]", summary: "unload a model once its accepted work is done, freeing its memory", args: "NAME", nargs: 1, waits: true, setup: unloadCmd},
 		{name: "infer", synopsis: "infer MODEL --input NAME=@FILE... [--version V] [--output NAME] [--json]", summary: "run typed tensors (JSON files) through a model and print its outputs", args: "MODEL", nargs: 1, setup: inferCmd},
 		{name: "generate", synopsis: "generate --model M [--max-tokens N] [--temperature T] [--seed S] [--stop S] [--json-schema FILE | --grammar FILE | --regex RE | --json-object] [--json] PROMPT...", summary: "continue prompts with a generator (LLM) model, streaming the text; several prompts run as one batched round", args: "PROMPT...", nargs: -1, selfBounded: true, setup: generateCmd},
 		{name: "chat", synopsis: "chat --model M [--message ROLE=TEXT...] [--system TEXT] [--json-schema FILE | --grammar FILE | --regex RE | --json-object] [--json]", summary: "chat with a generator model through its chat template: interactive, or one answer to --message turns", selfBounded: true, setup: chatCmd},

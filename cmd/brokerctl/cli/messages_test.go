@@ -28,8 +28,34 @@ func (f *fakeBroker) LoadModel(_ context.Context, req *brokerv1.LoadModelRequest
 	return nil, status.Error(codes.NotFound, msgNotInRepo)
 }
 
-func (f *fakeBroker) UnloadModel(context.Context, *brokerv1.UnloadModelRequest) (*brokerv1.UnloadModelResponse, error) {
+func (f *fakeBroker) UnloadModel(ctx context.Context, _ *brokerv1.UnloadModelRequest) (*brokerv1.UnloadModelResponse, error) {
+	f.mu.Lock()
+	_, f.unloadDeadline = ctx.Deadline()
+	f.mu.Unlock()
 	return nil, status.Error(codes.NotFound, msgUnknownModel)
+}
+
+// TestWaitingCommandsHaveNoDefaultDeadline: unload (like load and drain)
+// waits on brokerd's own work, a long generation's end, so it has no
+// deadline unless --timeout gives one (it failed after the default 10s
+// while the unload went on).
+func TestWaitingCommandsHaveNoDefaultDeadline(t *testing.T) {
+	ts := startServer(t)
+	for _, tc := range []struct {
+		args     []string
+		deadline bool
+	}{
+		{[]string{"unload", "nope"}, false},
+		{[]string{"--timeout", "1h", "unload", "nope"}, true},
+	} {
+		ts.run(t, nil, tc.args...)
+		ts.broker.mu.Lock()
+		got := ts.broker.unloadDeadline
+		ts.broker.mu.Unlock()
+		if got != tc.deadline {
+			t.Errorf("brokerctl %s: deadline %v, want %v", strings.Join(tc.args, " "), got, tc.deadline)
+		}
+	}
 }
 
 func TestTidyMessage(t *testing.T) {

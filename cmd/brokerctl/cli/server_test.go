@@ -41,6 +41,8 @@ type fakeBroker struct {
 	lastPlanReq *brokerv1.GetBatchPlanRequest
 	lastStats   *brokerv1.GetStatsRequest
 	lastDrain   *brokerv1.DrainRequest
+	// unloadDeadline: whether the last UnloadModel had a deadline.
+	unloadDeadline bool
 
 	// Encode: every call's item count, the last request, and, when
 	// failEvery > 0, every failEvery-th call fails with UNAVAILABLE.
