@@ -111,6 +111,7 @@ func WriteGGUFQuantized(dir, path, ftype string, q Quantizer) (int64, error) {
 		RMSEps        float64  `json:"rms_norm_eps"`
 		RopeTheta     float64  `json:"rope_theta"`
 		EOS           []int    `json:"eos_token_id"`
+		BOS           *int     `json:"bos_token_id"`
 		Tied          bool     `json:"tie_word_embeddings"`
 	}
 	raw, err := os.ReadFile(filepath.Join(dir, "config.json"))
@@ -172,16 +173,29 @@ func WriteGGUFQuantized(dir, path, ftype string, q Quantizer) (int64, error) {
 	if len(cfg.EOS) > 0 {
 		g.kv("tokenizer.ggml.eos_token_id", ggufUint32, uint32(cfg.EOS[0]))
 	}
+	// The chat template and the BOS id, as the converter takes them from
+	// config.json and tokenizer_config.json: a template's bos_token (Llama
+	// 3's <|begin_of_text|>) needs the id.
+	var tc struct {
+		ChatTemplate string          `json:"chat_template"`
+		BOS          json.RawMessage `json:"bos_token"` // a string, or {"content": ...}
+	}
+	if raw, err := readMaybeZst(filepath.Join(dir, "tokenizer_config.json")); err == nil && json.Unmarshal(raw, &tc) == nil {
+		var bos struct {
+			Content string `json:"content"`
+		}
+		if cfg.BOS == nil && (json.Unmarshal(tc.BOS, &bos.Content) == nil || json.Unmarshal(tc.BOS, &bos) == nil) && bos.Content != "" {
+			if id := slices.Index(tok.tokens, bos.Content); id >= 0 {
+				cfg.BOS = &id
+			}
+		}
+	}
+	if cfg.BOS != nil && *cfg.BOS >= 0 && *cfg.BOS < cfg.Vocab {
+		g.kv("tokenizer.ggml.bos_token_id", ggufUint32, uint32(*cfg.BOS))
+	}
 	g.kv("tokenizer.ggml.add_bos_token", ggufBool, false)
-	// The chat template, as the converter copies it from
-	// tokenizer_config.json.
-	if raw, err := readMaybeZst(filepath.Join(dir, "tokenizer_config.json")); err == nil {
-		var tc struct {
-			ChatTemplate string `json:"chat_template"`
-		}
-		if json.Unmarshal(raw, &tc) == nil && tc.ChatTemplate != "" {
-			g.kv("tokenizer.chat_template", ggufString, tc.ChatTemplate)
-		}
+	if tc.ChatTemplate != "" {
+		g.kv("tokenizer.chat_template", ggufString, tc.ChatTemplate)
 	}
 
 	// Hugging Face names → llama.cpp names, in llama.cpp's order.

@@ -78,6 +78,10 @@ func TestWriteGGUF(t *testing.T) {
 			if len(g.kv["tokenizer.ggml.merges"].([]string)) == 0 {
 				t.Fatal("no merges")
 			}
+			// Llama 3's template writes bos_token: the file names its id.
+			if id, ok := g.kv["tokenizer.ggml.bos_token_id"].(uint32); c.tok == "llama3" && (!ok || tokens[id] != "<|begin_of_text|>") {
+				t.Errorf("tokenizer.ggml.bos_token_id %v, want <|begin_of_text|>'s", g.kv["tokenizer.ggml.bos_token_id"])
+			}
 
 			check := func(hf, name string, permute int) {
 				t.Helper()
