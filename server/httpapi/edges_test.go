@@ -172,7 +172,7 @@ func TestOpenAIErrorCodes(t *testing.T) {
 	}{
 		{"unknown model", "/v1/chat/completions", chat("nope", ""), "", 404, "invalid_request_error", "model_not_found", "<null>", "not found"},
 		{"unknown model, embeddings", "/v1/embeddings", `{"model":"nope","input":"x"}`, "", 404, "invalid_request_error", "model_not_found", "<null>", "not found"},
-		{"bad key", "/v1/chat/completions", chat("tiny-llm", ""), "wrong", 401, "authentication_error", "invalid_api_key", "<null>", "API key"},
+		{"bad key", "/v1/chat/completions", chat("tiny-llm", ""), "wrong", 401, "invalid_request_error", "invalid_api_key", "<null>", "API key"},
 		{"queue full", "/v1/chat/completions", chat("busy", ""), "", 429, "rate_limit_error", "rate_limit_exceeded", "<null>", "queue full"},
 		{"draining", "/v1/completions", `{"model":"draining","prompt":"x"}`, "", 503, "server_error", "unavailable", "<null>", "draining"},
 		{"temperature over 2", "/v1/chat/completions", chat("tiny-llm", `,"temperature":2.5`), "", 400, "invalid_request_error", "decimal_above_max_value", "temperature", "<= 2"},
@@ -186,6 +186,10 @@ func TestOpenAIErrorCodes(t *testing.T) {
 		{"an encoder asked to chat", "/v1/chat/completions", chat("nbmf-hash-v1", ""), "", 400, "invalid_request_error", "<null>", "<null>", "embedding model (kind hash-encoder) and does not generate text: use it with /v1/embeddings"},
 		{"an MLP asked to complete", "/v1/completions", `{"model":"tiny-mlp","prompt":"x"}`, "", 400, "invalid_request_error", "<null>", "<null>", "takes tensors through brokerd's gRPC or KServe v2 API"},
 		{"an MLP by id", "/v1/models/tiny-mlp", "", "", 404, "invalid_request_error", "model_not_found", "<null>", "does not serve"},
+		{"a user message of null", "/v1/chat/completions", `{"model":"tiny-llm","messages":[{"role":"user","content":null}]}`, "", 400,
+			"invalid_request_error", "invalid_type", "messages.[0].content", "got null"},
+		{"a system message without content", "/v1/chat/completions", `{"model":"tiny-llm","messages":[{"role":"system"},{"role":"user","content":"x"}]}`, "", 400,
+			"invalid_request_error", "invalid_type", "messages.[0].content", "got null"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			hdr := map[string]string{"Content-Type": "application/json"}

@@ -36,7 +36,7 @@ func openaiErrorType(code int) string {
 	case http.StatusBadRequest, http.StatusNotFound, http.StatusMethodNotAllowed, http.StatusRequestTimeout, http.StatusRequestEntityTooLarge, http.StatusNotImplemented:
 		return "invalid_request_error"
 	case http.StatusUnauthorized:
-		return "authentication_error"
+		return "invalid_request_error" // with code invalid_api_key, as OpenAI answers a wrong key
 	case http.StatusForbidden:
 		return "permission_error"
 	case http.StatusTooManyRequests:
@@ -347,7 +347,13 @@ func (h *Handler) openaiChat(w http.ResponseWriter, r *http.Request) {
 	}
 	sp.Logprobs = wantLogprobs
 	conv := &brokerv1.Conversation{}
-	for _, m := range req.Messages {
+	for i, m := range req.Messages {
+		if m.Role != "assistant" && (len(m.Content) == 0 || string(m.Content) == "null") {
+			// Only an assistant's calls may come without content.
+			h.fail(w, r, paramError(fmt.Sprintf("messages.[%d].content", i), "invalid_type",
+				"Invalid type for 'messages.[%d].content': expected one of a string or array of objects, but got null instead.", i))
+			return
+		}
 		text, err := messageText(m.Content)
 		if err != nil {
 			h.fail(w, r, err)
