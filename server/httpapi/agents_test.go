@@ -2,6 +2,7 @@ package httpapi
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
 	"slices"
 	"strings"
@@ -347,5 +348,63 @@ func TestOpenAIVLLMSamplingExtras(t *testing.T) {
 	b, _ := io.ReadAll(resp.Body)
 	if resp.StatusCode != 400 || !strings.Contains(string(b), "min_tokens") {
 		t.Errorf("min_tokens -1: %d %s", resp.StatusCode, b)
+	}
+}
+
+// TestOpenAICompletionsEcho: echo puts each prompt before its completion
+// (streamed: in its choice's first chunk); echo with logprobs is a 400 (no
+// logprobs of prompt tokens).
+func TestOpenAICompletionsEcho(t *testing.T) {
+	srv, _, _ := newTestServer(t)
+	prompts := []string{"alpha ", "beta "}
+	// texts returns each choice's text, and whether each choice's first
+	// streamed chunk started with its prompt.
+	texts := func(echo, stream bool) ([]string, []bool) {
+		t.Helper()
+		resp := post(t, srv.URL+"/v1/completions", fmt.Sprintf(`{"model":"tiny-llm","prompt":["alpha ","beta "],"max_tokens":4,"echo":%v,"stream":%v}`, echo, stream))
+		b, _ := io.ReadAll(resp.Body)
+		out, firsts := make([]string, 2), make([]bool, 2)
+		seen := make([]bool, 2)
+		add := func(data []byte) {
+			var v struct {
+				Choices []struct {
+					Index int
+					Text  string
+				}
+			}
+			if err := json.Unmarshal(data, &v); err != nil {
+				t.Fatalf("%d %s: %v", resp.StatusCode, data, err)
+			}
+			for _, c := range v.Choices {
+				if !seen[c.Index] {
+					seen[c.Index], firsts[c.Index] = true, strings.HasPrefix(c.Text, prompts[c.Index])
+				}
+				out[c.Index] += c.Text
+			}
+		}
+		if !stream {
+			add(b)
+			return out, firsts
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			if data, ok := strings.CutPrefix(line, "data: "); ok && data != "[DONE]" {
+				add([]byte(data))
+			}
+		}
+		return out, firsts
+	}
+	plain, _ := texts(false, false)
+	for _, stream := range []bool{false, true} {
+		got, firsts := texts(true, stream)
+		for i, p := range prompts {
+			if got[i] != p+plain[i] || stream && !firsts[i] {
+				t.Errorf("stream %v, choice %d: %q (first chunk with the prompt: %v), want %q", stream, i, got[i], firsts[i], p+plain[i])
+			}
+		}
+	}
+	resp := post(t, srv.URL+"/v1/completions", `{"model":"tiny-llm","prompt":"x","echo":true,"logprobs":2}`)
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 400 || !strings.Contains(string(b), "echo") {
+		t.Errorf("echo with logprobs: %d %s", resp.StatusCode, b)
 	}
 }

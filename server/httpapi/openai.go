@@ -529,8 +529,10 @@ func (h *Handler) openaiCompletions(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, status.Error(codes.InvalidArgument, `"prompt" must be a string or a list of strings (token arrays are not supported)`))
 		return
 	}
-	if req.Echo {
-		h.fail(w, r, status.Error(codes.InvalidArgument, `"echo" is not supported`))
+	if req.Echo && req.Logprobs != nil {
+		// The prompt's logprobs would come with it, and brokerd computes
+		// the logits of sampled positions only.
+		h.fail(w, r, paramError("echo", "invalid_value", "echo with logprobs is not supported: brokerd gives no logprobs of prompt tokens; leave one of them out"))
 		return
 	}
 	if req.Suffix != nil && *req.Suffix != "" {
@@ -565,6 +567,16 @@ func (h *Handler) openaiCompletions(w http.ResponseWriter, r *http.Request) {
 	}
 	var usage openaiUsage
 	left := len(prompts)
+	// echo: a choice's text starts with its prompt (streamed in its first
+	// chunk), as OpenAI and vLLM answer it.
+	echoed := make([]bool, len(prompts))
+	echo := func(i int32, text string) string {
+		if !req.Echo || echoed[i] {
+			return text
+		}
+		echoed[i] = true
+		return prompts[i] + text
+	}
 	choice := func(i int32, text string, finish *string, lp *legacyLogprobs) map[string]any {
 		var v any
 		if lp != nil {
@@ -588,7 +600,7 @@ func (h *Handler) openaiCompletions(w http.ResponseWriter, r *http.Request) {
 				return nil
 			}
 			return out.send(map[string]any{"id": id, "object": "text_completion", "created": created, "model": req.Model,
-				"choices": []any{choice(i, e.delta.GetText(), nil, lp)}})
+				"choices": []any{choice(i, echo(i, e.delta.GetText()), nil, lp)}})
 		}
 		i := e.result.GetIndex()
 		usage.add(e.result)
@@ -596,7 +608,7 @@ func (h *Handler) openaiCompletions(w http.ResponseWriter, r *http.Request) {
 		left--
 		if req.Stream {
 			if err := out.send(map[string]any{"id": id, "object": "text_completion", "created": created, "model": req.Model,
-				"choices": []any{choice(i, "", &finishes[i], nil)}}); err != nil {
+				"choices": []any{choice(i, echo(i, ""), &finishes[i], nil)}}); err != nil {
 				return err
 			}
 		}
@@ -610,7 +622,7 @@ func (h *Handler) openaiCompletions(w http.ResponseWriter, r *http.Request) {
 				if lps != nil {
 					lp = lps[j]
 				}
-				choices[j] = choice(int32(j), texts[j].String(), &finishes[j], lp)
+				choices[j] = choice(int32(j), echo(int32(j), texts[j].String()), &finishes[j], lp)
 			}
 			writeJSON(w, map[string]any{"id": id, "object": "text_completion", "created": created, "model": req.Model,
 				"choices": choices, "usage": usage})
