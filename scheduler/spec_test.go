@@ -132,8 +132,11 @@ func TestSpecDecodeSameTokens(t *testing.T) {
 			}
 			f.check(t)
 			waitFor(t, "every block freed", func() bool { return f.blocksUsed() == 0 })
+			// The fake's lock is let go before the metrics are read: the
+			// scheduler's collector takes the scheduler's lock, under which
+			// the loop may be asking the fake for its blocks.
+			f.smu.Lock()
 			f.mu.Lock()
-			defer f.mu.Unlock()
 			granted := 0
 			for i, d := range f.drafts {
 				for _, n := range d {
@@ -143,6 +146,8 @@ func TestSpecDecodeSameTokens(t *testing.T) {
 					t.Errorf("step %d: %d tokens and guesses, budget %d", i, f.tokens[i], tc.opts.MaxStepTokens)
 				}
 			}
+			f.mu.Unlock()
+			f.smu.Unlock()
 			if granted == 0 {
 				t.Fatal("no guesses granted")
 			}
