@@ -434,8 +434,8 @@ func (s *Sequence) plainGreedy() bool {
 }
 
 // holdEnd keeps the sequence from ending before MinTokens: EOS (unless
-// ignored) and the stop ids get -Inf. A grammar that allows nothing else
-// (its answer complete) keeps them.
+// ignored) and the stop ids get -Inf. Where nothing else is left (a
+// grammar whose answer is complete) they are kept.
 func (s *Sequence) holdEnd(x []float64) {
 	if s.n >= s.params.MinTokens {
 		return
@@ -451,7 +451,7 @@ func (s *Sequence) holdEnd(x []float64) {
 			saved[i], x[t] = x[t], inf
 		}
 	}
-	if s.con != nil && !slices.ContainsFunc(x, func(v float64) bool { return v > inf }) {
+	if !slices.ContainsFunc(x, func(v float64) bool { return v > inf }) {
 		for i, t := range ends {
 			if int(t) < len(x) {
 				x[t] = saved[i]
