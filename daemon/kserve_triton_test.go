@@ -416,6 +416,7 @@ func TestTritonStreamGeneration(t *testing.T) {
 		&inference.ModelInferRequest{ModelName: "tiny-llm", Id: "bare", Inputs: []*inference.ModelInferRequest_InferInputTensor{bytesIn("text_input", prompt), boolIn("exclude_input_in_output", true), sampling}},
 		&inference.ModelInferRequest{ModelName: "tiny-llm", Id: "bad", Inputs: []*inference.ModelInferRequest_InferInputTensor{bytesIn("text_input", prompt), bytesIn("sampling_parameters", `{"temperature": -1}`)}},
 		&inference.ModelInferRequest{ModelName: "tiny-llm", Id: "unknown", Inputs: []*inference.ModelInferRequest_InferInputTensor{bytesIn("prompt", prompt)}},
+		&inference.ModelInferRequest{ModelName: "tiny-llm", Id: "n", Inputs: []*inference.ModelInferRequest_InferInputTensor{bytesIn("text_input", prompt), bytesIn("sampling_parameters", `{"n": 2}`)}},
 	)
 	streamed := got["streamed"]
 	var joined string
@@ -435,7 +436,7 @@ func TestTritonStreamGeneration(t *testing.T) {
 	if b := got["bare"]; len(b) != 1 || text(b[0]) != want {
 		t.Errorf("exclude_input_in_output: %v", b)
 	}
-	for _, id := range []string{"bad", "unknown"} {
+	for _, id := range []string{"bad", "unknown", "n"} {
 		if r := got[id]; len(r) != 1 || !strings.Contains(r[0].GetErrorMessage(), "InvalidArgument") {
 			t.Errorf("%s: %v", id, r)
 		}

@@ -175,6 +175,9 @@ type genCall struct {
 	// thinkFirst, for a constrained chat of a thinking model, lets each
 	// sequence think before its constraint applies (nil: from the start).
 	thinkFirst []*llm.ThinkFirst
+	// n answers per prompt (SamplingParams.n): sequence k answers prompt
+	// k/n; seeded, with seed + k%n.
+	n int
 }
 
 // generateSink takes one response's deltas and results: the ones ready
@@ -211,7 +214,7 @@ func (s *BrokerService) RunGenerate(ctx context.Context, req *brokerv1.GenerateR
 	}
 	defer release()
 	addSpecial := req.AddSpecialTokens == nil || req.GetAddSpecialTokens()
-	toks := make([][]int32, len(prompts))
+	toks := make([][]int32, len(prompts)*call.n)
 	for i, p := range prompts {
 		if p == "" {
 			return invalid("prompts[%d] is empty", i)
@@ -219,8 +222,12 @@ func (s *BrokerService) RunGenerate(ctx context.Context, req *brokerv1.GenerateR
 		if len(p) > s.limits.MaxItemBytes {
 			return invalid("prompts[%d] is %d bytes; the limit is %d (--max-item-bytes)", i, len(p), s.limits.MaxItemBytes)
 		}
-		if toks[i], err = call.gm.EncodePrompt(p, addSpecial); err != nil {
+		ids, err := call.gm.EncodePrompt(p, addSpecial)
+		if err != nil {
 			return invalid("prompts[%d]: %v", i, err)
+		}
+		for j := range call.n {
+			toks[i*call.n+j] = ids
 		}
 	}
 	return call.run(ctx, toks, send)
@@ -243,16 +250,17 @@ func (s *BrokerService) RunChat(ctx context.Context, req *brokerv1.ChatRequest, 
 	if req.GetEnableThinking() && !thinks {
 		return invalid("model %s does not think (its vocabulary has no <think> and </think> tokens): leave enable_thinking (Ollama's think) unset or false", req.GetModel())
 	}
+	seqs := len(convs) * call.n // sequence k answers conversation k/n
 	if thinks {
-		call.thinking = make([]*output.Thinking, len(convs))
+		call.thinking = make([]*output.Thinking, seqs)
 	}
 	tools, toolsSize, err := chatTools(req, call.gm)
 	if err != nil {
 		return err
 	}
 	if len(tools) > 0 && req.GetToolChoice() != brokerv1.ToolChoiceMode_TOOL_CHOICE_MODE_NONE {
-		call.tools = make([]*output.ToolCalls, len(convs))
-		call.calls = make([]int, len(convs))
+		call.tools = make([]*output.ToolCalls, seqs)
+		call.calls = make([]int, seqs)
 	}
 	forced, err := forcedCalls(req)
 	if err != nil {
@@ -280,7 +288,7 @@ func (s *BrokerService) RunChat(ctx context.Context, req *brokerv1.ChatRequest, 
 			}
 			thinkIDs[k] = ids[0]
 		}
-		call.thinkFirst = make([]*llm.ThinkFirst, len(convs))
+		call.thinkFirst = make([]*llm.ThinkFirst, seqs)
 	}
 	cont := req.GetContinueFinalMessage()
 	addGen := req.AddGenerationPrompt == nil || req.GetAddGenerationPrompt()
@@ -288,7 +296,7 @@ func (s *BrokerService) RunChat(ctx context.Context, req *brokerv1.ChatRequest, 
 		return invalid("continue_final_message and add_generation_prompt cannot both be true: the reply continues the last message or starts a turn")
 	}
 	addGen = addGen && !cont
-	toks := make([][]int32, len(convs))
+	toks := make([][]int32, seqs)
 	for i, c := range convs {
 		msgs := c.GetMessages()
 		if len(msgs) == 0 {
@@ -363,23 +371,25 @@ func (s *BrokerService) RunChat(ctx context.Context, req *brokerv1.ChatRequest, 
 			}
 			return invalid("conversations[%d]: %v", i, err)
 		}
-		toks[i] = ids
-		if thinks {
-			// A template may open the block itself (thinking-only
-			// models): the reply then starts inside it.
-			opened := output.PromptOpensBlock(tags, text)
-			call.thinking[i] = output.NewThinking(tags, opened)
-			if call.thinkFirst != nil && (opened || thinkOn) {
-				call.thinkFirst[i] = &llm.ThinkFirst{Open: thinkIDs[0], Close: thinkIDs[1], InBlock: opened}
+		// A template may open the block itself (thinking-only models):
+		// the reply then starts inside it.
+		opened := thinks && output.PromptOpensBlock(tags, text)
+		for k := i * call.n; k < (i+1)*call.n; k++ { // each answer its own parsers
+			toks[k] = ids
+			if thinks {
+				call.thinking[k] = output.NewThinking(tags, opened)
+				if call.thinkFirst != nil && (opened || thinkOn) {
+					call.thinkFirst[k] = &llm.ThinkFirst{Open: thinkIDs[0], Close: thinkIDs[1], InBlock: opened}
+				}
 			}
-		}
-		switch {
-		case call.named:
-			call.tools[i] = output.NewForcedCall(req.GetToolChoiceFunction())
-		case forced != nil:
-			call.tools[i] = output.NewToolCalls(output.ForcedJSON)
-		case call.tools != nil:
-			call.tools[i] = output.NewToolCalls(call.gm.ToolFormat())
+			switch {
+			case call.named:
+				call.tools[k] = output.NewForcedCall(req.GetToolChoiceFunction())
+			case forced != nil:
+				call.tools[k] = output.NewToolCalls(output.ForcedJSON)
+			case call.tools != nil:
+				call.tools[k] = output.NewToolCalls(call.gm.ToolFormat())
+			}
 		}
 	}
 	return call.run(ctx, toks, send)
@@ -623,8 +633,12 @@ func (s *BrokerService) newGenCall(ctx context.Context, method, model string, n 
 	if n == 0 {
 		return nil, nil, invalid("nothing to generate: give at least one prompt or conversation")
 	}
-	if n > s.limits.MaxItemsPerRequest {
-		return nil, nil, invalid("%d prompts; the limit is %d (--max-items-per-request)", n, s.limits.MaxItemsPerRequest)
+	answers := max(int(sp.GetN()), 1)
+	if sp.GetN() < 0 {
+		return nil, nil, invalid("sampling.n %d is invalid: 1 or more (0: 1)", sp.GetN())
+	}
+	if n > s.limits.MaxItemsPerRequest || n*answers > s.limits.MaxItemsPerRequest {
+		return nil, nil, invalid("%d prompts of %d answers each; the limit is %d answers (--max-items-per-request)", n, answers, s.limits.MaxItemsPerRequest)
 	}
 	if sp.GetMaxTokens() < 0 {
 		return nil, nil, invalid("sampling.max_tokens %d is invalid: 0 (the default) or more", sp.GetMaxTokens())
@@ -660,7 +674,7 @@ func (s *BrokerService) newGenCall(ctx context.Context, method, model string, n 
 		return nil, nil, toStatus(s.log, method, err)
 	}
 	call := &genCall{
-		svc: s, method: method, sv: sv, gm: gm, params: params, maxNew: int(sp.GetMaxTokens()),
+		svc: s, method: method, sv: sv, gm: gm, params: params, maxNew: int(sp.GetMaxTokens()), n: answers,
 		sched: scheduler.GenRequest{
 			Model: sv.Key, Client: clientID(ctx), Priority: priority, DeviceID: deviceID, DeviceType: pinType,
 		},
@@ -728,6 +742,9 @@ func (c *genCall) run(ctx context.Context, prompts [][]int32, send generateSink)
 		p := c.params
 		if c.thinkFirst != nil {
 			p.ThinkFirst = c.thinkFirst[i]
+		}
+		if p.Seeded {
+			p.Seed += uint64(i % c.n) // a prompt's answers differ
 		}
 		seq, err := c.gm.NewSequence(ctx, p, toks)
 		if err != nil {

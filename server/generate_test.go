@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"reflect"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -43,6 +44,7 @@ type letterModel struct {
 	mu       sync.Mutex
 	released map[uint64]int
 	reserved map[uint64]bool
+	seeds    []uint64 // each seeded sequence's seed, in creation order
 }
 
 const letterBOS = 1
@@ -87,6 +89,11 @@ type letterSeq struct {
 func (m *letterModel) NewSequence(_ context.Context, p llm.Sampling, prompt []int32) (genSequence, error) {
 	if p.Temperature < 0 {
 		return nil, fmt.Errorf("temperature %v: %w", p.Temperature, models.ErrInvalidInput)
+	}
+	if p.Seeded {
+		m.mu.Lock()
+		m.seeds = append(m.seeds, p.Seed)
+		m.mu.Unlock()
 	}
 	return &letterSeq{}, nil
 }
@@ -658,5 +665,69 @@ func TestChatContinueFinalMessage(t *testing.T) {
 				t.Fatalf("prompt of %d tokens, %q; want %d, %q", got.results[0].GetUsage().GetPromptTokens(), got.text[0], tc.prompt, tc.text)
 			}
 		})
+	}
+}
+
+// TestGenerateN: n answers per prompt or conversation, indexed i·n+j, the
+// j-th seeded with seed+j; prompts times n is bounded by
+// --max-items-per-request.
+func TestGenerateN(t *testing.T) {
+	m := &letterModel{ctxLen: 64, defMax: 3}
+	cl := genServer(t, m, Limits{MaxItemsPerRequest: 6, MaxItemBytes: 1 << 10})
+	ctx := t.Context()
+	read := func(n int, recv func() ([]*brokerv1.GenerationDelta, []*brokerv1.GenerationResult, error)) streamed {
+		t.Helper()
+		got, err := readAll(t, n, recv)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	prompts := []string{"abc", "x"}
+	st, err := cl.Generate(ctx, &brokerv1.GenerateRequest{Model: "tiny", Prompts: prompts, Sampling: &brokerv1.SamplingParams{N: 3, Seed: proto.Uint64(10)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := read(6, func() ([]*brokerv1.GenerationDelta, []*brokerv1.GenerationResult, error) {
+		m, err := st.Recv()
+		return m.GetDeltas(), m.GetResults(), err
+	})
+	for k := range 6 {
+		p := prompts[k/3]
+		if want := letters(p[len(p)-1], 3); got.text[k] != want || got.results[k] == nil {
+			t.Errorf("answer %d: %q, want %q (prompt %d's)", k, got.text[k], want, k/3)
+		}
+	}
+	m.mu.Lock()
+	seeds := slices.Sorted(slices.Values(m.seeds))
+	m.seeds = nil
+	m.mu.Unlock()
+	if !slices.Equal(seeds, []uint64{10, 10, 11, 11, 12, 12}) {
+		t.Errorf("seeds %v, want 10, 11 and 12 for each prompt", seeds)
+	}
+	cs, err := cl.Chat(ctx, &brokerv1.ChatRequest{Model: "tiny", Sampling: &brokerv1.SamplingParams{N: 2},
+		Conversations: []*brokerv1.Conversation{{Messages: []*brokerv1.ChatMessage{{Role: "user", Content: "hi"}}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	chat := read(2, func() ([]*brokerv1.GenerationDelta, []*brokerv1.GenerationResult, error) {
+		m, err := cs.Recv()
+		return m.GetDeltas(), m.GetResults(), err
+	})
+	if chat.results[0] == nil || chat.results[1] == nil || chat.text[0] != chat.text[1] || chat.text[0] == "" {
+		t.Errorf("chat answers %q", chat.text)
+	}
+	for _, tc := range []struct {
+		name string
+		n    int32
+		ps   int
+	}{{"over the limit", 4, 2}, {"negative", -1, 1}} {
+		st, err := cl.Generate(ctx, &brokerv1.GenerateRequest{Model: "tiny", Prompts: make([]string, tc.ps), Sampling: &brokerv1.SamplingParams{N: tc.n}})
+		if err == nil {
+			_, err = st.Recv()
+		}
+		if status.Code(err) != codes.InvalidArgument {
+			t.Errorf("%s: %v, want INVALID_ARGUMENT", tc.name, err)
+		}
 	}
 }

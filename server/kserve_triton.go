@@ -715,6 +715,9 @@ func (k *InferenceService) streamGenerate(ctx context.Context, req *inference.Mo
 			if err := protojson.Unmarshal(b, sp); err != nil {
 				return status.Errorf(codes.InvalidArgument, "sampling_parameters: %v", err)
 			}
+			if sp.GetN() > 1 {
+				return status.Errorf(codes.InvalidArgument, "sampling_parameters: n %d: one answer per request here (text_output is one element); send n requests, or use Generate or the OpenAI API", sp.GetN())
+			}
 		}
 	}
 	if !hasText || text == "" {

@@ -408,3 +408,91 @@ func TestOpenAICompletionsEcho(t *testing.T) {
 		t.Errorf("echo with logprobs: %d %s", resp.StatusCode, b)
 	}
 }
+
+// TestOpenAIChoices: n choices per prompt, indexed as the broker's
+// answers (prompt i's j-th is choice i·n+j), each with its own message,
+// chunks and finish; usage counts each prompt once.
+func TestOpenAIChoices(t *testing.T) {
+	srv, f, _ := newTestServer(t)
+	resp := post(t, srv.URL+"/v1/chat/completions", `{"model":"tiny-llm","messages":[{"role":"user","content":"x"}],"n":3}`)
+	var whole struct {
+		Choices []struct {
+			Index   int
+			Message struct{ Content string }
+		}
+		Usage struct {
+			PromptTokens int32 `json:"prompt_tokens"`
+		} `json:"usage"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&whole); err != nil || len(whole.Choices) != 3 || f.lastChat.GetSampling().GetN() != 3 {
+		t.Fatalf("%d: %v %+v", resp.StatusCode, err, whole)
+	}
+	for i, c := range whole.Choices {
+		want := "chat(user=x) ünïcode"
+		if i > 0 {
+			want += fmt.Sprintf(" #%d", i)
+		}
+		if c.Index != i || c.Message.Content != want {
+			t.Errorf("choice %d: %+v, want index %d and %q", i, c, i, want)
+		}
+	}
+	if whole.Usage.PromptTokens != 1 {
+		t.Errorf("usage %+v: the prompt counted %d times", whole.Usage, whole.Usage.PromptTokens)
+	}
+	resp = post(t, srv.URL+"/v1/chat/completions", `{"model":"tiny-llm","messages":[{"role":"user","content":"x"}],"n":2,"stream":true}`)
+	b, _ := io.ReadAll(resp.Body)
+	roles, finishes := make([]int, 2), make([]int, 2)
+	texts := make([]string, 2)
+	for _, line := range strings.Split(string(b), "\n") {
+		data, ok := strings.CutPrefix(line, "data: ")
+		if !ok || data == "[DONE]" {
+			continue
+		}
+		var chunk struct {
+			Choices []struct {
+				Index int
+				Delta struct {
+					Role, Content string
+				}
+				FinishReason *string `json:"finish_reason"`
+			}
+		}
+		if err := json.Unmarshal([]byte(data), &chunk); err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range chunk.Choices {
+			if c.Delta.Role != "" {
+				roles[c.Index]++
+			}
+			if c.FinishReason != nil {
+				finishes[c.Index]++
+			}
+			texts[c.Index] += c.Delta.Content
+		}
+	}
+	if !slices.Equal(roles, []int{1, 1}) || !slices.Equal(finishes, []int{1, 1}) || texts[1] != texts[0]+" #1" {
+		t.Errorf("streamed: roles %v finishes %v texts %q", roles, finishes, texts)
+	}
+	// Completions: two prompts, two choices each, echoed.
+	resp = post(t, srv.URL+"/v1/completions", `{"model":"tiny-llm","prompt":["a","b"],"n":2,"max_tokens":3,"echo":true}`)
+	var legacy struct {
+		Choices []struct {
+			Index int
+			Text  string
+		}
+		Usage struct {
+			PromptTokens int32 `json:"prompt_tokens"`
+		} `json:"usage"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&legacy); err != nil || len(legacy.Choices) != 4 {
+		t.Fatalf("%d: %v %+v", resp.StatusCode, err, legacy)
+	}
+	for i, want := range []string{"agen: a", "agen: a #1", "bgen: b", "bgen: b #1"} {
+		if c := legacy.Choices[i]; c.Index != i || c.Text != want {
+			t.Errorf("completion choice %d: %+v, want %q", i, c, want)
+		}
+	}
+	if legacy.Usage.PromptTokens != 2 {
+		t.Errorf("completions usage: prompt tokens %d, want each prompt once (1 + 1)", legacy.Usage.PromptTokens)
+	}
+}

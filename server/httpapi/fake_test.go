@@ -133,8 +133,14 @@ func (f *fakeBackend) RunGenerate(ctx context.Context, req *brokerv1.GenerateReq
 	var replies []string
 	var prompt []int32
 	for _, p := range req.GetPrompts() {
-		replies = append(replies, "gen: "+p)
-		prompt = append(prompt, int32(len(p)))
+		for j := range max(req.GetSampling().GetN(), 1) { // the j-th of n answers
+			reply := "gen: " + p
+			if j > 0 {
+				reply += fmt.Sprintf(" #%d", j)
+			}
+			replies = append(replies, reply)
+			prompt = append(prompt, int32(len(p)))
+		}
 	}
 	finish := brokerv1.FinishReason_FINISH_REASON_LENGTH
 	if req.GetSampling().GetMaxTokens() == 0 {
@@ -171,8 +177,14 @@ func (f *fakeBackend) RunChat(ctx context.Context, req *brokerv1.ChatRequest, s 
 		for _, m := range c.GetMessages() {
 			turns = append(turns, m.GetRole()+"="+m.GetContent())
 		}
-		replies = append(replies, fmt.Sprintf("chat(%s) ünïcode", strings.Join(turns, "|")))
-		prompt = append(prompt, int32(len(turns)))
+		for j := range max(req.GetSampling().GetN(), 1) { // the j-th of n answers
+			reply := fmt.Sprintf("chat(%s) ünïcode", strings.Join(turns, "|"))
+			if j > 0 {
+				reply += fmt.Sprintf(" #%d", j)
+			}
+			replies = append(replies, reply)
+			prompt = append(prompt, int32(len(turns)))
+		}
 	}
 	send := withLogprobs(req.GetSampling(), func(d *brokerv1.GenerationDelta, r *brokerv1.GenerationResult) error {
 		m := &brokerv1.ChatResponse{}

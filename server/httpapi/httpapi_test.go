@@ -169,7 +169,8 @@ func TestOpenAIShapes(t *testing.T) {
 			{`{"model":"nope","messages":[{"role":"user","content":"x"}]}`, 404, "invalid_request_error", ""},
 			{`{"model":"busy","messages":[{"role":"user","content":"x"}]}`, 429, "rate_limit_error", "2"},
 			{`{"model":"draining","messages":[{"role":"user","content":"x"}]}`, 503, "server_error", ""},
-			{`{"model":"tiny-llm","n":2,"messages":[{"role":"user","content":"x"}]}`, 400, "invalid_request_error", ""},
+			{`{"model":"tiny-llm","n":0,"messages":[{"role":"user","content":"x"}]}`, 400, "invalid_request_error", ""},
+			{`{"model":"tiny-llm","n":129,"messages":[{"role":"user","content":"x"}]}`, 400, "invalid_request_error", ""},
 			{`{"model":"tiny-llm","messages":[{"role":"user","content":[{"type":"image_url"}]}]}`, 400, "invalid_request_error", ""},
 		} {
 			resp := post(t, srv.URL+"/v1/chat/completions", tc.body)

@@ -103,8 +103,8 @@ type openaiSampling struct {
 }
 
 func (o *openaiSampling) params() (*brokerv1.SamplingParams, error) {
-	if o.N != nil && *o.N != 1 {
-		return nil, status.Errorf(codes.InvalidArgument, "n=%d is not supported: one choice per prompt (send several prompts to /v1/completions, or several requests)", *o.N)
+	if o.N != nil && (*o.N < 1 || *o.N > maxChoices) {
+		return nil, paramError("n", "invalid_value", "Invalid 'n': want 1 to %d, got %d.", maxChoices, *o.N)
 	}
 	if o.BestOf != nil && *o.BestOf != 1 {
 		return nil, paramError("best_of", "invalid_value", "best_of=%d is not supported: one candidate per prompt", *o.BestOf)
@@ -138,6 +138,9 @@ func (o *openaiSampling) params() (*brokerv1.SamplingParams, error) {
 	}
 	if o.MinTokens != nil {
 		sp.MinTokens = *o.MinTokens
+	}
+	if o.N != nil {
+		sp.N = int32(*o.N)
 	}
 	var err error
 	if sp.Constraint, err = o.constraint(); err != nil {
@@ -194,11 +197,19 @@ type openaiUsage struct {
 	TotalTokens      int32 `json:"total_tokens"`
 }
 
-func (u *openaiUsage) add(r *brokerv1.GenerationResult) {
-	u.PromptTokens += r.GetUsage().GetPromptTokens()
+// add counts a choice's result; n choices per prompt count the prompt
+// once, as OpenAI and vLLM count it.
+func (u *openaiUsage) add(r *brokerv1.GenerationResult, n int32) {
+	if r.GetIndex()%max(n, 1) == 0 {
+		u.PromptTokens += r.GetUsage().GetPromptTokens()
+	}
 	u.CompletionTokens += r.GetUsage().GetCompletionTokens()
 	u.TotalTokens = u.PromptTokens + u.CompletionTokens
 }
+
+// maxChoices bounds n (OpenAI's 128); --max-items-per-request bounds
+// prompts times n.
+const maxChoices = 128
 
 // sse writes server-sent events.
 type sse struct {
@@ -390,10 +401,21 @@ func (h *Handler) openaiChat(w http.ResponseWriter, r *http.Request) {
 	}
 	id, created := newID("chatcmpl"), h.opts.Now().Unix()
 	out := &sse{w: w}
-	var text, reasoning strings.Builder
-	var calls []*brokerv1.ToolCall
+	// Each choice's answer so far (n of them, indexed as the broker's
+	// sequences).
+	type choiceState struct {
+		text, reasoning strings.Builder
+		calls           []*brokerv1.ToolCall
+		logprobs        []logprobEntry
+		first           bool // no chunk sent yet
+		finish          string
+	}
+	choices := make([]choiceState, max(sp.GetN(), 1))
+	for i := range choices {
+		choices[i].first = true
+	}
+	left := len(choices)
 	var usage openaiUsage
-	first := true
 	// logprobs is the choice's logprobs object: null unless asked for.
 	logprobs := func(es []logprobEntry) any {
 		if !wantLogprobs {
@@ -404,16 +426,17 @@ func (h *Handler) openaiChat(w http.ResponseWriter, r *http.Request) {
 		}
 		return map[string]any{"content": es, "refusal": nil}
 	}
-	var allLogprobs []logprobEntry
 	oneCall := req.ParallelToolCalls != nil && !*req.ParallelToolCalls
-	chunk := func(delta map[string]any, finish *string, lps any) map[string]any {
+	chunk := func(i int32, delta map[string]any, finish *string, lps any) map[string]any {
 		return map[string]any{"id": id, "object": "chat.completion.chunk", "created": created, "model": req.Model,
-			"choices": []any{map[string]any{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": lps}}}
+			"choices": []any{map[string]any{"index": i, "delta": delta, "finish_reason": finish, "logprobs": lps}}}
 	}
 	err = h.chat(r.Context(), &brokerv1.ChatRequest{Model: modelName(req.Model), Conversations: []*brokerv1.Conversation{conv}, Sampling: sp,
 		ChatTemplateKwargs: kwargs, Tools: tools, ToolChoice: choice, ToolChoiceFunction: choiceFn, ParallelToolCalls: req.ParallelToolCalls,
 		AddGenerationPrompt: req.AddGenerationPrompt, ContinueFinalMessage: req.ContinueFinalMessage}, func(e event) error {
 		if e.delta != nil {
+			i := e.delta.GetIndex()
+			c := &choices[i]
 			lps := logprobEntries(e.delta.GetLogprobs())
 			tcs := e.delta.GetToolCalls()
 			if oneCall {
@@ -423,10 +446,10 @@ func (h *Handler) openaiChat(w http.ResponseWriter, r *http.Request) {
 				}
 			}
 			if !req.Stream {
-				text.WriteString(e.delta.GetText())
-				reasoning.WriteString(e.delta.GetReasoning())
-				calls = append(calls, tcs...)
-				allLogprobs = append(allLogprobs, lps...)
+				c.text.WriteString(e.delta.GetText())
+				c.reasoning.WriteString(e.delta.GetReasoning())
+				c.calls = append(c.calls, tcs...)
+				c.logprobs = append(c.logprobs, lps...)
 				return nil
 			}
 			// vLLM's shape: a thinking model's reasoning in
@@ -443,37 +466,48 @@ func (h *Handler) openaiChat(w http.ResponseWriter, r *http.Request) {
 			if t := e.delta.GetText(); t != "" || len(delta) == 0 {
 				delta["content"] = t
 			}
-			if len(delta) == 1 && delta["content"] == "" && !first && len(lps) == 0 {
+			if len(delta) == 1 && delta["content"] == "" && !c.first && len(lps) == 0 {
 				// Text held back (a stop string's possible start, part of
 				// a character or a call): nothing to send, as vLLM sends
 				// nothing.
 				return nil
 			}
-			if first {
+			if c.first {
 				delta["role"] = "assistant"
-				first = false
+				c.first = false
 			}
-			return out.send(chunk(delta, nil, logprobs(lps)))
+			return out.send(chunk(i, delta, nil, logprobs(lps)))
 		}
-		usage.add(e.result)
-		finish := openaiFinish(e.result.GetFinishReason())
-		if !req.Stream {
-			msg := map[string]any{"role": "assistant", "content": text.String(), "reasoning_content": nullIfEmpty(reasoning.String())}
-			if len(calls) > 0 {
-				// OpenAI's shape: content null when the answer is calls.
-				msg["content"], msg["tool_calls"] = nullIfEmpty(text.String()), openaiToolCalls(calls, false)
+		i := e.result.GetIndex()
+		c := &choices[i]
+		usage.add(e.result, sp.GetN())
+		c.finish = openaiFinish(e.result.GetFinishReason())
+		left--
+		if req.Stream {
+			if err := out.send(chunk(i, map[string]any{}, &c.finish, nil)); err != nil {
+				return err
 			}
-			writeJSON(w, map[string]any{
-				"id": id, "object": "chat.completion", "created": created, "model": req.Model,
-				"choices": []any{map[string]any{"index": 0, "message": msg, "finish_reason": finish, "logprobs": logprobs(allLogprobs)}},
-				"usage":   usage,
-			})
+			if left > 0 {
+				return nil
+			}
+			return req.endStream(out, id, "chat.completion.chunk", created, usage)
+		}
+		if left > 0 {
 			return nil
 		}
-		if err := out.send(chunk(map[string]any{}, &finish, nil)); err != nil {
-			return err
+		all := make([]any, len(choices))
+		for i := range choices {
+			c := &choices[i]
+			text := c.text.String()
+			msg := map[string]any{"role": "assistant", "content": text, "reasoning_content": nullIfEmpty(c.reasoning.String())}
+			if len(c.calls) > 0 {
+				// OpenAI's shape: content null when the answer is calls.
+				msg["content"], msg["tool_calls"] = nullIfEmpty(text), openaiToolCalls(c.calls, false)
+			}
+			all[i] = map[string]any{"index": i, "message": msg, "finish_reason": c.finish, "logprobs": logprobs(c.logprobs)}
 		}
-		return req.endStream(out, id, "chat.completion.chunk", created, usage)
+		writeJSON(w, map[string]any{"id": id, "object": "chat.completion", "created": created, "model": req.Model, "choices": all, "usage": usage})
+		return nil
 	})
 	h.endSSE(w, r, out, req.Model, err)
 }
@@ -555,27 +589,30 @@ func (h *Handler) openaiCompletions(w http.ResponseWriter, r *http.Request) {
 	}
 	id, created := newID("cmpl"), h.opts.Now().Unix()
 	out := &sse{w: w}
-	texts := make([]strings.Builder, len(prompts))
-	finishes := make([]string, len(prompts))
+	// n choices per prompt: choice i answers prompt i/n.
+	n := max(sp.GetN(), 1)
+	nc := len(prompts) * int(n)
+	texts := make([]strings.Builder, nc)
+	finishes := make([]string, nc)
 	var lps []*legacyLogprobs // per choice, when asked for
-	offsets := make([]int, len(prompts))
+	offsets := make([]int, nc)
 	if req.Logprobs != nil {
-		lps = make([]*legacyLogprobs, len(prompts))
+		lps = make([]*legacyLogprobs, nc)
 		for i := range lps {
 			lps[i] = newLegacyLogprobs()
 		}
 	}
 	var usage openaiUsage
-	left := len(prompts)
+	left := nc
 	// echo: a choice's text starts with its prompt (streamed in its first
 	// chunk), as OpenAI and vLLM answer it.
-	echoed := make([]bool, len(prompts))
+	echoed := make([]bool, nc)
 	echo := func(i int32, text string) string {
 		if !req.Echo || echoed[i] {
 			return text
 		}
 		echoed[i] = true
-		return prompts[i] + text
+		return prompts[i/n] + text
 	}
 	choice := func(i int32, text string, finish *string, lp *legacyLogprobs) map[string]any {
 		var v any
@@ -603,7 +640,7 @@ func (h *Handler) openaiCompletions(w http.ResponseWriter, r *http.Request) {
 				"choices": []any{choice(i, echo(i, e.delta.GetText()), nil, lp)}})
 		}
 		i := e.result.GetIndex()
-		usage.add(e.result)
+		usage.add(e.result, n)
 		finishes[i] = openaiFinish(e.result.GetFinishReason())
 		left--
 		if req.Stream {
@@ -616,8 +653,8 @@ func (h *Handler) openaiCompletions(w http.ResponseWriter, r *http.Request) {
 			return nil
 		}
 		if !req.Stream {
-			choices := make([]any, len(prompts))
-			for j := range prompts {
+			choices := make([]any, nc)
+			for j := range nc {
 				var lp *legacyLogprobs
 				if lps != nil {
 					lp = lps[j]

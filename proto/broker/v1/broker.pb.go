@@ -4582,8 +4582,13 @@ type SamplingParams struct {
 	// The stop string that ends a sequence is part of its output (vLLM's
 	// include_stop_str_in_output).
 	IncludeStopStrInOutput bool `protobuf:"varint,18,opt,name=include_stop_str_in_output,json=includeStopStrInOutput,proto3" json:"include_stop_str_in_output,omitempty"`
-	unknownFields          protoimpl.UnknownFields
-	sizeCache              protoimpl.SizeCache
+	// Answers per prompt or conversation (OpenAI's and vLLM's n; 0 or 1:
+	// one). The j-th answer of the i-th prompt has index i·n+j; seeded,
+	// it samples with seed+j, so the answers differ and each repeats.
+	// Prompts times n is bounded by --max-items-per-request.
+	N             int32 `protobuf:"varint,19,opt,name=n,proto3" json:"n,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *SamplingParams) Reset() {
@@ -4740,6 +4745,13 @@ func (x *SamplingParams) GetIncludeStopStrInOutput() bool {
 		return x.IncludeStopStrInOutput
 	}
 	return false
+}
+
+func (x *SamplingParams) GetN() int32 {
+	if x != nil {
+		return x.N
+	}
+	return 0
 }
 
 // A structured-output constraint, compiled once per model and source and
@@ -6190,7 +6202,7 @@ const file_broker_v1_broker_proto_rawDesc = "" +
 	"\fDrainRequest\x12\x12\n" +
 	"\x04exit\x18\x01 \x01(\bR\x04exit\"-\n" +
 	"\rDrainResponse\x12\x1c\n" +
-	"\tcompleted\x18\x01 \x01(\x03R\tcompleted\"\xfd\x06\n" +
+	"\tcompleted\x18\x01 \x01(\x03R\tcompleted\"\x8b\a\n" +
 	"\x0eSamplingParams\x12%\n" +
 	"\vtemperature\x18\x01 \x01(\x02H\x00R\vtemperature\x88\x01\x01\x12\x18\n" +
 	"\x05top_p\x18\x02 \x01(\x02H\x01R\x04topP\x88\x01\x01\x12\x18\n" +
@@ -6216,7 +6228,8 @@ const file_broker_v1_broker_proto_rawDesc = "" +
 	"logit_bias\x18\x10 \x03(\v2(.broker.v1.SamplingParams.LogitBiasEntryR\tlogitBias\x12\x1d\n" +
 	"\n" +
 	"min_tokens\x18\x11 \x01(\x05R\tminTokens\x12:\n" +
-	"\x1ainclude_stop_str_in_output\x18\x12 \x01(\bR\x16includeStopStrInOutput\x1a<\n" +
+	"\x1ainclude_stop_str_in_output\x18\x12 \x01(\bR\x16includeStopStrInOutput\x12\f\n" +
+	"\x01n\x18\x13 \x01(\x05R\x01n\x1a<\n" +
 	"\x0eLogitBiasEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\x05R\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x02R\x05value:\x028\x01B\x0e\n" +

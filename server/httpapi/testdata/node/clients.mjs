@@ -217,6 +217,15 @@ if (llm) {
     assert.deepEqual(r.choices.map((c) => c.index), [0, 1]);
     if (mode === 'fake') assert.deepEqual(r.choices.map((c) => c.text), ['gen: one', 'gen: two']);
   });
+  await check('openai chat, n choices', async () => {
+    const r = await openai.chat.completions.create({ model: llm, messages: [{ role: 'user', content: 'Verdict?' }], n: 3, seed: 5, max_tokens: 5 });
+    assert.deepEqual(r.choices.map((c) => c.index), [0, 1, 2]);
+    for (const c of r.choices) assert.equal(typeof c.message.content, 'string');
+    let streamed = [0, 0, 0];
+    const s = await openai.chat.completions.create({ model: llm, messages: [{ role: 'user', content: 'Verdict?' }], n: 3, seed: 5, max_tokens: 5, stream: true });
+    for await (const c of s) for (const ch of c.choices) if (ch.finish_reason) streamed[ch.index]++;
+    assert.deepEqual(streamed, [1, 1, 1]);
+  });
 }
 
 // Thinking: THINK_LLM is a thinking model (Qwen3's template) that thinks
