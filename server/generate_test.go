@@ -595,15 +595,8 @@ func TestChatTruncateHistory(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cl := genServer(t, &letterModel{ctxLen: tc.ctx, defMax: 1}, Limits{MaxItemsPerRequest: 8, MaxItemBytes: 1 << 10})
-			st, err := cl.Chat(t.Context(), &brokerv1.ChatRequest{Model: "tiny", TruncateHistory: tc.truncate,
+			got, err := chatOnce(t, cl, &brokerv1.ChatRequest{Model: "tiny", TruncateHistory: tc.truncate,
 				Conversations: []*brokerv1.Conversation{{Messages: tc.msgs}}})
-			if err != nil {
-				t.Fatal(err)
-			}
-			got, err := readAll(t, 1, func() ([]*brokerv1.GenerationDelta, []*brokerv1.GenerationResult, error) {
-				m, err := st.Recv()
-				return m.GetDeltas(), m.GetResults(), err
-			})
 			switch {
 			case tc.prompt == 0 && status.Code(err) != codes.InvalidArgument:
 				t.Fatalf("%v, want INVALID_ARGUMENT", err)
@@ -646,15 +639,8 @@ func TestChatContinueFinalMessage(t *testing.T) {
 		{"an empty assistant message", []*brokerv1.ChatMessage{msg("user", "hi"), msg("assistant", " ")}, nil, true, 0, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			st, err := cl.Chat(t.Context(), &brokerv1.ChatRequest{Model: "tiny", AddGenerationPrompt: tc.addGen, ContinueFinalMessage: tc.cont,
+			got, err := chatOnce(t, cl, &brokerv1.ChatRequest{Model: "tiny", AddGenerationPrompt: tc.addGen, ContinueFinalMessage: tc.cont,
 				Conversations: []*brokerv1.Conversation{{Messages: tc.msgs}}})
-			if err != nil {
-				t.Fatal(err)
-			}
-			got, err := readAll(t, 1, func() ([]*brokerv1.GenerationDelta, []*brokerv1.GenerationResult, error) {
-				m, err := st.Recv()
-				return m.GetDeltas(), m.GetResults(), err
-			})
 			switch {
 			case tc.prompt == 0 && status.Code(err) != codes.InvalidArgument:
 				t.Fatalf("%v, want INVALID_ARGUMENT", err)
@@ -705,15 +691,11 @@ func TestGenerateN(t *testing.T) {
 	if !slices.Equal(seeds, []uint64{10, 10, 11, 11, 12, 12}) {
 		t.Errorf("seeds %v, want 10, 11 and 12 for each prompt", seeds)
 	}
-	cs, err := cl.Chat(ctx, &brokerv1.ChatRequest{Model: "tiny", Sampling: &brokerv1.SamplingParams{N: 2},
+	chat, err := chatOnce(t, cl, &brokerv1.ChatRequest{Model: "tiny", Sampling: &brokerv1.SamplingParams{N: 2},
 		Conversations: []*brokerv1.Conversation{{Messages: []*brokerv1.ChatMessage{{Role: "user", Content: "hi"}}}}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	chat := read(2, func() ([]*brokerv1.GenerationDelta, []*brokerv1.GenerationResult, error) {
-		m, err := cs.Recv()
-		return m.GetDeltas(), m.GetResults(), err
-	})
 	if chat.results[0] == nil || chat.results[1] == nil || chat.text[0] != chat.text[1] || chat.text[0] == "" {
 		t.Errorf("chat answers %q", chat.text)
 	}
@@ -730,4 +712,18 @@ func TestGenerateN(t *testing.T) {
 			t.Errorf("%s: %v, want INVALID_ARGUMENT", tc.name, err)
 		}
 	}
+}
+
+// chatOnce runs a chat of one conversation (its n answers) and reads
+// every answer; the error is the call's.
+func chatOnce(t *testing.T, cl brokerv1.BrokerServiceClient, req *brokerv1.ChatRequest) (streamed, error) {
+	t.Helper()
+	st, err := cl.Chat(t.Context(), req)
+	if err != nil {
+		return streamed{}, err
+	}
+	return readAll(t, max(int(req.GetSampling().GetN()), 1), func() ([]*brokerv1.GenerationDelta, []*brokerv1.GenerationResult, error) {
+		m, err := st.Recv()
+		return m.GetDeltas(), m.GetResults(), err
+	})
 }

@@ -152,11 +152,7 @@ func TestCompletionsLogprobsStreamed(t *testing.T) {
 	body, _ := io.ReadAll(resp.Body)
 	var text strings.Builder
 	var offsets []int
-	for _, line := range strings.Split(string(body), "\n") {
-		data, ok := strings.CutPrefix(line, "data: ")
-		if !ok || data == "[DONE]" {
-			continue
-		}
+	for _, data := range sseData(body) {
 		var chunk struct {
 			Choices []struct {
 				Text     string          `json:"text"`
@@ -386,10 +382,8 @@ func TestOpenAICompletionsEcho(t *testing.T) {
 			add(b)
 			return out, firsts
 		}
-		for _, line := range strings.Split(string(b), "\n") {
-			if data, ok := strings.CutPrefix(line, "data: "); ok && data != "[DONE]" {
-				add([]byte(data))
-			}
+		for _, data := range sseData(b) {
+			add([]byte(data))
 		}
 		return out, firsts
 	}
@@ -443,11 +437,7 @@ func TestOpenAIChoices(t *testing.T) {
 	b, _ := io.ReadAll(resp.Body)
 	roles, finishes := make([]int, 2), make([]int, 2)
 	texts := make([]string, 2)
-	for _, line := range strings.Split(string(b), "\n") {
-		data, ok := strings.CutPrefix(line, "data: ")
-		if !ok || data == "[DONE]" {
-			continue
-		}
+	for _, data := range sseData(b) {
 		var chunk struct {
 			Choices []struct {
 				Index int
@@ -495,4 +485,15 @@ func TestOpenAIChoices(t *testing.T) {
 	if legacy.Usage.PromptTokens != 2 {
 		t.Errorf("completions usage: prompt tokens %d, want each prompt once (1 + 1)", legacy.Usage.PromptTokens)
 	}
+}
+
+// sseData is a server-sent event stream's data payloads, [DONE] left out.
+func sseData(body []byte) []string {
+	var out []string
+	for _, line := range strings.Split(string(body), "\n") {
+		if data, ok := strings.CutPrefix(line, "data: "); ok && data != "[DONE]" {
+			out = append(out, data)
+		}
+	}
+	return out
 }

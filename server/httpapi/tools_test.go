@@ -159,11 +159,7 @@ func TestOpenAIToolCallsAnswer(t *testing.T) {
 			b, _ := io.ReadAll(resp.Body)
 			var calls []call
 			finish := ""
-			for _, line := range strings.Split(string(b), "\n") {
-				data, ok := strings.CutPrefix(line, "data: ")
-				if !ok || data == "[DONE]" {
-					continue
-				}
+			for _, data := range sseData(b) {
 				var chunk struct {
 					Choices []struct {
 						Delta struct {

@@ -227,14 +227,7 @@ func TestGGUFEndOfGeneration(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
 			_, gg := ggufPair(t, dir, "qwen2", "f16")
-			if tc.edits != nil {
-				rewriteGGUF(t, filepath.Join(gg, "model.gguf"), func(keys []string, kv map[string]gguf.Value) []string {
-					for _, e := range tc.edits {
-						keys = e(keys, kv)
-					}
-					return keys
-				}, nil)
-			}
+			editGGUF(t, filepath.Join(gg, "model.gguf"), tc.edits...)
 			l, err := openRepo(t, dir).Load(context.Background(), "qwen2-gg", 1)
 			if err != nil {
 				t.Fatal(err)
@@ -270,14 +263,7 @@ func TestGGUFSamplingDefaults(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
 			_, gg := ggufPair(t, dir, "qwen2", "f16")
-			if tc.edits != nil {
-				rewriteGGUF(t, filepath.Join(gg, "model.gguf"), func(keys []string, kv map[string]gguf.Value) []string {
-					for _, e := range tc.edits {
-						keys = e(keys, kv)
-					}
-					return keys
-				}, nil)
-			}
+			editGGUF(t, filepath.Join(gg, "model.gguf"), tc.edits...)
 			l, err := openRepo(t, dir).Load(context.Background(), "qwen2-gg", 1)
 			if err != nil {
 				t.Fatal(err)
@@ -371,4 +357,18 @@ func TestTokenizerEndTokens(t *testing.T) {
 	if got, want := l.LLM.EOS(), []int32{2, modelkit.ByteTokenizerEnd}; !slices.Equal(got, want) {
 		t.Errorf("EOS() = %v, want %v", got, want)
 	}
+}
+
+// editGGUF rewrites a GGUF file's metadata with edits (none: unchanged).
+func editGGUF(t *testing.T, path string, edits ...func([]string, map[string]gguf.Value) []string) {
+	t.Helper()
+	if len(edits) == 0 {
+		return
+	}
+	rewriteGGUF(t, path, func(keys []string, kv map[string]gguf.Value) []string {
+		for _, e := range edits {
+			keys = e(keys, kv)
+		}
+		return keys
+	}, nil)
 }
