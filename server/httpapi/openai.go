@@ -589,29 +589,39 @@ func (h *Handler) openaiCompletions(w http.ResponseWriter, r *http.Request) {
 	}
 	id, created := newID("cmpl"), h.opts.Now().Unix()
 	out := &sse{w: w}
-	// n choices per prompt: choice i answers prompt i/n.
+	// n choices per prompt: choice i answers prompt i/n. Each choice's
+	// state is made when its first event comes: the broker checks prompts
+	// times n against --max-items-per-request before any, and a request
+	// of many prompts and a large n must not allocate before that check.
 	n := max(sp.GetN(), 1)
-	nc := len(prompts) * int(n)
-	texts := make([]strings.Builder, nc)
-	finishes := make([]string, nc)
-	var lps []*legacyLogprobs // per choice, when asked for
-	offsets := make([]int, nc)
-	if req.Logprobs != nil {
-		lps = make([]*legacyLogprobs, nc)
-		for i := range lps {
-			lps[i] = newLegacyLogprobs()
+	left := len(prompts) * int(n)
+	type legacyChoice struct {
+		text   strings.Builder
+		finish string
+		lp     *legacyLogprobs // when asked for
+		offset int
+		echoed bool
+	}
+	var cs []*legacyChoice
+	get := func(i int32) *legacyChoice {
+		for int(i) >= len(cs) {
+			c := &legacyChoice{}
+			if req.Logprobs != nil {
+				c.lp = newLegacyLogprobs()
+			}
+			cs = append(cs, c)
 		}
+		return cs[i]
 	}
 	var usage openaiUsage
-	left := nc
 	// echo: a choice's text starts with its prompt (streamed in its first
 	// chunk), as OpenAI and vLLM answer it.
-	echoed := make([]bool, nc)
 	echo := func(i int32, text string) string {
-		if !req.Echo || echoed[i] {
+		c := get(i)
+		if !req.Echo || c.echoed {
 			return text
 		}
-		echoed[i] = true
+		c.echoed = true
 		return prompts[i/n] + text
 	}
 	choice := func(i int32, text string, finish *string, lp *legacyLogprobs) map[string]any {
@@ -624,28 +634,29 @@ func (h *Handler) openaiCompletions(w http.ResponseWriter, r *http.Request) {
 	err = h.generate(ctx, &brokerv1.GenerateRequest{Model: modelName(req.Model), Prompts: prompts, Sampling: sp}, func(e event) error {
 		if e.delta != nil {
 			i := e.delta.GetIndex()
-			var lp *legacyLogprobs
-			if lps != nil {
-				lp = lps[i]
+			c := get(i)
+			lp := c.lp
+			if lp != nil {
 				if req.Stream {
 					lp = newLegacyLogprobs() // this chunk's tokens only
 				}
-				lp.add(e.delta.GetLogprobs(), &offsets[i])
+				lp.add(e.delta.GetLogprobs(), &c.offset)
 			}
 			if !req.Stream {
-				texts[i].WriteString(e.delta.GetText())
+				c.text.WriteString(e.delta.GetText())
 				return nil
 			}
 			return out.send(map[string]any{"id": id, "object": "text_completion", "created": created, "model": req.Model,
 				"choices": []any{choice(i, echo(i, e.delta.GetText()), nil, lp)}})
 		}
 		i := e.result.GetIndex()
+		c := get(i)
 		usage.add(e.result, n)
-		finishes[i] = openaiFinish(e.result.GetFinishReason())
+		c.finish = openaiFinish(e.result.GetFinishReason())
 		left--
 		if req.Stream {
 			if err := out.send(map[string]any{"id": id, "object": "text_completion", "created": created, "model": req.Model,
-				"choices": []any{choice(i, echo(i, ""), &finishes[i], nil)}}); err != nil {
+				"choices": []any{choice(i, echo(i, ""), &c.finish, nil)}}); err != nil {
 				return err
 			}
 		}
@@ -653,13 +664,9 @@ func (h *Handler) openaiCompletions(w http.ResponseWriter, r *http.Request) {
 			return nil
 		}
 		if !req.Stream {
-			choices := make([]any, nc)
-			for j := range nc {
-				var lp *legacyLogprobs
-				if lps != nil {
-					lp = lps[j]
-				}
-				choices[j] = choice(int32(j), echo(int32(j), texts[j].String()), &finishes[j], lp)
+			choices := make([]any, len(cs))
+			for j, c := range cs {
+				choices[j] = choice(int32(j), echo(int32(j), c.text.String()), &c.finish, c.lp)
 			}
 			writeJSON(w, map[string]any{"id": id, "object": "text_completion", "created": created, "model": req.Model,
 				"choices": choices, "usage": usage})
