@@ -343,19 +343,24 @@ func (s *BrokerService) RunChat(ctx context.Context, req *brokerv1.ChatRequest, 
 			return invalid("conversations[%d]: continue_final_message needs an assistant message last, has %s", i, turns[len(turns)-1].Role)
 		}
 		render := func(turns []llm.Message) (string, []int32, error) {
+			if cont {
+				// The final message's content is marked at its end, and
+				// the text cut there: its end of turn left out. (Looking
+				// the content up, as transformers does, finds a prefill
+				// of "<" inside "<|im_end|>".)
+				turns = slices.Clone(turns)
+				turns[len(turns)-1].Content += prefillEnd
+			}
 			text, err := call.gm.RenderChat(ctx, turns, llm.ChatOptions{AddGenerationPrompt: addGen, Vars: vars, Tools: tools})
 			if err != nil {
 				return "", nil, err
 			}
 			if cont {
-				// As transformers does: the text up to the end of the
-				// final message's content, its end of turn left out.
-				final := strings.TrimSpace(turns[len(turns)-1].Content)
-				k := strings.LastIndex(text, final)
-				if final == "" || k < 0 {
-					return "", nil, errors.New("continue_final_message: the chat template does not write the final message's content (is it empty?)")
+				k := strings.Index(text, prefillEnd)
+				if k < 0 {
+					return "", nil, errors.New("continue_final_message: the chat template does not write the final message's content")
 				}
-				text = text[:k+len(final)]
+				text = text[:k]
 			}
 			// The template writes the special tokens itself.
 			ids, err := call.gm.EncodePrompt(text, false)
@@ -394,6 +399,10 @@ func (s *BrokerService) RunChat(ctx context.Context, req *brokerv1.ChatRequest, 
 	}
 	return call.run(ctx, toks, send)
 }
+
+// prefillEnd marks the end of a continued message's content in its
+// rendered chat: private-use characters no template writes.
+const prefillEnd = "\ue000brokerd:prefill-end\ue001"
 
 // truncateChat drops a conversation's oldest turns until its prompt fits
 // the context, as Ollama does (ChatRequest.truncate_history): the leading

@@ -636,7 +636,9 @@ func TestChatContinueFinalMessage(t *testing.T) {
 		{"no generation prompt", []*brokerv1.ChatMessage{msg("user", "hi")}, proto.Bool(false), false, 9, letters('\n', 3)},
 		{"both", prefill, proto.Bool(true), true, 0, ""},
 		{"a user message last", []*brokerv1.ChatMessage{msg("user", "hi")}, nil, true, 0, ""},
-		{"an empty assistant message", []*brokerv1.ChatMessage{msg("user", "hi"), msg("assistant", " ")}, nil, true, 0, ""},
+		// "<user>hi\n<assistant> ": the space continued (a content
+		// looked up in the text, trimmed, was not found).
+		{"a space", []*brokerv1.ChatMessage{msg("user", "hi"), msg("assistant", " ")}, nil, true, 9 + 12, letters(' ', 3)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := chatOnce(t, cl, &brokerv1.ChatRequest{Model: "tiny", AddGenerationPrompt: tc.addGen, ContinueFinalMessage: tc.cont,
