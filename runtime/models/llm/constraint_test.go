@@ -577,6 +577,8 @@ func TestThinkFirst(t *testing.T) {
 		{"spaces", &ThinkFirst{Open: open, Close: closing, InBlock: true}, []string{">", "\n", "\t", "\n", "b"}, ">\n\tab"},
 		{"not opened", &ThinkFirst{Open: open, Close: closing}, []string{"z", "<", "b"}, "abE"},
 		{"none", nil, []string{"<", "b", "b"}, "abE"},
+		// EOS inside the block would end the answer before it began.
+		{"no end inside the block", &ThinkFirst{Open: open, Close: closing, InBlock: true}, []string{"x", "EOS", ">", "a", "b", "b"}, "x<s>>abE"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s, err := m.NewSequenceContext(context.Background(), Sampling{Constraint: con, ThinkFirst: tc.think, Logprobs: true}, prompt(5, 1, 96))
@@ -585,7 +587,11 @@ func TestThinkFirst(t *testing.T) {
 			}
 			var got strings.Builder
 			for i, fav := range tc.logits {
-				res, err := s.next(oneHot(96, id(fav)))
+				tok := m.eos[0]
+				if fav != "EOS" {
+					tok = id(fav)
+				}
+				res, err := s.next(oneHot(96, tok))
 				if err != nil || res.End != "" {
 					t.Fatalf("step %d: %+v, %v", i, res, err)
 				}

@@ -433,11 +433,13 @@ func (s *Sequence) plainGreedy() bool {
 		p.PresencePenalty == 0 && p.FrequencyPenalty == 0 && len(p.LogitBias) == 0 && s.n >= p.MinTokens
 }
 
-// holdEnd keeps the sequence from ending before MinTokens: EOS (unless
-// ignored) and the stop ids get -Inf. Where nothing else is left (a
-// grammar whose answer is complete) they are kept.
+// holdEnd keeps the sequence from ending before MinTokens, or inside the
+// thinking block before a constrained answer (which would end it with no
+// answer, finish stop): EOS (unless ignored) and the stop ids get -Inf.
+// Where nothing else is left (a grammar whose answer is complete) they
+// are kept.
 func (s *Sequence) holdEnd(x []float64) {
-	if s.n >= s.params.MinTokens {
+	if s.n >= s.params.MinTokens && (s.con == nil || s.con.phase != inThink) {
 		return
 	}
 	ends := s.params.StopTokenIDs
