@@ -295,6 +295,10 @@ func (s *BrokerService) RunChat(ctx context.Context, req *brokerv1.ChatRequest, 
 	if cont && req.AddGenerationPrompt != nil && addGen {
 		return invalid("continue_final_message and add_generation_prompt cannot both be true: the reply continues the last message or starts a turn")
 	}
+	if cont && call.params.Constraint != nil {
+		// The grammar would start over after the prefill ("{" then "{...}").
+		return invalid("continue_final_message cannot take a constraint (response_format, format, a required tool call): the constraint would start over after the prefilled text")
+	}
 	addGen = addGen && !cont
 	toks := make([][]int32, seqs)
 	for i, c := range convs {

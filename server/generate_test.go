@@ -654,6 +654,13 @@ func TestChatContinueFinalMessage(t *testing.T) {
 			}
 		})
 	}
+	// A constraint would start over after the prefill.
+	_, err := chatOnce(t, cl, &brokerv1.ChatRequest{Model: "tiny", ContinueFinalMessage: true,
+		Sampling:      &brokerv1.SamplingParams{Constraint: &brokerv1.Constraint{Kind: brokerv1.Constraint_KIND_JSON}},
+		Conversations: []*brokerv1.Conversation{{Messages: prefill}}})
+	if status.Code(err) != codes.InvalidArgument {
+		t.Errorf("continue_final_message with a constraint: %v, want INVALID_ARGUMENT", err)
+	}
 }
 
 // TestGenerateN: n answers per prompt or conversation, indexed i·n+j, the

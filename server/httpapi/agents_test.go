@@ -316,6 +316,7 @@ func TestChatContinuesAPrefill(t *testing.T) {
 		{"/api/chat", `{"model":"tiny-llm","messages":[{"role":"user","content":"x"},{"role":"assistant","content":"{"}],"stream":false}`, true, nil},
 		{"/api/chat", `{"model":"tiny-llm","messages":[{"role":"user","content":"x"},{"role":"assistant","content":""}],"stream":false}`, false, nil},
 		{"/api/chat", `{"model":"tiny-llm","messages":[{"role":"assistant","content":"{"},{"role":"user","content":"x"}],"stream":false}`, false, nil},
+		{"/api/chat", `{"model":"tiny-llm","messages":[{"role":"user","content":"x"},{"role":"assistant","content":"{"}],"stream":false,"format":"json"}`, false, nil},
 		{"/v1/chat/completions", `{"model":"tiny-llm","messages":[{"role":"user","content":"x"},{"role":"assistant","content":"{"}]}`, false, nil},
 		{"/v1/chat/completions", `{"model":"tiny-llm","messages":[{"role":"user","content":"x"},{"role":"assistant","content":"{"}],` +
 			`"continue_final_message":true,"add_generation_prompt":false}`, true, new(bool)},

@@ -410,7 +410,7 @@ func (h *Handler) ollamaChat(w http.ResponseWriter, r *http.Request) {
 	}
 	out := &ndjson{w: w}
 	err = h.chat(withMaxTokensLimit(r.Context()), &brokerv1.ChatRequest{Model: name, Conversations: []*brokerv1.Conversation{conv}, Sampling: sp,
-		EnableThinking: req.Think.ptr(), Tools: tools, TruncateHistory: true, ContinueFinalMessage: prefilled(conv)}, h.ollamaReply(w, out, req.Stream, func(p ollamaPiece) any {
+		EnableThinking: req.Think.ptr(), Tools: tools, TruncateHistory: true, ContinueFinalMessage: prefilled(conv) && sp.GetConstraint() == nil}, h.ollamaReply(w, out, req.Stream, func(p ollamaPiece) any {
 		// Ollama streams each call whole, in the chunk where it ended;
 		// its done_reason is "stop" after calls too (finishName).
 		return ollamaChatChunk{Model: req.Model, CreatedAt: h.created(),
@@ -608,7 +608,8 @@ func (h *Handler) ollamaList(w http.ResponseWriter, r *http.Request, loaded bool
 
 // prefilled says whether a chat ends with an assistant message of text
 // (no calls), which Ollama's chat continues instead of starting a turn
-// (a prefill such as "{").
+// (a prefill such as "{"); not under a format, whose grammar would start
+// over after the prefill.
 func prefilled(conv *brokerv1.Conversation) bool {
 	ms := conv.GetMessages()
 	if len(ms) == 0 {

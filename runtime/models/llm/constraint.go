@@ -312,9 +312,9 @@ func (c *constraintState) accept(tok int32) error {
 		// (a failed Accept leaves the matcher as it was).
 		c.ready = false
 		err := c.m.Accept(tok)
-		if err == nil || !grammar.MaskAllows(c.space, tok) {
+		if err == nil || !errors.Is(err, grammar.ErrTokenRejected) || !grammar.MaskAllows(c.space, tok) {
 			c.phase = grammarPhase
-			return err
+			return err // a bound's error ends the sequence as anywhere
 		}
 		if c.spaces++; c.spaces >= maxSpaces {
 			c.phase = grammarPhase

@@ -361,14 +361,12 @@ func (s *Sequence) constraintEnd(error) (SeqResult, error) {
 // string; stop is set (and the text cut before it) when one is complete.
 func (s *Sequence) release() (text string, stop bool) {
 	p := s.pending.String()
-	if s.n < s.params.MinTokens {
-		// Before min_tokens stop strings do not count, as in vLLM.
-		s.pending.Reset()
-		return p, false
-	}
 	cut, end := -1, 0
+	// Before min_tokens a stop string does not count, as in vLLM; a
+	// possible start of one is still held back below, so that one
+	// completed at min_tokens counts.
 	for _, st := range s.params.Stop {
-		if i := strings.Index(p, st); i >= 0 && (cut < 0 || i < cut) {
+		if i := strings.Index(p, st); i >= 0 && (cut < 0 || i < cut) && s.n >= s.params.MinTokens {
 			cut, end = i, i+len(st)
 		}
 	}

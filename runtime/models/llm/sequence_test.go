@@ -104,6 +104,7 @@ func TestSequenceStops(t *testing.T) {
 		{"stop string included", Sampling{Stop: []string{"lo wo"}, IncludeStop: true}, []int32{1, 2, 3, 4}, "Hello wo", 2},
 		{"stop string before min_tokens", Sampling{Stop: []string{"lo"}, MinTokens: 3}, []int32{1, 2, 3, 4}, "Hello world", -1},
 		{"stop string at min_tokens", Sampling{Stop: []string{"wor"}, MinTokens: 3}, []int32{1, 2, 3, 4}, "Hello ", 2},
+		{"stop string completed at min_tokens", Sampling{Stop: []string{"lo wo"}, MinTokens: 3}, []int32{1, 2, 3, 4}, "Hel", 2},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			text, stopAt, s := run(t, tc.p, tc.toks)
