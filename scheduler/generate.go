@@ -881,9 +881,10 @@ func (s *Scheduler) planStepLocked(r *genReplica, now time.Time) ([]StepItem, []
 // run: never past a sequence's max_tokens, and only where the cache has
 // the blocks after the step's own tokens took theirs. The executor gives
 // a refused guess's room back after the step (GenExecutor.Step), so a
-// guess never holds room the next step needs; and a grant keeps a free
-// block for each running sequence (an executor that reports its blocks),
-// so that guesses do not evict the prefix cache's blocks first.
+// guess never holds room the next step needs; and a grant needs, before
+// it, a block free for each running sequence (an executor that reports
+// its blocks, idle prefix-cache blocks counting as free), so that guesses
+// stop before the cache runs short.
 func (s *Scheduler) grantDraftsLocked(r *genReplica, items []StepItem, seqs []*sequence, budget int) {
 	if r.opts.SpecTokens <= 0 || len(r.running) > r.opts.SpecMaxRunning {
 		return

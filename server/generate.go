@@ -409,25 +409,28 @@ func (s *BrokerService) RunChat(ctx context.Context, req *brokerv1.ChatRequest, 
 const prefillEnd = "\ue000brokerd:prefill-end\ue001"
 
 // truncateChat drops a conversation's oldest turns until its prompt fits
-// the context, as Ollama does (ChatRequest.truncate_history): the leading
-// system messages stay, and the rest starts at a user message, the latest
-// start that keeps the most history (a binary search over the starts: a
-// render is the conversation's cost, and starts are up to
-// maxChatMessages). Its last user message onward that does not fit is
-// the usual refusal.
+// the context, as Ollama does (ChatRequest.truncate_history): the system
+// messages stay, the last message stays, and the rest starts at the
+// earliest message that lets it fit, never at a tool's result (its call
+// would be gone). The starts are binary-searched: a render is the
+// conversation's cost, and starts are up to maxChatMessages. A
+// conversation whose last message on does not fit is the usual refusal.
 func (s *BrokerService) truncateChat(turns []llm.Message, render func([]llm.Message) (string, []int32, error), ctxLen, conv int) (string, []int32, error) {
-	sys := 0
-	for sys < len(turns) && turns[sys].Role == "system" {
-		sys++
-	}
-	var starts []int // user messages after the first kept one
-	for j := sys + 1; j < len(turns); j++ {
-		if turns[j].Role == "user" {
+	var starts []int // where the kept turns may start, after the first non-system one
+	first := slices.IndexFunc(turns, func(m llm.Message) bool { return m.Role != "system" })
+	for j := first + 1; first >= 0 && j < len(turns); j++ {
+		if turns[j].Role != "tool" && turns[j].Role != "system" {
 			starts = append(starts, j)
 		}
 	}
 	cut := func(k int) []llm.Message {
-		return append(slices.Clip(turns[:sys]), turns[starts[k]:]...)
+		var kept []llm.Message
+		for _, m := range turns[:starts[k]] {
+			if m.Role == "system" {
+				kept = append(kept, m)
+			}
+		}
+		return append(kept, turns[starts[k]:]...)
 	}
 	// The earliest start whose prompt fits: starts later keep fewer turns.
 	k := sort.Search(len(starts), func(k int) bool {
@@ -435,13 +438,14 @@ func (s *BrokerService) truncateChat(turns []llm.Message, render func([]llm.Mess
 		return err == nil && len(ids) < ctxLen
 	})
 	if k == len(starts) {
-		// Even the last user message on is too long: refused as it is.
+		// Even the last message on is too long: refused as it is.
 		return render(turns)
 	}
-	text, ids, err := render(cut(k))
+	kept := cut(k)
+	text, ids, err := render(kept)
 	if err == nil {
 		s.log.Info("chat over the context: its oldest messages dropped, as Ollama does",
-			zap.Int("conversation", conv), zap.Int("messages_dropped", starts[k]-sys), zap.Int("prompt_tokens", len(ids)), zap.Int("context", ctxLen))
+			zap.Int("conversation", conv), zap.Int("messages_dropped", len(turns)-len(kept)), zap.Int("prompt_tokens", len(ids)), zap.Int("context", ctxLen))
 	}
 	return text, ids, err
 }

@@ -562,9 +562,9 @@ func TestGenerateNoLimit(t *testing.T) {
 }
 
 // TestChatTruncateHistory: with truncate_history (Ollama's chat), a
-// conversation over the context keeps its leading system message and the
-// most turns that fit, from a user message on; without it, or when the
-// last user message on does not fit, it is INVALID_ARGUMENT.
+// conversation over the context keeps its system messages and the most
+// turns that fit, from any message but a tool's result on; without it, or
+// when its last message on does not fit, it is INVALID_ARGUMENT.
 func TestChatTruncateHistory(t *testing.T) {
 	msg := func(role, content string) *brokerv1.ChatMessage {
 		return &brokerv1.ChatMessage{Role: role, Content: content}
@@ -589,8 +589,12 @@ func TestChatTruncateHistory(t *testing.T) {
 		{"over, not truncated", 64, long, false, 0},
 		// Dropping the first exchange leaves 17+13+14+12+11 = 67.
 		{"over, the first exchange dropped", 68, long, true, 17 + 13 + 14 + 12 + 11},
-		// 67 is over 64 too: the system message and the third question.
-		{"over, two exchanges dropped", 64, long, true, 17 + 12 + 11},
+		// 67 is over 64 too: from the last reply on.
+		{"over, from the last reply on", 64, long, true, 17 + 14 + 12 + 11},
+		// An agent's transcript has one user message: it is cut at a
+		// call, never at a tool's result.
+		{"an agent's transcript", 64, []*brokerv1.ChatMessage{msg("system", "be brief"), msg("user", "task"), msg("assistant", "call a"),
+			msg("tool", "result one is long"), msg("assistant", "call b"), msg("tool", "r2")}, true, 17 + 18 + 9 + 11},
 		{"the last question alone is over", 64, []*brokerv1.ChatMessage{msg("system", "be brief"), msg("user", strings.Repeat("q", 60))}, true, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -333,7 +333,7 @@ func TestOpenAIModelsServable(t *testing.T) {
 	for _, tc := range []struct {
 		id   string
 		code int
-	}{{"tiny-llm", 200}, {"nbmf-hash-v1", 200}, {"tiny-mlp", 404}, {"nope", 404}} {
+	}{{"tiny-llm", 200}, {"nbmf-hash-v1", 200}, {"tiny-mlp", 404}, {"nope", 404}, {"cold", 404}} {
 		if resp, b := do(t, "GET", srv.URL+"/v1/models/"+tc.id, "", nil); resp.StatusCode != tc.code {
 			t.Errorf("/v1/models/%s: %d, want %d: %s", tc.id, resp.StatusCode, tc.code, b)
 		}

@@ -765,6 +765,10 @@ func (h *Handler) openaiModel(m *brokerv1.Model) map[string]any {
 
 func (h *Handler) openaiModelByID(w http.ResponseWriter, r *http.Request) {
 	m, err := h.findModel(r.Context(), modelName(r.PathValue("model")))
+	if err == nil && m.GetState() != brokerv1.ModelState_MODEL_STATE_READY {
+		// As the list: what the routes serve now.
+		err = status.Errorf(codes.NotFound, "model %s is in the repository but not loaded (brokerctl load %s)", m.GetName(), m.GetName())
+	}
 	if err == nil && !openaiServes(m.GetKind()) {
 		err = status.Errorf(codes.NotFound, "model %s is a %s model, which the OpenAI API does not serve (generators and embedding models only): it takes tensors through brokerd's gRPC or KServe v2 API", m.GetName(), m.GetKind())
 	}

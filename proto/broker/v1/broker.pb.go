@@ -5215,15 +5215,16 @@ type ChatRequest struct {
 	ToolChoice ToolChoiceMode `protobuf:"varint,11,opt,name=tool_choice,json=toolChoice,proto3,enum=broker.v1.ToolChoiceMode" json:"tool_choice,omitempty"`
 	// tool_choice TOOL_CHOICE_FUNCTION: the tool's name.
 	ToolChoiceFunction string `protobuf:"bytes,12,opt,name=tool_choice_function,json=toolChoiceFunction,proto3" json:"tool_choice_function,omitempty"`
-	// OpenAI's parallel_tool_calls. False: one call at most. With
-	// TOOL_CHOICE_MODE_REQUIRED the constraint allows exactly one; with
-	// TOOL_CHOICE_MODE_AUTO the model is not held to one (the HTTP API
-	// answers its first, as vLLM does). Unset or true: any number.
+	// OpenAI's parallel_tool_calls. False with TOOL_CHOICE_MODE_REQUIRED:
+	// the constraint allows exactly one call. With TOOL_CHOICE_MODE_AUTO it
+	// is not enforced here: every call the model writes comes back (the
+	// OpenAI HTTP route answers only the first, as vLLM does). Unset or
+	// true: any number.
 	ParallelToolCalls *bool `protobuf:"varint,13,opt,name=parallel_tool_calls,json=parallelToolCalls,proto3,oneof" json:"parallel_tool_calls,omitempty"`
 	// Ollama's: a conversation whose prompt does not fit the model's
-	// context drops its oldest turns, keeping its leading system messages
-	// and starting at a user message (the latest start that keeps the
-	// most); false: such a conversation is INVALID_ARGUMENT.
+	// context drops its oldest turns, keeping its system messages and its
+	// last message, the rest starting where the most turns fit, never at a
+	// tool's result; false: such a conversation is INVALID_ARGUMENT.
 	TruncateHistory bool `protobuf:"varint,14,opt,name=truncate_history,json=truncateHistory,proto3" json:"truncate_history,omitempty"`
 	// The template's add_generation_prompt (vLLM's): unset, true.
 	AddGenerationPrompt *bool `protobuf:"varint,15,opt,name=add_generation_prompt,json=addGenerationPrompt,proto3,oneof" json:"add_generation_prompt,omitempty"`
