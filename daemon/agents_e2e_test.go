@@ -12,6 +12,7 @@ import (
 	"testing"
 	"unicode/utf8"
 
+	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
 
@@ -228,23 +229,13 @@ func TestThinkingEndToEnd(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		for {
-			m, err := st.Recv()
-			if errors.Is(err, io.EOF) {
-				return
+		text, reasoning, _ = readChat(t, st, func(dl *brokerv1.GenerationDelta) {
+			deltas++
+			if strings.Contains(dl.GetText()+dl.GetReasoning(), "think>") {
+				t.Errorf("a tag leaked: %v", dl)
 			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			for _, dl := range m.GetDeltas() {
-				deltas++
-				if strings.Contains(dl.GetText()+dl.GetReasoning(), "think>") {
-					t.Errorf("a tag leaked: %v", dl)
-				}
-				text += dl.GetText()
-				reasoning += dl.GetReasoning()
-			}
-		}
+		})
+		return text, reasoning, deltas
 	}
 	for _, tc := range []struct {
 		name      string
@@ -358,27 +349,35 @@ func TestThinkingThenStructuredOutput(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			var text, reasoning string
-			var finish brokerv1.FinishReason
-			for {
-				m, err := st.Recv()
-				if errors.Is(err, io.EOF) {
-					break
-				}
-				if err != nil {
-					t.Fatal(err)
-				}
-				for _, dl := range m.GetDeltas() {
-					text += dl.GetText()
-					reasoning += dl.GetReasoning()
-				}
-				for _, r := range m.GetResults() {
-					finish = r.GetFinishReason()
-				}
-			}
+			text, reasoning, finish := readChat(t, st, nil)
 			if text != answer || reasoning != tc.reasoning || finish != brokerv1.FinishReason_FINISH_REASON_STOP {
 				t.Errorf("text %q reasoning %q (%v); want %q and %q", text, reasoning, finish, answer, tc.reasoning)
 			}
 		})
+	}
+}
+
+// readChat reads a one-conversation chat's stream to its end: its text,
+// reasoning and finish reason; each, when set, sees every delta.
+func readChat(t *testing.T, st grpc.ServerStreamingClient[brokerv1.ChatResponse], each func(*brokerv1.GenerationDelta)) (text, reasoning string, finish brokerv1.FinishReason) {
+	t.Helper()
+	for {
+		m, err := st.Recv()
+		if errors.Is(err, io.EOF) {
+			return text, reasoning, finish
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, dl := range m.GetDeltas() {
+			if each != nil {
+				each(dl)
+			}
+			text += dl.GetText()
+			reasoning += dl.GetReasoning()
+		}
+		for _, r := range m.GetResults() {
+			finish = r.GetFinishReason()
+		}
 	}
 }

@@ -451,7 +451,7 @@ func (s *Sequence) holdEnd(x []float64) {
 			saved[i], x[t] = x[t], inf
 		}
 	}
-	if !slices.ContainsFunc(x, func(v float64) bool { return v > inf }) {
+	if x[vecmath.ArgmaxF64(x)] == inf { // vector code: this runs every token of a thinking block
 		for i, t := range ends {
 			if int(t) < len(x) {
 				x[t] = saved[i]

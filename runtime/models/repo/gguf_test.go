@@ -225,13 +225,7 @@ func TestGGUFEndOfGeneration(t *testing.T) {
 		}, []int32{5, 7, 9, end}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			dir := t.TempDir()
-			_, gg := ggufPair(t, dir, "qwen2", "f16")
-			editGGUF(t, filepath.Join(gg, "model.gguf"), tc.edits...)
-			l, err := openRepo(t, dir).Load(context.Background(), "qwen2-gg", 1)
-			if err != nil {
-				t.Fatal(err)
-			}
+			l := loadEditedQwen2(t, tc.edits...)
 			if got := l.LLM.EOS(); !slices.Equal(got, tc.want) {
 				t.Errorf("EOS() = %v, want %v", got, tc.want)
 			}
@@ -261,13 +255,7 @@ func TestGGUFSamplingDefaults(t *testing.T) {
 		}, llamaCpp},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			dir := t.TempDir()
-			_, gg := ggufPair(t, dir, "qwen2", "f16")
-			editGGUF(t, filepath.Join(gg, "model.gguf"), tc.edits...)
-			l, err := openRepo(t, dir).Load(context.Background(), "qwen2-gg", 1)
-			if err != nil {
-				t.Fatal(err)
-			}
+			l := loadEditedQwen2(t, tc.edits...)
 			if got := l.LLM.DefaultSampling(); got.Temperature != tc.want.Temperature || got.TopK != tc.want.TopK || got.TopP != tc.want.TopP ||
 				got.MinP != tc.want.MinP || got.RepetitionPenalty != tc.want.RepetitionPenalty {
 				t.Errorf("DefaultSampling() = %+v, want %+v", got, tc.want)
@@ -371,4 +359,18 @@ func editGGUF(t *testing.T, path string, edits ...func([]string, map[string]gguf
 		}
 		return keys
 	}, nil)
+}
+
+// loadEditedQwen2 loads a qwen2 f16 GGUF of ggufPair's whose metadata
+// edits changed.
+func loadEditedQwen2(t *testing.T, edits ...func([]string, map[string]gguf.Value) []string) *Loaded {
+	t.Helper()
+	dir := t.TempDir()
+	_, gg := ggufPair(t, dir, "qwen2", "f16")
+	editGGUF(t, filepath.Join(gg, "model.gguf"), edits...)
+	l, err := openRepo(t, dir).Load(context.Background(), "qwen2-gg", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
 }
