@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"strings"
 	"sync"
 
 	"google.golang.org/grpc"
@@ -13,33 +14,65 @@ import (
 	"google.golang.org/protobuf/proto"
 )
 
-// parseCodec is the proto codec with one difference: a request that does
+// parseCodec is the proto codec with two differences. A request that does
 // not parse (bad wire bytes, a string that is not UTF-8) is remembered
 // instead of failing inside grpc-go, which would answer INTERNAL before any
 // interceptor runs — so it would neither get the right code nor be counted.
-// The interceptors take the error back (takeParseError) and answer
-// INVALID_ARGUMENT, counted like every other call.
+// And what decoding a request builds is charged to the in-flight budget
+// before it is built (decodecost.go): a request the budget cannot take is
+// remembered undecoded. The interceptors take the error back
+// (takeParseError) and answer it, counted like every other call.
 type parseCodec struct {
 	encoding.CodecV2
-	bad sync.Map // the message grpc-go decoded into → its parse error
+	budget *byteBudget // nil: decoding is not charged
+	bad    sync.Map    // the message grpc-go decoded into → its parse error or refusal
 }
 
-func newParseCodec() *parseCodec {
-	return &parseCodec{CodecV2: encoding.GetCodecV2(protocodec.Name)}
+// decodeMethod labels the budget's refusals of a request not yet decoded.
+const decodeMethod = "decode"
+
+func newParseCodec(budget *byteBudget) *parseCodec {
+	return &parseCodec{CodecV2: encoding.GetCodecV2(protocodec.Name), budget: budget}
 }
 
 func (c *parseCodec) Unmarshal(data mem.BufferSlice, v any) error {
-	if err := c.CodecV2.Unmarshal(data, v); err != nil {
-		if m, ok := v.(proto.Message); ok {
-			proto.Reset(m) // no half-parsed fields reach a handler
+	m, ok := v.(proto.Message)
+	if !ok || c.budget == nil {
+		if err := c.CodecV2.Unmarshal(data, v); err != nil {
+			if ok {
+				proto.Reset(m) // no half-parsed fields reach a handler
+			}
+			c.bad.Store(v, err)
 		}
+		return nil
+	}
+	buf := data.MaterializeToBuffer(mem.DefaultBufferPool())
+	defer buf.Free()
+	b := buf.ReadOnlyData()
+	// Charged while it decodes: its strings' copies and its structs. The
+	// interceptors charge the decoded request (cost) for as long as it is
+	// served.
+	release, err := c.budget.acquire(decodeMethod, int64(len(b))+shapeCostWire(m.ProtoReflect().Descriptor(), b))
+	if err != nil {
+		// Its names and ids are decoded, for the answer (a stream of
+		// requests answers this one by its id).
+		_ = proto.Unmarshal(scalarFields(m.ProtoReflect().Descriptor(), b), m)
+		c.bad.Store(v, refusal{err})
+		return nil
+	}
+	defer release()
+	if err := proto.Unmarshal(b, m); err != nil {
+		proto.Reset(m)
 		c.bad.Store(v, err)
 	}
 	return nil
 }
 
+// refusal is the budget's refusal of a request before it was decoded.
+type refusal struct{ error }
+
 // takeParseError returns (and forgets) the parse error of req, if any, as
-// INVALID_ARGUMENT.
+// INVALID_ARGUMENT, or the budget's refusal to decode it.
 func (c *parseCodec) takeParseError(method string, req any) error {
 	if c == nil {
 		return nil
@@ -47,6 +80,13 @@ func (c *parseCodec) takeParseError(method string, req any) error {
 	e, ok := c.bad.LoadAndDelete(req)
 	if !ok {
 		return nil
+	}
+	if r, ok := e.(refusal); ok {
+		st := status.Convert(r.error)
+		p := st.Proto()
+		p.Message = method + ": " + strings.TrimPrefix(p.Message, decodeMethod+": ")
+		// Received whole: a stream of requests may answer it and read on.
+		return budgetRefusal{status.FromProto(p).Err()}
 	}
 	return status.Errorf(codes.InvalidArgument, "%s: the request does not parse: %v", method, e)
 }

@@ -103,7 +103,7 @@ func NewEdge(opts EdgeOptions, log *zap.Logger) (*Edge, error) {
 		}
 	}
 	if cfg.HealthListen != "" {
-		codec := newParseCodec()
+		codec := newParseCodec(nil) // probes are tiny and must answer when the budget is full
 		healthAuthz := &authorizer{scope: scopeHealth, log: log, denied: denied}
 		// Idle connections are closed, as on the API listeners: the
 		// listener has few slots (daemon's limits) and probes need none
@@ -176,7 +176,7 @@ func newGRPCServers(cfg config.Config, withTCP bool, rpcm *rpcMetrics, authz *au
 	// what they expand to at once is bounded by as much (compress.go).
 	// grpc-go stops a decompression one byte past the message limit.
 	decompressing.setLimits(budget.max, int64(cfg.MaxMessageBytes)+1+inflateSlack)
-	codec := newParseCodec()
+	codec := newParseCodec(budget)
 	srvOpts := []grpc.ServerOption{
 		grpc.ForceServerCodecV2(codec),
 		grpc.ChainUnaryInterceptor(unaryInterceptor(log, rpcm, codec), authz.unary(), budget.unary()),

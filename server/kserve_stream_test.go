@@ -21,10 +21,10 @@ import (
 // stream interceptors (parse check, budget) over a budget of budgetBytes.
 func streamServer(t *testing.T, k *InferenceService, budgetBytes int64) inference.GRPCInferenceServiceClient {
 	t.Helper()
-	codec := newParseCodec()
 	log := zap.NewNop()
 	m := newRPCMetrics(prometheus.NewRegistry())
 	budget := newByteBudget(budgetBytes, prometheus.NewRegistry())
+	codec := newParseCodec(budget)
 	srv := grpc.NewServer(grpc.ForceServerCodecV2(codec),
 		grpc.ChainUnaryInterceptor(unaryInterceptor(log, m, codec), budget.unary()),
 		grpc.ChainStreamInterceptor(streamInterceptor(log, m, codec), budget.stream(), pacedSends(sendTimeout)))

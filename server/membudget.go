@@ -16,8 +16,8 @@ import (
 
 // Memory held for requests is bounded in bytes, not only in queued items:
 // each call is charged for its request (twice its encoded size: the
-// decoded message and what is built from it — tokens, features, outputs)
-// from the moment it is accepted until it answers, and a call that would
+// decoded message and what is built from it — tokens, features, outputs —
+// and the Go structs and slices decoding made, decodecost.go) from the moment it is accepted until it answers, and a call that would
 // exceed the budget is refused at once with RESOURCE_EXHAUSTED and a retry
 // hint, so brokerd keeps working at its limit instead of being killed.
 
@@ -56,10 +56,11 @@ func newByteBudget(max int64, reg prometheus.Registerer) *byteBudget {
 	return b
 }
 
-// cost is what a request is charged.
+// cost is what a request is charged: twice its bytes, and what decoding it
+// built besides them (decodecost.go).
 func cost(req any) int64 {
 	if m, ok := req.(proto.Message); ok {
-		return 2*int64(proto.Size(m)) + RequestOverhead
+		return 2*int64(proto.Size(m)) + decodedCost(m) + RequestOverhead
 	}
 	return RequestOverhead
 }

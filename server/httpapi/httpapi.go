@@ -12,6 +12,7 @@
 package httpapi
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"crypto/subtle"
@@ -416,14 +417,16 @@ func withMaxTokensLimit(ctx context.Context) context.Context {
 
 // decode reads a JSON body into v; a bad body is INVALID_ARGUMENT, one
 // the in-flight budget refuses or that is too slow to arrive keeps its
-// own error.
+// own error. What decoding will build is charged before it is built
+// (decodedCost).
 func decode(r *http.Request, v any) error {
-	dec := json.NewDecoder(r.Body)
-	err := dec.Decode(v)
+	body, err := io.ReadAll(r.Body)
 	if err == nil {
-		// What follows the value (a newline, a chunked body's end) is
-		// read too, so the body ends within its deadline.
-		_, err = io.Copy(io.Discard, r.Body)
+		err = chargeDecoding(r, decodedCost(body))
+	}
+	if err == nil {
+		// As json.Decoder reads a body: the first value, whatever follows.
+		err = json.NewDecoder(bytes.NewReader(body)).Decode(v)
 	}
 	if err != nil {
 		var tooBig *http.MaxBytesError
@@ -439,6 +442,64 @@ func decode(r *http.Request, v any) error {
 		}
 		return status.Errorf(codes.InvalidArgument, "the request body is not valid JSON for this endpoint: %v", err)
 	}
+	return nil
+}
+
+// Decoded JSON costs more than its bytes: each object becomes a Go struct
+// or map, each element a slot of a slice grown by appends. A body of `{},`
+// in a messages array builds some 250 bytes per byte sent. The body paid
+// twice its bytes as it came (meteredBody); what its structure will build
+// is charged too, counted before anything is decoded.
+const (
+	// jsonCompositeCost is an object or array: the largest struct a
+	// request's arrays hold (a chat message), allocated and in its slot.
+	jsonCompositeCost = 1 << 10
+	// jsonValueCost is any element or member: its slot or map entry and a
+	// string's header, with the slack of growing.
+	jsonValueCost = 96
+)
+
+// decodedCost is what decoding body builds besides its bytes. Strings are
+// skipped whole (escapes honoured); a body that is not JSON costs what
+// its brackets and commas would, and then fails to decode.
+func decodedCost(body []byte) int64 {
+	var composites, values int64
+	in, esc := false, false
+	for _, c := range body {
+		switch {
+		case in:
+			switch {
+			case esc:
+				esc = false
+			case c == '\\':
+				esc = true
+			case c == '"':
+				in = false
+			}
+		case c == '"':
+			in = true
+		case c == '{' || c == '[':
+			composites++
+			values++ // its first element, if any
+		case c == ',':
+			values++
+		}
+	}
+	return composites*jsonCompositeCost + values*jsonValueCost
+}
+
+// chargeDecoding charges n bytes to the in-flight budget until the request
+// is answered, with its body's charges.
+func chargeDecoding(r *http.Request, n int64) error {
+	b, ok := r.Body.(*meteredBody)
+	if !ok || b.admit == nil || n == 0 {
+		return nil
+	}
+	release, err := b.admit(b.route, n)
+	if err != nil {
+		return err
+	}
+	b.releases = append(b.releases, release)
 	return nil
 }
 

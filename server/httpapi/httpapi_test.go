@@ -212,7 +212,8 @@ func runNodeClients(t *testing.T, base, key, mode string, env []string) {
 }
 
 // TestAdmitCharges: every request is charged through Admit (its overhead,
-// then twice its body as it is read, not its declared length), released
+// then twice its body as it is read, not its declared length, then what
+// decoding it builds), released
 // when answered, and a refusal is answered in the API's shape.
 func TestAdmitCharges(t *testing.T) {
 	f := &fakeBackend{}
@@ -235,7 +236,7 @@ func TestAdmitCharges(t *testing.T) {
 		t.Fatal(err)
 	}
 	resp.Body.Close()
-	if want := fmt.Sprint([]int64{requestOverhead, 2 * int64(len(body))}); resp.StatusCode != 200 || fmt.Sprint(charges) != want || held != 0 {
+	if want := fmt.Sprint([]int64{requestOverhead, 2 * int64(len(body)), decodedCost([]byte(body))}); resp.StatusCode != 200 || fmt.Sprint(charges) != want || held != 0 {
 		t.Errorf("status %d, charges %v (want %s), %d bytes still held", resp.StatusCode, charges, want, held)
 	}
 	full = true

@@ -1,0 +1,218 @@
+package server
+
+import (
+	"reflect"
+	"sync"
+
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/reflect/protoregistry"
+)
+
+// A decoded message costs more than its bytes: an empty submessage is two
+// bytes on the wire and a Go struct of about a hundred behind a pointer in
+// a slice grown by doubling. A 64 MiB request of empty EncodeItems decodes
+// into some 4 GB. So the codec counts what a request will build before it
+// decodes it (shapeCostWire), and the budget charges a decoded request for
+// it (shapeCost) besides twice its bytes.
+
+// Per element, what decoding builds besides the element's own bytes (which
+// the budget charges as twice the message's size).
+const (
+	// slotCost is a pointer or scalar's slot in a repeated field, with the
+	// slack of a slice grown by appends (up to twice its length, and the
+	// old array while the new one fills).
+	slotCost = 3 * 8
+	// stringCost is a string or bytes value's header, in a slot.
+	stringCost = 3 * 16
+	// oneofCost is the wrapper struct a oneof's set field lives in.
+	oneofCost = 32
+	// mapEntryCost is a map entry's share of the map's buckets.
+	mapEntryCost = 96
+	// unknownMessageCost stands for a message whose Go type is not linked in.
+	unknownMessageCost = 256
+)
+
+// maxScanDepth stops the scan where protobuf's Unmarshal stops (its default
+// recursion limit): deeper input fails to decode anyway.
+const maxScanDepth = 10000
+
+var structSizes sync.Map // protoreflect.FullName → int64
+
+// messageCost is a message's Go struct, allocated on its own.
+func messageCost(md protoreflect.MessageDescriptor) int64 {
+	if md.IsMapEntry() {
+		return mapEntryCost
+	}
+	if v, ok := structSizes.Load(md.FullName()); ok {
+		return v.(int64)
+	}
+	size := int64(unknownMessageCost)
+	if mt, err := protoregistry.GlobalTypes.FindMessageByName(md.FullName()); err == nil {
+		if t := reflect.TypeOf(mt.Zero().Interface()); t.Kind() == reflect.Pointer {
+			size = sizeClass(int64(t.Elem().Size()))
+		}
+	}
+	structSizes.Store(md.FullName(), size)
+	return size
+}
+
+// sizeClass is about what the allocator gives for size bytes: Go's size
+// classes are 16 bytes apart up to 256 and at most 1/8 apart above.
+func sizeClass(size int64) int64 {
+	if size > 256 {
+		size += size / 8
+	}
+	return (size + 15) &^ 15
+}
+
+// fieldCost is what one value of fd costs besides its bytes, its
+// submessage's own fields not counted.
+func fieldCost(fd protoreflect.FieldDescriptor) int64 {
+	var c int64
+	switch {
+	case fd.IsMap():
+		return mapEntryCost
+	case fd.Message() != nil:
+		c = messageCost(fd.Message()) + slotCost
+	case fd.Kind() == protoreflect.StringKind || fd.Kind() == protoreflect.BytesKind:
+		c = stringCost
+	default:
+		c = slotCost
+	}
+	if od := fd.ContainingOneof(); od != nil && !od.IsSynthetic() {
+		c += oneofCost
+	}
+	return c
+}
+
+// shapeCostWire is what unmarshalling b into a message of md builds besides
+// b's bytes, counted from the wire without decoding. Input that does not
+// parse is counted as far as it goes: Unmarshal refuses it.
+func shapeCostWire(md protoreflect.MessageDescriptor, b []byte) int64 {
+	return scanWire(md, b, 0)
+}
+
+func scanWire(md protoreflect.MessageDescriptor, b []byte, depth int) int64 {
+	if depth > maxScanDepth {
+		return 0
+	}
+	fields := md.Fields()
+	var cost int64
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return cost
+		}
+		b = b[n:]
+		fd := fields.ByNumber(num)
+		if typ != protowire.BytesType {
+			n = protowire.ConsumeFieldValue(num, typ, b)
+			if n < 0 {
+				return cost
+			}
+			b = b[n:]
+			if fd != nil {
+				cost += fieldCost(fd) // unknown fields are kept as their bytes
+			}
+			continue
+		}
+		v, n := protowire.ConsumeBytes(b)
+		if n < 0 {
+			return cost
+		}
+		b = b[n:]
+		switch {
+		case fd == nil:
+		case fd.Message() != nil:
+			cost += fieldCost(fd) + scanWire(fd.Message(), v, depth+1)
+		case fd.Kind() == protoreflect.StringKind || fd.Kind() == protoreflect.BytesKind:
+			cost += fieldCost(fd)
+		default: // a packed repeated scalar
+			cost += packedCount(fd.Kind(), v) * slotCost
+		}
+	}
+	return cost
+}
+
+// scalarFields is b's top-level fields that are one scalar or string each
+// (a request's id and model), which cost no more to decode than their bytes.
+func scalarFields(md protoreflect.MessageDescriptor, b []byte) []byte {
+	var out []byte
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return out
+		}
+		m := protowire.ConsumeFieldValue(num, typ, b[n:])
+		if m < 0 {
+			return out
+		}
+		if fd := md.Fields().ByNumber(num); fd != nil && fd.Cardinality() != protoreflect.Repeated && fd.Message() == nil {
+			out = append(out, b[:n+m]...)
+		}
+		b = b[n+m:]
+	}
+	return out
+}
+
+// packedCount is how many values a packed field's payload holds.
+func packedCount(k protoreflect.Kind, v []byte) int64 {
+	switch k {
+	case protoreflect.Fixed32Kind, protoreflect.Sfixed32Kind, protoreflect.FloatKind:
+		return int64(len(v) / 4)
+	case protoreflect.Fixed64Kind, protoreflect.Sfixed64Kind, protoreflect.DoubleKind:
+		return int64(len(v) / 8)
+	}
+	var n int64 // varints: one ends at each byte without the high bit
+	for _, c := range v {
+		if c < 0x80 {
+			n++
+		}
+	}
+	return n
+}
+
+// shapeCost is shapeCostWire of a decoded message: what its fields cost
+// besides their bytes.
+func shapeCost(m protoreflect.Message) int64 {
+	var cost int64
+	m.Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
+		switch {
+		case fd.IsMap():
+			// On the wire an entry is a message of its key and value.
+			mv := v.Map()
+			cost += int64(mv.Len()) * (mapEntryCost + fieldCost(fd.MapKey()) + fieldCost(fd.MapValue()))
+			if fd.MapValue().Message() != nil {
+				mv.Range(func(_ protoreflect.MapKey, e protoreflect.Value) bool {
+					cost += shapeCost(e.Message())
+					return true
+				})
+			}
+		case fd.IsList():
+			l := v.List()
+			cost += int64(l.Len()) * fieldCost(fd)
+			if fd.Message() != nil {
+				for i := range l.Len() {
+					cost += shapeCost(l.Get(i).Message())
+				}
+			}
+		default:
+			cost += fieldCost(fd)
+			if fd.Message() != nil {
+				cost += shapeCost(v.Message())
+			}
+		}
+		return true
+	})
+	return cost
+}
+
+// decodedCost is shapeCost of a request, 0 for anything but a message.
+func decodedCost(req any) int64 {
+	if m, ok := req.(proto.Message); ok {
+		return shapeCost(m.ProtoReflect())
+	}
+	return 0
+}
