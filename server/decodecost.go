@@ -125,6 +125,8 @@ func scanWire(md protoreflect.MessageDescriptor, b []byte, depth int) int64 {
 		b = b[n:]
 		switch {
 		case fd == nil:
+		case fd.IsMap():
+			cost += mapEntryWire(fd, v, depth)
 		case fd.Message() != nil:
 			cost += fieldCost(fd) + scanWire(fd.Message(), v, depth+1)
 		case fd.Kind() == protoreflect.StringKind || fd.Kind() == protoreflect.BytesKind:
@@ -132,6 +134,32 @@ func scanWire(md protoreflect.MessageDescriptor, b []byte, depth int) int64 {
 		default: // a packed repeated scalar
 			cost += packedCount(fd.Kind(), v) * slotCost
 		}
+	}
+	return cost
+}
+
+// mapEntryWire is what one entry of map field fd costs, its wire form v:
+// decoding gives every entry a key and a value, on the wire or not.
+func mapEntryWire(fd protoreflect.FieldDescriptor, v []byte, depth int) int64 {
+	cost := mapEntryCost + fieldCost(fd.MapKey()) + fieldCost(fd.MapValue())
+	vd := fd.MapValue().Message()
+	if vd == nil {
+		return cost
+	}
+	for len(v) > 0 {
+		num, typ, n := protowire.ConsumeTag(v)
+		if n < 0 {
+			return cost
+		}
+		m := protowire.ConsumeFieldValue(num, typ, v[n:])
+		if m < 0 {
+			return cost
+		}
+		if num == fd.MapValue().Number() && typ == protowire.BytesType {
+			payload, _ := protowire.ConsumeBytes(v[n:])
+			cost += scanWire(vd, payload, depth+1)
+		}
+		v = v[n+m:]
 	}
 	return cost
 }

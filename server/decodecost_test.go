@@ -163,3 +163,30 @@ func TestDecodingChargedFirst(t *testing.T) {
 		})
 	}
 }
+
+// FuzzShapeCostWire: for any bytes that decode, the codec's count from the
+// wire is at least what the decoded request is charged (the wire may
+// repeat a field that decoding merges), so a request is never charged
+// less while it decodes than once decoded.
+func FuzzShapeCostWire(f *testing.F) {
+	for _, m := range []proto.Message{
+		&brokerv1.ChatRequest{Model: "m", Conversations: []*brokerv1.Conversation{{Messages: []*brokerv1.ChatMessage{{Role: "user"}}}}},
+		&inference.ModelInferRequest{Parameters: map[string]*inference.InferParameter{"a": {}},
+			Inputs: []*inference.ModelInferRequest_InferInputTensor{{Shape: []int64{1, 2}}}},
+	} {
+		b, _ := proto.Marshal(m)
+		f.Add(b)
+	}
+	f.Add(repeatedEmpty(2, 3))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		for _, m := range []proto.Message{&brokerv1.ChatRequest{}, &brokerv1.EncodeRequest{}, &inference.ModelInferRequest{}} {
+			wire := shapeCostWire(m.ProtoReflect().Descriptor(), b)
+			if proto.Unmarshal(b, m) != nil {
+				continue
+			}
+			if got := shapeCost(m.ProtoReflect()); got > wire {
+				t.Errorf("%T: decoded %d, more than the %d counted from the wire", m, got, wire)
+			}
+		}
+	})
+}
