@@ -32,6 +32,17 @@ type blockPool struct {
 	cached   map[uint64]int32 // chain hash → registered block
 	blockKey []cacheKey       // each block's registration (hash 0: none)
 	idle     []int32          // registered blocks no sequence holds, oldest first
+	// step is the blocks the step being planned writes whole, by chain
+	// hash (startStep): a sequence later in the step with the same history
+	// maps them as it maps cached ones. A step writes every row's K and V
+	// before any row attends, so its rows read them written.
+	step map[uint64]stepBlock
+}
+
+// stepBlock is a block a step writes whole, and its tokens.
+type stepBlock struct {
+	b      int32
+	tokens []int32
 }
 
 type cacheKey struct {
@@ -50,7 +61,7 @@ func newBlockPool(blocks, size, maxPer int, prefix bool) *blockPool {
 	p := &blockPool{
 		size: size, total: blocks, maxPer: maxPer, prefix: prefix,
 		refs: make([]int32, blocks), seqs: map[uint64]*seqBlocks{}, seed: maphash.MakeSeed(),
-		cached: map[uint64]int32{}, blockKey: make([]cacheKey, blocks),
+		cached: map[uint64]int32{}, blockKey: make([]cacheKey, blocks), step: map[uint64]stepBlock{},
 	}
 	p.free = make([]int32, blocks)
 	for i := range p.free {
@@ -200,12 +211,21 @@ func (p *blockPool) chainHash(prev uint64, tokens []int32) uint64 {
 	return 1 // 0 means "not registered"
 }
 
+// startStep forgets the blocks of the step planned before (its sequences'
+// commits registered those it wrote).
+func (p *blockPool) startStep() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	clear(p.step)
+}
+
 // begin prepares seq's part of a step running tokens from position pos:
 // with prefix caching, the leading full blocks of tokens whose history is
-// cached are mapped into seq's table and skipped. It returns seq's block
-// table and how many of tokens are skipped: all of them only when last is
-// false, else never the last one, which runs and samples. ok is false when
-// seq holds no blocks.
+// cached, or written whole by a sequence earlier in the step, are mapped
+// into seq's table and skipped, and the full blocks seq writes are offered
+// to the sequences after it. It returns seq's block table and how many of
+// tokens are skipped: all of them only when last is false, else never the
+// last one, which runs and samples. ok is false when seq holds no blocks.
 func (p *blockPool) begin(seq uint64, pos int, tokens []int32, last bool) (blocks []int32, filled, skip int, ok bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -213,34 +233,57 @@ func (p *blockPool) begin(seq uint64, pos int, tokens []int32, last bool) (block
 	if s == nil {
 		return nil, 0, 0, false
 	}
-	if p.prefix && pos == s.filled && pos%p.size == 0 {
-		for skip+p.size < len(tokens) || !last && skip+p.size == len(tokens) {
-			k := (pos + skip) / p.size
-			if k >= len(s.blocks) || len(s.chain) != k {
-				break
-			}
-			var prev uint64
-			if k > 0 {
-				prev = s.chain[k-1]
-			}
-			blk := tokens[skip : skip+p.size]
-			h := p.chainHash(prev, blk)
-			b, hit := p.cached[h]
-			if !hit || !slices.Equal(p.blockKey[b].tokens, blk) {
-				break
-			}
-			if p.refs[b] == 0 {
-				p.idle = slices.DeleteFunc(p.idle, func(x int32) bool { return x == b })
-			}
-			p.refs[b]++
-			p.drop(s.blocks[k])
-			s.blocks[k] = b
-			s.chain = append(s.chain, h)
-			s.filled += p.size
-			skip += p.size
+	if !p.prefix || pos != s.filled || pos%p.size != 0 {
+		return slices.Clone(s.blocks), s.filled, 0, true
+	}
+	for skip+p.size < len(tokens) || !last && skip+p.size == len(tokens) {
+		k := (pos + skip) / p.size
+		if k >= len(s.blocks) || len(s.chain) != k {
+			break
 		}
+		blk := tokens[skip : skip+p.size]
+		h := p.chainHash(p.chainAt(s, k), blk)
+		b, hit := p.cached[h]
+		if !hit || !slices.Equal(p.blockKey[b].tokens, blk) {
+			sb, written := p.step[h]
+			if !written || !slices.Equal(sb.tokens, blk) {
+				break
+			}
+			b = sb.b
+		}
+		if p.refs[b] == 0 {
+			p.idle = slices.DeleteFunc(p.idle, func(x int32) bool { return x == b })
+		}
+		p.refs[b]++
+		p.drop(s.blocks[k])
+		s.blocks[k] = b
+		s.chain = append(s.chain, h)
+		s.filled += p.size
+		skip += p.size
+	}
+	// What this step writes whole, from the first block not mapped.
+	prev := p.chainAt(s, len(s.chain))
+	for off := skip; off+p.size <= len(tokens) && len(s.chain) == (pos+skip)/p.size; off += p.size {
+		k := (pos + off) / p.size
+		if k >= len(s.blocks) {
+			break
+		}
+		blk := tokens[off : off+p.size]
+		h := p.chainHash(prev, blk)
+		if _, dup := p.step[h]; !dup {
+			p.step[h] = stepBlock{b: s.blocks[k], tokens: blk}
+		}
+		prev = h
 	}
 	return slices.Clone(s.blocks), s.filled, skip, true
+}
+
+// chainAt is the chain hash of seq's blocks before block k (0 for none).
+func (p *blockPool) chainAt(s *seqBlocks, k int) uint64 {
+	if k == 0 {
+		return 0
+	}
+	return s.chain[k-1]
 }
 
 // commit records that a step wrote tokens at positions from pos of seq,

@@ -69,7 +69,10 @@
 // the sequence's tokens up to its end; a later step of another sequence
 // whose next tokens fill a block with the same history maps that block and
 // skips those rows, transparently to the scheduler (its Reserve and Pos
-// are unchanged). Released registered blocks stay cached until free blocks
+// are unchanged). So does a sequence later in the same step as the one
+// writing the block (n choices of one prompt, or a round's prompts that
+// arrive together): a step writes every row's K and V before any row
+// attends. Released registered blocks stay cached until free blocks
 // run out (oldest released evicted first), so the council's system prompt
 // is prefilled once per round or less. Reserve takes blocks before Step
 // sees the tokens, so in a nearly full cache it may evict a block the

@@ -498,6 +498,7 @@ func (e *Engine) plan(items []SeqStep, drafts []int) (*stepPlan, error) {
 	p.seqIdx = make([]int32, 0, t)
 	seen := make(map[uint64]bool, len(items))
 	bs := e.opts.BlockSize
+	e.blocks.startStep()
 	for i, it := range items {
 		if seen[it.Seq] {
 			return nil, fmt.Errorf("%w: sequence %d twice", ErrInvalidStep, it.Seq)
@@ -517,7 +518,7 @@ func (e *Engine) plan(items []SeqStep, drafts []int) (*stepPlan, error) {
 			}
 		}
 		// Leading blocks another sequence already holds with the same
-		// history are mapped, not computed.
+		// history, or writes in this step, are mapped, not computed.
 		// A draft is never skipped: its rows sample.
 		nd := draftAt(drafts, i)
 		blocks, filled, skip, ok := e.blocks.begin(it.Seq, it.Pos, it.Tokens[:len(it.Tokens)-nd], it.Sample)

@@ -90,6 +90,7 @@ func TestPrefixCacheEviction(t *testing.T) {
 	if !p.reserve(1, 5) {
 		t.Fatal("reserve 1")
 	}
+	p.startStep()
 	if _, _, skip, _ := p.begin(1, 0, toks, true); skip != 0 {
 		t.Fatalf("skip %d on an empty cache", skip)
 	}
@@ -102,6 +103,7 @@ func TestPrefixCacheEviction(t *testing.T) {
 	if !p.reserve(2, 5) {
 		t.Fatal("reserve 2")
 	}
+	p.startStep()
 	blocks, filled, skip, _ := p.begin(2, 0, toks, true)
 	if skip != 4 || filled != 4 || len(p.idle) != 0 {
 		t.Fatalf("shared: skip %d filled %d idle %d, blocks %v", skip, filled, len(p.idle), blocks)
@@ -115,6 +117,7 @@ func TestPrefixCacheEviction(t *testing.T) {
 	if len(p.cached) != 0 || len(p.idle) != 0 {
 		t.Fatalf("after eviction: %d cached, %d idle", len(p.cached), len(p.idle))
 	}
+	p.startStep()
 	if _, _, skip, _ := p.begin(3, 0, []int32{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}, true); skip != 0 {
 		t.Fatalf("evicted blocks were shared (skip %d)", skip)
 	}
@@ -221,4 +224,51 @@ func (x *gatedExecutor) Step(ctx context.Context, items []scheduler.StepItem) ([
 		<-g
 	}
 	return x.genExecutor.Step(ctx, items)
+}
+
+// TestPrefixSharedWithinStep: sequences that start in the same step with
+// the same prompt (n choices of one prompt, a council's round) prefill it
+// once: the later ones map the blocks the first writes in that step. Their
+// logits are bit-identical to each run alone.
+func TestPrefixSharedWithinStep(t *testing.T) {
+	for name, open := range testDevices(t) {
+		t.Run(name, func(t *testing.T) {
+			s := tinyNet("qwen2")
+			shared := sharedPrompts(s.Vocab, 1)[0] // 14 + 2 tokens: 4 blocks of 4
+			prompts := [][]int32{shared, shared, shared, append(slices.Clone(shared[:14]), 7, 8, 9)}
+			chunks := []int{16, 16, 8, 17}
+			params := Sampling{Temperature: 0.7, Seed: 3, Seeded: true}
+			var alone []*job
+			for _, p := range prompts {
+				e := newTestEngine(t, open(t), s, 4, EngineOptions{CacheBytes: 1 << 20, BlockSize: 4, DisablePrefixCache: true})
+				j := &job{seq: 1, prompt: p, gen: 5, chunk: len(p), params: params}
+				simulate(t, e, []*job{j})
+				alone = append(alone, j)
+			}
+			e := newTestEngine(t, open(t), s, 4, EngineOptions{CacheBytes: 1 << 20, BlockSize: 4})
+			var mix []*job
+			for i, p := range prompts {
+				mix = append(mix, &job{seq: uint64(10 + i), prompt: p, gen: 5, chunk: chunks[i], params: params})
+			}
+			simulate(t, e, mix)
+			for i := range mix {
+				for k := range alone[i].logits {
+					for v, x := range alone[i].logits[k] {
+						if math.Float32bits(x) != math.Float32bits(mix[i].logits[k][v]) {
+							t.Fatalf("sequence %d token %d: logit %d %g shared, %g alone", i, k, v, mix[i].logits[k][v], x)
+						}
+					}
+				}
+			}
+			// The second and third copies map all 4 blocks but the last
+			// one's last row (it samples): 12 and 8 + 4; the fourth maps
+			// the 3 blocks of the common 14-token prefix: 12.
+			if got := e.Stats().CachedTokens; got != 12+8+4+12 {
+				t.Errorf("%d prompt tokens shared, want %d", got, 12+8+4+12)
+			}
+			if used, _ := e.CacheBlocks(); used != 0 {
+				t.Errorf("%d blocks held after every sequence ended", used)
+			}
+		})
+	}
 }
