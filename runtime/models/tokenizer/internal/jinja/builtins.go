@@ -255,7 +255,7 @@ func lookupFilter(s *scope, name string) (Value, bool) {
 // Test evaluation
 // =============================================================================
 
-func evalTest(name string, val Value, args []Value) (bool, error) {
+func evalTest(b *budget, name string, val Value, args []Value) (bool, error) {
 	switch name {
 	case "defined":
 		return !val.IsUndefined(), nil
@@ -289,12 +289,12 @@ func evalTest(name string, val Value, args []Value) (bool, error) {
 		if len(args) < 1 {
 			return false, fmt.Errorf("test %q requires an argument", name)
 		}
-		return val.Equals(args[0]), nil
+		return val.equalsIn(b, args[0]), nil
 	case "ne", "!=":
 		if len(args) < 1 {
 			return false, fmt.Errorf("test %q requires an argument", name)
 		}
-		return !val.Equals(args[0]), nil
+		return !val.equalsIn(b, args[0]), nil
 	case "gt", "greaterthan", ">":
 		if len(args) < 1 {
 			return false, nil
@@ -319,7 +319,7 @@ func evalTest(name string, val Value, args []Value) (bool, error) {
 		if len(args) < 1 {
 			return false, nil
 		}
-		return containsValue(args[0], val), nil
+		return containsValue(b, args[0], val), nil
 	case "odd":
 		if val.IsInt() {
 			return val.AsInt()%2 != 0, nil
@@ -346,7 +346,7 @@ func evalTest(name string, val Value, args []Value) (bool, error) {
 		if len(args) < 1 {
 			return false, nil
 		}
-		return val.Equals(args[0]), nil
+		return val.equalsIn(b, args[0]), nil
 	}
 
 	return false, fmt.Errorf("unknown test %q", name)
@@ -811,6 +811,9 @@ func filterSort(b *budget, args []Value, kwargs map[string]Value) (Value, error)
 		reverse = r.AsBool()
 	}
 
+	if err := b.work(sortWork(len(items))); err != nil {
+		return Undefined(), err
+	}
 	sort.SliceStable(items, func(i, j int) bool {
 		cmp := compareValues(items[i], items[j])
 		if reverse {
@@ -1025,7 +1028,7 @@ func filterSelect(b *budget, args []Value, kwargs map[string]Value) (Value, erro
 				items = append(items, item)
 			}
 		} else {
-			result, err := evalTest(testName, item, testArgs)
+			result, err := evalTest(b, testName, item, testArgs)
 			if err != nil {
 				return Undefined(), err
 			}
@@ -1058,7 +1061,7 @@ func filterReject(b *budget, args []Value, kwargs map[string]Value) (Value, erro
 				items = append(items, item)
 			}
 		} else {
-			result, err := evalTest(testName, item, testArgs)
+			result, err := evalTest(b, testName, item, testArgs)
 			if err != nil {
 				return Undefined(), err
 			}
@@ -1099,7 +1102,7 @@ func filterSelectattr(b *budget, args []Value, kwargs map[string]Value) (Value, 
 				items = append(items, item)
 			}
 		} else {
-			result, err := evalTest(testName, attrVal, testArgs)
+			result, err := evalTest(b, testName, attrVal, testArgs)
 			if err != nil {
 				return Undefined(), err
 			}
@@ -1140,7 +1143,7 @@ func filterRejectattr(b *budget, args []Value, kwargs map[string]Value) (Value, 
 				items = append(items, item)
 			}
 		} else {
-			result, err := evalTest(testName, attrVal, testArgs)
+			result, err := evalTest(b, testName, attrVal, testArgs)
 			if err != nil {
 				return Undefined(), err
 			}
@@ -1228,6 +1231,9 @@ func filterDictsort(b *budget, args []Value, kwargs map[string]Value) (Value, er
 		reverse = r.AsBool()
 	}
 
+	if err := b.work(sortWork(len(d.Keys))); err != nil {
+		return Undefined(), err
+	}
 	keys := make([]string, len(d.Keys))
 	copy(keys, d.Keys)
 
@@ -1399,10 +1405,10 @@ func compareValues(a, b Value) int {
 	return 0
 }
 
-func containsValue(container, item Value) bool {
+func containsValue(b *budget, container, item Value) bool {
 	if container.IsList() {
 		for _, v := range container.AsList().Items {
-			if v.Equals(item) {
+			if v.equalsIn(b, item) {
 				return true
 			}
 		}

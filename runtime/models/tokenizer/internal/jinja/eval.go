@@ -891,9 +891,9 @@ func (e *evaluator) evalBinary(n *binExpr) (Value, error) {
 	case "**":
 		return powValues(left, right), nil
 	case "==":
-		return NewBool(valuesEqual(left, right)), nil
+		return NewBool(valuesEqual(e.b, left, right)), nil
 	case "!=":
-		return NewBool(!valuesEqual(left, right)), nil
+		return NewBool(!valuesEqual(e.b, left, right)), nil
 	case "<":
 		return NewBool(compareValues(left, right) < 0), nil
 	case ">":
@@ -903,9 +903,9 @@ func (e *evaluator) evalBinary(n *binExpr) (Value, error) {
 	case ">=":
 		return NewBool(compareValues(left, right) >= 0), nil
 	case "in":
-		return NewBool(containsValue(right, left)), nil
+		return NewBool(containsValue(e.b, right, left)), nil
 	case "not in":
-		return NewBool(!containsValue(right, left)), nil
+		return NewBool(!containsValue(e.b, right, left)), nil
 	}
 
 	return Undefined(), fmt.Errorf("unknown binary operator %q", n.op)
@@ -1047,7 +1047,7 @@ func (e *evaluator) evalTestExpr(n *testExpr) (Value, error) {
 		testArgs = append(testArgs, v)
 	}
 
-	result, err := evalTest(n.name, val, testArgs)
+	result, err := evalTest(e.b, n.name, val, testArgs)
 	if err != nil {
 		return Undefined(), err
 	}
@@ -1478,7 +1478,7 @@ func powValues(a, b Value) Value {
 	return NewFloat(math.Pow(toFloat64(a), toFloat64(b)))
 }
 
-func valuesEqual(a, b Value) bool {
+func valuesEqual(bud *budget, a, b Value) bool {
 	// Cross-type numeric comparison.
 	if a.IsNumber() && b.IsNumber() {
 		return toFloat64(a) == toFloat64(b)
@@ -1487,5 +1487,5 @@ func valuesEqual(a, b Value) bool {
 	if a.IsNone() && b.IsNone() {
 		return true
 	}
-	return a.Equals(b)
+	return a.equalsIn(bud, b)
 }

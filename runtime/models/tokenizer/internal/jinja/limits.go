@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/bits"
 )
 
 // This file is brokerd's addition to the fork: every render and compile
@@ -210,11 +211,36 @@ func (b *budget) chargeValue(v Value) error {
 }
 
 // nodes counts value nodes one walk visited; the walk stops at the cap.
+// A walk in a render (b set) also counts each node as a step of it: a
+// comparison makes nothing to charge, and a test over a list of shared
+// children (`x in L`) walks up to the cap once per item.
 type walk struct {
 	nodes int
+	b     *budget
 }
 
 func (w *walk) visit(depth int) bool {
 	w.nodes++
+	if w.b != nil && w.b.step() != nil {
+		return false
+	}
 	return w.nodes <= maxValueNodes && depth <= maxValueDepth
+}
+
+// work counts n steps at once, for an operation whose cost is known before
+// it runs (a sort's comparisons).
+func (b *budget) work(n int64) error {
+	if b.err != nil {
+		return b.err
+	}
+	if n < 0 || n > b.lim.MaxSteps-b.steps {
+		return b.limitf("more than %d evaluation steps", b.lim.MaxSteps)
+	}
+	b.steps += n
+	return nil
+}
+
+// sortWork is the comparisons a sort of n items makes, about n·log2(n).
+func sortWork(n int) int64 {
+	return int64(n) * int64(bits.Len(uint(n))+1)
 }

@@ -14,6 +14,12 @@ import (
 // exercised by the real templates in jinja_test.go.
 var small = jinja.Limits{MaxSteps: 200_000, MaxCallDepth: 32, MaxOutputBytes: 1 << 20, MaxAllocBytes: 16 << 20}
 
+// sharedTrees sets ns.a and ns.b to two trees of depth 18 that share their
+// children and differ in one leaf, and ns.L to 64 copies of ns.a.
+const sharedTrees = `{%- set ns = namespace(a=[0], b=[1], L=[]) -%}
+{%- for i in range(18) %}{% set ns.b = [ns.a, ns.b] %}{% set ns.a = [ns.a, ns.a] %}{% endfor -%}
+{%- set ns.L = [ns.a] -%}{%- for i in range(6) %}{% set ns.L = ns.L + ns.L %}{% endfor -%}`
+
 // TestHostileTemplatesHitLimits: each template here crashed, exhausted
 // memory or spun forever before the fork's limits; now each is an
 // ErrLimit error from Render.
@@ -50,6 +56,15 @@ func TestHostileTemplatesHitLimits(t *testing.T) {
 		// batch, items and dictsort make lists inside their result, which
 		// count too: 70 batches of 10,000 one-item lists pass 16 MiB only so.
 		{"batch's inner lists", `{% set x = range(10000)|list %}{% for i in range(70) %}{% set y = x|batch(1) %}{% endfor %}`},
+		// Comparisons make nothing to charge: two trees of shared
+		// children, and a list of one of them, cost a few KiB, and each
+		// comparison walks up to a million nodes (a step each).
+		{"in over shared children", sharedTrees + `{% if ns.b in ns.L %}{% endif %}`},
+		{"not in over shared children", sharedTrees + `{% if ns.b not in ns.L %}{% endif %}`},
+		{"== over shared children", sharedTrees + `{% for x in ns.L %}{% if x == ns.b %}{% endif %}{% endfor %}`},
+		{"equalto test over shared children", sharedTrees + `{{ ns.L|select('equalto', ns.b)|list|length }}`},
+		{"in test over shared children", sharedTrees + `{{ [ns.b]|select('in', ns.L)|list|length }}`},
+		{"sort", `{% set ns = namespace(l=[1]) %}{% for i in range(17) %}{% set ns.l = ns.l + ns.l %}{% endfor %}{{ ns.l|sort|length }}`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tm, err := jinja.Compile(tc.src)

@@ -258,8 +258,11 @@ func (s *stringer) write(v Value, depth int) {
 
 // Equals reports whether v and other hold the same value. Values too
 // deep or too large to compare under the structural caps are unequal.
-func (v Value) Equals(other Value) bool {
-	var w walk
+func (v Value) Equals(other Value) bool { return v.equalsIn(nil, other) }
+
+// equalsIn is Equals in a render: every node compared is a step of b.
+func (v Value) equalsIn(b *budget, other Value) bool {
+	w := walk{b: b}
 	return v.equals(other, &w, 0)
 }
 
