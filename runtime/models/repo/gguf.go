@@ -141,12 +141,64 @@ func (p *plan) inspectGGUFAt(path, real string) (lp *llmPlan, err error) {
 			f.Close()
 			return nil, fmt.Errorf("%w: %s: tensor %s is %s: supported are %v", errInvalidGGUF, path, t.Name, t.Type, ggufTypes)
 		}
-		if _, ok := ggufName(t.Name); !ok && t.Name != "rope_freqs.weight" {
+		hf, ok := ggufName(t.Name)
+		if !ok && t.Name != "rope_freqs.weight" {
 			f.Close()
 			return nil, fmt.Errorf("%w: %s: tensor %s is not one of a %s model", errInvalidGGUF, path, t.Name, gp.arch)
 		}
+		// Checked before anything is read: the tensors that are not kept as
+		// stored are dequantized to float32 at load (7× a Q4 tensor's bytes).
+		if want := ggufShape(hf, lp.config); ok && want == nil {
+			f.Close()
+			return nil, fmt.Errorf("%w: %s: tensor %s is of no layer of this %d-layer %s model", errInvalidGGUF, path, t.Name, lp.config.NumHiddenLayers, gp.arch)
+		} else if ok && !slices.Equal(ggufDims(t), want) {
+			f.Close()
+			return nil, fmt.Errorf("%w: %s: tensor %s is %v, want %v for this %s model", errInvalidGGUF, path, t.Name, ggufDims(t), want, gp.arch)
+		}
 	}
 	return lp, nil
+}
+
+// ggufDims is t's shape, the outer dimension first (GGUF lists the
+// contiguous one first).
+func ggufDims(t *gguf.Tensor) []int {
+	shape := make([]int, len(t.Dims))
+	for j, d := range t.Dims {
+		shape[len(shape)-1-j] = int(d)
+	}
+	return shape
+}
+
+// ggufShape is the shape the engine wants for the tensor of Hugging Face
+// name hf, from the model's config (nil: one of no layer the config has).
+func ggufShape(hf string, c llm.Config) []int {
+	h, inter, vocab := c.HiddenSize, c.IntermediateSize, c.VocabSize
+	d := c.HeadDim
+	if d == 0 && c.NumAttentionHeads > 0 {
+		d = h / c.NumAttentionHeads
+	}
+	qd, kd := c.NumAttentionHeads*d, c.NumKeyValueHeads*d
+	switch hf {
+	case "model.embed_tokens.weight", "lm_head.weight":
+		return []int{vocab, h}
+	case "model.norm.weight":
+		return []int{h}
+	}
+	rest, ok := strings.CutPrefix(hf, "model.layers.")
+	if !ok {
+		return nil
+	}
+	layer, name, _ := strings.Cut(rest, ".")
+	if l, err := strconv.Atoi(layer); err != nil || l >= c.NumHiddenLayers {
+		return nil
+	}
+	return map[string][]int{
+		"input_layernorm.weight": {h}, "post_attention_layernorm.weight": {h},
+		"self_attn.q_proj.weight": {qd, h}, "self_attn.k_proj.weight": {kd, h}, "self_attn.v_proj.weight": {kd, h},
+		"self_attn.o_proj.weight": {h, qd}, "self_attn.q_proj.bias": {qd}, "self_attn.k_proj.bias": {kd},
+		"self_attn.v_proj.bias": {kd}, "self_attn.q_norm.weight": {d}, "self_attn.k_norm.weight": {d},
+		"mlp.gate_proj.weight": {inter, h}, "mlp.up_proj.weight": {inter, h}, "mlp.down_proj.weight": {h, inter},
+	}[name]
 }
 
 // ggufGeneration is a GGUF model's sampling defaults, as the
