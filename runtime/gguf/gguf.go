@@ -33,6 +33,7 @@ import (
 	"math/bits"
 	"slices"
 	"sort"
+	"strconv"
 	"sync"
 
 	"github.com/brokerd/brokerd/runtime/models"
@@ -382,17 +383,27 @@ func le32(b []byte) uint32 {
 func le64(b []byte) uint64 { return uint64(le32(b)) | uint64(le32(b[4:]))<<32 }
 
 // str reads a string of at most max bytes; what names it in messages.
-func (d *decoder) str(max int64, what string) (string, error) {
+func (d *decoder) str(max int64, what string) (string, error) { return d.strN(max, what, -1) }
+
+// strN is str of an array's element i (≥ 0: named "what i"; formatted
+// only for an error, as arrays hold millions).
+func (d *decoder) strN(max int64, what string, i int) (string, error) {
+	name := func() string {
+		if i < 0 {
+			return what
+		}
+		return what + " " + strconv.Itoa(i)
+	}
 	at := d.pos
 	n, err := d.u64()
 	if err != nil {
 		return "", err
 	}
 	if n > uint64(max) {
-		return "", d.errf("%s at offset %d: length %d exceeds the limit of %d bytes", what, at, n, max)
+		return "", d.errf("%s at offset %d: length %d exceeds the limit of %d bytes", name(), at, n, max)
 	}
 	if int64(n) > d.left() {
-		return "", d.errf("%s at offset %d: length %d runs past the end of the file (%d bytes left)", what, at, n, d.left())
+		return "", d.errf("%s at offset %d: length %d runs past the end of the file (%d bytes left)", name(), at, n, d.left())
 	}
 	b, err := d.take(int64(n))
 	if err != nil {
@@ -613,7 +624,7 @@ func (d *decoder) array(at int64, depth int) (Value, error) {
 	case ValueString:
 		a := make([]string, n)
 		for i := range a {
-			if a[i], err = d.str(d.lim.MaxStringBytes, fmt.Sprintf("string %d", i)); err != nil {
+			if a[i], err = d.strN(d.lim.MaxStringBytes, "string", i); err != nil {
 				return Value{}, err
 			}
 		}

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"go.uber.org/zap/zaptest"
 
@@ -413,5 +414,56 @@ func TestGGUFTensorShapesCheckedAtInspection(t *testing.T) {
 				t.Fatalf("inspect: %v, want an invalid-file error naming %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// TestListInspectsChangedVersionsOnly: List keeps what it found of a
+// version while its files' fingerprint (paths, sizes, times) is the same —
+// it runs for every request that names a model not loaded, and inspecting
+// a GGUF parses its header — and inspects it again once a file changes.
+func TestListInspectsChangedVersionsOnly(t *testing.T) {
+	dir := t.TempDir()
+	_, gg := ggufPair(t, dir, "qwen2", "q8_0")
+	path := filepath.Join(gg, "model.gguf")
+	r := openRepo(t, dir)
+	entry := func() Entry {
+		for _, e := range r.List() {
+			if e.Name == "qwen2-gg" {
+				return e
+			}
+		}
+		t.Fatal("qwen2-gg is not listed")
+		return Entry{}
+	}
+	if e := entry(); e.Errs[1] != nil || e.Kind == "" {
+		t.Fatalf("listed %+v", e)
+	}
+	st, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The magic overwritten, size and time kept: the fingerprint is the
+	// same, so what was found stands (no header was parsed again).
+	f, err := os.OpenFile(path, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt([]byte("XXXX"), 0); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	if err := os.Chtimes(path, st.ModTime(), st.ModTime()); err != nil {
+		t.Fatal(err)
+	}
+	if e := entry(); e.Errs[1] != nil {
+		t.Fatalf("an unchanged fingerprint was inspected again: %v", e.Errs[1])
+	}
+	// A new time: inspected again, and the broken magic is found.
+	later := st.ModTime().Add(time.Second)
+	if err := os.Chtimes(path, later, later); err != nil {
+		t.Fatal(err)
+	}
+	if e := entry(); e.Errs[1] == nil || !strings.Contains(e.Errs[1].Error(), "magic") {
+		t.Fatalf("a changed file was not inspected again: %+v", e)
 	}
 }

@@ -64,6 +64,22 @@ type Repo struct {
 
 	ggufTemplatesMu sync.Mutex
 	ggufTemplates   map[string]string // store blobs' chat templates (ollamaTemplate)
+
+	// listedMu guards listed: List's inspections by "name/version", kept
+	// while the version's files are unchanged (their fingerprint). List is
+	// called for every request naming a model not loaded, and inspecting
+	// a GGUF parses its whole header (a vocabulary: megabytes).
+	listedMu sync.Mutex
+	listed   map[string]listedVersion
+}
+
+// listedVersion is what List found of a version whose files had
+// fingerprint fp.
+type listedVersion struct {
+	fp      string
+	kind    models.Kind
+	details Details
+	err     error
 }
 
 // WithMaxContext caps decoder LLMs' context length (tokens): Llama 3.2
@@ -241,6 +257,10 @@ func (r *Repo) List() []Entry {
 		r.log.Warn("cannot read the model repository", zap.String("dir", r.dir), zap.Error(err))
 		return nil
 	}
+	r.listedMu.Lock()
+	prev := r.listed
+	r.listedMu.Unlock()
+	seen := map[string]listedVersion{}
 	var out []Entry
 	for _, de := range des {
 		name := de.Name()
@@ -257,27 +277,55 @@ func (r *Repo) List() []Entry {
 		e := Entry{Name: name, Versions: r.versions(name)}
 		for i := len(e.Versions) - 1; i >= 0; i-- {
 			v := e.Versions[i]
-			p, err := r.inspect(name, v)
-			if err != nil {
+			key := name + "/" + strconv.FormatInt(v, 10)
+			lv := r.listVersion(name, v, prev[key])
+			if lv.fp != "" {
+				seen[key] = lv
+			}
+			if lv.err != nil {
 				if e.Errs == nil {
 					e.Errs = map[int64]error{}
 				}
-				e.Errs[v] = r.relative(err)
+				e.Errs[v] = lv.err
 				continue
 			}
 			if e.Kind == "" {
-				e.Kind = p.kind
-				e.Details = p.details()
+				e.Kind, e.Details = lv.kind, lv.details
 			}
-			p.close()
 		}
 		out = append(out, e)
 	}
+	r.listedMu.Lock()
+	r.listed = seen
+	r.listedMu.Unlock()
 	taken := map[string]bool{}
 	for _, e := range out {
 		taken[e.Name] = true
 	}
 	return append(out, r.ollamaEntries(taken)...)
+}
+
+// listVersion inspects a version for List, or returns what was found
+// before (was) if its files' fingerprint is the same. The fingerprint is
+// taken first: files changed while they are inspected are inspected again
+// next time. A version whose fingerprint cannot be taken is not kept.
+func (r *Repo) listVersion(name string, v int64, was listedVersion) listedVersion {
+	fp, err := r.fingerprintOf(name, v)
+	if err != nil {
+		fp = ""
+	}
+	if fp != "" && fp == was.fp {
+		return was
+	}
+	lv := listedVersion{fp: fp}
+	p, err := r.inspect(name, v)
+	if err != nil {
+		lv.err = r.relative(err)
+		return lv
+	}
+	lv.kind, lv.details = p.kind, p.details()
+	p.close()
+	return lv
 }
 
 // versions lists the numbered (positive integer) subdirectories of a model.
