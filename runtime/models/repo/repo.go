@@ -65,12 +65,14 @@ type Repo struct {
 	ggufTemplatesMu sync.Mutex
 	ggufTemplates   map[string]string // store blobs' chat templates (ollamaTemplate)
 
-	// listedMu guards listed: List's inspections by "name/version", kept
-	// while the version's files are unchanged (their fingerprint). List is
-	// called for every request naming a model not loaded, and inspecting
-	// a GGUF parses its whole header (a vocabulary: megabytes).
-	listedMu sync.Mutex
-	listed   map[string]listedVersion
+	// listMu serialises List, which keeps in listed its inspections by
+	// "name/version" while the version's files are unchanged (their
+	// fingerprint). List is called for every request naming a model not
+	// loaded, and inspecting a GGUF parses its whole header (a
+	// vocabulary: megabytes): a burst of such requests waits for one
+	// inspection instead of making one each.
+	listMu sync.Mutex
+	listed map[string]listedVersion
 }
 
 // listedVersion is what List found of a version whose files had
@@ -257,10 +259,9 @@ func (r *Repo) List() []Entry {
 		r.log.Warn("cannot read the model repository", zap.String("dir", r.dir), zap.Error(err))
 		return nil
 	}
-	r.listedMu.Lock()
-	prev := r.listed
-	r.listedMu.Unlock()
-	seen := map[string]listedVersion{}
+	r.listMu.Lock()
+	defer r.listMu.Unlock()
+	prev, seen := r.listed, map[string]listedVersion{}
 	var out []Entry
 	for _, de := range des {
 		name := de.Name()
@@ -295,9 +296,7 @@ func (r *Repo) List() []Entry {
 		}
 		out = append(out, e)
 	}
-	r.listedMu.Lock()
 	r.listed = seen
-	r.listedMu.Unlock()
 	taken := map[string]bool{}
 	for _, e := range out {
 		taken[e.Name] = true
