@@ -163,7 +163,7 @@ type engineInstance struct {
 
 func (r engineInstance) join(h Host, key string, dev scheduler.Device, opts ...scheduler.ReplicaOption) error {
 	return h.AddGenReplica(key, dev, scheduler.GenOptions{MaxRunning: r.maxRunning, MaxStepTokens: max(genStepTokens, r.maxRunning), MaxChunk: genChunk,
-		SpecTokens: r.spec, SpecMaxRunning: r.specMaxRunning}, r.x, opts...)
+		SpecTokens: r.spec, SpecMaxRunning: r.specMaxRunning, ChunkAlign: genBlockSize}, r.x, opts...)
 }
 
 func (r engineInstance) placed() (string, []zap.Field) {

@@ -134,6 +134,11 @@ type GenOptions struct {
 	// guesses it rejects cost it compute.
 	SpecTokens     int
 	SpecMaxRunning int
+	// ChunkAlign, when more than 1, ends a prompt chunk cut short of the
+	// prompt's end on a multiple of it: the KV cache's block size. The
+	// next chunk then starts on a block, where the prefix cache can map
+	// the blocks after it (one starting inside a block maps none).
+	ChunkAlign int
 }
 
 // DefaultSpecMaxRunning is GenOptions.SpecMaxRunning's default.
@@ -784,6 +789,15 @@ func (s *Scheduler) planStepLocked(r *genReplica, now time.Time) ([]StepItem, []
 	var items []StepItem
 	var seqs []*sequence
 	var wants []int // each item's chunk before the room left to others
+	// aligned is the tokens of a chunk from pos of seq's taking take, cut
+	// back to end on a block (ChunkAlign) when the chunk stops short of
+	// the tokens to run and a token is left.
+	aligned := func(seq *sequence, pos, take int) int {
+		if a, end := r.opts.ChunkAlign, pos+take; a > 1 && end < len(seq.tokens) && end/a*a > pos {
+			return end/a*a - pos
+		}
+		return take
+	}
 	add := func(seq *sequence, take, want int) {
 		pos := seq.computed
 		items = append(items, StepItem{
@@ -804,6 +818,7 @@ func (s *Scheduler) planStepLocked(r *genReplica, now time.Time) ([]StepItem, []
 			// so the budget (≥ MaxRunning) never runs out before them.
 			take = max(1, min(want, budget-s.heldLocked(r, i, next)))
 		}
+		take = aligned(seq, seq.computed, take)
 		fits := true
 		for fits && !r.exec.Reserve(seq.id, seq.computed+take) {
 			victim := r.running[len(r.running)-1]
@@ -834,7 +849,7 @@ func (s *Scheduler) planStepLocked(r *genReplica, now time.Time) ([]StepItem, []
 			k := r.gq.pickLevel(levels)
 			seq := levels[k]
 			want := min(len(seq.tokens), r.opts.MaxChunk)
-			take := min(want, budget)
+			take := aligned(seq, 0, min(want, budget))
 			if !r.exec.Reserve(seq.id, take) {
 				break // it waits for blocks
 			}
@@ -862,11 +877,11 @@ func (s *Scheduler) planStepLocked(r *genReplica, now time.Time) ([]StepItem, []
 	// cache blocks) goes to the chunks it was held from, oldest first.
 	for k := 0; k < len(items) && budget > 0; k++ {
 		it := &items[k]
-		more := min(wants[k]-len(it.Tokens), budget)
+		seq := seqs[k]
+		more := aligned(seq, it.Pos, len(it.Tokens)+min(wants[k]-len(it.Tokens), budget)) - len(it.Tokens)
 		if more <= 0 || !r.exec.Reserve(it.Seq, it.Pos+len(it.Tokens)+more) {
 			continue
 		}
-		seq := seqs[k]
 		it.Tokens = seq.tokens[it.Pos : it.Pos+len(it.Tokens)+more]
 		it.Sample = it.Pos+len(it.Tokens) == len(seq.tokens)
 		budget -= more

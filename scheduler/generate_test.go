@@ -33,6 +33,7 @@ type fakeGen struct {
 	steps   [][]uint64 // sequence IDs of each step
 	tokens  []int      // tokens of each step
 	chunks  [][]int    // tokens of each item of each step
+	cuts    [][2]int   // where each prompt chunk that does not sample starts and ends
 	errs    []error
 	maxUsed int
 }
@@ -151,6 +152,9 @@ func (f *fakeGen) recordLocked(items []StepItem) int {
 		ids[i] = it.Seq
 		chunks[i] = len(it.Tokens)
 		toks += len(it.Tokens) + it.Draft
+		if !it.Sample {
+			f.cuts = append(f.cuts, [2]int{it.Pos, it.Pos + len(it.Tokens)})
+		}
 	}
 	f.steps = append(f.steps, ids)
 	f.chunks = append(f.chunks, chunks)
@@ -326,6 +330,7 @@ func TestGenerateBatchedEqualsAlone(t *testing.T) {
 		{"continuous, chunked prefill", GenOptions{MaxRunning: 6, MaxStepTokens: 24, MaxChunk: 8}, 256, 0},
 		{"staggered arrivals", GenOptions{MaxRunning: 4, MaxStepTokens: 32, MaxChunk: 16}, 256, time.Millisecond},
 		{"cache too small: preemption", GenOptions{MaxRunning: 8, MaxStepTokens: 64, MaxChunk: 16}, 12, 0},
+		{"chunks cut on blocks", GenOptions{MaxRunning: 6, MaxStepTokens: 22, MaxChunk: 10, ChunkAlign: 4}, 256, 0},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -346,6 +351,23 @@ func TestGenerateBatchedEqualsAlone(t *testing.T) {
 				most = max(most, len(ids))
 				if len(ids) > tc.opts.MaxRunning || f.tokens[i] > tc.opts.MaxStepTokens {
 					t.Errorf("step %d: %d sequences, %d tokens; limits %d and %d", i, len(ids), f.tokens[i], tc.opts.MaxRunning, tc.opts.MaxStepTokens)
+				}
+			}
+			// A chunk cut short of its prompt ends on the last block
+			// boundary it crosses, where the next starts and the prefix
+			// cache can map blocks (a chunk of a token or two, all a full
+			// step leaves, may cross none).
+			if a := tc.opts.ChunkAlign; a > 1 {
+				aligned := 0
+				for _, c := range f.cuts {
+					if c[1]%a == 0 {
+						aligned++
+					} else if c[1]/a*a > c[0] {
+						t.Errorf("a chunk cut short runs from %d to %d, past the block boundary at %d", c[0], c[1], c[1]/a*a)
+					}
+				}
+				if aligned == 0 {
+					t.Errorf("no chunk of %d cut short ended on a block", len(f.cuts))
 				}
 			}
 			if tc.opts.MaxRunning > 1 && tc.stagger == 0 && most < 2 {
