@@ -34,6 +34,10 @@ func (x EngineExecutor) Close() error                        { return x.Engine.C
 // (scheduler.KVCacheReporter): Stats rows and the KV gauges.
 func (x EngineExecutor) CacheBlocks() (used, total int) { return x.Engine.CacheBlocks() }
 
+// PrefixHitTokens are the prompt tokens the engine's prefix cache mapped
+// (scheduler.PrefixCacheReporter).
+func (x EngineExecutor) PrefixHitTokens() int64 { return x.Engine.Stats().CachedTokens }
+
 // KVCacheDType is the engine's KV cache type (scheduler.KVCacheTyper).
 func (x EngineExecutor) KVCacheDType() string { return x.Engine.Options().KVDType.String() }
 

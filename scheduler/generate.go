@@ -1273,6 +1273,16 @@ type KVCacheTyper interface {
 type KVCache struct {
 	UsedBlocks, TotalBlocks int
 	DType                   string
+	// PrefixHitTokens are the prompt tokens the prefix cache mapped
+	// instead of computing, since the executor started (PrefixCacheReporter).
+	PrefixHitTokens int64
+}
+
+// PrefixCacheReporter is what an executor with a prefix cache may report:
+// the prompt tokens it mapped from blocks already computed (by an earlier
+// sequence, or one earlier in the same step) instead of computing them.
+type PrefixCacheReporter interface {
+	PrefixHitTokens() int64
 }
 
 // sampleKVLocked reads r's KV cache, when its executor reports one.
@@ -1282,5 +1292,8 @@ func (s *Scheduler) sampleKVLocked(r *genReplica) {
 	}
 	if t, ok := r.exec.(KVCacheTyper); ok {
 		r.kv.DType = t.KVCacheDType()
+	}
+	if p, ok := r.exec.(PrefixCacheReporter); ok {
+		r.kv.PrefixHitTokens = p.PrefixHitTokens()
 	}
 }

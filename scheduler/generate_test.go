@@ -36,6 +36,7 @@ type fakeGen struct {
 	cuts    [][2]int   // where each prompt chunk that does not sample starts and ends
 	errs    []error
 	maxUsed int
+	hits    int64 // PrefixHitTokens' answer
 }
 
 // genState is a sequence's executor state in the tests: it stops after
@@ -192,6 +193,13 @@ func (f *fakeGen) CacheBlocks() (used, total int) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.used, f.blocks
+}
+
+// PrefixHitTokens makes fakeGen a PrefixCacheReporter.
+func (f *fakeGen) PrefixHitTokens() int64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.hits
 }
 
 func (f *fakeGen) blocksUsed() int {

@@ -44,6 +44,7 @@ func TestGeneratorStats(t *testing.T) {
 	f.hold = gate
 	f.entered = make(chan struct{}, 1)
 	f.advance = func() { clock.Advance(100 * time.Millisecond) }
+	f.hits = 12
 	const key, name = "llm@1.r3", "llm@1"
 	if err := s.AddGenReplica(key, Device{ID: "cpu:0", Type: "cpu"}, GenOptions{MaxRunning: 8, MaxStepTokens: 256}, f, WithName(name)); err != nil {
 		t.Fatal(err)
@@ -75,7 +76,7 @@ func TestGeneratorStats(t *testing.T) {
 		t.Fatalf("rows named %q and %+v, want %q", row.Model, reps, name)
 	}
 	used := f.blocksUsed()
-	if row.Queued != 0 || row.Gen.KV != (KVCache{UsedBlocks: used, TotalBlocks: 64}) || reps[0].Gen.KV != row.Gen.KV || reps[0].Running != n || reps[0].MaxBatch != 8 {
+	if row.Queued != 0 || row.Gen.KV != (KVCache{UsedBlocks: used, TotalBlocks: 64, PrefixHitTokens: 12}) || reps[0].Gen.KV != row.Gen.KV || reps[0].Running != n || reps[0].MaxBatch != 8 {
 		t.Errorf("while running: queued %d, KV %+v (replica %+v), want 0 and {%d 64}; replica running %d, max %d",
 			row.Queued, row.Gen.KV, reps[0].Gen.KV, used, reps[0].Running, reps[0].MaxBatch)
 	}
@@ -90,6 +91,7 @@ func TestGeneratorStats(t *testing.T) {
 		{"brokerd_generation_kv_cache_usage_ratio", []string{"model", name}, float64(used) / 64},
 		{"brokerd_generation_kv_cache_blocks", []string{"model", name, "device", "cpu:0", "state", "used"}, float64(used)},
 		{"brokerd_generation_kv_cache_blocks", []string{"model", name, "device", "cpu:0", "state", "total"}, 64},
+		{"brokerd_generation_prefix_cache_hit_tokens_total", []string{"model", name, "device", "cpu:0"}, 12},
 	}
 	for _, g := range gauges {
 		if got := value(t, reg, g.name, g.labels...); got != g.want {
@@ -144,7 +146,7 @@ func TestGeneratorStats(t *testing.T) {
 			r.RecentItemsPerSecond != n/RateWindow.Seconds() {
 			t.Errorf("%s row: %v output and %v prompt tokens/s, %v sequences/s", r.DeviceID, g.OutputTokensPerSecond, g.PromptTokensPerSecond, r.RecentItemsPerSecond)
 		}
-		if g.KV != (KVCache{TotalBlocks: 64}) {
+		if g.KV != (KVCache{TotalBlocks: 64, PrefixHitTokens: 12}) {
 			t.Errorf("%s row: KV %+v after the sequences ended", r.DeviceID, g.KV)
 		}
 	}

@@ -228,7 +228,7 @@ func (m *metrics) failed(model, reason string) { m.failures.WithLabelValues(mode
 // TotalRunningRequests brokerd_generation_model_running_sequences, and
 // KVCacheUtilization brokerd_generation_kv_cache_usage_ratio (0 to 1).
 type stateCollector struct {
-	depth, running, waiting, kvBlocks, modelRunning, kvUsage *prometheus.Desc
+	depth, running, waiting, kvBlocks, modelRunning, kvUsage, prefixHits *prometheus.Desc
 
 	mu     sync.Mutex
 	scheds []*Scheduler
@@ -251,6 +251,9 @@ func newStateCollector() *stateCollector {
 		kvUsage: d("brokerd_generation_kv_cache_usage_ratio",
 			"Fraction of the model's KV-cache blocks held by sequences, over all its replicas, 0 to 1 (cached blocks no sequence holds count as free): the model-server protocol's KVCacheUtilization.",
 			"model"),
+		prefixHits: d("brokerd_generation_prefix_cache_hit_tokens_total",
+			"Prompt tokens each generator replica's prefix cache mapped from blocks already computed instead of computing them (vLLM's prefix_cache_hits), since the replica started.",
+			"model", "device"),
 	}
 }
 
@@ -261,7 +264,7 @@ func (c *stateCollector) add(s *Scheduler) {
 }
 
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.depth, c.running, c.waiting, c.kvBlocks, c.modelRunning, c.kvUsage} {
+	for _, d := range []*prometheus.Desc{c.depth, c.running, c.waiting, c.kvBlocks, c.modelRunning, c.kvUsage, c.prefixHits} {
 		ch <- d
 	}
 }
@@ -299,6 +302,7 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 					b := kv[k]
 					b.UsedBlocks += r.kv.UsedBlocks
 					b.TotalBlocks += r.kv.TotalBlocks
+					b.PrefixHitTokens += r.kv.PrefixHitTokens
 					kv[k] = b
 					g.kv.UsedBlocks += r.kv.UsedBlocks
 					g.kv.TotalBlocks += r.kv.TotalBlocks
@@ -327,5 +331,6 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	for k, b := range kv {
 		gauge(c.kvBlocks, float64(b.UsedBlocks), k.model, k.device, "used")
 		gauge(c.kvBlocks, float64(b.TotalBlocks), k.model, k.device, "total")
+		ch <- prometheus.MustNewConstMetric(c.prefixHits, prometheus.CounterValue, float64(b.PrefixHitTokens), k.model, k.device)
 	}
 }

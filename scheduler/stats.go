@@ -204,6 +204,7 @@ func (s *Scheduler) genRowsLocked(out []QueueStats, gq *genQueue, now time.Time)
 		row.Healthy = row.Healthy && rr.Healthy
 		row.Gen.KV.UsedBlocks += r.kv.UsedBlocks
 		row.Gen.KV.TotalBlocks += r.kv.TotalBlocks
+		row.Gen.KV.PrefixHitTokens += r.kv.PrefixHitTokens
 		rows = append(rows, rr)
 	}
 	slices.SortFunc(rows, func(a, b QueueStats) int { return strings.Compare(a.DeviceID, b.DeviceID) })

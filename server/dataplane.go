@@ -72,6 +72,7 @@ func statsToProto(st scheduler.QueueStats) *brokerv1.QueueStats {
 			KvCacheDtype:          g.KV.DType,
 			SpecDraftTokens:       g.DraftTokens,
 			SpecAcceptedTokens:    g.AcceptedTokens,
+			PrefixCacheHitTokens:  g.KV.PrefixHitTokens,
 		}
 	}
 	return out

@@ -102,12 +102,13 @@ func writeStatsTable(w io.Writer, sorted []*brokerv1.QueueStats) error {
 // writeGenTable prints the generators' rows: sequences running and waiting,
 // completed and failed, prompt and output tokens per second over the last
 // 10 s, time to first token and between tokens (p50, p99), KV-cache blocks
-// used/total and the cache's type, preemptions, and the share of guessed
-// tokens kept (speculative decoding).
+// used/total and the cache's type, the share of prompt tokens the prefix
+// cache mapped, preemptions, and the share of guessed tokens kept
+// (speculative decoding).
 func writeGenTable(w io.Writer, sorted []*brokerv1.QueueStats) error {
 	tw := newTable(w)
 	row(tw, "", "MODEL", "DEVICE", "RUNNING", "WAITING", "COMPLETED", "FAILED", "PROMPT-TOK/S", "OUT-TOK/S",
-		"TTFT-P50", "TTFT-P99", "ITL-P50", "ITL-P99", "KV-BLOCKS", "KV-TYPE", "PREEMPTED", "ACCEPT")
+		"TTFT-P50", "TTFT-P99", "ITL-P50", "ITL-P99", "KV-BLOCKS", "KV-TYPE", "PREFIX-HIT", "PREEMPTED", "ACCEPT")
 	for _, s := range sorted {
 		g := s.GetGeneration()
 		row(tw, "", orDash(s.GetModel()), deviceCell(s), strconv.FormatInt(s.GetRunning(), 10), strconv.FormatInt(s.GetQueued(), 10),
@@ -115,7 +116,7 @@ func writeGenTable(w io.Writer, sorted []*brokerv1.QueueStats) error {
 			strconv.FormatFloat(g.GetPromptTokensPerSecond(), 'f', 1, 64), strconv.FormatFloat(g.GetOutputTokensPerSecond(), 'f', 1, 64),
 			formatMs(g.GetTimeToFirstToken().GetP50Seconds()*1e3), formatMs(g.GetTimeToFirstToken().GetP99Seconds()*1e3),
 			formatMs(g.GetInterTokenLatency().GetP50Seconds()*1e3), formatMs(g.GetInterTokenLatency().GetP99Seconds()*1e3),
-			kvCell(g), orDash(g.GetKvCacheDtype()), strconv.FormatInt(g.GetPreemptions(), 10), acceptCell(g))
+			kvCell(g), orDash(g.GetKvCacheDtype()), prefixCell(g), strconv.FormatInt(g.GetPreemptions(), 10), acceptCell(g))
 	}
 	if err := tw.Flush(); err != nil {
 		return fmt.Errorf("write generator table: %w", err)
@@ -130,6 +131,15 @@ func kvCell(g *brokerv1.GenerationStats) string {
 		return "-"
 	}
 	return strconv.FormatInt(g.GetKvCacheBlocksUsed(), 10) + "/" + strconv.FormatInt(g.GetKvCacheBlocksTotal(), 10)
+}
+
+// prefixCell is the prompt tokens the prefix cache mapped instead of
+// computing, as a percentage of the prompt tokens, or "-" before any.
+func prefixCell(g *brokerv1.GenerationStats) string {
+	if g.GetPromptTokens() <= 0 {
+		return "-"
+	}
+	return strconv.FormatFloat(100*float64(g.GetPrefixCacheHitTokens())/float64(g.GetPromptTokens()), 'f', 1, 64) + "%"
 }
 
 // acceptCell is the guessed tokens kept of those run (speculative

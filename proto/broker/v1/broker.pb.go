@@ -4047,8 +4047,13 @@ type GenerationStats struct {
 	// tokens gained without a step of their own). 0 when it is off.
 	SpecDraftTokens    int64 `protobuf:"varint,11,opt,name=spec_draft_tokens,json=specDraftTokens,proto3" json:"spec_draft_tokens,omitempty"`
 	SpecAcceptedTokens int64 `protobuf:"varint,12,opt,name=spec_accepted_tokens,json=specAcceptedTokens,proto3" json:"spec_accepted_tokens,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// Prompt tokens the prefix cache mapped from KV-cache blocks already
+	// computed (by an earlier sequence with the same prompt prefix, or one in
+	// the same step) instead of computing them, since the model's replicas
+	// started: of prompt_tokens, the share not prefilled.
+	PrefixCacheHitTokens int64 `protobuf:"varint,13,opt,name=prefix_cache_hit_tokens,json=prefixCacheHitTokens,proto3" json:"prefix_cache_hit_tokens,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
 }
 
 func (x *GenerationStats) Reset() {
@@ -4161,6 +4166,13 @@ func (x *GenerationStats) GetSpecDraftTokens() int64 {
 func (x *GenerationStats) GetSpecAcceptedTokens() int64 {
 	if x != nil {
 		return x.SpecAcceptedTokens
+	}
+	return 0
+}
+
+func (x *GenerationStats) GetPrefixCacheHitTokens() int64 {
+	if x != nil {
+		return x.PrefixCacheHitTokens
 	}
 	return 0
 }
@@ -6172,7 +6184,7 @@ const file_broker_v1_broker_proto_rawDesc = "" +
 	"last_error\x18\x0f \x01(\tR\tlastError\x1a9\n" +
 	"\vFailedEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"\xf2\x04\n" +
+	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"\xa9\x05\n" +
 	"\x0fGenerationStats\x127\n" +
 	"\x18prompt_tokens_per_second\x18\x01 \x01(\x01R\x15promptTokensPerSecond\x127\n" +
 	"\x18output_tokens_per_second\x18\x02 \x01(\x01R\x15outputTokensPerSecond\x12H\n" +
@@ -6186,7 +6198,8 @@ const file_broker_v1_broker_proto_rawDesc = "" +
 	"\x0ekv_cache_dtype\x18\n" +
 	" \x01(\tR\fkvCacheDtype\x12*\n" +
 	"\x11spec_draft_tokens\x18\v \x01(\x03R\x0fspecDraftTokens\x120\n" +
-	"\x14spec_accepted_tokens\x18\f \x01(\x03R\x12specAcceptedTokens\"'\n" +
+	"\x14spec_accepted_tokens\x18\f \x01(\x03R\x12specAcceptedTokens\x125\n" +
+	"\x17prefix_cache_hit_tokens\x18\r \x01(\x03R\x14prefixCacheHitTokens\"'\n" +
 	"\x0fGetStatsRequest\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\"?\n" +
 	"\x10GetStatsResponse\x12+\n" +
