@@ -319,3 +319,92 @@ func TestLoadBuiltinOtherVersion(t *testing.T) {
 		t.Errorf("Load %s version 7: %v, version %d served; want not found", name, act, sv.Info.Version)
 	}
 }
+
+// gatedRepository is a Repository whose loads of one name wait, after
+// signalling entered, until open is closed (or their context ends).
+type gatedRepository struct {
+	Repository
+	name    string
+	entered chan struct{}
+	open    chan struct{}
+}
+
+func (g gatedRepository) Load(ctx context.Context, name string, version int64) (Loaded, error) {
+	if name == g.name {
+		g.entered <- struct{}{}
+		select {
+		case <-g.open:
+		case <-ctx.Done():
+			return Loaded{}, ctx.Err()
+		}
+	}
+	return g.Repository.Load(ctx, name, version)
+}
+
+// TestLoadReadsWithoutTheLock: a load reads its files without Set.mu (a
+// model of gigabytes takes minutes to verify and read), so other models'
+// unloads and loads go through meanwhile; an unload of the model loading
+// waits for its load and then unloads it, and a second load of it waits
+// for the first.
+func TestLoadReadsWithoutTheLock(t *testing.T) {
+	g := gatedRepository{Repository: mlpRepository(t, "a", "b", "slow"), name: "slow", entered: make(chan struct{}, 2), open: make(chan struct{})}
+	sched := scheduler.New(scheduler.Options{})
+	t.Cleanup(sched.Close)
+	cpu := detect.Entry{Device: detect.Device{ID: "cpu:0", Type: detect.TypeCPU, Runtime: onednn.Name}}
+	ms := openDevices(t.Context(), []detect.Entry{cpu}, sched, g, Options{
+		Adapters: map[string]runtime.Adapter{onednn.Name: onednn.New(onednn.Options{})}, Factors: detect.DefaultFactors(),
+	}, zap.NewNop())
+	t.Cleanup(func() { ms.Close() })
+	for _, n := range []string{"a", "b"} {
+		if _, _, err := ms.Load(t.Context(), n, 0); err != nil {
+			t.Fatalf("Load %s: %v", n, err)
+		}
+	}
+	loads := make(chan error, 2)
+	load := func() {
+		_, _, err := ms.Load(context.Background(), "slow", 0)
+		loads <- err
+	}
+	go load()
+	<-g.entered
+	go load() // waits for the first: it does not enter the repository yet
+
+	// Other models' admin calls go through while slow's files are read.
+	done := make(chan error, 1)
+	go func() {
+		if _, err := ms.Unload(context.Background(), "b"); err != nil {
+			done <- fmt.Errorf("Unload b: %w", err)
+			return
+		}
+		if _, _, err := ms.Load(context.Background(), "b", 0); err != nil {
+			done <- fmt.Errorf("Load b again: %w", err)
+			return
+		}
+		done <- nil
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Error(err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("an unload and a load of b are blocked behind the load of slow reading its files")
+	}
+	if pendingOf(ms, "slow") != "loading" {
+		t.Errorf("slow is %q while its files are read, want loading", pendingOf(ms, "slow"))
+	}
+	unloaded := make(chan error, 1)
+	go func() { _, err := ms.Unload(context.Background(), "slow"); unloaded <- err }()
+
+	close(g.open)
+	for range 2 {
+		if err := <-loads; err != nil {
+			t.Errorf("Load slow: %v", err)
+		}
+	}
+	// The unload waited for the first load: it found slow served (the
+	// second load may come before or after it).
+	if err := <-unloaded; err != nil {
+		t.Errorf("Unload slow, begun while it loaded: %v", err)
+	}
+}

@@ -40,7 +40,7 @@ func inFlightOf(dev runtime.Device) int {
 // Devices are opened once and shared by every model placed on them.
 func openDevices(ctx context.Context, entries []detect.Entry, sched Host, repo Repository, opts Options, log *zap.Logger) *Set {
 	ms := &Set{repo: repo, sched: sched, opts: opts, log: log, reserved: map[string]int64{},
-		pending: map[string]string{}, lastErr: map[string]string{}, dtypes: map[string]runtime.DType{}, retiring: map[*Served]chan struct{}{}}
+		pending: map[string]string{}, lastErr: map[string]string{}, dtypes: map[string]runtime.DType{}, retiring: map[*Served]chan struct{}{}, loads: map[string]chan struct{}{}}
 	ms.table.Store(&nameTable{byName: map[string]*Served{}})
 	for _, e := range entries {
 		if !e.Runnable() || e.Health == detect.Unhealthy {

@@ -68,19 +68,54 @@ func (ms *Set) Load(ctx context.Context, name string, version int64) (*Served, A
 	return s, act, err
 }
 
-// loadUnderLock is Load's part under mu: released (and name's "loading"
-// cleared) however it ends, a panic included.
+// loadUnderLock is Load after any other load of name: it reads the files
+// without mu and places the model under it; name's "loading" is cleared,
+// and the loads waiting for this one go on, however it ends, a panic
+// included.
 func (ms *Set) loadUnderLock(ctx context.Context, name string, version int64) (*Served, Action, <-chan struct{}, error) {
 	ms.mu.Lock()
-	defer ms.mu.Unlock()
+	if err := ms.awaitLoadLocked(ctx, name); err != nil {
+		ms.mu.Unlock()
+		return nil, 0, nil, err
+	}
 	if ms.closed || ms.draining() {
+		ms.mu.Unlock()
 		return nil, 0, nil, fmt.Errorf("model %s: brokerd is stopping: %w", name, scheduler.ErrDraining)
 	}
+	done := make(chan struct{})
+	ms.loads[name] = done
 	ms.setPending(name, "loading")
-	defer ms.setPending(name, "")
-	s, act, retired, err := ms.loadLocked(ctx, name, version)
+	ms.mu.Unlock()
+	defer func() {
+		ms.mu.Lock()
+		ms.setPending(name, "") // before the next load of name can set it
+		delete(ms.loads, name)
+		ms.mu.Unlock()
+		close(done)
+	}()
+	s, act, retired, err := ms.load(ctx, name, version)
 	ms.setLastErr(name, err)
 	return s, act, retired, err
+}
+
+// awaitLoadLocked waits, without mu, until no load of name is under way
+// (a load or an unload of a name comes after the load before it), or until
+// ctx ends (its error). mu is held again when it returns.
+func (ms *Set) awaitLoadLocked(ctx context.Context, name string) error {
+	for {
+		done, busy := ms.loads[name]
+		if !busy {
+			return nil
+		}
+		ms.mu.Unlock()
+		select {
+		case <-done:
+		case <-ctx.Done():
+			ms.mu.Lock()
+			return fmt.Errorf("model %s: waiting for its load under way: %w", name, ctx.Err())
+		}
+		ms.mu.Lock()
+	}
 }
 
 // draining reports whether the scheduler stopped taking work (a Drain): a
@@ -111,12 +146,16 @@ func (ms *Set) unchangedLocked(cur *Served, name string, version int64) bool {
 	return err == nil && fp == cur.fingerprint
 }
 
-// loadLocked is Load under mu. retired, when not nil, closes once the
-// instance the new one replaced is gone (its requests done, its memory
-// back): the caller waits for it without mu.
-func (ms *Set) loadLocked(ctx context.Context, name string, version int64) (_ *Served, _ Action, retired <-chan struct{}, _ error) {
+// load is Load while it is name's load under way (ms.loads): the files are
+// read without mu, the model placed under it. retired, when not nil,
+// closes once the instance the new one replaced is gone (its requests
+// done, its memory back): the caller waits for it without mu.
+func (ms *Set) load(ctx context.Context, name string, version int64) (_ *Served, _ Action, retired <-chan struct{}, _ error) {
+	ms.mu.Lock()
 	cur := ms.Lookup(name)
-	if cur != nil && ms.unchangedLocked(cur, name, version) {
+	unchanged := cur != nil && ms.unchangedLocked(cur, name, version)
+	ms.mu.Unlock()
+	if unchanged {
 		ms.log.Info("model unchanged: this version is served from these files already", zap.String("model", name), zap.Int64("version", cur.Info.Version))
 		return cur, ActionUnchanged, nil, nil
 	}
@@ -127,6 +166,14 @@ func (ms *Set) loadLocked(ctx context.Context, name string, version int64) (_ *S
 	if err != nil {
 		return nil, 0, nil, fmt.Errorf("model %s: %w", name, err)
 	}
+	ms.mu.Lock()
+	defer ms.mu.Unlock()
+	if ms.closed || ms.draining() {
+		return nil, 0, nil, fmt.Errorf("model %s: brokerd is stopping: %w", name, scheduler.ErrDraining)
+	}
+	// What serves name now: an unload of it waits for this load, so it is
+	// what served when the load began.
+	cur = ms.Lookup(name)
 	kind := ms.servableOf(name, l)
 	info := kind.info()
 	// The repository's name and version directory are the model's identity.
@@ -232,12 +279,17 @@ func (ms *Set) removeReplicasLocked(ctx context.Context, s *Served) {
 	}
 }
 
-// Unload stops serving name at once, and frees its replicas once the work
-// it accepted is done. It returns then, or when ctx ends first (its error):
-// the unload goes on without its caller.
+// Unload stops serving name at once (after a load of name under way), and
+// frees its replicas once the work it accepted is done. It returns then,
+// or when ctx ends first (its error): the unload goes on without its
+// caller.
 func (ms *Set) Unload(ctx context.Context, name string) (*Served, error) {
 	name = ms.Canonical(name)
 	ms.mu.Lock()
+	if err := ms.awaitLoadLocked(ctx, name); err != nil {
+		ms.mu.Unlock()
+		return nil, err
+	}
 	s := ms.Lookup(name)
 	if s == nil {
 		ms.mu.Unlock()

@@ -58,8 +58,14 @@ type Set struct {
 	// without mu (which a load holds for seconds).
 	dtypes map[string]runtime.DType
 
-	// mu serialises loads, unloads and close, and guards what follows.
-	mu       sync.Mutex
+	// mu serialises the changes to what serves (a load's placement, an
+	// unload, close) and guards what follows. A load reads its files
+	// without it (loads): a model of gigabytes takes minutes to verify and
+	// read, and other models' loads and unloads need not wait for that.
+	mu sync.Mutex
+	// loads are the loads under way, by name, each closed when it ends: a
+	// second load or an unload of the name waits for it.
+	loads    map[string]chan struct{}
 	devices  []openDevice
 	reserved map[string]int64 // device ID → bytes reserved by replicas
 	reloads  int              // reloads of a served version so far: queue keys of their own
