@@ -52,7 +52,7 @@ func (c *parseCodec) Unmarshal(data mem.BufferSlice, v any) error {
 	// Charged while it decodes: its strings' copies and its structs. The
 	// interceptors charge the decoded request (cost) for as long as it is
 	// served.
-	release, err := c.budget.acquire(decodeMethod, int64(len(b))+shapeCostWire(m.ProtoReflect().Descriptor(), b))
+	release, err := c.budget.acquire(decodeMethod, int64(len(b))+c.budget.shapes.wire(m.ProtoReflect().Descriptor(), b))
 	if err != nil {
 		// Its names and ids are decoded, for the answer (a stream of
 		// requests answers this one by its id).

@@ -137,13 +137,13 @@ func TestStreamInferReleasesAnsweredCharges(t *testing.T) {
 		resp, err := st.Recv()
 		if err != nil {
 			t.Fatalf("request %d of one stream, each answered before the next was sent (%d bytes charged each, budget 1 MiB): %v",
-				i, cost(req), err)
+				i, budget.cost(req), err)
 		}
 		if resp.GetErrorMessage() != "" {
 			t.Fatalf("request %d: %s", i, resp.GetErrorMessage())
 		}
 	}
-	if held := testutil.ToFloat64(budget.inflight); held > float64(maxStreamInFlight)*float64(cost(req)) {
+	if held := testutil.ToFloat64(budget.inflight); held > float64(maxStreamInFlight)*float64(budget.cost(req)) {
 		t.Errorf("%v bytes still charged with no request in flight", held)
 	}
 	_ = st.CloseSend()

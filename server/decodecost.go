@@ -5,7 +5,6 @@ import (
 	"sync"
 
 	"google.golang.org/protobuf/encoding/protowire"
-	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/reflect/protoregistry"
 )
@@ -14,8 +13,8 @@ import (
 // bytes on the wire and a Go struct of about a hundred behind a pointer in
 // a slice grown by doubling. A 64 MiB request of empty EncodeItems decodes
 // into some 4 GB. So the codec counts what a request will build before it
-// decodes it (shapeCostWire), and the budget charges a decoded request for
-// it (shapeCost) besides twice its bytes.
+// decodes it (shapes.wire), and the budget charges a decoded request for
+// it (shapes.decoded) besides twice its bytes.
 
 // Per element, what decoding builds besides the element's own bytes (which
 // the budget charges as twice the message's size).
@@ -38,14 +37,18 @@ const (
 // recursion limit): deeper input fails to decode anyway.
 const maxScanDepth = 10000
 
-var structSizes sync.Map // protoreflect.FullName → int64
+// shapes counts what decoding builds; it keeps the size of each message
+// type's Go struct as it is first asked (the byte budget holds one).
+type shapes struct {
+	sizes sync.Map // protoreflect.FullName → int64
+}
 
 // messageCost is a message's Go struct, allocated on its own.
-func messageCost(md protoreflect.MessageDescriptor) int64 {
+func (sh *shapes) messageCost(md protoreflect.MessageDescriptor) int64 {
 	if md.IsMapEntry() {
 		return mapEntryCost
 	}
-	if v, ok := structSizes.Load(md.FullName()); ok {
+	if v, ok := sh.sizes.Load(md.FullName()); ok {
 		return v.(int64)
 	}
 	size := int64(unknownMessageCost)
@@ -54,7 +57,7 @@ func messageCost(md protoreflect.MessageDescriptor) int64 {
 			size = sizeClass(int64(t.Elem().Size()))
 		}
 	}
-	structSizes.Store(md.FullName(), size)
+	sh.sizes.Store(md.FullName(), size)
 	return size
 }
 
@@ -69,13 +72,13 @@ func sizeClass(size int64) int64 {
 
 // fieldCost is what one value of fd costs besides its bytes, its
 // submessage's own fields not counted.
-func fieldCost(fd protoreflect.FieldDescriptor) int64 {
+func (sh *shapes) fieldCost(fd protoreflect.FieldDescriptor) int64 {
 	var c int64
 	switch {
 	case fd.IsMap():
 		return mapEntryCost
 	case fd.Message() != nil:
-		c = messageCost(fd.Message()) + slotCost
+		c = sh.messageCost(fd.Message()) + slotCost
 	case fd.Kind() == protoreflect.StringKind || fd.Kind() == protoreflect.BytesKind:
 		c = stringCost
 	default:
@@ -87,14 +90,14 @@ func fieldCost(fd protoreflect.FieldDescriptor) int64 {
 	return c
 }
 
-// shapeCostWire is what unmarshalling b into a message of md builds besides
+// wire is what unmarshalling b into a message of md builds besides
 // b's bytes, counted from the wire without decoding. Input that does not
 // parse is counted as far as it goes: Unmarshal refuses it.
-func shapeCostWire(md protoreflect.MessageDescriptor, b []byte) int64 {
-	return scanWire(md, b, 0)
+func (sh *shapes) wire(md protoreflect.MessageDescriptor, b []byte) int64 {
+	return sh.scanWire(md, b, 0)
 }
 
-func scanWire(md protoreflect.MessageDescriptor, b []byte, depth int) int64 {
+func (sh *shapes) scanWire(md protoreflect.MessageDescriptor, b []byte, depth int) int64 {
 	if depth > maxScanDepth {
 		return 0
 	}
@@ -114,7 +117,7 @@ func scanWire(md protoreflect.MessageDescriptor, b []byte, depth int) int64 {
 			}
 			b = b[n:]
 			if fd != nil {
-				cost += fieldCost(fd) // unknown fields are kept as their bytes
+				cost += sh.fieldCost(fd) // unknown fields are kept as their bytes
 			}
 			continue
 		}
@@ -126,11 +129,11 @@ func scanWire(md protoreflect.MessageDescriptor, b []byte, depth int) int64 {
 		switch {
 		case fd == nil:
 		case fd.IsMap():
-			cost += mapEntryWire(fd, v, depth)
+			cost += sh.mapEntryWire(fd, v, depth)
 		case fd.Message() != nil:
-			cost += fieldCost(fd) + scanWire(fd.Message(), v, depth+1)
+			cost += sh.fieldCost(fd) + sh.scanWire(fd.Message(), v, depth+1)
 		case fd.Kind() == protoreflect.StringKind || fd.Kind() == protoreflect.BytesKind:
-			cost += fieldCost(fd)
+			cost += sh.fieldCost(fd)
 		default: // a packed repeated scalar
 			cost += packedCount(fd.Kind(), v) * slotCost
 		}
@@ -140,8 +143,8 @@ func scanWire(md protoreflect.MessageDescriptor, b []byte, depth int) int64 {
 
 // mapEntryWire is what one entry of map field fd costs, its wire form v:
 // decoding gives every entry a key and a value, on the wire or not.
-func mapEntryWire(fd protoreflect.FieldDescriptor, v []byte, depth int) int64 {
-	cost := mapEntryCost + fieldCost(fd.MapKey()) + fieldCost(fd.MapValue())
+func (sh *shapes) mapEntryWire(fd protoreflect.FieldDescriptor, v []byte, depth int) int64 {
+	cost := mapEntryCost + sh.fieldCost(fd.MapKey()) + sh.fieldCost(fd.MapValue())
 	vd := fd.MapValue().Message()
 	if vd == nil {
 		return cost
@@ -157,7 +160,7 @@ func mapEntryWire(fd protoreflect.FieldDescriptor, v []byte, depth int) int64 {
 		}
 		if num == fd.MapValue().Number() && typ == protowire.BytesType {
 			payload, _ := protowire.ConsumeBytes(v[n:])
-			cost += scanWire(vd, payload, depth+1)
+			cost += sh.scanWire(vd, payload, depth+1)
 		}
 		v = v[n+m:]
 	}
@@ -202,45 +205,37 @@ func packedCount(k protoreflect.Kind, v []byte) int64 {
 	return n
 }
 
-// shapeCost is shapeCostWire of a decoded message: what its fields cost
+// decoded is wire of a decoded message: what its fields cost
 // besides their bytes.
-func shapeCost(m protoreflect.Message) int64 {
+func (sh *shapes) decoded(m protoreflect.Message) int64 {
 	var cost int64
 	m.Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
 		switch {
 		case fd.IsMap():
 			// On the wire an entry is a message of its key and value.
 			mv := v.Map()
-			cost += int64(mv.Len()) * (mapEntryCost + fieldCost(fd.MapKey()) + fieldCost(fd.MapValue()))
+			cost += int64(mv.Len()) * (mapEntryCost + sh.fieldCost(fd.MapKey()) + sh.fieldCost(fd.MapValue()))
 			if fd.MapValue().Message() != nil {
 				mv.Range(func(_ protoreflect.MapKey, e protoreflect.Value) bool {
-					cost += shapeCost(e.Message())
+					cost += sh.decoded(e.Message())
 					return true
 				})
 			}
 		case fd.IsList():
 			l := v.List()
-			cost += int64(l.Len()) * fieldCost(fd)
+			cost += int64(l.Len()) * sh.fieldCost(fd)
 			if fd.Message() != nil {
 				for i := range l.Len() {
-					cost += shapeCost(l.Get(i).Message())
+					cost += sh.decoded(l.Get(i).Message())
 				}
 			}
 		default:
-			cost += fieldCost(fd)
+			cost += sh.fieldCost(fd)
 			if fd.Message() != nil {
-				cost += shapeCost(v.Message())
+				cost += sh.decoded(v.Message())
 			}
 		}
 		return true
 	})
 	return cost
-}
-
-// decodedCost is shapeCost of a request, 0 for anything but a message.
-func decodedCost(req any) int64 {
-	if m, ok := req.(proto.Message); ok {
-		return shapeCost(m.ProtoReflect())
-	}
-	return 0
 }

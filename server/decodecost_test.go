@@ -19,6 +19,9 @@ import (
 	"github.com/brokerd/brokerd/server/config"
 )
 
+// sh counts shapes for the tests, as a budget's does.
+var sh = &shapes{}
+
 // repeatedEmpty is n empty values of field num (wire type bytes): the
 // cheapest way to make a decoder build n structs.
 func repeatedEmpty(num protowire.Number, n int) []byte {
@@ -58,8 +61,8 @@ func TestShapeCostWireMatchesDecoded(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			wire := shapeCostWire(tc.msg.ProtoReflect().Descriptor(), b)
-			if got := shapeCost(tc.msg.ProtoReflect()); got != wire || (wire == 0) != (len(b) == 0) {
+			wire := sh.wire(tc.msg.ProtoReflect().Descriptor(), b)
+			if got := sh.decoded(tc.msg.ProtoReflect()); got != wire || (wire == 0) != (len(b) == 0) {
 				t.Errorf("decoded %d, counted from the wire %d", got, wire)
 			}
 		})
@@ -90,7 +93,7 @@ func TestShapeCostCoversDecoding(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			m := tc.new()
-			decoding := int64(len(tc.wire)) + shapeCostWire(m.ProtoReflect().Descriptor(), tc.wire)
+			decoding := int64(len(tc.wire)) + sh.wire(m.ProtoReflect().Descriptor(), tc.wire)
 			var before, decoded, kept goruntime.MemStats
 			goruntime.GC()
 			goruntime.ReadMemStats(&before)
@@ -100,7 +103,7 @@ func TestShapeCostCoversDecoding(t *testing.T) {
 			goruntime.ReadMemStats(&decoded)
 			goruntime.GC()
 			goruntime.ReadMemStats(&kept)
-			served := int64(2*proto.Size(m)) + shapeCost(m.ProtoReflect())
+			served := int64(2*proto.Size(m)) + sh.decoded(m.ProtoReflect())
 			if alloc := int64(decoded.TotalAlloc - before.TotalAlloc); alloc > 2*decoding {
 				t.Errorf("decoding %d bytes allocated %d bytes, more than twice the %d charged while it decodes", len(tc.wire), alloc, decoding)
 			}
@@ -119,7 +122,7 @@ func TestDecodingChargedFirst(t *testing.T) {
 	const n = 1 << 20 // 2 MiB on the wire, some 150 MB decoded
 	msg := protowire.AppendString(protowire.AppendTag(nil, 1, protowire.BytesType), "no-such-model")
 	msg = append(msg, repeatedEmpty(5, n)...) // inputs
-	need := shapeCostWire((&inference.ModelInferRequest{}).ProtoReflect().Descriptor(), msg)
+	need := sh.wire((&inference.ModelInferRequest{}).ProtoReflect().Descriptor(), msg)
 	if need < 50*int64(len(msg)) {
 		t.Fatalf("the request would decode into %d bytes: not the amplification this test is about", need)
 	}
@@ -180,11 +183,11 @@ func FuzzShapeCostWire(f *testing.F) {
 	f.Add(repeatedEmpty(2, 3))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		for _, m := range []proto.Message{&brokerv1.ChatRequest{}, &brokerv1.EncodeRequest{}, &inference.ModelInferRequest{}} {
-			wire := shapeCostWire(m.ProtoReflect().Descriptor(), b)
+			wire := sh.wire(m.ProtoReflect().Descriptor(), b)
 			if proto.Unmarshal(b, m) != nil {
 				continue
 			}
-			if got := shapeCost(m.ProtoReflect()); got > wire {
+			if got := sh.decoded(m.ProtoReflect()); got > wire {
 				t.Errorf("%T: decoded %d, more than the %d counted from the wire", m, got, wire)
 			}
 		}

@@ -29,7 +29,8 @@ const RequestOverhead = 4 << 10
 const budgetRetry = 100 * time.Millisecond
 
 type byteBudget struct {
-	max int64
+	max    int64
+	shapes shapes // what decoding a request builds (cost)
 
 	mu   sync.Mutex
 	used int64
@@ -58,9 +59,9 @@ func newByteBudget(max int64, reg prometheus.Registerer) *byteBudget {
 
 // cost is what a request is charged: twice its bytes, and what decoding it
 // built besides them (decodecost.go).
-func cost(req any) int64 {
+func (b *byteBudget) cost(req any) int64 {
 	if m, ok := req.(proto.Message); ok {
-		return 2*int64(proto.Size(m)) + decodedCost(m) + RequestOverhead
+		return 2*int64(proto.Size(m)) + b.shapes.decoded(m.ProtoReflect()) + RequestOverhead
 	}
 	return RequestOverhead
 }
@@ -122,7 +123,7 @@ func (s *BrokerService) holdOutputs(method string, n int64) (release func(), err
 
 func (b *byteBudget) unary() grpc.UnaryServerInterceptor {
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-		release, err := b.acquire(info.FullMethod, cost(req))
+		release, err := b.acquire(info.FullMethod, b.cost(req))
 		if err != nil {
 			return nil, err
 		}
@@ -159,7 +160,7 @@ func (s *budgetStream) RecvMsg(m any) error {
 	if err := s.ServerStream.RecvMsg(m); err != nil {
 		return err
 	}
-	release, err := s.b.acquire(s.method, cost(m))
+	release, err := s.b.acquire(s.method, s.b.cost(m))
 	if err != nil {
 		return budgetRefusal{err}
 	}
