@@ -261,9 +261,13 @@ func (p *blockPool) begin(seq uint64, pos int, tokens []int32, last bool) (block
 		s.filled += p.size
 		skip += p.size
 	}
-	// What this step writes whole, from the first block not mapped.
+	// What this step writes whole, from the first block not mapped (whose
+	// history the chain holds whole).
+	if len(s.chain) != (pos+skip)/p.size {
+		return slices.Clone(s.blocks), s.filled, skip, true
+	}
 	prev := p.chainAt(s, len(s.chain))
-	for off := skip; off+p.size <= len(tokens) && len(s.chain) == (pos+skip)/p.size; off += p.size {
+	for off := skip; off+p.size <= len(tokens); off += p.size {
 		k := (pos + off) / p.size
 		if k >= len(s.blocks) {
 			break
