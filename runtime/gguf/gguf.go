@@ -78,6 +78,12 @@ const (
 	DefaultMaxKV          = 1 << 12
 	DefaultMaxStringBytes = 16 << 20
 	DefaultMaxArrayLen    = 1 << 24
+	// DefaultMaxMetadataBytes bounds the memory the metadata takes decoded:
+	// a vocabulary of 262,144 tokens and its merges take some 20 MiB, and
+	// a string of one byte in the file (9 bytes with its length) takes 24
+	// or more decoded, so arrays of them would make memory of 3-4 times a
+	// file of gigabytes.
+	DefaultMaxMetadataBytes = 256 << 20
 )
 
 // Limits bound what a file may declare. A zero (or negative) field takes its
@@ -88,6 +94,9 @@ type Limits struct {
 	MaxStringBytes int64 // one string value (keys and tensor names have their own bounds)
 	MaxArrayLen    int64 // elements of one array
 	MaxDims        int   // dimensions of one tensor
+	// MaxMetadataBytes bounds the memory of the decoded metadata (string
+	// bytes, string headers, array elements, values).
+	MaxMetadataBytes int64
 }
 
 func (l Limits) withDefaults() Limits {
@@ -105,6 +114,9 @@ func (l Limits) withDefaults() Limits {
 	}
 	if l.MaxDims <= 0 || l.MaxDims > MaxDims {
 		l.MaxDims = MaxDims
+	}
+	if l.MaxMetadataBytes <= 0 {
+		l.MaxMetadataBytes = DefaultMaxMetadataBytes
 	}
 	return l
 }
@@ -277,6 +289,7 @@ type decoder struct {
 	lim    Limits
 	prefix string // the file's name and ": ", or nothing
 	ctx    string // what is being read, for messages ("key \"x\"")
+	held   int64  // bytes the decoded metadata takes so far (hold)
 
 	win    []byte // a window of the file at winOff, when reading through r
 	winOff int64
@@ -387,7 +400,7 @@ func (d *decoder) str(max int64, what string) (string, error) { return d.strN(ma
 
 // strN is str of an array's element i (≥ 0: named "what i"; formatted
 // only for an error, as arrays hold millions).
-func (d *decoder) strN(max int64, what string, i int) (string, error) {
+func (d *decoder) strN(limit int64, what string, i int) (string, error) {
 	name := func() string {
 		if i < 0 {
 			return what
@@ -399,17 +412,37 @@ func (d *decoder) strN(max int64, what string, i int) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	if n > uint64(max) {
-		return "", d.errf("%s at offset %d: length %d exceeds the limit of %d bytes", name(), at, n, max)
+	if n > uint64(limit) {
+		return "", d.errf("%s at offset %d: length %d exceeds the limit of %d bytes", name(), at, n, limit)
 	}
 	if int64(n) > d.left() {
 		return "", d.errf("%s at offset %d: length %d runs past the end of the file (%d bytes left)", name(), at, n, d.left())
+	}
+	if err := d.hold(max(int64(n), minStringAlloc)); err != nil {
+		return "", err
 	}
 	b, err := d.take(int64(n))
 	if err != nil {
 		return "", err
 	}
 	return string(b), nil
+}
+
+// Decoded sizes the metadata is charged (hold): a Value, a string's header
+// and the least a string's bytes take (an allocation of 8).
+const (
+	valueBytes      = 48
+	stringHeadBytes = 16
+	minStringAlloc  = 8
+)
+
+// hold charges n bytes of decoded metadata, before they are allocated.
+func (d *decoder) hold(n int64) error {
+	if n < 0 || n > d.lim.MaxMetadataBytes-d.held {
+		return d.errf("the metadata takes more than %d bytes decoded", d.lim.MaxMetadataBytes)
+	}
+	d.held += n
+	return nil
 }
 
 // Header sizes, for checking counts against the bytes left before
@@ -506,6 +539,9 @@ func (d *decoder) kvs(f *File, n int) error {
 		at := d.pos
 		t, err := d.u32()
 		if err != nil {
+			return err
+		}
+		if err := d.hold(valueBytes); err != nil {
 			return err
 		}
 		v, err := d.value(ValueType(t), at, 0)
@@ -618,6 +654,9 @@ func (d *decoder) array(at int64, depth int) (Value, error) {
 	}
 	if n > uint64(d.left()/esize) || n > math.MaxInt/8 {
 		return Value{}, d.errf("array at offset %d: %d %s elements need at least %d bytes each, the file has %d left", at, n, et, esize, d.left())
+	}
+	if err := d.hold(int64(n) * et.goBytes()); err != nil {
+		return Value{}, err
 	}
 	v := Value{Type: ValueArray, Elem: et}
 	switch et {

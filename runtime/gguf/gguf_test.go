@@ -424,6 +424,21 @@ func TestHostile(t *testing.T) {
 		{"array over a set limit", header(3, 0, 1).kv("k", Value{Type: ValueArray, Elem: ValueUint8, Data: []uint8{1, 2, 3}}).b, Limits{MaxArrayLen: 2}, "3 elements exceed the limit of 2", nil},
 		{"array past the end", header(3, 0, 1).str("k").u32(uint32(ValueArray)).u32(uint32(ValueUint64)).u64(1 << 20).u64(0).b, Limits{}, "1048576 uint64 elements need at least 8 bytes each", nil},
 		{"string array past the end", header(3, 0, 1).str("k").u32(uint32(ValueArray)).u32(uint32(ValueString)).u64(1 << 20).u64(0).b, Limits{}, "1048576 string elements", nil},
+		// 2^16 strings of one byte: 576 KiB in the file, over 2.5 MiB
+		// decoded (headers and allocations), refused before the strings'
+		// headers are allocated; so are 2^18 uint64s (2 MiB) and the
+		// strings' bytes of one key over the limit.
+		{"metadata strings over the decoded limit", func() []byte {
+			e := header(3, 0, 1).str("k").u32(uint32(ValueArray)).u32(uint32(ValueString)).u64(1 << 16)
+			for range 1 << 16 {
+				e.str("a")
+			}
+			return e.b
+		}(), Limits{MaxMetadataBytes: 1 << 20}, "the metadata takes more than 1048576 bytes decoded", nil},
+		{"metadata numbers over the decoded limit", header(3, 0, 1).str("k").u32(uint32(ValueArray)).u32(uint32(ValueUint64)).u64(1 << 18).raw(make([]byte, 8<<18)...).b,
+			Limits{MaxMetadataBytes: 1 << 20}, "the metadata takes more than", nil},
+		{"a metadata string over the decoded limit", header(3, 0, 1).str("k").u32(uint32(ValueString)).str(strings.Repeat("x", 2<<20)).b,
+			Limits{MaxMetadataBytes: 1 << 20}, "the metadata takes more than", nil},
 		{"array string 2^60", header(3, 0, 1).str("k").u32(uint32(ValueArray)).u32(uint32(ValueString)).u64(2).str("a").u64(1 << 60).b, Limits{}, "string 1 at offset", nil},
 		{"array unknown element type", header(3, 0, 1).str("k").u32(uint32(ValueArray)).u32(77).u64(0).b, Limits{}, "unknown element type 77", nil},
 		{"array bool 3", header(3, 0, 1).str("k").u32(uint32(ValueArray)).u32(uint32(ValueBool)).u64(2).u8(1).u8(3).b, Limits{}, "bool 1 is 3", nil},

@@ -60,6 +60,19 @@ func (t ValueType) minBytes() int64 {
 	return 0
 }
 
+// goBytes is what one element of an array of t takes decoded: the Go
+// value, or a string's header (its bytes are charged as read) or a Value
+// of an array of arrays.
+func (t ValueType) goBytes() int64 {
+	switch t {
+	case ValueString:
+		return stringHeadBytes
+	case ValueArray:
+		return valueBytes
+	}
+	return t.minBytes()
+}
+
 // Value is one metadata value. Data holds, by Type: uint8, int8, uint16,
 // int16, uint32, int32, uint64, int64, float32, float64, bool or string; for
 // an array (Type ValueArray) a slice of those by Elem ([]uint8 … []string),
