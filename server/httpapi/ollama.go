@@ -598,8 +598,10 @@ func (h *Handler) ollamaList(w http.ResponseWriter, r *http.Request, loaded bool
 					vram = m.GetMemoryBytes()
 				}
 			}
-			// Loaded models stay until unloaded: no expiry.
-			e.Size, e.ExpiresAt, e.SizeVRAM = m.GetMemoryBytes(), "0001-01-01T00:00:00Z", &vram
+			// Loaded models stay until unloaded: Ollama's keep_alive -1,
+			// whose expiry it gives as now plus the longest duration
+			// (`ollama ps` shows "Forever"; a zero time reads "Never").
+			e.Size, e.ExpiresAt, e.SizeVRAM = m.GetMemoryBytes(), h.opts.Now().Add(math.MaxInt64).Format(time.RFC3339Nano), &vram
 		}
 		out = append(out, e)
 	}

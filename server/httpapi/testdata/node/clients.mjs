@@ -52,7 +52,10 @@ await check('ollama list', async () => {
 });
 await check('ollama ps', async () => {
   const r = await ollama.ps();
-  assert.ok(r.models.some((m) => m.name === 'nbmf-hash-v1:latest'));
+  const m = r.models.find((m) => m.name === 'nbmf-hash-v1:latest');
+  assert.ok(m, JSON.stringify(r.models));
+  // Loaded until unloaded: Ollama's keep_alive -1 expires centuries on.
+  assert.ok(Date.parse(m.expires_at) > Date.now() + 100 * 365 * 864e5, m.expires_at);
 });
 await check('ollama show', async () => {
   const r = await ollama.show({ model: 'nbmf-hash-v1' });
