@@ -408,3 +408,29 @@ func TestLoadReadsWithoutTheLock(t *testing.T) {
 		t.Errorf("Unload slow, begun while it loaded: %v", err)
 	}
 }
+
+// TestLoadWhileUnloadWaits: a load of a model whose unload still waits for
+// its requests serves a new instance beside the one going (it queued under
+// the same key, which the scheduler refused: "already served").
+func TestLoadWhileUnloadWaits(t *testing.T) {
+	ms := concurrencySet(t, "a")
+	release := holdRequest(t, ms, "a")
+	defer release()
+	unloaded := make(chan error, 1)
+	go func() { _, err := ms.Unload(context.Background(), "a"); unloaded <- err }()
+	waitUntil(t, "a unloading", func() bool { return pendingOf(ms, "a") == "unloading" })
+	s, act, err := ms.Load(context.Background(), "a", 0)
+	if err != nil {
+		t.Fatalf("Load a while its unload waits for a request: %v", err)
+	}
+	if act != ActionLoaded || s.Key == "a@1" {
+		t.Errorf("loaded %v under key %q, want loaded under a key of its own", act, s.Key)
+	}
+	release()
+	if err := <-unloaded; err != nil {
+		t.Errorf("Unload a: %v", err)
+	}
+	if ms.Lookup("a") != s {
+		t.Error("the new instance does not serve a after the old one went")
+	}
+}

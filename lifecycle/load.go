@@ -194,6 +194,12 @@ func (ms *Set) load(ctx context.Context, name string, version int64) (_ *Served,
 			key = fmt.Sprintf("%s@%d.r%d", name, info.Version, ms.reloads)
 		}
 	}
+	if ms.retiringKeyLocked(key) {
+		// An unload of this version has not finished (its requests are
+		// still running): the new instance queues beside it, as a reload.
+		ms.reloads++
+		key = fmt.Sprintf("%s@%d.r%d", name, info.Version, ms.reloads)
+	}
 	s := &Served{Info: info, Key: key, Label: label, kind: kind, fingerprint: l.Fingerprint, gate: newGate()}
 	p, err := ms.placeLocked(ctx, s, ms.tiersLocked())
 	if err == nil && len(s.replicas) == 0 {
@@ -216,6 +222,17 @@ func (ms *Set) load(ctx context.Context, name string, version int64) (_ *Served,
 		retired = ms.retireLocked(cur, "")
 	}
 	return s, act, retired, nil
+}
+
+// retiringKeyLocked says whether an instance out of service, still in the
+// scheduler until its requests are done, queues under key.
+func (ms *Set) retiringKeyLocked(key string) bool {
+	for r := range ms.retiring {
+		if r.Key == key {
+			return true
+		}
+	}
+	return false
 }
 
 // servableOf is the kind of model a repository load is.
