@@ -46,7 +46,13 @@ func holdRequest(t *testing.T, ms *Set, name string) (release func()) {
 // the MLPs named (version 1 each), every one loaded.
 func concurrencySet(t *testing.T, names ...string) *Set {
 	t.Helper()
-	repo := mlpRepository(t, names...)
+	return setOver(t, mlpRepository(t, names...), names...)
+}
+
+// setOver is a Set over one oneDNN CPU device and repo, with the models
+// named loaded.
+func setOver(t *testing.T, repo Repository, names ...string) *Set {
+	t.Helper()
 	sched := scheduler.New(scheduler.Options{})
 	t.Cleanup(sched.Close)
 	cpu := detect.Entry{Device: detect.Device{ID: "cpu:0", Type: detect.TypeCPU, Runtime: onednn.Name}}
@@ -348,18 +354,7 @@ func (g gatedRepository) Load(ctx context.Context, name string, version int64) (
 // for the first.
 func TestLoadReadsWithoutTheLock(t *testing.T) {
 	g := gatedRepository{Repository: mlpRepository(t, "a", "b", "slow"), name: "slow", entered: make(chan struct{}, 2), open: make(chan struct{})}
-	sched := scheduler.New(scheduler.Options{})
-	t.Cleanup(sched.Close)
-	cpu := detect.Entry{Device: detect.Device{ID: "cpu:0", Type: detect.TypeCPU, Runtime: onednn.Name}}
-	ms := openDevices(t.Context(), []detect.Entry{cpu}, sched, g, Options{
-		Adapters: map[string]runtime.Adapter{onednn.Name: onednn.New(onednn.Options{})}, Factors: detect.DefaultFactors(),
-	}, zap.NewNop())
-	t.Cleanup(func() { ms.Close() })
-	for _, n := range []string{"a", "b"} {
-		if _, _, err := ms.Load(t.Context(), n, 0); err != nil {
-			t.Fatalf("Load %s: %v", n, err)
-		}
-	}
+	ms := setOver(t, g, "a", "b")
 	loads := make(chan error, 2)
 	load := func() {
 		_, _, err := ms.Load(context.Background(), "slow", 0)
