@@ -752,6 +752,11 @@ func draftAt(drafts []int, i int) int {
 // once they are done. A step without constrained sequences starts nothing.
 func prepareMasks(items []SeqStep) (wait func()) {
 	var wg sync.WaitGroup
+	// As many at once as there are threads: a mask of an ambiguous grammar
+	// builds tens of megabytes of parse state before its matcher compacts
+	// it, and a request of many constrained choices must not build them
+	// all at once.
+	slots := make(chan struct{}, goruntime.GOMAXPROCS(0))
 	for _, it := range items {
 		if !it.Sample {
 			continue
@@ -760,6 +765,8 @@ func prepareMasks(items []SeqStep) (wait func()) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
+				slots <- struct{}{}
+				defer func() { <-slots }()
 				s.con.prepare()
 			}()
 		}

@@ -27,6 +27,10 @@ type Matcher struct {
 	mindex map[string]int32
 	mtrans map[uint64]int32
 	key    []byte
+	// memoBytes approximates the memory of the memo (its sets, their
+	// keys, the transitions), which an ambiguous grammar grows by many
+	// megabytes a token.
+	memoBytes int64
 }
 
 type histEntry struct {
@@ -35,10 +39,17 @@ type histEntry struct {
 }
 
 // compact the arena and drop the step memo when either grows this large
+// (checked between tokens, where no step holds an id of the memo)
 const (
-	compactNodes = 1 << 18
+	compactNodes = 1 << 16
 	memoSteps    = 1 << 17
+	memoBytes    = 2 << 20
 )
+
+// overgrown says whether the arena or the memo should be compacted.
+func (m *Matcher) overgrown() bool {
+	return len(m.a.nodes) > compactNodes || len(m.mtrans) > memoSteps || m.memoBytes > memoBytes
+}
 
 // NewMatcher starts a matcher at the beginning of the grammar.
 func (g *Grammar) NewMatcher() (*Matcher, error) {
@@ -122,7 +133,7 @@ func (m *Matcher) Accept(id int32) error {
 	}
 	m.hist = append(m.hist, histEntry{m.cur, m.terminated})
 	m.cur = m.msets[s]
-	if len(m.a.nodes) > compactNodes || len(m.mtrans) > memoSteps {
+	if m.overgrown() {
 		m.compact()
 	}
 	return nil
@@ -156,6 +167,9 @@ func (m *Matcher) Mask(dst []uint64) (int, error) {
 	}
 	dst = dst[:v.words]
 	clear(dst)
+	if m.overgrown() {
+		m.compact() // no step holds an id yet
+	}
 	m.workStart = m.a.total
 	if m.terminated {
 		return 0, nil
@@ -266,6 +280,7 @@ func (m *Matcher) resetMemo() {
 	m.msets = [][]int32{nil}
 	m.mindex = map[string]int32{"": 0}
 	m.mtrans = map[uint64]int32{}
+	m.memoBytes = 0
 }
 
 // intern returns the id of a stack set (0: the empty set).
@@ -287,6 +302,7 @@ func (m *Matcher) intern(set []int32) int32 {
 	id := int32(len(m.msets))
 	m.msets = append(m.msets, slices.Clone(set))
 	m.mindex[string(m.key)] = id
+	m.memoBytes += 8*int64(len(set)) + 96 // the set, its key, their headers and map slot
 	return id
 }
 
@@ -303,6 +319,7 @@ func (m *Matcher) step(s int32, b byte) (int32, error) {
 	}
 	r := m.intern(out)
 	m.mtrans[k] = r
+	m.memoBytes += 32
 	return r, nil
 }
 
