@@ -206,7 +206,7 @@ func (panicText) Info() models.Info {
 		Inputs:  []models.TensorSpec{{Name: "text", DType: "BYTES", Shape: []int64{-1}}},
 		Outputs: []models.TensorSpec{{Name: "logits", DType: "FP32", Shape: []int64{-1, 2}}}}
 }
-func (panicText) Tokenize(string, string, bool, bool) (models.TextInput, error) {
+func (panicText) Tokenize(context.Context, string, string, bool, bool) (models.TextInput, error) {
 	panic("tokenizer bug")
 }
 

@@ -212,7 +212,7 @@ func (stubEncoder) Info() models.Info {
 		Inputs:  []models.TensorSpec{{Name: "text", DType: "BYTES", Shape: []int64{-1}}},
 		Outputs: []models.TensorSpec{{Name: "embedding", DType: "FP32", Shape: []int64{-1, 3}}}}
 }
-func (stubEncoder) Tokenize(string, string, bool, bool) (models.TextInput, error) {
+func (stubEncoder) Tokenize(context.Context, string, string, bool, bool) (models.TextInput, error) {
 	return models.TextInput{IDs: []int32{1}}, nil
 }
 

@@ -63,7 +63,10 @@ func (s *BrokerService) encodeModel(ctx context.Context, req *brokerv1.EncodeReq
 			if err := ctx.Err(); err != nil {
 				return nil, toStatus(s.log, "Encode", fmt.Errorf("tokenising item %d: %w", i, err))
 			}
-			in, err := tm.Tokenize(string(itemBytes(it)), "", truncate, normalize)
+			in, err := tm.Tokenize(ctx, string(itemBytes(it)), "", truncate, normalize)
+			if ctx.Err() != nil {
+				return nil, toStatus(s.log, "Encode", fmt.Errorf("tokenising item %d: %w", i, err))
+			}
 			if err != nil {
 				return nil, invalid("items[%d]: %v", i, tokenizeError(err, truncate, sv.Info.MaxSeqLen))
 			}

@@ -19,7 +19,7 @@ import (
 // textModel is a repository model that tokenises text (bert and
 // bert-classifier): Tokenize builds its scheduler payloads.
 type textModel interface {
-	Tokenize(text, pair string, truncate, normalize bool) (models.TextInput, error)
+	Tokenize(ctx context.Context, text, pair string, truncate, normalize bool) (models.TextInput, error)
 }
 
 // Input names of text models.
@@ -268,7 +268,10 @@ func (s *BrokerService) textPayloads(ctx context.Context, sv *lifecycle.Served, 
 		if err := ctx.Err(); err != nil { // the caller gave up: stop the host work
 			return nil, toStatus(s.log, "Infer", fmt.Errorf("tokenising element %d: %w", i, err))
 		}
-		in, err := tm.Tokenize(string(b), p, opts.truncate, opts.normalize)
+		in, err := tm.Tokenize(ctx, string(b), p, opts.truncate, opts.normalize)
+		if ctx.Err() != nil {
+			return nil, toStatus(s.log, "Infer", fmt.Errorf("tokenising element %d: %w", i, err))
+		}
 		if err != nil {
 			return nil, invalid("input %q element %d: %v", text.name, i, tokenizeError(err, opts.truncate, sv.Info.MaxSeqLen))
 		}

@@ -39,7 +39,7 @@ type countingText struct {
 	calls int
 }
 
-func (c *countingText) Tokenize(text, pair string, truncate, normalize bool) (models.TextInput, error) {
+func (c *countingText) Tokenize(ctx context.Context, text, pair string, truncate, normalize bool) (models.TextInput, error) {
 	c.calls++
 	return models.TextInput{IDs: []int32{1}}, nil
 }

@@ -2,6 +2,7 @@ package models
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sort"
@@ -59,7 +60,7 @@ type BERTOptions struct {
 type Tokenizer interface {
 	// EncodeTruncated returns the ids and token type ids, and whether the
 	// text had more than maxLen tokens and was cut.
-	EncodeTruncated(text, pair string, maxLen int, truncate bool) (ids, typeIDs []int32, truncated bool, err error)
+	EncodeTruncated(ctx context.Context, text, pair string, maxLen int, truncate bool) (ids, typeIDs []int32, truncated bool, err error)
 }
 
 // BERT is a BERT-family encoder or sequence classifier. It implements Model;
@@ -332,11 +333,14 @@ func (m *BERT) Cost(payload any) int {
 // ErrInvalidInput error when longer without. The embedding is normalised
 // when normalize is set or the model always normalises
 // (BERTOptions.Normalize).
-func (m *BERT) Tokenize(text, pair string, truncate, normalize bool) (TextInput, error) {
+func (m *BERT) Tokenize(ctx context.Context, text, pair string, truncate, normalize bool) (TextInput, error) {
 	if m.tok == nil {
 		return TextInput{}, fmt.Errorf("bert %q: no tokenizer", m.opts.Name)
 	}
-	ids, types, cut, err := m.tok.EncodeTruncated(text, pair, m.cfg.MaxPositionEmbeddings, truncate)
+	ids, types, cut, err := m.tok.EncodeTruncated(ctx, text, pair, m.cfg.MaxPositionEmbeddings, truncate)
+	if ctxErr := ctx.Err(); ctxErr != nil && errors.Is(err, ctxErr) {
+		return TextInput{}, fmt.Errorf("bert %q: tokenize: %w", m.opts.Name, err)
+	}
 	if err != nil {
 		return TextInput{}, fmt.Errorf("%w: bert %q: tokenize: %w", ErrInvalidInput, m.opts.Name, err)
 	}

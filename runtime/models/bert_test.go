@@ -53,7 +53,7 @@ const (
 	tokSEP = 3
 )
 
-func (fakeTokenizer) EncodeTruncated(text, pair string, maxLen int, truncate bool) ([]int32, []int32, bool, error) {
+func (fakeTokenizer) EncodeTruncated(_ context.Context, text, pair string, maxLen int, truncate bool) ([]int32, []int32, bool, error) {
 	word := func(w string) int32 {
 		var n int32
 		if _, err := fmt.Sscanf(w, "w%d", &n); err == nil && n >= 0 && n < 36 {
@@ -332,7 +332,7 @@ func TestBERTTokenize(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			m := newTestBERT(t, cfg, w, BERTOptions{Normalize: tt.modelNorm})
-			in, err := m.Tokenize(tt.text, tt.pair, tt.truncate, tt.norm)
+			in, err := m.Tokenize(context.Background(), tt.text, tt.pair, tt.truncate, tt.norm)
 			if tt.wantErr {
 				if err == nil || (tt.wantIn && !errors.Is(err, ErrInvalidInput)) {
 					t.Fatalf("err = %v, want ErrInvalidInput", err)

@@ -1,6 +1,7 @@
 package repo
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"io/fs"
@@ -85,14 +86,14 @@ func TestHuggingFaceFixture(t *testing.T) {
 					t.Fatal(err)
 				}
 				tm, ok := m.(interface {
-					Tokenize(text, pair string, truncate, normalize bool) (models.TextInput, error)
+					Tokenize(ctx context.Context, text, pair string, truncate, normalize bool) (models.TextInput, error)
 				})
 				if !ok {
 					t.Fatalf("%T has no Tokenize", m)
 				}
 				items := make([]any, len(want.Cases))
 				for i, c := range want.Cases {
-					in, err := tm.Tokenize(c.Text, c.Pair, true, false)
+					in, err := tm.Tokenize(context.Background(), c.Text, c.Pair, true, false)
 					if err != nil {
 						t.Fatal(err)
 					}

@@ -10,12 +10,14 @@
 package tokenizer
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"strings"
 	"unicode"
+	"unicode/utf8"
 
 	"github.com/gomlx/go-huggingface/tokenizers/api"
 	"github.com/gomlx/go-huggingface/tokenizers/hftokenizer"
@@ -31,10 +33,6 @@ var ErrInvalid = errors.New("invalid tokenizer")
 // maxVocab bounds token ids: far above any vocabulary, far below what a
 // table sized by an id could allocate.
 const maxVocab = 1 << 23
-
-// chunkBytes is the size above which a text is tokenised in whitespace-split
-// pieces: hftokenizer's BERT pre-tokeniser is quadratic in the text length.
-const chunkBytes = 2048
 
 // item is one element of a post-processing template: a run of special ids,
 // or the first (seq 0) or second (seq 1) sequence.
@@ -54,6 +52,9 @@ type Tokenizer struct {
 	padID        int32
 	vocabSize    int
 	chunkable    bool
+	cut          cutter
+	// lib is hf.Encode; a test counts what it is given.
+	lib func(string) []int
 }
 
 // fileJSON is the part of tokenizer.json read here besides what hftokenizer
@@ -143,6 +144,12 @@ func parse(content []byte) (*Tokenizer, error) {
 	t.nSingle = countSpecial(t.single)
 	t.nPair = countSpecial(t.pair)
 	t.chunkable = chunkable(&tj)
+	if tj.Model.Type == "WordPiece" && tj.Model.MaxInputCharsPerWord > maxWordBytes {
+		// WordPiece's search is cubic in a word's length.
+		return nil, fmt.Errorf("model max_input_chars_per_word %d: at most %d", tj.Model.MaxInputCharsPerWord, maxWordBytes)
+	}
+	t.cut = newCutter(&tj, hf, t.chunkable)
+	t.lib = hf.Encode
 	return t, nil
 }
 
@@ -325,29 +332,51 @@ func (t *Tokenizer) NumSpecialTokens(pair bool) int {
 // truncated longest-first if truncate is set, and an error wrapping
 // ErrTooLong otherwise.
 func (t *Tokenizer) Encode(text, pair string, maxLen int, truncate bool) (ids, typeIDs []int32, err error) {
-	ids, typeIDs, _, err = t.EncodeTruncated(text, pair, maxLen, truncate)
+	ids, typeIDs, _, err = t.EncodeTruncated(context.Background(), text, pair, maxLen, truncate)
 	return ids, typeIDs, err
 }
 
-// EncodeTruncated is Encode that also reports whether tokens were cut.
-func (t *Tokenizer) EncodeTruncated(text, pair string, maxLen int, truncate bool) (ids, typeIDs []int32, truncated bool, err error) {
+// EncodeTruncated is Encode that also reports whether tokens were cut, and
+// stops with the context's error when the caller has gone.
+func (t *Tokenizer) EncodeTruncated(ctx context.Context, text, pair string, maxLen int, truncate bool) (ids, typeIDs []int32, truncated bool, err error) {
 	tmpl, nSpecial := t.single, t.nSingle
-	var a, b []int32
-	partial := false
-	if pair == "" && maxLen > 0 {
-		// A single text needs only its first maxLen tokens, truncated or
-		// refused: tokenising stops there, so a long text costs no more
-		// than a short one. (Pairs are cut longest-first, which needs both
-		// lengths.)
-		a, partial = t.encodeUpTo(text, maxLen)
-	} else {
-		a = t.encode(text)
-	}
+	a := t.encoder(text)
+	var b *encoder
 	if pair != "" {
-		b = t.encode(pair)
+		b = t.encoder(pair)
 		tmpl, nSpecial = t.pair, t.nPair
 	}
-	if total := len(a) + len(b) + nSpecial; maxLen > 0 && total > maxLen {
+	// Each text needs at most its first maxLen tokens, truncated or refused,
+	// so tokenising stops there and a long text costs no more than a short
+	// one; except that when longest-first truncation halves an odd budget,
+	// the extra token goes to the longer text, which only their lengths
+	// tell.
+	limit := -1
+	if maxLen > 0 {
+		limit = maxLen
+	}
+	doneA, err := a.upTo(ctx, limit)
+	if err != nil {
+		return nil, nil, false, err
+	}
+	doneB := true
+	if b != nil {
+		if doneB, err = b.upTo(ctx, limit); err != nil {
+			return nil, nil, false, err
+		}
+		budget := maxLen - nSpecial
+		if (!doneA || !doneB) && truncate && budget%2 == 1 && 2*min(len(a.out), len(b.out)) > budget {
+			if doneA, doneB, err = longer(ctx, a, b); err != nil {
+				return nil, nil, false, err
+			}
+		}
+	}
+	partial := !doneA || !doneB
+	na, nb := len(a.out), 0
+	if b != nil {
+		nb = len(b.out)
+	}
+	if total := na + nb + nSpecial; maxLen > 0 && total > maxLen {
 		if !truncate {
 			more := ""
 			if partial {
@@ -359,20 +388,24 @@ func (t *Tokenizer) EncodeTruncated(text, pair string, maxLen int, truncate bool
 		if budget < 0 {
 			return nil, nil, false, fmt.Errorf("%w: the limit of %d tokens cannot hold the %d special tokens", ErrTooLong, maxLen, nSpecial)
 		}
-		na, nb := truncateLongestFirst(len(a), len(b), budget, pair != "")
-		a, b = a[:na], b[:nb]
+		// A text not tokenised to its end has at least the tokens it
+		// holds, which is all the split needs, except which text is the
+		// longer when it halves an odd budget: longer told that.
+		na, nb = truncateLongestFirst(na, nb, budget, b != nil)
 		truncated = true
 	}
-	n := len(a) + len(b) + nSpecial
+	var segs [2][]int32
+	segs[0] = a.out[:na]
+	if b != nil {
+		segs[1] = b.out[:nb]
+	}
+	n := na + nb + nSpecial
 	ids = make([]int32, 0, n)
 	typeIDs = make([]int32, 0, n)
 	for _, it := range tmpl {
 		seg := it.special
 		if seg == nil {
-			seg = a
-			if it.seq == 1 {
-				seg = b
-			}
+			seg = segs[it.seq]
 		}
 		ids = append(ids, seg...)
 		for range seg {
@@ -380,6 +413,30 @@ func (t *Tokenizer) EncodeTruncated(text, pair string, maxLen int, truncate bool
 		}
 	}
 	return ids, typeIDs, truncated, nil
+}
+
+// longer tokenises two texts, one or both not to their ends, until the
+// longer is known: the one with fewer tokens so far goes on, so the work is
+// bounded by twice the shorter text. It says which ended; a text that did
+// not end has more tokens than the other.
+func longer(ctx context.Context, a, b *encoder) (doneA, doneB bool, err error) {
+	for {
+		e, other := a, b
+		if len(b.out) < len(a.out) {
+			e, other = b, a
+		}
+		done, err := e.upTo(ctx, len(other.out))
+		if err != nil {
+			return false, false, err
+		}
+		if done {
+			// Whether other holds more than e's count decides it.
+			if _, err := other.upTo(ctx, len(e.out)); err != nil {
+				return false, false, err
+			}
+			return a.p.done(), b.p.done(), nil
+		}
+	}
 }
 
 // truncateLongestFirst gives the lengths the two sequences keep within
@@ -412,43 +469,78 @@ func truncateLongestFirst(na, nb, budget int, isPair bool) (int, int) {
 	return min(na, n1), min(nb, n2)
 }
 
-// encode returns the ids of text without special tokens.
-func (t *Tokenizer) encode(text string) []int32 {
-	out, _ := t.encodeUpTo(text, 0)
+// encoder tokenises one text piece by piece, so that it can stop after
+// enough tokens and resume.
+type encoder struct {
+	t   *Tokenizer
+	p   *pieces
+	out []int32
+	n   int // pieces encoded
+}
+
+func (t *Tokenizer) encoder(text string) *encoder {
+	return &encoder{t: t, p: t.cut.pieces(text)}
+}
+
+// upTo encodes until more than limit tokens are out (limit < 0: no limit)
+// or the text ends, saying whether it ended. It stops with the context's
+// error when the caller has gone.
+func (e *encoder) upTo(ctx context.Context, limit int) (done bool, err error) {
+	for !e.p.done() {
+		if limit >= 0 && len(e.out) > limit {
+			return false, nil
+		}
+		if e.n%64 == 0 {
+			if err := ctx.Err(); err != nil {
+				return false, err
+			}
+		}
+		e.n++
+		s, word := e.p.piece()
+		if word {
+			if ids, ok := e.t.cut.longWord(e.t.lib, s); ok {
+				e.out = append(e.out, ids...)
+				continue
+			}
+			// No exact answer: the word in parts the library can take.
+			for len(s) > 0 {
+				n := min(len(s), e.t.cut.maxWord)
+				for n < len(s) && n > 1 && !utf8.RuneStart(s[n]) {
+					n--
+				}
+				e.out = appendIDs(e.out, e.t.lib(s[:n]))
+				s = s[n:]
+			}
+			continue
+		}
+		e.out = appendIDs(e.out, e.t.lib(s))
+	}
+	return true, nil
+}
+
+func appendIDs(out []int32, ids []int) []int32 {
+	for _, id := range ids {
+		out = append(out, int32(id))
+	}
 	return out
 }
 
+// encode returns the ids of text without special tokens.
+func (t *Tokenizer) encode(text string) []int32 {
+	e := t.encoder(text)
+	_, _ = e.upTo(context.Background(), -1)
+	return e.out
+}
+
 // encodeUpTo tokenises text, stopping once more than limit tokens are out
-// (limit 0: none) and saying whether it stopped early. It stops only at
-// the whitespace between chunks, where the pre-tokeniser splits anyway, so
-// the tokens it returns are the whole text's first ones.
+// (limit 0: none) and saying whether it stopped early. Pieces end where the
+// whole text's words do, so the tokens it returns are the whole text's
+// first ones.
 func (t *Tokenizer) encodeUpTo(text string, limit int) ([]int32, bool) {
-	var out []int32
-	add := func(s string) {
-		for _, id := range t.hf.Encode(s) {
-			out = append(out, int32(id))
-		}
+	if limit == 0 {
+		limit = -1
 	}
-	if !t.chunkable || len(text) <= chunkBytes {
-		add(text)
-		return out, false
-	}
-	for len(text) > 0 {
-		if limit > 0 && len(out) > limit {
-			return out, true
-		}
-		cut := len(text)
-		if cut > chunkBytes {
-			// Cut after the last whitespace before the limit, or after the
-			// first one past it when a single word is longer.
-			if i := strings.LastIndexFunc(text[:chunkBytes], isBertSpace); i > 0 {
-				cut = i
-			} else if i := strings.IndexFunc(text[chunkBytes:], isBertSpace); i >= 0 {
-				cut = chunkBytes + i
-			}
-		}
-		add(text[:cut])
-		text = text[cut:]
-	}
-	return out, false
+	e := t.encoder(text)
+	done, _ := e.upTo(context.Background(), limit)
+	return e.out, !done
 }

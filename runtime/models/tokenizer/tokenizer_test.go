@@ -281,11 +281,11 @@ func TestLongTextChunks(t *testing.T) {
 	seps := []string{" ", "  ", "\t", "\n", "\u00a0", "\u3000"}
 	rng := rand.New(rand.NewPCG(3, 4))
 	var sb strings.Builder
-	for sb.Len() < 5*chunkBytes {
+	for sb.Len() < 5*2048 {
 		sb.WriteString(words[rng.IntN(len(words))])
 		sb.WriteString(seps[rng.IntN(len(seps))])
 	}
-	sb.WriteString(strings.Repeat("b", chunkBytes+10)) // one word longer than a chunk
+	sb.WriteString(strings.Repeat("b", 2058)) // one word longer than maxShortWordBytes
 	sb.WriteString(" fox")
 	text := sb.String()
 	var want []int32
@@ -341,7 +341,7 @@ func TestLongTextStopsAtTheLimit(t *testing.T) {
 	words := []string{"the", "quick", "brown", "fox,", "jumped!", "unbelievable", "naïve", "中", "dog."}
 	rng := rand.New(rand.NewPCG(5, 6))
 	var sb strings.Builder
-	for sb.Len() < 200*chunkBytes { // ~400 KiB
+	for sb.Len() < 200*2048 { // ~400 KiB
 		sb.WriteString(words[rng.IntN(len(words))])
 		sb.WriteString(" ")
 	}
@@ -357,7 +357,7 @@ func TestLongTextStopsAtTheLimit(t *testing.T) {
 		t.Fatalf("truncated ids %v, want %v", ids, want)
 	}
 	got, partial := tok.encodeUpTo(text, maxLen)
-	if !partial || len(got) > maxLen+chunkBytes {
+	if !partial || len(got) > maxLen+maxWordBytes {
 		t.Errorf("stopped early %v after %d tokens of %d: the work is not bounded by the limit", partial, len(got), len(full))
 	}
 	if _, _, err := tok.Encode(text, "", maxLen, false); !errors.Is(err, ErrTooLong) || !strings.Contains(err.Error(), "more than") {
