@@ -225,3 +225,22 @@ func BenchmarkEncodeProse(b *testing.B) {
 		_, _, _, _ = tok.EncodeTruncated(context.Background(), text, "", 0, false)
 	}
 }
+
+// FuzzPieces: any text tokenised piece by piece gives the whole text's ids
+// (BERT's uncased file; texts up to 2 KiB, so the library's quadratic whole
+// call stays quick).
+func FuzzPieces(f *testing.F) {
+	tok, err := Load(tokenizerJSON(&testing.T{}, bertTemplate, nil))
+	if err != nil {
+		f.Fatal(err)
+	}
+	for _, s := range []string{"the fox[SEP]jumped", "a\u0301,[[CLS]]中文 x", strings.Repeat("ab", 200) + "." + strings.Repeat("\u1fef", 100)} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, text string) {
+		if len(text) > 2<<10 {
+			return
+		}
+		sameIDs(t, "pieces", tok.encode(text), wholeIDs(tok, text))
+	})
+}
