@@ -851,11 +851,17 @@ const (
 	seqTokenBytes    = 16
 	seqLogprobBytes  = 64
 	promptTokenBytes = 4
-	// A constrained sequence's matcher: its mask (19 KiB over Qwen's
-	// vocabulary) and parse state, and per token its history.
-	constraintSeqBytes   = 64 << 10
+	// A constrained sequence's two masks (19 KiB each over Qwen's
+	// vocabulary), besides its matcher's parse state (constraintSeqBytes).
+	constraintMaskBytes  = 64 << 10
 	constraintTokenBytes = 64
 )
+
+// constraintSeqBytes is what a constrained sequence holds besides its
+// tokens: its masks and the most its grammar matcher keeps between tokens
+// (about 860 KiB: an ambiguous grammar reaches it, agents' JSON schemas
+// hold under 100 KiB).
+var constraintSeqBytes = constraintMaskBytes + grammar.DefaultLimits.MatcherBytes()
 
 func (c *genCall) seqCost(promptTokens, maxNew int) int64 {
 	base, perToken := int64(seqBaseBytes), int64(seqTokenBytes)

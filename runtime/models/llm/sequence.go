@@ -263,7 +263,7 @@ func (s *Sequence) Flush() Delta {
 	if s.stopped {
 		return Delta{}
 	}
-	s.stopped = true
+	s.stop()
 	text := s.pending.String()
 	s.pending.Reset()
 	if s.detok != nil {
@@ -326,7 +326,7 @@ func (s *Sequence) next(logits []float32) (SeqResult, error) {
 	if terminated || slices.Contains(s.params.StopTokenIDs, tok) || (!s.params.IgnoreEOS && slices.Contains(s.eos, tok)) {
 		// The stop token's own text is not output; what was held back is.
 		res.Stop = true
-		s.stopped = true
+		s.stop()
 		d.Text = s.pending.String()
 		s.pending.Reset()
 		if s.detok != nil {
@@ -341,7 +341,7 @@ func (s *Sequence) next(logits []float32) (SeqResult, error) {
 		d.Text = text
 		if stop {
 			res.Stop = true
-			s.stopped = true
+			s.stop()
 		}
 	}
 	res.Out = d
@@ -354,7 +354,15 @@ func (s *Sequence) next(logits []float32) (SeqResult, error) {
 // compile bounds). Whatever the grammar's error, only this sequence ends:
 // a step's other sequences never fail for it.
 func (s *Sequence) constraintEnd(error) (SeqResult, error) {
+	s.con = nil // its parse state may be the largest a grammar allows
 	return SeqResult{End: FinishConstraint}, nil
+}
+
+// stop ends the sequence; its grammar's parse state goes at once, not when
+// the request's last sequence ends.
+func (s *Sequence) stop() {
+	s.stopped = true
+	s.con = nil
 }
 
 // release takes from pending the text that cannot be the start of a stop

@@ -12,7 +12,8 @@ type Matcher struct {
 	a          *arena
 	cur        []int32 // stacks; 0 = the grammar may end here
 	terminated bool
-	hist       []histEntry
+	hist       []histEntry // the last maxHist accepted tokens' states
+	dropped    int         // accepted tokens whose states hist no longer keeps
 	scratch    [2][]int32
 	sorted     []int32
 	states     []int32 // per depth, for checking uncertain tokens
@@ -38,17 +39,50 @@ type histEntry struct {
 	terminated bool
 }
 
-// compact the arena and drop the step memo when either grows this large
-// (checked between tokens, where no step holds an id of the memo)
+// Between calls a matcher holds at most these, so that what it holds is
+// bounded (MatcherBytes) whatever the grammar: the arena and the step memo
+// are compacted at the end of a Mask or an Accept that grew them past
+// compactNodes or memoBytes (the JSON schemas of agents' tools stay under a
+// quarter of both), and a parse state that keeps more than maxLiveNodes
+// nodes after compacting ends the sequence (ErrStackLimit). Within one
+// call they grow as far as Limits.MaxMaskWork lets them.
 const (
-	compactNodes = 1 << 16
-	memoSteps    = 1 << 17
-	memoBytes    = 2 << 20
+	compactNodes = 1 << 13
+	maxLiveNodes = compactNodes
+	memoSteps    = 1 << 14
+	memoBytes    = 128 << 10
+	// maxHist accepted tokens can be rolled back: a speculative guess
+	// (at most 16 tokens) undoes its own.
+	maxHist = 32
+	// nodeBytes is an arena node's memory: the node, its index entry
+	// and its mark.
+	nodeBytes = 12 + 40 + 6
 )
+
+// MatcherBytes bounds the memory a Matcher holds between calls under
+// limits l: its step memo, arena, current and kept stack sets. (A call in
+// progress holds more, as Limits.MaxMaskWork allows.)
+func (l Limits) MatcherBytes() int64 {
+	l = l.withDefaults()
+	sets := int64(maxHist+1) * (4*int64(l.MaxStacks) + 32)
+	return memoBytes + 512 + int64(maxLiveNodes)*nodeBytes + sets
+}
 
 // overgrown says whether the arena or the memo should be compacted.
 func (m *Matcher) overgrown() bool {
 	return len(m.a.nodes) > compactNodes || len(m.mtrans) > memoSteps || m.memoBytes > memoBytes
+}
+
+// settle compacts an overgrown matcher between calls.
+func (m *Matcher) settle() error {
+	if !m.overgrown() {
+		return nil
+	}
+	m.compact()
+	if n := len(m.a.nodes); n > maxLiveNodes {
+		return fmt.Errorf("%w: %d parse-stack nodes kept between tokens (limit %d): the grammar is too ambiguous", ErrStackLimit, n, maxLiveNodes)
+	}
+	return nil
 }
 
 // NewMatcher starts a matcher at the beginning of the grammar.
@@ -72,6 +106,7 @@ func (m *Matcher) Reset() {
 	m.cur = m.a.start(nil)
 	m.terminated = false
 	m.hist = m.hist[:0]
+	m.dropped = 0
 }
 
 func (m *Matcher) checkStep(set []int32) error {
@@ -112,7 +147,7 @@ func (m *Matcher) Accept(id int32) error {
 		if !m.CanEnd() {
 			return fmt.Errorf("%w: end of sequence before the grammar is complete", ErrTokenRejected)
 		}
-		m.hist = append(m.hist, histEntry{m.cur, m.terminated})
+		m.remember()
 		m.terminated = true
 		return nil
 	}
@@ -131,18 +166,27 @@ func (m *Matcher) Accept(id int32) error {
 			return fmt.Errorf("%w: token %d (%q) at byte %d", ErrTokenRejected, id, t, i)
 		}
 	}
-	m.hist = append(m.hist, histEntry{m.cur, m.terminated})
+	m.remember()
 	m.cur = m.msets[s]
-	if m.overgrown() {
-		m.compact()
-	}
-	return nil
+	return m.settle()
 }
 
-// Rollback undoes the last n accepted tokens (EOS included).
+// remember keeps the current state for Rollback, forgetting the oldest
+// beyond maxHist.
+func (m *Matcher) remember() {
+	if len(m.hist) == maxHist {
+		copy(m.hist, m.hist[1:])
+		m.hist = m.hist[:maxHist-1]
+		m.dropped++
+	}
+	m.hist = append(m.hist, histEntry{m.cur, m.terminated})
+}
+
+// Rollback undoes the last n accepted tokens (EOS included), at most the
+// last 32.
 func (m *Matcher) Rollback(n int) error {
 	if n < 0 || n > len(m.hist) {
-		return fmt.Errorf("grammar: cannot roll back %d tokens (%d accepted)", n, len(m.hist))
+		return fmt.Errorf("grammar: cannot roll back %d tokens (%d accepted, the last %d kept)", n, m.Accepted(), maxHist)
 	}
 	for ; n > 0; n-- {
 		h := m.hist[len(m.hist)-1]
@@ -153,7 +197,7 @@ func (m *Matcher) Rollback(n int) error {
 }
 
 // Accepted is the number of tokens accepted (and not rolled back).
-func (m *Matcher) Accepted() int { return len(m.hist) }
+func (m *Matcher) Accepted() int { return m.dropped + len(m.hist) }
 
 // Mask writes into dst (Vocab.MaskWords() words) the bitset of tokens
 // allowed next: bit id is set iff token id may be sampled. EOS tokens are
@@ -167,8 +211,8 @@ func (m *Matcher) Mask(dst []uint64) (int, error) {
 	}
 	dst = dst[:v.words]
 	clear(dst)
-	if m.overgrown() {
-		m.compact() // no step holds an id yet
+	if err := m.settle(); err != nil { // no step holds an id yet
+		return 0, err
 	}
 	m.workStart = m.a.total
 	if m.terminated {
@@ -227,6 +271,9 @@ func (m *Matcher) Mask(dst []uint64) (int, error) {
 		for _, e := range v.eos {
 			dst[e>>6] |= 1 << (e & 63)
 		}
+	}
+	if err := m.settle(); err != nil {
+		return 0, err
 	}
 	return MaskCount(dst), nil
 }

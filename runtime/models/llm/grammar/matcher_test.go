@@ -1,6 +1,9 @@
 package grammar
 
-import "testing"
+import (
+	goruntime "runtime"
+	"testing"
+)
 
 // TestMatcherStaysCompact: an ambiguous grammar grows the parse-state
 // arena and the step memo every token; between tokens (after Accept, and
@@ -31,4 +34,62 @@ func TestMatcherStaysCompact(t *testing.T) {
 	if !grew {
 		t.Skip("the grammar did not grow the matcher near its bounds: nothing to check")
 	}
+}
+
+// TestMatcherHoldsAtMostMatcherBytes: matchers under an ambiguous grammar,
+// measured on the heap between tokens, hold no more than MatcherBytes each
+// (what the server charges a constrained sequence), the ones the grammar's
+// limits have ended included.
+func TestMatcherHoldsAtMostMatcherBytes(t *testing.T) {
+	v := getByteVocab()
+	g := mustCompile(t, v, KindRegex, `(a|aa|aaa|aaaa|[a-z]|[a-z][a-z]|[a-z][a-z][a-z]){0,1000}`)
+	const n = 8
+	heap := func() int64 {
+		goruntime.GC()
+		var ms goruntime.MemStats
+		goruntime.ReadMemStats(&ms)
+		return int64(ms.HeapAlloc)
+	}
+	dst := make([]uint64, v.words)
+	ms := make([]*Matcher, n)
+	base := heap()
+	for i := range ms {
+		var err error
+		if ms[i], err = g.NewMatcher(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	bound := Limits{}.MatcherBytes()
+	if bound > 1<<20 {
+		// A constrained sequence is charged this; n of them per request.
+		t.Errorf("MatcherBytes %d: more than 1 MiB a constrained sequence", bound)
+	}
+	worst, ended := int64(0), 0
+	for step := range 400 {
+		for _, m := range ms {
+			if m.IsTerminated() {
+				continue
+			}
+			if _, err := m.Mask(dst); err != nil {
+				ended++
+				m.terminated = true // keep it, as a finished sequence is kept
+				continue
+			}
+			if err := m.Accept(int32('a' + step%3)); err != nil {
+				ended++
+				m.terminated = true
+			}
+		}
+		if step%40 == 39 {
+			worst = max(worst, (heap()-base)/n)
+		}
+	}
+	t.Logf("at most %d KiB a matcher (bound %d KiB); %d ended by the limits", worst>>10, bound>>10, ended)
+	if worst > bound {
+		t.Errorf("a matcher holds %d bytes between tokens, more than MatcherBytes %d", worst, bound)
+	}
+	if worst < bound/8 {
+		t.Skipf("the grammar grew the matchers to %d bytes only: nothing to check", worst)
+	}
+	goruntime.KeepAlive(ms)
 }
