@@ -93,3 +93,37 @@ func TestMatcherHoldsAtMostMatcherBytes(t *testing.T) {
 	}
 	goruntime.KeepAlive(ms)
 }
+
+// TestRollbackKeepsTheLast32: Rollback undoes up to the last 32 tokens
+// (what a speculative guess of at most 16 needs); Accepted counts them all.
+func TestRollbackKeepsTheLast32(t *testing.T) {
+	v := getByteVocab()
+	g := mustCompile(t, v, KindRegex, `[a-z]{0,100}`)
+	m, err := g.NewMatcher()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 40 {
+		if err := m.Accept(int32('a' + i%26)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if m.Accepted() != 40 {
+		t.Fatalf("Accepted %d, want 40", m.Accepted())
+	}
+	if err := m.Rollback(33); err == nil {
+		t.Error("rolled back 33 tokens: only the last 32 are kept")
+	}
+	if err := m.Rollback(32); err != nil || m.Accepted() != 8 {
+		t.Fatalf("Rollback(32): %v, Accepted %d", err, m.Accepted())
+	}
+	// The state is the one after 8 tokens: 92 more letters fit, not 93.
+	for i := range 92 {
+		if err := m.Accept('z'); err != nil {
+			t.Fatalf("letter %d after the rollback: %v", 9+i, err)
+		}
+	}
+	if err := m.Accept('z'); err == nil {
+		t.Error("a 101st letter accepted")
+	}
+}
