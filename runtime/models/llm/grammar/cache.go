@@ -59,6 +59,7 @@ func (c *Cache) Get(ctx context.Context, v *Vocab, kind Kind, src string) (*Gram
 	if e, ok := c.entries[k]; ok {
 		c.lru.MoveToFront(e)
 		c.hits++
+		c.fit()
 		c.mu.Unlock()
 		return e.Value.(*cacheEntry).g, nil
 	}
@@ -81,22 +82,31 @@ func (c *Cache) Get(ctx context.Context, v *Vocab, kind Kind, src string) (*Gram
 	c.mu.Lock()
 	delete(c.flight, k)
 	if f.err == nil {
-		sz := f.g.SizeBytes() + int64(len(src))
-		if sz <= c.maxBytes {
+		if f.g.SizeBytes()+int64(len(src)) <= c.maxBytes {
 			c.entries[k] = c.lru.PushFront(&cacheEntry{k, f.g})
-			c.bytes += sz
-			for c.bytes > c.maxBytes {
-				back := c.lru.Back()
-				e := back.Value.(*cacheEntry)
-				c.lru.Remove(back)
-				delete(c.entries, e.key)
-				c.bytes -= e.g.SizeBytes() + int64(len(e.key.src))
-			}
+			c.fit()
 		}
 	}
 	c.mu.Unlock()
 	close(f.done)
 	return f.g, f.err
+}
+
+// fit recounts the grammars' sizes, which grow as their deferred positions
+// are computed, and evicts the least recently used until they fit.
+func (c *Cache) fit() {
+	c.bytes = 0
+	for e := c.lru.Front(); e != nil; e = e.Next() {
+		ce := e.Value.(*cacheEntry)
+		c.bytes += ce.g.SizeBytes() + int64(len(ce.key.src))
+	}
+	for c.bytes > c.maxBytes && c.lru.Len() > 0 {
+		back := c.lru.Back()
+		e := back.Value.(*cacheEntry)
+		c.lru.Remove(back)
+		delete(c.entries, e.key)
+		c.bytes -= e.g.SizeBytes() + int64(len(e.key.src))
+	}
 }
 
 // CacheStats are a cache's counters.

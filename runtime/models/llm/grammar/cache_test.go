@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	goruntime "runtime"
 	"sync"
 	"testing"
+	"time"
 )
 
 func TestCacheHitsAndEviction(t *testing.T) {
@@ -120,5 +122,97 @@ func TestSyntheticVocab(t *testing.T) {
 		if string(a[i]) != string(b[i]) {
 			t.Fatal("not deterministic")
 		}
+	}
+}
+
+// computeAll computes every terminal position Compile deferred.
+func computeAll(t *testing.T, g *Grammar) {
+	t.Helper()
+	for pos, e := range g.prog.elems {
+		if e.kind == eTerm && g.prog.reach[g.prog.ruleOf[pos]] {
+			if _, err := g.entry(int32(pos)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+}
+
+// TestSizeBytesTracksHeap: a compiled grammar's SizeBytes is close to
+// what it holds on the heap, with positions left for first use (its
+// compile-time DFA kept) and after they are all computed. It had counted
+// a third of it, and nothing of what deferred positions added.
+func TestSizeBytesTracksHeap(t *testing.T) {
+	v := getBigVocab(t)
+	heap := func() int64 {
+		goruntime.GC()
+		var ms goruntime.MemStats
+		goruntime.ReadMemStats(&ms)
+		return int64(ms.HeapAlloc)
+	}
+	const n = 3
+	gs := make([]*Grammar, n)
+	base := heap()
+	for i := range gs {
+		var err error
+		// Almost nothing precomputed: the DFA stays for first use.
+		if gs[i], err = Compile(context.Background(), v, KindJSONSchema, toolSchema20, Limits{Precompute: time.Nanosecond}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	check := func(when string) {
+		held := (heap() - base) / n
+		var size int64
+		for _, g := range gs {
+			size += g.SizeBytes()
+		}
+		size /= n
+		t.Logf("%s: %d KiB held, SizeBytes %d KiB", when, held>>10, size>>10)
+		if size < held*6/10 || size > held*2 {
+			t.Errorf("%s: SizeBytes %d for %d bytes held", when, size, held)
+		}
+	}
+	check("compiled")
+	for _, g := range gs {
+		computeAll(t, g)
+	}
+	check("every position computed")
+	goruntime.KeepAlive(gs)
+}
+
+// TestCacheCountsGrowth: a cached grammar that grows as its deferred
+// positions are computed is counted at its new size on the next Get, and
+// evicted when the cache no longer holds it.
+func TestCacheCountsGrowth(t *testing.T) {
+	v := getBigVocab(t)
+	lim := Limits{Precompute: time.Nanosecond}
+	c := NewCache(1<<40, lim)
+	ctx := context.Background()
+	g, err := c.Get(ctx, v, KindJSONSchema, toolSchema20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := c.Stats().Bytes
+	computeAll(t, g)
+	if _, err := c.Get(ctx, v, KindJSONSchema, toolSchema20); err != nil {
+		t.Fatal(err)
+	}
+	after := c.Stats().Bytes
+	if after != g.SizeBytes()+int64(len(toolSchema20)) || after <= before {
+		t.Fatalf("cache counts %d bytes (%d before the positions), the grammar holds %d", after, before, g.SizeBytes())
+	}
+	// A cache that held it compiled does not hold it grown.
+	c = NewCache(before+1, lim)
+	if g, err = c.Get(ctx, v, KindJSONSchema, toolSchema20); err != nil {
+		t.Fatal(err)
+	}
+	if s := c.Stats(); s.Entries != 1 {
+		t.Fatalf("not cached: %+v (limit %d)", s, before+1)
+	}
+	computeAll(t, g)
+	if _, err := c.Get(ctx, v, KindJSONSchema, toolSchema20); err != nil {
+		t.Fatal(err)
+	}
+	if s := c.Stats(); s.Entries != 0 || s.Bytes > before+1 {
+		t.Fatalf("after growing: %+v (limit %d)", s, before+1)
 	}
 }

@@ -28,6 +28,7 @@ type Grammar struct {
 	// positions left by Compile are computed on first use, under mu
 	mu      sync.Mutex
 	sc      *scanner // nil once every position is computed
+	scBytes int64    // sc.bytes() as counted in size
 	left    int
 	counted map[*tokenSet]bool
 }
@@ -68,6 +69,7 @@ type dfa struct {
 	buf     []int32
 	max     int
 	maxWork int
+	bytes   int64 // the states' memory (see intern)
 }
 
 const (
@@ -113,6 +115,9 @@ func (d *dfa) intern(nodes []int32, flags uint8) int32 {
 		d.trans = append(d.trans, -1)
 	}
 	d.index[string(d.key)] = id
+	// the node list, its key and the index slot; 256 transitions; the
+	// first bytes; flags
+	d.bytes += 8*int64(len(nodes)) + 96 + 256*4 + 32 + 16
 	return id
 }
 
@@ -242,12 +247,16 @@ func compileGBNF(ctx context.Context, v *Vocab, gbnf string, lim Limits) (*Gramm
 	}
 	g.stats.Deferred = g.left
 	g.stats.States = len(d.states)
-	g.size.Add(int64(len(prog.elems))*12 + int64(len(prog.sets))*32 + int64(len(prog.ruleAlts))*48)
+	// per position its element, rule, distance to the end and token-set
+	// pointer; per rule its alternatives, name, return, origin; the sets
+	g.size.Add(int64(len(prog.elems))*24 + int64(len(prog.sets))*32 + int64(len(prog.ruleAlts))*96)
 	if g.left == 0 {
 		g.sc = nil
 	} else {
-		// the compile-time DFA stays for the positions left
-		g.size.Add(int64(len(d.states)) * 1200)
+		// the compile-time DFA stays for the positions left, and grows as
+		// they are computed (entry)
+		g.scBytes = g.sc.bytes()
+		g.size.Add(g.scBytes)
 	}
 	return g, nil
 }
@@ -257,8 +266,12 @@ func (g *Grammar) store(pos int32, ts *tokenSet) {
 	g.stats.Uncertain += len(ts.uncertain)
 	if !g.counted[ts] {
 		g.counted[ts] = true
-		g.size.Add(int64(len(ts.ids)+len(ts.uncertain))*4 + int64(len(ts.bits))*8 + 64)
+		g.size.Add(tokenSetBytes(ts) + 48) // and its slot in counted
 	}
+}
+
+func tokenSetBytes(ts *tokenSet) int64 {
+	return int64(len(ts.ids)+len(ts.uncertain))*4 + int64(len(ts.bits))*8 + 64
 }
 
 // entry returns the token sets of terminal position pos, computing them on
@@ -280,6 +293,12 @@ func (g *Grammar) entry(pos int32) (*tokenSet, error) {
 	if g.left--; g.left == 0 {
 		g.sc = nil
 		g.counted = nil
+		g.size.Add(-g.scBytes)
+		g.scBytes = 0
+	} else {
+		b := g.sc.bytes()
+		g.size.Add(b - g.scBytes)
+		g.scBytes = b
 	}
 	return ts, nil
 }

@@ -3,13 +3,20 @@ package grammar
 import "slices"
 
 type scanner struct {
-	g        *Grammar
-	d        *dfa
-	st       []int32
-	ex       []bool
-	acc, unc []int32
-	accepted []uint64
-	base     map[int32]*tokenSet // scans of template positions
+	g         *Grammar
+	d         *dfa
+	st        []int32
+	ex        []bool
+	acc, unc  []int32
+	accepted  []uint64
+	base      map[int32]*tokenSet // scans of template positions
+	baseBytes int64
+}
+
+// bytes approximates the scanner's memory: its DFA's states and arena,
+// and the template scans it keeps.
+func (sc *scanner) bytes() int64 {
+	return sc.d.bytes + int64(len(sc.d.a.nodes))*nodeBytes + sc.baseBytes + int64(len(sc.accepted))*8
 }
 
 // reevalMax: a copy re-checks at most this many of its template's
@@ -43,6 +50,7 @@ func (sc *scanner) position(pos int32) (*tokenSet, error) {
 			return nil, err
 		}
 		sc.base[p0] = base
+		sc.baseBytes += tokenSetBytes(base)
 	}
 	if len(base.uncertain) == 0 {
 		return base, nil
