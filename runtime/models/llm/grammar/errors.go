@@ -59,7 +59,7 @@ type Limits struct {
 	MaxStepWork    int // stack nodes visited for one byte (default 200,000)
 	MaxStates      int // compile-time DFA states while precomputing masks (default 200,000)
 	MaxCompileWork int // stack nodes visited while precomputing masks (default 50,000,000)
-	MaxMaskWork    int // stack nodes visited by one Mask or Accept (default 2,000,000)
+	MaxMaskWork    int // stack nodes visited by one Mask or Accept (default 500,000)
 
 	// Precompute is how long Compile spends precomputing the token sets
 	// of grammar positions (default 40ms); the positions left are computed
@@ -81,7 +81,7 @@ var DefaultLimits = Limits{
 	MaxStepWork:    200000,
 	MaxStates:      200000,
 	MaxCompileWork: 50000000,
-	MaxMaskWork:    2000000,
+	MaxMaskWork:    500000,
 	Precompute:     40 * time.Millisecond,
 }
 
