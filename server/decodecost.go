@@ -1,6 +1,7 @@
 package server
 
 import (
+	"iter"
 	"reflect"
 	"sync"
 
@@ -103,39 +104,20 @@ func (sh *shapes) scanWire(md protoreflect.MessageDescriptor, b []byte, depth in
 	}
 	fields := md.Fields()
 	var cost int64
-	for len(b) > 0 {
-		num, typ, n := protowire.ConsumeTag(b)
-		if n < 0 {
-			return cost
-		}
-		b = b[n:]
-		fd := fields.ByNumber(num)
-		if typ != protowire.BytesType {
-			n = protowire.ConsumeFieldValue(num, typ, b)
-			if n < 0 {
-				return cost
-			}
-			b = b[n:]
-			if fd != nil {
-				cost += sh.fieldCost(fd) // unknown fields are kept as their bytes
-			}
-			continue
-		}
-		v, n := protowire.ConsumeBytes(b)
-		if n < 0 {
-			return cost
-		}
-		b = b[n:]
+	for f := range wireFields(b) {
+		fd := fields.ByNumber(f.num)
 		switch {
-		case fd == nil:
+		case fd == nil: // unknown fields are kept as their bytes
+		case f.typ != protowire.BytesType:
+			cost += sh.fieldCost(fd)
 		case fd.IsMap():
-			cost += sh.mapEntryWire(fd, v, depth)
+			cost += sh.mapEntryWire(fd, f.val, depth)
 		case fd.Message() != nil:
-			cost += sh.fieldCost(fd) + sh.scanWire(fd.Message(), v, depth+1)
+			cost += sh.fieldCost(fd) + sh.scanWire(fd.Message(), f.val, depth+1)
 		case fd.Kind() == protoreflect.StringKind || fd.Kind() == protoreflect.BytesKind:
 			cost += sh.fieldCost(fd)
 		default: // a packed repeated scalar
-			cost += packedCount(fd.Kind(), v) * slotCost
+			cost += packedCount(fd.Kind(), f.val) * slotCost
 		}
 	}
 	return cost
@@ -149,20 +131,10 @@ func (sh *shapes) mapEntryWire(fd protoreflect.FieldDescriptor, v []byte, depth 
 	if vd == nil {
 		return cost
 	}
-	for len(v) > 0 {
-		num, typ, n := protowire.ConsumeTag(v)
-		if n < 0 {
-			return cost
+	for f := range wireFields(v) {
+		if f.num == fd.MapValue().Number() && f.typ == protowire.BytesType {
+			cost += sh.scanWire(vd, f.val, depth+1)
 		}
-		m := protowire.ConsumeFieldValue(num, typ, v[n:])
-		if m < 0 {
-			return cost
-		}
-		if num == fd.MapValue().Number() && typ == protowire.BytesType {
-			payload, _ := protowire.ConsumeBytes(v[n:])
-			cost += sh.scanWire(vd, payload, depth+1)
-		}
-		v = v[n+m:]
 	}
 	return cost
 }
@@ -171,21 +143,45 @@ func (sh *shapes) mapEntryWire(fd protoreflect.FieldDescriptor, v []byte, depth 
 // (a request's id and model), which cost no more to decode than their bytes.
 func scalarFields(md protoreflect.MessageDescriptor, b []byte) []byte {
 	var out []byte
-	for len(b) > 0 {
-		num, typ, n := protowire.ConsumeTag(b)
-		if n < 0 {
-			return out
+	for f := range wireFields(b) {
+		if fd := md.Fields().ByNumber(f.num); fd != nil && fd.Cardinality() != protoreflect.Repeated && fd.Message() == nil {
+			out = append(out, f.raw...)
 		}
-		m := protowire.ConsumeFieldValue(num, typ, b[n:])
-		if m < 0 {
-			return out
-		}
-		if fd := md.Fields().ByNumber(num); fd != nil && fd.Cardinality() != protoreflect.Repeated && fd.Message() == nil {
-			out = append(out, b[:n+m]...)
-		}
-		b = b[n+m:]
 	}
 	return out
+}
+
+// wireField is one field of a message's wire form.
+type wireField struct {
+	num protowire.Number
+	typ protowire.Type
+	raw []byte // its tag and value
+	val []byte // its value; a length-delimited one's payload
+}
+
+// wireFields walks b's fields, up to the first malformed one (Unmarshal
+// refuses it; what came before is counted).
+func wireFields(b []byte) iter.Seq[wireField] {
+	return func(yield func(wireField) bool) {
+		for len(b) > 0 {
+			num, typ, n := protowire.ConsumeTag(b)
+			if n < 0 {
+				return
+			}
+			m := protowire.ConsumeFieldValue(num, typ, b[n:])
+			if m < 0 {
+				return
+			}
+			f := wireField{num: num, typ: typ, raw: b[:n+m], val: b[n : n+m]}
+			if typ == protowire.BytesType {
+				f.val, _ = protowire.ConsumeBytes(b[n:])
+			}
+			if !yield(f) {
+				return
+			}
+			b = b[n+m:]
+		}
+	}
 }
 
 // packedCount is how many values a packed field's payload holds.
