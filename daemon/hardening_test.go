@@ -96,8 +96,8 @@ func TestRequestLargerThanTheQueue(t *testing.T) {
 }
 
 // TestEncodeSaysWhatWasTruncated: a text longer than the model takes is
-// cut (its vector describes its beginning) and the result says so; with
-// truncate=false it is refused.
+// cut (its vector describes its beginning) and the result says so, and
+// how many tokens ran; with truncate=false it is refused.
 func TestEncodeSaysWhatWasTruncated(t *testing.T) {
 	_, c := modelDaemon(t, func(repo string) { writeBERT(t, repo, "enc", 1, 4, 0) },
 		func(cfg *config.Config) { cfg.LoadModels = "enc" })
@@ -108,6 +108,11 @@ func TestEncodeSaysWhatWasTruncated(t *testing.T) {
 	}
 	if r := resp.GetResults(); r[0].GetTruncated() || !r[1].GetTruncated() {
 		t.Errorf("truncated flags %v %v, want false true", r[0].GetTruncated(), r[1].GetTruncated())
+	}
+	// Each result counts its tokens, [CLS] and [SEP] included: the cut one
+	// as many as the model takes.
+	if r := resp.GetResults(); r[0].GetTokens() < 4 || r[1].GetTokens() <= r[0].GetTokens() {
+		t.Errorf("tokens %d and %d", r[0].GetTokens(), r[1].GetTokens())
 	}
 	no := false
 	if _, err := c.Encode(testCtx(t), &brokerv1.EncodeRequest{Model: "enc", Truncate: &no, Items: textItems(long)}); status.Code(err) != codes.InvalidArgument {

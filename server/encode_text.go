@@ -78,7 +78,9 @@ func (s *BrokerService) encodeModel(ctx context.Context, req *brokerv1.EncodeReq
 		resp.Results[i] = &brokerv1.EncodeResult{Id: it.GetId(), Signature: "sha256:" + hex.EncodeToString(sum[:])}
 		if semantic {
 			// Said per item: a cut text's vector describes its beginning.
-			resp.Results[i].Truncated = inputs[i].(models.TextInput).Truncated
+			in := inputs[i].(models.TextInput)
+			resp.Results[i].Truncated = in.Truncated
+			resp.Results[i].Tokens = int32(len(in.IDs))
 		}
 		if lossless {
 			// Compression is host work too: stopped for a caller that left.

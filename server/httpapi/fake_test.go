@@ -55,7 +55,8 @@ func (f *fakeBackend) Encode(_ context.Context, req *brokerv1.EncodeRequest) (*b
 	resp := &brokerv1.EncodeResponse{Model: req.GetModel()}
 	for _, it := range req.GetItems() {
 		n := float32(len(it.GetText()))
-		resp.Results = append(resp.Results, &brokerv1.EncodeResult{Vector: []float32{n, 1, -1, 0.5}})
+		// As a BERT tokenizer would: a token a word, [CLS] and [SEP].
+		resp.Results = append(resp.Results, &brokerv1.EncodeResult{Vector: []float32{n, 1, -1, 0.5}, Tokens: int32(len(strings.Fields(it.GetText())) + 2)})
 	}
 	return resp, nil
 }

@@ -484,7 +484,17 @@ func (h *Handler) ollamaEmbed(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, map[string]any{
 		"model": req.Model, "embeddings": vecs,
 		"total_duration": time.Since(start).Nanoseconds(), "load_duration": 0,
+		"prompt_eval_count": encodedTokens(resp),
 	})
+}
+
+// encodedTokens is the tokens an Encode ran for all its items.
+func encodedTokens(resp *brokerv1.EncodeResponse) int64 {
+	var n int64
+	for _, r := range resp.GetResults() {
+		n += int64(r.GetTokens())
+	}
+	return n
 }
 
 func (h *Handler) ollamaEmbeddings(w http.ResponseWriter, r *http.Request) {

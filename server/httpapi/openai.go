@@ -714,9 +714,10 @@ func (h *Handler) openaiEmbeddings(w http.ResponseWriter, r *http.Request) {
 		}
 		data[i] = map[string]any{"object": "embedding", "index": i, "embedding": emb}
 	}
-	// Encoders report no token counts; usage says zero rather than guess.
+	// Encoders that do not tokenise count no tokens.
+	n := encodedTokens(resp)
 	writeJSON(w, map[string]any{"object": "list", "data": data, "model": req.Model,
-		"usage": map[string]int{"prompt_tokens": 0, "total_tokens": 0}})
+		"usage": map[string]int64{"prompt_tokens": n, "total_tokens": n}})
 }
 
 func (h *Handler) openaiModels(w http.ResponseWriter, r *http.Request) {

@@ -1885,7 +1885,12 @@ type EncodeResult struct {
 	DeviceId string `protobuf:"bytes,6,opt,name=device_id,json=deviceId,proto3" json:"device_id,omitempty"`
 	// The text had more tokens than the model takes and was cut: the vector
 	// describes its beginning (send truncate=false to be refused instead).
-	Truncated     bool `protobuf:"varint,7,opt,name=truncated,proto3" json:"truncated,omitempty"`
+	Truncated bool `protobuf:"varint,7,opt,name=truncated,proto3" json:"truncated,omitempty"`
+	// The tokens the encoder ran for this item (its special tokens included,
+	// after truncation); 0 for an encoder that does not tokenise (the hash
+	// encoder, an MLP) and for LOSSLESS alone. The HTTP APIs' usage
+	// (prompt_tokens, prompt_eval_count) is their sum.
+	Tokens        int32 `protobuf:"varint,8,opt,name=tokens,proto3" json:"tokens,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1967,6 +1972,13 @@ func (x *EncodeResult) GetTruncated() bool {
 		return x.Truncated
 	}
 	return false
+}
+
+func (x *EncodeResult) GetTokens() int32 {
+	if x != nil {
+		return x.Tokens
+	}
+	return 0
 }
 
 // ExecutionInfo says what ran where, how long it waited and what it cost.
@@ -5991,7 +6003,7 @@ const file_broker_v1_broker_proto_rawDesc = "" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x04text\x18\x02 \x01(\tH\x00R\x04text\x12\x14\n" +
 	"\x04data\x18\x03 \x01(\fH\x00R\x04dataB\t\n" +
-	"\acontent\"\xb9\x01\n" +
+	"\acontent\"\xd1\x01\n" +
 	"\fEncodeResult\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x16\n" +
 	"\x06vector\x18\x02 \x03(\x02R\x06vector\x12\x12\n" +
@@ -5999,7 +6011,8 @@ const file_broker_v1_broker_proto_rawDesc = "" +
 	"\x05codec\x18\x04 \x01(\tR\x05codec\x12\x1c\n" +
 	"\tsignature\x18\x05 \x01(\tR\tsignature\x12\x1b\n" +
 	"\tdevice_id\x18\x06 \x01(\tR\bdeviceId\x12\x1c\n" +
-	"\ttruncated\x18\a \x01(\bR\ttruncated\"\xb3\x02\n" +
+	"\ttruncated\x18\a \x01(\bR\ttruncated\x12\x16\n" +
+	"\x06tokens\x18\b \x01(\x05R\x06tokens\"\xb3\x02\n" +
 	"\rExecutionInfo\x12\x1b\n" +
 	"\tdevice_id\x18\x01 \x01(\tR\bdeviceId\x126\n" +
 	"\vdevice_type\x18\x02 \x01(\x0e2\x15.broker.v1.DeviceTypeR\n" +

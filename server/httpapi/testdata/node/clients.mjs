@@ -40,6 +40,7 @@ await check('ollama embed', async () => {
   assert.equal(r.embeddings.length, 2);
   assert.ok(r.embeddings[0].length > 0);
   if (mode === 'fake') assert.equal(r.embeddings[0][0], 'a memory record'.length);
+  if (mode === 'fake') assert.equal(r.prompt_eval_count, 5 + 3); // the fake's [CLS] words [SEP]
 });
 await check('ollama embeddings (legacy)', async () => {
   const r = await ollama.embeddings({ model: 'nbmf-hash-v1:latest', prompt: 'abcd' });
@@ -69,6 +70,7 @@ await check('openai embeddings (base64, the client default)', async () => {
   assert.equal(r.data.length, 1);
   assert.ok(r.data[0].embedding.length > 0);
   if (mode === 'fake') assert.deepEqual(r.data[0].embedding, [3, 1, -1, 0.5]);
+  if (mode === 'fake') assert.deepEqual(r.usage, { prompt_tokens: 3, total_tokens: 3 });
 });
 await check('openai embeddings (float)', async () => {
   const r = await openai.embeddings.create({ model: 'nbmf-hash-v1', input: ['x', 'yy'], encoding_format: 'float' });
