@@ -482,12 +482,16 @@ func (t *Tokenizer) encoder(text string) *encoder {
 	return &encoder{t: t, p: t.cut.pieces(text)}
 }
 
+// exactBytes: a text's first 2 KiB are tokenised whatever the limit (a
+// millisecond), so that refusing a short text says its exact length.
+const exactBytes = 2048
+
 // upTo encodes until more than limit tokens are out (limit < 0: no limit)
-// or the text ends, saying whether it ended. It stops with the context's
-// error when the caller has gone.
+// and exactBytes of the text are read, or the text ends, saying whether it
+// ended. It stops with the context's error when the caller has gone.
 func (e *encoder) upTo(ctx context.Context, limit int) (done bool, err error) {
 	for !e.p.done() {
-		if limit >= 0 && len(e.out) > limit {
+		if limit >= 0 && len(e.out) > limit && e.p.pos >= exactBytes {
 			return false, nil
 		}
 		if e.n%64 == 0 {

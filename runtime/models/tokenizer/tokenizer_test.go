@@ -357,7 +357,7 @@ func TestLongTextStopsAtTheLimit(t *testing.T) {
 		t.Fatalf("truncated ids %v, want %v", ids, want)
 	}
 	got, partial := tok.encodeUpTo(text, maxLen)
-	if !partial || len(got) > maxLen+maxWordBytes {
+	if !partial || len(got) > maxLen+exactBytes {
 		t.Errorf("stopped early %v after %d tokens of %d: the work is not bounded by the limit", partial, len(got), len(full))
 	}
 	if _, _, err := tok.Encode(text, "", maxLen, false); !errors.Is(err, ErrTooLong) || !strings.Contains(err.Error(), "more than") {
