@@ -64,8 +64,8 @@ func (s *BrokerService) encodeModel(ctx context.Context, req *brokerv1.EncodeReq
 				return nil, toStatus(s.log, "Encode", fmt.Errorf("tokenising item %d: %w", i, err))
 			}
 			in, err := tm.Tokenize(ctx, string(itemBytes(it)), "", truncate, normalize)
-			if ctx.Err() != nil {
-				return nil, toStatus(s.log, "Encode", fmt.Errorf("tokenising item %d: %w", i, err))
+			if cerr := ctx.Err(); cerr != nil { // gone while tokenising: not the text's fault
+				return nil, toStatus(s.log, "Encode", fmt.Errorf("tokenising item %d: %w", i, cerr))
 			}
 			if err != nil {
 				return nil, invalid("items[%d]: %v", i, tokenizeError(err, truncate, sv.Info.MaxSeqLen))

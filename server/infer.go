@@ -269,8 +269,8 @@ func (s *BrokerService) textPayloads(ctx context.Context, sv *lifecycle.Served, 
 			return nil, toStatus(s.log, "Infer", fmt.Errorf("tokenising element %d: %w", i, err))
 		}
 		in, err := tm.Tokenize(ctx, string(b), p, opts.truncate, opts.normalize)
-		if ctx.Err() != nil {
-			return nil, toStatus(s.log, "Infer", fmt.Errorf("tokenising element %d: %w", i, err))
+		if cerr := ctx.Err(); cerr != nil { // gone while tokenising: not the text's fault
+			return nil, toStatus(s.log, "Infer", fmt.Errorf("tokenising element %d: %w", i, cerr))
 		}
 		if err != nil {
 			return nil, invalid("input %q element %d: %v", text.name, i, tokenizeError(err, opts.truncate, sv.Info.MaxSeqLen))
