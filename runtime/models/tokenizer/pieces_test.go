@@ -9,6 +9,29 @@ import (
 	"testing"
 )
 
+// encode and encodeUpTo are EncodeTruncated's tokenising without the
+// special tokens and the truncation.
+
+// encode returns the ids of text without special tokens.
+func (t *Tokenizer) encode(text string) []int32 {
+	e := t.encoder(text)
+	_, _ = e.upTo(context.Background(), -1)
+	return e.out
+}
+
+// encodeUpTo tokenises text, stopping once more than limit tokens are out
+// (limit 0: none) and saying whether it stopped early. Pieces end where the
+// whole text's words do, so the tokens it returns are the whole text's
+// first ones.
+func (t *Tokenizer) encodeUpTo(text string, limit int) ([]int32, bool) {
+	if limit == 0 {
+		limit = -1
+	}
+	e := t.encoder(text)
+	done, _ := e.upTo(context.Background(), limit)
+	return e.out, !done
+}
+
 // wholeIDs is the library's answer for the whole text at once.
 func wholeIDs(tok *Tokenizer, text string) []int32 {
 	return appendIDs(nil, tok.hf.Encode(text))
@@ -59,7 +82,7 @@ func TestPiecesGiveTheWholeTextsIDs(t *testing.T) {
 	for _, file := range files {
 		t.Run(file.name, func(t *testing.T) {
 			tok := load(t, bertTemplate, file.extra)
-			if !tok.chunkable {
+			if !tok.cut.exact {
 				t.Fatal("not chunkable")
 			}
 			rng := rand.New(rand.NewPCG(7, 8))
@@ -99,7 +122,7 @@ func TestPiecesOtherModels(t *testing.T) {
 	for name, extra := range map[string]map[string]any{"unigram": unigram, "bpe": bpe} {
 		t.Run(name, func(t *testing.T) {
 			tok := load(t, nil, extra)
-			if tok.chunkable {
+			if tok.cut.exact {
 				t.Fatal("chunkable")
 			}
 			words := []string{"the", "ab", "fox", "a,b", "x", "abab", "   ", " "}

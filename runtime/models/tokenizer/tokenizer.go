@@ -51,7 +51,6 @@ type Tokenizer struct {
 	nPair        int
 	padID        int32
 	vocabSize    int
-	chunkable    bool
 	cut          cutter
 	// lib is hf.Encode; a test counts what it is given.
 	lib func(string) []int
@@ -143,12 +142,11 @@ func parse(content []byte) (*Tokenizer, error) {
 	}
 	t.nSingle = countSpecial(t.single)
 	t.nPair = countSpecial(t.pair)
-	t.chunkable = chunkable(&tj)
 	if tj.Model.Type == "WordPiece" && tj.Model.MaxInputCharsPerWord > maxWordBytes {
 		// WordPiece's search is cubic in a word's length.
 		return nil, fmt.Errorf("model max_input_chars_per_word %d: at most %d", tj.Model.MaxInputCharsPerWord, maxWordBytes)
 	}
-	t.cut = newCutter(&tj, hf, t.chunkable)
+	t.cut = newCutter(&tj, hf, chunkable(&tj))
 	t.lib = hf.Encode
 	return t, nil
 }
@@ -527,24 +525,4 @@ func appendIDs(out []int32, ids []int) []int32 {
 		out = append(out, int32(id))
 	}
 	return out
-}
-
-// encode returns the ids of text without special tokens.
-func (t *Tokenizer) encode(text string) []int32 {
-	e := t.encoder(text)
-	_, _ = e.upTo(context.Background(), -1)
-	return e.out
-}
-
-// encodeUpTo tokenises text, stopping once more than limit tokens are out
-// (limit 0: none) and saying whether it stopped early. Pieces end where the
-// whole text's words do, so the tokens it returns are the whole text's
-// first ones.
-func (t *Tokenizer) encodeUpTo(text string, limit int) ([]int32, bool) {
-	if limit == 0 {
-		limit = -1
-	}
-	e := t.encoder(text)
-	done, _ := e.upTo(context.Background(), limit)
-	return e.out, !done
 }

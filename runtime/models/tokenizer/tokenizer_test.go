@@ -274,7 +274,7 @@ func TestLoadRejects(t *testing.T) {
 // pieces gives exactly the ids of tokenising it whole.
 func TestLongTextChunks(t *testing.T) {
 	tok := load(t, bertTemplate, nil)
-	if !tok.chunkable {
+	if !tok.cut.exact {
 		t.Fatal("a BERT tokenizer.json should be chunkable")
 	}
 	words := []string{"the", "Quick", "brówn", "fox,", "jumped!", "unbelievable", "xyz", "naïve", "[SEP]", "a\u0301", "中", "dog."}
