@@ -142,7 +142,7 @@ func (g llmServable) start(ctx context.Context, od openDevice, maxRunning int, f
 			zap.Stringer("asked", g.kv), zap.Stringer("using", g.m.KVCacheDType(od.dev)), zap.Error(why))
 	}
 	eng, err := g.m.NewEngine(ctx, od.dev, llm.EngineOptions{CacheBytes: cache, BlockSize: genBlockSize, MaxStepTokens: genStepTokens, MaxSeqs: maxRunning, KVDType: kv,
-		MaxDrafts: g.maxDrafts(maxRunning)})
+		MaxDrafts: g.maxDrafts(maxRunning), DeferSampling: true}) // the scheduler runs Pending sequences again
 	if err != nil {
 		return nil, 0, err
 	}

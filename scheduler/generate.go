@@ -33,7 +33,9 @@ import (
 //
 // What the tokens mean (sampling, stop strings, detokenising) is the
 // executor's business too: it gets each sequence's opaque State with every
-// step and says when a sequence stops.
+// step and says when a sequence stops, or that it could not sample one yet
+// without holding the step's others (a grammar's mask: StepResult.Pending),
+// which then sits out the steps until the executor is ready for it.
 
 // ErrWrongKind means the model exists but serves another kind of request
 // (Generate on an encoder, Submit on a generator).
@@ -99,6 +101,12 @@ type StepResult struct {
 	// output constraint that cannot continue). Token is ignored; Out
 	// covers Accepted's tokens, if any.
 	End string
+	// Pending, when set, means the item sampled nothing yet: its
+	// executor is still preparing the sequence's sampling (a grammar's
+	// mask) and would have held the whole step for it. Its tokens ran,
+	// but the cache holds all but the last: the sequence sits out the
+	// steps until Pending is closed, then runs that token again.
+	Pending <-chan struct{}
 	// Drafted is how many guessed tokens the step ran for the item;
 	// Accepted those the sequence took, in order, before Token (with End,
 	// before it ended).
@@ -253,7 +261,10 @@ type sequence struct {
 	stopCtx  func() bool // stops the context watch
 	deadline *time.Timer
 
-	inStep   bool // in the step its replica runs now (planned, not yet applied)
+	inStep bool // in the step its replica runs now (planned, not yet applied)
+	// pending is the executor's StepResult.Pending of its last step:
+	// running, it sits out steps until it is closed.
+	pending  <-chan struct{}
 	finished bool
 	err      error
 	events   []GenEvent
@@ -268,6 +279,21 @@ func (seq *sequence) wake() {
 }
 
 func (seq *sequence) matches(r *genReplica) bool { return r.matches(seq.deviceID, seq.devType) }
+
+// waitsForExecutor says whether the executor put off seq's sampling
+// (StepResult.Pending) and is not ready for it yet.
+func (seq *sequence) waitsForExecutor() bool {
+	if seq.pending == nil {
+		return false
+	}
+	select {
+	case <-seq.pending:
+		seq.pending = nil
+		return false
+	default:
+		return true
+	}
+}
 
 // genQueue is one generator model: its waiting sequences and replicas.
 type genQueue struct {
@@ -690,6 +716,9 @@ func (s *Scheduler) step(r *genReplica, items []StepItem) (res []StepResult, err
 		if err == nil && (len(res[i].Accepted) > res[i].Drafted || res[i].Drafted > items[i].Draft) {
 			err = fmt.Errorf("generator step took %d of %d guesses for an item granted %d", len(res[i].Accepted), res[i].Drafted, items[i].Draft)
 		}
+		if p := res[i]; err == nil && p.Pending != nil && (!items[i].Sample || p.Drafted > 0 || p.End != "") {
+			err = fmt.Errorf("generator step put off an item that did not sample, or also guessed or ended it")
+		}
 	}
 	return res, err
 }
@@ -760,7 +789,8 @@ func (s *Scheduler) requeueLocked(seq *sequence) {
 //
 // Between clients it is fair in tokens, as admission is: every running
 // sequence advances each step (a decode is never left out for prompt
-// chunks), a prompt chunk leaves room for the chunks of sequences ahead
+// chunks; one whose executor put its sampling off, StepResult.Pending,
+// sits out until the executor is ready for it), a prompt chunk leaves room for the chunks of sequences ahead
 // of it (higher priority, or a client with fewer tokens served; a lower
 // level owed a step goes ahead of higher ones: lowerLevelShare), the
 // waiting one admitted next included, and a client that runs nothing
@@ -811,6 +841,10 @@ func (s *Scheduler) planStepLocked(r *genReplica, now time.Time) ([]StepItem, []
 	}
 	for i := 0; i < len(r.running) && budget > 0; {
 		seq := r.running[i]
+		if seq.waitsForExecutor() {
+			i++
+			continue
+		}
 		want := min(len(seq.tokens)-seq.computed, r.opts.MaxChunk)
 		take := min(want, budget)
 		if want > 1 {
@@ -1187,6 +1221,20 @@ func (s *Scheduler) applyStepLocked(r *genReplica, items []StepItem, seqs []*seq
 			continue
 		}
 		res := results[i]
+		if res.Pending != nil {
+			// Sampled nothing: its last token runs again once the
+			// executor is ready for it.
+			seq.computed--
+			seq.pending = res.Pending
+			r.m.deferred.Inc()
+			gq.stats.deferred++
+			r.stats.deferred++
+			go func() {
+				<-res.Pending
+				r.wake()
+			}()
+			continue
+		}
 		// Guesses taken are in the cache, and tokens of the sequence.
 		seq.computed += len(res.Accepted)
 		toks := res.Accepted
@@ -1248,7 +1296,7 @@ func (s *Scheduler) tokensLocked(r *genReplica, seq *sequence, toks []int32, out
 type genReplicaMetrics struct {
 	ttft, itl, step, stepTokens    prometheus.Observer
 	prompt, generated, preemptions prometheus.Counter
-	drafted, accepted              prometheus.Counter
+	drafted, accepted, deferred    prometheus.Counter
 	cost                           prometheus.Counter
 }
 

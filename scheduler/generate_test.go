@@ -41,8 +41,12 @@ type fakeGen struct {
 
 // genState is a sequence's executor state in the tests: it stops after
 // stopAfter tokens (0: never), or ends without a token at its endAt-th
-// sampling step (StepResult.End "dead-end"; 0: never).
-type genState struct{ stopAfter, endAt, generated int }
+// sampling step (StepResult.End "dead-end"; 0: never). While pending is
+// open, its sampling steps answer StepResult.Pending with it.
+type genState struct {
+	stopAfter, endAt, generated int
+	pending                     chan struct{}
+}
 
 func newFakeGen(blockSize, blocks int) *fakeGen {
 	return &fakeGen{blockSize: blockSize, blocks: blocks, cache: map[uint64][]int32{}, held: map[uint64]int{}}
@@ -114,6 +118,12 @@ func (f *fakeGen) Step(ctx context.Context, items []StepItem) ([]StepResult, err
 		c := f.runLocked(n, it)
 		if it.Sample {
 			st := it.State.(*genState)
+			if st.pending != nil && !isClosed(st.pending) {
+				// The cache holds all but the last token, run again later.
+				f.cache[it.Seq] = c[:len(c)-1]
+				out[i] = StepResult{Pending: st.pending}
+				continue
+			}
 			st.generated++
 			out[i] = StepResult{Token: nextToken(c), Out: fmt.Sprint("t", nextToken(c)), Stop: st.stopAfter > 0 && st.generated >= st.stopAfter}
 			if st.endAt > 0 && st.generated >= st.endAt {
@@ -122,6 +132,15 @@ func (f *fakeGen) Step(ctx context.Context, items []StepItem) ([]StepResult, err
 		}
 	}
 	return out, nil
+}
+
+func isClosed(ch chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
 }
 
 // gate signals entered and waits for hold, where the test set them.
@@ -813,4 +832,69 @@ func TestGenerateExecutorEnds(t *testing.T) {
 	}
 	f.check(t)
 	waitFor(t, "every block freed", func() bool { return f.blocksUsed() == 0 })
+}
+
+// TestGeneratePendingSitsOut: a sequence its executor answers Pending
+// runs in no step until Pending closes, while the others run on; then it
+// runs its last token again (the fake checks every position) and
+// generates what it would have; a deferred sequence whose caller leaves
+// frees its cache. The deferral shows in the metrics and Stats.
+func TestGeneratePendingSitsOut(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	s := newTestScheduler(t, Options{Registerer: reg})
+	f := newFakeGen(4, 64)
+	if err := s.AddGenReplica("llm", Device{ID: "cpu:0", Type: "cpu"}, GenOptions{MaxRunning: 4, MaxStepTokens: 32}, f); err != nil {
+		t.Fatal(err)
+	}
+	ready, never := make(chan struct{}), make(chan struct{})
+	defer close(never)
+	gen := func(ctx context.Context, seed, n, maxNew int, pending chan struct{}) *GenStream {
+		st, err := s.Generate(ctx, GenRequest{Model: "llm", Prompt: prompt(seed, n), MaxNewTokens: maxNew, State: &genState{pending: pending}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	put, gone := gen(context.Background(), 1, 6, 5, ready), gen(ctx, 3, 9, 5, never)
+	other := collect(gen(context.Background(), 2, 3, 12, nil))
+	if want, _ := expected(prompt(2, 3), 12, 0); !slices.Equal(other.tokens, want) {
+		t.Errorf("the sequence beside deferred ones: %v, want %v", other.tokens, want)
+	}
+	// The deferred ones each ran once: their prompt, answered Pending.
+	f.mu.Lock()
+	for _, id := range []uint64{put.Seq(), gone.Seq()} {
+		n := 0
+		for _, step := range f.steps {
+			if slices.Contains(step, id) {
+				n++
+			}
+		}
+		if n != 1 {
+			t.Errorf("sequence %d ran in %d steps while its executor was not ready, want 1", id, n)
+		}
+	}
+	f.mu.Unlock()
+	close(ready)
+	r := collect(put)
+	if want, finish := expected(prompt(1, 6), 5, 0); !slices.Equal(r.tokens, want) || r.finish != finish || r.info.GeneratedTokens != 5 {
+		t.Errorf("deferred sequence: %v %q (info %+v), want %v %q", r.tokens, r.finish, r.info, want, finish)
+	}
+	cancel()
+	if r := collect(gone); !errors.Is(r.err, context.Canceled) {
+		t.Errorf("a deferred sequence whose caller left: %v", r.err)
+	}
+	if err := s.Drain(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "blocks freed", func() bool { return f.blocksUsed() == 0 })
+	f.check(t)
+	if m := value(t, reg, "brokerd_generation_deferred_samples_total", "model", "llm", "device", "cpu:0"); m != 2 {
+		t.Errorf("deferred samples metric %g, want 2", m)
+	}
+	for _, row := range s.Stats("llm") {
+		if row.Gen.DeferredSamples != 2 {
+			t.Errorf("stats row %q: %d deferred samples, want 2", row.DeviceID, row.Gen.DeferredSamples)
+		}
+	}
 }

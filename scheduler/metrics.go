@@ -32,7 +32,10 @@ type genMetrics struct {
 	// Speculative decoding: tokens guessed and run, and those taken
 	// (vLLM's spec_decode_num_draft_tokens and _accepted_tokens).
 	drafted, accepted *prometheus.CounterVec
-	cost              *prometheus.CounterVec // shared with batches
+	// Samples a step put off for the executor's sake (a grammar's mask
+	// not done: StepResult.Pending).
+	deferred *prometheus.CounterVec
+	cost     *prometheus.CounterVec // shared with batches
 	// Per model: sequences that ended well by finish reason, and their
 	// end-to-end latency (vLLM's request_success_total and
 	// e2e_request_latency_seconds).
@@ -57,6 +60,7 @@ func (g genMetrics) forReplica(model, device string) genReplicaMetrics {
 		preemptions: g.preemptions.WithLabelValues(model, device),
 		drafted:     g.drafted.WithLabelValues(model, device),
 		accepted:    g.accepted.WithLabelValues(model, device),
+		deferred:    g.deferred.WithLabelValues(model, device),
 		cost:        g.cost.WithLabelValues(model, device),
 	}
 }
@@ -116,6 +120,7 @@ func newMetrics(reg prometheus.Registerer, log *zap.Logger) *metrics {
 		preemptions: counter("preemptions_total", "Running sequences preempted for KV-cache room (recomputed later)."),
 		drafted:     counter("spec_decode_draft_tokens_total", "Tokens guessed by prompt lookup and run after a decoding sequence's token (speculative decoding)."),
 		accepted:    counter("spec_decode_accepted_tokens_total", "Guessed tokens the sequence sampled anyway: tokens gained without a step of their own."),
+		deferred:    counter("deferred_samples_total", "Sequences a step ran without sampling them, because their grammar's mask was not done when the step's other sequences were (each runs its last token again once it is): a grammar slower than the model slows its own sequences only."),
 		cost:        m.cost,
 		success: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "brokerd", Subsystem: "generation", Name: "request_success_total",
@@ -150,6 +155,7 @@ func newMetrics(reg prometheus.Registerer, log *zap.Logger) *metrics {
 	m.gen.generated = register(reg, log, m.gen.generated)
 	m.gen.preemptions = register(reg, log, m.gen.preemptions)
 	m.gen.drafted = register(reg, log, m.gen.drafted)
+	m.gen.deferred = register(reg, log, m.gen.deferred)
 	m.gen.accepted = register(reg, log, m.gen.accepted)
 	m.gen.success = register(reg, log, m.gen.success)
 	m.gen.e2e = register(reg, log, m.gen.e2e)
@@ -197,7 +203,7 @@ func (m *metrics) forgetReplica(model, device string) {
 	for _, v := range []deleter{
 		m.requestDur, m.queueDur, m.computeDur, m.batchSize, m.running, m.items, m.cost, m.abandoned,
 		m.gen.ttft, m.gen.itl, m.gen.step, m.gen.stepTokens, m.gen.prompt, m.gen.generated, m.gen.preemptions,
-		m.gen.drafted, m.gen.accepted,
+		m.gen.drafted, m.gen.accepted, m.gen.deferred,
 	} {
 		v.DeleteLabelValues(model, device)
 	}

@@ -82,6 +82,10 @@ type GenStats struct {
 	// created: tokens guessed and run after a decoding sequence's token,
 	// and those the sequence sampled anyway (kept).
 	DraftTokens, AcceptedTokens int64
+	// DeferredSamples counts the sequences steps ran without sampling
+	// them, their grammar's mask not done when the step's others were
+	// (StepResult.Pending), since the queue was created.
+	DeferredSamples int64
 }
 
 // Totals are cumulative counts and durations of a model's requests.
@@ -281,6 +285,7 @@ type genRowStats struct {
 	stepSeqs                       int64 // sequences over all steps
 	prompt, generated, preemptions int64
 	drafted, accepted              int64 // speculative decoding's guesses: run, kept
+	deferred                       int64 // samples put off (StepResult.Pending)
 	ttft, itl                      latencyRing
 	promptRate, outRate            rateWindow
 }
@@ -345,6 +350,7 @@ func (g *genRowStats) fill(q *QueueStats, now time.Time) {
 		Preemptions:           g.preemptions,
 		DraftTokens:           g.drafted,
 		AcceptedTokens:        g.accepted,
+		DeferredSamples:       g.deferred,
 	}
 }
 

@@ -73,6 +73,7 @@ func statsToProto(st scheduler.QueueStats) *brokerv1.QueueStats {
 			SpecDraftTokens:       g.DraftTokens,
 			SpecAcceptedTokens:    g.AcceptedTokens,
 			PrefixCacheHitTokens:  g.KV.PrefixHitTokens,
+			DeferredSamples:       g.DeferredSamples,
 		}
 	}
 	return out

@@ -367,7 +367,7 @@ func cannedStats() []*brokerv1.QueueStats {
 				TimeToFirstToken:  &brokerv1.LatencySummary{P50Seconds: 0.045, P99Seconds: 0.2},
 				InterTokenLatency: &brokerv1.LatencySummary{P50Seconds: 0.012, P99Seconds: 0.03},
 				KvCacheBlocksUsed: 12, KvCacheBlocksTotal: 64, Preemptions: 3, PromptTokens: 5000, GeneratedTokens: 2400,
-				KvCacheDtype: "q8_0", SpecDraftTokens: 400, SpecAcceptedTokens: 250, PrefixCacheHitTokens: 1500,
+				KvCacheDtype: "q8_0", SpecDraftTokens: 400, SpecAcceptedTokens: 250, PrefixCacheHitTokens: 1500, DeferredSamples: 5,
 			},
 		},
 		{
@@ -378,7 +378,7 @@ func cannedStats() []*brokerv1.QueueStats {
 				TimeToFirstToken:  &brokerv1.LatencySummary{P50Seconds: 0.045, P99Seconds: 0.2},
 				InterTokenLatency: &brokerv1.LatencySummary{P50Seconds: 0.012, P99Seconds: 0.03},
 				KvCacheBlocksUsed: 12, KvCacheBlocksTotal: 64, Preemptions: 3, PromptTokens: 5000, GeneratedTokens: 2400,
-				KvCacheDtype: "q8_0", SpecDraftTokens: 400, SpecAcceptedTokens: 250, PrefixCacheHitTokens: 1500,
+				KvCacheDtype: "q8_0", SpecDraftTokens: 400, SpecAcceptedTokens: 250, PrefixCacheHitTokens: 1500, DeferredSamples: 5,
 			},
 		},
 	}

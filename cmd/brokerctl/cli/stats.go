@@ -103,12 +103,12 @@ func writeStatsTable(w io.Writer, sorted []*brokerv1.QueueStats) error {
 // completed and failed, prompt and output tokens per second over the last
 // 10 s, time to first token and between tokens (p50, p99), KV-cache blocks
 // used/total and the cache's type, the share of prompt tokens the prefix
-// cache mapped, preemptions, and the share of guessed tokens kept
-// (speculative decoding).
+// cache mapped, preemptions, the share of guessed tokens kept
+// (speculative decoding), and the samples put off for a grammar's mask.
 func writeGenTable(w io.Writer, sorted []*brokerv1.QueueStats) error {
 	tw := newTable(w)
 	row(tw, "", "MODEL", "DEVICE", "RUNNING", "WAITING", "COMPLETED", "FAILED", "PROMPT-TOK/S", "OUT-TOK/S",
-		"TTFT-P50", "TTFT-P99", "ITL-P50", "ITL-P99", "KV-BLOCKS", "KV-TYPE", "PREFIX-HIT", "PREEMPTED", "ACCEPT")
+		"TTFT-P50", "TTFT-P99", "ITL-P50", "ITL-P99", "KV-BLOCKS", "KV-TYPE", "PREFIX-HIT", "PREEMPTED", "ACCEPT", "DEFERRED")
 	for _, s := range sorted {
 		g := s.GetGeneration()
 		row(tw, "", orDash(s.GetModel()), deviceCell(s), strconv.FormatInt(s.GetRunning(), 10), strconv.FormatInt(s.GetQueued(), 10),
@@ -116,7 +116,8 @@ func writeGenTable(w io.Writer, sorted []*brokerv1.QueueStats) error {
 			strconv.FormatFloat(g.GetPromptTokensPerSecond(), 'f', 1, 64), strconv.FormatFloat(g.GetOutputTokensPerSecond(), 'f', 1, 64),
 			formatMs(g.GetTimeToFirstToken().GetP50Seconds()*1e3), formatMs(g.GetTimeToFirstToken().GetP99Seconds()*1e3),
 			formatMs(g.GetInterTokenLatency().GetP50Seconds()*1e3), formatMs(g.GetInterTokenLatency().GetP99Seconds()*1e3),
-			kvCell(g), orDash(g.GetKvCacheDtype()), prefixCell(g), strconv.FormatInt(g.GetPreemptions(), 10), acceptCell(g))
+			kvCell(g), orDash(g.GetKvCacheDtype()), prefixCell(g), strconv.FormatInt(g.GetPreemptions(), 10), acceptCell(g),
+			strconv.FormatInt(g.GetDeferredSamples(), 10))
 	}
 	if err := tw.Flush(); err != nil {
 		return fmt.Errorf("write generator table: %w", err)

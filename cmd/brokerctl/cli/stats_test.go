@@ -13,7 +13,7 @@ import (
 var (
 	statsHeader = []string{"MODEL", "DEVICE", "QUEUED", "RUNNING", "COMPLETED", "FAILED", "MEAN-BATCH", "P50", "P95", "P99", "ITEMS/S", "BUSY-ITEMS/S"}
 	genHeader   = []string{"MODEL", "DEVICE", "RUNNING", "WAITING", "COMPLETED", "FAILED", "PROMPT-TOK/S", "OUT-TOK/S",
-		"TTFT-P50", "TTFT-P99", "ITL-P50", "ITL-P99", "KV-BLOCKS", "KV-TYPE", "PREFIX-HIT", "PREEMPTED", "ACCEPT"}
+		"TTFT-P50", "TTFT-P99", "ITL-P50", "ITL-P99", "KV-BLOCKS", "KV-TYPE", "PREFIX-HIT", "PREEMPTED", "ACCEPT", "DEFERRED"}
 )
 
 func TestStatsTable(t *testing.T) {
@@ -29,7 +29,7 @@ func TestStatsTable(t *testing.T) {
 	qwenAll := map[string]string{
 		"MODEL": "qwen@1", "DEVICE": "all", "RUNNING": "8", "WAITING": "2", "COMPLETED": "120", "FAILED": "cancelled=1",
 		"PROMPT-TOK/S": "310.4", "OUT-TOK/S": "96.0", "TTFT-P50": "45.000ms", "TTFT-P99": "200.000ms",
-		"ITL-P50": "12.000ms", "ITL-P99": "30.000ms", "KV-BLOCKS": "12/64", "KV-TYPE": "q8_0", "PREFIX-HIT": "30.0%", "PREEMPTED": "3", "ACCEPT": "62.5%",
+		"ITL-P50": "12.000ms", "ITL-P99": "30.000ms", "KV-BLOCKS": "12/64", "KV-TYPE": "q8_0", "PREFIX-HIT": "30.0%", "PREEMPTED": "3", "ACCEPT": "62.5%", "DEFERRED": "5",
 	}
 	qwenCPU := map[string]string{"MODEL": "qwen@1", "DEVICE": "cpu:0", "RUNNING": "8", "FAILED": "-", "KV-BLOCKS": "12/64", "KV-TYPE": "q8_0", "ACCEPT": "62.5%"}
 	tests := []struct {

@@ -4064,8 +4064,13 @@ type GenerationStats struct {
 	// the same step) instead of computing them, since the model's replicas
 	// started: of prompt_tokens, the share not prefilled.
 	PrefixCacheHitTokens int64 `protobuf:"varint,13,opt,name=prefix_cache_hit_tokens,json=prefixCacheHitTokens,proto3" json:"prefix_cache_hit_tokens,omitempty"`
-	unknownFields        protoimpl.UnknownFields
-	sizeCache            protoimpl.SizeCache
+	// Sequences a step ran without sampling them, since the model version was
+	// loaded: their grammar's mask (structured output) was not done when the
+	// step's other sequences were, so they sampled once it was, with their
+	// last token run again, instead of holding the others.
+	DeferredSamples int64 `protobuf:"varint,14,opt,name=deferred_samples,json=deferredSamples,proto3" json:"deferred_samples,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *GenerationStats) Reset() {
@@ -4185,6 +4190,13 @@ func (x *GenerationStats) GetSpecAcceptedTokens() int64 {
 func (x *GenerationStats) GetPrefixCacheHitTokens() int64 {
 	if x != nil {
 		return x.PrefixCacheHitTokens
+	}
+	return 0
+}
+
+func (x *GenerationStats) GetDeferredSamples() int64 {
+	if x != nil {
+		return x.DeferredSamples
 	}
 	return 0
 }
@@ -6197,7 +6209,7 @@ const file_broker_v1_broker_proto_rawDesc = "" +
 	"last_error\x18\x0f \x01(\tR\tlastError\x1a9\n" +
 	"\vFailedEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"\xa9\x05\n" +
+	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"\xd4\x05\n" +
 	"\x0fGenerationStats\x127\n" +
 	"\x18prompt_tokens_per_second\x18\x01 \x01(\x01R\x15promptTokensPerSecond\x127\n" +
 	"\x18output_tokens_per_second\x18\x02 \x01(\x01R\x15outputTokensPerSecond\x12H\n" +
@@ -6212,7 +6224,8 @@ const file_broker_v1_broker_proto_rawDesc = "" +
 	" \x01(\tR\fkvCacheDtype\x12*\n" +
 	"\x11spec_draft_tokens\x18\v \x01(\x03R\x0fspecDraftTokens\x120\n" +
 	"\x14spec_accepted_tokens\x18\f \x01(\x03R\x12specAcceptedTokens\x125\n" +
-	"\x17prefix_cache_hit_tokens\x18\r \x01(\x03R\x14prefixCacheHitTokens\"'\n" +
+	"\x17prefix_cache_hit_tokens\x18\r \x01(\x03R\x14prefixCacheHitTokens\x12)\n" +
+	"\x10deferred_samples\x18\x0e \x01(\x03R\x0fdeferredSamples\"'\n" +
 	"\x0fGetStatsRequest\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\"?\n" +
 	"\x10GetStatsResponse\x12+\n" +

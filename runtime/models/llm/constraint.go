@@ -141,6 +141,10 @@ type constraintState struct {
 	n     int      // tokens mask allows
 	err   error    // the mask's error (grammar.ErrStackLimit...)
 	ready bool     // mask, n and err are for the matcher's current state
+	// pending, while a mask is computed in the background (maskRunner),
+	// is closed when it is done; nil otherwise. Meanwhile nothing else
+	// touches the matcher or the mask: every method settles first.
+	pending chan struct{}
 	// A thinking block before the grammar (Sampling.ThinkFirst).
 	think  ThinkFirst
 	phase  thinkPhase
@@ -164,9 +168,27 @@ const maxSpaces = 2
 
 // prepare computes the mask of the current state unless it is computed.
 func (c *constraintState) prepare() {
-	if c.ready || c.phase == inThink {
-		return
+	c.settle()
+	if !c.ready && c.phase != inThink {
+		c.compute()
 	}
+}
+
+// needsMask says whether prepare has a mask to compute (settled only:
+// with a mask pending it is being computed).
+func (c *constraintState) needsMask() bool { return !c.ready && c.phase != inThink }
+
+// settle waits for a mask computed in the background.
+func (c *constraintState) settle() {
+	if c.pending != nil {
+		<-c.pending
+		c.pending = nil
+	}
+}
+
+// compute computes the mask of the current state (prepare's work; a
+// maskRunner's in the background).
+func (c *constraintState) compute() {
 	c.n, c.err = c.m.Mask(c.mask)
 	c.ready = true
 	if c.err != nil {
@@ -187,7 +209,10 @@ func (c *constraintState) prepare() {
 }
 
 // terminated says whether the grammar is complete (the sequence stops).
-func (c *constraintState) terminated() bool { return c.phase == grammarPhase && c.m.IsTerminated() }
+func (c *constraintState) terminated() bool {
+	c.settle()
+	return c.phase == grammarPhase && c.m.IsTerminated()
+}
 
 // errDeadEnd: the mask allows nothing (finish with FinishConstraint).
 var errDeadEnd = errors.New("no token continues the constraint")
@@ -292,12 +317,14 @@ func (c *constraintState) rollback(out []int32) []int32 {
 
 // allows reports whether the current mask allows tok.
 func (c *constraintState) allows(tok int32) bool {
+	c.settle()
 	return c.phase == inThink || grammar.MaskAllows(c.mask, tok)
 }
 
 // accept advances the matcher over the picked token; the next step needs
 // a new mask. The thinking block's tokens pass the grammar by.
 func (c *constraintState) accept(tok int32) error {
+	c.settle()
 	switch {
 	case c.phase == inThink:
 		if tok == c.think.Close {

@@ -149,7 +149,7 @@ func BenchmarkConstrainedDecode(b *testing.B) {
 			}
 			if premask {
 				t := time.Now()
-				prepareMasks(items)()
+				e.waitMasks(e.startMasks(items), 0)
 				masks += time.Since(t)
 			}
 			res, err := e.Step(ctx, items)

@@ -15,7 +15,7 @@
 //
 // Device side:
 //
-//	e, err := m.NewEngine(ctx, dev, llm.EngineOptions{CacheBytes, BlockSize, MaxStepTokens, MaxSeqs, DisablePrefixCache, KVDType, MaxDrafts})
+//	e, err := m.NewEngine(ctx, dev, llm.EngineOptions{CacheBytes, BlockSize, MaxStepTokens, MaxSeqs, DisablePrefixCache, KVDType, MaxDrafts, DeferSampling})
 //	e.Reserve(seq, tokens) bool // KV blocks for tokens positions in all; false when they do not fit now
 //	e.Release(seq)              // frees them (finished, cancelled, preempted)
 //	e.Step(ctx, []llm.SeqStep) ([]llm.SeqResult, error)

@@ -12,6 +12,7 @@ import (
 	"sort"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/brokerd/brokerd/runtime"
 	"github.com/brokerd/brokerd/runtime/models"
@@ -58,6 +59,12 @@ type EngineOptions struct {
 	// (speculative decoding, SeqStep.Draft): each is a sampled row, so
 	// a step's logits are at most MaxSeqs + MaxDrafts rows. 0: none.
 	MaxDrafts int
+	// DeferSampling lets a step answer a constrained sequence whose
+	// grammar mask is not done SeqResult.Pending instead of waiting for
+	// it with every other sequence of the step (masks.go). The caller
+	// must then run the sequence's last token again once Pending closes:
+	// the scheduler does.
+	DeferSampling bool
 }
 
 // SeqStep is one sequence's part of a step, with the fields of the
@@ -87,6 +94,12 @@ type SeqResult struct {
 	Stop  bool
 	Full  bool
 	End   string // ends the sequence without a token, with this finish reason (FinishConstraint)
+	// Pending, with EngineOptions.DeferSampling, means the sequence
+	// sampled nothing: its grammar's mask is still being computed. Its
+	// item's tokens ran, but the cache holds all but the last: the next
+	// step that samples it runs that token again (at the same position),
+	// best once Pending is closed.
+	Pending <-chan struct{}
 	// Drafted is how many guessed tokens the step ran after the item's
 	// Tokens; Accepted those the sequence took, in order, before Token
 	// (with End, the tokens it took before it ended). Out covers them
@@ -123,6 +136,11 @@ type Engine struct {
 	// Counters read without the step's lock (a metrics scrape must not
 	// wait for a step).
 	computed, cached atomic.Int64
+	// masks computes constrained sequences' masks beside the forward;
+	// forwardNs is the last step's forward time, how long a step waits
+	// for a mask before it defers it (DeferSampling).
+	masks     *maskRunner
+	forwardNs atomic.Int64
 }
 
 // EngineStats count the prompt and generated tokens the engine's steps
@@ -176,6 +194,7 @@ func newEngine(ctx context.Context, dev runtime.Device, spec netSpec, weights ma
 		spec: spec, dev: dev, mmDT: computeType(dev), opts: opts,
 		maxBlks:  (spec.Context + opts.BlockSize - 1) / opts.BlockSize,
 		resident: map[string]runtime.Buffer{}, graphs: map[stepShape]*runtime.Graph{},
+		masks: newMaskRunner(),
 	}
 	e.blocks = newBlockPool(int(nBlocks), opts.BlockSize, e.maxBlks, !opts.DisablePrefixCache)
 	if bd, ok := dev.(bucketDevice); ok {
@@ -642,26 +661,33 @@ func (e *Engine) logitsBuf(n int) []float32 {
 // item with Draft set may give more (SeqResult.Accepted). Results are one
 // per item; those without Sample are zero.
 func (e *Engine) Step(ctx context.Context, items []SeqStep) ([]SeqResult, error) {
-	items, drafts := e.withDrafts(items)
-	wait := prepareMasks(items)
+	masks := e.startMasks(items)
+	items, drafts := e.withDrafts(items, masks)
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	start := time.Now()
 	logits, commits, err := e.stepLogitsLocked(ctx, items, drafts)
-	wait()
+	took := time.Since(start)
+	late := e.waitMasks(masks, took)
 	if err != nil {
 		return nil, err
 	}
+	e.forwardNs.Store(int64(took))
 	defer e.logits.Put(&logits) // sampling keeps no reference to the logits
-	out, err := e.sample(items, drafts, logits)
+	out, err := e.sample(items, drafts, logits, late)
 	// A guess the sequence did not take leaves its cache rows unwritten
-	// as far as the pool knows: the next step writes over them.
+	// as far as the pool knows: the next step writes over them. So does
+	// a deferred sequence's last token, which it runs again.
 	for i, c := range commits {
-		if c.draft > 0 {
+		switch {
+		case c.draft > 0:
 			kept := 0
 			if err == nil {
 				kept = len(out[i].Accepted)
 			}
 			commits[i].tokens = c.tokens[:len(c.tokens)-c.draft+kept]
+		case late != nil && late[i] != nil:
+			commits[i].tokens = c.tokens[:len(c.tokens)-1]
 		}
 	}
 	e.commit(commits)
@@ -681,7 +707,11 @@ func (e *Engine) Step(ctx context.Context, items []SeqStep) ([]SeqResult, error)
 // token sampled after the last guess must have one), and of the step's
 // token budget, EngineOptions.MaxDrafts and the cache room the sequence
 // holds (a Draft past it is the caller's slip, not worth failing a step).
-func (e *Engine) withDrafts(items []SeqStep) ([]SeqStep, []int) {
+//
+// A constrained sequence guesses with its current mask: with
+// DeferSampling, one whose mask (masks[i], startMasks') is not done
+// within the last forward's time guesses nothing (the step may defer it).
+func (e *Engine) withDrafts(items []SeqStep, masks []<-chan struct{}) ([]SeqStep, []int) {
 	if e.opts.MaxDrafts <= 0 {
 		return items, nil
 	}
@@ -708,7 +738,13 @@ func (e *Engine) withDrafts(items []SeqStep) ([]SeqStep, []int) {
 		rows -= k
 	}
 	guesses := make([][]int32, len(items))
-	guess := func(i int) { guesses[i] = items[i].State.(*Sequence).draft(ks[i], items[i].History) }
+	grace := time.Duration(e.forwardNs.Load())
+	guess := func(i int) {
+		if e.opts.DeferSampling && masks != nil && !waitMask(masks[i], grace) {
+			return
+		}
+		guesses[i] = items[i].State.(*Sequence).draft(ks[i], items[i].History)
+	}
 	if len(want) == 1 {
 		guess(want[0])
 	} else {
@@ -746,51 +782,29 @@ func draftAt(drafts []int, i int) int {
 	return drafts[i]
 }
 
-// prepareMasks computes the grammar masks of the step's constrained
-// sampling sequences, one goroutine each, while the forward runs (a mask
-// depends on the tokens accepted so far, not on the logits); wait returns
-// once they are done. A step without constrained sequences starts nothing.
-func prepareMasks(items []SeqStep) (wait func()) {
-	var wg sync.WaitGroup
-	// As many at once as there are threads: a mask of an ambiguous grammar
-	// builds tens of megabytes of parse state before its matcher compacts
-	// it, and a request of many constrained choices must not build them
-	// all at once.
-	slots := make(chan struct{}, goruntime.GOMAXPROCS(0))
-	for _, it := range items {
-		if !it.Sample {
-			continue
-		}
-		if s, ok := it.State.(*Sequence); ok && s.con != nil && !s.stopped {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				slots <- struct{}{}
-				defer func() { <-slots }()
-				s.con.prepare()
-			}()
-		}
-	}
-	return wg.Wait
-}
-
 // sample picks the next token of each sampling item from its rows of
 // logits (item order) with the item's sequence: one row, or one more than
 // the item's guesses, which it takes while they equal what it samples.
 // Sequences are independent (each has its own RNG), so they sample in
 // parallel: at a 150k vocabulary a token costs up to a few milliseconds of
-// host time per sequence.
-func (e *Engine) sample(items []SeqStep, drafts []int, logits []float32) ([]SeqResult, error) {
+// host time per sequence. An item late[i] (waitMasks') samples nothing:
+// it is answered Pending.
+func (e *Engine) sample(items []SeqStep, drafts []int, logits []float32, late []<-chan struct{}) ([]SeqResult, error) {
 	type job struct{ item, row int }
 	var jobs []job
+	out := make([]SeqResult, len(items))
 	row := 0
 	for i, it := range items {
-		if it.Sample {
-			jobs = append(jobs, job{i, row})
-			row += 1 + draftAt(drafts, i)
+		if !it.Sample {
+			continue
 		}
+		if late != nil && late[i] != nil {
+			out[i].Pending = late[i]
+		} else {
+			jobs = append(jobs, job{i, row})
+		}
+		row += 1 + draftAt(drafts, i)
 	}
-	out := make([]SeqResult, len(items))
 	errs := make([]error, len(items))
 	v := e.spec.Vocab
 	next := make(chan job)

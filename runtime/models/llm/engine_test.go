@@ -103,13 +103,13 @@ func simulate(t *testing.T, e *Engine, jobs []*job) {
 		if len(items) == 0 {
 			continue
 		}
-		wait := prepareMasks(items) // constrained sequences' masks, as Step computes them
+		masks := e.startMasks(items) // constrained sequences' masks, as Step computes them
 		logits, err := e.stepLogits(ctx, items)
-		wait()
+		e.waitMasks(masks, 0)
 		if err != nil {
 			t.Fatalf("step %d: %v", step, err)
 		}
-		res, err := e.sample(items, nil, logits)
+		res, err := e.sample(items, nil, logits, nil)
 		if err != nil {
 			t.Fatalf("step %d: %v", step, err)
 		}
