@@ -194,10 +194,10 @@ func TestWaitMasks(t *testing.T) {
 	open, shut := make(chan struct{}), make(chan struct{})
 	close(open)
 	for _, tc := range []struct {
-		name  string
+		name    string
 		deferOn bool
-		masks []<-chan struct{}
-		late  []bool // nil: none late
+		masks   []<-chan struct{}
+		late    []bool // nil: none late
 	}{
 		{"all done", true, []<-chan struct{}{open, nil, open}, nil},
 		{"one late beside a plain item", true, []<-chan struct{}{shut, nil}, []bool{true, false}},
