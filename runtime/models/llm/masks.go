@@ -24,10 +24,15 @@ import (
 // costs its sequence a token of compute and a step.
 const minMaskGrace = time.Millisecond
 
-// maskRunner computes masks in the background, at most as many at once
-// as there are threads: a mask of an ambiguous grammar builds tens of
-// megabytes of parse state before its matcher compacts it, and a request
-// of many constrained choices must not build them all at once.
+// maskRunner computes masks in the background, on at most half the
+// threads: a mask of an ambiguous grammar builds tens of megabytes of
+// parse state before its matcher compacts it, so a request of many
+// constrained choices must not build them all at once; and the forwards
+// of the sequences masks no longer hold back need the other threads. (On
+// 2 cores, masks on both made a plain chat beside 128 ambiguous choices
+// 2-3 times slower than on one; so did letting them take both while no
+// forward ran, since a mask, once started, runs for milliseconds into the
+// next forward: bench/RESULTS.md.)
 type maskRunner struct {
 	slots chan struct{}
 	// ended has a value when a mask ended since a waiter last looked.
@@ -35,7 +40,7 @@ type maskRunner struct {
 }
 
 func newMaskRunner() *maskRunner {
-	return &maskRunner{slots: make(chan struct{}, goruntime.GOMAXPROCS(0)), ended: make(chan struct{}, 1)}
+	return &maskRunner{slots: make(chan struct{}, max(1, goruntime.GOMAXPROCS(0)/2)), ended: make(chan struct{}, 1)}
 }
 
 // start begins computing c's mask unless it is computed or being
