@@ -128,8 +128,8 @@ func TestGeneratorStatsEndToEnd(t *testing.T) {
 		if code := cli.Main(ctx, append([]string{"--socket", d.addrs.Socket}, args...), nil, &out, &errOut, func(string) string { return "" }); code != 0 {
 			t.Fatalf("brokerctl %v: exit %d: %s", args, code, errOut.String())
 		}
-		if !regexp.MustCompile(`(?m)^MODEL +DEVICE +RUNNING +WAITING +COMPLETED .*KV-BLOCKS +KV-TYPE +PREFIX-HIT +PREEMPTED +ACCEPT\n` +
-			`tiny-llm@1 +all +0 +0 +8 +- .* 0/\d+ +\w+ +\d+\.\d% +0 +-\n` + `tiny-llm@1 +cpu:0 +0 +0 +8 `).MatchString(out.String()) {
+		if !regexp.MustCompile(`(?m)^MODEL +DEVICE +RUNNING +WAITING +COMPLETED .*KV-BLOCKS +KV-TYPE +PREFIX-HIT +PREEMPTED +ACCEPT +DEFERRED\n` +
+			`tiny-llm@1 +all +0 +0 +8 +- .* 0/\d+ +\w+ +\d+\.\d% +0 +- +0\n` + `tiny-llm@1 +cpu:0 +0 +0 +8 `).MatchString(out.String()) {
 			t.Errorf("brokerctl %v:\n%s", args, out.String())
 		}
 	}
