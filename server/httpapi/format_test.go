@@ -90,6 +90,33 @@ func must[T any](v T, err error) T {
 	return v
 }
 
+// TestGenerateContextAndTemplateRefused: /api/generate's "context" and
+// "template" are a 400 that names them when given, not ignored (the
+// conversation's memory or the prompt's format would be lost without a
+// word); null or empty ones are none.
+func TestGenerateContextAndTemplateRefused(t *testing.T) {
+	srv, f, _ := newTestServer(t)
+	for _, tc := range []struct {
+		body, field string
+		code        int
+	}{
+		{`{"model":"tiny-llm","prompt":"and then?","context":[1,2,3],"stream":false}`, "context", 400},
+		{`{"model":"tiny-llm","prompt":"hi","template":"{{ .Prompt }}","stream":false}`, "template", 400},
+		{`{"model":"tiny-llm","prompt":"hi","context":null,"template":"","stream":false}`, "", 200},
+		{`{"model":"tiny-llm","prompt":"hi","context":[],"stream":false}`, "", 200},
+	} {
+		f.lastChat, f.lastGenerate = nil, nil
+		resp := post(t, srv.URL+"/api/generate", tc.body)
+		b, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != tc.code {
+			t.Errorf("%s: %d %s", tc.body, resp.StatusCode, b)
+		}
+		if tc.code == 400 && (f.lastChat != nil || f.lastGenerate != nil || !strings.Contains(string(b), tc.field)) {
+			t.Errorf("%s: ran, or the error does not say why: %s", tc.body, b)
+		}
+	}
+}
+
 // TestSuffixRefused: a suffix (fill in the middle) is a 400, as vLLM and
 // Ollama (for a model without insert) answer it, not ignored: an editor's
 // completion client falls back to the prefix alone on that 400, and would

@@ -133,13 +133,19 @@ type ollamaGenerateRequest struct {
 	// Suffix (fill in the middle) is refused, as Ollama refuses it for a
 	// model without the insert capability: ignored, an editor's
 	// completion would continue the prompt and overwrite what follows.
-	Suffix  string          `json:"suffix"`
-	System  string          `json:"system"`
-	Raw     bool            `json:"raw"`
-	Stream  *bool           `json:"stream"`
-	Format  json.RawMessage `json:"format"`
-	Images  []string        `json:"images"`
-	Options *ollamaOptions  `json:"options"`
+	Suffix string `json:"suffix"`
+	// Context (an earlier answer's token ids, deprecated by Ollama) and
+	// Template (a Go template instead of the model's) are refused when
+	// given: ignored, the conversation's memory or the prompt's format
+	// would silently be lost.
+	Context  json.RawMessage `json:"context"`
+	Template string          `json:"template"`
+	System   string          `json:"system"`
+	Raw      bool            `json:"raw"`
+	Stream   *bool           `json:"stream"`
+	Format   json.RawMessage `json:"format"`
+	Images   []string        `json:"images"`
+	Options  *ollamaOptions  `json:"options"`
 	// KeepAlive is refused when 0 (unload), accepted otherwise.
 	KeepAlive   json.RawMessage `json:"keep_alive"`
 	Logprobs    bool            `json:"logprobs"`
@@ -255,6 +261,14 @@ func (h *Handler) ollamaGenerate(w http.ResponseWriter, r *http.Request) {
 	}
 	if req.Suffix != "" {
 		h.fail(w, r, status.Errorf(codes.InvalidArgument, "%q does not support insert: brokerd does not fill in the middle (\"suffix\"); send the text before it as the prompt", req.Model))
+		return
+	}
+	if c := strings.TrimSpace(string(req.Context)); c != "" && c != "null" && c != "[]" {
+		h.fail(w, r, status.Error(codes.InvalidArgument, `"context" (an earlier answer's token ids, deprecated by Ollama) is not supported: send the conversation's messages to /api/chat, or its whole text with "raw": true`))
+		return
+	}
+	if req.Template != "" {
+		h.fail(w, r, status.Error(codes.InvalidArgument, `"template" is not supported: brokerd renders the model's own chat template; render the prompt yourself and send it with "raw": true`))
 		return
 	}
 	if err := checkKeepAlive(req.KeepAlive, req.Model, req.Prompt != ""); err != nil {
