@@ -125,6 +125,13 @@ func (p *plan) inspectGGUFAt(path, real string) (lp *llmPlan, err error) {
 		f.Close()
 		return nil, invalid(models.ErrInvalidTokenizer, fmt.Errorf("%s: %w", path, err))
 	}
+	if n := len(gp.vocab.Tokens); n > lp.config.VocabSize {
+		// Its tokenizer would give ids the model has no embedding for
+		// (llama.cpp refuses the file too: its token_embd's shape is not
+		// the vocabulary's).
+		f.Close()
+		return nil, invalid(models.ErrInvalidTokenizer, fmt.Errorf("%s: tokenizer.ggml.tokens has %d tokens but token_embd.weight %d rows", path, n, lp.config.VocabSize))
+	}
 	if ids := endOfGeneration(gp.vocab); len(ids) > 0 {
 		if lp.config.EOSTokenID, err = json.Marshal(ids); err != nil {
 			f.Close()

@@ -140,6 +140,23 @@ func TestGGUFRefusals(t *testing.T) {
 		t.Errorf("two files: %v", err)
 	}
 	os.Remove(filepath.Join(gg, "other.gguf"))
+	// A vocabulary longer than the embedding: its tokenizer would give
+	// ids the model has no row for.
+	rewriteGGUF(t, filepath.Join(gg, "model.gguf"), func(keys []string, kv map[string]gguf.Value) []string {
+		v := kv["tokenizer.ggml.tokens"]
+		toks := v.Data.([]string)
+		v.Data = append(slices.Clip(toks), "<|extra|>")
+		kv["tokenizer.ggml.tokens"] = v
+		if tt, ok := kv["tokenizer.ggml.token_type"]; ok {
+			types := tt.Data.([]int32)
+			tt.Data = append(slices.Clip(types), 3)
+			kv["tokenizer.ggml.token_type"] = tt
+		}
+		return keys
+	}, nil)
+	if _, err := r.Load(context.Background(), "qwen3-gg", 1); !errors.Is(err, models.ErrInvalidTokenizer) || !strings.Contains(err.Error(), "token_embd.weight") {
+		t.Errorf("a vocabulary longer than the embedding: %v", err)
+	}
 	// A truncated file.
 	if err := os.WriteFile(filepath.Join(gg, "model.gguf"), b[:len(b)/2], 0o644); err != nil {
 		t.Fatal(err)
