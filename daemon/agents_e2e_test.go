@@ -271,10 +271,11 @@ func mustStruct(t *testing.T, m map[string]any) *structpb.Struct {
 // and JSON thinks first and answers under the schema after its block (as
 // vLLM's and Ollama's structured output with reasoning): the reasoning
 // comes apart, the text is the JSON; so does one whose template opens the
-// block (QwQ, DeepSeek-R1's distills). With thinking off the answer is the
-// JSON at once. (The constraint applied from the first token kept the
-// model from thinking, and a template that opens the block put the JSON
-// in the reasoning.)
+// block (QwQ, DeepSeek-R1's distills), and one not asked either way (a
+// hybrid model decides, as it does without a schema). With thinking off
+// the answer is the JSON at once. (The constraint applied from the first
+// token kept the model from thinking, and a template that opens the block
+// put the JSON in the reasoning.)
 func TestThinkingThenStructuredOutput(t *testing.T) {
 	cfg := llmHTTPConfig(t, "qwen-json", "k-json")
 	cfg.LoadModels = "qwen-json,qwen-opens"
@@ -336,6 +337,7 @@ func TestThinkingThenStructuredOutput(t *testing.T) {
 		reasoning   string
 	}{
 		{"thinking", "qwen-json", proto.Bool(true), scriptReasoning},
+		{"unasked: the model decides", "qwen-json", nil, scriptReasoning},
 		{"thinking off", "qwen-json", proto.Bool(false), ""},
 		{"the template opens the block", "qwen-opens", nil, scriptReasoning},
 	} {

@@ -276,10 +276,11 @@ func (s *BrokerService) RunChat(ctx context.Context, req *brokerv1.ChatRequest, 
 	// A constrained answer of a thinking model comes after its thinking,
 	// as vLLM's structured output waits for the reasoning parser's end
 	// and Ollama's format for the thinking: where the template opens the
-	// block, or the chat asks for thinking (the first token may open
-	// it). Unasked, the constraint applies from the first token.
+	// block, or the first token may open it, unless the chat turns
+	// thinking off or the prompt ends with a closed (empty) block. Unasked,
+	// a hybrid model (Qwen3) decides, as it does without a constraint.
 	var thinkIDs [2]int32
-	thinkOn, _ := vars["enable_thinking"].(bool)
+	thinkOff := vars["enable_thinking"] == false
 	if thinks && call.params.Constraint != nil {
 		for k, tag := range []string{tags.Open, tags.Close} {
 			ids, err := call.gm.EncodePrompt(tag, false)
@@ -387,7 +388,7 @@ func (s *BrokerService) RunChat(ctx context.Context, req *brokerv1.ChatRequest, 
 			toks[k] = ids
 			if thinks {
 				call.thinking[k] = output.NewThinking(tags, opened)
-				if call.thinkFirst != nil && (opened || thinkOn) {
+				if call.thinkFirst != nil && (opened || (!thinkOff && !output.PromptClosesBlock(tags, text))) {
 					call.thinkFirst[k] = &llm.ThinkFirst{Open: thinkIDs[0], Close: thinkIDs[1], InBlock: opened}
 				}
 			}

@@ -74,6 +74,14 @@ func PromptOpensBlock(tags Tags, prompt string) bool {
 	return strings.HasSuffix(rest, tags.Open)
 }
 
+// PromptClosesBlock reports whether a rendered prompt ends with a closed
+// thinking block (the empty one a template writes with thinking off),
+// followed only by whitespace.
+func PromptClosesBlock(tags Tags, prompt string) bool {
+	rest := strings.TrimRightFunc(prompt, unicode.IsSpace)
+	return strings.HasSuffix(rest, tags.Close)
+}
+
 // Push adds a piece of text and returns what is decided.
 func (p *Thinking) Push(text string) Split {
 	var out Split

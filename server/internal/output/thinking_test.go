@@ -122,15 +122,19 @@ func TestThinkingStreams(t *testing.T) {
 }
 
 func TestPromptOpensBlock(t *testing.T) {
-	for prompt, want := range map[string]bool{
-		"<|im_start|>assistant\n":                        false,
-		"<|im_start|>assistant\n<think>\n":               true,
-		"<|im_start|>assistant\n<think>":                 true,
-		"<|im_start|>assistant\n<think>\n\n</think>\n\n": false, // Qwen3 with enable_thinking false
-		"<|im_start|>user\nwhat is <think>?<|im_end|>\n": false,
+	for prompt, want := range map[string][2]bool{ // opens, closes
+		"<|im_start|>assistant\n":                        {false, false},
+		"<|im_start|>assistant\n<think>\n":               {true, false},
+		"<|im_start|>assistant\n<think>":                 {true, false},
+		"<|im_start|>assistant\n<think>\n\n</think>\n\n": {false, true}, // Qwen3 with enable_thinking false
+		"<|im_start|>user\nwhat is <think>?<|im_end|>\n": {false, false},
+		"<|im_start|>user\n</think><|im_end|>\n":         {false, false},
 	} {
-		if got := PromptOpensBlock(Qwen3Tags, prompt); got != want {
+		if got := PromptOpensBlock(Qwen3Tags, prompt); got != want[0] {
 			t.Errorf("PromptOpensBlock(%q) = %v", prompt, got)
+		}
+		if got := PromptClosesBlock(Qwen3Tags, prompt); got != want[1] {
+			t.Errorf("PromptClosesBlock(%q) = %v", prompt, got)
 		}
 	}
 }

@@ -458,6 +458,8 @@ if (mode === 'fake') {
 // Structured output against a real brokerd (STRUCT_LLM, a random-weight
 // model at temperature 1): the answers under STRUCT_SCHEMA parse as JSON
 // and are written to STRUCT_OUT for the Go test to validate against it.
+// Thinking is off (a thinking model not told may think first, and a random
+// one may not close its block within max_tokens): the JSON alone.
 const structLLM = process.env.STRUCT_LLM;
 if (structLLM) {
   const schema = JSON.parse(process.env.STRUCT_SCHEMA);
@@ -465,12 +467,14 @@ if (structLLM) {
   const messages = [{ role: 'user', content: 'Describe a person as JSON.' }];
   await check('openai response_format json_schema', async () => {
     const r = await openai.chat.completions.create({ model: structLLM, messages, temperature: 1, seed: 1, max_tokens: 200,
+      chat_template_kwargs: { enable_thinking: false },
       response_format: { type: 'json_schema', json_schema: { name: 'person', strict: true, schema } } });
     assert.equal(r.choices[0].finish_reason, 'stop');
     outs.push(JSON.parse(r.choices[0].message.content));
   });
   await check('openai response_format json_schema streamed', async () => {
     const s = await openai.chat.completions.create({ model: structLLM, messages, temperature: 1, seed: 2, max_tokens: 200, stream: true,
+      chat_template_kwargs: { enable_thinking: false },
       response_format: { type: 'json_schema', json_schema: { name: 'person', schema } } });
     let text = '';
     let finish;
@@ -488,12 +492,12 @@ if (structLLM) {
     outs.push(JSON.parse(r.choices[0].text));
   });
   await check('ollama chat format schema', async () => {
-    const r = await ollama.chat({ model: structLLM, messages, format: schema, stream: false, options: { temperature: 1, seed: 4, num_predict: 200 } });
+    const r = await ollama.chat({ model: structLLM, messages, format: schema, think: false, stream: false, options: { temperature: 1, seed: 4, num_predict: 200 } });
     assert.equal(r.done_reason, 'stop');
     outs.push(JSON.parse(r.message.content));
   });
   await check('ollama generate format schema, streamed', async () => {
-    const s = await ollama.generate({ model: structLLM, prompt: 'A person as JSON.', format: schema, stream: true, options: { temperature: 1, seed: 5, num_predict: 200 } });
+    const s = await ollama.generate({ model: structLLM, prompt: 'A person as JSON.', format: schema, think: false, stream: true, options: { temperature: 1, seed: 5, num_predict: 200 } });
     let text = '';
     let reason;
     for await (const c of s) {
