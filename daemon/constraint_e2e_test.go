@@ -65,8 +65,9 @@ func generateTexts(t *testing.T, c brokerv1.BrokerServiceClient, req *brokerv1.G
 	if err != nil {
 		return nil, nil, err
 	}
-	texts := make([]strings.Builder, len(req.GetPrompts()))
-	finish := make([]brokerv1.FinishReason, len(req.GetPrompts()))
+	n := len(req.GetPrompts()) + len(req.GetTokenPrompts())
+	texts := make([]strings.Builder, n)
+	finish := make([]brokerv1.FinishReason, n)
 	for {
 		m, err := st.Recv()
 		if errors.Is(err, io.EOF) {

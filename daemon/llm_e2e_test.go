@@ -10,6 +10,9 @@ import (
 	"unicode/utf8"
 
 	"github.com/klauspost/compress/zstd"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	brokerv1 "github.com/brokerd/brokerd/proto/broker/v1"
 	"github.com/brokerd/brokerd/server/config"
@@ -129,5 +132,22 @@ func TestLLMWithRealTokenizer(t *testing.T) {
 		t.Errorf("result %v", res)
 	}
 	t.Logf("random weights said %q", text.String())
+
+	// A prompt of token ids runs as its text does (no special tokens added
+	// to either); an id outside the vocabulary is the caller's error.
+	const council = "The council meets at dawn"
+	greedy := &brokerv1.SamplingParams{Temperature: new(float32), MaxTokens: 8}
+	byText, _, err := generateTexts(t, c, &brokerv1.GenerateRequest{Model: "qwen-tiny", Prompts: []string{council}, AddSpecialTokens: proto.Bool(false), Sampling: greedy})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := qwenTokenizer(t).Encode(council, false)
+	byIDs, _, err := generateTexts(t, c, &brokerv1.GenerateRequest{Model: "qwen-tiny", TokenPrompts: []*brokerv1.TokenPrompt{{Ids: ids}}, Sampling: greedy})
+	if err != nil || byIDs[0] != byText[0] {
+		t.Errorf("the prompt's %d ids gave %q (%v); its text %q", len(ids), byIDs, err, byText[0])
+	}
+	if _, _, err := generateTexts(t, c, &brokerv1.GenerateRequest{Model: "qwen-tiny", TokenPrompts: []*brokerv1.TokenPrompt{{Ids: []int32{ids[0], 1 << 30}}}}); status.Code(err) != codes.InvalidArgument {
+		t.Errorf("an id outside the vocabulary: %v", err)
+	}
 	runClients(t, "http://"+d.addrs.HTTP, "k-llm", "daemon", "LLM=qwen-tiny")
 }

@@ -207,12 +207,29 @@ func (s *BrokerService) Chat(req *brokerv1.ChatRequest, stream brokerv1.BrokerSe
 
 // RunGenerate continues each prompt of req.
 func (s *BrokerService) RunGenerate(ctx context.Context, req *brokerv1.GenerateRequest, send generateSink) error {
-	prompts := req.GetPrompts()
-	call, release, err := s.newGenCall(ctx, "Generate", req.GetModel(), len(prompts), req.GetSampling(), req.GetPriority(), req.GetDeviceType(), req.GetDeviceId(), req.GetMaxTime())
+	prompts, idPrompts := req.GetPrompts(), req.GetTokenPrompts()
+	if len(prompts) > 0 && len(idPrompts) > 0 {
+		return invalid("give prompts or token_prompts, not both")
+	}
+	call, release, err := s.newGenCall(ctx, "Generate", req.GetModel(), len(prompts)+len(idPrompts), req.GetSampling(), req.GetPriority(), req.GetDeviceType(), req.GetDeviceId(), req.GetMaxTime())
 	if err != nil {
 		return err
 	}
 	defer release()
+	if len(idPrompts) > 0 {
+		// Ids outside the vocabulary are refused with the sequence
+		// (NewSequence), and a prompt past the context by run.
+		toks := make([][]int32, len(idPrompts)*call.n)
+		for i, p := range idPrompts {
+			if len(p.GetIds()) == 0 {
+				return invalid("token_prompts[%d] is empty", i)
+			}
+			for j := range call.n {
+				toks[i*call.n+j] = p.GetIds()
+			}
+		}
+		return call.run(ctx, toks, send)
+	}
 	addSpecial := req.AddSpecialTokens == nil || req.GetAddSpecialTokens()
 	toks := make([][]int32, len(prompts)*call.n)
 	for i, p := range prompts {

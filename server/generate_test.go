@@ -298,6 +298,24 @@ func TestGenerateRPC(t *testing.T) {
 		t.Errorf("%d messages for 3 prompts of 5 tokens: ready deltas were not sent together", got.msgs)
 	}
 
+	// Token prompts run as given: no BOS added; the letters' ids continue
+	// as their text does.
+	ids := &brokerv1.TokenPrompt{Ids: []int32{'h' + 2, 'i' + 2}}
+	ts, err := cl.Generate(ctx, &brokerv1.GenerateRequest{Model: "tiny", TokenPrompts: []*brokerv1.TokenPrompt{ids}, Sampling: &brokerv1.SamplingParams{MaxTokens: 4}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	byIDs, err := readAll(t, 1, func() ([]*brokerv1.GenerationDelta, []*brokerv1.GenerationResult, error) {
+		m, err := ts.Recv()
+		return m.GetDeltas(), m.GetResults(), err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if byIDs.text[0] != letters('i', 4) || byIDs.results[0].GetUsage().GetPromptTokens() != 2 {
+		t.Errorf("token prompt: %q, usage %v", byIDs.text[0], byIDs.results[0].GetUsage())
+	}
+
 	// Chat renders the template; the template's tokens are not doubled by a BOS.
 	cs, err := cl.Chat(ctx, &brokerv1.ChatRequest{Model: "tiny", Conversations: []*brokerv1.Conversation{{Messages: []*brokerv1.ChatMessage{
 		{Role: "system", Content: "be brief"}, {Role: "user", Content: "hi"},
@@ -334,6 +352,10 @@ func TestGenerateRPCValidation(t *testing.T) {
 		{name: "an encoder", req: &brokerv1.GenerateRequest{Model: "enc", Prompts: []string{"a"}}, code: codes.InvalidArgument, msg: "generator"},
 		{name: "no prompts", req: &brokerv1.GenerateRequest{Model: "tiny"}, code: codes.InvalidArgument, msg: "nothing to generate"},
 		{name: "empty prompt", req: &brokerv1.GenerateRequest{Model: "tiny", Prompts: []string{""}}, code: codes.InvalidArgument, msg: "empty"},
+		{name: "empty token prompt", req: &brokerv1.GenerateRequest{Model: "tiny", TokenPrompts: []*brokerv1.TokenPrompt{{}}}, code: codes.InvalidArgument, msg: "token_prompts[0] is empty"},
+		{name: "text and token prompts", req: &brokerv1.GenerateRequest{Model: "tiny", Prompts: []string{"a"}, TokenPrompts: []*brokerv1.TokenPrompt{{Ids: []int32{3}}}}, code: codes.InvalidArgument, msg: "not both"},
+		{name: "too many token prompts", req: &brokerv1.GenerateRequest{Model: "tiny", TokenPrompts: []*brokerv1.TokenPrompt{{Ids: []int32{3}}, {Ids: []int32{3}}, {Ids: []int32{3}}}}, code: codes.InvalidArgument, msg: "--max-items-per-request"},
+		{name: "token prompt too long for the context", req: &brokerv1.GenerateRequest{Model: "tiny", TokenPrompts: []*brokerv1.TokenPrompt{{Ids: make([]int32, 32)}}}, code: codes.InvalidArgument, msg: "context"},
 		{name: "too many prompts", req: &brokerv1.GenerateRequest{Model: "tiny", Prompts: []string{"a", "b", "c"}}, code: codes.InvalidArgument, msg: "--max-items-per-request"},
 		{name: "prompt too long for the context", req: &brokerv1.GenerateRequest{Model: "tiny", Prompts: []string{long}}, code: codes.InvalidArgument, msg: "context"},
 		{name: "prompt too large", req: &brokerv1.GenerateRequest{Model: "tiny", Prompts: []string{strings.Repeat("z", 65)}}, code: codes.InvalidArgument, msg: "--max-item-bytes"},

@@ -133,14 +133,31 @@ func (f *fakeBackend) RunGenerate(ctx context.Context, req *brokerv1.GenerateReq
 	}
 	var replies []string
 	var prompt []int32
+	// A text prompt counts its bytes as tokens; a token prompt is answered
+	// as the text "ids 1,2,3" and counts its ids.
+	type input struct {
+		text   string
+		tokens int
+	}
+	var inputs []input
 	for _, p := range req.GetPrompts() {
+		inputs = append(inputs, input{p, len(p)})
+	}
+	for _, tp := range req.GetTokenPrompts() {
+		ids := make([]string, len(tp.GetIds()))
+		for i, id := range tp.GetIds() {
+			ids[i] = fmt.Sprint(id)
+		}
+		inputs = append(inputs, input{"ids " + strings.Join(ids, ","), len(ids)})
+	}
+	for _, in := range inputs {
 		for j := range max(req.GetSampling().GetN(), 1) { // the j-th of n answers
-			reply := "gen: " + p
+			reply := "gen: " + in.text
 			if j > 0 {
 				reply += fmt.Sprintf(" #%d", j)
 			}
 			replies = append(replies, reply)
-			prompt = append(prompt, int32(len(p)))
+			prompt = append(prompt, int32(in.tokens))
 		}
 	}
 	finish := brokerv1.FinishReason_FINISH_REASON_LENGTH

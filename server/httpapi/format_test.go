@@ -3,6 +3,7 @@ package httpapi
 import (
 	"encoding/json"
 	"io"
+	"slices"
 	"strings"
 	"testing"
 
@@ -113,6 +114,56 @@ func TestGenerateContextAndTemplateRefused(t *testing.T) {
 		}
 		if tc.code == 400 && (f.lastChat != nil || f.lastGenerate != nil || !strings.Contains(string(b), tc.field)) {
 			t.Errorf("%s: ran, or the error does not say why: %s", tc.body, b)
+		}
+	}
+}
+
+// TestCompletionPrompts: /v1/completions takes a prompt of token ids, or
+// a list of them, as OpenAI and vLLM do (GenerateRequest.token_prompts);
+// anything else that is not text is a 400 naming "prompt", and echo with
+// ids a 400 naming "echo".
+func TestCompletionPrompts(t *testing.T) {
+	srv, f, _ := newTestServer(t)
+	for _, tc := range []struct {
+		prompt string
+		texts  []string
+		ids    [][]int32
+		code   int
+		param  string
+	}{
+		{prompt: `"abc"`, texts: []string{"abc"}, code: 200},
+		{prompt: `["a","b"]`, texts: []string{"a", "b"}, code: 200},
+		{prompt: `[5,6,7]`, ids: [][]int32{{5, 6, 7}}, code: 200},
+		{prompt: `[[5,6],[7]]`, ids: [][]int32{{5, 6}, {7}}, code: 200},
+		{prompt: `[1.5]`, code: 400, param: "prompt"},
+		{prompt: `[1,"a"]`, code: 400, param: "prompt"},
+		{prompt: `[4294967296]`, code: 400, param: "prompt"},
+		{prompt: `{"a":1}`, code: 400, param: "prompt"},
+		{prompt: `[5,6]`, code: 400, param: "echo"},
+	} {
+		f.lastGenerate = nil
+		body := `{"model":"tiny-llm","max_tokens":2,"prompt":` + tc.prompt
+		if tc.param == "echo" {
+			body += `,"echo":true`
+		}
+		resp := post(t, srv.URL+"/v1/completions", body+"}")
+		b, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != tc.code {
+			t.Errorf("prompt %s: %d %s", tc.prompt, resp.StatusCode, b)
+			continue
+		}
+		if tc.code != 200 {
+			if f.lastGenerate != nil || !strings.Contains(string(b), `"param":"`+tc.param+`"`) {
+				t.Errorf("prompt %s: ran, or the error does not name %s: %s", tc.prompt, tc.param, b)
+			}
+			continue
+		}
+		var ids [][]int32
+		for _, p := range f.lastGenerate.GetTokenPrompts() {
+			ids = append(ids, p.GetIds())
+		}
+		if !slices.Equal(f.lastGenerate.GetPrompts(), tc.texts) || !slices.EqualFunc(ids, tc.ids, slices.Equal) {
+			t.Errorf("prompt %s: texts %q ids %v", tc.prompt, f.lastGenerate.GetPrompts(), ids)
 		}
 	}
 }

@@ -544,6 +544,38 @@ type openaiCompletionRequest struct {
 	Logprobs *int `json:"logprobs"`
 }
 
+// completionPrompts is /v1/completions' prompt: a string, a list of
+// strings, a prompt of token ids, or a list of those (OpenAI's and vLLM's
+// forms): texts or ids, never both.
+type completionPrompts struct {
+	texts []string
+	ids   [][]int32
+}
+
+func (p *completionPrompts) UnmarshalJSON(b []byte) error {
+	var one string
+	if err := json.Unmarshal(b, &one); err == nil {
+		p.texts = []string{one}
+		return nil
+	}
+	var texts []string
+	if err := json.Unmarshal(b, &texts); err == nil {
+		p.texts = texts
+		return nil
+	}
+	var ids []int32
+	if err := json.Unmarshal(b, &ids); err == nil {
+		p.ids = [][]int32{ids}
+		return nil
+	}
+	var many [][]int32
+	if err := json.Unmarshal(b, &many); err == nil {
+		p.ids = many
+		return nil
+	}
+	return paramError("prompt", "invalid_type", `"prompt" must be a string, a list of strings, a list of token ids (32-bit integers) or a list of such lists`)
+}
+
 // legacyMaxTokens is /v1/completions' max_tokens when a request sets none.
 const legacyMaxTokens = 16
 
@@ -558,9 +590,13 @@ func (h *Handler) openaiCompletions(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	var prompts embedInput
+	var prompts completionPrompts
 	if err := prompts.UnmarshalJSON(req.Prompt); err != nil {
-		h.fail(w, r, status.Error(codes.InvalidArgument, `"prompt" must be a string or a list of strings (token arrays are not supported)`))
+		h.fail(w, r, err)
+		return
+	}
+	if req.Echo && prompts.ids != nil {
+		h.fail(w, r, paramError("echo", "invalid_value", "echo with a prompt of token ids is not supported: brokerd echoes the prompt's text; send it as text, or leave echo out"))
 		return
 	}
 	if req.Echo && req.Logprobs != nil {
@@ -594,7 +630,7 @@ func (h *Handler) openaiCompletions(w http.ResponseWriter, r *http.Request) {
 	// times n against --max-items-per-request before any, and a request
 	// of many prompts and a large n must not allocate before that check.
 	n := max(sp.GetN(), 1)
-	left := len(prompts) * int(n)
+	left := (len(prompts.texts) + len(prompts.ids)) * int(n)
 	type legacyChoice struct {
 		text   strings.Builder
 		finish string
@@ -622,7 +658,7 @@ func (h *Handler) openaiCompletions(w http.ResponseWriter, r *http.Request) {
 			return text
 		}
 		c.echoed = true
-		return prompts[i/n] + text
+		return prompts.texts[i/n] + text
 	}
 	choice := func(i int32, text string, finish *string, lp *legacyLogprobs) map[string]any {
 		var v any
@@ -631,7 +667,11 @@ func (h *Handler) openaiCompletions(w http.ResponseWriter, r *http.Request) {
 		}
 		return map[string]any{"index": i, "text": text, "finish_reason": finish, "logprobs": v}
 	}
-	err = h.generate(ctx, &brokerv1.GenerateRequest{Model: modelName(req.Model), Prompts: prompts, Sampling: sp}, func(e event) error {
+	gen := &brokerv1.GenerateRequest{Model: modelName(req.Model), Prompts: prompts.texts, Sampling: sp}
+	for _, ids := range prompts.ids {
+		gen.TokenPrompts = append(gen.TokenPrompts, &brokerv1.TokenPrompt{Ids: ids})
+	}
+	err = h.generate(ctx, gen, func(e event) error {
 		if e.delta != nil {
 			i := e.delta.GetIndex()
 			c := get(i)

@@ -4859,8 +4859,13 @@ type GenerateRequest struct {
 	// Add the tokenizer's special tokens (BOS) as its post-processor says;
 	// default true.
 	AddSpecialTokens *bool `protobuf:"varint,8,opt,name=add_special_tokens,json=addSpecialTokens,proto3,oneof" json:"add_special_tokens,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// Prompts given as token ids instead of text (OpenAI's and vLLM's
+	// token-array prompts): run as they are, special tokens included only
+	// where the ids have them. Either prompts or token_prompts; each id must
+	// be in the model's vocabulary.
+	TokenPrompts  []*TokenPrompt `protobuf:"bytes,9,rep,name=token_prompts,json=tokenPrompts,proto3" json:"token_prompts,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *GenerateRequest) Reset() {
@@ -4949,6 +4954,58 @@ func (x *GenerateRequest) GetAddSpecialTokens() bool {
 	return false
 }
 
+func (x *GenerateRequest) GetTokenPrompts() []*TokenPrompt {
+	if x != nil {
+		return x.TokenPrompts
+	}
+	return nil
+}
+
+// TokenPrompt is a prompt as token ids.
+type TokenPrompt struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Ids           []int32                `protobuf:"varint,1,rep,packed,name=ids,proto3" json:"ids,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TokenPrompt) Reset() {
+	*x = TokenPrompt{}
+	mi := &file_broker_v1_broker_proto_msgTypes[50]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TokenPrompt) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TokenPrompt) ProtoMessage() {}
+
+func (x *TokenPrompt) ProtoReflect() protoreflect.Message {
+	mi := &file_broker_v1_broker_proto_msgTypes[50]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TokenPrompt.ProtoReflect.Descriptor instead.
+func (*TokenPrompt) Descriptor() ([]byte, []int) {
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{50}
+}
+
+func (x *TokenPrompt) GetIds() []int32 {
+	if x != nil {
+		return x.Ids
+	}
+	return nil
+}
+
 // ChatMessage is one turn of a conversation.
 type ChatMessage struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -4973,7 +5030,7 @@ type ChatMessage struct {
 
 func (x *ChatMessage) Reset() {
 	*x = ChatMessage{}
-	mi := &file_broker_v1_broker_proto_msgTypes[50]
+	mi := &file_broker_v1_broker_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4985,7 +5042,7 @@ func (x *ChatMessage) String() string {
 func (*ChatMessage) ProtoMessage() {}
 
 func (x *ChatMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[50]
+	mi := &file_broker_v1_broker_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4998,7 +5055,7 @@ func (x *ChatMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChatMessage.ProtoReflect.Descriptor instead.
 func (*ChatMessage) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{50}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *ChatMessage) GetRole() string {
@@ -5052,7 +5109,7 @@ type Tool struct {
 
 func (x *Tool) Reset() {
 	*x = Tool{}
-	mi := &file_broker_v1_broker_proto_msgTypes[51]
+	mi := &file_broker_v1_broker_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5064,7 +5121,7 @@ func (x *Tool) String() string {
 func (*Tool) ProtoMessage() {}
 
 func (x *Tool) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[51]
+	mi := &file_broker_v1_broker_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5077,7 +5134,7 @@ func (x *Tool) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Tool.ProtoReflect.Descriptor instead.
 func (*Tool) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{51}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *Tool) GetName() string {
@@ -5119,7 +5176,7 @@ type ToolCall struct {
 
 func (x *ToolCall) Reset() {
 	*x = ToolCall{}
-	mi := &file_broker_v1_broker_proto_msgTypes[52]
+	mi := &file_broker_v1_broker_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5131,7 +5188,7 @@ func (x *ToolCall) String() string {
 func (*ToolCall) ProtoMessage() {}
 
 func (x *ToolCall) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[52]
+	mi := &file_broker_v1_broker_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5144,7 +5201,7 @@ func (x *ToolCall) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ToolCall.ProtoReflect.Descriptor instead.
 func (*ToolCall) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{52}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *ToolCall) GetId() string {
@@ -5185,7 +5242,7 @@ type Conversation struct {
 
 func (x *Conversation) Reset() {
 	*x = Conversation{}
-	mi := &file_broker_v1_broker_proto_msgTypes[53]
+	mi := &file_broker_v1_broker_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5197,7 +5254,7 @@ func (x *Conversation) String() string {
 func (*Conversation) ProtoMessage() {}
 
 func (x *Conversation) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[53]
+	mi := &file_broker_v1_broker_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5210,7 +5267,7 @@ func (x *Conversation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Conversation.ProtoReflect.Descriptor instead.
 func (*Conversation) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{53}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *Conversation) GetMessages() []*ChatMessage {
@@ -5276,7 +5333,7 @@ type ChatRequest struct {
 
 func (x *ChatRequest) Reset() {
 	*x = ChatRequest{}
-	mi := &file_broker_v1_broker_proto_msgTypes[54]
+	mi := &file_broker_v1_broker_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5288,7 +5345,7 @@ func (x *ChatRequest) String() string {
 func (*ChatRequest) ProtoMessage() {}
 
 func (x *ChatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[54]
+	mi := &file_broker_v1_broker_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5301,7 +5358,7 @@ func (x *ChatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChatRequest.ProtoReflect.Descriptor instead.
 func (*ChatRequest) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{54}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *ChatRequest) GetModel() string {
@@ -5433,7 +5490,7 @@ type TokenLogprob struct {
 
 func (x *TokenLogprob) Reset() {
 	*x = TokenLogprob{}
-	mi := &file_broker_v1_broker_proto_msgTypes[55]
+	mi := &file_broker_v1_broker_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5445,7 +5502,7 @@ func (x *TokenLogprob) String() string {
 func (*TokenLogprob) ProtoMessage() {}
 
 func (x *TokenLogprob) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[55]
+	mi := &file_broker_v1_broker_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5458,7 +5515,7 @@ func (x *TokenLogprob) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenLogprob.ProtoReflect.Descriptor instead.
 func (*TokenLogprob) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{55}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *TokenLogprob) GetTokenId() int32 {
@@ -5500,7 +5557,7 @@ type LogprobEntry struct {
 
 func (x *LogprobEntry) Reset() {
 	*x = LogprobEntry{}
-	mi := &file_broker_v1_broker_proto_msgTypes[56]
+	mi := &file_broker_v1_broker_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5512,7 +5569,7 @@ func (x *LogprobEntry) String() string {
 func (*LogprobEntry) ProtoMessage() {}
 
 func (x *LogprobEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[56]
+	mi := &file_broker_v1_broker_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5525,7 +5582,7 @@ func (x *LogprobEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogprobEntry.ProtoReflect.Descriptor instead.
 func (*LogprobEntry) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{56}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *LogprobEntry) GetChosen() *TokenLogprob {
@@ -5568,7 +5625,7 @@ type GenerationDelta struct {
 
 func (x *GenerationDelta) Reset() {
 	*x = GenerationDelta{}
-	mi := &file_broker_v1_broker_proto_msgTypes[57]
+	mi := &file_broker_v1_broker_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5580,7 +5637,7 @@ func (x *GenerationDelta) String() string {
 func (*GenerationDelta) ProtoMessage() {}
 
 func (x *GenerationDelta) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[57]
+	mi := &file_broker_v1_broker_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5593,7 +5650,7 @@ func (x *GenerationDelta) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GenerationDelta.ProtoReflect.Descriptor instead.
 func (*GenerationDelta) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{57}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *GenerationDelta) GetIndex() int32 {
@@ -5649,7 +5706,7 @@ type Usage struct {
 
 func (x *Usage) Reset() {
 	*x = Usage{}
-	mi := &file_broker_v1_broker_proto_msgTypes[58]
+	mi := &file_broker_v1_broker_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5661,7 +5718,7 @@ func (x *Usage) String() string {
 func (*Usage) ProtoMessage() {}
 
 func (x *Usage) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[58]
+	mi := &file_broker_v1_broker_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5674,7 +5731,7 @@ func (x *Usage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Usage.ProtoReflect.Descriptor instead.
 func (*Usage) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{58}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *Usage) GetPromptTokens() int32 {
@@ -5709,7 +5766,7 @@ type GenerationResult struct {
 
 func (x *GenerationResult) Reset() {
 	*x = GenerationResult{}
-	mi := &file_broker_v1_broker_proto_msgTypes[59]
+	mi := &file_broker_v1_broker_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5721,7 +5778,7 @@ func (x *GenerationResult) String() string {
 func (*GenerationResult) ProtoMessage() {}
 
 func (x *GenerationResult) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[59]
+	mi := &file_broker_v1_broker_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5734,7 +5791,7 @@ func (x *GenerationResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GenerationResult.ProtoReflect.Descriptor instead.
 func (*GenerationResult) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{59}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *GenerationResult) GetIndex() int32 {
@@ -5789,7 +5846,7 @@ type GenerateResponse struct {
 
 func (x *GenerateResponse) Reset() {
 	*x = GenerateResponse{}
-	mi := &file_broker_v1_broker_proto_msgTypes[60]
+	mi := &file_broker_v1_broker_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5801,7 +5858,7 @@ func (x *GenerateResponse) String() string {
 func (*GenerateResponse) ProtoMessage() {}
 
 func (x *GenerateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[60]
+	mi := &file_broker_v1_broker_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5814,7 +5871,7 @@ func (x *GenerateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GenerateResponse.ProtoReflect.Descriptor instead.
 func (*GenerateResponse) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{60}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *GenerateResponse) GetDeltas() []*GenerationDelta {
@@ -5841,7 +5898,7 @@ type ChatResponse struct {
 
 func (x *ChatResponse) Reset() {
 	*x = ChatResponse{}
-	mi := &file_broker_v1_broker_proto_msgTypes[61]
+	mi := &file_broker_v1_broker_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5853,7 +5910,7 @@ func (x *ChatResponse) String() string {
 func (*ChatResponse) ProtoMessage() {}
 
 func (x *ChatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_broker_v1_broker_proto_msgTypes[61]
+	mi := &file_broker_v1_broker_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5866,7 +5923,7 @@ func (x *ChatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChatResponse.ProtoReflect.Descriptor instead.
 func (*ChatResponse) Descriptor() ([]byte, []int) {
-	return file_broker_v1_broker_proto_rawDescGZIP(), []int{61}
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *ChatResponse) GetDeltas() []*GenerationDelta {
@@ -6291,7 +6348,7 @@ const file_broker_v1_broker_proto_rawDesc = "" +
 	"\x10KIND_JSON_SCHEMA\x10\x02\x12\x0e\n" +
 	"\n" +
 	"KIND_REGEX\x10\x03\x12\r\n" +
-	"\tKIND_GBNF\x10\x04\"\xfe\x02\n" +
+	"\tKIND_GBNF\x10\x04\"\xbb\x03\n" +
 	"\x0fGenerateRequest\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x18\n" +
 	"\aprompts\x18\x02 \x03(\tR\aprompts\x125\n" +
@@ -6301,8 +6358,11 @@ const file_broker_v1_broker_proto_rawDesc = "" +
 	"deviceType\x12\x1b\n" +
 	"\tdevice_id\x18\x06 \x01(\tR\bdeviceId\x124\n" +
 	"\bmax_time\x18\a \x01(\v2\x19.google.protobuf.DurationR\amaxTime\x121\n" +
-	"\x12add_special_tokens\x18\b \x01(\bH\x00R\x10addSpecialTokens\x88\x01\x01B\x15\n" +
-	"\x13_add_special_tokens\"\xaf\x01\n" +
+	"\x12add_special_tokens\x18\b \x01(\bH\x00R\x10addSpecialTokens\x88\x01\x01\x12;\n" +
+	"\rtoken_prompts\x18\t \x03(\v2\x16.broker.v1.TokenPromptR\ftokenPromptsB\x15\n" +
+	"\x13_add_special_tokens\"\x1f\n" +
+	"\vTokenPrompt\x12\x10\n" +
+	"\x03ids\x18\x01 \x03(\x05R\x03ids\"\xaf\x01\n" +
 	"\vChatMessage\x12\x12\n" +
 	"\x04role\x18\x01 \x01(\tR\x04role\x12\x18\n" +
 	"\acontent\x18\x02 \x01(\tR\acontent\x12\x1c\n" +
@@ -6480,7 +6540,7 @@ func file_broker_v1_broker_proto_rawDescGZIP() []byte {
 }
 
 var file_broker_v1_broker_proto_enumTypes = make([]protoimpl.EnumInfo, 11)
-var file_broker_v1_broker_proto_msgTypes = make([]protoimpl.MessageInfo, 66)
+var file_broker_v1_broker_proto_msgTypes = make([]protoimpl.MessageInfo, 67)
 var file_broker_v1_broker_proto_goTypes = []any{
 	(DeviceType)(0),                // 0: broker.v1.DeviceType
 	(DeviceHealth)(0),              // 1: broker.v1.DeviceHealth
@@ -6543,25 +6603,26 @@ var file_broker_v1_broker_proto_goTypes = []any{
 	(*SamplingParams)(nil),         // 58: broker.v1.SamplingParams
 	(*Constraint)(nil),             // 59: broker.v1.Constraint
 	(*GenerateRequest)(nil),        // 60: broker.v1.GenerateRequest
-	(*ChatMessage)(nil),            // 61: broker.v1.ChatMessage
-	(*Tool)(nil),                   // 62: broker.v1.Tool
-	(*ToolCall)(nil),               // 63: broker.v1.ToolCall
-	(*Conversation)(nil),           // 64: broker.v1.Conversation
-	(*ChatRequest)(nil),            // 65: broker.v1.ChatRequest
-	(*TokenLogprob)(nil),           // 66: broker.v1.TokenLogprob
-	(*LogprobEntry)(nil),           // 67: broker.v1.LogprobEntry
-	(*GenerationDelta)(nil),        // 68: broker.v1.GenerationDelta
-	(*Usage)(nil),                  // 69: broker.v1.Usage
-	(*GenerationResult)(nil),       // 70: broker.v1.GenerationResult
-	(*GenerateResponse)(nil),       // 71: broker.v1.GenerateResponse
-	(*ChatResponse)(nil),           // 72: broker.v1.ChatResponse
-	nil,                            // 73: broker.v1.Device.AttributesEntry
-	nil,                            // 74: broker.v1.Configuration.CostPerHourUsdEntry
-	nil,                            // 75: broker.v1.QueueStats.FailedEntry
-	nil,                            // 76: broker.v1.SamplingParams.LogitBiasEntry
-	(*timestamppb.Timestamp)(nil),  // 77: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),    // 78: google.protobuf.Duration
-	(*structpb.Struct)(nil),        // 79: google.protobuf.Struct
+	(*TokenPrompt)(nil),            // 61: broker.v1.TokenPrompt
+	(*ChatMessage)(nil),            // 62: broker.v1.ChatMessage
+	(*Tool)(nil),                   // 63: broker.v1.Tool
+	(*ToolCall)(nil),               // 64: broker.v1.ToolCall
+	(*Conversation)(nil),           // 65: broker.v1.Conversation
+	(*ChatRequest)(nil),            // 66: broker.v1.ChatRequest
+	(*TokenLogprob)(nil),           // 67: broker.v1.TokenLogprob
+	(*LogprobEntry)(nil),           // 68: broker.v1.LogprobEntry
+	(*GenerationDelta)(nil),        // 69: broker.v1.GenerationDelta
+	(*Usage)(nil),                  // 70: broker.v1.Usage
+	(*GenerationResult)(nil),       // 71: broker.v1.GenerationResult
+	(*GenerateResponse)(nil),       // 72: broker.v1.GenerateResponse
+	(*ChatResponse)(nil),           // 73: broker.v1.ChatResponse
+	nil,                            // 74: broker.v1.Device.AttributesEntry
+	nil,                            // 75: broker.v1.Configuration.CostPerHourUsdEntry
+	nil,                            // 76: broker.v1.QueueStats.FailedEntry
+	nil,                            // 77: broker.v1.SamplingParams.LogitBiasEntry
+	(*timestamppb.Timestamp)(nil),  // 78: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),    // 79: google.protobuf.Duration
+	(*structpb.Struct)(nil),        // 80: google.protobuf.Struct
 }
 var file_broker_v1_broker_proto_depIdxs = []int32{
 	0,   // 0: broker.v1.Device.type:type_name -> broker.v1.DeviceType
@@ -6570,10 +6631,10 @@ var file_broker_v1_broker_proto_depIdxs = []int32{
 	12,  // 3: broker.v1.Device.cpu:type_name -> broker.v1.CpuInfo
 	13,  // 4: broker.v1.Device.gpu:type_name -> broker.v1.GpuInfo
 	14,  // 5: broker.v1.Device.tpu:type_name -> broker.v1.TpuInfo
-	73,  // 6: broker.v1.Device.attributes:type_name -> broker.v1.Device.AttributesEntry
-	77,  // 7: broker.v1.Telemetry.updated_at:type_name -> google.protobuf.Timestamp
+	74,  // 6: broker.v1.Device.attributes:type_name -> broker.v1.Device.AttributesEntry
+	78,  // 7: broker.v1.Telemetry.updated_at:type_name -> google.protobuf.Timestamp
 	0,   // 8: broker.v1.BatchPlan.device_type:type_name -> broker.v1.DeviceType
-	74,  // 9: broker.v1.Configuration.cost_per_hour_usd:type_name -> broker.v1.Configuration.CostPerHourUsdEntry
+	75,  // 9: broker.v1.Configuration.cost_per_hour_usd:type_name -> broker.v1.Configuration.CostPerHourUsdEntry
 	0,   // 10: broker.v1.Runtime.device_types:type_name -> broker.v1.DeviceType
 	19,  // 11: broker.v1.Runtime.plugins:type_name -> broker.v1.PjrtPlugin
 	0,   // 12: broker.v1.ExecutionInfo.device_type:type_name -> broker.v1.DeviceType
@@ -6590,7 +6651,7 @@ var file_broker_v1_broker_proto_depIdxs = []int32{
 	5,   // 23: broker.v1.TensorSpec.dtype:type_name -> broker.v1.DataType
 	27,  // 24: broker.v1.InferRequest.inputs:type_name -> broker.v1.Tensor
 	4,   // 25: broker.v1.InferRequest.priority:type_name -> broker.v1.Priority
-	78,  // 26: broker.v1.InferRequest.timeout:type_name -> google.protobuf.Duration
+	79,  // 26: broker.v1.InferRequest.timeout:type_name -> google.protobuf.Duration
 	0,   // 27: broker.v1.InferRequest.device_type:type_name -> broker.v1.DeviceType
 	27,  // 28: broker.v1.InferResponse.outputs:type_name -> broker.v1.Tensor
 	22,  // 29: broker.v1.InferResponse.execution:type_name -> broker.v1.ExecutionInfo
@@ -6607,13 +6668,13 @@ var file_broker_v1_broker_proto_depIdxs = []int32{
 	6,   // 40: broker.v1.Model.state:type_name -> broker.v1.ModelState
 	28,  // 41: broker.v1.Model.inputs:type_name -> broker.v1.TensorSpec
 	28,  // 42: broker.v1.Model.outputs:type_name -> broker.v1.TensorSpec
-	77,  // 43: broker.v1.Model.modified_at:type_name -> google.protobuf.Timestamp
+	78,  // 43: broker.v1.Model.modified_at:type_name -> google.protobuf.Timestamp
 	40,  // 44: broker.v1.Model.parameters:type_name -> broker.v1.ModelParameter
 	39,  // 45: broker.v1.ListModelsResponse.models:type_name -> broker.v1.Model
 	39,  // 46: broker.v1.LoadModelResponse.model:type_name -> broker.v1.Model
 	7,   // 47: broker.v1.LoadModelResponse.action:type_name -> broker.v1.LoadAction
 	39,  // 48: broker.v1.UnloadModelResponse.model:type_name -> broker.v1.Model
-	75,  // 49: broker.v1.QueueStats.failed:type_name -> broker.v1.QueueStats.FailedEntry
+	76,  // 49: broker.v1.QueueStats.failed:type_name -> broker.v1.QueueStats.FailedEntry
 	47,  // 50: broker.v1.QueueStats.latency:type_name -> broker.v1.LatencySummary
 	49,  // 51: broker.v1.QueueStats.generation:type_name -> broker.v1.GenerationStats
 	47,  // 52: broker.v1.GenerationStats.time_to_first_token:type_name -> broker.v1.LatencySummary
@@ -6622,71 +6683,72 @@ var file_broker_v1_broker_proto_depIdxs = []int32{
 	11,  // 55: broker.v1.CordonDeviceResponse.device:type_name -> broker.v1.Device
 	11,  // 56: broker.v1.UncordonDeviceResponse.device:type_name -> broker.v1.Device
 	59,  // 57: broker.v1.SamplingParams.constraint:type_name -> broker.v1.Constraint
-	76,  // 58: broker.v1.SamplingParams.logit_bias:type_name -> broker.v1.SamplingParams.LogitBiasEntry
+	77,  // 58: broker.v1.SamplingParams.logit_bias:type_name -> broker.v1.SamplingParams.LogitBiasEntry
 	10,  // 59: broker.v1.Constraint.kind:type_name -> broker.v1.Constraint.Kind
 	58,  // 60: broker.v1.GenerateRequest.sampling:type_name -> broker.v1.SamplingParams
 	4,   // 61: broker.v1.GenerateRequest.priority:type_name -> broker.v1.Priority
 	0,   // 62: broker.v1.GenerateRequest.device_type:type_name -> broker.v1.DeviceType
-	78,  // 63: broker.v1.GenerateRequest.max_time:type_name -> google.protobuf.Duration
-	63,  // 64: broker.v1.ChatMessage.tool_calls:type_name -> broker.v1.ToolCall
-	61,  // 65: broker.v1.Conversation.messages:type_name -> broker.v1.ChatMessage
-	64,  // 66: broker.v1.ChatRequest.conversations:type_name -> broker.v1.Conversation
-	58,  // 67: broker.v1.ChatRequest.sampling:type_name -> broker.v1.SamplingParams
-	4,   // 68: broker.v1.ChatRequest.priority:type_name -> broker.v1.Priority
-	0,   // 69: broker.v1.ChatRequest.device_type:type_name -> broker.v1.DeviceType
-	78,  // 70: broker.v1.ChatRequest.max_time:type_name -> google.protobuf.Duration
-	79,  // 71: broker.v1.ChatRequest.chat_template_kwargs:type_name -> google.protobuf.Struct
-	62,  // 72: broker.v1.ChatRequest.tools:type_name -> broker.v1.Tool
-	9,   // 73: broker.v1.ChatRequest.tool_choice:type_name -> broker.v1.ToolChoiceMode
-	66,  // 74: broker.v1.LogprobEntry.chosen:type_name -> broker.v1.TokenLogprob
-	66,  // 75: broker.v1.LogprobEntry.top:type_name -> broker.v1.TokenLogprob
-	67,  // 76: broker.v1.GenerationDelta.logprobs:type_name -> broker.v1.LogprobEntry
-	63,  // 77: broker.v1.GenerationDelta.tool_calls:type_name -> broker.v1.ToolCall
-	8,   // 78: broker.v1.GenerationResult.finish_reason:type_name -> broker.v1.FinishReason
-	69,  // 79: broker.v1.GenerationResult.usage:type_name -> broker.v1.Usage
-	78,  // 80: broker.v1.GenerationResult.time_to_first_token:type_name -> google.protobuf.Duration
-	22,  // 81: broker.v1.GenerationResult.execution:type_name -> broker.v1.ExecutionInfo
-	68,  // 82: broker.v1.GenerateResponse.deltas:type_name -> broker.v1.GenerationDelta
-	70,  // 83: broker.v1.GenerateResponse.results:type_name -> broker.v1.GenerationResult
-	68,  // 84: broker.v1.ChatResponse.deltas:type_name -> broker.v1.GenerationDelta
-	70,  // 85: broker.v1.ChatResponse.results:type_name -> broker.v1.GenerationResult
-	23,  // 86: broker.v1.BrokerService.Encode:input_type -> broker.v1.EncodeRequest
-	25,  // 87: broker.v1.BrokerService.EncodeStream:input_type -> broker.v1.EncodeStreamRequest
-	29,  // 88: broker.v1.BrokerService.Infer:input_type -> broker.v1.InferRequest
-	31,  // 89: broker.v1.BrokerService.ListDevices:input_type -> broker.v1.ListDevicesRequest
-	33,  // 90: broker.v1.BrokerService.GetDevice:input_type -> broker.v1.GetDeviceRequest
-	35,  // 91: broker.v1.BrokerService.GetReport:input_type -> broker.v1.GetReportRequest
-	37,  // 92: broker.v1.BrokerService.GetBatchPlan:input_type -> broker.v1.GetBatchPlanRequest
-	41,  // 93: broker.v1.BrokerService.ListModels:input_type -> broker.v1.ListModelsRequest
-	43,  // 94: broker.v1.BrokerService.LoadModel:input_type -> broker.v1.LoadModelRequest
-	45,  // 95: broker.v1.BrokerService.UnloadModel:input_type -> broker.v1.UnloadModelRequest
-	50,  // 96: broker.v1.BrokerService.GetStats:input_type -> broker.v1.GetStatsRequest
-	52,  // 97: broker.v1.BrokerService.CordonDevice:input_type -> broker.v1.CordonDeviceRequest
-	54,  // 98: broker.v1.BrokerService.UncordonDevice:input_type -> broker.v1.UncordonDeviceRequest
-	56,  // 99: broker.v1.BrokerService.Drain:input_type -> broker.v1.DrainRequest
-	60,  // 100: broker.v1.BrokerService.Generate:input_type -> broker.v1.GenerateRequest
-	65,  // 101: broker.v1.BrokerService.Chat:input_type -> broker.v1.ChatRequest
-	24,  // 102: broker.v1.BrokerService.Encode:output_type -> broker.v1.EncodeResponse
-	26,  // 103: broker.v1.BrokerService.EncodeStream:output_type -> broker.v1.EncodeStreamResponse
-	30,  // 104: broker.v1.BrokerService.Infer:output_type -> broker.v1.InferResponse
-	32,  // 105: broker.v1.BrokerService.ListDevices:output_type -> broker.v1.ListDevicesResponse
-	34,  // 106: broker.v1.BrokerService.GetDevice:output_type -> broker.v1.GetDeviceResponse
-	36,  // 107: broker.v1.BrokerService.GetReport:output_type -> broker.v1.GetReportResponse
-	38,  // 108: broker.v1.BrokerService.GetBatchPlan:output_type -> broker.v1.GetBatchPlanResponse
-	42,  // 109: broker.v1.BrokerService.ListModels:output_type -> broker.v1.ListModelsResponse
-	44,  // 110: broker.v1.BrokerService.LoadModel:output_type -> broker.v1.LoadModelResponse
-	46,  // 111: broker.v1.BrokerService.UnloadModel:output_type -> broker.v1.UnloadModelResponse
-	51,  // 112: broker.v1.BrokerService.GetStats:output_type -> broker.v1.GetStatsResponse
-	53,  // 113: broker.v1.BrokerService.CordonDevice:output_type -> broker.v1.CordonDeviceResponse
-	55,  // 114: broker.v1.BrokerService.UncordonDevice:output_type -> broker.v1.UncordonDeviceResponse
-	57,  // 115: broker.v1.BrokerService.Drain:output_type -> broker.v1.DrainResponse
-	71,  // 116: broker.v1.BrokerService.Generate:output_type -> broker.v1.GenerateResponse
-	72,  // 117: broker.v1.BrokerService.Chat:output_type -> broker.v1.ChatResponse
-	102, // [102:118] is the sub-list for method output_type
-	86,  // [86:102] is the sub-list for method input_type
-	86,  // [86:86] is the sub-list for extension type_name
-	86,  // [86:86] is the sub-list for extension extendee
-	0,   // [0:86] is the sub-list for field type_name
+	79,  // 63: broker.v1.GenerateRequest.max_time:type_name -> google.protobuf.Duration
+	61,  // 64: broker.v1.GenerateRequest.token_prompts:type_name -> broker.v1.TokenPrompt
+	64,  // 65: broker.v1.ChatMessage.tool_calls:type_name -> broker.v1.ToolCall
+	62,  // 66: broker.v1.Conversation.messages:type_name -> broker.v1.ChatMessage
+	65,  // 67: broker.v1.ChatRequest.conversations:type_name -> broker.v1.Conversation
+	58,  // 68: broker.v1.ChatRequest.sampling:type_name -> broker.v1.SamplingParams
+	4,   // 69: broker.v1.ChatRequest.priority:type_name -> broker.v1.Priority
+	0,   // 70: broker.v1.ChatRequest.device_type:type_name -> broker.v1.DeviceType
+	79,  // 71: broker.v1.ChatRequest.max_time:type_name -> google.protobuf.Duration
+	80,  // 72: broker.v1.ChatRequest.chat_template_kwargs:type_name -> google.protobuf.Struct
+	63,  // 73: broker.v1.ChatRequest.tools:type_name -> broker.v1.Tool
+	9,   // 74: broker.v1.ChatRequest.tool_choice:type_name -> broker.v1.ToolChoiceMode
+	67,  // 75: broker.v1.LogprobEntry.chosen:type_name -> broker.v1.TokenLogprob
+	67,  // 76: broker.v1.LogprobEntry.top:type_name -> broker.v1.TokenLogprob
+	68,  // 77: broker.v1.GenerationDelta.logprobs:type_name -> broker.v1.LogprobEntry
+	64,  // 78: broker.v1.GenerationDelta.tool_calls:type_name -> broker.v1.ToolCall
+	8,   // 79: broker.v1.GenerationResult.finish_reason:type_name -> broker.v1.FinishReason
+	70,  // 80: broker.v1.GenerationResult.usage:type_name -> broker.v1.Usage
+	79,  // 81: broker.v1.GenerationResult.time_to_first_token:type_name -> google.protobuf.Duration
+	22,  // 82: broker.v1.GenerationResult.execution:type_name -> broker.v1.ExecutionInfo
+	69,  // 83: broker.v1.GenerateResponse.deltas:type_name -> broker.v1.GenerationDelta
+	71,  // 84: broker.v1.GenerateResponse.results:type_name -> broker.v1.GenerationResult
+	69,  // 85: broker.v1.ChatResponse.deltas:type_name -> broker.v1.GenerationDelta
+	71,  // 86: broker.v1.ChatResponse.results:type_name -> broker.v1.GenerationResult
+	23,  // 87: broker.v1.BrokerService.Encode:input_type -> broker.v1.EncodeRequest
+	25,  // 88: broker.v1.BrokerService.EncodeStream:input_type -> broker.v1.EncodeStreamRequest
+	29,  // 89: broker.v1.BrokerService.Infer:input_type -> broker.v1.InferRequest
+	31,  // 90: broker.v1.BrokerService.ListDevices:input_type -> broker.v1.ListDevicesRequest
+	33,  // 91: broker.v1.BrokerService.GetDevice:input_type -> broker.v1.GetDeviceRequest
+	35,  // 92: broker.v1.BrokerService.GetReport:input_type -> broker.v1.GetReportRequest
+	37,  // 93: broker.v1.BrokerService.GetBatchPlan:input_type -> broker.v1.GetBatchPlanRequest
+	41,  // 94: broker.v1.BrokerService.ListModels:input_type -> broker.v1.ListModelsRequest
+	43,  // 95: broker.v1.BrokerService.LoadModel:input_type -> broker.v1.LoadModelRequest
+	45,  // 96: broker.v1.BrokerService.UnloadModel:input_type -> broker.v1.UnloadModelRequest
+	50,  // 97: broker.v1.BrokerService.GetStats:input_type -> broker.v1.GetStatsRequest
+	52,  // 98: broker.v1.BrokerService.CordonDevice:input_type -> broker.v1.CordonDeviceRequest
+	54,  // 99: broker.v1.BrokerService.UncordonDevice:input_type -> broker.v1.UncordonDeviceRequest
+	56,  // 100: broker.v1.BrokerService.Drain:input_type -> broker.v1.DrainRequest
+	60,  // 101: broker.v1.BrokerService.Generate:input_type -> broker.v1.GenerateRequest
+	66,  // 102: broker.v1.BrokerService.Chat:input_type -> broker.v1.ChatRequest
+	24,  // 103: broker.v1.BrokerService.Encode:output_type -> broker.v1.EncodeResponse
+	26,  // 104: broker.v1.BrokerService.EncodeStream:output_type -> broker.v1.EncodeStreamResponse
+	30,  // 105: broker.v1.BrokerService.Infer:output_type -> broker.v1.InferResponse
+	32,  // 106: broker.v1.BrokerService.ListDevices:output_type -> broker.v1.ListDevicesResponse
+	34,  // 107: broker.v1.BrokerService.GetDevice:output_type -> broker.v1.GetDeviceResponse
+	36,  // 108: broker.v1.BrokerService.GetReport:output_type -> broker.v1.GetReportResponse
+	38,  // 109: broker.v1.BrokerService.GetBatchPlan:output_type -> broker.v1.GetBatchPlanResponse
+	42,  // 110: broker.v1.BrokerService.ListModels:output_type -> broker.v1.ListModelsResponse
+	44,  // 111: broker.v1.BrokerService.LoadModel:output_type -> broker.v1.LoadModelResponse
+	46,  // 112: broker.v1.BrokerService.UnloadModel:output_type -> broker.v1.UnloadModelResponse
+	51,  // 113: broker.v1.BrokerService.GetStats:output_type -> broker.v1.GetStatsResponse
+	53,  // 114: broker.v1.BrokerService.CordonDevice:output_type -> broker.v1.CordonDeviceResponse
+	55,  // 115: broker.v1.BrokerService.UncordonDevice:output_type -> broker.v1.UncordonDeviceResponse
+	57,  // 116: broker.v1.BrokerService.Drain:output_type -> broker.v1.DrainResponse
+	72,  // 117: broker.v1.BrokerService.Generate:output_type -> broker.v1.GenerateResponse
+	73,  // 118: broker.v1.BrokerService.Chat:output_type -> broker.v1.ChatResponse
+	103, // [103:119] is the sub-list for method output_type
+	87,  // [87:103] is the sub-list for method input_type
+	87,  // [87:87] is the sub-list for extension type_name
+	87,  // [87:87] is the sub-list for extension extendee
+	0,   // [0:87] is the sub-list for field type_name
 }
 
 func init() { file_broker_v1_broker_proto_init() }
@@ -6706,14 +6768,14 @@ func file_broker_v1_broker_proto_init() {
 	}
 	file_broker_v1_broker_proto_msgTypes[47].OneofWrappers = []any{}
 	file_broker_v1_broker_proto_msgTypes[49].OneofWrappers = []any{}
-	file_broker_v1_broker_proto_msgTypes[54].OneofWrappers = []any{}
+	file_broker_v1_broker_proto_msgTypes[55].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_broker_v1_broker_proto_rawDesc), len(file_broker_v1_broker_proto_rawDesc)),
 			NumEnums:      11,
-			NumMessages:   66,
+			NumMessages:   67,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

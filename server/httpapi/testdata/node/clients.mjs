@@ -222,6 +222,16 @@ if (llm) {
     assert.deepEqual(r.choices.map((c) => c.index), [0, 1]);
     if (mode === 'fake') assert.deepEqual(r.choices.map((c) => c.text), ['gen: one', 'gen: two']);
   });
+  await check('openai completions, token-id prompts', async () => {
+    const r = await openai.completions.create({ model: llm, prompt: [[11, 12, 13], [14]], max_tokens: 3 });
+    assert.equal(r.choices.length, 2);
+    assert.equal(r.usage.prompt_tokens, 4);
+    if (mode === 'fake') assert.deepEqual(r.choices.map((c) => c.text), ['gen: ids 11,12,13', 'gen: ids 14']);
+    const one = await openai.completions.create({ model: llm, prompt: [11, 12], max_tokens: 3 });
+    assert.equal(one.choices.length, 1);
+    assert.equal(one.usage.prompt_tokens, 2);
+    await rejects(openai.completions.create({ model: llm, prompt: [11, 12], echo: true, max_tokens: 3 }), 400);
+  });
   await check('openai chat, n choices', async () => {
     const r = await openai.chat.completions.create({ model: llm, messages: [{ role: 'user', content: 'Verdict?' }], n: 3, seed: 5, max_tokens: 5 });
     assert.deepEqual(r.choices.map((c) => c.index), [0, 1, 2]);
