@@ -292,9 +292,20 @@ def events(msg) -> List[Union[Delta, Finished]]:
     return out
 
 
-def generate_request(model: str, prompts: Union[str, Sequence[str]], max_time: Optional[float],
-                     priority: Optional[str], kw: Mapping) -> pb.GenerateRequest:
-    req = pb.GenerateRequest(model=model, prompts=[prompts] if isinstance(prompts, str) else list(prompts))
+def generate_request(model: str, prompts: Union[str, Sequence[str], Sequence[int], Sequence[Sequence[int]]],
+                     max_time: Optional[float], priority: Optional[str], kw: Mapping) -> pb.GenerateRequest:
+    """prompts: a text, texts, a prompt of token ids, or prompts of token ids
+    (run as they are: no special tokens added)."""
+    if isinstance(prompts, str):
+        req = pb.GenerateRequest(model=model, prompts=[prompts])
+    else:
+        items = list(prompts)
+        if items and all(isinstance(p, int) for p in items):
+            req = pb.GenerateRequest(model=model, token_prompts=[pb.TokenPrompt(ids=items)])
+        elif items and all(not isinstance(p, str) for p in items):
+            req = pb.GenerateRequest(model=model, token_prompts=[pb.TokenPrompt(ids=list(p)) for p in items])
+        else:
+            req = pb.GenerateRequest(model=model, prompts=items)
     return _generation_options(req, max_time, priority, kw)
 
 

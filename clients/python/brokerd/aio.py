@@ -99,7 +99,7 @@ class AsyncClient:
         req = c.infer_request(model, inputs, outputs, version, priority)
         return c.infer_outputs(await self._call(self._stub.Infer, req, timeout))
 
-    def generate(self, model: str, prompts: Union[str, Sequence[str]], max_time: Optional[float] = None,
+    def generate(self, model: str, prompts: Union[str, Sequence[str], Sequence[int], Sequence[Sequence[int]]], max_time: Optional[float] = None,
                  priority: Optional[str] = None, timeout: Optional[float] = None,
                  **sampling) -> AsyncIterator[Union[c.Delta, c.Finished]]:
         req = c.generate_request(model, prompts, max_time, priority, sampling)

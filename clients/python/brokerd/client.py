@@ -131,10 +131,11 @@ class Client:
         req = c.infer_request(model, inputs, outputs, version, priority)
         return c.infer_outputs(self._call(self._stub.Infer, req, timeout))
 
-    def generate(self, model: str, prompts: Union[str, Sequence[str]], max_time: Optional[float] = None,
+    def generate(self, model: str, prompts: Union[str, Sequence[str], Sequence[int], Sequence[Sequence[int]]], max_time: Optional[float] = None,
                  priority: Optional[str] = None, timeout: Optional[float] = None,
                  **sampling) -> Iterator[Union[c.Delta, c.Finished]]:
-        """Stream the answers to one prompt or several: Delta(index, text,
+        """Stream the answers to one prompt or several (texts, or prompts of
+        token ids: [1, 2, 3] or [[1, 2], [3]]): Delta(index, text,
         token_ids, logprobs) as text is sampled, Finished(index, ...) at each
         prompt's end. sampling: temperature, top_p, top_k, min_p, seed,
         max_tokens (none: to a stop or the end of the model's context), stop,

@@ -91,6 +91,11 @@ class TestClient(unittest.TestCase):
         b = brokerd.text(self.c.generate("chat", "seeded", max_tokens=8, temperature=1.0, seed=7, ignore_eos=True))
         self.assertEqual(a, b)
         self.assertEqual(len(a), 1)
+        # Prompts of token ids: one, or several.
+        one = [e for e in self.c.generate("chat", [5, 6, 7], max_tokens=3, ignore_eos=True) if isinstance(e, brokerd.Finished)]
+        self.assertEqual([(e.index, e.prompt_tokens, e.completion_tokens) for e in one], [(0, 3, 3)])
+        two = [e for e in self.c.generate("chat", [[5, 6], [7]], max_tokens=3, ignore_eos=True) if isinstance(e, brokerd.Finished)]
+        self.assertEqual(sorted((e.index, e.prompt_tokens) for e in two), [(0, 2), (1, 1)])
 
     def test_stats_show_generators(self):
         brokerd.text(self.c.generate("chat", ["one", "two"], max_tokens=5, ignore_eos=True))
