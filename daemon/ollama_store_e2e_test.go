@@ -167,24 +167,38 @@ func TestOllamaStoreServes(t *testing.T) {
 	if !strings.Contains(string(b), `"name":"tiny:0.5b"`) {
 		t.Errorf("/api/tags does not show tiny:0.5b: %s", b)
 	}
-	// modified_at is the manifest's time, not now.
+	// modified_at is the manifest's time, not now; digest the manifest's
+	// sha256, as Ollama lists them.
 	var tags struct {
 		Models []struct {
 			Name       string `json:"name"`
 			ModifiedAt string `json:"modified_at"`
+			Digest     string `json:"digest"`
 		} `json:"models"`
 	}
 	if err := json.Unmarshal(b, &tags); err != nil {
 		t.Fatal(err)
 	}
-	mfInfo, err := os.Stat(filepath.Join(store, "manifests", "registry.ollama.ai", "library", "tiny", "0.5b"))
+	manifest := filepath.Join(store, "manifests", "registry.ollama.ai", "library", "tiny", "0.5b")
+	mfInfo, err := os.Stat(manifest)
 	if err != nil {
 		t.Fatal(err)
 	}
+	listed = false
 	for _, m := range tags.Models {
-		if m.Name == "tiny:0.5b" && m.ModifiedAt != mfInfo.ModTime().UTC().Format(time.RFC3339Nano) {
+		if m.Name != "tiny:0.5b" {
+			continue
+		}
+		listed = true
+		if m.ModifiedAt != mfInfo.ModTime().UTC().Format(time.RFC3339Nano) {
 			t.Errorf("/api/tags modified_at %s, the manifest's time is %s", m.ModifiedAt, mfInfo.ModTime().UTC().Format(time.RFC3339Nano))
 		}
+		if want := fileSHA256(t, manifest); m.Digest != want {
+			t.Errorf("/api/tags digest %q, the manifest's sha256 is %s", m.Digest, want)
+		}
+	}
+	if !listed {
+		t.Error("/api/tags does not list tiny:0.5b")
 	}
 
 	// /api/show gives the template brokerd renders (the GGUF's Jinja one),

@@ -136,7 +136,7 @@ func setDetails(m *brokerv1.Model, e lifecycle.RepoEntry) {
 	if !d.ModTime.IsZero() {
 		m.ModifiedAt = timestamppb.New(d.ModTime)
 	}
-	m.Template, m.System, m.ModelFile = d.ChatTemplate, d.System, d.File
+	m.Template, m.System, m.ModelFile, m.Digest = d.ChatTemplate, d.System, d.File, d.Digest
 	for _, p := range d.Params {
 		m.Parameters = append(m.Parameters, &brokerv1.ModelParameter{Name: p.Name, Value: p.Value})
 	}

@@ -606,7 +606,7 @@ func (h *Handler) ollamaList(w http.ResponseWriter, r *http.Request, loaded bool
 	}
 	out := []ollamaListed{}
 	for _, m := range ms.GetModels() {
-		e := ollamaListed{Name: tagged(m.GetName()), Model: tagged(m.GetName()), Details: details(m)}
+		e := ollamaListed{Name: tagged(m.GetName()), Model: tagged(m.GetName()), Digest: m.GetDigest(), Details: details(m)}
 		switch {
 		case !loaded:
 			if m.GetState() == brokerv1.ModelState_MODEL_STATE_FAILED {

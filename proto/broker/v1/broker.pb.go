@@ -3244,10 +3244,16 @@ type Model struct {
 	// layer); the default options (a store model's params layer), one entry
 	// per value; the weights' file, relative as errors name files (a GGUF
 	// under the model repository, a store model's blobs/sha256-<hex>).
-	Template      string            `protobuf:"bytes,21,opt,name=template,proto3" json:"template,omitempty"`
-	System        string            `protobuf:"bytes,22,opt,name=system,proto3" json:"system,omitempty"`
-	Parameters    []*ModelParameter `protobuf:"bytes,23,rep,name=parameters,proto3" json:"parameters,omitempty"`
-	ModelFile     string            `protobuf:"bytes,24,opt,name=model_file,json=modelFile,proto3" json:"model_file,omitempty"`
+	Template   string            `protobuf:"bytes,21,opt,name=template,proto3" json:"template,omitempty"`
+	System     string            `protobuf:"bytes,22,opt,name=system,proto3" json:"system,omitempty"`
+	Parameters []*ModelParameter `protobuf:"bytes,23,rep,name=parameters,proto3" json:"parameters,omitempty"`
+	ModelFile  string            `protobuf:"bytes,24,opt,name=model_file,json=modelFile,proto3" json:"model_file,omitempty"`
+	// Identifies the newest loadable version's files (Ollama's digest): an
+	// Ollama store model's manifest digest (hex sha256 of the manifest, as
+	// Ollama lists it); a repository version's hash of its files' paths,
+	// sizes and modification times (not of their contents: it changes when
+	// a file is rewritten). Empty for built-in models.
+	Digest        string `protobuf:"bytes,25,opt,name=digest,proto3" json:"digest,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3446,6 +3452,13 @@ func (x *Model) GetParameters() []*ModelParameter {
 func (x *Model) GetModelFile() string {
 	if x != nil {
 		return x.ModelFile
+	}
+	return ""
+}
+
+func (x *Model) GetDigest() string {
+	if x != nil {
+		return x.Digest
 	}
 	return ""
 }
@@ -6185,7 +6198,7 @@ const file_broker_v1_broker_proto_rawDesc = "" +
 	"\tdevice_id\x18\x03 \x01(\tH\x00R\bdeviceIdB\b\n" +
 	"\x06target\"@\n" +
 	"\x14GetBatchPlanResponse\x12(\n" +
-	"\x04plan\x18\x01 \x01(\v2\x14.broker.v1.BatchPlanR\x04plan\"\xc9\x06\n" +
+	"\x04plan\x18\x01 \x01(\v2\x14.broker.v1.BatchPlanR\x04plan\"\xe1\x06\n" +
 	"\x05Model\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\x03R\aversion\x12\x12\n" +
@@ -6218,7 +6231,8 @@ const file_broker_v1_broker_proto_rawDesc = "" +
 	"parameters\x18\x17 \x03(\v2\x19.broker.v1.ModelParameterR\n" +
 	"parameters\x12\x1d\n" +
 	"\n" +
-	"model_file\x18\x18 \x01(\tR\tmodelFile\":\n" +
+	"model_file\x18\x18 \x01(\tR\tmodelFile\x12\x16\n" +
+	"\x06digest\x18\x19 \x01(\tR\x06digest\":\n" +
 	"\x0eModelParameter\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value\"\x13\n" +

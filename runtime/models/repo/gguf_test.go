@@ -484,3 +484,32 @@ func TestListInspectsChangedVersionsOnly(t *testing.T) {
 		t.Fatalf("a changed file was not inspected again: %+v", e)
 	}
 }
+
+// TestListDigest: a listed version's digest (Ollama's /api/tags digest)
+// is its fingerprint, and changes when one of its files does.
+func TestListDigest(t *testing.T) {
+	dir := t.TempDir()
+	st, _ := ggufPair(t, dir, "qwen3", "q8_0")
+	r := openRepo(t, dir)
+	digest := func() string {
+		for _, e := range r.List() {
+			if e.Name == "qwen3-st" {
+				return e.Details.Digest
+			}
+		}
+		t.Fatal("qwen3-st is not listed")
+		return ""
+	}
+	before := digest()
+	fp, err := r.Fingerprint("qwen3-st", 1)
+	if err != nil || before != fp || len(before) != 64 {
+		t.Fatalf("digest %q, fingerprint %q (%v)", before, fp, err)
+	}
+	later := time.Now().Add(time.Hour)
+	if err := os.Chtimes(filepath.Join(st, "config.json"), later, later); err != nil {
+		t.Fatal(err)
+	}
+	if after := digest(); after == before || len(after) != 64 {
+		t.Errorf("digest %q after config.json changed, %q before", after, before)
+	}
+}

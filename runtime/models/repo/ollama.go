@@ -74,7 +74,7 @@ func (r *Repo) ollamaEntries(taken map[string]bool) []Entry {
 		}
 		e := Entry{Name: name, Kind: "llm", Versions: []int64{1}, Details: Details{
 			Format: m.Details.Format, Family: m.Details.Family, ParameterSize: m.Details.ParameterSize,
-			Quantization: m.Details.QuantizationLevel, FileBytes: m.Size, ModTime: m.ModTime,
+			Quantization: m.Details.QuantizationLevel, FileBytes: m.Size, ModTime: m.ModTime, Digest: m.ManifestDigest,
 			ChatTemplate: r.ollamaTemplate(m), System: m.System, Params: ollamaParams(m.Params),
 		}}
 		if m.Params.NumCtx != nil {

@@ -173,6 +173,11 @@ type Details struct {
 	File string
 	// ModTime is when the version's files last changed.
 	ModTime time.Time
+	// Digest identifies the version's files (Ollama's /api/tags digest):
+	// a store model's manifest digest (hex sha256 of the manifest, as
+	// Ollama lists it); else the version's fingerprint (a hash of its
+	// files' paths, sizes and modification times, not of their contents).
+	Digest string
 }
 
 // Param is one default option of a model: a name (stop, temperature,
@@ -194,8 +199,9 @@ func parameterSize(n int64) string {
 
 // details describes a checked version's files.
 func (p *plan) details() Details {
+	fp, _ := fingerprint(p.dir) // a directory it cannot walk: no digest
 	if p.llm == nil {
-		return Details{ModTime: newestFile(p.dir)}
+		return Details{ModTime: newestFile(p.dir), Digest: fp}
 	}
 	lp := p.llm
 	d := Details{Format: "safetensors", ContextLength: lp.config.MaxPositionEmbeddings, Parameters: configParams(lp.config)}
@@ -223,7 +229,7 @@ func (p *plan) details() Details {
 		}
 	}
 	d.ParameterSize = parameterSize(d.Parameters)
-	d.ModTime = newestFile(p.dir)
+	d.ModTime, d.Digest = newestFile(p.dir), fp
 	return d
 }
 
