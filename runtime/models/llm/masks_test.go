@@ -151,16 +151,16 @@ func TestDeferredMaskDoesNotHoldOthers(t *testing.T) {
 	}
 	t.Logf("constrained: %d tokens alone; plain: %d", len(wantA), len(wantB))
 	// B ends without another step, A's mask still held back.
-	if got := recvAll(t, stB); !slices.Equal(got, wantB) || !slices.Equal(gotB, wantB) {
-		t.Errorf("plain sequence beside a deferred one: %v (stream %v), alone %v", gotB, got, wantB)
+	if got, err := recvAll(stB); err != nil || !slices.Equal(got, wantB) || !slices.Equal(gotB, wantB) {
+		t.Errorf("plain sequence beside a deferred one: %v (stream %v, %v), alone %v", gotB, got, err, wantB)
 	}
 
 	for ; held > 0; held-- {
 		<-e.masks.slots
 	}
 	freeAll()
-	if got := recvAll(t, stA); !slices.Equal(got, wantA) {
-		t.Errorf("deferred constrained sequence: %v, alone %v", got, wantA)
+	if got, err := recvAll(stA); err != nil || !slices.Equal(got, wantA) {
+		t.Errorf("deferred constrained sequence: %v (%v), alone %v", got, err, wantA)
 	}
 	for _, row := range sch.Stats("m") {
 		if row.Gen != nil && row.Gen.DeferredSamples != 1 {
@@ -170,16 +170,15 @@ func TestDeferredMaskDoesNotHoldOthers(t *testing.T) {
 }
 
 // recvAll returns a stream's tokens until its end.
-func recvAll(t *testing.T, st *scheduler.GenStream) []int32 {
-	t.Helper()
+func recvAll(st *scheduler.GenStream) ([]int32, error) {
 	var got []int32
 	for {
 		ev, err := st.Recv()
 		if errors.Is(err, io.EOF) {
-			return got
+			return got, nil
 		}
 		if err != nil {
-			t.Fatal(err)
+			return got, err
 		}
 		if ev.HasToken {
 			got = append(got, ev.Out.(Delta).TokenIDs...)
@@ -237,4 +236,137 @@ func TestWaitMasks(t *testing.T) {
 	}()
 	close(b)
 	<-done
+}
+
+// TestDeferralKeepsOutputs: sequences under the scheduler whose masks are
+// held back now and then (so some are deferred, some several times,
+// rejoining steps at other places) write exactly what each writes alone:
+// constrained ones of three kinds, three choices of one prompt (sharing
+// its cache blocks) and plain ones, greedy and seeded.
+func TestDeferralKeepsOutputs(t *testing.T) {
+	ctx := context.Background()
+	m, ref := constrainedModel(t, ModelOptions{})
+	type job struct {
+		p      Sampling
+		prompt []int32
+		maxNew int
+		want   []int32
+	}
+	shared := prompt(21, 4, 96) // more than a block of 16: the choices share one
+	regex := &Constraint{Kind: grammar.KindRegex, Source: testRegex}
+	jobs := []*job{
+		{p: Sampling{}, prompt: prompt(9, 1, 96), maxNew: 160}, // plain and long: steps keep a ready item
+		{p: Sampling{Temperature: 1, Seed: 1, Seeded: true, Constraint: regex}, prompt: shared, maxNew: 40},
+		{p: Sampling{Temperature: 1, Seed: 2, Seeded: true, Constraint: regex}, prompt: shared, maxNew: 40},
+		{p: Sampling{Temperature: 1, Seed: 3, Seeded: true, Constraint: regex}, prompt: shared, maxNew: 40},
+		{p: Sampling{Temperature: 1, Seed: 4, Seeded: true, FrequencyPenalty: 1, Constraint: &Constraint{Kind: grammar.KindJSONSchema, Source: testSchema}}, prompt: prompt(6, 2, 96), maxNew: 60},
+		{p: Sampling{Temperature: 1, Seed: 5, Seeded: true, Constraint: &Constraint{Kind: grammar.KindGBNF, Source: gbnfList}}, prompt: prompt(11, 3, 96), maxNew: 40},
+		{p: Sampling{Temperature: 0.8, Seed: 6, Seeded: true}, prompt: prompt(3, 5, 96), maxNew: 30},
+	}
+	for _, j := range jobs {
+		j.want = generate(t, m, ref, []Sampling{j.p}, j.prompt, j.maxNew)[0].tokens
+	}
+	e, err := m.NewEngine(ctx, openCPU(t, runtime.F32), EngineOptions{CacheBytes: 32 << 20, BlockSize: 16, MaxSeqs: 8, MaxStepTokens: 256, DeferSampling: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	sch := scheduler.New(scheduler.Options{})
+	defer sch.Close()
+	if err := sch.AddGenReplica("m", scheduler.Device{ID: "cpu:0", Type: "cpu"}, scheduler.GenOptions{MaxRunning: 8, MaxStepTokens: 256, ChunkAlign: 16}, genExecutor{e: e}); err != nil {
+		t.Fatal(err)
+	}
+	deferred := func() int64 {
+		for _, row := range sch.Stats("m") {
+			if row.DeviceID == "" && row.Gen != nil {
+				return row.Gen.DeferredSamples
+			}
+		}
+		return 0
+	}
+	// Hold the mask threads until a sample is deferred (or a few
+	// milliseconds pass: a step of constrained sequences only waits for
+	// its first mask), free them for a moment, and again, until the
+	// sequences end.
+	stop := make(chan struct{})
+	var toggled sync.WaitGroup
+	toggled.Go(func() {
+		held := false
+		defer func() {
+			if held {
+				releaseSlots(e.masks)
+			}
+		}()
+		for {
+			n := deferred()
+			holdSlots(e.masks)
+			held = true
+			for i := 0; i < 50 && deferred() == n; i++ {
+				select {
+				case <-stop:
+					return
+				case <-time.After(100 * time.Microsecond):
+				}
+			}
+			releaseSlots(e.masks)
+			held = false
+			select {
+			case <-stop:
+				return
+			case <-time.After(time.Duration(100+200*(n%5)) * time.Microsecond):
+			}
+		}
+	})
+	submit := func(j *job) *scheduler.GenStream {
+		seq, err := m.NewSequenceContext(ctx, j.p, j.prompt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		st, err := sch.Generate(ctx, scheduler.GenRequest{Model: "m", Prompt: j.prompt, MaxNewTokens: j.maxNew, State: seq})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st
+	}
+	streams := []*scheduler.GenStream{submit(jobs[0])}
+	if ev, err := streams[0].Recv(); err != nil || !ev.HasToken {
+		t.Fatalf("the plain sequence's first event: %+v, %v", ev, err)
+	}
+	for _, j := range jobs[1:] {
+		streams = append(streams, submit(j))
+	}
+	got := make([][]int32, len(jobs))
+	errs := make([]error, len(jobs))
+	var wg sync.WaitGroup
+	for i, st := range streams {
+		wg.Go(func() { got[i], errs[i] = recvAll(st) })
+	}
+	wg.Wait()
+	close(stop)
+	toggled.Wait()
+	got[0] = append([]int32{jobs[0].want[0]}, got[0]...) // its first token was read above
+	for i, j := range jobs {
+		if errs[i] != nil || !slices.Equal(got[i], j.want) {
+			t.Errorf("sequence %d: %v (%v) under deferrals, %v alone", i, got[i], errs[i], j.want)
+		}
+	}
+	if n := deferred(); n == 0 {
+		t.Error("no sample was deferred: the test held no mask back")
+	} else {
+		t.Logf("%d samples deferred", n)
+	}
+}
+
+// holdSlots takes every mask slot of r, once the masks running end: no
+// mask starts until releaseSlots.
+func holdSlots(r *maskRunner) {
+	for range cap(r.slots) {
+		r.slots <- struct{}{}
+	}
+}
+
+func releaseSlots(r *maskRunner) {
+	for range cap(r.slots) {
+		<-r.slots
+	}
 }
