@@ -178,6 +178,9 @@ type genCall struct {
 	// n answers per prompt (SamplingParams.n): sequence k answers prompt
 	// k/n; seeded, with seed + k%n.
 	n int
+	// promptIDs: the first message gives each answer's prompt as token
+	// ids (return_prompt_token_ids).
+	promptIDs bool
 }
 
 // generateSink takes one response's deltas and results: the ones ready
@@ -216,6 +219,7 @@ func (s *BrokerService) RunGenerate(ctx context.Context, req *brokerv1.GenerateR
 		return err
 	}
 	defer release()
+	call.promptIDs = req.GetReturnPromptTokenIds()
 	if len(idPrompts) > 0 {
 		// Ids outside the vocabulary are refused with the sequence
 		// (NewSequence), and a prompt past the context by run.
@@ -259,6 +263,7 @@ func (s *BrokerService) RunChat(ctx context.Context, req *brokerv1.ChatRequest, 
 		return err
 	}
 	defer release()
+	call.promptIDs = req.GetReturnPromptTokenIds()
 	vars, err := templateVars(req)
 	if err != nil {
 		return err
@@ -798,6 +803,15 @@ func (c *genCall) run(ctx context.Context, prompts [][]int32, send generateSink)
 		streams[i] = st
 	}
 
+	if c.promptIDs {
+		deltas := make([]*brokerv1.GenerationDelta, len(prompts))
+		for i, toks := range prompts {
+			deltas[i] = &brokerv1.GenerationDelta{Index: int32(i), PromptTokenIds: toks}
+		}
+		if err := send(deltas, nil); err != nil {
+			return err
+		}
+	}
 	events := make(chan seqEvent, 64)
 	for i, st := range streams {
 		go func() {

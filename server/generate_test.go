@@ -336,6 +336,77 @@ func TestGenerateRPC(t *testing.T) {
 	}
 }
 
+// TestReturnPromptTokenIDs: asked, a call's first message gives each
+// answer's prompt as token ids (a chat's as its template rendered them),
+// one delta each and nothing else; unasked, no delta carries them.
+func TestReturnPromptTokenIDs(t *testing.T) {
+	m := &letterModel{ctxLen: 64}
+	cl := genServer(t, m, Limits{MaxItemsPerRequest: 8, MaxItemBytes: 1 << 10})
+	ctx := t.Context()
+	sp := &brokerv1.SamplingParams{MaxTokens: 2, N: 2}
+	read := func(recv func() ([]*brokerv1.GenerationDelta, error)) (first, all []*brokerv1.GenerationDelta) {
+		for msg := 0; ; msg++ {
+			ds, err := recv()
+			if errors.Is(err, io.EOF) {
+				return first, all
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if msg == 0 {
+				first = ds
+			}
+			all = append(all, ds...)
+		}
+	}
+	ids := func(text string, bos bool) []int32 {
+		out, _ := m.EncodePrompt(text, bos)
+		return out
+	}
+	for _, ask := range []bool{true, false} {
+		gs, err := cl.Generate(ctx, &brokerv1.GenerateRequest{Model: "tiny", Prompts: []string{"ab", "c"}, Sampling: sp, ReturnPromptTokenIds: ask})
+		if err != nil {
+			t.Fatal(err)
+		}
+		first, all := read(func() ([]*brokerv1.GenerationDelta, error) { m, err := gs.Recv(); return m.GetDeltas(), err })
+		cs, err := cl.Chat(ctx, &brokerv1.ChatRequest{Model: "tiny", Sampling: sp, ReturnPromptTokenIds: ask,
+			Conversations: []*brokerv1.Conversation{{Messages: []*brokerv1.ChatMessage{{Role: "user", Content: "hi"}}}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfirst, call := read(func() ([]*brokerv1.GenerationDelta, error) { m, err := cs.Recv(); return m.GetDeltas(), err })
+		for _, tc := range []struct {
+			name       string
+			first, all []*brokerv1.GenerationDelta
+			want       [][]int32 // per answer
+		}{
+			{"generate", first, all, [][]int32{ids("ab", true), ids("ab", true), ids("c", true), ids("c", true)}},
+			{"chat", cfirst, call, [][]int32{ids("<user>hi\n<assistant>", false), ids("<user>hi\n<assistant>", false)}},
+		} {
+			carrying := 0
+			for _, d := range tc.all {
+				if len(d.GetPromptTokenIds()) > 0 {
+					carrying++
+				}
+			}
+			if !ask {
+				if carrying > 0 {
+					t.Errorf("%s unasked: %d deltas carry prompt ids", tc.name, carrying)
+				}
+				continue
+			}
+			if len(tc.first) != len(tc.want) || carrying != len(tc.want) {
+				t.Fatalf("%s: first message %v; %d deltas carry prompt ids, want %d", tc.name, tc.first, carrying, len(tc.want))
+			}
+			for i, d := range tc.first {
+				if d.GetIndex() != int32(i) || !slices.Equal(d.GetPromptTokenIds(), tc.want[i]) || d.GetText() != "" || len(d.GetTokenIds()) != 0 {
+					t.Errorf("%s: first message's delta %d: %v, want index %d and ids %v alone", tc.name, i, d, i, tc.want[i])
+				}
+			}
+		}
+	}
+}
+
 func TestGenerateRPCValidation(t *testing.T) {
 	m := &letterModel{ctxLen: 32}
 	cl := genServer(t, m, Limits{MaxItemsPerRequest: 2, MaxItemBytes: 64})

@@ -123,6 +123,20 @@ func reply(replies []string, prompt []int32, finish brokerv1.FinishReason, send 
 	return nil
 }
 
+// promptIDs, when asked (return_prompt_token_ids), sends the first
+// message as the broker does: a delta per answer with its prompt's ids,
+// here 900 and the answer's prompt token count.
+func promptIDs(ask bool, prompt []int32, s func([]*brokerv1.GenerationDelta, []*brokerv1.GenerationResult) error) error {
+	if !ask {
+		return nil
+	}
+	ds := make([]*brokerv1.GenerationDelta, len(prompt))
+	for i, n := range prompt {
+		ds[i] = &brokerv1.GenerationDelta{Index: int32(i), PromptTokenIds: []int32{900, n}}
+	}
+	return s(ds, nil)
+}
+
 func (f *fakeBackend) RunGenerate(ctx context.Context, req *brokerv1.GenerateRequest, s func([]*brokerv1.GenerationDelta, []*brokerv1.GenerationResult) error) error {
 	f.lastGenerate, f.limit = req, MaxTokensIsLimit(ctx)
 	if err := f.check(req.GetModel()); err != nil {
@@ -163,6 +177,9 @@ func (f *fakeBackend) RunGenerate(ctx context.Context, req *brokerv1.GenerateReq
 	finish := brokerv1.FinishReason_FINISH_REASON_LENGTH
 	if req.GetSampling().GetMaxTokens() == 0 {
 		finish = brokerv1.FinishReason_FINISH_REASON_STOP
+	}
+	if err := promptIDs(req.GetReturnPromptTokenIds(), prompt, s); err != nil {
+		return err
 	}
 	return reply(replies, prompt, finish, withLogprobs(req.GetSampling(), func(d *brokerv1.GenerationDelta, r *brokerv1.GenerationResult) error {
 		m := &brokerv1.GenerateResponse{}
@@ -214,6 +231,9 @@ func (f *fakeBackend) RunChat(ctx context.Context, req *brokerv1.ChatRequest, s 
 		}
 		return s(m.Deltas, m.Results)
 	})
+	if err := promptIDs(req.GetReturnPromptTokenIds(), prompt, s); err != nil {
+		return err
+	}
 	if msgs := req.GetConversations()[0].GetMessages(); len(req.GetTools()) > 0 && msgs[len(msgs)-1].GetContent() == callTwoTools {
 		// A model's answer of two calls, each in a delta of its own.
 		name := req.GetTools()[0].GetName()

@@ -2,6 +2,7 @@ package httpapi
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
 	"slices"
 	"strings"
@@ -193,6 +194,82 @@ func TestSuffixRefused(t *testing.T) {
 		}
 		if tc.code == 400 && (f.lastChat != nil || f.lastGenerate != nil || !strings.Contains(string(b), "suffix")) {
 			t.Errorf("%s %s: ran, or the error does not say why: %s", tc.path, tc.body, b)
+		}
+	}
+}
+
+// TestReturnTokenIDs: vLLM's return_token_ids gives chat's rendered
+// prompt ids at the top (in each choice's first chunk when streamed) and
+// completions' in each choice, and every choice's token ids (per chunk
+// when streamed); unasked, neither key is there.
+func TestReturnTokenIDs(t *testing.T) {
+	srv, _, _ := newTestServer(t)
+	// The fake's answer comes 4 runes a delta, each with the token id of
+	// its offset; its prompt ids are 900 and the prompt's token count.
+	offsets := func(reply string) []int32 {
+		var ids []int32
+		for off := 0; off < len([]rune(reply)); off += 4 {
+			ids = append(ids, int32(off))
+		}
+		return ids
+	}
+	type choice struct {
+		Index          int     `json:"index"`
+		TokenIDs       []int32 `json:"token_ids"`
+		PromptTokenIDs []int32 `json:"prompt_token_ids"`
+	}
+	type body struct {
+		PromptTokenIDs []int32  `json:"prompt_token_ids"`
+		Choices        []choice `json:"choices"`
+	}
+	read := func(path, req string, stream bool) (top []int32, prompts, own map[int][]int32, raw string) {
+		resp := post(t, srv.URL+path, req)
+		b, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != 200 {
+			t.Fatalf("%s %s: %d %s", path, req, resp.StatusCode, b)
+		}
+		prompts, own = map[int][]int32{}, map[int][]int32{}
+		payloads := []string{string(b)}
+		if stream {
+			payloads = sseData(b)
+		}
+		for _, p := range payloads {
+			var m body
+			if err := json.Unmarshal([]byte(p), &m); err != nil {
+				t.Fatalf("%s: %v", p, err)
+			}
+			if m.PromptTokenIDs != nil {
+				if top != nil && !stream {
+					t.Errorf("prompt ids twice: %s", p)
+				}
+				top = m.PromptTokenIDs
+			}
+			for _, c := range m.Choices {
+				if c.PromptTokenIDs != nil {
+					prompts[c.Index] = c.PromptTokenIDs
+				}
+				own[c.Index] = append(own[c.Index], c.TokenIDs...)
+			}
+		}
+		return top, prompts, own, string(b)
+	}
+	for _, stream := range []bool{false, true} {
+		s := fmt.Sprint(stream)
+		top, _, own, _ := read("/v1/chat/completions", `{"model":"tiny-llm","return_token_ids":true,"stream":`+s+`,"messages":[{"role":"user","content":"hi"}]}`, stream)
+		if want := offsets("chat(user=hi) ünïcode"); !slices.Equal(top, []int32{900, 1}) || !slices.Equal(own[0], want) {
+			t.Errorf("chat (stream %v): prompt ids %v, token ids %v; want [900 1] and %v", stream, top, own[0], want)
+		}
+		_, prompts, own, _ := read("/v1/completions", `{"model":"tiny-llm","return_token_ids":true,"stream":`+s+`,"max_tokens":5,"prompt":["one","three"]}`, stream)
+		for i, p := range []string{"one", "three"} {
+			if want := offsets("gen: " + p); !slices.Equal(prompts[i], []int32{900, int32(len(p))}) || !slices.Equal(own[i], want) {
+				t.Errorf("completion %d (stream %v): prompt ids %v, token ids %v; want [900 %d] and %v", i, stream, prompts[i], own[i], len(p), want)
+			}
+		}
+		for _, path := range []string{"/v1/chat/completions", "/v1/completions"} {
+			_, _, _, raw := read(path, `{"model":"tiny-llm","stream":`+s+`,"max_tokens":5,"prompt":"x","messages":[{"role":"user","content":"hi"}]}`, stream)
+			if strings.Contains(raw, "token_ids") {
+				t.Errorf("%s unasked (stream %v): %s", path, stream, raw)
+			}
 		}
 	}
 }

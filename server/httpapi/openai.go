@@ -287,7 +287,10 @@ type openaiChatRequest struct {
 	// prefill, instead of starting a turn.
 	AddGenerationPrompt  *bool `json:"add_generation_prompt"`
 	ContinueFinalMessage bool  `json:"continue_final_message"`
-	Messages             []struct {
+	// ReturnTokenIDs is vLLM's: the response gives the rendered prompt's
+	// token ids (prompt_token_ids) and each choice's (token_ids).
+	ReturnTokenIDs bool `json:"return_token_ids"`
+	Messages       []struct {
 		Role    string          `json:"role"`
 		Content json.RawMessage `json:"content"`
 		// ReasoningContent is an earlier answer's thinking (vLLM's field).
@@ -407,9 +410,11 @@ func (h *Handler) openaiChat(w http.ResponseWriter, r *http.Request) {
 		text, reasoning strings.Builder
 		calls           []*brokerv1.ToolCall
 		logprobs        []logprobEntry
-		first           bool // no chunk sent yet
+		tokenIDs        []int32 // return_token_ids
+		first           bool    // no chunk sent yet
 		finish          string
 	}
+	var promptIDs []int32 // return_token_ids: the rendered conversation's
 	choices := make([]choiceState, max(sp.GetN(), 1))
 	for i := range choices {
 		choices[i].first = true
@@ -431,12 +436,33 @@ func (h *Handler) openaiChat(w http.ResponseWriter, r *http.Request) {
 		return map[string]any{"id": id, "object": "chat.completion.chunk", "created": created, "model": req.Model,
 			"choices": []any{map[string]any{"index": i, "delta": delta, "finish_reason": finish, "logprobs": lps}}}
 	}
+	// withTokenIDs adds a chunk's choice's token ids (return_token_ids).
+	withTokenIDs := func(ch map[string]any, ids []int32) map[string]any {
+		if req.ReturnTokenIDs {
+			ch["choices"].([]any)[0].(map[string]any)["token_ids"] = nonNilIDs(ids)
+		}
+		return ch
+	}
 	err = h.chat(r.Context(), &brokerv1.ChatRequest{Model: modelName(req.Model), Conversations: []*brokerv1.Conversation{conv}, Sampling: sp,
 		ChatTemplateKwargs: kwargs, Tools: tools, ToolChoice: choice, ToolChoiceFunction: choiceFn, ParallelToolCalls: req.ParallelToolCalls,
-		AddGenerationPrompt: req.AddGenerationPrompt, ContinueFinalMessage: req.ContinueFinalMessage}, func(e event) error {
+		AddGenerationPrompt: req.AddGenerationPrompt, ContinueFinalMessage: req.ContinueFinalMessage, ReturnPromptTokenIds: req.ReturnTokenIDs}, func(e event) error {
+		if e.delta != nil && len(e.delta.GetPromptTokenIds()) > 0 {
+			// The call's first message: each choice's prompt ids, which
+			// vLLM streams in each choice's first chunk.
+			i := e.delta.GetIndex()
+			promptIDs = e.delta.GetPromptTokenIds()
+			if !req.Stream {
+				return nil
+			}
+			choices[i].first = false
+			ch := withTokenIDs(chunk(i, map[string]any{"role": "assistant", "content": ""}, nil, nil), nil)
+			ch["prompt_token_ids"] = promptIDs
+			return out.send(ch)
+		}
 		if e.delta != nil {
 			i := e.delta.GetIndex()
 			c := &choices[i]
+			c.tokenIDs = append(c.tokenIDs, e.delta.GetTokenIds()...)
 			lps := logprobEntries(e.delta.GetLogprobs())
 			tcs := e.delta.GetToolCalls()
 			if oneCall {
@@ -466,7 +492,7 @@ func (h *Handler) openaiChat(w http.ResponseWriter, r *http.Request) {
 			if t := e.delta.GetText(); t != "" || len(delta) == 0 {
 				delta["content"] = t
 			}
-			if len(delta) == 1 && delta["content"] == "" && !c.first && len(lps) == 0 {
+			if len(delta) == 1 && delta["content"] == "" && !c.first && len(lps) == 0 && (!req.ReturnTokenIDs || len(e.delta.GetTokenIds()) == 0) {
 				// Text held back (a stop string's possible start, part of
 				// a character or a call): nothing to send, as vLLM sends
 				// nothing.
@@ -476,7 +502,7 @@ func (h *Handler) openaiChat(w http.ResponseWriter, r *http.Request) {
 				delta["role"] = "assistant"
 				c.first = false
 			}
-			return out.send(chunk(i, delta, nil, logprobs(lps)))
+			return out.send(withTokenIDs(chunk(i, delta, nil, logprobs(lps)), e.delta.GetTokenIds()))
 		}
 		i := e.result.GetIndex()
 		c := &choices[i]
@@ -505,11 +531,26 @@ func (h *Handler) openaiChat(w http.ResponseWriter, r *http.Request) {
 				msg["content"], msg["tool_calls"] = nullIfEmpty(text), openaiToolCalls(c.calls, false)
 			}
 			all[i] = map[string]any{"index": i, "message": msg, "finish_reason": c.finish, "logprobs": logprobs(c.logprobs)}
+			if req.ReturnTokenIDs {
+				all[i].(map[string]any)["token_ids"] = nonNilIDs(c.tokenIDs)
+			}
 		}
-		writeJSON(w, map[string]any{"id": id, "object": "chat.completion", "created": created, "model": req.Model, "choices": all, "usage": usage})
+		resp := map[string]any{"id": id, "object": "chat.completion", "created": created, "model": req.Model, "choices": all, "usage": usage}
+		if req.ReturnTokenIDs {
+			resp["prompt_token_ids"] = nonNilIDs(promptIDs)
+		}
+		writeJSON(w, resp)
 		return nil
 	})
 	h.endSSE(w, r, out, req.Model, err)
+}
+
+// nonNilIDs is ids, never JSON null: [] for none.
+func nonNilIDs(ids []int32) []int32 {
+	if ids == nil {
+		return []int32{}
+	}
+	return ids
 }
 
 // nullIfEmpty is s, or JSON null for "".
@@ -542,6 +583,9 @@ type openaiCompletionRequest struct {
 	Suffix *string `json:"suffix"`
 	// Logprobs is the legacy API's count of alternatives (null: none).
 	Logprobs *int `json:"logprobs"`
+	// ReturnTokenIDs is vLLM's: each choice gives its prompt's token ids
+	// (prompt_token_ids) and its own (token_ids).
+	ReturnTokenIDs bool `json:"return_token_ids"`
 }
 
 // completionPrompts is /v1/completions' prompt: a string, a list of
@@ -632,11 +676,13 @@ func (h *Handler) openaiCompletions(w http.ResponseWriter, r *http.Request) {
 	n := max(sp.GetN(), 1)
 	left := (len(prompts.texts) + len(prompts.ids)) * int(n)
 	type legacyChoice struct {
-		text   strings.Builder
-		finish string
-		lp     *legacyLogprobs // when asked for
-		offset int
-		echoed bool
+		text      strings.Builder
+		finish    string
+		lp        *legacyLogprobs // when asked for
+		offset    int
+		echoed    bool
+		promptIDs []int32 // return_token_ids
+		tokenIDs  []int32
 	}
 	var cs []*legacyChoice
 	get := func(i int32) *legacyChoice {
@@ -667,14 +713,37 @@ func (h *Handler) openaiCompletions(w http.ResponseWriter, r *http.Request) {
 		}
 		return map[string]any{"index": i, "text": text, "finish_reason": finish, "logprobs": v}
 	}
-	gen := &brokerv1.GenerateRequest{Model: modelName(req.Model), Prompts: prompts.texts, Sampling: sp}
+	// withIDs adds a choice's token ids (return_token_ids): its prompt's
+	// where given (vLLM streams them in the choice's first chunk), and
+	// its own.
+	withIDs := func(ch map[string]any, prompt, own []int32) map[string]any {
+		if req.ReturnTokenIDs {
+			if prompt != nil {
+				ch["prompt_token_ids"] = prompt
+			}
+			ch["token_ids"] = nonNilIDs(own)
+		}
+		return ch
+	}
+	gen := &brokerv1.GenerateRequest{Model: modelName(req.Model), Prompts: prompts.texts, Sampling: sp, ReturnPromptTokenIds: req.ReturnTokenIDs}
 	for _, ids := range prompts.ids {
 		gen.TokenPrompts = append(gen.TokenPrompts, &brokerv1.TokenPrompt{Ids: ids})
 	}
 	err = h.generate(ctx, gen, func(e event) error {
+		if e.delta != nil && len(e.delta.GetPromptTokenIds()) > 0 {
+			i := e.delta.GetIndex()
+			c := get(i)
+			c.promptIDs = e.delta.GetPromptTokenIds()
+			if !req.Stream {
+				return nil
+			}
+			return out.send(map[string]any{"id": id, "object": "text_completion", "created": created, "model": req.Model,
+				"choices": []any{withIDs(choice(i, echo(i, ""), nil, nil), c.promptIDs, nil)}})
+		}
 		if e.delta != nil {
 			i := e.delta.GetIndex()
 			c := get(i)
+			c.tokenIDs = append(c.tokenIDs, e.delta.GetTokenIds()...)
 			lp := c.lp
 			if lp != nil {
 				if req.Stream {
@@ -687,7 +756,7 @@ func (h *Handler) openaiCompletions(w http.ResponseWriter, r *http.Request) {
 				return nil
 			}
 			return out.send(map[string]any{"id": id, "object": "text_completion", "created": created, "model": req.Model,
-				"choices": []any{choice(i, echo(i, e.delta.GetText()), nil, lp)}})
+				"choices": []any{withIDs(choice(i, echo(i, e.delta.GetText()), nil, lp), nil, e.delta.GetTokenIds())}})
 		}
 		i := e.result.GetIndex()
 		c := get(i)
@@ -706,7 +775,7 @@ func (h *Handler) openaiCompletions(w http.ResponseWriter, r *http.Request) {
 		if !req.Stream {
 			choices := make([]any, len(cs))
 			for j, c := range cs {
-				choices[j] = choice(int32(j), echo(int32(j), c.text.String()), &c.finish, c.lp)
+				choices[j] = withIDs(choice(int32(j), echo(int32(j), c.text.String()), &c.finish, c.lp), nonNilIDs(c.promptIDs), c.tokenIDs)
 			}
 			writeJSON(w, map[string]any{"id": id, "object": "text_completion", "created": created, "model": req.Model,
 				"choices": choices, "usage": usage})

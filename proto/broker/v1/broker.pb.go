@@ -4876,9 +4876,12 @@ type GenerateRequest struct {
 	// token-array prompts): run as they are, special tokens included only
 	// where the ids have them. Either prompts or token_prompts; each id must
 	// be in the model's vocabulary.
-	TokenPrompts  []*TokenPrompt `protobuf:"bytes,9,rep,name=token_prompts,json=tokenPrompts,proto3" json:"token_prompts,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	TokenPrompts []*TokenPrompt `protobuf:"bytes,9,rep,name=token_prompts,json=tokenPrompts,proto3" json:"token_prompts,omitempty"`
+	// The call's first message carries each answer's prompt as token ids
+	// (GenerationDelta.prompt_token_ids; vLLM's return_token_ids).
+	ReturnPromptTokenIds bool `protobuf:"varint,10,opt,name=return_prompt_token_ids,json=returnPromptTokenIds,proto3" json:"return_prompt_token_ids,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
 }
 
 func (x *GenerateRequest) Reset() {
@@ -4972,6 +4975,13 @@ func (x *GenerateRequest) GetTokenPrompts() []*TokenPrompt {
 		return x.TokenPrompts
 	}
 	return nil
+}
+
+func (x *GenerateRequest) GetReturnPromptTokenIds() bool {
+	if x != nil {
+		return x.ReturnPromptTokenIds
+	}
+	return false
 }
 
 // TokenPrompt is a prompt as token ids.
@@ -5340,6 +5350,10 @@ type ChatRequest struct {
 	// continue_final_message; Ollama's chat with an assistant message
 	// last). It cannot take add_generation_prompt true.
 	ContinueFinalMessage bool `protobuf:"varint,16,opt,name=continue_final_message,json=continueFinalMessage,proto3" json:"continue_final_message,omitempty"`
+	// The call's first message carries each answer's rendered conversation
+	// as token ids (GenerationDelta.prompt_token_ids; vLLM's
+	// return_token_ids).
+	ReturnPromptTokenIds bool `protobuf:"varint,17,opt,name=return_prompt_token_ids,json=returnPromptTokenIds,proto3" json:"return_prompt_token_ids,omitempty"`
 	unknownFields        protoimpl.UnknownFields
 	sizeCache            protoimpl.SizeCache
 }
@@ -5482,6 +5496,13 @@ func (x *ChatRequest) GetAddGenerationPrompt() bool {
 func (x *ChatRequest) GetContinueFinalMessage() bool {
 	if x != nil {
 		return x.ContinueFinalMessage
+	}
+	return false
+}
+
+func (x *ChatRequest) GetReturnPromptTokenIds() bool {
+	if x != nil {
+		return x.ReturnPromptTokenIds
 	}
 	return false
 }
@@ -5631,9 +5652,13 @@ type GenerationDelta struct {
 	// arguments complete) in the delta where its text ended; that text
 	// is not in text. A call that does not parse (not JSON, no name, or
 	// arguments that are not an object) stays text, as vLLM leaves it.
-	ToolCalls     []*ToolCall `protobuf:"bytes,6,rep,name=tool_calls,json=toolCalls,proto3" json:"tool_calls,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	ToolCalls []*ToolCall `protobuf:"bytes,6,rep,name=tool_calls,json=toolCalls,proto3" json:"tool_calls,omitempty"`
+	// With return_prompt_token_ids: the prompt's token ids (a chat's, as its
+	// template rendered them), in a delta of their own, one per answer, all
+	// in the call's first message, before any token.
+	PromptTokenIds []int32 `protobuf:"varint,7,rep,packed,name=prompt_token_ids,json=promptTokenIds,proto3" json:"prompt_token_ids,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *GenerationDelta) Reset() {
@@ -5704,6 +5729,13 @@ func (x *GenerationDelta) GetReasoning() string {
 func (x *GenerationDelta) GetToolCalls() []*ToolCall {
 	if x != nil {
 		return x.ToolCalls
+	}
+	return nil
+}
+
+func (x *GenerationDelta) GetPromptTokenIds() []int32 {
+	if x != nil {
+		return x.PromptTokenIds
 	}
 	return nil
 }
@@ -6362,7 +6394,7 @@ const file_broker_v1_broker_proto_rawDesc = "" +
 	"\x10KIND_JSON_SCHEMA\x10\x02\x12\x0e\n" +
 	"\n" +
 	"KIND_REGEX\x10\x03\x12\r\n" +
-	"\tKIND_GBNF\x10\x04\"\xbb\x03\n" +
+	"\tKIND_GBNF\x10\x04\"\xf2\x03\n" +
 	"\x0fGenerateRequest\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x18\n" +
 	"\aprompts\x18\x02 \x03(\tR\aprompts\x125\n" +
@@ -6373,7 +6405,9 @@ const file_broker_v1_broker_proto_rawDesc = "" +
 	"\tdevice_id\x18\x06 \x01(\tR\bdeviceId\x124\n" +
 	"\bmax_time\x18\a \x01(\v2\x19.google.protobuf.DurationR\amaxTime\x121\n" +
 	"\x12add_special_tokens\x18\b \x01(\bH\x00R\x10addSpecialTokens\x88\x01\x01\x12;\n" +
-	"\rtoken_prompts\x18\t \x03(\v2\x16.broker.v1.TokenPromptR\ftokenPromptsB\x15\n" +
+	"\rtoken_prompts\x18\t \x03(\v2\x16.broker.v1.TokenPromptR\ftokenPrompts\x125\n" +
+	"\x17return_prompt_token_ids\x18\n" +
+	" \x01(\bR\x14returnPromptTokenIdsB\x15\n" +
 	"\x13_add_special_tokens\"\x1f\n" +
 	"\vTokenPrompt\x12\x10\n" +
 	"\x03ids\x18\x01 \x03(\x05R\x03ids\"\xaf\x01\n" +
@@ -6397,7 +6431,7 @@ const file_broker_v1_broker_proto_rawDesc = "" +
 	"\targuments\x18\x03 \x01(\tR\targuments\x12\x14\n" +
 	"\x05index\x18\x04 \x01(\x05R\x05index\"B\n" +
 	"\fConversation\x122\n" +
-	"\bmessages\x18\x01 \x03(\v2\x16.broker.v1.ChatMessageR\bmessages\"\xf8\x06\n" +
+	"\bmessages\x18\x01 \x03(\v2\x16.broker.v1.ChatMessageR\bmessages\"\xaf\a\n" +
 	"\vChatRequest\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12=\n" +
 	"\rconversations\x18\x02 \x03(\v2\x17.broker.v1.ConversationR\rconversations\x125\n" +
@@ -6417,7 +6451,8 @@ const file_broker_v1_broker_proto_rawDesc = "" +
 	"\x13parallel_tool_calls\x18\r \x01(\bH\x01R\x11parallelToolCalls\x88\x01\x01\x12)\n" +
 	"\x10truncate_history\x18\x0e \x01(\bR\x0ftruncateHistory\x127\n" +
 	"\x15add_generation_prompt\x18\x0f \x01(\bH\x02R\x13addGenerationPrompt\x88\x01\x01\x124\n" +
-	"\x16continue_final_message\x18\x10 \x01(\bR\x14continueFinalMessageB\x12\n" +
+	"\x16continue_final_message\x18\x10 \x01(\bR\x14continueFinalMessage\x125\n" +
+	"\x17return_prompt_token_ids\x18\x11 \x01(\bR\x14returnPromptTokenIdsB\x12\n" +
 	"\x10_enable_thinkingB\x16\n" +
 	"\x14_parallel_tool_callsB\x18\n" +
 	"\x16_add_generation_prompt\"m\n" +
@@ -6428,7 +6463,7 @@ const file_broker_v1_broker_proto_rawDesc = "" +
 	"\x05bytes\x18\x04 \x01(\fR\x05bytes\"j\n" +
 	"\fLogprobEntry\x12/\n" +
 	"\x06chosen\x18\x01 \x01(\v2\x17.broker.v1.TokenLogprobR\x06chosen\x12)\n" +
-	"\x03top\x18\x02 \x03(\v2\x17.broker.v1.TokenLogprobR\x03top\"\xdf\x01\n" +
+	"\x03top\x18\x02 \x03(\v2\x17.broker.v1.TokenLogprobR\x03top\"\x89\x02\n" +
 	"\x0fGenerationDelta\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\x05R\x05index\x12\x12\n" +
 	"\x04text\x18\x02 \x01(\tR\x04text\x12\x1b\n" +
@@ -6436,7 +6471,8 @@ const file_broker_v1_broker_proto_rawDesc = "" +
 	"\blogprobs\x18\x04 \x03(\v2\x17.broker.v1.LogprobEntryR\blogprobs\x12\x1c\n" +
 	"\treasoning\x18\x05 \x01(\tR\treasoning\x122\n" +
 	"\n" +
-	"tool_calls\x18\x06 \x03(\v2\x13.broker.v1.ToolCallR\ttoolCalls\"Y\n" +
+	"tool_calls\x18\x06 \x03(\v2\x13.broker.v1.ToolCallR\ttoolCalls\x12(\n" +
+	"\x10prompt_token_ids\x18\a \x03(\x05R\x0epromptTokenIds\"Y\n" +
 	"\x05Usage\x12#\n" +
 	"\rprompt_tokens\x18\x01 \x01(\x05R\fpromptTokens\x12+\n" +
 	"\x11completion_tokens\x18\x02 \x01(\x05R\x10completionTokens\"\xb2\x02\n" +

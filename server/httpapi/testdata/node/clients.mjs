@@ -222,6 +222,20 @@ if (llm) {
     assert.deepEqual(r.choices.map((c) => c.index), [0, 1]);
     if (mode === 'fake') assert.deepEqual(r.choices.map((c) => c.text), ['gen: one', 'gen: two']);
   });
+  await check('openai chat and completions, return_token_ids (vLLM)', async () => {
+    const r = await openai.chat.completions.create({ model: llm, max_tokens: 6, return_token_ids: true,
+      messages: [{ role: 'user', content: 'hi' }] });
+    assert.ok(Array.isArray(r.prompt_token_ids) && r.prompt_token_ids.length > 0, JSON.stringify(r));
+    assert.ok(Array.isArray(r.choices[0].token_ids) && r.choices[0].token_ids.length > 0, JSON.stringify(r));
+    const c = await openai.completions.create({ model: llm, max_tokens: 6, return_token_ids: true, prompt: [11, 12, 13] });
+    if (mode === 'daemon') {
+      // The ids are what the model ran and wrote, as usage counts them.
+      assert.equal(r.prompt_token_ids.length, r.usage.prompt_tokens);
+      assert.equal(r.choices[0].token_ids.length, r.usage.completion_tokens);
+      assert.deepEqual(c.choices[0].prompt_token_ids, [11, 12, 13]);
+      assert.equal(c.choices[0].token_ids.length, c.usage.completion_tokens);
+    }
+  });
   await check('openai completions, token-id prompts', async () => {
     const r = await openai.completions.create({ model: llm, prompt: [[11, 12, 13], [14]], max_tokens: 3 });
     assert.equal(r.choices.length, 2);
