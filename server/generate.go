@@ -220,22 +220,17 @@ func (s *BrokerService) RunGenerate(ctx context.Context, req *brokerv1.GenerateR
 	}
 	defer release()
 	call.promptIDs = req.GetReturnPromptTokenIds()
-	if len(idPrompts) > 0 {
-		// Ids outside the vocabulary are refused with the sequence
-		// (NewSequence), and a prompt past the context by run.
-		toks := make([][]int32, len(idPrompts)*call.n)
-		for i, p := range idPrompts {
-			if len(p.GetIds()) == 0 {
-				return invalid("token_prompts[%d] is empty", i)
-			}
-			for j := range call.n {
-				toks[i*call.n+j] = p.GetIds()
-			}
+	// Each prompt's ids, given or tokenised: ids outside the vocabulary
+	// are refused with the sequence (NewSequence), and a prompt past the
+	// context by run.
+	inputs := make([][]int32, 0, len(prompts)+len(idPrompts))
+	for i, p := range idPrompts {
+		if len(p.GetIds()) == 0 {
+			return invalid("token_prompts[%d] is empty", i)
 		}
-		return call.run(ctx, toks, send)
+		inputs = append(inputs, p.GetIds())
 	}
 	addSpecial := req.AddSpecialTokens == nil || req.GetAddSpecialTokens()
-	toks := make([][]int32, len(prompts)*call.n)
 	for i, p := range prompts {
 		if p == "" {
 			return invalid("prompts[%d] is empty", i)
@@ -247,6 +242,10 @@ func (s *BrokerService) RunGenerate(ctx context.Context, req *brokerv1.GenerateR
 		if err != nil {
 			return invalid("prompts[%d]: %v", i, err)
 		}
+		inputs = append(inputs, ids)
+	}
+	toks := make([][]int32, len(inputs)*call.n)
+	for i, ids := range inputs {
 		for j := range call.n {
 			toks[i*call.n+j] = ids
 		}

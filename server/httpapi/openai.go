@@ -432,16 +432,14 @@ func (h *Handler) openaiChat(w http.ResponseWriter, r *http.Request) {
 		return map[string]any{"content": es, "refusal": nil}
 	}
 	oneCall := req.ParallelToolCalls != nil && !*req.ParallelToolCalls
-	chunk := func(i int32, delta map[string]any, finish *string, lps any) map[string]any {
-		return map[string]any{"id": id, "object": "chat.completion.chunk", "created": created, "model": req.Model,
-			"choices": []any{map[string]any{"index": i, "delta": delta, "finish_reason": finish, "logprobs": lps}}}
-	}
-	// withTokenIDs adds a chunk's choice's token ids (return_token_ids).
-	withTokenIDs := func(ch map[string]any, ids []int32) map[string]any {
-		if req.ReturnTokenIDs {
-			ch["choices"].([]any)[0].(map[string]any)["token_ids"] = nonNilIDs(ids)
+	// chunk is a choice's chunk; with return_token_ids, one that is not
+	// the last carries the choice's token ids.
+	chunk := func(i int32, delta map[string]any, finish *string, lps any, ids []int32) map[string]any {
+		c := map[string]any{"index": i, "delta": delta, "finish_reason": finish, "logprobs": lps}
+		if req.ReturnTokenIDs && finish == nil {
+			c["token_ids"] = nonNilIDs(ids)
 		}
-		return ch
+		return map[string]any{"id": id, "object": "chat.completion.chunk", "created": created, "model": req.Model, "choices": []any{c}}
 	}
 	err = h.chat(r.Context(), &brokerv1.ChatRequest{Model: modelName(req.Model), Conversations: []*brokerv1.Conversation{conv}, Sampling: sp,
 		ChatTemplateKwargs: kwargs, Tools: tools, ToolChoice: choice, ToolChoiceFunction: choiceFn, ParallelToolCalls: req.ParallelToolCalls,
@@ -455,7 +453,7 @@ func (h *Handler) openaiChat(w http.ResponseWriter, r *http.Request) {
 				return nil
 			}
 			choices[i].first = false
-			ch := withTokenIDs(chunk(i, map[string]any{"role": "assistant", "content": ""}, nil, nil), nil)
+			ch := chunk(i, map[string]any{"role": "assistant", "content": ""}, nil, nil, nil)
 			ch["prompt_token_ids"] = promptIDs
 			return out.send(ch)
 		}
@@ -502,7 +500,7 @@ func (h *Handler) openaiChat(w http.ResponseWriter, r *http.Request) {
 				delta["role"] = "assistant"
 				c.first = false
 			}
-			return out.send(withTokenIDs(chunk(i, delta, nil, logprobs(lps)), e.delta.GetTokenIds()))
+			return out.send(chunk(i, delta, nil, logprobs(lps), e.delta.GetTokenIds()))
 		}
 		i := e.result.GetIndex()
 		c := &choices[i]
@@ -510,7 +508,7 @@ func (h *Handler) openaiChat(w http.ResponseWriter, r *http.Request) {
 		c.finish = openaiFinish(e.result.GetFinishReason())
 		left--
 		if req.Stream {
-			if err := out.send(chunk(i, map[string]any{}, &c.finish, nil)); err != nil {
+			if err := out.send(chunk(i, map[string]any{}, &c.finish, nil, nil)); err != nil {
 				return err
 			}
 			if left > 0 {

@@ -199,9 +199,8 @@ func parameterSize(n int64) string {
 
 // details describes a checked version's files.
 func (p *plan) details() Details {
-	fp, _ := fingerprint(p.dir) // a directory it cannot walk: no digest
 	if p.llm == nil {
-		return Details{ModTime: newestFile(p.dir), Digest: fp}
+		return Details{ModTime: newestFile(p.dir)}
 	}
 	lp := p.llm
 	d := Details{Format: "safetensors", ContextLength: lp.config.MaxPositionEmbeddings, Parameters: configParams(lp.config)}
@@ -229,7 +228,7 @@ func (p *plan) details() Details {
 		}
 	}
 	d.ParameterSize = parameterSize(d.Parameters)
-	d.ModTime, d.Digest = newestFile(p.dir), fp
+	d.ModTime = newestFile(p.dir)
 	return d
 }
 
@@ -329,6 +328,7 @@ func (r *Repo) listVersion(name string, v int64, was listedVersion) listedVersio
 		return lv
 	}
 	lv.kind, lv.details = p.kind, p.details()
+	lv.details.Digest = fp // the fingerprint is the digest (none when it could not be taken)
 	p.close()
 	return lv
 }
