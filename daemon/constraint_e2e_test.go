@@ -170,8 +170,8 @@ func TestConstrainedEndToEnd(t *testing.T) {
 	if err := json.Unmarshal(b, &answers); err != nil {
 		t.Fatal(err)
 	}
-	if len(answers) != 5 {
-		t.Fatalf("%d answers from the npm clients, want 5", len(answers))
+	if len(answers) != 6 {
+		t.Fatalf("%d answers from the npm clients, want 6", len(answers))
 	}
 	for i, a := range answers {
 		if err := validateJSON(schema, string(a)); err != nil {

@@ -112,6 +112,9 @@ type StepResult struct {
 	// before it ended).
 	Drafted  int
 	Accepted []int32
+	// Cached is how many of the item's tokens the executor's prefix
+	// cache held instead of computing them (GenInfo.CachedPromptTokens).
+	Cached int
 }
 
 // GenExecutor runs decoder steps on one device.
@@ -169,6 +172,9 @@ type GenInfo struct {
 	DeviceID, DeviceType string
 	PromptTokens         int
 	GeneratedTokens      int
+	// CachedPromptTokens: of PromptTokens, those the executor's prefix
+	// cache held at the sequence's first admission (StepResult.Cached).
+	CachedPromptTokens int
 	// Queue: Generate until its first step. TimeToFirstToken: Generate
 	// until its first token. Total: Generate until its last token.
 	Queue, TimeToFirstToken, Total time.Duration
@@ -244,6 +250,9 @@ type sequence struct {
 	maxNew    int
 	computed  int // tokens in the KV cache
 	generated int
+	// cachedPrompt: prompt tokens the prefix cache held at its first
+	// admission.
+	cachedPrompt int
 
 	waitEl    *list.Element // its place in gq.waiting; nil when not waiting
 	r         *genReplica   // running on; it holds cache there
@@ -623,7 +632,7 @@ func (s *Scheduler) genInfo(seq *sequence) *GenInfo {
 		DeviceID: seq.lastDev, DeviceType: seq.lastDevType,
 		PromptTokens: seq.promptLen, GeneratedTokens: seq.generated,
 		Total: s.now().Sub(seq.submitted), Compute: seq.compute, CostUSD: seq.cost,
-		MaxBatch: seq.maxBatch, Preemptions: seq.preempted,
+		MaxBatch: seq.maxBatch, Preemptions: seq.preempted, CachedPromptTokens: seq.cachedPrompt,
 	}
 	if !seq.firstStep.IsZero() {
 		info.Queue = seq.firstStep.Sub(seq.submitted)
@@ -1213,6 +1222,9 @@ func (s *Scheduler) applyStepLocked(r *genReplica, items []StepItem, seqs []*seq
 		seq.maxBatch = max(seq.maxBatch, len(items))
 		seq.lastDev, seq.lastDevType, seq.last = r.dev.ID, r.dev.Type, r
 		if seq.generated == 0 && seq.preempted == 0 {
+			if i < len(results) {
+				seq.cachedPrompt = min(seq.cachedPrompt+results[i].Cached, seq.promptLen)
+			}
 			r.m.prompt.Add(float64(len(it.Tokens)))
 			gq.stats.promptTokens(len(it.Tokens), end)
 			r.stats.promptTokens(len(it.Tokens), end)

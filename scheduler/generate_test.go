@@ -37,6 +37,9 @@ type fakeGen struct {
 	errs    []error
 	maxUsed int
 	hits    int64 // PrefixHitTokens' answer
+	// cachedEach, when set, is every item's StepResult.Cached (at most
+	// its tokens): the prefix cache's hits as the executor reports them.
+	cachedEach int
 }
 
 // genState is a sequence's executor state in the tests: it stops after
@@ -114,6 +117,11 @@ func (f *fakeGen) Step(ctx context.Context, items []StepItem) ([]StepResult, err
 		}
 	}
 	out := make([]StepResult, len(items))
+	defer func() {
+		for i, it := range items {
+			out[i].Cached = min(f.cachedEach, len(it.Tokens))
+		}
+	}()
 	for i, it := range items {
 		c := f.runLocked(n, it)
 		if it.Sample {
@@ -896,5 +904,28 @@ func TestGeneratePendingSitsOut(t *testing.T) {
 		if row.Gen.DeferredSamples != 2 {
 			t.Errorf("stats row %q: %d deferred samples, want 2", row.DeviceID, row.Gen.DeferredSamples)
 		}
+	}
+}
+
+// TestGenerateCountsCachedPrompt: a sequence's cached prompt tokens are what
+// the executor reported of its prompt chunks, not of its decode steps.
+func TestGenerateCountsCachedPrompt(t *testing.T) {
+	s := newTestScheduler(t, Options{})
+	f := newFakeGen(16, 64)
+	f.cachedEach = 1 // one token of every item, decode steps' too
+	if err := s.AddGenReplica("llm", Device{ID: "cpu:0", Type: "cpu"}, GenOptions{MaxRunning: 4, MaxStepTokens: 64, MaxChunk: 4}, f); err != nil {
+		t.Fatal(err)
+	}
+	st, err := s.Generate(context.Background(), GenRequest{Model: "llm", Prompt: prompt(1, 10), MaxNewTokens: 6, State: &genState{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := collect(st)
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	// Chunks of 4, 4 and 2 tokens: one each.
+	if r.info == nil || r.info.CachedPromptTokens != 3 || r.info.PromptTokens != 10 {
+		t.Errorf("info %+v, want 3 of 10 prompt tokens cached", r.info)
 	}
 }

@@ -166,6 +166,8 @@ type genCall struct {
 	// thinking, for a chat of a thinking model, splits each sequence's
 	// reasoning from its text (nil: no parsing).
 	thinking []*output.Thinking
+	// reasoning counts each sequence's thinking tokens (with thinking).
+	reasoning []int
 	// tools, for a chat with tools, takes each sequence's calls out of
 	// its text (nil: no parsing); calls counts them.
 	tools []*output.ToolCalls
@@ -274,6 +276,7 @@ func (s *BrokerService) RunChat(ctx context.Context, req *brokerv1.ChatRequest, 
 	seqs := len(convs) * call.n // sequence k answers conversation k/n
 	if thinks {
 		call.thinking = make([]*output.Thinking, seqs)
+		call.reasoning = make([]int, seqs)
 	}
 	tools, toolsSize, err := chatTools(req, call.gm)
 	if err != nil {
@@ -921,8 +924,11 @@ func (c *genCall) convert(i int, seq genSequence, ev scheduler.GenEvent) (*broke
 		think = c.thinking[i]
 	}
 	if d != nil && think != nil {
-		sp := think.Push(d.Text)
+		sp, reasoning := think.PushTokens(d.Text)
 		d.Text, d.Reasoning = sp.Content, sp.Reasoning
+		if reasoning {
+			c.reasoning[i] += len(d.TokenIds)
+		}
 	}
 	var tools *output.ToolCalls
 	if c.tools != nil {
@@ -971,12 +977,16 @@ func (c *genCall) convert(i int, seq genSequence, ev scheduler.GenEvent) (*broke
 	r := &brokerv1.GenerationResult{
 		Index:        int32(i),
 		FinishReason: finish,
-		Usage:        &brokerv1.Usage{PromptTokens: int32(info.PromptTokens), CompletionTokens: int32(info.GeneratedTokens)},
+		Usage: &brokerv1.Usage{PromptTokens: int32(info.PromptTokens), CompletionTokens: int32(info.GeneratedTokens),
+			CachedPromptTokens: int32(info.CachedPromptTokens)},
 		Execution: execInfoToProto(scheduler.ExecInfo{
 			DeviceID: info.DeviceID, DeviceType: info.DeviceType, BatchSize: info.MaxBatch,
 			Queue: info.Queue, Compute: info.Compute, Total: info.Total, CostUSD: info.CostUSD,
 		}),
 		Preemptions: int32(info.Preemptions),
+	}
+	if c.reasoning != nil {
+		r.Usage.ReasoningTokens = int32(c.reasoning[i])
 	}
 	if info.TimeToFirstToken > 0 {
 		r.TimeToFirstToken = durationpb.New(info.TimeToFirstToken)

@@ -28,6 +28,7 @@ func newHTTPServer(cfg config.Config, broker *BrokerService, budget *byteBudget,
 	h := httpapi.New(broker, httpapi.Options{
 		APIKeys: keys, Version: version, MaxBodyBytes: int64(cfg.MaxMessageBytes), Registerer: reg, Logger: log,
 		Admit: budget.acquire, BodyTimeout: time.Duration(cfg.HTTPBodyTimeout), CORSOrigins: cfg.HTTPCORSOrigins,
+		ResponseStoreBytes: cfg.ResponsesStoreBytes,
 	})
 	// No ReadTimeout: it would also cut a stream's watch for a client that
 	// leaves. The handler bounds each body instead (--http-body-timeout);

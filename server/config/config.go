@@ -48,6 +48,10 @@ type Config struct {
 	// "*" for any) the HTTP APIs answer besides loopback ones, which are
 	// always allowed.
 	HTTPCORSOrigins List `json:"http-cors-origins"`
+	// ResponsesStoreBytes bounds the memory of the Responses API's stored
+	// responses (store true), which previous_response_id continues; the
+	// least recently used go first. 0: none are kept.
+	ResponsesStoreBytes int64 `json:"responses-store-bytes"`
 	// Connection limits per listener (0: derived from the descriptor
 	// limit) and the idle time after which a connection is closed.
 	MaxConnections          int      `json:"max-connections"`
@@ -192,6 +196,7 @@ func Defaults(euid int, getenv func(string) string) Config {
 		Devfs:                "/dev",
 		Telemetry:            Duration(5 * time.Second),
 		MaxMessageBytes:      64 << 20,
+		ResponsesStoreBytes:  64 << 20,
 		MaxItemsPerRequest:   4096,
 		MaxItemBytes:         1 << 20,
 		MaxQueueItems:        65536,
@@ -301,6 +306,7 @@ var envNames = map[string]string{
 	"http-allow-unauthenticated": "BROKERD_HTTP_ALLOW_UNAUTHENTICATED",
 	"http-body-timeout":          "BROKERD_HTTP_BODY_TIMEOUT",
 	"http-cors-origins":          "BROKERD_HTTP_CORS_ORIGINS",
+	"responses-store-bytes":      "BROKERD_RESPONSES_STORE_BYTES",
 	"admin-uids":                 "BROKERD_ADMIN_UIDS",
 	"admin-groups":               "BROKERD_ADMIN_GROUPS",
 	"admin-identities":           "BROKERD_ADMIN_IDENTITIES",
@@ -330,6 +336,7 @@ func bind(fs *flag.FlagSet, c *Config, configPath *string) {
 	fs.BoolVar(&c.HTTPAllowUnauthenticated, "http-allow-unauthenticated", c.HTTPAllowUnauthenticated, "serve --http-listen without API keys: every user who can reach its address (on loopback, every local user, whatever the socket's permissions) may use the data plane")
 	fs.Var(&c.HTTPBodyTimeout, "http-body-timeout", "most time an HTTP API request's body may take to arrive (its headers: 10s, or this when shorter); a request still sending then is answered 408 and its connection closed")
 	fs.Var(&c.HTTPCORSOrigins, "http-cors-origins", "browser origins, comma-separated (scheme://host[:port], or * for any), whose pages may call the HTTP APIs besides loopback origins (http://localhost:PORT, http://127.0.0.1:PORT, ...), which always may")
+	fs.Int64Var(&c.ResponsesStoreBytes, "responses-store-bytes", c.ResponsesStoreBytes, "memory for the Responses API's stored responses (store true: GET /v1/responses/{id}, previous_response_id), the least recently used dropped first; 0 keeps none")
 	fs.StringVar(&c.StateDir, "state-dir", c.StateDir, "directory for the device registry and models")
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "debug, info, warn or error")
 	fs.StringVar(&c.LogFormat, "log-format", c.LogFormat, "json or console")
@@ -605,6 +612,9 @@ func (c Config) Validate() error {
 	}
 	if c.MaxContext < 16 || c.MaxContext > 1<<20 {
 		bad("max-context %d is invalid: 16 to %d tokens", c.MaxContext, 1<<20)
+	}
+	if c.ResponsesStoreBytes < 0 {
+		bad("responses-store-bytes %d must not be negative (0 keeps no responses)", c.ResponsesStoreBytes)
 	}
 	if c.MaxInflightBytes < 0 || c.GoMemoryLimit < -1 {
 		bad("max-inflight-bytes %d must not be negative, go-memory-limit %d must be -1 (none), 0 (derived) or bytes", c.MaxInflightBytes, c.GoMemoryLimit)

@@ -121,7 +121,7 @@ func TestUnsupportedAndUnknownRoutes(t *testing.T) {
 		{"POST", "/api/tags", `{}`, 405, false, []string{"/api/tags takes GET"}, "GET"},
 		{"GET", "/api/generate", "", 405, false, []string{"takes POST"}, "POST"},
 		{"GET", "/nothing", "", 404, false, []string{"no route"}, ""},
-		{"POST", "/v1/responses", `{}`, 404, true, []string{"Invalid URL (POST /v1/responses)", "/v1/chat/completions"}, ""},
+		{"POST", "/v1/assistants", `{}`, 404, true, []string{"Invalid URL (POST /v1/assistants)", "/v1/chat/completions", "/v1/responses"}, ""},
 		{"GET", "/v1/chat/completions", "", 405, true, []string{"takes POST"}, "POST"},
 		{"DELETE", "/v1/models/tiny-llm", "", 405, true, []string{"takes GET"}, "GET"},
 	} {

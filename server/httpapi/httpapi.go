@@ -81,16 +81,20 @@ type Options struct {
 	// CORSOrigins are the browser origins ("*": any) that may call the
 	// APIs besides loopback ones and the API's own (--http-cors-origins).
 	CORSOrigins []string
+	// ResponseStoreBytes bounds the Responses API's stored responses
+	// (--responses-store-bytes; 0: none are kept).
+	ResponseStoreBytes int64
 }
 
 // Handler is the HTTP edge.
 type Handler struct {
-	b    Backend
-	opts Options
-	mux  *http.ServeMux
-	log  *zap.Logger
-	reqs *prometheus.CounterVec
-	dur  *prometheus.HistogramVec
+	b     Backend
+	opts  Options
+	store *responseStore
+	mux   *http.ServeMux
+	log   *zap.Logger
+	reqs  *prometheus.CounterVec
+	dur   *prometheus.HistogramVec
 }
 
 // New returns the handler of the Ollama and OpenAI routes.
@@ -110,7 +114,7 @@ func New(b Backend, opts Options) *Handler {
 	if opts.WriteTimeout <= 0 {
 		opts.WriteTimeout = time.Minute
 	}
-	h := &Handler{b: b, opts: opts, mux: http.NewServeMux(), log: opts.Logger.Named("http")}
+	h := &Handler{b: b, opts: opts, mux: http.NewServeMux(), log: opts.Logger.Named("http"), store: newResponseStore(opts.ResponseStoreBytes)}
 	h.reqs = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "brokerd", Subsystem: "http", Name: "requests_total",
 		Help: "HTTP API requests by route and status code.",
@@ -121,21 +125,27 @@ func New(b Backend, opts Options) *Handler {
 	}, []string{"route"})
 	if opts.Registerer != nil {
 		opts.Registerer.MustRegister(h.reqs, h.dur)
+		opts.Registerer.MustRegister(h.store.collectors()...)
 	}
 	routes := map[string]http.HandlerFunc{
-		"POST /api/generate":        h.ollamaGenerate,
-		"POST /api/chat":            h.ollamaChat,
-		"POST /api/embed":           h.ollamaEmbed,
-		"POST /api/embeddings":      h.ollamaEmbeddings,
-		"GET /api/tags":             h.ollamaTags,
-		"POST /api/show":            h.ollamaShow,
-		"GET /api/ps":               h.ollamaPS,
-		"GET /api/version":          h.ollamaVersion,
-		"POST /v1/chat/completions": h.openaiChat,
-		"POST /v1/completions":      h.openaiCompletions,
-		"POST /v1/embeddings":       h.openaiEmbeddings,
-		"GET /v1/models":            h.openaiModels,
-		"GET /v1/models/{model...}": h.openaiModelByID,
+		"POST /api/generate":                 h.ollamaGenerate,
+		"POST /api/chat":                     h.ollamaChat,
+		"POST /api/embed":                    h.ollamaEmbed,
+		"POST /api/embeddings":               h.ollamaEmbeddings,
+		"GET /api/tags":                      h.ollamaTags,
+		"POST /api/show":                     h.ollamaShow,
+		"GET /api/ps":                        h.ollamaPS,
+		"GET /api/version":                   h.ollamaVersion,
+		"POST /v1/chat/completions":          h.openaiChat,
+		"POST /v1/completions":               h.openaiCompletions,
+		"POST /v1/embeddings":                h.openaiEmbeddings,
+		"GET /v1/models":                     h.openaiModels,
+		"GET /v1/models/{model...}":          h.openaiModelByID,
+		"POST /v1/responses":                 h.openaiResponses,
+		"GET /v1/responses/{id}":             h.getResponse,
+		"DELETE /v1/responses/{id}":          h.deleteResponse,
+		"POST /v1/responses/{id}/cancel":     h.cancelResponse,
+		"GET /v1/responses/{id}/input_items": h.responseInputItems,
 	}
 	patterns := make([]string, 0, len(routes))
 	for pattern, fn := range routes {

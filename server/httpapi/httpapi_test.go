@@ -19,12 +19,16 @@ import (
 	"github.com/brokerd/brokerd/server/httpapi/nodeclients"
 )
 
-const testKey = "secret-key"
+// testKey and otherKey are two callers' keys.
+const (
+	testKey  = "secret-key"
+	otherKey = "other-key"
+)
 
 func newTestServer(t *testing.T) (*httptest.Server, *fakeBackend, *Handler) {
 	t.Helper()
 	f := &fakeBackend{}
-	h := New(f, Options{APIKeys: []string{testKey}, Version: "test", Registerer: prometheus.NewRegistry(),
+	h := New(f, Options{APIKeys: []string{testKey, otherKey}, Version: "test", Registerer: prometheus.NewRegistry(), ResponseStoreBytes: 1 << 20,
 		Now: func() time.Time { return time.Unix(1_700_000_000, 0) }})
 	srv := httptest.NewServer(h)
 	t.Cleanup(srv.Close)

@@ -192,18 +192,28 @@ func logitBias(m map[string]float64) (map[int32]float32, error) {
 }
 
 type openaiUsage struct {
-	PromptTokens     int32 `json:"prompt_tokens"`
-	CompletionTokens int32 `json:"completion_tokens"`
-	TotalTokens      int32 `json:"total_tokens"`
+	PromptTokens        int32 `json:"prompt_tokens"`
+	CompletionTokens    int32 `json:"completion_tokens"`
+	TotalTokens         int32 `json:"total_tokens"`
+	PromptTokensDetails struct {
+		// Prompt tokens the prefix cache held.
+		CachedTokens int32 `json:"cached_tokens"`
+	} `json:"prompt_tokens_details"`
+	CompletionTokensDetails struct {
+		// A thinking model's tokens of thought.
+		ReasoningTokens int32 `json:"reasoning_tokens"`
+	} `json:"completion_tokens_details"`
 }
 
 // add counts a choice's result; n choices per prompt count the prompt
-// once, as OpenAI and vLLM count it.
+// once, as OpenAI and vLLM count it (its first choice's cache hits).
 func (u *openaiUsage) add(r *brokerv1.GenerationResult, n int32) {
 	if r.GetIndex()%max(n, 1) == 0 {
 		u.PromptTokens += r.GetUsage().GetPromptTokens()
+		u.PromptTokensDetails.CachedTokens += r.GetUsage().GetCachedPromptTokens()
 	}
 	u.CompletionTokens += r.GetUsage().GetCompletionTokens()
+	u.CompletionTokensDetails.ReasoningTokens += r.GetUsage().GetReasoningTokens()
 	u.TotalTokens = u.PromptTokens + u.CompletionTokens
 }
 

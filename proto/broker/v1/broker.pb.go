@@ -5745,8 +5745,16 @@ type Usage struct {
 	state            protoimpl.MessageState `protogen:"open.v1"`
 	PromptTokens     int32                  `protobuf:"varint,1,opt,name=prompt_tokens,json=promptTokens,proto3" json:"prompt_tokens,omitempty"`
 	CompletionTokens int32                  `protobuf:"varint,2,opt,name=completion_tokens,json=completionTokens,proto3" json:"completion_tokens,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// Of completion_tokens, those of a chat's thinking: inside the block,
+	// and the tags that open and close it (OpenAI's reasoning_tokens).
+	ReasoningTokens int32 `protobuf:"varint,3,opt,name=reasoning_tokens,json=reasoningTokens,proto3" json:"reasoning_tokens,omitempty"`
+	// Of prompt_tokens, those the prefix cache held: mapped from another
+	// sequence's or an earlier call's blocks instead of computed (OpenAI's
+	// cached_tokens). A sequence preempted and recomputed counts its first
+	// admission's.
+	CachedPromptTokens int32 `protobuf:"varint,4,opt,name=cached_prompt_tokens,json=cachedPromptTokens,proto3" json:"cached_prompt_tokens,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *Usage) Reset() {
@@ -5789,6 +5797,20 @@ func (x *Usage) GetPromptTokens() int32 {
 func (x *Usage) GetCompletionTokens() int32 {
 	if x != nil {
 		return x.CompletionTokens
+	}
+	return 0
+}
+
+func (x *Usage) GetReasoningTokens() int32 {
+	if x != nil {
+		return x.ReasoningTokens
+	}
+	return 0
+}
+
+func (x *Usage) GetCachedPromptTokens() int32 {
+	if x != nil {
+		return x.CachedPromptTokens
 	}
 	return 0
 }
@@ -6472,10 +6494,12 @@ const file_broker_v1_broker_proto_rawDesc = "" +
 	"\treasoning\x18\x05 \x01(\tR\treasoning\x122\n" +
 	"\n" +
 	"tool_calls\x18\x06 \x03(\v2\x13.broker.v1.ToolCallR\ttoolCalls\x12(\n" +
-	"\x10prompt_token_ids\x18\a \x03(\x05R\x0epromptTokenIds\"Y\n" +
+	"\x10prompt_token_ids\x18\a \x03(\x05R\x0epromptTokenIds\"\xb6\x01\n" +
 	"\x05Usage\x12#\n" +
 	"\rprompt_tokens\x18\x01 \x01(\x05R\fpromptTokens\x12+\n" +
-	"\x11completion_tokens\x18\x02 \x01(\x05R\x10completionTokens\"\xb2\x02\n" +
+	"\x11completion_tokens\x18\x02 \x01(\x05R\x10completionTokens\x12)\n" +
+	"\x10reasoning_tokens\x18\x03 \x01(\x05R\x0freasoningTokens\x120\n" +
+	"\x14cached_prompt_tokens\x18\x04 \x01(\x05R\x12cachedPromptTokens\"\xb2\x02\n" +
 	"\x10GenerationResult\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\x05R\x05index\x12<\n" +
 	"\rfinish_reason\x18\x02 \x01(\x0e2\x17.broker.v1.FinishReasonR\ffinishReason\x12&\n" +

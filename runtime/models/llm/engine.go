@@ -106,6 +106,10 @@ type SeqResult struct {
 	// all.
 	Drafted  int
 	Accepted []int32
+	// Cached is how many of the item's tokens the prefix cache held:
+	// mapped from blocks another sequence (or an earlier one) wrote with
+	// the same history, not computed.
+	Cached int
 }
 
 // Engine runs a decoder on one device: resident weights, a paged KV cache
@@ -688,6 +692,11 @@ func (e *Engine) Step(ctx context.Context, items []SeqStep) ([]SeqResult, error)
 			commits[i].tokens = c.tokens[:len(c.tokens)-c.draft+kept]
 		case late != nil && late[i] != nil:
 			commits[i].tokens = c.tokens[:len(c.tokens)-1]
+		}
+	}
+	if err == nil {
+		for i, c := range commits {
+			out[i].Cached = c.pos - items[i].Pos
 		}
 	}
 	e.commit(commits)

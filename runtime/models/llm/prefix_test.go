@@ -272,3 +272,51 @@ func TestPrefixSharedWithinStep(t *testing.T) {
 		})
 	}
 }
+
+// TestStepReportsCached: Step says of each item how many of its tokens the
+// prefix cache held (what a request's usage reports as cached prompt
+// tokens), and the counts add up to the engine's.
+func TestStepReportsCached(t *testing.T) {
+	for name, open := range testDevices(t) {
+		t.Run(name, func(t *testing.T) {
+			s := tinyNet("llama")
+			e := newTestEngine(t, open(t), s, 4, EngineOptions{CacheBytes: 1 << 20, BlockSize: 4})
+			p := prompt(14, 5, s.Vocab) // three full blocks and two tokens
+			ctx := context.Background()
+			run := func(seq uint64, chunks ...int) []int {
+				t.Helper()
+				st, err := newSequence(Sampling{}, p, s.Vocab, nil, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !e.Reserve(seq, len(p)+1) {
+					t.Fatal("no cache")
+				}
+				var cached []int
+				pos := 0
+				for _, n := range chunks {
+					res, err := e.Step(ctx, []SeqStep{{Seq: seq, State: st, Tokens: p[pos : pos+n], Pos: pos, Sample: pos+n == len(p)}})
+					if err != nil {
+						t.Fatal(err)
+					}
+					cached = append(cached, res[0].Cached)
+					pos += n
+				}
+				return cached
+			}
+			before := e.Stats().CachedTokens
+			if got := run(1, 14); !slices.Equal(got, []int{0}) {
+				t.Errorf("the first sequence: cached %v, want [0]", got)
+			}
+			// The same prompt while the first holds its blocks, in two
+			// chunks: each maps its whole blocks, 12 tokens in all.
+			got := run(2, 8, 6)
+			if !slices.Equal(got, []int{8, 4}) {
+				t.Errorf("the second sequence: cached %v per chunk, want [8 4]", got)
+			}
+			if d := e.Stats().CachedTokens - before; d != 12 {
+				t.Errorf("the engine counted %d cached tokens, the items 12", d)
+			}
+		})
+	}
+}

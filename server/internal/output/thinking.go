@@ -82,6 +82,16 @@ func PromptClosesBlock(tags Tags, prompt string) bool {
 	return strings.HasSuffix(rest, tags.Close)
 }
 
+// PushTokens is Push for the text of generated tokens, and says whether
+// the tokens belong to the thinking: inside the block, or opening or
+// closing it (what OpenAI counts as reasoning tokens).
+func (p *Thinking) PushTokens(text string) (Split, bool) {
+	before := p.state
+	out := p.Push(text)
+	opened := before == beforeThinking && (p.state == thinking || p.state == afterThinking)
+	return out, before == thinking || opened
+}
+
 // Push adds a piece of text and returns what is decided.
 func (p *Thinking) Push(text string) Split {
 	var out Split

@@ -138,3 +138,33 @@ func TestPromptOpensBlock(t *testing.T) {
 		}
 	}
 }
+
+// TestPushTokensCountsThinking: the tokens that open, fill and close the
+// block are the thinking's; whitespace before the answer and the answer
+// are not, nor is anything of a model that does not open the block.
+func TestPushTokensCountsThinking(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		inBlock bool
+		tokens  []string
+		want    []bool
+	}{
+		{"a block, then the answer", false, []string{"<think>", "\n", "hmm", " ok", "</think>", "\n\n", "Red", "."},
+			[]bool{true, true, true, true, true, false, false, false}},
+		// An open tag's first piece is not known to be the tag yet (where
+		// the tag is a token of its own, as Qwen3's, it never is).
+		{"the tag in pieces", false, []string{" ", "<th", "ink>", "x", "</", "think>", "A"},
+			[]bool{false, false, true, true, true, true, false}},
+		{"no block", false, []string{"Red", " <think>", "x"}, []bool{false, false, false}},
+		{"the prompt opened it", true, []string{"hmm", "</think>", "A"}, []bool{true, true, false}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := NewThinking(Qwen3Tags, tc.inBlock)
+			for i, tok := range tc.tokens {
+				if _, got := p.PushTokens(tok); got != tc.want[i] {
+					t.Errorf("token %d %q: thinking %v, want %v", i, tok, got, tc.want[i])
+				}
+			}
+		})
+	}
+}

@@ -246,6 +246,60 @@ if (llm) {
     assert.equal(one.usage.prompt_tokens, 2);
     await rejects(openai.completions.create({ model: llm, prompt: [11, 12], echo: true, max_tokens: 3 }), 400);
   });
+  // The Responses API: created, read back, listed, continued and deleted
+  // with the official client; streamed through its strict accumulator.
+  const outputText = (r) => r.output.filter((o) => o.type === 'message').flatMap((o) => o.content).map((c) => c.text).join('');
+  await check('openai responses: create, retrieve, input items, continue, delete', async () => {
+    const r = await openai.responses.create({ model: llm, input: 'hi', instructions: 'be brief', max_output_tokens: 16 });
+    assert.equal(r.object, 'response');
+    assert.ok(['completed', 'incomplete'].includes(r.status), r.status);
+    assert.ok(r.usage.output_tokens > 0 && r.usage.total_tokens === r.usage.input_tokens + r.usage.output_tokens, JSON.stringify(r.usage));
+    assert.equal(r.output_text, outputText(r));
+    if (mode === 'fake') assert.equal(r.output_text, 'chat(system=be brief|user=hi) ünïcode');
+    const again = await openai.responses.retrieve(r.id);
+    assert.equal(again.id, r.id);
+    assert.equal(outputText(again), r.output_text);
+    const items = [];
+    for await (const it of openai.responses.inputItems.list(r.id)) items.push(it);
+    assert.equal(items.length, 1);
+    assert.equal(items[0].content[0].text, 'hi');
+    const next = await openai.responses.create({ model: llm, previous_response_id: r.id, input: 'more', max_output_tokens: 16 });
+    assert.equal(next.previous_response_id, r.id);
+    if (mode === 'fake') assert.equal(next.output_text, `chat(user=hi|assistant=${r.output_text}|user=more) ünïcode`);
+    if (mode === 'daemon') assert.ok(next.usage.input_tokens > r.usage.input_tokens + r.usage.output_tokens, 'the continuation carries the conversation');
+    await openai.responses.delete(r.id);
+    await rejects(openai.responses.retrieve(r.id), 404);
+    await rejects(openai.responses.create({ model: llm, previous_response_id: r.id, input: 'x' }), 404);
+  });
+  await check('openai responses streamed', async () => {
+    let text = '';
+    const stream = openai.responses.stream({ model: llm, input: 'hi', max_output_tokens: 16, store: false });
+    stream.on('response.output_text.delta', (e) => { text += e.delta; });
+    const final = await stream.finalResponse();
+    assert.equal(final.output_text, text);
+    assert.equal(final.store, false);
+    if (mode === 'fake') assert.equal(text, 'chat(user=hi) ünïcode');
+  });
+  await check('openai responses logprobs', async () => {
+    const r = await openai.responses.create({ model: llm, input: 'hi', max_output_tokens: 6, store: false,
+      include: ['message.output_text.logprobs'], top_logprobs: 2 });
+    const lps = r.output.filter((o) => o.type === 'message').flatMap((o) => o.content).flatMap((c) => c.logprobs);
+    assert.ok(lps.length > 0 && lps.length <= r.usage.output_tokens, `${lps.length} logprobs, ${r.usage.output_tokens} tokens`);
+    for (const e of lps) checkEntry(e, 2);
+  });
+  await check('openai usage: the prefix cache\'s tokens', async () => {
+    // The same long prompt twice: the second finds the first's blocks.
+    const messages = [{ role: 'user', content: 'The council reviews the memory record. '.repeat(20) }];
+    const a = await openai.chat.completions.create({ model: llm, max_tokens: 2, messages });
+    const b = await openai.chat.completions.create({ model: llm, max_tokens: 2, messages });
+    const r = await openai.responses.create({ model: llm, max_output_tokens: 2, input: messages, store: false });
+    for (const u of [a.usage, b.usage]) assert.ok(u.prompt_tokens_details.cached_tokens <= u.prompt_tokens, JSON.stringify(u));
+    assert.ok(r.usage.input_tokens_details.cached_tokens <= r.usage.input_tokens, JSON.stringify(r.usage));
+    if (mode === 'daemon') {
+      assert.ok(b.usage.prompt_tokens_details.cached_tokens >= b.usage.prompt_tokens / 2, JSON.stringify(b.usage));
+      assert.ok(r.usage.input_tokens_details.cached_tokens >= r.usage.input_tokens / 2, JSON.stringify(r.usage));
+    }
+  });
   await check('openai chat, n choices', async () => {
     const r = await openai.chat.completions.create({ model: llm, messages: [{ role: 'user', content: 'Verdict?' }], n: 3, seed: 5, max_tokens: 5 });
     assert.deepEqual(r.choices.map((c) => c.index), [0, 1, 2]);
@@ -316,6 +370,31 @@ if (thinker) {
     assert.equal(thinking, reasoning);
     noTags(text);
     if (content) assert.equal(text, content);
+  });
+  await check('openai responses reasoning', async () => {
+    const r = await openai.responses.create({ model: thinker, input: msgs, temperature: 0, reasoning: { effort: 'medium' }, store: false });
+    assert.deepEqual(r.output.map((o) => o.type), ['reasoning', 'message']);
+    assert.equal(r.output[0].content[0].text, reasoning);
+    noTags(r.output_text);
+    if (content) assert.equal(r.output_text, content);
+    if (mode === 'daemon') {
+      const n = r.usage.output_tokens_details.reasoning_tokens;
+      assert.ok(n > 0 && n < r.usage.output_tokens, JSON.stringify(r.usage));
+    }
+  });
+  await check('openai responses reasoning streamed', async () => {
+    let thinking = '';
+    const stream = openai.responses.stream({ model: thinker, input: msgs, temperature: 0, reasoning: { effort: 'high' }, store: false });
+    stream.on('response.reasoning_text.delta', (e) => { thinking += e.delta; });
+    const final = await stream.finalResponse();
+    assert.equal(thinking, reasoning);
+    noTags(final.output_text);
+    if (content) assert.equal(final.output_text, content);
+  });
+  await check('openai responses reasoning none', async () => {
+    const r = await openai.responses.create({ model: thinker, input: msgs, temperature: 0, reasoning: { effort: 'none' }, store: false });
+    assert.deepEqual(r.output.map((o) => o.type), ['message']);
+    if (content) assert.equal(r.output_text, content);
   });
   await check('openai chat with thinking off', async () => {
     const r = await openai.chat.completions.create({ model: thinker, messages: msgs, temperature: 0,
@@ -431,6 +510,38 @@ if (toolLLM) {
     await rejects(openai.chat.completions.create({ model: toolLLM, messages: msgs, tools,
       tool_choice: { type: 'function', function: { name: 'get_time' } } }), 400);
   });
+  // The Responses API's flat function tools; the call's output goes back
+  // as an item, or after previous_response_id: the prompt is the chat's.
+  const rtools = [{ type: 'function', name: 'get_weather', description: 'Get the weather in a city.', parameters: schema }];
+  await check('openai responses tools, round trip', async () => {
+    const r = await openai.responses.create({ model: toolLLM, input: msgs, tools: rtools, temperature: 0 });
+    const calls = r.output.filter((o) => o.type === 'function_call');
+    assert.equal(calls.length, 1, JSON.stringify(r.output));
+    assert.equal(calls[0].name, 'get_weather');
+    assert.match(calls[0].call_id, /^call_[A-Za-z0-9]{24}$/);
+    checkArgs(JSON.parse(calls[0].arguments));
+    assert.equal(r.output_text, content);
+    const result = { type: 'function_call_output', call_id: calls[0].call_id, output: process.env.TOOL_RESULT };
+    const back = await openai.responses.create({ model: toolLLM, tools: rtools, temperature: 0, store: false, input: [...msgs, ...r.output, result] });
+    assert.equal(back.usage.input_tokens, roundTripTokens);
+    const cont = await openai.responses.create({ model: toolLLM, tools: rtools, temperature: 0, store: false, previous_response_id: r.id, input: [result] });
+    assert.equal(cont.usage.input_tokens, roundTripTokens);
+  });
+  await check('openai responses tools streamed', async () => {
+    let args = '';
+    const stream = openai.responses.stream({ model: toolLLM, input: msgs, tools: rtools, temperature: 0, store: false });
+    stream.on('response.function_call_arguments.delta', (e) => { args += e.delta; });
+    const final = await stream.finalResponse();
+    const calls = final.output.filter((o) => o.type === 'function_call');
+    assert.equal(calls.length, 1);
+    assert.equal(calls[0].arguments, args);
+    checkArgs(JSON.parse(args));
+  });
+  await check('openai responses tool_choice required', async () => {
+    const r = await openai.responses.create({ model: toolLLM, input: msgs, tools: rtools, tool_choice: 'required', temperature: 0, store: false });
+    assert.deepEqual(r.output.filter((o) => o.type !== 'reasoning').map((o) => o.type), ['function_call']);
+    checkArgs(JSON.parse(r.output.find((o) => o.type === 'function_call').arguments));
+  });
   let ollamaAnswer;
   await check('ollama chat tools', async () => {
     const r = await ollama.chat({ model: toolLLM, messages: msgs, tools, stream: false, options: { temperature: 0 } });
@@ -514,6 +625,12 @@ if (structLLM) {
       response_format: { type: 'json_schema', json_schema: { name: 'person', schema } } });
     assert.equal(r.choices[0].finish_reason, 'stop');
     outs.push(JSON.parse(r.choices[0].text));
+  });
+  await check('openai responses text.format json_schema', async () => {
+    const r = await openai.responses.create({ model: structLLM, input: messages, temperature: 1, seed: 6, max_output_tokens: 200, store: false,
+      reasoning: { effort: 'none' }, text: { format: { type: 'json_schema', name: 'person', strict: true, schema } } });
+    assert.equal(r.status, 'completed');
+    outs.push(JSON.parse(r.output_text));
   });
   await check('ollama chat format schema', async () => {
     const r = await ollama.chat({ model: structLLM, messages, format: schema, think: false, stream: false, options: { temperature: 1, seed: 4, num_predict: 200 } });
