@@ -249,7 +249,14 @@ func (g *genFuzz) post(path, body string) (int, []byte, error) {
 }
 
 // fuzzRoutes are the generation routes FuzzHTTPGeneration's selector picks.
-var fuzzRoutes = []string{"/v1/chat/completions", "/v1/completions", "/api/chat", "/api/generate"}
+var fuzzRoutes = []string{"/v1/chat/completions", "/v1/completions", "/api/chat", "/api/generate", "/v1/responses"}
+
+// fuzzRoute is the route a selector without the overlay bit picks: bits
+// 0-1 and 3 (routeSel's inverse).
+func fuzzRoute(sel uint8) string { return fuzzRoutes[int(sel&3|sel>>1&4)%len(fuzzRoutes)] }
+
+// routeSel is the selector of route i.
+func routeSel(i int) uint8 { return uint8(i&3 | i&4<<1) }
 
 // httpSeeds are realistic bodies, each for a route, among them every
 // field the four routes read.
@@ -303,6 +310,20 @@ var httpSeeds = []struct {
 	{3, `{"model":"qwen-tools","prompt":"Weather in Paris?","system":"You are terse.","stream":false,"options":{"num_predict":24,"temperature":0}}`},
 	{3, `{"model":"tiny-llm","prompt":"abc","raw":true,"stream":true,"logprobs":true,"top_logprobs":3,"options":{"num_predict":8,"seed":1,"stop":["z"]}}`},
 	{3, `{"model":"qwen-tools","prompt":"count","think":false,"format":{"type":"array","items":{"type":"integer","minimum":0}},"options":{"num_predict":10}}`},
+	{4, `{"model":"qwen-tools","input":"Weather in Paris?","instructions":"You are terse.","max_output_tokens":24,"temperature":0}`},
+	{4, `{"model":"qwen-tools","stream":true,"temperature":0,"max_output_tokens":32,"tool_choice":"auto","max_tool_calls":2,
+		"tools":[{"type":"function","name":"get_weather","description":"Get the weather in a city.","parameters":{"type":"object","properties":{"city":{"type":"string","enum":["Paris","Rome"]}},"required":["city"]}}],
+		"input":[{"role":"user","content":"Weather in Paris?"}],"store":false,"metadata":{"k":"v"}}`},
+	{4, `{"model":"qwen-tools","max_output_tokens":16,"reasoning":{"effort":"none"},"include":["message.output_text.logprobs"],"top_logprobs":2,
+		"text":{"format":{"type":"json_schema","name":"w","strict":true,"schema":{"type":"object","properties":{"city":{"type":"string","maxLength":5}},"required":["city"]}}},
+		"input":[{"type":"message","role":"developer","content":[{"type":"input_text","text":"JSON only"}]},{"role":"user","content":"Weather?"},
+		{"type":"reasoning","id":"rs_1","summary":[{"type":"summary_text","text":"look it up"}]},
+		{"type":"function_call","call_id":"call_1","name":"get_weather","arguments":"{\"city\":\"Paris\"}"},
+		{"type":"function_call_output","call_id":"call_1","output":"{\"temp\": 21}"}],"truncation":"auto"}`},
+	{4, `{"model":"qwen-tools","stream":true,"max_output_tokens":12,"reasoning":{"effort":"high"},"text":{"format":{"type":"json_object"}},
+		"parallel_tool_calls":false,"tool_choice":{"type":"allowed_tools","mode":"required","tools":[{"type":"function","name":"f"}]},
+		"tools":[{"type":"function","name":"f","parameters":{"type":"object","properties":{"x":{"type":"integer"}}}},{"type":"function","name":"g"}],
+		"input":"call f","previous_response_id":"resp_0"}`},
 }
 
 // httpOverlays are small bodies that FuzzHTTPGeneration's merge mode
@@ -317,6 +338,7 @@ var httpOverlays = []string{
 	`{"tool_choice":"required","parallel_tool_calls":false}`,
 	`{"response_format":{"type":"json_object"},"logit_bias":{"90":3}}`,
 	`{"format":"json","raw":true}`,
+	`{"stream":true,"include":["message.output_text.logprobs"],"top_logprobs":2,"reasoning":{"effort":"low"}}`,
 }
 
 // FuzzHTTPGeneration: whatever the body of a generation request on the
@@ -326,7 +348,7 @@ var httpOverlays = []string{
 // with done or an error), it goes back to idle once the call ended, and it
 // keeps serving both models.
 //
-// The selector's bits 0-1 pick the route; with bit 2 set, the body (a
+// The selector's bits 0-1 and 3 pick the route; with bit 2 set, the body (a
 // JSON object) is laid over the seed that bits 3-7 pick, field by field,
 // and sent to that seed's route. A cut other than 0 is a client that
 // reads that many bytes of the answer and goes away: its work must stop
@@ -337,14 +359,14 @@ func FuzzHTTPGeneration(f *testing.F) {
 		if i%4 == 1 {
 			cut = uint16(1 + i*37) // the client goes away part way
 		}
-		f.Add(uint8(s.route), cut, s.body)
+		f.Add(routeSel(s.route), cut, s.body)
 	}
 	for i, o := range httpOverlays {
 		f.Add(uint8(4|(i*5%len(httpSeeds))<<3), uint16(0), o)
 	}
 	g := startGenFuzz(f)
 	f.Fuzz(func(t *testing.T, sel uint8, cut uint16, body string) {
-		path := fuzzRoutes[int(sel)%len(fuzzRoutes)]
+		path := fuzzRoute(sel)
 		if sel&4 != 0 {
 			seed := httpSeeds[int(sel>>3)%len(httpSeeds)]
 			path = fuzzRoutes[seed.route]
@@ -412,7 +434,11 @@ func checkHTTPAnswer(t *testing.T, path string, resp *http.Response, b []byte) {
 		if resp.StatusCode != http.StatusOK {
 			t.Fatalf("%s: a stream with status %d", path, resp.StatusCode)
 		}
-		if err := checkSSE(b); err != nil {
+		check := checkSSE
+		if path == "/v1/responses" {
+			check = checkResponseEvents
+		}
+		if err := check(b); err != nil {
 			t.Fatalf("%s: %v:\n%s", path, err, b)
 		}
 	case strings.HasPrefix(ct, "application/x-ndjson"):
@@ -649,4 +675,40 @@ func drainGRPC[M any](st interface{ Recv() (M, error) }, err error, after int, l
 			leave()
 		}
 	}
+}
+
+// checkResponseEvents checks a Responses API stream: events of an event
+// line and a data line of JSON whose type is the event's and whose
+// sequence numbers count from 0, the last response.completed or
+// response.incomplete, and no error event.
+func checkResponseEvents(b []byte) error {
+	events := strings.Split(strings.TrimSuffix(string(b), "\n\n"), "\n\n")
+	var last string
+	for i, e := range events {
+		name, data, ok := strings.Cut(e, "\n")
+		name, ok1 := strings.CutPrefix(name, "event: ")
+		data, ok2 := strings.CutPrefix(data, "data: ")
+		if !ok || !ok1 || !ok2 || strings.Contains(data, "\n") {
+			return fmt.Errorf("event %d is not an event line and a data line: %q", i, e)
+		}
+		var ev struct {
+			Type     string `json:"type"`
+			Sequence *int   `json:"sequence_number"`
+			Message  string `json:"message"`
+		}
+		if err := json.Unmarshal([]byte(data), &ev); err != nil {
+			return fmt.Errorf("event %d is not JSON: %q", i, data)
+		}
+		if ev.Type != name || ev.Sequence == nil || *ev.Sequence != i {
+			return fmt.Errorf("event %d: %s with type %q, sequence %v", i, name, ev.Type, ev.Sequence)
+		}
+		if name == "error" {
+			return fmt.Errorf("an error event: %s", ev.Message)
+		}
+		last = name
+	}
+	if last != "response.completed" && last != "response.incomplete" {
+		return fmt.Errorf("the stream ends with %s", last)
+	}
+	return nil
 }
