@@ -293,6 +293,10 @@ type openaiChatRequest struct {
 	// ChatTemplateKwargs are variables for the chat template, as vLLM
 	// takes them (Qwen3's enable_thinking).
 	ChatTemplateKwargs map[string]any `json:"chat_template_kwargs"`
+	// ReasoningEffort is OpenAI's: "none" turns a thinking model's
+	// thinking off, any other effort on (the template's reasoning_effort,
+	// as vLLM passes it); chat_template_kwargs' own win.
+	ReasoningEffort *string `json:"reasoning_effort"`
 	// vLLM's: a reply that continues the last (assistant) message, a
 	// prefill, instead of starting a turn.
 	AddGenerationPrompt  *bool `json:"add_generation_prompt"`
@@ -406,6 +410,17 @@ func (h *Handler) openaiChat(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var kwargs *structpb.Struct
+	if req.ReasoningEffort != nil {
+		vars, err := effortVars(*req.ReasoningEffort, "reasoning_effort")
+		if err != nil {
+			h.fail(w, r, err)
+			return
+		}
+		for k, v := range req.ChatTemplateKwargs {
+			vars[k] = v
+		}
+		req.ChatTemplateKwargs = vars
+	}
 	if req.ChatTemplateKwargs != nil {
 		if kwargs, err = structpb.NewStruct(req.ChatTemplateKwargs); err != nil {
 			h.fail(w, r, paramError("chat_template_kwargs", "invalid_value", "Invalid 'chat_template_kwargs': %v", err))

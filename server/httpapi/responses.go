@@ -466,14 +466,25 @@ func (req *responsesRequest) thinking() (*structpb.Struct, error) {
 	if req.Reasoning == nil || req.Reasoning.Effort == nil {
 		return nil, nil
 	}
-	switch e := *req.Reasoning.Effort; e {
-	case "none":
-		return structpb.NewStruct(map[string]any{"enable_thinking": false})
-	case "minimal", "low", "medium", "high", "xhigh":
-		return structpb.NewStruct(map[string]any{"enable_thinking": true, "reasoning_effort": e})
-	default:
-		return nil, paramError("reasoning.effort", "invalid_value", "Invalid 'reasoning.effort': %q; expected none, minimal, low, medium, high or xhigh.", e)
+	vars, err := effortVars(*req.Reasoning.Effort, "reasoning.effort")
+	if err != nil {
+		return nil, err
 	}
+	return structpb.NewStruct(vars)
+}
+
+// effortVars are the chat template variables of an OpenAI reasoning
+// effort (chat's reasoning_effort, the Responses API's reasoning.effort):
+// "none" turns thinking off, any other effort on, and is the template's
+// reasoning_effort.
+func effortVars(effort, param string) (map[string]any, error) {
+	switch effort {
+	case "none":
+		return map[string]any{"enable_thinking": false}, nil
+	case "minimal", "low", "medium", "high", "xhigh":
+		return map[string]any{"enable_thinking": true, "reasoning_effort": effort}, nil
+	}
+	return nil, paramError(param, "invalid_value", "Invalid '%s': %q; expected none, minimal, low, medium, high or xhigh.", param, effort)
 }
 
 func (h *Handler) openaiResponses(w http.ResponseWriter, r *http.Request) {

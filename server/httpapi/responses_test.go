@@ -493,3 +493,35 @@ func TestResponsesTruncation(t *testing.T) {
 		t.Errorf("status %d, truncate_history %v", code, f.lastChat.GetTruncateHistory())
 	}
 }
+
+// TestChatReasoningEffort: chat's reasoning_effort turns thinking on or off
+// as the Responses API's does; chat_template_kwargs' own values win.
+func TestChatReasoningEffort(t *testing.T) {
+	srv, f, _ := newTestServer(t)
+	for _, tc := range []struct {
+		extra  string
+		code   int
+		think  bool
+		effort string
+	}{
+		{`"reasoning_effort":"medium"`, 200, true, "medium"},
+		{`"reasoning_effort":"none"`, 200, false, ""},
+		{`"reasoning_effort":"low","chat_template_kwargs":{"enable_thinking":false}`, 200, false, "low"},
+		{`"reasoning_effort":"max"`, 400, false, ""},
+	} {
+		resp := post(t, srv.URL+"/v1/chat/completions", `{"model":"tiny-llm","messages":[{"role":"user","content":"x"}],`+tc.extra+`}`)
+		var m map[string]any
+		if err := json.NewDecoder(resp.Body).Decode(&m); err != nil || resp.StatusCode != tc.code {
+			t.Errorf("%s: status %d %v %v", tc.extra, resp.StatusCode, m, err)
+			continue
+		}
+		if tc.code != 200 {
+			continue
+		}
+		kw := f.lastChat.GetChatTemplateKwargs().GetFields()
+		msg := m["choices"].([]any)[0].(map[string]any)["message"].(map[string]any)
+		if kw["enable_thinking"].GetBoolValue() != tc.think || kw["reasoning_effort"].GetStringValue() != tc.effort || (msg["reasoning_content"] != nil) != tc.think {
+			t.Errorf("%s: kwargs %v, message %v", tc.extra, kw, msg)
+		}
+	}
+}

@@ -396,6 +396,13 @@ if (thinker) {
     assert.deepEqual(r.output.map((o) => o.type), ['message']);
     if (content) assert.equal(r.output_text, content);
   });
+  await check('openai chat reasoning_effort', async () => {
+    const on = await openai.chat.completions.create({ model: thinker, messages: msgs, temperature: 0, reasoning_effort: 'low' });
+    assert.equal(on.choices[0].message.reasoning_content, reasoning);
+    const off = await openai.chat.completions.create({ model: thinker, messages: msgs, temperature: 0, reasoning_effort: 'none' });
+    assert.equal(off.choices[0].message.reasoning_content ?? null, null);
+    if (content) assert.equal(off.choices[0].message.content, content);
+  });
   await check('openai chat with thinking off', async () => {
     const r = await openai.chat.completions.create({ model: thinker, messages: msgs, temperature: 0,
       chat_template_kwargs: { enable_thinking: false } });
