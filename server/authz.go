@@ -69,6 +69,8 @@ var methodRoles = map[string]role{
 	brokerv1.BrokerService_Infer_FullMethodName:          roleData,
 	brokerv1.BrokerService_Generate_FullMethodName:       roleData,
 	brokerv1.BrokerService_Chat_FullMethodName:           roleData,
+	brokerv1.BrokerService_Tokenize_FullMethodName:       roleData,
+	brokerv1.BrokerService_Detokenize_FullMethodName:     roleData,
 	brokerv1.BrokerService_ListDevices_FullMethodName:    roleInventory,
 	brokerv1.BrokerService_GetDevice_FullMethodName:      roleInventory,
 	brokerv1.BrokerService_GetReport_FullMethodName:      roleInventory,

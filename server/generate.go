@@ -48,6 +48,10 @@ type generator interface {
 	// starts with ("": none).
 	SystemPrompt() string
 	EncodePrompt(text string, addSpecial bool) ([]int32, error)
+	// VocabSize bounds the token ids; TokenBytes is a token's bytes (a
+	// special token's text).
+	VocabSize() int
+	TokenBytes(id int32) []byte
 	// RenderChat runs the model's chat template under its bounds; it
 	// stops with ctx's error when ctx ends.
 	RenderChat(ctx context.Context, msgs []llm.Message, opts llm.ChatOptions) (string, error)
@@ -315,96 +319,13 @@ func (s *BrokerService) RunChat(ctx context.Context, req *brokerv1.ChatRequest, 
 		}
 		call.thinkFirst = make([]*llm.ThinkFirst, seqs)
 	}
-	cont := req.GetContinueFinalMessage()
-	addGen := req.AddGenerationPrompt == nil || req.GetAddGenerationPrompt()
-	if cont && req.AddGenerationPrompt != nil && addGen {
-		return invalid("continue_final_message and add_generation_prompt cannot both be true: the reply continues the last message or starts a turn")
+	prompts, err := s.renderChats(ctx, req, call.gm, vars, tools, toolsSize, call.params.Constraint != nil)
+	if err != nil {
+		return err
 	}
-	if cont && call.params.Constraint != nil {
-		// The grammar would start over after the prefill ("{" then "{...}").
-		return invalid("continue_final_message cannot take a constraint (response_format, format, a required tool call): the constraint would start over after the prefilled text")
-	}
-	addGen = addGen && !cont
 	toks := make([][]int32, seqs)
-	for i, c := range convs {
-		msgs := c.GetMessages()
-		if len(msgs) == 0 {
-			return invalid("conversations[%d] has no messages", i)
-		}
-		// Bounded before any work: millions of empty messages are as
-		// costly to render and tokenise as their text, so each counts
-		// its role and a template's markup besides its content.
-		if len(msgs) > maxChatMessages {
-			return invalid("conversations[%d] has %d messages; at most %d", i, len(msgs), maxChatMessages)
-		}
-		size := toolsSize
-		for _, m := range msgs {
-			size += len(m.GetContent()) + len(m.GetReasoning()) + len(m.GetRole()) + len(m.GetToolCallId()) + chatMessageOverhead
-			for _, tc := range m.GetToolCalls() {
-				size += len(tc.GetId()) + len(tc.GetName()) + len(tc.GetArguments()) + chatMessageOverhead
-			}
-		}
-		if size > s.limits.MaxItemBytes {
-			return invalid("conversations[%d] is %d bytes (%d messages, counting %d bytes of markup each); the limit is %d (--max-item-bytes)",
-				i, size, len(msgs), chatMessageOverhead, s.limits.MaxItemBytes)
-		}
-		turns := make([]llm.Message, 0, len(msgs)+1)
-		hasSystem := false
-		for j, m := range msgs {
-			switch m.GetRole() {
-			case "system", "user", "assistant", "tool":
-			default:
-				return invalid("conversations[%d].messages[%d].role %q: want system, user, assistant or tool", i, j, m.GetRole())
-			}
-			hasSystem = hasSystem || m.GetRole() == "system"
-			turn := llm.Message{Role: m.GetRole(), Content: m.GetContent(), Reasoning: m.GetReasoning(), ToolCallID: m.GetToolCallId()}
-			if turn.ToolCalls, err = turnCalls(m); err != nil {
-				return invalid("conversations[%d].messages[%d]: %v", i, j, err)
-			}
-			turns = append(turns, turn)
-		}
-		// The model's own system prompt (an Ollama model's), as Ollama
-		// applies it: when the conversation brings none.
-		if sys := call.gm.SystemPrompt(); sys != "" && !hasSystem {
-			turns = append([]llm.Message{{Role: "system", Content: sys}}, turns...)
-		}
-		if cont && turns[len(turns)-1].Role != "assistant" {
-			return invalid("conversations[%d]: continue_final_message needs an assistant message last, has %s", i, turns[len(turns)-1].Role)
-		}
-		render := func(turns []llm.Message) (string, []int32, error) {
-			if cont {
-				// The final message's content is marked at its end, and
-				// the text cut there: its end of turn left out. (Looking
-				// the content up, as transformers does, finds a prefill
-				// of "<" inside "<|im_end|>".)
-				turns = slices.Clone(turns)
-				turns[len(turns)-1].Content += prefillEnd
-			}
-			text, err := call.gm.RenderChat(ctx, turns, llm.ChatOptions{AddGenerationPrompt: addGen, Vars: vars, Tools: tools})
-			if err != nil {
-				return "", nil, err
-			}
-			if cont {
-				k := strings.Index(text, prefillEnd)
-				if k < 0 {
-					return "", nil, errors.New("continue_final_message: the chat template does not write the final message's content")
-				}
-				text = text[:k]
-			}
-			// The template writes the special tokens itself.
-			ids, err := call.gm.EncodePrompt(text, false)
-			return text, ids, err
-		}
-		text, ids, err := render(turns)
-		if err == nil && req.GetTruncateHistory() && len(ids) >= call.gm.ContextLength() {
-			text, ids, err = s.truncateChat(turns, render, call.gm.ContextLength(), i)
-		}
-		if err != nil {
-			if ctx.Err() != nil {
-				return toStatus(s.log, "Chat", ctx.Err())
-			}
-			return invalid("conversations[%d]: %v", i, err)
-		}
+	for i, p := range prompts {
+		text, ids := p.text, p.ids
 		// A template may open the block itself (thinking-only models):
 		// the reply then starts inside it.
 		opened := thinks && output.PromptOpensBlock(tags, text)
@@ -427,6 +348,114 @@ func (s *BrokerService) RunChat(ctx context.Context, req *brokerv1.ChatRequest, 
 		}
 	}
 	return call.run(ctx, toks, send)
+}
+
+// chatPrompt is a conversation as the model runs it: its rendered text
+// and token ids.
+type chatPrompt struct {
+	text string
+	ids  []int32
+}
+
+// renderChats renders each conversation of req through gm's chat template
+// and tokenises it, as Chat runs it and Tokenize counts it. constrained
+// says the output is constrained (a prefill cannot take a constraint).
+func (s *BrokerService) renderChats(ctx context.Context, req *brokerv1.ChatRequest, gm generator, vars map[string]any,
+	tools []json.RawMessage, toolsSize int, constrained bool) ([]chatPrompt, error) {
+	cont := req.GetContinueFinalMessage()
+	addGen := req.AddGenerationPrompt == nil || req.GetAddGenerationPrompt()
+	if cont && req.AddGenerationPrompt != nil && addGen {
+		return nil, invalid("continue_final_message and add_generation_prompt cannot both be true: the reply continues the last message or starts a turn")
+	}
+	if cont && constrained {
+		// The grammar would start over after the prefill ("{" then "{...}").
+		return nil, invalid("continue_final_message cannot take a constraint (response_format, format, a required tool call): the constraint would start over after the prefilled text")
+	}
+	addGen = addGen && !cont
+	prompts := make([]chatPrompt, 0, len(req.GetConversations()))
+	for i, c := range req.GetConversations() {
+		msgs := c.GetMessages()
+		if len(msgs) == 0 {
+			return nil, invalid("conversations[%d] has no messages", i)
+		}
+		// Bounded before any work: millions of empty messages are as
+		// costly to render and tokenise as their text, so each counts
+		// its role and a template's markup besides its content.
+		if len(msgs) > maxChatMessages {
+			return nil, invalid("conversations[%d] has %d messages; at most %d", i, len(msgs), maxChatMessages)
+		}
+		size := toolsSize
+		for _, m := range msgs {
+			size += len(m.GetContent()) + len(m.GetReasoning()) + len(m.GetRole()) + len(m.GetToolCallId()) + chatMessageOverhead
+			for _, tc := range m.GetToolCalls() {
+				size += len(tc.GetId()) + len(tc.GetName()) + len(tc.GetArguments()) + chatMessageOverhead
+			}
+		}
+		if size > s.limits.MaxItemBytes {
+			return nil, invalid("conversations[%d] is %d bytes (%d messages, counting %d bytes of markup each); the limit is %d (--max-item-bytes)",
+				i, size, len(msgs), chatMessageOverhead, s.limits.MaxItemBytes)
+		}
+		turns := make([]llm.Message, 0, len(msgs)+1)
+		hasSystem := false
+		for j, m := range msgs {
+			switch m.GetRole() {
+			case "system", "user", "assistant", "tool":
+			default:
+				return nil, invalid("conversations[%d].messages[%d].role %q: want system, user, assistant or tool", i, j, m.GetRole())
+			}
+			hasSystem = hasSystem || m.GetRole() == "system"
+			turn := llm.Message{Role: m.GetRole(), Content: m.GetContent(), Reasoning: m.GetReasoning(), ToolCallID: m.GetToolCallId()}
+			var err error
+			if turn.ToolCalls, err = turnCalls(m); err != nil {
+				return nil, invalid("conversations[%d].messages[%d]: %v", i, j, err)
+			}
+			turns = append(turns, turn)
+		}
+		// The model's own system prompt (an Ollama model's), as Ollama
+		// applies it: when the conversation brings none.
+		if sys := gm.SystemPrompt(); sys != "" && !hasSystem {
+			turns = append([]llm.Message{{Role: "system", Content: sys}}, turns...)
+		}
+		if cont && turns[len(turns)-1].Role != "assistant" {
+			return nil, invalid("conversations[%d]: continue_final_message needs an assistant message last, has %s", i, turns[len(turns)-1].Role)
+		}
+		render := func(turns []llm.Message) (string, []int32, error) {
+			if cont {
+				// The final message's content is marked at its end, and
+				// the text cut there: its end of turn left out. (Looking
+				// the content up, as transformers does, finds a prefill
+				// of "<" inside "<|im_end|>".)
+				turns = slices.Clone(turns)
+				turns[len(turns)-1].Content += prefillEnd
+			}
+			text, err := gm.RenderChat(ctx, turns, llm.ChatOptions{AddGenerationPrompt: addGen, Vars: vars, Tools: tools})
+			if err != nil {
+				return "", nil, err
+			}
+			if cont {
+				k := strings.Index(text, prefillEnd)
+				if k < 0 {
+					return "", nil, errors.New("continue_final_message: the chat template does not write the final message's content")
+				}
+				text = text[:k]
+			}
+			// The template writes the special tokens itself.
+			ids, err := gm.EncodePrompt(text, false)
+			return text, ids, err
+		}
+		text, ids, err := render(turns)
+		if err == nil && req.GetTruncateHistory() && len(ids) >= gm.ContextLength() {
+			text, ids, err = s.truncateChat(turns, render, gm.ContextLength(), i)
+		}
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil, toStatus(s.log, "Chat", ctx.Err())
+			}
+			return nil, invalid("conversations[%d]: %v", i, err)
+		}
+		prompts = append(prompts, chatPrompt{text: text, ids: ids})
+	}
+	return prompts, nil
 }
 
 // prefillEnd marks the end of a continued message's content in its
@@ -666,12 +695,6 @@ func templateVars(req *brokerv1.ChatRequest) (map[string]any, error) {
 // gate (release leaves it).
 func (s *BrokerService) newGenCall(ctx context.Context, method, model string, n int, sp *brokerv1.SamplingParams,
 	prio brokerv1.Priority, typ brokerv1.DeviceType, deviceID string, maxTime *durationpb.Duration) (*genCall, func(), error) {
-	if s.models == nil {
-		return nil, nil, status.Error(codes.Unavailable, "no model is being served")
-	}
-	if model == "" {
-		return nil, nil, invalid("model is required: a generator model's name")
-	}
 	if n == 0 {
 		return nil, nil, invalid("nothing to generate: give at least one prompt or conversation")
 	}
@@ -701,14 +724,9 @@ func (s *BrokerService) newGenCall(ctx context.Context, method, model string, n 
 			return nil, nil, invalid("max_time %v is invalid: a positive duration", maxTime)
 		}
 	}
-	sv, err := s.models.Acquire(model, 0)
+	sv, gm, err := s.acquireGenerator(method, model)
 	if err != nil {
-		return nil, nil, toStatus(s.log, method, err)
-	}
-	gm := s.generator(sv)
-	if gm == nil {
-		s.models.Release(sv)
-		return nil, nil, invalid("model %s is a %s model: %s serves generator (LLM) models", model, sv.Info.Kind, method)
+		return nil, nil, err
 	}
 	params, err := samplingFromProto(sp, gm.DefaultSampling())
 	if err != nil {
@@ -725,6 +743,26 @@ func (s *BrokerService) newGenCall(ctx context.Context, method, model string, n 
 		call.maxTime = maxTime.AsDuration()
 	}
 	return call, func() { s.models.Release(sv) }, nil
+}
+
+// acquireGenerator holds a served generator model (Release it).
+func (s *BrokerService) acquireGenerator(method, model string) (*lifecycle.Served, generator, error) {
+	if s.models == nil {
+		return nil, nil, status.Error(codes.Unavailable, "no model is being served")
+	}
+	if model == "" {
+		return nil, nil, invalid("model is required: a generator model's name")
+	}
+	sv, err := s.models.Acquire(model, 0)
+	if err != nil {
+		return nil, nil, toStatus(s.log, method, err)
+	}
+	gm := s.generator(sv)
+	if gm == nil {
+		s.models.Release(sv)
+		return nil, nil, invalid("model %s is a %s model: %s serves generator (LLM) models", model, sv.Info.Kind, method)
+	}
+	return sv, gm, nil
 }
 
 // seqEvent is one event of one of the call's sequences.

@@ -66,6 +66,15 @@ func (m *letterModel) EncodePrompt(text string, addSpecial bool) ([]int32, error
 
 func (m *letterModel) ThinkTags() (output.Tags, bool) { return output.Tags{}, false }
 
+// The letter model's vocabulary: BOS, EOS and a token per byte.
+func (m *letterModel) VocabSize() int { return 258 }
+func (m *letterModel) TokenBytes(id int32) []byte {
+	if id < 2 {
+		return []byte([]string{"</s>", "<s>"}[id]) // EOS 0, BOS 1
+	}
+	return []byte{byte(id - 2)}
+}
+
 func (m *letterModel) ToolFormat() output.ToolFormat { return output.NoToolFormat }
 
 func (m *letterModel) DefaultSampling() llm.Sampling { return llm.Sampling{} }

@@ -35,6 +35,8 @@ func (g llmGenerator) EncodePrompt(text string, addSpecial bool) ([]int32, error
 }
 
 func (g llmGenerator) DefaultSampling() llm.Sampling { return g.m.DefaultSampling() }
+func (g llmGenerator) VocabSize() int                { return g.m.VocabSize() }
+func (g llmGenerator) TokenBytes(id int32) []byte    { return g.m.TokenBytes(id) }
 
 func (g llmGenerator) RenderChat(ctx context.Context, msgs []llm.Message, opts llm.ChatOptions) (string, error) {
 	return g.m.RenderChat(ctx, msgs, opts)

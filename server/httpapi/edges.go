@@ -41,7 +41,7 @@ var ollamaUnsupported = map[string]string{
 // served lists the routes for the message of a request no route matches.
 const served = "brokerd serves the Ollama API (POST /api/generate, /api/chat, /api/embed, /api/embeddings, /api/show; " +
 	"GET /api/tags, /api/ps, /api/version) and the OpenAI API (POST /v1/chat/completions, /v1/completions, /v1/responses, /v1/embeddings; " +
-	"GET /v1/models, /v1/responses/{id})"
+	"GET /v1/models, /v1/responses/{id}), and vLLM's POST /tokenize and /detokenize"
 
 // unsupportedRoute answers an Ollama store route with what to do instead.
 func (h *Handler) unsupportedRoute(msg string) http.HandlerFunc {

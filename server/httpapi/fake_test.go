@@ -25,6 +25,7 @@ type fakeBackend struct {
 	lastChat     *brokerv1.ChatRequest
 	limit        bool // the last chat's or generate's MaxTokensIsLimit
 	lastEncode   *brokerv1.EncodeRequest
+	lastTokenize *brokerv1.TokenizeRequest
 }
 
 func (f *fakeBackend) check(model string) error {
@@ -268,4 +269,54 @@ func (f *fakeBackend) ListModels(context.Context, *brokerv1.ListModelsRequest) (
 		{Name: "cold", Kind: "bert", State: brokerv1.ModelState_MODEL_STATE_AVAILABLE},
 		{Name: "tiny-mlp", Kind: "mlp", State: brokerv1.ModelState_MODEL_STATE_READY, DeviceIds: []string{"cpu:0"}, MemoryBytes: 1024},
 	}}, nil
+}
+
+// Tokenize counts as the fake generates: a prompt's bytes, a chat's turns
+// (its usage's prompt tokens); a chat's tokens are named role=content.
+func (f *fakeBackend) Tokenize(_ context.Context, req *brokerv1.TokenizeRequest) (*brokerv1.TokenizeResponse, error) {
+	if err := f.check(req.GetModel()); err != nil {
+		return nil, err
+	}
+	if req.GetModel() != "tiny-llm" {
+		return nil, status.Errorf(codes.InvalidArgument, "model %s is a mlp model: Tokenize serves generator (LLM) models", req.GetModel())
+	}
+	f.lastTokenize = req
+	resp := &brokerv1.TokenizeResponse{ContextLength: 2048}
+	for _, p := range req.GetPrompts() {
+		r := &brokerv1.TokenizedPrompt{}
+		for _, c := range []byte(p) {
+			r.Ids = append(r.Ids, int32(c))
+			r.Tokens = append(r.Tokens, string(c))
+		}
+		resp.Results = append(resp.Results, r)
+	}
+	for _, c := range req.GetChat().GetConversations() {
+		r := &brokerv1.TokenizedPrompt{}
+		for i, m := range c.GetMessages() {
+			r.Ids = append(r.Ids, int32(i))
+			r.Tokens = append(r.Tokens, m.GetRole()+"="+m.GetContent())
+		}
+		resp.Results = append(resp.Results, r)
+	}
+	if !req.GetReturnTokenStrings() {
+		for _, r := range resp.Results {
+			r.Tokens = nil
+		}
+	}
+	return resp, nil
+}
+
+// Detokenize writes each id as a byte.
+func (f *fakeBackend) Detokenize(_ context.Context, req *brokerv1.DetokenizeRequest) (*brokerv1.DetokenizeResponse, error) {
+	if err := f.check(req.GetModel()); err != nil {
+		return nil, err
+	}
+	var b []byte
+	for _, id := range req.GetIds() {
+		if id < 0 || id > 255 {
+			return nil, status.Errorf(codes.InvalidArgument, "id %d is outside the vocabulary", id)
+		}
+		b = append(b, byte(id))
+	}
+	return &brokerv1.DetokenizeResponse{Text: string(b)}, nil
 }

@@ -49,6 +49,8 @@ type Backend interface {
 	RunGenerate(ctx context.Context, req *brokerv1.GenerateRequest, send func([]*brokerv1.GenerationDelta, []*brokerv1.GenerationResult) error) error
 	RunChat(ctx context.Context, req *brokerv1.ChatRequest, send func([]*brokerv1.GenerationDelta, []*brokerv1.GenerationResult) error) error
 	ListModels(ctx context.Context, req *brokerv1.ListModelsRequest) (*brokerv1.ListModelsResponse, error)
+	Tokenize(ctx context.Context, req *brokerv1.TokenizeRequest) (*brokerv1.TokenizeResponse, error)
+	Detokenize(ctx context.Context, req *brokerv1.DetokenizeRequest) (*brokerv1.DetokenizeResponse, error)
 }
 
 // Options configure the handler.
@@ -146,6 +148,9 @@ func New(b Backend, opts Options) *Handler {
 		"DELETE /v1/responses/{id}":          h.deleteResponse,
 		"POST /v1/responses/{id}/cancel":     h.cancelResponse,
 		"GET /v1/responses/{id}/input_items": h.responseInputItems,
+		"POST /v1/responses/input_tokens":    h.responseInputTokens,
+		"POST /tokenize":                     h.vllmTokenize,
+		"POST /detokenize":                   h.vllmDetokenize,
 	}
 	patterns := make([]string, 0, len(routes))
 	for pattern, fn := range routes {

@@ -303,16 +303,8 @@ type openaiChatRequest struct {
 	ContinueFinalMessage bool  `json:"continue_final_message"`
 	// ReturnTokenIDs is vLLM's: the response gives the rendered prompt's
 	// token ids (prompt_token_ids) and each choice's (token_ids).
-	ReturnTokenIDs bool `json:"return_token_ids"`
-	Messages       []struct {
-		Role    string          `json:"role"`
-		Content json.RawMessage `json:"content"`
-		// ReasoningContent is an earlier answer's thinking (vLLM's field).
-		ReasoningContent string `json:"reasoning_content"`
-		// An assistant's calls, and a tool's answer to one.
-		ToolCalls  []openaiToolCall `json:"tool_calls"`
-		ToolCallID string           `json:"tool_call_id"`
-	} `json:"messages"`
+	ReturnTokenIDs bool            `json:"return_token_ids"`
+	Messages       []openaiMessage `json:"messages"`
 	// Tools (over openaiSampling's, which the completions route refuses)
 	// and tool_choice; parallel_tool_calls false holds tool_choice
 	// required to one call, and answers tool_choice auto's first call
@@ -321,6 +313,44 @@ type openaiChatRequest struct {
 	Tools             []apiTool       `json:"tools"`
 	ToolChoice        json.RawMessage `json:"tool_choice"`
 	ParallelToolCalls *bool           `json:"parallel_tool_calls"`
+}
+
+// openaiMessage is a chat message.
+type openaiMessage struct {
+	Role    string          `json:"role"`
+	Content json.RawMessage `json:"content"`
+	// ReasoningContent is an earlier answer's thinking (vLLM's field).
+	ReasoningContent string `json:"reasoning_content"`
+	// An assistant's calls, and a tool's answer to one.
+	ToolCalls  []openaiToolCall `json:"tool_calls"`
+	ToolCallID string           `json:"tool_call_id"`
+}
+
+// openaiConversation reads a chat's messages.
+func openaiConversation(msgs []openaiMessage) (*brokerv1.Conversation, error) {
+	conv := &brokerv1.Conversation{}
+	for i, m := range msgs {
+		if m.Role != "assistant" && (len(m.Content) == 0 || string(m.Content) == "null") {
+			// Only an assistant's calls may come without content.
+			return nil, paramError(fmt.Sprintf("messages.[%d].content", i), "invalid_type",
+				"Invalid type for 'messages.[%d].content': expected one of a string or array of objects, but got null instead.", i)
+		}
+		text, err := messageText(m.Content)
+		if err != nil {
+			return nil, err
+		}
+		role := m.Role
+		if role == "developer" { // OpenAI's newer name for system
+			role = "system"
+		}
+		calls, err := openaiHistoryCalls(m.ToolCalls)
+		if err != nil {
+			return nil, err
+		}
+		conv.Messages = append(conv.Messages, &brokerv1.ChatMessage{Role: role, Content: text, Reasoning: m.ReasoningContent,
+			ToolCalls: calls, ToolCallId: m.ToolCallID})
+	}
+	return conv, nil
 }
 
 // messageText reads a message's content: a string, or a list of parts of
@@ -374,30 +404,10 @@ func (h *Handler) openaiChat(w http.ResponseWriter, r *http.Request) {
 		sp.TopLogprobs = int32(*req.TopLogprobs)
 	}
 	sp.Logprobs = wantLogprobs
-	conv := &brokerv1.Conversation{}
-	for i, m := range req.Messages {
-		if m.Role != "assistant" && (len(m.Content) == 0 || string(m.Content) == "null") {
-			// Only an assistant's calls may come without content.
-			h.fail(w, r, paramError(fmt.Sprintf("messages.[%d].content", i), "invalid_type",
-				"Invalid type for 'messages.[%d].content': expected one of a string or array of objects, but got null instead.", i))
-			return
-		}
-		text, err := messageText(m.Content)
-		if err != nil {
-			h.fail(w, r, err)
-			return
-		}
-		role := m.Role
-		if role == "developer" { // OpenAI's newer name for system
-			role = "system"
-		}
-		calls, err := openaiHistoryCalls(m.ToolCalls)
-		if err != nil {
-			h.fail(w, r, err)
-			return
-		}
-		conv.Messages = append(conv.Messages, &brokerv1.ChatMessage{Role: role, Content: text, Reasoning: m.ReasoningContent,
-			ToolCalls: calls, ToolCallId: m.ToolCallID})
+	conv, err := openaiConversation(req.Messages)
+	if err != nil {
+		h.fail(w, r, err)
+		return
 	}
 	tools, err := toolsToProto(req.Tools)
 	if err != nil {

@@ -6007,6 +6007,295 @@ func (x *ChatResponse) GetResults() []*GenerationResult {
 	return nil
 }
 
+type TokenizeRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// A generator model.
+	Model string `protobuf:"bytes,1,opt,name=model,proto3" json:"model,omitempty"`
+	// Texts, tokenised as Generate tokenises its prompts.
+	Prompts []string `protobuf:"bytes,2,rep,name=prompts,proto3" json:"prompts,omitempty"`
+	// As GenerateRequest.add_special_tokens: unset, true.
+	AddSpecialTokens *bool `protobuf:"varint,3,opt,name=add_special_tokens,json=addSpecialTokens,proto3,oneof" json:"add_special_tokens,omitempty"`
+	// Or a chat: each of its conversations rendered as Chat renders it
+	// (its tools, tool_choice, template variables, add_generation_prompt,
+	// continue_final_message, truncate_history); its model, sampling and
+	// scheduling fields are not read.
+	Chat *ChatRequest `protobuf:"bytes,4,opt,name=chat,proto3" json:"chat,omitempty"`
+	// Each token's text too (TokenizedPrompt.tokens).
+	ReturnTokenStrings bool `protobuf:"varint,5,opt,name=return_token_strings,json=returnTokenStrings,proto3" json:"return_token_strings,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
+}
+
+func (x *TokenizeRequest) Reset() {
+	*x = TokenizeRequest{}
+	mi := &file_broker_v1_broker_proto_msgTypes[63]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TokenizeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TokenizeRequest) ProtoMessage() {}
+
+func (x *TokenizeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_broker_v1_broker_proto_msgTypes[63]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TokenizeRequest.ProtoReflect.Descriptor instead.
+func (*TokenizeRequest) Descriptor() ([]byte, []int) {
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{63}
+}
+
+func (x *TokenizeRequest) GetModel() string {
+	if x != nil {
+		return x.Model
+	}
+	return ""
+}
+
+func (x *TokenizeRequest) GetPrompts() []string {
+	if x != nil {
+		return x.Prompts
+	}
+	return nil
+}
+
+func (x *TokenizeRequest) GetAddSpecialTokens() bool {
+	if x != nil && x.AddSpecialTokens != nil {
+		return *x.AddSpecialTokens
+	}
+	return false
+}
+
+func (x *TokenizeRequest) GetChat() *ChatRequest {
+	if x != nil {
+		return x.Chat
+	}
+	return nil
+}
+
+func (x *TokenizeRequest) GetReturnTokenStrings() bool {
+	if x != nil {
+		return x.ReturnTokenStrings
+	}
+	return false
+}
+
+type TokenizedPrompt struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Ids   []int32                `protobuf:"varint,1,rep,packed,name=ids,proto3" json:"ids,omitempty"`
+	// With return_token_strings: each id's text, written as logprobs write
+	// a token (TokenLogprob.text).
+	Tokens        []string `protobuf:"bytes,2,rep,name=tokens,proto3" json:"tokens,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TokenizedPrompt) Reset() {
+	*x = TokenizedPrompt{}
+	mi := &file_broker_v1_broker_proto_msgTypes[64]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TokenizedPrompt) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TokenizedPrompt) ProtoMessage() {}
+
+func (x *TokenizedPrompt) ProtoReflect() protoreflect.Message {
+	mi := &file_broker_v1_broker_proto_msgTypes[64]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TokenizedPrompt.ProtoReflect.Descriptor instead.
+func (*TokenizedPrompt) Descriptor() ([]byte, []int) {
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{64}
+}
+
+func (x *TokenizedPrompt) GetIds() []int32 {
+	if x != nil {
+		return x.Ids
+	}
+	return nil
+}
+
+func (x *TokenizedPrompt) GetTokens() []string {
+	if x != nil {
+		return x.Tokens
+	}
+	return nil
+}
+
+type TokenizeResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// One per prompt or conversation, in order.
+	Results []*TokenizedPrompt `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
+	// The most tokens a sequence holds, its prompt and output together.
+	ContextLength int32 `protobuf:"varint,2,opt,name=context_length,json=contextLength,proto3" json:"context_length,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TokenizeResponse) Reset() {
+	*x = TokenizeResponse{}
+	mi := &file_broker_v1_broker_proto_msgTypes[65]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TokenizeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TokenizeResponse) ProtoMessage() {}
+
+func (x *TokenizeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_broker_v1_broker_proto_msgTypes[65]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TokenizeResponse.ProtoReflect.Descriptor instead.
+func (*TokenizeResponse) Descriptor() ([]byte, []int) {
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{65}
+}
+
+func (x *TokenizeResponse) GetResults() []*TokenizedPrompt {
+	if x != nil {
+		return x.Results
+	}
+	return nil
+}
+
+func (x *TokenizeResponse) GetContextLength() int32 {
+	if x != nil {
+		return x.ContextLength
+	}
+	return 0
+}
+
+type DetokenizeRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Model         string                 `protobuf:"bytes,1,opt,name=model,proto3" json:"model,omitempty"`
+	Ids           []int32                `protobuf:"varint,2,rep,packed,name=ids,proto3" json:"ids,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DetokenizeRequest) Reset() {
+	*x = DetokenizeRequest{}
+	mi := &file_broker_v1_broker_proto_msgTypes[66]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DetokenizeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DetokenizeRequest) ProtoMessage() {}
+
+func (x *DetokenizeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_broker_v1_broker_proto_msgTypes[66]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DetokenizeRequest.ProtoReflect.Descriptor instead.
+func (*DetokenizeRequest) Descriptor() ([]byte, []int) {
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{66}
+}
+
+func (x *DetokenizeRequest) GetModel() string {
+	if x != nil {
+		return x.Model
+	}
+	return ""
+}
+
+func (x *DetokenizeRequest) GetIds() []int32 {
+	if x != nil {
+		return x.Ids
+	}
+	return nil
+}
+
+type DetokenizeResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The tokens' bytes as text (bytes that are not UTF-8 become U+FFFD).
+	Text          string `protobuf:"bytes,1,opt,name=text,proto3" json:"text,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DetokenizeResponse) Reset() {
+	*x = DetokenizeResponse{}
+	mi := &file_broker_v1_broker_proto_msgTypes[67]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DetokenizeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DetokenizeResponse) ProtoMessage() {}
+
+func (x *DetokenizeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_broker_v1_broker_proto_msgTypes[67]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DetokenizeResponse.ProtoReflect.Descriptor instead.
+func (*DetokenizeResponse) Descriptor() ([]byte, []int) {
+	return file_broker_v1_broker_proto_rawDescGZIP(), []int{67}
+}
+
+func (x *DetokenizeResponse) GetText() string {
+	if x != nil {
+		return x.Text
+	}
+	return ""
+}
+
 var File_broker_v1_broker_proto protoreflect.FileDescriptor
 
 const file_broker_v1_broker_proto_rawDesc = "" +
@@ -6512,7 +6801,25 @@ const file_broker_v1_broker_proto_rawDesc = "" +
 	"\aresults\x18\x02 \x03(\v2\x1b.broker.v1.GenerationResultR\aresults\"y\n" +
 	"\fChatResponse\x122\n" +
 	"\x06deltas\x18\x01 \x03(\v2\x1a.broker.v1.GenerationDeltaR\x06deltas\x125\n" +
-	"\aresults\x18\x02 \x03(\v2\x1b.broker.v1.GenerationResultR\aresults*\x9b\x01\n" +
+	"\aresults\x18\x02 \x03(\v2\x1b.broker.v1.GenerationResultR\aresults\"\xe9\x01\n" +
+	"\x0fTokenizeRequest\x12\x14\n" +
+	"\x05model\x18\x01 \x01(\tR\x05model\x12\x18\n" +
+	"\aprompts\x18\x02 \x03(\tR\aprompts\x121\n" +
+	"\x12add_special_tokens\x18\x03 \x01(\bH\x00R\x10addSpecialTokens\x88\x01\x01\x12*\n" +
+	"\x04chat\x18\x04 \x01(\v2\x16.broker.v1.ChatRequestR\x04chat\x120\n" +
+	"\x14return_token_strings\x18\x05 \x01(\bR\x12returnTokenStringsB\x15\n" +
+	"\x13_add_special_tokens\";\n" +
+	"\x0fTokenizedPrompt\x12\x10\n" +
+	"\x03ids\x18\x01 \x03(\x05R\x03ids\x12\x16\n" +
+	"\x06tokens\x18\x02 \x03(\tR\x06tokens\"o\n" +
+	"\x10TokenizeResponse\x124\n" +
+	"\aresults\x18\x01 \x03(\v2\x1a.broker.v1.TokenizedPromptR\aresults\x12%\n" +
+	"\x0econtext_length\x18\x02 \x01(\x05R\rcontextLength\";\n" +
+	"\x11DetokenizeRequest\x12\x14\n" +
+	"\x05model\x18\x01 \x01(\tR\x05model\x12\x10\n" +
+	"\x03ids\x18\x02 \x03(\x05R\x03ids\"(\n" +
+	"\x12DetokenizeResponse\x12\x12\n" +
+	"\x04text\x18\x01 \x01(\tR\x04text*\x9b\x01\n" +
 	"\n" +
 	"DeviceType\x12\x1b\n" +
 	"\x17DEVICE_TYPE_UNSPECIFIED\x10\x00\x12\x13\n" +
@@ -6581,7 +6888,8 @@ const file_broker_v1_broker_proto_rawDesc = "" +
 	"\x15TOOL_CHOICE_MODE_AUTO\x10\x01\x12\x19\n" +
 	"\x15TOOL_CHOICE_MODE_NONE\x10\x02\x12\x1d\n" +
 	"\x19TOOL_CHOICE_MODE_REQUIRED\x10\x03\x12\x1d\n" +
-	"\x19TOOL_CHOICE_MODE_FUNCTION\x10\x042\x98\t\n" +
+	"\x19TOOL_CHOICE_MODE_FUNCTION\x10\x042\xa8\n" +
+	"\n" +
 	"\rBrokerService\x12=\n" +
 	"\x06Encode\x12\x18.broker.v1.EncodeRequest\x1a\x19.broker.v1.EncodeResponse\x12Q\n" +
 	"\fEncodeStream\x12\x1e.broker.v1.EncodeStreamRequest\x1a\x1f.broker.v1.EncodeStreamResponse0\x01\x12:\n" +
@@ -6599,7 +6907,10 @@ const file_broker_v1_broker_proto_rawDesc = "" +
 	"\x0eUncordonDevice\x12 .broker.v1.UncordonDeviceRequest\x1a!.broker.v1.UncordonDeviceResponse\x12:\n" +
 	"\x05Drain\x12\x17.broker.v1.DrainRequest\x1a\x18.broker.v1.DrainResponse\x12E\n" +
 	"\bGenerate\x12\x1a.broker.v1.GenerateRequest\x1a\x1b.broker.v1.GenerateResponse0\x01\x129\n" +
-	"\x04Chat\x12\x16.broker.v1.ChatRequest\x1a\x17.broker.v1.ChatResponse0\x01B5Z3github.com/brokerd/brokerd/proto/broker/v1;brokerv1b\x06proto3"
+	"\x04Chat\x12\x16.broker.v1.ChatRequest\x1a\x17.broker.v1.ChatResponse0\x01\x12C\n" +
+	"\bTokenize\x12\x1a.broker.v1.TokenizeRequest\x1a\x1b.broker.v1.TokenizeResponse\x12I\n" +
+	"\n" +
+	"Detokenize\x12\x1c.broker.v1.DetokenizeRequest\x1a\x1d.broker.v1.DetokenizeResponseB5Z3github.com/brokerd/brokerd/proto/broker/v1;brokerv1b\x06proto3"
 
 var (
 	file_broker_v1_broker_proto_rawDescOnce sync.Once
@@ -6614,7 +6925,7 @@ func file_broker_v1_broker_proto_rawDescGZIP() []byte {
 }
 
 var file_broker_v1_broker_proto_enumTypes = make([]protoimpl.EnumInfo, 11)
-var file_broker_v1_broker_proto_msgTypes = make([]protoimpl.MessageInfo, 67)
+var file_broker_v1_broker_proto_msgTypes = make([]protoimpl.MessageInfo, 72)
 var file_broker_v1_broker_proto_goTypes = []any{
 	(DeviceType)(0),                // 0: broker.v1.DeviceType
 	(DeviceHealth)(0),              // 1: broker.v1.DeviceHealth
@@ -6690,13 +7001,18 @@ var file_broker_v1_broker_proto_goTypes = []any{
 	(*GenerationResult)(nil),       // 71: broker.v1.GenerationResult
 	(*GenerateResponse)(nil),       // 72: broker.v1.GenerateResponse
 	(*ChatResponse)(nil),           // 73: broker.v1.ChatResponse
-	nil,                            // 74: broker.v1.Device.AttributesEntry
-	nil,                            // 75: broker.v1.Configuration.CostPerHourUsdEntry
-	nil,                            // 76: broker.v1.QueueStats.FailedEntry
-	nil,                            // 77: broker.v1.SamplingParams.LogitBiasEntry
-	(*timestamppb.Timestamp)(nil),  // 78: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),    // 79: google.protobuf.Duration
-	(*structpb.Struct)(nil),        // 80: google.protobuf.Struct
+	(*TokenizeRequest)(nil),        // 74: broker.v1.TokenizeRequest
+	(*TokenizedPrompt)(nil),        // 75: broker.v1.TokenizedPrompt
+	(*TokenizeResponse)(nil),       // 76: broker.v1.TokenizeResponse
+	(*DetokenizeRequest)(nil),      // 77: broker.v1.DetokenizeRequest
+	(*DetokenizeResponse)(nil),     // 78: broker.v1.DetokenizeResponse
+	nil,                            // 79: broker.v1.Device.AttributesEntry
+	nil,                            // 80: broker.v1.Configuration.CostPerHourUsdEntry
+	nil,                            // 81: broker.v1.QueueStats.FailedEntry
+	nil,                            // 82: broker.v1.SamplingParams.LogitBiasEntry
+	(*timestamppb.Timestamp)(nil),  // 83: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),    // 84: google.protobuf.Duration
+	(*structpb.Struct)(nil),        // 85: google.protobuf.Struct
 }
 var file_broker_v1_broker_proto_depIdxs = []int32{
 	0,   // 0: broker.v1.Device.type:type_name -> broker.v1.DeviceType
@@ -6705,10 +7021,10 @@ var file_broker_v1_broker_proto_depIdxs = []int32{
 	12,  // 3: broker.v1.Device.cpu:type_name -> broker.v1.CpuInfo
 	13,  // 4: broker.v1.Device.gpu:type_name -> broker.v1.GpuInfo
 	14,  // 5: broker.v1.Device.tpu:type_name -> broker.v1.TpuInfo
-	74,  // 6: broker.v1.Device.attributes:type_name -> broker.v1.Device.AttributesEntry
-	78,  // 7: broker.v1.Telemetry.updated_at:type_name -> google.protobuf.Timestamp
+	79,  // 6: broker.v1.Device.attributes:type_name -> broker.v1.Device.AttributesEntry
+	83,  // 7: broker.v1.Telemetry.updated_at:type_name -> google.protobuf.Timestamp
 	0,   // 8: broker.v1.BatchPlan.device_type:type_name -> broker.v1.DeviceType
-	75,  // 9: broker.v1.Configuration.cost_per_hour_usd:type_name -> broker.v1.Configuration.CostPerHourUsdEntry
+	80,  // 9: broker.v1.Configuration.cost_per_hour_usd:type_name -> broker.v1.Configuration.CostPerHourUsdEntry
 	0,   // 10: broker.v1.Runtime.device_types:type_name -> broker.v1.DeviceType
 	19,  // 11: broker.v1.Runtime.plugins:type_name -> broker.v1.PjrtPlugin
 	0,   // 12: broker.v1.ExecutionInfo.device_type:type_name -> broker.v1.DeviceType
@@ -6725,7 +7041,7 @@ var file_broker_v1_broker_proto_depIdxs = []int32{
 	5,   // 23: broker.v1.TensorSpec.dtype:type_name -> broker.v1.DataType
 	27,  // 24: broker.v1.InferRequest.inputs:type_name -> broker.v1.Tensor
 	4,   // 25: broker.v1.InferRequest.priority:type_name -> broker.v1.Priority
-	79,  // 26: broker.v1.InferRequest.timeout:type_name -> google.protobuf.Duration
+	84,  // 26: broker.v1.InferRequest.timeout:type_name -> google.protobuf.Duration
 	0,   // 27: broker.v1.InferRequest.device_type:type_name -> broker.v1.DeviceType
 	27,  // 28: broker.v1.InferResponse.outputs:type_name -> broker.v1.Tensor
 	22,  // 29: broker.v1.InferResponse.execution:type_name -> broker.v1.ExecutionInfo
@@ -6742,13 +7058,13 @@ var file_broker_v1_broker_proto_depIdxs = []int32{
 	6,   // 40: broker.v1.Model.state:type_name -> broker.v1.ModelState
 	28,  // 41: broker.v1.Model.inputs:type_name -> broker.v1.TensorSpec
 	28,  // 42: broker.v1.Model.outputs:type_name -> broker.v1.TensorSpec
-	78,  // 43: broker.v1.Model.modified_at:type_name -> google.protobuf.Timestamp
+	83,  // 43: broker.v1.Model.modified_at:type_name -> google.protobuf.Timestamp
 	40,  // 44: broker.v1.Model.parameters:type_name -> broker.v1.ModelParameter
 	39,  // 45: broker.v1.ListModelsResponse.models:type_name -> broker.v1.Model
 	39,  // 46: broker.v1.LoadModelResponse.model:type_name -> broker.v1.Model
 	7,   // 47: broker.v1.LoadModelResponse.action:type_name -> broker.v1.LoadAction
 	39,  // 48: broker.v1.UnloadModelResponse.model:type_name -> broker.v1.Model
-	76,  // 49: broker.v1.QueueStats.failed:type_name -> broker.v1.QueueStats.FailedEntry
+	81,  // 49: broker.v1.QueueStats.failed:type_name -> broker.v1.QueueStats.FailedEntry
 	47,  // 50: broker.v1.QueueStats.latency:type_name -> broker.v1.LatencySummary
 	49,  // 51: broker.v1.QueueStats.generation:type_name -> broker.v1.GenerationStats
 	47,  // 52: broker.v1.GenerationStats.time_to_first_token:type_name -> broker.v1.LatencySummary
@@ -6757,12 +7073,12 @@ var file_broker_v1_broker_proto_depIdxs = []int32{
 	11,  // 55: broker.v1.CordonDeviceResponse.device:type_name -> broker.v1.Device
 	11,  // 56: broker.v1.UncordonDeviceResponse.device:type_name -> broker.v1.Device
 	59,  // 57: broker.v1.SamplingParams.constraint:type_name -> broker.v1.Constraint
-	77,  // 58: broker.v1.SamplingParams.logit_bias:type_name -> broker.v1.SamplingParams.LogitBiasEntry
+	82,  // 58: broker.v1.SamplingParams.logit_bias:type_name -> broker.v1.SamplingParams.LogitBiasEntry
 	10,  // 59: broker.v1.Constraint.kind:type_name -> broker.v1.Constraint.Kind
 	58,  // 60: broker.v1.GenerateRequest.sampling:type_name -> broker.v1.SamplingParams
 	4,   // 61: broker.v1.GenerateRequest.priority:type_name -> broker.v1.Priority
 	0,   // 62: broker.v1.GenerateRequest.device_type:type_name -> broker.v1.DeviceType
-	79,  // 63: broker.v1.GenerateRequest.max_time:type_name -> google.protobuf.Duration
+	84,  // 63: broker.v1.GenerateRequest.max_time:type_name -> google.protobuf.Duration
 	61,  // 64: broker.v1.GenerateRequest.token_prompts:type_name -> broker.v1.TokenPrompt
 	64,  // 65: broker.v1.ChatMessage.tool_calls:type_name -> broker.v1.ToolCall
 	62,  // 66: broker.v1.Conversation.messages:type_name -> broker.v1.ChatMessage
@@ -6770,8 +7086,8 @@ var file_broker_v1_broker_proto_depIdxs = []int32{
 	58,  // 68: broker.v1.ChatRequest.sampling:type_name -> broker.v1.SamplingParams
 	4,   // 69: broker.v1.ChatRequest.priority:type_name -> broker.v1.Priority
 	0,   // 70: broker.v1.ChatRequest.device_type:type_name -> broker.v1.DeviceType
-	79,  // 71: broker.v1.ChatRequest.max_time:type_name -> google.protobuf.Duration
-	80,  // 72: broker.v1.ChatRequest.chat_template_kwargs:type_name -> google.protobuf.Struct
+	84,  // 71: broker.v1.ChatRequest.max_time:type_name -> google.protobuf.Duration
+	85,  // 72: broker.v1.ChatRequest.chat_template_kwargs:type_name -> google.protobuf.Struct
 	63,  // 73: broker.v1.ChatRequest.tools:type_name -> broker.v1.Tool
 	9,   // 74: broker.v1.ChatRequest.tool_choice:type_name -> broker.v1.ToolChoiceMode
 	67,  // 75: broker.v1.LogprobEntry.chosen:type_name -> broker.v1.TokenLogprob
@@ -6780,49 +7096,55 @@ var file_broker_v1_broker_proto_depIdxs = []int32{
 	64,  // 78: broker.v1.GenerationDelta.tool_calls:type_name -> broker.v1.ToolCall
 	8,   // 79: broker.v1.GenerationResult.finish_reason:type_name -> broker.v1.FinishReason
 	70,  // 80: broker.v1.GenerationResult.usage:type_name -> broker.v1.Usage
-	79,  // 81: broker.v1.GenerationResult.time_to_first_token:type_name -> google.protobuf.Duration
+	84,  // 81: broker.v1.GenerationResult.time_to_first_token:type_name -> google.protobuf.Duration
 	22,  // 82: broker.v1.GenerationResult.execution:type_name -> broker.v1.ExecutionInfo
 	69,  // 83: broker.v1.GenerateResponse.deltas:type_name -> broker.v1.GenerationDelta
 	71,  // 84: broker.v1.GenerateResponse.results:type_name -> broker.v1.GenerationResult
 	69,  // 85: broker.v1.ChatResponse.deltas:type_name -> broker.v1.GenerationDelta
 	71,  // 86: broker.v1.ChatResponse.results:type_name -> broker.v1.GenerationResult
-	23,  // 87: broker.v1.BrokerService.Encode:input_type -> broker.v1.EncodeRequest
-	25,  // 88: broker.v1.BrokerService.EncodeStream:input_type -> broker.v1.EncodeStreamRequest
-	29,  // 89: broker.v1.BrokerService.Infer:input_type -> broker.v1.InferRequest
-	31,  // 90: broker.v1.BrokerService.ListDevices:input_type -> broker.v1.ListDevicesRequest
-	33,  // 91: broker.v1.BrokerService.GetDevice:input_type -> broker.v1.GetDeviceRequest
-	35,  // 92: broker.v1.BrokerService.GetReport:input_type -> broker.v1.GetReportRequest
-	37,  // 93: broker.v1.BrokerService.GetBatchPlan:input_type -> broker.v1.GetBatchPlanRequest
-	41,  // 94: broker.v1.BrokerService.ListModels:input_type -> broker.v1.ListModelsRequest
-	43,  // 95: broker.v1.BrokerService.LoadModel:input_type -> broker.v1.LoadModelRequest
-	45,  // 96: broker.v1.BrokerService.UnloadModel:input_type -> broker.v1.UnloadModelRequest
-	50,  // 97: broker.v1.BrokerService.GetStats:input_type -> broker.v1.GetStatsRequest
-	52,  // 98: broker.v1.BrokerService.CordonDevice:input_type -> broker.v1.CordonDeviceRequest
-	54,  // 99: broker.v1.BrokerService.UncordonDevice:input_type -> broker.v1.UncordonDeviceRequest
-	56,  // 100: broker.v1.BrokerService.Drain:input_type -> broker.v1.DrainRequest
-	60,  // 101: broker.v1.BrokerService.Generate:input_type -> broker.v1.GenerateRequest
-	66,  // 102: broker.v1.BrokerService.Chat:input_type -> broker.v1.ChatRequest
-	24,  // 103: broker.v1.BrokerService.Encode:output_type -> broker.v1.EncodeResponse
-	26,  // 104: broker.v1.BrokerService.EncodeStream:output_type -> broker.v1.EncodeStreamResponse
-	30,  // 105: broker.v1.BrokerService.Infer:output_type -> broker.v1.InferResponse
-	32,  // 106: broker.v1.BrokerService.ListDevices:output_type -> broker.v1.ListDevicesResponse
-	34,  // 107: broker.v1.BrokerService.GetDevice:output_type -> broker.v1.GetDeviceResponse
-	36,  // 108: broker.v1.BrokerService.GetReport:output_type -> broker.v1.GetReportResponse
-	38,  // 109: broker.v1.BrokerService.GetBatchPlan:output_type -> broker.v1.GetBatchPlanResponse
-	42,  // 110: broker.v1.BrokerService.ListModels:output_type -> broker.v1.ListModelsResponse
-	44,  // 111: broker.v1.BrokerService.LoadModel:output_type -> broker.v1.LoadModelResponse
-	46,  // 112: broker.v1.BrokerService.UnloadModel:output_type -> broker.v1.UnloadModelResponse
-	51,  // 113: broker.v1.BrokerService.GetStats:output_type -> broker.v1.GetStatsResponse
-	53,  // 114: broker.v1.BrokerService.CordonDevice:output_type -> broker.v1.CordonDeviceResponse
-	55,  // 115: broker.v1.BrokerService.UncordonDevice:output_type -> broker.v1.UncordonDeviceResponse
-	57,  // 116: broker.v1.BrokerService.Drain:output_type -> broker.v1.DrainResponse
-	72,  // 117: broker.v1.BrokerService.Generate:output_type -> broker.v1.GenerateResponse
-	73,  // 118: broker.v1.BrokerService.Chat:output_type -> broker.v1.ChatResponse
-	103, // [103:119] is the sub-list for method output_type
-	87,  // [87:103] is the sub-list for method input_type
-	87,  // [87:87] is the sub-list for extension type_name
-	87,  // [87:87] is the sub-list for extension extendee
-	0,   // [0:87] is the sub-list for field type_name
+	66,  // 87: broker.v1.TokenizeRequest.chat:type_name -> broker.v1.ChatRequest
+	75,  // 88: broker.v1.TokenizeResponse.results:type_name -> broker.v1.TokenizedPrompt
+	23,  // 89: broker.v1.BrokerService.Encode:input_type -> broker.v1.EncodeRequest
+	25,  // 90: broker.v1.BrokerService.EncodeStream:input_type -> broker.v1.EncodeStreamRequest
+	29,  // 91: broker.v1.BrokerService.Infer:input_type -> broker.v1.InferRequest
+	31,  // 92: broker.v1.BrokerService.ListDevices:input_type -> broker.v1.ListDevicesRequest
+	33,  // 93: broker.v1.BrokerService.GetDevice:input_type -> broker.v1.GetDeviceRequest
+	35,  // 94: broker.v1.BrokerService.GetReport:input_type -> broker.v1.GetReportRequest
+	37,  // 95: broker.v1.BrokerService.GetBatchPlan:input_type -> broker.v1.GetBatchPlanRequest
+	41,  // 96: broker.v1.BrokerService.ListModels:input_type -> broker.v1.ListModelsRequest
+	43,  // 97: broker.v1.BrokerService.LoadModel:input_type -> broker.v1.LoadModelRequest
+	45,  // 98: broker.v1.BrokerService.UnloadModel:input_type -> broker.v1.UnloadModelRequest
+	50,  // 99: broker.v1.BrokerService.GetStats:input_type -> broker.v1.GetStatsRequest
+	52,  // 100: broker.v1.BrokerService.CordonDevice:input_type -> broker.v1.CordonDeviceRequest
+	54,  // 101: broker.v1.BrokerService.UncordonDevice:input_type -> broker.v1.UncordonDeviceRequest
+	56,  // 102: broker.v1.BrokerService.Drain:input_type -> broker.v1.DrainRequest
+	60,  // 103: broker.v1.BrokerService.Generate:input_type -> broker.v1.GenerateRequest
+	66,  // 104: broker.v1.BrokerService.Chat:input_type -> broker.v1.ChatRequest
+	74,  // 105: broker.v1.BrokerService.Tokenize:input_type -> broker.v1.TokenizeRequest
+	77,  // 106: broker.v1.BrokerService.Detokenize:input_type -> broker.v1.DetokenizeRequest
+	24,  // 107: broker.v1.BrokerService.Encode:output_type -> broker.v1.EncodeResponse
+	26,  // 108: broker.v1.BrokerService.EncodeStream:output_type -> broker.v1.EncodeStreamResponse
+	30,  // 109: broker.v1.BrokerService.Infer:output_type -> broker.v1.InferResponse
+	32,  // 110: broker.v1.BrokerService.ListDevices:output_type -> broker.v1.ListDevicesResponse
+	34,  // 111: broker.v1.BrokerService.GetDevice:output_type -> broker.v1.GetDeviceResponse
+	36,  // 112: broker.v1.BrokerService.GetReport:output_type -> broker.v1.GetReportResponse
+	38,  // 113: broker.v1.BrokerService.GetBatchPlan:output_type -> broker.v1.GetBatchPlanResponse
+	42,  // 114: broker.v1.BrokerService.ListModels:output_type -> broker.v1.ListModelsResponse
+	44,  // 115: broker.v1.BrokerService.LoadModel:output_type -> broker.v1.LoadModelResponse
+	46,  // 116: broker.v1.BrokerService.UnloadModel:output_type -> broker.v1.UnloadModelResponse
+	51,  // 117: broker.v1.BrokerService.GetStats:output_type -> broker.v1.GetStatsResponse
+	53,  // 118: broker.v1.BrokerService.CordonDevice:output_type -> broker.v1.CordonDeviceResponse
+	55,  // 119: broker.v1.BrokerService.UncordonDevice:output_type -> broker.v1.UncordonDeviceResponse
+	57,  // 120: broker.v1.BrokerService.Drain:output_type -> broker.v1.DrainResponse
+	72,  // 121: broker.v1.BrokerService.Generate:output_type -> broker.v1.GenerateResponse
+	73,  // 122: broker.v1.BrokerService.Chat:output_type -> broker.v1.ChatResponse
+	76,  // 123: broker.v1.BrokerService.Tokenize:output_type -> broker.v1.TokenizeResponse
+	78,  // 124: broker.v1.BrokerService.Detokenize:output_type -> broker.v1.DetokenizeResponse
+	107, // [107:125] is the sub-list for method output_type
+	89,  // [89:107] is the sub-list for method input_type
+	89,  // [89:89] is the sub-list for extension type_name
+	89,  // [89:89] is the sub-list for extension extendee
+	0,   // [0:89] is the sub-list for field type_name
 }
 
 func init() { file_broker_v1_broker_proto_init() }
@@ -6843,13 +7165,14 @@ func file_broker_v1_broker_proto_init() {
 	file_broker_v1_broker_proto_msgTypes[47].OneofWrappers = []any{}
 	file_broker_v1_broker_proto_msgTypes[49].OneofWrappers = []any{}
 	file_broker_v1_broker_proto_msgTypes[55].OneofWrappers = []any{}
+	file_broker_v1_broker_proto_msgTypes[63].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_broker_v1_broker_proto_rawDesc), len(file_broker_v1_broker_proto_rawDesc)),
 			NumEnums:      11,
-			NumMessages:   67,
+			NumMessages:   72,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -51,6 +51,8 @@ const (
 	BrokerService_Drain_FullMethodName          = "/broker.v1.BrokerService/Drain"
 	BrokerService_Generate_FullMethodName       = "/broker.v1.BrokerService/Generate"
 	BrokerService_Chat_FullMethodName           = "/broker.v1.BrokerService/Chat"
+	BrokerService_Tokenize_FullMethodName       = "/broker.v1.BrokerService/Tokenize"
+	BrokerService_Detokenize_FullMethodName     = "/broker.v1.BrokerService/Detokenize"
 )
 
 // BrokerServiceClient is the client API for BrokerService service.
@@ -102,6 +104,13 @@ type BrokerServiceClient interface {
 	// Chat renders each conversation through the model's chat template and
 	// generates the assistant's reply, streamed like Generate.
 	Chat(ctx context.Context, in *ChatRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ChatResponse], error)
+	// Tokenize gives the token ids a generator model runs for prompts, or
+	// for a chat's conversations exactly as Chat renders them (template,
+	// tools, thinking, truncation), and the model's context length; it runs
+	// nothing (vLLM's /tokenize, the Responses API's input token count).
+	Tokenize(ctx context.Context, in *TokenizeRequest, opts ...grpc.CallOption) (*TokenizeResponse, error)
+	// Detokenize gives the text of token ids (vLLM's /detokenize).
+	Detokenize(ctx context.Context, in *DetokenizeRequest, opts ...grpc.CallOption) (*DetokenizeResponse, error)
 }
 
 type brokerServiceClient struct {
@@ -299,6 +308,26 @@ func (c *brokerServiceClient) Chat(ctx context.Context, in *ChatRequest, opts ..
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type BrokerService_ChatClient = grpc.ServerStreamingClient[ChatResponse]
 
+func (c *brokerServiceClient) Tokenize(ctx context.Context, in *TokenizeRequest, opts ...grpc.CallOption) (*TokenizeResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(TokenizeResponse)
+	err := c.cc.Invoke(ctx, BrokerService_Tokenize_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *brokerServiceClient) Detokenize(ctx context.Context, in *DetokenizeRequest, opts ...grpc.CallOption) (*DetokenizeResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DetokenizeResponse)
+	err := c.cc.Invoke(ctx, BrokerService_Detokenize_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // BrokerServiceServer is the server API for BrokerService service.
 // All implementations must embed UnimplementedBrokerServiceServer
 // for forward compatibility.
@@ -348,6 +377,13 @@ type BrokerServiceServer interface {
 	// Chat renders each conversation through the model's chat template and
 	// generates the assistant's reply, streamed like Generate.
 	Chat(*ChatRequest, grpc.ServerStreamingServer[ChatResponse]) error
+	// Tokenize gives the token ids a generator model runs for prompts, or
+	// for a chat's conversations exactly as Chat renders them (template,
+	// tools, thinking, truncation), and the model's context length; it runs
+	// nothing (vLLM's /tokenize, the Responses API's input token count).
+	Tokenize(context.Context, *TokenizeRequest) (*TokenizeResponse, error)
+	// Detokenize gives the text of token ids (vLLM's /detokenize).
+	Detokenize(context.Context, *DetokenizeRequest) (*DetokenizeResponse, error)
 	mustEmbedUnimplementedBrokerServiceServer()
 }
 
@@ -405,6 +441,12 @@ func (UnimplementedBrokerServiceServer) Generate(*GenerateRequest, grpc.ServerSt
 }
 func (UnimplementedBrokerServiceServer) Chat(*ChatRequest, grpc.ServerStreamingServer[ChatResponse]) error {
 	return status.Errorf(codes.Unimplemented, "method Chat not implemented")
+}
+func (UnimplementedBrokerServiceServer) Tokenize(context.Context, *TokenizeRequest) (*TokenizeResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method Tokenize not implemented")
+}
+func (UnimplementedBrokerServiceServer) Detokenize(context.Context, *DetokenizeRequest) (*DetokenizeResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method Detokenize not implemented")
 }
 func (UnimplementedBrokerServiceServer) mustEmbedUnimplementedBrokerServiceServer() {}
 func (UnimplementedBrokerServiceServer) testEmbeddedByValue()                       {}
@@ -694,6 +736,42 @@ func _BrokerService_Chat_Handler(srv interface{}, stream grpc.ServerStream) erro
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type BrokerService_ChatServer = grpc.ServerStreamingServer[ChatResponse]
 
+func _BrokerService_Tokenize_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(TokenizeRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(BrokerServiceServer).Tokenize(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: BrokerService_Tokenize_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(BrokerServiceServer).Tokenize(ctx, req.(*TokenizeRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _BrokerService_Detokenize_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DetokenizeRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(BrokerServiceServer).Detokenize(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: BrokerService_Detokenize_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(BrokerServiceServer).Detokenize(ctx, req.(*DetokenizeRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // BrokerService_ServiceDesc is the grpc.ServiceDesc for BrokerService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -752,6 +830,14 @@ var BrokerService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Drain",
 			Handler:    _BrokerService_Drain_Handler,
+		},
+		{
+			MethodName: "Tokenize",
+			Handler:    _BrokerService_Tokenize_Handler,
+		},
+		{
+			MethodName: "Detokenize",
+			Handler:    _BrokerService_Detokenize_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

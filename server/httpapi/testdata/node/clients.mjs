@@ -300,6 +300,29 @@ if (llm) {
       assert.ok(r.usage.input_tokens_details.cached_tokens >= r.usage.input_tokens / 2, JSON.stringify(r.usage));
     }
   });
+  await check('token counts: the Responses API\'s input tokens, vLLM\'s /tokenize and /detokenize', async () => {
+    const body = { model: llm, input: 'hi', instructions: 'be brief' };
+    const n = await openai.responses.inputTokens.count(body);
+    assert.equal(n.object, 'response.input_tokens');
+    const r = await openai.responses.create({ ...body, max_output_tokens: 2, store: false });
+    assert.equal(n.input_tokens, r.usage.input_tokens);
+    const vllm = async (path, b) => {
+      const res = await fetch(`${base}${path}`, { method: 'POST', body: JSON.stringify(b),
+        headers: { Authorization: `Bearer ${apiKey}`, 'Content-Type': 'application/json' } });
+      assert.equal(res.status, 200, path);
+      return res.json();
+    };
+    const messages = [{ role: 'system', content: 'be brief' }, { role: 'user', content: 'hi' }];
+    const t = await vllm('/tokenize', { model: llm, messages });
+    const c = await openai.chat.completions.create({ model: llm, messages, max_tokens: 2 });
+    assert.equal(t.count, c.usage.prompt_tokens);
+    assert.equal(t.tokens.length, t.count);
+    assert.ok(t.max_model_len > t.count);
+    if (mode === 'daemon') {
+      const d = await vllm('/detokenize', { model: llm, tokens: t.tokens });
+      assert.ok(d.prompt.includes('be brief') && d.prompt.includes('hi'), d.prompt);
+    }
+  });
   await check('openai chat, n choices', async () => {
     const r = await openai.chat.completions.create({ model: llm, messages: [{ role: 'user', content: 'Verdict?' }], n: 3, seed: 5, max_tokens: 5 });
     assert.deepEqual(r.choices.map((c) => c.index), [0, 1, 2]);
@@ -422,6 +445,7 @@ if (toolLLM) {
   const schema = JSON.parse(process.env.TOOL_SCHEMA);
   const content = process.env.TOOL_CONTENT;
   const tools = [{ type: 'function', function: { name: 'get_weather', description: 'Get the weather in a city.', parameters: schema } }];
+  const rtools = [{ type: 'function', name: 'get_weather', description: 'Get the weather in a city.', parameters: schema }];
   const msgs = [{ role: 'user', content: process.env.TOOL_QUERY }];
   const roundTripTokens = Number(process.env.TOOL_ROUNDTRIP_PROMPT_TOKENS);
   // The arguments against the tool's schema: an object with its required
@@ -482,6 +506,15 @@ if (toolLLM) {
     assert.equal(r.usage.prompt_tokens, roundTripTokens);
     assert.equal(r.choices[0].finish_reason, 'tool_calls');
   });
+  await check('vLLM /tokenize of a chat with tools counts what the chat runs', async () => {
+    const res = await fetch(`${base}/tokenize`, { method: 'POST', body: JSON.stringify({ model: toolLLM, messages: msgs, tools }),
+      headers: { Authorization: `Bearer ${apiKey}`, 'Content-Type': 'application/json' } });
+    const t = await res.json();
+    const r = await openai.chat.completions.create({ model: toolLLM, messages: msgs, tools, temperature: 0, max_tokens: 1 });
+    assert.equal(t.count, r.usage.prompt_tokens);
+    const n = await openai.responses.inputTokens.count({ model: toolLLM, input: msgs, tools: rtools });
+    assert.equal(n.input_tokens, r.usage.prompt_tokens);
+  });
   await check('openai chat tool_choice none', async () => {
     const r = await openai.chat.completions.create({ model: toolLLM, messages: msgs, tools, tool_choice: 'none', temperature: 0 });
     assert.equal(r.choices[0].message.content, content + process.env.TOOL_TEXT);
@@ -519,7 +552,6 @@ if (toolLLM) {
   });
   // The Responses API's flat function tools; the call's output goes back
   // as an item, or after previous_response_id: the prompt is the chat's.
-  const rtools = [{ type: 'function', name: 'get_weather', description: 'Get the weather in a city.', parameters: schema }];
   await check('openai responses tools, round trip', async () => {
     const r = await openai.responses.create({ model: toolLLM, input: msgs, tools: rtools, temperature: 0 });
     const calls = r.output.filter((o) => o.type === 'function_call');

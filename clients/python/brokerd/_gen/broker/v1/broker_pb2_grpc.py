@@ -95,6 +95,16 @@ class BrokerServiceStub(object):
                 request_serializer=broker_dot_v1_dot_broker__pb2.ChatRequest.SerializeToString,
                 response_deserializer=broker_dot_v1_dot_broker__pb2.ChatResponse.FromString,
                 )
+        self.Tokenize = channel.unary_unary(
+                '/broker.v1.BrokerService/Tokenize',
+                request_serializer=broker_dot_v1_dot_broker__pb2.TokenizeRequest.SerializeToString,
+                response_deserializer=broker_dot_v1_dot_broker__pb2.TokenizeResponse.FromString,
+                )
+        self.Detokenize = channel.unary_unary(
+                '/broker.v1.BrokerService/Detokenize',
+                request_serializer=broker_dot_v1_dot_broker__pb2.DetokenizeRequest.SerializeToString,
+                response_deserializer=broker_dot_v1_dot_broker__pb2.DetokenizeResponse.FromString,
+                )
 
 
 class BrokerServiceServicer(object):
@@ -224,6 +234,23 @@ class BrokerServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Tokenize(self, request, context):
+        """Tokenize gives the token ids a generator model runs for prompts, or
+        for a chat's conversations exactly as Chat renders them (template,
+        tools, thinking, truncation), and the model's context length; it runs
+        nothing (vLLM's /tokenize, the Responses API's input token count).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Detokenize(self, request, context):
+        """Detokenize gives the text of token ids (vLLM's /detokenize).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrokerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -306,6 +333,16 @@ def add_BrokerServiceServicer_to_server(servicer, server):
                     servicer.Chat,
                     request_deserializer=broker_dot_v1_dot_broker__pb2.ChatRequest.FromString,
                     response_serializer=broker_dot_v1_dot_broker__pb2.ChatResponse.SerializeToString,
+            ),
+            'Tokenize': grpc.unary_unary_rpc_method_handler(
+                    servicer.Tokenize,
+                    request_deserializer=broker_dot_v1_dot_broker__pb2.TokenizeRequest.FromString,
+                    response_serializer=broker_dot_v1_dot_broker__pb2.TokenizeResponse.SerializeToString,
+            ),
+            'Detokenize': grpc.unary_unary_rpc_method_handler(
+                    servicer.Detokenize,
+                    request_deserializer=broker_dot_v1_dot_broker__pb2.DetokenizeRequest.FromString,
+                    response_serializer=broker_dot_v1_dot_broker__pb2.DetokenizeResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -587,5 +624,39 @@ class BrokerService(object):
         return grpc.experimental.unary_stream(request, target, '/broker.v1.BrokerService/Chat',
             broker_dot_v1_dot_broker__pb2.ChatRequest.SerializeToString,
             broker_dot_v1_dot_broker__pb2.ChatResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def Tokenize(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/broker.v1.BrokerService/Tokenize',
+            broker_dot_v1_dot_broker__pb2.TokenizeRequest.SerializeToString,
+            broker_dot_v1_dot_broker__pb2.TokenizeResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def Detokenize(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/broker.v1.BrokerService/Detokenize',
+            broker_dot_v1_dot_broker__pb2.DetokenizeRequest.SerializeToString,
+            broker_dot_v1_dot_broker__pb2.DetokenizeResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
