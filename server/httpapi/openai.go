@@ -353,6 +353,31 @@ func openaiConversation(msgs []openaiMessage) (*brokerv1.Conversation, error) {
 	return conv, nil
 }
 
+// openaiChatShape is what a chat's body says of its prompt: its messages,
+// tools, tool_choice and template variables (the chat route and vLLM's
+// /tokenize read them alike).
+func openaiChatShape(msgs []openaiMessage, ts []apiTool, rawChoice json.RawMessage, kwargs map[string]any) (*brokerv1.ChatRequest, error) {
+	conv, err := openaiConversation(msgs)
+	if err != nil {
+		return nil, err
+	}
+	tools, err := toolsToProto(ts)
+	if err != nil {
+		return nil, err
+	}
+	choice, choiceFn, err := openaiToolChoice(rawChoice)
+	if err != nil {
+		return nil, err
+	}
+	chat := &brokerv1.ChatRequest{Conversations: []*brokerv1.Conversation{conv}, Tools: tools, ToolChoice: choice, ToolChoiceFunction: choiceFn}
+	if kwargs != nil {
+		if chat.ChatTemplateKwargs, err = structpb.NewStruct(kwargs); err != nil {
+			return nil, paramError("chat_template_kwargs", "invalid_value", "Invalid 'chat_template_kwargs': %v", err)
+		}
+	}
+	return chat, nil
+}
+
 // messageText reads a message's content: a string, or a list of parts of
 // which only text parts are supported.
 func messageText(raw json.RawMessage) (string, error) {
@@ -404,22 +429,6 @@ func (h *Handler) openaiChat(w http.ResponseWriter, r *http.Request) {
 		sp.TopLogprobs = int32(*req.TopLogprobs)
 	}
 	sp.Logprobs = wantLogprobs
-	conv, err := openaiConversation(req.Messages)
-	if err != nil {
-		h.fail(w, r, err)
-		return
-	}
-	tools, err := toolsToProto(req.Tools)
-	if err != nil {
-		h.fail(w, r, err)
-		return
-	}
-	choice, choiceFn, err := openaiToolChoice(req.ToolChoice)
-	if err != nil {
-		h.fail(w, r, err)
-		return
-	}
-	var kwargs *structpb.Struct
 	if req.ReasoningEffort != nil {
 		vars, err := effortVars(*req.ReasoningEffort, "reasoning_effort")
 		if err != nil {
@@ -431,12 +440,13 @@ func (h *Handler) openaiChat(w http.ResponseWriter, r *http.Request) {
 		}
 		req.ChatTemplateKwargs = vars
 	}
-	if req.ChatTemplateKwargs != nil {
-		if kwargs, err = structpb.NewStruct(req.ChatTemplateKwargs); err != nil {
-			h.fail(w, r, paramError("chat_template_kwargs", "invalid_value", "Invalid 'chat_template_kwargs': %v", err))
-			return
-		}
+	chat, err := openaiChatShape(req.Messages, req.Tools, req.ToolChoice, req.ChatTemplateKwargs)
+	if err != nil {
+		h.fail(w, r, err)
+		return
 	}
+	chat.Model, chat.Sampling, chat.ParallelToolCalls, chat.ReturnPromptTokenIds = modelName(req.Model), sp, req.ParallelToolCalls, req.ReturnTokenIDs
+	chat.AddGenerationPrompt, chat.ContinueFinalMessage = req.AddGenerationPrompt, req.ContinueFinalMessage
 	id, created := newID("chatcmpl"), h.opts.Now().Unix()
 	out := &sse{w: w}
 	// Each choice's answer so far (n of them, indexed as the broker's
@@ -476,9 +486,7 @@ func (h *Handler) openaiChat(w http.ResponseWriter, r *http.Request) {
 		}
 		return map[string]any{"id": id, "object": "chat.completion.chunk", "created": created, "model": req.Model, "choices": []any{c}}
 	}
-	err = h.chat(r.Context(), &brokerv1.ChatRequest{Model: modelName(req.Model), Conversations: []*brokerv1.Conversation{conv}, Sampling: sp,
-		ChatTemplateKwargs: kwargs, Tools: tools, ToolChoice: choice, ToolChoiceFunction: choiceFn, ParallelToolCalls: req.ParallelToolCalls,
-		AddGenerationPrompt: req.AddGenerationPrompt, ContinueFinalMessage: req.ContinueFinalMessage, ReturnPromptTokenIds: req.ReturnTokenIDs}, func(e event) error {
+	err = h.chat(r.Context(), chat, func(e event) error {
 		if e.delta != nil && len(e.delta.GetPromptTokenIds()) > 0 {
 			// The call's first message: each choice's prompt ids, which
 			// vLLM streams in each choice's first chunk.

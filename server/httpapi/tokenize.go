@@ -4,8 +4,6 @@ import (
 	"encoding/json"
 	"net/http"
 
-	"google.golang.org/protobuf/types/known/structpb"
-
 	brokerv1 "github.com/brokerd/brokerd/proto/broker/v1"
 )
 
@@ -46,29 +44,12 @@ func (h *Handler) vllmTokenize(w http.ResponseWriter, r *http.Request) {
 			h.fail(w, r, paramError("add_special_tokens", "invalid_value", "add_special_tokens with messages is not supported: the chat template writes the special tokens"))
 			return
 		}
-		conv, err := openaiConversation(req.Messages)
+		chat, err := openaiChatShape(req.Messages, req.Tools, req.ToolChoice, req.ChatTemplateKwargs)
 		if err != nil {
 			h.fail(w, r, err)
 			return
 		}
-		tools, err := toolsToProto(req.Tools)
-		if err != nil {
-			h.fail(w, r, err)
-			return
-		}
-		choice, choiceFn, err := openaiToolChoice(req.ToolChoice)
-		if err != nil {
-			h.fail(w, r, err)
-			return
-		}
-		chat := &brokerv1.ChatRequest{Conversations: []*brokerv1.Conversation{conv}, Tools: tools, ToolChoice: choice, ToolChoiceFunction: choiceFn,
-			AddGenerationPrompt: req.AddGenerationPrompt, ContinueFinalMessage: req.ContinueFinalMessage}
-		if req.ChatTemplateKwargs != nil {
-			if chat.ChatTemplateKwargs, err = structpb.NewStruct(req.ChatTemplateKwargs); err != nil {
-				h.fail(w, r, paramError("chat_template_kwargs", "invalid_value", "Invalid 'chat_template_kwargs': %v", err))
-				return
-			}
-		}
+		chat.AddGenerationPrompt, chat.ContinueFinalMessage = req.AddGenerationPrompt, req.ContinueFinalMessage
 		tr.Chat = chat
 	}
 	resp, err := h.b.Tokenize(r.Context(), tr)
