@@ -440,3 +440,19 @@ def infer_request(model: str, inputs: Mapping[str, object], outputs: Optional[Se
 
 def infer_outputs(resp: pb.InferResponse) -> Dict[str, np.ndarray]:
     return {t.name: from_tensor(t) for t in resp.outputs}
+
+
+def tokenize_request(model: str, prompts, messages, add_special_tokens: Optional[bool], kw: Mapping) -> pb.TokenizeRequest:
+    """prompts: a text or texts; or messages: a conversation or several,
+    with chat()'s options (enable_thinking, chat_template_kwargs, tools,
+    tool_choice), counted as chat() would run them."""
+    if (prompts is None) == (messages is None):
+        raise ValueError("give prompts or messages")
+    req = pb.TokenizeRequest(model=model)
+    if messages is not None:
+        req.chat.CopyFrom(chat_request(model, messages, None, None, kw))
+    else:
+        req.prompts.extend([prompts] if isinstance(prompts, str) else list(prompts))
+        if add_special_tokens is not None:
+            req.add_special_tokens = add_special_tokens
+    return req

@@ -110,6 +110,14 @@ class AsyncClient:
         req = c.chat_request(model, messages, max_time, priority, sampling)
         return self._stream(self._stub.Chat, req, timeout)
 
+    async def tokenize(self, model: str, prompts: Union[str, Sequence[str], None] = None, messages=None,
+                       add_special_tokens: Optional[bool] = None, timeout: Optional[float] = None, **chat) -> List[List[int]]:
+        req = c.tokenize_request(model, prompts, messages, add_special_tokens, chat)
+        return [list(r.ids) for r in (await self._call(self._stub.Tokenize, req, timeout)).results]
+
+    async def detokenize(self, model: str, ids: Sequence[int], timeout: Optional[float] = None) -> str:
+        return (await self._call(self._stub.Detokenize, pb.DetokenizeRequest(model=model, ids=list(ids)), timeout)).text
+
     async def _stream(self, method, req, timeout):
         call = method(req, timeout=timeout or self.timeout)
         try:

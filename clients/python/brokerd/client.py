@@ -165,6 +165,19 @@ class Client:
         req = c.chat_request(model, messages, max_time, priority, sampling)
         return self._stream(self._stub.Chat, req, timeout)
 
+    def tokenize(self, model: str, prompts: Union[str, Sequence[str], None] = None, messages=None,
+                 add_special_tokens: Optional[bool] = None, timeout: Optional[float] = None, **chat) -> List[List[int]]:
+        """The token ids the model runs for each prompt, or for each
+        conversation of messages as chat() renders it (chat's options:
+        enable_thinking, chat_template_kwargs, tools, tool_choice); nothing
+        runs."""
+        req = c.tokenize_request(model, prompts, messages, add_special_tokens, chat)
+        return [list(r.ids) for r in self._call(self._stub.Tokenize, req, timeout).results]
+
+    def detokenize(self, model: str, ids: Sequence[int], timeout: Optional[float] = None) -> str:
+        """The text of token ids."""
+        return self._call(self._stub.Detokenize, pb.DetokenizeRequest(model=model, ids=list(ids)), timeout).text
+
     def _stream(self, method, req, timeout):
         call = method(req, timeout=timeout or self.timeout)
         try:

@@ -42,6 +42,10 @@ class TestAsyncClient(unittest.IsolatedAsyncioTestCase):
             else:
                 self.assertEqual(e.completion_tokens, 4)
 
+    async def test_tokenize(self):
+        [ids] = await self.c.tokenize("chat", messages=[{"role": "user", "content": "hi"}])
+        self.assertIn("hi", await self.c.detokenize("chat", ids))
+
     async def test_errors(self):
         with self.assertRaises(errors.NotFound):
             await self.c.load("no-such-model")

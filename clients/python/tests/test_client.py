@@ -124,6 +124,18 @@ class TestClient(unittest.TestCase):
         two = brokerd.text(self.c.chat("chat", [conv, conv[1:]], max_tokens=3, ignore_eos=True))
         self.assertEqual(len(two), 2)
 
+    def test_tokenize(self):
+        conv = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a color"}]
+        [ids] = self.c.tokenize("chat", messages=conv)
+        done = [e for e in self.c.chat("chat", conv, max_tokens=1) if isinstance(e, brokerd.Finished)]
+        self.assertEqual(len(ids), done[0].prompt_tokens)
+        self.assertIn("Name a color", self.c.detokenize("chat", ids))
+        a, b = self.c.tokenize("chat", ["one", "two two"], add_special_tokens=False)
+        self.assertEqual(self.c.detokenize("chat", b), "two two")
+        self.assertLess(len(a), len(b))
+        with self.assertRaises(errors.InvalidArgument):
+            self.c.detokenize("chat", [-1])
+
     def test_structured_output(self):
         schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9},
                                                    "ok": {"type": "boolean"}},
