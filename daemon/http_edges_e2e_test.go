@@ -54,7 +54,7 @@ func TestHTTPEdgesEndToEnd(t *testing.T) {
 			[]string{`"param":"temperature"`, "decimal_above_max_value"}, nil},
 		{"models", "GET", "/v1/models", "", nil, 200, []string{`"id":"tiny-llm"`}, []string{`"id":"mlp"`}},
 		{"pull", "POST", "/api/pull", `{"model":"qwen2.5:0.5b"}`, nil, 501, []string{"brokerctl load"}, nil},
-		{"unknown route", "POST", "/v1/responses", `{}`, nil, 404, []string{"unknown_url"}, nil},
+		{"unknown route", "POST", "/v1/assistants", `{}`, nil, 404, []string{"unknown_url"}, nil},
 		// Ollama's num_predict is bounded by the context, as Ollama's
 		// runners bound it; OpenAI's max_tokens past it is refused, as
 		// OpenAI and vLLM refuse it.
