@@ -488,16 +488,12 @@ func effortVars(effort, param string) (map[string]any, error) {
 }
 
 func (h *Handler) openaiResponses(w http.ResponseWriter, r *http.Request) {
-	var req responsesRequest
-	if err := decode(r, &req); err != nil {
-		h.fail(w, r, err)
-		return
-	}
-	run, err := h.prepareResponse(r, &req)
+	run, err := h.prepareResponse(r)
 	if err != nil {
 		h.fail(w, r, err)
 		return
 	}
+	req := run.b.req
 	out := &sse{w: w}
 	if req.Stream {
 		run.b.emit = func(typ string, fields map[string]any) error { return out.event(typ, fields) }
@@ -506,7 +502,7 @@ func (h *Handler) openaiResponses(w http.ResponseWriter, r *http.Request) {
 	if err == nil && !req.Stream {
 		writeJSON(w, run.b.final)
 	}
-	if err == nil && run.store {
+	if err == nil && run.b.store {
 		h.store.put(clientOf(r), run.b.id, run.b.final, run.stored, append(run.history, run.b.messages()...))
 	}
 	switch {
@@ -525,13 +521,16 @@ func (h *Handler) openaiResponses(w http.ResponseWriter, r *http.Request) {
 type responseRun struct {
 	chat    *brokerv1.ChatRequest
 	b       *responseBuilder
-	store   bool
 	stored  []json.RawMessage       // its input items, for input_items
 	history []*brokerv1.ChatMessage // the conversation before its output, without instructions
 }
 
-// prepareResponse checks a request and makes its chat.
-func (h *Handler) prepareResponse(r *http.Request, req *responsesRequest) (*responseRun, error) {
+// prepareResponse reads and checks a request and makes its chat.
+func (h *Handler) prepareResponse(r *http.Request) (*responseRun, error) {
+	req := &responsesRequest{}
+	if err := decode(r, req); err != nil {
+		return nil, err
+	}
 	if err := req.refuseUnserved(); err != nil {
 		return nil, err
 	}
@@ -592,7 +591,7 @@ func (h *Handler) prepareResponse(r *http.Request, req *responsesRequest) (*resp
 	if m := req.MaxToolCalls; m != nil && (b.maxCalls == 0 || *m < b.maxCalls) {
 		b.maxCalls = *m
 	}
-	return &responseRun{chat: chat, b: b, store: store, stored: stored, history: history}, nil
+	return &responseRun{chat: chat, b: b, stored: stored, history: history}, nil
 }
 
 // clientOf is the caller's name, whose stored responses it may see.
@@ -629,6 +628,7 @@ type responseItem struct {
 	logprobs []logprobEntry
 	call     *brokerv1.ToolCall
 	status   string // in_progress until closed
+	index    int    // its output_index
 }
 
 // responseBuilder turns a chat's deltas into output items, sending the
@@ -744,9 +744,9 @@ func (b *responseBuilder) start() error {
 
 // add opens an item.
 func (b *responseBuilder) add(it *responseItem) error {
-	it.status = "in_progress"
+	it.status, it.index = "in_progress", len(b.items)
 	b.items = append(b.items, it)
-	i := len(b.items) - 1
+	i := it.index
 	item := b.itemJSON(it)
 	switch it.kind {
 	case "message", "reasoning":
@@ -774,7 +774,7 @@ func (b *responseBuilder) close(status string) error {
 	}
 	b.open = nil
 	it.status = status
-	i := slices.Index(b.items, it)
+	i := it.index
 	switch it.kind {
 	case "message":
 		if len(b.held) > 0 { // tokens whose text never came (a stop string's)
@@ -830,7 +830,7 @@ func (b *responseBuilder) text(it *responseItem, s string, lps []logprobEntry) e
 	if lps == nil {
 		lps = []logprobEntry{}
 	}
-	return b.send("response.output_text.delta", map[string]any{"item_id": it.id, "output_index": slices.Index(b.items, it),
+	return b.send("response.output_text.delta", map[string]any{"item_id": it.id, "output_index": it.index,
 		"content_index": 0, "delta": s, "logprobs": lps})
 }
 
@@ -848,7 +848,7 @@ func (b *responseBuilder) on(e event) error {
 				return err
 			}
 			it.text.WriteString(r)
-			if err := b.send("response.reasoning_text.delta", map[string]any{"item_id": it.id, "output_index": len(b.items) - 1,
+			if err := b.send("response.reasoning_text.delta", map[string]any{"item_id": it.id, "output_index": it.index,
 				"content_index": 0, "delta": r}); err != nil {
 				return err
 			}
@@ -884,7 +884,7 @@ func (b *responseBuilder) on(e event) error {
 			if err := b.add(it); err != nil {
 				return err
 			}
-			i := len(b.items) - 1
+			i := it.index
 			it.call.Arguments = tc.GetArguments()
 			if err := b.send("response.function_call_arguments.delta", map[string]any{"item_id": it.id, "output_index": i, "delta": tc.GetArguments()}); err != nil {
 				return err

@@ -87,12 +87,7 @@ func (h *Handler) vllmDetokenize(w http.ResponseWriter, r *http.Request) {
 // response of this body would take as input, counted as it would run
 // (instructions, tools, a previous response's conversation).
 func (h *Handler) responseInputTokens(w http.ResponseWriter, r *http.Request) {
-	var req responsesRequest
-	if err := decode(r, &req); err != nil {
-		h.fail(w, r, err)
-		return
-	}
-	run, err := h.prepareResponse(r, &req)
+	run, err := h.prepareResponse(r)
 	if err != nil {
 		h.fail(w, r, err)
 		return
